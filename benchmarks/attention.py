@@ -1,0 +1,100 @@
+"""Attention kernel benchmark: Shaw (efficient, materialised) and Transformer-XL vs vanilla.
+
+    python benchmarks/attention.py                # the full table (n up to 2048; ~15 min on 2 cores)
+    python benchmarks/attention.py --quick        # n=128, 512 and k=16 only (~1 min)
+
+Causal self-attention, heads=8, head_dim=64. Every row is measured in one run with the
+candidates interleaved; the table reports ratios to vanilla attention of the same size, so it
+compares kernels, not machines. Temp memory is XLA's `memory_analysis().temp_size_in_bytes`
+of the compiled function.
+"""
+
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from timing import compiled_temp_bytes, interleaved_median_seconds  # noqa: E402
+
+from relpos import attention  # noqa: E402
+
+_QUICK = flags.DEFINE_bool('quick', False, 'Small sizes only (n=128, 512; k=16).')
+_ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds per row (median reported).')
+_TOKENS = flags.DEFINE_integer(
+    'tokens', 4096, 'batch * n per row: batch = max(1, tokens // n) keeps rows comparable.')
+_HEADS = flags.DEFINE_integer('heads', 8, 'Attention heads.')
+_HEAD_DIM = flags.DEFINE_integer('head_dim', 64, 'Head dimension.')
+
+
+def _kernels(n, k, heads, head_dim):
+  """name -> (attention(q, k, v, params), params) for causal self-attention of length n."""
+  rng = np.random.default_rng(0)
+  table = lambda *shape: jnp.asarray(rng.normal(size=shape) * 0.1, jnp.float32)  # noqa: E731
+  mask = attention.causal_mask(n, n)
+  return {
+      'vanilla': (lambda q, key, v, p: attention.dot_product_attention(q, key, v, mask=mask),
+                  ()),
+      'shaw': (lambda q, key, v, p: attention.shaw_attention(q, key, v, *p, mask=mask),
+               (table(2 * k + 1, head_dim), table(2 * k + 1, head_dim))),
+      'shaw_materialized': (
+          lambda q, key, v, p: attention.shaw_attention_materialized(q, key, v, *p, mask=mask),
+          (table(2 * k + 1, head_dim), table(2 * k + 1, head_dim))),
+      'xl': (lambda q, key, v, p: attention.xl_attention(q, key, v, *p),
+             (table(n, heads, head_dim), table(heads, head_dim), table(heads, head_dim))),
+  }
+
+
+def _forward_and_backward(fn, cotangent):
+  """fwd+bwd: gradients of <fn(...), cotangent> w.r.t. every input."""
+  loss = lambda q, key, v, p: jnp.vdot(fn(q, key, v, p), cotangent)  # noqa: E731
+  return jax.grad(loss, argnums=(0, 1, 2, 3))
+
+
+def measure_row(n, k, *, batch, heads, head_dim, rounds):
+  """Time and temp memory of every kernel, fwd and fwd+bwd, at one (n, k)."""
+  rng = np.random.default_rng(1)
+  q, key, v, cotangent = (jnp.asarray(rng.normal(size=(batch, n, heads, head_dim)), jnp.float32)
+                          for _ in range(4))
+  calls, memory = {}, {}
+  for name, (fn, params) in _kernels(n, k, heads, head_dim).items():
+    for mode, f in (('fwd', fn), ('fwd+bwd', _forward_and_backward(fn, cotangent))):
+      jitted = jax.jit(f)
+      calls[name, mode] = lambda jitted=jitted, params=params: jitted(q, key, v, params)
+      memory[name, mode] = compiled_temp_bytes(f, q, key, v, params)
+  seconds = interleaved_median_seconds(calls, rounds=rounds)
+  return seconds, memory
+
+
+def main(argv):
+  del argv
+  lengths, distances = ((128, 512), (16,)) if _QUICK.value else ((128, 512, 2048), (4, 16, 64))
+  print(f'device: {jax.devices()[0].device_kind}  heads={_HEADS.value} '
+        f'head_dim={_HEAD_DIM.value}  causal  median of {_ROUNDS.value} interleaved rounds')
+  header = ('| n | k | batch | pass | vanilla ms | shaw / vanilla | materialised / vanilla '
+            '| xl / vanilla | temp MiB vanilla | shaw / vanilla | materialised / vanilla '
+            '| xl / vanilla |')
+  print(header)
+  print('|' + '---|' * header.count(' | ') + '---|')
+  for n in lengths:
+    batch = max(1, _TOKENS.value // n)
+    for k in distances:
+      seconds, memory = measure_row(n, k, batch=batch, heads=_HEADS.value,
+                                    head_dim=_HEAD_DIM.value, rounds=_ROUNDS.value)
+      for mode in ('fwd', 'fwd+bwd'):
+        base_s, base_m = seconds['vanilla', mode], memory['vanilla', mode]
+        ratios = ' | '.join(f"{seconds[name, mode] / base_s:.2f}"
+                            for name in ('shaw', 'shaw_materialized', 'xl'))
+        mem_ratios = ' | '.join(f"{memory[name, mode] / base_m:.2f}"
+                                for name in ('shaw', 'shaw_materialized', 'xl'))
+        print(f'| {n} | {k} | {batch} | {mode} | {base_s * 1e3:.1f} | {ratios} | '
+              f'{base_m / 2**20:.1f} | {mem_ratios} |', flush=True)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,29 @@
+"""Timing helpers for benchmarks: interleaved rounds, so that ratios come from one run."""
+
+import time
+
+import jax
+import numpy as np
+
+
+def compiled_temp_bytes(fn, *args) -> int:
+  """Temporary buffer bytes XLA allocates for `jax.jit(fn)(*args)` (memory_analysis)."""
+  return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def interleaved_median_seconds(candidates: dict, *, rounds: int, warmup: int = 1) -> dict:
+  """Median wall time of each zero-argument callable, measured round-robin.
+
+  Every round times each candidate once, so slow drifts of a noisy machine hit all of them
+  alike and their ratios stay meaningful.
+  """
+  for fn in candidates.values():
+    for _ in range(warmup):
+      jax.block_until_ready(fn())
+  times = {name: [] for name in candidates}
+  for _ in range(rounds):
+    for name, fn in candidates.items():
+      start = time.perf_counter()
+      jax.block_until_ready(fn())
+      times[name].append(time.perf_counter() - start)
+  return {name: float(np.median(ts)) for name, ts in times.items()}

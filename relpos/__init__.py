@@ -1,0 +1,1 @@
+"""relpos: relative position representations in self-attention (JAX/Flax)."""

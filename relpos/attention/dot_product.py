@@ -1,0 +1,35 @@
+"""Vanilla scaled dot-product attention (Vaswani et al. 2017)."""
+
+import jax
+import jax.numpy as jnp
+
+from relpos.attention.masking import masked_softmax
+
+
+def content_logits(query_BQHD, key_BKHD):
+  """`q_i·k_j / sqrt(d)` in float32: [batch, heads, q_len, kv_len]."""
+  scale = query_BQHD.shape[-1] ** -0.5
+  logits = jnp.einsum('bqhd,bkhd->bhqk', query_BQHD, key_BKHD,
+                      preferred_element_type=jnp.float32)
+  return logits * scale
+
+
+def attend(probs_BHQK, value_BKHD):
+  """`Σ_j p_ij v_j` accumulated in float32: [batch, q_len, heads, head_dim]."""
+  return jnp.einsum('bhqk,bkhd->bqhd', probs_BHQK.astype(value_BKHD.dtype), value_BKHD,
+                    preferred_element_type=jnp.float32)
+
+
+def dot_product_attention(query, key, value, *, mask=None) -> jax.Array:
+  """softmax(q kᵀ / sqrt(d)) v.
+
+  Args:
+    query: [batch, q_len, heads, head_dim].
+    key, value: [batch, kv_len, heads, head_dim].
+    mask: None or bool broadcastable to [batch, heads, q_len, kv_len]; True = may attend.
+      A fully masked query row returns zeros.
+  Returns:
+    [batch, q_len, heads, head_dim] in value's dtype.
+  """
+  probs = masked_softmax(content_logits(query, key), mask)
+  return attend(probs, value).astype(value.dtype)

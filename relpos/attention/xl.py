@@ -1,0 +1,56 @@
+"""Transformer-XL relative attention (Dai et al. 2019, §3.3).
+
+    score_ij = ((q_i + u)·k_j + (q_i + v)·W_kR R_{pos_i - j}) / sqrt(d)
+
+Queries are the last q_len of kv_len positions (the memory comes first). The position term is
+computed per distance, `[q_len, kv_len]` over t = 0..kv_len-1, and moved to key coordinates
+with the pad-and-reshape relative shift; no [q, kv, heads, d] tensor is gathered.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from relpos.attention.dot_product import attend, content_logits
+from relpos.attention.masking import causal_mask, masked_softmax
+from relpos.attention.skew import relative_to_absolute
+
+
+def relative_shift(x_BHQT):
+  """`out[..., i, j] = x[..., i, pos_i - j]` for j <= pos_i, pos_i = kv_len - q_len + i.
+
+  Args:
+    x_BHQT: [..., q_len, kv_len] indexed by distance t = 0..kv_len-1.
+  Returns:
+    [..., q_len, kv_len] indexed by key; entries with j > pos_i are unspecified (masked).
+  """
+  q_len, kv_len = x_BHQT.shape[-2:]
+  # With distances reversed, column c = kv_len-1-t, and c = j - i + (q_len - 1).
+  return relative_to_absolute(jnp.flip(x_BHQT, axis=-1), q_len - 1, kv_len)
+
+
+def xl_attention(query, key, value, rel_key, content_bias, position_bias, *,
+                 mask=None) -> jax.Array:
+  """Transformer-XL attention over [memory; current segment].
+
+  Args:
+    query: [batch, q_len, heads, head_dim], the current segment.
+    key, value: [batch, kv_len, heads, head_dim], memory first then the current segment.
+    rel_key: [kv_len, heads, head_dim]; row t is W_kR·R_t for distance t = pos_i - j.
+    content_bias: u, [heads, head_dim].
+    position_bias: v, [heads, head_dim].
+    mask: None or bool broadcastable to [batch, heads, q_len, kv_len], True = may attend,
+      applied on top of the causal mask (e.g. same_length).
+  Returns:
+    [batch, q_len, heads, head_dim] in value's dtype.
+  """
+  q_len, kv_len, head_dim = query.shape[1], key.shape[1], query.shape[-1]
+  if rel_key.shape[0] != kv_len:
+    raise ValueError(f'rel_key has {rel_key.shape[0]} distances, expected kv_len={kv_len}')
+  content = content_logits(query + content_bias.astype(query.dtype), key)
+  position = content_logits(query + position_bias.astype(query.dtype),
+                            rel_key[None].astype(query.dtype))
+  logits = content + relative_shift(position)
+  allowed = causal_mask(q_len, kv_len)
+  if mask is not None:
+    allowed = allowed & mask
+  return attend(masked_softmax(logits, allowed), value).astype(value.dtype)
