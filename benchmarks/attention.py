@@ -1,12 +1,11 @@
 """Attention kernel benchmark: Shaw (efficient, materialised) and Transformer-XL vs vanilla.
 
-    python benchmarks/attention.py                # the full table (n up to 2048; ~15 min on 2 cores)
-    python benchmarks/attention.py --quick        # n=128, 512 and k=16 only (~1 min)
+    python benchmarks/attention.py --config=configs/attention_benchmark.py        # full table
+    python benchmarks/attention.py --config=configs/attention_benchmark.py:quick  # ~1 min
 
-Causal self-attention, heads=8, head_dim=64. Every row is measured in one run with the
-candidates interleaved; the table reports ratios to vanilla attention of the same size, so it
-compares kernels, not machines. Temp memory is XLA's `memory_analysis().temp_size_in_bytes`
-of the compiled function.
+Causal self-attention. Every row is measured in one run with the candidates interleaved; the
+table reports ratios to vanilla attention of the same size, so it compares kernels, not
+machines. Temp memory is XLA's `memory_analysis().temp_size_in_bytes` of the compiled function.
 """
 
 import sys
@@ -15,7 +14,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import app
+from ml_collections import config_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -24,12 +24,9 @@ from timing import compiled_temp_bytes, interleaved_median_seconds  # noqa: E402
 
 from relpos import attention  # noqa: E402
 
-_QUICK = flags.DEFINE_bool('quick', False, 'Small sizes only (n=128, 512; k=16).')
-_ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds per row (median reported).')
-_TOKENS = flags.DEFINE_integer(
-    'tokens', 4096, 'batch * n per row: batch = max(1, tokens // n) keeps rows comparable.')
-_HEADS = flags.DEFINE_integer('heads', 8, 'Attention heads.')
-_HEAD_DIM = flags.DEFINE_integer('head_dim', 64, 'Head dimension.')
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', str(Path(__file__).resolve().parent.parent / 'configs' / 'attention_benchmark.py'),
+    'Benchmark sizes.')
 
 
 def _kernels(n, k, heads, head_dim):
@@ -73,19 +70,19 @@ def measure_row(n, k, *, batch, heads, head_dim, rounds):
 
 def main(argv):
   del argv
-  lengths, distances = ((128, 512), (16,)) if _QUICK.value else ((128, 512, 2048), (4, 16, 64))
-  print(f'device: {jax.devices()[0].device_kind}  heads={_HEADS.value} '
-        f'head_dim={_HEAD_DIM.value}  causal  median of {_ROUNDS.value} interleaved rounds')
+  config = _CONFIG.value
+  print(f'device: {jax.devices()[0].device_kind}  heads={config.heads} '
+        f'head_dim={config.head_dim}  causal  median of {config.rounds} interleaved rounds')
   header = ('| n | k | batch | pass | vanilla ms | shaw / vanilla | materialised / vanilla '
             '| xl / vanilla | temp MiB vanilla | shaw / vanilla | materialised / vanilla '
             '| xl / vanilla |')
   print(header)
   print('|' + '---|' * header.count(' | ') + '---|')
-  for n in lengths:
-    batch = max(1, _TOKENS.value // n)
-    for k in distances:
-      seconds, memory = measure_row(n, k, batch=batch, heads=_HEADS.value,
-                                    head_dim=_HEAD_DIM.value, rounds=_ROUNDS.value)
+  for n in config.lengths:
+    batch = max(1, config.tokens // n)
+    for k in config.distances:
+      seconds, memory = measure_row(n, k, batch=batch, heads=config.heads,
+                                    head_dim=config.head_dim, rounds=config.rounds)
       for mode in ('fwd', 'fwd+bwd'):
         base_s, base_m = seconds['vanilla', mode], memory['vanilla', mode]
         ratios = ' | '.join(f"{seconds[name, mode] / base_s:.2f}"

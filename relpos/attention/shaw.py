@@ -3,15 +3,17 @@
     e_ij = q_i·(k_j + a^K_ij) / sqrt(d)        z_i = Σ_j α_ij (v_j + a^V_ij)
     a_ij = w[clip(j - pos_i, -k, k) + k]        (w^K, w^V: [2k+1, head_dim], shared by heads)
 
-The efficient kernel never builds a [q_len, kv_len, head_dim] tensor and never scatters. The
-relative terms are banded: diagonals with |j - pos_i| < k are moved between relative and
-absolute coordinates by pad + reshape (`relpos.attention.skew`), and the two clipped edges are
-constant per row (a `where` on the logits, masked row sums on the probabilities). A
-`jax.custom_vjp` writes the backward pass with the same dense pieces and saves only the
-probabilities, so memory stays close to vanilla attention.
+The efficient kernel never builds a [q_len, kv_len, head_dim] tensor and never scatters. Both
+relative terms go through per-row tables of 2k+1 values: `q_i·w^K_r` is computed as
+[q_len, 2k+1] and spread over keys by a gather of buckets; probabilities are summed per row
+r (the transpose, which autodiff would make a scatter) by reading the band |j - pos_i| < k as
+diagonals with pad + reshape (`relpos.attention.skew`) and the two clipped edges with blocked
+prefix sums. A `jax.custom_vjp` writes the backward pass from the same dense pieces and saves
+only the probabilities, so memory stays close to vanilla attention.
 """
 
 import functools
+import math
 import operator
 
 import jax
@@ -19,7 +21,6 @@ import jax.numpy as jnp
 
 from relpos.attention.dot_product import attend, content_logits
 from relpos.attention.masking import default_query_offset, masked_softmax, query_key_distance
-from relpos.attention.skew import absolute_to_relative, relative_to_absolute
 
 
 def relative_buckets(q_len: int, kv_len: int, max_distance: int, *, query_offset=None):
@@ -41,46 +42,81 @@ def _static_int(value):
     return None
 
 
+def _prefix_block_size(kv_len: int) -> int:
+  """Keys per block of the blocked prefix sums: ~2·sqrt(kv_len), a power of two.
+
+  Each block adds a column to a matmul and each key of a block a gathered diagonal; this
+  balances the two as measured on CPU (benchmarks/attention.py).
+  """
+  return 2 * 2 ** math.ceil(math.log2(max(1.0, math.sqrt(kv_len))))
+
+
 class _Band:
   """The clipped-relative geometry of one (q_len, kv_len, k, query_offset) problem.
 
-  Moves [.., q_len, 2k+1] per-distance values to [.., q_len, kv_len] per-key values and back.
+  `to_keys` spreads per-row values [.., q_len, 2k+1] over keys [.., q_len, kv_len];
+  `to_rows` is its transpose, summing per-key values into rows. Both are dense: `to_keys` is a
+  gather and `to_rows` reads the band's diagonals with a gather and the two clipped edges from
+  blocked prefix sums (no scatter, no masked reduction over [q_len, kv_len], each of which costs
+  a full extra pass over memory on CPU). The prefix sums over whole blocks of keys ride along
+  in a matmul the kernel does anyway: `key_block_indicator` columns appended to V (forward) and
+  to K (backward) make `p @ [V | C]` also return Σ_{j < n·block} p_ij.
   """
 
   def __init__(self, q_len, kv_len, max_distance, query_offset):
-    self.kv_len = kv_len
+    self.q_len, self.kv_len = q_len, kv_len
     self.max_distance = k = max_distance
     self.rows = 2 * k + 1
-    distance = query_key_distance(q_len, kv_len, query_offset)  # j - pos_i, [Q, K]
-    self.left_edge = distance <= -k
-    self.right_edge = (distance >= k) & ~self.left_edge  # for k = 0 everything is left
+    # Past these offsets every pair is an edge either way: clipping keeps the buckets exact.
+    lowest, highest = -(q_len - 1) - k, kv_len - 1 + k
     static_offset = _static_int(query_offset)
     if static_offset is None:
-      # Outside this range no diagonal of the band meets a key, and the masks say so.
-      lowest, highest = -(q_len - 1) - k, kv_len - 1 + k
-      self.start = k - jnp.clip(jnp.asarray(query_offset, jnp.int32), lowest, highest)
-      self.start_range = (k - highest, k - lowest)
+      self.offset = jnp.clip(jnp.asarray(query_offset, jnp.int32), lowest, highest)
     else:
-      self.start, self.start_range = k - static_offset, None
-    row = jnp.arange(self.rows, dtype=jnp.int32)[None, :]
-    # Row r of query i is key j = pos_i + r - k; rows 0 and 2k are the edges, summed apart.
-    key_of_row = row - self.start + jnp.arange(q_len, dtype=jnp.int32)[:, None]
-    self.interior = (row > 0) & (row < 2 * k) & (key_of_row >= 0) & (key_of_row < kv_len)
-    self.first_row, self.last_row = row == 0, row == 2 * k
+      self.offset = min(max(static_offset, lowest), highest)
+    self.query_position = jnp.arange(q_len, dtype=jnp.int32)[:, None] + self.offset  # [Q, 1]
+    distance = jnp.arange(kv_len, dtype=jnp.int32)[None, :] - self.query_position
+    self.buckets = jnp.clip(distance, -k, k) + k  # [Q, K]
+    self.block = _prefix_block_size(kv_len)
+    self.blocks = -(-kv_len // self.block)
+    self.boundary = jnp.arange(self.blocks + 1, dtype=jnp.int32) * self.block  # [n + 1]
+
+  def key_block_indicator(self, dtype):
+    """C[j, n] = [j < n·block]: [kv_len, blocks + 1]; `p @ C` gives block prefix sums."""
+    return (jnp.arange(self.kv_len)[:, None] < self.boundary[None, :]).astype(dtype)
 
   def to_keys(self, x_BHQR):
     """`out[i, j] = x[i, clip(j - pos_i, -k, k) + k]`: [.., q_len, kv_len]."""
-    band = relative_to_absolute(x_BHQR, self.start, self.kv_len, start_range=self.start_range)
-    return jnp.where(self.left_edge, x_BHQR[..., :1],
-                     jnp.where(self.right_edge, x_BHQR[..., -1:], band))
+    return x_BHQR[..., jnp.arange(self.q_len)[:, None], self.buckets]
 
-  def to_rows(self, p_BHQK):
-    """`out[i, r] = Σ_{j: clip(j - pos_i, -k, k) + k = r} p[i, j]`: [.., q_len, 2k+1]."""
-    band = absolute_to_relative(p_BHQK, self.start, self.rows, start_range=self.start_range)
-    band = jnp.where(self.interior, band, 0.0)
-    left = jnp.sum(jnp.where(self.left_edge, p_BHQK, 0.0), axis=-1, keepdims=True)
-    right = jnp.sum(jnp.where(self.right_edge, p_BHQK, 0.0), axis=-1, keepdims=True)
-    return band + jnp.where(self.first_row, left, 0.0) + jnp.where(self.last_row, right, 0.0)
+  def _diagonals(self, p_BHQK, first_distance, width):
+    """`out[i, c] = p[i, pos_i + first_distance + c]`, 0 where that key does not exist."""
+    key = self.query_position + first_distance + jnp.arange(width, dtype=jnp.int32)[None, :]
+    exists = (key >= 0) & (key < self.kv_len)
+    gathered = p_BHQK[..., jnp.arange(self.q_len)[:, None], jnp.clip(key, 0, self.kv_len - 1)]
+    return jnp.where(exists, gathered, 0.0), key
+
+  def to_rows(self, p_BHQK, block_prefix_BHQN):
+    """`out[i, r] = Σ_{j: clip(j - pos_i, -k, k) + k = r} p[i, j]`: [.., q_len, 2k+1].
+
+    Args:
+      p_BHQK: [.., q_len, kv_len] per-key values.
+      block_prefix_BHQN: [.., q_len, blocks + 1], `p @ key_block_indicator()`.
+    """
+    k, block = self.max_distance, self.block
+    # Diagonals j - pos_i = -k-block+1 .. k: the partial block left of the band, then the band.
+    diagonals, key = self._diagonals(p_BHQK, -k - block + 1, block + 2 * k)
+    row = jnp.arange(self.rows)
+    band = jnp.where((row > 0) & (row < 2 * k), diagonals[..., block - 1:], 0.0)
+    # Left edge Σ_{j <= pos_i - k} p_ij = whole blocks before the boundary + the partial block.
+    last_left = self.query_position - k  # [Q, 1]
+    full_blocks_end = jnp.clip((last_left + 1) // block, 0, self.blocks) * block
+    whole = jnp.where(self.boundary == full_blocks_end, block_prefix_BHQN, 0.0)
+    partial = jnp.where(key[:, :block] >= full_blocks_end, diagonals[..., :block], 0.0)
+    left = jnp.sum(whole, axis=-1, keepdims=True) + jnp.sum(partial, axis=-1, keepdims=True)
+    # Right edge: the rest of the row (for k = 0, rows 0 and 2k coincide and get the total).
+    right = block_prefix_BHQN[..., -1:] - left - jnp.sum(band, axis=-1, keepdims=True)
+    return band + jnp.where(row == 0, left, 0.0) + jnp.where(row == 2 * k, right, 0.0)
 
 
 def _dot(subscripts, a, b):
@@ -88,34 +124,48 @@ def _dot(subscripts, a, b):
   return jnp.einsum(subscripts, a, b.astype(a.dtype), preferred_element_type=jnp.float32)
 
 
+def _dot_with_block_prefix(p_BHQK, values_BKHD, band):
+  """`Σ_j p_ij values_j` [B, Q, H, D] and block prefix sums of p [B, H, Q, blocks+1], one matmul."""
+  batch, kv_len, heads, head_dim = values_BKHD.shape
+  indicator = band.key_block_indicator(values_BKHD.dtype)
+  indicator = jnp.broadcast_to(indicator[None, :, None, :], (batch, kv_len, heads,
+                                                            indicator.shape[-1]))
+  both = _dot('bhqk,bkhd->bqhd', p_BHQK.astype(values_BKHD.dtype),
+              jnp.concatenate([values_BKHD, indicator], axis=-1))
+  return both[..., :head_dim], jnp.transpose(both[..., head_dim:], (0, 2, 1, 3))
+
+
+def _band_for(static_offset, traced_offset, query, key, rel_key, rel_value):
+  table = rel_key if rel_key is not None else rel_value
+  return _Band(query.shape[1], key.shape[1], (table.shape[0] - 1) // 2,
+               static_offset if traced_offset is None else traced_offset)
+
+
 def _shaw_forward(static_offset, query, key, value, rel_key, rel_value, mask, traced_offset):
   """Returns output [B, Q, H, D] float32, probs [B, H, Q, K], probs per table row [B, H, Q, R]."""
-  q_len, kv_len, head_dim = query.shape[1], key.shape[1], query.shape[-1]
-  table = rel_key if rel_key is not None else rel_value
-  band = _Band(q_len, kv_len, (table.shape[0] - 1) // 2,
-               static_offset if traced_offset is None else traced_offset)
+  band = _band_for(static_offset, traced_offset, query, key, rel_key, rel_value)
   logits = content_logits(query, key)
   if rel_key is not None:
-    logits += band.to_keys(_dot('bqhd,rd->bhqr', query, rel_key)) * head_dim**-0.5
+    rel_logits = _dot('bqhd,rd->bhqr', query, rel_key) * query.shape[-1] ** -0.5
+    logits += band.to_keys(rel_logits)
   probs = masked_softmax(logits, mask)
-  output = attend(probs, value)
-  prob_rows = None
-  if rel_value is not None:
-    prob_rows = band.to_rows(probs)
-    output += _dot('bhqr,rd->bqhd', prob_rows, rel_value)
-  return output, probs, prob_rows
+  if rel_value is None:
+    return attend(probs, value), probs, None
+  output, block_prefix = _dot_with_block_prefix(probs, value, band)
+  prob_rows = band.to_rows(probs, block_prefix)
+  return output + _dot('bhqr,rd->bqhd', prob_rows, rel_value), probs, prob_rows
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _shaw(static_offset, query, key, value, rel_key, rel_value, mask, traced_offset):
-  output, *_ = _shaw_forward(static_offset, query, key, value, rel_key, rel_value, mask,
-                             traced_offset)
+  output, _, _ = _shaw_forward(static_offset, query, key, value, rel_key, rel_value, mask,
+                               traced_offset)
   return output.astype(value.dtype)
 
 
 def _shaw_fwd(static_offset, query, key, value, rel_key, rel_value, mask, traced_offset):
   output, probs, prob_rows = _shaw_forward(static_offset, query, key, value, rel_key,
-                                              rel_value, mask, traced_offset)
+                                           rel_value, mask, traced_offset)
   residuals = (query, key, value, rel_key, rel_value, mask, traced_offset, output, probs,
                prob_rows)
   return output.astype(value.dtype), residuals
@@ -124,11 +174,8 @@ def _shaw_fwd(static_offset, query, key, value, rel_key, rel_value, mask, traced
 def _shaw_bwd(static_offset, residuals, d_output):
   (query, key, value, rel_key, rel_value, mask, traced_offset, output, probs,
    prob_rows) = residuals
-  q_len, kv_len, head_dim = query.shape[1], key.shape[1], query.shape[-1]
-  scale = head_dim**-0.5
-  table = rel_key if rel_key is not None else rel_value
-  band = _Band(q_len, kv_len, (table.shape[0] - 1) // 2,
-               static_offset if traced_offset is None else traced_offset)
+  band = _band_for(static_offset, traced_offset, query, key, rel_key, rel_value)
+  scale = query.shape[-1] ** -0.5
   d_output = d_output.astype(value.dtype)
   # z_i = Σ_j p_ij (v_j + a^V_ij)  =>  dp_ij = do_i·v_j + do_i·a^V_ij
   d_value = _dot('bhqk,bqhd->bkhd', probs.astype(value.dtype), d_output)
@@ -139,13 +186,14 @@ def _shaw_bwd(static_offset, residuals, d_output):
     d_probs += band.to_keys(_dot('bqhd,rd->bhqr', d_output, rel_value))
   # softmax: ds_ij = p_ij (dp_ij - Σ_j' p_ij' dp_ij'), and Σ_j p_ij dp_ij = do_i·z_i.
   row_dot = jnp.einsum('bqhd,bqhd->bhq', d_output.astype(jnp.float32), output)
-  d_logits = probs * (d_probs - row_dot[..., None]) * scale
-  d_logits_in = d_logits.astype(query.dtype)
-  d_query = _dot('bhqk,bkhd->bqhd', d_logits_in, key)
-  d_key = _dot('bhqk,bqhd->bkhd', d_logits_in, query)
+  d_logits = (probs * (d_probs - row_dot[..., None]) * scale).astype(query.dtype)
+  d_key = _dot('bhqk,bqhd->bkhd', d_logits, query)
   d_rel_key = None
-  if rel_key is not None:
-    logit_rows = band.to_rows(d_logits)
+  if rel_key is None:
+    d_query = _dot('bhqk,bkhd->bqhd', d_logits, key)
+  else:
+    d_query, block_prefix = _dot_with_block_prefix(d_logits, key, band)
+    logit_rows = band.to_rows(d_logits, block_prefix)
     d_query += _dot('bhqr,rd->bqhd', logit_rows, rel_key.astype(jnp.float32))
     d_rel_key = _dot('bhqr,bqhd->rd', logit_rows, query.astype(jnp.float32))
   cast = lambda grad, like: None if grad is None else grad.astype(like.dtype)  # noqa: E731

@@ -43,7 +43,7 @@ def xl_attention(query, key, value, rel_key, content_bias, position_bias, *,
   Returns:
     [batch, q_len, heads, head_dim] in value's dtype.
   """
-  q_len, kv_len, head_dim = query.shape[1], key.shape[1], query.shape[-1]
+  q_len, kv_len = query.shape[1], key.shape[1]
   if rel_key.shape[0] != kv_len:
     raise ValueError(f'rel_key has {rel_key.shape[0]} distances, expected kv_len={kv_len}')
   content = content_logits(query + content_bias.astype(query.dtype), key)
