@@ -16,8 +16,9 @@ flags.mark_flags_as_required(['config', 'workdir'])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  raise SystemExit('eval.py: not yet: no model has landed (BLEU and bits-per-char evaluation '
-                   'are open issues).')
+  raise SystemExit(
+    'eval.py: not yet: no model has landed (BLEU and bits-per-char evaluation are open issues).'
+  )
 
 
 if __name__ == '__main__':

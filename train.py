@@ -16,9 +16,11 @@ flags.mark_flags_as_required(['config', 'workdir'])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  raise SystemExit('train.py: not yet: no model has landed (translation and Transformer-XL '
-                   'training are open issues). The kernels and their benchmark work today: '
-                   'python benchmarks/attention.py --config=configs/attention_benchmark.py:quick')
+  raise SystemExit(
+    'train.py: not yet: no model has landed (translation and Transformer-XL '
+    'training are open issues). The kernels and their benchmark work today: '
+    'python benchmarks/attention.py --config=configs/attention_benchmark.py:quick'
+  )
 
 
 if __name__ == '__main__':

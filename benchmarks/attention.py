@@ -25,8 +25,10 @@ from timing import compiled_temp_bytes, interleaved_median_seconds  # noqa: E402
 from relpos import attention  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
-    'config', str(Path(__file__).resolve().parent.parent / 'configs' / 'attention_benchmark.py'),
-    'Benchmark sizes.')
+  'config',
+  str(Path(__file__).resolve().parent.parent / 'configs' / 'attention_benchmark.py'),
+  'Benchmark sizes.',
+)
 
 
 def _kernels(n, k, heads, head_dim):
@@ -35,15 +37,19 @@ def _kernels(n, k, heads, head_dim):
   table = lambda *shape: jnp.asarray(rng.normal(size=shape) * 0.1, jnp.float32)  # noqa: E731
   mask = attention.causal_mask(n, n)
   return {
-      'vanilla': (lambda q, key, v, p: attention.dot_product_attention(q, key, v, mask=mask),
-                  ()),
-      'shaw': (lambda q, key, v, p: attention.shaw_attention(q, key, v, *p, mask=mask),
-               (table(2 * k + 1, head_dim), table(2 * k + 1, head_dim))),
-      'shaw_materialized': (
-          lambda q, key, v, p: attention.shaw_attention_materialized(q, key, v, *p, mask=mask),
-          (table(2 * k + 1, head_dim), table(2 * k + 1, head_dim))),
-      'xl': (lambda q, key, v, p: attention.xl_attention(q, key, v, *p),
-             (table(n, heads, head_dim), table(heads, head_dim), table(heads, head_dim))),
+    'vanilla': (lambda q, key, v, p: attention.dot_product_attention(q, key, v, mask=mask), ()),
+    'shaw': (
+      lambda q, key, v, p: attention.shaw_attention(q, key, v, *p, mask=mask),
+      (table(2 * k + 1, head_dim), table(2 * k + 1, head_dim)),
+    ),
+    'shaw_materialized': (
+      lambda q, key, v, p: attention.shaw_attention_materialized(q, key, v, *p, mask=mask),
+      (table(2 * k + 1, head_dim), table(2 * k + 1, head_dim)),
+    ),
+    'xl': (
+      lambda q, key, v, p: attention.xl_attention(q, key, v, *p),
+      (table(n, heads, head_dim), table(heads, head_dim), table(heads, head_dim)),
+    ),
   }
 
 
@@ -56,8 +62,9 @@ def _forward_and_backward(fn, cotangent):
 def measure_row(n, k, *, batch, heads, head_dim, rounds):
   """Time and temp memory of every kernel, fwd and fwd+bwd, at one (n, k)."""
   rng = np.random.default_rng(1)
-  q, key, v, cotangent = (jnp.asarray(rng.normal(size=(batch, n, heads, head_dim)), jnp.float32)
-                          for _ in range(4))
+  q, key, v, cotangent = (
+    jnp.asarray(rng.normal(size=(batch, n, heads, head_dim)), jnp.float32) for _ in range(4)
+  )
   calls, memory = {}, {}
   for name, (fn, params) in _kernels(n, k, heads, head_dim).items():
     for mode, f in (('fwd', fn), ('fwd+bwd', _forward_and_backward(fn, cotangent))):
@@ -71,26 +78,36 @@ def measure_row(n, k, *, batch, heads, head_dim, rounds):
 def main(argv):
   del argv
   config = _CONFIG.value
-  print(f'device: {jax.devices()[0].device_kind}  heads={config.heads} '
-        f'head_dim={config.head_dim}  causal  median of {config.rounds} interleaved rounds')
-  header = ('| n | k | batch | pass | vanilla ms | shaw / vanilla | materialised / vanilla '
-            '| xl / vanilla | temp MiB vanilla | shaw / vanilla | materialised / vanilla '
-            '| xl / vanilla |')
+  print(
+    f'device: {jax.devices()[0].device_kind}  heads={config.heads} '
+    f'head_dim={config.head_dim}  causal  median of {config.rounds} interleaved rounds'
+  )
+  header = (
+    '| n | k | batch | pass | vanilla ms | shaw / vanilla | materialised / vanilla '
+    '| xl / vanilla | temp MiB vanilla | shaw / vanilla | materialised / vanilla '
+    '| xl / vanilla |'
+  )
   print(header)
   print('|' + '---|' * header.count(' | ') + '---|')
   for n in config.lengths:
     batch = max(1, config.tokens // n)
     for k in config.distances:
-      seconds, memory = measure_row(n, k, batch=batch, heads=config.heads,
-                                    head_dim=config.head_dim, rounds=config.rounds)
+      seconds, memory = measure_row(
+        n, k, batch=batch, heads=config.heads, head_dim=config.head_dim, rounds=config.rounds
+      )
       for mode in ('fwd', 'fwd+bwd'):
         base_s, base_m = seconds['vanilla', mode], memory['vanilla', mode]
-        ratios = ' | '.join(f"{seconds[name, mode] / base_s:.2f}"
-                            for name in ('shaw', 'shaw_materialized', 'xl'))
-        mem_ratios = ' | '.join(f"{memory[name, mode] / base_m:.2f}"
-                                for name in ('shaw', 'shaw_materialized', 'xl'))
-        print(f'| {n} | {k} | {batch} | {mode} | {base_s * 1e3:.1f} | {ratios} | '
-              f'{base_m / 2**20:.1f} | {mem_ratios} |', flush=True)
+        ratios = ' | '.join(
+          f'{seconds[name, mode] / base_s:.2f}' for name in ('shaw', 'shaw_materialized', 'xl')
+        )
+        mem_ratios = ' | '.join(
+          f'{memory[name, mode] / base_m:.2f}' for name in ('shaw', 'shaw_materialized', 'xl')
+        )
+        print(
+          f'| {n} | {k} | {batch} | {mode} | {base_s * 1e3:.1f} | {ratios} | '
+          f'{base_m / 2**20:.1f} | {mem_ratios} |',
+          flush=True,
+        )
 
 
 if __name__ == '__main__':

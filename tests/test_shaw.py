@@ -5,184 +5,264 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
-from helpers import MASK_KINDS, assert_close, dead_rows, f32, f32_np, make_mask, qkv, randn
+from helpers import (
+  assert_close,
+  causal_np,
+  dead_rows,
+  f32,
+  f32_np,
+  make_mask,
+  qkv,
+  randn,
+  run,
+  run_traced_offset,
+)
 
 from relpos import attention
 
-SHAW_FNS = {
-    "blocked": attention.shaw_attention,
-    "materialized": attention.shaw_attention_materialized,
-}
+pytestmark = pytest.mark.usefixtures('attention_test_config')
 
-# (batch, q_len, kv_len, heads, head_dim)
-SHAPES = [
-    (2, 7, 13, 3, 5),  # q_len != kv_len, odd sizes
-    (2, 9, 9, 2, 8),  # self-attention
-    (1, 1, 11, 3, 4),  # single query (decoding)
-    (2, 6, 4, 2, 3),  # q_len > kv_len (default query_offset is negative)
+BOTH = ('shaw', 'shaw_materialized')
+S = (2, 7, 13, 3, 5)  # (batch, q_len, kv_len, heads, head_dim): q_len != kv_len, odd sizes
+
+
+def _tables(rng, kmax, dim, drop=None):
+  wk, wv = randn(rng, 2 * kmax + 1, dim), randn(rng, 2 * kmax + 1, dim)
+  return (None if drop == 'rel_key' else wk), (None if drop == 'rel_value' else wv)
+
+
+def _check(name, q, k, v, wk, wv, mask=None, query_offset=None):
+  """Run kernel `name` (jitted, static offset) and compare with the float64 reference."""
+  out = run(name, f32(q), f32(k), f32(v), f32(wk), f32(wv), mask=mask, query_offset=query_offset)
+  batch, q_len, heads, dim = q.shape
+  kv_len = k.shape[1]
+  assert out.shape == (batch, q_len, heads, dim)
+  assert out.dtype == np.float32
+  want = reference.shaw(
+    f32_np(q),
+    f32_np(k),
+    f32_np(v),
+    f32_np(wk),
+    f32_np(wv),
+    mask=mask,
+    query_offset=query_offset,
+  )
+  assert_close(out, want, err_msg=name)
+  dead = dead_rows(mask, batch, heads, q_len, kv_len)
+  assert np.all(np.asarray(out)[dead] == 0.0), 'fully masked rows must be exactly zero'
+  return out
+
+
+# (shape, k, mask kind, kernels). k = 0, k = 1, k = kv_len, k > kv_len (nothing clipped), ...
+CASES = [
+  (S, 3, 'none', ('shaw',)),
+  (S, 3, 'random', BOTH),
+  (S, 3, 'causal', BOTH),
+  (S, 3, 'padding', ('shaw',)),
+  (S, 3, 'dead_rows', ('shaw',)),
+  (S, 0, 'dead_rows', ('shaw',)),
+  (S, 1, 'causal', ('shaw',)),
+  (S, 13, 'padding', ('shaw',)),
+  (S, 20, 'none', ('shaw',)),
+  (S, 20, 'dead_rows', BOTH),
+  ((2, 9, 9, 2, 8), 2, 'causal', ('shaw',)),  # self-attention
+  ((1, 1, 11, 3, 4), 4, 'none', ('shaw',)),  # single query (decoding)
+  ((1, 1, 11, 3, 4), 15, 'random', ('shaw',)),
+  ((2, 6, 4, 2, 3), 1, 'none', ('shaw',)),  # q_len > kv_len: default offset is negative
+  ((2, 6, 4, 2, 3), 5, 'dead_rows', BOTH),
 ]
-SHAPE_IDS = ["x".join(map(str, s)) for s in SHAPES]
+CASE_IDS = ['x'.join(map(str, s)) + f'-k{k}-{m}' for s, k, m, _ in CASES]
 
 
-def _kmax_values(kv_len):
-    # k = 0, k = 1, a middle value, k == kv_len, and k far beyond kv_len (no clipping at all)
-    return {"k0": 0, "k1": 1, "k3": 3, "k=kv": kv_len, "k>kv": kv_len + 4}
+@pytest.mark.parametrize('shape,kmax,mask_kind,names', CASES, ids=CASE_IDS)
+def test_shaw_vs_reference(shape, kmax, mask_kind, names):
+  batch, q_len, kv_len, heads, dim = shape
+  rng = np.random.default_rng(10 + CASES.index((shape, kmax, mask_kind, names)))
+  q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
+  wk, wv = _tables(rng, kmax, dim)
+  mask = make_mask(mask_kind, rng, batch, heads, q_len, kv_len)
+  for name in names:
+    _check(name, q, k, v, wk, wv, mask=mask)
 
 
-def _run(fn, q, k, v, wk, wv, mask=None, query_offset=None):
-    kwargs = {}
-    if mask is not None:
-        kwargs["mask"] = np.asarray(mask)
-    if query_offset is not None:
-        kwargs["query_offset"] = query_offset
-    return fn(f32(q), f32(k), f32(v), f32(wk), f32(wv), **kwargs)
+# query_offset: 0 (queries are the first positions), negative (queries before every key; with a
+# causal mask some rows are then fully masked), past the end (queries after every key), inside.
+OFFSETS = [
+  (0, 'causal', ('shaw',)),
+  (-9, 'causal', BOTH),
+  (-3, 'none', ('shaw',)),
+  (2, 'causal', ('shaw',)),
+  (16, 'none', BOTH),
+  (40, 'causal', ('shaw',)),
+]
 
 
-def _check(fn, q, k, v, wk, wv, mask=None, query_offset=None):
-    out = _run(fn, q, k, v, wk, wv, mask, query_offset)
-    batch, q_len, heads, dim = q.shape
-    kv_len = k.shape[1]
-    assert out.shape == (batch, q_len, heads, dim)
-    assert out.dtype == np.float32
+@pytest.mark.parametrize('offset,mask_kind,names', OFFSETS, ids=[f'{o}-{m}' for o, m, _ in OFFSETS])
+def test_shaw_query_offset(offset, mask_kind, names):
+  batch, q_len, kv_len, heads, dim, kmax = 2, 5, 11, 2, 4, 3
+  rng = np.random.default_rng(200 + offset)
+  q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
+  wk, wv = _tables(rng, kmax, dim)
+  mask = make_mask(mask_kind, rng, batch, heads, q_len, kv_len, query_offset=offset)
+  for name in names:
+    _check(name, q, k, v, wk, wv, mask=mask, query_offset=offset)
+
+
+def test_shaw_default_offset_is_kv_minus_q():
+  name = 'shaw'
+  batch, q_len, kv_len, heads, dim = S
+  rng = np.random.default_rng(3)
+  q, k, v = (f32(x) for x in qkv(rng, batch, q_len, kv_len, heads, dim))
+  wk, wv = (f32(x) for x in _tables(rng, 3, dim))
+  default = run(name, q, k, v, wk, wv)
+  explicit = run(name, q, k, v, wk, wv, query_offset=kv_len - q_len)
+  other = run(name, q, k, v, wk, wv, query_offset=kv_len - q_len - 1)
+  np.testing.assert_allclose(np.asarray(default), np.asarray(explicit), rtol=1e-6, atol=1e-6)
+  assert not np.allclose(np.asarray(default), np.asarray(other), atol=1e-3)
+
+
+# keys-only (rel_value=None) and values-only (rel_key=None) ablations
+SINGLE = [
+  ('rel_value', 0, 'none', ('shaw',)),
+  ('rel_value', 2, 'dead_rows', ('shaw',)),
+  ('rel_key', 2, 'dead_rows', BOTH),
+  ('rel_key', 0, 'causal', ('shaw',)),
+  ('rel_key', 15, 'none', ('shaw',)),
+]
+
+
+SINGLE_IDS = [
+  ('keys_only' if d == 'rel_value' else 'values_only') + f'-k{k}-{m}' for d, k, m, _ in SINGLE
+]
+
+
+@pytest.mark.parametrize('drop,kmax,mask_kind,names', SINGLE, ids=SINGLE_IDS)
+def test_shaw_single_table(drop, kmax, mask_kind, names):
+  batch, q_len, kv_len, heads, dim = S
+  rng = np.random.default_rng(300 + SINGLE.index((drop, kmax, mask_kind, names)))
+  q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
+  wk, wv = _tables(rng, kmax, dim, drop=drop)
+  mask = make_mask(mask_kind, rng, batch, heads, q_len, kv_len, query_offset=2)
+  for name in names:
+    _check(name, q, k, v, wk, wv, mask=mask, query_offset=2)
+
+
+def test_shaw_with_library_causal_mask():
+  """The mask built by attention.causal_mask plugs straight into the kernel."""
+  batch, q_len, kv_len, heads, dim, kmax, off = 2, 5, 11, 2, 4, 3, 2
+  rng = np.random.default_rng(4)
+  q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
+  wk, wv = _tables(rng, kmax, dim)
+  mask = attention.causal_mask(q_len, kv_len, query_offset=off)
+  out = run('shaw', f32(q), f32(k), f32(v), f32(wk), f32(wv), mask=mask, query_offset=off)
+  want = reference.shaw(
+    f32_np(q),
+    f32_np(k),
+    f32_np(v),
+    f32_np(wk),
+    f32_np(wv),
+    mask=causal_np(q_len, kv_len, off),
+    query_offset=off,
+  )
+  assert_close(out, want)
+
+
+@pytest.mark.parametrize('name', BOTH)
+def test_shaw_traced_query_offset_under_jit(name):
+  """query_offset as a traced int32 scalar: one compilation serves every decoding step."""
+  batch, kv_len, heads, dim, kmax = 2, 8, 3, 4, 2
+  rng = np.random.default_rng(5)
+  q_all, k, v = qkv(rng, batch, kv_len, kv_len, heads, dim)
+  wk, wv = _tables(rng, kmax, dim)
+  traces = []
+
+  @jax.jit
+  def step(q, k, v, wk, wv, off):
+    traces.append(1)
+    mask = jnp.arange(kv_len)[None, :] <= off + jnp.arange(q.shape[1])[:, None]
+    fn = attention.shaw_attention if name == 'shaw' else attention.shaw_attention_materialized
+    return fn(q, k, v, wk, wv, mask=mask, query_offset=off)
+
+  for t in [0, 3, 7]:
+    q = q_all[:, t : t + 1]
+    out = step(f32(q), f32(k), f32(v), f32(wk), f32(wv), jnp.int32(t))
     want = reference.shaw(
-        f32_np(q), f32_np(k), f32_np(v), f32_np(wk), f32_np(wv), mask=mask,
-        query_offset=query_offset,
+      f32_np(q),
+      f32_np(k),
+      f32_np(v),
+      f32_np(wk),
+      f32_np(wv),
+      mask=causal_np(1, kv_len, t),
+      query_offset=t,
     )
     assert_close(out, want)
-    dead = dead_rows(mask, batch, heads, q_len, kv_len)
-    assert np.all(np.asarray(out)[dead] == 0.0), "fully masked rows must be exactly zero"
-    return out
+  assert len(traces) == 1, 'query_offset must be usable as a traced value (no retrace)'
 
-
-@pytest.mark.parametrize("fn_name", list(SHAW_FNS))
-@pytest.mark.parametrize("kname", ["k0", "k1", "k3", "k=kv", "k>kv"])
-@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-def test_shaw_vs_reference_no_mask(shape, kname, fn_name):
-    batch, q_len, kv_len, heads, dim = shape
-    kmax = _kmax_values(kv_len)[kname]
-    rng = np.random.default_rng(10 * SHAPES.index(shape) + list(_kmax_values(0)).index(kname))
-    q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
-    wk, wv = randn(rng, 2 * kmax + 1, dim), randn(rng, 2 * kmax + 1, dim)
-    _check(SHAW_FNS[fn_name], q, k, v, wk, wv)
-
-
-@pytest.mark.parametrize("fn_name", list(SHAW_FNS))
-@pytest.mark.parametrize("kmax", [1, 4, 20])
-@pytest.mark.parametrize("mask_kind", [m for m in MASK_KINDS if m != "none"])
-def test_shaw_vs_reference_masked(mask_kind, kmax, fn_name):
-    batch, q_len, kv_len, heads, dim = 2, 7, 13, 3, 5
-    rng = np.random.default_rng(1000 + 31 * kmax + MASK_KINDS.index(mask_kind))
-    q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
-    wk, wv = randn(rng, 2 * kmax + 1, dim), randn(rng, 2 * kmax + 1, dim)
-    mask = make_mask(mask_kind, rng, batch, heads, q_len, kv_len)
-    _check(SHAW_FNS[fn_name], q, k, v, wk, wv, mask=mask)
-
-
-# query_offset: 0 (queries are the first positions), the default kv_len - q_len written out,
-# negative (queries before every key), past the end (queries after every key), in between.
-OFFSETS = [0, 6, -9, -3, 16, 40, 2]
-
-
-@pytest.mark.parametrize("fn_name", list(SHAW_FNS))
-@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "causal"])
-@pytest.mark.parametrize("offset", OFFSETS)
-def test_shaw_query_offset(offset, masked, fn_name):
-    batch, q_len, kv_len, heads, dim, kmax = 2, 5, 11, 2, 4, 3
-    rng = np.random.default_rng(2000 + offset + 100 * masked)
-    q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
-    wk, wv = randn(rng, 2 * kmax + 1, dim), randn(rng, 2 * kmax + 1, dim)
-    # causal mask at this offset; offsets < 0 leave some query rows with no key at all
-    mask = (np.arange(kv_len)[None] <= offset + np.arange(q_len)[:, None]) if masked else None
-    _check(SHAW_FNS[fn_name], q, k, v, wk, wv, mask=mask, query_offset=offset)
-
-
-@pytest.mark.parametrize("fn_name", list(SHAW_FNS))
-def test_shaw_default_offset_is_kv_minus_q(fn_name):
-    rng = np.random.default_rng(3)
-    q, k, v = qkv(rng, 2, 4, 9, 2, 6)
-    wk, wv = randn(rng, 7, 6), randn(rng, 7, 6)
-    fn = SHAW_FNS[fn_name]
-    a = _run(fn, q, k, v, wk, wv)
-    b = _run(fn, q, k, v, wk, wv, query_offset=5)
-    c = _run(fn, q, k, v, wk, wv, query_offset=4)
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert not np.allclose(np.asarray(a), np.asarray(c), atol=1e-3), "query_offset is ignored"
-
-
-@pytest.mark.parametrize("fn_name", list(SHAW_FNS))
-@pytest.mark.parametrize("mask_kind", ["none", "dead_rows"])
-@pytest.mark.parametrize("which", ["keys_only", "values_only"])
-@pytest.mark.parametrize("kmax", [0, 2, 15])
-def test_shaw_single_table(kmax, which, mask_kind, fn_name):
-    batch, q_len, kv_len, heads, dim = 2, 6, 10, 3, 5
-    rng = np.random.default_rng(3000 + kmax + 50 * (which == "keys_only") + 7 * len(mask_kind))
-    q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
-    w = randn(rng, 2 * kmax + 1, dim)
-    wk, wv = (w, None) if which == "keys_only" else (None, w)
-    mask = make_mask(mask_kind, rng, batch, heads, q_len, kv_len)
-    _check(SHAW_FNS[fn_name], q, k, v, wk, wv, mask=mask, query_offset=2)
-
-
-@pytest.mark.parametrize("fn_name", list(SHAW_FNS))
-def test_shaw_with_library_causal_mask(fn_name):
-    """The mask built by attention.causal_mask plugs straight into the kernel."""
-    batch, q_len, kv_len, heads, dim, kmax, off = 2, 6, 9, 2, 4, 2, 1
-    rng = np.random.default_rng(4)
-    q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
-    wk, wv = randn(rng, 2 * kmax + 1, dim), randn(rng, 2 * kmax + 1, dim)
-    mask = attention.causal_mask(q_len, kv_len, query_offset=off)
-    out = SHAW_FNS[fn_name](f32(q), f32(k), f32(v), f32(wk), f32(wv), mask=mask, query_offset=off)
-    want_mask = np.arange(kv_len)[None] <= off + np.arange(q_len)[:, None]
-    want = reference.shaw(
-        f32_np(q), f32_np(k), f32_np(v), f32_np(wk), f32_np(wv), mask=want_mask, query_offset=off
+  # several queries per call, no mask, offsets before / inside / after the keys, one compile
+  q = q_all[:, :3]
+  for t in [-6, -2, 0, 4, 9, 30]:
+    out = run_traced_offset(
+      name, f32(q), f32(k), f32(v), f32(wk), f32(wv), query_offset=jnp.int32(t)
     )
-    assert_close(out, want)
+    want = reference.shaw(f32_np(q), f32_np(k), f32_np(v), f32_np(wk), f32_np(wv), query_offset=t)
+    assert_close(out, want, err_msg=f'traced offset {t}')
 
 
-@pytest.mark.parametrize("fn_name", list(SHAW_FNS))
-def test_shaw_traced_query_offset_under_jit(fn_name):
-    """query_offset as a traced int32 scalar: one compilation serves every decoding step."""
-    batch, kv_len, heads, dim, kmax = 2, 8, 3, 4, 2
-    rng = np.random.default_rng(5)
-    q_all, k, v = qkv(rng, batch, kv_len, kv_len, heads, dim)
-    wk, wv = randn(rng, 2 * kmax + 1, dim), randn(rng, 2 * kmax + 1, dim)
-    fn = SHAW_FNS[fn_name]
-    traces = []
-
-    @jax.jit
-    def step(q, k, v, wk, wv, off):
-        traces.append(1)
-        mask = jnp.arange(kv_len)[None, :] <= off + jnp.arange(q.shape[1])[:, None]
-        return fn(q, k, v, wk, wv, mask=mask, query_offset=off)
-
-    for t in [0, 3, 7]:
-        q = q_all[:, t : t + 1]
-        out = step(f32(q), f32(k), f32(v), f32(wk), f32(wv), jnp.int32(t))
-        mask = np.arange(kv_len)[None] <= t
-        want = reference.shaw(
-            f32_np(q), f32_np(k), f32_np(v), f32_np(wk), f32_np(wv), mask=mask, query_offset=t
-        )
-        assert_close(out, want)
-    assert len(traces) == 1, "query_offset must be usable as a traced value (no retrace)"
-
-    # same without a mask and with several queries per step, also traced
-    q = q_all[:, :3]
-    jitted = jax.jit(lambda q, k, v, wk, wv, off: fn(q, k, v, wk, wv, query_offset=off))
-    for t in [-2, 4]:
-        out = jitted(f32(q), f32(k), f32(v), f32(wk), f32(wv), jnp.int32(t))
-        want = reference.shaw(
-            f32_np(q), f32_np(k), f32_np(v), f32_np(wk), f32_np(wv), query_offset=t
-        )
-        assert_close(out, want)
+def test_shaw_traced_offset_single_table_and_k0():
+  batch, q_len, kv_len, heads, dim = 1, 4, 9, 2, 3
+  rng = np.random.default_rng(6)
+  q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
+  for kmax, drop in [(0, None), (2, 'rel_key'), (12, 'rel_value')]:
+    wk, wv = _tables(rng, kmax, dim, drop=drop)
+    for t in [-5, 3, 11]:
+      mask = causal_np(q_len, kv_len, t)
+      out = run_traced_offset(
+        'shaw',
+        f32(q),
+        f32(k),
+        f32(v),
+        f32(wk),
+        f32(wv),
+        mask=mask,
+        query_offset=jnp.int32(t),
+      )
+      want = reference.shaw(
+        f32_np(q), f32_np(k), f32_np(v), f32_np(wk), f32_np(wv), mask=mask, query_offset=t
+      )
+      assert_close(out, want, err_msg=f'k={kmax} drop={drop} offset={t}')
 
 
-def test_blocked_equals_materialized_larger():
-    """A somewhat larger case, blocked vs materialised implementation (both float32)."""
-    batch, q_len, kv_len, heads, dim, kmax = 2, 33, 47, 4, 16, 8
-    rng = np.random.default_rng(6)
-    q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
-    wk, wv = randn(rng, 2 * kmax + 1, dim), randn(rng, 2 * kmax + 1, dim)
-    mask = make_mask("dead_rows", rng, batch, heads, q_len, kv_len)
-    a = _run(attention.shaw_attention, q, k, v, wk, wv, mask=mask, query_offset=5)
-    b = _run(attention.shaw_attention_materialized, q, k, v, wk, wv, mask=mask, query_offset=5)
-    assert_close(a, b)
+# Long keys: the blocked kernel sums the clipped edges with block prefix sums (blocks of
+# ~4*sqrt(kv_len) keys, 64 here, so 3 blocks). Sweep a traced query_offset across and beyond the
+# keys so the edges fall in every block and at every block boundary (one compilation).
+
+
+@pytest.mark.parametrize('kmax', [2, 40])
+def test_blocked_equals_materialized_long_offset_sweep(kmax):
+  batch, q_len, kv_len, heads, dim = 1, 9, 150, 2, 4
+  rng = np.random.default_rng(7 + kmax)
+  q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
+  wk, wv = _tables(rng, kmax, dim)
+  mask = make_mask('dead_rows', rng, batch, heads, q_len, kv_len)
+  args = [f32(x) for x in (q, k, v, wk, wv)]
+  for off in range(-60, 220, 7):
+    a = run_traced_offset('shaw', *args, mask=mask, query_offset=jnp.int32(off))
+    b = run_traced_offset('shaw_materialized', *args, mask=mask, query_offset=jnp.int32(off))
+    assert_close(a, b, err_msg=f'offset {off}')
+    if off in (-4, 60, 129):
+      want = reference.shaw(*(f32_np(x) for x in (q, k, v, wk, wv)), mask=mask, query_offset=off)
+      assert_close(a, want, err_msg=f'offset {off}')
+
+
+@pytest.mark.parametrize('make_offset', [np.int64, jnp.int32], ids=['np.int64', 'jnp.int32'])
+def test_shaw_offset_as_concrete_array_scalar(make_offset):
+  """A concrete NumPy / JAX integer scalar works like the Python int."""
+  batch, q_len, kv_len, heads, dim, kmax, off = 2, 5, 11, 2, 4, 3, 2
+  rng = np.random.default_rng(8)
+  q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
+  wk, wv = _tables(rng, kmax, dim)
+  out = jax.jit(lambda *a: attention.shaw_attention(*a, query_offset=make_offset(off)))(
+    *(f32(x) for x in (q, k, v, wk, wv))
+  )
+  want = reference.shaw(*(f32_np(x) for x in (q, k, v, wk, wv)), query_offset=off)
+  assert_close(out, want)

@@ -8,85 +8,86 @@ import reference
 
 from relpos import attention
 
+pytestmark = pytest.mark.usefixtures('attention_test_config')
+
 
 def _buckets(q_len, kv_len, k, off):
-    i = np.arange(q_len)[:, None]
-    j = np.arange(kv_len)[None, :]
-    return np.clip(j - (off + i), -k, k) + k
+  i = np.arange(q_len)[:, None]
+  j = np.arange(kv_len)[None, :]
+  return np.clip(j - (off + i), -k, k) + k
 
 
 CASES = [  # (q_len, kv_len, max_distance, query_offset or None)
-    (7, 13, 3, None),
-    (9, 9, 0, None),
-    (9, 9, 1, None),
-    (5, 5, 20, None),
-    (1, 11, 4, None),
-    (6, 4, 2, None),  # default offset negative
-    (4, 10, 3, 0),
-    (4, 10, 3, -7),
-    (4, 10, 3, 15),
-    (3, 6, 100, 2),
+  (7, 13, 3, None),
+  (9, 9, 0, None),
+  (9, 9, 1, None),
+  (5, 5, 20, None),
+  (1, 11, 4, None),
+  (6, 4, 2, None),  # default offset negative
+  (4, 10, 3, 0),
+  (4, 10, 3, -7),
+  (4, 10, 3, 15),
+  (3, 6, 100, 2),
 ]
 
 
-@pytest.mark.parametrize("q_len,kv_len,k,off", CASES)
+@pytest.mark.parametrize('q_len,kv_len,k,off', CASES)
 def test_relative_buckets(q_len, kv_len, k, off):
-    kwargs = {} if off is None else {"query_offset": off}
-    got = attention.relative_buckets(q_len, kv_len, k, **kwargs)
-    want = _buckets(q_len, kv_len, k, kv_len - q_len if off is None else off)
-    assert got.shape == (q_len, kv_len)
-    assert got.dtype == jnp.int32
-    np.testing.assert_array_equal(np.asarray(got), want)
-    assert np.asarray(got).min() >= 0 and np.asarray(got).max() <= 2 * k
-    # also cross-check against the reference's per-entry index function
-    o = kv_len - q_len if off is None else off
-    for i in range(q_len):
-        for j in range(kv_len):
-            assert got[i, j] == reference.shaw_index(i, j, k, o)
+  kwargs = {} if off is None else {'query_offset': off}
+  got = attention.relative_buckets(q_len, kv_len, k, **kwargs)
+  want = _buckets(q_len, kv_len, k, kv_len - q_len if off is None else off)
+  assert got.shape == (q_len, kv_len)
+  assert got.dtype == jnp.int32
+  np.testing.assert_array_equal(np.asarray(got), want)
+  assert np.asarray(got).min() >= 0 and np.asarray(got).max() <= 2 * k
+  # also cross-check against the reference's per-entry index function
+  o = kv_len - q_len if off is None else off
+  got = np.asarray(got)
+  for i in range(q_len):
+    for j in range(kv_len):
+      assert got[i, j] == reference.shaw_index(i, j, k, o)
 
 
-@pytest.mark.parametrize("q_len,kv_len,k,off", CASES)
+@pytest.mark.parametrize('q_len,kv_len,k,off', CASES)
 def test_causal_mask(q_len, kv_len, k, off):
-    del k
-    kwargs = {} if off is None else {"query_offset": off}
-    got = attention.causal_mask(q_len, kv_len, **kwargs)
-    o = kv_len - q_len if off is None else off
-    want = np.arange(kv_len)[None, :] <= o + np.arange(q_len)[:, None]
-    assert got.shape == (q_len, kv_len)
-    assert got.dtype == jnp.bool_
-    np.testing.assert_array_equal(np.asarray(got), want)
+  del k
+  kwargs = {} if off is None else {'query_offset': off}
+  got = attention.causal_mask(q_len, kv_len, **kwargs)
+  o = kv_len - q_len if off is None else off
+  want = np.arange(kv_len)[None, :] <= o + np.arange(q_len)[:, None]
+  assert got.shape == (q_len, kv_len)
+  assert got.dtype == jnp.bool_
+  np.testing.assert_array_equal(np.asarray(got), want)
 
 
 def test_buckets_and_causal_mask_with_traced_offset():
-    traces = []
+  traces = []
 
-    @jax.jit
-    def f(off):
-        traces.append(1)
-        return (
-            attention.relative_buckets(3, 8, 2, query_offset=off),
-            attention.causal_mask(3, 8, query_offset=off),
-        )
+  @jax.jit
+  def f(off):
+    traces.append(1)
+    return (
+      attention.relative_buckets(3, 8, 2, query_offset=off),
+      attention.causal_mask(3, 8, query_offset=off),
+    )
 
-    for off in [-4, 0, 5, 12]:
-        b, m = f(jnp.int32(off))
-        np.testing.assert_array_equal(np.asarray(b), _buckets(3, 8, 2, off))
-        np.testing.assert_array_equal(
-            np.asarray(m), np.arange(8)[None] <= off + np.arange(3)[:, None]
-        )
-    assert len(traces) == 1
+  for off in [-4, 0, 5, 12]:
+    b, m = f(jnp.int32(off))
+    np.testing.assert_array_equal(np.asarray(b), _buckets(3, 8, 2, off))
+    np.testing.assert_array_equal(np.asarray(m), np.arange(8)[None] <= off + np.arange(3)[:, None])
+  assert len(traces) == 1
 
 
-@pytest.mark.parametrize("dim", [2, 8, 16, 64])
+@pytest.mark.parametrize('dim', [2, 8, 16, 64])
 def test_sinusoidal_embedding(dim):
-    positions = np.arange(20.0, -1.0, -1.0)  # Transformer-XL uses descending klen-1 .. 0
-    got = attention.sinusoidal_embedding(jnp.asarray(positions, jnp.float32), dim)
-    assert got.shape == (len(positions), dim)
-    assert got.dtype == jnp.float32
-    np.testing.assert_allclose(np.asarray(got), reference.sinusoidal(positions, dim), atol=2e-6)
+  positions = np.arange(20.0, -1.0, -1.0)  # Transformer-XL uses descending klen-1 .. 0
+  got = attention.sinusoidal_embedding(jnp.asarray(positions, jnp.float32), dim)
+  assert got.shape == (len(positions), dim)
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(got), reference.sinusoidal(positions, dim), atol=2e-6)
 
 
 def test_sinusoidal_embedding_int_positions():
-    got = attention.sinusoidal_embedding(jnp.arange(5), 6)
-    assert got.dtype == jnp.float32
-    np.testing.assert_allclose(np.asarray(got), reference.sinusoidal(np.arange(5), 6), atol=2e-6)
+  got = attention.sinusoidal_embedding(jnp.arange(5), 6)
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(got), reference.sinusoidal(np.arange(5), 6), atol=2e-6)

@@ -3,21 +3,41 @@
 import jax
 import jax.numpy as jnp
 
-from relpos.attention.masking import masked_softmax
+from relpos.attention.masking import accumulation_dtype, masked_softmax
+
+
+def check_qkv(query, key, value):
+  """Raises ValueError unless query [B, Q, H, D] and key, value [B, K, H, D] agree."""
+  if query.ndim != 4 or key.shape != value.shape or key.ndim != 4:
+    raise ValueError(
+      'expected query [batch, q_len, heads, head_dim] and key, value '
+      f'[batch, kv_len, heads, head_dim]; got {query.shape}, {key.shape}, '
+      f'{value.shape}'
+    )
+  if (query.shape[0], query.shape[2:]) != (key.shape[0], key.shape[2:]):
+    raise ValueError(f'query {query.shape} and key {key.shape} differ in batch, heads or head_dim')
 
 
 def content_logits(query_BQHD, key_BKHD):
-  """`q_i·k_j / sqrt(d)` in float32: [batch, heads, q_len, kv_len]."""
+  """`q_i·k_j / sqrt(d)` accumulated in (at least) float32: [batch, heads, q_len, kv_len]."""
   scale = query_BQHD.shape[-1] ** -0.5
-  logits = jnp.einsum('bqhd,bkhd->bhqk', query_BQHD, key_BKHD,
-                      preferred_element_type=jnp.float32)
+  logits = jnp.einsum(
+    'bqhd,bkhd->bhqk',
+    query_BQHD,
+    key_BKHD,
+    preferred_element_type=accumulation_dtype(query_BQHD.dtype),
+  )
   return logits * scale
 
 
 def attend(probs_BHQK, value_BKHD):
-  """`Σ_j p_ij v_j` accumulated in float32: [batch, q_len, heads, head_dim]."""
-  return jnp.einsum('bhqk,bkhd->bqhd', probs_BHQK.astype(value_BKHD.dtype), value_BKHD,
-                    preferred_element_type=jnp.float32)
+  """`Σ_j p_ij v_j` accumulated in (at least) float32: [batch, q_len, heads, head_dim]."""
+  return jnp.einsum(
+    'bhqk,bkhd->bqhd',
+    probs_BHQK.astype(value_BKHD.dtype),
+    value_BKHD,
+    preferred_element_type=accumulation_dtype(value_BKHD.dtype),
+  )
 
 
 def dot_product_attention(query, key, value, *, mask=None) -> jax.Array:
@@ -31,5 +51,6 @@ def dot_product_attention(query, key, value, *, mask=None) -> jax.Array:
   Returns:
     [batch, q_len, heads, head_dim] in value's dtype.
   """
+  check_qkv(query, key, value)
   probs = masked_softmax(content_logits(query, key), mask)
   return attend(probs, value).astype(value.dtype)

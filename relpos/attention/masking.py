@@ -7,6 +7,11 @@ import jax.numpy as jnp
 _MASKED_LOGIT = -1e30
 
 
+def accumulation_dtype(dtype):
+  """float32 for bf16/fp16/fp32 inputs, float64 for float64 ones: softmax and matmul sums."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
 def default_query_offset(q_len: int, kv_len: int) -> int:
   """Absolute position of query 0 when queries are the last q_len of kv_len positions."""
   return kv_len - q_len
@@ -19,7 +24,8 @@ def query_key_distance(q_len, kv_len, query_offset):
   """
   key_position = jnp.arange(kv_len, dtype=jnp.int32)[None, :]
   query_position = jnp.arange(q_len, dtype=jnp.int32)[:, None] + jnp.asarray(
-      query_offset, jnp.int32)
+    query_offset, jnp.int32
+  )
   return key_position - query_position
 
 
@@ -31,15 +37,15 @@ def causal_mask(q_len: int, kv_len: int, *, query_offset=None) -> jax.Array:
 
 
 def masked_softmax(logits_BHQK, mask):
-  """Softmax over the last axis in float32; masked entries and fully masked rows get 0.
+  """Softmax over the last axis in (at least) float32; masked entries and empty rows get 0.
 
   Args:
     logits_BHQK: [batch, heads, q_len, kv_len], any float dtype.
     mask: None or bool broadcastable to logits, True = may attend.
   Returns:
-    float32 probabilities, same shape as logits.
+    probabilities in `accumulation_dtype(logits.dtype)`, same shape as logits.
   """
-  logits_BHQK = logits_BHQK.astype(jnp.float32)
+  logits_BHQK = logits_BHQK.astype(accumulation_dtype(logits_BHQK.dtype))
   if mask is None:
     return jax.nn.softmax(logits_BHQK, axis=-1)
   logits_BHQK = jnp.where(mask, logits_BHQK, _MASKED_LOGIT)

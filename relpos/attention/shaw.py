@@ -19,8 +19,13 @@ import operator
 import jax
 import jax.numpy as jnp
 
-from relpos.attention.dot_product import attend, content_logits
-from relpos.attention.masking import default_query_offset, masked_softmax, query_key_distance
+from relpos.attention.dot_product import attend, check_qkv, content_logits
+from relpos.attention.masking import (
+  accumulation_dtype,
+  default_query_offset,
+  masked_softmax,
+  query_key_distance,
+)
 
 
 def relative_buckets(q_len: int, kv_len: int, max_distance: int, *, query_offset=None):
@@ -107,7 +112,7 @@ class _Band:
     # Diagonals j - pos_i = -k-block+1 .. k: the partial block left of the band, then the band.
     diagonals, key = self._diagonals(p_BHQK, -k - block + 1, block + 2 * k)
     row = jnp.arange(self.rows)
-    band = jnp.where((row > 0) & (row < 2 * k), diagonals[..., block - 1:], 0.0)
+    band = jnp.where((row > 0) & (row < 2 * k), diagonals[..., block - 1 :], 0.0)
     # Left edge Σ_{j <= pos_i - k} p_ij = whole blocks before the boundary + the partial block.
     last_left = self.query_position - k  # [Q, 1]
     full_blocks_end = jnp.clip((last_left + 1) // block, 0, self.blocks) * block
@@ -120,29 +125,42 @@ class _Band:
 
 
 def _dot(subscripts, a, b):
-  """einsum with float32 accumulation; operands keep their dtype (bf16 stays bf16)."""
-  return jnp.einsum(subscripts, a, b.astype(a.dtype), preferred_element_type=jnp.float32)
+  """einsum accumulated in (at least) float32; operands keep a's dtype (bf16 stays bf16)."""
+  return jnp.einsum(
+    subscripts, a, b.astype(a.dtype), preferred_element_type=accumulation_dtype(a.dtype)
+  )
 
 
 def _dot_with_block_prefix(p_BHQK, values_BKHD, band):
   """`Σ_j p_ij values_j` [B, Q, H, D] and block prefix sums of p [B, H, Q, blocks+1], one matmul."""
   batch, kv_len, heads, head_dim = values_BKHD.shape
   indicator = band.key_block_indicator(values_BKHD.dtype)
-  indicator = jnp.broadcast_to(indicator[None, :, None, :], (batch, kv_len, heads,
-                                                            indicator.shape[-1]))
-  both = _dot('bhqk,bkhd->bqhd', p_BHQK.astype(values_BKHD.dtype),
-              jnp.concatenate([values_BKHD, indicator], axis=-1))
+  indicator = jnp.broadcast_to(
+    indicator[None, :, None, :], (batch, kv_len, heads, indicator.shape[-1])
+  )
+  both = _dot(
+    'bhqk,bkhd->bqhd',
+    p_BHQK.astype(values_BKHD.dtype),
+    jnp.concatenate([values_BKHD, indicator], axis=-1),
+  )
   return both[..., :head_dim], jnp.transpose(both[..., head_dim:], (0, 2, 1, 3))
 
 
 def _band_for(static_offset, traced_offset, query, key, rel_key, rel_value):
   table = rel_key if rel_key is not None else rel_value
-  return _Band(query.shape[1], key.shape[1], (table.shape[0] - 1) // 2,
-               static_offset if traced_offset is None else traced_offset)
+  return _Band(
+    query.shape[1],
+    key.shape[1],
+    (table.shape[0] - 1) // 2,
+    static_offset if traced_offset is None else traced_offset,
+  )
 
 
 def _shaw_forward(static_offset, query, key, value, rel_key, rel_value, mask, traced_offset):
-  """Returns output [B, Q, H, D] float32, probs [B, H, Q, K], probs per table row [B, H, Q, R]."""
+  """Returns output [B, Q, H, D], probs [B, H, Q, K], probs per table row [B, H, Q, R].
+
+  All three in `accumulation_dtype(value.dtype)`: float32 for bf16 inputs.
+  """
   band = _band_for(static_offset, traced_offset, query, key, rel_key, rel_value)
   logits = content_logits(query, key)
   if rel_key is not None:
@@ -158,34 +176,35 @@ def _shaw_forward(static_offset, query, key, value, rel_key, rel_value, mask, tr
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _shaw(static_offset, query, key, value, rel_key, rel_value, mask, traced_offset):
-  output, _, _ = _shaw_forward(static_offset, query, key, value, rel_key, rel_value, mask,
-                               traced_offset)
+  output, _, _ = _shaw_forward(
+    static_offset, query, key, value, rel_key, rel_value, mask, traced_offset
+  )
   return output.astype(value.dtype)
 
 
 def _shaw_fwd(static_offset, query, key, value, rel_key, rel_value, mask, traced_offset):
-  output, probs, prob_rows = _shaw_forward(static_offset, query, key, value, rel_key,
-                                           rel_value, mask, traced_offset)
-  residuals = (query, key, value, rel_key, rel_value, mask, traced_offset, output, probs,
-               prob_rows)
+  output, probs, prob_rows = _shaw_forward(
+    static_offset, query, key, value, rel_key, rel_value, mask, traced_offset
+  )
+  residuals = (query, key, value, rel_key, rel_value, mask, traced_offset, output, probs, prob_rows)
   return output.astype(value.dtype), residuals
 
 
 def _shaw_bwd(static_offset, residuals, d_output):
-  (query, key, value, rel_key, rel_value, mask, traced_offset, output, probs,
-   prob_rows) = residuals
+  (query, key, value, rel_key, rel_value, mask, traced_offset, output, probs, prob_rows) = residuals
   band = _band_for(static_offset, traced_offset, query, key, rel_key, rel_value)
   scale = query.shape[-1] ** -0.5
   d_output = d_output.astype(value.dtype)
+  acc = accumulation_dtype(value.dtype)
   # z_i = Σ_j p_ij (v_j + a^V_ij)  =>  dp_ij = do_i·v_j + do_i·a^V_ij
   d_value = _dot('bhqk,bqhd->bkhd', probs.astype(value.dtype), d_output)
   d_probs = _dot('bqhd,bkhd->bhqk', d_output, value)
   d_rel_value = None
   if rel_value is not None:
-    d_rel_value = _dot('bhqr,bqhd->rd', prob_rows, d_output.astype(jnp.float32))
+    d_rel_value = _dot('bhqr,bqhd->rd', prob_rows, d_output.astype(acc))
     d_probs += band.to_keys(_dot('bqhd,rd->bhqr', d_output, rel_value))
   # softmax: ds_ij = p_ij (dp_ij - Σ_j' p_ij' dp_ij'), and Σ_j p_ij dp_ij = do_i·z_i.
-  row_dot = jnp.einsum('bqhd,bqhd->bhq', d_output.astype(jnp.float32), output)
+  row_dot = jnp.einsum('bqhd,bqhd->bhq', d_output.astype(acc), output)
   d_logits = (probs * (d_probs - row_dot[..., None]) * scale).astype(query.dtype)
   d_key = _dot('bhqk,bqhd->bkhd', d_logits, query)
   d_rel_key = None
@@ -194,11 +213,18 @@ def _shaw_bwd(static_offset, residuals, d_output):
   else:
     d_query, block_prefix = _dot_with_block_prefix(d_logits, key, band)
     logit_rows = band.to_rows(d_logits, block_prefix)
-    d_query += _dot('bhqr,rd->bqhd', logit_rows, rel_key.astype(jnp.float32))
-    d_rel_key = _dot('bhqr,bqhd->rd', logit_rows, query.astype(jnp.float32))
+    d_query += _dot('bhqr,rd->bqhd', logit_rows, rel_key.astype(acc))
+    d_rel_key = _dot('bhqr,bqhd->rd', logit_rows, query.astype(acc))
   cast = lambda grad, like: None if grad is None else grad.astype(like.dtype)  # noqa: E731
-  return (cast(d_query, query), cast(d_key, key), cast(d_value, value),
-          cast(d_rel_key, rel_key), cast(d_rel_value, rel_value), None, None)
+  return (
+    cast(d_query, query),
+    cast(d_key, key),
+    cast(d_value, value),
+    cast(d_rel_key, rel_key),
+    cast(d_rel_value, rel_value),
+    None,
+    None,
+  )
 
 
 _shaw.defvjp(_shaw_fwd, _shaw_bwd)
@@ -207,8 +233,10 @@ _shaw.defvjp(_shaw_fwd, _shaw_bwd)
 def _check_tables(rel_key, rel_value, head_dim):
   tables = [t for t in (rel_key, rel_value) if t is not None]
   if not tables:
-    raise ValueError('shaw_attention needs rel_key, rel_value or both; got neither '
-                     '(use dot_product_attention for no relative terms)')
+    raise ValueError(
+      'shaw_attention needs rel_key, rel_value or both; got neither '
+      '(use dot_product_attention for no relative terms)'
+    )
   for table in tables:
     if table.ndim != 2 or table.shape[0] % 2 != 1 or table.shape[1] != head_dim:
       raise ValueError(f'relative tables must be [2k+1, head_dim={head_dim}], got {table.shape}')
@@ -216,8 +244,9 @@ def _check_tables(rel_key, rel_value, head_dim):
     raise ValueError(f'rel_key {rel_key.shape} and rel_value {rel_value.shape} differ in k')
 
 
-def shaw_attention(query, key, value, rel_key, rel_value, *, mask=None,
-                   query_offset=None) -> jax.Array:
+def shaw_attention(
+  query, key, value, rel_key, rel_value, *, mask=None, query_offset=None
+) -> jax.Array:
   """Relation-aware attention with clipped relative positions, without [q, kv, d] tensors.
 
   Args:
@@ -231,6 +260,7 @@ def shaw_attention(query, key, value, rel_key, rel_value, *, mask=None,
   Returns:
     [batch, q_len, heads, head_dim] in value's dtype.
   """
+  check_qkv(query, key, value)
   _check_tables(rel_key, rel_value, query.shape[-1])
   if query_offset is None:
     query_offset = default_query_offset(query.shape[1], key.shape[1])
@@ -239,18 +269,19 @@ def shaw_attention(query, key, value, rel_key, rel_value, *, mask=None,
   return _shaw(static_offset, query, key, value, rel_key, rel_value, mask, traced_offset)
 
 
-def shaw_attention_materialized(query, key, value, rel_key, rel_value, *, mask=None,
-                                query_offset=None) -> jax.Array:
+def shaw_attention_materialized(
+  query, key, value, rel_key, rel_value, *, mask=None, query_offset=None
+) -> jax.Array:
   """The tensor2tensor formulation: gathers a^K, a^V into [q_len, kv_len, head_dim].
 
   Same contract as `shaw_attention`; O(q·kv·d) memory. Kept as a reference for tests and
   benchmarks only.
   """
+  check_qkv(query, key, value)
   _check_tables(rel_key, rel_value, query.shape[-1])
   q_len, kv_len, head_dim = query.shape[1], key.shape[1], query.shape[-1]
   table = rel_key if rel_key is not None else rel_value
-  buckets = relative_buckets(q_len, kv_len, (table.shape[0] - 1) // 2,
-                             query_offset=query_offset)
+  buckets = relative_buckets(q_len, kv_len, (table.shape[0] - 1) // 2, query_offset=query_offset)
   logits = content_logits(query, key)
   if rel_key is not None:
     logits += _dot('bqhd,qkd->bhqk', query, rel_key[buckets]) * head_dim**-0.5

@@ -10,7 +10,7 @@ with the pad-and-reshape relative shift; no [q, kv, heads, d] tensor is gathered
 import jax
 import jax.numpy as jnp
 
-from relpos.attention.dot_product import attend, content_logits
+from relpos.attention.dot_product import attend, check_qkv, content_logits
 from relpos.attention.masking import causal_mask, masked_softmax
 from relpos.attention.skew import relative_to_absolute
 
@@ -28,8 +28,9 @@ def relative_shift(x_BHQT):
   return relative_to_absolute(jnp.flip(x_BHQT, axis=-1), q_len - 1, kv_len)
 
 
-def xl_attention(query, key, value, rel_key, content_bias, position_bias, *,
-                 mask=None) -> jax.Array:
+def xl_attention(
+  query, key, value, rel_key, content_bias, position_bias, *, mask=None
+) -> jax.Array:
   """Transformer-XL attention over [memory; current segment].
 
   Args:
@@ -43,12 +44,20 @@ def xl_attention(query, key, value, rel_key, content_bias, position_bias, *,
   Returns:
     [batch, q_len, heads, head_dim] in value's dtype.
   """
+  check_qkv(query, key, value)
   q_len, kv_len = query.shape[1], key.shape[1]
-  if rel_key.shape[0] != kv_len:
-    raise ValueError(f'rel_key has {rel_key.shape[0]} distances, expected kv_len={kv_len}')
+  if rel_key.shape != (kv_len,) + key.shape[2:]:
+    raise ValueError(
+      f'rel_key must be [kv_len={kv_len}, heads, head_dim] = '
+      f'{(kv_len,) + key.shape[2:]}, got {rel_key.shape}'
+    )
+  for name, bias in (('content_bias', content_bias), ('position_bias', position_bias)):
+    if bias.shape != key.shape[2:]:
+      raise ValueError(f'{name} must be [heads, head_dim] = {key.shape[2:]}, got {bias.shape}')
   content = content_logits(query + content_bias.astype(query.dtype), key)
-  position = content_logits(query + position_bias.astype(query.dtype),
-                            rel_key[None].astype(query.dtype))
+  position = content_logits(
+    query + position_bias.astype(query.dtype), rel_key[None].astype(query.dtype)
+  )
   logits = content + relative_shift(position)
   allowed = causal_mask(q_len, kv_len)
   if mask is not None:
