@@ -1,0 +1,139 @@
+"""Character vocabularies and the train/valid/test id arrays named by a data config.
+
+Two vocabularies:
+- 'bytes': all 256 byte values, id == byte.
+- 'original': the Transformer-XL enwik8 pipeline's. Its prep script writes one integer per
+  byte and a line break for each newline byte; its line-based reader never emits those, so
+  newline bytes are dropped from every split, and the symbols are the distinct bytes of the
+  training split (204 on enwik8), here in sorted order.
+"""
+
+import dataclasses
+import json
+
+import numpy as np
+
+from relpos.data import enwik8, text
+
+NEWLINE = ord('\n')
+KINDS = ('enwik8', 'text')
+VOCABS = ('bytes', 'original')
+
+
+@dataclasses.dataclass(frozen=True)
+class CharVocab:
+  """A map between byte values and ids 0..size-1.
+
+  Attributes:
+    symbols: distinct byte values in id order: id i is byte `symbols[i]`.
+  """
+
+  symbols: tuple[int, ...]
+
+  def __post_init__(self):
+    if len(set(self.symbols)) != len(self.symbols) or not all(0 <= s < 256 for s in self.symbols):
+      raise ValueError(f'symbols must be distinct byte values 0..255; got {self.symbols}')
+
+  @classmethod
+  def from_data(cls, train, drop_newlines: bool) -> 'CharVocab':
+    """The sorted distinct bytes of `train` (uint8 array or bytes), less newline if asked."""
+    symbols = np.flatnonzero(np.bincount(as_uint8(train), minlength=256))
+    if drop_newlines:
+      symbols = symbols[symbols != NEWLINE]
+    return cls(tuple(int(s) for s in symbols))
+
+  @property
+  def size(self) -> int:
+    """The number of ids."""
+    return len(self.symbols)
+
+  def encode(self, data) -> np.ndarray:
+    """int32 ids [N] of `data` (uint8 array [N] or bytes).
+
+    Raises:
+      ValueError: `data` holds a byte outside the vocabulary.
+    """
+    ids = np.full(256, -1, dtype=np.int32)
+    ids[list(self.symbols)] = np.arange(self.size, dtype=np.int32)
+    encoded = ids[as_uint8(data)]
+    unknown = np.flatnonzero(encoded < 0)
+    if unknown.size:
+      byte = int(as_uint8(data)[unknown[0]])
+      raise ValueError(
+        f'byte {byte} ({bytes([byte])!r}) at position {unknown[0]} is not in the '
+        f'{self.size}-symbol vocabulary'
+      )
+    return encoded
+
+  def decode(self, ids) -> bytes:
+    """The bytes of int ids [N]."""
+    return np.asarray(self.symbols, dtype=np.uint8)[np.asarray(ids)].tobytes()
+
+  def to_json(self) -> str:
+    """A JSON string that `from_json` reads back."""
+    return json.dumps({'symbols': list(self.symbols)})
+
+  @classmethod
+  def from_json(cls, text: str) -> 'CharVocab':
+    """The vocabulary written by `to_json`."""
+    return cls(tuple(json.loads(text)['symbols']))
+
+  # Last in the class body, so that `bytes` in the annotations above is the builtin.
+  @classmethod
+  def bytes(cls) -> 'CharVocab':
+    """All 256 byte values, id == byte."""
+    return cls(tuple(range(256)))
+
+
+def as_uint8(data) -> np.ndarray:
+  """`data` (bytes or an array of byte values) as a uint8 array."""
+  if isinstance(data, bytes | bytearray):
+    return np.frombuffer(data, dtype=np.uint8)
+  return np.asarray(data, dtype=np.uint8)
+
+
+def check_choice(field: str, value, allowed) -> None:
+  """Raises ValueError naming `data.<field>` unless `value` is one of `allowed`."""
+  if value not in allowed:
+    raise ValueError(f'data.{field} must be one of {allowed}; got {value!r}')
+
+
+def load_char_splits(data_config) -> tuple[dict[str, np.ndarray], CharVocab]:
+  """int32 id arrays for 'train', 'valid', 'test' and their vocabulary.
+
+  Args:
+    data_config: ConfigDict with
+      kind: 'enwik8' (raw file, zip or directory; checksum-checked, split at 90%/95%) or
+        'text' (any file, split 90/5/5%);
+      path: str;
+      vocab: 'bytes' or 'original' (drop newlines, symbols of the training split);
+      max_bytes (optional): int or None; if set, only the first max_bytes of the raw data
+        are split (for enwik8, after the checksum of the full file).
+  Raises:
+    ValueError: unknown kind or vocab, an empty split, or a valid/test byte outside a
+      train-derived vocabulary.
+    FileNotFoundError: nothing at `path`.
+  """
+  check_choice('kind', data_config.kind, KINDS)
+  check_choice('vocab', data_config.vocab, VOCABS)
+  if data_config.kind == 'enwik8':
+    data = enwik8.read_enwik8(data_config.path)
+  else:
+    data = text.read_text_bytes(data_config.path)
+  data = data[: data_config.get('max_bytes')]
+  if data_config.kind == 'enwik8':
+    splits = enwik8.enwik8_splits(data)
+  else:
+    splits = text.contiguous_splits(data)
+  if data_config.vocab == 'bytes':
+    vocab = CharVocab.bytes()
+  else:
+    splits = {name: split[split != NEWLINE] for name, split in splits.items()}
+    vocab = CharVocab.from_data(splits['train'], drop_newlines=True)
+  ids = {}
+  for name, split in splits.items():
+    try:
+      ids[name] = vocab.encode(split)
+    except ValueError as e:
+      raise ValueError(f'{name} split of {data_config.path}: {e}') from None
+  return ids, vocab

@@ -1,0 +1,103 @@
+"""enwik8 (first 10^8 bytes of a 2006 English Wikipedia XML dump, Hutter Prize).
+
+The standard character-LM split (Transformer-XL, Al-Rfou et al.) is train [0, 90M),
+valid [90M, 95M), test [95M, 100M) of the raw bytes.
+"""
+
+import hashlib
+import os
+import pathlib
+import shutil
+import tempfile
+import urllib.request
+import zipfile
+
+import numpy as np
+
+from relpos.data.text import split_at
+
+ENWIK8_BYTES = 100_000_000
+ENWIK8_MD5 = 'a1fa5ffddb56f4953e226637dabbb36a'
+ENWIK8_URL = 'http://mattmahoney.net/dc/enwik8.zip'
+
+
+def resolve_enwik8_path(path) -> pathlib.Path:
+  """`path` itself if it is a file, else `path/enwik8` or `path/enwik8.zip`, first found.
+
+  Raises:
+    FileNotFoundError: none of these exists.
+  """
+  path = pathlib.Path(path)
+  if path.is_file():
+    return path
+  if path.is_dir():
+    for name in ('enwik8', 'enwik8.zip'):
+      if (path / name).is_file():
+        return path / name
+    raise FileNotFoundError(
+      f'{path} holds neither enwik8 nor enwik8.zip; download {ENWIK8_URL} into it'
+    )
+  raise FileNotFoundError(f'no enwik8 at {path}; download {ENWIK8_URL} and set data.path to it')
+
+
+def read_enwik8(path, *, expected_bytes=ENWIK8_BYTES, expected_md5=ENWIK8_MD5) -> bytes:
+  """The enwik8 bytes from the raw file, `enwik8.zip` or a directory holding either.
+
+  Args:
+    path: the raw `enwik8` file, a zip with an `enwik8` member, or a directory with either.
+    expected_bytes, expected_md5: what the uncompressed bytes must be; the defaults are
+      the real enwik8's.
+  Raises:
+    FileNotFoundError: nothing to read at `path`.
+    ValueError: the zip has no `enwik8` member, or size or md5 differ from the expected.
+  """
+  path = resolve_enwik8_path(path)
+  if zipfile.is_zipfile(path):
+    with zipfile.ZipFile(path) as archive:
+      if 'enwik8' not in archive.namelist():
+        raise ValueError(f'{path} is a zip without an enwik8 member; re-download {ENWIK8_URL}')
+      data = archive.read('enwik8')
+  else:
+    data = path.read_bytes()
+  md5 = hashlib.md5(data).hexdigest()
+  if (len(data), md5) != (expected_bytes, expected_md5):
+    raise ValueError(
+      f'{path}: expected {expected_bytes} bytes with md5 {expected_md5}, found {len(data)} '
+      f'bytes with md5 {md5}; the copy is truncated or corrupt, delete it and re-download '
+      f'{ENWIK8_URL}'
+    )
+  return data
+
+
+def enwik8_splits(data: bytes) -> dict[str, np.ndarray]:
+  """train/valid/test uint8 arrays cut at 90% and 95% of `data` (90M and 95M for enwik8)."""
+  return split_at(data, [len(data) * 90 // 100, len(data) * 95 // 100])
+
+
+def download_enwik8(
+  directory, *, url=ENWIK8_URL, expected_bytes=ENWIK8_BYTES, expected_md5=ENWIK8_MD5
+) -> pathlib.Path:
+  """Downloads `url` to `directory/enwik8.zip`, checks it and returns that path.
+
+  The zip is written to a temporary file in `directory`, read back through `read_enwik8`
+  and only then renamed into place, so `enwik8.zip` is never partial or corrupt.
+
+  Raises:
+    urllib.error.URLError: the download failed.
+    ValueError: the downloaded zip fails `read_enwik8`'s checks.
+  """
+  directory = pathlib.Path(directory)
+  directory.mkdir(parents=True, exist_ok=True)
+  target = directory / 'enwik8.zip'
+  with tempfile.NamedTemporaryFile(dir=directory, suffix='.partial', delete=False) as tmp:
+    tmp_path = pathlib.Path(tmp.name)
+  try:
+    with urllib.request.urlopen(url, timeout=60) as response, tmp_path.open('wb') as out:
+      shutil.copyfileobj(response, out)
+    read_enwik8(tmp_path, expected_bytes=expected_bytes, expected_md5=expected_md5)
+    os.replace(tmp_path, target)
+  except ValueError as e:
+    raise ValueError(f'the download of {url} failed its check: {e}') from None
+  finally:
+    tmp_path.unlink(missing_ok=True)
+  return target

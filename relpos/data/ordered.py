@@ -1,0 +1,90 @@
+"""Transformer-XL's ordered LM batches (`LMOrderedIterator`), as pure functions of the step.
+
+The token stream is cut into `batch_size` contiguous rows of `n_step = N // batch_size` tokens
+(the tail is dropped): row b is `tokens[b*n_step:(b+1)*n_step]`. Segment s reads positions
+`i = s*tgt_len` onwards of every row: inputs `rows[:, i:i+L]`, targets `rows[:, i+1:i+1+L]`,
+`L = min(tgt_len, n_step - 1 - i)`. Consecutive segments continue each row, so a recurrence
+memory carries across them, and one pass predicts every row position but the first once.
+"""
+
+import numpy as np
+
+
+def eval_token_count(tokens, batch_size: int) -> int:
+  """Target positions one pass of `OrderedBatches(tokens, batch_size, ...)` scores."""
+  return batch_size * (len(tokens) // batch_size - 1)
+
+
+class OrderedBatches:
+  """Segments of `batch_size` parallel rows of a token stream, `tgt_len` targets each.
+
+  Every method is a pure function of its segment or step argument: there is no iterator
+  state, so resuming from a step reproduces the batches exactly.
+  """
+
+  def __init__(self, tokens, batch_size: int, tgt_len: int):
+    """Args: tokens: int32 [N]; batch_size, tgt_len: positive ints, N >= 2 * batch_size."""
+    tokens = np.asarray(tokens, dtype=np.int32)
+    if tokens.ndim != 1 or batch_size < 1 or tgt_len < 1:
+      raise ValueError(
+        'expected tokens [N] and positive batch_size, tgt_len; got tokens '
+        f'{tokens.shape}, batch_size {batch_size}, tgt_len {tgt_len}'
+      )
+    self.n_step = len(tokens) // batch_size
+    if self.n_step < 2:
+      raise ValueError(
+        f'{len(tokens)} tokens give rows of {self.n_step} for batch_size {batch_size}; '
+        'each row needs at least 2 tokens (an input and its target)'
+      )
+    self.rows_BN = tokens[: batch_size * self.n_step].reshape(batch_size, self.n_step)
+    self.batch_size = batch_size
+    self.tgt_len = tgt_len
+
+  @property
+  def num_segments(self) -> int:
+    """Segments in one pass, the last possibly shorter than tgt_len."""
+    return -(-(self.n_step - 1) // self.tgt_len)
+
+  @property
+  def num_full_segments(self) -> int:
+    """Segments of exactly tgt_len targets: one training epoch."""
+    return (self.n_step - 1) // self.tgt_len
+
+  def segment(self, s: int) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets) of segment s, both int32 [batch_size, L], L <= tgt_len."""
+    if not 0 <= s < self.num_segments:
+      raise IndexError(f'segment {s} is outside [0, {self.num_segments})')
+    i = s * self.tgt_len
+    length = min(self.tgt_len, self.n_step - 1 - i)
+    return self.rows_BN[:, i : i + length], self.rows_BN[:, i + 1 : i + 1 + length]
+
+  def iterate(self, start: int = 0):
+    """Yields (s, inputs [B, L], targets [B, L]) for segments start..num_segments-1."""
+    for s in range(start, self.num_segments):
+      yield (s, *self.segment(s))
+
+  def __iter__(self):
+    """`iterate()`: one evaluation pass, last short segment included."""
+    return self.iterate()
+
+  def training_batch(self, step: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(inputs, targets [B, tgt_len], new_epoch) of training step `step`.
+
+    Step t reads full segment `t % num_full_segments`; the short last segment is skipped
+    so shapes stay static under jit. new_epoch is True where an epoch starts (segment 0),
+    where the caller must reset the memory since the rows start over.
+    """
+    if self.num_full_segments == 0:
+      raise ValueError(
+        f'rows of {self.n_step} tokens hold no full segment of tgt_len {self.tgt_len}; '
+        'use a smaller batch_size or tgt_len'
+      )
+    s = step % self.num_full_segments
+    return (*self.segment(s), s == 0)
+
+  def training_stream(self, start_step: int = 0):
+    """Yields (step, inputs [B, tgt_len], targets [B, tgt_len], new_epoch) forever."""
+    step = start_step
+    while True:
+      yield (step, *self.training_batch(step))
+      step += 1

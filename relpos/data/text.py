@@ -1,0 +1,54 @@
+"""Plain-text character corpora: read a file's bytes and cut them into contiguous splits."""
+
+import pathlib
+
+import numpy as np
+
+SPLITS = ('train', 'valid', 'test')
+
+
+def read_text_bytes(path) -> bytes:
+  """The raw bytes of the file at `path`.
+
+  Raises:
+    FileNotFoundError: `path` is not a file.
+    ValueError: the file is empty.
+  """
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f'no text file at {path}; set data.path to an existing file')
+  data = path.read_bytes()
+  if not data:
+    raise ValueError(f'{path} is empty; a character corpus needs at least a few bytes')
+  return data
+
+
+def split_at(data: bytes, boundaries) -> dict[str, np.ndarray]:
+  """Cuts `data` at the two indices `boundaries` into train/valid/test uint8 arrays.
+
+  Raises:
+    ValueError: a split would be empty.
+  """
+  array = np.frombuffer(data, dtype=np.uint8)
+  pieces = np.split(array, boundaries)
+  for name, piece in zip(SPLITS, pieces, strict=True):
+    if not piece.size:
+      raise ValueError(
+        f'the {name} split of {len(data)} bytes cut at {tuple(boundaries)} is empty; '
+        'use more data (data.max_bytes) or other split fractions'
+      )
+  return dict(zip(SPLITS, pieces, strict=True))
+
+
+def contiguous_splits(data: bytes, fractions=(0.9, 0.05, 0.05)) -> dict[str, np.ndarray]:
+  """Contiguous train/valid/test uint8 arrays holding `fractions` of `data`, in that order.
+
+  Raises:
+    ValueError: `fractions` are not three non-negative numbers summing to 1, or a split
+      would be empty.
+  """
+  fractions = np.asarray(fractions, dtype=np.float64)
+  if fractions.shape != (3,) or (fractions < 0).any() or not np.isclose(fractions.sum(), 1):
+    raise ValueError(f'fractions must be 3 non-negative numbers summing to 1; got {fractions}')
+  boundaries = [round(len(data) * f) for f in np.cumsum(fractions)[:2]]
+  return split_at(data, boundaries)
