@@ -1,12 +1,12 @@
-"""Train a model from a config file.
+"""Train a model from a config file, resuming from the workdir's latest checkpoint.
 
-    python train.py --config=configs/<name>.py --workdir=/tmp/run [--config.key=value ...]
-
-No model has landed yet (see README): this parses its flags and says so.
+python train.py --config=configs/char_tiny.py --workdir=runs/char_tiny [--config.key=value ...]
 """
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
+
+from relpos.training import tasks
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and metrics.')
@@ -16,11 +16,9 @@ flags.mark_flags_as_required(['config', 'workdir'])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  raise SystemExit(
-    'train.py: not yet: no model has landed (translation and Transformer-XL '
-    'training are open issues). The kernels and their benchmark work today: '
-    'python benchmarks/attention.py --config=configs/attention_benchmark.py:quick'
-  )
+  if not flags.FLAGS['verbosity'].present:  # orbax logs many INFO lines per checkpoint
+    logging.set_verbosity(logging.WARNING)
+  tasks.print_result(tasks.get(_CONFIG.value).train_and_evaluate(_CONFIG.value, _WORKDIR.value))
 
 
 if __name__ == '__main__':

@@ -1,0 +1,16 @@
+"""Transformer-XL base on enwik8 (Dai et al. 2019): 12 layers, 512 hidden, tgt/mem 512.
+
+    python train.py --config=configs/enwik8_base.py --workdir=runs/enwik8_base \
+        --config.data.path=/path/to/enwik8.zip
+    python eval.py --config=configs/enwik8_base.py --workdir=runs/enwik8_base \
+        --config.data.path=/path/to/enwik8.zip   # test bpc, eval tgt/mem/clamp 80/2100/820
+
+Published bpc comparisons (1.06 base, 0.99 large) use --config.data.vocab=original, which
+drops newline bytes as the original preprocessing did.
+"""
+
+from configs.char_lm_defaults import char_lm_config
+
+
+def get_config():
+  return char_lm_config()

@@ -1,0 +1,1 @@
+"""Models built on the `relpos.attention` kernels (`relpos.models.transformer_xl`)."""

@@ -1,0 +1,1 @@
+"""Training and evaluation loops, and what they share: optimizer, checkpoints, metrics."""

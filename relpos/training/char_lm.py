@@ -1,0 +1,223 @@
+"""Train and evaluate the Transformer-XL character LM (enwik8 or any text file).
+
+`train_and_evaluate(config, workdir)` and `evaluate(config, workdir)` are what `train.py` and
+`eval.py` call. Everything a run needs to resume sits in `workdir`: the resolved config, the
+vocabulary, orbax checkpoints (parameters, optimizer state, dropout RNG state, the memory, and
+the step, which fixes the data position), metrics.jsonl and TensorBoard events.
+"""
+
+import functools
+import json
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from flax import nnx
+
+from relpos.data.char_corpus import CharVocab, load_char_splits
+from relpos.data.ordered import OrderedBatches
+from relpos.models.transformer_xl import TransformerXL, nats_per_token
+from relpos.training.checkpoints import Checkpoints
+from relpos.training.metrics import MetricWriter
+from relpos.training.optim import make_optimizer
+from relpos.training.progress import Progress
+
+
+def _model_config(config, vocab_size: int, *, for_eval: bool) -> ml_collections.ConfigDict:
+  """config.model plus the vocabulary size; evaluation swaps in the eval clamp/same_length."""
+  model_config = ml_collections.ConfigDict(config.model.to_dict())
+  model_config.vocab_size = vocab_size
+  if for_eval:
+    model_config.clamp_len = config.eval.clamp_len
+    model_config.same_length = config.eval.same_length
+  return model_config
+
+
+def _vocab_for_run(config, workdir: Path):
+  """Splits and vocabulary; the vocabulary is saved on the first run and must match later."""
+  splits, vocab = load_char_splits(config.data)
+  saved = workdir / 'vocab.json'
+  if saved.exists():
+    if CharVocab.from_json(saved.read_text()) != vocab:
+      raise ValueError(
+        f'{saved} was written for other data (config.data.vocab / config.data.path changed); '
+        'use a new --workdir'
+      )
+  else:
+    saved.write_text(vocab.to_json())
+  return splits, vocab
+
+
+def _memory_dict(memory):
+  return {'hidden': memory.hidden, 'length': memory.length}
+
+
+def bits_per_char(model, tokens, *, batch_size, tgt_len, mem_len, max_segments=0) -> dict:
+  """Mean nats / ln 2 over a split, walked in order with memory (the whole split by default).
+
+  Returns {'bpc', 'nats', 'tokens'}; `max_segments` > 0 scores only the first segments.
+  """
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def segment_nats(state, memory, inputs, targets):
+    logits, memory = nnx.merge(graphdef, state)(inputs, memory, deterministic=True)
+    return jnp.sum(nats_per_token(logits, targets)), memory
+
+  batches = OrderedBatches(tokens, batch_size, tgt_len)
+  memory = model.init_memory(batch_size, mem_len=mem_len)
+  total_nats, total_tokens = 0.0, 0
+  for segment, inputs, targets in batches.iterate():
+    if max_segments and segment >= max_segments:
+      break
+    nats, memory = segment_nats(state, memory, jnp.asarray(inputs), jnp.asarray(targets))
+    total_nats += float(nats)
+    total_tokens += targets.size
+  return {
+    'bpc': total_nats / total_tokens / math.log(2),
+    'nats': total_nats / total_tokens,
+    'tokens': total_tokens,
+  }
+
+
+def _train_step_fn(graphdef):
+  @functools.partial(jax.jit, donate_argnums=(0,))
+  def train_step(state, memory, inputs, targets):
+    model, optimizer = nnx.merge(graphdef, state)
+
+    def loss_fn(model):
+      logits, new_memory = model(inputs, memory, deterministic=False)
+      return jnp.mean(nats_per_token(logits, targets)), new_memory
+
+    (loss, new_memory), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    optimizer.update(model, grads)
+    return nnx.state((model, optimizer)), new_memory, loss
+
+  return train_step
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
+  """Trains for config.train.steps (resuming from the latest checkpoint), then evaluates."""
+  workdir = Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / 'config.json').write_text(config.to_json(indent=2))
+  splits, vocab = _vocab_for_run(config, workdir)
+  train = config.train
+  model = TransformerXL(
+    _model_config(config, vocab.size, for_eval=False), rngs=nnx.Rngs(config.seed)
+  )
+  optimizer = nnx.Optimizer(model, make_optimizer(config.optim, train.steps), wrt=nnx.Param)
+  graphdef, state = nnx.split((model, optimizer))
+  memory = model.init_memory(train.batch_size)
+
+  checkpoints = Checkpoints(workdir)
+  start_step = checkpoints.latest_step() or 0
+  if start_step:
+    like = {'model': nnx.to_pure_dict(state), 'memory': _memory_dict(memory)}
+    restored, meta = checkpoints.restore(start_step, like)
+    nnx.replace_by_pure_dict(state, restored['model'])
+    memory = type(memory)(**restored['memory'])
+    logging.info('Resumed from step %d (%s)', start_step, meta)
+    print(f'resumed from {checkpoints.directory / str(start_step)}', flush=True)
+
+  train_step = _train_step_fn(graphdef)
+  batches = OrderedBatches(splits['train'], train.batch_size, config.model.tgt_len)
+  tokens_per_step = train.batch_size * config.model.tgt_len
+  writer = MetricWriter(workdir)
+  progress = Progress(train.steps, tokens_per_step, start_step)
+  losses = []
+
+  def save(step):
+    checkpoints.save(
+      step,
+      {'model': nnx.to_pure_dict(state), 'memory': _memory_dict(memory)},
+      {'step': step, 'epoch_segments': batches.num_segments},
+    )
+
+  def validate(step):
+    eval_model = nnx.merge(graphdef, state)[0]
+    result = bits_per_char(
+      eval_model,
+      splits['valid'],
+      batch_size=config.eval.batch_size,
+      tgt_len=config.model.tgt_len,
+      mem_len=config.model.mem_len,
+      max_segments=config.eval.max_segments_during_training,
+    )
+    writer.write(step, {'valid/bpc': result['bpc']})
+    print(f'step {step}: valid bpc {result["bpc"]:.4f} ({result["tokens"]} chars)', flush=True)
+
+  step = start_step
+  for step, inputs, targets, new_epoch in batches.training_stream(start_step):
+    if step >= train.steps:
+      break
+    if new_epoch:
+      memory = model.init_memory(train.batch_size)
+    state, memory, loss = train_step(state, memory, jnp.asarray(inputs), jnp.asarray(targets))
+    losses.append(loss)
+    done = step + 1
+    if done % train.log_every == 0 or done == train.steps:
+      mean_loss = float(np.mean(jax.device_get(losses)))
+      losses.clear()
+      if not math.isfinite(mean_loss):
+        raise FloatingPointError(
+          f'loss is {mean_loss} at step {done}; the last good checkpoint is kept in '
+          f'{checkpoints.directory}'
+        )
+      tokens_per_second, speed = progress.report(done)
+      bpc = mean_loss / math.log(2)
+      writer.write(
+        done, {'train/loss': mean_loss, 'train/bpc': bpc, 'train/tok_per_s': tokens_per_second}
+      )
+      print(
+        f'step {done}/{train.steps} | loss {mean_loss:.4f} ({bpc:.3f} bpc) | {speed}', flush=True
+      )
+    if train.eval_every and done % train.eval_every == 0 and done < train.steps:
+      validate(done)
+    if train.checkpoint_every and done % train.checkpoint_every == 0:
+      save(done)
+  if step + 1 >= train.steps and checkpoints.latest_step() != train.steps:
+    save(train.steps)
+  checkpoints.close()
+  writer.close()
+  return evaluate(config, workdir)
+
+
+def evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
+  """Bits-per-char on config.eval.split from the latest checkpoint; writes eval_results.json."""
+  workdir = Path(workdir)
+  checkpoints = Checkpoints(workdir)
+  step = checkpoints.latest_step()
+  if step is None:
+    raise FileNotFoundError(
+      f'no checkpoint in {checkpoints.directory}: train first (python train.py '
+      f'--config=... --workdir={workdir})'
+    )
+  splits, vocab = _vocab_for_run(config, workdir)
+  model = TransformerXL(
+    _model_config(config, vocab.size, for_eval=True), rngs=nnx.Rngs(config.seed)
+  )
+  optimizer = nnx.Optimizer(model, make_optimizer(config.optim, config.train.steps), wrt=nnx.Param)
+  graphdef, state = nnx.split((model, optimizer))
+  memory = model.init_memory(config.train.batch_size)
+  like = {'model': nnx.to_pure_dict(state), 'memory': _memory_dict(memory)}
+  restored, _ = checkpoints.restore(step, like)
+  checkpoints.close()
+  nnx.replace_by_pure_dict(state, restored['model'])
+  model = nnx.merge(graphdef, state)[0]
+  split = config.eval.split
+  result = bits_per_char(
+    model,
+    splits[split],
+    batch_size=config.eval.batch_size,
+    tgt_len=config.eval.tgt_len,
+    mem_len=config.eval.mem_len,
+  )
+  result.update(split=split, step=step, checkpoint=str(checkpoints.directory / str(step)))
+  result['eval'] = config.eval.to_dict()
+  (workdir / 'eval_results.json').write_text(json.dumps(result, indent=2))
+  return result

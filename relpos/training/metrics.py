@@ -1,0 +1,34 @@
+"""Metrics to a JSONL file and TensorBoard event files (tensorboardX: no TensorFlow needed)."""
+
+import json
+import time
+from pathlib import Path
+
+import jax
+from tensorboardX import SummaryWriter
+
+
+class MetricWriter:
+  """Writes scalars to `workdir/metrics.jsonl` and `workdir/tensorboard/`, on process 0 only."""
+
+  def __init__(self, workdir):
+    self._active = jax.process_index() == 0
+    if self._active:
+      workdir = Path(workdir)
+      self._jsonl = open(workdir / 'metrics.jsonl', 'a')  # noqa: SIM115 (closed in close())
+      self._tensorboard = SummaryWriter(str(workdir / 'tensorboard'))
+
+  def write(self, step: int, scalars: dict):
+    if not self._active:
+      return
+    scalars = {name: float(value) for name, value in scalars.items()}
+    self._jsonl.write(json.dumps({'step': step, 'time': time.time(), **scalars}) + '\n')
+    self._jsonl.flush()
+    for name, value in scalars.items():
+      self._tensorboard.add_scalar(name, value, step)
+    self._tensorboard.flush()
+
+  def close(self):
+    if self._active:
+      self._jsonl.close()
+      self._tensorboard.close()

@@ -1,0 +1,82 @@
+"""End to end: train a tiny Transformer-XL LM on generated text, resume, evaluate."""
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+
+from configs import char_tiny
+from relpos.training import char_lm
+
+
+@pytest.fixture
+def text_file(tmp_path):
+  rng = np.random.default_rng(0)
+  words = ['the ', 'cat ', 'sat ', 'on ', 'a ', 'mat.\n', 'dog ', 'ran ']
+  text = ''.join(rng.choice(words, size=6000))
+  path = tmp_path / 'corpus.txt'
+  path.write_text(text)
+  return path
+
+
+def _config(path, *, steps, attention='xl'):
+  config = char_tiny.get_config()
+  config.data.path = str(path)
+  config.model.update(
+    attention=attention,
+    n_layer=2,
+    d_model=32,
+    n_head=2,
+    d_head=16,
+    d_inner=64,
+    tgt_len=16,
+    mem_len=16,
+  )
+  config.optim.update(warmup_steps=2)
+  config.train.update(batch_size=4, steps=steps, log_every=2, eval_every=4, checkpoint_every=4)
+  config.eval.update(batch_size=4, tgt_len=16, mem_len=32, max_segments_during_training=3)
+  return config
+
+
+def _train_losses(workdir):
+  lines = (workdir / 'metrics.jsonl').read_text().splitlines()
+  return {r['step']: r['train/loss'] for r in map(json.loads, lines) if 'train/loss' in r}
+
+
+def _logged_steps(workdir):
+  lines = (workdir / 'metrics.jsonl').read_text().splitlines()
+  return [r['step'] for r in map(json.loads, lines) if 'train/loss' in r]
+
+
+def test_train_then_evaluate_writes_results(text_file, tmp_path):
+  workdir = tmp_path / 'run'
+  result = char_lm.train_and_evaluate(_config(text_file, steps=8), workdir)
+  assert math.isfinite(result['bpc']) and 0 < result['bpc'] < 8
+  assert result['split'] == 'test' and result['step'] == 8
+  saved = json.loads((workdir / 'eval_results.json').read_text())
+  assert saved['bpc'] == pytest.approx(result['bpc'])
+  assert sorted(_train_losses(workdir)) == [2, 4, 6, 8]
+  assert list((workdir / 'tensorboard').iterdir())
+  # eval.py path: the same checkpoint gives the same number.
+  again = char_lm.evaluate(_config(text_file, steps=8), workdir)
+  assert again['bpc'] == pytest.approx(result['bpc'], rel=1e-6)
+
+
+def test_resume_continues_the_same_loss_trajectory(text_file, tmp_path):
+  workdir = tmp_path / 'run'
+  char_lm.train_and_evaluate(_config(text_file, steps=8), workdir)
+  uninterrupted = _train_losses(workdir)
+  # As if the run had died after the step-4 checkpoint: the same command resumes from there.
+  shutil.rmtree(workdir / 'checkpoints' / '8')
+  char_lm.train_and_evaluate(_config(text_file, steps=8), workdir)
+  resumed = _train_losses(workdir)  # the re-run's lines for steps 6 and 8 come last
+  assert _logged_steps(workdir) == [2, 4, 6, 8, 6, 8]  # it resumed: steps 2 and 4 not redone
+  assert resumed[6] == pytest.approx(uninterrupted[6], rel=1e-6)
+  assert resumed[8] == pytest.approx(uninterrupted[8], rel=1e-6)
+
+
+def test_evaluate_without_checkpoint_says_so(text_file, tmp_path):
+  with pytest.raises(FileNotFoundError, match='no checkpoint'):
+    char_lm.evaluate(_config(text_file, steps=8), tmp_path / 'empty')

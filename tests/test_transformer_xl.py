@@ -1,0 +1,506 @@
+"""Transformer-XL LM (relpos.models.transformer_xl): recurrence, masks, dtypes, parameters."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+from relpos import attention
+from relpos.models import transformer_xl as txl
+
+pytestmark = pytest.mark.usefixtures('attention_test_config')
+
+# 'absolute' and 'none' share the dot-product path: tests of that path use one of them.
+KERNEL_MODES = ('xl', 'shaw', 'none')
+BATCH = 2
+
+
+def make_config(**overrides):
+  config = ml_collections.ConfigDict(
+    dict(
+      vocab_size=11,
+      n_layer=2,
+      d_model=16,
+      n_head=2,
+      d_head=8,
+      d_inner=32,
+      dropout=0.1,
+      dropatt=0.0,
+      tgt_len=4,
+      mem_len=12,
+      clamp_len=0,
+      same_length=False,
+      untie_r=True,
+      pre_lnorm=False,
+      attention='xl',
+      max_relative_position=2,
+      dtype='float32',
+    )
+  )
+  config.update(overrides)
+  return config
+
+
+def make_model(seed=0, **overrides):
+  """A tiny model whose parameters get N(0, 0.3²) noise on top of the init: at the 0.02 init
+  the position terms barely move the logits (clamping changes them by ~1e-7), which would
+  make position bugs invisible at the tests' tolerances."""
+  model = txl.TransformerXL(make_config(**overrides), rngs=nnx.Rngs(seed))
+  rng = np.random.default_rng(seed)
+  params = nnx.state(model, nnx.Param)
+  nnx.update(model, jax.tree.map(lambda p: p + 0.3 * rng.standard_normal(p.shape, 'f4'), params))
+  return model
+
+
+@nnx.jit
+def forward(model, tokens_BT, memory):
+  """Deterministic logits and new memory, compiled (much faster than eager on CPU)."""
+  return model(tokens_BT, memory, deterministic=True)
+
+
+def random_tokens(length, seed=0, vocab=11):
+  return jnp.asarray(np.random.default_rng(seed).integers(0, vocab, (BATCH, length)), jnp.int32)
+
+
+def run_segments(model, tokens_BT, lengths, mem_len=None):
+  """Logits of `tokens_BT` fed segment by segment (lengths), carrying the memory."""
+  memory = model.init_memory(BATCH, mem_len)
+  logits, start = [], 0
+  for length in lengths:
+    segment_logits, memory = forward(model, tokens_BT[:, start : start + length], memory)
+    logits.append(segment_logits)
+    start += length
+  return jnp.concatenate(logits, axis=1), memory
+
+
+def assert_allclose(actual, expected, atol=1e-5):
+  np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=0, atol=atol)
+
+
+# --------------------------------------------------------------------------------------------
+# 1. Segment-level recurrence: with mem_len >= the whole length, segment-wise evaluation with
+# memory equals one pass over the whole sequence (the whole pass uses no memory at all, except
+# with same_length, whose window needs mem_len > 0).
+
+
+@pytest.mark.parametrize(
+  'overrides',
+  [
+    dict(attention='xl'),
+    dict(attention='xl', untie_r=False, pre_lnorm=True),
+    dict(attention='xl', same_length=True),
+    dict(attention='shaw'),
+    dict(attention='shaw', same_length=True, pre_lnorm=True),
+    dict(attention='none'),
+  ],
+  ids=['xl', 'xl-shared_r-pre_lnorm', 'xl-same_length', 'shaw', 'shaw-same_length-pre', 'none'],
+)
+def test_segments_with_memory_equal_whole_sequence(overrides):
+  model = make_model(**overrides)
+  tokens = random_tokens(12)
+  whole_mem_len = 12 if overrides.get('same_length') else 0
+  whole, _ = forward(model, tokens, model.init_memory(BATCH, whole_mem_len))
+  segmented, memory = run_segments(model, tokens, [4, 4, 4])
+  assert segmented.shape == (BATCH, 12, 11) and segmented.dtype == jnp.float32
+  assert_allclose(segmented, whole)
+  assert int(memory.length) == 12
+  # The memory matters: without it, later segments change.
+  alone, _ = forward(model, tokens[:, 8:], model.init_memory(BATCH))
+  assert np.abs(np.asarray(alone - whole[:, 8:])).max() > 1e-3
+
+
+def test_absolute_positions_restart_every_segment():
+  """'absolute' adds sinusoids of the position within the segment (0..T-1), so segment-wise
+  and whole-sequence evaluation agree on the first segment only: later segments see their
+  memory with the memory's own (restarted) positions, by design."""
+  model = make_model(attention='absolute')
+  tokens = random_tokens(12)
+  whole, _ = forward(model, tokens, model.init_memory(BATCH, 0))
+  segmented, _ = run_segments(model, tokens, [4, 4, 4])
+  assert np.all(np.isfinite(np.asarray(segmented)))
+  assert_allclose(segmented[:, :4], whole[:, :4])
+  assert np.abs(np.asarray(segmented[:, 4:] - whole[:, 4:])).max() > 1e-3
+  # Layer-0 inputs (memory.hidden[0]) are scaled embeddings + sinusoids of 0..T-1, per segment.
+  memory = model.init_memory(BATCH)
+  embedding = model.embed.embedding[...]
+  positions_TD = attention.sinusoidal_embedding(jnp.arange(4), 16)
+  for start in (0, 4):
+    _, memory = forward(model, tokens[:, start : start + 4], memory)
+    expected = embedding[tokens[:, start : start + 4]] * 4.0 + positions_TD
+    assert_allclose(memory.hidden[0, :, -4:], expected)
+
+
+# --------------------------------------------------------------------------------------------
+# A one-layer model against float64 NumPy written from the papers' formulas, with a partly
+# filled memory: catches what segment-vs-whole equivalence cannot, e.g. a relative position
+# that is consistently off by one.
+
+
+def sinusoid(positions, dim):
+  inv_freq = 1.0 / 10000.0 ** (np.arange(0, dim, 2) / dim)
+  angles = np.asarray(positions, np.float64)[..., None] * inv_freq
+  return np.concatenate([np.sin(angles), np.cos(angles)], axis=-1)
+
+
+def value(variable):
+  return np.asarray(variable[...], np.float64)
+
+
+def layer_norm(x, norm):
+  mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+  return (x - mean) / np.sqrt(var + 1e-5) * value(norm.scale) + value(norm.bias)
+
+
+def reference_logits(model, config, tokens_BT, hidden_LBMD, length):
+  """Logits of a one-layer model in float64."""
+  (batch, q_len), mem_len = tokens_BT.shape, hidden_LBMD.shape[2]
+  heads, head_dim, kv_len = config.n_head, config.d_head, mem_len + q_len
+  embedding = value(model.embed.embedding)
+  x = embedding[np.asarray(tokens_BT)] * np.sqrt(config.d_model)
+  if config.attention == 'absolute':
+    x = x + sinusoid(np.arange(q_len), config.d_model)
+  block, ff = model.layers[0].attention, model.layers[0].ff
+  context = np.concatenate([np.asarray(hidden_LBMD[0], np.float64), x], axis=1)
+  if config.pre_lnorm:  # as the original: the memory is normalised too
+    context = layer_norm(context, block.norm)
+  q = (context[:, mem_len:] @ value(block.query.kernel)).reshape(batch, q_len, heads, head_dim)
+  k = (context @ value(block.key.kernel)).reshape(batch, kv_len, heads, head_dim)
+  v = (context @ value(block.value.kernel)).reshape(batch, kv_len, heads, head_dim)
+  distance = (mem_len + np.arange(q_len))[:, None] - np.arange(kv_len)[None, :]  # pos_i - j
+  allowed = (distance >= 0) & (np.arange(kv_len) >= mem_len - length)
+  if config.same_length:
+    allowed &= distance < mem_len
+  scores = np.einsum('bihd,bjhd->bhij', q, k)
+  if config.attention == 'xl':
+    clamped = np.clip(distance, 0, config.clamp_len if config.clamp_len > 0 else None)
+    rel_key = (sinusoid(clamped, config.d_model) @ value(block.r_net.kernel)).reshape(
+      q_len, kv_len, heads, head_dim
+    )
+    u, v_bias = value(model.content_bias), value(model.position_bias)
+    if config.untie_r:
+      u, v_bias = u[0], v_bias[0]
+    scores = np.einsum('bihd,bjhd->bhij', q + u, k)
+    scores += np.einsum('bihd,ijhd->bhij', q + v_bias, rel_key)
+  if config.attention == 'shaw':
+    kmax = config.max_relative_position
+    bucket = np.clip(-distance, -kmax, kmax) + kmax
+    scores += np.einsum('bihd,ijd->bhij', q, value(block.rel_key)[bucket])
+  scores = np.where(allowed, scores / np.sqrt(head_dim), -np.inf)
+  probs = np.exp(scores - scores.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  out = np.einsum('bhij,bjhd->bihd', probs, v)
+  if config.attention == 'shaw':
+    out += np.einsum('bhij,ijd->bihd', probs, value(block.rel_value)[bucket])
+  h = x + out.reshape(batch, q_len, -1) @ value(block.output.kernel)
+  h = h if config.pre_lnorm else layer_norm(h, block.norm)
+  inner = layer_norm(h, ff.norm) if config.pre_lnorm else h
+  inner = np.maximum(inner @ value(ff.inner.kernel) + value(ff.inner.bias), 0.0)
+  h = h + inner @ value(ff.outer.kernel) + value(ff.outer.bias)
+  h = h if config.pre_lnorm else layer_norm(h, ff.norm)  # pre-LN: no final LayerNorm
+  return h @ embedding.T + value(model.output_bias)
+
+
+@pytest.mark.parametrize(
+  'overrides',
+  [
+    dict(attention='xl'),
+    dict(attention='xl', clamp_len=2, same_length=True),
+    dict(attention='xl', pre_lnorm=True, untie_r=False),
+    dict(attention='shaw'),
+    dict(attention='absolute'),
+    dict(attention='none'),
+  ],
+  ids=['xl', 'xl-clamp-same_length', 'xl-pre_lnorm-shared_r', 'shaw', 'absolute', 'none'],
+)
+def test_one_layer_matches_numpy_reference(overrides):
+  config = make_config(n_layer=1, mem_len=5, **overrides)
+  model = make_model(**config)
+  tokens = random_tokens(4, seed=13)
+  hidden = jnp.asarray(np.random.default_rng(14).standard_normal((1, BATCH, 5, 16)), jnp.float32)
+  logits, _ = forward(model, tokens, txl.Memory(hidden, jnp.int32(3)))
+  expected = reference_logits(model, config, tokens, hidden, 3)
+  np.testing.assert_allclose(np.asarray(logits), expected, rtol=1e-5, atol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------
+# 2. No gradient reaches the memory.
+
+
+@nnx.jit
+def memory_gradients(model, tokens_BT, memory):
+  """Gradients w.r.t. (params, memory.hidden) of the loss and of the new memory's sum."""
+
+  def loss(model, hidden):
+    logits, _ = model(tokens_BT, txl.Memory(hidden, memory.length), deterministic=True)
+    return jnp.mean(txl.nats_per_token(logits, tokens_BT))
+
+  def new_memory_sum(model, hidden):
+    _, new_memory = model(tokens_BT, txl.Memory(hidden, memory.length), deterministic=True)
+    return jnp.sum(new_memory.hidden)
+
+  return tuple(nnx.grad(f, argnums=(0, 1))(model, memory.hidden) for f in (loss, new_memory_sum))
+
+
+@pytest.mark.parametrize('mode', KERNEL_MODES)
+def test_no_gradient_through_memory(mode):
+  model = make_model(attention=mode)
+  tokens = random_tokens(8, seed=1)
+  _, memory = forward(model, tokens[:, :4], model.init_memory(BATCH))
+  loss_grads, new_memory_grads = memory_gradients(model, tokens[:, 4:], memory)
+  param_grads, hidden_grad = loss_grads
+  assert np.all(np.asarray(hidden_grad) == 0.0)
+  assert any(np.abs(np.asarray(g)).max() > 0 for g in jax.tree.leaves(param_grads))
+  # The new memory is a stop_gradient: nothing flows back from it.
+  assert all(np.all(np.asarray(g) == 0.0) for g in jax.tree.leaves(new_memory_grads))
+
+
+# --------------------------------------------------------------------------------------------
+# 3. same_length and clamp_len as in the original code.
+
+
+def original_dec_attn_mask(qlen, mlen, mem_len, same_length):
+  """kimiyoung/transformer-xl MemTransformerLM._forward, torch -> numpy: True = masked."""
+  klen = mlen + qlen
+  all_ones = np.ones((qlen, klen))
+  if same_length:
+    mask_len = klen - mem_len
+    if mask_len > 0:
+      mask_shift_len = qlen - mask_len
+    else:
+      mask_shift_len = qlen
+    return (np.triu(all_ones, 1 + mlen) + np.tril(all_ones, -mask_shift_len)).astype(bool)
+  return np.triu(all_ones, 1 + mlen).astype(bool)
+
+
+@pytest.mark.parametrize('same_length', [False, True])
+@pytest.mark.parametrize(
+  'qlen,mlen,mem_len',
+  [(4, 0, 6), (4, 3, 6), (4, 6, 6), (6, 2, 3), (6, 3, 3), (1, 5, 5), (5, 0, 2), (3, 1, 8)],
+)
+def test_mask_matches_original(qlen, mlen, mem_len, same_length):
+  """The original's memory holds its mlen <= mem_len valid states; ours has mem_len slots, the
+  trailing length = mlen of them valid: the valid columns must match, the rest be masked."""
+  ours = np.asarray(txl.attention_mask(qlen, mem_len, mlen, same_length=same_length))
+  assert ours.shape == (qlen, mem_len + qlen)
+  assert not ours[:, : mem_len - mlen].any()
+  np.testing.assert_array_equal(
+    ours[:, mem_len - mlen :], ~original_dec_attn_mask(qlen, mlen, mem_len, same_length)
+  )
+
+
+def test_same_length_hides_keys_beyond_the_window():
+  """With a full memory of mem_len slots, query i sees keys i+1 .. mem_len+i: slot 0 is never
+  visible with same_length (and is visible without it)."""
+  tokens = random_tokens(8, seed=2)
+  garbage = jnp.asarray(np.random.default_rng(3).standard_normal((2, BATCH, 1, 16)), jnp.float32)
+  for same_length in (True, False):
+    model = make_model(same_length=same_length, mem_len=4)
+    _, memory = forward(model, tokens[:, :4], model.init_memory(BATCH))
+    base, _ = forward(model, tokens[:, 4:], memory)
+    hidden = memory.hidden.at[:, :, :1].add(garbage)
+    changed, _ = forward(model, tokens[:, 4:], txl.Memory(hidden, memory.length))
+    moved = np.abs(np.asarray(changed - base)).max()
+    assert (moved == 0.0) if same_length else (moved > 1e-3)
+
+
+def test_same_length_without_memory_is_an_error():
+  model = make_model(same_length=True)
+  with pytest.raises(ValueError, match='same_length'):
+    model(random_tokens(4), model.init_memory(BATCH, 0), deterministic=True)
+
+
+def test_clamp_len():
+  """Query i (no memory) sees distances 0..i: clamping at c changes positions i > c only, and
+  clamp_len >= kv_len is no clamping."""
+  tokens = random_tokens(12, seed=4)
+  empty = make_model().init_memory(BATCH, 0)
+  plain, _ = forward(make_model(clamp_len=0), tokens, empty)
+  clamped, _ = forward(make_model(clamp_len=3), tokens, empty)
+  assert_allclose(clamped[:, :4], plain[:, :4])
+  differences = np.abs(np.asarray(clamped - plain))[:, 4:].max(axis=(0, 2))
+  assert np.all(differences > 1e-4), differences
+  same, _ = forward(make_model(clamp_len=12), tokens, empty)  # kv_len = 12
+  np.testing.assert_array_equal(np.asarray(same), np.asarray(plain))
+
+
+# --------------------------------------------------------------------------------------------
+# 4. Eval segment length and memory length may differ from training (tgt_len=4, mem_len=12).
+
+
+@pytest.mark.parametrize('mode', ('xl', 'shaw'))
+def test_other_segment_lengths_and_mem_len(mode):
+  model = make_model(attention=mode)
+  tokens = random_tokens(26, seed=5)
+  whole, _ = forward(model, tokens, model.init_memory(BATCH, 0))
+  memory, logits, start = model.init_memory(BATCH, mem_len=26), [], 0
+  for length in (8, 5, 13):
+    segment_logits, memory = forward(model, tokens[:, start : start + length], memory)
+    logits.append(segment_logits)
+    start += length
+  assert memory.hidden.shape == (2, BATCH, 26, 16)
+  assert_allclose(jnp.concatenate(logits, axis=1), whole)
+
+
+# --------------------------------------------------------------------------------------------
+# 5. Memory bookkeeping.
+
+
+def test_memory_length_grows_and_saturates():
+  model = make_model(attention='none')
+  tokens = random_tokens(4, seed=6)
+  memory = model.init_memory(BATCH)
+  assert memory.hidden.shape == (2, BATCH, 12, 16) and int(memory.length) == 0
+  lengths, previous = [], memory
+  for _ in range(4):
+    _, memory = forward(model, tokens, previous)
+    lengths.append(int(memory.length))
+    # Slots shift left by T; the new T slots are this segment's layer inputs.
+    np.testing.assert_array_equal(memory.hidden[:, :, :8], previous.hidden[:, :, 4:])
+    previous = memory
+  assert lengths == [4, 8, 12, 12]
+  assert_allclose(memory.hidden[0, :, -4:], model.embed.embedding[...][tokens] * 4.0)
+
+
+@pytest.mark.parametrize('mode', KERNEL_MODES)
+def test_invalid_memory_slots_are_masked(mode):
+  model = make_model(attention=mode)
+  tokens = random_tokens(8, seed=7)
+  _, memory = forward(model, tokens[:, :4], model.init_memory(BATCH))
+  assert int(memory.length) == 4
+  base, base_memory = forward(model, tokens[:, 4:], memory)
+  garbage = 1e3 * np.random.default_rng(8).standard_normal(memory.hidden.shape)
+  hidden = jnp.where(jnp.arange(12)[:, None] < 8, garbage, memory.hidden)
+  logits, new_memory = forward(model, tokens[:, 4:], txl.Memory(hidden, memory.length))
+  np.testing.assert_array_equal(np.asarray(logits), np.asarray(base))
+  np.testing.assert_array_equal(new_memory.hidden[:, :, -8:], base_memory.hidden[:, :, -8:])
+  assert int(new_memory.length) == 8
+
+
+def test_no_memory():
+  assert make_model(mem_len=0).init_memory(BATCH).hidden.shape == (2, BATCH, 0, 16)
+  model = make_model()
+  logits, memory = forward(model, random_tokens(12), model.init_memory(BATCH, 0))
+  assert logits.shape == (BATCH, 12, 11) and memory.hidden.shape == (2, BATCH, 0, 16)
+  assert int(memory.length) == 0
+
+
+# --------------------------------------------------------------------------------------------
+# 6. bfloat16 compute.
+
+
+@pytest.mark.parametrize('mode', ('xl', 'shaw', 'absolute'))
+def test_bfloat16_close_to_float32(mode):
+  tokens = random_tokens(8, seed=9)
+  reference, _ = run_segments(make_model(attention=mode), tokens, [4, 4])
+  model = make_model(attention=mode, dtype='bfloat16')
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  logits, memory = run_segments(model, tokens, [4, 4])
+  assert logits.dtype == jnp.float32 and memory.hidden.dtype == jnp.bfloat16
+  assert np.all(np.isfinite(np.asarray(logits)))
+  # bf16 keeps 8 bits of mantissa; measured max error 0.8-1.3% of the largest logit.
+  scale = np.abs(np.asarray(reference)).max()
+  assert_allclose(logits, reference, atol=0.04 * scale)
+
+
+# --------------------------------------------------------------------------------------------
+# 7. Parameters: count and tied embeddings.
+
+
+def parameter_count(config):
+  heads = config.n_head * config.d_head
+  per_layer = 4 * config.d_model * heads + 2 * config.d_model  # q, k, v, o; LayerNorm
+  per_layer += 2 * config.d_model * config.d_inner + config.d_inner + 3 * config.d_model  # FF
+  shared = config.vocab_size * (config.d_model + 1)  # tied embedding, output bias
+  if config.attention == 'xl':
+    per_layer += config.d_model * heads  # r_net
+    biases = 2 * heads  # u, v
+    per_layer, shared = (
+      (per_layer + biases, shared) if config.untie_r else (per_layer, shared + biases)
+    )
+  if config.attention == 'shaw':
+    per_layer += 2 * (2 * config.max_relative_position + 1) * config.d_head
+  return config.n_layer * per_layer + shared
+
+
+def count(model):
+  return sum(p.size for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+@pytest.mark.parametrize(
+  'overrides',
+  [dict(attention='xl'), dict(attention='xl', untie_r=False), dict(attention='shaw')],
+  ids=['xl', 'xl-shared_r', 'shaw'],
+)
+def test_parameter_count(overrides):
+  config = make_config(**overrides)
+  assert count(txl.TransformerXL(config, rngs=nnx.Rngs(0))) == parameter_count(config)
+
+
+def test_parameter_count_enwik8_base():
+  """The paper's 12-layer enwik8 model (run_enwik8_base.sh: shared u, v) has 41M parameters."""
+  config = make_config(
+    vocab_size=204, n_layer=12, d_model=512, n_head=8, d_head=64, d_inner=2048, untie_r=False
+  )
+  model = nnx.eval_shape(lambda: txl.TransformerXL(config, rngs=nnx.Rngs(0)))
+  assert count(model) == parameter_count(config)
+  assert 40.5e6 < count(model) < 41.5e6
+
+
+def test_output_uses_the_embedding_matrix():
+  model = make_model()
+  matrices = [p for p in jax.tree.leaves(nnx.state(model, nnx.Param)) if p.shape[0] == 11]
+  assert [p.shape for p in matrices] == [(11, 16), (11,)]  # embedding and output bias only
+  tokens = random_tokens(4, seed=10, vocab=10)  # token 10 never appears in the input
+  base, _ = forward(model, tokens, model.init_memory(BATCH))
+  model.embed.embedding[...] = model.embed.embedding[...].at[10].add(1.0)
+  logits, _ = forward(model, tokens, model.init_memory(BATCH))
+  changed = np.abs(np.asarray(logits - base)).max(axis=(0, 1)) > 0
+  np.testing.assert_array_equal(changed, np.arange(11) == 10)
+
+
+# --------------------------------------------------------------------------------------------
+# Loss, dropout and config checks.
+
+
+def test_nats_per_token():
+  logits = jnp.asarray(np.random.default_rng(11).standard_normal((BATCH, 3, 11)), jnp.bfloat16)
+  targets = random_tokens(3, seed=12)
+  nats = txl.nats_per_token(logits, targets)
+  assert nats.shape == (BATCH, 3) and nats.dtype == jnp.float32
+  logits64 = np.asarray(logits, np.float64)
+  log_z = np.log(np.exp(logits64).sum(-1))
+  expected = log_z - np.take_along_axis(logits64, np.asarray(targets)[..., None], -1)[..., 0]
+  np.testing.assert_allclose(np.asarray(nats), expected, rtol=1e-6)
+
+
+@nnx.jit
+def train_forward(model, tokens_BT, memory):
+  return model(tokens_BT, memory, deterministic=False)
+
+
+def test_dropout_only_when_not_deterministic():
+  model = make_model(dropout=0.3)
+  tokens, memory = random_tokens(4), model.init_memory(BATCH)
+  clean, _ = forward(model, tokens, memory)
+  first, _ = train_forward(model, tokens, memory)
+  second, _ = train_forward(model, tokens, memory)
+  assert np.abs(np.asarray(first - clean)).max() > 1e-3
+  assert np.abs(np.asarray(second - first)).max() > 1e-3  # a fresh mask per call
+  again, _ = forward(model, tokens, memory)
+  np.testing.assert_array_equal(np.asarray(again), np.asarray(clean))
+
+
+@pytest.mark.parametrize(
+  'overrides,match',
+  [
+    (dict(dropatt=0.1), 'dropatt'),
+    (dict(attention='rope'), 'attention'),
+    (dict(dtype='float16'), 'dtype'),
+    (dict(d_model=15), 'even'),
+  ],
+)
+def test_bad_config(overrides, match):
+  with pytest.raises(ValueError, match=match):
+    make_model(**overrides)
