@@ -1,25 +1,11 @@
 """Train a model from a config file, resuming from the workdir's latest checkpoint.
 
-python train.py --config=configs/char_tiny.py --workdir=runs/char_tiny [--config.key=value ...]
-"""
+    python train.py --config=configs/char_tiny.py --workdir=runs/char_tiny [--config.key=value ...]
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+Evaluates the final checkpoint at the end (as eval.py does) and prints the metric last.
+"""
 
 from relpos.training import tasks
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and metrics.')
-flags.mark_flags_as_required(['config', 'workdir'])
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if not flags.FLAGS['verbosity'].present:  # orbax logs many INFO lines per checkpoint
-    logging.set_verbosity(logging.WARNING)
-  tasks.print_result(tasks.get(_CONFIG.value).train_and_evaluate(_CONFIG.value, _WORKDIR.value))
-
-
 if __name__ == '__main__':
-  app.run(main)
+  tasks.launch('train_and_evaluate')

@@ -2,7 +2,11 @@
 
 import json
 import math
+import re
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -80,3 +84,26 @@ def test_resume_continues_the_same_loss_trajectory(text_file, tmp_path):
 def test_evaluate_without_checkpoint_says_so(text_file, tmp_path):
   with pytest.raises(FileNotFoundError, match='no checkpoint'):
     char_lm.evaluate(_config(text_file, steps=8), tmp_path / 'empty')
+
+
+def test_launchers_print_bpc_last(text_file, tmp_path):
+  """train.py then eval.py, as a user runs them: each prints `bpc=<float>` as its last line."""
+  repo = Path(__file__).resolve().parent.parent
+  overrides = [
+    f'--config.data.path={text_file}',
+    '--config.model.n_layer=1',
+    '--config.model.d_model=16',
+    '--config.model.n_head=2',
+    '--config.model.d_head=8',
+    '--config.model.d_inner=32',
+    '--config.train.steps=2',
+    '--config.train.batch_size=2',
+    '--config.eval.batch_size=2',
+  ]
+  for script in ('train.py', 'eval.py'):
+    command = [sys.executable, script, '--config=configs/char_tiny.py', f'--workdir={tmp_path}']
+    done = subprocess.run(
+      command + overrides, cwd=repo, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.fullmatch(r'bpc=\d+\.\d+', done.stdout.strip().splitlines()[-1]), done.stdout

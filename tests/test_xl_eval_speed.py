@@ -1,0 +1,87 @@
+"""benchmarks/xl_eval_speed.py at a tiny size: what each timed call computes, and the table."""
+
+import importlib.util
+import warnings
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import xl_eval_speed as speed_config
+from relpos.models.transformer_xl import TransformerXL, nats_per_token
+
+pytestmark = pytest.mark.usefixtures('attention_test_config')
+
+_PATH = Path(__file__).resolve().parent.parent / 'benchmarks' / 'xl_eval_speed.py'
+_SPEC = importlib.util.spec_from_file_location('xl_eval_speed_benchmark', _PATH)
+bench = importlib.util.module_from_spec(_SPEC)
+with warnings.catch_warnings():  # ml_collections loads the default config with load_module()
+  warnings.simplefilter('ignore', DeprecationWarning)
+  _SPEC.loader.exec_module(bench)
+
+
+@nnx.jit
+def forward(model, tokens_BT, memory):
+  """The model's own logits and memory (compiled: much faster than eager on CPU)."""
+  return model(tokens_BT, memory, deterministic=True)
+
+
+def tiny_config(lengths=(8,)):
+  config = speed_config.get_config('quick')
+  config.update(
+    vocab_size=11,
+    n_layer=1,
+    d_model=16,
+    n_head=2,
+    d_head=8,
+    d_inner=32,
+    batch=2,
+    lengths=lengths,
+    tokens_per_row=16,
+    rounds=1,
+  )
+  return config
+
+
+def test_timed_calls_score_the_same_tokens_as_the_models():
+  config, length, batch = tiny_config(), 8, 2
+  xl = TransformerXL(bench.model_config(config, attention='xl', length=length), rngs=nnx.Rngs(0))
+  vanilla = TransformerXL(
+    bench.model_config(config, attention='absolute', length=length), rngs=nnx.Rngs(1)
+  )
+  assert xl.mem_len == length and vanilla.mem_len == 0
+  (xl_step, xl_state), (vanilla_step, vanilla_state) = bench.make_steps(xl, vanilla, length, batch)
+  stream = jnp.asarray(np.random.default_rng(0).integers(0, 11, (batch, 3 * length + 1)), 'int32')
+
+  # Transformer-XL: two segments with the memory carried = the model called segment by segment.
+  memory, expected_memory = xl.init_memory(batch), xl.init_memory(batch)
+  for start in (length, 2 * length):
+    nats, memory = xl_step(xl_state, memory, stream, np.int32(start))
+    logits, expected_memory = forward(xl, stream[:, start : start + length], expected_memory)
+    expected = nats_per_token(logits, stream[:, start + 1 : start + length + 1])
+    np.testing.assert_allclose(nats, expected, rtol=1e-5)
+    np.testing.assert_allclose(memory.hidden, expected_memory.hidden, rtol=1e-5)
+  assert int(memory.length) == length
+  assert xl_step._cache_size() == 1  # the carried memory does not retrigger compilation
+
+  # Vanilla: the window of the L tokens before the predicted one, last position only.
+  for start in (1, 5):
+    nats = vanilla_step(vanilla_state, stream, np.int32(start))
+    logits, _ = forward(vanilla, stream[:, start : start + length], vanilla.init_memory(batch, 0))
+    expected = nats_per_token(logits[:, -1:], stream[:, start + length : start + length + 1])
+    np.testing.assert_allclose(nats, expected[:, 0], rtol=1e-5)
+  assert vanilla_step._cache_size() == 1
+
+
+def test_table_has_one_row_per_length_with_positive_rates():
+  lines = list(bench.table_lines(tiny_config(lengths=(4, 8))))
+  assert lines[0].startswith('device: ') and 'batch=2' in lines[0]
+  assert lines[1] == bench.TABLE_HEADER
+  rows = [[cell.strip() for cell in line.strip('|').split('|')] for line in lines[3:]]
+  assert [row[0] for row in rows] == ['4', '8']
+  for _, xl_rate, vanilla_rate, speed_up in rows:
+    xl_rate, vanilla_rate, speed_up = float(xl_rate), float(vanilla_rate), float(speed_up)
+    assert xl_rate > 0 and vanilla_rate > 0
+    np.testing.assert_allclose(speed_up, xl_rate / vanilla_rate, rtol=0.05, atol=0.05)
