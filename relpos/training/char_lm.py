@@ -27,14 +27,14 @@ from relpos.training.optim import make_optimizer
 from relpos.training.progress import Progress
 
 
-def _model_config(config, vocab_size: int, *, for_eval: bool) -> ml_collections.ConfigDict:
+def model_config(config, vocab_size: int, *, for_eval: bool) -> ml_collections.ConfigDict:
   """config.model plus the vocabulary size; evaluation swaps in the eval clamp/same_length."""
-  model_config = ml_collections.ConfigDict(config.model.to_dict())
-  model_config.vocab_size = vocab_size
+  resolved = ml_collections.ConfigDict(config.model.to_dict())
+  resolved.vocab_size = vocab_size
   if for_eval:
-    model_config.clamp_len = config.eval.clamp_len
-    model_config.same_length = config.eval.same_length
-  return model_config
+    resolved.clamp_len = config.eval.clamp_len
+    resolved.same_length = config.eval.same_length
+  return resolved
 
 
 def _vocab_for_run(config, workdir: Path):
@@ -84,7 +84,9 @@ def bits_per_char(model, tokens, *, batch_size, tgt_len, mem_len, max_segments=0
   }
 
 
-def _train_step_fn(graphdef):
+def train_step_fn(graphdef):
+  """The jitted step (state, memory, inputs, targets) -> (state, memory, loss) of `graphdef`."""
+
   @functools.partial(jax.jit, donate_argnums=(0,))
   def train_step(state, memory, inputs, targets):
     model, optimizer = nnx.merge(graphdef, state)
@@ -108,7 +110,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
   splits, vocab = _vocab_for_run(config, workdir)
   train = config.train
   model = TransformerXL(
-    _model_config(config, vocab.size, for_eval=False), rngs=nnx.Rngs(config.seed)
+    model_config(config, vocab.size, for_eval=False), rngs=nnx.Rngs(config.seed)
   )
   optimizer = nnx.Optimizer(model, make_optimizer(config.optim, train.steps), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
@@ -124,7 +126,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
     logging.info('Resumed from step %d (%s)', start_step, meta)
     print(f'resumed from {checkpoints.directory / str(start_step)}', flush=True)
 
-  train_step = _train_step_fn(graphdef)
+  train_step = train_step_fn(graphdef)
   batches = OrderedBatches(splits['train'], train.batch_size, config.model.tgt_len)
   tokens_per_step = train.batch_size * config.model.tgt_len
   writer = MetricWriter(workdir)
@@ -199,7 +201,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
     )
   splits, vocab = _vocab_for_run(config, workdir)
   model = TransformerXL(
-    _model_config(config, vocab.size, for_eval=True), rngs=nnx.Rngs(config.seed)
+    model_config(config, vocab.size, for_eval=True), rngs=nnx.Rngs(config.seed)
   )
   optimizer = nnx.Optimizer(model, make_optimizer(config.optim, config.train.steps), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
