@@ -107,3 +107,14 @@ def test_launchers_print_bpc_last(text_file, tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert re.fullmatch(r'bpc=\d+\.\d+', done.stdout.strip().splitlines()[-1]), done.stdout
+
+
+def test_train_and_resume_without_memory(text_file, tmp_path):
+  config = _config(text_file, steps=4)
+  config.model.mem_len = 0
+  config.train.checkpoint_every = 2
+  workdir = tmp_path / 'run'
+  char_lm.train_and_evaluate(config, workdir)
+  shutil.rmtree(workdir / 'checkpoints' / '4')
+  result = char_lm.train_and_evaluate(config, workdir)
+  assert _logged_steps(workdir) == [2, 4, 4] and math.isfinite(result['bpc'])

@@ -52,8 +52,9 @@ def _vocab_for_run(config, workdir: Path):
   return splits, vocab
 
 
-def _memory_dict(memory):
-  return {'hidden': memory.hidden, 'length': memory.length}
+def _saved_memory(memory) -> dict:
+  """The memory as checkpointed; orbax cannot save the empty array of mem_len = 0."""
+  return memory._asdict() if memory.hidden.size else {'length': memory.length}
 
 
 def bits_per_char(model, tokens, *, batch_size, tgt_len, mem_len, max_segments=0) -> dict:
@@ -119,10 +120,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
   checkpoints = Checkpoints(workdir)
   start_step = checkpoints.latest_step() or 0
   if start_step:
-    like = {'model': nnx.to_pure_dict(state), 'memory': _memory_dict(memory)}
+    like = {'model': nnx.to_pure_dict(state), 'memory': _saved_memory(memory)}
     restored, meta = checkpoints.restore(start_step, like)
     nnx.replace_by_pure_dict(state, restored['model'])
-    memory = type(memory)(**restored['memory'])
+    memory = memory._replace(**restored['memory'])
     logging.info('Resumed from step %d (%s)', start_step, meta)
     print(f'resumed from {checkpoints.directory / str(start_step)}', flush=True)
 
@@ -136,7 +137,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
   def save(step):
     checkpoints.save(
       step,
-      {'model': nnx.to_pure_dict(state), 'memory': _memory_dict(memory)},
+      {'model': nnx.to_pure_dict(state), 'memory': _saved_memory(memory)},
       {'step': step, 'epoch_segments': batches.num_segments},
     )
 
@@ -206,7 +207,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
   optimizer = nnx.Optimizer(model, make_optimizer(config.optim, config.train.steps), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
   memory = model.init_memory(config.train.batch_size)
-  like = {'model': nnx.to_pure_dict(state), 'memory': _memory_dict(memory)}
+  like = {'model': nnx.to_pure_dict(state), 'memory': _saved_memory(memory)}
   restored, _ = checkpoints.restore(step, like)
   checkpoints.close()
   nnx.replace_by_pure_dict(state, restored['model'])
