@@ -118,3 +118,10 @@ def test_train_and_resume_without_memory(text_file, tmp_path):
   shutil.rmtree(workdir / 'checkpoints' / '4')
   result = char_lm.train_and_evaluate(config, workdir)
   assert _logged_steps(workdir) == [2, 4, 4] and math.isfinite(result['bpc'])
+
+
+def test_non_finite_loss_stops_with_the_step(text_file, tmp_path):
+  config = _config(text_file, steps=4)
+  config.optim.update(learning_rate=1e30, final_lr=1e30, warmup_steps=0)  # diverges at once
+  with pytest.raises(FloatingPointError, match=r'loss is (nan|inf) at step 2'):
+    char_lm.train_and_evaluate(config, tmp_path / 'run')

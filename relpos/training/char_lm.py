@@ -201,9 +201,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
       f'--config=... --workdir={workdir})'
     )
   splits, vocab = _vocab_for_run(config, workdir)
-  model = TransformerXL(
-    model_config(config, vocab.size, for_eval=True), rngs=nnx.Rngs(config.seed)
-  )
+  model = TransformerXL(model_config(config, vocab.size, for_eval=True), rngs=nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, make_optimizer(config.optim, config.train.steps), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
   memory = model.init_memory(config.train.batch_size)
