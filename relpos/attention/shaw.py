@@ -6,10 +6,10 @@
 The efficient kernel never builds a [q_len, kv_len, head_dim] tensor and never scatters. Both
 relative terms go through per-row tables of 2k+1 values: `q_i·w^K_r` is computed as
 [q_len, 2k+1] and spread over keys by a gather of buckets; probabilities are summed per row
-r (the transpose, which autodiff would make a scatter) by reading the band |j - pos_i| < k as
-diagonals with pad + reshape (`relpos.attention.skew`) and the two clipped edges with blocked
-prefix sums. A `jax.custom_vjp` writes the backward pass from the same dense pieces and saves
-only the probabilities, so memory stays close to vanilla attention.
+r (the transpose, which autodiff would make a scatter) by gathering the band |j - pos_i| < k
+as diagonals and reading the two clipped edges from blocked prefix sums. A `jax.custom_vjp`
+writes the backward pass from the same dense pieces and saves only the probabilities, so
+memory stays close to vanilla attention.
 """
 
 import functools
@@ -146,12 +146,17 @@ def _dot_with_block_prefix(p_BHQK, values_BKHD, band):
   return both[..., :head_dim], jnp.transpose(both[..., head_dim:], (0, 2, 1, 3))
 
 
-def _band_for(static_offset, traced_offset, query, key, rel_key, rel_value):
+def _max_distance(rel_key, rel_value) -> int:
+  """k of the [2k+1, head_dim] tables (either may be None, not both)."""
   table = rel_key if rel_key is not None else rel_value
+  return (table.shape[0] - 1) // 2
+
+
+def _band_for(static_offset, traced_offset, query, key, rel_key, rel_value):
   return _Band(
     query.shape[1],
     key.shape[1],
-    (table.shape[0] - 1) // 2,
+    _max_distance(rel_key, rel_value),
     static_offset if traced_offset is None else traced_offset,
   )
 
@@ -280,8 +285,8 @@ def shaw_attention_materialized(
   check_qkv(query, key, value)
   _check_tables(rel_key, rel_value, query.shape[-1])
   q_len, kv_len, head_dim = query.shape[1], key.shape[1], query.shape[-1]
-  table = rel_key if rel_key is not None else rel_value
-  buckets = relative_buckets(q_len, kv_len, (table.shape[0] - 1) // 2, query_offset=query_offset)
+  max_distance = _max_distance(rel_key, rel_value)
+  buckets = relative_buckets(q_len, kv_len, max_distance, query_offset=query_offset)
   logits = content_logits(query, key)
   if rel_key is not None:
     logits += _dot('bqhd,qkd->bhqk', query, rel_key[buckets]) * head_dim**-0.5

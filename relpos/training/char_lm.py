@@ -52,9 +52,27 @@ def _vocab_for_run(config, workdir: Path):
   return splits, vocab
 
 
-def _saved_memory(memory) -> dict:
-  """The memory as checkpointed; orbax cannot save the empty array of mem_len = 0."""
-  return memory._asdict() if memory.hidden.size else {'length': memory.length}
+def _build(config, vocab_size: int, *, for_eval: bool):
+  """(model, graphdef, state of (model, optimizer), memory) as built for training / eval."""
+  model = TransformerXL(
+    model_config(config, vocab_size, for_eval=for_eval), rngs=nnx.Rngs(config.seed)
+  )
+  optimizer = nnx.Optimizer(model, make_optimizer(config.optim, config.train.steps), wrt=nnx.Param)
+  graphdef, state = nnx.split((model, optimizer))
+  return model, graphdef, state, model.init_memory(config.train.batch_size)
+
+
+def _checkpoint_tree(state, memory) -> dict:
+  """What a checkpoint holds; orbax cannot save the empty memory array of mem_len = 0."""
+  saved_memory = memory._asdict() if memory.hidden.size else {'length': memory.length}
+  return {'model': nnx.to_pure_dict(state), 'memory': saved_memory}
+
+
+def _restore(checkpoints, step, state, memory):
+  """Loads `step` into `state` (in place); returns (the restored memory, the metadata)."""
+  restored, meta = checkpoints.restore(step, _checkpoint_tree(state, memory))
+  nnx.replace_by_pure_dict(state, restored['model'])
+  return memory._replace(**restored['memory']), meta
 
 
 def bits_per_char(model, tokens, *, batch_size, tgt_len, mem_len, max_segments=0) -> dict:
@@ -110,20 +128,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
   (workdir / 'config.json').write_text(config.to_json(indent=2))
   splits, vocab = _vocab_for_run(config, workdir)
   train = config.train
-  model = TransformerXL(
-    model_config(config, vocab.size, for_eval=False), rngs=nnx.Rngs(config.seed)
-  )
-  optimizer = nnx.Optimizer(model, make_optimizer(config.optim, train.steps), wrt=nnx.Param)
-  graphdef, state = nnx.split((model, optimizer))
-  memory = model.init_memory(train.batch_size)
+  model, graphdef, state, memory = _build(config, vocab.size, for_eval=False)
 
   checkpoints = Checkpoints(workdir)
   start_step = checkpoints.latest_step() or 0
   if start_step:
-    like = {'model': nnx.to_pure_dict(state), 'memory': _saved_memory(memory)}
-    restored, meta = checkpoints.restore(start_step, like)
-    nnx.replace_by_pure_dict(state, restored['model'])
-    memory = memory._replace(**restored['memory'])
+    memory, meta = _restore(checkpoints, start_step, state, memory)
     logging.info('Resumed from step %d (%s)', start_step, meta)
     print(f'resumed from {checkpoints.directory / str(start_step)}', flush=True)
 
@@ -136,9 +146,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
 
   def save(step):
     checkpoints.save(
-      step,
-      {'model': nnx.to_pure_dict(state), 'memory': _saved_memory(memory)},
-      {'step': step, 'epoch_segments': batches.num_segments},
+      step, _checkpoint_tree(state, memory), {'step': step, 'epoch_segments': batches.num_segments}
     )
 
   def validate(step):
@@ -201,14 +209,9 @@ def evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
       f'--config=... --workdir={workdir})'
     )
   splits, vocab = _vocab_for_run(config, workdir)
-  model = TransformerXL(model_config(config, vocab.size, for_eval=True), rngs=nnx.Rngs(config.seed))
-  optimizer = nnx.Optimizer(model, make_optimizer(config.optim, config.train.steps), wrt=nnx.Param)
-  graphdef, state = nnx.split((model, optimizer))
-  memory = model.init_memory(config.train.batch_size)
-  like = {'model': nnx.to_pure_dict(state), 'memory': _saved_memory(memory)}
-  restored, _ = checkpoints.restore(step, like)
+  _, graphdef, state, memory = _build(config, vocab.size, for_eval=True)
+  _restore(checkpoints, step, state, memory)
   checkpoints.close()
-  nnx.replace_by_pure_dict(state, restored['model'])
   model = nnx.merge(graphdef, state)[0]
   split = config.eval.split
   result = bits_per_char(
