@@ -6,6 +6,8 @@ subprocesses of this file (`python tests/test_data_parallel.py step_differences`
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -149,9 +151,13 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _run_two_processes(tmp_path, train_args: list[str], timeout: int = 240):
-  """Starts process 0 and 1 of `train.py train_args`; returns their (output, dumped params).
-  Both are killed as soon as either fails, or when `timeout` seconds run out."""
+def _run_two_processes(tmp_path, train_args: list[str], timeout: int = 240, *, terminate=None):
+  """Starts process 0 and 1 of `train.py train_args`; returns their (output, exit code).
+
+  terminate: None, or (process id, text): SIGTERM that process (only) once its output shows
+    `text`. Both processes are killed as soon as either fails, or when `timeout` seconds run
+    out.
+  """
   port = _free_port()
   processes, logs = [], []
   try:
@@ -176,10 +182,13 @@ def _run_two_processes(tmp_path, train_args: list[str], timeout: int = 240):
         )
       )
     deadline = time.monotonic() + timeout
-    while any(p.poll() is None for p in processes):  # a failed process: stop the other now
-      if any(p.poll() for p in processes) or time.monotonic() > deadline:
-        break
-      time.sleep(0.2)
+    while any(p.poll() is None for p in processes):
+      if any(p.poll() not in (None, 0, 143) for p in processes) or time.monotonic() > deadline:
+        break  # a failed process: stop the other now
+      if terminate and terminate[1] in (tmp_path / f'process{terminate[0]}.log').read_text():
+        processes[terminate[0]].send_signal(signal.SIGTERM)
+        terminate = None
+      time.sleep(0.1)
   finally:
     for process in processes:
       if process.poll() is None:
@@ -190,10 +199,17 @@ def _run_two_processes(tmp_path, train_args: list[str], timeout: int = 240):
       log.seek(0)
       outputs.append(log.read())
       log.close()
-  for process, output in zip(processes, outputs, strict=True):
-    assert process.returncode == 0, output[-3000:]
-  params = [dict(np.load(tmp_path / f'params{i}.npz')) for i in (0, 1)]
-  return outputs, params
+  return outputs, [process.returncode for process in processes]
+
+
+def _params(tmp_path) -> list[dict]:
+  """The final parameters each process of the last `_run_two_processes` dumped."""
+  return [dict(np.load(tmp_path / f'params{i}.npz')) for i in (0, 1)]
+
+
+def _assert_succeeded(outputs, codes):
+  for output, code in zip(outputs, codes, strict=True):
+    assert code == 0, output[-3000:]
 
 
 def _assert_identical(params):
@@ -203,7 +219,7 @@ def _assert_identical(params):
     np.testing.assert_array_equal(first[name], second[name], err_msg=name)
 
 
-def test_two_processes_train_the_char_lm_in_sync(tmp_path):
+def test_two_processes_train_the_char_lm_in_sync_and_stop_together(tmp_path):
   rng = np.random.default_rng(0)
   text = tmp_path / 'corpus.txt'
   text.write_text(''.join(rng.choice(['the ', 'cat ', 'sat ', 'on ', 'a ', 'mat.\n'], 6000)))
@@ -217,19 +233,28 @@ def test_two_processes_train_the_char_lm_in_sync(tmp_path):
     '--config.model.d_inner=32',
     '--config.model.tgt_len=8',
     '--config.model.mem_len=8',
-    '--config.train.steps=4',
+    '--config.train.steps=120',
     '--config.train.batch_size=4',
-    '--config.train.log_every=2',
-    '--config.train.eval_every=2',
-    '--config.train.checkpoint_every=2',
+    '--config.train.log_every=1',
+    '--config.train.eval_every=60',
+    '--config.train.checkpoint_every=60',
     '--config.eval.batch_size=2',
     '--config.eval.max_segments_during_training=2',
   ]
-  outputs, params = _run_two_processes(tmp_path, args)
-  _assert_identical(params)
+  # SIGTERM reaches process 1 only: both stop after the same step and save it together.
+  outputs, codes = _run_two_processes(tmp_path, args, terminate=(1, 'step 3/120'))
+  assert codes == [143, 143], outputs[1][-3000:]
+  stopped = [re.search(r'SIGTERM at step (\d+)', output).group(1) for output in outputs]
+  assert stopped[0] == stopped[1] and 3 <= int(stopped[0]) < 120
+  assert stopped[0] in [p.name for p in (tmp_path / 'run' / 'checkpoints').iterdir()]
+
+  outputs, codes = _run_two_processes(tmp_path, args)  # the same command resumes
+  _assert_succeeded(outputs, codes)
+  assert all(f'resumed from {tmp_path / "run" / "checkpoints" / stopped[0]}' in o for o in outputs)
+  _assert_identical(_params(tmp_path))
   assert all(output.strip().splitlines()[-1].startswith('bpc=') for output in outputs)
   assert outputs[0].strip().splitlines()[-1] == outputs[1].strip().splitlines()[-1]
-  assert sorted(p.name for p in (tmp_path / 'run' / 'checkpoints').iterdir()) == ['2', '4']
+  assert '120' in [p.name for p in (tmp_path / 'run' / 'checkpoints').iterdir()]
   assert (tmp_path / 'run' / 'eval_results.json').exists()
 
 
@@ -263,8 +288,9 @@ def test_two_processes_train_the_translation_model_in_sync(tmp_path):
     '--config.eval.beam_size=1',
     '--config.eval.max_decode_extra=4',
   ]
-  outputs, params = _run_two_processes(tmp_path, args)
-  _assert_identical(params)
+  outputs, codes = _run_two_processes(tmp_path, args)
+  _assert_succeeded(outputs, codes)
+  _assert_identical(_params(tmp_path))
   assert all(output.strip().splitlines()[-1].startswith('bleu=') for output in outputs)
   assert (tmp_path / 'run' / 'spm.model').exists()
   assert len((tmp_path / 'run' / 'translations_step4.txt').read_text().splitlines()) == 8

@@ -9,6 +9,7 @@ import gzip
 import itertools
 import logging
 import sys
+import threading
 
 import ml_collections
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 
 from configs.translate_defaults import translate_config
 from relpos.data import parallel_text, token_batches, tokenizer, translation, wmt_tfds
+from relpos.data.shard import Shard
 from relpos.data.token_batches import EncodedPairs, Ragged, TokenBatches
 
 SYLLABLES = 'ka ri to me sa nu lo pe di ga ve zu mo ha ti be ro ne si fa'.split()
@@ -83,6 +85,9 @@ def test_read_parallel_drops_empty_pairs_and_logs(tmp_path, caplog):
     assert parallel_text.read_parallel(src, tgt) == (['a', 'd', 'f'], ['A', 'D', 'F'])
   assert 'dropped 3 pairs with an empty side' in caplog.text
   assert parallel_text.read_parallel(src, tgt, limit=2) == (['a', 'd'], ['A', 'D'])
+  # Process 1 of 2 keeps lines 1, 3, 5 (then drops the empty ones) and half the limit.
+  assert parallel_text.read_parallel(src, tgt, shard=Shard(1, 2)) == (['d', 'f'], ['D', 'F'])
+  assert parallel_text.read_parallel(src, tgt, shard=Shard(1, 2), limit=2) == (['d'], ['D'])
 
 
 def test_read_parallel_errors(tmp_path):
@@ -230,6 +235,10 @@ def test_read_tfds_pairs(tfds_dir, caplog):
     TFDS_NAME, 'train', data_dir=tfds_dir, source_lang='de', target_lang='en', limit=7
   )
   assert src == TARGETS[:5] + TARGETS[6:8] and tgt == SOURCES[:5] + SOURCES[6:8]
+  src, _ = wmt_tfds.read_tfds_pairs(
+    TFDS_NAME, 'train', data_dir=tfds_dir, source_lang='en', target_lang='de', shard=Shard(2, 3)
+  )
+  assert src == [SOURCES[i] for i in range(2, len(SOURCES), 3) if i != 5]  # 5 has an empty side
   assert 'tensorflow' not in sys.modules
 
 
@@ -364,6 +373,72 @@ def test_batches_are_a_pure_function_of_seed_and_step():
   assert order(first, 0) != order(other_seed, 0)
 
 
+def _thread_shards(count: int) -> list[Shard]:
+  """Shards whose all_gather exchanges arrays between `count` threads (standing in for
+  processes): each thread must call it in the same order, as processes call a collective."""
+  barrier, slots = threading.Barrier(count), [None] * count
+
+  def gather_for(index):
+    def all_gather(x):
+      slots[index] = np.asarray(x)
+      barrier.wait()
+      gathered = np.stack(slots)
+      barrier.wait()  # nobody overwrites a slot before everyone has read them all
+      return gathered
+
+    return all_gather
+
+  return [Shard(i, count, gather_for(i)) for i in range(count)]
+
+
+def _in_threads(make, shards):
+  """[make(shard) for shard in shards], each in its own thread."""
+  results = [None] * len(shards)
+
+  def run(i):
+    results[i] = make(shards[i])
+
+  threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(shards))]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join(timeout=60)
+  assert all(r is not None for r in results)
+  return results
+
+
+def test_sharded_batches_agree_on_shapes_and_cover_every_pair_once():
+  whole = TokenBatches(PAIRS, max_tokens=256, num_buckets=4, max_length=25, row_multiple=2)
+  shards = _thread_shards(2)
+  parts = _in_threads(
+    lambda shard: TokenBatches(
+      [PAIRS[i] for i in shard.records(len(PAIRS))],
+      max_tokens=256,
+      num_buckets=4,
+      max_length=25,
+      seed=1,
+      row_multiple=2,
+      shard=shard,
+    ),
+    shards,
+  )
+  # Padded lengths are fitted to all pairs, as if one process read them all.
+  assert all(part.boundaries == whole.boundaries for part in parts)
+  assert all(part.rows == tuple(r // 2 for r in whole.rows) for part in parts)
+  per_epoch = parts[0].batches_per_epoch
+  assert parts[1].batches_per_epoch == per_epoch >= whole.batches_per_epoch
+  for epoch in range(2):
+    seen = []
+    for step in range(epoch * per_epoch, (epoch + 1) * per_epoch):
+      batches = [part.batch(step)[1] for part in parts]
+      assert batches[0]['src'].shape == batches[1]['src'].shape  # one global shape per step
+      for shard, batch in zip(shards, batches, strict=True):
+        records = shard.records(len(PAIRS))
+        local = _check_batch(batch, [PAIRS[i] for i in records])
+        seen += [records[i] for i in local]
+    assert sorted(seen) == sorted(whole.kept.tolist())
+
+
 def test_iterate_once_in_order_with_fixed_rows_and_shared_boundaries():
   train = TokenBatches(PAIRS, max_tokens=512, num_buckets=4, max_length=30)
   evaluation = TokenBatches(PAIRS[:50], rows=8, boundaries=train.boundaries, max_length=30, seed=3)
@@ -449,6 +524,28 @@ def test_load_translation_data_text(tmp_path):
   again = translation.load_translation_data(config, tmp_path / 'work')
   assert again.train.num_examples == 50
   assert again.tokenizer.encode(SOURCES[0]) == data.tokenizer.encode(SOURCES[0])
+
+
+def test_load_translation_data_in_shards_then_for_evaluation(tmp_path):
+  config = _data_config(tmp_path, max_eval_examples=20)
+  parts = _in_threads(
+    lambda shard: translation.load_translation_data(
+      config, tmp_path / 'work', row_multiple=2, shard=shard
+    ),
+    _thread_shards(2),
+  )
+  assert [part.train.num_examples for part in parts] == [100, 100]
+  assert parts[0].train.boundaries == parts[1].train.boundaries
+  # Process 1 loaded the vocabulary process 0 trained; both read every eval pair.
+  assert parts[1].tokenizer.path == parts[0].tokenizer.path == tmp_path / 'work' / 'spm.model'
+  assert parts[1].tokenizer.encode(SOURCES[7]) == parts[0].tokenizer.encode(SOURCES[7])
+  assert parts[0].eval_sources == parts[1].eval_sources == SOURCES[200:220]
+
+  evaluation = translation.load_eval_data(config, tmp_path / 'work')  # no training text read
+  assert evaluation.train is None and evaluation.eval_references == TARGETS[200:220]
+  assert evaluation.eval_pairs[3][0].tolist() == parts[0].eval_pairs[3][0].tolist()
+  with pytest.raises(FileNotFoundError, match=r'no vocabulary at .*spm\.model: train\.py writes'):
+    translation.load_eval_data(config, tmp_path / 'untrained')
 
 
 def test_load_translation_data_tfds(tmp_path, tfds_dir):

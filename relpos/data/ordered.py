@@ -22,8 +22,14 @@ class OrderedBatches:
   state, so resuming from a step reproduces the batches exactly.
   """
 
-  def __init__(self, tokens, batch_size: int, tgt_len: int):
-    """Args: tokens: int32 [N]; batch_size, tgt_len: positive ints, N >= 2 * batch_size."""
+  def __init__(self, tokens, batch_size: int, tgt_len: int, *, rows: slice = slice(None)):
+    """
+    Args:
+      tokens: int32 [N].
+      batch_size, tgt_len: positive ints, N >= 2 * batch_size.
+      rows: keep only these of the batch_size rows (a data-parallel process's part of the
+        global batch); segments then hold only them.
+    """
     tokens = np.asarray(tokens, dtype=np.int32)
     if tokens.ndim != 1 or batch_size < 1 or tgt_len < 1:
       raise ValueError(
@@ -36,7 +42,7 @@ class OrderedBatches:
         f'{len(tokens)} tokens give rows of {self.n_step} for batch_size {batch_size}; '
         'each row needs at least 2 tokens (an input and its target)'
       )
-    self.rows_BN = tokens[: batch_size * self.n_step].reshape(batch_size, self.n_step)
+    self.rows_BN = tokens[: batch_size * self.n_step].reshape(batch_size, self.n_step)[rows]
     self.batch_size = batch_size
     self.tgt_len = tgt_len
 
@@ -51,7 +57,7 @@ class OrderedBatches:
     return (self.n_step - 1) // self.tgt_len
 
   def segment(self, s: int) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs, targets) of segment s, both int32 [batch_size, L], L <= tgt_len."""
+    """(inputs, targets) of segment s, both int32 [rows, L], L <= tgt_len."""
     if not 0 <= s < self.num_segments:
       raise IndexError(f'segment {s} is outside [0, {self.num_segments})')
     i = s * self.tgt_len

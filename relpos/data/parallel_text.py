@@ -12,6 +12,8 @@ from collections.abc import Iterable, Sequence
 from absl import logging
 from sacremoses import MosesDetokenizer
 
+from relpos.data.shard import ONE_PROCESS, Shard
+
 
 def read_lines(path, *, field: str | None = None) -> list[str]:
   """The UTF-8 lines of the text file at `path` (gzip-compressed if it ends in `.gz`).
@@ -75,14 +77,21 @@ def keep_nonempty(
 
 
 def read_parallel(
-  src_path, tgt_path, *, fields: tuple[str, str] | None = None, limit: int = 0
+  src_path,
+  tgt_path,
+  *,
+  fields: tuple[str, str] | None = None,
+  limit: int = 0,
+  shard: Shard = ONE_PROCESS,
 ) -> tuple[list[str], list[str]]:
   """(source lines, target lines) of two line-aligned files, pairs with an empty side dropped.
 
   Args:
     src_path, tgt_path: str or Path; `.gz` files are decompressed.
     fields: the config fields that named the two paths, for messages.
-    limit: keep only the first `limit` non-empty pairs (0: all).
+    limit: keep only the first `limit` non-empty pairs (0: all); a shard keeps its part,
+      `shard.limit(limit)`, of its own lines.
+    shard: keep only this process's lines (every line is still read, to check alignment).
   Raises:
     FileNotFoundError: a path is not a file.
     ValueError: a file is not valid UTF-8 or gzip, or the files differ in line count.
@@ -95,8 +104,11 @@ def read_parallel(
       f'parallel files differ in line count: {src_path} has {len(sources)} lines, '
       f'{tgt_path} has {len(targets)}; they must be line-aligned'
     )
+  lines = shard.records(len(sources))
   return keep_nonempty(
-    zip(sources, targets, strict=True), limit=limit, name=f'{src_path} / {tgt_path}'
+    ((sources[i], targets[i]) for i in lines),
+    limit=shard.limit(limit),
+    name=f'{src_path} / {tgt_path}',
   )
 
 

@@ -15,6 +15,10 @@ dynamic programme over the length histogram). Another set of pairs can reuse the
 Epoch e shuffles each bucket's examples and then all the epoch's batches with the seed
 (seed, e); step s is batch s % batches_per_epoch of epoch s // batches_per_epoch. Nothing else
 is state, so training resumes exactly from a step number.
+
+In a multi-process run each process holds only its shard of the pairs (`relpos.data.shard`)
+and builds only its rows of each global batch; the processes agree once, at construction, on
+the padded lengths and on every bucket's batches per epoch, and so on the shape of every step.
 """
 
 import dataclasses
@@ -24,6 +28,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from absl import logging
 
+from relpos.data.shard import ONE_PROCESS, Shard
 from relpos.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -106,7 +111,11 @@ def fit_boundaries(lengths: np.ndarray, num_buckets: int, max_len: int) -> tuple
     num_buckets: the most padded lengths to use, >= 1.
     max_len: the last padded length.
   """
-  counts = np.bincount(lengths, minlength=max_len + 1)
+  return fit_boundaries_to_counts(np.bincount(lengths, minlength=max_len + 1), num_buckets, max_len)
+
+
+def fit_boundaries_to_counts(counts: np.ndarray, num_buckets: int, max_len: int) -> tuple[int, ...]:
+  """`fit_boundaries` of the lengths whose histogram is `counts` (int [max_len + 1])."""
   values = np.append(np.flatnonzero(counts[:max_len]), max_len)  # candidate boundaries
   below = np.cumsum(counts)[values]  # examples of length <= each candidate
   # cost[j]: least cost of the examples <= values[j] with boundaries ending at values[j].
@@ -142,6 +151,7 @@ class TokenBatches:
     boundaries: Sequence[int] | None = None,
     seed: int = 0,
     row_multiple: int = 1,
+    shard: Shard = ONE_PROCESS,
   ):
     """Buckets `pairs`, dropping (and logging) those with a side longer than max_length.
 
@@ -154,11 +164,16 @@ class TokenBatches:
       boundaries: or use these padded lengths, the last max_length + 1 (e.g. from another
         TokenBatches, so no new shapes compile).
       seed: seed of the per-epoch shuffles.
-      row_multiple: rows is a multiple of this (e.g. the number of data-parallel devices).
+      row_multiple: global rows are a multiple of this (e.g. the number of data-parallel
+        devices), itself a multiple of shard.count.
+      shard: `pairs` are this process's shard; its batches are its rows of the global batches
+        (global rows / shard.count). The processes agree, through shard.all_gather, on the
+        padded lengths (fitted to all their pairs) and on each bucket's batches per epoch (the
+        most any process needs; the others fill theirs with all-PAD rows).
     Raises:
       ValueError: not exactly one of max_tokens/rows or num_buckets/boundaries, bad
-        boundaries, max_tokens too small for row_multiple rows of max_length + 1, or no pair
-        within max_length.
+        boundaries, max_tokens too small for row_multiple rows of max_length + 1, row_multiple
+        not a multiple of shard.count, or no pair within max_length.
     """
     if (max_tokens is None) == (rows is None):
       raise ValueError(f'give exactly one of max_tokens ({max_tokens}) and rows ({rows})')
@@ -167,7 +182,12 @@ class TokenBatches:
         f'give exactly one of num_buckets ({num_buckets}) and boundaries ({boundaries})'
       )
     self.pairs = pairs if isinstance(pairs, EncodedPairs) else EncodedPairs.from_pairs(pairs)
-    self.seed = seed
+    if row_multiple % shard.count:
+      raise ValueError(
+        f'row_multiple={row_multiple} (devices) must be a multiple of the {shard.count} '
+        'processes, each feeding its own rows'
+      )
+    self.seed, self.shard = seed, shard
     src_len, tgt_len = self.pairs.src.lengths, self.pairs.tgt.lengths
     fits = (src_len <= max_length) & (tgt_len <= max_length)
     if not fits.all():
@@ -182,19 +202,23 @@ class TokenBatches:
       raise ValueError(f'none of {len(fits)} pairs has both sides within max_length={max_length}')
     needed = np.maximum(src_len, tgt_len)[self.kept] + 1
     if boundaries is None:
-      boundaries = fit_boundaries(needed, num_buckets, max_length + 1)
+      counts = shard.all_gather(np.bincount(needed, minlength=max_length + 2)).sum(axis=0)
+      boundaries = fit_boundaries_to_counts(counts, num_buckets, max_length + 1)
     self.boundaries = check_boundaries(boundaries, max_length)
     self.rows = tuple(
-      rows_per_batch(length, max_tokens, rows, row_multiple) for length in self.boundaries
+      rows_per_batch(length, max_tokens, rows, row_multiple) // shard.count
+      for length in self.boundaries
     )
     self.bucket_of_kept = np.searchsorted(self.boundaries, needed)
     self.bucket_sizes = np.bincount(self.bucket_of_kept, minlength=len(self.boundaries))
-    self.batches_per_bucket = -(-self.bucket_sizes // np.asarray(self.rows))
+    needs = -(-self.bucket_sizes // np.asarray(self.rows))
+    self.batches_per_bucket = shard.all_gather(needs).max(axis=0)
     self._plan = (None, None)  # (epoch, its batches), the most recent one computed
     padded = np.sum(self.batches_per_bucket * np.asarray(self.rows) * self.boundaries)
     logging.info(
-      'token batches: %d pairs, padded lengths %s, rows %s, %d batches per epoch, '
+      'token batches%s: %d pairs, padded lengths %s, rows %s, %d batches per epoch, '
       '%.1f%% of padded positions used by the longer side',
+      f' (process {shard.index} of {shard.count})' if shard.count > 1 else '',
       len(self.kept),
       self.boundaries,
       self.rows,
@@ -214,41 +238,49 @@ class TokenBatches:
 
   @property
   def shapes(self) -> tuple[tuple[int, int], ...]:
-    """(rows, L) of the buckets that hold examples: the shapes a jitted step sees."""
+    """(rows, L) of the buckets that have batches: the shapes a jitted step sees."""
     return tuple(
       (r, length)
-      for r, length, size in zip(self.rows, self.boundaries, self.bucket_sizes, strict=True)
-      if size
+      for r, length, count in zip(self.rows, self.boundaries, self.batches_per_bucket, strict=True)
+      if count
     )
 
-  def batch(self, step: int, select_rows=None) -> tuple[int, dict[str, np.ndarray]]:
-    """(epoch, batch) of training step `step` >= 0: a pure function of step and seed.
+  def batch(self, step: int) -> tuple[int, dict[str, np.ndarray]]:
+    """(epoch, batch) of training step `step` >= 0: a pure function of step, seed and shard.
 
-    `select_rows`, given the batch's row count, returns the slice of rows to build (a data-
-    parallel process builds only its own rows); all rows by default.
+    Every process gets a batch of the same bucket at every step.
     """
     epoch, position = divmod(step, self.batches_per_epoch)
     bucket, index = self._epoch_plan(epoch)[position]
-    if select_rows is not None:
-      index = index[select_rows(len(index))]
     return epoch, self._make_batch(bucket, index)
 
   def iterate_once(self) -> Iterator[dict[str, np.ndarray]]:
     """Yields every batch once, unshuffled: bucket by bucket, pairs in `pairs` order."""
     for bucket in range(len(self.boundaries)):
-      members = self.kept[self.bucket_of_kept == bucket]
-      for index in _chunks(members, self.rows[bucket]):
+      for index in self._bucket_batches(bucket, self.kept[self.bucket_of_kept == bucket]):
         yield self._make_batch(bucket, index)
 
+  def _bucket_batches(self, bucket: int, members: np.ndarray) -> Iterator[np.ndarray]:
+    """`members` (pair indices) in the bucket's batches per epoch, padded with -1."""
+    rows = self.rows[bucket]
+    padded = np.full(self.batches_per_bucket[bucket] * rows, -1, dtype=np.int64)
+    padded[: len(members)] = members
+    yield from padded.reshape(-1, rows)
+
   def _epoch_plan(self, epoch: int) -> list[tuple[int, np.ndarray]]:
-    """Epoch `epoch`'s batches in order, as (bucket, index int32 [rows]) pairs."""
+    """Epoch `epoch`'s batches in order, as (bucket, index int32 [rows]) pairs.
+
+    The members of each bucket are shuffled per process; the order of the buckets' batches,
+    which decides the shape of every step, is the same on all processes.
+    """
     if self._plan[0] != epoch:
-      rng = np.random.default_rng([self.seed, epoch])
+      members_rng = np.random.default_rng([self.seed, epoch, self.shard.index])
       batches = []
       for bucket in range(len(self.boundaries)):
-        members = rng.permutation(self.kept[self.bucket_of_kept == bucket])
-        batches.extend((bucket, index) for index in _chunks(members, self.rows[bucket]))
-      self._plan = (epoch, [batches[i] for i in rng.permutation(len(batches))])
+        members = members_rng.permutation(self.kept[self.bucket_of_kept == bucket])
+        batches.extend((bucket, index) for index in self._bucket_batches(bucket, members))
+      order = np.random.default_rng([self.seed, epoch]).permutation(len(batches))
+      self._plan = (epoch, [batches[i] for i in order])
     return self._plan[1]
 
   def _make_batch(self, bucket: int, index: np.ndarray) -> dict[str, np.ndarray]:
@@ -303,10 +335,3 @@ def rows_per_batch(length: int, max_tokens: int | None, rows: int | None, multip
       'raise config.data.max_tokens or lower config.data.max_length'
     )
   return fitting
-
-
-def _chunks(index: np.ndarray, rows: int) -> Iterator[np.ndarray]:
-  """Yields `index` in pieces of `rows`, the last padded with -1."""
-  padded = np.full(-(-len(index) // rows) * rows, -1, dtype=np.int64)
-  padded[: len(index)] = index
-  yield from padded.reshape(-1, rows)

@@ -133,6 +133,19 @@ def train_or_load(
     partial = model_path.with_name(f'{model_path.name}.partial-{os.getpid()}')
     partial.write_bytes(model)
     os.replace(partial, model_path)
+  return load_tokenizer(model_path, vocab_size)
+
+
+def load_tokenizer(model_path, vocab_size: int, *, missing: str = '') -> Tokenizer:
+  """The Tokenizer saved at `model_path`, checked to have `vocab_size` pieces.
+
+  Raises:
+    FileNotFoundError: there is no such file; the message ends with `missing` (the fix).
+    ValueError: the model has another vocab_size.
+  """
+  model_path = pathlib.Path(model_path)
+  if not model_path.exists():
+    raise FileNotFoundError(f'no vocabulary at {model_path}' + (f': {missing}' if missing else ''))
   tokenizer = Tokenizer(model_path)
   if tokenizer.vocab_size != vocab_size:
     raise ValueError(

@@ -3,7 +3,9 @@
 `load_translation_data` reads the train and eval pairs (kind 'text': parallel files; kind
 'tfds': a prepared tensorflow-datasets copy), Moses-detokenises them if asked, trains the shared
 SentencePiece vocabulary on the training text once (workdir/spm.model, reused by later runs
-with the same workdir) and encodes everything with it.
+with the same workdir) and encodes everything with it. In a multi-process run each process
+reads and encodes only its shard of the training pairs. `load_eval_data` reads only what
+evaluation needs: the saved vocabulary and the eval pairs.
 """
 
 import dataclasses
@@ -14,8 +16,9 @@ from collections.abc import Sequence
 from absl import logging
 
 from relpos.data import parallel_text, wmt_tfds
+from relpos.data.shard import ONE_PROCESS, Shard
 from relpos.data.token_batches import EncodedPairs, Ragged, TokenBatches
-from relpos.data.tokenizer import Tokenizer, train_or_load
+from relpos.data.tokenizer import Tokenizer, load_tokenizer, train_or_load
 
 KINDS = ('text', 'tfds')
 TEXT_FIELDS = ('train_src', 'train_tgt', 'eval_src', 'eval_tgt')
@@ -29,7 +32,8 @@ class TranslationData:
 
   Attributes:
     tokenizer: the shared source/target vocabulary.
-    train: the training batches (pairs longer than config.data.max_length dropped).
+    train: the training batches (pairs longer than config.data.max_length dropped); None
+      from `load_eval_data`.
     eval_sources: eval source sentences, as read (detokenised if config.data.moses_detokenize).
     eval_references: their reference translations, likewise.
     eval_pairs: eval_pairs[i] is (eval_sources[i], eval_references[i]) encoded, none dropped;
@@ -37,22 +41,22 @@ class TranslationData:
   """
 
   tokenizer: Tokenizer
-  train: TokenBatches
+  train: TokenBatches | None
   eval_sources: list[str]
   eval_references: list[str]
   eval_pairs: EncodedPairs
 
 
 Pairs = tuple[list[str], list[str]]
+SPLITS = ('train', 'eval')
 
 
-def read_text_splits(data_config) -> tuple[Pairs, Pairs]:
-  """((train sources, targets), (eval sources, references)) from the config.data.*_src/tgt files.
-
-  Raises:
-    ValueError: a path field is empty, or a file is unreadable (see parallel_text).
-    FileNotFoundError: a path is not a file.
-  """
+def check_data_config(data_config) -> None:
+  """Raises ValueError naming the config.data field unless kind and its file fields are set."""
+  if data_config.kind not in KINDS:
+    raise ValueError(f'config.data.kind must be one of {KINDS}; got {data_config.kind!r}')
+  if data_config.kind != 'text':
+    return
   for field in TEXT_FIELDS:
     if not data_config[field]:
       raise ValueError(
@@ -60,71 +64,46 @@ def read_text_splits(data_config) -> tuple[Pairs, Pairs]:
         'of one sentence per line (.gz accepted)'
       )
 
-  def read(prefix: str, limit: int) -> Pairs:
-    return parallel_text.read_parallel(
-      data_config[f'{prefix}_src'],
-      data_config[f'{prefix}_tgt'],
-      fields=(f'config.data.{prefix}_src', f'config.data.{prefix}_tgt'),
-      limit=limit,
-    )
 
-  return (
-    read('train', data_config.max_train_examples),
-    read('eval', data_config.max_eval_examples),
-  )
+def read_pairs(data_config, split: str, shard: Shard = ONE_PROCESS) -> Pairs:
+  """(sources, targets) of split 'train' or 'eval' as config.data names it, Moses-detokenised
+  if it asks; only `shard`'s pairs (see relpos.data.shard).
 
-
-def read_tfds_splits(data_config) -> tuple[Pairs, Pairs]:
-  """((train sources, targets), (eval sources, references)) from config.data.tfds_*.
-
-  Raises as wmt_tfds.open_split.
+  Raises:
+    ValueError: the split holds no pairs; otherwise as the readers (parallel_text, wmt_tfds).
+    FileNotFoundError: a path is not a file, or the tfds dataset is not prepared.
   """
-
-  def read(split: str, limit: int) -> Pairs:
-    return wmt_tfds.read_tfds_pairs(
+  limit = data_config[f'max_{split}_examples']
+  if data_config.kind == 'text':
+    sources, targets = parallel_text.read_parallel(
+      data_config[f'{split}_src'],
+      data_config[f'{split}_tgt'],
+      fields=(f'config.data.{split}_src', f'config.data.{split}_tgt'),
+      limit=limit,
+      shard=shard,
+    )
+    where = f'{data_config[split + "_src"]} / {data_config[split + "_tgt"]}'
+  else:
+    sources, targets = wmt_tfds.read_tfds_pairs(
       data_config.tfds_name,
-      split,
+      data_config[f'tfds_{split}_split'],
       data_dir=data_config.tfds_data_dir,
       source_lang=data_config.source_lang,
       target_lang=data_config.target_lang,
       limit=limit,
+      shard=shard,
     )
-
-  return (
-    read(data_config.tfds_train_split, data_config.max_train_examples),
-    read(data_config.tfds_eval_split, data_config.max_eval_examples),
-  )
-
-
-def read_splits(data_config) -> tuple[Pairs, Pairs]:
-  """The (train, eval) sentence pairs config.data names, Moses-detokenised if it asks.
-
-  Raises:
-    ValueError: config.data.kind is not one of KINDS; otherwise as the readers.
-  """
-  if data_config.kind not in KINDS:
-    raise ValueError(f'config.data.kind must be one of {KINDS}; got {data_config.kind!r}')
-  reader = read_text_splits if data_config.kind == 'text' else read_tfds_splits
-  splits = reader(data_config)
-  for (sources, _), prefix in zip(splits, ('train', 'eval'), strict=True):
-    if not sources:
-      where = (
-        f'{data_config[prefix + "_src"]} / {data_config[prefix + "_tgt"]}'
-        if data_config.kind == 'text'
-        else f'{data_config.tfds_name} split {data_config["tfds_" + prefix + "_split"]}'
-      )
-      raise ValueError(
-        f'no {prefix} sentence pairs in {where} (config.data.{prefix}_src / {prefix}_tgt or '
-        f'config.data.tfds_{prefix}_split): the data is empty or every line was empty'
-      )
+    where = f'{data_config.tfds_name} split {data_config["tfds_" + split + "_split"]}'
+  if not sources:
+    raise ValueError(
+      f'no {split} sentence pairs in {where} (config.data.{split}_src / {split}_tgt or '
+      f'config.data.tfds_{split}_split): the data is empty or every line was empty'
+    )
   if not data_config.moses_detokenize:
-    return splits
-  return tuple(
-    (
-      parallel_text.moses_detokenize(sources, data_config.source_lang),
-      parallel_text.moses_detokenize(targets, data_config.target_lang),
-    )
-    for sources, targets in splits
+    return sources, targets
+  return (
+    parallel_text.moses_detokenize(sources, data_config.source_lang),
+    parallel_text.moses_detokenize(targets, data_config.target_lang),
   )
 
 
@@ -138,8 +117,39 @@ def encode_lines(tokenizer: Tokenizer, lines: Sequence[str]) -> Ragged:
   )
 
 
+def _shared_vocabulary(data_config, workdir, sentences: list[str], *, seed: int, shard: Shard):
+  """The run's vocabulary: process 0 trains it on its sentences (or finds it) and saves it,
+  then the other processes load that file."""
+  path = pathlib.Path(workdir) / VOCAB_FILE
+  if shard.index == 0:
+    tokenizer = train_or_load(
+      path,
+      sentences,
+      data_config.vocab_size,
+      max_sentences=data_config.vocab_train_sentences,
+      seed=seed,
+    )
+  shard.wait_for_all()
+  if shard.index == 0:
+    return tokenizer
+  return load_tokenizer(
+    path,
+    data_config.vocab_size,
+    missing=f'process {shard.index} cannot see the vocabulary process 0 saved: the workdir '
+    'must be on a filesystem that every process shares',
+  )
+
+
+def _with_eval_data(data_config, tokenizer: Tokenizer, train) -> TranslationData:
+  start = time.perf_counter()
+  eval_src, eval_tgt = read_pairs(data_config, 'eval')
+  eval_pairs = EncodedPairs(encode_lines(tokenizer, eval_src), encode_lines(tokenizer, eval_tgt))
+  logging.info('%d eval pairs ready in %.1fs', len(eval_src), time.perf_counter() - start)
+  return TranslationData(tokenizer, train, eval_src, eval_tgt, eval_pairs)
+
+
 def load_translation_data(
-  data_config, workdir, *, seed: int = 0, row_multiple: int = 1
+  data_config, workdir, *, seed: int = 0, row_multiple: int = 1, shard: Shard = ONE_PROCESS
 ) -> TranslationData:
   """Reads, tokenises and batches the data config.data names (see the module docstring).
 
@@ -147,24 +157,18 @@ def load_translation_data(
     data_config: config.data of a translate config.
     workdir: the run's directory; the vocabulary is workdir/spm.model.
     seed: seed of the vocabulary's sentence sample and of the training batch order.
-    row_multiple: training batch rows are a multiple of this (data-parallel devices).
+    row_multiple: global training batch rows are a multiple of this (data-parallel devices).
+    shard: this process's part of the training pairs; in a multi-process run process 0 trains
+      the vocabulary on its part. Every process reads all eval pairs.
   Raises:
     ValueError, FileNotFoundError: messages name the config.data field to fix.
   """
+  check_data_config(data_config)
   start = time.perf_counter()
-  (train_src, train_tgt), (eval_src, eval_tgt) = read_splits(data_config)
-  logging.info(
-    'read %d train and %d eval pairs in %.1fs',
-    len(train_src),
-    len(eval_src),
-    time.perf_counter() - start,
-  )
-  tokenizer = train_or_load(
-    pathlib.Path(workdir) / VOCAB_FILE,
-    train_src + train_tgt,
-    data_config.vocab_size,
-    max_sentences=data_config.vocab_train_sentences,
-    seed=seed,
+  train_src, train_tgt = read_pairs(data_config, 'train', shard)
+  logging.info('read %d train pairs in %.1fs', len(train_src), time.perf_counter() - start)
+  tokenizer = _shared_vocabulary(
+    data_config, workdir, train_src + train_tgt, seed=seed, shard=shard
   )
   train = TokenBatches(
     EncodedPairs(encode_lines(tokenizer, train_src), encode_lines(tokenizer, train_tgt)),
@@ -173,7 +177,23 @@ def load_translation_data(
     num_buckets=data_config.length_buckets,
     seed=seed,
     row_multiple=row_multiple,
+    shard=shard,
   )
-  eval_pairs = EncodedPairs(encode_lines(tokenizer, eval_src), encode_lines(tokenizer, eval_tgt))
-  logging.info('translation data ready in %.1fs', time.perf_counter() - start)
-  return TranslationData(tokenizer, train, eval_src, eval_tgt, eval_pairs)
+  logging.info('training data ready in %.1fs', time.perf_counter() - start)
+  return _with_eval_data(data_config, tokenizer, train)
+
+
+def load_eval_data(data_config, workdir) -> TranslationData:
+  """The vocabulary a training run saved in workdir and the eval pairs; `train` is None.
+
+  Raises:
+    FileNotFoundError: workdir holds no vocabulary.
+    ValueError: as load_translation_data.
+  """
+  check_data_config(data_config)
+  tokenizer = load_tokenizer(
+    pathlib.Path(workdir) / VOCAB_FILE,
+    data_config.vocab_size,
+    missing='train.py writes it on its first run with this --workdir',
+  )
+  return _with_eval_data(data_config, tokenizer, None)

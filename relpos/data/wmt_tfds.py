@@ -11,6 +11,7 @@ is its 'test' split) and 'wmt_t2t_translate/de-en' (tensor2tensor's training dat
 from absl import logging
 
 from relpos.data import parallel_text
+from relpos.data.shard import ONE_PROCESS, Shard
 
 PREPARE_HINT = (
   'prepare it once, on a machine with internet, with `pip install tensorflow '
@@ -73,21 +74,30 @@ def parse_pair(record: bytes, source_lang: str, target_lang: str) -> tuple[str, 
   )
 
 
-def _records(source):
-  """Yields the records of `source` in order, decoding READ_CHUNK at a time."""
-  for start in range(0, len(source), READ_CHUNK):
-    yield from source.__getitems__(list(range(start, min(start + READ_CHUNK, len(source)))))
+def _records(source, indices: range):
+  """Yields the records `indices` of `source` in order, decoding READ_CHUNK at a time."""
+  for start in range(0, len(indices), READ_CHUNK):
+    yield from source.__getitems__(list(indices[start : start + READ_CHUNK]))
 
 
 def read_tfds_pairs(
-  name: str, split: str, *, data_dir, source_lang: str, target_lang: str, limit: int = 0
+  name: str,
+  split: str,
+  *,
+  data_dir,
+  source_lang: str,
+  target_lang: str,
+  limit: int = 0,
+  shard: Shard = ONE_PROCESS,
 ) -> tuple[list[str], list[str]]:
   """(source sentences, target sentences) of a prepared tfds translation dataset split.
 
-  Pairs with an empty side are dropped (and counted in the log); `limit` > 0 keeps the first
-  `limit` remaining pairs and reads no further. Raises as `open_split`.
+  Only `shard`'s records are read. Pairs with an empty side are dropped (and counted in the
+  log); `limit` > 0 keeps the first `shard.limit(limit)` remaining pairs and reads no further.
+  Raises as `open_split`.
   """
   source = open_split(name, split, data_dir=data_dir, languages=(source_lang, target_lang))
-  logging.info('reading %s %s: %d records', name, split, len(source))
-  pairs = (parse_pair(record, source_lang, target_lang) for record in _records(source))
-  return parallel_text.keep_nonempty(pairs, limit=limit, name=f'{name} {split}')
+  indices = shard.records(len(source))
+  logging.info('reading %s %s: %d of %d records', name, split, len(indices), len(source))
+  pairs = (parse_pair(record, source_lang, target_lang) for record in _records(source, indices))
+  return parallel_text.keep_nonempty(pairs, limit=shard.limit(limit), name=f'{name} {split}')

@@ -181,8 +181,12 @@ def train_and_evaluate(
     print(f'resumed from {checkpoints.directory / str(start_step)}', flush=True)
 
   train_step = train_step_fn(graphdef, mesh)
-  batches = OrderedBatches(splits['train'], train.batch_size, config.model.tgt_len)
-  rows = mesh_lib.process_rows(train.batch_size, mesh)  # what this process feeds
+  batches = OrderedBatches(  # only the rows this process feeds
+    splits['train'],
+    train.batch_size,
+    config.model.tgt_len,
+    rows=mesh_lib.process_rows(train.batch_size, mesh),
+  )
   tokens_per_step = train.batch_size * config.model.tgt_len
   writer = MetricWriter(workdir)
   progress = Progress(train.steps, start_step)
@@ -213,7 +217,7 @@ def train_and_evaluate(
         break
       if new_epoch:
         memory = mesh_lib.distribute(model.init_memory(train.batch_size), memory_sharding(mesh))
-      inputs, targets = mesh_lib.global_batch((inputs[rows], targets[rows]), mesh)
+      inputs, targets = mesh_lib.global_batch((inputs, targets), mesh)
       state, memory, loss = train_step(state, memory, inputs, targets)
       losses.append(loss)
       done = step + 1
@@ -238,15 +242,12 @@ def train_and_evaluate(
         validate(done)
       if train.checkpoint_every and done % train.checkpoint_every == 0:
         save(done)
-      if preemption.requested:
+      if mesh_lib.any_process(preemption.requested):
         if checkpoints.latest_step() != done:
           save(done)
         checkpoints.close()
         writer.close()
-        raise PreemptedError(
-          f'SIGTERM at step {done}: saved {checkpoints.directory / str(done)}; rerun the '
-          'same command to resume'
-        )
+        raise PreemptedError.saved(done, checkpoints.directory / str(done))
   if step + 1 >= train.steps and checkpoints.latest_step() != train.steps:
     save(train.steps)
   checkpoints.close()

@@ -7,7 +7,9 @@ a step is the GLOBAL batch (config.train.batch_size rows for the character LM,
 config.data.max_tokens per side for translation); each device gets rows / device-count rows.
 
 In a multi-process run (see `relpos.training.tasks`) each process builds only the rows of its
-own devices (`process_rows`) and `global_batch` assembles the global array from them.
+own devices (`process_rows`, or its data shard, `process_shard`) and `global_batch` assembles
+the global array from them. Stopping is agreed too (`any_process`): a SIGTERM that reaches one
+process stops all of them at the same step, so that they save the same checkpoint together.
 """
 
 import jax
@@ -15,6 +17,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+
+from relpos.data.shard import ONE_PROCESS, Shard
 
 DATA_AXIS = 'data'
 
@@ -123,3 +127,22 @@ def writer_first(fn, name: str):
   result = fn() if is_writer() else None
   barrier(name)
   return result if is_writer() else fn()
+
+
+def _all_gather(x: np.ndarray) -> np.ndarray:
+  """[process_count, *x.shape]: every process's `x` (a collective)."""
+  return np.asarray(multihost_utils.process_allgather(np.asarray(x)))
+
+
+def process_shard() -> Shard:
+  """This process's shard of the training data, with the all-gather the processes agree by."""
+  if jax.process_count() == 1:
+    return ONE_PROCESS
+  return Shard(jax.process_index(), jax.process_count(), _all_gather)
+
+
+def any_process(flag: bool) -> bool:
+  """Whether `flag` is True on any process (a collective in a multi-process run)."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  return bool(np.any(_all_gather(np.asarray([flag], np.int32))))

@@ -1,7 +1,9 @@
 """SIGTERM, the usual preemption notice, as a flag the training loop checks between steps.
 
 The loop saves a checkpoint at the step it has reached and raises `PreemptedError`; the launcher
-exits with status 143 (128 + SIGTERM) and rerunning the same command resumes from there.
+exits with status 143 (128 + SIGTERM) and rerunning the same command resumes from there. In a
+multi-process run the processes agree on the flag after every step (`mesh.any_process`), so a
+signal to any one of them stops them all at the same step.
 """
 
 import signal
@@ -10,6 +12,14 @@ import threading
 
 class PreemptedError(Exception):
   """Training stopped on SIGTERM after saving a checkpoint; the message says which."""
+
+  @classmethod
+  def saved(cls, step: int, checkpoint) -> 'PreemptedError':
+    """The error after saving `checkpoint` at `step`."""
+    return cls(
+      f'SIGTERM at step {step} (sent to this process or another process of the run): saved '
+      f'{checkpoint}; rerun the same command to resume'
+    )
 
 
 class PreemptionSignal:

@@ -27,7 +27,7 @@ from flax import nnx
 from relpos import decode, metrics
 from relpos.data.token_batches import TokenBatches
 from relpos.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from relpos.data.translation import load_translation_data
+from relpos.data.translation import load_eval_data, load_translation_data
 from relpos.models.transformer import Transformer, check_config
 from relpos.training import mesh as mesh_lib
 from relpos.training.checkpoints import Checkpoints
@@ -58,13 +58,14 @@ def _build(config, vocab_size: int, mesh):
   return graphdef, mesh_lib.distribute(state, mesh_lib.replicated(mesh))
 
 
-def _load_data(config, workdir: Path, *, row_multiple: int = 1):
-  """load_translation_data; process 0 trains the vocabulary, the others then load it."""
-  return mesh_lib.writer_first(
-    lambda: load_translation_data(
-      config.data, workdir, seed=config.seed, row_multiple=row_multiple
-    ),
-    'translation vocabulary',
+def _load_data(config, workdir: Path, mesh):
+  """load_translation_data of this process's shard, batch rows a multiple of the devices."""
+  return load_translation_data(
+    config.data,
+    workdir,
+    seed=config.seed,
+    row_multiple=mesh.size,
+    shard=mesh_lib.process_shard(),
   )
 
 
@@ -223,7 +224,7 @@ def train_and_evaluate(
   check_config(config.model)  # before reading data or compiling anything
   if mesh_lib.is_writer():
     record_config(config, workdir, allow_change=allow_config_change)
-  data = _load_data(config, workdir, row_multiple=mesh.size)
+  data = _load_data(config, workdir, mesh)
   train = config.train
   graphdef, state = _build(config, data.tokenizer.vocab_size, mesh)
 
@@ -253,7 +254,7 @@ def train_and_evaluate(
 
   with PreemptionSignal() as preemption:
     for step in range(start_step, train.steps):
-      epoch, batch = data.train.batch(step, lambda rows: mesh_lib.process_rows(rows, mesh))
+      epoch, batch = data.train.batch(step)
       arrays = {name: batch[name] for name in ('src', 'tgt_in', 'tgt_out')}
       state, step_sums = train_step(state, mesh_lib.global_batch(arrays, mesh))
       sums.append(step_sums)
@@ -281,15 +282,12 @@ def train_and_evaluate(
         validate(done)
       if train.checkpoint_every and done % train.checkpoint_every == 0:
         checkpoints.save(done, _checkpoint_tree(state), {'step': done})
-      if preemption.requested:
+      if mesh_lib.any_process(preemption.requested):
         if checkpoints.latest_step() != done:
           checkpoints.save(done, _checkpoint_tree(state), {'step': done})
         checkpoints.close()
         writer.close()
-        raise PreemptedError(
-          f'SIGTERM at step {done}: saved {checkpoints.directory / str(done)}; rerun the '
-          'same command to resume'
-        )
+        raise PreemptedError.saved(done, checkpoints.directory / str(done))
   if checkpoints.latest_step() != train.steps:
     checkpoints.save(train.steps, _checkpoint_tree(state), {'step': train.steps})
   checkpoints.close()
@@ -336,7 +334,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
       f'no checkpoint in {checkpoints.directory}: train first (python train.py '
       f'--config=... --workdir={workdir})'
     )
-  data = _load_data(config, workdir)
+  data = load_eval_data(config.data, workdir)
   model, steps = _restore_model(config, checkpoints, data.tokenizer.vocab_size)
   checkpoints.close()
   translations = translate_sentences(
