@@ -11,6 +11,13 @@ as diagonals and reading the two clipped edges from blocked prefix sums. A `jax.
 writes the backward pass from the same dense pieces and saves only the probabilities, so
 memory stays close to vanilla attention. With attention dropout it also saves the rng and
 regenerates the keep mask in the backward pass.
+
+Two choices matter for speed on XLA:CPU (benchmarks/attention.py). The logit gradient ds is
+needed on the band's diagonals as well as whole; gathering the diagonals from ds made XLA
+recompute ds inside the gather and therefore materialise the spread a^V term, a [Q·K, B, H]
+array read back transposed (+40% of a vanilla fwd+bwd). So the diagonals of ds are computed
+from the diagonals of its inputs instead. And the block prefix sums take `blocks` extra matmul
+columns, not one more for the always-empty first prefix (72 columns rather than 73 at n=512).
 """
 
 import functools
@@ -53,12 +60,14 @@ def _static_int(value):
 
 
 def _prefix_block_size(kv_len: int) -> int:
-  """Keys per block of the blocked prefix sums: ~2·sqrt(kv_len), a power of two.
+  """Keys per block of the blocked prefix sums: sqrt(kv_len) rounded up to a power of two.
 
-  Each block adds a column to a matmul and each key of a block a gathered diagonal; this
-  balances the two as measured on CPU (benchmarks/attention.py).
+  Each block adds a column to a matmul and each key of a block a gathered diagonal. At
+  n = 512, k = 16 (25 interleaved rounds on CPU), blocks of 32 gave Shaw fwd+bwd 1.18x
+  vanilla against 1.27x for 64 and 1.20x for 16; at n = 128 and 2048 this choice was as
+  fast as or faster than twice the block.
   """
-  return 2 * 2 ** math.ceil(math.log2(max(1.0, math.sqrt(kv_len))))
+  return 2 ** math.ceil(math.log2(max(1.0, math.sqrt(kv_len))))
 
 
 class _Band:
@@ -89,40 +98,51 @@ class _Band:
     self.buckets = jnp.clip(distance, -k, k) + k  # [Q, K]
     self.block = _prefix_block_size(kv_len)
     self.blocks = -(-kv_len // self.block)
-    self.boundary = jnp.arange(self.blocks + 1, dtype=jnp.int32) * self.block  # [n + 1]
+    self.boundary = jnp.arange(1, self.blocks + 1, dtype=jnp.int32) * self.block  # [n]
+    # What `diagonals` reads: distances -k-block+1 .. k from each query, i.e. the partial block
+    # left of the band, then the band |j - pos_i| < k and one more.
+    window_distance = jnp.arange(self.block + 2 * k, dtype=jnp.int32) - k - self.block + 1
+    self.window_buckets = jnp.clip(window_distance, -k, k) + k  # [W]
+    self.window_key = self.query_position + window_distance[None, :]  # [Q, W]
 
   def key_block_indicator(self, dtype):
-    """C[j, n] = [j < n·block]: [kv_len, blocks + 1]; `p @ C` gives block prefix sums."""
+    """C[j, n] = [j < (n + 1)·block]: [kv_len, blocks]; `p @ C` gives block prefix sums, the
+    last column the row total."""
     return (jnp.arange(self.kv_len)[:, None] < self.boundary[None, :]).astype(dtype)
 
   def to_keys(self, x_BHQR):
     """`out[i, j] = x[i, clip(j - pos_i, -k, k) + k]`: [.., q_len, kv_len]."""
     return x_BHQR[..., jnp.arange(self.q_len)[:, None], self.buckets]
 
-  def _diagonals(self, p_BHQK, first_distance, width):
-    """`out[i, c] = p[i, pos_i + first_distance + c]`, 0 where that key does not exist."""
-    key = self.query_position + first_distance + jnp.arange(width, dtype=jnp.int32)[None, :]
-    exists = (key >= 0) & (key < self.kv_len)
-    gathered = p_BHQK[..., jnp.arange(self.q_len)[:, None], jnp.clip(key, 0, self.kv_len - 1)]
-    return jnp.where(exists, gathered, 0.0), key
+  def diagonals(self, x_BHQK):
+    """`out[i, c] = x[i, window_key[i, c]]`, 0 where that key does not exist: [.., q_len, W],
+    W = block + 2k, what `to_rows` reads of per-key values."""
+    key = self.window_key
+    gathered = x_BHQK[..., jnp.arange(self.q_len)[:, None], jnp.clip(key, 0, self.kv_len - 1)]
+    return jnp.where((key >= 0) & (key < self.kv_len), gathered, 0.0)
 
-  def to_rows(self, p_BHQK, block_prefix_BHQN):
+  def window_rows(self, x_BHQR):
+    """Per-row values [.., q_len, 2k+1] laid out like `diagonals`, [.., q_len, W]: the bucket
+    of a diagonal does not depend on the row, so this is a static gather on the last axis."""
+    return x_BHQR[..., self.window_buckets]
+
+  def to_rows(self, diagonals_BHQW, block_prefix_BHQN):
     """`out[i, r] = Σ_{j: clip(j - pos_i, -k, k) + k = r} p[i, j]`: [.., q_len, 2k+1].
 
     Args:
-      p_BHQK: [.., q_len, kv_len] per-key values.
-      block_prefix_BHQN: [.., q_len, blocks + 1], `p @ key_block_indicator()`.
+      diagonals_BHQW: [.., q_len, W], `diagonals(p)` of per-key values p.
+      block_prefix_BHQN: [.., q_len, blocks], `p @ key_block_indicator()`.
     """
     k, block = self.max_distance, self.block
-    # Diagonals j - pos_i = -k-block+1 .. k: the partial block left of the band, then the band.
-    diagonals, key = self._diagonals(p_BHQK, -k - block + 1, block + 2 * k)
     row = jnp.arange(self.rows)
-    band = jnp.where((row > 0) & (row < 2 * k), diagonals[..., block - 1 :], 0.0)
+    band = jnp.where((row > 0) & (row < 2 * k), diagonals_BHQW[..., block - 1 :], 0.0)
     # Left edge Σ_{j <= pos_i - k} p_ij = whole blocks before the boundary + the partial block.
     last_left = self.query_position - k  # [Q, 1]
     full_blocks_end = jnp.clip((last_left + 1) // block, 0, self.blocks) * block
     whole = jnp.where(self.boundary == full_blocks_end, block_prefix_BHQN, 0.0)
-    partial = jnp.where(key[:, :block] >= full_blocks_end, diagonals[..., :block], 0.0)
+    partial = jnp.where(
+      self.window_key[:, :block] >= full_blocks_end, diagonals_BHQW[..., :block], 0.0
+    )
     left = jnp.sum(whole, axis=-1, keepdims=True) + jnp.sum(partial, axis=-1, keepdims=True)
     # Right edge: the rest of the row (for k = 0, rows 0 and 2k coincide and get the total).
     right = block_prefix_BHQN[..., -1:] - left - jnp.sum(band, axis=-1, keepdims=True)
@@ -137,18 +157,21 @@ def _dot(subscripts, a, b):
 
 
 def _dot_with_block_prefix(p_BHQK, values_BKHD, band):
-  """`Σ_j p_ij values_j` [B, Q, H, D] and block prefix sums of p [B, H, Q, blocks+1], one matmul."""
+  """`Σ_j p_ij values_j` [B, Q, H, D] and block prefix sums of p [B, H, Q, blocks], one matmul.
+
+  The matmul is laid out [B, H, Q, D + blocks] (as its operand p), then the first D columns
+  are transposed: an output in [B, Q, H, ..] order measured ~1.6x slower for the matmul alone.
+  """
   batch, kv_len, heads, head_dim = values_BKHD.shape
   indicator = band.key_block_indicator(values_BKHD.dtype)
-  indicator = jnp.broadcast_to(
-    indicator[None, :, None, :], (batch, kv_len, heads, indicator.shape[-1])
-  )
+  indicator = jnp.broadcast_to(indicator, (batch, heads, kv_len, indicator.shape[-1]))
+  values_BHKD = jnp.transpose(values_BKHD, (0, 2, 1, 3))
   both = _dot(
-    'bhqk,bkhd->bqhd',
+    'bhqk,bhkd->bhqd',
     p_BHQK.astype(values_BKHD.dtype),
-    jnp.concatenate([values_BKHD, indicator], axis=-1),
+    jnp.concatenate([values_BHKD, indicator], axis=-1),
   )
-  return both[..., :head_dim], jnp.transpose(both[..., head_dim:], (0, 2, 1, 3))
+  return jnp.transpose(both[..., :head_dim], (0, 2, 1, 3)), both[..., head_dim:]
 
 
 def _max_distance(rel_key, rel_value) -> int:
@@ -184,7 +207,7 @@ def _shaw_forward(
   if rel_value is None:
     return attend(dropped, value), probs, None
   output, block_prefix = _dot_with_block_prefix(dropped, value, band)
-  prob_rows = band.to_rows(dropped, block_prefix)
+  prob_rows = band.to_rows(band.diagonals(dropped), block_prefix)
   return output + _dot('bhqr,rd->bqhd', prob_rows, rel_value), probs, prob_rows
 
 
@@ -237,23 +260,42 @@ def _shaw_bwd(static_offset, dropout_rate, residuals, d_output):
   # z_i = Σ_j p'_ij (v_j + a^V_ij)  =>  dp'_ij = do_i·v_j + do_i·a^V_ij
   d_value = _dot('bhqk,bqhd->bkhd', dropped.astype(value.dtype), d_output)
   d_probs = _dot('bqhd,bkhd->bhqk', d_output, value)
-  d_rel_value = None
+  d_rel_value = d_probs_rows = None
   if rel_value is not None:
     d_rel_value = _dot('bhqr,bqhd->rd', prob_rows, d_output.astype(acc))
-    d_probs += band.to_keys(_dot('bqhd,rd->bhqr', d_output, rel_value))
-  if keep is not None:
-    d_probs = drop(d_probs, keep, dropout_rate)  # dp_ij = dp'_ij keep_ij / (1 - rate)
-  # softmax: ds_ij = p_ij (dp_ij - Σ_j' p_ij' dp_ij'), and Σ_j p_ij dp_ij = Σ_j p'_ij dp'_ij
-  # = do_i·z_i.
+    d_probs_rows = _dot('bqhd,rd->bhqr', d_output, rel_value)
+
+  def logit_grads(probs, d_probs, rel_d_probs, keep):
+    """ds from p and dp' (content part, + the a^V part spread from per-row values).
+
+    softmax: ds_ij = p_ij (dp_ij - Σ_j' p_ij' dp_ij'), where dp_ij = dp'_ij keep_ij / (1 - rate)
+    and Σ_j p_ij dp_ij = Σ_j p'_ij dp'_ij = do_i·z_i.
+    """
+    if rel_d_probs is not None:
+      d_probs = d_probs + rel_d_probs
+    if keep is not None:
+      d_probs = drop(d_probs, keep, dropout_rate)
+    return (probs * (d_probs - row_dot[..., None]) * scale).astype(query.dtype)
+
   row_dot = jnp.einsum('bqhd,bqhd->bhq', d_output.astype(acc), output)
-  d_logits = (probs * (d_probs - row_dot[..., None]) * scale).astype(query.dtype)
+  d_logits = logit_grads(
+    probs, d_probs, None if d_probs_rows is None else band.to_keys(d_probs_rows), keep
+  )
   d_key = _dot('bhqk,bqhd->bkhd', d_logits, query)
   d_rel_key = None
   if rel_key is None:
     d_query = _dot('bhqk,bkhd->bqhd', d_logits, key)
   else:
     d_query, block_prefix = _dot_with_block_prefix(d_logits, key, band)
-    logit_rows = band.to_rows(d_logits, block_prefix)
+    # ds on the band's diagonals, from the diagonals of its inputs: reading them from ds
+    # itself made XLA recompute ds there and so materialise the spread a^V term.
+    d_logits_diagonals = logit_grads(
+      band.diagonals(probs),
+      band.diagonals(d_probs),
+      None if d_probs_rows is None else band.window_rows(d_probs_rows),
+      None if keep is None else band.diagonals(keep),
+    )
+    logit_rows = band.to_rows(d_logits_diagonals, block_prefix)
     d_query += _dot('bhqr,rd->bqhd', logit_rows, rel_key.astype(acc))
     d_rel_key = _dot('bhqr,bqhd->rd', logit_rows, query.astype(acc))
   cast = lambda grad, like: None if grad is None else grad.astype(like.dtype)  # noqa: E731
