@@ -1,4 +1,5 @@
-"""Shared random inputs, masks, tolerances and a materialised JAX Transformer-XL for the tests."""
+"""Shared random inputs, masks, tolerances, a materialised JAX Transformer-XL, and a tiny
+character-LM setup for the tests that launch train.py."""
 
 from __future__ import annotations
 
@@ -197,3 +198,16 @@ def grads(name, cotangent, *args, mask=None, query_offset=None):
     return jnp.sum(_call(name, xs, mask, query_offset) * cotangent)
 
   return jax.grad(loss, argnums=tuple(range(len(args))))(*args)
+
+
+# The smallest character LM the launcher tests train: its train.py flags and a corpus to read.
+TINY_CHAR_LM = dict(n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32, tgt_len=8, mem_len=8)
+TINY_CHAR_LM_FLAGS = [f'--config.model.{name}={value}' for name, value in TINY_CHAR_LM.items()]
+
+
+def write_word_corpus(path, *, words=6000, seed=0):
+  """Writes `words` random words of a small vocabulary (with newlines) to `path`."""
+  rng = np.random.default_rng(seed)
+  vocabulary = ['the ', 'cat ', 'sat ', 'on ', 'a ', 'mat.\n', 'dog ', 'ran ']
+  path.write_text(''.join(rng.choice(vocabulary, size=words)))
+  return path

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import TINY_CHAR_LM_FLAGS, write_word_corpus
 
 from relpos.training import mesh as mesh_lib
 
@@ -220,19 +221,11 @@ def _assert_identical(params):
 
 
 def test_two_processes_train_the_char_lm_in_sync_and_stop_together(tmp_path):
-  rng = np.random.default_rng(0)
-  text = tmp_path / 'corpus.txt'
-  text.write_text(''.join(rng.choice(['the ', 'cat ', 'sat ', 'on ', 'a ', 'mat.\n'], 6000)))
+  text = write_word_corpus(tmp_path / 'corpus.txt')
   args = [
     '--config=configs/char_tiny.py',
     f'--config.data.path={text}',
-    '--config.model.n_layer=1',
-    '--config.model.d_model=16',
-    '--config.model.n_head=2',
-    '--config.model.d_head=8',
-    '--config.model.d_inner=32',
-    '--config.model.tgt_len=8',
-    '--config.model.mem_len=8',
+    *TINY_CHAR_LM_FLAGS,
     '--config.train.steps=120',
     '--config.train.batch_size=4',
     '--config.train.log_every=1',

@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
+from helpers import TINY_CHAR_LM, TINY_CHAR_LM_FLAGS, write_word_corpus
 
 from configs import char_tiny
 from relpos.training import char_lm
@@ -19,23 +19,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope='module')
 def text_file(tmp_path_factory):
-  rng = np.random.default_rng(0)
-  words = ['the ', 'cat ', 'sat ', 'on ', 'a ', 'mat.\n', 'dog ', 'ran ']
-  path = tmp_path_factory.mktemp('text') / 'corpus.txt'
-  path.write_text(''.join(rng.choice(words, size=6000)))
-  return path
+  return write_word_corpus(tmp_path_factory.mktemp('text') / 'corpus.txt')
 
 
 def _overrides(text_file, *, steps, checkpoint_every):
   return [
     f'--config.data.path={text_file}',
-    '--config.model.n_layer=1',
-    '--config.model.d_model=16',
-    '--config.model.n_head=2',
-    '--config.model.d_head=8',
-    '--config.model.d_inner=32',
-    '--config.model.tgt_len=8',
-    '--config.model.mem_len=8',
+    *TINY_CHAR_LM_FLAGS,
     f'--config.train.steps={steps}',
     '--config.train.batch_size=2',
     '--config.train.log_every=1',
@@ -132,7 +122,7 @@ def _damage(checkpoint_dir: Path):
 def _config(text_file, steps):
   config = char_tiny.get_config()
   config.data.path = str(text_file)
-  config.model.update(n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32, tgt_len=8, mem_len=8)
+  config.model.update(TINY_CHAR_LM)
   config.train.update(batch_size=2, steps=steps, log_every=1, eval_every=0, checkpoint_every=2)
   config.eval.batch_size = 2
   return config

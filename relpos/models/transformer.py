@@ -36,6 +36,7 @@ Decoder self-attention is causal and also masks target PAD keys. The decoding ca
 which positions held PAD, so cached decoding masks exactly the same keys.
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -44,12 +45,12 @@ import ml_collections
 from flax import nnx
 
 from relpos import attention
+from relpos.models import layers
 
 PAD_ID = 0  # matches relpos.data.tokenizer.PAD_ID (EOS_ID = 1, BOS_ID = 2 there)
 POSITION_MODES = ('absolute', 'learned', 'shaw', 'shaw_absolute', 'none')
 _RELATIVE_MODES = ('shaw', 'shaw_absolute')
 _BOUNDED_MODES = ('absolute', 'learned', 'shaw_absolute')  # embed absolute positions
-_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 _DENSE_INIT = nnx.initializers.xavier_uniform()
 _LAYER_NORM_EPSILON = 1e-6  # tensor2tensor's
 
@@ -75,8 +76,7 @@ def check_config(config):
     raise ValueError(
       f'config.model.position must be one of {POSITION_MODES}, got {config.position!r}'
     )
-  if config.dtype not in _DTYPES:
-    raise ValueError(f'config.model.dtype must be one of {tuple(_DTYPES)}, got {config.dtype!r}')
+  layers.check_dtype(config)
   if config.num_heads < 1 or config.d_model % config.num_heads:
     raise ValueError(
       f'config.model.d_model={config.d_model} must be a multiple of '
@@ -104,23 +104,8 @@ def check_config(config):
       )
 
 
-def _linear(in_features, out_features, config, rngs, *, use_bias=True):
-  """nnx.Linear in the compute dtype (float32 params), Glorot-uniform kernel, zero bias."""
-  return nnx.Linear(
-    in_features,
-    out_features,
-    use_bias=use_bias,
-    dtype=_DTYPES[config.dtype],
-    kernel_init=_DENSE_INIT,
-    rngs=rngs,
-  )
-
-
-def _layer_norm(config, rngs):
-  """LayerNorm over d_model in the compute dtype, with tensor2tensor's epsilon."""
-  return nnx.LayerNorm(
-    config.d_model, epsilon=_LAYER_NORM_EPSILON, dtype=_DTYPES[config.dtype], rngs=rngs
-  )
+_linear = functools.partial(layers.linear, kernel_init=_DENSE_INIT)
+_layer_norm = functools.partial(layers.layer_norm, epsilon=_LAYER_NORM_EPSILON)
 
 
 def _relative_table(config, rngs):
@@ -140,7 +125,7 @@ class Attention(nnx.Module):
   def __init__(self, config: ml_collections.ConfigDict, *, relative: bool, rngs: nnx.Rngs):
     self.num_heads = config.num_heads
     self.head_dim = config.d_model // config.num_heads
-    self.dtype = _DTYPES[config.dtype]
+    self.dtype = layers.compute_dtype(config)
     d_model = config.d_model
     self.query = _linear(d_model, d_model, config, rngs, use_bias=False)
     self.key = _linear(d_model, d_model, config, rngs, use_bias=False)
@@ -326,7 +311,7 @@ class Transformer(nnx.Module):
     self.position = config.position
     self.d_model, self.max_len = config.d_model, config.max_len
     self.num_heads, self.head_dim = config.num_heads, config.d_model // config.num_heads
-    self.dtype = _DTYPES[config.dtype]
+    self.dtype = layers.compute_dtype(config)
     embedding_init = nnx.initializers.normal(config.d_model**-0.5)
     self.embed = nnx.Embed(
       config.vocab_size, config.d_model, dtype=self.dtype, embedding_init=embedding_init, rngs=rngs

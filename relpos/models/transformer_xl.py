@@ -25,6 +25,7 @@ Memory has a fixed shape for `jit`: `mem_len` slots per layer of which the trail
 `Memory.length` are valid; invalid slots are masked out of the attention.
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -33,9 +34,9 @@ import ml_collections
 from flax import nnx
 
 from relpos import attention
+from relpos.models import layers
 
 ATTENTION_MODES = ('xl', 'shaw', 'absolute', 'none')
-_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 _INIT = nnx.initializers.normal(0.02)  # the original's `init_std` for weights and embeddings
 _LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default
 
@@ -89,23 +90,8 @@ def attention_mask(q_len: int, mem_len: int, length, *, same_length: bool) -> ja
   return mask_QK
 
 
-def _linear(in_features, out_features, config, rngs, *, use_bias=True):
-  """nnx.Linear in the compute dtype (float32 params) with the original's N(0, 0.02) init."""
-  return nnx.Linear(
-    in_features,
-    out_features,
-    use_bias=use_bias,
-    dtype=_DTYPES[config.dtype],
-    kernel_init=_INIT,
-    rngs=rngs,
-  )
-
-
-def _layer_norm(config, rngs):
-  """LayerNorm over d_model in the compute dtype, with torch's epsilon."""
-  return nnx.LayerNorm(
-    config.d_model, epsilon=_LAYER_NORM_EPSILON, dtype=_DTYPES[config.dtype], rngs=rngs
-  )
+_linear = functools.partial(layers.linear, kernel_init=_INIT)
+_layer_norm = functools.partial(layers.layer_norm, epsilon=_LAYER_NORM_EPSILON)
 
 
 def check_config(config):
@@ -114,8 +100,7 @@ def check_config(config):
     raise ValueError(
       f'config.model.attention must be one of {ATTENTION_MODES}, got {config.attention!r}'
     )
-  if config.dtype not in _DTYPES:
-    raise ValueError(f'config.model.dtype must be one of {tuple(_DTYPES)}, got {config.dtype!r}')
+  layers.check_dtype(config)
   if not 0 <= config.dropatt < 1:
     raise ValueError(f'config.model.dropatt must be in [0, 1), got {config.dropatt}')
   if config.attention in ('xl', 'absolute') and config.d_model % 2:
@@ -137,7 +122,7 @@ class MemoryAttention(nnx.Module):
     self.mode = config.attention
     self.n_head, self.d_head = config.n_head, config.d_head
     self.pre_lnorm = config.pre_lnorm
-    self.dtype = _DTYPES[config.dtype]
+    self.dtype = layers.compute_dtype(config)
     width = config.n_head * config.d_head
     self.query = _linear(config.d_model, width, config, rngs, use_bias=False)
     self.key = _linear(config.d_model, width, config, rngs, use_bias=False)
@@ -255,7 +240,7 @@ class TransformerXL(nnx.Module):
     self.clamp_len = config.clamp_len if config.clamp_len > 0 else None
     self.same_length = config.same_length
     self.untie_r = config.untie_r
-    self.dtype = _DTYPES[config.dtype]
+    self.dtype = layers.compute_dtype(config)
     self.embed = nnx.Embed(
       config.vocab_size, config.d_model, dtype=self.dtype, embedding_init=_INIT, rngs=rngs
     )
