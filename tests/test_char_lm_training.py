@@ -66,6 +66,17 @@ def test_train_then_evaluate_writes_results(text_file, tmp_path):
   # eval.py path: the same checkpoint gives the same number.
   again = char_lm.evaluate(_config(text_file, steps=8), workdir)
   assert again['bpc'] == pytest.approx(result['bpc'], rel=1e-6)
+  # Evaluating with another model or vocabulary than the checkpoint's is an error naming the
+  # fix, and the checkpoints stay where they are.
+  other_model = _config(text_file, steps=8)
+  other_model.model.n_layer = 3
+  with pytest.raises(ValueError, match=r'no readable checkpoint .*use its original config'):
+    char_lm.evaluate(other_model, workdir)
+  other_vocab = _config(text_file, steps=8)
+  other_vocab.data.vocab = 'original'
+  with pytest.raises(ValueError, match=r'vocab\.json was written for other data'):
+    char_lm.evaluate(other_vocab, workdir)
+  assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['4', '8']
 
 
 def test_resume_continues_the_same_loss_trajectory(text_file, tmp_path):

@@ -111,6 +111,16 @@ def test_checkpoint_averaging_uses_the_last_checkpoints(corpus, tmp_path):
   config.eval.step = 5
   with pytest.raises(FileNotFoundError, match='config.eval.step=5'):
     translate.evaluate(config, workdir)
+  # Another vocabulary or model than the run's: an error that names the fix.
+  config.eval.step = 0
+  config.data.vocab_size = 41
+  with pytest.raises(ValueError, match=r'has 40 pieces but config\.data\.vocab_size is 41'):
+    translate.evaluate(config, workdir)
+  config.data.vocab_size = 40
+  config.model.d_ff = 32
+  with pytest.raises(ValueError, match=r'no readable checkpoint .*use its original config'):
+    translate.evaluate(config, workdir)
+  assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['4', '8']
 
 
 def test_evaluate_without_checkpoint_says_so(corpus, tmp_path):

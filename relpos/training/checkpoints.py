@@ -65,7 +65,8 @@ class Checkpoints:
       try:
         found = (step, *self.restore(step, like))
       except Exception as error:  # noqa: BLE001 (orbax raises many kinds; each is reported)
-        failures.append(f'step {step}: {type(error).__name__}: {str(error)[:300]}')
+        first_line = (str(error).strip().splitlines() or [''])[0][:200]
+        failures.append(f'step {step}: {type(error).__name__}: {first_line}')
         unreadable.append(step)
         logging.warning('checkpoint %s is unreadable, trying an older one: %s', step, error)
         print(
