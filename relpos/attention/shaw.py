@@ -12,12 +12,12 @@ writes the backward pass from the same dense pieces and saves only the probabili
 memory stays close to vanilla attention. With attention dropout it also saves the rng and
 regenerates the keep mask in the backward pass.
 
-Two choices matter for speed on XLA:CPU (benchmarks/attention.py). The logit gradient ds is
+What matters for speed on XLA:CPU (benchmarks/attention.py, README): the logit gradient ds is
 needed on the band's diagonals as well as whole; gathering the diagonals from ds made XLA
 recompute ds inside the gather and therefore materialise the spread a^V term, a [Q·K, B, H]
 array read back transposed (+40% of a vanilla fwd+bwd). So the diagonals of ds are computed
-from the diagonals of its inputs instead. And the block prefix sums take `blocks` extra matmul
-columns, not one more for the always-empty first prefix (72 columns rather than 73 at n=512).
+from the diagonals of its inputs instead. The block prefix sums take `blocks` extra matmul
+columns (no column for the always-empty first prefix), in a [B, H, Q, ·] output.
 """
 
 import functools
