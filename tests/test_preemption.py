@@ -13,6 +13,7 @@ from helpers import TINY_CHAR_LM, TINY_CHAR_LM_FLAGS, write_word_corpus
 
 from configs import char_tiny
 from relpos.training import char_lm
+from relpos.training.preemption import PreemptedError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -149,3 +150,20 @@ def test_no_readable_checkpoint_is_an_error_not_a_fresh_start(text_file, tmp_pat
   _damage(workdir / 'checkpoints' / '2')
   with pytest.raises(ValueError, match='no readable checkpoint'):
     char_lm.train_and_evaluate(config, workdir)
+
+
+def test_sigterm_during_setup_stops_after_the_first_step(text_file, tmp_path, monkeypatch):
+  build = char_lm._build
+
+  def build_then_sigterm(*args, **kwargs):
+    built = build(*args, **kwargs)
+    # Without a handler, SIGTERM would kill the test session itself: fail instead.
+    assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None), 'no SIGTERM handler'
+    os.kill(os.getpid(), signal.SIGTERM)  # as if the notice came while compiling
+    return built
+
+  monkeypatch.setattr(char_lm, '_build', build_then_sigterm)
+  workdir = tmp_path / 'run'
+  with pytest.raises(PreemptedError, match=r'SIGTERM at step 1 '):
+    char_lm.train_and_evaluate(_config(text_file, 6), workdir)
+  assert [p.name for p in (workdir / 'checkpoints').iterdir()] == ['1']

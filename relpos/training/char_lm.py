@@ -164,6 +164,16 @@ def train_and_evaluate(
   config: ml_collections.ConfigDict, workdir, *, allow_config_change: bool = False
 ) -> dict:
   """Trains for config.train.steps (resuming from the latest checkpoint), then evaluates."""
+  # From the start, so that a SIGTERM during setup (reading data, compiling) stops the run
+  # after its first step, with a checkpoint, instead of killing this process (and stranding the
+  # others of a multi-process run at their next collective).
+  with PreemptionSignal() as preemption:
+    _train(config, workdir, preemption, allow_config_change=allow_config_change)
+  return evaluate(config, workdir)
+
+
+def _train(config, workdir, preemption: PreemptionSignal, *, allow_config_change: bool):
+  """The training loop of `train_and_evaluate`; `preemption` is the active SIGTERM flag."""
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   train = config.train
@@ -211,48 +221,46 @@ def train_and_evaluate(
     print(f'step {step}: valid bpc {result["bpc"]:.4f} ({result["tokens"]} chars)', flush=True)
 
   step = start_step
-  with PreemptionSignal() as preemption:
-    for step, inputs, targets, new_epoch in batches.training_stream(start_step):
-      if step >= train.steps:
-        break
-      if new_epoch:
-        memory = mesh_lib.distribute(model.init_memory(train.batch_size), memory_sharding(mesh))
-      inputs, targets = mesh_lib.global_batch((inputs, targets), mesh)
-      state, memory, loss = train_step(state, memory, inputs, targets)
-      losses.append(loss)
-      done = step + 1
-      if done % train.log_every == 0 or done == train.steps:
-        mean_loss = float(np.mean(jax.device_get(losses)))
-        tokens = len(losses) * tokens_per_step
-        losses.clear()
-        if not math.isfinite(mean_loss):
-          raise FloatingPointError(
-            f'loss is {mean_loss} at step {done}; the last good checkpoint is kept in '
-            f'{checkpoints.directory}'
-          )
-        tokens_per_second, speed = progress.report(done, tokens)
-        bpc = mean_loss / math.log(2)
-        writer.write(
-          done, {'train/loss': mean_loss, 'train/bpc': bpc, 'train/tok_per_s': tokens_per_second}
+  for step, inputs, targets, new_epoch in batches.training_stream(start_step):
+    if step >= train.steps:
+      break
+    if new_epoch:
+      memory = mesh_lib.distribute(model.init_memory(train.batch_size), memory_sharding(mesh))
+    inputs, targets = mesh_lib.global_batch((inputs, targets), mesh)
+    state, memory, loss = train_step(state, memory, inputs, targets)
+    losses.append(loss)
+    done = step + 1
+    if done % train.log_every == 0 or done == train.steps:
+      mean_loss = float(np.mean(jax.device_get(losses)))
+      tokens = len(losses) * tokens_per_step
+      losses.clear()
+      if not math.isfinite(mean_loss):
+        raise FloatingPointError(
+          f'loss is {mean_loss} at step {done}; the last good checkpoint is kept in '
+          f'{checkpoints.directory}'
         )
-        print(
-          f'step {done}/{train.steps} | loss {mean_loss:.4f} ({bpc:.3f} bpc) | {speed}', flush=True
-        )
-      if train.eval_every and done % train.eval_every == 0 and done < train.steps:
-        validate(done)
-      if train.checkpoint_every and done % train.checkpoint_every == 0:
+      tokens_per_second, speed = progress.report(done, tokens)
+      bpc = mean_loss / math.log(2)
+      writer.write(
+        done, {'train/loss': mean_loss, 'train/bpc': bpc, 'train/tok_per_s': tokens_per_second}
+      )
+      print(
+        f'step {done}/{train.steps} | loss {mean_loss:.4f} ({bpc:.3f} bpc) | {speed}', flush=True
+      )
+    if train.eval_every and done % train.eval_every == 0 and done < train.steps:
+      validate(done)
+    if train.checkpoint_every and done % train.checkpoint_every == 0:
+      save(done)
+    if mesh_lib.any_process(preemption.requested):
+      if checkpoints.latest_step() != done:
         save(done)
-      if mesh_lib.any_process(preemption.requested):
-        if checkpoints.latest_step() != done:
-          save(done)
-        checkpoints.close()
-        writer.close()
-        raise PreemptedError.saved(done, checkpoints.directory / str(done))
+      checkpoints.close()
+      writer.close()
+      raise PreemptedError.saved(done, checkpoints.directory / str(done))
   if step + 1 >= train.steps and checkpoints.latest_step() != train.steps:
     save(train.steps)
   checkpoints.close()
   writer.close()
-  return evaluate(config, workdir)
 
 
 def evaluate(config: ml_collections.ConfigDict, workdir) -> dict:

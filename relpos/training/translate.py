@@ -218,6 +218,16 @@ def train_and_evaluate(
   config: ml_collections.ConfigDict, workdir, *, allow_config_change: bool = False
 ) -> dict:
   """Trains for config.train.steps (resuming from the latest checkpoint), then evaluates."""
+  # From the start, so that a SIGTERM during setup (reading data, compiling) stops the run
+  # after its first step, with a checkpoint, instead of killing this process (and stranding the
+  # others of a multi-process run at their next collective).
+  with PreemptionSignal() as preemption:
+    _train(config, workdir, preemption, allow_config_change=allow_config_change)
+  return evaluate(config, workdir)
+
+
+def _train(config, workdir, preemption: PreemptionSignal, *, allow_config_change: bool):
+  """The training loop of `train_and_evaluate`; `preemption` is the active SIGTERM flag."""
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   mesh = mesh_lib.data_mesh()
@@ -252,47 +262,45 @@ def train_and_evaluate(
     writer.write(step, {'eval/nll': result['nll'], 'eval/perplexity': result['perplexity']})
     print(f'step {step}: eval perplexity {result["perplexity"]:.2f}', flush=True)
 
-  with PreemptionSignal() as preemption:
-    for step in range(start_step, train.steps):
-      epoch, batch = data.train.batch(step)
-      arrays = {name: batch[name] for name in ('src', 'tgt_in', 'tgt_out')}
-      state, step_sums = train_step(state, mesh_lib.global_batch(arrays, mesh))
-      sums.append(step_sums)
-      done = step + 1
-      if done % train.log_every == 0 or done == train.steps:
-        totals = jax.tree.map(lambda *xs: float(np.sum(xs)), *jax.device_get(sums))
-        sums.clear()
-        loss = totals['loss'] / max(totals['tokens'], 1)
-        if not math.isfinite(loss):
-          raise FloatingPointError(
-            f'loss is {loss} at step {done}; the last good checkpoint is kept in '
-            f'{checkpoints.directory}'
-          )
-        tokens_per_second, speed = progress.report(done, int(totals['tokens']))
-        nll = totals['nll'] / max(totals['tokens'], 1)
-        writer.write(
-          done, {'train/loss': loss, 'train/nll': nll, 'train/tok_per_s': tokens_per_second}
+  for step in range(start_step, train.steps):
+    epoch, batch = data.train.batch(step)
+    arrays = {name: batch[name] for name in ('src', 'tgt_in', 'tgt_out')}
+    state, step_sums = train_step(state, mesh_lib.global_batch(arrays, mesh))
+    sums.append(step_sums)
+    done = step + 1
+    if done % train.log_every == 0 or done == train.steps:
+      totals = jax.tree.map(lambda *xs: float(np.sum(xs)), *jax.device_get(sums))
+      sums.clear()
+      loss = totals['loss'] / max(totals['tokens'], 1)
+      if not math.isfinite(loss):
+        raise FloatingPointError(
+          f'loss is {loss} at step {done}; the last good checkpoint is kept in '
+          f'{checkpoints.directory}'
         )
-        print(
-          f'step {done}/{train.steps} (epoch {epoch}) | loss {loss:.4f} | nll {nll:.4f} | '
-          f'{speed} (target tokens)',
-          flush=True,
-        )
-      if train.eval_every and done % train.eval_every == 0 and done < train.steps:
-        validate(done)
-      if train.checkpoint_every and done % train.checkpoint_every == 0:
+      tokens_per_second, speed = progress.report(done, int(totals['tokens']))
+      nll = totals['nll'] / max(totals['tokens'], 1)
+      writer.write(
+        done, {'train/loss': loss, 'train/nll': nll, 'train/tok_per_s': tokens_per_second}
+      )
+      print(
+        f'step {done}/{train.steps} (epoch {epoch}) | loss {loss:.4f} | nll {nll:.4f} | '
+        f'{speed} (target tokens)',
+        flush=True,
+      )
+    if train.eval_every and done % train.eval_every == 0 and done < train.steps:
+      validate(done)
+    if train.checkpoint_every and done % train.checkpoint_every == 0:
+      checkpoints.save(done, _checkpoint_tree(state), {'step': done})
+    if mesh_lib.any_process(preemption.requested):
+      if checkpoints.latest_step() != done:
         checkpoints.save(done, _checkpoint_tree(state), {'step': done})
-      if mesh_lib.any_process(preemption.requested):
-        if checkpoints.latest_step() != done:
-          checkpoints.save(done, _checkpoint_tree(state), {'step': done})
-        checkpoints.close()
-        writer.close()
-        raise PreemptedError.saved(done, checkpoints.directory / str(done))
+      checkpoints.close()
+      writer.close()
+      raise PreemptedError.saved(done, checkpoints.directory / str(done))
   if checkpoints.latest_step() != train.steps:
     checkpoints.save(train.steps, _checkpoint_tree(state), {'step': train.steps})
   checkpoints.close()
   writer.close()
-  return evaluate(config, workdir)
 
 
 def _mean_of_floats(*leaves):
