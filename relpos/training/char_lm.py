@@ -104,25 +104,27 @@ def _restore_latest(checkpoints, state, memory):
   return step, memory._replace(**restored['memory'])
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _segment_nats(graphdef, state, memory, inputs, targets):
+  """(summed nats of one segment, the next memory); compiled once per model structure and
+  segment shape, so periodic validation does not recompile."""
+  logits, memory = nnx.merge(graphdef, state)(inputs, memory, deterministic=True)
+  return jnp.sum(nats_per_token(logits, targets)), memory
+
+
 def bits_per_char(model, tokens, *, batch_size, tgt_len, mem_len, max_segments=0) -> dict:
   """Mean nats / ln 2 over a split, walked in order with memory (the whole split by default).
 
   Returns {'bpc', 'nats', 'tokens'}; `max_segments` > 0 scores only the first segments.
   """
   graphdef, state = nnx.split(model)
-
-  @jax.jit
-  def segment_nats(state, memory, inputs, targets):
-    logits, memory = nnx.merge(graphdef, state)(inputs, memory, deterministic=True)
-    return jnp.sum(nats_per_token(logits, targets)), memory
-
   batches = OrderedBatches(tokens, batch_size, tgt_len)
   memory = model.init_memory(batch_size, mem_len=mem_len)
   total_nats, total_tokens = 0.0, 0
   for segment, inputs, targets in batches.iterate():
     if max_segments and segment >= max_segments:
       break
-    nats, memory = segment_nats(state, memory, jnp.asarray(inputs), jnp.asarray(targets))
+    nats, memory = _segment_nats(graphdef, state, memory, jnp.asarray(inputs), jnp.asarray(targets))
     total_nats += float(nats)
     total_tokens += targets.size
   return {
