@@ -33,7 +33,7 @@ from relpos.training import mesh as mesh_lib
 from relpos.training.checkpoints import Checkpoints
 from relpos.training.metrics import MetricWriter
 from relpos.training.optim import make_optimizer
-from relpos.training.preemption import PreemptedError, PreemptionSignal
+from relpos.training.preemption import PreemptedError, PreemptionSignal, train_then_evaluate
 from relpos.training.progress import Progress
 from relpos.training.run_config import record_config
 
@@ -218,12 +218,9 @@ def train_and_evaluate(
   config: ml_collections.ConfigDict, workdir, *, allow_config_change: bool = False
 ) -> dict:
   """Trains for config.train.steps (resuming from the latest checkpoint), then evaluates."""
-  # From the start, so that a SIGTERM during setup (reading data, compiling) stops the run
-  # after its first step, with a checkpoint, instead of killing this process (and stranding the
-  # others of a multi-process run at their next collective).
-  with PreemptionSignal() as preemption:
-    _train(config, workdir, preemption, allow_config_change=allow_config_change)
-  return evaluate(config, workdir)
+  return train_then_evaluate(
+    _train, evaluate, config, workdir, allow_config_change=allow_config_change
+  )
 
 
 def _train(config, workdir, preemption: PreemptionSignal, *, allow_config_change: bool):
