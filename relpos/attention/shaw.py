@@ -115,11 +115,11 @@ class _Band:
     return x_BHQR[..., jnp.arange(self.q_len)[:, None], self.buckets]
 
   def diagonals(self, x_BHQK):
-    """`out[i, c] = x[i, window_key[i, c]]`, 0 where that key does not exist: [.., q_len, W],
-    W = block + 2k, what `to_rows` reads of per-key values."""
+    """`out[i, c] = x[i, window_key[i, c]]`, 0 (False) where that key does not exist:
+    [.., q_len, W] in x's dtype, W = block + 2k, what `to_rows` reads of per-key values."""
     key = self.window_key
     gathered = x_BHQK[..., jnp.arange(self.q_len)[:, None], jnp.clip(key, 0, self.kv_len - 1)]
-    return jnp.where((key >= 0) & (key < self.kv_len), gathered, 0.0)
+    return jnp.where((key >= 0) & (key < self.kv_len), gathered, jnp.zeros((), x_BHQK.dtype))
 
   def window_rows(self, x_BHQR):
     """Per-row values [.., q_len, 2k+1] laid out like `diagonals`, [.., q_len, W]: the bucket
