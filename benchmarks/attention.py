@@ -8,7 +8,6 @@ table reports ratios to vanilla attention of the same size, so it compares kerne
 machines. Temp memory is XLA's `memory_analysis().temp_size_in_bytes` of the compiled function.
 """
 
-import sys
 from pathlib import Path
 
 import jax
@@ -16,13 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app
 from ml_collections import config_flags
+from timing import compiled_temp_bytes, interleaved_median_seconds
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from timing import compiled_temp_bytes, interleaved_median_seconds  # noqa: E402
-
-from relpos import attention  # noqa: E402
+from relpos import attention
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config',

@@ -25,12 +25,10 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from relpos.data.tokenizer import PAD_ID  # noqa: E402
-from relpos.data.translation import load_translation_data  # noqa: E402
-from relpos.training import char_lm, translate  # noqa: E402
-from relpos.training import mesh as mesh_lib  # noqa: E402
+from relpos.constants import PAD_ID
+from relpos.data.translation import load_translation_data
+from relpos.training import char_lm, translate
+from relpos.training import mesh as mesh_lib
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A char_lm or translate config.')
 _COUNTS = flags.DEFINE_list('device_counts', '1,2,4', 'Numbers of forced host devices.')
@@ -53,18 +51,16 @@ def _median_seconds(call, steps: int) -> tuple[float, float]:
 
 
 def _time_char_lm(config, mesh) -> dict:
-  _, graphdef, state, memory = char_lm._build(config, 256, mesh, for_eval=False)
-  train_step = char_lm.train_step_fn(graphdef, mesh)
-  rows, length = config.train.batch_size, config.model.tgt_len
+  _, graphdef, state = char_lm.build(config, 256, mesh)
+  train_step = char_lm.train_step_fn(config, graphdef, mesh)
+  rows, length = config.train.batch_size, config.train.tgt_len
   tokens = np.random.default_rng(0).integers(0, 256, (rows, length + 1)).astype(np.int32)
   batch = mesh_lib.global_batch((tokens[:, :-1], tokens[:, 1:]), mesh)
-  carried = {'state': state, 'memory': memory}
+  carried = {'state': state}
 
   def call():
-    carried['state'], carried['memory'], loss = train_step(
-      carried['state'], carried['memory'], *batch
-    )
-    return loss
+    carried['state'], sums = train_step(carried['state'], batch)
+    return sums['loss'] / sums['tokens']
 
   seconds, loss = _median_seconds(call, _STEPS.value)
   return {'seconds': seconds, 'tokens': rows * length, 'rows': rows, 'loss': loss}
@@ -77,8 +73,8 @@ def _time_translate(config, mesh, row_multiple: int) -> dict:
   tokens = sum(int(np.sum(batch['tgt_out'] != PAD_ID)) for batch in batches)
   names = ('src', 'tgt_in', 'tgt_out')
   batches = [mesh_lib.global_batch({n: b[n] for n in names}, mesh) for b in batches]
-  graphdef, state = translate._build(config, data.tokenizer.vocab_size, mesh)
-  train_step = translate.train_step_fn(graphdef, config.optim.label_smoothing, mesh)
+  graphdef, state = translate.build(config, data.tokenizer.vocab_size, mesh)
+  train_step = translate.train_step_fn(config, graphdef, mesh)
   carried = {'state': state}
 
   def call():  # one pass over the batches

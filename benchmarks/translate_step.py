@@ -10,7 +10,6 @@ builds the config's model once per position mode, and times a pass of the jitted
 Prints ms per batch, target tokens/s and the ratio to 'absolute' (Shaw et al.: 7% slower).
 """
 
-import sys
 import tempfile
 from pathlib import Path
 
@@ -18,16 +17,12 @@ import jax.numpy as jnp
 import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
+from timing import interleaved_median_seconds
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from timing import interleaved_median_seconds  # noqa: E402
-
-from relpos.data.tokenizer import PAD_ID  # noqa: E402
-from relpos.data.translation import load_translation_data  # noqa: E402
-from relpos.training import translate  # noqa: E402
-from relpos.training.mesh import data_mesh  # noqa: E402
+from relpos.constants import PAD_ID
+from relpos.data.translation import load_translation_data
+from relpos.training import translate
+from relpos.training.mesh import data_mesh
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A translation config.')
 _BATCHES = flags.DEFINE_integer('batches', 12, 'Training batches per timed pass.')
@@ -43,8 +38,8 @@ def pass_call(config, position, vocab_size, batches):
   variant = ml_collections.ConfigDict(config.to_dict())
   variant.model.position = position
   mesh = data_mesh()
-  graphdef, state = translate._build(variant, vocab_size, mesh)
-  train_step = translate.train_step_fn(graphdef, variant.optim.label_smoothing, mesh)
+  graphdef, state = translate.build(variant, vocab_size, mesh)
+  train_step = translate.train_step_fn(variant, graphdef, mesh)
   carried = {'state': state}
 
   def call():

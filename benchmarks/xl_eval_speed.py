@@ -4,10 +4,10 @@
     python benchmarks/xl_eval_speed.py --config=configs/xl_eval_speed.py:quick  # L = 128, 256
 
 Dai et al. 2019, section 4 ("evaluation speed"): at attention length L,
-- Transformer-XL (attention='xl', mem_len = L) scores a segment of L tokens per forward call
+- Transformer-XL (position='xl', mem_len = L) scores a segment of L tokens per forward call
   and carries the memory to the next segment;
 - the vanilla model of Al-Rfou et al. 2018 (the same TransformerXL class with
-  attention='absolute' and mem_len = 0: same layers, same parameters up to the position scheme)
+  position='absolute' and mem_len = 0: same layers, same parameters up to the position scheme)
   re-encodes the window of the previous L tokens for every token and keeps only the last
   position's prediction: one forward of length L per token. B sequences share a call, one
   window per sequence.
@@ -18,7 +18,6 @@ is reported as tokens/s. Parameters and tokens are random: speed does not depend
 """
 
 import math
-import sys
 from pathlib import Path
 
 import jax
@@ -27,14 +26,10 @@ import numpy as np
 from absl import app
 from flax import nnx
 from ml_collections import config_flags
+from timing import interleaved_median_seconds
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from timing import interleaved_median_seconds  # noqa: E402
-
-from configs.char_lm_defaults import char_lm_config  # noqa: E402
-from relpos.models.transformer_xl import TransformerXL, nats_per_token  # noqa: E402
+from relpos.config.char_lm import char_lm_config
+from relpos.models.transformer_xl import TransformerXL, TransformerXLConfig, nats_per_token
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config',
@@ -45,25 +40,20 @@ _CONFIG = config_flags.DEFINE_config_file(
 TABLE_HEADER = '| L | XL tokens/s | vanilla tokens/s | speed-up |'
 
 
-def model_config(config, *, attention: str, length: int):
-  """The char-LM model config at the benchmark's size: 'xl' gets mem_len = L, else none."""
+def model_config(config, *, position: str) -> TransformerXLConfig:
+  """The char-LM model at the benchmark's size, with position 'xl' or 'absolute'."""
   model = char_lm_config().model
   model.update(
-    vocab_size=config.vocab_size,
-    n_layer=config.n_layer,
+    num_layers=config.num_layers,
     d_model=config.d_model,
-    n_head=config.n_head,
-    d_head=config.d_head,
-    d_inner=config.d_inner,
+    num_heads=config.num_heads,
+    head_dim=config.head_dim,
+    d_ff=config.d_ff,
     dtype=config.dtype,
     dropout=0.0,
-    attention=attention,
-    tgt_len=length,
-    mem_len=length if attention == 'xl' else 0,
-    clamp_len=-1,
-    same_length=False,
+    position=position,
   )
-  return model
+  return TransformerXLConfig.from_section(model, vocab_size=config.vocab_size)
 
 
 def parameter_count(model) -> int:
@@ -106,11 +96,9 @@ def measure_row(config, length: int) -> dict:
   batch = config.batch
   segments = math.ceil(config.tokens_per_row / length)
   calls = max(config.rounds, segments)
-  xl_model = TransformerXL(
-    model_config(config, attention='xl', length=length), rngs=nnx.Rngs(config.seed)
-  )
+  xl_model = TransformerXL(model_config(config, position='xl'), rngs=nnx.Rngs(config.seed))
   vanilla_model = TransformerXL(
-    model_config(config, attention='absolute', length=length), rngs=nnx.Rngs(config.seed)
+    model_config(config, position='absolute'), rngs=nnx.Rngs(config.seed)
   )
   (xl_step, xl_state), (vanilla_step, vanilla_state) = make_steps(
     xl_model, vanilla_model, length, batch
@@ -120,7 +108,7 @@ def measure_row(config, length: int) -> dict:
   stream = jnp.asarray(
     rng.integers(0, config.vocab_size, (batch, (segments + 1) * length + 1)), jnp.int32
   )
-  empty_memory = xl_model.init_memory(batch)
+  empty_memory = xl_model.init_memory(batch, length)  # Transformer-XL's memory: L
   walk = {'memory': empty_memory, 'segment': 0, 'window': 0}
 
   def xl_call():
@@ -161,9 +149,9 @@ def table_lines(config):
     row = measure_row(config, length)
     if not rows:
       yield (
-        f'device: {jax.devices()[0].device_kind}  model: n_layer={config.n_layer} '
-        f'd_model={config.d_model} n_head={config.n_head} d_head={config.d_head} '
-        f'd_inner={config.d_inner} vocab={config.vocab_size} {config.dtype}  '
+        f'device: {jax.devices()[0].device_kind}  model: num_layers={config.num_layers} '
+        f'd_model={config.d_model} num_heads={config.num_heads} head_dim={config.head_dim} '
+        f'd_ff={config.d_ff} vocab={config.vocab_size} {config.dtype}  '
         f'params: xl {row["xl_params"] / 1e6:.2f}M, vanilla {row["vanilla_params"] / 1e6:.2f}M  '
         f'batch={config.batch}  per L: median of max(rounds={config.rounds}, '
         f'ceil(tokens_per_row={config.tokens_per_row} / L)) interleaved calls of each'

@@ -3,7 +3,7 @@
     python train.py --config=configs/char_tiny.py --workdir=runs/char_tiny
     python eval.py --config=configs/char_tiny.py --workdir=runs/char_tiny   # prints bpc=...
 
-Same model with another position scheme (a fair comparison: only attention changes):
+Same model with another position scheme (a fair comparison: only config.model.position changes):
     python train.py --config=configs/char_tiny.py:shaw --workdir=runs/char_tiny_shaw
     (presets: xl | xl_nomem | shaw | absolute | none)
 Another text file: --config.data.path=/path/to/file.txt (split 90/5/5).
@@ -11,15 +11,16 @@ Another text file: --config.data.path=/path/to/file.txt (split 90/5/5).
 
 from pathlib import Path
 
-from configs.char_lm_defaults import char_lm_config
+from relpos.config.char_lm import char_lm_config
 
 _SAMPLE = Path(__file__).resolve().parent.parent / 'relpos/data/samples/tinyshakespeare.txt'
+# preset -> (config.model.position, config.train.mem_len)
 _PRESETS = {
-  'xl': {'attention': 'xl'},
-  'xl_nomem': {'attention': 'xl', 'mem_len': 0},
-  'shaw': {'attention': 'shaw'},
-  'absolute': {'attention': 'absolute'},
-  'none': {'attention': 'none'},
+  'xl': ('xl', 64),
+  'xl_nomem': ('xl', 0),
+  'shaw': ('shaw', 64),
+  'absolute': ('absolute', 64),
+  'none': ('none', 64),
 }
 
 
@@ -28,21 +29,26 @@ def get_config(preset: str = 'xl'):
     raise ValueError(f'unknown char_tiny preset {preset!r}: use one of {sorted(_PRESETS)}')
   config = char_lm_config()
   config.data.update(kind='text', path=str(_SAMPLE), vocab='bytes')
+  position, mem_len = _PRESETS[preset]
   config.model.update(
-    n_layer=4,
+    position=position,
+    num_layers=4,
     d_model=128,
-    n_head=4,
-    d_head=32,
-    d_inner=512,
+    num_heads=4,
+    head_dim=32,
+    d_ff=512,
     dropout=0.1,
-    tgt_len=64,
-    mem_len=64,
     max_relative_position=16,
   )
-  config.model.update(_PRESETS[preset])
   config.optim.update(learning_rate=1e-3, final_lr=1e-4, warmup_steps=200)
   config.train.update(
-    batch_size=16, steps=3000, log_every=100, eval_every=1000, checkpoint_every=1000
+    batch_size=16,
+    tgt_len=64,
+    mem_len=mem_len,
+    steps=3000,
+    log_every=100,
+    eval_every=1000,
+    checkpoint_every=1000,
   )
   config.eval.update(
     split='test',

@@ -6,22 +6,21 @@
         --config.data.path=/path/to/enwik8.zip   # test bpc, eval tgt/mem/clamp 128/3800/1000
 """
 
-from configs.char_lm_defaults import char_lm_config
+from relpos.config.char_lm import char_lm_config
 
 
 def get_config():
   config = char_lm_config()
   config.model.update(
-    n_layer=24,
+    num_layers=24,
     d_model=1024,
-    n_head=8,
-    d_head=128,
-    d_inner=3072,
+    num_heads=8,
+    head_dim=128,
+    d_ff=3072,
     dropout=0.15,
-    dropatt=0.15,  # as the original run_enwik8_large.sh (base uses 0.0)
-    tgt_len=768,
-    mem_len=768,
+    attention_dropout=0.15,  # as the original run_enwik8_large.sh (base uses 0.0)
   )
+  config.train.update(tgt_len=768, mem_len=768)
   # The original run_enwik8_large.sh: 4000 warmup steps, batch 64 (over 16 TPU cores).
   config.optim.warmup_steps = 4000
   config.train.batch_size = 64

@@ -7,12 +7,14 @@ that has learned its training pairs must score near 100 on them. No dropout, no 
 smoothing, constant learning rate after warmup. Preset = position mode (default shaw).
 """
 
-from configs import translate_tiny
+from pathlib import Path
+
+from relpos.config import load_config_file
 
 
 def get_config(position: str = 'shaw'):
-  config = translate_tiny.get_config(position)
-  toy = translate_tiny.TOY_ENDE
+  config = load_config_file(Path(__file__).with_name('translate_tiny.py'), position)
+  toy = Path(config.data.train_src).parent  # toy-ende
   config.data.update(
     eval_src=str(toy / 'src-train.txt'),
     eval_tgt=str(toy / 'tgt-train.txt'),

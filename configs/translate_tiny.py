@@ -16,15 +16,17 @@ The k sweep of Shaw et al. Table 3:
 
 from pathlib import Path
 
-from configs.translate_defaults import translate_config
+from relpos.config.translate import translate_config
+from relpos.constants import TRANSLATE_POSITIONS
 
 TOY_ENDE = Path(__file__).resolve().parent.parent.parent / 'shared/data/wmt_ende_toy'
-_POSITIONS = ('shaw', 'absolute', 'learned', 'shaw_absolute', 'none')
 
 
 def get_config(position: str = 'shaw'):
-  if position not in _POSITIONS:
-    raise ValueError(f'unknown translate_tiny preset {position!r}: use one of {_POSITIONS}')
+  if position not in TRANSLATE_POSITIONS:
+    raise ValueError(
+      f'unknown translate_tiny preset {position!r}: use one of {TRANSLATE_POSITIONS}'
+    )
   config = translate_config()
   config.data.update(
     kind='text',

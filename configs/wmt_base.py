@@ -11,14 +11,13 @@ on 8 GPUs with about 25k source and 25k target tokens per batch and averaged che
 set config.data.max_tokens to the per-step budget of your hardware.
 """
 
-from configs.translate_defaults import translate_config
-
-_POSITIONS = ('shaw', 'absolute', 'learned', 'shaw_absolute', 'none')
+from relpos.config.translate import translate_config
+from relpos.constants import TRANSLATE_POSITIONS
 
 
 def get_config(position: str = 'shaw'):
-  if position not in _POSITIONS:
-    raise ValueError(f'unknown wmt_base preset {position!r}: use one of {_POSITIONS}')
+  if position not in TRANSLATE_POSITIONS:
+    raise ValueError(f'unknown wmt_base preset {position!r}: use one of {TRANSLATE_POSITIONS}')
   config = translate_config()
   config.model.position = position
   config.eval.average_checkpoints = 5

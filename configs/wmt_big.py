@@ -7,11 +7,13 @@ Presets as configs/wmt_base.py. d_model 1024, 16 heads, FFN 4096, dropout 0.3, 3
 (the paper's big setting); data as configs/wmt_base.py.
 """
 
-from configs import wmt_base
+from pathlib import Path
+
+from relpos.config import load_config_file
 
 
 def get_config(position: str = 'shaw'):
-  config = wmt_base.get_config(position)
+  config = load_config_file(Path(__file__).with_name('wmt_base.py'), position)
   config.model.update(d_model=1024, num_heads=16, d_ff=4096, dropout=0.3)
   config.train.steps = 300_000
   return config

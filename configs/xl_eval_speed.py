@@ -8,8 +8,8 @@
 Transformer-XL (Dai et al. 2019, section 4, "evaluation speed") reports its enwik8 model
 evaluating 363x faster than the vanilla model of Al-Rfou et al. (2018) at attention length 800,
 on GPU. The default model here is small enough for a CPU; on an accelerator, set the paper's
-sizes (--config.n_layer=24 --config.d_model=1024 --config.n_head=8 --config.d_head=128
---config.d_inner=3072).
+sizes (--config.num_layers=24 --config.d_model=1024 --config.num_heads=8 --config.head_dim=128
+--config.d_ff=3072).
 """
 
 import ml_collections
@@ -21,11 +21,11 @@ def get_config(preset: str = 'full') -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   # Model: the same for both methods, except the position scheme ('xl' vs 'absolute').
   config.vocab_size = 256  # bytes
-  config.n_layer = 4
+  config.num_layers = 4
   config.d_model = 256
-  config.n_head = 4
-  config.d_head = 64
-  config.d_inner = 1024
+  config.num_heads = 4
+  config.head_dim = 64
+  config.d_ff = 1024
   config.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16'
   config.batch = 4  # B sequences evaluated side by side
   # Attention lengths L: Transformer-XL evaluates segments of L tokens with a memory of L;

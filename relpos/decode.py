@@ -32,7 +32,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-PAD_ID = 0
+from relpos.constants import PAD_ID
 
 
 class _State(NamedTuple):

@@ -1,16 +1,8 @@
-"""Make `relpos` (repo root) and the test helpers (this folder) importable however pytest runs."""
+"""Shared fixtures. relpos comes from the editable install (README); pytest puts this folder on
+the import path for `helpers` and `reference`."""
 
-import os
-import sys
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
-for _path in (os.path.dirname(_HERE), _HERE):
-  if _path not in sys.path:
-    sys.path.insert(0, _path)
-
-
-import jax  # noqa: E402
-import pytest  # noqa: E402
+import jax
+import pytest
 
 
 @pytest.fixture(scope='module')

@@ -4,12 +4,16 @@ character-LM setup for the tests that launch train.py."""
 from __future__ import annotations
 
 import functools
+import importlib.util
+import types
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from relpos import attention
+from relpos.config import load_config_file
 
 # float32 kernel vs float64 reference, rtol = atol (outputs are O(1)). Measured on CPU: every
 # forward comparison passes at 1e-6; 2x headroom.
@@ -200,9 +204,31 @@ def grads(name, cotangent, *args, mask=None, query_offset=None):
   return jax.grad(loss, argnums=tuple(range(len(args))))(*args)
 
 
-# The smallest character LM the launcher tests train: its train.py flags and a corpus to read.
-TINY_CHAR_LM = dict(n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32, tgt_len=8, mem_len=8)
-TINY_CHAR_LM_FLAGS = [f'--config.model.{name}={value}' for name, value in TINY_CHAR_LM.items()]
+# The smallest character LM the launcher tests train: its sections' fields and train.py flags.
+TINY_CHAR_LM = {
+  'model': dict(num_layers=1, d_model=16, num_heads=2, head_dim=8, d_ff=32),
+  'train': dict(tgt_len=8, mem_len=8),
+}
+TINY_CHAR_LM_FLAGS = [
+  f'--config.{section}.{name}={value}'
+  for section, fields in TINY_CHAR_LM.items()
+  for name, value in fields.items()
+]
+REPO = Path(__file__).resolve().parent.parent
+
+
+def load_config(name: str, preset: str | None = None):
+  """configs/<name>.py's get_config(preset), loaded from its file as train.py loads it."""
+  return load_config_file(REPO / 'configs' / f'{name}.py', preset)
+
+
+def load_module(path: Path, name: str) -> types.ModuleType:
+  """The Python file `path` imported as module `name` (benchmark scripts, which are files,
+  not a package)."""
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def write_word_corpus(path, *, words=6000, seed=0):

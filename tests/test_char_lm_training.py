@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import load_config
 
-from configs import char_tiny
 from relpos.training import char_lm
 
 
@@ -25,21 +25,22 @@ def text_file(tmp_path):
   return path
 
 
-def _config(path, *, steps, attention='xl'):
-  config = char_tiny.get_config()
+def _config(path, *, steps, position='xl'):
+  config = load_config('char_tiny')
   config.data.path = str(path)
   config.model.update(
-    attention=attention,
-    n_layer=2,
-    d_model=32,
-    n_head=2,
-    d_head=16,
-    d_inner=64,
-    tgt_len=16,
-    mem_len=16,
+    position=position, num_layers=2, d_model=32, num_heads=2, head_dim=16, d_ff=64
   )
   config.optim.update(warmup_steps=2)
-  config.train.update(batch_size=4, steps=steps, log_every=2, eval_every=4, checkpoint_every=4)
+  config.train.update(
+    batch_size=4,
+    tgt_len=16,
+    mem_len=16,
+    steps=steps,
+    log_every=2,
+    eval_every=4,
+    checkpoint_every=4,
+  )
   config.eval.update(batch_size=4, tgt_len=16, mem_len=32, max_segments_during_training=3)
   return config
 
@@ -69,7 +70,7 @@ def test_train_then_evaluate_writes_results(text_file, tmp_path):
   # Evaluating with another model or vocabulary than the checkpoint's is an error naming the
   # fix, and the checkpoints stay where they are.
   other_model = _config(text_file, steps=8)
-  other_model.model.n_layer = 3
+  other_model.model.num_layers = 3
   with pytest.raises(ValueError, match=r'no readable checkpoint .*use its original config'):
     char_lm.evaluate(other_model, workdir)
   other_vocab = _config(text_file, steps=8)
@@ -102,11 +103,11 @@ def test_launchers_print_bpc_last(text_file, tmp_path):
   repo = Path(__file__).resolve().parent.parent
   overrides = [
     f'--config.data.path={text_file}',
-    '--config.model.n_layer=1',
+    '--config.model.num_layers=1',
     '--config.model.d_model=16',
-    '--config.model.n_head=2',
-    '--config.model.d_head=8',
-    '--config.model.d_inner=32',
+    '--config.model.num_heads=2',
+    '--config.model.head_dim=8',
+    '--config.model.d_ff=32',
     '--config.train.steps=2',
     '--config.train.batch_size=2',
     '--config.eval.batch_size=2',
@@ -122,7 +123,7 @@ def test_launchers_print_bpc_last(text_file, tmp_path):
 
 def test_train_and_resume_without_memory(text_file, tmp_path):
   config = _config(text_file, steps=4)
-  config.model.mem_len = 0
+  config.train.mem_len = 0
   config.train.checkpoint_every = 2
   workdir = tmp_path / 'run'
   char_lm.train_and_evaluate(config, workdir)
@@ -146,3 +147,13 @@ def test_bfloat16_trains_and_evaluates(text_file, tmp_path):
   losses = _train_losses(tmp_path / 'run')
   assert all(map(math.isfinite, losses.values())) and losses[4] < losses[2] + 0.5
   assert math.isfinite(result['bpc']) and 0 < result['bpc'] < 8
+
+
+def test_missing_and_empty_text_for_the_char_lm(tmp_path):
+  config = _config(tmp_path / 'missing.txt', steps=2)
+  with pytest.raises(FileNotFoundError, match='missing.txt'):
+    char_lm.train_and_evaluate(config, tmp_path / 'run1')
+  (tmp_path / 'empty.txt').write_text('')
+  config.data.path = str(tmp_path / 'empty.txt')
+  with pytest.raises(ValueError, match='empty.txt'):
+    char_lm.train_and_evaluate(config, tmp_path / 'run2')

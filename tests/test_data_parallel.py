@@ -30,18 +30,19 @@ def _forced_devices_env(count: int) -> dict:
   return {
     **os.environ,
     'XLA_FLAGS': f'--xla_force_host_platform_device_count={count}',
-    'PYTHONPATH': os.pathsep.join([str(REPO), str(REPO / 'tests')]),
   }
 
 
-def _float_leaves(state) -> dict:
-  """{path: float64 NumPy array} of the floating leaves of a replicated nnx state (this
-  process's replica); PRNG keys and integer counts are left out."""
+def _float_leaves(state: dict) -> dict:
+  """{path: float64 NumPy array} of the floating leaves of a training state's model and
+  optimizer (replicated: this process's replica); PRNG keys and integer counts are left out,
+  and so is the carried memory, split by rows across processes."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
 
-  leaves = jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(mesh_lib.local_copy(state)))
+  pure = {name: nnx.to_pure_dict(state[name]) for name in ('model', 'optimizer')}
+  leaves = jax.tree_util.tree_leaves_with_path(mesh_lib.local_copy(pure))
   return {
     jax.tree_util.keystr(path): np.asarray(leaf, np.float64)
     for path, leaf in leaves
@@ -64,18 +65,18 @@ def _one_step(task: str, mesh) -> dict:
   if task == 'char_lm':
     config = char_config('unused', steps=1)
     config.optim.eps = ADAM_EPS
-    _, graphdef, state, memory = char_lm._build(config, 50, mesh, for_eval=False)
+    _, graphdef, state = char_lm.build(config, 50, mesh)
     tokens = rng.integers(0, 50, (4, 17)).astype(np.int32)
     batch = mesh_lib.global_batch((tokens[:, :-1], tokens[:, 1:]), mesh)
-    state, *_ = char_lm.train_step_fn(graphdef, mesh)(state, memory, *batch)
+    state, _ = char_lm.train_step_fn(config, graphdef, mesh)(state, batch)
   else:
     config = translate_config(Path('unused'), steps=1)
     config.optim.eps = ADAM_EPS
-    graphdef, state = translate._build(config, 40, mesh)
+    graphdef, state = translate.build(config, 40, mesh)
     shape = (8, 12)
     ids = {name: rng.integers(4, 40, shape).astype(np.int32) for name in ('src', 'tgt_in')}
     ids['tgt_out'] = np.where(np.arange(12) < rng.integers(1, 13, (8, 1)), ids['tgt_in'], 0)
-    step = translate.train_step_fn(graphdef, config.optim.label_smoothing, mesh)
+    step = translate.train_step_fn(config, graphdef, mesh)
     state, _ = step(state, mesh_lib.global_batch(ids, mesh))
   return _float_leaves(state)
 
@@ -124,24 +125,23 @@ def train_and_dump(dump: str, train_args: list[str]):
 
   last = {}
   for module in (char_lm, translate):
-    make_step, run = module.train_step_fn, module.train_and_evaluate
+    make_step, evaluate = module.train_step_fn, module.TASK.evaluate
 
     def keeping_last(*args, make_step=make_step):
       step = make_step(*args)
 
-      def kept(state, *rest):
-        outputs = step(state, *rest)
+      def kept(state, batch):
+        outputs = step(state, batch)
         last['state'] = outputs[0]
         return outputs
 
       return kept
 
-    def then_dump(*args, run=run, **kwargs):
-      result = run(*args, **kwargs)
+    def dump_then_evaluate(*args, evaluate=evaluate, **kwargs):
       np.savez(dump, **_float_leaves(last['state']))
-      return result
+      return evaluate(*args, **kwargs)
 
-    module.train_step_fn, module.train_and_evaluate = keeping_last, then_dump
+    module.train_step_fn, module.TASK.evaluate = keeping_last, dump_then_evaluate
   sys.argv = ['train.py', *train_args]
   tasks.launch('train_and_evaluate')
 

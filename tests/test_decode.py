@@ -8,9 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from relpos.decode import PAD_ID, beam_search, gnmt_length_penalty, tile_beams
+from relpos.constants import BOS_ID, EOS_ID, PAD_ID
+from relpos.decode import beam_search, gnmt_length_penalty, tile_beams
 
-EOS, BOS, VOCAB = 1, 2, 5  # PAD = 0; the toy model never emits PAD or BOS
+EOS, BOS, VOCAB = EOS_ID, BOS_ID, 5  # the toy model never emits PAD or BOS
 GROWING = (3, 4)  # the tokens it emits besides EOS
 HISTORY_BUCKETS = 7
 

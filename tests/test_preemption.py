@@ -9,9 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import TINY_CHAR_LM, TINY_CHAR_LM_FLAGS, write_word_corpus
+from helpers import TINY_CHAR_LM, TINY_CHAR_LM_FLAGS, load_config, write_word_corpus
 
-from configs import char_tiny
 from relpos.training import char_lm
 from relpos.training.preemption import PreemptedError
 
@@ -114,16 +113,17 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(text_file, tmp_path):
 
 def _damage(checkpoint_dir: Path):
   """Truncates every data file of a checkpoint's arrays (as a failing disk might)."""
-  files = [p for p in (checkpoint_dir / 'state').rglob('*') if p.is_file()]
+  files = [p for p in (checkpoint_dir / 'model').rglob('*') if p.is_file()]
   assert files
   for path in files:
     path.write_bytes(b'')
 
 
 def _config(text_file, steps):
-  config = char_tiny.get_config()
+  config = load_config('char_tiny')
   config.data.path = str(text_file)
-  config.model.update(TINY_CHAR_LM)
+  for section, fields in TINY_CHAR_LM.items():
+    config[section].update(fields)
   config.train.update(batch_size=2, steps=steps, log_every=1, eval_every=0, checkpoint_every=2)
   config.eval.batch_size = 2
   return config
@@ -153,7 +153,7 @@ def test_no_readable_checkpoint_is_an_error_not_a_fresh_start(text_file, tmp_pat
 
 
 def test_sigterm_during_setup_stops_after_the_first_step(text_file, tmp_path, monkeypatch):
-  build = char_lm._build
+  build = char_lm.build
 
   def build_then_sigterm(*args, **kwargs):
     built = build(*args, **kwargs)
@@ -162,7 +162,7 @@ def test_sigterm_during_setup_stops_after_the_first_step(text_file, tmp_path, mo
     os.kill(os.getpid(), signal.SIGTERM)  # as if the notice came while compiling
     return built
 
-  monkeypatch.setattr(char_lm, '_build', build_then_sigterm)
+  monkeypatch.setattr(char_lm, 'build', build_then_sigterm)
   workdir = tmp_path / 'run'
   with pytest.raises(PreemptedError, match=r'SIGTERM at step 1 '):
     char_lm.train_and_evaluate(_config(text_file, 6), workdir)

@@ -6,18 +6,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_config
 
-from configs import char_tiny
 from relpos import sweep
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_parse_value_uses_the_field_type():
-  config = char_tiny.get_config()
+  config = load_config('char_tiny')
   assert sweep.parse_value(config, 'model.max_relative_position', '4') == 4
   assert sweep.parse_value(config, 'optim.learning_rate', '0.5') == 0.5
-  assert sweep.parse_value(config, 'model.same_length', 'true') is True
+  assert sweep.parse_value(config, 'train.same_length', 'true') is True
   with pytest.raises(ValueError, match='no field'):
     sweep.parse_value(config, 'model.max_relative_positon', '4')
   with pytest.raises(ValueError, match='no section'):
@@ -25,7 +25,7 @@ def test_parse_value_uses_the_field_type():
 
 
 def test_with_value_copies():
-  config = char_tiny.get_config()
+  config = load_config('char_tiny')
   changed = sweep.with_value(config, 'model.max_relative_position', 2)
   assert changed.model.max_relative_position == 2
   assert config.model.max_relative_position == 16

@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs.translate_defaults import translate_config
+from relpos.config.translate import translate_config
+from relpos.constants import BOS_ID, EOS_ID, PAD_ID, TRANSLATE_POSITIONS
 from relpos.models import transformer as tr
 
 pytestmark = pytest.mark.usefixtures('attention_test_config')
 
 VOCAB = 13
-BOS, EOS, PAD = 2, 1, tr.PAD_ID
+BOS, EOS, PAD = BOS_ID, EOS_ID, PAD_ID
 # Each variant of the position scheme, including the paper's Table 4 ablations.
 VARIANTS = {
   'absolute': dict(position='absolute'),
@@ -29,7 +30,6 @@ VARIANTS = {
 def make_config(**overrides):
   """A tiny model: d_model 16, 2 heads, 1 + 2 layers, k = 2, max_len 16."""
   config = translate_config().model
-  config.vocab_size = VOCAB
   config.update(
     dict(
       encoder_layers=1,
@@ -42,7 +42,7 @@ def make_config(**overrides):
     )
   )
   config.update(overrides)
-  return config
+  return tr.TransformerConfig.from_section(config, vocab_size=VOCAB)
 
 
 def make_model(seed=0, **overrides):
@@ -145,7 +145,7 @@ def test_cache_rows_follow_a_batch_reordering():
 # 2. Padding: PAD keys are masked, and real tokens keep their positions.
 
 
-@pytest.mark.parametrize('position', tr.POSITION_MODES)
+@pytest.mark.parametrize('position', TRANSLATE_POSITIONS)
 def test_source_padding(position):
   """PAD appended to the source changes nothing. PAD prepended shifts every source position by 3:
   relative and position-free models cannot see that (PAD keys are masked); models with absolute
@@ -217,25 +217,7 @@ def test_shaw_tables_are_used(layer, table):
 
 
 # --------------------------------------------------------------------------------------------
-# 5. Bad configs and lengths.
-
-
-@pytest.mark.parametrize(
-  'overrides,field',
-  [
-    (dict(d_model=18, num_heads=4), 'num_heads'),
-    (dict(position='relative'), 'position'),
-    (dict(position='shaw', max_relative_position=-1), 'max_relative_position'),
-    (dict(position='shaw', relative_keys=False, relative_values=False), 'relative_keys'),
-    (dict(dtype='float16'), 'dtype'),
-    (dict(position='absolute', d_model=15, num_heads=3), 'even d_model'),
-    (dict(decoder_layers=0), 'decoder_layers'),
-    (dict(dropout=1.0), 'dropout'),
-  ],
-)
-def test_bad_config_is_an_error(overrides, field):
-  with pytest.raises(ValueError, match=field):
-    make_model(**overrides)
+# 5. Lengths (bad configs: test_model_config.py).
 
 
 @pytest.mark.parametrize('position', ('absolute', 'learned', 'shaw_absolute'))
@@ -294,6 +276,23 @@ def test_dropout_only_in_training():
   np.testing.assert_array_equal(
     np.asarray(forward(model, SRC, TGT_IN)), np.asarray(forward(model, SRC, TGT_IN))
   )
+
+
+@nnx.jit
+def train_logits(model, src_BS, tgt_in_BT):
+  return model(src_BS, tgt_in_BT, deterministic=False)
+
+
+def test_attention_dropout_only_in_training():
+  """Attention-probability dropout (other dropout off) changes training logits, with a fresh
+  mask per call, and leaves evaluation and the initialisation as they were."""
+  model = make_model(position='shaw', dropout=0.0, attention_dropout=0.3)
+  without = make_model(position='shaw', dropout=0.0)
+  clean = forward(model, SRC, TGT_IN)
+  np.testing.assert_array_equal(np.asarray(clean), np.asarray(forward(without, SRC, TGT_IN)))
+  np.testing.assert_allclose(train_logits(without, SRC, TGT_IN), clean, atol=1e-6)
+  first, second = (train_logits(model, SRC, TGT_IN) for _ in range(2))
+  assert max_diff(first, clean) > 1e-3 and max_diff(second, first) > 1e-3
 
 
 def test_bfloat16_close_to_float32():

@@ -1,5 +1,7 @@
 """Transformer-XL LM (relpos.models.transformer_xl): recurrence, masks, dtypes, parameters."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -17,25 +19,31 @@ KERNEL_MODES = ('xl', 'shaw', 'none')
 BATCH = 2
 
 
+# Run settings: config.train / config.eval in a real run, call arguments of the model.
+RUN_FIELDS = ('mem_len', 'clamp_len', 'same_length')
+
+
 def make_config(**overrides):
+  """The tiny model's config.model fields plus vocab_size and the RUN_FIELDS."""
   config = ml_collections.ConfigDict(
     dict(
       vocab_size=11,
-      n_layer=2,
+      num_layers=2,
       d_model=16,
-      n_head=2,
-      d_head=8,
-      d_inner=32,
+      num_heads=2,
+      head_dim=8,
+      d_ff=32,
       dropout=0.1,
-      dropatt=0.0,
-      tgt_len=4,
+      attention_dropout=0.0,
       mem_len=12,
       clamp_len=0,
       same_length=False,
       untie_r=True,
-      pre_lnorm=False,
-      attention='xl',
+      pre_layer_norm=False,
+      position='xl',
       max_relative_position=2,
+      relative_keys=True,
+      relative_values=True,
       dtype='float32',
     )
   )
@@ -43,21 +51,51 @@ def make_config(**overrides):
   return config
 
 
+def model_config(config) -> txl.TransformerXLConfig:
+  fields = {k: v for k, v in config.items() if k not in RUN_FIELDS}
+  return txl.TransformerXLConfig(**fields)
+
+
+class Tiny:
+  """A tiny model with its run settings: memories default to its mem_len, calls use its
+  clamp_len and same_length. Attributes are the model's."""
+
+  def __init__(self, model, config):
+    self.model = model
+    self.run = {name: config[name] for name in RUN_FIELDS}
+
+  def __getattr__(self, name):
+    return getattr(self.model, name)
+
+  def init_memory(self, batch_size, mem_len=None):
+    return self.model.init_memory(batch_size, self.run['mem_len'] if mem_len is None else mem_len)
+
+  def settings(self):
+    return {'clamp_len': self.run['clamp_len'], 'same_length': self.run['same_length']}
+
+
 def make_model(seed=0, **overrides):
   """A tiny model whose parameters get N(0, 0.3²) noise on top of the init: at the 0.02 init
   the position terms barely move the logits (clamping changes them by ~1e-7), which would
   make position bugs invisible at the tests' tolerances."""
-  model = txl.TransformerXL(make_config(**overrides), rngs=nnx.Rngs(seed))
+  config = make_config(**overrides)
+  model = txl.TransformerXL(model_config(config), rngs=nnx.Rngs(seed))
   rng = np.random.default_rng(seed)
   params = nnx.state(model, nnx.Param)
   nnx.update(model, jax.tree.map(lambda p: p + 0.3 * rng.standard_normal(p.shape, 'f4'), params))
-  return model
+  return Tiny(model, config)
 
 
-@nnx.jit
-def forward(model, tokens_BT, memory):
+@functools.partial(nnx.jit, static_argnames=('clamp_len', 'same_length', 'deterministic'))
+def _apply(model, tokens_BT, memory, *, clamp_len, same_length, deterministic):
+  return model(
+    tokens_BT, memory, deterministic=deterministic, clamp_len=clamp_len, same_length=same_length
+  )
+
+
+def forward(tiny, tokens_BT, memory):
   """Deterministic logits and new memory, compiled (much faster than eager on CPU)."""
-  return model(tokens_BT, memory, deterministic=True)
+  return _apply(tiny.model, tokens_BT, memory, deterministic=True, **tiny.settings())
 
 
 def random_tokens(length, seed=0, vocab=11):
@@ -88,14 +126,23 @@ def assert_allclose(actual, expected, atol=1e-5):
 @pytest.mark.parametrize(
   'overrides',
   [
-    dict(attention='xl'),
-    dict(attention='xl', untie_r=False, pre_lnorm=True),
-    dict(attention='xl', same_length=True),
-    dict(attention='shaw'),
-    dict(attention='shaw', same_length=True, pre_lnorm=True),
-    dict(attention='none'),
+    dict(position='xl'),
+    dict(position='xl', untie_r=False, pre_layer_norm=True),
+    dict(position='xl', same_length=True),
+    dict(position='shaw'),
+    dict(position='shaw', same_length=True, pre_layer_norm=True),
+    dict(position='shaw', relative_keys=False),
+    dict(position='none'),
   ],
-  ids=['xl', 'xl-shared_r-pre_lnorm', 'xl-same_length', 'shaw', 'shaw-same_length-pre', 'none'],
+  ids=[
+    'xl',
+    'xl-shared_r-pre_ln',
+    'xl-same_length',
+    'shaw',
+    'shaw-same_length-pre',
+    'shaw-values_only',
+    'none',
+  ],
 )
 def test_segments_with_memory_equal_whole_sequence(overrides):
   model = make_model(**overrides)
@@ -115,7 +162,7 @@ def test_absolute_positions_restart_every_segment():
   """'absolute' adds sinusoids of the position within the segment (0..T-1), so segment-wise
   and whole-sequence evaluation agree on the first segment only: later segments see their
   memory with the memory's own (restarted) positions, by design."""
-  model = make_model(attention='absolute')
+  model = make_model(position='absolute')
   tokens = random_tokens(12)
   whole, _ = forward(model, tokens, model.init_memory(BATCH, 0))
   segmented, _ = run_segments(model, tokens, [4, 4, 4])
@@ -156,15 +203,17 @@ def layer_norm(x, norm):
 def reference_logits(model, config, tokens_BT, hidden_LBMD, length):
   """Logits of a one-layer model in float64."""
   (batch, q_len), mem_len = tokens_BT.shape, hidden_LBMD.shape[2]
-  heads, head_dim, kv_len = config.n_head, config.d_head, mem_len + q_len
+  heads, head_dim, kv_len = config.num_heads, config.head_dim, mem_len + q_len
   embedding = value(model.embed.embedding)
   x = embedding[np.asarray(tokens_BT)] * np.sqrt(config.d_model)
-  if config.attention == 'absolute':
+  if config.position == 'absolute':
     x = x + sinusoid(np.arange(q_len), config.d_model)
-  block, ff = model.layers[0].attention, model.layers[0].ff
+  layer = model.layers[0]
+  block, ff = layer.attention, layer.ff
+  block_norm, ff_norm = layer.attention_residual.norm, ff.residual.norm
   context = np.concatenate([np.asarray(hidden_LBMD[0], np.float64), x], axis=1)
-  if config.pre_lnorm:  # as the original: the memory is normalised too
-    context = layer_norm(context, block.norm)
+  if config.pre_layer_norm:  # as the original: the memory is normalised too
+    context = layer_norm(context, block_norm)
   q = (context[:, mem_len:] @ value(block.query.kernel)).reshape(batch, q_len, heads, head_dim)
   k = (context @ value(block.key.kernel)).reshape(batch, kv_len, heads, head_dim)
   v = (context @ value(block.value.kernel)).reshape(batch, kv_len, heads, head_dim)
@@ -173,7 +222,7 @@ def reference_logits(model, config, tokens_BT, hidden_LBMD, length):
   if config.same_length:
     allowed &= distance < mem_len
   scores = np.einsum('bihd,bjhd->bhij', q, k)
-  if config.attention == 'xl':
+  if config.position == 'xl':
     clamped = np.clip(distance, 0, config.clamp_len if config.clamp_len > 0 else None)
     rel_key = (sinusoid(clamped, config.d_model) @ value(block.r_net.kernel)).reshape(
       q_len, kv_len, heads, head_dim
@@ -183,7 +232,7 @@ def reference_logits(model, config, tokens_BT, hidden_LBMD, length):
       u, v_bias = u[0], v_bias[0]
     scores = np.einsum('bihd,bjhd->bhij', q + u, k)
     scores += np.einsum('bihd,ijhd->bhij', q + v_bias, rel_key)
-  if config.attention == 'shaw':
+  if config.position == 'shaw':
     kmax = config.max_relative_position
     bucket = np.clip(-distance, -kmax, kmax) + kmax
     scores += np.einsum('bihd,ijd->bhij', q, value(block.rel_key)[bucket])
@@ -191,31 +240,31 @@ def reference_logits(model, config, tokens_BT, hidden_LBMD, length):
   probs = np.exp(scores - scores.max(-1, keepdims=True))
   probs /= probs.sum(-1, keepdims=True)
   out = np.einsum('bhij,bjhd->bihd', probs, v)
-  if config.attention == 'shaw':
+  if config.position == 'shaw':
     out += np.einsum('bhij,ijd->bihd', probs, value(block.rel_value)[bucket])
   h = x + out.reshape(batch, q_len, -1) @ value(block.output.kernel)
-  h = h if config.pre_lnorm else layer_norm(h, block.norm)
-  inner = layer_norm(h, ff.norm) if config.pre_lnorm else h
+  h = h if config.pre_layer_norm else layer_norm(h, block_norm)
+  inner = layer_norm(h, ff_norm) if config.pre_layer_norm else h
   inner = np.maximum(inner @ value(ff.inner.kernel) + value(ff.inner.bias), 0.0)
   h = h + inner @ value(ff.outer.kernel) + value(ff.outer.bias)
-  h = h if config.pre_lnorm else layer_norm(h, ff.norm)  # pre-LN: no final LayerNorm
+  h = h if config.pre_layer_norm else layer_norm(h, ff_norm)  # pre-LN: no final LayerNorm
   return h @ embedding.T + value(model.output_bias)
 
 
 @pytest.mark.parametrize(
   'overrides',
   [
-    dict(attention='xl'),
-    dict(attention='xl', clamp_len=2, same_length=True),
-    dict(attention='xl', pre_lnorm=True, untie_r=False),
-    dict(attention='shaw'),
-    dict(attention='absolute'),
-    dict(attention='none'),
+    dict(position='xl'),
+    dict(position='xl', clamp_len=2, same_length=True),
+    dict(position='xl', pre_layer_norm=True, untie_r=False),
+    dict(position='shaw'),
+    dict(position='absolute'),
+    dict(position='none'),
   ],
-  ids=['xl', 'xl-clamp-same_length', 'xl-pre_lnorm-shared_r', 'shaw', 'absolute', 'none'],
+  ids=['xl', 'xl-clamp-same_length', 'xl-pre_ln-shared_r', 'shaw', 'absolute', 'none'],
 )
 def test_one_layer_matches_numpy_reference(overrides):
-  config = make_config(n_layer=1, mem_len=5, **overrides)
+  config = make_config(num_layers=1, mem_len=5, **overrides)
   model = make_model(**config)
   tokens = random_tokens(4, seed=13)
   hidden = jnp.asarray(np.random.default_rng(14).standard_normal((1, BATCH, 5, 16)), jnp.float32)
@@ -245,10 +294,10 @@ def memory_gradients(model, tokens_BT, memory):
 
 @pytest.mark.parametrize('mode', KERNEL_MODES)
 def test_no_gradient_through_memory(mode):
-  model = make_model(attention=mode)
+  model = make_model(position=mode)
   tokens = random_tokens(8, seed=1)
   _, memory = forward(model, tokens[:, :4], model.init_memory(BATCH))
-  loss_grads, new_memory_grads = memory_gradients(model, tokens[:, 4:], memory)
+  loss_grads, new_memory_grads = memory_gradients(model.model, tokens[:, 4:], memory)
   param_grads, hidden_grad = loss_grads
   assert np.all(np.asarray(hidden_grad) == 0.0)
   assert any(np.abs(np.asarray(g)).max() > 0 for g in jax.tree.leaves(param_grads))
@@ -306,9 +355,9 @@ def test_same_length_hides_keys_beyond_the_window():
 
 
 def test_same_length_without_memory_is_an_error():
-  model = make_model(same_length=True)
+  model = make_model().model
   with pytest.raises(ValueError, match='same_length'):
-    model(random_tokens(4), model.init_memory(BATCH, 0), deterministic=True)
+    model(random_tokens(4), model.init_memory(BATCH, 0), deterministic=True, same_length=True)
 
 
 def test_clamp_len():
@@ -331,7 +380,7 @@ def test_clamp_len():
 
 @pytest.mark.parametrize('mode', ('xl', 'shaw'))
 def test_other_segment_lengths_and_mem_len(mode):
-  model = make_model(attention=mode)
+  model = make_model(position=mode)
   tokens = random_tokens(26, seed=5)
   whole, _ = forward(model, tokens, model.init_memory(BATCH, 0))
   memory, logits, start = model.init_memory(BATCH, mem_len=26), [], 0
@@ -348,7 +397,7 @@ def test_other_segment_lengths_and_mem_len(mode):
 
 
 def test_memory_length_grows_and_saturates():
-  model = make_model(attention='none')
+  model = make_model(position='none')
   tokens = random_tokens(4, seed=6)
   memory = model.init_memory(BATCH)
   assert memory.hidden.shape == (2, BATCH, 12, 16) and int(memory.length) == 0
@@ -365,7 +414,7 @@ def test_memory_length_grows_and_saturates():
 
 @pytest.mark.parametrize('mode', KERNEL_MODES)
 def test_invalid_memory_slots_are_masked(mode):
-  model = make_model(attention=mode)
+  model = make_model(position=mode)
   tokens = random_tokens(8, seed=7)
   _, memory = forward(model, tokens[:, :4], model.init_memory(BATCH))
   assert int(memory.length) == 4
@@ -393,9 +442,9 @@ def test_no_memory():
 @pytest.mark.parametrize('mode', ('xl', 'shaw', 'absolute'))
 def test_bfloat16_close_to_float32(mode):
   tokens = random_tokens(8, seed=9)
-  reference, _ = run_segments(make_model(attention=mode), tokens, [4, 4])
-  model = make_model(attention=mode, dtype='bfloat16')
-  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  reference, _ = run_segments(make_model(position=mode), tokens, [4, 4])
+  model = make_model(position=mode, dtype='bfloat16')
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nnx.state(model.model, nnx.Param)))
   logits, memory = run_segments(model, tokens, [4, 4])
   assert logits.dtype == jnp.float32 and memory.hidden.dtype == jnp.bfloat16
   assert np.all(np.isfinite(np.asarray(logits)))
@@ -409,19 +458,20 @@ def test_bfloat16_close_to_float32(mode):
 
 
 def parameter_count(config):
-  heads = config.n_head * config.d_head
+  heads = config.num_heads * config.head_dim
   per_layer = 4 * config.d_model * heads + 2 * config.d_model  # q, k, v, o; LayerNorm
-  per_layer += 2 * config.d_model * config.d_inner + config.d_inner + 3 * config.d_model  # FF
+  per_layer += 2 * config.d_model * config.d_ff + config.d_ff + 3 * config.d_model  # FF
   shared = config.vocab_size * (config.d_model + 1)  # tied embedding, output bias
-  if config.attention == 'xl':
+  if config.position == 'xl':
     per_layer += config.d_model * heads  # r_net
     biases = 2 * heads  # u, v
     per_layer, shared = (
       (per_layer + biases, shared) if config.untie_r else (per_layer, shared + biases)
     )
-  if config.attention == 'shaw':
-    per_layer += 2 * (2 * config.max_relative_position + 1) * config.d_head
-  return config.n_layer * per_layer + shared
+  if config.position == 'shaw':
+    tables = config.relative_keys + config.relative_values
+    per_layer += tables * (2 * config.max_relative_position + 1) * config.head_dim
+  return config.num_layers * per_layer + shared
 
 
 def count(model):
@@ -430,27 +480,32 @@ def count(model):
 
 @pytest.mark.parametrize(
   'overrides',
-  [dict(attention='xl'), dict(attention='xl', untie_r=False), dict(attention='shaw')],
-  ids=['xl', 'xl-shared_r', 'shaw'],
+  [
+    dict(position='xl'),
+    dict(position='xl', untie_r=False),
+    dict(position='shaw'),
+    dict(position='shaw', relative_values=False),
+  ],
+  ids=['xl', 'xl-shared_r', 'shaw', 'shaw-keys_only'],
 )
 def test_parameter_count(overrides):
   config = make_config(**overrides)
-  assert count(txl.TransformerXL(config, rngs=nnx.Rngs(0))) == parameter_count(config)
+  assert count(txl.TransformerXL(model_config(config), rngs=nnx.Rngs(0))) == parameter_count(config)
 
 
 def test_parameter_count_enwik8_base():
   """The paper's 12-layer enwik8 model (run_enwik8_base.sh: shared u, v) has 41M parameters."""
   config = make_config(
-    vocab_size=204, n_layer=12, d_model=512, n_head=8, d_head=64, d_inner=2048, untie_r=False
+    vocab_size=204, num_layers=12, d_model=512, num_heads=8, head_dim=64, d_ff=2048, untie_r=False
   )
-  model = nnx.eval_shape(lambda: txl.TransformerXL(config, rngs=nnx.Rngs(0)))
+  model = nnx.eval_shape(lambda: txl.TransformerXL(model_config(config), rngs=nnx.Rngs(0)))
   assert count(model) == parameter_count(config)
   assert 40.5e6 < count(model) < 41.5e6
 
 
 def test_output_uses_the_embedding_matrix():
   model = make_model()
-  matrices = [p for p in jax.tree.leaves(nnx.state(model, nnx.Param)) if p.shape[0] == 11]
+  matrices = [p for p in jax.tree.leaves(nnx.state(model.model, nnx.Param)) if p.shape[0] == 11]
   assert [p.shape for p in matrices] == [(11, 16), (11,)]  # embedding and output bias only
   tokens = random_tokens(4, seed=10, vocab=10)  # token 10 never appears in the input
   base, _ = forward(model, tokens, model.init_memory(BATCH))
@@ -461,7 +516,7 @@ def test_output_uses_the_embedding_matrix():
 
 
 # --------------------------------------------------------------------------------------------
-# Loss, dropout and config checks.
+# Loss and dropout (config checks: test_model_config.py).
 
 
 def test_nats_per_token():
@@ -484,8 +539,8 @@ def test_dropout_only_when_not_deterministic():
   model = make_model(dropout=0.3)
   tokens, memory = random_tokens(4), model.init_memory(BATCH)
   clean, _ = forward(model, tokens, memory)
-  first, _ = train_forward(model, tokens, memory)
-  second, _ = train_forward(model, tokens, memory)
+  first, _ = train_forward(model.model, tokens, memory)
+  second, _ = train_forward(model.model, tokens, memory)
   assert np.abs(np.asarray(first - clean)).max() > 1e-3
   assert np.abs(np.asarray(second - first)).max() > 1e-3  # a fresh mask per call
   again, _ = forward(model, tokens, memory)
@@ -505,35 +560,21 @@ def train_logits_and_grads(model, tokens_BT, memory, targets_BT):
 
 
 @pytest.mark.parametrize('mode', KERNEL_MODES)
-def test_dropatt_only_when_not_deterministic(mode):
-  """dropatt (with the other dropout off): a fresh mask per training call, none in eval."""
-  model = make_model(attention=mode, dropout=0.0, dropatt=0.3)
+def test_attention_dropout_only_when_not_deterministic(mode):
+  """attention_dropout (other dropout off): a fresh mask per training call, none in eval."""
+  model = make_model(position=mode, dropout=0.0, attention_dropout=0.3)
   tokens, targets = random_tokens(4), random_tokens(4, seed=1)
   _, memory = forward(model, random_tokens(6, seed=2), model.init_memory(BATCH))  # 6 slots
   clean, _ = forward(model, tokens, memory)
-  first, grads = train_logits_and_grads(model, tokens, memory, targets)
-  second, _ = train_logits_and_grads(model, tokens, memory, targets)
+  first, grads = train_logits_and_grads(model.model, tokens, memory, targets)
+  second, _ = train_logits_and_grads(model.model, tokens, memory, targets)
   assert np.abs(np.asarray(first - clean)).max() > 1e-3
   assert np.abs(np.asarray(second - first)).max() > 1e-3  # a fresh mask per call
   assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
   assert any(np.abs(g).max() > 0 for g in jax.tree.leaves(grads))
-  # Eval mode ignores dropatt: the same logits as a model built without it (dropatt adds no
-  # state and leaves the initialisation unchanged, so the parameters are the same).
+  # Eval mode ignores it: the same logits as a model built without it (the rate leaves the
+  # initialisation unchanged, so the parameters are the same).
   again, _ = forward(model, tokens, memory)
-  without, _ = forward(make_model(attention=mode, dropout=0.0), tokens, memory)
+  without, _ = forward(make_model(position=mode, dropout=0.0), tokens, memory)
   np.testing.assert_array_equal(np.asarray(again), np.asarray(clean))
   np.testing.assert_array_equal(np.asarray(without), np.asarray(clean))
-
-
-@pytest.mark.parametrize(
-  'overrides,match',
-  [
-    (dict(dropatt=1.0), 'dropatt'),
-    (dict(attention='rope'), 'attention'),
-    (dict(dtype='float16'), 'dtype'),
-    (dict(d_model=15), 'even'),
-  ],
-)
-def test_bad_config(overrides, match):
-  with pytest.raises(ValueError, match=match):
-    make_model(**overrides)

@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
+from flax import nnx
+from helpers import load_config
 
-from configs import translate_tiny
-from relpos.training import translate
+from relpos.models.transformer import Transformer
+from relpos.training import loop, translate
 
 REPO = Path(__file__).resolve().parent.parent
 _WORDS = ['red', 'blue', 'green', 'cat', 'dog', 'bird', 'runs', 'sleeps', 'sings', 'fast']
@@ -40,7 +43,7 @@ def corpus(tmp_path_factory):
 
 
 def _config(corpus, *, steps, position='shaw'):
-  config = translate_tiny.get_config(position)
+  config = load_config('translate_tiny', position)
   config.data.update(
     train_src=str(corpus / 'train.en'),
     train_tgt=str(corpus / 'train.de'),
@@ -108,6 +111,18 @@ def test_checkpoint_averaging_uses_the_last_checkpoints(corpus, tmp_path):
   assert single['averaged_steps'] == [8] and averaged['averaged_steps'] == [4, 8]
   config.eval.update(step=4, average_checkpoints=1)
   assert translate.evaluate(config, workdir)['step'] == 4
+  # The averaged parameters are the mean of the two checkpoints' parameters, leaf by leaf.
+  params = {}
+  for step, average in ((4, 1), (8, 1), (8, 2)):
+    eval_config = config.eval.copy_and_resolve_references()
+    eval_config.update(step=step, average_checkpoints=average)
+    model = Transformer(translate.model_config(config, 40), rngs=nnx.Rngs(1))
+    restored, steps, _ = loop.restore_model(model, eval_config, workdir)
+    assert steps == ([4, 8] if average == 2 else [step])
+    params[step, average] = jax.tree.leaves(nnx.to_pure_dict(nnx.state(restored, nnx.Param)))
+  for at4, at8, mean in zip(*params.values(), strict=True):
+    assert not np.allclose(at4, at8)
+    np.testing.assert_allclose(mean, (np.asarray(at4) + np.asarray(at8)) / 2, rtol=1e-6)
   config.eval.step = 5
   with pytest.raises(FileNotFoundError, match='config.eval.step=5'):
     translate.evaluate(config, workdir)
@@ -168,12 +183,26 @@ def test_launchers_print_bleu_last(corpus, tmp_path):
 
 def test_overfits_a_tiny_corpus_to_high_bleu(corpus, tmp_path):
   """Decode, detokenise and BLEU fit together: a model that learned its pairs scores ~100."""
-  config = _config(corpus, steps=300, position='absolute')
+  config = _config(corpus, steps=400, position='absolute')
   config.data.update(eval_src=config.data.train_src, eval_tgt=config.data.train_tgt)
   config.data.update(max_train_examples=40, max_eval_examples=40, max_length=24)
   config.model.update(dropout=0.0, d_model=64, d_ff=128)
-  config.optim.update(schedule='constant', learning_rate=3e-3, label_smoothing=0.0)
+  # 1e-3: memorised (BLEU 97-100) from each of 3 seeds; 3e-3 reached 57-93, by the seed.
+  config.optim.update(schedule='constant', learning_rate=1e-3, label_smoothing=0.0)
   config.train.update(eval_every=0, checkpoint_every=0, log_every=50)
   config.eval.beam_size = 4
   result = translate.train_and_evaluate(config, tmp_path / 'run')
   assert result['bleu'] >= 90, result
+
+
+def test_missing_and_empty_translation_files_are_named(corpus, tmp_path):
+  config = _config(corpus, steps=2)
+  config.data.train_tgt = str(tmp_path / 'missing.de')
+  with pytest.raises(FileNotFoundError, match='config.data.train_tgt'):
+    translate.train_and_evaluate(config, tmp_path / 'run1')
+  (tmp_path / 'empty.en').write_text('')
+  (tmp_path / 'empty.de').write_text('')
+  config = _config(corpus, steps=2)
+  config.data.update(train_src=str(tmp_path / 'empty.en'), train_tgt=str(tmp_path / 'empty.de'))
+  with pytest.raises(ValueError, match='empty.en'):
+    translate.train_and_evaluate(config, tmp_path / 'run2')

@@ -1,6 +1,6 @@
 """benchmarks/xl_eval_speed.py at a tiny size: what each timed call computes, and the table."""
 
-import importlib.util
+import sys
 import warnings
 from pathlib import Path
 
@@ -8,18 +8,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import load_config, load_module
 
-from configs import xl_eval_speed as speed_config
 from relpos.models.transformer_xl import TransformerXL, nats_per_token
 
 pytestmark = pytest.mark.usefixtures('attention_test_config')
 
-_PATH = Path(__file__).resolve().parent.parent / 'benchmarks' / 'xl_eval_speed.py'
-_SPEC = importlib.util.spec_from_file_location('xl_eval_speed_benchmark', _PATH)
-bench = importlib.util.module_from_spec(_SPEC)
+_BENCHMARKS = Path(__file__).resolve().parent.parent / 'benchmarks'
+# The benchmark imports its neighbour timing.py, as it does when run as a script.
+sys.modules.setdefault('timing', load_module(_BENCHMARKS / 'timing.py', 'timing'))
 with warnings.catch_warnings():  # ml_collections loads the default config with load_module()
   warnings.simplefilter('ignore', DeprecationWarning)
-  _SPEC.loader.exec_module(bench)
+  bench = load_module(_BENCHMARKS / 'xl_eval_speed.py', 'xl_eval_speed_benchmark')
 
 
 @nnx.jit
@@ -29,14 +29,14 @@ def forward(model, tokens_BT, memory):
 
 
 def tiny_config(lengths=(8,)):
-  config = speed_config.get_config('quick')
+  config = load_config('xl_eval_speed', 'quick')
   config.update(
     vocab_size=11,
-    n_layer=1,
+    num_layers=1,
     d_model=16,
-    n_head=2,
-    d_head=8,
-    d_inner=32,
+    num_heads=2,
+    head_dim=8,
+    d_ff=32,
     batch=2,
     lengths=lengths,
     tokens_per_row=16,
@@ -47,16 +47,13 @@ def tiny_config(lengths=(8,)):
 
 def test_timed_calls_score_the_same_tokens_as_the_models():
   config, length, batch = tiny_config(), 8, 2
-  xl = TransformerXL(bench.model_config(config, attention='xl', length=length), rngs=nnx.Rngs(0))
-  vanilla = TransformerXL(
-    bench.model_config(config, attention='absolute', length=length), rngs=nnx.Rngs(1)
-  )
-  assert xl.mem_len == length and vanilla.mem_len == 0
+  xl = TransformerXL(bench.model_config(config, position='xl'), rngs=nnx.Rngs(0))
+  vanilla = TransformerXL(bench.model_config(config, position='absolute'), rngs=nnx.Rngs(1))
   (xl_step, xl_state), (vanilla_step, vanilla_state) = bench.make_steps(xl, vanilla, length, batch)
   stream = jnp.asarray(np.random.default_rng(0).integers(0, 11, (batch, 3 * length + 1)), 'int32')
 
   # Transformer-XL: two segments with the memory carried = the model called segment by segment.
-  memory, expected_memory = xl.init_memory(batch), xl.init_memory(batch)
+  memory, expected_memory = xl.init_memory(batch, length), xl.init_memory(batch, length)
   for start in (length, 2 * length):
     nats, memory = xl_step(xl_state, memory, stream, np.int32(start))
     logits, expected_memory = forward(xl, stream[:, start : start + length], expected_memory)

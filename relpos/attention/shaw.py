@@ -15,9 +15,9 @@ regenerates the keep mask in the backward pass.
 What matters for speed on XLA:CPU (benchmarks/attention.py, README): the logit gradient ds is
 needed on the band's diagonals as well as whole; gathering the diagonals from ds made XLA
 recompute ds inside the gather and therefore materialise the spread a^V term, a [Q·K, B, H]
-array read back transposed (+40% of a vanilla fwd+bwd). So the diagonals of ds are computed
-from the diagonals of its inputs instead. The block prefix sums take `blocks` extra matmul
-columns (no column for the always-empty first prefix), in a [B, H, Q, ·] output.
+array written out and read back transposed. So the diagonals of ds are computed from the
+diagonals of its inputs instead. The block prefix sums take `blocks` extra matmul columns (no
+column for the always-empty first prefix), in a [B, H, Q, ·] output.
 """
 
 import functools
@@ -62,10 +62,8 @@ def _static_int(value):
 def _prefix_block_size(kv_len: int) -> int:
   """Keys per block of the blocked prefix sums: sqrt(kv_len) rounded up to a power of two.
 
-  Each block adds a column to a matmul and each key of a block a gathered diagonal. At
-  n = 512, k = 16 (25 interleaved rounds on CPU), blocks of 32 gave Shaw fwd+bwd 1.18x
-  vanilla against 1.27x for 64 and 1.20x for 16; at n = 128 and 2048 this choice was as
-  fast as or faster than twice the block.
+  Each block adds a column to a matmul and each key of the partial block a gathered
+  diagonal: sqrt(kv_len) balances the two (README's kernel section has the measurements).
   """
   return 2 ** math.ceil(math.log2(max(1.0, math.sqrt(kv_len))))
 
@@ -160,7 +158,8 @@ def _dot_with_block_prefix(p_BHQK, values_BKHD, band):
   """`Σ_j p_ij values_j` [B, Q, H, D] and block prefix sums of p [B, H, Q, blocks], one matmul.
 
   The matmul is laid out [B, H, Q, D + blocks] (as its operand p), then the first D columns
-  are transposed: an output in [B, Q, H, ..] order measured ~1.6x slower for the matmul alone.
+  are transposed, because an output in [B, Q, H, ..] order makes XLA:CPU stride across the
+  matmul's memory.
   """
   batch, kv_len, heads, head_dim = values_BKHD.shape
   indicator = band.key_block_indicator(values_BKHD.dtype)

@@ -28,8 +28,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from absl import logging
 
+from relpos.constants import BOS_ID, EOS_ID, PAD_ID
 from relpos.data.shard import ONE_PROCESS, Shard
-from relpos.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,10 +15,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
-PAD_ID = 0
-EOS_ID = 1
-BOS_ID = 2
-UNK_ID = 3
+from relpos.constants import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
 _SPECIAL_IDS = {'pad_id': PAD_ID, 'eos_id': EOS_ID, 'bos_id': BOS_ID, 'unk_id': UNK_ID}
 
 

@@ -1,4 +1,4 @@
-"""The translation data of a run, from `config.data` (fields: configs/translate_defaults.py).
+"""The translation data of a run, from `config.data` (fields: relpos/config/translate.py).
 
 `load_translation_data` reads the train and eval pairs (kind 'text': parallel files; kind
 'tfds': a prepared tensorflow-datasets copy), Moses-detokenises them if asked, trains the shared

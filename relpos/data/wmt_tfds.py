@@ -2,10 +2,10 @@
 
 Reading needs `tensorflow_datasets` but not TensorFlow: the serialized records come from the
 random-access data source (`as_data_source`) and are parsed here as `tf.train.Example` protos
-with tfds's own copy of the proto (about 8x faster than tfds's per-feature decoding, which
-matters for WMT14's 4.5M pairs). Preparing the copy once does need TensorFlow and internet
-(PREPARE_HINT). Known names: 'wmt14_translate/de-en' (newstest2014
-is its 'test' split) and 'wmt_t2t_translate/de-en' (tensor2tensor's training data).
+with tfds's own copy of the proto, in one pass per record rather than tfds's per-feature
+decoding, which matters for WMT14's 4.5M pairs. Preparing the copy once does need TensorFlow
+and internet (PREPARE_HINT). Known names: 'wmt14_translate/de-en' (newstest2014 is its 'test'
+split) and 'wmt_t2t_translate/de-en' (tensor2tensor's training data).
 """
 
 from absl import logging

@@ -1,1 +1,2 @@
-"""Models built on the `relpos.attention` kernels (`relpos.models.transformer_xl`)."""
+"""The two models on the `relpos.attention` kernels, with one shared attention layer: the
+encoder-decoder `transformer` and the Transformer-XL LM `transformer_xl`."""

@@ -1,37 +1,146 @@
-"""Layer constructors both models share: compute dtype from config.model.dtype, parameters in
-float32, and the initializer and LayerNorm epsilon each model's original used."""
+"""What both models share besides attention: the typed config fields they have in common and
+their checks, and the dense, residual and feed-forward layers (parameters in float32, computing
+in the config's dtype, with the initializer and LayerNorm epsilon each model's original used).
+"""
 
+import dataclasses
+from typing import ClassVar, Self
+
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from relpos.config import checks
+
 COMPUTE_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
+# The rules of the fields of ModelConfig (each model adds those of its own fields).
+_COMMON_RULES = {
+  'd_model': checks.integer(1),
+  'num_heads': checks.integer(1),
+  'd_ff': checks.integer(1),
+  'dropout': checks.fraction(),
+  'attention_dropout': checks.fraction(),
+  'pre_layer_norm': checks.FLAG,
+  'max_relative_position': checks.integer(0),
+  'relative_keys': checks.FLAG,
+  'relative_values': checks.FLAG,
+  'dtype': checks.one_of(*COMPUTE_DTYPES),
+}
 
-def compute_dtype(config):
-  """The jnp dtype config.model.dtype names."""
-  return COMPUTE_DTYPES[config.dtype]
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The fields both models' typed configs have: config.model's plus `vocab_size`.
+
+  Each model subclasses it with its own fields and class constants: its position schemes
+  (POSITIONS), those adding sinusoids (which need an even d_model) and those using Shaw's
+  tables (which need w^K, w^V or both), and the rules of its own fields. Construction checks
+  every field, so an invalid value is a ValueError naming `config.model.<field>` before the
+  model (or a run) starts. The defaults live in relpos/config only: every field is required.
+  """
+
+  POSITIONS: ClassVar[tuple[str, ...]] = ()
+  SINUSOID_POSITIONS: ClassVar[tuple[str, ...]] = ()
+  SHAW_POSITIONS: ClassVar[tuple[str, ...]] = ()
+  RULES: ClassVar[dict[str, checks.Rule]] = {}
+
+  vocab_size: int
+  position: str  # one of POSITIONS
+  d_model: int
+  num_heads: int
+  d_ff: int
+  dropout: float  # on embeddings and sublayer outputs
+  attention_dropout: float  # on the attention probabilities
+  pre_layer_norm: bool  # False: post-LN
+  max_relative_position: int  # Shaw's k
+  relative_keys: bool  # Shaw's w^K
+  relative_values: bool  # Shaw's w^V
+  dtype: str  # compute dtype, a key of COMPUTE_DTYPES; parameters stay float32
+
+  @classmethod
+  def from_section(cls, section, **extra) -> Self:
+    """The config of config.model (a ConfigDict) plus the fields from elsewhere (`extra`:
+    vocab_size); a field the model lacks or does not read is a ValueError naming it."""
+    values = {**section.to_dict(), **extra}
+    fields = {field.name for field in dataclasses.fields(cls)}
+    missing, unknown = sorted(fields - set(values)), sorted(set(values) - fields)
+    if missing:
+      raise ValueError(f'config.model.{missing[0]} is missing ({cls.__name__} needs it)')
+    if unknown:
+      raise ValueError(f'config.model.{unknown[0]} is not a field of {cls.__name__}')
+    return cls(**values)
+
+  def __post_init__(self):
+    # vocab_size comes from the data, not from config.model.
+    checks.check(self.__dict__, {'vocab_size': checks.integer(1)}, prefix=type(self).__name__)
+    rules = {'position': checks.one_of(*self.POSITIONS), **_COMMON_RULES, **self.RULES}
+    checks.check(self.__dict__, rules, prefix='config.model')
+    if self.position in self.SINUSOID_POSITIONS and self.d_model % 2:
+      raise ValueError(
+        f'config.model.position={self.position!r} adds sinusoids: config.model.d_model must '
+        f'be even, got {self.d_model}'
+      )
+    if self.position in self.SHAW_POSITIONS and not (self.relative_keys or self.relative_values):
+      raise ValueError(
+        f'config.model.position={self.position!r} needs config.model.relative_keys or '
+        "relative_values; with neither it has no positions: use position='none'"
+      )
+
+  @property
+  def compute_dtype(self):
+    return COMPUTE_DTYPES[self.dtype]
 
 
-def check_dtype(config) -> None:
-  """Raises ValueError naming config.model.dtype unless it is one of COMPUTE_DTYPES."""
-  if config.dtype not in COMPUTE_DTYPES:
-    raise ValueError(
-      f'config.model.dtype must be one of {tuple(COMPUTE_DTYPES)}, got {config.dtype!r}'
-    )
-
-
-def linear(in_features, out_features, config, rngs, *, kernel_init, use_bias=True) -> nnx.Linear:
-  """nnx.Linear computing in the config's dtype, with `kernel_init` and a zero bias."""
+def linear(in_features, out_features, dtype, rngs, *, kernel_init, use_bias=True) -> nnx.Linear:
+  """nnx.Linear computing in `dtype`, with `kernel_init` and a zero bias."""
   return nnx.Linear(
-    in_features,
-    out_features,
-    use_bias=use_bias,
-    dtype=compute_dtype(config),
-    kernel_init=kernel_init,
-    rngs=rngs,
+    in_features, out_features, use_bias=use_bias, dtype=dtype, kernel_init=kernel_init, rngs=rngs
   )
 
 
-def layer_norm(config, rngs, *, epsilon: float) -> nnx.LayerNorm:
-  """LayerNorm over config.d_model computing in the config's dtype."""
-  return nnx.LayerNorm(config.d_model, epsilon=epsilon, dtype=compute_dtype(config), rngs=rngs)
+class Residual(nnx.Module):
+  """LayerNorm and dropout around one sublayer f: post-LN LN(x + drop(f(x))) or pre-LN
+  x + drop(f(LN(x))). `residual(x, f)` applies it; a sublayer that needs f's input apart (the
+  cached decoder step, the normalised memory of Transformer-XL) calls `inputs(x)`, then
+  `outputs(x, f(...))`."""
+
+  def __init__(self, config: ModelConfig, *, epsilon: float, rngs: nnx.Rngs):
+    self.pre_layer_norm = config.pre_layer_norm
+    dtype = config.compute_dtype
+    self.norm = nnx.LayerNorm(config.d_model, epsilon=epsilon, dtype=dtype, rngs=rngs)
+    self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+
+  def inputs(self, x_BTD):
+    return self.norm(x_BTD) if self.pre_layer_norm else x_BTD
+
+  def outputs(self, x_BTD, h_BTD, *, deterministic: bool):
+    x_BTD = x_BTD + self.dropout(h_BTD, deterministic=deterministic)
+    return x_BTD if self.pre_layer_norm else self.norm(x_BTD)
+
+  def __call__(self, x_BTD, sublayer, *, deterministic: bool):
+    """x [batch, len, d_model] through the sublayer f ([batch, len, d_model] -> same)."""
+    return self.outputs(x_BTD, sublayer(self.inputs(x_BTD)), deterministic=deterministic)
+
+
+class FeedForward(nnx.Module):
+  """The position-wise sublayer with its Residual: Linear, ReLU, dropout (`inner_dropout`,
+  Transformer-XL's; 0 for translation), Linear."""
+
+  def __init__(
+    self, config: ModelConfig, *, inner_dropout: float, epsilon: float, kernel_init, rngs
+  ):
+    dtype = config.compute_dtype
+    self.inner = linear(config.d_model, config.d_ff, dtype, rngs, kernel_init=kernel_init)
+    self.outer = linear(config.d_ff, config.d_model, dtype, rngs, kernel_init=kernel_init)
+    self.dropout = nnx.Dropout(inner_dropout, rngs=rngs)
+    self.residual = Residual(config, epsilon=epsilon, rngs=rngs)
+
+  def __call__(self, x_BTD, *, deterministic: bool) -> jax.Array:
+    """[batch, len, d_model] -> [batch, len, d_model], the residual sum included."""
+
+    def block(h_BTD):
+      h_BTF = self.dropout(jax.nn.relu(self.inner(h_BTD)), deterministic=deterministic)
+      return self.outer(h_BTF)
+
+    return self.residual(x_BTD, block, deterministic=deterministic)

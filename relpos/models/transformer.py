@@ -2,7 +2,7 @@
 position scheme as a config choice, to reproduce Shaw et al. 2018 ("Self-Attention with
 Relative Position Representations").
 
-`config.position` is one of:
+`config.model.position` (relpos.constants.TRANSLATE_POSITIONS) is one of:
 
 - 'absolute': sinusoids of the position added to the embeddings (Vaswani et al.).
 - 'learned': a learned [max_len, d_model] table added to the embeddings.
@@ -25,8 +25,11 @@ The rest follows tensor2tensor's transformer_base, which Shaw et al. used:
   The attention projections have no bias, and the feed-forward layers do. The relative tables
   also use Glorot-uniform, as T2T's default initialiser does. LayerNorm epsilon is 1e-6.
 - Dropout applies to the embeddings (with positions) and to every sublayer output before the
-  residual sum, as in Vaswani et al. There is no attention-probability dropout: the kernels do
-  not expose the probabilities.
+  residual sum, as in Vaswani et al. `attention_dropout` adds dropout on the attention
+  probabilities, inside the kernels (0 by default: Vaswani et al. describe residual dropout
+  only).
+- Every attention layer is the shared `relpos.models.attention.MultiHeadAttention`, the same
+  layer the Transformer-XL LM uses.
 - `pre_layer_norm=False`: post-LN, x = LN(x + dropout(f(x))), as in Vaswani et al. and Shaw
   et al. `True`: pre-LN, x = x + dropout(f(LN(x))), with a final LayerNorm on the encoder and
   decoder outputs, as in tensor2tensor v2.
@@ -36,23 +39,55 @@ Decoder self-attention is causal and also masks target PAD keys. The decoding ca
 which positions held PAD, so cached decoding masks exactly the same keys.
 """
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from flax import nnx
 
 from relpos import attention
+from relpos.config import checks
+from relpos.constants import PAD_ID, TRANSLATE_POSITIONS
 from relpos.models import layers
+from relpos.models.attention import MultiHeadAttention
 
-PAD_ID = 0  # matches relpos.data.tokenizer.PAD_ID (EOS_ID = 1, BOS_ID = 2 there)
-POSITION_MODES = ('absolute', 'learned', 'shaw', 'shaw_absolute', 'none')
-_RELATIVE_MODES = ('shaw', 'shaw_absolute')
 _BOUNDED_MODES = ('absolute', 'learned', 'shaw_absolute')  # embed absolute positions
 _DENSE_INIT = nnx.initializers.xavier_uniform()
 _LAYER_NORM_EPSILON = 1e-6  # tensor2tensor's
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig(layers.ModelConfig):
+  """config.model of relpos/config/translate.py plus vocab_size, typed and checked: see
+  `layers.ModelConfig` for the fields both models have and for `from_section`. Every head has
+  d_model / num_heads dimensions (`head_dim`)."""
+
+  POSITIONS = TRANSLATE_POSITIONS
+  SINUSOID_POSITIONS = ('absolute', 'shaw_absolute')
+  SHAW_POSITIONS = ('shaw', 'shaw_absolute')
+  RULES = {
+    'encoder_layers': checks.integer(1),
+    'decoder_layers': checks.integer(1),
+    'max_len': checks.integer(1),
+  }
+
+  encoder_layers: int
+  decoder_layers: int
+  max_len: int  # longest sequence for positions that embed absolute positions
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.d_model % self.num_heads:
+      raise ValueError(
+        f'config.model.d_model={self.d_model} must be a multiple of '
+        f'config.model.num_heads={self.num_heads} (head_dim = d_model / num_heads)'
+      )
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.num_heads
 
 
 class DecodeCache(NamedTuple):
@@ -70,172 +105,73 @@ class DecodeCache(NamedTuple):
   valid: jax.Array
 
 
-def check_config(config):
-  """Raises ValueError, naming the field, for a config the model cannot honour."""
-  if config.position not in POSITION_MODES:
-    raise ValueError(
-      f'config.model.position must be one of {POSITION_MODES}, got {config.position!r}'
-    )
-  layers.check_dtype(config)
-  if config.num_heads < 1 or config.d_model % config.num_heads:
-    raise ValueError(
-      f'config.model.d_model={config.d_model} must be a multiple of '
-      f'config.model.num_heads={config.num_heads} (>= 1)'
-    )
-  for field in ('encoder_layers', 'decoder_layers', 'd_ff', 'max_len'):
-    if config[field] < 1:
-      raise ValueError(f'config.model.{field} must be >= 1, got {config[field]}')
-  if not 0.0 <= config.dropout < 1.0:
-    raise ValueError(f'config.model.dropout must be in [0, 1), got {config.dropout}')
-  if config.position in ('absolute', 'shaw_absolute') and config.d_model % 2:
-    raise ValueError(
-      f'sinusoidal positions need an even d_model (config.model.d_model), got {config.d_model}'
-    )
-  if config.position in _RELATIVE_MODES:
-    if config.max_relative_position < 0:
-      raise ValueError(
-        f'config.model.max_relative_position must be >= 0, got {config.max_relative_position}'
-      )
-    if not (config.relative_keys or config.relative_values):
-      raise ValueError(
-        f'config.model.position={config.position!r} needs config.model.relative_keys or '
-        f'relative_values; with neither, '
-        "use position='none' (or 'absolute' instead of 'shaw_absolute')"
-      )
-
-
-_linear = functools.partial(layers.linear, kernel_init=_DENSE_INIT)
-_layer_norm = functools.partial(layers.layer_norm, epsilon=_LAYER_NORM_EPSILON)
-
-
-def _relative_table(config, rngs):
-  """A [2k+1, head_dim] Shaw table w^K or w^V."""
-  shape = (2 * config.max_relative_position + 1, config.d_model // config.num_heads)
-  return nnx.Param(_DENSE_INIT(rngs.params(), shape))
-
-
 def _key_mask(tokens_BK):
   """bool [batch, 1, 1, kv_len]: True where the key is not PAD."""
   return (tokens_BK != PAD_ID)[:, None, None, :]
 
 
-class Attention(nnx.Module):
-  """Multi-head attention without biases; Shaw relative terms when it owns tables."""
-
-  def __init__(self, config: ml_collections.ConfigDict, *, relative: bool, rngs: nnx.Rngs):
-    self.num_heads = config.num_heads
-    self.head_dim = config.d_model // config.num_heads
-    self.dtype = layers.compute_dtype(config)
-    d_model = config.d_model
-    self.query = _linear(d_model, d_model, config, rngs, use_bias=False)
-    self.key = _linear(d_model, d_model, config, rngs, use_bias=False)
-    self.value = _linear(d_model, d_model, config, rngs, use_bias=False)
-    self.output = _linear(d_model, d_model, config, rngs, use_bias=False)
-    relative = relative and config.position in _RELATIVE_MODES
-    self.rel_key = _relative_table(config, rngs) if relative and config.relative_keys else None
-    self.rel_value = _relative_table(config, rngs) if relative and config.relative_values else None
-
-  def _heads(self, x_BTD):
-    """[..., d_model] -> [..., heads, head_dim]."""
-    return x_BTD.reshape(*x_BTD.shape[:-1], self.num_heads, self.head_dim)
-
-  def keys_values(self, x_BKD):
-    """Keys and values [batch, kv_len, heads, head_dim] of the context [batch, kv_len, d_model]."""
-    return self._heads(self.key(x_BKD)), self._heads(self.value(x_BKD))
-
-  def __call__(self, x_BQD, k_BKHD, v_BKHD, mask, *, query_offset=None):
-    """Attention of queries from x over precomputed keys and values.
-
-    Args:
-      x_BQD: [batch, q_len, d_model], the query inputs.
-      k_BKHD, v_BKHD: [batch, kv_len, heads, head_dim], from `keys_values`.
-      mask: bool broadcastable to [batch, heads, q_len, kv_len], True = may attend.
-      query_offset: relative attention only: position of query 0 (int or traced scalar); None
-        means the queries are the last q_len positions of the keys.
-    Returns:
-      [batch, q_len, d_model].
-    """
-    q_BQHD = self._heads(self.query(x_BQD))
-    if self.rel_key is None and self.rel_value is None:
-      heads_BQHD = attention.dot_product_attention(q_BQHD, k_BKHD, v_BKHD, mask=mask)
-    else:
-      rel_key, rel_value = (
-        None if t is None else t[...].astype(self.dtype) for t in (self.rel_key, self.rel_value)
-      )
-      heads_BQHD = attention.shaw_attention(
-        q_BQHD, k_BKHD, v_BKHD, rel_key, rel_value, mask=mask, query_offset=query_offset
-      )
-    return self.output(heads_BQHD.reshape(*heads_BQHD.shape[:2], -1))
+def _attention(config: TransformerConfig, rngs, *, relative: bool) -> MultiHeadAttention:
+  """The shared attention layer; Shaw tables in the self-attention of the Shaw modes."""
+  shaw = relative and config.position in config.SHAW_POSITIONS
+  return MultiHeadAttention.from_config(
+    config, relative='shaw' if shaw else 'none', kernel_init=_DENSE_INIT, rngs=rngs
+  )
 
 
-class Residual(nnx.Module):
-  """LayerNorm and dropout around one sublayer f: post-LN LN(x + drop(f(x))) or pre-LN
-  x + drop(f(LN(x))). Call `inputs(x)` for f's input, then `outputs(x, f(...))`."""
-
-  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    self.pre_layer_norm = config.pre_layer_norm
-    self.norm = _layer_norm(config, rngs)
-    self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
-
-  def inputs(self, x_BTD):
-    return self.norm(x_BTD) if self.pre_layer_norm else x_BTD
-
-  def outputs(self, x_BTD, h_BTD, *, deterministic: bool):
-    x_BTD = x_BTD + self.dropout(h_BTD, deterministic=deterministic)
-    return x_BTD if self.pre_layer_norm else self.norm(x_BTD)
+def _residual(config: TransformerConfig, rngs) -> layers.Residual:
+  return layers.Residual(config, epsilon=_LAYER_NORM_EPSILON, rngs=rngs)
 
 
-class FeedForward(nnx.Module):
-  """Linear, ReLU, Linear."""
+def _final_norm(config: TransformerConfig, rngs) -> nnx.LayerNorm:
+  """The LayerNorm of the encoder's and the decoder's output (pre-LN)."""
+  return nnx.LayerNorm(
+    config.d_model, epsilon=_LAYER_NORM_EPSILON, dtype=config.compute_dtype, rngs=rngs
+  )
 
-  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    self.inner = _linear(config.d_model, config.d_ff, config, rngs)
-    self.outer = _linear(config.d_ff, config.d_model, config, rngs)
 
-  def __call__(self, x_BTD):
-    return self.outer(jax.nn.relu(self.inner(x_BTD)))
+def _feed_forward(config: TransformerConfig, rngs) -> layers.FeedForward:
+  """Linear, ReLU, Linear (no inner dropout, as tensor2tensor's transformer_base)."""
+  return layers.FeedForward(
+    config, inner_dropout=0.0, epsilon=_LAYER_NORM_EPSILON, kernel_init=_DENSE_INIT, rngs=rngs
+  )
 
 
 class EncoderLayer(nnx.Module):
   """Self-attention (relative in the Shaw modes), then feed-forward."""
 
-  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    self.self_attention = Attention(config, relative=True, rngs=rngs)
-    self.self_residual = Residual(config, rngs=rngs)
-    self.ff = FeedForward(config, rngs=rngs)
-    self.ff_residual = Residual(config, rngs=rngs)
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    self.self_attention = _attention(config, rngs, relative=True)
+    self.self_residual = _residual(config, rngs)
+    self.ff = _feed_forward(config, rngs)
 
   def __call__(self, x_BSD, mask_B11S, *, deterministic: bool):
     """x [batch, src_len, d_model], mask of the non-PAD source keys -> [batch, src_len, d_model]."""
-    h_BSD = self.self_residual.inputs(x_BSD)
-    h_BSD = self.self_attention(h_BSD, *self.self_attention.keys_values(h_BSD), mask_B11S)
-    x_BSD = self.self_residual.outputs(x_BSD, h_BSD, deterministic=deterministic)
-    h_BSD = self.ff(self.ff_residual.inputs(x_BSD))
-    return self.ff_residual.outputs(x_BSD, h_BSD, deterministic=deterministic)
+    attend = functools.partial(self.self_attention, mask=mask_B11S, deterministic=deterministic)
+    x_BSD = self.self_residual(x_BSD, attend, deterministic=deterministic)
+    return self.ff(x_BSD, deterministic=deterministic)
 
 
 class DecoderLayer(nnx.Module):
   """Causal self-attention (relative in the Shaw modes), encoder-decoder attention (never
   relative), then feed-forward."""
 
-  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    self.self_attention = Attention(config, relative=True, rngs=rngs)
-    self.self_residual = Residual(config, rngs=rngs)
-    self.cross_attention = Attention(config, relative=False, rngs=rngs)
-    self.cross_residual = Residual(config, rngs=rngs)
-    self.ff = FeedForward(config, rngs=rngs)
-    self.ff_residual = Residual(config, rngs=rngs)
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    self.self_attention = _attention(config, rngs, relative=True)
+    self.self_residual = _residual(config, rngs)
+    self.cross_attention = _attention(config, rngs, relative=False)
+    self.cross_residual = _residual(config, rngs)
+    self.ff = _feed_forward(config, rngs)
 
   def cross_keys_values(self, enc_BSD):
     """Encoder-decoder keys and values [batch, src_len, heads, head_dim] of this layer."""
     return self.cross_attention.keys_values(enc_BSD)
 
   def _cross_and_ff(self, x_BTD, cross_kv, cross_mask_B11S, *, deterministic):
-    h_BTD = self.cross_residual.inputs(x_BTD)
-    h_BTD = self.cross_attention(h_BTD, *cross_kv, cross_mask_B11S)
-    x_BTD = self.cross_residual.outputs(x_BTD, h_BTD, deterministic=deterministic)
-    h_BTD = self.ff(self.ff_residual.inputs(x_BTD))
-    return self.ff_residual.outputs(x_BTD, h_BTD, deterministic=deterministic)
+    attend = functools.partial(
+      self.cross_attention, mask=cross_mask_B11S, kv=cross_kv, deterministic=deterministic
+    )
+    x_BTD = self.cross_residual(x_BTD, attend, deterministic=deterministic)
+    return self.ff(x_BTD, deterministic=deterministic)
 
   def __call__(self, x_BTD, enc_BSD, self_mask, cross_mask_B11S, *, deterministic: bool):
     """Teacher forcing.
@@ -249,9 +185,8 @@ class DecoderLayer(nnx.Module):
     Returns:
       [batch, tgt_len, d_model].
     """
-    h_BTD = self.self_residual.inputs(x_BTD)
-    h_BTD = self.self_attention(h_BTD, *self.self_attention.keys_values(h_BTD), self_mask)
-    x_BTD = self.self_residual.outputs(x_BTD, h_BTD, deterministic=deterministic)
+    attend = functools.partial(self.self_attention, mask=self_mask, deterministic=deterministic)
+    x_BTD = self.self_residual(x_BTD, attend, deterministic=deterministic)
     cross_kv = self.cross_keys_values(enc_BSD)
     return self._cross_and_ff(x_BTD, cross_kv, cross_mask_B11S, deterministic=deterministic)
 
@@ -270,9 +205,8 @@ class DecoderLayer(nnx.Module):
     k_B1HD, v_B1HD = self.self_attention.keys_values(h_B1D)
     keys = _write(cache.keys, k_B1HD, layer, step)
     values = _write(cache.values, v_B1HD, layer, step)
-    h_B1D = self.self_attention(
-      h_B1D, keys[:, layer], values[:, layer], self_mask_B11T, query_offset=step
-    )
+    kv = keys[:, layer], values[:, layer]
+    h_B1D = self.self_attention(h_B1D, self_mask_B11T, deterministic=True, kv=kv, query_offset=step)
     x_B1D = self.self_residual.outputs(x_B1D, h_B1D, deterministic=True)
     x_B1D = self._cross_and_ff(x_B1D, cross_kv, cross_mask_B11S, deterministic=True)
     return x_B1D, cache._replace(keys=keys, values=values)
@@ -296,22 +230,13 @@ class Transformer(nnx.Module):
     logits_BV, cache = model.decode_step(context, src_BS, token_B, cache, step)
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    """Builds the model.
-
-    Args:
-      config: `config.model` of configs/translate_defaults.py plus vocab_size: position (one
-        of POSITION_MODES), max_relative_position (k), relative_keys, relative_values,
-        encoder_layers, decoder_layers, d_model, num_heads, d_ff, dropout, pre_layer_norm,
-        max_len, dtype ('float32' | 'bfloat16' compute; parameters stay float32).
-      rngs: 'params' (or default) stream for initialisation; 'dropout' (or default) for
-        dropout.
-    """
-    check_config(config)
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    """Builds the model; `rngs`: 'params' (or default) stream for initialisation, 'dropout'
+    (or default) for dropout."""
     self.position = config.position
     self.d_model, self.max_len = config.d_model, config.max_len
-    self.num_heads, self.head_dim = config.num_heads, config.d_model // config.num_heads
-    self.dtype = layers.compute_dtype(config)
+    self.num_heads, self.head_dim = config.num_heads, config.head_dim
+    self.dtype = config.compute_dtype
     embedding_init = nnx.initializers.normal(config.d_model**-0.5)
     self.embed = nnx.Embed(
       config.vocab_size, config.d_model, dtype=self.dtype, embedding_init=embedding_init, rngs=rngs
@@ -327,8 +252,8 @@ class Transformer(nnx.Module):
     self.decoder_layers = nnx.List(
       [DecoderLayer(config, rngs=rngs) for _ in range(config.decoder_layers)]
     )
-    self.encoder_norm = _layer_norm(config, rngs) if config.pre_layer_norm else None
-    self.decoder_norm = _layer_norm(config, rngs) if config.pre_layer_norm else None
+    self.encoder_norm = _final_norm(config, rngs) if config.pre_layer_norm else None
+    self.decoder_norm = _final_norm(config, rngs) if config.pre_layer_norm else None
 
   def _check_length(self, length: int, what: str):
     if self.position in _BOUNDED_MODES and length > self.max_len:
@@ -339,7 +264,7 @@ class Transformer(nnx.Module):
   def _embed(self, tokens_BT, positions_T, *, deterministic):
     """Scaled token embeddings plus absolute positions, after dropout: [batch, len, d_model]."""
     x_BTD = self.embed(tokens_BT) * self.d_model**0.5
-    if self.position in ('absolute', 'shaw_absolute'):
+    if self.position in TransformerConfig.SINUSOID_POSITIONS:
       x_BTD += attention.sinusoidal_embedding(positions_T, self.d_model).astype(self.dtype)
     elif self.position == 'learned':
       x_BTD += self.position_table[...][positions_T].astype(self.dtype)

@@ -5,38 +5,40 @@ tied input/output embeddings): embedding scaled by sqrt(d_model), post-LN decode
 pre-LN, without a final LayerNorm, as the original), segment-level recurrence with a memory of
 each layer's input states, `same_length` and `clamp_len`.
 
-The position scheme is a config choice, the rest of the model being identical:
+The position scheme is `config.model.position`, the rest of the model being identical; each
+layer's attention is the shared `relpos.models.attention.MultiHeadAttention`:
 
 - 'xl': relative attention `relpos.attention.xl_attention` with R = sinusoids of distances,
   `W_kR` (`r_net`) per layer and biases u, v (per layer if `untie_r`, else shared).
-- 'shaw': `relpos.attention.shaw_attention` with per-layer [2k+1, d_head] tables, shared by the
-  heads, for keys and values.
+- 'shaw': `relpos.attention.shaw_attention` with per-layer [2k+1, head_dim] tables, shared by
+  the heads, for keys and values (`relative_keys` / `relative_values`).
 - 'absolute': sinusoids of the position within the current segment (0..T-1) added to the
   embeddings. Positions restart every segment, so memory states carry the positions of their
   own segment: segment-wise evaluation is NOT the same as one pass over the whole sequence.
 - 'none': no position information at all.
 
-Attention-probability dropout (`dropatt`, as in the original) applies in training only
-(`deterministic=False`), inside the kernels (their `dropout_rate` / `dropout_rng`). Its keys
-come from the rng stream of the attention block's residual dropout, so it adds no state and
-leaves the initialisation unchanged.
+The segment and memory lengths, clamp_len and same_length are not part of the model: training
+and evaluation pass their own (config.train / config.eval) to `init_memory` and `__call__`.
+Attention-probability dropout (`attention_dropout`, the original's dropatt) applies in
+training only (`deterministic=False`), inside the kernels.
 
 Memory has a fixed shape for `jit`: `mem_len` slots per layer of which the trailing
 `Memory.length` are valid; invalid slots are masked out of the attention.
 """
 
-import functools
+import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from flax import nnx
 
 from relpos import attention
+from relpos.config import checks
+from relpos.constants import CHAR_LM_POSITIONS
 from relpos.models import layers
+from relpos.models.attention import MultiHeadAttention
 
-ATTENTION_MODES = ('xl', 'shaw', 'absolute', 'none')
 _INIT = nnx.initializers.normal(0.02)  # the original's `init_std` for weights and embeddings
 _LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default
 
@@ -45,7 +47,7 @@ class Memory(NamedTuple):
   """Segment-level recurrence state (a pytree).
 
   Attributes:
-    hidden: [n_layer, batch, mem_len, d_model]; hidden[l] holds the inputs of layer l at the
+    hidden: [num_layers, batch, mem_len, d_model]; hidden[l] holds the inputs of layer l at the
       last mem_len positions seen.
     length: int32 scalar, how many trailing slots of `hidden` are valid (0..mem_len).
   """
@@ -90,125 +92,63 @@ def attention_mask(q_len: int, mem_len: int, length, *, same_length: bool) -> ja
   return mask_QK
 
 
-_linear = functools.partial(layers.linear, kernel_init=_INIT)
-_layer_norm = functools.partial(layers.layer_norm, epsilon=_LAYER_NORM_EPSILON)
+@dataclasses.dataclass(frozen=True)
+class TransformerXLConfig(layers.ModelConfig):
+  """Typed, checked config.model of relpos/config/char_lm.py plus vocab_size, e.g.
+  `TransformerXLConfig.from_section(config.model, vocab_size=256)`; the fields it shares with
+  the translation model are `layers.ModelConfig`'s."""
+
+  POSITIONS = CHAR_LM_POSITIONS
+  SINUSOID_POSITIONS = ('xl', 'absolute')
+  SHAW_POSITIONS = ('shaw',)
+  RULES = {
+    'num_layers': checks.integer(1),
+    'head_dim': checks.integer(1),
+    'untie_r': checks.FLAG,
+  }
+
+  num_layers: int
+  head_dim: int  # num_heads * head_dim need not equal d_model
+  untie_r: bool  # 'xl': per-layer biases u, v
 
 
-def check_config(config):
-  """Raises ValueError for a config the model cannot honour."""
-  if config.attention not in ATTENTION_MODES:
-    raise ValueError(
-      f'config.model.attention must be one of {ATTENTION_MODES}, got {config.attention!r}'
+class DecoderLayer(nnx.Module):
+  """Attention over [memory; segment], then the position-wise feed-forward block; each with
+  its residual and LayerNorm (post-LN, or pre-LN where the memory is normalised too)."""
+
+  def __init__(self, config: TransformerXLConfig, *, rngs: nnx.Rngs):
+    relative = config.position if config.position in ('xl', 'shaw') else 'none'
+    self.attention = MultiHeadAttention.from_config(
+      config, relative=relative, kernel_init=_INIT, rngs=rngs
     )
-  layers.check_dtype(config)
-  if not 0 <= config.dropatt < 1:
-    raise ValueError(f'config.model.dropatt must be in [0, 1), got {config.dropatt}')
-  if config.attention in ('xl', 'absolute') and config.d_model % 2:
-    raise ValueError(
-      f'sinusoidal positions need an even d_model (config.model.d_model), got {config.d_model}'
+    self.attention_residual = layers.Residual(config, epsilon=_LAYER_NORM_EPSILON, rngs=rngs)
+    self.ff = layers.FeedForward(
+      config,
+      inner_dropout=config.dropout,
+      epsilon=_LAYER_NORM_EPSILON,
+      kernel_init=_INIT,
+      rngs=rngs,
     )
-  if config.attention == 'shaw' and config.max_relative_position < 0:
-    raise ValueError(
-      f'config.model.max_relative_position must be >= 0, got {config.max_relative_position}'
-    )
-  if config.mem_len < 0:
-    raise ValueError(f'config.model.mem_len must be >= 0, got {config.mem_len}')
 
-
-class MemoryAttention(nnx.Module):
-  """Multi-head attention of a segment over [memory; segment], then residual and LayerNorm."""
-
-  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    self.mode = config.attention
-    self.n_head, self.d_head = config.n_head, config.d_head
-    self.pre_lnorm = config.pre_lnorm
-    self.dtype = layers.compute_dtype(config)
-    width = config.n_head * config.d_head
-    self.query = _linear(config.d_model, width, config, rngs, use_bias=False)
-    self.key = _linear(config.d_model, width, config, rngs, use_bias=False)
-    self.value = _linear(config.d_model, width, config, rngs, use_bias=False)
-    self.output = _linear(width, config.d_model, config, rngs, use_bias=False)
-    self.norm = _layer_norm(config, rngs)
-    self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
-    self.dropatt = config.dropatt
-    if self.mode == 'xl':
-      self.r_net = _linear(config.d_model, width, config, rngs, use_bias=False)
-    if self.mode == 'shaw':
-      rows = 2 * config.max_relative_position + 1
-      self.rel_key = nnx.Param(_INIT(rngs.params(), (rows, config.d_head)))
-      self.rel_value = nnx.Param(_INIT(rngs.params(), (rows, config.d_head)))
-
-  def _heads(self, x_BTF):
-    """[..., n_head * d_head] -> [..., n_head, d_head]."""
-    return x_BTF.reshape(*x_BTF.shape[:-1], self.n_head, self.d_head)
-
-  def _attend(self, q_BQHD, k_BKHD, v_BKHD, mask_QK, r_KD, biases, *, deterministic):
-    kwargs = dict(mask=mask_QK)
-    if self.dropatt > 0 and not deterministic:
-      # A fresh key per call, drawn from the residual dropout's stream as nnx.Dropout draws it.
-      kwargs.update(dropout_rate=self.dropatt, dropout_rng=self.dropout.rngs())
-    if self.mode == 'xl':
-      rel_key_KHD = self._heads(self.r_net(r_KD))
-      u_HD, v_HD = (bias.astype(self.dtype) for bias in biases)
-      return attention.xl_attention(q_BQHD, k_BKHD, v_BKHD, rel_key_KHD, u_HD, v_HD, **kwargs)
-    if self.mode == 'shaw':
-      rel_key, rel_value = (t[...].astype(self.dtype) for t in (self.rel_key, self.rel_value))
-      return attention.shaw_attention(q_BQHD, k_BKHD, v_BKHD, rel_key, rel_value, **kwargs)
-    return attention.dot_product_attention(q_BQHD, k_BKHD, v_BKHD, **kwargs)
-
-  def __call__(self, x_BQD, memory_BMD, mask_QK, r_KD, biases, *, deterministic: bool):
-    """Attention block of one layer.
+  def __call__(self, x_BQD, memory_BMD, mask_QK, xl_terms, *, deterministic: bool):
+    """One layer.
 
     Args:
       x_BQD: [batch, q_len, d_model], the layer input for the current segment.
       memory_BMD: [batch, mem_len, d_model], the layer input at the memory positions.
       mask_QK: bool [q_len, mem_len + q_len], True = may attend.
-      r_KD: 'xl' only (else None): [mem_len + q_len, d_model], R_t for distances t.
-      biases: 'xl' only (else None): (u, v), each [n_head, d_head].
-      deterministic: disables dropout, of the attention probabilities (dropatt) included.
+      xl_terms: 'xl' only (else None): (R [mem_len + q_len, d_model] of distances, u, v).
+      deterministic: disables dropout, of the attention probabilities included.
     Returns:
       [batch, q_len, d_model].
     """
-    context_BKD = jnp.concatenate([memory_BMD, x_BQD], axis=1)
-    if self.pre_lnorm:
-      context_BKD = self.norm(context_BKD)
-    q_BQHD = self._heads(self.query(context_BKD[:, -x_BQD.shape[1] :]))
-    k_BKHD, v_BKHD = self._heads(self.key(context_BKD)), self._heads(self.value(context_BKD))
-    heads_BQHD = self._attend(
-      q_BQHD, k_BKHD, v_BKHD, mask_QK, r_KD, biases, deterministic=deterministic
-    )
-    out_BQD = self.output(heads_BQHD.reshape(*heads_BQHD.shape[:2], -1))
-    out_BQD = self.dropout(out_BQD, deterministic=deterministic)
-    return x_BQD + out_BQD if self.pre_lnorm else self.norm(x_BQD + out_BQD)
 
+    def attend(h_BQD):  # keys and values of [memory; segment], normalised alike (pre-LN)
+      context_BKD = jnp.concatenate([self.attention_residual.inputs(memory_BMD), h_BQD], axis=1)
+      kv = self.attention.keys_values(context_BKD)
+      return self.attention(h_BQD, mask_QK, deterministic=deterministic, kv=kv, xl_terms=xl_terms)
 
-class PositionwiseFF(nnx.Module):
-  """Linear, ReLU, dropout, Linear, dropout; then residual and LayerNorm (pre- or post-)."""
-
-  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    self.pre_lnorm = config.pre_lnorm
-    self.inner = _linear(config.d_model, config.d_inner, config, rngs)
-    self.outer = _linear(config.d_inner, config.d_model, config, rngs)
-    self.norm = _layer_norm(config, rngs)
-    self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
-
-  def __call__(self, x_BTD, *, deterministic: bool):
-    h_BTD = self.norm(x_BTD) if self.pre_lnorm else x_BTD
-    h_BTF = self.dropout(jax.nn.relu(self.inner(h_BTD)), deterministic=deterministic)
-    h_BTD = self.dropout(self.outer(h_BTF), deterministic=deterministic)
-    return x_BTD + h_BTD if self.pre_lnorm else self.norm(x_BTD + h_BTD)
-
-
-class DecoderLayer(nnx.Module):
-  """Attention block then position-wise feed-forward block."""
-
-  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    self.attention = MemoryAttention(config, rngs=rngs)
-    self.ff = PositionwiseFF(config, rngs=rngs)
-
-  def __call__(self, x_BQD, memory_BMD, mask_QK, r_KD, biases, *, deterministic: bool):
-    """See `MemoryAttention.__call__`; returns [batch, q_len, d_model]."""
-    x_BQD = self.attention(x_BQD, memory_BMD, mask_QK, r_KD, biases, deterministic=deterministic)
+    x_BQD = self.attention_residual(x_BQD, attend, deterministic=deterministic)
     return self.ff(x_BQD, deterministic=deterministic)
 
 
@@ -216,72 +156,55 @@ class TransformerXL(nnx.Module):
   """Transformer-XL language model with segment-level recurrence.
 
   Usage:
-    model = TransformerXL(config, rngs=nnx.Rngs(0))
-    memory = model.init_memory(batch_size)
+    model = TransformerXL(TransformerXLConfig.from_section(config.model, vocab_size=256),
+                          rngs=nnx.Rngs(0))
+    memory = model.init_memory(batch_size, mem_len)
     logits_BTV, memory = model(tokens_BT, memory, deterministic=False)
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    """Builds the model.
-
-    Args:
-      config: vocab_size, n_layer, d_model, n_head, d_head, d_inner, dropout, dropatt
-        (attention-probability dropout, in [0, 1)), tgt_len (unused: any segment length
-        works), mem_len (default memory size), clamp_len (<= 0: none), same_length, untie_r,
-        pre_lnorm, attention (one of ATTENTION_MODES), max_relative_position ('shaw'), dtype
-        ('float32' | 'bfloat16', compute dtype; parameters stay float32).
-      rngs: 'params' (or default) stream for initialisation; 'dropout' (or default) for
-        dropout and dropatt.
-    """
-    check_config(config)
-    self.mode = config.attention
-    self.n_layer, self.d_model = config.n_layer, config.d_model
-    self.mem_len = config.mem_len
-    self.clamp_len = config.clamp_len if config.clamp_len > 0 else None
-    self.same_length = config.same_length
+  def __init__(self, config: TransformerXLConfig, *, rngs: nnx.Rngs):
+    """Builds the model; `rngs`: 'params' (or default) stream for initialisation, 'dropout'
+    (or default) for dropout and attention dropout."""
+    self.position = config.position
+    self.num_layers, self.d_model = config.num_layers, config.d_model
     self.untie_r = config.untie_r
-    self.dtype = layers.compute_dtype(config)
+    self.dtype = config.compute_dtype
     self.embed = nnx.Embed(
       config.vocab_size, config.d_model, dtype=self.dtype, embedding_init=_INIT, rngs=rngs
     )
     self.output_bias = nnx.Param(jnp.zeros((config.vocab_size,), jnp.float32))
     self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
-    self.layers = nnx.List([DecoderLayer(config, rngs=rngs) for _ in range(config.n_layer)])
-    if self.mode == 'xl':
-      per_layer = (config.n_layer,) if config.untie_r else ()
-      shape = (*per_layer, config.n_head, config.d_head)
+    self.layers = nnx.List([DecoderLayer(config, rngs=rngs) for _ in range(config.num_layers)])
+    if self.position == 'xl':
+      per_layer = (config.num_layers,) if config.untie_r else ()
+      shape = (*per_layer, config.num_heads, config.head_dim)
       self.content_bias = nnx.Param(_INIT(rngs.params(), shape))  # u (r_w_bias)
       self.position_bias = nnx.Param(_INIT(rngs.params(), shape))  # v (r_r_bias)
 
-  def init_memory(self, batch_size: int, mem_len: int | None = None) -> Memory:
-    """Empty memory: zeros [n_layer, batch_size, mem_len, d_model], length 0.
-
-    `mem_len` defaults to config.mem_len; eval may use another one.
-    """
-    mem_len = self.mem_len if mem_len is None else mem_len
-    hidden = jnp.zeros((self.n_layer, batch_size, mem_len, self.d_model), self.dtype)
+  def init_memory(self, batch_size: int, mem_len: int) -> Memory:
+    """Empty memory: zeros [num_layers, batch_size, mem_len, d_model], length 0."""
+    hidden = jnp.zeros((self.num_layers, batch_size, mem_len, self.d_model), self.dtype)
     return Memory(hidden, jnp.zeros((), jnp.int32))
 
   def _embed(self, tokens_BT, *, deterministic):
     x_BTD = self.embed(tokens_BT) * self.d_model**0.5
-    if self.mode == 'absolute':
+    if self.position == 'absolute':
       positions_TD = attention.sinusoidal_embedding(jnp.arange(tokens_BT.shape[1]), self.d_model)
       x_BTD += positions_TD.astype(self.dtype)
     return self.dropout(x_BTD, deterministic=deterministic)
 
-  def _relative_encoding(self, kv_len, *, deterministic):
-    """'xl': R_t for t = 0..kv_len-1 after dropout, [kv_len, d_model]; otherwise None."""
-    if self.mode != 'xl':
-      return None
-    r_KD = attention.xl_relative_encoding(kv_len, self.d_model, clamp_len=self.clamp_len)
-    return self.dropout(r_KD, deterministic=deterministic)
-
-  def _biases(self, layer):
-    """'xl': (u, v) of layer `layer`, each [n_head, d_head]; otherwise None."""
-    if self.mode != 'xl':
-      return None
+  def _xl_terms(self, kv_len, clamp_len, *, deterministic):
+    """'xl': per layer, (R_t for t = 0..kv_len-1 after dropout [kv_len, d_model], u, v);
+    otherwise None for every layer."""
+    if self.position != 'xl':
+      return [None] * self.num_layers
+    clamp_len = clamp_len if clamp_len and clamp_len > 0 else None
+    r_KD = attention.xl_relative_encoding(kv_len, self.d_model, clamp_len=clamp_len)
+    r_KD = self.dropout(r_KD, deterministic=deterministic)
     u, v = self.content_bias[...], self.position_bias[...]
-    return (u[layer], v[layer]) if self.untie_r else (u, v)
+    if self.untie_r:
+      return [(r_KD, u[layer], v[layer]) for layer in range(self.num_layers)]
+    return [(r_KD, u, v)] * self.num_layers
 
   def _logits(self, h_BTD):
     """Tied output softmax: h Eᵀ + b, accumulated in float32: [batch, time, vocab]."""
@@ -289,39 +212,43 @@ class TransformerXL(nnx.Module):
     logits_BTV = jnp.einsum('btd,vd->btv', h_BTD, embedding_VD, preferred_element_type=jnp.float32)
     return logits_BTV + self.output_bias[...]
 
-  def __call__(self, tokens_BT, memory: Memory, *, deterministic: bool):
+  def __call__(
+    self,
+    tokens_BT,
+    memory: Memory,
+    *,
+    deterministic: bool,
+    clamp_len: int | None = None,
+    same_length: bool = False,
+  ):
     """Runs one segment.
 
     Args:
       tokens_BT: int [batch, q_len], any q_len.
       memory: from `init_memory` or the previous call; its mem_len is its own.
       deterministic: disables dropout.
+      clamp_len: 'xl': distances past it use R_clamp_len (None or <= 0: no clamping).
+      same_length: every query sees the same number of keys (needs a memory).
     Returns:
       logits [batch, q_len, vocab] float32, and the new memory: the last mem_len of
       [memory; this segment's layer inputs], under stop_gradient. The incoming memory is put
       under stop_gradient too, so no gradient ever crosses a segment boundary.
     """
     batch, q_len = tokens_BT.shape
-    if memory.hidden.shape[:2] != (self.n_layer, batch):
+    if memory.hidden.shape[:2] != (self.num_layers, batch):
       raise ValueError(
-        f'memory.hidden {memory.hidden.shape} does not match n_layer={self.n_layer}, batch={batch}'
+        f'memory.hidden {memory.hidden.shape} does not match num_layers={self.num_layers}, '
+        f'batch={batch}'
       )
     memory_LBMD = jax.lax.stop_gradient(memory.hidden).astype(self.dtype)
     mem_len = memory_LBMD.shape[2]
-    mask_QK = attention_mask(q_len, mem_len, memory.length, same_length=self.same_length)
-    r_KD = self._relative_encoding(mem_len + q_len, deterministic=deterministic)
+    mask_QK = attention_mask(q_len, mem_len, memory.length, same_length=same_length)
+    xl_terms = self._xl_terms(mem_len + q_len, clamp_len, deterministic=deterministic)
     x_BQD = self._embed(tokens_BT, deterministic=deterministic)
     inputs = []
-    for layer_index, layer in enumerate(self.layers):
+    for layer, memory_BMD, terms in zip(self.layers, memory_LBMD, xl_terms, strict=True):
       inputs.append(x_BQD)
-      x_BQD = layer(
-        x_BQD,
-        memory_LBMD[layer_index],
-        mask_QK,
-        r_KD,
-        self._biases(layer_index),
-        deterministic=deterministic,
-      )
+      x_BQD = layer(x_BQD, memory_BMD, mask_QK, terms, deterministic=deterministic)
     logits_BQV = self._logits(self.dropout(x_BQD, deterministic=deterministic))
     return logits_BQV, _update_memory(memory_LBMD, memory.length, jnp.stack(inputs))
 

@@ -1,1 +1,2 @@
-"""Training and evaluation loops, and what they share: optimizer, checkpoints, metrics."""
+"""The training loop every task shares (loop.py), the tasks, and what they use: optimizer,
+checkpoints, metrics, the data-parallel mesh, preemption."""

@@ -1,4 +1,7 @@
-"""Orbax checkpoints of a training state: a pytree of arrays plus JSON metadata.
+"""Orbax checkpoints of a training state: named items (pytrees of arrays) plus JSON metadata.
+
+Each item is saved on its own, so a reader restores only the items it needs (evaluation reads
+'model' and never the optimizer state).
 
 In a multi-process run every process calls save and restore (orbax writes collectively, each
 process its own shards); arrays are restored with the shardings of the `like` tree's arrays.
@@ -20,7 +23,7 @@ from relpos.training import mesh as mesh_lib
 
 
 class Checkpoints:
-  """`workdir/checkpoints/<step>/{state,meta}`, keeping the newest `keep` steps."""
+  """`workdir/checkpoints/<step>/{<item>...,meta}`, keeping the newest `keep` steps."""
 
   def __init__(self, workdir, *, keep: int = 3):
     self.directory = Path(workdir).resolve() / 'checkpoints'
@@ -35,27 +38,26 @@ class Checkpoints:
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
 
-  def save(self, step: int, state, meta: dict):
-    """Writes `state` (a pytree of arrays) and `meta` (JSON-able) as `step`."""
+  def save(self, step: int, items: dict, meta: dict):
+    """Writes `items` (name -> pytree of arrays) and `meta` (JSON-able) as `step`."""
+    args = {name: ocp.args.StandardSave(tree) for name, tree in items.items()}
     self._manager.save(
-      step,
-      args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-      force=True,
+      step, args=ocp.args.Composite(**args, meta=ocp.args.JsonSave(meta)), force=True
     )
 
-  def restore(self, step: int, like):
-    """(state shaped like the pytree `like`, meta) of `step`."""
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+  def restore(self, step: int, like: dict):
+    """(the items named in `like`, each shaped like its pytree there, meta) of `step`."""
+    args = {
+      name: ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, tree))
+      for name, tree in like.items()
+    }
     restored = self._manager.restore(
-      step,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
-      ),
+      step, args=ocp.args.Composite(**args, meta=ocp.args.JsonRestore())
     )
-    return restored.state, restored.meta
+    return {name: restored[name] for name in like}, restored.meta
 
-  def restore_latest(self, like):
-    """(step, state, meta) of the newest readable checkpoint, or None if there is none.
+  def restore_latest(self, like: dict):
+    """(step, items, meta) of the newest readable checkpoint, or None if there is none.
 
     Raises:
       ValueError: checkpoints exist but none can be read (e.g. the config changed the model).

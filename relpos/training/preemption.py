@@ -45,16 +45,3 @@ class PreemptionSignal:
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
     return False
-
-
-def train_then_evaluate(train, evaluate, config, workdir, *, allow_config_change: bool) -> dict:
-  """`train(config, workdir, preemption, allow_config_change=...)`, then `evaluate(config,
-  workdir)`: the body of both models' `train_and_evaluate`.
-
-  The SIGTERM flag is active from the start, so that a notice during setup (reading data,
-  compiling) stops the run after its first step, with a checkpoint, instead of killing this
-  process (and stranding the others of a multi-process run at their next collective).
-  """
-  with PreemptionSignal() as preemption:
-    train(config, workdir, preemption, allow_config_change=allow_config_change)
-  return evaluate(config, workdir)

@@ -2,26 +2,26 @@
 
 import importlib
 import sys
-import types
 
 import jax
 import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from relpos.config import checks
+from relpos.training.loop import Task
 from relpos.training.preemption import PreemptedError
 
 # Imported on demand, so one task's dependencies never slow down or break another's.
 _TASKS = {'char_lm': 'relpos.training.char_lm', 'translate': 'relpos.training.translate'}
 
 
-def get(config: ml_collections.ConfigDict) -> types.ModuleType:
-  """The module with `train_and_evaluate(config, workdir)`, `evaluate(config, workdir)` and
-  `result_lines(result)` (what the launchers print; the last line is `<metric>=<float>`)."""
+def get(config: ml_collections.ConfigDict) -> Task:
+  """The `relpos.training.loop.Task` config.task names."""
   task = config.get('task')
   if task not in _TASKS:
-    raise SystemExit(f'config.task={task!r}: expected one of {sorted(_TASKS)}')
-  return importlib.import_module(_TASKS[task])
+    raise ValueError(f'config.task={task!r}: expected one of {sorted(_TASKS)}')
+  return importlib.import_module(_TASKS[task]).TASK
 
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: the checkpoint is saved, rerun to resume
@@ -65,6 +65,45 @@ def _define_distributed_flags():
   return initialize
 
 
+def _config_flag_problem(argv: list[str]) -> str | None:
+  """The first --config.<field> override of `argv` naming a renamed field or no field at all
+  of the loaded config, as one line; None if there is none."""
+  try:
+    config = flags.FLAGS['config'].value
+  except (KeyError, AttributeError):
+    config = None
+  for arg in argv:
+    if not arg.startswith('--config.'):
+      continue
+    field = arg.removeprefix('--config.').split('=')[0]
+    if field in checks.RENAMED:
+      return f'--config.{field}: config.{field} is now config.{checks.RENAMED[field]}'
+    node = config
+    for name in field.split('.'):
+      if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+        return f'--config.{field}: the config has no field {field} (config files list every field)'
+      node = node[name]
+  return None
+
+
+def _flag_error(error: Exception) -> str:
+  """One line for an error raised while parsing flags: a config file (or preset) that raised,
+  a value of the wrong type, anything else absl reports."""
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  if len(lines) > 1:  # a traceback from loading the config file: its first and last lines
+    return f'{lines[0].rstrip(":")}: {lines[-1]}'
+  return lines[0] if lines else type(error).__name__
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, each error one line (exit 1) instead of a traceback: an unknown or
+  renamed config field, a config file or preset that raised, a value of the wrong type."""
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as error:
+    sys.exit(f'error: {_config_flag_problem(argv) or _flag_error(error)}')
+
+
 def launch(action: str):
   """Parses --config and --workdir, runs the config's task `action`, prints the result.
 
@@ -93,8 +132,8 @@ def launch(action: str):
     initialize_distributed()
     if action == 'train_and_evaluate':
       kwargs['allow_config_change'] = allow_change.value
-    task = get(config.value)
     try:
+      task = get(config.value)
       result = getattr(task, action)(config.value, workdir.value, **kwargs)
     except PreemptedError as stopped:
       print(stopped, file=sys.stderr)
@@ -105,4 +144,4 @@ def launch(action: str):
       sys.exit(f'error: {error}\n(--traceback shows where it was raised)')
     print('\n'.join(task.result_lines(result)))
 
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

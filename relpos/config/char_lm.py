@@ -1,7 +1,10 @@
-"""Shared structure of the character-LM configs (not a config itself: it has no get_config).
+"""The fields of every character-LM config, with the Transformer-XL enwik8 base defaults.
 
-Every field a character-LM run reads is declared here, so a typo in a command-line override
-(`--config.model.mem_len=...`) fails at parse time instead of being ignored.
+Config files (configs/char_tiny.py, configs/enwik8_base.py, ...) start from `char_lm_config()`
+and change values only. Every field a character-LM run reads is declared here, so a typo in a
+command-line override (`--config.train.mem_len=...`) fails at parse time instead of being
+ignored. `relpos.training.char_lm` holds the rules of the fields it reads, the model's typed
+config (`relpos.models.transformer_xl.TransformerXLConfig`) those of config.model.
 """
 
 import ml_collections
@@ -20,21 +23,19 @@ def char_lm_config() -> ml_collections.ConfigDict:
   config.data.max_bytes = ml_collections.FieldReference(None, field_type=int)
 
   config.model = ml_collections.ConfigDict()
-  config.model.attention = 'xl'  # 'xl' | 'shaw' | 'absolute' | 'none'
-  config.model.n_layer = 12
+  config.model.position = 'xl'  # relpos.constants.CHAR_LM_POSITIONS
+  config.model.num_layers = 12
   config.model.d_model = 512
-  config.model.n_head = 8
-  config.model.d_head = 64
-  config.model.d_inner = 2048
+  config.model.num_heads = 8
+  config.model.head_dim = 64
+  config.model.d_ff = 2048
   config.model.dropout = 0.1
-  config.model.dropatt = 0.0  # attention-probability dropout, as the original enwik8 base
-  config.model.tgt_len = 512
-  config.model.mem_len = 512
-  config.model.clamp_len = -1  # <= 0: no clamping
-  config.model.same_length = False
-  config.model.untie_r = True
-  config.model.pre_lnorm = False
-  config.model.max_relative_position = 16  # k, for attention='shaw'
+  config.model.attention_dropout = 0.0  # on the attention probabilities (the original's dropatt)
+  config.model.untie_r = True  # per-layer XL biases u, v
+  config.model.pre_layer_norm = False
+  config.model.max_relative_position = 16  # k, for position='shaw'
+  config.model.relative_keys = True  # Shaw's tables w^K and w^V (the paper's ablations)
+  config.model.relative_values = True
   config.model.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16'
 
   config.optim = ml_collections.ConfigDict()
@@ -51,13 +52,20 @@ def char_lm_config() -> ml_collections.ConfigDict:
   # GLOBAL rows per step, split across all devices of all processes (a multiple of their
   # count); per-device batch = batch_size / device count.
   config.train.batch_size = 22
+  config.train.tgt_len = 512  # segment length
+  config.train.mem_len = 512  # memory length (0: no memory)
+  config.train.clamp_len = -1  # XL distances clamped to this (<= 0: no clamping)
+  config.train.same_length = False  # every query sees the same number of keys
   config.train.steps = 400_000
   config.train.log_every = 200
   config.train.eval_every = 4000
   config.train.checkpoint_every = 4000
+  config.train.keep_checkpoints = 3
 
   config.eval = ml_collections.ConfigDict()
   config.eval.split = 'test'  # 'valid' | 'test'
+  config.eval.step = 0  # 0 = latest checkpoint
+  config.eval.average_checkpoints = 1  # average the parameters of the last N checkpoints
   config.eval.batch_size = 10
   config.eval.tgt_len = 80
   config.eval.mem_len = 2100

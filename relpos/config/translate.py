@@ -1,7 +1,11 @@
-"""Shared structure of the translation configs (not a config itself: it has no get_config).
+"""The fields of every translation config, with the Transformer base (WMT14 en-de) defaults.
 
-Every field a translation run reads is declared here, so a typo in a command-line override
-(`--config.model.max_relative_position=...`) fails at parse time instead of being ignored.
+Config files (configs/translate_tiny.py, configs/wmt_base.py, ...) start from
+`translate_config()` and change values only. Every field a translation run reads is declared
+here, so a typo in a command-line override (`--config.model.max_relative_position=...`) fails
+at parse time instead of being ignored. `relpos.training.translate` holds the rules of the
+fields it reads, the model's typed config (`relpos.models.transformer.TransformerConfig`) those
+of config.model.
 """
 
 import ml_collections
@@ -39,8 +43,7 @@ def translate_config() -> ml_collections.ConfigDict:
   config.data.length_buckets = 8  # distinct padded lengths, so jit compiles at most this many
 
   config.model = ml_collections.ConfigDict()
-  # 'absolute' (sinusoidal) | 'learned' | 'shaw' | 'shaw_absolute' (both, paper 4.3) | 'none'
-  config.model.position = 'shaw'
+  config.model.position = 'shaw'  # relpos.constants.TRANSLATE_POSITIONS
   config.model.max_relative_position = 16  # k
   config.model.relative_keys = True  # paper Table 4 ablations
   config.model.relative_values = True
@@ -50,6 +53,7 @@ def translate_config() -> ml_collections.ConfigDict:
   config.model.num_heads = 8
   config.model.d_ff = 2048
   config.model.dropout = 0.1
+  config.model.attention_dropout = 0.0  # on the attention probabilities
   config.model.pre_layer_norm = False  # False: post-LN, as Vaswani et al. and Shaw et al.
   config.model.max_len = 512  # longest sequence for 'absolute' / 'learned' positions
   config.model.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16'

@@ -1,4 +1,4 @@
-"""relative_buckets, causal_mask and sinusoidal_embedding against their direct formulas."""
+"""relative_buckets and causal_mask (relpos.attention.masking) against their direct formulas."""
 
 import jax
 import jax.numpy as jnp
@@ -76,18 +76,3 @@ def test_buckets_and_causal_mask_with_traced_offset():
     np.testing.assert_array_equal(np.asarray(b), _buckets(3, 8, 2, off))
     np.testing.assert_array_equal(np.asarray(m), np.arange(8)[None] <= off + np.arange(3)[:, None])
   assert len(traces) == 1
-
-
-@pytest.mark.parametrize('dim', [2, 8, 16, 64])
-def test_sinusoidal_embedding(dim):
-  positions = np.arange(20.0, -1.0, -1.0)  # Transformer-XL uses descending klen-1 .. 0
-  got = attention.sinusoidal_embedding(jnp.asarray(positions, jnp.float32), dim)
-  assert got.shape == (len(positions), dim)
-  assert got.dtype == jnp.float32
-  np.testing.assert_allclose(np.asarray(got), reference.sinusoidal(positions, dim), atol=2e-6)
-
-
-def test_sinusoidal_embedding_int_positions():
-  got = attention.sinusoidal_embedding(jnp.arange(5), 6)
-  assert got.dtype == jnp.float32
-  np.testing.assert_allclose(np.asarray(got), reference.sinusoidal(np.arange(5), 6), atol=2e-6)

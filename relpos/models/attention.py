@@ -1,0 +1,148 @@
+"""Multi-head attention with the position scheme's relative terms: the one attention layer of
+both models, and the one place that dispatches between the kernels of `relpos.attention`.
+
+The layer projects queries, keys and values (no biases) to num_heads * head_dim (which need not
+be d_model), splits heads, calls the kernel its `relative` scheme names, and projects the heads
+back. Keys and values are those of the queries' own inputs, or `kv` from `keys_values` of
+another context: a decoding cache, a memory followed by the queries, the encoder output.
+
+- 'none': `dot_product_attention` (absolute or no positions; encoder-decoder attention).
+- 'shaw': `shaw_attention`, with this layer's [2k+1, head_dim] tables w^K / w^V shared by its
+  heads (either may be left out: the keys-only and values-only ablations). `query_offset`
+  places the queries among the keys, so cached decoding and a memory are exact.
+- 'xl': `xl_attention`, with this layer's W_kR (`r_net`) projecting the sinusoids R of the
+  distances; the biases u and v come from the caller, since Transformer-XL may share them
+  across layers.
+
+Attention-probability dropout runs inside the kernels (`dropout_rate`, `dropout_rng`), in
+training only, with a fresh key per call from this layer's own 'dropout' rng stream.
+"""
+
+import jax
+from flax import nnx
+
+from relpos import attention
+from relpos.models import layers
+
+RELATIVE_SCHEMES = ('none', 'shaw', 'xl')
+
+
+class MultiHeadAttention(nnx.Module):
+  """Attention of queries from x over keys and values, with the scheme's relative terms."""
+
+  def __init__(
+    self,
+    *,
+    d_model: int,
+    num_heads: int,
+    head_dim: int,
+    relative: str,
+    dtype,
+    kernel_init,
+    rngs: nnx.Rngs,
+    max_relative_position: int = 0,
+    relative_keys: bool = True,
+    relative_values: bool = True,
+    attention_dropout: float = 0.0,
+  ):
+    """Builds the projections [d_model, num_heads * head_dim] and the scheme's parameters.
+
+    Args:
+      relative: one of RELATIVE_SCHEMES.
+      dtype: compute dtype (parameters stay float32).
+      kernel_init: initializer of the projections, and of Shaw's tables.
+      rngs: 'params' (or default) stream for initialisation, 'dropout' (or default) for
+        attention dropout.
+      max_relative_position, relative_keys, relative_values: 'shaw' only: k and the tables.
+      attention_dropout: rate on the attention probabilities, in training.
+    """
+    if relative not in RELATIVE_SCHEMES:
+      raise ValueError(f'relative must be one of {RELATIVE_SCHEMES}, got {relative!r}')
+    self.relative, self.num_heads, self.head_dim = relative, num_heads, head_dim
+    self.dtype, self.attention_dropout = dtype, attention_dropout
+    width = num_heads * head_dim
+
+    def linear(fan_in, fan_out):
+      return layers.linear(fan_in, fan_out, dtype, rngs, kernel_init=kernel_init, use_bias=False)
+
+    self.query, self.key, self.value = (linear(d_model, width) for _ in range(3))
+    self.output = linear(width, d_model)
+    self.r_net = linear(d_model, width) if relative == 'xl' else None
+
+    def table(wanted):
+      if relative != 'shaw' or not wanted:
+        return None
+      return nnx.Param(kernel_init(rngs.params(), (2 * max_relative_position + 1, head_dim)))
+
+    self.rel_key, self.rel_value = table(relative_keys), table(relative_values)
+    # Forked whatever the rate, so the rate never changes the initialisation.
+    self.dropout_rngs = rngs['dropout'].fork()
+
+  @classmethod
+  def from_config(
+    cls, config: layers.ModelConfig, *, relative: str, kernel_init, rngs: nnx.Rngs
+  ) -> 'MultiHeadAttention':
+    """The layer of a model config: its d_model, num_heads, head_dim, dtype, Shaw tables and
+    attention_dropout."""
+    return cls(
+      d_model=config.d_model,
+      num_heads=config.num_heads,
+      head_dim=config.head_dim,
+      relative=relative,
+      dtype=config.compute_dtype,
+      kernel_init=kernel_init,
+      rngs=rngs,
+      max_relative_position=config.max_relative_position,
+      relative_keys=config.relative_keys,
+      relative_values=config.relative_values,
+      attention_dropout=config.attention_dropout,
+    )
+
+  def _heads(self, x_BTF):
+    """[..., num_heads * head_dim] -> [..., num_heads, head_dim]."""
+    return x_BTF.reshape(*x_BTF.shape[:-1], self.num_heads, self.head_dim)
+
+  def keys_values(self, x_BKD):
+    """Keys and values [batch, kv_len, heads, head_dim] of the context [batch, kv_len, d_model]."""
+    return self._heads(self.key(x_BKD)), self._heads(self.value(x_BKD))
+
+  def __call__(
+    self, x_BQD, mask, *, deterministic: bool, kv=None, query_offset=None, xl_terms=None
+  ) -> jax.Array:
+    """Attention of the queries from x over keys and values.
+
+    Args:
+      x_BQD: [batch, q_len, d_model], the query inputs.
+      mask: bool broadcastable to [batch, heads, q_len, kv_len], True = may attend ('xl' adds
+        its causal mask itself).
+      deterministic: disables attention dropout.
+      kv: (keys, values) [batch, kv_len, heads, head_dim] from `keys_values` of another
+        context (a decoding cache, a memory before x, the encoder output); None: self-attention,
+        those of x.
+      query_offset: 'shaw': the position of query 0 among the keys (int or traced scalar);
+        None means the queries are the last q_len keys.
+      xl_terms: 'xl' only: (r_KD [kv_len, d_model], the sinusoids R of distances 0..kv_len-1;
+        u_HD, v_HD [heads, head_dim], the content and position biases).
+    Returns:
+      [batch, q_len, d_model].
+    """
+    q_BQHD = self._heads(self.query(x_BQD))
+    k_BKHD, v_BKHD = self.keys_values(x_BQD) if kv is None else kv
+    kwargs = {'mask': mask}
+    if self.attention_dropout > 0 and not deterministic:
+      kwargs.update(dropout_rate=self.attention_dropout, dropout_rng=self.dropout_rngs())
+    if self.relative == 'xl':
+      r_KD, u_HD, v_HD = xl_terms
+      rel_key_KHD = self._heads(self.r_net(r_KD))
+      u_HD, v_HD = u_HD.astype(self.dtype), v_HD.astype(self.dtype)
+      heads_BQHD = attention.xl_attention(q_BQHD, k_BKHD, v_BKHD, rel_key_KHD, u_HD, v_HD, **kwargs)
+    elif self.relative == 'shaw':
+      rel_key, rel_value = (
+        None if t is None else t[...].astype(self.dtype) for t in (self.rel_key, self.rel_value)
+      )
+      heads_BQHD = attention.shaw_attention(
+        q_BQHD, k_BKHD, v_BKHD, rel_key, rel_value, query_offset=query_offset, **kwargs
+      )
+    else:
+      heads_BQHD = attention.dot_product_attention(q_BQHD, k_BKHD, v_BKHD, **kwargs)
+    return self.output(heads_BQHD.reshape(*heads_BQHD.shape[:2], -1))

@@ -1,0 +1,308 @@
+"""The one training loop of every task, and the checkpoint restore evaluation starts from.
+
+A task (`relpos.training.char_lm`, `relpos.training.translate`) is a `Task`: it checks its
+config, builds its data and model, and supplies a `Training` — the state, the jitted step, the
+global batch of step s and a validation function. `train` owns the cadence around them, the
+same for every task:
+
+- the data mesh (`relpos.training.mesh`) and the config check, before any data is read;
+- the run's config recorded in the workdir (a rerun with another config is refused);
+- resume from the newest readable checkpoint (the step fixes the data position, so resumed
+  runs follow the uninterrupted trajectory exactly);
+- progress lines with throughput and ETA, metrics.jsonl and TensorBoard;
+- a stop on a non-finite loss, periodic validation and checkpoints;
+- SIGTERM, agreed across processes, which saves the reached step and stops;
+- the final checkpoint, then the task's evaluation.
+
+A checkpoint holds the items 'model' (parameters and RNG state), 'optimizer' and the task's
+carried state (the char LM's memory), so evaluation restores the model alone (`restore_model`)
+and never builds an optimizer. Adding a task takes one module with a `Task` subclass and an
+entry in `relpos.training.tasks`.
+"""
+
+import abc
+import dataclasses
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from relpos.config import checks
+from relpos.training import mesh as mesh_lib
+from relpos.training import optim
+from relpos.training.checkpoints import Checkpoints
+from relpos.training.metrics import MetricWriter
+from relpos.training.preemption import PreemptedError, PreemptionSignal
+from relpos.training.progress import Progress
+from relpos.training.run_config import record_config
+
+
+@dataclasses.dataclass
+class Training:
+  """What a task hands the loop.
+
+  Attributes:
+    graphdef: of the pair (model, optimizer).
+    state: {'model': nnx.State, 'optimizer': nnx.State, **carry}; the carry (e.g. the char
+      LM's memory) is a dict of arrays that the step updates and checkpoints keep.
+    step: (state, batch) -> (state, sums), jitted over the mesh; `sums` holds device scalars
+      summed over the global batch, at least 'loss' (what the gradient is of, times 'tokens')
+      and 'tokens'. The loop averages them over each logging interval.
+    batch: the global batch of step s (a pure function of s: resume needs no data state).
+    validate: (model on this process's first device, step) -> scalars to log; prints its own
+      line.
+    scalars: the task's extra train scalars from the interval's summed sums (e.g. bpc).
+    checkpoint_meta: JSON-able facts saved with every checkpoint.
+  """
+
+  graphdef: Any
+  state: dict
+  step: Callable[[dict, Any], tuple[dict, dict]]
+  batch: Callable[[int], Any]
+  validate: Callable[[nnx.Module, int], dict]
+  scalars: Callable[[dict], dict]
+  checkpoint_meta: dict = dataclasses.field(default_factory=dict)
+
+
+# The fields the loop and `restore_model` read, in every task.
+RULES = {
+  'seed': checks.integer(0),
+  'train.steps': checks.integer(1),
+  'train.log_every': checks.integer(1),
+  'train.eval_every': checks.integer(0),  # 0: no periodic validation
+  'train.checkpoint_every': checks.integer(0),  # 0: only at the end (and on SIGTERM)
+  'train.keep_checkpoints': checks.integer(1),
+  'eval.step': checks.integer(0),  # 0: the newest checkpoint
+  'eval.average_checkpoints': checks.integer(1),
+  **optim.RULES,
+}
+
+
+class Task(abc.ABC):
+  """A task train.py and eval.py run; `config.task` names it (`relpos.training.tasks`)."""
+
+  metric: str  # the name of the final metric, printed last as `<metric>=<value>`
+  rules: dict  # the task's own field rules (dotted paths -> checks.Rule), besides RULES
+
+  def check_config(self, config: ml_collections.ConfigDict, mesh=None) -> None:
+    """Raises ValueError naming the field for any config the run cannot honour: every field's
+    rule, the model's typed config, and the rules across fields (with `mesh`, those of the
+    batch against the devices)."""
+    checks.check(config, RULES | self.rules)
+    self.check_combinations(config, mesh)
+
+  @abc.abstractmethod
+  def check_combinations(self, config: ml_collections.ConfigDict, mesh) -> None:
+    """The model config and the rules across fields; `mesh` None skips those of devices."""
+
+  @abc.abstractmethod
+  def training(self, config, workdir: Path, mesh) -> Training:
+    """Reads the data, builds the model and optimizer (`init_state`): the run's `Training`."""
+
+  @abc.abstractmethod
+  def evaluate(self, config, workdir) -> dict:
+    """The final metric of the workdir's checkpoint; writes eval_results.json."""
+
+  @abc.abstractmethod
+  def result_lines(self, result: dict) -> list[str]:
+    """What the launchers print; the very last line is `<metric>=<value>`."""
+
+  def train_and_evaluate(self, config, workdir, *, allow_config_change: bool = False) -> dict:
+    """Trains for config.train.steps (resuming from the latest checkpoint), then evaluates."""
+    # SIGTERM is caught from the start, so that a notice during setup (reading data,
+    # compiling) stops the run after its first step, with a checkpoint, instead of killing
+    # this process and stranding the others of a multi-process run at their next collective.
+    with PreemptionSignal() as preemption:
+      train(self, config, workdir, preemption, allow_config_change=allow_config_change)
+    return self.evaluate(config, workdir)
+
+
+def init_state(model: nnx.Module, config, mesh, **carry) -> tuple[Any, dict]:
+  """(graphdef, state) of `model` and its optimizer (config.optim), replicated over `mesh`;
+  `carry` (dicts of arrays, already placed) joins the state."""
+  tx = optim.make_optimizer(config.optim, config.train.steps, d_model=config.model.d_model)
+  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+  graphdef, state = nnx.split((model, optimizer))
+  state = mesh_lib.distribute(state, mesh_lib.replicated(mesh))
+  return graphdef, {'model': state[0], 'optimizer': state[1], **carry}
+
+
+def train_step_fn(graphdef, loss_fn, *, state_sharding, batch_sharding, mesh):
+  """The jitted step (state, batch) -> (state, sums) of the `init_state` pair `graphdef`.
+
+  `loss_fn(model, batch, carry) -> (loss, (sums, carry))` gives the loss to differentiate (a
+  mean over the global batch), the summed scalars to log and the next carry. Data-parallel
+  over `mesh`: the shardings say where the state's entries and the batch live; XLA inserts
+  the gradient all-reduce. The state is donated.
+  """
+
+  def step(state, batch):
+    model, optimizer = nnx.merge(graphdef, nnx.State({0: state['model'], 1: state['optimizer']}))
+    carry = {name: value for name, value in state.items() if name not in ('model', 'optimizer')}
+    grad_fn = nnx.value_and_grad(lambda model: loss_fn(model, batch, carry), has_aux=True)
+    (_, (sums, carry)), grads = grad_fn(model)
+    optimizer.update(model, grads)
+    _, new_state = nnx.split((model, optimizer))
+    return {'model': new_state[0], 'optimizer': new_state[1], **carry}, sums
+
+  replicated = mesh_lib.replicated(mesh)
+  return jax.jit(
+    step,
+    donate_argnums=(0,),
+    in_shardings=(state_sharding, batch_sharding),
+    out_shardings=(state_sharding, replicated),
+  )
+
+
+def _checkpoint_tree(state: dict) -> dict:
+  return {
+    name: nnx.to_pure_dict(value) if isinstance(value, nnx.State) else value
+    for name, value in state.items()
+  }
+
+
+def _restore_into(state: dict, restored: dict) -> dict:
+  for name in ('model', 'optimizer'):
+    nnx.replace_by_pure_dict(state[name], restored[name])
+  return state | {name: restored[name] for name in state if name not in ('model', 'optimizer')}
+
+
+def eval_model(graphdef, state: dict) -> nnx.Module:
+  """The trained model, on this process's first device (evaluation runs per process)."""
+  both = nnx.State({0: state['model'], 1: state['optimizer']})
+  return nnx.merge(graphdef, mesh_lib.local_copy(both))[0]
+
+
+def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_config_change):
+  """Trains `task` for config.train.steps from the latest checkpoint in `workdir`."""
+  workdir = Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  mesh = mesh_lib.data_mesh()
+  task.check_config(config, mesh)  # before reading data or compiling anything
+  if mesh_lib.is_writer():
+    record_config(config, workdir, allow_change=allow_config_change)
+  run = task.training(config, workdir, mesh)
+  train_config = config.train
+  state = run.state
+
+  checkpoints = Checkpoints(workdir, keep=train_config.keep_checkpoints)
+  start_step = 0
+  found = checkpoints.restore_latest(_checkpoint_tree(state))
+  if found:
+    start_step, restored, _ = found
+    state = _restore_into(state, restored)
+    print(f'resumed from {checkpoints.directory / str(start_step)}', flush=True)
+
+  writer = MetricWriter(workdir)
+  progress = Progress(train_config.steps, start_step)
+  interval_sums = []
+
+  def save(step):
+    checkpoints.save(step, _checkpoint_tree(state), {'step': step, **run.checkpoint_meta})
+
+  def log(done):
+    totals = jax.tree.map(lambda *xs: float(np.sum(xs)), *jax.device_get(interval_sums))
+    interval_sums.clear()
+    tokens = max(totals['tokens'], 1)
+    loss = totals['loss'] / tokens
+    if not math.isfinite(loss):
+      raise FloatingPointError(
+        f'loss is {loss} at step {done}; the last good checkpoint is kept in '
+        f'{checkpoints.directory}'
+      )
+    tokens_per_second, speed = progress.report(done, int(totals['tokens']))
+    scalars = {'train/loss': loss, **run.scalars(totals), 'train/tok_per_s': tokens_per_second}
+    writer.write(done, scalars)
+    extras = ''.join(
+      f' | {name.split("/")[-1]} {value:.4f}'
+      for name, value in scalars.items()
+      if name not in ('train/loss', 'train/tok_per_s')
+    )
+    print(f'step {done}/{train_config.steps} | loss {loss:.4f}{extras} | {speed}', flush=True)
+
+  try:
+    for step in range(start_step, train_config.steps):
+      state, sums = run.step(state, run.batch(step))
+      interval_sums.append(sums)
+      done = step + 1
+      if done % train_config.log_every == 0 or done == train_config.steps:
+        log(done)
+      if train_config.eval_every and done % train_config.eval_every == 0:
+        if done < train_config.steps:
+          writer.write(done, run.validate(eval_model(run.graphdef, state), done))
+      if train_config.checkpoint_every and done % train_config.checkpoint_every == 0:
+        save(done)
+      if mesh_lib.any_process(preemption.requested):
+        if checkpoints.latest_step() != done:
+          save(done)
+        raise PreemptedError.saved(done, checkpoints.directory / str(done))
+    if checkpoints.latest_step() != train_config.steps:
+      save(train_config.steps)
+  finally:
+    checkpoints.close()
+    writer.close()
+
+
+def _mean_of_floats(*leaves):
+  """The mean of float leaves (parameters); the last of others (RNG keys and counts)."""
+  if jnp.issubdtype(leaves[-1].dtype, jnp.floating):
+    return sum(leaves) / len(leaves)
+  return leaves[-1]
+
+
+def check_trained(workdir) -> Checkpoints:
+  """The workdir's checkpoints; FileNotFoundError if there is none (evaluation checks this
+  before reading anything else)."""
+  checkpoints = Checkpoints(workdir)
+  if checkpoints.latest_step() is None:
+    checkpoints.close()
+    raise FileNotFoundError(
+      f'no checkpoint in {checkpoints.directory}: train first (python train.py '
+      f'--config=... --workdir={workdir})'
+    )
+  return checkpoints
+
+
+def restore_model(model: nnx.Module, eval_config, workdir) -> tuple[nnx.Module, list[int], Path]:
+  """(`model` with the checkpoint's parameters, the steps averaged, the checkpoint directory).
+
+  The checkpoint is config.eval.step (0: the newest readable one); with
+  config.eval.average_checkpoints = N > 1 the parameters are the mean of the last N
+  checkpoints up to it. Only the 'model' item is read: evaluation needs no optimizer.
+
+  Raises:
+    FileNotFoundError: no checkpoint, or no checkpoint eval_config.step.
+  """
+  checkpoints = check_trained(workdir)
+  try:
+    graphdef, state = nnx.split(model)
+    # Replicated like training's state, so every process of a run can read it back.
+    state = mesh_lib.distribute(state, mesh_lib.replicated(mesh_lib.data_mesh()))
+    like = {'model': nnx.to_pure_dict(state)}
+    if eval_config.step:
+      step = eval_config.step
+      if step not in checkpoints.all_steps():
+        raise FileNotFoundError(
+          f'config.eval.step={step}: no such checkpoint in {checkpoints.directory} '
+          f'(have {checkpoints.all_steps()})'
+        )
+      newest = checkpoints.restore(step, like)[0]['model']
+    else:
+      step, restored, _ = checkpoints.restore_latest(like)
+      newest = restored['model']
+    steps = [s for s in checkpoints.all_steps() if s <= step][-eval_config.average_checkpoints :]
+    trees = [checkpoints.restore(s, like)[0]['model'] for s in steps[:-1]] + [newest]
+  finally:
+    checkpoints.close()
+  nnx.replace_by_pure_dict(state, jax.tree.map(_mean_of_floats, *trees))
+  return (
+    nnx.merge(graphdef, mesh_lib.local_copy(state)),
+    steps,
+    checkpoints.directory / str(steps[-1]),
+  )

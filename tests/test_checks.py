@@ -1,0 +1,148 @@
+"""Validated configs: one row per class of bad input, each one line naming the field, checked
+before any data is read; the launchers print it without a traceback."""
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from helpers import load_config
+
+from relpos.config import checks
+from relpos.training import char_lm, loop, translate
+
+REPO = Path(__file__).resolve().parent.parent
+FOUR_DEVICES = types.SimpleNamespace(size=4)
+
+# (task, preset, {field: value}, devices, the start of the error). One row per class of field.
+BAD_CONFIGS = [
+  # int below its range, both tasks' sections
+  ('char_lm', 'xl', {'train.steps': 0}, None, 'config.train.steps must be >= 1, got 0'),
+  ('translate', 'shaw', {'eval.beam_size': 0}, None, 'config.eval.beam_size must be >= 1'),
+  ('char_lm', 'xl', {'train.mem_len': -1}, None, 'config.train.mem_len must be >= 0'),
+  # float outside an open or closed range
+  ('char_lm', 'xl', {'optim.learning_rate': 0.0}, None, 'config.optim.learning_rate must be > 0'),
+  ('translate', 'shaw', {'optim.b2': 1.0}, None, 'config.optim.b2 must be < 1.0'),
+  ('translate', 'shaw', {'optim.label_smoothing': -0.1}, None, 'config.optim.label_smoothing'),
+  ('char_lm', 'xl', {'optim.eps': float('nan')}, None, 'config.optim.eps must be finite'),
+  # a choice
+  ('char_lm', 'xl', {'optim.schedule': 'linear'}, None, 'config.optim.schedule must be one of'),
+  ('char_lm', 'xl', {'eval.split': 'dev'}, None, 'config.eval.split must be one of'),
+  ('translate', 'shaw', {'data.kind': 'csv'}, None, 'config.data.kind must be one of'),
+  # a type the config dict cannot enforce (an optional field)
+  ('char_lm', 'xl', {'data.max_bytes': 0}, None, 'config.data.max_bytes must be >= 1'),
+  # the model section (the models' typed configs)
+  ('translate', 'shaw', {'model.position': 'rope'}, None, 'config.model.position'),
+  ('char_lm', 'xl', {'model.num_heads': 0}, None, 'config.model.num_heads'),
+  ('char_lm', 'shaw', {'model.attention_dropout': 1.0}, None, 'config.model.attention_dropout'),
+  # across fields
+  ('translate', 'shaw', {'model.num_heads': 3}, None, 'config.model.d_model=256'),
+  ('char_lm', 'xl', {'train.same_length': True, 'train.mem_len': 0}, None, 'same_length needs'),
+  ('translate', 'shaw', {'data.max_length': 300}, None, 'config.model.max_len >= 301'),
+  ('char_lm', 'xl', {'train.batch_size': 6}, FOUR_DEVICES, 'config.train.batch_size=6'),
+  ('translate', 'shaw', {'data.max_tokens': 300}, FOUR_DEVICES, 'config.data.max_tokens=300'),
+]
+TASKS = {'char_lm': (char_lm, 'char_tiny'), 'translate': (translate, 'translate_tiny')}
+
+
+def _with(config, overrides: dict):
+  for path, value in overrides.items():
+    *sections, name = path.split('.')
+    node = config
+    for section in sections:
+      node = node[section]
+    node[name] = value
+  return config
+
+
+@pytest.mark.parametrize('task, preset, overrides, devices, message', BAD_CONFIGS)
+def test_a_bad_field_is_one_line_naming_it(task, preset, overrides, devices, message):
+  module, config_name = TASKS[task]
+  config = _with(load_config(config_name, preset), overrides)
+  with pytest.raises(ValueError) as error:
+    module.TASK.check_config(config, devices)
+  assert message in str(error.value) and '\n' not in str(error.value), str(error.value)
+
+
+@pytest.mark.parametrize('task, preset', [('char_lm', 'xl'), ('translate', 'shaw')])
+def test_every_field_a_run_reads_has_a_rule(task, preset):
+  module, config_name = TASKS[task]
+  config = load_config(config_name, preset)
+  flat = _leaves(config.to_dict())  # model.*: the models' typed configs check them
+  ruled = set(loop.RULES) | set(module.TASK.rules) | {'task'}
+  assert sorted(f for f in flat if not f.startswith('model.') and f not in ruled) == []
+  module.TASK.check_config(config, types.SimpleNamespace(size=1))  # the defaults pass
+
+
+def _leaves(tree: dict, prefix: str = '') -> list[str]:
+  fields = []
+  for name, value in tree.items():
+    if isinstance(value, dict):
+      fields += _leaves(value, f'{prefix}{name}.')
+    else:
+      fields.append(f'{prefix}{name}')
+  return fields
+
+
+def test_bad_model_fields_are_named_before_data_is_read(tmp_path):
+  config = load_config('translate_tiny', 'shaw')
+  config.data.train_src = str(tmp_path / 'absent.en')  # reading it would fail: never reached
+  config.model.num_heads = 3
+  with pytest.raises(ValueError, match='config.model.num_heads'):
+    translate.train_and_evaluate(config, tmp_path / 'run')
+  assert not (tmp_path / 'run' / 'config.json').exists()
+
+
+@pytest.mark.parametrize(
+  'rule, value, problem',
+  [
+    (checks.integer(1), 0, 'must be >= 1, got 0'),
+    (checks.integer(1), True, 'must be a int, got True (bool)'),
+    (checks.integer(0), 2.5, 'must be a int, got 2.5 (float)'),
+    (checks.number(0.0), 3, None),  # an int is a float
+    (checks.positive(), 0.0, 'must be > 0.0, got 0.0'),
+    (checks.fraction(), 1.0, 'must be < 1.0, got 1.0'),
+    (checks.fraction(), 0.0, None),
+    (checks.one_of('a', 'b'), 'c', "must be one of ('a', 'b'), got 'c'"),
+    (checks.FLAG, 1, 'must be a bool, got 1 (int)'),
+    (checks.OPTIONAL_TEXT, None, None),
+    (checks.TEXT, None, 'must be a str, got None (NoneType)'),
+  ],
+)
+def test_rules(rule, value, problem):
+  assert rule.problem(value) == problem
+
+
+# Errors raised while absl parses the flags (an unknown or renamed field, a preset the config
+# file rejects, a value of the wrong type): one line and exit 1, as every other config error.
+FLAG_ERRORS = [
+  (
+    'configs/char_tiny.py',
+    ['--config.model.n_head=4'],
+    'config.model.n_head is now config.model.num_heads',
+  ),
+  (
+    'configs/char_tiny.py',
+    ['--config.model.tgt_len=4'],
+    'config.model.tgt_len is now config.train.tgt_len',
+  ),
+  ('configs/char_tiny.py', ['--config.model.foo=1'], '--config.model.foo: the config has no field'),
+  ('configs/char_tiny.py:bogus', [], "unknown char_tiny preset 'bogus'"),
+  ('configs/translate_tiny.py', ['--config.train.steps=abc'], '--config.train.steps=abc'),
+  ('configs/translate_tiny.py', ['--config.model.num_heads=3'], 'config.model.num_heads'),
+]
+
+
+@pytest.mark.parametrize('config, flags, message', FLAG_ERRORS)
+def test_the_launcher_prints_one_line_and_exits_1(tmp_path, config, flags, message):
+  result = subprocess.run(
+    [sys.executable, 'eval.py', f'--config={config}', *flags, f'--workdir={tmp_path}'],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+  )
+  assert result.returncode == 1, result.stderr
+  assert 'Traceback' not in result.stderr, result.stderr
+  errors = [line for line in result.stderr.splitlines() if line.startswith('error: ')]
+  assert len(errors) == 1 and message in errors[0], result.stderr

@@ -1,0 +1,164 @@
+"""The one training loop, driven by a third task written here in a few lines (a linear
+regression): the cadence, resume, the NaN stop and SIGTERM come from the loop alone."""
+
+import json
+import os
+import shutil
+import signal
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+from relpos.config import checks
+from relpos.training import loop
+from relpos.training import mesh as mesh_lib
+from relpos.training.preemption import PreemptedError
+
+_TRUE_WEIGHTS = np.array([[1.5], [-2.0], [0.5]], np.float32)
+
+
+class Regression(loop.Task):
+  """y = x·w on random x; the metric is the mean squared error of held-out rows."""
+
+  metric = 'mse'
+  rules = {'train.batch_size': checks.integer(1)}
+
+  def check_combinations(self, config, mesh):
+    if mesh is not None:
+      mesh_lib.check_rows(config.train.batch_size, mesh, 'config.train.batch_size')
+
+  @staticmethod
+  def _rows(step: int, batch_size: int):
+    x = np.random.default_rng(step).standard_normal((batch_size, 3)).astype(np.float32)
+    return x, x @ _TRUE_WEIGHTS
+
+  def _model(self, config):
+    return nnx.Linear(3, 1, rngs=nnx.Rngs(config.seed))
+
+  def training(self, config, workdir, mesh):
+    graphdef, state = loop.init_state(self._model(config), config, mesh)
+
+    def loss_fn(model, batch, carry):
+      x, y = batch
+      squared = jnp.sum((model(x) - y) ** 2, axis=-1)
+      sums = {'loss': jnp.sum(squared), 'tokens': jnp.asarray(x.shape[0])}
+      return jnp.mean(squared), (sums, carry)
+
+    replicated = mesh_lib.replicated(mesh)
+    step = loop.train_step_fn(
+      graphdef,
+      loss_fn,
+      state_sharding={'model': replicated, 'optimizer': replicated},
+      batch_sharding=mesh_lib.row_sharded(mesh),
+      mesh=mesh,
+    )
+    return loop.Training(
+      graphdef=graphdef,
+      state=state,
+      step=step,
+      batch=lambda s: mesh_lib.global_batch(self._rows(s, config.train.batch_size), mesh),
+      validate=lambda model, step: {'valid/mse': self._mse(model)},
+      scalars=lambda totals: {},
+    )
+
+  def _mse(self, model) -> float:
+    x, y = self._rows(10**6, 64)
+    return float(jnp.mean((model(x) - y) ** 2))
+
+  def evaluate(self, config, workdir):
+    model, steps, _ = loop.restore_model(self._model(config), config.eval, workdir)
+    return {'mse': self._mse(model), 'step': steps[-1]}
+
+  def result_lines(self, result):
+    return [f'mse={result["mse"]:.4f}']
+
+
+TASK = Regression()
+
+
+def _config(steps=8):
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+  config.model = ml_collections.ConfigDict({'d_model': 3})
+  config.optim = ml_collections.ConfigDict(
+    dict(schedule='constant', learning_rate=0.2, final_lr=0.0, warmup_steps=0, b1=0.9,
+         b2=0.999, eps=1e-8, clip_norm=0.0)
+  )  # fmt: skip
+  config.train = ml_collections.ConfigDict(
+    dict(batch_size=32, steps=steps, log_every=2, eval_every=4, checkpoint_every=4,
+         keep_checkpoints=5)
+  )  # fmt: skip
+  config.eval = ml_collections.ConfigDict({'step': 0, 'average_checkpoints': 1})
+  return config
+
+
+def _records(workdir):
+  return [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+
+
+def test_a_new_task_trains_validates_checkpoints_and_evaluates(tmp_path, capsys):
+  workdir = tmp_path / 'run'
+  result = TASK.train_and_evaluate(_config(), workdir)
+  records = _records(workdir)
+  losses = {r['step']: r['train/loss'] for r in records if 'train/loss' in r}
+  assert sorted(losses) == [2, 4, 6, 8] and losses[8] < losses[2]
+  assert [r['step'] for r in records if 'valid/mse' in r] == [4]  # not again at the last step
+  assert all('train/tok_per_s' in r for r in records if 'train/loss' in r)
+  assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['4', '8']
+  assert result['step'] == 8 and result['mse'] < losses[2]
+  assert 'step 8/8 | loss ' in capsys.readouterr().out
+  assert (workdir / 'config.json').exists()
+
+
+def test_resume_follows_the_uninterrupted_trajectory(tmp_path):
+  straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
+  TASK.train_and_evaluate(_config(), straight)
+  TASK.train_and_evaluate(_config(), resumed)
+  shutil.rmtree(resumed / 'checkpoints' / '8')
+  (resumed / 'metrics.jsonl').unlink()
+  TASK.train_and_evaluate(_config(), resumed)
+  expected = {r['step']: r['train/loss'] for r in _records(straight) if 'train/loss' in r}
+  again = {r['step']: r['train/loss'] for r in _records(resumed) if 'train/loss' in r}
+  assert again == {6: expected[6], 8: expected[8]}
+
+
+def test_a_non_finite_loss_stops_the_run(tmp_path):
+  config = _config()
+  config.optim.learning_rate = 1e30
+  with pytest.raises(FloatingPointError, match=r'loss is (nan|inf) at step \d'):
+    TASK.train_and_evaluate(config, tmp_path / 'run')
+
+
+def test_sigterm_saves_the_reached_step_and_stops(tmp_path, monkeypatch):
+  training = TASK.training
+
+  def training_then_sigterm(*args):
+    run = training(*args)
+    os.kill(os.getpid(), signal.SIGTERM)  # as if the notice came while compiling
+    return run
+
+  monkeypatch.setattr(TASK, 'training', training_then_sigterm)
+  with pytest.raises(PreemptedError, match=r'SIGTERM at step 1 '):
+    TASK.train_and_evaluate(_config(), tmp_path / 'run')
+  assert [p.name for p in (tmp_path / 'run' / 'checkpoints').iterdir()] == ['1']
+
+
+def test_checkpoints_hold_the_model_apart_from_the_optimizer(tmp_path):
+  """Evaluation reads the 'model' item alone; the averaged model is the mean of the last N."""
+  workdir = tmp_path / 'run'
+  TASK.train_and_evaluate(_config(), workdir)
+  items = sorted(p.name for p in (workdir / 'checkpoints' / '8').iterdir() if p.is_dir())
+  assert {'model', 'optimizer', 'meta'} <= set(items)
+  weights = {}
+  for step, average in ((4, 1), (8, 1), (8, 2)):
+    eval_config = ml_collections.ConfigDict({'step': step, 'average_checkpoints': average})
+    model, steps, _ = loop.restore_model(TASK._model(_config()), eval_config, workdir)
+    weights[step, average] = np.asarray(model.kernel[...])
+    assert steps == ([4, 8] if average == 2 else [step])
+  np.testing.assert_allclose(weights[8, 2], (weights[4, 1] + weights[8, 1]) / 2, rtol=1e-6)
+  assert not np.allclose(weights[4, 1], weights[8, 1])
+  assert jax.tree.leaves(weights)

@@ -1,0 +1,113 @@
+"""The models' typed configs (TransformerConfig, TransformerXLConfig): every config file's model
+section builds one, and an invalid value is a ValueError naming config.model.<field>."""
+
+import re
+
+import pytest
+from helpers import load_config
+
+from relpos.config.char_lm import char_lm_config
+from relpos.config.translate import translate_config
+from relpos.models.transformer import TransformerConfig
+from relpos.models.transformer_xl import TransformerXLConfig
+
+MODELS = {
+  'translate': (TransformerConfig, translate_config),
+  'char_lm': (TransformerXLConfig, char_lm_config),
+}
+# Every config file with a model section, and each of its presets.
+CONFIG_FILES = [
+  ('char_tiny', preset, 'char_lm') for preset in ('xl', 'xl_nomem', 'shaw', 'absolute', 'none')
+] + [
+  ('enwik8_base', None, 'char_lm'),
+  ('enwik8_large', None, 'char_lm'),
+  ('translate_tiny', 'shaw', 'translate'),
+  ('translate_overfit', 'absolute', 'translate'),
+  ('wmt_base', 'shaw_absolute', 'translate'),
+  ('wmt_big', 'learned', 'translate'),
+]
+
+
+@pytest.mark.parametrize('name, preset, task', CONFIG_FILES)
+def test_every_config_file_builds_a_model_config(name, preset, task):
+  config = load_config(name, preset)
+  model_config = MODELS[task][0].from_section(config.model, vocab_size=256)
+  assert model_config.position == config.model.position
+  assert model_config.num_heads * model_config.head_dim > 0
+
+
+def model_config(task, **overrides):
+  """The task's default model section with `overrides` (of any type: a dataclass may be built
+  without a ConfigDict, which would refuse some), typed."""
+  config_class, defaults = MODELS[task]
+  return config_class(**{**defaults().model.to_dict(), **overrides}, vocab_size=256)
+
+
+# (task, overrides, the start of the error): one row per class of invalid value.
+BAD_VALUES = [
+  # a choice
+  ('char_lm', dict(position='rope'), 'config.model.position must be one of'),
+  ('translate', dict(dtype='float16'), 'config.model.dtype must be one of'),
+  # an int out of range
+  ('char_lm', dict(num_heads=0), 'config.model.num_heads must be >= 1, got 0'),
+  ('char_lm', dict(head_dim=0), 'config.model.head_dim must be >= 1'),
+  ('char_lm', dict(num_layers=0), 'config.model.num_layers must be >= 1'),
+  ('translate', dict(decoder_layers=0), 'config.model.decoder_layers must be >= 1'),
+  ('translate', dict(d_ff=0), 'config.model.d_ff must be >= 1'),
+  ('translate', dict(max_relative_position=-1), 'config.model.max_relative_position must be >='),
+  ('translate', dict(max_len=0), 'config.model.max_len must be >= 1'),
+  # a float out of range
+  ('char_lm', dict(dropout=1.0), 'config.model.dropout must be < 1.0'),
+  ('translate', dict(attention_dropout=-0.1), 'config.model.attention_dropout must be >= 0'),
+  # a type: float or bool for an int, int for a bool, str for a float
+  ('char_lm', dict(num_layers=2.0), 'config.model.num_layers must be a int'),
+  ('translate', dict(d_model=True), 'config.model.d_model must be a int, got True'),
+  ('char_lm', dict(untie_r=1), 'config.model.untie_r must be a bool'),
+  ('translate', dict(relative_keys=0), 'config.model.relative_keys must be a bool'),
+  ('char_lm', dict(dropout='0.1'), 'config.model.dropout must be a float'),
+  # across fields: heads of equal width, sinusoids of an even width, Shaw with a table
+  ('translate', dict(d_model=18, num_heads=4), 'config.model.d_model=18 must be a multiple of'),
+  ('translate', dict(position='absolute', d_model=15, num_heads=3), 'd_model must be even'),
+  ('char_lm', dict(position='xl', d_model=15), 'config.model.d_model must be even, got 15'),
+  (
+    'char_lm',
+    dict(position='shaw', relative_keys=False, relative_values=False),
+    "config.model.position='shaw' needs config.model.relative_keys or relative_values",
+  ),
+  (
+    'translate',
+    dict(position='shaw_absolute', relative_keys=False, relative_values=False),
+    'needs config.model.relative_keys',
+  ),
+]
+
+
+@pytest.mark.parametrize('task, overrides, message', BAD_VALUES)
+def test_an_invalid_value_names_its_field(task, overrides, message):
+  with pytest.raises(ValueError, match=re.escape(message)) as error:
+    model_config(task, **overrides)
+  assert '\n' not in str(error.value)
+
+
+def test_cross_field_rules_apply_to_their_positions_only():
+  """An odd d_model is fine without sinusoids, and no table is fine without Shaw."""
+  assert model_config('char_lm', position='shaw', d_model=15).d_model == 15
+  assert model_config('translate', position='learned', d_model=15, num_heads=3).head_dim == 5
+  assert not model_config('char_lm', relative_keys=False, relative_values=False).relative_keys
+
+
+def test_vocab_size_and_section_fields():
+  """vocab_size comes from the data (named by the config class); the section must hold every
+  field the model reads and nothing else."""
+  with pytest.raises(ValueError, match='^TransformerXLConfig.vocab_size must be >= 1'):
+    TransformerXLConfig.from_section(char_lm_config().model, vocab_size=0)
+  section = translate_config().model
+  section.unlock()
+  del section['max_len']
+  with pytest.raises(ValueError, match='^config.model.max_len is missing'):
+    TransformerConfig.from_section(section, vocab_size=8)
+  section = char_lm_config().model
+  section.unlock()
+  section.mem_len = 8  # moved to config.train
+  with pytest.raises(ValueError, match='^config.model.mem_len is not a field of'):
+    TransformerXLConfig.from_section(section, vocab_size=8)
