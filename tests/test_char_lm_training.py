@@ -57,7 +57,7 @@ def _logged_steps(workdir):
 
 def test_train_then_evaluate_writes_results(text_file, tmp_path):
   workdir = tmp_path / 'run'
-  result = char_lm.train_and_evaluate(_config(text_file, steps=8), workdir)
+  result = char_lm.TASK.train_and_evaluate(_config(text_file, steps=8), workdir)
   assert math.isfinite(result['bpc']) and 0 < result['bpc'] < 8
   assert result['split'] == 'test' and result['step'] == 8
   saved = json.loads((workdir / 'eval_results.json').read_text())
@@ -65,28 +65,28 @@ def test_train_then_evaluate_writes_results(text_file, tmp_path):
   assert sorted(_train_losses(workdir)) == [2, 4, 6, 8]
   assert list((workdir / 'tensorboard').iterdir())
   # eval.py path: the same checkpoint gives the same number.
-  again = char_lm.evaluate(_config(text_file, steps=8), workdir)
+  again = char_lm.TASK.evaluate(_config(text_file, steps=8), workdir)
   assert again['bpc'] == pytest.approx(result['bpc'], rel=1e-6)
   # Evaluating with another model or vocabulary than the checkpoint's is an error naming the
   # fix, and the checkpoints stay where they are.
   other_model = _config(text_file, steps=8)
   other_model.model.num_layers = 3
   with pytest.raises(ValueError, match=r'no readable checkpoint .*use its original config'):
-    char_lm.evaluate(other_model, workdir)
+    char_lm.TASK.evaluate(other_model, workdir)
   other_vocab = _config(text_file, steps=8)
   other_vocab.data.vocab = 'original'
   with pytest.raises(ValueError, match=r'vocab\.json was written for other data'):
-    char_lm.evaluate(other_vocab, workdir)
+    char_lm.TASK.evaluate(other_vocab, workdir)
   assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['4', '8']
 
 
 def test_resume_continues_the_same_loss_trajectory(text_file, tmp_path):
   workdir = tmp_path / 'run'
-  char_lm.train_and_evaluate(_config(text_file, steps=8), workdir)
+  char_lm.TASK.train_and_evaluate(_config(text_file, steps=8), workdir)
   uninterrupted = _train_losses(workdir)
   # As if the run had died after the step-4 checkpoint: the same command resumes from there.
   shutil.rmtree(workdir / 'checkpoints' / '8')
-  char_lm.train_and_evaluate(_config(text_file, steps=8), workdir)
+  char_lm.TASK.train_and_evaluate(_config(text_file, steps=8), workdir)
   resumed = _train_losses(workdir)  # the re-run's lines for steps 6 and 8 come last
   assert _logged_steps(workdir) == [2, 4, 6, 8, 6, 8]  # it resumed: steps 2 and 4 not redone
   assert resumed[6] == pytest.approx(uninterrupted[6], rel=1e-6)
@@ -95,7 +95,7 @@ def test_resume_continues_the_same_loss_trajectory(text_file, tmp_path):
 
 def test_evaluate_without_checkpoint_says_so(text_file, tmp_path):
   with pytest.raises(FileNotFoundError, match='no checkpoint'):
-    char_lm.evaluate(_config(text_file, steps=8), tmp_path / 'empty')
+    char_lm.TASK.evaluate(_config(text_file, steps=8), tmp_path / 'empty')
 
 
 def test_launchers_print_bpc_last(text_file, tmp_path):
@@ -126,9 +126,9 @@ def test_train_and_resume_without_memory(text_file, tmp_path):
   config.train.mem_len = 0
   config.train.checkpoint_every = 2
   workdir = tmp_path / 'run'
-  char_lm.train_and_evaluate(config, workdir)
+  char_lm.TASK.train_and_evaluate(config, workdir)
   shutil.rmtree(workdir / 'checkpoints' / '4')
-  result = char_lm.train_and_evaluate(config, workdir)
+  result = char_lm.TASK.train_and_evaluate(config, workdir)
   assert _logged_steps(workdir) == [2, 4, 4] and math.isfinite(result['bpc'])
 
 
@@ -136,14 +136,14 @@ def test_non_finite_loss_stops_with_the_step(text_file, tmp_path):
   config = _config(text_file, steps=4)
   config.optim.update(learning_rate=1e30, final_lr=1e30, warmup_steps=0)  # diverges at once
   with pytest.raises(FloatingPointError, match=r'loss is (nan|inf) at step 2'):
-    char_lm.train_and_evaluate(config, tmp_path / 'run')
+    char_lm.TASK.train_and_evaluate(config, tmp_path / 'run')
 
 
 def test_bfloat16_trains_and_evaluates(text_file, tmp_path):
   config = _config(text_file, steps=4)
   config.model.dtype = 'bfloat16'
   config.train.checkpoint_every = 2
-  result = char_lm.train_and_evaluate(config, tmp_path / 'run')
+  result = char_lm.TASK.train_and_evaluate(config, tmp_path / 'run')
   losses = _train_losses(tmp_path / 'run')
   assert all(map(math.isfinite, losses.values())) and losses[4] < losses[2] + 0.5
   assert math.isfinite(result['bpc']) and 0 < result['bpc'] < 8
@@ -152,8 +152,8 @@ def test_bfloat16_trains_and_evaluates(text_file, tmp_path):
 def test_missing_and_empty_text_for_the_char_lm(tmp_path):
   config = _config(tmp_path / 'missing.txt', steps=2)
   with pytest.raises(FileNotFoundError, match='missing.txt'):
-    char_lm.train_and_evaluate(config, tmp_path / 'run1')
+    char_lm.TASK.train_and_evaluate(config, tmp_path / 'run1')
   (tmp_path / 'empty.txt').write_text('')
   config.data.path = str(tmp_path / 'empty.txt')
   with pytest.raises(ValueError, match='empty.txt'):
-    char_lm.train_and_evaluate(config, tmp_path / 'run2')
+    char_lm.TASK.train_and_evaluate(config, tmp_path / 'run2')

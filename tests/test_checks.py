@@ -90,7 +90,7 @@ def test_bad_model_fields_are_named_before_data_is_read(tmp_path):
   config.data.train_src = str(tmp_path / 'absent.en')  # reading it would fail: never reached
   config.model.num_heads = 3
   with pytest.raises(ValueError, match='config.model.num_heads'):
-    translate.train_and_evaluate(config, tmp_path / 'run')
+    translate.TASK.train_and_evaluate(config, tmp_path / 'run')
   assert not (tmp_path / 'run' / 'config.json').exists()
 
 

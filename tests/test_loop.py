@@ -48,28 +48,21 @@ class Regression(loop.Task):
       sums = {'loss': jnp.sum(squared), 'tokens': jnp.asarray(x.shape[0])}
       return jnp.mean(squared), (sums, carry)
 
-    replicated = mesh_lib.replicated(mesh)
-    step = loop.train_step_fn(
-      graphdef,
-      loss_fn,
-      state_sharding={'model': replicated, 'optimizer': replicated},
-      batch_sharding=mesh_lib.row_sharded(mesh),
-      mesh=mesh,
-    )
-    return loop.Training(
-      graphdef=graphdef,
-      state=state,
-      step=step,
-      batch=lambda s: mesh_lib.global_batch(self._rows(s, config.train.batch_size), mesh),
-      validate=lambda model, step: {'valid/mse': self._mse(model)},
-      scalars=lambda totals: {},
-    )
+    train_step = loop.train_step_fn(graphdef, loss_fn, mesh)
+
+    def batch(step):
+      return mesh_lib.global_batch(self._rows(step, config.train.batch_size), mesh)
+
+    def validate(model, step):
+      return {'valid/mse': self._mse(model)}
+
+    return loop.Training(graphdef, state, train_step, batch, validate)
 
   def _mse(self, model) -> float:
     x, y = self._rows(10**6, 64)
     return float(jnp.mean((model(x) - y) ** 2))
 
-  def evaluate(self, config, workdir):
+  def score(self, config, workdir):
     model, steps, _ = loop.restore_model(self._model(config), config.eval, workdir)
     return {'mse': self._mse(model), 'step': steps[-1]}
 

@@ -131,11 +131,11 @@ def _config(text_file, steps):
 
 def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(text_file, tmp_path, capsys):
   workdir = tmp_path / 'run'
-  char_lm.train_and_evaluate(_config(text_file, 6), workdir)
+  char_lm.TASK.train_and_evaluate(_config(text_file, 6), workdir)
   expected = _losses_by_step(workdir)
   _damage(workdir / 'checkpoints' / '6')
   os.remove(workdir / 'metrics.jsonl')
-  char_lm.train_and_evaluate(_config(text_file, 6), workdir)
+  char_lm.TASK.train_and_evaluate(_config(text_file, 6), workdir)
   out = capsys.readouterr().out
   assert 'checkpoints/6 is unreadable' in out and 'moved unreadable checkpoint 6' in out
   assert len(list((workdir / 'unreadable_checkpoints').iterdir())) == 1
@@ -146,10 +146,10 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(text_file, tmp
 def test_no_readable_checkpoint_is_an_error_not_a_fresh_start(text_file, tmp_path):
   workdir = tmp_path / 'run'
   config = _config(text_file, 2)
-  char_lm.train_and_evaluate(config, workdir)
+  char_lm.TASK.train_and_evaluate(config, workdir)
   _damage(workdir / 'checkpoints' / '2')
   with pytest.raises(ValueError, match='no readable checkpoint'):
-    char_lm.train_and_evaluate(config, workdir)
+    char_lm.TASK.train_and_evaluate(config, workdir)
 
 
 def test_sigterm_during_setup_stops_after_the_first_step(text_file, tmp_path, monkeypatch):
@@ -165,5 +165,5 @@ def test_sigterm_during_setup_stops_after_the_first_step(text_file, tmp_path, mo
   monkeypatch.setattr(char_lm, 'build', build_then_sigterm)
   workdir = tmp_path / 'run'
   with pytest.raises(PreemptedError, match=r'SIGTERM at step 1 '):
-    char_lm.train_and_evaluate(_config(text_file, 6), workdir)
+    char_lm.TASK.train_and_evaluate(_config(text_file, 6), workdir)
   assert [p.name for p in (workdir / 'checkpoints').iterdir()] == ['1']

@@ -72,7 +72,7 @@ def _train_losses(workdir):
 
 def test_train_then_evaluate_writes_results(corpus, tmp_path):
   workdir = tmp_path / 'run'
-  result = translate.train_and_evaluate(_config(corpus, steps=8), workdir)
+  result = translate.TASK.train_and_evaluate(_config(corpus, steps=8), workdir)
   assert 0 <= result['bleu'] <= 100 and 'tok:13a' in result['signature']
   assert result['sentences'] == 12 and result['step'] == 8
   translations = Path(result['translations']).read_text().splitlines()
@@ -91,11 +91,11 @@ def test_resume_continues_the_same_loss_trajectory(corpus, tmp_path):
   config.data.max_eval_examples = 2  # this test is about training: keep evaluation short
   config.eval.beam_size = 1
   straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
-  translate.train_and_evaluate(config, straight)
-  translate.train_and_evaluate(config, resumed)
+  translate.TASK.train_and_evaluate(config, straight)
+  translate.TASK.train_and_evaluate(config, resumed)
   shutil.rmtree(resumed / 'checkpoints' / '8')
   (resumed / 'metrics.jsonl').unlink()
-  translate.train_and_evaluate(config, resumed)
+  translate.TASK.train_and_evaluate(config, resumed)
   expected = _train_losses(straight)
   assert _train_losses(resumed) == {6: expected[6], 8: expected[8]}
 
@@ -105,12 +105,12 @@ def test_checkpoint_averaging_uses_the_last_checkpoints(corpus, tmp_path):
   config.data.max_eval_examples = 2
   config.eval.beam_size = 1
   workdir = tmp_path / 'run'
-  single = translate.train_and_evaluate(config, workdir)
+  single = translate.TASK.train_and_evaluate(config, workdir)
   config.eval.average_checkpoints = 2
-  averaged = translate.evaluate(config, workdir)
+  averaged = translate.TASK.evaluate(config, workdir)
   assert single['averaged_steps'] == [8] and averaged['averaged_steps'] == [4, 8]
   config.eval.update(step=4, average_checkpoints=1)
-  assert translate.evaluate(config, workdir)['step'] == 4
+  assert translate.TASK.evaluate(config, workdir)['step'] == 4
   # The averaged parameters are the mean of the two checkpoints' parameters, leaf by leaf.
   params = {}
   for step, average in ((4, 1), (8, 1), (8, 2)):
@@ -125,22 +125,22 @@ def test_checkpoint_averaging_uses_the_last_checkpoints(corpus, tmp_path):
     np.testing.assert_allclose(mean, (np.asarray(at4) + np.asarray(at8)) / 2, rtol=1e-6)
   config.eval.step = 5
   with pytest.raises(FileNotFoundError, match='config.eval.step=5'):
-    translate.evaluate(config, workdir)
+    translate.TASK.evaluate(config, workdir)
   # Another vocabulary or model than the run's: an error that names the fix.
   config.eval.step = 0
   config.data.vocab_size = 41
   with pytest.raises(ValueError, match=r'has 40 pieces but config\.data\.vocab_size is 41'):
-    translate.evaluate(config, workdir)
+    translate.TASK.evaluate(config, workdir)
   config.data.vocab_size = 40
   config.model.d_ff = 32
   with pytest.raises(ValueError, match=r'no readable checkpoint .*use its original config'):
-    translate.evaluate(config, workdir)
+    translate.TASK.evaluate(config, workdir)
   assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['4', '8']
 
 
 def test_evaluate_without_checkpoint_says_so(corpus, tmp_path):
   with pytest.raises(FileNotFoundError, match='train first'):
-    translate.evaluate(_config(corpus, steps=4), tmp_path / 'empty')
+    translate.TASK.evaluate(_config(corpus, steps=4), tmp_path / 'empty')
 
 
 def test_launchers_print_bleu_last(corpus, tmp_path):
@@ -191,7 +191,7 @@ def test_overfits_a_tiny_corpus_to_high_bleu(corpus, tmp_path):
   config.optim.update(schedule='constant', learning_rate=1e-3, label_smoothing=0.0)
   config.train.update(eval_every=0, checkpoint_every=0, log_every=50)
   config.eval.beam_size = 4
-  result = translate.train_and_evaluate(config, tmp_path / 'run')
+  result = translate.TASK.train_and_evaluate(config, tmp_path / 'run')
   assert result['bleu'] >= 90, result
 
 
@@ -199,10 +199,10 @@ def test_missing_and_empty_translation_files_are_named(corpus, tmp_path):
   config = _config(corpus, steps=2)
   config.data.train_tgt = str(tmp_path / 'missing.de')
   with pytest.raises(FileNotFoundError, match='config.data.train_tgt'):
-    translate.train_and_evaluate(config, tmp_path / 'run1')
+    translate.TASK.train_and_evaluate(config, tmp_path / 'run1')
   (tmp_path / 'empty.en').write_text('')
   (tmp_path / 'empty.de').write_text('')
   config = _config(corpus, steps=2)
   config.data.update(train_src=str(tmp_path / 'empty.en'), train_tgt=str(tmp_path / 'empty.de'))
   with pytest.raises(ValueError, match='empty.en'):
-    translate.train_and_evaluate(config, tmp_path / 'run2')
+    translate.TASK.train_and_evaluate(config, tmp_path / 'run2')

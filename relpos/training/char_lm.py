@@ -14,7 +14,6 @@ the same result; process 0 writes it.
 """
 
 import functools
-import json
 import math
 from pathlib import Path
 
@@ -93,10 +92,6 @@ def train_step_fn(config, graphdef, mesh):
   carries one, is read and replaced.
   """
   train = config.train
-  replicated = mesh_lib.replicated(mesh)
-  state_sharding = {'model': replicated, 'optimizer': replicated}
-  if train.mem_len:
-    state_sharding['memory'] = memory_sharding(mesh)
 
   def loss_fn(model, batch, carry):
     inputs, targets = batch
@@ -115,13 +110,8 @@ def train_step_fn(config, graphdef, mesh):
     sums = {'loss': jnp.sum(nats), 'tokens': jnp.asarray(nats.size, jnp.int32)}
     return jnp.mean(nats), (sums, {'memory': memory._asdict()} if carry else {})
 
-  return loop.train_step_fn(
-    graphdef,
-    loss_fn,
-    state_sharding=state_sharding,
-    batch_sharding=mesh_lib.row_sharded(mesh),
-    mesh=mesh,
-  )
+  carry_sharding = {'memory': memory_sharding(mesh)} if train.mem_len else None
+  return loop.train_step_fn(graphdef, loss_fn, mesh, carry_sharding=carry_sharding)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5, 6))
@@ -227,32 +217,25 @@ class CharLM(loop.Task):
       print(f'step {step}: valid bpc {result["bpc"]:.4f} ({result["tokens"]} chars)', flush=True)
       return {'valid/bpc': result['bpc']}
 
-    return loop.Training(
-      graphdef=graphdef,
-      state=state,
-      step=step,
-      batch=batch,
-      validate=validate,
-      scalars=lambda totals: {'train/bpc': totals['loss'] / totals['tokens'] / math.log(2)},
-      checkpoint_meta={'epoch_segments': batches.num_segments},
-    )
+    meta = {'epoch_segments': batches.num_segments}
+    return loop.Training(graphdef, state, step, batch, validate, checkpoint_meta=meta)
 
-  def evaluate(self, config, workdir) -> dict:
-    """Bits-per-char on config.eval.split from the checkpoint config.eval chooses; writes
-    eval_results.json."""
-    self.check_config(config)
-    workdir = Path(workdir)
-    loop.check_trained(workdir).close()
+  def train_scalars(self, totals):
+    return {'train/bpc': totals['loss'] / totals['tokens'] / math.log(2)}
+
+  def score(self, config, workdir) -> dict:
+    """Bits-per-char on config.eval.split, with config.eval's segment and memory settings."""
     splits, vocab = _vocab_for_run(config, workdir)
     model = TransformerXL(model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))
     model, steps, checkpoint = loop.restore_model(model, config.eval, workdir)
     split = config.eval.split
     result = bits_per_char(model, splits[split], config.eval, batch_size=config.eval.batch_size)
-    result.update(split=split, step=steps[-1], averaged_steps=steps, checkpoint=str(checkpoint))
-    result['eval'] = config.eval.to_dict()
-    if mesh_lib.is_writer():
-      (workdir / 'eval_results.json').write_text(json.dumps(result, indent=2))
-    return result
+    return result | {
+      'split': split,
+      'step': steps[-1],
+      'averaged_steps': steps,
+      'checkpoint': str(checkpoint),
+    }
 
   def result_lines(self, result: dict) -> list[str]:
     return [
@@ -262,4 +245,3 @@ class CharLM(loop.Task):
 
 
 TASK = CharLM()
-train_and_evaluate, evaluate = TASK.train_and_evaluate, TASK.evaluate

@@ -22,6 +22,7 @@ entry in `relpos.training.tasks`.
 
 import abc
 import dataclasses
+import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -57,7 +58,6 @@ class Training:
     batch: the global batch of step s (a pure function of s: resume needs no data state).
     validate: (model on this process's first device, step) -> scalars to log; prints its own
       line.
-    scalars: the task's extra train scalars from the interval's summed sums (e.g. bpc).
     checkpoint_meta: JSON-able facts saved with every checkpoint.
   """
 
@@ -66,7 +66,6 @@ class Training:
   step: Callable[[dict, Any], tuple[dict, dict]]
   batch: Callable[[int], Any]
   validate: Callable[[nnx.Module, int], dict]
-  scalars: Callable[[dict], dict]
   checkpoint_meta: dict = dataclasses.field(default_factory=dict)
 
 
@@ -106,12 +105,30 @@ class Task(abc.ABC):
     """Reads the data, builds the model and optimizer (`init_state`): the run's `Training`."""
 
   @abc.abstractmethod
+  def score(self, config, workdir: Path) -> dict:
+    """The evaluation of the workdir's checkpoint (`restore_model`): {metric: value, ...}."""
+
   def evaluate(self, config, workdir) -> dict:
-    """The final metric of the workdir's checkpoint; writes eval_results.json."""
+    """`score` after the config check, with config.eval added; process 0 writes it to
+    workdir/eval_results.json. A workdir with no checkpoint is a FileNotFoundError before
+    anything else is read."""
+    self.check_config(config)
+    workdir = Path(workdir)
+    check_trained(workdir).close()
+    result = {**self.score(config, workdir), 'eval': config.eval.to_dict()}
+    if mesh_lib.is_writer():
+      (workdir / 'eval_results.json').write_text(json.dumps(result, indent=2))
+    return result
 
   @abc.abstractmethod
   def result_lines(self, result: dict) -> list[str]:
     """What the launchers print; the very last line is `<metric>=<value>`."""
+
+  def train_scalars(self, totals: dict) -> dict:
+    """The task's train scalars besides the loss (e.g. bits-per-char) from the sums of a
+    logging interval."""
+    del totals
+    return {}
 
   def train_and_evaluate(self, config, workdir, *, allow_config_change: bool = False) -> dict:
     """Trains for config.train.steps (resuming from the latest checkpoint), then evaluates."""
@@ -133,14 +150,17 @@ def init_state(model: nnx.Module, config, mesh, **carry) -> tuple[Any, dict]:
   return graphdef, {'model': state[0], 'optimizer': state[1], **carry}
 
 
-def train_step_fn(graphdef, loss_fn, *, state_sharding, batch_sharding, mesh):
+def train_step_fn(graphdef, loss_fn, mesh, *, carry_sharding=None):
   """The jitted step (state, batch) -> (state, sums) of the `init_state` pair `graphdef`.
 
   `loss_fn(model, batch, carry) -> (loss, (sums, carry))` gives the loss to differentiate (a
   mean over the global batch), the summed scalars to log and the next carry. Data-parallel
-  over `mesh`: the shardings say where the state's entries and the batch live; XLA inserts
-  the gradient all-reduce. The state is donated.
+  over `mesh`: model and optimizer replicated, the batch split by rows, the carry as
+  `carry_sharding` ({name: sharding}) says; XLA inserts the gradient all-reduce. The state is
+  donated.
   """
+  replicated = mesh_lib.replicated(mesh)
+  state_sharding = {'model': replicated, 'optimizer': replicated, **(carry_sharding or {})}
 
   def step(state, batch):
     model, optimizer = nnx.merge(graphdef, nnx.State({0: state['model'], 1: state['optimizer']}))
@@ -151,11 +171,10 @@ def train_step_fn(graphdef, loss_fn, *, state_sharding, batch_sharding, mesh):
     _, new_state = nnx.split((model, optimizer))
     return {'model': new_state[0], 'optimizer': new_state[1], **carry}, sums
 
-  replicated = mesh_lib.replicated(mesh)
   return jax.jit(
     step,
     donate_argnums=(0,),
-    in_shardings=(state_sharding, batch_sharding),
+    in_shardings=(state_sharding, mesh_lib.row_sharded(mesh)),
     out_shardings=(state_sharding, replicated),
   )
 
@@ -217,7 +236,11 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
         f'{checkpoints.directory}'
       )
     tokens_per_second, speed = progress.report(done, int(totals['tokens']))
-    scalars = {'train/loss': loss, **run.scalars(totals), 'train/tok_per_s': tokens_per_second}
+    scalars = {
+      'train/loss': loss,
+      **task.train_scalars(totals),
+      'train/tok_per_s': tokens_per_second,
+    }
     writer.write(done, scalars)
     extras = ''.join(
       f' | {name.split("/")[-1]} {value:.4f}'

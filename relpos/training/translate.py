@@ -13,8 +13,6 @@ computing the same result; process 0 writes the translations and results.
 """
 
 import functools
-import json
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -91,14 +89,7 @@ def train_step_fn(config, graphdef, mesh):
     sums = {'loss': jnp.sum(loss_BT), 'nll': jnp.sum(nll_BT), 'tokens': tokens}
     return sums['loss'] / jnp.maximum(tokens, 1), (sums, carry)
 
-  replicated = mesh_lib.replicated(mesh)
-  return loop.train_step_fn(
-    graphdef,
-    loss_fn,
-    state_sharding={'model': replicated, 'optimizer': replicated},
-    batch_sharding=mesh_lib.row_sharded(mesh),
-    mesh=mesh,
-  )
+  return loop.train_step_fn(graphdef, loss_fn, mesh)
 
 
 def eval_loss(model, batches: TokenBatches) -> dict:
@@ -265,20 +256,14 @@ class Translate(loop.Task):
       print(f'step {step}: eval perplexity {result["perplexity"]:.2f}', flush=True)
       return {'eval/nll': result['nll'], 'eval/perplexity': result['perplexity']}
 
-    return loop.Training(
-      graphdef=graphdef,
-      state=state,
-      step=train_step_fn(config, graphdef, mesh),
-      batch=batch,
-      validate=validate,
-      scalars=lambda totals: {'train/nll': totals['nll'] / max(totals['tokens'], 1)},
-    )
+    return loop.Training(graphdef, state, train_step_fn(config, graphdef, mesh), batch, validate)
 
-  def evaluate(self, config, workdir) -> dict:
-    """BLEU of beam-search translations of the eval set; writes translations and results."""
-    self.check_config(config)
-    workdir = Path(workdir)
-    loop.check_trained(workdir).close()
+  def train_scalars(self, totals):
+    return {'train/nll': totals['nll'] / max(totals['tokens'], 1)}
+
+  def score(self, config, workdir) -> dict:
+    """BLEU of beam-search translations of the eval set (written next to the checkpoints)
+    and the perplexity of its references."""
     data = load_eval_data(config.data, workdir)
     model = Transformer(model_config(config, data.tokenizer.vocab_size), rngs=nnx.Rngs(config.seed))
     model, steps, checkpoint = loop.restore_model(model, config.eval, workdir)
@@ -286,9 +271,11 @@ class Translate(loop.Task):
       model, data.tokenizer, data.eval_sources, config.eval, max_len=config.model.max_len
     )
     output = workdir / f'translations_step{steps[-1]}.txt'
+    if mesh_lib.is_writer():
+      output.write_text(''.join(line + '\n' for line in translations))
     bleu = metrics.corpus_bleu(translations, data.eval_references)
     loss = eval_loss(model, _eval_batches(config, data.eval_pairs))
-    result = {
+    return {
       'bleu': bleu.score,
       'signature': bleu.signature,
       'sentences': len(translations),
@@ -297,12 +284,7 @@ class Translate(loop.Task):
       'averaged_steps': steps,
       'checkpoint': str(checkpoint),
       'translations': str(output),
-      'eval': config.eval.to_dict(),
     }
-    if mesh_lib.is_writer():
-      output.write_text(''.join(line + '\n' for line in translations))
-      (workdir / 'eval_results.json').write_text(json.dumps(result, indent=2))
-    return result
 
   def result_lines(self, result: dict) -> list[str]:
     return [
@@ -314,4 +296,3 @@ class Translate(loop.Task):
 
 
 TASK = Translate()
-train_and_evaluate, evaluate = TASK.train_and_evaluate, TASK.evaluate
