@@ -5,7 +5,10 @@
 Evaluation settings come from config.eval (split, tgt_len, mem_len, clamp_len, same_length).
 """
 
-from relpos.training import tasks
+from relpos import runtime
 
 if __name__ == '__main__':
+  runtime.apply_defaults()  # before JAX starts: allocator, compilation cache
+  from relpos.training import tasks
+
   tasks.launch('evaluate')

@@ -5,7 +5,10 @@
 Evaluates the final checkpoint at the end (as eval.py does) and prints the metric last.
 """
 
-from relpos.training import tasks
+from relpos import runtime
 
 if __name__ == '__main__':
+  runtime.apply_defaults()  # before JAX starts: allocator, compilation cache
+  from relpos.training import tasks
+
   tasks.launch('train_and_evaluate')

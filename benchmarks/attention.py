@@ -17,7 +17,7 @@ from absl import app
 from ml_collections import config_flags
 from timing import compiled_temp_bytes, interleaved_median_seconds
 
-from relpos import attention
+from relpos import attention, runtime
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config',
@@ -106,4 +106,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
   app.run(main)

@@ -16,6 +16,7 @@ from absl import app, flags
 from ml_collections import config_flags
 from timing import interleaved_median_seconds
 
+from relpos import runtime
 from relpos.training.char_lm import build, train_step_fn
 from relpos.training.mesh import data_mesh
 
@@ -70,4 +71,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
   app.run(main)

@@ -25,6 +25,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from relpos import runtime
 from relpos.constants import PAD_ID
 from relpos.data.translation import load_translation_data
 from relpos.training import char_lm, translate
@@ -130,4 +131,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
   app.run(main)

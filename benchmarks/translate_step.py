@@ -19,6 +19,7 @@ from absl import app, flags
 from ml_collections import config_flags
 from timing import interleaved_median_seconds
 
+from relpos import runtime
 from relpos.constants import PAD_ID
 from relpos.data.translation import load_translation_data
 from relpos.training import translate
@@ -82,4 +83,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
   app.run(main)

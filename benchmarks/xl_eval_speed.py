@@ -28,6 +28,7 @@ from flax import nnx
 from ml_collections import config_flags
 from timing import interleaved_median_seconds
 
+from relpos import runtime
 from relpos.config.char_lm import char_lm_config
 from relpos.models.transformer_xl import TransformerXL, TransformerXLConfig, nats_per_token
 
@@ -173,4 +174,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
   app.run(main)

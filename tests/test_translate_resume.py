@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from test_translate_training import _write_corpus
+from helpers import write_pair_corpus
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS, CHECKPOINT_EVERY = 60, 10
@@ -30,10 +30,7 @@ KILL_AFTER = 13
 
 @pytest.fixture(scope='module')
 def corpus(tmp_path_factory):
-  directory = tmp_path_factory.mktemp('corpus')
-  _write_corpus(directory, 'train', 300, seed=0)
-  _write_corpus(directory, 'eval', 12, seed=1)
-  return directory
+  return write_pair_corpus(tmp_path_factory.mktemp('corpus'))
 
 
 def _train_command(corpus, workdir):
@@ -96,10 +93,16 @@ def _checkpoint_steps(workdir) -> list[int]:
 
 
 def _checkpoint_arrays(checkpoint: Path) -> dict:
-  """Every array of every pytree item of a checkpoint, by item and path (PRNG keys as data)."""
+  """Every array of every pytree item of a checkpoint, by item and path (PRNG keys as data),
+  read onto this process's first device whatever devices saved it (train.py's default CPU
+  devices are not this test process's)."""
   arrays = {}
+  checkpointer = ocp.StandardCheckpointer()
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   for item in sorted(p for p in checkpoint.iterdir() if (p / '_METADATA').exists()):
-    tree = ocp.StandardCheckpointer().restore(item)
+    stored = checkpointer.metadata(item).item_metadata.tree
+    like = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), stored)
+    tree = checkpointer.restore(item, like)
     for path, leaf in jax.tree.leaves_with_path(tree):
       if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
         leaf = jax.random.key_data(leaf)

@@ -1,0 +1,140 @@
+"""The process defaults relpos applies itself, before JAX starts: the allocator, the number of
+CPU devices and the persistent compilation cache.
+
+Every program of relpos (train.py, eval.py, `python -m relpos.<tool>`, the benchmarks) calls
+`apply_defaults()` first, so a user gets the fast settings without touching their shell, and
+the benchmarks measure what a user runs. It reads and sets environment variables only, never
+imports JAX, and does nothing that a variable the user set already decides.
+
+- **Allocator** (Linux, JAX on the CPU). glibc's malloc hands XLA:CPU's large, short-lived
+  buffers out of fresh 4 KiB pages, and their page faults cost a third of an attention step.
+  With `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` malloc asks for transparent huge pages
+  instead. glibc reads the variable once, at start-up, so the program re-executes itself once
+  with it added and logs one line saying so. `RELPOS_ALLOCATOR=default` keeps glibc's own
+  setting (and so does a GLIBC_TUNABLES that already names `glibc.malloc.hugetlb`). README
+  gives the measured effect on and off.
+- **CPU devices** (JAX on the CPU, two or more cores). XLA:CPU runs one device's step
+  largely one operation at a time: its matmuls use every core, but the many elementwise
+  fusions, reductions and small matmuls of these models run on one thread, so the other cores
+  wait. Split into several host devices (`--xla_force_host_platform_device_count`), the data
+  mesh (`relpos.training.mesh`) gives each device its rows of the batch and the devices run
+  their shares at the same time. The default is 2 devices when this process may use at least
+  2 cores; `RELPOS_CPU_DEVICES=N` sets N (1: one device), and an XLA_FLAGS that already forces
+  a device count is left alone. The global batch is the same for any count (it must split
+  into equal shares: a config error says so), so the count changes float rounding, not the
+  model being trained. README gives the measured effect.
+- **Compilation cache.** JAX's persistent compilation cache, so that a second run of a config
+  (a rerun, a resume, the next seed of a sweep, eval.py after train.py) loads its compiled
+  steps instead of compiling them again. It lives in `RELPOS_COMPILATION_CACHE` (default
+  `~/.cache/relpos/jax`); `RELPOS_COMPILATION_CACHE=off` turns it off. A
+  `JAX_COMPILATION_CACHE_DIR` of the user's own wins. The cache holds compiled code: share it
+  only with people you trust (JAX's own warning).
+"""
+
+import os
+import sys
+from pathlib import Path
+
+ALLOCATOR_TUNABLE = 'glibc.malloc.hugetlb=1'
+DEFAULT_CACHE_DIR = Path.home() / '.cache' / 'relpos' / 'jax'
+_REEXECUTED = 'RELPOS_REEXECUTED'  # set in the re-executed process: never loop
+DEVICES_FLAG = '--xla_force_host_platform_device_count'
+
+# Compiles shorter than this are not worth a disk entry (JAX's default is 1 s; a char_tiny
+# step compiles in about 2 s, each decoding shape of beam search in under 1 s).
+_MIN_COMPILE_SECONDS = '0.3'
+
+
+def _on_cpu(environ) -> bool:
+  """Whether JAX will run on the host CPU: JAX_PLATFORMS says so, or no accelerator plugin
+  (CUDA, ROCm, TPU) is installed."""
+  platforms = environ.get('JAX_PLATFORMS', '')
+  if platforms:
+    return platforms.split(',')[0].strip() == 'cpu'
+  import importlib.util  # noqa: PLC0415 (only needed here)
+
+  plugins = ('jax_cuda12_plugin', 'jax_cuda13_plugin', 'jax_rocm60_plugin', 'libtpu')
+  return not any(importlib.util.find_spec(name) for name in plugins)
+
+
+def allocator_environment(environ) -> dict | None:
+  """The environment to re-execute with for the fast allocator, or None when this process
+  already has it, is told not to, or is not a Linux CPU run."""
+  tunables = environ.get('GLIBC_TUNABLES', '')
+  if (
+    not sys.platform.startswith('linux')
+    or environ.get('RELPOS_ALLOCATOR', 'hugetlb') == 'default'
+    or _REEXECUTED in environ
+    or 'glibc.malloc.hugetlb' in tunables
+    or not _on_cpu(environ)
+  ):
+    return None
+  return {
+    **environ,
+    'GLIBC_TUNABLES': f'{tunables}:{ALLOCATOR_TUNABLE}' if tunables else ALLOCATOR_TUNABLE,
+    _REEXECUTED: '1',
+  }
+
+
+def default_cpu_devices() -> int:
+  """2 when this process may run on at least 2 cores, else 1."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+  return 2 if (cores or 1) >= 2 else 1
+
+
+def devices_environment(environ) -> dict:
+  """{'XLA_FLAGS': ...} forcing RELPOS_CPU_DEVICES (default `default_cpu_devices()`) host
+  devices, or {} when that is 1, the flags already force a count, or JAX is not on the CPU.
+
+  Raises:
+    ValueError: RELPOS_CPU_DEVICES is not a positive integer.
+  """
+  flags = environ.get('XLA_FLAGS', '')
+  if DEVICES_FLAG in flags or not _on_cpu(environ):
+    return {}
+  wanted = environ.get('RELPOS_CPU_DEVICES', '')
+  if wanted and not (wanted.isdigit() and int(wanted) > 0):
+    raise ValueError(f'RELPOS_CPU_DEVICES={wanted!r} must be a positive integer')
+  count = int(wanted) if wanted else default_cpu_devices()
+  if count == 1:
+    return {}
+  return {'XLA_FLAGS': f'{flags} {DEVICES_FLAG}={count}'.strip()}
+
+
+def cache_environment(environ) -> dict:
+  """The JAX_* variables that turn the persistent compilation cache on (none when the user set
+  JAX_COMPILATION_CACHE_DIR or RELPOS_COMPILATION_CACHE=off)."""
+  where = environ.get('RELPOS_COMPILATION_CACHE', str(DEFAULT_CACHE_DIR))
+  if 'JAX_COMPILATION_CACHE_DIR' in environ or where == 'off':
+    return {}
+  return {
+    'JAX_COMPILATION_CACHE_DIR': where,
+    'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': environ.get(
+      'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', _MIN_COMPILE_SECONDS
+    ),
+  }
+
+
+def apply_defaults() -> None:
+  """Sets the device and compilation cache variables, then re-executes this program with the
+  fast allocator if it lacks it (the process keeps its pid), with one log line naming what it
+  applied. Call it before importing JAX; a bad RELPOS_* value ends the program with one line."""
+  try:
+    devices = devices_environment(os.environ)
+  except ValueError as error:
+    sys.exit(f'error: {error}')
+  os.environ.update(devices)
+  os.environ.update(cache_environment(os.environ))
+  environ = allocator_environment(os.environ)
+  applied = [f'XLA_FLAGS={devices["XLA_FLAGS"]}'] if devices else []
+  if environ is not None:
+    applied.append(f'GLIBC_TUNABLES={environ["GLIBC_TUNABLES"]} (restarting)')
+  if applied:
+    print(
+      f'relpos: CPU defaults {", ".join(applied)}; RELPOS_CPU_DEVICES=1 and '
+      'RELPOS_ALLOCATOR=default turn them off',
+      file=sys.stderr,
+      flush=True,
+    )
+  if environ is not None:
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environ)

@@ -1,0 +1,102 @@
+"""relpos.runtime: the allocator re-execution and the compilation cache variables."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relpos import runtime
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='the allocator is Linux-only')
+def test_allocator_is_added_once_on_a_linux_cpu():
+  environ = runtime.allocator_environment({'JAX_PLATFORMS': 'cpu', 'GLIBC_TUNABLES': 'a.b=1'})
+  assert environ['GLIBC_TUNABLES'] == 'a.b=1:glibc.malloc.hugetlb=1'
+  # The re-executed process has it (and the marker): nothing more to do.
+  assert runtime.allocator_environment(environ) is None
+  assert runtime.allocator_environment({'JAX_PLATFORMS': 'cpu'})['GLIBC_TUNABLES'] == (
+    'glibc.malloc.hugetlb=1'
+  )
+
+
+@pytest.mark.parametrize(
+  'environ',
+  [
+    {'JAX_PLATFORMS': 'cpu', 'RELPOS_ALLOCATOR': 'default'},  # the user's opt-out
+    {'JAX_PLATFORMS': 'cpu', 'GLIBC_TUNABLES': 'glibc.malloc.hugetlb=0'},  # the user's choice
+    {'JAX_PLATFORMS': 'cuda'},  # an accelerator run
+    {'JAX_PLATFORMS': 'cpu', 'RELPOS_REEXECUTED': '1'},  # never a second time
+  ],
+)
+def test_allocator_is_left_alone(environ):
+  assert runtime.allocator_environment(environ) is None
+
+
+def test_compilation_cache_defaults_and_opt_outs(tmp_path):
+  assert runtime.cache_environment({})['JAX_COMPILATION_CACHE_DIR'] == str(
+    runtime.DEFAULT_CACHE_DIR
+  )
+  mine = runtime.cache_environment({'RELPOS_COMPILATION_CACHE': str(tmp_path)})
+  assert mine['JAX_COMPILATION_CACHE_DIR'] == str(tmp_path)
+  assert runtime.cache_environment({'RELPOS_COMPILATION_CACHE': 'off'}) == {}
+  assert runtime.cache_environment({'JAX_COMPILATION_CACHE_DIR': '/elsewhere'}) == {}
+
+
+def test_a_launcher_restarts_itself_with_the_allocator_and_fills_the_cache(tmp_path):
+  """A real process: apply_defaults re-executes it (same argv, one log line), with the CPU
+  devices asked for, and the jitted function lands in the cache directory."""
+  script = tmp_path / 'program.py'
+  script.write_text(
+    'import os, sys\n'
+    'from relpos import runtime\n'
+    'runtime.apply_defaults()\n'
+    'import jax, jax.numpy as jnp\n'
+    'jax.jit(lambda x: jnp.sin(x) @ x)(jnp.ones((64, 64))).block_until_ready()\n'
+    'print(os.environ.get("GLIBC_TUNABLES"), sys.argv[1:], jax.device_count())\n'
+  )
+  environ = {
+    key: value
+    for key, value in os.environ.items()
+    if key not in ('GLIBC_TUNABLES', 'RELPOS_ALLOCATOR', 'RELPOS_REEXECUTED', 'XLA_FLAGS')
+  }
+  cache = tmp_path / 'cache'
+  environ.update(
+    JAX_PLATFORMS='cpu',
+    RELPOS_COMPILATION_CACHE=str(cache),
+    RELPOS_CPU_DEVICES='3',
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+  )
+  done = subprocess.run(
+    [sys.executable, str(script), 'an-argument'],
+    env=environ,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    cwd=ROOT,
+    check=True,
+  )
+  if sys.platform.startswith('linux'):
+    assert done.stdout.strip() == "glibc.malloc.hugetlb=1 ['an-argument'] 3"
+    assert done.stderr.count('relpos: CPU defaults') == 1 and '(restarting)' in done.stderr
+  assert any(cache.iterdir())
+
+
+def test_cpu_devices_default_to_two_and_respect_the_user():
+  assert runtime.devices_environment({'JAX_PLATFORMS': 'cpu', 'RELPOS_CPU_DEVICES': '3'}) == {
+    'XLA_FLAGS': '--xla_force_host_platform_device_count=3'
+  }
+  mine = {'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '--xla_cpu_multi_thread_eigen=true'}
+  expected = runtime.default_cpu_devices()
+  flags = runtime.devices_environment(mine).get('XLA_FLAGS', mine['XLA_FLAGS'])
+  assert flags.startswith('--xla_cpu_multi_thread_eigen=true')
+  assert (f'device_count={expected}' in flags) == (expected > 1)
+  forced = {'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '--xla_force_host_platform_device_count=4'}
+  assert runtime.devices_environment(forced) == {}
+  assert runtime.devices_environment({'JAX_PLATFORMS': 'cpu', 'RELPOS_CPU_DEVICES': '1'}) == {}
+  assert runtime.devices_environment({'JAX_PLATFORMS': 'cuda'}) == {}
+  with pytest.raises(ValueError, match='RELPOS_CPU_DEVICES'):
+    runtime.devices_environment({'JAX_PLATFORMS': 'cpu', 'RELPOS_CPU_DEVICES': 'two'})
