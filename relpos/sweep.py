@@ -1,14 +1,30 @@
-"""Sweep one config field (by default the clipping distance k): train, evaluate, tabulate, plot.
+"""Sweep one config field over values and seeds: train, evaluate, test, tabulate, plot.
 
     python -m relpos.sweep --config=configs/translate_tiny.py:shaw --workdir=runs/k_sweep \\
-        --values=0,1,2,4,16,64
+        --values=0,1,2,4,16,64 --seeds=0,1,2
+    python -m relpos.sweep --config=configs/translate_tiny.py --workdir=runs/positions \\
+        --field=model.position --values=shaw,absolute,shaw_absolute --seeds=0,1,2
 
-Each value v trains and evaluates `--config` with `--config.<field>=v` in `<workdir>/<field>=v`
-(an existing run resumes, a finished one is only evaluated again), then the sweep writes
-`<workdir>/sweep.md`, `sweep.csv` and `sweep.png` (the metric against v, paper Table 3).
-`--print_only` prints the train/eval command of every value instead (for a cluster);
-`--collect_only` rebuilds the table and plot from the runs' eval_results.json files.
-Any `--config.*` override on this command line is passed on to every run.
+Each (value v, seed s) trains and evaluates `--config` with `--config.<field>=v` and
+`--config.seed=s` in `<workdir>/<field>=v/seed=s`. A run whose eval_results.json is there for
+the config's last step is not touched again, so a sweep stopped anywhere (or spread over
+sessions) resumes where it was; an unfinished run resumes from its last checkpoint.
+
+Then the sweep writes under `<workdir>`:
+- `sweep.csv` / `sweep.md`: one row per value, `value, n, mean, std, p_value` (std over seeds,
+  ddof 1; p_value against `--baseline`, the first value by default);
+- `sweep_seeds.csv`: one row per run;
+- `sweep.png`: the mean with ±std error bars.
+
+The p-value is a paired bootstrap over the test items, seeds pooled (`relpos.significance`):
+sacreBLEU's test on the translations for BLEU, the same test over evaluation segments for
+bits-per-char. Other metrics get no p-value.
+
+Everything that can be wrong is an error before any training: an unknown field or value, a
+metric the task does not report, a field the model never reads at the swept values (k on an
+absolute model). `--print_only` prints the train/eval command of every run instead (for a
+cluster); `--collect_only` rebuilds the tables from finished runs. Any `--config.*` override
+on this command line is passed on to every run.
 """
 
 import csv
@@ -18,13 +34,17 @@ from pathlib import Path
 
 import matplotlib
 import ml_collections
+import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 matplotlib.use('Agg')
 from matplotlib import pyplot as plt  # noqa: E402
 
+from relpos import runtime, significance  # noqa: E402
 from relpos.training import tasks  # noqa: E402
+
+SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'p_value')
 
 
 def parse_value(config: ml_collections.ConfigDict, field: str, text: str):
@@ -40,7 +60,10 @@ def parse_value(config: ml_collections.ConfigDict, field: str, text: str):
   kind = type(node[leaf])
   if kind is bool:
     return text.lower() in ('1', 'true', 'yes')
-  return kind(text)
+  try:
+    return kind(text)
+  except ValueError:
+    raise ValueError(f'--values: {text!r} is not a {kind.__name__}, as {field} is') from None
 
 
 def with_value(config: ml_collections.ConfigDict, field: str, value) -> ml_collections.ConfigDict:
@@ -54,67 +77,230 @@ def with_value(config: ml_collections.ConfigDict, field: str, value) -> ml_colle
   return copy
 
 
-def run_dir(root: Path, field: str, value) -> Path:
-  return root / f'{field.split(".")[-1]}={value}'
+def run_dir(root: Path, field: str, value, seed: int) -> Path:
+  return root / f'{field.split(".")[-1]}={value}' / f'seed={seed}'
 
 
-def commands(config_arg: str, overrides: list[str], root: Path, field: str, values) -> list[str]:
-  """The shell commands that train and evaluate every value."""
+def check_sweep(config, field: str, values, seeds, metric: str) -> None:
+  """Raises ValueError for a sweep that cannot give its table, before anything trains: a
+  metric the task does not report, a value the task's checks refuse, a field that the model
+  does not read at any swept value (sweeping it would train one model n times)."""
+  task = tasks.get(config)
+  if metric not in task.metrics:
+    raise ValueError(
+      f'--metric={metric}: a {config.task} run reports {", ".join(task.metrics)}, not {metric}'
+    )
+  if not seeds:
+    raise ValueError('--seeds is empty: give at least one seed')
+  read_somewhere = False
+  for value in values:
+    variant = with_value(config, field, value)
+    try:
+      task.check_config(variant)
+    except ValueError as error:
+      raise ValueError(f'--field={field} at {value!r}: {error}') from None
+    leaf = field.removeprefix('model.')
+    read_somewhere |= not field.startswith('model.') or leaf not in task.unread_fields(variant)
+  if not read_somewhere:
+    position = config.model.position
+    raise ValueError(
+      f'--field={field}: config.model.position={position!r} does not read it, so every '
+      'value would train the same model; sweep it with a position that does'
+    )
+
+
+def is_finished(workdir: Path, config) -> bool:
+  """Whether the run in `workdir` was trained to the end and evaluated with config.eval."""
+  path = workdir / 'eval_results.json'
+  if not path.exists():
+    return False
+  results = json.loads(path.read_text())
+  return results.get('step') == config.train.steps and results.get('eval') == config.eval.to_dict()
+
+
+def runs(config, field: str, values, seeds):
+  """(value, seed, config) of every run, value-major."""
+  for value in values:
+    for seed in seeds:
+      variant = with_value(config, field, value)
+      variant.seed = seed
+      yield value, seed, variant
+
+
+def commands(config_arg: str, overrides: list[str], root: Path, field: str, values, seeds):
+  """The shell commands that train and evaluate every run."""
   lines = []
   for value in values:
-    flags_text = ' '.join([f'--config={config_arg}', *overrides, f'--config.{field}={value}'])
-    workdir = run_dir(root, field, value)
-    lines.append(f'python train.py {flags_text} --workdir={workdir}')
-    lines.append(f'python eval.py {flags_text} --workdir={workdir}')
+    for seed in seeds:
+      flags_text = ' '.join(
+        [f'--config={config_arg}', *overrides, f'--config.{field}={value}', f'--config.seed={seed}']
+      )
+      workdir = run_dir(root, field, value, seed)
+      lines.append(f'python train.py {flags_text} --workdir={workdir}')
+      lines.append(f'python eval.py {flags_text} --workdir={workdir}')
   return lines
 
 
-def collect(root: Path, field: str, values, metric: str) -> list[dict]:
-  """One row per value with an eval_results.json: value, metric, step, workdir."""
+def collect(root: Path, field: str, values, seeds, metric: str) -> list[dict]:
+  """One row per run with an eval_results.json: value, seed, metric, step, workdir."""
   rows = []
   for value in values:
-    results_path = run_dir(root, field, value) / 'eval_results.json'
-    if not results_path.exists():
-      logging.warning('no results for %s=%s (%s)', field, value, results_path)
-      continue
-    results = json.loads(results_path.read_text())
-    if metric not in results:
-      raise ValueError(f'{results_path} has no {metric!r}; pass --metric (one of {list(results)})')
-    row = {field: value, metric: results[metric], 'step': results.get('step')}
-    rows.append(row | {'workdir': str(results_path.parent)})
+    for seed in seeds:
+      results_path = run_dir(root, field, value, seed) / 'eval_results.json'
+      if not results_path.exists():
+        logging.warning('no results for %s=%s seed %d (%s)', field, value, seed, results_path)
+        continue
+      results = json.loads(results_path.read_text())
+      if metric not in results:
+        raise ValueError(f'{results_path} has no {metric!r} (it has {sorted(results)})')
+      rows.append(
+        {
+          'value': value,
+          'seed': seed,
+          metric: results[metric],
+          'step': results.get('step'),
+          'workdir': str(results_path.parent),
+        }
+      )
   return rows
 
 
-def write_table(rows: list[dict], root: Path, field: str, metric: str) -> str:
-  """Writes sweep.csv and sweep.md under `root`; returns the markdown."""
-  columns = [field, metric, 'step', 'workdir']
-  with open(root / 'sweep.csv', 'w', newline='') as stream:
-    writer = csv.DictWriter(stream, fieldnames=columns)
+def _pooled_items(config, metric: str, rows: list[dict]):
+  """What the paired test of `metric` compares, per seed: {seed: items} of one value's rows."""
+  items = {}
+  for row in rows:
+    results = json.loads((Path(row['workdir']) / 'eval_results.json').read_text())
+    if metric == 'bleu':
+      items[row['seed']] = Path(results['translations']).read_text().splitlines()
+    else:
+      items[row['seed']] = (results['segment_nats'], results['segment_tokens'])
+  return items
+
+
+def p_value(config, metric: str, baseline: list[dict], candidate: list[dict]) -> float | None:
+  """The paired bootstrap p-value of `candidate`'s runs against `baseline`'s on the seeds both
+  have, pooled (module docstring); None for metrics without a test."""
+  if metric not in ('bleu', 'bpc'):
+    return None
+  base, other = _pooled_items(config, metric, baseline), _pooled_items(config, metric, candidate)
+  seeds = sorted(set(base) & set(other))
+  if not seeds:
+    return None
+  if metric == 'bleu':
+    from relpos.data.translation import read_pairs  # noqa: PLC0415 (translation only)
+
+    references = read_pairs(config.data, 'eval')[1]
+    return significance.bleu_p_value(
+      [line for seed in seeds for line in base[seed]],
+      [line for seed in seeds for line in other[seed]],
+      references * len(seeds),
+    )
+  return significance.bpc_p_value(
+    [nats for seed in seeds for nats in base[seed][0]],
+    [nats for seed in seeds for nats in other[seed][0]],
+    [tokens for seed in seeds for tokens in base[seed][1]],
+  )
+
+
+def summarise(config, rows: list[dict], values, metric: str, baseline) -> list[dict]:
+  """One row per value with runs: value, n, mean, std (ddof 1; 0 for one run), p_value."""
+  by_value = {value: [row for row in rows if row['value'] == value] for value in values}
+  summary = []
+  for value, value_rows in by_value.items():
+    if not value_rows:
+      continue
+    scores = np.array([row[metric] for row in value_rows], np.float64)
+    is_baseline = value == baseline
+    summary.append(
+      {
+        'value': value,
+        'n': len(scores),
+        'mean': float(scores.mean()),
+        'std': float(scores.std(ddof=1)) if len(scores) > 1 else 0.0,
+        'p_value': None
+        if is_baseline or not by_value.get(baseline)
+        else p_value(config, metric, by_value[baseline], value_rows),
+      }
+    )
+  return summary
+
+
+def _write_csv(path: Path, rows: list[dict], columns) -> None:
+  with open(path, 'w', newline='') as stream:
+    writer = csv.DictWriter(stream, fieldnames=list(columns), extrasaction='ignore')
     writer.writeheader()
     writer.writerows(rows)
-  lines = ['| ' + ' | '.join(columns) + ' |', '|' + '---|' * len(columns)]
-  for row in rows:
-    cells = [f'{row[metric]:.2f}' if name == metric else str(row[name]) for name in columns]
-    lines.append('| ' + ' | '.join(cells) + ' |')
+
+
+def write_tables(summary, rows, root: Path, field: str, metric: str, baseline) -> str:
+  """Writes sweep.csv, sweep_seeds.csv and sweep.md under `root`; returns the markdown."""
+  _write_csv(root / 'sweep.csv', summary, SUMMARY_COLUMNS)
+  _write_csv(root / 'sweep_seeds.csv', rows, ('value', 'seed', metric, 'step', 'workdir'))
+  lines = [
+    f'{field} against {metric}: mean ± std over seeds; p-value of a paired bootstrap against '
+    f'{field}={baseline}, seeds pooled',
+    '',
+    f'| {field} | n | {metric} mean | std | p-value |',
+    '|---|---|---|---|---|',
+  ]
+  for row in summary:
+    p = '(baseline)' if row['value'] == baseline else _p_text(row['p_value'])
+    lines.append(f'| {row["value"]} | {row["n"]} | {row["mean"]:.3f} | {row["std"]:.3f} | {p} |')
+  lines += ['', f'| {field} | seed | {metric} | step |', '|---|---|---|---|']
+  lines += [f'| {r["value"]} | {r["seed"]} | {r[metric]:.3f} | {r["step"]} |' for r in rows]
   markdown = '\n'.join(lines) + '\n'
   (root / 'sweep.md').write_text(markdown)
   return markdown
 
 
-def plot(rows: list[dict], root: Path, field: str, metric: str) -> Path:
-  """sweep.png: the metric against the swept values (evenly spaced, labelled by value)."""
+def _p_text(p) -> str:
+  return '–' if p is None else f'{p:.3f}'
+
+
+def plot(summary: list[dict], root: Path, field: str, metric: str) -> Path:
+  """sweep.png: the mean of the metric against the swept values, ±std error bars."""
   figure, axes = plt.subplots(figsize=(5, 3.5))
-  positions = range(len(rows))
-  axes.plot(positions, [row[metric] for row in rows], marker='o')
-  axes.set_xticks(list(positions), [str(row[field]) for row in rows])
+  positions = range(len(summary))
+  axes.errorbar(
+    positions,
+    [row['mean'] for row in summary],
+    yerr=[row['std'] for row in summary],
+    marker='o',
+    capsize=4,
+  )
+  axes.set_xticks(list(positions), [str(row['value']) for row in summary])
   axes.set_xlabel(field)
-  axes.set_ylabel(metric)
+  seeds = max(row['n'] for row in summary)
+  axes.set_ylabel(f'{metric} (mean ± std, {seeds} seeds)' if seeds > 1 else metric)
   axes.grid(alpha=0.3)
   figure.tight_layout()
   path = root / 'sweep.png'
   figure.savefig(path, dpi=120)
   plt.close(figure)
   return path
+
+
+def sweep(config, root: Path, field: str, values, seeds, metric: str, baseline, *, train=True):
+  """Trains and evaluates every unfinished run (if `train`), then writes the tables and plot;
+  returns the per-value summary."""
+  task = tasks.get(config)
+  root.mkdir(parents=True, exist_ok=True)
+  if train:
+    for value, seed, variant in runs(config, field, values, seeds):
+      workdir = run_dir(root, field, value, seed)
+      if is_finished(workdir, variant):
+        print(f'=== {field}={value} seed={seed}: finished, kept ({workdir})', flush=True)
+        continue
+      print(f'=== {field}={value} seed={seed}', flush=True)
+      result = task.train_and_evaluate(variant, workdir)
+      print('\n'.join(task.result_lines(result)), flush=True)
+  rows = collect(root, field, values, seeds, metric)
+  if not rows:
+    raise FileNotFoundError(f'no finished runs under {root}')
+  summary = summarise(config, rows, values, metric, baseline)
+  print(write_tables(summary, rows, root, field, metric, baseline))
+  print(f'plot: {plot(summary, root, field, metric)}')
+  return summary
 
 
 def main(argv):
@@ -125,41 +311,46 @@ def main(argv):
     raise app.UsageError('--workdir is required')
   if not args['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
-  config, field, root, metric = args.config, args.field, Path(args.workdir), args.metric
-  values = [parse_value(config, field, text) for text in args.values]
-  if args.print_only:
-    config_arg = next(arg for arg in sys.argv if arg.startswith('--config='))
-    overrides = [arg for arg in sys.argv[1:] if arg.startswith('--config.')]
-    print('\n'.join(commands(config_arg.split('=', 1)[1], overrides, root, field, values)))
-    return
-  root.mkdir(parents=True, exist_ok=True)
-  if not args.collect_only:
+  config, field, root = args.config, args.field, Path(args.workdir)
+  try:
     task = tasks.get(config)
-    for value in values:
-      print(f'=== {field}={value}', flush=True)
-      result = task.train_and_evaluate(
-        with_value(config, field, value), run_dir(root, field, value)
-      )
-      print('\n'.join(task.result_lines(result)), flush=True)
-  rows = collect(root, field, values, metric)
-  if not rows:
-    raise SystemExit(f'no finished runs under {root}')
-  print(write_table(rows, root, field, metric))
-  print(f'plot: {plot(rows, root, field, metric)}')
+    metric = args.metric or task.metric
+    values = [parse_value(config, field, text) for text in args.values]
+    seeds = [int(seed) for seed in args.seeds]
+    baseline = values[0] if args.baseline is None else parse_value(config, field, args.baseline)
+    if baseline not in values:
+      raise ValueError(f'--baseline={args.baseline} is not one of --values')
+    check_sweep(config, field, values, seeds, metric)
+    if args.print_only:
+      config_arg = next(arg for arg in sys.argv if arg.startswith('--config='))
+      overrides = [
+        arg
+        for arg in sys.argv[1:]
+        if arg.startswith('--config.') and not arg.startswith('--config.seed=')
+      ]
+      lines = commands(config_arg.split('=', 1)[1], overrides, root, field, values, seeds)
+      print('\n'.join(lines))
+      return
+    sweep(config, root, field, values, seeds, metric, baseline, train=not args.collect_only)
+  except tasks.USER_ERRORS as error:
+    sys.exit(f'error: {error}')
 
 
 def define_flags():
   """The command-line flags (defined only when run as a program, so importing is free)."""
   config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
-  flags.DEFINE_string('workdir', None, 'Root directory; one subdirectory per value.')
+  flags.DEFINE_string('workdir', None, 'Root directory; one subdirectory per value and seed.')
   flags.DEFINE_string('field', 'model.max_relative_position', 'Config field to sweep.')
   flags.DEFINE_list('values', '0,1,2,4,16,64', 'Values of the field, comma-separated.')
-  flags.DEFINE_string('metric', 'bleu', "Key of eval_results.json to report ('bpc').")
+  flags.DEFINE_list('seeds', '0', 'Seeds (config.seed) to train each value with.')
+  flags.DEFINE_string('baseline', None, 'The value p-values are against (default: the first).')
+  flags.DEFINE_string('metric', None, "Result to tabulate (default: the task's, bleu or bpc).")
   flags.DEFINE_bool('print_only', False, 'Print the commands, run nothing.')
   flags.DEFINE_bool('collect_only', False, 'Tabulate finished runs, run nothing.')
   flags.mark_flag_as_required('config')
 
 
 if __name__ == '__main__':
+  runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=tasks.parse_flags)

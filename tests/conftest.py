@@ -22,3 +22,21 @@ def attention_test_config():
       yield
   finally:
     jax.config.update('jax_disable_most_optimizations', old)
+
+
+@pytest.fixture
+def compilation_cache(tmp_path):
+  """JAX's persistent compilation cache in a fresh directory for one test, as
+  `python -m relpos.sweep` has it (relpos.runtime): a sweep's later runs load the compiled
+  steps of its first. Reset afterwards, so no other test reads it."""
+  from jax.experimental.compilation_cache import compilation_cache as cache  # noqa: PLC0415
+
+  old = jax.config.jax_persistent_cache_min_compile_time_secs
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  cache.set_cache_dir(str(tmp_path / 'jax-cache'))
+  try:
+    yield
+  finally:
+    cache.reset_cache()
+    jax.config.update('jax_compilation_cache_dir', None)
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', old)

@@ -237,3 +237,52 @@ def write_word_corpus(path, *, words=6000, seed=0):
   vocabulary = ['the ', 'cat ', 'sat ', 'on ', 'a ', 'mat.\n', 'dog ', 'ran ']
   path.write_text(''.join(rng.choice(vocabulary, size=words)))
   return path
+
+
+_WORDS = ['red', 'blue', 'green', 'cat', 'dog', 'bird', 'runs', 'sleeps', 'sings', 'fast']
+_GERMAN = ['rot', 'blau', 'grün', 'Katze', 'Hund', 'Vogel', 'läuft', 'schläft', 'singt', 'schnell']
+
+
+def write_pairs(directory: Path, name: str, count: int, seed: int):
+  """`name`.en / `name`.de: a word-for-word 'translation' with a reversal, learnable by a
+  tiny model."""
+  rng = np.random.default_rng(seed)
+  sources, targets = [], []
+  for _ in range(count):
+    ids = rng.integers(0, len(_WORDS), size=rng.integers(2, 6))
+    sources.append(' '.join(_WORDS[i] for i in ids))
+    targets.append(' '.join(_GERMAN[i] for i in ids[::-1]))
+  (directory / f'{name}.en').write_text('\n'.join(sources) + '\n')
+  (directory / f'{name}.de').write_text('\n'.join(targets) + '\n')
+
+
+def write_pair_corpus(directory: Path, *, train=300, eval=12) -> Path:
+  """`directory` (made if needed) with train.{en,de} and eval.{en,de} of `write_pairs`."""
+  directory.mkdir(parents=True, exist_ok=True)
+  write_pairs(directory, 'train', train, seed=0)
+  write_pairs(directory, 'eval', eval, seed=1)
+  return directory
+
+
+def tiny_translate_config(corpus: Path, *, steps: int, position='shaw'):
+  """translate_tiny shrunk to a 1+1-layer model on a `write_pair_corpus` directory."""
+  config = load_config('translate_tiny', position)
+  config.data.update(
+    train_src=str(corpus / 'train.en'),
+    train_tgt=str(corpus / 'train.de'),
+    eval_src=str(corpus / 'eval.en'),
+    eval_tgt=str(corpus / 'eval.de'),
+    moses_detokenize=False,
+    max_eval_examples=0,
+    vocab_size=40,
+    max_length=16,
+    max_tokens=256,
+    length_buckets=2,
+  )
+  config.model.update(
+    encoder_layers=1, decoder_layers=1, d_model=32, num_heads=2, d_ff=64, max_relative_position=3
+  )
+  config.optim.update(warmup_steps=5)
+  config.train.update(steps=steps, log_every=2, eval_every=4, checkpoint_every=4)
+  config.eval.update(beam_size=2, batch_size=8, max_decode_extra=4)
+  return config

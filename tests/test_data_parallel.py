@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import TINY_CHAR_LM_FLAGS, write_word_corpus
+from helpers import TINY_CHAR_LM_FLAGS, write_pairs, write_word_corpus
 
 from relpos.training import mesh as mesh_lib
 
@@ -52,8 +52,8 @@ def _float_leaves(state: dict) -> dict:
 
 def _one_step(task: str, mesh) -> dict:
   """The float leaves of (model, optimizer) after one train step on a fixed global batch."""
+  from helpers import tiny_translate_config as translate_config
   from test_char_lm_training import _config as char_config
-  from test_translate_training import _config as translate_config
 
   from relpos.training import char_lm, translate
 
@@ -252,10 +252,9 @@ def test_two_processes_train_the_char_lm_in_sync_and_stop_together(tmp_path):
 
 
 def test_two_processes_train_the_translation_model_in_sync(tmp_path):
-  from test_translate_training import _write_corpus
 
-  _write_corpus(tmp_path, 'train', 300, seed=0)
-  _write_corpus(tmp_path, 'eval', 8, seed=1)
+  write_pairs(tmp_path, 'train', 300, seed=0)
+  write_pairs(tmp_path, 'eval', 8, seed=1)
   args = [
     '--config=configs/translate_tiny.py:shaw',
     f'--config.data.train_src={tmp_path / "train.en"}',

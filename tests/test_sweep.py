@@ -1,12 +1,14 @@
-"""The k sweep: value parsing, printed commands, table and plot from finished runs."""
+"""relpos.sweep: values and seeds, the checks before training, the tables with p-values, and
+the whole train -> evaluate -> tabulate loop at tiny sizes."""
 
+import csv
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import load_config
+from helpers import TINY_CHAR_LM, load_config, tiny_translate_config, write_pair_corpus
 
 from relpos import sweep
 
@@ -18,10 +20,13 @@ def test_parse_value_uses_the_field_type():
   assert sweep.parse_value(config, 'model.max_relative_position', '4') == 4
   assert sweep.parse_value(config, 'optim.learning_rate', '0.5') == 0.5
   assert sweep.parse_value(config, 'train.same_length', 'true') is True
+  assert sweep.parse_value(config, 'model.position', 'absolute') == 'absolute'
   with pytest.raises(ValueError, match='no field'):
     sweep.parse_value(config, 'model.max_relative_positon', '4')
   with pytest.raises(ValueError, match='no section'):
     sweep.parse_value(config, 'modle.mem_len', '4')
+  with pytest.raises(ValueError, match=r"--values: 'four' is not a int"):
+    sweep.parse_value(config, 'model.max_relative_position', 'four')
 
 
 def test_with_value_copies():
@@ -31,45 +36,170 @@ def test_with_value_copies():
   assert config.model.max_relative_position == 16
 
 
-def test_collect_table_and_plot(tmp_path):
+@pytest.mark.parametrize(
+  ('name', 'preset', 'field', 'values', 'metric', 'message'),
+  [
+    ('char_tiny', 'shaw', 'model.max_relative_position', [4], 'bleu', 'reports bpc, not bleu'),
+    ('translate_tiny', 'shaw', 'model.max_relative_position', [4], 'bpc', 'reports bleu, perp'),
+    ('translate_tiny', 'absolute', 'model.max_relative_position', [0, 4], 'bleu', 'does not read'),
+    ('char_tiny', 'xl', 'model.relative_values', [True, False], 'bpc', 'does not read'),
+    ('char_tiny', 'shaw', 'model.untie_r', [True, False], 'bpc', 'does not read'),
+    ('translate_tiny', 'shaw', 'model.num_heads', [4, 3], 'bleu', r'at 3: config\.model\.d_model'),
+    ('translate_tiny', 'shaw', 'model.position', ['shaw', 'relative'], 'bleu', 'at .relative.'),
+  ],
+)
+def test_a_sweep_that_cannot_work_is_refused_before_training(
+  name, preset, field, values, metric, message
+):
+  with pytest.raises(ValueError, match=message):
+    sweep.check_sweep(load_config(name, preset), field, values, [0], metric)
+
+
+def test_fields_read_at_some_value_may_be_swept():
+  config = load_config('translate_tiny', 'absolute')
+  sweep.check_sweep(config, 'model.position', ['absolute', 'shaw'], [0, 1], 'bleu')
+  sweep.check_sweep(config, 'optim.learning_rate', [0.5, 1.0], [0], 'perplexity')
+  # k varies a Shaw model: allowed, also when the sweep starts from another position.
+  shaw = load_config('translate_tiny', 'shaw')
+  sweep.check_sweep(shaw, 'model.max_relative_position', [0, 4], [0], 'bleu')
+
+
+def _fake_runs(root, field, scores, *, metric='bpc'):
+  """eval_results.json of finished runs: {value: [score per seed]}, bpc with segments."""
+  for value, per_seed in scores.items():
+    for seed, score in enumerate(per_seed):
+      run = sweep.run_dir(root, field, value, seed)
+      run.mkdir(parents=True)
+      segments = [score * 0.6931 * 8 + 0.01 * ((i * 7 + seed) % 5) for i in range(40)]
+      results = {metric: score, 'step': 10, 'segment_nats': segments, 'segment_tokens': [8] * 40}
+      (run / 'eval_results.json').write_text(json.dumps(results))
+
+
+def test_tables_have_mean_std_and_p_values(tmp_path):
   field = 'model.max_relative_position'
-  for value, bleu in ((0, 1.5), (2, 3.25), (16, 4.0)):
-    run = sweep.run_dir(tmp_path, field, value)
-    run.mkdir()
-    (run / 'eval_results.json').write_text(json.dumps({'bleu': bleu, 'step': 10}))
-  rows = sweep.collect(tmp_path, field, [0, 2, 4, 16], 'bleu')  # 4 has no run: skipped
-  assert [(row[field], row['bleu']) for row in rows] == [(0, 1.5), (2, 3.25), (16, 4.0)]
-  markdown = sweep.write_table(rows, tmp_path, field, 'bleu')
-  assert '| 2 | 3.25 | 10 |' in markdown
-  assert (tmp_path / 'sweep.csv').read_text().splitlines()[2].startswith('2,3.25,10,')
-  png = sweep.plot(rows, tmp_path, field, 'bleu')
+  _fake_runs(tmp_path, field, {0: [2.0, 2.1, 2.2], 4: [1.5, 1.6], 16: [2.0, 2.1, 2.2]})
+  config = load_config('char_tiny', 'shaw')
+  rows = sweep.collect(tmp_path, field, [0, 4, 16, 64], [0, 1, 2], 'bpc')  # 64: no runs
+  assert [(row['value'], row['seed']) for row in rows] == [
+    (0, 0),
+    (0, 1),
+    (0, 2),
+    (4, 0),
+    (4, 1),
+    (16, 0),
+    (16, 1),
+    (16, 2),
+  ]
+  summary = sweep.summarise(config, rows, [0, 4, 16, 64], 'bpc', baseline=0)
+  assert [row['value'] for row in summary] == [0, 4, 16]
+  assert summary[0]['n'] == 3 and summary[0]['mean'] == pytest.approx(2.1)
+  assert summary[0]['std'] == pytest.approx(0.1) and summary[0]['p_value'] is None
+  assert summary[1]['n'] == 2 and summary[1]['p_value'] < 0.01  # far apart on every segment
+  assert summary[2]['p_value'] > 0.5  # the same segments as the baseline
+  markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
+  assert '| 0 | 3 | 2.100 | 0.100 | (baseline) |' in markdown
+  with open(tmp_path / 'sweep.csv') as stream:
+    table = list(csv.DictReader(stream))
+  assert list(table[0]) == ['value', 'n', 'mean', 'std', 'p_value']
+  assert [row['value'] for row in table] == ['0', '4', '16'] and table[0]['p_value'] == ''
+  with open(tmp_path / 'sweep_seeds.csv') as stream:
+    assert len(list(csv.DictReader(stream))) == 8
+  png = sweep.plot(summary, tmp_path, field, 'bpc')
   assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
-  with pytest.raises(ValueError, match='--metric'):
-    sweep.collect(tmp_path, field, [0], 'bpc')
+  with pytest.raises(ValueError, match="has no 'bleu'"):
+    sweep.collect(tmp_path, field, [0], [0], 'bleu')
 
 
-def test_print_only_lists_train_and_eval_commands(tmp_path):
-  result = subprocess.run(
-    [
-      sys.executable,
-      '-m',
-      'relpos.sweep',
-      '--config=configs/char_tiny.py:shaw',
-      '--config.train.steps=5',
-      f'--workdir={tmp_path}',
-      '--values=0,4',
-      '--print_only',
-    ],
+def _sweep_command(tmp_path, *args):
+  return subprocess.run(
+    [sys.executable, '-m', 'relpos.sweep', f'--workdir={tmp_path}', *args],
     cwd=REPO,
     capture_output=True,
     text=True,
-    check=True,
+    timeout=600,
   )
-  lines = result.stdout.strip().splitlines()
-  assert lines == [
+
+
+def test_print_only_lists_train_and_eval_commands_per_seed(tmp_path):
+  result = _sweep_command(
+    tmp_path,
+    '--config=configs/char_tiny.py:shaw',
+    '--config.train.steps=5',
+    '--values=0,4',
+    '--seeds=0,1',
+    '--print_only',
+  )
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip().splitlines() == [
     f'python {script} --config=configs/char_tiny.py:shaw --config.train.steps=5 '
-    f'--config.model.max_relative_position={value} '
-    f'--workdir={tmp_path}/max_relative_position={value}'
+    f'--config.model.max_relative_position={value} --config.seed={seed} '
+    f'--workdir={tmp_path}/max_relative_position={value}/seed={seed}'
     for value in (0, 4)
+    for seed in (0, 1)
     for script in ('train.py', 'eval.py')
   ]
+
+
+@pytest.mark.parametrize(
+  ('args', 'message'),
+  [
+    (['--config=configs/char_tiny.py:xl', '--metric=bleu'], 'reports bpc, not bleu'),
+    (['--config=configs/translate_tiny.py:absolute', '--values=0,4'], 'does not read it'),
+    (['--config=configs/char_tiny.py:shaw', '--values=2,4', '--baseline=8'], 'not one of'),
+    (['--config=configs/char_tiny.py:shaw', '--config.model.n_head=2'], 'model.num_heads'),
+  ],
+)
+def test_command_line_errors_are_one_line_before_training(tmp_path, args, message):
+  result = _sweep_command(tmp_path, *args)
+  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith('error: ') and message in last
+  assert not list(tmp_path.iterdir())  # nothing trained
+
+
+def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compilation_cache):
+  """The issue's command at tiny sizes: two positions x two seeds, trained, evaluated, tested
+  with sacreBLEU's paired bootstrap, tabulated; a second call keeps every finished run."""
+  corpus = write_pair_corpus(tmp_path / 'corpus', train=200, eval=8)
+  config = tiny_translate_config(corpus, steps=2)
+  config.train.update(eval_every=0, checkpoint_every=0)
+  config.data.length_buckets = 1
+  config.eval.beam_size = 1
+  root = tmp_path / 'sweep'
+  summary = sweep.sweep(
+    config, root, 'model.position', ['shaw', 'absolute'], [0, 1], 'bleu', baseline='shaw'
+  )
+  assert [(row['value'], row['n']) for row in summary] == [('shaw', 2), ('absolute', 2)]
+  assert summary[0]['p_value'] is None and 0 < summary[1]['p_value'] <= 1
+  with open(root / 'sweep.csv') as stream:
+    table = list(csv.DictReader(stream))
+  assert [list(row)[:5] for row in table][0] == ['value', 'n', 'mean', 'std', 'p_value']
+  for value in ('shaw', 'absolute'):
+    for seed in (0, 1):
+      results = json.loads(
+        (sweep.run_dir(root, 'model.position', value, seed) / 'eval_results.json').read_text()
+      )
+      assert results['step'] == 2
+  # Seeds differ: the two runs of one position did not train the same model.
+  seeds = [sweep.run_dir(root, 'model.position', 'shaw', seed) for seed in (0, 1)]
+  first, second = ((run / 'metrics.jsonl').read_text() for run in seeds)
+  assert first != second
+  stamps = {run: (run / 'eval_results.json').stat().st_mtime_ns for run in seeds}
+  sweep.sweep(config, root, 'model.position', ['shaw', 'absolute'], [0, 1], 'bleu', 'shaw')
+  assert stamps == {run: (run / 'eval_results.json').stat().st_mtime_ns for run in seeds}
+
+
+def test_char_lm_sweep_of_k_end_to_end_with_bpc_p_values(tmp_path, compilation_cache):
+  config = load_config('char_tiny', 'shaw')
+  text = tmp_path / 'text.txt'
+  text.write_text('the cat sat on the mat. ' * 300)
+  config.data.path = str(text)
+  for section, fields in TINY_CHAR_LM.items():
+    config[section].update(fields)
+  config.train.update(batch_size=4, steps=3, eval_every=0, checkpoint_every=0, log_every=1)
+  config.eval.update(batch_size=4, tgt_len=8, mem_len=8)
+  summary = sweep.sweep(
+    config, tmp_path / 'k', 'model.max_relative_position', [0, 2], [0, 1], 'bpc', baseline=0
+  )
+  assert [(row['value'], row['n']) for row in summary] == [(0, 2), (2, 2)]
+  assert 0 < summary[1]['p_value'] <= 1

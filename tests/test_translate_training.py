@@ -12,57 +12,20 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import load_config
+from helpers import tiny_translate_config, write_pair_corpus
 
 from relpos.models.transformer import Transformer
 from relpos.training import loop, translate
 
 REPO = Path(__file__).resolve().parent.parent
-_WORDS = ['red', 'blue', 'green', 'cat', 'dog', 'bird', 'runs', 'sleeps', 'sings', 'fast']
-_GERMAN = ['rot', 'blau', 'grün', 'Katze', 'Hund', 'Vogel', 'läuft', 'schläft', 'singt', 'schnell']
-
-
-def _write_corpus(directory: Path, name: str, count: int, seed: int):
-  """A word-for-word 'translation' with a reversal: learnable by a tiny model."""
-  rng = np.random.default_rng(seed)
-  sources, targets = [], []
-  for _ in range(count):
-    ids = rng.integers(0, len(_WORDS), size=rng.integers(2, 6))
-    sources.append(' '.join(_WORDS[i] for i in ids))
-    targets.append(' '.join(_GERMAN[i] for i in ids[::-1]))
-  (directory / f'{name}.en').write_text('\n'.join(sources) + '\n')
-  (directory / f'{name}.de').write_text('\n'.join(targets) + '\n')
 
 
 @pytest.fixture(scope='module')
 def corpus(tmp_path_factory):
-  directory = tmp_path_factory.mktemp('corpus')
-  _write_corpus(directory, 'train', 300, seed=0)
-  _write_corpus(directory, 'eval', 12, seed=1)
-  return directory
+  return write_pair_corpus(tmp_path_factory.mktemp('corpus'))
 
 
-def _config(corpus, *, steps, position='shaw'):
-  config = load_config('translate_tiny', position)
-  config.data.update(
-    train_src=str(corpus / 'train.en'),
-    train_tgt=str(corpus / 'train.de'),
-    eval_src=str(corpus / 'eval.en'),
-    eval_tgt=str(corpus / 'eval.de'),
-    moses_detokenize=False,
-    max_eval_examples=0,
-    vocab_size=40,
-    max_length=16,
-    max_tokens=256,
-    length_buckets=2,
-  )
-  config.model.update(
-    encoder_layers=1, decoder_layers=1, d_model=32, num_heads=2, d_ff=64, max_relative_position=3
-  )
-  config.optim.update(warmup_steps=5)
-  config.train.update(steps=steps, log_every=2, eval_every=4, checkpoint_every=4)
-  config.eval.update(beam_size=2, batch_size=8, max_decode_extra=4)
-  return config
+_config = tiny_translate_config
 
 
 def _train_losses(workdir):

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from absl import logging
 
-from relpos.data import parallel_text, wmt_tfds
+from relpos.data import parallel_text, tatoeba, wmt_tfds
 from relpos.data.shard import ONE_PROCESS, Shard
 from relpos.data.token_batches import EncodedPairs, Ragged, TokenBatches
 from relpos.data.tokenizer import Tokenizer, load_tokenizer, train_or_load
@@ -75,13 +75,16 @@ def read_pairs(data_config, split: str, shard: Shard = ONE_PROCESS) -> Pairs:
   """
   limit = data_config[f'max_{split}_examples']
   if data_config.kind == 'text':
-    sources, targets = parallel_text.read_parallel(
-      data_config[f'{split}_src'],
-      data_config[f'{split}_tgt'],
-      fields=(f'config.data.{split}_src', f'config.data.{split}_tgt'),
-      limit=limit,
-      shard=shard,
-    )
+    paths = data_config[f'{split}_src'], data_config[f'{split}_tgt']
+    try:
+      sources, targets = parallel_text.read_parallel(
+        *paths,
+        fields=(f'config.data.{split}_src', f'config.data.{split}_tgt'),
+        limit=limit,
+        shard=shard,
+      )
+    except FileNotFoundError as error:  # a corpus that is not prepared yet: say how
+      raise FileNotFoundError(f'{error}{tatoeba.missing_hint(paths[0])}') from None
     where = f'{data_config[split + "_src"]} / {data_config[split + "_tgt"]}'
   else:
     sources, targets = wmt_tfds.read_tfds_pairs(

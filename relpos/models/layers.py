@@ -87,6 +87,18 @@ class ModelConfig:
         "relative_values; with neither it has no positions: use position='none'"
       )
 
+  def unread_fields(self) -> tuple[str, ...]:
+    """The fields this position scheme never reads (Shaw's k and tables off Shaw, the
+    model's own in `position_fields`): a sweep over one of them would train the same model."""
+    shaw = ('max_relative_position', 'relative_keys', 'relative_values')
+    readers = {**dict.fromkeys(shaw, self.SHAW_POSITIONS), **self.position_fields()}
+    return tuple(field for field, positions in readers.items() if self.position not in positions)
+
+  @classmethod
+  def position_fields(cls) -> dict[str, tuple[str, ...]]:
+    """The model's own fields that only some positions read: {field: those positions}."""
+    return {}
+
   @property
   def compute_dtype(self):
     return COMPUTE_DTYPES[self.dtype]

@@ -111,6 +111,10 @@ class TransformerXLConfig(layers.ModelConfig):
   head_dim: int  # num_heads * head_dim need not equal d_model
   untie_r: bool  # 'xl': per-layer biases u, v
 
+  @classmethod
+  def position_fields(cls):
+    return {'untie_r': ('xl',)}
+
 
 class DecoderLayer(nnx.Module):
   """Attention over [memory; segment], then the position-wise feed-forward block; each with

@@ -129,13 +129,14 @@ def bits_per_char(model, tokens, span, *, batch_size: int, max_segments: int = 0
   """Mean nats / ln 2 over a split, walked in order with memory (the whole split by default).
 
   `span` is the config section (config.train or config.eval) whose tgt_len, mem_len,
-  clamp_len and same_length apply. Returns {'bpc', 'nats', 'tokens'}; `max_segments` > 0
-  scores only the first segments.
+  clamp_len and same_length apply. Returns {'bpc', 'nats', 'tokens', 'segment_nats',
+  'segment_tokens'}: the last two per segment (the items of `relpos.significance`'s paired
+  test). `max_segments` > 0 scores only the first segments.
   """
   graphdef, state = nnx.split(model)
   batches = OrderedBatches(tokens, batch_size, span.tgt_len)
   memory = model.init_memory(batch_size, span.mem_len)
-  total_nats, total_tokens = 0.0, 0
+  segment_nats, segment_tokens = [], []
   for segment, inputs, targets in batches.iterate():
     if max_segments and segment >= max_segments:
       break
@@ -148,12 +149,16 @@ def bits_per_char(model, tokens, span, *, batch_size: int, max_segments: int = 0
       span.clamp_len,
       span.same_length,
     )
-    total_nats += float(nats)
-    total_tokens += targets.size
+    segment_nats.append(nats)
+    segment_tokens.append(targets.size)
+  segment_nats = [float(nats) for nats in jax.device_get(segment_nats)]
+  total_nats, total_tokens = math.fsum(segment_nats), sum(segment_tokens)
   return {
     'bpc': total_nats / total_tokens / math.log(2),
     'nats': total_nats / total_tokens,
     'tokens': total_tokens,
+    'segment_nats': segment_nats,
+    'segment_tokens': segment_tokens,
   }
 
 
@@ -161,6 +166,7 @@ class CharLM(loop.Task):
   """Transformer-XL character language modelling; the metric is bits-per-char."""
 
   metric = 'bpc'
+  metrics = ('bpc',)
   rules = {
     'data.kind': checks.one_of('enwik8', 'text'),
     'data.path': checks.TEXT,
@@ -183,6 +189,9 @@ class CharLM(loop.Task):
         )
     if mesh is not None:
       mesh_lib.check_rows(config.train.batch_size, mesh, 'config.train.batch_size')
+
+  def unread_fields(self, config):
+    return model_config(config, vocab_size=1).unread_fields()
 
   def training(self, config, workdir, mesh) -> loop.Training:
     train = config.train

@@ -100,6 +100,17 @@ class Task(abc.ABC):
   def check_combinations(self, config: ml_collections.ConfigDict, mesh) -> None:
     """The model config and the rules across fields; `mesh` None skips those of devices."""
 
+  @property
+  def metrics(self) -> tuple[str, ...]:
+    """The numbers of eval_results.json a sweep may tabulate (the metric first)."""
+    return (self.metric,)
+
+  def unread_fields(self, config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """The config.model fields the model of `config` never reads (`ModelConfig.unread_fields`),
+    which a sweep refuses to vary."""
+    del config
+    return ()
+
   @abc.abstractmethod
   def training(self, config, workdir: Path, mesh) -> Training:
     """Reads the data, builds the model and optimizer (`init_state`): the run's `Training`."""

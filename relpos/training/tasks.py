@@ -95,7 +95,7 @@ def _flag_error(error: Exception) -> str:
   return lines[0] if lines else type(error).__name__
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, each error one line (exit 1) instead of a traceback: an unknown or
   renamed config field, a config file or preset that raised, a value of the wrong type."""
   try:
@@ -144,4 +144,4 @@ def launch(action: str):
       sys.exit(f'error: {error}\n(--traceback shows where it was raised)')
     print('\n'.join(task.result_lines(result)))
 
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=parse_flags)

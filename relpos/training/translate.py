@@ -194,6 +194,7 @@ class Translate(loop.Task):
   """Translation with an encoder-decoder Transformer; the metric is sacreBLEU."""
 
   metric = 'bleu'
+  metrics = ('bleu', 'perplexity')
   rules = {
     'data.kind': checks.one_of(*KINDS),
     **{f'data.{name}': checks.TEXT for name in _TEXT_FIELDS},
@@ -229,6 +230,9 @@ class Translate(loop.Task):
         f'config.data.max_length + 1 = {longest} pieces per device ({devices}): at least '
         f'{devices * longest}'
       )
+
+  def unread_fields(self, config):
+    return model_config(config, vocab_size=1).unread_fields()
 
   def training(self, config, workdir, mesh) -> loop.Training:
     data = load_translation_data(

@@ -1,0 +1,92 @@
+"""Training and evaluation curves of one or more runs, from their metrics.jsonl, in one PNG.
+
+    python -m relpos.plot runs/tiny_shaw runs/tiny_absolute --out=curves.png
+
+One panel per scalar the runs logged (train/loss, train/bpc, valid/bpc, eval/perplexity, ...;
+not throughput), one line per run, against the step. A resumed run's repeated steps keep their
+last value. A workdir that does not exist or holds no metrics yet is one line, exit 1.
+"""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import matplotlib
+from absl import app, flags
+
+matplotlib.use('Agg')
+from matplotlib import pyplot as plt  # noqa: E402
+
+_OUT = flags.DEFINE_string('out', 'curves.png', 'The PNG to write.')
+_SKIPPED = ('step', 'time', 'train/tok_per_s')
+
+
+def read_curves(workdir) -> dict[str, dict[int, float]]:
+  """{scalar: {step: value}} of workdir/metrics.jsonl (later lines win: a resumed run's).
+
+  Raises:
+    FileNotFoundError: no such workdir, or no metrics.jsonl in it.
+    ValueError: the file holds no scalar.
+  """
+  workdir = Path(workdir)
+  if not workdir.is_dir():
+    raise FileNotFoundError(f'{workdir} is not a directory: give the --workdir of a run')
+  path = workdir / 'metrics.jsonl'
+  if not path.is_file():
+    raise FileNotFoundError(f'{path} does not exist: the run has not logged a step yet')
+  curves = {}
+  for line in path.read_text().splitlines():
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      continue  # a line cut by a kill
+    for name, value in record.items():
+      if name not in _SKIPPED and isinstance(value, int | float) and math.isfinite(value):
+        curves.setdefault(name, {})[int(record['step'])] = float(value)
+  if not curves:
+    raise ValueError(f'{path} holds no scalars yet')
+  return curves
+
+
+def plot_runs(workdirs, out) -> Path:
+  """Writes the curves of `workdirs` to `out`; returns its path."""
+  runs = {str(workdir): read_curves(workdir) for workdir in workdirs}
+  names = sorted({name for curves in runs.values() for name in curves})
+  columns = min(3, len(names))
+  rows = math.ceil(len(names) / columns)
+  figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
+  for axis, name in zip(axes.flat, names, strict=False):
+    for label, curves in runs.items():
+      if name in curves:
+        steps = sorted(curves[name])
+        axis.plot(
+          steps,
+          [curves[name][s] for s in steps],
+          label=label,
+          marker='.' if len(steps) < 20 else None,
+        )
+    axis.set_title(name)
+    axis.set_xlabel('step')
+    axis.grid(alpha=0.3)
+  for axis in list(axes.flat)[len(names) :]:
+    axis.set_visible(False)
+  axes.flat[0].legend(fontsize='small')
+  figure.tight_layout()
+  out = Path(out)
+  figure.savefig(out, dpi=110)
+  plt.close(figure)
+  return out
+
+
+def main(argv):
+  if len(argv) < 2:
+    sys.exit('error: name at least one workdir: python -m relpos.plot W1 [W2 ...] --out=F.png')
+  try:
+    print(f'wrote {plot_runs(argv[1:], _OUT.value)}')
+  except (FileNotFoundError, ValueError) as error:
+    sys.exit(f'error: {error}')
+
+
+if __name__ == '__main__':
+  app.run(main)

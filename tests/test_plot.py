@@ -1,0 +1,75 @@
+"""relpos.plot: curves from metrics.jsonl, and its one-line errors."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relpos import plot
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _run(directory: Path, records: list[dict], tail: str = '') -> Path:
+  directory.mkdir(parents=True)
+  lines = [json.dumps({'time': 0.0, **record}) for record in records]
+  (directory / 'metrics.jsonl').write_text('\n'.join(lines) + '\n' + tail)
+  return directory
+
+
+def test_curves_keep_the_resumed_values_and_skip_throughput(tmp_path):
+  run = _run(
+    tmp_path / 'a',
+    [
+      {'step': 2, 'train/loss': 3.0, 'train/tok_per_s': 100.0},
+      {'step': 4, 'train/loss': 2.5, 'train/tok_per_s': 100.0},
+      {'step': 4, 'valid/bpc': 2.0},
+      {'step': 4, 'train/loss': 2.4, 'train/tok_per_s': 90.0},  # the resumed run's step 4
+    ],
+    tail='{"step": 6, "train/lo',  # cut by a kill
+  )
+  curves = plot.read_curves(run)
+  assert curves == {'train/loss': {2: 3.0, 4: 2.4}, 'valid/bpc': {4: 2.0}}
+
+
+def test_one_png_for_several_runs(tmp_path):
+  first = _run(tmp_path / 'a', [{'step': s, 'train/loss': 4.0 / s} for s in (1, 2, 3)])
+  second = _run(
+    tmp_path / 'b',
+    [{'step': 1, 'train/loss': 3.0}, {'step': 2, 'train/loss': 2.0, 'eval/perplexity': 9.0}],
+  )
+  out = plot.plot_runs([first, second], tmp_path / 'curves.png')
+  assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_command_line(tmp_path):
+  run = _run(tmp_path / 'a', [{'step': 1, 'train/loss': 1.0}])
+  out = tmp_path / 'c.png'
+  done = subprocess.run(
+    [sys.executable, '-m', 'relpos.plot', str(run), f'--out={out}'],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+  )
+  assert done.returncode == 0 and out.exists(), done.stderr
+
+
+@pytest.mark.parametrize(
+  ('make', 'message'),
+  [
+    (lambda root: root / 'absent', 'is not a directory'),
+    (lambda root: root.joinpath('empty').mkdir() or root / 'empty', 'has not logged a step'),
+    (lambda root: _run(root / 'no_scalars', [{'step': 1}]), 'holds no scalars'),
+  ],
+)
+def test_missing_or_unstarted_workdirs_are_one_line(tmp_path, make, message):
+  done = subprocess.run(
+    [sys.executable, '-m', 'relpos.plot', str(make(tmp_path)), f'--out={tmp_path / "x.png"}'],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+  )
+  assert done.returncode == 1 and 'Traceback' not in done.stderr
+  assert done.stderr.strip().splitlines()[-1].startswith('error: ') and message in done.stderr

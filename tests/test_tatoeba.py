@@ -1,0 +1,132 @@
+"""relpos.data.tatoeba and `python -m relpos.data.prepare tatoeba`, on a zip each test builds."""
+
+import gzip
+import hashlib
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from helpers import load_config
+
+from relpos.data import tatoeba, translation
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _normalised(sentence):
+  return ' '.join(sentence.lower().split())
+
+
+def _bucket(english):
+  return int(hashlib.sha1(_normalised(english).encode()).hexdigest(), 16) % 100
+
+
+def _export_lines():
+  """Tab-separated lines like the export's: several German translations per English sentence,
+  an English sentence twice with other spacing and case, a blank line, a third column (newer
+  exports carry an attribution there), and German sentences that recur across groups."""
+  lines = []
+  for i in range(400):
+    english = f'Sentence number {i} is here.'
+    lines.append(f'{english}\tSatz Nummer {i} ist hier.\tCC-BY 2.0 (France) Attribution')
+    if i % 3 == 0:
+      lines.append(f'{english}\tDer Satz {i} ist da.')
+    if i % 7 == 0:
+      lines.append(f'  {english.upper()}  \tEin gemeinsamer Satz.')  # recurs across groups
+  lines += ['', 'no tab here', '\tno English', 'No German\t']
+  return lines
+
+
+def _zip(tmp_path, lines, name='deu-eng.zip'):
+  path = tmp_path / name
+  with zipfile.ZipFile(path, 'w') as archive:
+    archive.writestr(tatoeba.MEMBER, '\n'.join(lines) + '\n')
+    archive.writestr('_about.txt', 'about')
+  return path
+
+
+def _read(path):
+  with gzip.open(path, 'rt', encoding='utf-8') as f:
+    return f.read().split('\n')[:-1]
+
+
+def test_prepare_splits_by_english_group_and_drops_seen_references(tmp_path):
+  directory = tatoeba.prepare(_zip(tmp_path, _export_lines()), tmp_path / 'data')
+  assert directory == tmp_path / 'data' / 'tatoeba_ende'
+  splits = {}
+  for name in tatoeba.SPLITS:
+    english, german = (_read(p) for p in tatoeba.split_files(directory, name))
+    assert len(english) == len(german) > 0
+    splits[name] = list(zip(english, german, strict=True))
+  # Every pair with both sides is somewhere, in the split its English group hashes to, except
+  # dev/test pairs whose German also occurs in train.
+  train_german = {_normalised(de) for _, de in splits['train']}
+  for english, _ in splits['train']:
+    assert _bucket(english) >= 4
+  for name, buckets in (('dev', {0, 1}), ('test', {2, 3})):
+    for english, german in splits[name]:
+      assert _bucket(english) in buckets and _normalised(german) not in train_german
+  kept = sum(len(split) for split in splits.values())
+  pairs = tatoeba.read_pairs('\n'.join(_export_lines()))
+  dropped = [
+    (en, de)
+    for en, de in pairs
+    if _bucket(en) < 4 and _normalised(de) in {_normalised(d) for e, d in pairs if _bucket(e) >= 4}
+  ]
+  assert kept == len(pairs) - len(dropped) and len(pairs) == 400 + 134 + 58
+  assert dropped  # the shared German sentence is dropped from dev/test
+  source = json.loads((directory / 'SOURCE.json').read_text())
+  assert source['pairs'] == {name: len(split) for name, split in splits.items()}
+  assert source['zip_md5'] == hashlib.md5((tmp_path / 'deu-eng.zip').read_bytes()).hexdigest()
+  assert not source['reference_export'] and 'CC-BY 2.0' in source['licence']
+
+
+def test_prepare_is_reproducible_to_the_byte(tmp_path):
+  zip_path = _zip(tmp_path, _export_lines())
+  first = tatoeba.prepare(zip_path, tmp_path / 'a')
+  second = tatoeba.prepare(zip_path, tmp_path / 'b')
+  for name in tatoeba.SPLITS:
+    for a, b in zip(
+      tatoeba.split_files(first, name), tatoeba.split_files(second, name), strict=True
+    ):
+      assert a.read_bytes() == b.read_bytes()
+  # Preparing again replaces the directory whole, leaving no staging directory behind.
+  tatoeba.prepare(zip_path, tmp_path / 'a')
+  assert sorted(p.name for p in (tmp_path / 'a').iterdir()) == ['tatoeba_ende']
+
+
+def test_prepare_refuses_what_is_not_an_export(tmp_path):
+  with pytest.raises(FileNotFoundError, match='download https://www.manythings.org'):
+    tatoeba.prepare(tmp_path / 'absent.zip', tmp_path / 'data')
+  (tmp_path / 'text.zip').write_text('not a zip')
+  with pytest.raises(ValueError, match='not a Tatoeba export'):
+    tatoeba.prepare(tmp_path / 'text.zip', tmp_path / 'data')
+  with pytest.raises(ValueError, match='no tab-separated'):
+    tatoeba.prepare(_zip(tmp_path, ['no tabs at all'], 'empty.zip'), tmp_path / 'data')
+  assert not (tmp_path / 'data' / 'tatoeba_ende').exists()
+
+
+def test_prepare_command_line(tmp_path):
+  zip_path = _zip(tmp_path, _export_lines())
+  command = [sys.executable, '-m', 'relpos.data.prepare', 'tatoeba', f'--out={tmp_path / "d"}']
+  done = subprocess.run(
+    [*command, f'--zip={zip_path}'], capture_output=True, text=True, cwd=ROOT, timeout=60
+  )
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.strip().endswith(f'prepared {tmp_path / "d" / "tatoeba_ende"}')
+  failed = subprocess.run(
+    [*command, f'--zip={tmp_path / "absent.zip"}'], capture_output=True, text=True, cwd=ROOT
+  )
+  assert failed.returncode == 1 and failed.stderr.strip().startswith('error: --zip=')
+  assert 'Traceback' not in failed.stderr
+
+
+def test_a_config_without_the_prepared_corpus_names_the_prepare_command(tmp_path):
+  config = load_config('translate_tiny', 'shaw')
+  train_src, train_tgt = tatoeba.split_files(tmp_path / 'tatoeba_ende', 'train')
+  config.data.update(train_src=str(train_src), train_tgt=str(train_tgt))
+  with pytest.raises(FileNotFoundError, match=r'python -m relpos\.data\.prepare tatoeba'):
+    translation.read_pairs(config.data, 'train')
