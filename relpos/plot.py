@@ -18,7 +18,6 @@ from absl import app, flags
 matplotlib.use('Agg')
 from matplotlib import pyplot as plt  # noqa: E402
 
-_OUT = flags.DEFINE_string('out', 'curves.png', 'The PNG to write.')
 _SKIPPED = ('step', 'time', 'train/tok_per_s')
 
 
@@ -83,10 +82,11 @@ def main(argv):
   if len(argv) < 2:
     sys.exit('error: name at least one workdir: python -m relpos.plot W1 [W2 ...] --out=F.png')
   try:
-    print(f'wrote {plot_runs(argv[1:], _OUT.value)}')
+    print(f'wrote {plot_runs(argv[1:], flags.FLAGS.out)}')
   except (FileNotFoundError, ValueError) as error:
     sys.exit(f'error: {error}')
 
 
 if __name__ == '__main__':
+  flags.DEFINE_string('out', 'curves.png', 'The PNG to write.')
   app.run(main)

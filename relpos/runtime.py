@@ -51,7 +51,7 @@ def _on_cpu(environ) -> bool:
   platforms = environ.get('JAX_PLATFORMS', '')
   if platforms:
     return platforms.split(',')[0].strip() == 'cpu'
-  import importlib.util  # noqa: PLC0415 (only needed here)
+  import importlib.util
 
   plugins = ('jax_cuda12_plugin', 'jax_cuda13_plugin', 'jax_rocm60_plugin', 'libtpu')
   return not any(importlib.util.find_spec(name) for name in plugins)

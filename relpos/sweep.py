@@ -187,7 +187,7 @@ def p_value(config, metric: str, baseline: list[dict], candidate: list[dict]) ->
   if not seeds:
     return None
   if metric == 'bleu':
-    from relpos.data.translation import read_pairs  # noqa: PLC0415 (translation only)
+    from relpos.data.translation import read_pairs  # translation only
 
     references = read_pairs(config.data, 'eval')[1]
     return significance.bleu_p_value(

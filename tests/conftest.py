@@ -29,7 +29,7 @@ def compilation_cache(tmp_path):
   """JAX's persistent compilation cache in a fresh directory for one test, as
   `python -m relpos.sweep` has it (relpos.runtime): a sweep's later runs load the compiled
   steps of its first. Reset afterwards, so no other test reads it."""
-  from jax.experimental.compilation_cache import compilation_cache as cache  # noqa: PLC0415
+  from jax.experimental.compilation_cache import compilation_cache as cache
 
   old = jax.config.jax_persistent_cache_min_compile_time_secs
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)

@@ -286,3 +286,15 @@ def tiny_translate_config(corpus: Path, *, steps: int, position='shaw'):
   config.train.update(steps=steps, log_every=2, eval_every=4, checkpoint_every=4)
   config.eval.update(beam_size=2, batch_size=8, max_decode_extra=4)
   return config
+
+
+def tiny_char_config(text_path: Path, *, steps: int, preset: str = 'xl'):
+  """char_tiny's `preset` shrunk to TINY_CHAR_LM on the text file `text_path`, without
+  periodic validation or checkpoints before the end."""
+  config = load_config('char_tiny', preset)
+  config.data.path = str(text_path)
+  for section, fields in TINY_CHAR_LM.items():
+    config[section].update(fields)
+  config.train.update(batch_size=4, steps=steps, eval_every=0, checkpoint_every=0, log_every=1)
+  config.eval.update(batch_size=4, tgt_len=8, mem_len=8)
+  return config

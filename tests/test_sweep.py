@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import TINY_CHAR_LM, load_config, tiny_translate_config, write_pair_corpus
+from helpers import load_config, tiny_char_config, tiny_translate_config, write_pair_corpus
 
 from relpos import sweep
 
@@ -190,14 +190,9 @@ def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compila
 
 
 def test_char_lm_sweep_of_k_end_to_end_with_bpc_p_values(tmp_path, compilation_cache):
-  config = load_config('char_tiny', 'shaw')
   text = tmp_path / 'text.txt'
   text.write_text('the cat sat on the mat. ' * 300)
-  config.data.path = str(text)
-  for section, fields in TINY_CHAR_LM.items():
-    config[section].update(fields)
-  config.train.update(batch_size=4, steps=3, eval_every=0, checkpoint_every=0, log_every=1)
-  config.eval.update(batch_size=4, tgt_len=8, mem_len=8)
+  config = tiny_char_config(text, steps=3, preset='shaw')
   summary = sweep.sweep(
     config, tmp_path / 'k', 'model.max_relative_position', [0, 2], [0, 1], 'bpc', baseline=0
   )

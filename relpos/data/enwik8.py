@@ -5,15 +5,12 @@ valid [90M, 95M), test [95M, 100M) of the raw bytes.
 """
 
 import hashlib
-import os
 import pathlib
-import shutil
-import tempfile
-import urllib.request
 import zipfile
 
 import numpy as np
 
+from relpos.data import download
 from relpos.data.text import split_at
 
 ENWIK8_BYTES = 100_000_000
@@ -77,27 +74,15 @@ def enwik8_splits(data: bytes) -> dict[str, np.ndarray]:
 def download_enwik8(
   directory, *, url=ENWIK8_URL, expected_bytes=ENWIK8_BYTES, expected_md5=ENWIK8_MD5
 ) -> pathlib.Path:
-  """Downloads `url` to `directory/enwik8.zip`, checks it and returns that path.
-
-  The zip is written to a temporary file in `directory`, read back through `read_enwik8`
-  and only then renamed into place, so `enwik8.zip` is never partial or corrupt.
+  """Downloads `url` to `directory/enwik8.zip`, checked by `read_enwik8` before it is put in
+  place (`relpos.data.download.fetch`), and returns that path.
 
   Raises:
     urllib.error.URLError: the download failed.
     ValueError: the downloaded zip fails `read_enwik8`'s checks.
   """
-  directory = pathlib.Path(directory)
-  directory.mkdir(parents=True, exist_ok=True)
-  target = directory / 'enwik8.zip'
-  with tempfile.NamedTemporaryFile(dir=directory, suffix='.partial', delete=False) as tmp:
-    tmp_path = pathlib.Path(tmp.name)
-  try:
-    with urllib.request.urlopen(url, timeout=60) as response, tmp_path.open('wb') as out:
-      shutil.copyfileobj(response, out)
-    read_enwik8(tmp_path, expected_bytes=expected_bytes, expected_md5=expected_md5)
-    os.replace(tmp_path, target)
-  except ValueError as e:
-    raise ValueError(f'the download of {url} failed its check: {e}') from None
-  finally:
-    tmp_path.unlink(missing_ok=True)
-  return target
+
+  def check(path):
+    read_enwik8(path, expected_bytes=expected_bytes, expected_md5=expected_md5)
+
+  return download.fetch(url, pathlib.Path(directory) / 'enwik8.zip', check=check)

@@ -25,10 +25,11 @@ import json
 import pathlib
 import shutil
 import tempfile
-import urllib.request
 import zipfile
 
 from absl import logging
+
+from relpos.data.download import fetch
 
 URL = 'https://www.manythings.org/anki/deu-eng.zip'
 REFERENCE_ZIP_MD5 = 'cc46c2911b1904233954ca7858ae9378'  # the 2018-05-13 export
@@ -132,20 +133,8 @@ def prepare(zip_path, out) -> pathlib.Path:
 
 
 def download(directory, *, url: str = URL) -> pathlib.Path:
-  """Fetches `url` to `directory/deu-eng.zip` (via a temporary file, so never partial)."""
-  directory = pathlib.Path(directory)
-  directory.mkdir(parents=True, exist_ok=True)
-  target = directory / 'deu-eng.zip'
-  with tempfile.NamedTemporaryFile(dir=directory, suffix='.partial', delete=False) as tmp:
-    partial = pathlib.Path(tmp.name)
-  try:
-    request = urllib.request.Request(url, headers={'User-Agent': 'relpos'})
-    with urllib.request.urlopen(request, timeout=60) as response, partial.open('wb') as out:
-      shutil.copyfileobj(response, out)
-    partial.replace(target)
-  finally:
-    partial.unlink(missing_ok=True)
-  return target
+  """Fetches `url` to `directory/deu-eng.zip` (`relpos.data.download.fetch`: never partial)."""
+  return fetch(url, pathlib.Path(directory) / 'deu-eng.zip')
 
 
 def split_files(directory, split: str) -> tuple[pathlib.Path, pathlib.Path]:

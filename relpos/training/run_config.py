@@ -47,3 +47,19 @@ def record_config(config: ml_collections.ConfigDict, workdir: Path, *, allow_cha
       path.rename(path.parent / f'config.{previous}.json')
       logging.warning('config changed (%s); the old one is config.%d.json', changes, previous)
   path.write_text(config.to_json(indent=2))
+
+
+def read_config(workdir) -> ml_collections.ConfigDict:
+  """The config a run recorded in workdir/config.json (what the tools that read a finished run
+  start from).
+
+  Raises:
+    FileNotFoundError: no such directory, or no config.json in it.
+  """
+  workdir = Path(workdir)
+  if not workdir.is_dir():
+    raise FileNotFoundError(f'--workdir={workdir} is not a directory: give the workdir of a run')
+  path = workdir / CONFIG_FILE
+  if not path.is_file():
+    raise FileNotFoundError(f'{path} does not exist: {workdir} holds no relpos run (train first)')
+  return ml_collections.ConfigDict(json.loads(path.read_text()))

@@ -1,0 +1,37 @@
+"""Fetching a public file into a data directory, never leaving a partial or unchecked copy."""
+
+import os
+import pathlib
+import shutil
+import tempfile
+import urllib.request
+from collections.abc import Callable
+
+
+def fetch(url: str, target, *, check: Callable[[pathlib.Path], object] | None = None):
+  """Downloads `url` to the file `target` and returns its path.
+
+  The bytes go to a temporary file beside `target`; `check(path)` (if given) reads that file
+  and raises ValueError if it is not what was expected; only then is it renamed to `target`.
+
+  Raises:
+    urllib.error.URLError: the download failed.
+    ValueError: `check` refused the download (`target` is left as it was).
+  """
+  target = pathlib.Path(target)
+  target.parent.mkdir(parents=True, exist_ok=True)
+  with tempfile.NamedTemporaryFile(dir=target.parent, suffix='.partial', delete=False) as tmp:
+    partial = pathlib.Path(tmp.name)
+  try:
+    request = urllib.request.Request(url, headers={'User-Agent': 'relpos'})
+    with urllib.request.urlopen(request, timeout=60) as response, partial.open('wb') as out:
+      shutil.copyfileobj(response, out)
+    if check is not None:
+      try:
+        check(partial)
+      except ValueError as error:
+        raise ValueError(f'the download of {url} failed its check: {error}') from None
+    os.replace(partial, target)
+  finally:
+    partial.unlink(missing_ok=True)
+  return target

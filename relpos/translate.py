@@ -1,0 +1,73 @@
+"""Translates text with a trained translation run: its checkpoint, vocabulary and config.
+
+    echo "I like green tea." | python -m relpos.translate --workdir=runs/tiny_shaw
+    python -m relpos.translate --workdir=runs/tiny_shaw --text="Where is the station?"
+    python -m relpos.translate --workdir=runs/tiny_shaw --beam_size=1 < sentences.txt
+
+Reads the run's config.json, spm.model and newest checkpoint (config.eval.step and
+average_checkpoints apply, as in eval.py), then prints one translation per input line, in
+order: each `--text`, or else every line of stdin. A workdir that does not exist, is not a
+translation run or has no checkpoint yet is one line, exit 1.
+"""
+
+import sys
+
+from absl import app, flags
+
+from relpos import runtime
+
+
+def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) -> list[str]:
+  """Translations of `lines` by the run in `workdir`.
+
+  Raises:
+    FileNotFoundError: no run, no vocabulary or no checkpoint in `workdir`.
+    ValueError: the run is not a translation run.
+  """
+  from flax import nnx  # imported after the runtime defaults
+
+  from relpos.data.tokenizer import load_tokenizer
+  from relpos.data.translation import VOCAB_FILE
+  from relpos.models.transformer import Transformer
+  from relpos.training import loop, translate
+  from relpos.training.run_config import read_config
+
+  config = read_config(workdir)
+  if config.get('task') != 'translate':
+    raise ValueError(f'{workdir} holds a {config.get("task")} run, not a translation run')
+  loop.check_trained(workdir).close()
+  if beam_size is not None:
+    config.eval.beam_size = beam_size
+  tokenizer = load_tokenizer(f'{workdir}/{VOCAB_FILE}', config.data.vocab_size)
+  model_config = translate.model_config(config, tokenizer.vocab_size)
+  model = Transformer(model_config, rngs=nnx.Rngs(config.seed))
+  model, _, _ = loop.restore_model(model, config.eval, workdir)
+  return translate.translate_sentences(
+    model, tokenizer, lines, config.eval, max_len=config.model.max_len
+  )
+
+
+def main(argv):
+  if len(argv) > 1:
+    sys.exit(f'error: unexpected arguments {argv[1:]}: pass sentences with --text or stdin')
+  args = flags.FLAGS
+  lines = args.text or [line.rstrip('\n') for line in sys.stdin]
+  try:
+    translations = translate_lines(args.workdir, lines, beam_size=args.beam_size)
+  except (FileNotFoundError, ValueError) as error:
+    sys.exit(f'error: {error}')
+  print('\n'.join(translations))
+
+
+def define_flags():
+  """The command-line flags (defined only when run as a program, so importing is free)."""
+  flags.DEFINE_string('workdir', None, 'The workdir of a translation run.')
+  flags.DEFINE_multi_string('text', None, 'A sentence to translate (repeatable).')
+  flags.DEFINE_integer('beam_size', None, "Beam width (default: the run's config.eval).")
+  flags.mark_flag_as_required('workdir')
+
+
+if __name__ == '__main__':
+  runtime.apply_defaults()
+  define_flags()
+  app.run(main)

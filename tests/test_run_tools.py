@@ -1,0 +1,132 @@
+"""The tools that read a finished run: relpos.translate and relpos.sample (relpos.plot has its
+own module), on tiny runs trained here, and their one-line errors."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from helpers import tiny_char_config, tiny_translate_config, write_pair_corpus
+
+from relpos import sample, translate
+from relpos.data.char_corpus import CharVocab
+from relpos.models.transformer_xl import TransformerXL
+from relpos.training import char_lm, loop
+from relpos.training import translate as translate_task
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope='module')
+def translation_run(tmp_path_factory):
+  root = tmp_path_factory.mktemp('translation')
+  config = tiny_translate_config(write_pair_corpus(root / 'corpus'), steps=2)
+  config.train.update(eval_every=0, checkpoint_every=0)
+  config.eval.beam_size = 1
+  workdir = root / 'run'
+  result = translate_task.TASK.train_and_evaluate(config, workdir)
+  return workdir, config, result
+
+
+@pytest.fixture(scope='module')
+def char_run(tmp_path_factory):
+  root = tmp_path_factory.mktemp('char')
+  text = root / 'text.txt'
+  text.write_text('the cat sat on the mat. ' * 200)
+  config = tiny_char_config(text, steps=2)
+  workdir = root / 'run'
+  char_lm.TASK.train_and_evaluate(config, workdir)
+  return workdir, config
+
+
+def test_translate_gives_what_evaluation_wrote(translation_run):
+  workdir, config, result = translation_run
+  sources = Path(config.data.eval_src).read_text().splitlines()
+  written = Path(result['translations']).read_text().splitlines()
+  assert translate.translate_lines(workdir, sources[:3], beam_size=1) == written[:3]
+
+
+def test_sample_continues_with_the_model_greedily_and_reproducibly(char_run):
+  workdir, config = char_run
+  prompt = b'the cat'
+  text = sample.sample(workdir, prompt, 12, seed=3)
+  assert len(text) == 12 and sample.sample(workdir, prompt, 12, seed=3) == text
+  # top_k=1 is greedy: the first character is the argmax of the model on the prompt itself
+  # (unpadded), so the padding of the sampler's segment is invisible.
+  vocab = CharVocab.from_json((workdir / 'vocab.json').read_text())
+  model = TransformerXL(char_lm.model_config(config, vocab.size), rngs=nnx.Rngs(0))
+  model, _, _ = loop.restore_model(model, config.eval, workdir)
+  logits, _ = model(
+    jnp.asarray([vocab.encode(prompt)]), model.init_memory(1, 8), deterministic=True
+  )
+  greedy = sample.sample(workdir, prompt, 1, top_k=1)
+  assert greedy == vocab.decode([int(jnp.argmax(logits[0, -1]))])
+
+
+def test_filtered_logits_keep_the_top_k_and_the_nucleus():
+  logits = jnp.log(jnp.asarray([0.1, 0.4, 0.05, 0.3, 0.15]))
+  kept = lambda **kw: np.isfinite(np.asarray(sample.filtered_logits(logits, **kw)))  # noqa: E731
+  assert kept(temperature=1.0, top_k=2, top_p=1.0).tolist() == [False, True, False, True, False]
+  # 0.4 + 0.3 = 0.7 < 0.75: the third most likely (0.15) is needed to reach it.
+  assert kept(temperature=1.0, top_k=0, top_p=0.75).tolist() == [False, True, False, True, True]
+  assert kept(temperature=1.0, top_k=0, top_p=0.01).tolist() == [False, True, False, False, False]
+  scaled = sample.filtered_logits(logits, temperature=0.5, top_k=0, top_p=1.0)
+  np.testing.assert_allclose(scaled, logits / 0.5, rtol=1e-6)
+  assert jax.device_get(scaled).shape == (5,)
+
+
+def _tool(module, *args):
+  return subprocess.run(
+    [sys.executable, '-m', f'relpos.{module}', *args],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    timeout=300,
+    input='a red cat\n',
+  )
+
+
+def test_command_lines(translation_run, char_run):
+  done = _tool('translate', f'--workdir={translation_run[0]}', '--beam_size=1')
+  assert done.returncode == 0 and len(done.stdout.splitlines()) == 1, done.stderr
+  done = _tool('sample', f'--workdir={char_run[0]}', '--prompt=the ', '--length=5')
+  assert done.returncode == 0 and done.stdout.startswith('the '), done.stderr
+
+
+def _unusable(tmp_path, other_run, trained_config):
+  """(workdir, message) of workdirs a tool cannot use: absent, not a run, a run of the other
+  task, a run with no checkpoint yet."""
+  untrained = tmp_path / 'untrained'
+  untrained.mkdir(parents=True)
+  (untrained / 'config.json').write_text((trained_config / 'config.json').read_text())
+  return [
+    (tmp_path / 'absent', 'is not a directory'),
+    (tmp_path, 'holds no relpos run'),
+    (other_run, 'run, not a'),
+    (untrained, 'no checkpoint'),
+  ]
+
+
+def test_unusable_workdirs_are_named(tmp_path, translation_run, char_run):
+  for workdir, message in _unusable(tmp_path / 't', char_run[0], translation_run[0]):
+    with pytest.raises((FileNotFoundError, ValueError), match=message):
+      translate.translate_lines(workdir, ['a red cat'])
+  for workdir, message in _unusable(tmp_path / 's', translation_run[0], char_run[0]):
+    with pytest.raises((FileNotFoundError, ValueError), match=message):
+      sample.sample(workdir, b'the', 3)
+  with pytest.raises(ValueError, match='--temperature=0'):
+    sample.sample(char_run[0], b'the', 3, temperature=0)
+  with pytest.raises(ValueError, match='--prompt is empty'):
+    sample.sample(char_run[0], b'', 3)
+
+
+@pytest.mark.parametrize('module', ['translate', 'sample'])
+def test_command_line_errors_are_one_line(module, tmp_path):
+  done = _tool(module, f'--workdir={tmp_path / "absent"}')
+  last = done.stderr.strip().splitlines()[-1]
+  assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr
+  assert last.startswith('error: --workdir=') and 'is not a directory' in last, last
