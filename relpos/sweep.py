@@ -42,7 +42,7 @@ matplotlib.use('Agg')
 from matplotlib import pyplot as plt  # noqa: E402
 
 from relpos import runtime, significance  # noqa: E402
-from relpos.training import tasks  # noqa: E402
+from relpos.training import run_config, tasks  # noqa: E402
 
 SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'p_value')
 
@@ -110,9 +110,10 @@ def check_sweep(config, field: str, values, seeds, metric: str) -> None:
 
 
 def is_finished(workdir: Path, config) -> bool:
-  """Whether the run in `workdir` was trained to the end and evaluated with config.eval."""
+  """Whether the run in `workdir` was trained with `config` to the end and evaluated with its
+  config.eval (a run with another config is not: training it again says so)."""
   path = workdir / 'eval_results.json'
-  if not path.exists():
+  if not path.exists() or run_config.changes_from_recorded(config, workdir):
     return False
   results = json.loads(path.read_text())
   return results.get('step') == config.train.steps and results.get('eval') == config.eval.to_dict()

@@ -184,6 +184,11 @@ def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compila
   seeds = [sweep.run_dir(root, 'model.position', 'shaw', seed) for seed in (0, 1)]
   first, second = ((run / 'metrics.jsonl').read_text() for run in seeds)
   assert first != second
+  # A finished run counts as finished only for its own config (eval settings aside).
+  _, _, variant = next(sweep.runs(config, 'model.position', ['shaw'], [0]))
+  assert sweep.is_finished(seeds[0], variant)
+  variant.optim.learning_rate = 0.25
+  assert not sweep.is_finished(seeds[0], variant)
   stamps = {run: (run / 'eval_results.json').stat().st_mtime_ns for run in seeds}
   sweep.sweep(config, root, 'model.position', ['shaw', 'absolute'], [0, 1], 'bleu', 'shaw')
   assert stamps == {run: (run / 'eval_results.json').stat().st_mtime_ns for run in seeds}

@@ -25,6 +25,16 @@ def config_changes(old: dict, new: dict, prefix: str = 'config') -> list[str]:
   return changes
 
 
+def changes_from_recorded(config: ml_collections.ConfigDict, workdir) -> list[str]:
+  """`config_changes` from the config recorded in workdir to `config`, outside the sections
+  that may change between runs (eval); [] when none is recorded."""
+  path = Path(workdir) / CONFIG_FILE
+  if not path.exists():
+    return []
+  free = {name: None for name in _FREE_SECTIONS}
+  return config_changes(json.loads(path.read_text()) | free, json.loads(config.to_json()) | free)
+
+
 def record_config(config: ml_collections.ConfigDict, workdir: Path, *, allow_change: bool):
   """Writes workdir/config.json, after checking a previous run there used the same config.
 
@@ -32,20 +42,16 @@ def record_config(config: ml_collections.ConfigDict, workdir: Path, *, allow_cha
   `allow_change`: then the old file is kept as config.<n>.json and a warning is logged.
   """
   path = Path(workdir) / CONFIG_FILE
-  new = json.loads(config.to_json())
-  if path.exists():
-    old = json.loads(path.read_text())
-    free = {name: None for name in _FREE_SECTIONS}
-    changes = config_changes(old | free, new | free)
-    if changes and not allow_change:
-      raise ValueError(
-        f'{workdir} holds a run with another config ({"; ".join(changes)}): use a new '
-        '--workdir, or pass --allow_config_change to continue this run with the new config'
-      )
-    if changes:
-      previous = 1 + sum(1 for _ in path.parent.glob('config.*.json'))
-      path.rename(path.parent / f'config.{previous}.json')
-      logging.warning('config changed (%s); the old one is config.%d.json', changes, previous)
+  changes = changes_from_recorded(config, workdir)
+  if changes and not allow_change:
+    raise ValueError(
+      f'{workdir} holds a run with another config ({"; ".join(changes)}): use a new '
+      '--workdir, or pass --allow_config_change to continue this run with the new config'
+    )
+  if changes:
+    previous = 1 + sum(1 for _ in path.parent.glob('config.*.json'))
+    path.rename(path.parent / f'config.{previous}.json')
+    logging.warning('config changed (%s); the old one is config.%d.json', changes, previous)
   path.write_text(config.to_json(indent=2))
 
 
