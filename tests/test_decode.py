@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID
-from relpos.decode import beam_search, gnmt_length_penalty, tile_beams
+from relpos.decode import _top_extensions, beam_search, gnmt_length_penalty, tile_beams
 
 EOS, BOS, VOCAB = EOS_ID, BOS_ID, 5  # the toy model never emits PAD or BOS
 GROWING = (3, 4)  # the tokens it emits besides EOS
@@ -324,3 +324,19 @@ def test_continues_while_alive_can_win():
   tokens_BKT, scores_BK = fixed_search(log_probs_PV, beam_size=1, max_len=4, alpha=2.0)
   assert trim(tokens_BKT[0, 0]) == [3, 4, EOS]
   np.testing.assert_allclose(scores_BK[0, 0], np.log(0.35 * 0.95**2) / (8 / 6) ** 2, atol=1e-6)
+
+
+@pytest.mark.parametrize('vocab', [3, 50])
+def test_top_extensions_equal_flat_top_k(vocab):
+  """Two rounds of top_k pick what one top_k over [batch, beam * vocab] picks, ties included
+  (the values are rounded to a few levels so that many candidates tie), also when the vocabulary
+  is smaller than the count asked for."""
+  rng = np.random.default_rng(0)
+  candidates_BKV = np.round(rng.standard_normal((5, 4, vocab)), 0).astype(np.float32)
+  candidates_BKV[0, 1:] = -np.inf  # one live beam, as at the first step
+  count = 8
+  values_BC, parent_BC, token_BC = _top_extensions(jnp.asarray(candidates_BKV), count)
+  flat_values_BC, flat_index_BC = jax.lax.top_k(jnp.asarray(candidates_BKV.reshape(5, -1)), count)
+  np.testing.assert_array_equal(values_BC, flat_values_BC)
+  np.testing.assert_array_equal(parent_BC, flat_index_BC // vocab)
+  np.testing.assert_array_equal(token_BC, flat_index_BC % vocab)

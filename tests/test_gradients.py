@@ -23,6 +23,7 @@ SHAW_CASES = [
   ('plain', S, 3, 'none', None, None),
   ('dead_rows', S, 3, 'dead_rows', None, None),
   ('padding_q1', (2, 1, 11, 3, 4), 4, 'padding', None, None),
+  ('q1_blocks_k0', (2, 1, 70, 2, 3), 0, 'dead_rows', 40, None),  # 9 prefix blocks
   ('offset0_causal', S, 2, 'causal', 0, None),
   ('offset_neg_causal_dead_rows', (2, 5, 8, 2, 4), 1, 'causal', -2, None),
   ('k0', S, 0, 'random', None, None),

@@ -68,6 +68,8 @@ CASES = [
   ((2, 9, 9, 2, 8), 2, 'causal', ('shaw',)),  # self-attention
   ((1, 1, 11, 3, 4), 4, 'none', ('shaw',)),  # single query (decoding)
   ((1, 1, 11, 3, 4), 15, 'random', ('shaw',)),
+  ((2, 1, 13, 2, 5), 0, 'dead_rows', ('shaw',)),
+  ((2, 1, 70, 2, 3), 2, 'padding', ('shaw',)),  # a single query over several prefix blocks
   ((2, 6, 4, 2, 3), 1, 'none', ('shaw',)),  # q_len > kv_len: default offset is negative
   ((2, 6, 4, 2, 3), 5, 'dead_rows', BOTH),
 ]

@@ -96,8 +96,11 @@ def cached_logits(model, src_BS, tgt_in_BT, cache):
 def garbage_cache(model, batch, max_decode_len):
   """A cache whose unwritten slots hold noise and claim to be valid: all must be masked."""
   cache = model.init_cache(batch, max_decode_len)
-  noise = jnp.asarray(np.random.default_rng(2).standard_normal(cache.keys.shape), cache.keys.dtype)
-  return cache._replace(keys=noise, values=-noise, valid=jnp.ones_like(cache.valid))
+  rng = np.random.default_rng(2)
+  noise = tuple(jnp.asarray(rng.standard_normal(layer.shape), layer.dtype) for layer in cache.keys)
+  return cache._replace(
+    keys=noise, values=tuple(-layer for layer in noise), valid=jnp.ones_like(cache.valid)
+  )
 
 
 def max_diff(a, b):
@@ -116,7 +119,7 @@ def test_cached_decoding_matches_teacher_forcing(variant):
   assert expected.shape == (3, 9, VOCAB) and expected.dtype == jnp.float32
   cache = garbage_cache(model, 3, 11)  # two slots past the last step
   assert all(leaf.shape[0] == 3 for leaf in jax.tree.leaves(cache))
-  assert cache.keys.shape == (3, 2, 11, 2, 8)
+  assert [layer.shape for layer in cache.keys] == [(3, 2, 11, 8)] * 2  # [batch, heads, T, D]
   cache, logits = cached_logits(model, SRC, tgt_in_BT, cache)
   assert max_diff(logits, expected) <= 1e-5
   np.testing.assert_array_equal(np.asarray(cache.valid[:, :9]), np.asarray(tgt_in_BT != PAD))
@@ -234,7 +237,7 @@ def test_longer_than_max_len_is_an_error(position):
 def test_relative_positions_have_no_length_bound():
   model = make_model(position='shaw', max_len=8)
   assert encode(model, jnp.ones((1, 9), jnp.int32)).shape == (1, 9, 16)
-  assert model.init_cache(1, 9).keys.shape == (1, 2, 9, 2, 8)
+  assert [layer.shape for layer in model.init_cache(1, 9).keys] == [(1, 2, 9, 8)] * 2
 
 
 # --------------------------------------------------------------------------------------------
@@ -303,5 +306,5 @@ def test_bfloat16_close_to_float32():
   assert logits.dtype == jnp.float32 and np.all(np.isfinite(np.asarray(logits)))
   assert max_diff(logits, reference) < 0.1 * float(np.abs(np.asarray(reference)).max())
   cache, stepped = cached_logits(model, SRC, TGT_IN, model.init_cache(3, 9))
-  assert cache.keys.dtype == jnp.bfloat16
+  assert all(layer.dtype == jnp.bfloat16 for layer in (*cache.keys, *cache.values))
   assert max_diff(stepped, reference) < 0.1 * float(np.abs(np.asarray(reference)).max())

@@ -155,21 +155,23 @@ def _dot(subscripts, a, b):
 
 
 def _dot_with_block_prefix(p_BHQK, values_BKHD, band):
-  """`Σ_j p_ij values_j` [B, Q, H, D] and block prefix sums of p [B, H, Q, blocks], one matmul.
+  """`Σ_j p_ij values_j` [B, Q, H, D] and block prefix sums of p [B, H, Q, blocks].
 
-  The matmul is laid out [B, H, Q, D + blocks] (as its operand p), then the first D columns
-  are transposed, because an output in [B, Q, H, ..] order makes XLA:CPU stride across the
-  matmul's memory.
+  With several queries, one matmul: laid out [B, H, Q, D + blocks] (as its operand p), then
+  the first D columns are transposed, because an output in [B, Q, H, ..] order makes XLA:CPU
+  stride across the matmul's memory; the appended columns ride along in the transposed copy
+  of the values that the matmul needs anyway. A decoding step (one query) reads a cache laid
+  out for the matmul, where appending would copy the whole cache per step: two matmuls then.
   """
   batch, kv_len, heads, head_dim = values_BKHD.shape
   indicator = band.key_block_indicator(values_BKHD.dtype)
+  p_BHQK = p_BHQK.astype(values_BKHD.dtype)
+  if band.q_len == 1:
+    block_prefix = _dot('bhqk,kn->bhqn', p_BHQK, indicator)
+    return _dot('bhqk,bkhd->bqhd', p_BHQK, values_BKHD), block_prefix
   indicator = jnp.broadcast_to(indicator, (batch, heads, kv_len, indicator.shape[-1]))
   values_BHKD = jnp.transpose(values_BKHD, (0, 2, 1, 3))
-  both = _dot(
-    'bhqk,bhkd->bhqd',
-    p_BHQK.astype(values_BKHD.dtype),
-    jnp.concatenate([values_BHKD, indicator], axis=-1),
-  )
+  both = _dot('bhqk,bhkd->bhqd', p_BHQK, jnp.concatenate([values_BHKD, indicator], axis=-1))
   return jnp.transpose(both[..., :head_dim], (0, 2, 1, 3)), both[..., head_dim:]
 
 

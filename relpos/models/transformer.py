@@ -94,14 +94,17 @@ class DecodeCache(NamedTuple):
   """Decoder self-attention state for cached decoding (a pytree, batch leading in every leaf).
 
   Attributes:
-    keys: [batch, decoder_layers, max_decode_len, heads, head_dim], each layer's self-attention
-      keys of positions 0..max_decode_len-1 (those past the current step are unused).
-    values: same shape, the values.
+    keys: per decoder layer, [batch, heads, max_decode_len, head_dim], the self-attention keys
+      of positions 0..max_decode_len-1 (those past the current step are unused). One array
+      per layer, heads before positions, as the attention matmuls read them: a step reads the
+      cache in place (one [batch, layers, max_decode_len, heads, ..] array cost XLA:CPU a
+      sliced, transposed copy of it per layer and step).
+    values: the same for the values.
     valid: bool [batch, max_decode_len], whether the token at that position was not PAD.
   """
 
-  keys: jax.Array
-  values: jax.Array
+  keys: tuple
+  values: tuple
   valid: jax.Array
 
 
@@ -205,17 +208,20 @@ class DecoderLayer(nnx.Module):
     k_B1HD, v_B1HD = self.self_attention.keys_values(h_B1D)
     keys = _write(cache.keys, k_B1HD, layer, step)
     values = _write(cache.values, v_B1HD, layer, step)
-    kv = keys[:, layer], values[:, layer]
+    kv = tuple(jnp.swapaxes(cache_BHTD[layer], 1, 2) for cache_BHTD in (keys, values))
     h_B1D = self.self_attention(h_B1D, self_mask_B11T, deterministic=True, kv=kv, query_offset=step)
     x_B1D = self.self_residual.outputs(x_B1D, h_B1D, deterministic=True)
     x_B1D = self._cross_and_ff(x_B1D, cross_kv, cross_mask_B11S, deterministic=True)
     return x_B1D, cache._replace(keys=keys, values=values)
 
 
-def _write(cache_BLTHD, new_B1HD, layer: int, step):
-  """The cache [batch, layers, max_decode_len, heads, head_dim] with (layer, step) set to new."""
-  new_B11HD = new_B1HD[:, None].astype(cache_BLTHD.dtype)
-  return jax.lax.dynamic_update_slice(cache_BLTHD, new_B11HD, (0, layer, step, 0, 0))
+def _write(layers_BHTD: tuple, new_B1HD, layer: int, step) -> tuple:
+  """Per-layer caches [batch, heads, max_decode_len, head_dim] with layer `layer`'s position
+  `step` set to new [batch, 1, heads, head_dim]."""
+  cache_BHTD = layers_BHTD[layer]
+  new_BH1D = jnp.swapaxes(new_B1HD, 1, 2).astype(cache_BHTD.dtype)
+  written = jax.lax.dynamic_update_slice(cache_BHTD, new_BH1D, (0, 0, step, 0))
+  return (*layers_BHTD[:layer], written, *layers_BHTD[layer + 1 :])
 
 
 class Transformer(nnx.Module):
@@ -314,8 +320,8 @@ class Transformer(nnx.Module):
   def init_cache(self, batch_size: int, max_decode_len: int) -> DecodeCache:
     """Empty cache for decoding positions 0..max_decode_len-1 (zeros, no valid position)."""
     self._check_length(max_decode_len, 'max_decode_len')
-    shape = (batch_size, len(self.decoder_layers), max_decode_len, self.num_heads, self.head_dim)
-    zeros = jnp.zeros(shape, self.dtype)
+    shape = (batch_size, self.num_heads, max_decode_len, self.head_dim)
+    zeros = tuple(jnp.zeros(shape, self.dtype) for _ in self.decoder_layers)
     return DecodeCache(zeros, zeros, jnp.zeros((batch_size, max_decode_len), bool))
 
   def decode_context(self, enc_BSD) -> list:
