@@ -5,7 +5,7 @@
 
 Same model with another position scheme (a fair comparison: only config.model.position changes):
     python train.py --config=configs/char_tiny.py:shaw --workdir=runs/char_tiny_shaw
-    (presets: xl | xl_nomem | shaw | absolute | none)
+    (presets: xl | xl_nomem | shaw | absolute | none | t5 | alibi | rope)
 Another text file: --config.data.path=/path/to/file.txt (split 90/5/5).
 """
 
@@ -21,6 +21,9 @@ _PRESETS = {
   'shaw': ('shaw', 64),
   'absolute': ('absolute', 64),
   'none': ('none', 64),
+  't5': ('t5', 64),
+  'alibi': ('alibi', 64),
+  'rope': ('rope', 64),
 }
 
 

@@ -4,7 +4,8 @@
     python train.py --config=configs/translate_tiny.py:shaw --workdir=runs/tiny_shaw
     python eval.py --config=configs/translate_tiny.py:shaw --workdir=runs/tiny_shaw  # bleu=...
 
-Presets: shaw (k=16, the default) | absolute | learned | shaw_absolute | none. The model, the
+Presets: shaw (k=16, the default) | absolute | learned | shaw_absolute | none | t5 | alibi |
+rope. The model, the
 data and the number of steps are fixed here, so a run learns the same thing on any machine;
 README gives its BLEU on Tatoeba test and its wall time on 2 cores. The corpus is the copy in
 ../shared/data/tatoeba_ende when it exists, else data/tatoeba_ende of this repository (the

@@ -8,8 +8,17 @@ BOS_ID = 2
 UNK_ID = 3
 
 # Translation (relpos.models.transformer): sinusoids, a learned table, Shaw et al.'s clipped
-# relative tables, both (paper section 4.3), or none.
-TRANSLATE_POSITIONS = ('absolute', 'learned', 'shaw', 'shaw_absolute', 'none')
+# relative tables, both (paper section 4.3), none, T5's bucketed bias, ALiBi or RoPE.
+TRANSLATE_POSITIONS = (
+  'absolute',
+  'learned',
+  'shaw',
+  'shaw_absolute',
+  'none',
+  't5',
+  'alibi',
+  'rope',
+)
 # Character LM (relpos.models.transformer_xl): Transformer-XL's relative encoding, Shaw's
-# tables, sinusoids within the segment, or none.
-CHAR_LM_POSITIONS = ('xl', 'shaw', 'absolute', 'none')
+# tables, sinusoids within the segment, none, T5's bucketed bias, ALiBi or RoPE.
+CHAR_LM_POSITIONS = ('xl', 'shaw', 'absolute', 'none', 't5', 'alibi', 'rope')

@@ -45,22 +45,26 @@ def _f64(x):
   return None if x is None else np.asarray(x, dtype=np.float64)
 
 
-def vanilla(query, key, value, mask=None):
-  """Scaled dot-product attention (Vaswani et al. 2017).
+def vanilla(query, key, value, mask=None, bias=None):
+  """Scaled dot-product attention (Vaswani et al. 2017), with an optional logit bias.
 
-  e_ij = q_i . k_j / sqrt(d);  z_i = sum_j softmax_j(e_ij) v_j.
+  e_ij = q_i . k_j / sqrt(d) + bias_ij;  z_i = sum_j softmax_j(e_ij) v_j.
+  bias (T5's, ALiBi's) is broadcastable to [batch, heads, q_len, kv_len]; None means 0.
   """
   q, k, v = _f64(query), _f64(key), _f64(value)
   batch, q_len, heads, dim = q.shape
   kv_len = k.shape[1]
   allowed = _allowed(mask, batch, heads, q_len, kv_len)
+  if bias is None:
+    bias = np.zeros((batch, heads, q_len, kv_len))
+  bias = np.broadcast_to(_f64(bias), (batch, heads, q_len, kv_len))
   out = np.zeros((batch, q_len, heads, dim), dtype=np.float64)
   for b in range(batch):
     for h in range(heads):
       for i in range(q_len):
         e = np.zeros(kv_len)
         for j in range(kv_len):
-          e[j] = np.dot(q[b, i, h], k[b, j, h]) / math.sqrt(dim)
+          e[j] = np.dot(q[b, i, h], k[b, j, h]) / math.sqrt(dim) + bias[b, h, i, j]
         alpha = _softmax_over_allowed(e, allowed[b, h, i])
         for j in range(kv_len):
           out[b, i, h] += alpha[j] * v[b, j, h]
@@ -157,4 +161,75 @@ def sinusoidal(positions, dim):
       inv_freq = 1.0 / 10000 ** ((2 * m) / dim)
       out[n, m] = math.sin(p * inv_freq)
       out[n, half + m] = math.cos(p * inv_freq)
+  return out
+
+
+def t5_bucket(relative_position, bidirectional, num_buckets, max_distance):
+  """T5's `_relative_position_bucket` (mesh-tensorflow; HF transformers' T5 is the same) for
+  one relative position j - pos_i, line by line.
+
+  T5 computes the log part in float32, so it is done here in np.float32: the float32 quotient
+  n / max_exact, its log rounded to float32 (math.log of it, i.e. the correctly rounded float32
+  log; TF's and PyTorch's may be an ulp off), float32 division and multiplication, then int()
+  truncates like tf.to_int32. Only n >= max_exact reaches the log, so never log(0).
+  """
+  ret = 0
+  n = -int(relative_position)
+  if bidirectional:
+    num_buckets //= 2
+    ret += num_buckets if n < 0 else 0
+    n = abs(n)
+  else:
+    n = max(n, 0)
+  # now n is in the range [0, inf)
+  max_exact = num_buckets // 2
+  if n < max_exact:  # half of the buckets are for exact increments in positions
+    return ret + n
+  # the other half are log-spaced bins up to max_distance
+  log_ratio = np.float32(math.log(np.float32(n) / np.float32(max_exact)))
+  val_if_large = max_exact + int(
+    log_ratio / np.float32(math.log(max_distance / max_exact)) * np.float32(num_buckets - max_exact)
+  )
+  return ret + min(val_if_large, num_buckets - 1)
+
+
+def alibi_slopes(n):
+  """ALiBi's head slopes (Press et al. 2022), the paper's official `get_slopes`, transcribed."""
+
+  def get_slopes_power_of_2(n):
+    start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+    ratio = start
+    return [start * ratio**i for i in range(n)]
+
+  if math.log2(n).is_integer():
+    return get_slopes_power_of_2(n)
+  closest_power_of_2 = 2 ** math.floor(math.log2(n))
+  return (
+    get_slopes_power_of_2(closest_power_of_2)
+    + alibi_slopes(2 * closest_power_of_2)[0::2][: n - closest_power_of_2]
+  )
+
+
+def rope(x, positions, base=10000.0):
+  """Rotary position embedding (Su et al. 2021), "rotate half" pairing.
+
+  x [batch, len, heads, head_dim]; positions [len] or [batch, len]. Feature pair
+  (i, i + head_dim/2) of row t is rotated by the angle positions[t] * base^(-2i/head_dim):
+    out_i          = x_i cos - x_{i+half} sin
+    out_{i+half}   = x_{i+half} cos + x_i sin
+  """
+  x = _f64(x)
+  batch, length, heads, dim = x.shape
+  positions = np.broadcast_to(np.asarray(positions, dtype=np.float64), (batch, length))
+  half = dim // 2
+  out = np.zeros_like(x)
+  for b in range(batch):
+    for t in range(length):
+      for h in range(heads):
+        for i in range(half):
+          angle = positions[b, t] * base ** (-2 * i / dim)
+          c, s = math.cos(angle), math.sin(angle)
+          first, second = x[b, t, h, i], x[b, t, h, i + half]
+          out[b, t, h, i] = first * c - second * s
+          out[b, t, h, i + half] = second * c + first * s
   return out

@@ -16,16 +16,21 @@ MODELS = {
   'char_lm': (TransformerXLConfig, char_lm_config),
 }
 # Every config file with a model section, and each of its presets.
-CONFIG_FILES = [
-  ('char_tiny', preset, 'char_lm') for preset in ('xl', 'xl_nomem', 'shaw', 'absolute', 'none')
-] + [
-  ('enwik8_base', None, 'char_lm'),
-  ('enwik8_large', None, 'char_lm'),
-  ('translate_tiny', 'shaw', 'translate'),
-  ('translate_overfit', 'absolute', 'translate'),
-  ('wmt_base', 'shaw_absolute', 'translate'),
-  ('wmt_big', 'learned', 'translate'),
-]
+CONFIG_FILES = (
+  [
+    ('char_tiny', preset, 'char_lm')
+    for preset in ('xl', 'xl_nomem', 'shaw', 'absolute', 'none', 't5', 'alibi', 'rope')
+  ]
+  + [('translate_tiny', preset, 'translate') for preset in ('t5', 'alibi', 'rope')]
+  + [
+    ('enwik8_base', None, 'char_lm'),
+    ('enwik8_large', None, 'char_lm'),
+    ('translate_tiny', 'shaw', 'translate'),
+    ('translate_overfit', 'absolute', 'translate'),
+    ('wmt_base', 'shaw_absolute', 'translate'),
+    ('wmt_big', 'learned', 'translate'),
+  ]
+)
 
 
 @pytest.mark.parametrize('name, preset, task', CONFIG_FILES)
@@ -46,7 +51,7 @@ def model_config(task, **overrides):
 # (task, overrides, the start of the error): one row per class of invalid value.
 BAD_VALUES = [
   # a choice
-  ('char_lm', dict(position='rope'), 'config.model.position must be one of'),
+  ('char_lm', dict(position='learned'), 'config.model.position must be one of'),
   ('translate', dict(dtype='float16'), 'config.model.dtype must be one of'),
   # an int out of range
   ('char_lm', dict(num_heads=0), 'config.model.num_heads must be >= 1, got 0'),
@@ -59,6 +64,8 @@ BAD_VALUES = [
   # a float out of range
   ('char_lm', dict(dropout=1.0), 'config.model.dropout must be < 1.0'),
   ('translate', dict(attention_dropout=-0.1), 'config.model.attention_dropout must be >= 0'),
+  ('translate', dict(rope_base=0.0), 'config.model.rope_base must be > 0'),
+  ('char_lm', dict(t5_num_buckets=3), 'config.model.t5_num_buckets must be >= 4'),
   # a type: float or bool for an int, int for a bool, str for a float
   ('char_lm', dict(num_layers=2.0), 'config.model.num_layers must be a int'),
   ('translate', dict(d_model=True), 'config.model.d_model must be a int, got True'),
@@ -78,6 +85,14 @@ BAD_VALUES = [
     'translate',
     dict(position='shaw_absolute', relative_keys=False, relative_values=False),
     'needs config.model.relative_keys',
+  ),
+  # RoPE rotates pairs; T5's log-spaced buckets start past the exact ones
+  ('char_lm', dict(position='rope', head_dim=7), "position='rope' rotates pairs of features"),
+  ('translate', dict(position='rope', d_model=15, num_heads=3), 'must be even, got 5'),
+  (
+    'char_lm',
+    dict(position='t5', t5_num_buckets=32, t5_max_distance=16),
+    'config.model.t5_max_distance=16 must exceed config.model.t5_num_buckets // 2 = 16',
   ),
 ]
 

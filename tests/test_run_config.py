@@ -1,5 +1,7 @@
 """The run's config kept in its workdir: a rerun with another config is refused unless allowed."""
 
+import json
+
 import pytest
 from helpers import load_config
 
@@ -27,4 +29,24 @@ def test_config_changes_lists_added_removed_and_nested_fields():
     "config.model.d: 2 -> '<absent>'",
     "config.model.h: '<absent>' -> 8",
     'config.model.k: 1 -> 4',
+  ]
+
+
+def test_a_run_recorded_before_a_field_was_added_reads_with_its_neutral_value(tmp_path):
+  """Runs recorded before the T5 / RoPE fields existed still evaluate and resume: a missing
+  `ADDED` field reads as the value that leaves them unchanged; any other difference counts."""
+  config = load_config('translate_tiny', 'shaw')
+  run_config.record_config(config, tmp_path, allow_change=False)
+  path = tmp_path / run_config.CONFIG_FILE
+  recorded = json.loads(path.read_text())
+  for name, neutral in run_config.ADDED.items():
+    section, field = name.split('.')
+    assert recorded[section][field] == neutral  # today's default
+    del recorded[section][field]
+  path.write_text(json.dumps(recorded))
+  assert run_config.read_config(tmp_path).model.t5_num_buckets == 32
+  assert run_config.changes_from_recorded(config, tmp_path) == []
+  config.model.rope_base = 500.0
+  assert run_config.changes_from_recorded(config, tmp_path) == [
+    'config.model.rope_base: 10000.0 -> 500.0'
   ]

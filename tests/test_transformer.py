@@ -22,13 +22,17 @@ VARIANTS = {
   'shaw': dict(position='shaw'),
   'shaw_absolute': dict(position='shaw_absolute'),
   'none': dict(position='none'),
+  't5': dict(position='t5'),
+  'alibi': dict(position='alibi'),
+  'rope': dict(position='rope'),
   'shaw-keys_only': dict(position='shaw', relative_values=False),
   'shaw-values_only': dict(position='shaw', relative_keys=False),
 }
 
 
 def make_config(**overrides):
-  """A tiny model: d_model 16, 2 heads, 1 + 2 layers, k = 2, max_len 16."""
+  """A tiny model: d_model 16, 2 heads, 1 + 2 layers, k = 2, max_len 16, 8 T5 buckets that
+  reach the log-spaced ones within the tests' lengths."""
   config = translate_config().model
   config.update(
     dict(
@@ -39,6 +43,8 @@ def make_config(**overrides):
       d_ff=32,
       max_relative_position=2,
       max_len=16,
+      t5_num_buckets=8,
+      t5_max_distance=12,
     )
   )
   config.update(overrides)
@@ -219,14 +225,30 @@ def test_shaw_tables_are_used(layer, table):
   assert max_diff(forward(model, SRC, TGT_IN), base) > 1e-3
 
 
+def test_t5_bias_tables_one_per_stack_shared_by_its_layers():
+  """T5 shares one [num_buckets, heads] table across the layers of a stack: the encoder's
+  (both directions) and the decoder's (the past); both are used, and ALiBi has none."""
+  model = make_model(position='t5')
+  params = nnx.to_flat_state(nnx.state(model, nnx.Param))
+  tables = {'/'.join(map(str, path)): tuple(v.shape) for path, v in params if 'bias' in path[0]}
+  assert tables == {'encoder_bias/table': (8, 2), 'decoder_bias/table': (8, 2)}
+  base = forward(model, SRC, TGT_IN)
+  for stack in (model.encoder_bias, model.decoder_bias):
+    stack.table[...] += 0.5 * jax.random.normal(jax.random.key(1), stack.table.shape)
+    changed = forward(model, SRC, TGT_IN)
+    assert max_diff(changed, base) > 1e-3
+    base = changed
+  alibi = nnx.to_flat_state(nnx.state(make_model(position='alibi'), nnx.Param))
+  assert not [path for path, _ in alibi if 'bias' in path[0]]
+
+
 # --------------------------------------------------------------------------------------------
 # 5. Lengths (bad configs: test_model_config.py).
 
 
-@pytest.mark.parametrize('position', ('absolute', 'learned', 'shaw_absolute'))
-def test_longer_than_max_len_is_an_error(position):
-  model = make_model(position=position, max_len=8)
-  with pytest.raises(ValueError, match='source length 9 exceeds max_len=8'):
+def test_learned_positions_longer_than_max_len_are_an_error():
+  model = make_model(position='learned', max_len=8)
+  with pytest.raises(ValueError, match='source length 9 exceeds max_len=8, the rows of the'):
     model(jnp.ones((1, 9), jnp.int32), TGT_IN[:, :8], deterministic=True)
   with pytest.raises(ValueError, match='target length 9 exceeds max_len=8'):
     model.decode(jnp.zeros((3, 7, 16)), SRC, TGT_IN, deterministic=True)
@@ -234,9 +256,13 @@ def test_longer_than_max_len_is_an_error(position):
     model.init_cache(1, 9)
 
 
-def test_relative_positions_have_no_length_bound():
-  model = make_model(position='shaw', max_len=8)
-  assert encode(model, jnp.ones((1, 9), jnp.int32)).shape == (1, 9, 16)
+@pytest.mark.parametrize('position', sorted(set(TRANSLATE_POSITIONS) - {'learned'}))
+def test_other_positions_have_no_length_bound(position):
+  """Sinusoids extend past max_len (Vaswani et al.'s extrapolation); relative schemes have
+  no absolute position at all."""
+  model = make_model(position=position, max_len=8)
+  enc_BSD = encode(model, jnp.ones((1, 9), jnp.int32))
+  assert enc_BSD.shape == (1, 9, 16) and np.all(np.isfinite(np.asarray(enc_BSD)))
   assert [layer.shape for layer in model.init_cache(1, 9).keys] == [(1, 2, 9, 8)] * 2
 
 
@@ -298,9 +324,10 @@ def test_attention_dropout_only_in_training():
   assert max_diff(first, clean) > 1e-3 and max_diff(second, first) > 1e-3
 
 
-def test_bfloat16_close_to_float32():
-  reference = forward(make_model(position='shaw_absolute'), SRC, TGT_IN)
-  model = make_model(position='shaw_absolute', dtype='bfloat16')
+@pytest.mark.parametrize('position', ('shaw_absolute', 't5', 'alibi', 'rope'))
+def test_bfloat16_close_to_float32(position):
+  reference = forward(make_model(position=position), SRC, TGT_IN)
+  model = make_model(position=position, dtype='bfloat16')
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
   logits = forward(model, SRC, TGT_IN)
   assert logits.dtype == jnp.float32 and np.all(np.isfinite(np.asarray(logits)))

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+import reference as ref
 from flax import nnx
 
 from relpos import attention
@@ -44,6 +45,9 @@ def make_config(**overrides):
       max_relative_position=2,
       relative_keys=True,
       relative_values=True,
+      t5_num_buckets=6,
+      t5_max_distance=9,
+      rope_base=10000.0,
       dtype='float32',
     )
   )
@@ -133,6 +137,9 @@ def assert_allclose(actual, expected, atol=1e-5):
     dict(position='shaw', same_length=True, pre_layer_norm=True),
     dict(position='shaw', relative_keys=False),
     dict(position='none'),
+    dict(position='t5'),
+    dict(position='alibi', same_length=True),
+    dict(position='rope', pre_layer_norm=True),
   ],
   ids=[
     'xl',
@@ -142,6 +149,9 @@ def assert_allclose(actual, expected, atol=1e-5):
     'shaw-same_length-pre',
     'shaw-values_only',
     'none',
+    't5',
+    'alibi-same_length',
+    'rope-pre_ln',
   ],
 )
 def test_segments_with_memory_equal_whole_sequence(overrides):
@@ -217,6 +227,9 @@ def reference_logits(model, config, tokens_BT, hidden_LBMD, length):
   q = (context[:, mem_len:] @ value(block.query.kernel)).reshape(batch, q_len, heads, head_dim)
   k = (context @ value(block.key.kernel)).reshape(batch, kv_len, heads, head_dim)
   v = (context @ value(block.value.kernel)).reshape(batch, kv_len, heads, head_dim)
+  if config.position == 'rope':  # keys at 0..kv_len-1, queries after the memory
+    q = ref.rope(q, mem_len + np.arange(q_len), config.rope_base)
+    k = ref.rope(k, np.arange(kv_len), config.rope_base)
   distance = (mem_len + np.arange(q_len))[:, None] - np.arange(kv_len)[None, :]  # pos_i - j
   allowed = (distance >= 0) & (np.arange(kv_len) >= mem_len - length)
   if config.same_length:
@@ -236,7 +249,16 @@ def reference_logits(model, config, tokens_BT, hidden_LBMD, length):
     kmax = config.max_relative_position
     bucket = np.clip(-distance, -kmax, kmax) + kmax
     scores += np.einsum('bihd,ijd->bhij', q, value(block.rel_key)[bucket])
-  scores = np.where(allowed, scores / np.sqrt(head_dim), -np.inf)
+  scores = scores / np.sqrt(head_dim)
+  if config.position == 't5':
+    buckets = np.vectorize(ref.t5_bucket)(
+      -distance, False, config.t5_num_buckets, config.t5_max_distance
+    )
+    scores += np.moveaxis(value(model.relative_bias.table)[buckets], -1, 0)  # [heads, i, j]
+  if config.position == 'alibi':
+    slopes = np.asarray(ref.alibi_slopes(heads))
+    scores -= slopes[:, None, None] * np.abs(distance)
+  scores = np.where(allowed, scores, -np.inf)
   probs = np.exp(scores - scores.max(-1, keepdims=True))
   probs /= probs.sum(-1, keepdims=True)
   out = np.einsum('bhij,bjhd->bihd', probs, v)
@@ -260,8 +282,21 @@ def reference_logits(model, config, tokens_BT, hidden_LBMD, length):
     dict(position='shaw'),
     dict(position='absolute'),
     dict(position='none'),
+    dict(position='t5'),
+    dict(position='alibi'),
+    dict(position='rope'),
   ],
-  ids=['xl', 'xl-clamp-same_length', 'xl-pre_ln-shared_r', 'shaw', 'absolute', 'none'],
+  ids=[
+    'xl',
+    'xl-clamp-same_length',
+    'xl-pre_ln-shared_r',
+    'shaw',
+    'absolute',
+    'none',
+    't5',
+    'alibi',
+    'rope',
+  ],
 )
 def test_one_layer_matches_numpy_reference(overrides):
   config = make_config(num_layers=1, mem_len=5, **overrides)
@@ -439,7 +474,7 @@ def test_no_memory():
 # 6. bfloat16 compute.
 
 
-@pytest.mark.parametrize('mode', ('xl', 'shaw', 'absolute'))
+@pytest.mark.parametrize('mode', ('xl', 'shaw', 'absolute', 't5', 'alibi', 'rope'))
 def test_bfloat16_close_to_float32(mode):
   tokens = random_tokens(8, seed=9)
   reference, _ = run_segments(make_model(position=mode), tokens, [4, 4])

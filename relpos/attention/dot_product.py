@@ -1,4 +1,4 @@
-"""Vanilla scaled dot-product attention (Vaswani et al. 2017)."""
+"""Vanilla scaled dot-product attention (Vaswani et al. 2017), with an optional logit bias."""
 
 import jax
 import jax.numpy as jnp
@@ -40,22 +40,42 @@ def attend(probs_BHQK, value_BKHD):
   )
 
 
+def _check_bias(bias, logits_shape):
+  """Raises ValueError unless bias broadcasts to the logits [batch, heads, q_len, kv_len]."""
+  try:
+    shape = jnp.broadcast_shapes(jnp.shape(bias), logits_shape)
+  except ValueError:
+    shape = None
+  if shape != logits_shape:
+    raise ValueError(
+      f'bias {jnp.shape(bias)} does not broadcast to the logits [batch, heads, q_len, '
+      f'kv_len] = {logits_shape}'
+    )
+
+
 def dot_product_attention(
-  query, key, value, *, mask=None, dropout_rate: float = 0.0, dropout_rng=None
+  query, key, value, *, mask=None, bias=None, dropout_rate: float = 0.0, dropout_rng=None
 ) -> jax.Array:
-  """softmax(q kᵀ / sqrt(d)) v.
+  """softmax(q kᵀ / sqrt(d) + bias) v.
 
   Args:
     query: [batch, q_len, heads, head_dim].
     key, value: [batch, kv_len, heads, head_dim].
     mask: None or bool broadcastable to [batch, heads, q_len, kv_len]; True = may attend.
       A fully masked query row returns zeros.
+    bias: None or float broadcastable to [batch, heads, q_len, kv_len] (e.g. T5's or ALiBi's
+      [heads, q_len, kv_len]), added to the scaled logits in their float32 (float64) before
+      masking and softmax; masked entries stay masked whatever their bias.
     dropout_rate, dropout_rng: attention-probability dropout, see
       `relpos.attention.masking.attention_dropout`; rate 0 (the default) needs no rng.
   Returns:
     [batch, q_len, heads, head_dim] in value's dtype.
   """
   check_qkv(query, key, value)
-  probs = masked_softmax(content_logits(query, key), mask)
+  logits = content_logits(query, key)
+  if bias is not None:
+    _check_bias(bias, logits.shape)
+    logits = logits + jnp.asarray(bias).astype(logits.dtype)
+  probs = masked_softmax(logits, mask)
   probs = attention_dropout(probs, dropout_rate, dropout_rng)
   return attend(probs, value).astype(value.dtype)

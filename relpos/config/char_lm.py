@@ -36,6 +36,9 @@ def char_lm_config() -> ml_collections.ConfigDict:
   config.model.max_relative_position = 16  # k, for position='shaw'
   config.model.relative_keys = True  # Shaw's tables w^K and w^V (the paper's ablations)
   config.model.relative_values = True
+  config.model.t5_num_buckets = 32  # position='t5': T5's defaults
+  config.model.t5_max_distance = 128
+  config.model.rope_base = 10000.0  # position='rope'
   config.model.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16'
 
   config.optim = ml_collections.ConfigDict()

@@ -47,6 +47,9 @@ def translate_config() -> ml_collections.ConfigDict:
   config.model.max_relative_position = 16  # k
   config.model.relative_keys = True  # paper Table 4 ablations
   config.model.relative_values = True
+  config.model.t5_num_buckets = 32  # position='t5': T5's defaults
+  config.model.t5_max_distance = 128
+  config.model.rope_base = 10000.0  # position='rope'
   config.model.encoder_layers = 6
   config.model.decoder_layers = 6
   config.model.d_model = 512

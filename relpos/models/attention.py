@@ -1,30 +1,50 @@
 """Multi-head attention with the position scheme's relative terms: the one attention layer of
 both models, and the one place that dispatches between the kernels of `relpos.attention`.
 
+A model's `config.model.position` maps to what its self-attention layers do
+(`self_attention_kind`) and, for the bias schemes, to one `RelativeBias` per stack of layers.
+
 The layer projects queries, keys and values (no biases) to num_heads * head_dim (which need not
-be d_model), splits heads, calls the kernel its `relative` scheme names, and projects the heads
+be d_model), splits heads, calls the kernel its `relative` kind names, and projects the heads
 back. Keys and values are those of the queries' own inputs, or `kv` from `keys_values` of
 another context: a decoding cache, a memory followed by the queries, the encoder output.
 
-- 'none': `dot_product_attention` (absolute or no positions; encoder-decoder attention).
+- 'none': `dot_product_attention` (absolute or no positions; encoder-decoder attention), with
+  an optional additive logit `bias` [heads, q_len, kv_len] from the stack's `RelativeBias`
+  (T5 buckets, ALiBi).
 - 'shaw': `shaw_attention`, with this layer's [2k+1, head_dim] tables w^K / w^V shared by its
   heads (either may be left out: the keys-only and values-only ablations). `query_offset`
   places the queries among the keys, so cached decoding and a memory are exact.
 - 'xl': `xl_attention`, with this layer's W_kR (`r_net`) projecting the sinusoids R of the
   distances; the biases u and v come from the caller, since Transformer-XL may share them
   across layers.
+- 'rope': `dot_product_attention` on queries and keys rotated by `apply_rope` at their
+  positions: keys at 0..kv_len-1 of their context (or the `positions` given to `keys_values`,
+  so a decoding cache holds rotated keys), queries from `query_offset`. Only m - n reaches the
+  logits, so cached decoding and a memory are exact here too.
 
 Attention-probability dropout runs inside the kernels (`dropout_rate`, `dropout_rng`), in
 training only, with a fresh key per call from this layer's own 'dropout' rng stream.
 """
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from relpos import attention
+from relpos.attention.masking import default_query_offset
 from relpos.models import layers
 
-RELATIVE_SCHEMES = ('none', 'shaw', 'xl')
+RELATIVE_SCHEMES = ('none', 'shaw', 'xl', 'rope')
+# Positions that add a logit bias of the distance, computed once per stack (`RelativeBias`).
+BIAS_POSITIONS = ('t5', 'alibi')
+
+
+def self_attention_kind(position: str) -> str:
+  """The `relative` kind of a self-attention layer under `config.model.position`."""
+  if position in ('shaw', 'shaw_absolute'):
+    return 'shaw'
+  return position if position in ('xl', 'rope') else 'none'
 
 
 class MultiHeadAttention(nnx.Module):
@@ -43,6 +63,7 @@ class MultiHeadAttention(nnx.Module):
     max_relative_position: int = 0,
     relative_keys: bool = True,
     relative_values: bool = True,
+    rope_base: float = 10000.0,
     attention_dropout: float = 0.0,
   ):
     """Builds the projections [d_model, num_heads * head_dim] and the scheme's parameters.
@@ -54,12 +75,13 @@ class MultiHeadAttention(nnx.Module):
       rngs: 'params' (or default) stream for initialisation, 'dropout' (or default) for
         attention dropout.
       max_relative_position, relative_keys, relative_values: 'shaw' only: k and the tables.
+      rope_base: 'rope' only: the base of the rotation frequencies.
       attention_dropout: rate on the attention probabilities, in training.
     """
     if relative not in RELATIVE_SCHEMES:
       raise ValueError(f'relative must be one of {RELATIVE_SCHEMES}, got {relative!r}')
     self.relative, self.num_heads, self.head_dim = relative, num_heads, head_dim
-    self.dtype, self.attention_dropout = dtype, attention_dropout
+    self.dtype, self.attention_dropout, self.rope_base = dtype, attention_dropout, rope_base
     width = num_heads * head_dim
 
     def linear(fan_in, fan_out):
@@ -82,8 +104,8 @@ class MultiHeadAttention(nnx.Module):
   def from_config(
     cls, config: layers.ModelConfig, *, relative: str, kernel_init, rngs: nnx.Rngs
   ) -> 'MultiHeadAttention':
-    """The layer of a model config: its d_model, num_heads, head_dim, dtype, Shaw tables and
-    attention_dropout."""
+    """The layer of a model config: its d_model, num_heads, head_dim, dtype, Shaw tables,
+    rope_base and attention_dropout."""
     return cls(
       d_model=config.d_model,
       num_heads=config.num_heads,
@@ -95,6 +117,7 @@ class MultiHeadAttention(nnx.Module):
       max_relative_position=config.max_relative_position,
       relative_keys=config.relative_keys,
       relative_values=config.relative_values,
+      rope_base=config.rope_base,
       attention_dropout=config.attention_dropout,
     )
 
@@ -102,12 +125,31 @@ class MultiHeadAttention(nnx.Module):
     """[..., num_heads * head_dim] -> [..., num_heads, head_dim]."""
     return x_BTF.reshape(*x_BTF.shape[:-1], self.num_heads, self.head_dim)
 
-  def keys_values(self, x_BKD):
-    """Keys and values [batch, kv_len, heads, head_dim] of the context [batch, kv_len, d_model]."""
-    return self._heads(self.key(x_BKD)), self._heads(self.value(x_BKD))
+  def _rotate(self, x_BTHD, positions_T):
+    return attention.apply_rope(x_BTHD, positions_T, base=self.rope_base)
+
+  def keys_values(self, x_BKD, positions_K=None):
+    """Keys and values [batch, kv_len, heads, head_dim] of the context [batch, kv_len, d_model].
+
+    'rope' rotates the keys at `positions_K` (int [kv_len], may be traced; None: 0..kv_len-1).
+    """
+    k_BKHD = self._heads(self.key(x_BKD))
+    if self.relative == 'rope':
+      if positions_K is None:
+        positions_K = jnp.arange(x_BKD.shape[1])
+      k_BKHD = self._rotate(k_BKHD, positions_K)
+    return k_BKHD, self._heads(self.value(x_BKD))
 
   def __call__(
-    self, x_BQD, mask, *, deterministic: bool, kv=None, query_offset=None, xl_terms=None
+    self,
+    x_BQD,
+    mask,
+    *,
+    deterministic: bool,
+    kv=None,
+    query_offset=None,
+    xl_terms=None,
+    bias_HQK=None,
   ) -> jax.Array:
     """Attention of the queries from x over keys and values.
 
@@ -119,15 +161,22 @@ class MultiHeadAttention(nnx.Module):
       kv: (keys, values) [batch, kv_len, heads, head_dim] from `keys_values` of another
         context (a decoding cache, a memory before x, the encoder output); None: self-attention,
         those of x.
-      query_offset: 'shaw': the position of query 0 among the keys (int or traced scalar);
-        None means the queries are the last q_len keys.
+      query_offset: 'shaw', 'rope': the position of query 0 among the keys (int or traced
+        scalar); None means the queries are the last q_len keys.
       xl_terms: 'xl' only: (r_KD [kv_len, d_model], the sinusoids R of distances 0..kv_len-1;
         u_HD, v_HD [heads, head_dim], the content and position biases).
+      bias_HQK: 'none' and 'rope' only: float broadcastable to [batch, heads, q_len, kv_len]
+        added to the logits (a `RelativeBias`), or None.
     Returns:
       [batch, q_len, d_model].
     """
     q_BQHD = self._heads(self.query(x_BQD))
     k_BKHD, v_BKHD = self.keys_values(x_BQD) if kv is None else kv
+    if self.relative == 'rope':
+      q_len, kv_len = q_BQHD.shape[1], k_BKHD.shape[1]
+      if query_offset is None:
+        query_offset = default_query_offset(q_len, kv_len)
+      q_BQHD = self._rotate(q_BQHD, jnp.arange(q_len) + query_offset)
     kwargs = {'mask': mask}
     if self.attention_dropout > 0 and not deterministic:
       kwargs.update(dropout_rate=self.attention_dropout, dropout_rng=self.dropout_rngs())
@@ -144,5 +193,68 @@ class MultiHeadAttention(nnx.Module):
         q_BQHD, k_BKHD, v_BKHD, rel_key, rel_value, query_offset=query_offset, **kwargs
       )
     else:
-      heads_BQHD = attention.dot_product_attention(q_BQHD, k_BKHD, v_BKHD, **kwargs)
+      heads_BQHD = attention.dot_product_attention(q_BQHD, k_BKHD, v_BKHD, bias=bias_HQK, **kwargs)
     return self.output(heads_BQHD.reshape(*heads_BQHD.shape[:2], -1))
+
+
+class RelativeBias(nnx.Module):
+  """The logit bias of a distance, shared by the layers of one stack: T5's or ALiBi's.
+
+  - 't5': a learned table [num_buckets, heads] read at `t5_relative_buckets` (exact distances
+    up to num_buckets/2 per side, log-spaced buckets up to max_distance, one side when causal).
+    T5 shares it across the layers of a stack and so does relpos: the encoder, the decoder and
+    the character LM each own one.
+  - 'alibi': -slope_h * |j - pos_i| with the paper's fixed head slopes; no parameters.
+
+  Calling it gives float32 [heads, q_len, kv_len] for queries at query_offset.. (None: the last
+  q_len keys), which the stack's layers pass to `MultiHeadAttention` as `bias_HQK`.
+  """
+
+  def __init__(
+    self,
+    position: str,
+    *,
+    num_heads: int,
+    bidirectional: bool,
+    num_buckets: int,
+    max_distance: int,
+    kernel_init,
+    rngs: nnx.Rngs,
+  ):
+    if position not in BIAS_POSITIONS:
+      raise ValueError(f'RelativeBias position must be one of {BIAS_POSITIONS}, got {position!r}')
+    self.position, self.num_heads = position, num_heads
+    self.bidirectional, self.max_distance = bidirectional, max_distance
+    self.table = (
+      nnx.Param(kernel_init(rngs.params(), (num_buckets, num_heads))) if position == 't5' else None
+    )
+
+  @classmethod
+  def from_config(
+    cls, config: layers.ModelConfig, *, bidirectional: bool, kernel_init, rngs: nnx.Rngs
+  ) -> 'RelativeBias | None':
+    """The bias of a stack under config.position, or None for positions without one."""
+    if config.position not in BIAS_POSITIONS:
+      return None
+    return cls(
+      config.position,
+      num_heads=config.num_heads,
+      bidirectional=bidirectional,
+      num_buckets=config.t5_num_buckets,
+      max_distance=config.t5_max_distance,
+      kernel_init=kernel_init,
+      rngs=rngs,
+    )
+
+  def __call__(self, q_len: int, kv_len: int, query_offset=None) -> jax.Array:
+    if self.position == 't5':
+      return attention.t5_relative_bias(
+        self.table[...],
+        q_len,
+        kv_len,
+        max_distance=self.max_distance,
+        bidirectional=self.bidirectional,
+        query_offset=query_offset,
+      ).astype(jnp.float32)
+    slopes_H = attention.alibi_slopes(self.num_heads)
+    return attention.alibi_bias(slopes_H, q_len, kv_len, query_offset=query_offset)

@@ -25,6 +25,9 @@ _COMMON_RULES = {
   'max_relative_position': checks.integer(0),
   'relative_keys': checks.FLAG,
   'relative_values': checks.FLAG,
+  't5_num_buckets': checks.integer(4),
+  't5_max_distance': checks.integer(1),
+  'rope_base': checks.positive(),
   'dtype': checks.one_of(*COMPUTE_DTYPES),
 }
 
@@ -56,6 +59,9 @@ class ModelConfig:
   max_relative_position: int  # Shaw's k
   relative_keys: bool  # Shaw's w^K
   relative_values: bool  # Shaw's w^V
+  t5_num_buckets: int  # T5's buckets (half per side when bidirectional)
+  t5_max_distance: int  # T5's distance where the last (log-spaced) bucket starts
+  rope_base: float  # RoPE's frequency base: theta_i = base^(-2i / head_dim)
   dtype: str  # compute dtype, a key of COMPUTE_DTYPES; parameters stay float32
 
   @classmethod
@@ -86,12 +92,27 @@ class ModelConfig:
         f'config.model.position={self.position!r} needs config.model.relative_keys or '
         "relative_values; with neither it has no positions: use position='none'"
       )
+    if self.position == 'rope' and self.head_dim % 2:
+      raise ValueError(
+        f"config.model.position='rope' rotates pairs of features: the head dimension must be "
+        f'even, got {self.head_dim}'
+      )
+    if self.position == 't5' and self.t5_max_distance <= self.t5_num_buckets // 2:
+      raise ValueError(
+        f'config.model.t5_max_distance={self.t5_max_distance} must exceed '
+        f'config.model.t5_num_buckets // 2 = {self.t5_num_buckets // 2}, the exact distances'
+      )
 
   def unread_fields(self) -> tuple[str, ...]:
-    """The fields this position scheme never reads (Shaw's k and tables off Shaw, the
-    model's own in `position_fields`): a sweep over one of them would train the same model."""
+    """The fields this position scheme never reads (Shaw's k and tables off Shaw, T5's
+    buckets off T5, RoPE's base off RoPE, the model's own in `position_fields`): a sweep over one of them would train the same model."""
     shaw = ('max_relative_position', 'relative_keys', 'relative_values')
-    readers = {**dict.fromkeys(shaw, self.SHAW_POSITIONS), **self.position_fields()}
+    readers = {
+      **dict.fromkeys(shaw, self.SHAW_POSITIONS),
+      **dict.fromkeys(('t5_num_buckets', 't5_max_distance'), ('t5',)),
+      'rope_base': ('rope',),
+      **self.position_fields(),
+    }
     return tuple(field for field, positions in readers.items() if self.position not in positions)
 
   @classmethod

@@ -12,9 +12,15 @@ Relative Position Representations").
   select the tables (paper Table 4); turning both off is rejected: that model is 'none'.
 - 'shaw_absolute': 'shaw' plus the sinusoids of 'absolute' (paper section 4.3).
 - 'none': no position information at all.
+- 't5': T5's bucketed relative bias (Raffel et al. 2020): one learned [num_buckets, heads]
+  table per stack (encoder self-attention: both directions; decoder self-attention: the past),
+  shared by the stack's layers, as T5 does.
+- 'alibi': ALiBi (Press et al. 2022): -slope_h * distance added to the self-attention logits.
+- 'rope': RoPE (Su et al. 2021): self-attention queries and keys rotated by their positions.
 
-Modes that embed absolute positions ('absolute', 'learned', 'shaw_absolute') accept sequences of
-at most `max_len` tokens, and longer ones raise a ValueError.
+Relative schemes never read encoder-decoder attention, which sees no positions. Sinusoids
+extend to any length; only 'learned' is bounded: a sequence longer than its `max_len` rows
+raises a ValueError (never wrapped or clipped silently).
 
 The rest follows tensor2tensor's transformer_base, which Shaw et al. used:
 
@@ -51,9 +57,8 @@ from relpos import attention
 from relpos.config import checks
 from relpos.constants import PAD_ID, TRANSLATE_POSITIONS
 from relpos.models import layers
-from relpos.models.attention import MultiHeadAttention
+from relpos.models.attention import MultiHeadAttention, RelativeBias, self_attention_kind
 
-_BOUNDED_MODES = ('absolute', 'learned', 'shaw_absolute')  # embed absolute positions
 _DENSE_INIT = nnx.initializers.xavier_uniform()
 _LAYER_NORM_EPSILON = 1e-6  # tensor2tensor's
 
@@ -75,7 +80,7 @@ class TransformerConfig(layers.ModelConfig):
 
   encoder_layers: int
   decoder_layers: int
-  max_len: int  # longest sequence for positions that embed absolute positions
+  max_len: int  # rows of the 'learned' table: the longest sequence it accepts
 
   def __post_init__(self):
     super().__post_init__()
@@ -114,11 +119,10 @@ def _key_mask(tokens_BK):
 
 
 def _attention(config: TransformerConfig, rngs, *, relative: bool) -> MultiHeadAttention:
-  """The shared attention layer; Shaw tables in the self-attention of the Shaw modes."""
-  shaw = relative and config.position in config.SHAW_POSITIONS
-  return MultiHeadAttention.from_config(
-    config, relative='shaw' if shaw else 'none', kernel_init=_DENSE_INIT, rngs=rngs
-  )
+  """The shared attention layer: self-attention (`relative`) gets the scheme's kind,
+  encoder-decoder attention none."""
+  kind = self_attention_kind(config.position) if relative else 'none'
+  return MultiHeadAttention.from_config(config, relative=kind, kernel_init=_DENSE_INIT, rngs=rngs)
 
 
 def _residual(config: TransformerConfig, rngs) -> layers.Residual:
@@ -140,23 +144,26 @@ def _feed_forward(config: TransformerConfig, rngs) -> layers.FeedForward:
 
 
 class EncoderLayer(nnx.Module):
-  """Self-attention (relative in the Shaw modes), then feed-forward."""
+  """Self-attention (with the relative scheme), then feed-forward."""
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.self_attention = _attention(config, rngs, relative=True)
     self.self_residual = _residual(config, rngs)
     self.ff = _feed_forward(config, rngs)
 
-  def __call__(self, x_BSD, mask_B11S, *, deterministic: bool):
-    """x [batch, src_len, d_model], mask of the non-PAD source keys -> [batch, src_len, d_model]."""
-    attend = functools.partial(self.self_attention, mask=mask_B11S, deterministic=deterministic)
+  def __call__(self, x_BSD, mask_B11S, bias_HSS, *, deterministic: bool):
+    """x [batch, src_len, d_model], mask of the non-PAD source keys, the stack's relative bias
+    (or None) -> [batch, src_len, d_model]."""
+    attend = functools.partial(
+      self.self_attention, mask=mask_B11S, bias_HQK=bias_HSS, deterministic=deterministic
+    )
     x_BSD = self.self_residual(x_BSD, attend, deterministic=deterministic)
     return self.ff(x_BSD, deterministic=deterministic)
 
 
 class DecoderLayer(nnx.Module):
-  """Causal self-attention (relative in the Shaw modes), encoder-decoder attention (never
-  relative), then feed-forward."""
+  """Causal self-attention (with the relative scheme), encoder-decoder attention (no
+  positions), then feed-forward."""
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.self_attention = _attention(config, rngs, relative=True)
@@ -176,7 +183,7 @@ class DecoderLayer(nnx.Module):
     x_BTD = self.cross_residual(x_BTD, attend, deterministic=deterministic)
     return self.ff(x_BTD, deterministic=deterministic)
 
-  def __call__(self, x_BTD, enc_BSD, self_mask, cross_mask_B11S, *, deterministic: bool):
+  def __call__(self, x_BTD, enc_BSD, self_mask, cross_mask_B11S, bias_HTT, *, deterministic: bool):
     """Teacher forcing.
 
     Args:
@@ -184,32 +191,40 @@ class DecoderLayer(nnx.Module):
       enc_BSD: [batch, src_len, d_model], the encoder output.
       self_mask: bool [batch, 1, tgt_len, tgt_len], causal and non-PAD target keys.
       cross_mask_B11S: bool [batch, 1, 1, src_len], non-PAD source keys.
+      bias_HTT: the decoder stack's relative bias [heads, tgt_len, tgt_len], or None.
       deterministic: disables dropout.
     Returns:
       [batch, tgt_len, d_model].
     """
-    attend = functools.partial(self.self_attention, mask=self_mask, deterministic=deterministic)
+    attend = functools.partial(
+      self.self_attention, mask=self_mask, bias_HQK=bias_HTT, deterministic=deterministic
+    )
     x_BTD = self.self_residual(x_BTD, attend, deterministic=deterministic)
     cross_kv = self.cross_keys_values(enc_BSD)
     return self._cross_and_ff(x_BTD, cross_kv, cross_mask_B11S, deterministic=deterministic)
 
-  def step(self, x_B1D, cross_kv, self_mask_B11T, cross_mask_B11S, cache, layer: int, step):
+  def step(
+    self, x_B1D, cross_kv, self_mask_B11T, cross_mask_B11S, bias_H1T, cache, layer: int, step
+  ):
     """One cached decoding position (no dropout).
 
-    Writes this position's self-attention key and value into layer `layer` of the cache at
-    `step`, then attends over the whole cache with `self_mask_B11T` [batch, 1, 1, max_decode_len]
-    (keys <= step that are not PAD) and relative positions measured from `step`; `cross_kv`
+    Writes this position's self-attention key (rotated at `step` under 'rope') and value into
+    layer `layer` of the cache at `step`, then attends over the whole cache with
+    `self_mask_B11T` [batch, 1, 1, max_decode_len] (keys <= step that are not PAD), relative
+    positions measured from `step` and the stack's bias row `bias_H1T` (or None); `cross_kv`
     is this layer's `cross_keys_values`, computed once per source.
 
     Returns:
       [batch, 1, d_model] and the updated cache.
     """
     h_B1D = self.self_residual.inputs(x_B1D)
-    k_B1HD, v_B1HD = self.self_attention.keys_values(h_B1D)
+    k_B1HD, v_B1HD = self.self_attention.keys_values(h_B1D, step[None])
     keys = _write(cache.keys, k_B1HD, layer, step)
     values = _write(cache.values, v_B1HD, layer, step)
     kv = tuple(jnp.swapaxes(cache_BHTD[layer], 1, 2) for cache_BHTD in (keys, values))
-    h_B1D = self.self_attention(h_B1D, self_mask_B11T, deterministic=True, kv=kv, query_offset=step)
+    h_B1D = self.self_attention(
+      h_B1D, self_mask_B11T, deterministic=True, kv=kv, query_offset=step, bias_HQK=bias_H1T
+    )
     x_B1D = self.self_residual.outputs(x_B1D, h_B1D, deterministic=True)
     x_B1D = self._cross_and_ff(x_B1D, cross_kv, cross_mask_B11S, deterministic=True)
     return x_B1D, cache._replace(keys=keys, values=values)
@@ -258,14 +273,25 @@ class Transformer(nnx.Module):
     self.decoder_layers = nnx.List(
       [DecoderLayer(config, rngs=rngs) for _ in range(config.decoder_layers)]
     )
+    self.encoder_bias, self.decoder_bias = (
+      RelativeBias.from_config(
+        config, bidirectional=bidirectional, kernel_init=_DENSE_INIT, rngs=rngs
+      )
+      for bidirectional in (True, False)
+    )
     self.encoder_norm = _final_norm(config, rngs) if config.pre_layer_norm else None
     self.decoder_norm = _final_norm(config, rngs) if config.pre_layer_norm else None
 
   def _check_length(self, length: int, what: str):
-    if self.position in _BOUNDED_MODES and length > self.max_len:
+    if self.position == 'learned' and length > self.max_len:
       raise ValueError(
-        f'{what} length {length} exceeds max_len={self.max_len} (position={self.position!r})'
+        f'{what} length {length} exceeds max_len={self.max_len}, the rows of the learned '
+        "position table (position='learned')"
       )
+
+  @staticmethod
+  def _bias(bias: RelativeBias | None, q_len: int, kv_len: int, query_offset=None):
+    return None if bias is None else bias(q_len, kv_len, query_offset)
 
   def _embed(self, tokens_BT, positions_T, *, deterministic):
     """Scaled token embeddings plus absolute positions, after dropout: [batch, len, d_model]."""
@@ -287,9 +313,11 @@ class Transformer(nnx.Module):
     """Encoder output [batch, src_len, d_model] (compute dtype) of int tokens [batch, src_len]."""
     self._check_length(src_BS.shape[1], 'source')
     mask_B11S = _key_mask(src_BS)
-    x_BSD = self._embed(src_BS, jnp.arange(src_BS.shape[1]), deterministic=deterministic)
+    src_len = src_BS.shape[1]
+    x_BSD = self._embed(src_BS, jnp.arange(src_len), deterministic=deterministic)
+    bias_HSS = self._bias(self.encoder_bias, src_len, src_len)
     for layer in self.encoder_layers:
-      x_BSD = layer(x_BSD, mask_B11S, deterministic=deterministic)
+      x_BSD = layer(x_BSD, mask_B11S, bias_HSS, deterministic=deterministic)
     return x_BSD if self.encoder_norm is None else self.encoder_norm(x_BSD)
 
   def decode(self, enc_BSD, src_BS, tgt_in_BT, *, deterministic: bool) -> jax.Array:
@@ -308,8 +336,11 @@ class Transformer(nnx.Module):
     self_mask_B1TT = attention.causal_mask(tgt_len, tgt_len)[None, None] & _key_mask(tgt_in_BT)
     cross_mask_B11S = _key_mask(src_BS)
     x_BTD = self._embed(tgt_in_BT, jnp.arange(tgt_len), deterministic=deterministic)
+    bias_HTT = self._bias(self.decoder_bias, tgt_len, tgt_len)
     for layer in self.decoder_layers:
-      x_BTD = layer(x_BTD, enc_BSD, self_mask_B1TT, cross_mask_B11S, deterministic=deterministic)
+      x_BTD = layer(
+        x_BTD, enc_BSD, self_mask_B1TT, cross_mask_B11S, bias_HTT, deterministic=deterministic
+      )
     return self._logits(x_BTD)
 
   def __call__(self, src_BS, tgt_in_BT, *, deterministic: bool) -> jax.Array:
@@ -349,8 +380,9 @@ class Transformer(nnx.Module):
     self_mask_B11T = (seen_T[None, :] & valid_BT)[:, None, None, :]
     cross_mask_B11S = _key_mask(src_BS)
     x_B1D = self._embed(token_B[:, None], step[None], deterministic=True)
+    bias_H1T = self._bias(self.decoder_bias, 1, valid_BT.shape[1], step)
     for index, (layer, cross_kv) in enumerate(zip(self.decoder_layers, context, strict=True)):
       x_B1D, cache = layer.step(
-        x_B1D, cross_kv, self_mask_B11T, cross_mask_B11S, cache, index, step
+        x_B1D, cross_kv, self_mask_B11T, cross_mask_B11S, bias_H1T, cache, index, step
       )
     return self._logits(x_B1D)[:, 0], cache

@@ -16,6 +16,13 @@ layer's attention is the shared `relpos.models.attention.MultiHeadAttention`:
   embeddings. Positions restart every segment, so memory states carry the positions of their
   own segment: segment-wise evaluation is NOT the same as one pass over the whole sequence.
 - 'none': no position information at all.
+- 't5': T5's bucketed relative bias, causal (past distances only): one learned
+  [num_buckets, heads] table shared by every layer, as T5 shares it across a stack.
+- 'alibi': ALiBi's -slope_h * distance on the logits.
+- 'rope': RoPE, queries and keys of [memory; segment] rotated by their positions.
+
+Every scheme but 'absolute' depends on distances only, so segment-wise evaluation with memory
+equals one pass over the whole sequence.
 
 The segment and memory lengths, clamp_len and same_length are not part of the model: training
 and evaluation pass their own (config.train / config.eval) to `init_memory` and `__call__`.
@@ -37,7 +44,7 @@ from relpos import attention
 from relpos.config import checks
 from relpos.constants import CHAR_LM_POSITIONS
 from relpos.models import layers
-from relpos.models.attention import MultiHeadAttention
+from relpos.models.attention import MultiHeadAttention, RelativeBias, self_attention_kind
 
 _INIT = nnx.initializers.normal(0.02)  # the original's `init_std` for weights and embeddings
 _LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default
@@ -121,9 +128,8 @@ class DecoderLayer(nnx.Module):
   its residual and LayerNorm (post-LN, or pre-LN where the memory is normalised too)."""
 
   def __init__(self, config: TransformerXLConfig, *, rngs: nnx.Rngs):
-    relative = config.position if config.position in ('xl', 'shaw') else 'none'
     self.attention = MultiHeadAttention.from_config(
-      config, relative=relative, kernel_init=_INIT, rngs=rngs
+      config, relative=self_attention_kind(config.position), kernel_init=_INIT, rngs=rngs
     )
     self.attention_residual = layers.Residual(config, epsilon=_LAYER_NORM_EPSILON, rngs=rngs)
     self.ff = layers.FeedForward(
@@ -134,7 +140,7 @@ class DecoderLayer(nnx.Module):
       rngs=rngs,
     )
 
-  def __call__(self, x_BQD, memory_BMD, mask_QK, xl_terms, *, deterministic: bool):
+  def __call__(self, x_BQD, memory_BMD, mask_QK, xl_terms, bias_HQK, *, deterministic: bool):
     """One layer.
 
     Args:
@@ -142,6 +148,8 @@ class DecoderLayer(nnx.Module):
       memory_BMD: [batch, mem_len, d_model], the layer input at the memory positions.
       mask_QK: bool [q_len, mem_len + q_len], True = may attend.
       xl_terms: 'xl' only (else None): (R [mem_len + q_len, d_model] of distances, u, v).
+      bias_HQK: 't5', 'alibi' only (else None): the model's relative bias
+        [heads, q_len, mem_len + q_len].
       deterministic: disables dropout, of the attention probabilities included.
     Returns:
       [batch, q_len, d_model].
@@ -150,7 +158,9 @@ class DecoderLayer(nnx.Module):
     def attend(h_BQD):  # keys and values of [memory; segment], normalised alike (pre-LN)
       context_BKD = jnp.concatenate([self.attention_residual.inputs(memory_BMD), h_BQD], axis=1)
       kv = self.attention.keys_values(context_BKD)
-      return self.attention(h_BQD, mask_QK, deterministic=deterministic, kv=kv, xl_terms=xl_terms)
+      return self.attention(
+        h_BQD, mask_QK, deterministic=deterministic, kv=kv, xl_terms=xl_terms, bias_HQK=bias_HQK
+      )
 
     x_BQD = self.attention_residual(x_BQD, attend, deterministic=deterministic)
     return self.ff(x_BQD, deterministic=deterministic)
@@ -184,6 +194,9 @@ class TransformerXL(nnx.Module):
       shape = (*per_layer, config.num_heads, config.head_dim)
       self.content_bias = nnx.Param(_INIT(rngs.params(), shape))  # u (r_w_bias)
       self.position_bias = nnx.Param(_INIT(rngs.params(), shape))  # v (r_r_bias)
+    self.relative_bias = RelativeBias.from_config(
+      config, bidirectional=False, kernel_init=_INIT, rngs=rngs
+    )
 
   def init_memory(self, batch_size: int, mem_len: int) -> Memory:
     """Empty memory: zeros [num_layers, batch_size, mem_len, d_model], length 0."""
@@ -248,11 +261,12 @@ class TransformerXL(nnx.Module):
     mem_len = memory_LBMD.shape[2]
     mask_QK = attention_mask(q_len, mem_len, memory.length, same_length=same_length)
     xl_terms = self._xl_terms(mem_len + q_len, clamp_len, deterministic=deterministic)
+    bias_HQK = None if self.relative_bias is None else self.relative_bias(q_len, mem_len + q_len)
     x_BQD = self._embed(tokens_BT, deterministic=deterministic)
     inputs = []
     for layer, memory_BMD, terms in zip(self.layers, memory_LBMD, xl_terms, strict=True):
       inputs.append(x_BQD)
-      x_BQD = layer(x_BQD, memory_BMD, mask_QK, terms, deterministic=deterministic)
+      x_BQD = layer(x_BQD, memory_BMD, mask_QK, terms, bias_HQK, deterministic=deterministic)
     logits_BQV = self._logits(self.dropout(x_BQD, deterministic=deterministic))
     return logits_BQV, _update_memory(memory_LBMD, memory.length, jnp.stack(inputs))
 

@@ -10,6 +10,24 @@ CONFIG_FILE = 'config.json'
 # Sections that may change between runs on one workdir: evaluation settings do not touch what
 # was trained.
 _FREE_SECTIONS = ('eval',)
+# Fields added after runs were recorded, with the value that leaves such a run unchanged (they
+# configure position schemes those runs could not use). A recorded config lacking one reads
+# as if it held this value.
+ADDED = {
+  'model.t5_num_buckets': 32,
+  'model.t5_max_distance': 128,
+  'model.rope_base': 10000.0,
+}
+
+
+def _recorded(path: Path) -> dict:
+  """The config recorded at path, with the `ADDED` fields it lacks."""
+  recorded = json.loads(path.read_text())
+  for name, value in ADDED.items():
+    section, field = name.split('.')
+    if section in recorded:
+      recorded[section].setdefault(field, value)
+  return recorded
 
 
 def config_changes(old: dict, new: dict, prefix: str = 'config') -> list[str]:
@@ -32,7 +50,7 @@ def changes_from_recorded(config: ml_collections.ConfigDict, workdir) -> list[st
   if not path.exists():
     return []
   free = {name: None for name in _FREE_SECTIONS}
-  return config_changes(json.loads(path.read_text()) | free, json.loads(config.to_json()) | free)
+  return config_changes(_recorded(path) | free, json.loads(config.to_json()) | free)
 
 
 def record_config(config: ml_collections.ConfigDict, workdir: Path, *, allow_change: bool):
@@ -68,4 +86,4 @@ def read_config(workdir) -> ml_collections.ConfigDict:
   path = workdir / CONFIG_FILE
   if not path.is_file():
     raise FileNotFoundError(f'{path} does not exist: {workdir} holds no relpos run (train first)')
-  return ml_collections.ConfigDict(json.loads(path.read_text()))
+  return ml_collections.ConfigDict(_recorded(path))
