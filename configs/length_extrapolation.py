@@ -1,4 +1,5 @@
-"""Length-extrapolation study of the char LM's position schemes (benchmarks/length_extrapolation.py).
+"""Length-extrapolation study of the char LM's position schemes (read by
+benchmarks/length_extrapolation.py).
 
     python benchmarks/length_extrapolation.py --config=configs/length_extrapolation.py \\
         --workdir=runs/length_extrapolation

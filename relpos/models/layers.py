@@ -105,7 +105,8 @@ class ModelConfig:
 
   def unread_fields(self) -> tuple[str, ...]:
     """The fields this position scheme never reads (Shaw's k and tables off Shaw, T5's
-    buckets off T5, RoPE's base off RoPE, the model's own in `position_fields`): a sweep over one of them would train the same model."""
+    buckets off T5, RoPE's base off RoPE, the model's own in `position_fields`): a sweep over
+    one of them would train the same model."""
     shaw = ('max_relative_position', 'relative_keys', 'relative_values')
     readers = {
       **dict.fromkeys(shaw, self.SHAW_POSITIONS),
