@@ -1,22 +1,28 @@
-"""Length extrapolation of the char LM's position schemes: train at L, score at 1x..16x L.
+"""Length extrapolation of the position schemes: train short, evaluate long.
 
-    python benchmarks/length_extrapolation.py --config=configs/length_extrapolation.py \\
-        --workdir=runs/length_extrapolation
+    python benchmarks/length_extrapolation.py --config=configs/length_extrapolation.py:char \\
+        --workdir=runs/length_extrapolation/char
+    python benchmarks/length_extrapolation.py --config=configs/length_extrapolation.py:translate \\
+        --workdir=runs/length_extrapolation/translate
 
-For each scheme of `config.positions` and seed of `config.seeds`, trains `config.run` (the
-char_tiny model, its position replaced) on segments of L = `config.tgt_len` characters with
-no memory, in `<workdir>/<position>/seed=<s>`. Then scores bits-per-char on the run's eval
-split in segments of m * L for every m of `config.multiples`, with no memory (the model has
-never seen a distance >= L), and in segments of L with a memory of `config.memory_len` (the
-memory is a context the model has never trained with either). Every segment after the first
-of a row starts cold, so longer segments give more context to most characters: a scheme that
-extrapolates gets better with m, one that does not gets worse.
+For each scheme of `config.positions` and seed of `config.seeds`, trains `config.run` with
+that position in `<workdir>/<position>/seed=<s>`, then:
 
-Writes `<workdir>/extrapolation.md` (mean ± std over seeds, per scheme and length),
-`extrapolation.csv` (one row per run and length) and `extrapolation.png` (bpc against the
-evaluation length, one line per scheme). Finished runs and their scores are kept
-(`<run>/extrapolation.json`), so a stopped study resumes where it was and extra lengths only
-cost their scoring.
+- char: scores bits-per-char on the run's eval split in segments of m * L for every m of
+  `config.multiples`, with no memory (training used segments of L = `config.tgt_len` and no
+  memory, so no distance >= L was ever seen), and in segments of L with a memory of
+  `config.memory_len` (a context never trained with either). Every segment after the first of a
+  row starts cold, so longer segments give more context to most characters: a scheme that
+  extrapolates gets better with m, one that does not gets worse.
+- translate: trains on the pairs whose sides both have at most N = `config.max_length`
+  pieces, translates the whole eval set (beam search, as eval.py) and reports sacreBLEU per
+  bucket of source length in pieces (<= N, N..2N, 2N..4N, > 4N) and over all sentences.
+
+Writes `<workdir>/extrapolation.md` (mean ± std over seeds, per scheme and column),
+`extrapolation.csv` (one row per run and column) and `extrapolation.png` (the metric against
+the evaluation length, one line per scheme). Finished runs and their scores are kept
+(`<run>/extrapolation.json`), so a stopped study resumes where it was and extra char lengths
+only cost their scoring.
 """
 
 import csv
@@ -33,7 +39,8 @@ from ml_collections import config_flags
 matplotlib.use('Agg')
 from matplotlib import pyplot as plt  # noqa: E402
 
-from relpos import runtime  # noqa: E402
+from relpos import metrics, runtime  # noqa: E402
+from relpos.data.translation import load_eval_data  # noqa: E402
 from relpos.training import loop, run_config, tasks  # noqa: E402
 from relpos.training.checkpoints import Checkpoints  # noqa: E402
 from relpos.training.preemption import PreemptionSignal  # noqa: E402
@@ -45,18 +52,36 @@ SCORES_FILE = 'extrapolation.json'
 
 
 def run_config_for(config, position: str, seed: int) -> ml_collections.ConfigDict:
-  """The run of one scheme and seed: segments of L, no memory in training."""
+  """The run of one scheme and seed: char, segments of L with no memory; translate, pairs
+  within N pieces."""
   run = ml_collections.ConfigDict(config.run.to_dict())
   run.seed = seed
   run.model.position = position
-  run.train.update(tgt_len=config.tgt_len, mem_len=0, same_length=False)
+  if config.task == 'char':
+    run.train.update(tgt_len=config.tgt_len, mem_len=0, same_length=False)
+  else:
+    run.data.max_length = config.max_length
   return run
 
 
 def settings(config) -> dict[str, tuple[int, int]]:
-  """{label: (eval segment length, eval memory length)}, in table order."""
-  lengths = {f'{m}x': (m * config.tgt_len, 0) for m in config.multiples}
-  return lengths | {'1x+mem': (config.tgt_len, config.memory_len)}
+  """The table's columns, in order. char: {label: (eval segment length, memory length)};
+  translate: {label: (shortest, longest source length in pieces)}, the last 'all'."""
+  if config.task == 'char':
+    lengths = {f'{m}x': (m * config.tgt_len, 0) for m in config.multiples}
+    return lengths | {'1x+mem': (config.tgt_len, config.memory_len)}
+  n = config.max_length
+  return {
+    f'<={n}': (0, n),
+    f'{n + 1}-{2 * n}': (n + 1, 2 * n),
+    f'{2 * n + 1}-{4 * n}': (2 * n + 1, 4 * n),
+    f'>{4 * n}': (4 * n + 1, sys.maxsize),
+    'all': (0, sys.maxsize),
+  }
+
+
+def metric_name(config) -> str:
+  return 'bpc' if config.task == 'char' else 'bleu'
 
 
 def train(run, workdir: Path) -> None:
@@ -70,26 +95,52 @@ def train(run, workdir: Path) -> None:
     loop.train(tasks.get(run), run, workdir, preemption, allow_config_change=False)
 
 
-def score(run, workdir: Path, labels: dict[str, tuple[int, int]]) -> dict[str, dict]:
-  """{label: {'bpc', 'tokens', 'tgt_len', 'mem_len'}} of the run, scoring only what its
-  scores file lacks."""
+def score(config, run, workdir: Path, labels: dict[str, tuple[int, int]]) -> dict[str, dict]:
+  """{label: {metric, count, ...}} of the run, computing only what its scores file lacks (a
+  char length not scored yet; for translation, everything once)."""
   path = workdir / SCORES_FILE
   scores = json.loads(path.read_text()) if path.exists() else {}
-  task = tasks.get(run)
+  missing = [
+    label for label, at in labels.items() if scores.get(label, {}).get('at') != list(at)
+  ]
+  if missing:
+    compute = _char_scores if config.task == 'char' else _translation_scores
+    scores.update(compute(run, workdir, {label: labels[label] for label in missing}))
+    path.write_text(json.dumps(scores, indent=2))
+  return scores
+
+
+def _char_scores(run, workdir: Path, labels) -> dict[str, dict]:
+  """Bits-per-char with each label's eval segment and memory lengths."""
+  task, scores = tasks.get(run), {}
   for label, (tgt_len, mem_len) in labels.items():
-    if scores.get(label, {}).get('tgt_len') == tgt_len and scores[label]['mem_len'] == mem_len:
-      continue
     evaluation = ml_collections.ConfigDict(run.to_dict())
     evaluation.eval.update(tgt_len=tgt_len, mem_len=mem_len, same_length=False)
     result = task.score(evaluation, workdir)
-    scores[label] = {
-      'bpc': result['bpc'],
-      'tokens': result['tokens'],
-      'tgt_len': tgt_len,
-      'mem_len': mem_len,
-    }
+    scores[label] = {'bpc': result['bpc'], 'count': result['tokens'], 'at': [tgt_len, mem_len]}
     print(f'  {label:>7}: bpc {result["bpc"]:.4f} ({result["tokens"]} chars)', flush=True)
-    path.write_text(json.dumps(scores, indent=2))
+  return scores
+
+
+def _translation_scores(run, workdir: Path, labels) -> dict[str, dict]:
+  """sacreBLEU of the eval translations (eval.py's, written once) within each label's source
+  lengths in pieces."""
+  result = tasks.get(run).evaluate(run, workdir)
+  translations = Path(result['translations']).read_text().splitlines()
+  data = load_eval_data(run.data, workdir)
+  lengths = [len(data.tokenizer.encode(source)) for source in data.eval_sources]
+  scores = {}
+  for label, (shortest, longest) in labels.items():
+    chosen = [i for i, length in enumerate(lengths) if shortest <= length <= longest]
+    bleu = (
+      metrics.corpus_bleu(
+        [translations[i] for i in chosen], [data.eval_references[i] for i in chosen]
+      ).score
+      if chosen
+      else float('nan')
+    )
+    scores[label] = {'bleu': bleu, 'count': len(chosen), 'at': [shortest, longest]}
+    print(f'  {label:>7}: BLEU {bleu:.2f} ({len(chosen)} sentences)', flush=True)
   return scores
 
 
@@ -99,6 +150,10 @@ def mean_std(values: list[float]) -> str:
   return f'{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}'
 
 
+def _values(rows, position: str, label: str, metric: str) -> list[float]:
+  return [r[metric] for r in rows if r['position'] == position and r['label'] == label]
+
+
 def write_report(config, rows: list[dict], root: Path) -> str:
   """extrapolation.csv (per run) and extrapolation.md (mean ± std over seeds); returns the
   markdown table."""
@@ -106,22 +161,29 @@ def write_report(config, rows: list[dict], root: Path) -> str:
     writer = csv.DictWriter(file, fieldnames=list(rows[0]))
     writer.writeheader()
     writer.writerows(rows)
-  labels = settings(config)
-  header = ' | '.join(
-    f'{label} ({length}{f" + mem {mem}" if mem else ""})' for label, (length, mem) in labels.items()
-  )
+  metric, labels = metric_name(config), settings(config)
+  if config.task == 'char':
+    title = (
+      f'bits-per-char on {config.run.eval.split}, trained at L = {config.tgt_len} with no memory'
+    )
+    header = [
+      f'{label} ({length}{f" + mem {mem}" if mem else ""})'
+      for label, (length, mem) in labels.items()
+    ]
+  else:
+    title = (
+      f'sacreBLEU per source length in pieces, trained on pairs within N = {config.max_length}'
+    )
+    counts = {r['label']: r['count'] for r in rows}
+    header = [f'{label} ({counts[label]} sentences)' for label in labels]
   lines = [
-    f'bits-per-char on {config.run.eval.split}, trained at L = {config.tgt_len} with no memory '
-    f'for {config.run.train.steps} steps; mean ± std over seeds {tuple(config.seeds)}',
+    f'{title} for {config.run.train.steps} steps; mean ± std over seeds {tuple(config.seeds)}',
     '',
-    f'| position | {header} |',
+    f'| position | {" | ".join(header)} |',
     '|---|' + '---|' * len(labels),
   ]
   for position in config.positions:
-    cells = [
-      mean_std([r['bpc'] for r in rows if r['position'] == position and r['label'] == label])
-      for label in labels
-    ]
+    cells = [mean_std(_values(rows, position, label, metric)) for label in labels]
     lines.append(f'| {position} | {" | ".join(cells)} |')
   table = '\n'.join(lines) + '\n'
   (root / 'extrapolation.md').write_text(table)
@@ -129,21 +191,27 @@ def write_report(config, rows: list[dict], root: Path) -> str:
 
 
 def plot(config, rows: list[dict], root: Path) -> Path:
-  """bpc (mean, ± std over seeds) against the evaluation length, one line per scheme."""
+  """The metric (mean, ± std over seeds) against the evaluation length, one line per scheme:
+  char, the segment lengths without memory; translate, the source-length buckets."""
+  metric, labels = metric_name(config), list(settings(config))
+  if config.task == 'char':
+    labels = labels[: len(config.multiples)]
+    xs = [m * config.tgt_len for m in config.multiples]
+    xlabel = f'evaluation segment length (trained at {config.tgt_len}, no memory)'
+  else:
+    labels = labels[:-1]  # not 'all'
+    xs = [config.max_length * 2**i for i in range(len(labels))]
+    xlabel = f'source length in pieces (trained within {config.max_length})'
   figure, axis = plt.subplots(figsize=(6.5, 4.2))
-  lengths = [m * config.tgt_len for m in config.multiples]
   for position in config.positions:
-    means, stds = [], []
-    for m in config.multiples:
-      values = [r['bpc'] for r in rows if r['position'] == position and r['label'] == f'{m}x']
-      means.append(statistics.mean(values))
-      stds.append(statistics.stdev(values) if len(values) > 1 else 0.0)
-    axis.errorbar(lengths, means, yerr=stds, marker='o', capsize=3, label=position)
+    values = [_values(rows, position, label, metric) for label in labels]
+    means = [statistics.mean(v) for v in values]
+    stds = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in values]
+    axis.errorbar(xs, means, yerr=stds, marker='o', capsize=3, label=position)
   axis.set_xscale('log', base=2)
-  axis.set_xticks(lengths, [str(length) for length in lengths])
-  axis.axvline(config.tgt_len, color='grey', linestyle=':', linewidth=1)
-  axis.set_xlabel(f'evaluation segment length (trained at {config.tgt_len}, no memory)')
-  axis.set_ylabel(f'bits-per-char ({config.run.eval.split})')
+  axis.set_xticks(xs, labels if config.task != 'char' else [str(x) for x in xs])
+  axis.set_xlabel(xlabel)
+  axis.set_ylabel(f'{metric} ({config.run.eval.split if config.task == "char" else "eval set"})')
   axis.grid(alpha=0.3)
   axis.legend(fontsize='small')
   figure.tight_layout()
@@ -164,7 +232,7 @@ def study(config, root: Path) -> list[dict]:
     workdir = root / position / f'seed={seed}'
     print(f'=== position={position} seed={seed} ({workdir})', flush=True)
     train(run, workdir)
-    scores = score(run, workdir, labels)
+    scores = score(config, run, workdir, labels)
     rows += [
       {'position': position, 'seed': seed, 'label': label, **scores[label]} for label in labels
     ]

@@ -1,13 +1,14 @@
-"""benchmarks/length_extrapolation.py end to end at its quick size: train, score, report, plot,
-resume."""
+"""benchmarks/length_extrapolation.py end to end at tiny sizes: train, score, report, plot,
+resume; the char-LM and the translation study."""
 
 import csv
 import json
+import math
 import warnings
 from pathlib import Path
 
 import pytest
-from helpers import load_config, load_module
+from helpers import load_config, load_module, tiny_translate_config, write_pair_corpus
 
 _BENCHMARKS = Path(__file__).resolve().parent.parent / 'benchmarks'
 with warnings.catch_warnings():  # ml_collections loads the default config with load_module()
@@ -15,20 +16,20 @@ with warnings.catch_warnings():  # ml_collections loads the default config with 
   bench = load_module(_BENCHMARKS / 'length_extrapolation.py', 'length_extrapolation_benchmark')
 
 
-def test_quick_study_trains_scores_and_resumes(tmp_path, capsys):
-  config = load_config('length_extrapolation', 'quick')
+def test_char_study_trains_scores_and_resumes(tmp_path, capsys):
+  config = load_config('length_extrapolation', 'char_quick')
   rows = bench.study(config, tmp_path)
   labels = ['1x', '2x', '1x+mem']
   assert [(r['position'], r['label']) for r in rows] == [
     (position, label) for position in ('alibi', 'rope') for label in labels
   ]
   scores = json.loads((tmp_path / 'rope' / 'seed=0' / bench.SCORES_FILE).read_text())
-  assert {label: (s['tgt_len'], s['mem_len']) for label, s in scores.items()} == {
-    '1x': (8, 0),
-    '2x': (16, 0),
-    '1x+mem': (8, 8),
+  assert {label: s['at'] for label, s in scores.items()} == {
+    '1x': [8, 0],
+    '2x': [16, 0],
+    '1x+mem': [8, 8],
   }
-  # Untrained-ish models sit near log2(256) = 8 bits; each setting is its own number.
+  # Barely trained models sit near log2(256) = 8 bits; each setting is its own number.
   assert all(4.0 < r['bpc'] < 9.0 for r in rows)
   assert len({r['bpc'] for r in rows}) == len(rows)
   table = (tmp_path / 'extrapolation.md').read_text()
@@ -45,8 +46,26 @@ def test_quick_study_trains_scores_and_resumes(tmp_path, capsys):
   assert [r['bpc'] for r in again if r['label'] != '4x'] == [r['bpc'] for r in rows]
 
 
+def test_translation_study_scores_bleu_per_source_length(tmp_path):
+  corpus = write_pair_corpus(tmp_path / 'corpus', train=200, eval=40)
+  config = load_config('length_extrapolation', 'translate')
+  config.run = tiny_translate_config(corpus, steps=4)
+  config.positions, config.seeds, config.max_length = ('rope',), (0,), 3
+  rows = bench.study(config, tmp_path / 'study')
+  assert [r['label'] for r in rows] == ['<=3', '4-6', '7-12', '>12', 'all']
+  by_label = {r['label']: r for r in rows}
+  assert by_label['all']['count'] == 40
+  assert sum(by_label[label]['count'] for label in ('<=3', '4-6', '7-12', '>12')) == 40
+  assert by_label['4-6']['count'] > 0  # the tiny corpus has sources past N
+  results = json.loads((tmp_path / 'study' / 'rope' / 'seed=0' / 'eval_results.json').read_text())
+  assert math.isclose(by_label['all']['bleu'], results['bleu'])
+  recorded = json.loads((tmp_path / 'study' / 'rope' / 'seed=0' / 'config.json').read_text())
+  assert recorded['data']['max_length'] == 3 and recorded['model']['position'] == 'rope'
+  assert '4-6 (' in (tmp_path / 'study' / 'extrapolation.md').read_text()
+
+
 def test_a_bad_position_is_an_error_before_training(tmp_path):
-  config = load_config('length_extrapolation', 'quick')
+  config = load_config('length_extrapolation', 'char_quick')
   config.positions = ('alibi', 'learned')
   with pytest.raises(ValueError, match='config.model.position must be one of'):
     bench.study(config, tmp_path)

@@ -141,15 +141,7 @@ class MultiHeadAttention(nnx.Module):
     return k_BKHD, self._heads(self.value(x_BKD))
 
   def __call__(
-    self,
-    x_BQD,
-    mask,
-    *,
-    deterministic: bool,
-    kv=None,
-    query_offset=None,
-    xl_terms=None,
-    bias_HQK=None,
+    self, x_BQD, mask, *, deterministic: bool, kv=None, query_offset=None, xl_terms=None, bias=None
   ) -> jax.Array:
     """Attention of the queries from x over keys and values.
 
@@ -165,8 +157,8 @@ class MultiHeadAttention(nnx.Module):
         scalar); None means the queries are the last q_len keys.
       xl_terms: 'xl' only: (r_KD [kv_len, d_model], the sinusoids R of distances 0..kv_len-1;
         u_HD, v_HD [heads, head_dim], the content and position biases).
-      bias_HQK: 'none' and 'rope' only: float broadcastable to [batch, heads, q_len, kv_len]
-        added to the logits (a `RelativeBias`), or None.
+      bias: 'none' and 'rope' only: float [heads, q_len, kv_len] (or broadcastable to
+        [batch, heads, q_len, kv_len]) added to the logits, a `RelativeBias`'s; or None.
     Returns:
       [batch, q_len, d_model].
     """
@@ -193,7 +185,7 @@ class MultiHeadAttention(nnx.Module):
         q_BQHD, k_BKHD, v_BKHD, rel_key, rel_value, query_offset=query_offset, **kwargs
       )
     else:
-      heads_BQHD = attention.dot_product_attention(q_BQHD, k_BKHD, v_BKHD, bias=bias_HQK, **kwargs)
+      heads_BQHD = attention.dot_product_attention(q_BQHD, k_BKHD, v_BKHD, bias=bias, **kwargs)
     return self.output(heads_BQHD.reshape(*heads_BQHD.shape[:2], -1))
 
 
@@ -207,7 +199,7 @@ class RelativeBias(nnx.Module):
   - 'alibi': -slope_h * |j - pos_i| with the paper's fixed head slopes; no parameters.
 
   Calling it gives float32 [heads, q_len, kv_len] for queries at query_offset.. (None: the last
-  q_len keys), which the stack's layers pass to `MultiHeadAttention` as `bias_HQK`.
+  q_len keys), which the stack's layers pass to `MultiHeadAttention` as `bias`.
   """
 
   def __init__(

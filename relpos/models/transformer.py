@@ -136,6 +136,14 @@ def _final_norm(config: TransformerConfig, rngs) -> nnx.LayerNorm:
   )
 
 
+def _sublayer(layer, name: str, x_BTD, deterministic: bool, **kwargs):
+  """x [batch, len, d_model] through the layer's attention sublayer `name` ('self' or
+  'cross': its `<name>_attention` with its `<name>_residual`); `kwargs` go to the attention."""
+  attention = getattr(layer, f'{name}_attention')
+  attend = functools.partial(attention, deterministic=deterministic, **kwargs)
+  return getattr(layer, f'{name}_residual')(x_BTD, attend, deterministic=deterministic)
+
+
 def _feed_forward(config: TransformerConfig, rngs) -> layers.FeedForward:
   """Linear, ReLU, Linear (no inner dropout, as tensor2tensor's transformer_base)."""
   return layers.FeedForward(
@@ -154,10 +162,7 @@ class EncoderLayer(nnx.Module):
   def __call__(self, x_BSD, mask_B11S, bias_HSS, *, deterministic: bool):
     """x [batch, src_len, d_model], mask of the non-PAD source keys, the stack's relative bias
     (or None) -> [batch, src_len, d_model]."""
-    attend = functools.partial(
-      self.self_attention, mask=mask_B11S, bias_HQK=bias_HSS, deterministic=deterministic
-    )
-    x_BSD = self.self_residual(x_BSD, attend, deterministic=deterministic)
+    x_BSD = _sublayer(self, 'self', x_BSD, deterministic, mask=mask_B11S, bias=bias_HSS)
     return self.ff(x_BSD, deterministic=deterministic)
 
 
@@ -177,10 +182,7 @@ class DecoderLayer(nnx.Module):
     return self.cross_attention.keys_values(enc_BSD)
 
   def _cross_and_ff(self, x_BTD, cross_kv, cross_mask_B11S, *, deterministic):
-    attend = functools.partial(
-      self.cross_attention, mask=cross_mask_B11S, kv=cross_kv, deterministic=deterministic
-    )
-    x_BTD = self.cross_residual(x_BTD, attend, deterministic=deterministic)
+    x_BTD = _sublayer(self, 'cross', x_BTD, deterministic, mask=cross_mask_B11S, kv=cross_kv)
     return self.ff(x_BTD, deterministic=deterministic)
 
   def __call__(self, x_BTD, enc_BSD, self_mask, cross_mask_B11S, bias_HTT, *, deterministic: bool):
@@ -196,10 +198,7 @@ class DecoderLayer(nnx.Module):
     Returns:
       [batch, tgt_len, d_model].
     """
-    attend = functools.partial(
-      self.self_attention, mask=self_mask, bias_HQK=bias_HTT, deterministic=deterministic
-    )
-    x_BTD = self.self_residual(x_BTD, attend, deterministic=deterministic)
+    x_BTD = _sublayer(self, 'self', x_BTD, deterministic, mask=self_mask, bias=bias_HTT)
     cross_kv = self.cross_keys_values(enc_BSD)
     return self._cross_and_ff(x_BTD, cross_kv, cross_mask_B11S, deterministic=deterministic)
 
@@ -223,7 +222,7 @@ class DecoderLayer(nnx.Module):
     values = _write(cache.values, v_B1HD, layer, step)
     kv = tuple(jnp.swapaxes(cache_BHTD[layer], 1, 2) for cache_BHTD in (keys, values))
     h_B1D = self.self_attention(
-      h_B1D, self_mask_B11T, deterministic=True, kv=kv, query_offset=step, bias_HQK=bias_H1T
+      h_B1D, self_mask_B11T, deterministic=True, kv=kv, query_offset=step, bias=bias_H1T
     )
     x_B1D = self.self_residual.outputs(x_B1D, h_B1D, deterministic=True)
     x_B1D = self._cross_and_ff(x_B1D, cross_kv, cross_mask_B11S, deterministic=True)

@@ -159,7 +159,7 @@ class DecoderLayer(nnx.Module):
       context_BKD = jnp.concatenate([self.attention_residual.inputs(memory_BMD), h_BQD], axis=1)
       kv = self.attention.keys_values(context_BKD)
       return self.attention(
-        h_BQD, mask_QK, deterministic=deterministic, kv=kv, xl_terms=xl_terms, bias_HQK=bias_HQK
+        h_BQD, mask_QK, deterministic=deterministic, kv=kv, xl_terms=xl_terms, bias=bias_HQK
       )
 
     x_BQD = self.attention_residual(x_BQD, attend, deterministic=deterministic)
