@@ -100,9 +100,7 @@ def score(config, run, workdir: Path, labels: dict[str, tuple[int, int]]) -> dic
   char length not scored yet; for translation, everything once)."""
   path = workdir / SCORES_FILE
   scores = json.loads(path.read_text()) if path.exists() else {}
-  missing = [
-    label for label, at in labels.items() if scores.get(label, {}).get('at') != list(at)
-  ]
+  missing = [label for label, at in labels.items() if scores.get(label, {}).get('at') != list(at)]
   if missing:
     compute = _char_scores if config.task == 'char' else _translation_scores
     scores.update(compute(run, workdir, {label: labels[label] for label in missing}))

@@ -19,23 +19,20 @@
 Any field can be overridden on the command line, e.g. `--config.run.train.steps=3000`.
 """
 
-import importlib.util
 from pathlib import Path
 
 import ml_collections
 
+from relpos.config import load_config_file
 from relpos.constants import CHAR_LM_POSITIONS, TRANSLATE_POSITIONS
 
 _CONFIGS = Path(__file__).resolve().parent
 PRESETS = ('char', 'char_quick', 'translate')
 
 
-def _run_config(name: str, *args) -> ml_collections.ConfigDict:
-  """configs/<name>.py's get_config(*args)."""
-  spec = importlib.util.spec_from_file_location(name, _CONFIGS / f'{name}.py')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(*args)
+def _run_config(name: str) -> ml_collections.ConfigDict:
+  """configs/<name>.py's default config."""
+  return load_config_file(_CONFIGS / f'{name}.py')
 
 
 def _char(config):

@@ -5,16 +5,19 @@
     python eval.py --config=configs/translate_tiny.py:shaw --workdir=runs/tiny_shaw  # bleu=...
 
 Presets: shaw (k=16, the default) | absolute | learned | shaw_absolute | none | t5 | alibi |
-rope. The model, the
+rope, and Shaw et al.'s Table 3 ablations shaw_keys_only (w^K only) | shaw_values_only (w^V
+only). The model, the
 data and the number of steps are fixed here, so a run learns the same thing on any machine;
 README gives its BLEU on Tatoeba test and its wall time on 2 cores. The corpus is the copy in
 ../shared/data/tatoeba_ende when it exists, else data/tatoeba_ende of this repository (the
 prepare command above writes it; without it the run stops with one line naming that command).
 Evaluation translates Tatoeba test (2,914 pairs) with beam 4.
 
-The k sweep of Shaw et al. Table 3, three seeds:
+The k sweep of Shaw et al. Table 2, and their Table 3 ablation, three seeds each:
     python -m relpos.sweep --config=configs/translate_tiny.py:shaw --workdir=runs/k_sweep \\
         --values=0,1,2,4,16,64 --seeds=0,1,2
+    python -m relpos.sweep --config=configs/translate_tiny.py --workdir=runs/ablation \\
+        --field=preset --values=shaw,shaw_keys_only,shaw_values_only,none --seeds=0,1,2
 
 OpenNMT toy-ende (10k WMT pairs, Moses-tokenised) instead, as the peer harness runs it:
     python train.py --config=configs/translate_tiny.py:shaw --workdir=runs/toy_shaw \\
@@ -40,11 +43,19 @@ def tatoeba_directory() -> Path:
   return _SHARED if _SHARED.is_dir() else _REPO / 'data' / tatoeba.DIRECTORY
 
 
-def get_config(position: str = 'shaw'):
-  if position not in TRANSLATE_POSITIONS:
+# Shaw et al. Table 3: one of the two relative tables left out.
+_ABLATIONS = {
+  'shaw_keys_only': dict(relative_values=False),
+  'shaw_values_only': dict(relative_keys=False),
+}
+
+
+def get_config(preset: str = 'shaw'):
+  if preset not in (*TRANSLATE_POSITIONS, *_ABLATIONS):
     raise ValueError(
-      f'unknown translate_tiny preset {position!r}: use one of {TRANSLATE_POSITIONS}'
+      f'unknown translate_tiny preset {preset!r}: use one of {(*TRANSLATE_POSITIONS, *_ABLATIONS)}'
     )
+  position = 'shaw' if preset in _ABLATIONS else preset
   config = translate_config()
   train_src, train_tgt = tatoeba.split_files(tatoeba_directory(), 'train')
   eval_src, eval_tgt = tatoeba.split_files(tatoeba_directory(), 'test')
@@ -74,5 +85,6 @@ def get_config(position: str = 'shaw'):
   )
   config.optim.update(learning_rate=0.5, warmup_steps=400)
   config.train.update(steps=900, log_every=50, eval_every=0, checkpoint_every=300)
+  config.model.update(_ABLATIONS.get(preset, {}))
   config.eval.update(beam_size=4, batch_size=64)
   return config

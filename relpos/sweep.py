@@ -4,9 +4,13 @@
         --values=0,1,2,4,16,64 --seeds=0,1,2
     python -m relpos.sweep --config=configs/translate_tiny.py --workdir=runs/positions \\
         --field=model.position --values=shaw,absolute,shaw_absolute --seeds=0,1,2
+    python -m relpos.sweep --config=configs/translate_tiny.py --workdir=runs/ablation \\
+        --field=preset --values=shaw,shaw_keys_only,shaw_values_only,none --seeds=0,1,2
 
 Each (value v, seed s) trains and evaluates `--config` with `--config.<field>=v` and
-`--config.seed=s` in `<workdir>/<field>=v/seed=s`. A run whose eval_results.json is there for
+`--config.seed=s` in `<workdir>/<field>=v/seed=s`. `--field=preset` sweeps the presets of
+the config file instead (`--config=<file>:v`), for variants that differ in several fields,
+such as Shaw et al.'s keys/values ablation. A run whose eval_results.json is there for
 the config's last step is not touched again, so a sweep stopped anywhere (or spread over
 sessions) resumes where it was; an unfinished run resumes from its last checkpoint.
 
@@ -42,9 +46,25 @@ matplotlib.use('Agg')
 from matplotlib import pyplot as plt  # noqa: E402
 
 from relpos import runtime, significance  # noqa: E402
+from relpos.config import load_config_file  # noqa: E402
 from relpos.training import run_config, tasks  # noqa: E402
 
 SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'p_value')
+PRESET = 'preset'  # --field=preset: each value is a preset of the --config file
+
+
+def preset_variants(path, overrides: list[str]):
+  """value -> the config file's get_config(value) with the command line's `--config.a.b=v`
+  overrides applied (those of --config's own preset apply to every preset)."""
+
+  def variant(preset: str) -> ml_collections.ConfigDict:
+    config = load_config_file(Path(path), preset)
+    for override in overrides:
+      name, text = override.removeprefix('--config.').split('=', 1)
+      config = with_value(config, name, parse_value(config, name, text))
+    return config
+
+  return variant
 
 
 def parse_value(config: ml_collections.ConfigDict, field: str, text: str):
@@ -81,10 +101,11 @@ def run_dir(root: Path, field: str, value, seed: int) -> Path:
   return root / f'{field.split(".")[-1]}={value}' / f'seed={seed}'
 
 
-def check_sweep(config, field: str, values, seeds, metric: str) -> None:
+def check_sweep(config, field: str, values, seeds, metric: str, variant_of=None) -> None:
   """Raises ValueError for a sweep that cannot give its table, before anything trains: a
   metric the task does not report, a value the task's checks refuse, a field that the model
-  does not read at any swept value (sweeping it would train one model n times)."""
+  does not read at any swept value (sweeping it would train one model n times). `variant_of`
+  (value -> config) replaces setting config.<field> (`preset_variants`)."""
   task = tasks.get(config)
   if metric not in task.metrics:
     raise ValueError(
@@ -92,10 +113,10 @@ def check_sweep(config, field: str, values, seeds, metric: str) -> None:
     )
   if not seeds:
     raise ValueError('--seeds is empty: give at least one seed')
-  read_somewhere = False
+  read_somewhere = variant_of is not None
   for value in values:
-    variant = with_value(config, field, value)
     try:
+      variant = with_value(config, field, value) if variant_of is None else variant_of(value)
       task.check_config(variant)
     except ValueError as error:
       raise ValueError(f'--field={field} at {value!r}: {error}') from None
@@ -119,11 +140,11 @@ def is_finished(workdir: Path, config) -> bool:
   return results.get('step') == config.train.steps and results.get('eval') == config.eval.to_dict()
 
 
-def runs(config, field: str, values, seeds):
-  """(value, seed, config) of every run, value-major."""
+def runs(config, field: str, values, seeds, variant_of=None):
+  """(value, seed, config) of every run, value-major (see `check_sweep` for `variant_of`)."""
   for value in values:
     for seed in seeds:
-      variant = with_value(config, field, value)
+      variant = with_value(config, field, value) if variant_of is None else variant_of(value)
       variant.seed = seed
       yield value, seed, variant
 
@@ -133,9 +154,11 @@ def commands(config_arg: str, overrides: list[str], root: Path, field: str, valu
   lines = []
   for value in values:
     for seed in seeds:
-      flags_text = ' '.join(
-        [f'--config={config_arg}', *overrides, f'--config.{field}={value}', f'--config.seed={seed}']
-      )
+      if field == PRESET:
+        chosen = [f'--config={config_arg.split(":")[0]}:{value}', *overrides]
+      else:
+        chosen = [f'--config={config_arg}', *overrides, f'--config.{field}={value}']
+      flags_text = ' '.join([*chosen, f'--config.seed={seed}'])
       workdir = run_dir(root, field, value, seed)
       lines.append(f'python train.py {flags_text} --workdir={workdir}')
       lines.append(f'python eval.py {flags_text} --workdir={workdir}')
@@ -281,13 +304,24 @@ def plot(summary: list[dict], root: Path, field: str, metric: str) -> Path:
   return path
 
 
-def sweep(config, root: Path, field: str, values, seeds, metric: str, baseline, *, train=True):
+def sweep(
+  config,
+  root: Path,
+  field: str,
+  values,
+  seeds,
+  metric: str,
+  baseline,
+  *,
+  train=True,
+  variant_of=None,
+):
   """Trains and evaluates every unfinished run (if `train`), then writes the tables and plot;
-  returns the per-value summary."""
+  returns the per-value summary. `variant_of`: see `check_sweep`."""
   task = tasks.get(config)
   root.mkdir(parents=True, exist_ok=True)
   if train:
-    for value, seed, variant in runs(config, field, values, seeds):
+    for value, seed, variant in runs(config, field, values, seeds, variant_of):
       workdir = run_dir(root, field, value, seed)
       if is_finished(workdir, variant):
         print(f'=== {field}={value} seed={seed}: finished, kept ({workdir})', flush=True)
@@ -313,26 +347,41 @@ def main(argv):
   if not args['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   config, field, root = args.config, args.field, Path(args.workdir)
+  config_arg = next(arg for arg in sys.argv if arg.startswith('--config=')).split('=', 1)[1]
+  overrides = [
+    arg
+    for arg in sys.argv[1:]
+    if arg.startswith('--config.') and not arg.startswith('--config.seed=')
+  ]
   try:
     task = tasks.get(config)
     metric = args.metric or task.metric
-    values = [parse_value(config, field, text) for text in args.values]
+    if field == PRESET:
+      variant_of = preset_variants(config_arg.split(':')[0], overrides)
+      values, baseline = list(args.values), args.baseline
+    else:
+      variant_of = None
+      values = [parse_value(config, field, text) for text in args.values]
+      baseline = None if args.baseline is None else parse_value(config, field, args.baseline)
     seeds = [int(seed) for seed in args.seeds]
-    baseline = values[0] if args.baseline is None else parse_value(config, field, args.baseline)
+    baseline = values[0] if baseline is None else baseline
     if baseline not in values:
       raise ValueError(f'--baseline={args.baseline} is not one of --values')
-    check_sweep(config, field, values, seeds, metric)
+    check_sweep(config, field, values, seeds, metric, variant_of)
     if args.print_only:
-      config_arg = next(arg for arg in sys.argv if arg.startswith('--config='))
-      overrides = [
-        arg
-        for arg in sys.argv[1:]
-        if arg.startswith('--config.') and not arg.startswith('--config.seed=')
-      ]
-      lines = commands(config_arg.split('=', 1)[1], overrides, root, field, values, seeds)
-      print('\n'.join(lines))
+      print('\n'.join(commands(config_arg, overrides, root, field, values, seeds)))
       return
-    sweep(config, root, field, values, seeds, metric, baseline, train=not args.collect_only)
+    sweep(
+      config,
+      root,
+      field,
+      values,
+      seeds,
+      metric,
+      baseline,
+      train=not args.collect_only,
+      variant_of=variant_of,
+    )
   except tasks.USER_ERRORS as error:
     sys.exit(f'error: {error}')
 
@@ -341,7 +390,9 @@ def define_flags():
   """The command-line flags (defined only when run as a program, so importing is free)."""
   config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
   flags.DEFINE_string('workdir', None, 'Root directory; one subdirectory per value and seed.')
-  flags.DEFINE_string('field', 'model.max_relative_position', 'Config field to sweep.')
+  flags.DEFINE_string(
+    'field', 'model.max_relative_position', "Config field to sweep, or 'preset' (the file's)."
+  )
   flags.DEFINE_list('values', '0,1,2,4,16,64', 'Values of the field, comma-separated.')
   flags.DEFINE_list('seeds', '0', 'Seeds (config.seed) to train each value with.')
   flags.DEFINE_string('baseline', None, 'The value p-values are against (default: the first).')

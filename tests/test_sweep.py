@@ -110,6 +110,29 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
     sweep.collect(tmp_path, field, [0], [0], 'bleu')
 
 
+def test_preset_variants_load_each_preset_with_the_overrides():
+  """--field=preset: each value is the config file's preset, with the command line's
+  overrides; a preset the file does not have is refused before training."""
+  variant_of = sweep.preset_variants(
+    REPO / 'configs' / 'translate_tiny.py', ['--config.train.steps=400', '--config.seed=3']
+  )
+  keys_only, none = variant_of('shaw_keys_only'), variant_of('none')
+  assert (keys_only.model.position, keys_only.model.relative_keys) == ('shaw', True)
+  assert keys_only.model.relative_values is False and keys_only.train.steps == 400
+  assert none.model.position == 'none' and none.train.steps == 400
+  runs = list(sweep.runs(None, 'preset', ['shaw', 'none'], [0, 1], variant_of))
+  assert [(value, seed, run.seed) for value, seed, run in runs] == [
+    ('shaw', 0, 0),
+    ('shaw', 1, 1),
+    ('none', 0, 0),
+    ('none', 1, 1),
+  ]
+  config = load_config('translate_tiny')
+  sweep.check_sweep(config, 'preset', ['shaw', 'shaw_values_only'], [0], 'bleu', variant_of)
+  with pytest.raises(ValueError, match="at 'shaw_both': unknown translate_tiny preset"):
+    sweep.check_sweep(config, 'preset', ['shaw', 'shaw_both'], [0], 'bleu', variant_of)
+
+
 def _sweep_command(tmp_path, *args):
   return subprocess.run(
     [sys.executable, '-m', 'relpos.sweep', f'--workdir={tmp_path}', *args],
@@ -138,6 +161,24 @@ def test_print_only_lists_train_and_eval_commands_per_seed(tmp_path):
     for seed in (0, 1)
     for script in ('train.py', 'eval.py')
   ]
+
+
+def test_print_only_sweeps_presets_of_the_config_file(tmp_path):
+  result = _sweep_command(
+    tmp_path,
+    '--config=configs/translate_tiny.py',
+    '--config.train.steps=5',
+    '--field=preset',
+    '--values=shaw,shaw_keys_only',
+    '--print_only',
+  )
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip().splitlines()[:2] == [
+    f'python {script} --config=configs/translate_tiny.py:shaw --config.train.steps=5 '
+    f'--config.seed=0 --workdir={tmp_path}/preset=shaw/seed=0'
+    for script in ('train.py', 'eval.py')
+  ]
+  assert '--config=configs/translate_tiny.py:shaw_keys_only' in result.stdout
 
 
 @pytest.mark.parametrize(
