@@ -33,7 +33,7 @@ BAD_CONFIGS = [
   # a type the config dict cannot enforce (an optional field)
   ('char_lm', 'xl', {'data.max_bytes': 0}, None, 'config.data.max_bytes must be >= 1'),
   # the model section (the models' typed configs)
-  ('translate', 'shaw', {'model.position': 'rope'}, None, 'config.model.position'),
+  ('translate', 'shaw', {'model.position': 'xl'}, None, 'config.model.position'),
   ('char_lm', 'xl', {'model.num_heads': 0}, None, 'config.model.num_heads'),
   ('char_lm', 'shaw', {'model.attention_dropout': 1.0}, None, 'config.model.attention_dropout'),
   # across fields

@@ -50,8 +50,10 @@ def _float_leaves(state: dict) -> dict:
   }
 
 
-def _one_step(task: str, mesh) -> dict:
-  """The float leaves of (model, optimizer) after one train step on a fixed global batch."""
+def _one_step(task: str, mesh, **train) -> dict:
+  """The float leaves of (model, optimizer), and the char LM's new memory, after one train
+  step on a fixed global batch; `train` overrides config.train (with grad_accum_steps, dropout
+  is turned off: micro-batches draw other masks)."""
   from helpers import tiny_translate_config as translate_config
   from test_char_lm_training import _config as char_config
 
@@ -65,13 +67,20 @@ def _one_step(task: str, mesh) -> dict:
   if task == 'char_lm':
     config = char_config('unused', steps=1)
     config.optim.eps = ADAM_EPS
+    config.train.update(train)
+    if 'grad_accum_steps' in train:
+      config.model.dropout = 0.0
     _, graphdef, state = char_lm.build(config, 50, mesh)
     tokens = rng.integers(0, 50, (4, 17)).astype(np.int32)
     batch = mesh_lib.global_batch((tokens[:, :-1], tokens[:, 1:]), mesh)
     state, _ = char_lm.train_step_fn(config, graphdef, mesh)(state, batch)
+    return _float_leaves(state) | {'memory': np.asarray(state['memory']['hidden'], np.float64)}
   else:
     config = translate_config(Path('unused'), steps=1)
     config.optim.eps = ADAM_EPS
+    config.train.update(train)
+    if 'grad_accum_steps' in train:
+      config.model.dropout = 0.0
     graphdef, state = translate.build(config, 40, mesh)
     shape = (8, 12)
     ids = {name: rng.integers(4, 40, shape).astype(np.int32) for name in ('src', 'tgt_in')}
@@ -111,6 +120,25 @@ def test_one_step_on_4_devices_equals_the_1_device_step():
 def test_a_batch_that_does_not_split_names_the_config_field():
   with pytest.raises(ValueError, match=r'config.train.batch_size=6 .* multiple of 4'):
     mesh_lib.check_rows(6, types.SimpleNamespace(size=4), 'config.train.batch_size')
+  with pytest.raises(ValueError, match=r'2 devices x 3 micro-batches .* multiple of 6$'):
+    mesh_lib.check_rows(8, types.SimpleNamespace(size=2), 'config.train.batch_size', 3)
+
+
+@pytest.mark.parametrize(
+  ('task', 'micro_batches'), [('char_lm', 2), ('char_lm', 4), ('translate', 2)]
+)
+def test_gradient_accumulation_equals_one_big_batch(task, micro_batches):
+  """grad_accum_steps splits the rows into micro-batches, computed one after another: the
+  parameters, Adam's moments and the char LM's memory (its rows split the same way) after the
+  step equal those of one step on the whole batch."""
+  mesh = mesh_lib.data_mesh()
+  whole = _one_step(task, mesh, grad_accum_steps=1)
+  accumulated = _one_step(task, mesh, grad_accum_steps=micro_batches)
+  assert whole.keys() == accumulated.keys()
+  difference = max(float(np.max(np.abs(whole[k] - accumulated[k]))) for k in whole)
+  assert difference < STEP_TOLERANCE, difference
+  moved = max(float(np.max(np.abs(whole[k]))) for k in whole if 'mu' in k)
+  assert moved > 1e-4  # the step did update Adam's first moment
 
 
 # --------------------------------------------------------------------------------------------

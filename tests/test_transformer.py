@@ -335,3 +335,15 @@ def test_bfloat16_close_to_float32(position):
   cache, stepped = cached_logits(model, SRC, TGT_IN, model.init_cache(3, 9))
   assert all(layer.dtype == jnp.bfloat16 for layer in (*cache.keys, *cache.values))
   assert max_diff(stepped, reference) < 0.1 * float(np.abs(np.asarray(reference)).max())
+
+
+@pytest.mark.parametrize('remat', ['full', 'dots_no_batch'])
+def test_remat_keeps_the_gradients(remat):
+  """Rematerialising each layer recomputes its activations in the backward pass: the
+  gradients stay those of the plain model (dropout off, so both draw nothing)."""
+  plain = train_grads(make_model(position='t5', dropout=0.0), SRC, TGT_IN)
+  remat_grads = train_grads(make_model(position='t5', dropout=0.0, remat=remat), SRC, TGT_IN)
+  for (path, expected), (_, actual) in zip(
+    nnx.to_flat_state(plain), nnx.to_flat_state(remat_grads), strict=True
+  ):
+    assert max_diff(actual[...], expected[...]) <= 1e-6, path

@@ -48,6 +48,7 @@ def make_config(**overrides):
       t5_num_buckets=6,
       t5_max_distance=9,
       rope_base=10000.0,
+      remat='none',
       dtype='float32',
     )
   )
@@ -338,6 +339,19 @@ def test_no_gradient_through_memory(mode):
   assert any(np.abs(np.asarray(g)).max() > 0 for g in jax.tree.leaves(param_grads))
   # The new memory is a stop_gradient: nothing flows back from it.
   assert all(np.all(np.asarray(g) == 0.0) for g in jax.tree.leaves(new_memory_grads))
+
+
+@pytest.mark.parametrize('remat', ['full', 'dots'])
+def test_remat_keeps_the_gradients(remat):
+  """Rematerialised layers give the plain model's parameter gradients (no dropout)."""
+  tokens = random_tokens(8, seed=1)
+  gradients = []
+  for setting in ('none', remat):
+    model = make_model(position='rope', dropout=0.0, remat=setting)
+    _, memory = forward(model, tokens[:, :4], model.init_memory(BATCH))
+    gradients.append(jax.tree.leaves(memory_gradients(model.model, tokens[:, 4:], memory)[0][0]))
+  for expected, actual in zip(*gradients, strict=True):
+    assert_allclose(actual, expected, atol=1e-6)
 
 
 # --------------------------------------------------------------------------------------------

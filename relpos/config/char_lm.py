@@ -39,6 +39,7 @@ def char_lm_config() -> ml_collections.ConfigDict:
   config.model.t5_num_buckets = 32  # position='t5': T5's defaults
   config.model.t5_max_distance = 128
   config.model.rope_base = 10000.0  # position='rope'
+  config.model.remat = 'none'  # 'none' | 'full' | 'dots' | 'dots_no_batch' (models/layers.py)
   config.model.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16'
 
   config.optim = ml_collections.ConfigDict()
@@ -64,6 +65,7 @@ def char_lm_config() -> ml_collections.ConfigDict:
   config.train.eval_every = 4000
   config.train.checkpoint_every = 4000
   config.train.keep_checkpoints = 3
+  config.train.grad_accum_steps = 1  # micro-batches per step, for a batch beyond memory
 
   config.eval = ml_collections.ConfigDict()
   config.eval.split = 'test'  # 'valid' | 'test'

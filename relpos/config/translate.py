@@ -50,6 +50,7 @@ def translate_config() -> ml_collections.ConfigDict:
   config.model.t5_num_buckets = 32  # position='t5': T5's defaults
   config.model.t5_max_distance = 128
   config.model.rope_base = 10000.0  # position='rope'
+  config.model.remat = 'none'  # 'none' | 'full' | 'dots' | 'dots_no_batch' (models/layers.py)
   config.model.encoder_layers = 6
   config.model.decoder_layers = 6
   config.model.d_model = 512
@@ -79,6 +80,7 @@ def translate_config() -> ml_collections.ConfigDict:
   config.train.eval_every = 5000  # eval loss / perplexity on the eval set
   config.train.checkpoint_every = 5000
   config.train.keep_checkpoints = 5
+  config.train.grad_accum_steps = 1  # micro-batches per step, for a batch beyond memory
 
   config.eval = ml_collections.ConfigDict()
   config.eval.step = 0  # 0 = latest checkpoint

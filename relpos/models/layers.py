@@ -13,6 +13,16 @@ from flax import nnx
 from relpos.config import checks
 
 COMPUTE_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+# config.model.remat -> what a layer keeps for the backward pass (jax.checkpoint policies):
+# 'none' keeps everything (no remat); 'full' keeps only the layer's inputs and recomputes the
+# rest; 'dots' keeps matmul outputs; 'dots_no_batch' keeps those without batch dimensions
+# (the weights' products, not attention's).
+REMAT_POLICIES = {
+  'none': None,
+  'full': jax.checkpoint_policies.nothing_saveable,
+  'dots': jax.checkpoint_policies.dots_saveable,
+  'dots_no_batch': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 # The rules of the fields of ModelConfig (each model adds those of its own fields).
 _COMMON_RULES = {
@@ -28,6 +38,7 @@ _COMMON_RULES = {
   't5_num_buckets': checks.integer(4),
   't5_max_distance': checks.integer(1),
   'rope_base': checks.positive(),
+  'remat': checks.one_of(*REMAT_POLICIES),
   'dtype': checks.one_of(*COMPUTE_DTYPES),
 }
 
@@ -62,6 +73,7 @@ class ModelConfig:
   t5_num_buckets: int  # T5's buckets (half per side when bidirectional)
   t5_max_distance: int  # T5's distance where the last (log-spaced) bucket starts
   rope_base: float  # RoPE's frequency base: theta_i = base^(-2i / head_dim)
+  remat: str  # a key of REMAT_POLICIES: what each layer keeps for the backward pass
   dtype: str  # compute dtype, a key of COMPUTE_DTYPES; parameters stay float32
 
   @classmethod
@@ -124,6 +136,17 @@ class ModelConfig:
   @property
   def compute_dtype(self):
     return COMPUTE_DTYPES[self.dtype]
+
+
+def layer_runner(remat: str, **keywords):
+  """`run(layer, *args) = layer(*args, **keywords)`, rematerialised (`nnx.remat`) with the
+  policy `remat` names: each layer's activations are recomputed in the backward pass instead
+  of kept, all but its inputs ('full') or all but the matmuls' outputs ('dots', ...)."""
+
+  def run(layer, *args):
+    return layer(*args, **keywords)
+
+  return run if remat == 'none' else nnx.remat(run, policy=REMAT_POLICIES[remat])
 
 
 def linear(in_features, out_features, dtype, rngs, *, kernel_init, use_bias=True) -> nnx.Linear:

@@ -182,7 +182,7 @@ class TransformerXL(nnx.Module):
     self.position = config.position
     self.num_layers, self.d_model = config.num_layers, config.d_model
     self.untie_r = config.untie_r
-    self.dtype = config.compute_dtype
+    self.dtype, self.remat = config.compute_dtype, config.remat
     self.embed = nnx.Embed(
       config.vocab_size, config.d_model, dtype=self.dtype, embedding_init=_INIT, rngs=rngs
     )
@@ -264,9 +264,10 @@ class TransformerXL(nnx.Module):
     bias_HQK = None if self.relative_bias is None else self.relative_bias(q_len, mem_len + q_len)
     x_BQD = self._embed(tokens_BT, deterministic=deterministic)
     inputs = []
+    run = layers.layer_runner(self.remat, deterministic=deterministic)
     for layer, memory_BMD, terms in zip(self.layers, memory_LBMD, xl_terms, strict=True):
       inputs.append(x_BQD)
-      x_BQD = layer(x_BQD, memory_BMD, mask_QK, terms, bias_HQK, deterministic=deterministic)
+      x_BQD = run(layer, x_BQD, memory_BMD, mask_QK, terms, bias_HQK)
     logits_BQV = self._logits(self.dropout(x_BQD, deterministic=deterministic))
     return logits_BQV, _update_memory(memory_LBMD, memory.length, jnp.stack(inputs))
 

@@ -89,7 +89,8 @@ def train_step_fn(config, graphdef, mesh):
   """The jitted step (state, (inputs, targets) [batch, tgt_len]) -> (state, sums).
 
   The loss is the mean nats per character of the global batch; the memory, when the state
-  carries one, is read and replaced.
+  carries one, is read and replaced (by rows, in micro-batches with config.train
+  .grad_accum_steps > 1).
   """
   train = config.train
 
@@ -108,10 +109,17 @@ def train_step_fn(config, graphdef, mesh):
     )
     nats = nats_per_token(logits, targets)
     sums = {'loss': jnp.sum(nats), 'tokens': jnp.asarray(nats.size, jnp.int32)}
-    return jnp.mean(nats), (sums, {'memory': memory._asdict()} if carry else {})
+    return sums['loss'], (sums, {'memory': memory._asdict()} if carry else {})
 
   carry_sharding = {'memory': memory_sharding(mesh)} if train.mem_len else None
-  return loop.train_step_fn(graphdef, loss_fn, mesh, carry_sharding=carry_sharding)
+  return loop.train_step_fn(
+    graphdef,
+    loss_fn,
+    mesh,
+    carry_sharding=carry_sharding,
+    carry_rows={'memory': {'hidden': 1, 'length': None}},
+    grad_accum_steps=train.grad_accum_steps,
+  )
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5, 6))
@@ -173,6 +181,7 @@ class CharLM(loop.Task):
     'data.vocab': checks.one_of('bytes', 'original'),
     'data.max_bytes': checks.integer(1, optional=True),
     'train.batch_size': checks.integer(1),
+    'train.grad_accum_steps': checks.integer(1),  # micro-batches per step
     **{f'{phase}.{name}': rule for phase in ('train', 'eval') for name, rule in _SPAN.items()},
     'eval.split': checks.one_of('valid', 'test'),
     'eval.batch_size': checks.integer(1),
@@ -188,7 +197,9 @@ class CharLM(loop.Task):
           'key is visible'
         )
     if mesh is not None:
-      mesh_lib.check_rows(config.train.batch_size, mesh, 'config.train.batch_size')
+      mesh_lib.check_rows(
+        config.train.batch_size, mesh, 'config.train.batch_size', config.train.grad_accum_steps
+      )
 
   def unread_fields(self, config):
     return model_config(config, vocab_size=1).unread_fields()

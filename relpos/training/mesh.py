@@ -43,12 +43,15 @@ def row_sharded(mesh: Mesh, axis: int = 0) -> NamedSharding:
   return NamedSharding(mesh, P(*[None] * axis, DATA_AXIS))
 
 
-def check_rows(rows: int, mesh: Mesh, field: str):
-  """Raises ValueError naming config `field` unless `rows` splits evenly across the devices."""
-  if rows % mesh.size:
+def check_rows(rows: int, mesh: Mesh, field: str, micro_batches: int = 1):
+  """Raises ValueError naming config `field` unless `rows` splits evenly across the devices
+  and, within each, into `micro_batches` (config.train.grad_accum_steps)."""
+  multiple = mesh.size * micro_batches
+  if rows % multiple:
+    accumulation = f' x {micro_batches} micro-batches (config.train.grad_accum_steps)'
     raise ValueError(
-      f'{field}={rows} is the global batch of a step, split across {mesh.size} devices: make '
-      f'it a multiple of {mesh.size}'
+      f'{field}={rows} is the global batch of a step, split across {mesh.size} devices'
+      f'{accumulation if micro_batches > 1 else ""}: make it a multiple of {multiple}'
     )
 
 

@@ -11,21 +11,25 @@ CONFIG_FILE = 'config.json'
 # was trained.
 _FREE_SECTIONS = ('eval',)
 # Fields added after runs were recorded, with the value that leaves such a run unchanged (they
-# configure position schemes those runs could not use). A recorded config lacking one reads
-# as if it held this value.
+# configure position schemes and options those runs could not use). A recorded config lacking
+# one reads as if it held this value, where today's config of its task has the field.
 ADDED = {
   'model.t5_num_buckets': 32,
   'model.t5_max_distance': 128,
   'model.rope_base': 10000.0,
+  'model.remat': 'none',
+  'train.grad_accum_steps': 1,
 }
 
 
-def _recorded(path: Path) -> dict:
-  """The config recorded at path, with the `ADDED` fields it lacks."""
+def _recorded(path: Path, current: dict | None = None) -> dict:
+  """The config recorded at path, with the `ADDED` fields it lacks that `current` (a config
+  as a dict) has; with no `current`, those of relpos's own tasks (configs with a `task`)."""
   recorded = json.loads(path.read_text())
   for name, value in ADDED.items():
     section, field = name.split('.')
-    if section in recorded:
+    wanted = 'task' in recorded if current is None else field in current.get(section, {})
+    if wanted and section in recorded:
       recorded[section].setdefault(field, value)
   return recorded
 
@@ -50,7 +54,8 @@ def changes_from_recorded(config: ml_collections.ConfigDict, workdir) -> list[st
   if not path.exists():
     return []
   free = {name: None for name in _FREE_SECTIONS}
-  return config_changes(_recorded(path) | free, json.loads(config.to_json()) | free)
+  current = json.loads(config.to_json())
+  return config_changes(_recorded(path, current) | free, current | free)
 
 
 def record_config(config: ml_collections.ConfigDict, workdir: Path, *, allow_change: bool):

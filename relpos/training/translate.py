@@ -87,9 +87,9 @@ def train_step_fn(config, graphdef, mesh):
     loss_BT, nll_BT = token_losses(logits, batch['tgt_out'], label_smoothing)
     tokens = jnp.sum(batch['tgt_out'] != PAD_ID)
     sums = {'loss': jnp.sum(loss_BT), 'nll': jnp.sum(nll_BT), 'tokens': tokens}
-    return sums['loss'] / jnp.maximum(tokens, 1), (sums, carry)
+    return sums['loss'], (sums, carry)
 
-  return loop.train_step_fn(graphdef, loss_fn, mesh)
+  return loop.train_step_fn(graphdef, loss_fn, mesh, grad_accum_steps=config.train.grad_accum_steps)
 
 
 def eval_loss(model, batches: TokenBatches) -> dict:
@@ -208,6 +208,7 @@ class Translate(loop.Task):
     'data.max_tokens': checks.integer(1),
     'data.length_buckets': checks.integer(1),
     'optim.label_smoothing': checks.fraction(),
+    'train.grad_accum_steps': checks.integer(1),  # micro-batches per step
     'eval.beam_size': checks.integer(1),
     'eval.length_penalty': checks.number(0.0),
     'eval.max_decode_extra': checks.integer(0),
@@ -224,11 +225,13 @@ class Translate(loop.Task):
         f'{longest} (the longest sequence the model takes), got {config.model.max_len}'
       )
     devices = 1 if mesh is None else mesh.size
-    if config.data.max_tokens < devices * longest:
+    rows = devices * config.train.grad_accum_steps  # the fewest rows of a batch
+    if config.data.max_tokens < rows * longest:
       raise ValueError(
         f'config.data.max_tokens={config.data.max_tokens} must hold one row of '
-        f'config.data.max_length + 1 = {longest} pieces per device ({devices}): at least '
-        f'{devices * longest}'
+        f'config.data.max_length + 1 = {longest} pieces per device ({devices}) and '
+        f'micro-batch (config.train.grad_accum_steps={config.train.grad_accum_steps}): at '
+        f'least {rows * longest}'
       )
 
   def unread_fields(self, config):
@@ -239,7 +242,7 @@ class Translate(loop.Task):
       config.data,
       workdir,
       seed=config.seed,
-      row_multiple=mesh.size,
+      row_multiple=mesh.size * config.train.grad_accum_steps,
       shard=mesh_lib.process_shard(),
     )
     graphdef, state = build(config, data.tokenizer.vocab_size, mesh)
