@@ -347,3 +347,23 @@ def test_remat_keeps_the_gradients(remat):
     nnx.to_flat_state(plain), nnx.to_flat_state(remat_grads), strict=True
   ):
     assert max_diff(actual[...], expected[...]) <= 1e-6, path
+
+
+def test_scanned_layers_equal_the_loop_and_share_its_checkpoints():
+  """scan_layers runs each stack as one lax.scan over the layers' stacked states: the same
+  parameters (one set per layer, so checkpoints load either way), the same logits, and the
+  same training gradients, dropout included (every layer keeps its own rng streams)."""
+  looped, scanned = make_model(position='rope'), make_model(position='rope', scan_layers=True)
+  looped_state, scanned_state = (nnx.to_flat_state(nnx.state(m)) for m in (looped, scanned))
+  assert [path for path, _ in looped_state] == [path for path, _ in scanned_state]
+  assert max_diff(forward(scanned, SRC, TGT_IN), forward(looped, SRC, TGT_IN)) <= 1e-5
+  for model, scans in ((looped, 0), (scanned, 2)):  # the encoder's and the decoder's
+    graphdef, state = nnx.split(model)
+    program = jax.make_jaxpr(
+      lambda state, graphdef=graphdef: nnx.merge(graphdef, state)(SRC, TGT_IN, deterministic=True)
+    )(state)
+    assert str(program).count('scan[') == scans
+  for _ in range(2):  # the second call sees the rng counts the first one advanced
+    expected, actual = (nnx.to_flat_state(train_grads(m, SRC, TGT_IN)) for m in (looped, scanned))
+    for (path, want), (_, got) in zip(expected, actual, strict=True):
+      assert max_diff(got[...], want[...]) <= 1e-5, path

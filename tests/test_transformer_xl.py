@@ -49,6 +49,7 @@ def make_config(**overrides):
       t5_max_distance=9,
       rope_base=10000.0,
       remat='none',
+      scan_layers=False,
       dtype='float32',
     )
   )
@@ -352,6 +353,23 @@ def test_remat_keeps_the_gradients(remat):
     gradients.append(jax.tree.leaves(memory_gradients(model.model, tokens[:, 4:], memory)[0][0]))
   for expected, actual in zip(*gradients, strict=True):
     assert_allclose(actual, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize('overrides', [dict(position='xl', untie_r=False), dict(position='t5')])
+def test_scanned_layers_equal_the_loop(overrides):
+  """scan_layers: the same parameters, logits, memory and gradients as the Python loop."""
+  tokens = random_tokens(8, seed=3)
+  results = []
+  for scan_layers in (False, True):
+    model = make_model(scan_layers=scan_layers, **overrides)
+    logits, memory = run_segments(model, tokens, [4, 4])
+    grads = memory_gradients(model.model, tokens[:, 4:], memory)[0][0]
+    results.append((logits, memory.hidden, jax.tree.leaves(grads)))
+  (logits, hidden, grads), (scan_logits, scan_hidden, scan_grads) = results
+  assert_allclose(scan_logits, logits)
+  assert_allclose(scan_hidden, hidden)
+  for expected, actual in zip(grads, scan_grads, strict=True):
+    assert_allclose(actual, expected, atol=1e-5)
 
 
 # --------------------------------------------------------------------------------------------

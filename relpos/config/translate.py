@@ -51,6 +51,7 @@ def translate_config() -> ml_collections.ConfigDict:
   config.model.t5_max_distance = 128
   config.model.rope_base = 10000.0  # position='rope'
   config.model.remat = 'none'  # 'none' | 'full' | 'dots' | 'dots_no_batch' (models/layers.py)
+  config.model.scan_layers = False  # True: each stack runs as one lax.scan over its layers
   config.model.encoder_layers = 6
   config.model.decoder_layers = 6
   config.model.d_model = 512

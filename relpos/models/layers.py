@@ -39,6 +39,7 @@ _COMMON_RULES = {
   't5_max_distance': checks.integer(1),
   'rope_base': checks.positive(),
   'remat': checks.one_of(*REMAT_POLICIES),
+  'scan_layers': checks.FLAG,
   'dtype': checks.one_of(*COMPUTE_DTYPES),
 }
 
@@ -74,6 +75,7 @@ class ModelConfig:
   t5_max_distance: int  # T5's distance where the last (log-spaced) bucket starts
   rope_base: float  # RoPE's frequency base: theta_i = base^(-2i / head_dim)
   remat: str  # a key of REMAT_POLICIES: what each layer keeps for the backward pass
+  scan_layers: bool  # run each stack of layers as a lax.scan (`run_stack`)
   dtype: str  # compute dtype, a key of COMPUTE_DTYPES; parameters stay float32
 
   @classmethod
@@ -138,15 +140,47 @@ class ModelConfig:
     return COMPUTE_DTYPES[self.dtype]
 
 
-def layer_runner(remat: str, **keywords):
-  """`run(layer, *args) = layer(*args, **keywords)`, rematerialised (`nnx.remat`) with the
-  policy `remat` names: each layer's activations are recomputed in the backward pass instead
-  of kept, all but its inputs ('full') or all but the matmuls' outputs ('dots', ...)."""
+def run_stack(stack, call, x, per_layer=None, *, scan: bool, remat: str, collect_inputs=False):
+  """x through the layers of `stack` in order: x = call(layer, x, per_layer_l).
 
-  def run(layer, *args):
-    return layer(*args, **keywords)
+  Args:
+    stack: a sequence (nnx.List) of layers built alike (same structure, own parameters).
+    call: (layer, x, per_layer_l) -> the layer's output, shaped like x.
+    x: the first layer's input.
+    per_layer: None or a pytree of arrays with a leading axis of one entry per layer;
+      per_layer_l is its slice l.
+    scan: False, a Python loop: the compiled program holds one copy of the layer per layer.
+      True, `jax.lax.scan` over the layers' states stacked along a new leading axis: one copy,
+      so a deep model compiles in the time of one layer. The parameters stay one set per layer
+      either way (checkpoints are the same), and the results are the same, dropout included:
+      every layer keeps its own rng streams.
+    remat: a key of REMAT_POLICIES; each layer's call is rematerialised (`nnx.remat`) with
+      that policy: its activations are recomputed in the backward pass instead of kept.
+    collect_inputs: also return every layer's input, stacked [num_layers, *x.shape].
+  Returns:
+    The last layer's output, and with collect_inputs the stacked inputs.
+  """
+  if remat != 'none':
+    call = nnx.remat(call, policy=REMAT_POLICIES[remat])
+  if not scan:
+    inputs = []
+    for index, layer in enumerate(stack):
+      inputs.append(x)
+      x = call(layer, x, jax.tree.map(lambda leaf, i=index: leaf[i], per_layer))
+    return (x, jnp.stack(inputs)) if collect_inputs else x
+  graphdef = nnx.graphdef(stack[0])
+  states = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(nnx.state(layer) for layer in stack))
 
-  return run if remat == 'none' else nnx.remat(run, policy=REMAT_POLICIES[remat])
+  def body(x, layer_xs):
+    state, per_layer_l = layer_xs
+    layer = nnx.merge(graphdef, state)
+    y = call(layer, x, per_layer_l)
+    return y, (nnx.state(layer), x if collect_inputs else None)
+
+  x, (states, inputs) = jax.lax.scan(body, x, (states, per_layer))
+  for index, layer in enumerate(stack):  # the rng counts the layers advanced
+    nnx.update(layer, jax.tree.map(lambda leaf, i=index: leaf[i], states))
+  return (x, inputs) if collect_inputs else x
 
 
 def linear(in_features, out_features, dtype, rngs, *, kernel_init, use_bias=True) -> nnx.Linear:

@@ -256,7 +256,8 @@ class Transformer(nnx.Module):
     self.position = config.position
     self.d_model, self.max_len = config.d_model, config.max_len
     self.num_heads, self.head_dim = config.num_heads, config.head_dim
-    self.dtype, self.remat = config.compute_dtype, config.remat
+    self.dtype = config.compute_dtype
+    self.stack_options = {'scan': config.scan_layers, 'remat': config.remat}
     embedding_init = nnx.initializers.normal(config.d_model**-0.5)
     self.embed = nnx.Embed(
       config.vocab_size, config.d_model, dtype=self.dtype, embedding_init=embedding_init, rngs=rngs
@@ -315,9 +316,11 @@ class Transformer(nnx.Module):
     src_len = src_BS.shape[1]
     x_BSD = self._embed(src_BS, jnp.arange(src_len), deterministic=deterministic)
     bias_HSS = self._bias(self.encoder_bias, src_len, src_len)
-    run = layers.layer_runner(self.remat, deterministic=deterministic)
-    for layer in self.encoder_layers:
-      x_BSD = run(layer, x_BSD, mask_B11S, bias_HSS)
+
+    def call(layer, x_BSD, _):
+      return layer(x_BSD, mask_B11S, bias_HSS, deterministic=deterministic)
+
+    x_BSD = layers.run_stack(self.encoder_layers, call, x_BSD, **self.stack_options)
     return x_BSD if self.encoder_norm is None else self.encoder_norm(x_BSD)
 
   def decode(self, enc_BSD, src_BS, tgt_in_BT, *, deterministic: bool) -> jax.Array:
@@ -337,9 +340,12 @@ class Transformer(nnx.Module):
     cross_mask_B11S = _key_mask(src_BS)
     x_BTD = self._embed(tgt_in_BT, jnp.arange(tgt_len), deterministic=deterministic)
     bias_HTT = self._bias(self.decoder_bias, tgt_len, tgt_len)
-    run = layers.layer_runner(self.remat, deterministic=deterministic)
-    for layer in self.decoder_layers:
-      x_BTD = run(layer, x_BTD, enc_BSD, self_mask_B1TT, cross_mask_B11S, bias_HTT)
+
+    def call(layer, x_BTD, _):
+      masks = (self_mask_B1TT, cross_mask_B11S)
+      return layer(x_BTD, enc_BSD, *masks, bias_HTT, deterministic=deterministic)
+
+    x_BTD = layers.run_stack(self.decoder_layers, call, x_BTD, **self.stack_options)
     return self._logits(x_BTD)
 
   def __call__(self, src_BS, tgt_in_BT, *, deterministic: bool) -> jax.Array:

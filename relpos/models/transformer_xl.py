@@ -182,7 +182,8 @@ class TransformerXL(nnx.Module):
     self.position = config.position
     self.num_layers, self.d_model = config.num_layers, config.d_model
     self.untie_r = config.untie_r
-    self.dtype, self.remat = config.compute_dtype, config.remat
+    self.dtype = config.compute_dtype
+    self.stack_options = {'scan': config.scan_layers, 'remat': config.remat}
     self.embed = nnx.Embed(
       config.vocab_size, config.d_model, dtype=self.dtype, embedding_init=_INIT, rngs=rngs
     )
@@ -211,17 +212,17 @@ class TransformerXL(nnx.Module):
     return self.dropout(x_BTD, deterministic=deterministic)
 
   def _xl_terms(self, kv_len, clamp_len, *, deterministic):
-    """'xl': per layer, (R_t for t = 0..kv_len-1 after dropout [kv_len, d_model], u, v);
-    otherwise None for every layer."""
+    """'xl': (R_t for t = 0..kv_len-1 after dropout [kv_len, d_model], u and v per layer
+    [num_layers, heads, head_dim], shared ones repeated); otherwise (None, None, None)."""
     if self.position != 'xl':
-      return [None] * self.num_layers
+      return None, None, None
     clamp_len = clamp_len if clamp_len and clamp_len > 0 else None
     r_KD = attention.xl_relative_encoding(kv_len, self.d_model, clamp_len=clamp_len)
     r_KD = self.dropout(r_KD, deterministic=deterministic)
     u, v = self.content_bias[...], self.position_bias[...]
-    if self.untie_r:
-      return [(r_KD, u[layer], v[layer]) for layer in range(self.num_layers)]
-    return [(r_KD, u, v)] * self.num_layers
+    if not self.untie_r:
+      u, v = (jnp.broadcast_to(bias, (self.num_layers, *bias.shape)) for bias in (u, v))
+    return r_KD, u, v
 
   def _logits(self, h_BTD):
     """Tied output softmax: h Eᵀ + b, accumulated in float32: [batch, time, vocab]."""
@@ -260,16 +261,25 @@ class TransformerXL(nnx.Module):
     memory_LBMD = jax.lax.stop_gradient(memory.hidden).astype(self.dtype)
     mem_len = memory_LBMD.shape[2]
     mask_QK = attention_mask(q_len, mem_len, memory.length, same_length=same_length)
-    xl_terms = self._xl_terms(mem_len + q_len, clamp_len, deterministic=deterministic)
+    r_KD, u_LHD, v_LHD = self._xl_terms(mem_len + q_len, clamp_len, deterministic=deterministic)
     bias_HQK = None if self.relative_bias is None else self.relative_bias(q_len, mem_len + q_len)
     x_BQD = self._embed(tokens_BT, deterministic=deterministic)
-    inputs = []
-    run = layers.layer_runner(self.remat, deterministic=deterministic)
-    for layer, memory_BMD, terms in zip(self.layers, memory_LBMD, xl_terms, strict=True):
-      inputs.append(x_BQD)
-      x_BQD = run(layer, x_BQD, memory_BMD, mask_QK, terms, bias_HQK)
+
+    def call(layer, x_BQD, per_layer):
+      memory_BMD, u_HD, v_HD = per_layer
+      terms = None if r_KD is None else (r_KD, u_HD, v_HD)
+      return layer(x_BQD, memory_BMD, mask_QK, terms, bias_HQK, deterministic=deterministic)
+
+    x_BQD, inputs_LBQD = layers.run_stack(
+      self.layers,
+      call,
+      x_BQD,
+      (memory_LBMD, u_LHD, v_LHD),
+      collect_inputs=True,
+      **self.stack_options,
+    )
     logits_BQV = self._logits(self.dropout(x_BQD, deterministic=deterministic))
-    return logits_BQV, _update_memory(memory_LBMD, memory.length, jnp.stack(inputs))
+    return logits_BQV, _update_memory(memory_LBMD, memory.length, inputs_LBQD)
 
 
 def _update_memory(memory_LBMD, length, inputs_LBQD) -> Memory:

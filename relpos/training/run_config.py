@@ -18,6 +18,7 @@ ADDED = {
   'model.t5_max_distance': 128,
   'model.rope_base': 10000.0,
   'model.remat': 'none',
+  'model.scan_layers': False,
   'train.grad_accum_steps': 1,
 }
 
