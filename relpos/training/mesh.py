@@ -76,10 +76,13 @@ def distribute(tree, sharding):
 
   Every process must hold the same values (e.g. initialised from the same seed); each fills
   its own devices' shards from its copy. (jax.device_put refuses committed single-device
-  arrays as the source of a multi-process sharding.)
+  arrays as the source of a multi-process sharding.) Under `jax.eval_shape` (an abstract
+  build, benchmarks/compile_report.py) the arrays stay abstract: the jitted step places them.
   """
 
   def put(x, sharding):
+    if isinstance(x, jax.core.Tracer):
+      return x
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):  # nnx RNG state
       return jax.random.wrap_key_data(
         put(jax.random.key_data(x), sharding), impl=jax.random.key_impl(x)
