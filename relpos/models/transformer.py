@@ -257,7 +257,7 @@ class Transformer(nnx.Module):
     self.d_model, self.max_len = config.d_model, config.max_len
     self.num_heads, self.head_dim = config.num_heads, config.head_dim
     self.dtype = config.compute_dtype
-    self.stack_options = {'scan': config.scan_layers, 'remat': config.remat}
+    self.scan_layers, self.remat = config.scan_layers, config.remat  # how stacks run
     embedding_init = nnx.initializers.normal(config.d_model**-0.5)
     self.embed = nnx.Embed(
       config.vocab_size, config.d_model, dtype=self.dtype, embedding_init=embedding_init, rngs=rngs
@@ -320,7 +320,9 @@ class Transformer(nnx.Module):
     def call(layer, x_BSD, _):
       return layer(x_BSD, mask_B11S, bias_HSS, deterministic=deterministic)
 
-    x_BSD = layers.run_stack(self.encoder_layers, call, x_BSD, **self.stack_options)
+    x_BSD = layers.run_stack(
+      self.encoder_layers, call, x_BSD, scan=self.scan_layers, remat=self.remat
+    )
     return x_BSD if self.encoder_norm is None else self.encoder_norm(x_BSD)
 
   def decode(self, enc_BSD, src_BS, tgt_in_BT, *, deterministic: bool) -> jax.Array:
@@ -345,7 +347,9 @@ class Transformer(nnx.Module):
       masks = (self_mask_B1TT, cross_mask_B11S)
       return layer(x_BTD, enc_BSD, *masks, bias_HTT, deterministic=deterministic)
 
-    x_BTD = layers.run_stack(self.decoder_layers, call, x_BTD, **self.stack_options)
+    x_BTD = layers.run_stack(
+      self.decoder_layers, call, x_BTD, scan=self.scan_layers, remat=self.remat
+    )
     return self._logits(x_BTD)
 
   def __call__(self, src_BS, tgt_in_BT, *, deterministic: bool) -> jax.Array:

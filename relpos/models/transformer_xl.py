@@ -183,7 +183,7 @@ class TransformerXL(nnx.Module):
     self.num_layers, self.d_model = config.num_layers, config.d_model
     self.untie_r = config.untie_r
     self.dtype = config.compute_dtype
-    self.stack_options = {'scan': config.scan_layers, 'remat': config.remat}
+    self.scan_layers, self.remat = config.scan_layers, config.remat  # how stacks run
     self.embed = nnx.Embed(
       config.vocab_size, config.d_model, dtype=self.dtype, embedding_init=_INIT, rngs=rngs
     )
@@ -276,7 +276,8 @@ class TransformerXL(nnx.Module):
       x_BQD,
       (memory_LBMD, u_LHD, v_LHD),
       collect_inputs=True,
-      **self.stack_options,
+      scan=self.scan_layers,
+      remat=self.remat,
     )
     logits_BQV = self._logits(self.dropout(x_BQD, deterministic=deterministic))
     return logits_BQV, _update_memory(memory_LBMD, memory.length, inputs_LBQD)
