@@ -33,13 +33,17 @@ from relpos.config import load_config_file
 from relpos.training import char_lm, translate
 from relpos.training import mesh as mesh_lib
 
-_CONFIGS = flags.DEFINE_list(
-  'configs', 'enwik8_base,enwik8_large,wmt_base,wmt_big', 'Config files under configs/.'
-)
-_VARIANTS = flags.DEFINE_list(
-  'variants', 'loop,loop+full,scan,scan+full', 'loop|scan, optionally +<remat policy>.'
-)
-_DEVICE_GIB = flags.DEFINE_float('device_gib', 80.0, 'Accelerator memory for the estimate.')
+
+def define_flags():
+  """The command-line flags (defined only when run as a program, so tests can import this)."""
+  flags.DEFINE_list(
+    'configs', 'enwik8_base,enwik8_large,wmt_base,wmt_big', 'Config files under configs/.'
+  )
+  flags.DEFINE_list(
+    'variants', 'loop,loop+full,scan,scan+full', 'loop|scan, optionally +<remat policy>.'
+  )
+  flags.DEFINE_float('device_gib', 80.0, 'Accelerator memory for the estimate.')
+
 
 TABLE_HEADER = (
   '| config | variant | batch | compile s | arguments GiB | temporaries GiB | output GiB '
@@ -119,15 +123,15 @@ def devices_needed(arguments: int, temporaries: int, device_bytes: float) -> str
 
 def main(argv):
   del argv
-  gib = 2.0**30
+  args, gib = flags.FLAGS, 2.0**30
   configs_dir = Path(__file__).resolve().parent.parent / 'configs'
-  print(TABLE_HEADER.format(gib=_DEVICE_GIB.value))
+  print(TABLE_HEADER.format(gib=args.device_gib))
   print('|---|---|---|---|---|---|---|---|')
-  for name in _CONFIGS.value:
+  for name in args.configs:
     base = load_config_file(configs_dir / f'{name}.py')
-    for variant in _VARIANTS.value:
+    for variant in args.variants:
       row = measure(variant_config(base, variant))
-      needed = devices_needed(row['arguments'], row['temporaries'], _DEVICE_GIB.value * gib)
+      needed = devices_needed(row['arguments'], row['temporaries'], args.device_gib * gib)
       sizes = (row['arguments'], row['temporaries'], row['output'])
       print(
         f'| {name} | {variant} | {row["batch"]} | {row["compile_s"]:.1f} | '
@@ -139,4 +143,5 @@ def main(argv):
 
 if __name__ == '__main__':
   runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
+  define_flags()
   app.run(main)

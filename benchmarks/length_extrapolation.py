@@ -45,9 +45,6 @@ from relpos.training import loop, run_config, tasks  # noqa: E402
 from relpos.training.checkpoints import Checkpoints  # noqa: E402
 from relpos.training.preemption import PreemptionSignal  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'configs/length_extrapolation.py')
-flags.DEFINE_string('workdir', None, 'Where the runs, tables and plot go.')
-flags.mark_flags_as_required(['config', 'workdir'])
 SCORES_FILE = 'extrapolation.json'
 
 
@@ -245,11 +242,15 @@ def main(argv):
   root = Path(flags.FLAGS.workdir)
   root.mkdir(parents=True, exist_ok=True)
   try:
-    study(_CONFIG.value, root)
+    study(flags.FLAGS.config, root)
   except tasks.USER_ERRORS as error:
     sys.exit(f'error: {error}')
 
 
 if __name__ == '__main__':
   runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
+  # Defined only when run as a program, so that tests can import this file beside others.
+  config_flags.DEFINE_config_file('config', None, 'configs/length_extrapolation.py')
+  flags.DEFINE_string('workdir', None, 'Where the runs, tables and plot go.')
+  flags.mark_flags_as_required(['config', 'workdir'])
   app.run(main, flags_parser=tasks.parse_flags)
