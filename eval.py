@@ -3,6 +3,8 @@
     python eval.py --config=configs/char_tiny.py --workdir=runs/char_tiny   # ... bpc=<float>
 
 Evaluation settings come from config.eval (split, tgt_len, mem_len, clamp_len, same_length).
+`--output_dir=D` writes eval_results.json (and translations) to D instead of the workdir, so
+one checkpoint can be scored with several config.eval settings side by side.
 """
 
 from relpos import runtime

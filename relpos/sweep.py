@@ -6,11 +6,16 @@
         --field=model.position --values=shaw,absolute,shaw_absolute --seeds=0,1,2
     python -m relpos.sweep --config=configs/translate_tiny.py --workdir=runs/ablation \\
         --field=preset --values=shaw,shaw_keys_only,shaw_values_only,none --seeds=0,1,2
+    python -m relpos.sweep --config=configs/char_tiny.py:xl --workdir=runs/eval_mem \\
+        --field=eval.mem_len --values=0,64,192,512 --seeds=0,1,2
 
 Each (value v, seed s) trains and evaluates `--config` with `--config.<field>=v` and
 `--config.seed=s` in `<workdir>/<field>=v/seed=s`. `--field=preset` sweeps the presets of
 the config file instead (`--config=<file>:v`), for variants that differ in several fields,
-such as Shaw et al.'s keys/values ablation. A run whose eval_results.json is there for
+such as Shaw et al.'s keys/values ablation. A field of config.eval (e.g. `--field=eval.mem_len`)
+changes only how a model is scored: each seed trains once, in `<workdir>/trained/seed=s`, and
+every value scores that checkpoint into its own `<field>=v/seed=s`. A run whose
+eval_results.json is there for
 the config's last step is not touched again, so a sweep stopped anywhere (or spread over
 sessions) resumes where it was; an unfinished run resumes from its last checkpoint.
 
@@ -51,6 +56,7 @@ from relpos.training import run_config, tasks  # noqa: E402
 
 SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'p_value')
 PRESET = 'preset'  # --field=preset: each value is a preset of the --config file
+EVAL_SECTION = 'eval.'  # a field under it: one training per seed, scored at every value
 
 
 def preset_variants(path, overrides: list[str]):
@@ -98,7 +104,17 @@ def with_value(config: ml_collections.ConfigDict, field: str, value) -> ml_colle
 
 
 def run_dir(root: Path, field: str, value, seed: int) -> Path:
+  """Where the run of (value, seed) keeps its eval_results.json (and, unless the field is
+  an eval field, its checkpoints)."""
   return root / f'{field.split(".")[-1]}={value}' / f'seed={seed}'
+
+
+def model_dir(root: Path, field: str, value, seed: int) -> Path:
+  """Where the run of (value, seed) trains: its run_dir, or for an eval field the seed's one
+  training, shared by every value."""
+  if field.startswith(EVAL_SECTION):
+    return root / 'trained' / f'seed={seed}'
+  return run_dir(root, field, value, seed)
 
 
 def check_sweep(config, field: str, values, seeds, metric: str, variant_of=None) -> None:
@@ -130,11 +146,12 @@ def check_sweep(config, field: str, values, seeds, metric: str, variant_of=None)
     )
 
 
-def is_finished(workdir: Path, config) -> bool:
-  """Whether the run in `workdir` was trained with `config` to the end and evaluated with its
-  config.eval (a run with another config is not: training it again says so)."""
-  path = workdir / 'eval_results.json'
-  if not path.exists() or run_config.changes_from_recorded(config, workdir):
+def is_finished(results_dir: Path, config, trained_dir: Path) -> bool:
+  """Whether the model in `trained_dir` was trained with `config` to the end and scored into
+  `results_dir` with its config.eval (a run with another config is not: training it again
+  says so)."""
+  path = results_dir / 'eval_results.json'
+  if not path.exists() or run_config.changes_from_recorded(config, trained_dir):
     return False
   results = json.loads(path.read_text())
   return results.get('step') == config.train.steps and results.get('eval') == config.eval.to_dict()
@@ -159,9 +176,11 @@ def commands(config_arg: str, overrides: list[str], root: Path, field: str, valu
       else:
         chosen = [f'--config={config_arg}', *overrides, f'--config.{field}={value}']
       flags_text = ' '.join([*chosen, f'--config.seed={seed}'])
-      workdir = run_dir(root, field, value, seed)
-      lines.append(f'python train.py {flags_text} --workdir={workdir}')
-      lines.append(f'python eval.py {flags_text} --workdir={workdir}')
+      workdir, results_dir = model_dir(root, field, value, seed), run_dir(root, field, value, seed)
+      if workdir == results_dir or value == values[0]:
+        lines.append(f'python train.py {flags_text} --workdir={workdir}')
+      output = '' if workdir == results_dir else f' --output_dir={results_dir}'
+      lines.append(f'python eval.py {flags_text} --workdir={workdir}{output}')
   return lines
 
 
@@ -322,12 +341,13 @@ def sweep(
   root.mkdir(parents=True, exist_ok=True)
   if train:
     for value, seed, variant in runs(config, field, values, seeds, variant_of):
-      workdir = run_dir(root, field, value, seed)
-      if is_finished(workdir, variant):
-        print(f'=== {field}={value} seed={seed}: finished, kept ({workdir})', flush=True)
+      workdir, results_dir = model_dir(root, field, value, seed), run_dir(root, field, value, seed)
+      if is_finished(results_dir, variant, workdir):
+        print(f'=== {field}={value} seed={seed}: finished, kept ({results_dir})', flush=True)
         continue
       print(f'=== {field}={value} seed={seed}', flush=True)
-      result = task.train_and_evaluate(variant, workdir)
+      task.train_model(variant, workdir)
+      result = task.evaluate(variant, workdir, output_dir=results_dir)
       print('\n'.join(task.result_lines(result)), flush=True)
   rows = collect(root, field, values, seeds, metric)
   if not rows:

@@ -99,7 +99,8 @@ def test_evaluate_without_checkpoint_says_so(text_file, tmp_path):
 
 
 def test_launchers_print_bpc_last(text_file, tmp_path):
-  """train.py then eval.py, as a user runs them: each prints `bpc=<float>` as its last line."""
+  """train.py then eval.py, as a user runs them: each prints `bpc=<float>` as its last line;
+  eval.py --output_dir puts eval_results.json there instead of the workdir."""
   repo = Path(__file__).resolve().parent.parent
   overrides = [
     f'--config.data.path={text_file}',
@@ -112,13 +113,17 @@ def test_launchers_print_bpc_last(text_file, tmp_path):
     '--config.train.batch_size=2',
     '--config.eval.batch_size=2',
   ]
-  for script in ('train.py', 'eval.py'):
-    command = [sys.executable, script, '--config=configs/char_tiny.py', f'--workdir={tmp_path}']
+  workdir, output_dir = tmp_path / 'run', tmp_path / 'scored'
+  for script, extra in (('train.py', []), ('eval.py', [f'--output_dir={output_dir}'])):
+    command = [sys.executable, script, '--config=configs/char_tiny.py', f'--workdir={workdir}']
     done = subprocess.run(
-      command + overrides, cwd=repo, capture_output=True, text=True, timeout=300
+      command + overrides + extra, cwd=repo, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert re.fullmatch(r'bpc=\d+\.\d+', done.stdout.strip().splitlines()[-1]), done.stdout
+  trained = json.loads((workdir / 'eval_results.json').read_text())
+  scored = json.loads((output_dir / 'eval_results.json').read_text())
+  assert scored['bpc'] == trained['bpc'] and scored['step'] == 2
 
 
 def test_train_and_resume_without_memory(text_file, tmp_path):

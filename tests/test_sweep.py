@@ -227,9 +227,9 @@ def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compila
   assert first != second
   # A finished run counts as finished only for its own config (eval settings aside).
   _, _, variant = next(sweep.runs(config, 'model.position', ['shaw'], [0]))
-  assert sweep.is_finished(seeds[0], variant)
+  assert sweep.is_finished(seeds[0], variant, seeds[0])
   variant.optim.learning_rate = 0.25
-  assert not sweep.is_finished(seeds[0], variant)
+  assert not sweep.is_finished(seeds[0], variant, seeds[0])
   stamps = {run: (run / 'eval_results.json').stat().st_mtime_ns for run in seeds}
   sweep.sweep(config, root, 'model.position', ['shaw', 'absolute'], [0, 1], 'bleu', 'shaw')
   assert stamps == {run: (run / 'eval_results.json').stat().st_mtime_ns for run in seeds}
@@ -244,3 +244,42 @@ def test_char_lm_sweep_of_k_end_to_end_with_bpc_p_values(tmp_path, compilation_c
   )
   assert [(row['value'], row['n']) for row in summary] == [(0, 2), (2, 2)]
   assert 0 < summary[1]['p_value'] <= 1
+
+
+def test_an_eval_field_sweep_trains_once_per_seed_and_scores_every_value(
+  tmp_path, compilation_cache
+):
+  """--field=eval.mem_len: one training per seed in trained/seed=s, every value scored from
+  that checkpoint into its own directory, and the scores are those of eval.py at that value."""
+  text = tmp_path / 'text.txt'
+  text.write_text('the cat sat on the mat. ' * 300)
+  config = tiny_char_config(text, steps=3, preset='xl')
+  root = tmp_path / 'mem'
+  summary = sweep.sweep(config, root, 'eval.mem_len', [0, 8], [0, 1], 'bpc', baseline=0)
+  assert [(row['value'], row['n']) for row in summary] == [(0, 2), (8, 2)]
+  assert sorted(path.name for path in root.iterdir() if path.is_dir()) == [
+    'mem_len=0',
+    'mem_len=8',
+    'trained',
+  ]
+  for seed in (0, 1):
+    trained = sweep.model_dir(root, 'eval.mem_len', 8, seed)
+    assert trained == root / 'trained' / f'seed={seed}'
+    assert (trained / 'checkpoints').is_dir()
+    scores = {}
+    for mem_len in (0, 8):
+      results_dir = sweep.run_dir(root, 'eval.mem_len', mem_len, seed)
+      assert not (results_dir / 'checkpoints').exists()
+      results = json.loads((results_dir / 'eval_results.json').read_text())
+      assert results['eval']['mem_len'] == mem_len and results['step'] == 3
+      scores[mem_len] = results['bpc']
+    assert scores[0] != scores[8]  # the memory changed the score of the same checkpoint
+  commands = sweep.commands('c.py', [], root, 'eval.mem_len', [0, 8], [0])
+  assert commands == [
+    f'python train.py --config=c.py --config.eval.mem_len=0 --config.seed=0 '
+    f'--workdir={root}/trained/seed=0',
+    f'python eval.py --config=c.py --config.eval.mem_len=0 --config.seed=0 '
+    f'--workdir={root}/trained/seed=0 --output_dir={root}/mem_len=0/seed=0',
+    f'python eval.py --config=c.py --config.eval.mem_len=8 --config.seed=0 '
+    f'--workdir={root}/trained/seed=0 --output_dir={root}/mem_len=8/seed=0',
+  ]

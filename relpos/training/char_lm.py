@@ -243,8 +243,10 @@ class CharLM(loop.Task):
   def train_scalars(self, totals):
     return {'train/bpc': totals['loss'] / totals['tokens'] / math.log(2)}
 
-  def score(self, config, workdir) -> dict:
-    """Bits-per-char on config.eval.split, with config.eval's segment and memory settings."""
+  def score(self, config, workdir, output_dir=None) -> dict:
+    """Bits-per-char on config.eval.split, with config.eval's segment and memory settings
+    (`output_dir` is unused: nothing but eval_results.json is written)."""
+    del output_dir
     splits, vocab = _vocab_for_run(config, workdir)
     model = TransformerXL(model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))
     model, steps, checkpoint = loop.restore_model(model, config.eval, workdir)

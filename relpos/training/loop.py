@@ -117,19 +117,23 @@ class Task(abc.ABC):
     """Reads the data, builds the model and optimizer (`init_state`): the run's `Training`."""
 
   @abc.abstractmethod
-  def score(self, config, workdir: Path) -> dict:
-    """The evaluation of the workdir's checkpoint (`restore_model`): {metric: value, ...}."""
+  def score(self, config, workdir: Path, output_dir: Path | None = None) -> dict:
+    """The evaluation of the workdir's checkpoint (`restore_model`): {metric: value, ...}.
+    Files it writes (translations) go to `output_dir`, the workdir by default."""
 
-  def evaluate(self, config, workdir) -> dict:
+  def evaluate(self, config, workdir, *, output_dir=None) -> dict:
     """`score` after the config check, with config.eval added; process 0 writes it to
-    workdir/eval_results.json. A workdir with no checkpoint is a FileNotFoundError before
-    anything else is read."""
+    `output_dir`/eval_results.json (default: the workdir, which evaluating it with other
+    config.eval settings then overwrites). A workdir with no checkpoint is a
+    FileNotFoundError before anything else is read."""
     self.check_config(config)
     workdir = Path(workdir)
+    output_dir = workdir if output_dir is None else Path(output_dir)
     check_trained(workdir).close()
-    result = {**self.score(config, workdir), 'eval': config.eval.to_dict()}
+    result = {**self.score(config, workdir, output_dir), 'eval': config.eval.to_dict()}
     if mesh_lib.is_writer():
-      (workdir / 'eval_results.json').write_text(json.dumps(result, indent=2))
+      output_dir.mkdir(parents=True, exist_ok=True)
+      (output_dir / 'eval_results.json').write_text(json.dumps(result, indent=2))
     return result
 
   @abc.abstractmethod
@@ -142,13 +146,18 @@ class Task(abc.ABC):
     del totals
     return {}
 
-  def train_and_evaluate(self, config, workdir, *, allow_config_change: bool = False) -> dict:
-    """Trains for config.train.steps (resuming from the latest checkpoint), then evaluates."""
+  def train_model(self, config, workdir, *, allow_config_change: bool = False) -> None:
+    """Trains for config.train.steps, resuming from the latest checkpoint (a finished run
+    only restores)."""
     # SIGTERM is caught from the start, so that a notice during setup (reading data,
     # compiling) stops the run after its first step, with a checkpoint, instead of killing
     # this process and stranding the others of a multi-process run at their next collective.
     with PreemptionSignal() as preemption:
       train(self, config, workdir, preemption, allow_config_change=allow_config_change)
+
+  def train_and_evaluate(self, config, workdir, *, allow_config_change: bool = False) -> dict:
+    """`train_model`, then `evaluate`."""
+    self.train_model(config, workdir, allow_config_change=allow_config_change)
     return self.evaluate(config, workdir)
 
 

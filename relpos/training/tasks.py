@@ -107,7 +107,8 @@ def parse_flags(argv: list[str]) -> list[str]:
 def launch(action: str):
   """Parses --config and --workdir, runs the config's task `action`, prints the result.
 
-  `action` is 'train_and_evaluate' (which also takes --allow_config_change) or 'evaluate'. A
+  `action` is 'train_and_evaluate' (which also takes --allow_config_change) or 'evaluate'
+  (which also takes --output_dir, where eval_results.json and translations go). A
   USER_ERRORS exception ends the run with `error: <message>` and exit code 1, without a
   traceback unless --traceback is given; SIGTERM during training saves a checkpoint and exits
   with PREEMPTED_EXIT_CODE. With --distributed, every process runs the same command (its own
@@ -122,6 +123,10 @@ def launch(action: str):
     allow_change = flags.DEFINE_bool(
       'allow_config_change', False, 'Continue a run in --workdir with a different config.'
     )
+  else:
+    output_dir = flags.DEFINE_string(
+      'output_dir', None, 'Where eval_results.json (and translations) go; default --workdir.'
+    )
   flags.mark_flags_as_required(['config', 'workdir'])
 
   def main(argv):
@@ -132,6 +137,8 @@ def launch(action: str):
     initialize_distributed()
     if action == 'train_and_evaluate':
       kwargs['allow_config_change'] = allow_change.value
+    else:
+      kwargs['output_dir'] = output_dir.value
     try:
       task = get(config.value)
       result = getattr(task, action)(config.value, workdir.value, **kwargs)

@@ -13,6 +13,7 @@ computing the same result; process 0 writes the translations and results.
 """
 
 import functools
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -268,16 +269,16 @@ class Translate(loop.Task):
   def train_scalars(self, totals):
     return {'train/nll': totals['nll'] / max(totals['tokens'], 1)}
 
-  def score(self, config, workdir) -> dict:
-    """BLEU of beam-search translations of the eval set (written next to the checkpoints)
-    and the perplexity of its references."""
+  def score(self, config, workdir, output_dir=None) -> dict:
+    """BLEU of beam-search translations of the eval set (written to `output_dir`, by default
+    next to the checkpoints) and the perplexity of its references."""
     data = load_eval_data(config.data, workdir)
     model = Transformer(model_config(config, data.tokenizer.vocab_size), rngs=nnx.Rngs(config.seed))
     model, steps, checkpoint = loop.restore_model(model, config.eval, workdir)
     translations = translate_sentences(
       model, data.tokenizer, data.eval_sources, config.eval, max_len=config.model.max_len
     )
-    output = workdir / f'translations_step{steps[-1]}.txt'
+    output = Path(output_dir or workdir) / f'translations_step{steps[-1]}.txt'
     if mesh_lib.is_writer():
       output.write_text(''.join(line + '\n' for line in translations))
     bleu = metrics.corpus_bleu(translations, data.eval_references)
