@@ -3,7 +3,7 @@
     python train.py --config=configs/wmt_base.py:shaw --workdir=runs/wmt_base_shaw
     python eval.py --config=configs/wmt_base.py:shaw --workdir=runs/wmt_base_shaw  # bleu=...
 
-Presets: shaw (k=16) | absolute | shaw_absolute | learned | none; Table 4 ablations with
+Presets: shaw (k=16) | absolute | shaw_absolute | learned | none; Table 3 ablations with
 --config.model.relative_values=False (or relative_keys). Data: tensorflow-datasets
 `wmt14_translate/de-en`, prepared once in --config.data.tfds_data_dir (see README), read
 without TensorFlow; evaluation on newstest2014 (the 'test' split). The paper trained 100k steps

@@ -9,6 +9,8 @@ config (`relpos.models.transformer_xl.TransformerXLConfig`) those of config.mode
 
 import ml_collections
 
+from relpos.config.shared import add_shared_model_fields
+
 
 def char_lm_config() -> ml_collections.ConfigDict:
   """The Transformer-XL enwik8 base settings (Dai et al. 2019, Table 9 / the original code)."""
@@ -34,14 +36,7 @@ def char_lm_config() -> ml_collections.ConfigDict:
   config.model.untie_r = True  # per-layer XL biases u, v
   config.model.pre_layer_norm = False
   config.model.max_relative_position = 16  # k, for position='shaw'
-  config.model.relative_keys = True  # Shaw's tables w^K and w^V (the paper's ablations)
-  config.model.relative_values = True
-  config.model.t5_num_buckets = 32  # position='t5': T5's defaults
-  config.model.t5_max_distance = 128
-  config.model.rope_base = 10000.0  # position='rope'
-  config.model.remat = 'none'  # 'none' | 'full' | 'dots' | 'dots_no_batch' (models/layers.py)
-  config.model.scan_layers = False  # True: each stack runs as one lax.scan over its layers
-  config.model.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16'
+  add_shared_model_fields(config.model)
 
   config.optim = ml_collections.ConfigDict()
   config.optim.learning_rate = 2.5e-4

@@ -10,6 +10,8 @@ of config.model.
 
 import ml_collections
 
+from relpos.config.shared import add_shared_model_fields
+
 
 def translate_config() -> ml_collections.ConfigDict:
   """Transformer base (Vaswani et al. 2017) as used by Shaw et al. 2018, on WMT14 en-de."""
@@ -45,13 +47,6 @@ def translate_config() -> ml_collections.ConfigDict:
   config.model = ml_collections.ConfigDict()
   config.model.position = 'shaw'  # relpos.constants.TRANSLATE_POSITIONS
   config.model.max_relative_position = 16  # k
-  config.model.relative_keys = True  # paper Table 4 ablations
-  config.model.relative_values = True
-  config.model.t5_num_buckets = 32  # position='t5': T5's defaults
-  config.model.t5_max_distance = 128
-  config.model.rope_base = 10000.0  # position='rope'
-  config.model.remat = 'none'  # 'none' | 'full' | 'dots' | 'dots_no_batch' (models/layers.py)
-  config.model.scan_layers = False  # True: each stack runs as one lax.scan over its layers
   config.model.encoder_layers = 6
   config.model.decoder_layers = 6
   config.model.d_model = 512
@@ -61,7 +56,7 @@ def translate_config() -> ml_collections.ConfigDict:
   config.model.attention_dropout = 0.0  # on the attention probabilities
   config.model.pre_layer_norm = False  # False: post-LN, as Vaswani et al. and Shaw et al.
   config.model.max_len = 512  # longest sequence for 'absolute' / 'learned' positions
-  config.model.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16'
+  add_shared_model_fields(config.model)
 
   config.optim = ml_collections.ConfigDict()
   # 'rsqrt': learning_rate * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (Vaswani et al.)

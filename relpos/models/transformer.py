@@ -9,7 +9,7 @@ Relative Position Representations").
 - 'shaw': no absolute positions; every self-attention layer (encoder and decoder self-attention,
   not encoder-decoder attention) owns one pair of [2k+1, head_dim] tables w^K, w^V, shared by
   its heads, used by `relpos.attention.shaw_attention`. `relative_keys` / `relative_values`
-  select the tables (paper Table 4); turning both off is rejected: that model is 'none'.
+  select the tables (paper Table 3); turning both off is rejected: that model is 'none'.
 - 'shaw_absolute': 'shaw' plus the sinusoids of 'absolute' (paper section 4.3).
 - 'none': no position information at all.
 - 't5': T5's bucketed relative bias (Raffel et al. 2020): one learned [num_buckets, heads]
