@@ -4,7 +4,10 @@ Kernels: vanilla (with an optional logit bias), Shaw et al. 2018 and Transformer
 query [batch, q_len, heads, head_dim] and key/value [batch, kv_len, heads, head_dim], an
 optional bool mask broadcastable to [batch, heads, q_len, kv_len] (True = may attend), and
 return [batch, q_len, heads, head_dim]. Softmax and matmul sums run in float32 (float64 for
-float64 inputs); bf16 inputs stay bf16 in the matmuls.
+float64 inputs); bf16 inputs stay bf16 in the matmuls. Shaw's and Transformer-XL's kernels take
+`implementation='auto' | 'xla' | 'pallas'`: 'pallas' is a fused, tiled flash-attention style
+kernel (`pallas_shaw`, `pallas_xl`, shared parts in `pallas_common`), interpreted on CPU;
+'auto' is 'xla' until the Pallas kernels lower natively on an accelerator.
 
 Position schemes that feed vanilla attention: T5's bucketed relative bias
 (`t5_relative_bias`) and ALiBi's linear bias (`alibi_bias`), both [heads, q_len, kv_len]

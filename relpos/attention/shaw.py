@@ -38,6 +38,8 @@ from relpos.attention.masking import (
   masked_softmax,
   query_key_distance,
 )
+from relpos.attention.pallas_common import resolve_implementation
+from relpos.attention.pallas_shaw import shaw_attention_pallas
 
 
 def relative_buckets(q_len: int, kv_len: int, max_distance: int, *, query_offset=None):
@@ -340,6 +342,8 @@ def shaw_attention(
   query_offset=None,
   dropout_rate: float = 0.0,
   dropout_rng=None,
+  implementation: str = 'auto',
+  block_sizes=None,
 ) -> jax.Array:
   """Relation-aware attention with clipped relative positions, without [q, kv, d] tensors.
 
@@ -354,12 +358,33 @@ def shaw_attention(
     dropout_rate, dropout_rng: attention-probability dropout, see
       `relpos.attention.masking.attention_dropout`; the dropped probabilities weight both the
       values and the a^V term. Rate 0 (the default) needs no rng.
+    implementation: 'xla' (this module's kernel), 'pallas' (the fused, tiled kernels of
+      `relpos.attention.pallas_*`; interpreted on CPU) or 'auto' (the default): 'pallas'
+      where it lowers natively, which no backend does yet, so 'xla' everywhere for now.
+      With dropout, 'pallas' draws its keep mask from a hash
+      (`pallas_common.dropout_keep_hashed`): same distribution, different bits than 'xla'.
+    block_sizes: (block_q, block_k) tiles of the 'pallas' implementation (None: its default);
+      unused by 'xla'.
   Returns:
     [batch, q_len, heads, head_dim] in value's dtype.
   """
+  implementation = resolve_implementation(implementation)
   check_qkv(query, key, value)
   _check_tables(rel_key, rel_value, query.shape[-1])
   dropout_rate = check_dropout(dropout_rate, dropout_rng)
+  if implementation == 'pallas':
+    return shaw_attention_pallas(
+      query,
+      key,
+      value,
+      rel_key,
+      rel_value,
+      mask=mask,
+      query_offset=query_offset,
+      dropout_rate=dropout_rate,
+      dropout_rng=dropout_rng,
+      block_sizes=block_sizes,
+    )
   rng = dropout_rng if dropout_rate > 0.0 else None
   if query_offset is None:
     query_offset = default_query_offset(query.shape[1], key.shape[1])

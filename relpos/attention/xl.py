@@ -15,8 +15,11 @@ from relpos.attention.masking import (
   accumulation_dtype,
   attention_dropout,
   causal_mask,
+  check_dropout,
   masked_softmax,
 )
+from relpos.attention.pallas_common import resolve_implementation
+from relpos.attention.pallas_xl import xl_attention_pallas
 from relpos.attention.skew import relative_to_absolute
 
 
@@ -60,6 +63,8 @@ def xl_attention(
   mask=None,
   dropout_rate: float = 0.0,
   dropout_rng=None,
+  implementation: str = 'auto',
+  block_sizes=None,
 ) -> jax.Array:
   """Transformer-XL attention over [memory; current segment].
 
@@ -73,9 +78,17 @@ def xl_attention(
       applied on top of the causal mask (e.g. same_length).
     dropout_rate, dropout_rng: attention-probability dropout, see
       `relpos.attention.masking.attention_dropout`; rate 0 (the default) needs no rng.
+    implementation: 'xla' (this module's kernel), 'pallas' (the fused, tiled kernels of
+      `relpos.attention.pallas_*`; interpreted on CPU) or 'auto' (the default): 'pallas'
+      where it lowers natively, which no backend does yet, so 'xla' everywhere for now.
+      With dropout, 'pallas' draws its keep mask from a hash
+      (`pallas_common.dropout_keep_hashed`): same distribution, different bits than 'xla'.
+    block_sizes: (block_q, block_k) tiles of the 'pallas' implementation (None: its default);
+      unused by 'xla'.
   Returns:
     [batch, q_len, heads, head_dim] in value's dtype.
   """
+  implementation = resolve_implementation(implementation)
   check_qkv(query, key, value)
   q_len, kv_len = query.shape[1], key.shape[1]
   if rel_key.shape != (kv_len,) + key.shape[2:]:
@@ -86,6 +99,19 @@ def xl_attention(
   for name, bias in (('content_bias', content_bias), ('position_bias', position_bias)):
     if bias.shape != key.shape[2:]:
       raise ValueError(f'{name} must be [heads, head_dim] = {key.shape[2:]}, got {bias.shape}')
+  if implementation == 'pallas':
+    return xl_attention_pallas(
+      query,
+      key,
+      value,
+      rel_key,
+      content_bias,
+      position_bias,
+      mask=mask,
+      dropout_rate=check_dropout(dropout_rate, dropout_rng),
+      dropout_rng=dropout_rng,
+      block_sizes=block_sizes,
+    )
   content = content_logits(query + content_bias.astype(query.dtype), key)
   logits = content + relative_shift(
     _position_logits(query + position_bias.astype(query.dtype), rel_key)

@@ -1,0 +1,423 @@
+"""What the fused Pallas kernels for Shaw et al. and Transformer-XL attention share.
+
+`relpos.attention.pallas_shaw` and `relpos.attention.pallas_xl` are flash-attention style
+kernels (`jax.experimental.pallas`): a grid over (batch, heads, query tiles) or (batch, heads,
+key tiles), a loop over the other axis's tiles inside each program, an online softmax, and
+never a [q_len, kv_len] array in memory. This module holds the parts both use, one of each:
+
+- choosing the implementation (`resolve_implementation`) and interpret mode (`interpret_mode`);
+- the tiling of the sequence axes (`Tiling`), the kernel layout [batch, heads, length, dim]
+  padded to whole tiles (`to_kernel_layout`), and the mask as int8 tiles (`kernel_mask`);
+- a small kernel-call builder that names refs (`KernelCall`), so kernels read `refs.query`,
+  and the blocking of the inputs both kernels share (`Blocking`, `add_sequence_inputs`);
+- in-kernel maths: float32 matmuls (`dot`), the online-softmax step (`online_softmax_step`,
+  `finish_softmax`), the recomputed probabilities and logit gradients of the backward pass
+  (`softmax_grads`), and which (query, key) pairs of a tile may attend (`tile_pairs`);
+- attention dropout from a stateless counter-based hash (`dropout_keep_hashed`), because a
+  fused kernel cannot materialise `jax.random.bernoulli` over [batch, heads, q_len, kv_len].
+
+Dropout. Every kept/dropped decision is `hash(seed, b, h, i, j) >= rate·2^32` for batch b, head
+h, query i and key j (global indices), where the hash chains the murmur3 32-bit finaliser over
+the four indices (uint32 multiply, xor and shift only, so it runs in any kernel language) and
+the seed is 32 random bits drawn from `dropout_rng` (`dropout_seed`). The same function is
+evaluated on each tile inside the kernels and, materialised, by `dropout_keep_hashed` (for tests
+and references). Semantics are `masking.attention_dropout`'s: p' = p·keep/(1 - rate) with keep
+probability 1 - rate (up to the 2^-32 rounding of the threshold), but the bits differ from the
+'xla' implementation's `jax.random.bernoulli` draw: same distribution, different masks.
+
+Native lowering: only interpret mode (`interpret_mode()`: every backend but GPU and TPU) is
+tested; no GPU or TPU was available. What was checked instead, by exporting jitted calls for
+platform 'cuda' from CPU (`jax.export` runs the Pallas lowering):
+- JAX 0.10.2's default GPU lowering (Mosaic GPU) rejects every kernel here: its async copies
+  need a multiple of 128 bytes and <= 256 elements per dimension (the 8-byte scalars block and
+  the whole-sequence blocks fail).
+- With Triton (`compiler_params=jax.experimental.pallas.triton.CompilerParams()`, which is not
+  passed here) the Shaw kernels for k = 0, with mask and dropout, forward and backward, lower.
+  k > 0 and XL fail on Triton's power-of-two shapes (2k+1 table rows; the XL window of
+  block_q + block_k - 1 rows), and past that would fail on the gathers: `jnp.take_along_axis`
+  alone does not lower on Triton ("unimplemented primitive: gather"), while a one-hot 3-D
+  reduction does. Triton also needs power-of-two tiles and head_dim, and its dot dims >= 16.
+TPU lowering cannot be exported from CPU here. Care points for TPU: the int8 mask and [2] int32
+scalars belong in SMEM / scalar prefetch; blocks need (8, 128) alignment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+from relpos.attention.masking import accumulation_dtype
+
+IMPLEMENTATIONS = ('auto', 'xla', 'pallas')
+
+# Finite "minus infinity" for masked logits (as masking._MASKED_LOGIT): exp underflows to 0.
+MASKED_LOGIT = -1e30
+
+SCALARS_BLOCK = ((2,), lambda *grid: (0,))  # block shape and index map of the scalars input
+
+DEFAULT_BLOCK = 128  # tile size along a sequence axis when none is given (capped by length)
+_SUBLANE = 8  # default tiles of short sequences are rounded up to a multiple of this
+
+
+def resolve_implementation(implementation: str) -> str:
+  """'xla' or 'pallas' for an `implementation` argument.
+
+  'auto' means "pallas where it runs natively, xla elsewhere". No backend qualifies yet: the
+  kernels do not lower natively on GPU (see Native lowering above) and were never run on a
+  TPU, so 'auto' is 'xla' everywhere until one does. Raises ValueError for anything but
+  'auto', 'xla' or 'pallas'.
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(
+      f'implementation must be one of {", ".join(map(repr, IMPLEMENTATIONS))}; '
+      f'got {implementation!r}'
+    )
+  return 'xla' if implementation == 'auto' else implementation
+
+
+def interpret_mode() -> bool:
+  """Whether pallas_call must interpret its kernels: everywhere but GPU and TPU (i.e. CPU)."""
+  return jax.default_backend() not in ('gpu', 'tpu')
+
+
+def _round_up(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+  """Tiles of the query and key axes: q_len (kv_len) real positions in whole tiles of
+  block_q (block_k); the tail of the last tile is padding, masked inside the kernels."""
+
+  q_len: int
+  kv_len: int
+  block_q: int
+  block_k: int
+
+  @classmethod
+  def make(cls, q_len: int, kv_len: int, block_sizes=None) -> Tiling:
+    """`block_sizes` (block_q, block_k), or by default min(128, length rounded up to 8)."""
+    if block_sizes is None:
+      block_sizes = (
+        min(DEFAULT_BLOCK, _round_up(q_len, _SUBLANE)),
+        min(DEFAULT_BLOCK, _round_up(kv_len, _SUBLANE)),
+      )
+    block_q, block_k = (int(b) for b in block_sizes)
+    if block_q < 1 or block_k < 1:
+      raise ValueError(f'block_sizes must be two positive ints, got {block_sizes}')
+    return cls(q_len, kv_len, block_q, block_k)
+
+  @property
+  def num_q_tiles(self) -> int:
+    return -(-self.q_len // self.block_q)
+
+  @property
+  def num_k_tiles(self) -> int:
+    return -(-self.kv_len // self.block_k)
+
+  @property
+  def q_padded(self) -> int:
+    return self.num_q_tiles * self.block_q
+
+  @property
+  def kv_padded(self) -> int:
+    return self.num_k_tiles * self.block_k
+
+
+def to_kernel_layout(x_BLHD, total_len: int, left: int = 0):
+  """[batch, len, heads, dim] -> [batch, heads, total_len, dim]: `left` zero rows, then x,
+  then zeros up to total_len."""
+  x_BHLD = jnp.transpose(x_BLHD, (0, 2, 1, 3))
+  right = total_len - left - x_BHLD.shape[2]
+  return jnp.pad(x_BHLD, ((0, 0), (0, 0), (left, right), (0, 0)))
+
+
+def from_kernel_layout(x_BHLD, length: int, left: int = 0):
+  """Inverse of `to_kernel_layout`: [batch, length, heads, dim]."""
+  return jnp.transpose(x_BHLD[:, :, left : left + length], (0, 2, 1, 3))
+
+
+def kernel_mask(mask, batch: int, heads: int, q_len: int, kv_len: int, q_total, kv_total, left=0):
+  """The bool mask (broadcastable to [batch, heads, q_len, kv_len]) as int8
+  [batch or 1, heads or 1, q_total, kv_total], False (0) in the padding, with `left` padded
+  keys first. None stays None. Batch and head axes of size 1 stay 1 (`mask_index_map`)."""
+  if mask is None:
+    return None
+  mask = jnp.asarray(mask, jnp.bool_)
+  mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+  mask = jnp.broadcast_to(mask, mask.shape[:2] + (q_len, kv_len))
+  if mask.shape[0] not in (1, batch) or mask.shape[1] not in (1, heads):
+    raise ValueError(f'mask {mask.shape} does not broadcast to {(batch, heads, q_len, kv_len)}')
+  mask = jnp.pad(mask, ((0, 0), (0, 0), (0, q_total - q_len), (left, kv_total - left - kv_len)))
+  return mask.astype(jnp.int8)
+
+
+def mask_index_map(mask_BHQK, index_map):
+  """`index_map` (grid -> (b, h, q block, k block)) with b, h pinned to 0 where the mask has a
+  single batch / head."""
+  single_batch, single_head = mask_BHQK.shape[0] == 1, mask_BHQK.shape[1] == 1
+
+  def mapped(*grid):
+    b, h, q, k = index_map(*grid)
+    return (0 if single_batch else b, 0 if single_head else h, q, k)
+
+  return mapped
+
+
+class KernelCall:
+  """Named inputs and outputs of one `pl.pallas_call`; the kernel body gets one namespace of
+  refs (`refs.query`, ...; optional inputs that were not added read as None)."""
+
+  def __init__(self, optional=()):
+    self._names, self._arrays, self._specs = [], [], []
+    self._out_names, self._out_shapes, self._out_specs = [], [], []
+    self._optional = tuple(optional)
+
+  def input(self, name, array, block_shape, index_map):
+    if array is not None:
+      self._names.append(name)
+      self._arrays.append(array)
+      self._specs.append(pl.BlockSpec(block_shape, index_map))
+
+  def output(self, name, shape, dtype, block_shape, index_map):
+    self._out_names.append(name)
+    self._out_shapes.append(jax.ShapeDtypeStruct(shape, dtype))
+    self._out_specs.append(pl.BlockSpec(block_shape, index_map))
+
+  def __call__(self, body, grid, *, interpret: bool, name: str, **static):
+    """Runs `body(refs, **static)` over `grid`; returns the outputs in the order added."""
+    names = self._names + self._out_names
+    optional = self._optional
+
+    def kernel(*refs):
+      named = dict.fromkeys(optional)
+      named.update(zip(names, refs, strict=True))
+      body(types.SimpleNamespace(**named), **static)
+
+    return pl.pallas_call(
+      kernel,
+      grid=grid,
+      in_specs=self._specs,
+      out_specs=self._out_specs,
+      out_shape=self._out_shapes,
+      interpret=interpret,
+      name=name,
+    )(*self._arrays)
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocking:
+  """The rows of the query and key axes one program reads: block sizes, and block indices as
+  functions of the program's tile index (grid axis 2; axes 0 and 1 are batch and head)."""
+
+  query_block: int
+  query_index: Callable[[Any], Any]
+  key_block: int
+  key_index: Callable[[Any], Any]
+
+
+def tile_index(tile):
+  """Block index of a program's own tile."""
+  return tile
+
+
+def whole_axis(tile):
+  """Block index of a block spanning the whole axis."""
+  del tile
+  return 0
+
+
+def add_sequence_inputs(
+  call, blocking, *, scalars, query, key, value, mask, output=None, lse=None, d_output=None
+):
+  """The inputs every kernel reads, in kernel layout, blocked as `blocking` says: scalars;
+  query (and the backward pass's output, logsumexp, output cotangent) by query rows; key and
+  value by key rows; the mask by both. None inputs are left out."""
+  head_dim = query.shape[-1]
+
+  def rows(index):  # [B, H, L, .] arrays: rows index(tile) of batch b, head h
+    return lambda b, h, i: (b, h, index(i), 0)
+
+  call.input('scalars', scalars, *SCALARS_BLOCK)
+  query_rows = rows(blocking.query_index)
+  for name, array in (('query', query), ('output', output), ('d_output', d_output)):
+    call.input(name, array, (None, None, blocking.query_block, head_dim), query_rows)
+  call.input('lse', lse, (None, None, blocking.query_block, 1), query_rows)
+  for name, array in (('key', key), ('value', value)):
+    call.input(name, array, (None, None, blocking.key_block, head_dim), rows(blocking.key_index))
+  if mask is not None:
+    index = lambda b, h, i: (b, h, blocking.query_index(i), blocking.key_index(i))  # noqa: E731
+    block = (None, None, blocking.query_block, blocking.key_block)
+    call.input('mask', mask, block, mask_index_map(mask, index))
+
+
+# ------------------------------------------------------------------------------------------
+# In-kernel maths. Tiles are 2-D: [block_q, block_k] per (query tile, key tile) pair, per-row
+# values as [block_q, 1] columns.
+
+
+def dot(a, b, *, transpose_a=False, transpose_b=False):
+  """a @ b (aᵀ, bᵀ as asked) accumulated in `accumulation_dtype` (float32 for bf16)."""
+  operand = jnp.promote_types(a.dtype, b.dtype)
+  dimensions = (((0 if transpose_a else 1,), (1 if transpose_b else 0,)), ((), ()))
+  return lax.dot_general(
+    a.astype(operand),
+    b.astype(operand),
+    dimensions,
+    preferred_element_type=accumulation_dtype(operand),
+  )
+
+
+def positions(start, size: int, axis: int):
+  """int32 `start + iota` along `axis` of a [size, 1] (axis 0) or [1, size] (axis 1) array."""
+  shape = (size, 1) if axis == 0 else (1, size)
+  return start + lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+def tile_pairs(tiling, dropout_rate, seed, b, h, query_index, key_index, mask_tile=None):
+  """Which (query, key) pairs of a tile may attend, and their dropout factor.
+
+  Args:
+    tiling: the `Tiling` (its q_len, kv_len say which indices are real, not padding).
+    dropout_rate: static float; 0 means no dropout.
+    seed, b, h: dropout seed (uint32), batch and head of the program.
+    query_index, key_index: global int32 indices, broadcasting to the tile ([block_q, 1] and
+      [1, block_k], or any broadcastable pair).
+    mask_tile: the int8 user mask on the tile, or None.
+  Returns:
+    allowed (bool, the tile's shape): real query, real key and the mask allows it;
+    keep/(1 - rate) as float32 (`dropout_keep_scale`), or None without dropout.
+  """
+  allowed = (query_index >= 0) & (query_index < tiling.q_len)
+  allowed = allowed & (key_index >= 0) & (key_index < tiling.kv_len)
+  if mask_tile is not None:
+    allowed = allowed & (mask_tile != 0)
+  if dropout_rate == 0.0:
+    return allowed, None
+  return allowed, dropout_keep_scale(seed, b, h, query_index, key_index, dropout_rate)
+
+
+def init_softmax(block_q: int, dtype):
+  """Running max m (at MASKED_LOGIT) and normaliser l (0), both [block_q, 1]."""
+  return jnp.full((block_q, 1), MASKED_LOGIT, dtype), jnp.zeros((block_q, 1), dtype)
+
+
+def online_softmax_step(max_Q1, norm_Q1, logits_QK, allowed_QK):
+  """One key tile of the online softmax.
+
+  Returns the new running max and normaliser, the tile's unnormalised probabilities
+  p = exp(s - m_new) (0 where not allowed) and the factor exp(m_old - m_new) [block_q, 1] by
+  which everything accumulated so far must be rescaled.
+  """
+  logits_QK = jnp.where(allowed_QK, logits_QK, MASKED_LOGIT)
+  new_max = jnp.maximum(max_Q1, jnp.max(logits_QK, axis=1, keepdims=True))
+  correction = jnp.exp(max_Q1 - new_max)
+  probs = jnp.where(allowed_QK, jnp.exp(logits_QK - new_max), 0.0)
+  new_norm = norm_Q1 * correction + jnp.sum(probs, axis=1, keepdims=True)
+  return new_max, new_norm, probs, correction
+
+
+def finish_softmax(max_Q1, norm_Q1):
+  """1/l (0 for a row that attended to nothing) and the logsumexp m + log l (0 there), the
+  one residual the backward kernels need to recompute p = exp(s - logsumexp)."""
+  alive = norm_Q1 > 0.0
+  safe = jnp.where(alive, norm_Q1, 1.0)
+  return jnp.where(alive, 1.0 / safe, 0.0), jnp.where(alive, max_Q1 + jnp.log(safe), 0.0)
+
+
+def query_residuals(refs, rows):
+  """do, logsumexp [block_q, 1] and delta_i = do_i·o_i (float32) of query `rows` of the refs."""
+  d_output = refs.d_output[rows]
+  acc_dtype = jnp.promote_types(refs.output.dtype, jnp.float32)
+  delta = jnp.sum(
+    refs.output[rows].astype(acc_dtype) * d_output.astype(acc_dtype), axis=1, keepdims=True
+  )
+  return d_output, refs.lse[rows], delta
+
+
+def softmax_grads(logits_QK, allowed_QK, lse_Q1, d_dropped_QK, delta_Q1, keep_scale_QK):
+  """Recomputed probabilities after dropout p' and the logit gradient ds of one tile.
+
+  p = exp(s - logsumexp) (0 where not allowed), p' = p·keep_scale (keep/(1 - rate), or p
+  without dropout). With dp' = ∂L/∂p', the softmax backward is
+  ds_ij = p_ij (dp_ij - Σ_j' p_ij' dp_ij'), dp_ij = dp'_ij·keep_scale_ij, and the row sum is
+  delta_i = do_i·o_i (Σ_j p_ij dp_ij = Σ_j p'_ij dp'_ij = do_i·z_i).
+  """
+  probs = jnp.where(allowed_QK, jnp.exp(logits_QK - lse_Q1), 0.0)
+  if keep_scale_QK is None:
+    return probs, probs * (d_dropped_QK - delta_Q1)
+  return probs * keep_scale_QK, probs * (d_dropped_QK * keep_scale_QK - delta_Q1)
+
+
+# ------------------------------------------------------------------------------------------
+# Dropout from a counter-based hash.
+
+_GOLDEN = 0x9E3779B9  # odd: x -> x·GOLDEN is a bijection of uint32
+
+
+def _fmix32(h):
+  """murmur3's 32-bit finaliser: a bijection of uint32 with full avalanche."""
+  h = h ^ (h >> 16)
+  h = h * jnp.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * jnp.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
+def dropout_bits(seed, batch_index, head_index, query_index, key_index):
+  """uint32 hash of (seed, b, h, i, j), broadcasting the (int) indices against each other."""
+  bits = jnp.asarray(seed).astype(jnp.uint32)
+  for index in (batch_index, head_index, query_index, key_index):
+    index = jnp.asarray(index).astype(jnp.uint32)
+    bits = _fmix32(bits + (index + jnp.uint32(1)) * jnp.uint32(_GOLDEN))
+  return bits
+
+
+def _keep_threshold(rate: float):
+  """uint32 t with P(bits >= t) = 1 - rate for uniform bits (to 2^-32)."""
+  return jnp.uint32(min(int(round(rate * 2.0**32)), 2**32 - 1))
+
+
+def dropout_keep_scale(seed, batch_index, head_index, query_index, key_index, rate: float):
+  """keep/(1 - rate) as float32 for one tile (global indices, broadcast to the tile)."""
+  bits = dropout_bits(seed, batch_index, head_index, query_index, key_index)
+  return jnp.where(bits >= _keep_threshold(rate), jnp.float32(1.0 / (1.0 - rate)), 0.0)
+
+
+def dropout_keep_hashed(seed, batch: int, heads: int, q_len: int, kv_len: int, rate: float):
+  """The Pallas kernels' keep mask, materialised: bool [batch, heads, q_len, kv_len].
+
+  `seed` is the uint32 the kernels draw from the dropout rng (`dropout_seed`). For tests and
+  references only: it is the [B, H, Q, K] array the kernels never build.
+  """
+  index = [
+    np.arange(n).reshape([-1 if axis == a else 1 for a in range(4)])
+    for axis, n in enumerate((batch, heads, q_len, kv_len))
+  ]
+  return dropout_bits(seed, *index) >= _keep_threshold(rate)
+
+
+def dropout_seed(dropout_rng):
+  """32 random bits (uint32 scalar) from a jax.random key (typed or raw)."""
+  return jax.random.bits(dropout_rng, (), jnp.uint32)
+
+
+def kernel_scalars(query_offset, seed):
+  """int32 [2]: the (traced) query offset and the dropout seed's bits, the kernels' scalars."""
+  seed = jnp.uint32(0) if seed is None else seed
+  return jnp.stack(
+    [jnp.asarray(query_offset, jnp.int32), lax.bitcast_convert_type(seed, jnp.int32)]
+  )
+
+
+def read_scalars(scalars_ref):
+  """(query offset int32, dropout seed uint32) inside a kernel."""
+  return scalars_ref[0], lax.bitcast_convert_type(scalars_ref[1], jnp.uint32)

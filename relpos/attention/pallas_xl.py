@@ -1,0 +1,535 @@
+"""Transformer-XL attention as fused, tiled Pallas kernels (`implementation='pallas'`).
+
+    score_ij = ((q_i + u)·k_j + (q_i + v)·R[pos_i - j]) / sqrt(d),  causal: j <= pos_i
+    pos_i = kv_len - q_len + i,  R = rel_key [kv_len, heads, d]
+
+Forward (grid batch × heads × query tiles; loop over key tiles, online softmax, key tiles
+entirely in the causal future of the query tile are skipped by the loop bound). For a (query
+tile, key tile) pair the distances pos_i - j span a window of block_q + block_k - 1 rows of R,
+so the position term is one matmul (q + v)·R_windowᵀ [block_q, block_q + block_k - 1] followed
+by a static skew: pair (i', j') reads column i' - j' + block_k - 1. Only the output and the
+per-row logsumexp are saved for the backward pass.
+
+Backward (flash-attention-2 style; every kernel recomputes p = exp(s - logsumexp) tile by tile
+and delta_i = do_i·o_i per query tile):
+- dq kernel, grid over query tiles, loop over key tiles: dq = (Σ_j ds_ij k_j + Σ_j ds_ij
+  R[pos_i - j]) / sqrt(d), the second sum as the skewed-back ds [block_q, window] times
+  R_window. The content and position halves, summed over the tile's rows, are per-tile partials
+  of d u and d v [batch, heads, query tiles, 1, d].
+- dk/dv kernel, grid over key tiles, loop over the query tiles that can see them.
+- d rel_key kernel, grid over tiles of distances t0 .. t0 + block_k - 1, loop over query
+  tiles: the keys at those distances from a query tile are one contiguous run of
+  block_q + block_k - 1 keys, so the content logits and do·vᵀ are matmuls on that run, skewed to
+  [block_q, distances]; the position logits need just R's own block. dR[t] = Σ ds (q + v) /
+  sqrt(d), per batch a partial [batch, heads, distances, d].
+The steps outside Pallas: summing those partials over batch (and query tiles), by `jnp.sum` in
+the VJP; and the layout changes around the kernels (transpose to [B, H, L, D], padding).
+
+Layout: key, value, mask and R are padded on the left by `_XLSpec.pad` (whole key tiles) so
+every window and key run of the kernels is in bounds; pads are zeros, and masked.
+
+Native lowering (see `pallas_common` for what was checked): the skews are
+`jnp.take_along_axis` with static indices, which Triton cannot lower (a one-hot reduction over
+the window would, at [block_q, block_k, window] per tile; on TPU a strided `pltpu.roll` is the
+usual replacement); the window of block_q + block_k - 1 rows breaks Triton's power-of-two
+shapes (pad it by one row); the causal loop bounds use `//` on program ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from relpos.attention.pallas_common import (
+  Blocking,
+  KernelCall,
+  Tiling,
+  add_sequence_inputs,
+  dot,
+  dropout_seed,
+  finish_softmax,
+  from_kernel_layout,
+  init_softmax,
+  interpret_mode,
+  kernel_mask,
+  kernel_scalars,
+  online_softmax_step,
+  positions,
+  query_residuals,
+  read_scalars,
+  softmax_grads,
+  tile_index,
+  tile_pairs,
+  to_kernel_layout,
+  whole_axis,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class _XLSpec:
+  """Static description of one problem (hashable: a custom_vjp nondiff argument)."""
+
+  tiling: Tiling
+  dropout_rate: float
+  interpret: bool
+
+  @property
+  def base(self) -> int:
+    """pos_0: the absolute position of query 0 (memory comes first)."""
+    return self.tiling.kv_len - self.tiling.q_len
+
+  @property
+  def pad(self) -> int:
+    """Left padding of the key and distance axes: windows reach block_q + block_k - 2 rows
+    before 0; rounded up to whole key tiles so blocks stay aligned."""
+    block_k = self.tiling.block_k
+    return -(-(self.tiling.block_q + block_k - 2) // block_k) * block_k
+
+  @property
+  def extended(self) -> int:
+    """Length of the padded key and distance axes: the windows of padded queries reach
+    base + q_padded - 1."""
+    block_k, tiling = self.tiling.block_k, self.tiling
+    right = max(tiling.kv_padded, self.base + tiling.q_padded)
+    return self.pad + -(-right // block_k) * block_k
+
+  @property
+  def window(self) -> int:
+    return self.tiling.block_q + self.tiling.block_k - 1
+
+
+def _first_query_tile(spec, first_key):
+  """The first query tile whose last query can see key `first_key` (pos_i >= j)."""
+  block_q = spec.tiling.block_q
+  return jnp.maximum(0, -((spec.base + block_q - 1 - first_key) // block_q))
+
+
+def _biased_queries(refs, rows):
+  """q + u and q + v for the query `rows` of the refs, in the query's dtype."""
+  query = refs.query[rows]
+  return (
+    query + refs.content_bias[...].astype(query.dtype),
+    query + refs.position_bias[...].astype(query.dtype),
+  )
+
+
+def _skew_index(block_q: int, width: int, shift: int):
+  """int32 [block_q, width]: `i' + shift - c` for row i', column c."""
+  return (
+    lax.broadcasted_iota(jnp.int32, (block_q, width), 0)
+    + shift
+    - lax.broadcasted_iota(jnp.int32, (block_q, width), 1)
+  )
+
+
+def _window_to_keys(x_QW, block_k: int):
+  """`out[i', j'] = x[i', i' - j' + block_k - 1]`: a window over distances -> key tile."""
+  block_q = x_QW.shape[0]
+  return jnp.take_along_axis(x_QW, _skew_index(block_q, block_k, block_k - 1), axis=1)
+
+
+def _keys_to_window(x_QK, window: int):
+  """The transpose of `_window_to_keys`: `out[i', c] = x[i', i' + block_k - 1 - c]` (0 where
+  that key is outside the tile)."""
+  block_q, block_k = x_QK.shape
+  key = _skew_index(block_q, window, block_k - 1)
+  inside = (key >= 0) & (key < block_k)
+  return jnp.where(inside, jnp.take_along_axis(x_QK, jnp.clip(key, 0, block_k - 1), axis=1), 0.0)
+
+
+def _rel_window(spec, refs, query_start, key_start):
+  """Rows of R for distances pos_0' - key_start - (block_k - 1) .. + window - 1 of the tile."""
+  first = spec.base + query_start - key_start - (spec.tiling.block_k - 1)
+  return refs.rel_key[pl.ds(spec.pad + first, spec.window), :]
+
+
+def _pairs(spec, seed, b, h, query_start, key_index, mask):
+  """Allowed pairs (causal, real, mask) and dropout factor; key_index global, broadcastable."""
+  query_index = positions(query_start, spec.tiling.block_q, 0)
+  allowed, keep_scale = tile_pairs(
+    spec.tiling, spec.dropout_rate, seed, b, h, query_index, key_index, mask
+  )
+  return allowed & (key_index <= spec.base + query_index), keep_scale
+
+
+def _tile(spec, refs, seed, b, h, q_content, q_position, query_start, key_start, key, mask):
+  """Logits [block_q, block_k], allowed pairs, dropout factor and the R window of one tile."""
+  rel_window = _rel_window(spec, refs, query_start, key_start)
+  content = dot(q_content, key, transpose_b=True)
+  position = _window_to_keys(dot(q_position, rel_window, transpose_b=True), spec.tiling.block_k)
+  logits = (content + position) * q_content.shape[-1] ** -0.5
+  key_index = positions(key_start, spec.tiling.block_k, 1)
+  allowed, keep_scale = _pairs(spec, seed, b, h, query_start, key_index, mask)
+  return logits, allowed, keep_scale, rel_window
+
+
+def _visible_key_tiles(spec, query_start):
+  """Key tiles with a key some query of the tile may see: the causal loop bound."""
+  last_position = spec.base + query_start + spec.tiling.block_q - 1
+  return jnp.clip(last_position // spec.tiling.block_k + 1, 0, spec.tiling.num_k_tiles)
+
+
+def _key_rows(spec, key_start, size):
+  return pl.ds(spec.pad + key_start, size)
+
+
+def _forward_kernel(refs, *, spec):
+  tiling = spec.tiling
+  block_q, block_k = tiling.block_q, tiling.block_k
+  b, h, query_tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  _, seed = read_scalars(refs.scalars)
+  query_start = query_tile * block_q
+  q_content, q_position = _biased_queries(refs, ...)
+  acc_dtype = jnp.promote_types(refs.value.dtype, jnp.float32)
+
+  def body(key_tile, carry):
+    max_Q1, norm_Q1, out_QD = carry
+    key_start = key_tile * block_k
+    rows = _key_rows(spec, key_start, block_k)
+    value = refs.value[rows, :]
+    mask = None if refs.mask is None else refs.mask[:, rows]
+    logits, allowed, keep_scale, _ = _tile(
+      spec, refs, seed, b, h, q_content, q_position, query_start, key_start, refs.key[rows, :], mask
+    )
+    max_Q1, norm_Q1, probs, correction = online_softmax_step(max_Q1, norm_Q1, logits, allowed)
+    dropped = probs if keep_scale is None else probs * keep_scale
+    out_QD = out_QD * correction + dot(dropped.astype(value.dtype), value)
+    return max_Q1, norm_Q1, out_QD
+
+  max_Q1, norm_Q1 = init_softmax(block_q, acc_dtype)
+  out_QD = jnp.zeros(q_content.shape, acc_dtype)
+  max_Q1, norm_Q1, out_QD = lax.fori_loop(
+    0, _visible_key_tiles(spec, query_start), body, (max_Q1, norm_Q1, out_QD)
+  )
+  inverse_norm, lse = finish_softmax(max_Q1, norm_Q1)
+  refs.output[...] = (out_QD * inverse_norm).astype(refs.output.dtype)
+  refs.lse[...] = lse
+
+
+def _load_query_side(refs, rows):
+  """q + u, q + v, do, logsumexp [block_q, 1] and delta_i = do_i·o_i for query `rows`."""
+  return (*_biased_queries(refs, rows), *query_residuals(refs, rows))
+
+
+def _d_query_kernel(refs, *, spec):
+  tiling = spec.tiling
+  block_q, block_k = tiling.block_q, tiling.block_k
+  b, h, query_tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  _, seed = read_scalars(refs.scalars)
+  query_start = query_tile * block_q
+  q_content, q_position, d_output, lse, delta = _load_query_side(refs, ...)
+  acc_dtype = jnp.promote_types(refs.value.dtype, jnp.float32)
+
+  def body(key_tile, carry):
+    d_content_QD, d_position_QD = carry
+    key_start = key_tile * block_k
+    rows = _key_rows(spec, key_start, block_k)
+    key, value = refs.key[rows, :], refs.value[rows, :]
+    mask = None if refs.mask is None else refs.mask[:, rows]
+    logits, allowed, keep_scale, rel_window = _tile(
+      spec, refs, seed, b, h, q_content, q_position, query_start, key_start, key, mask
+    )
+    d_dropped = dot(d_output, value, transpose_b=True)
+    _, d_logits = softmax_grads(logits, allowed, lse, d_dropped, delta, keep_scale)
+    d_content_QD = d_content_QD + dot(d_logits.astype(key.dtype), key)
+    d_window = _keys_to_window(d_logits, spec.window).astype(rel_window.dtype)
+    d_position_QD = d_position_QD + dot(d_window, rel_window)
+    return d_content_QD, d_position_QD
+
+  zeros = jnp.zeros(q_content.shape, acc_dtype)
+  d_content, d_position = lax.fori_loop(
+    0, _visible_key_tiles(spec, query_start), body, (zeros, zeros)
+  )
+  scale = q_content.shape[-1] ** -0.5
+  d_content, d_position = d_content * scale, d_position * scale
+  refs.d_query[...] = (d_content + d_position).astype(refs.d_query.dtype)
+  refs.d_content_bias[...] = jnp.sum(d_content, axis=0, keepdims=True)
+  refs.d_position_bias[...] = jnp.sum(d_position, axis=0, keepdims=True)
+
+
+def _d_key_value_kernel(refs, *, spec):
+  tiling = spec.tiling
+  block_q, block_k = tiling.block_q, tiling.block_k
+  b, h, key_tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  _, seed = read_scalars(refs.scalars)
+  key_start = key_tile * block_k
+  key, value = refs.key[...], refs.value[...]  # [block_k, D]
+  acc_dtype = jnp.promote_types(value.dtype, jnp.float32)
+
+  def body(query_tile, carry):
+    d_key_KD, d_value_KD = carry
+    query_start = query_tile * block_q
+    rows = pl.ds(query_start, block_q)
+    q_content, q_position, d_output, lse, delta = _load_query_side(refs, (rows, slice(None)))
+    mask = None if refs.mask is None else refs.mask[rows, :]
+    logits, allowed, keep_scale, _ = _tile(
+      spec, refs, seed, b, h, q_content, q_position, query_start, key_start, key, mask
+    )
+    d_dropped = dot(d_output, value, transpose_b=True)
+    dropped, d_logits = softmax_grads(logits, allowed, lse, d_dropped, delta, keep_scale)
+    d_value_KD = d_value_KD + dot(dropped.astype(d_output.dtype), d_output, transpose_a=True)
+    d_key_KD = d_key_KD + dot(d_logits.astype(q_content.dtype), q_content, transpose_a=True)
+    return d_key_KD, d_value_KD
+
+  zeros = jnp.zeros(key.shape, acc_dtype)
+  d_key, d_value = lax.fori_loop(
+    _first_query_tile(spec, key_start), tiling.num_q_tiles, body, (zeros, zeros)
+  )
+  refs.d_key[...] = (d_key * key.shape[-1] ** -0.5).astype(refs.d_key.dtype)
+  refs.d_value[...] = d_value.astype(refs.d_value.dtype)
+
+
+def _d_rel_key_kernel(refs, *, spec):
+  """dR for the distances t0 .. t0 + block_k - 1 of this program (one batch element)."""
+  tiling = spec.tiling
+  block_q, block_k = tiling.block_q, tiling.block_k
+  run = spec.window  # keys at those distances from one query tile
+  b, h, distance_tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  _, seed = read_scalars(refs.scalars)
+  first_distance = distance_tile * block_k
+  rel_block = refs.rel_key[...]  # [block_k, D], R[t0 + c]
+  # Column c of the skewed layout is distance t0 + c; for query i' that is key
+  # run_start + i' + block_k - 1 - c, i.e. column i' + block_k - 1 - c of the run.
+  run_column = _skew_index(block_q, block_k, block_k - 1)
+  acc_dtype = jnp.promote_types(refs.value.dtype, jnp.float32)
+
+  def body(query_tile, d_rel_CD):
+    query_start = query_tile * block_q
+    rows = pl.ds(query_start, block_q)
+    q_content, q_position, d_output, lse, delta = _load_query_side(refs, (rows, slice(None)))
+    run_start = spec.base + query_start - first_distance - (block_k - 1)
+    keys = _key_rows(spec, run_start, run)
+    mask = None
+    if refs.mask is not None:
+      mask = jnp.take_along_axis(refs.mask[rows, keys], run_column, axis=1)
+    content = jnp.take_along_axis(
+      dot(q_content, refs.key[keys, :], transpose_b=True), run_column, axis=1
+    )
+    logits = (content + dot(q_position, rel_block, transpose_b=True)) * q_content.shape[-1] ** -0.5
+    allowed, keep_scale = _pairs(spec, seed, b, h, query_start, run_start + run_column, mask)
+    d_dropped = jnp.take_along_axis(
+      dot(d_output, refs.value[keys, :], transpose_b=True), run_column, axis=1
+    )
+    _, d_logits = softmax_grads(logits, allowed, lse, d_dropped, delta, keep_scale)
+    return d_rel_CD + dot(d_logits.astype(q_position.dtype), q_position, transpose_a=True)
+
+  d_rel = lax.fori_loop(
+    _first_query_tile(spec, first_distance),
+    tiling.num_q_tiles,
+    body,
+    jnp.zeros(rel_block.shape, acc_dtype),
+  )
+  refs.d_rel_key[...] = d_rel * rel_block.shape[-1] ** -0.5
+
+
+class _Inputs(NamedTuple):
+  """The kernels' inputs in kernel layout (see `_xl_pallas`)."""
+
+  query: jax.Array
+  key: jax.Array
+  value: jax.Array
+  rel_key: jax.Array
+  content_bias: jax.Array
+  position_bias: jax.Array
+  mask: jax.Array | None
+  scalars: jax.Array
+
+
+def _kernel_call(inputs, blocking, rel_blocking, **residuals):
+  """A `KernelCall` with every input (and the backward pass's residuals) blocked as
+  `blocking` says, and rel_key as `rel_blocking` = (rows, block index of the tile)."""
+  call = KernelCall(optional=('mask',))
+  head_dim = inputs.query.shape[-1]
+  rel_rows, rel_index = rel_blocking
+  call.input(
+    'rel_key', inputs.rel_key, (None, rel_rows, head_dim), lambda b, h, i: (h, rel_index(i), 0)
+  )
+  for name, bias in (
+    ('content_bias', inputs.content_bias),
+    ('position_bias', inputs.position_bias),
+  ):
+    call.input(name, bias, (None, 1, head_dim), lambda b, h, i: (h, 0, 0))
+  add_sequence_inputs(
+    call,
+    blocking,
+    scalars=inputs.scalars,
+    query=inputs.query,
+    key=inputs.key,
+    value=inputs.value,
+    mask=inputs.mask,
+    **residuals,
+  )
+  return call
+
+
+def _tile_map(b, h, i):
+  return (b, h, i, 0)
+
+
+def _query_tiles(spec):
+  """Programs over query tiles reading whole key sequences and R (forward, dq)."""
+  blocking = Blocking(spec.tiling.block_q, tile_index, spec.extended, whole_axis)
+  return blocking, (spec.extended, whole_axis)
+
+
+def _forward(spec, inputs):
+  """Output [B, H, Qp, D] and logsumexp [B, H, Qp, 1]."""
+  tiling = spec.tiling
+  batch, heads, q_padded, head_dim = inputs.query.shape
+  call = _kernel_call(inputs, *_query_tiles(spec))
+  dtype = inputs.value.dtype
+  call.output(
+    'output', inputs.query.shape, dtype, (None, None, tiling.block_q, head_dim), _tile_map
+  )
+  call.output(
+    'lse',
+    (batch, heads, q_padded, 1),
+    jnp.promote_types(dtype, jnp.float32),
+    (None, None, tiling.block_q, 1),
+    _tile_map,
+  )
+  grid = (batch, heads, tiling.num_q_tiles)
+  return call(_forward_kernel, grid, interpret=spec.interpret, name='xl_forward', spec=spec)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _xl_pallas(spec, inputs):
+  """Transformer-XL attention on `_Inputs` in kernel layout: query [B, H, Qp, D]; key, value
+  [B, H, E, D] and rel_key [H, E, D] with `spec.pad` rows of left padding (E = `spec.extended`);
+  biases [H, 1, D]; int8 mask [B|1, H|1, Qp, E] or None; int32 scalars [2]. Returns
+  [B, H, Qp, D]."""
+  output, _ = _forward(spec, inputs)
+  return output
+
+
+def _xl_pallas_fwd(spec, inputs):
+  output, lse = _forward(spec, inputs)
+  return output, (inputs, output, lse)
+
+
+def _extend_keys(spec, x):
+  """Pads axis -2 from kv_padded keys (distances) to the extended layout of the inputs."""
+  right = spec.extended - spec.pad - spec.tiling.kv_padded
+  return jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(spec.pad, right), (0, 0)])
+
+
+def _xl_pallas_bwd(spec, residuals, d_output):
+  inputs, output, lse = residuals
+  tiling = spec.tiling
+  block_q, block_k = tiling.block_q, tiling.block_k
+  batch, heads, q_padded, head_dim = inputs.query.shape
+  acc_dtype = jnp.promote_types(inputs.key.dtype, jnp.float32)
+  residuals = dict(output=output, lse=lse, d_output=d_output.astype(inputs.value.dtype))
+  pad_tiles = spec.pad // block_k
+
+  def padded_tile(tile):  # key and distance tiles sit after the left padding
+    return pad_tiles + tile
+
+  # dq, and per-query-tile partials of d u and d v: grid over query tiles.
+  call = _kernel_call(inputs, *_query_tiles(spec), **residuals)
+  call.output(
+    'd_query', inputs.query.shape, inputs.query.dtype, (None, None, block_q, head_dim), _tile_map
+  )
+  for name in ('d_content_bias', 'd_position_bias'):
+    call.output(
+      name,
+      (batch, heads, tiling.num_q_tiles, 1, head_dim),
+      acc_dtype,
+      (None, None, None, 1, head_dim),
+      lambda b, h, i: (b, h, i, 0, 0),
+    )
+  grid = (batch, heads, tiling.num_q_tiles)
+  d_query, d_content_bias, d_position_bias = call(
+    _d_query_kernel, grid, interpret=spec.interpret, name='xl_backward_dq', spec=spec
+  )
+
+  # dk, dv: grid over key tiles.
+  blocking = Blocking(q_padded, whole_axis, block_k, padded_tile)
+  call = _kernel_call(inputs, blocking, (spec.extended, whole_axis), **residuals)
+  for name, like in (('d_key', inputs.key), ('d_value', inputs.value)):
+    shape = (batch, heads, tiling.kv_padded, head_dim)
+    call.output(name, shape, like.dtype, (None, None, block_k, head_dim), _tile_map)
+  grid = (batch, heads, tiling.num_k_tiles)
+  d_key, d_value = call(
+    _d_key_value_kernel, grid, interpret=spec.interpret, name='xl_backward_dkv', spec=spec
+  )
+
+  # dR: grid over tiles of distances, per batch element (summed over batch below).
+  blocking = Blocking(q_padded, whole_axis, spec.extended, whole_axis)
+  call = _kernel_call(inputs, blocking, (block_k, padded_tile), **residuals)
+  call.output(
+    'd_rel_key',
+    (batch, heads, tiling.kv_padded, head_dim),
+    acc_dtype,
+    (None, None, block_k, head_dim),
+    _tile_map,
+  )
+  grid = (batch, heads, tiling.num_k_tiles)  # distances 0 .. kv_padded - 1, block_k a tile
+  (d_rel_key,) = call(
+    _d_rel_key_kernel, grid, interpret=spec.interpret, name='xl_backward_drel', spec=spec
+  )
+
+  def bias_grad(partial, like):  # a bias is shared by every batch element and query tile
+    return jnp.sum(partial, axis=(0, 2)).astype(like.dtype)
+
+  return (
+    _Inputs(
+      query=d_query,
+      key=_extend_keys(spec, d_key),
+      value=_extend_keys(spec, d_value),
+      rel_key=_extend_keys(spec, jnp.sum(d_rel_key, axis=0)).astype(inputs.rel_key.dtype),
+      content_bias=bias_grad(d_content_bias, inputs.content_bias),
+      position_bias=bias_grad(d_position_bias, inputs.position_bias),
+      mask=None,
+      scalars=None,
+    ),
+  )
+
+
+_xl_pallas.defvjp(_xl_pallas_fwd, _xl_pallas_bwd)
+
+
+def xl_attention_pallas(
+  query,
+  key,
+  value,
+  rel_key,
+  content_bias,
+  position_bias,
+  *,
+  mask=None,
+  dropout_rate: float = 0.0,
+  dropout_rng=None,
+  block_sizes=None,
+) -> jax.Array:
+  """`relpos.attention.xl_attention(..., implementation='pallas')`, arguments already checked.
+
+  Same contract as `xl_attention`; `block_sizes` = (block_q, block_k) tiles (default
+  min(128, length rounded up to 8) each). Dropout draws its keep mask from
+  `pallas_common.dropout_keep_hashed` (same distribution as the 'xla' path, different bits).
+  """
+  batch, q_len, heads, _ = query.shape
+  kv_len = key.shape[1]
+  spec = _XLSpec(Tiling.make(q_len, kv_len, block_sizes), float(dropout_rate), interpret_mode())
+  seed = dropout_seed(dropout_rng) if spec.dropout_rate > 0.0 else None
+  extended = functools.partial(to_kernel_layout, total_len=spec.extended, left=spec.pad)
+  inputs = _Inputs(
+    query=to_kernel_layout(query, spec.tiling.q_padded),
+    key=extended(key),
+    value=extended(value),
+    rel_key=extended(rel_key[None])[0],
+    content_bias=content_bias[:, None, :],
+    position_bias=position_bias[:, None, :],
+    mask=kernel_mask(
+      mask, batch, heads, q_len, kv_len, spec.tiling.q_padded, spec.extended, spec.pad
+    ),
+    scalars=kernel_scalars(0, seed),
+  )
+  output = _xl_pallas(spec, inputs)
+  return from_kernel_layout(output, q_len)

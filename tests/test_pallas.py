@@ -1,0 +1,369 @@
+"""implementation='pallas' of shaw_attention and xl_attention (fused, tiled Pallas kernels, run
+in interpret mode on CPU) against the float64 references.
+
+Outputs are compared with tests/reference.py (NumPy loops); gradients of a random
+cotangent-weighted sum, with respect to every input, with float64 autodiff of the dense JAX
+transcriptions below (themselves checked against reference.py), which also give the dropout
+reference: the same equations with the kernels' hashed keep mask (`dropout_keep_hashed`).
+Tiles are forced small (`block_sizes`), so with q_len 7 and kv_len 13 there are several query
+and key tiles, padded tails, band-crossing and out-of-band key tiles (Shaw) and key tiles in the
+causal future (XL).
+Interpret-mode Pallas compiles slowly: each case is one jit of output and gradients together.
+"""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import reference
+from helpers import (
+  FWD_TOL,
+  GRAD_TOL,
+  assert_close,
+  assert_grads_close,
+  causal_np,
+  dead_rows,
+  f32,
+  make_mask,
+  qkv,
+  randn,
+)
+
+from relpos import attention
+from relpos.attention.pallas_common import dropout_keep_hashed, dropout_seed
+
+pytestmark = pytest.mark.usefixtures('attention_test_config')
+
+S = (2, 7, 13, 3, 5)  # (batch, q_len, kv_len, heads, head_dim)
+BLOCKS = (4, 4)  # 2 query tiles (1 padded row), 4 key tiles (3 padded keys)
+SHAW_NAMES = ('query', 'key', 'value', 'rel_key', 'rel_value')
+XL_NAMES = ('query', 'key', 'value', 'rel_key', 'content_bias', 'position_bias')
+# float32 vs float64: helpers' FWD_TOL and GRAD_TOL. Measured on CPU: outputs within 3e-7,
+# gradients within 1.2e-6 (scaled as in assert_grads_close). bf16 inputs (float32 accumulation)
+# vs float64 on the same bf16 values: measured within 6e-3; 3x headroom.
+BF16_TOL = 2e-2
+
+
+# --------------------------------------------------------------------------------------------
+# Dense float64 JAX transcriptions (gradient references), with an optional dropout keep mask.
+
+
+def _softmax_dropout(logits_BHQK, allowed_BHQK, keep, rate):
+  probs = jax.nn.softmax(jnp.where(allowed_BHQK, logits_BHQK, -1e30), axis=-1)
+  probs = jnp.where(allowed_BHQK, probs, 0.0)
+  return probs if keep is None else jnp.where(keep, probs / (1.0 - rate), 0.0)
+
+
+def shaw_dense(q, k, v, wk, wv, *, mask=None, query_offset=None, keep=None, rate=0.0):
+  """Shaw et al. eqs. 3-5 with a^K, a^V gathered into [q_len, kv_len, d]."""
+  batch, q_len, heads, dim = q.shape
+  kv_len = k.shape[1]
+  offset = kv_len - q_len if query_offset is None else query_offset
+  kmax = ((wk if wk is not None else wv).shape[0] - 1) // 2
+  distance = jnp.arange(kv_len)[None, :] - (offset + jnp.arange(q_len))[:, None]
+  buckets = jnp.clip(distance, -kmax, kmax) + kmax
+  logits = jnp.einsum('bqhd,bkhd->bhqk', q, k)
+  if wk is not None:
+    logits += jnp.einsum('bqhd,qkd->bhqk', q, wk[buckets])
+  allowed = jnp.ones((batch, heads, q_len, kv_len), bool)
+  if mask is not None:
+    allowed = allowed & jnp.asarray(mask)
+  probs = _softmax_dropout(logits / math.sqrt(dim), allowed, keep, rate)
+  out = jnp.einsum('bhqk,bkhd->bqhd', probs, v)
+  if wv is not None:
+    out += jnp.einsum('bhqk,qkd->bqhd', probs, wv[buckets])
+  return out
+
+
+def xl_dense(q, k, v, r, u, vb, *, mask=None, keep=None, rate=0.0):
+  """Transformer-XL's score with rel_key gathered per (i, j) (index clipped where masked)."""
+  batch, q_len, heads, dim = q.shape
+  kv_len = k.shape[1]
+  distance = (kv_len - q_len + jnp.arange(q_len))[:, None] - jnp.arange(kv_len)[None, :]
+  logits = jnp.einsum('bqhd,bkhd->bhqk', q + u, k)
+  logits += jnp.einsum('bqhd,qkhd->bhqk', q + vb, r[jnp.clip(distance, 0, kv_len - 1)])
+  allowed = jnp.broadcast_to(distance >= 0, (batch, heads, q_len, kv_len))
+  if mask is not None:
+    allowed = allowed & jnp.asarray(mask)
+  probs = _softmax_dropout(logits / math.sqrt(dim), allowed, keep, rate)
+  return jnp.einsum('bhqk,bkhd->bqhd', probs, v)
+
+
+DENSE = {'shaw': shaw_dense, 'xl': xl_dense}
+KERNELS = {'shaw': attention.shaw_attention, 'xl': attention.xl_attention}
+
+
+@functools.partial(
+  jax.jit,
+  static_argnums=0,
+  static_argnames=('query_offset', 'dropout_rate', 'block_sizes'),
+)
+def output_and_grads(
+  name,
+  cotangent,
+  *args,
+  mask=None,
+  query_offset=None,
+  dropout_rate=0.0,
+  dropout_rng=None,
+  block_sizes=BLOCKS,
+):
+  """KERNELS[name](*args, implementation='pallas') and the gradients of <output, cotangent>
+  w.r.t. every arg (None for None args). query_offset (Shaw only) None means the default."""
+  kwargs = {} if query_offset is None else {'query_offset': query_offset}
+
+  def fn(*xs):
+    return KERNELS[name](
+      *xs,
+      mask=mask,
+      dropout_rate=dropout_rate,
+      dropout_rng=dropout_rng,
+      implementation='pallas',
+      block_sizes=block_sizes,
+      **kwargs,
+    )
+
+  output, vjp = jax.vjp(fn, *args)
+  return output, vjp(cotangent)
+
+
+def dense_output_and_grads(name, cotangent, *args, **kwargs):
+  """DENSE[name] in float64 (x64 scoped to this call): output and gradients as NumPy."""
+  with jax.enable_x64(True):
+    xs = [None if x is None else jnp.asarray(x, jnp.float64) for x in args]
+    present = [n for n, x in enumerate(xs) if x is not None]
+
+    def loss(*present_xs):
+      full = list(xs)
+      for n, x in zip(present, present_xs, strict=True):
+        full[n] = x
+      out = DENSE[name](*full, **kwargs)
+      return jnp.sum(out * jnp.asarray(cotangent, jnp.float64)), out
+
+    grads, output = jax.jit(jax.grad(loss, argnums=tuple(range(len(present))), has_aux=True))(
+      *(xs[n] for n in present)
+    )
+    full_grads = [None] * len(xs)
+    for n, g in zip(present, grads, strict=True):
+      full_grads[n] = np.asarray(g)
+    return np.asarray(output), full_grads
+
+
+def _check_grads(got, want, names, tol=GRAD_TOL):
+  present = [n for n, w in enumerate(want) if w is not None]
+  assert all(got[n] is None for n in range(len(want)) if n not in present)
+  assert_grads_close(
+    [got[n] for n in present],
+    [want[n] for n in present],
+    tol=tol,
+    names=[names[n] for n in present],
+  )
+
+
+def _shaw_args(rng, shape, kmax, drop=None):
+  batch, q_len, kv_len, heads, dim = shape
+  q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
+  wk, wv = randn(rng, 2 * kmax + 1, dim), randn(rng, 2 * kmax + 1, dim)
+  wk = None if drop == 'rel_key' else wk
+  wv = None if drop == 'rel_value' else wv
+  return [f32(x) for x in (q, k, v, wk, wv)]
+
+
+def _xl_args(rng, shape):
+  batch, q_len, kv_len, heads, dim = shape
+  q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
+  extra = (randn(rng, kv_len, heads, dim), randn(rng, heads, dim), randn(rng, heads, dim))
+  return [f32(x) for x in (q, k, v, *extra)]
+
+
+def _numpy(args):
+  return [None if a is None else np.asarray(a, np.float64) for a in args]
+
+
+# --------------------------------------------------------------------------------------------
+# Shaw et al.
+
+# (id, k, mask kind, query_offset, dropped table, block_sizes)
+SHAW_CASES = [
+  ('k3_dead_rows', 3, 'dead_rows', None, None, BLOCKS),  # band-crossing and edge tiles
+  ('k0_random', 0, 'random', 2, None, BLOCKS),
+  ('k_ge_n_padding', 20, 'padding', None, None, (8, 4)),
+  ('keys_only_causal', 2, 'causal', 2, 'rel_value', BLOCKS),
+  ('values_only_before_keys', 2, 'none', -3, 'rel_key', (4, 8)),
+  ('after_keys_default_tiles', 1, 'none', 16, None, None),  # one tile each, all on the edge
+]
+
+
+@pytest.mark.parametrize(
+  'kmax,mask_kind,offset,drop,blocks', [c[1:] for c in SHAW_CASES], ids=[c[0] for c in SHAW_CASES]
+)
+def test_shaw_pallas_vs_reference(kmax, mask_kind, offset, drop, blocks):
+  batch, q_len, kv_len, heads, dim = S
+  rng = np.random.default_rng(1000 + kmax + 7 * (offset or 0))
+  args = _shaw_args(rng, S, kmax, drop)
+  mask = make_mask(mask_kind, rng, batch, heads, q_len, kv_len, query_offset=offset)
+  cot = f32(randn(rng, batch, q_len, heads, dim))
+  output, grads = output_and_grads(
+    'shaw', cot, *args, mask=mask, query_offset=offset, block_sizes=blocks
+  )
+  assert output.shape == (batch, q_len, heads, dim) and output.dtype == jnp.float32
+  want = reference.shaw(*_numpy(args), mask=mask, query_offset=offset)
+  assert_close(output, want, tol=FWD_TOL)
+  dead = dead_rows(mask, batch, heads, q_len, kv_len)
+  assert np.all(np.asarray(output)[dead] == 0.0), 'fully masked rows must be exactly zero'
+  _, want_grads = dense_output_and_grads('shaw', cot, *args, mask=mask, query_offset=offset)
+  _check_grads(grads, want_grads, SHAW_NAMES)
+
+
+def test_shaw_pallas_traced_query_offset():
+  """query_offset traced under jit: one compilation for offsets before, inside and after."""
+  batch, q_len, kv_len, heads, dim, kmax = 1, 5, 11, 2, 4, 2
+  rng = np.random.default_rng(1100)
+  args = _shaw_args(rng, (batch, q_len, kv_len, heads, dim), kmax)
+  cot = f32(randn(rng, batch, q_len, heads, dim))
+  traces = []
+
+  @jax.jit
+  def step(offset, *xs):
+    traces.append(1)
+    mask = jnp.arange(kv_len)[None, :] <= offset + jnp.arange(q_len)[:, None]
+
+    def fn(*ys):
+      return attention.shaw_attention(
+        *ys, mask=mask, query_offset=offset, implementation='pallas', block_sizes=(4, 4)
+      )
+
+    output, vjp = jax.vjp(fn, *xs)
+    return output, vjp(cot)
+
+  for offset in (-6, 3, 11):
+    output, grads = step(jnp.int32(offset), *args)
+    mask = causal_np(q_len, kv_len, offset)
+    assert_close(output, reference.shaw(*_numpy(args), mask=mask, query_offset=offset), FWD_TOL)
+    _, want = dense_output_and_grads('shaw', cot, *args, mask=mask, query_offset=offset)
+    _check_grads(grads, want, SHAW_NAMES)
+  assert len(traces) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Transformer-XL
+
+# (id, shape, mask kind, block_sizes)
+XL_CASES = [
+  ('memory_none', S, 'none', BLOCKS),
+  ('memory_dead_rows', (2, 5, 6, 4, 6), 'dead_rows', (2, 3)),
+  ('no_memory_padding', (2, 9, 9, 2, 8), 'padding', (4, 4)),
+  ('one_query_default_tiles', (1, 1, 11, 3, 4), 'random', None),
+]
+
+
+@pytest.mark.parametrize(
+  'shape,mask_kind,blocks', [c[1:] for c in XL_CASES], ids=[c[0] for c in XL_CASES]
+)
+def test_xl_pallas_vs_reference(shape, mask_kind, blocks):
+  batch, q_len, kv_len, heads, dim = shape
+  rng = np.random.default_rng(1200 + q_len + kv_len)
+  args = _xl_args(rng, shape)
+  mask = make_mask(mask_kind, rng, batch, heads, q_len, kv_len)
+  cot = f32(randn(rng, batch, q_len, heads, dim))
+  output, grads = output_and_grads('xl', cot, *args, mask=mask, block_sizes=blocks)
+  assert output.shape == (batch, q_len, heads, dim) and output.dtype == jnp.float32
+  assert_close(output, reference.xl(*_numpy(args), mask=mask), tol=FWD_TOL)
+  causal = causal_np(q_len, kv_len)
+  dead = dead_rows(causal if mask is None else mask & causal, batch, heads, q_len, kv_len)
+  assert np.all(np.asarray(output)[dead] == 0.0)
+  _, want_grads = dense_output_and_grads('xl', cot, *args, mask=mask)
+  _check_grads(grads, want_grads, XL_NAMES)
+
+
+# --------------------------------------------------------------------------------------------
+# Both kernels: the dense transcriptions, dropout, bf16, 'auto', errors.
+
+
+def test_dense_transcriptions_match_reference():
+  rng = np.random.default_rng(1300)
+  batch, q_len, kv_len, heads, dim = S
+  mask = make_mask('dead_rows', rng, batch, heads, q_len, kv_len)
+  args = _numpy(_shaw_args(rng, S, 3))
+  cot = randn(rng, batch, q_len, heads, dim)
+  got, _ = dense_output_and_grads('shaw', cot, *args, mask=mask, query_offset=4)
+  assert_close(got, reference.shaw(*args, mask=mask, query_offset=4), tol=1e-12)
+  args = _numpy(_xl_args(rng, S))
+  got, _ = dense_output_and_grads('xl', cot, *args, mask=mask)
+  assert_close(got, reference.xl(*args, mask=mask), tol=1e-12)
+
+
+def test_dropout_keep_hashed():
+  """The hashed keep mask: the right rate, and a different mask per seed, batch, head, row."""
+  rate = 0.3
+  keep = np.asarray(dropout_keep_hashed(jnp.uint32(7), 4, 3, 50, 60, rate))
+  assert keep.shape == (4, 3, 50, 60) and keep.dtype == bool
+  assert abs(keep.mean() - (1 - rate)) < 0.01
+  assert not np.array_equal(keep[0, 0], keep[1, 0]) and not np.array_equal(keep[0, 0], keep[0, 1])
+  assert not np.array_equal(keep[0, 0, 0], keep[0, 0, 1])
+  other = np.asarray(dropout_keep_hashed(jnp.uint32(8), 4, 3, 50, 60, rate))
+  assert abs((keep == other).mean() - (rate**2 + (1 - rate) ** 2)) < 0.01  # independent draws
+  assert np.asarray(dropout_keep_hashed(jnp.uint32(7), 4, 3, 50, 60, 0.0)).all()
+
+
+@pytest.mark.parametrize('name', ['shaw', 'xl'])
+def test_pallas_dropout_vs_reference_with_hashed_mask(name):
+  """Dropout weights the values (and Shaw's a^V) by p·keep/(1 - rate), keep from the hash."""
+  batch, q_len, kv_len, heads, dim = S
+  rate, rng_key = 0.4, jax.random.key(3)
+  rng = np.random.default_rng(1400)
+  args = _shaw_args(rng, S, 2) if name == 'shaw' else _xl_args(rng, S)
+  mask = make_mask('dead_rows', rng, batch, heads, q_len, kv_len)
+  cot = f32(randn(rng, batch, q_len, heads, dim))
+  output, grads = output_and_grads(
+    name, cot, *args, mask=mask, dropout_rate=rate, dropout_rng=rng_key
+  )
+  keep = np.asarray(dropout_keep_hashed(dropout_seed(rng_key), batch, heads, q_len, kv_len, rate))
+  want, want_grads = dense_output_and_grads(name, cot, *args, mask=mask, keep=keep, rate=rate)
+  assert_close(output, want, tol=FWD_TOL)
+  _check_grads(grads, want_grads, SHAW_NAMES if name == 'shaw' else XL_NAMES)
+  without, _ = dense_output_and_grads(name, cot, *args, mask=mask)
+  assert not np.allclose(np.asarray(output), without, atol=1e-3), 'dropout had no effect'
+
+
+@pytest.mark.parametrize('name', ['shaw', 'xl'])
+def test_pallas_bf16(name):
+  """bf16 inputs accumulate in float32: output bf16, close to the float64 result."""
+  batch, q_len, kv_len, heads, dim = S
+  rng = np.random.default_rng(1500)
+  args = _shaw_args(rng, S, 3) if name == 'shaw' else _xl_args(rng, S)
+  args = [None if a is None else a.astype(jnp.bfloat16) for a in args]
+  mask = make_mask('padding', rng, batch, heads, q_len, kv_len)
+  cot = f32(randn(rng, batch, q_len, heads, dim)).astype(jnp.bfloat16)
+  output, grads = output_and_grads(name, cot, *args, mask=mask)
+  assert output.dtype == jnp.bfloat16
+  assert all(g is None or g.dtype == jnp.bfloat16 for g in grads)
+  want, want_grads = dense_output_and_grads(name, cot, *_numpy(args), mask=mask)
+  assert_close(output, want, tol=BF16_TOL)
+  _check_grads(grads, want_grads, SHAW_NAMES if name == 'shaw' else XL_NAMES, tol=BF16_TOL)
+
+
+def test_auto_is_xla_until_the_kernels_lower_natively():
+  assert jax.default_backend() == 'cpu'
+  rng = np.random.default_rng(1600)
+  batch, q_len, kv_len, heads, dim = S
+  mask = make_mask('random', rng, batch, heads, q_len, kv_len)
+  for name, args in (('shaw', _shaw_args(rng, S, 2)), ('xl', _xl_args(rng, S))):
+
+    @jax.jit
+    def both(*xs, name=name):
+      auto = KERNELS[name](*xs, mask=mask)
+      return auto, KERNELS[name](*xs, mask=mask, implementation='xla')
+
+    auto, xla = both(*args)
+    np.testing.assert_array_equal(np.asarray(auto), np.asarray(xla))
+
+
+def test_unknown_implementation():
+  rng = np.random.default_rng(1700)
+  for name, args in (('shaw', _shaw_args(rng, S, 2)), ('xl', _xl_args(rng, S))):
+    with pytest.raises(ValueError, match="implementation must be one of 'auto', 'xla', 'pallas'"):
+      KERNELS[name](*args, implementation='triton')
