@@ -362,6 +362,94 @@ def test_auto_is_xla_until_the_kernels_lower_natively():
     np.testing.assert_array_equal(np.asarray(auto), np.asarray(xla))
 
 
+# --------------------------------------------------------------------------------------------
+# Native lowering: `jax.export` for platform 'cuda' runs the Pallas Triton lowering on this
+# CPU-only machine. It lowers (Triton IR inside a StableHLO custom call) but compiles nothing:
+# Triton's own passes and ptxas run only when XLA compiles for a GPU. So this shows the kernels
+# lower, not that they compile or run on a GPU.
+
+TRITON_CALL = '__gpu$xla.gpu.triton'
+# pallas_calls in the lowered forward pass and gradient: Shaw's backward is dq and dk/dv, XL's
+# also d rel_key.
+KERNEL_CALLS = {'shaw': (1, 3), 'xl': (1, 4)}
+# (id, length, memory, head_dim, k): realistic power-of-two sizes, and ragged ones (padded
+# tiles, head_dim padded to 64, a few buckets).
+EXPORT_CASES = [('len256_mem64_d64_k16', 256, 64, 64, 16), ('len200_mem37_d40_k3', 200, 37, 40, 3)]
+
+
+def _export_for_cuda(fn, *avals):
+  exported = jax.export.export(
+    jax.jit(fn),
+    platforms=['cuda'],
+    disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(TRITON_CALL)],
+  )(*avals)
+  return exported.mlir_module()
+
+
+@functools.cache
+def _why_no_cuda_export():
+  """None if this jaxlib lowers a trivial Triton pallas_call for 'cuda' here, else why not."""
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as pallas_triton
+
+  def double(x_ref, out_ref):
+    out_ref[...] = 2.0 * x_ref[...]
+
+  def call(x):
+    return pl.pallas_call(
+      double,
+      out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+      compiler_params=pallas_triton.CompilerParams(),
+    )(x)
+
+  try:
+    _export_for_cuda(call, jax.ShapeDtypeStruct((16, 16), jnp.float32))
+  except Exception as error:  # any failure means: cannot test here
+    return f'this jaxlib cannot export a Triton pallas_call for cuda: {error!r:.200}'
+  return None
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+@pytest.mark.parametrize('name', ['shaw', 'xl'])
+@pytest.mark.parametrize(
+  'length,memory,head_dim,kmax', [c[1:] for c in EXPORT_CASES], ids=[c[0] for c in EXPORT_CASES]
+)
+def test_pallas_lowers_for_cuda_with_triton(name, dtype, length, memory, head_dim, kmax):
+  """Forward and gradient (of a sum) with mask, dropout and memory (Shaw: query offset) lower
+  for 'cuda' with every pallas_call through Triton; nothing runs or compiles for a GPU."""
+  if (reason := _why_no_cuda_export()) is not None:
+    pytest.skip(reason)
+  batch, heads, kv_len = 2, 4, length + memory
+  dtype = jnp.dtype(dtype)
+  sds = jax.ShapeDtypeStruct
+  qkv_avals = [sds((batch, length, heads, head_dim), dtype)]
+  qkv_avals += [sds((batch, kv_len, heads, head_dim), dtype)] * 2
+  if name == 'shaw':
+    extra = [sds((2 * kmax + 1, head_dim), dtype)] * 2
+  else:
+    extra = [sds((kv_len, heads, head_dim), dtype)] + [sds((heads, head_dim), dtype)] * 2
+  avals = qkv_avals + extra
+  mask = sds((batch, 1, length, kv_len), jnp.bool_)
+  dropout_rng = jax.eval_shape(lambda: jax.random.key(0))
+  kwargs = {'query_offset': memory} if name == 'shaw' else {}
+
+  def forward(*xs_mask_rng):
+    *xs, mask, rng = xs_mask_rng
+    return KERNELS[name](
+      *xs, mask=mask, dropout_rate=0.1, dropout_rng=rng, implementation='pallas', **kwargs
+    )
+
+  def gradient(*xs_mask_rng):
+    def total(*xs):
+      return jnp.sum(forward(*xs, *xs_mask_rng[-2:]).astype(jnp.float32))
+
+    return jax.grad(total, argnums=tuple(range(len(avals))))(*xs_mask_rng[:-2])
+
+  for fn, calls in zip((forward, gradient), KERNEL_CALLS[name], strict=True):
+    module = _export_for_cuda(fn, *avals, mask, dropout_rng)
+    assert module.count(f'@{TRITON_CALL}(') == calls, fn.__name__
+
+
 def test_unknown_implementation():
   rng = np.random.default_rng(1700)
   for name, args in (('shaw', _shaw_args(rng, S, 2)), ('xl', _xl_args(rng, S))):

@@ -5,14 +5,18 @@ kernels (`jax.experimental.pallas`): a grid over (batch, heads, query tiles) or 
 key tiles), a loop over the other axis's tiles inside each program, an online softmax, and
 never a [q_len, kv_len] array in memory. This module holds the parts both use, one of each:
 
-- choosing the implementation (`resolve_implementation`) and interpret mode (`interpret_mode`);
+- choosing the implementation (`resolve_implementation`);
 - the tiling of the sequence axes (`Tiling`), the kernel layout [batch, heads, length, dim]
-  padded to whole tiles (`to_kernel_layout`), and the mask as int8 tiles (`kernel_mask`);
+  padded to whole tiles and dim to a power of two (`to_kernel_layout`, `triton_size`), and the
+  mask as int8 tiles (`kernel_mask`);
 - a small kernel-call builder that names refs (`KernelCall`), so kernels read `refs.query`,
+  and runs them as each platform needs (Triton on GPU, Mosaic on TPU, interpreted elsewhere),
   and the blocking of the inputs both kernels share (`Blocking`, `add_sequence_inputs`);
 - in-kernel maths: float32 matmuls (`dot`), the online-softmax step (`online_softmax_step`,
   `finish_softmax`), the recomputed probabilities and logit gradients of the backward pass
-  (`softmax_grads`), and which (query, key) pairs of a tile may attend (`tile_pairs`);
+  (`softmax_grads`), which (query, key) pairs of a tile may attend (`tile_pairs`), and
+  per-row gathers and their transpose as one-hot reductions (`gather_columns`,
+  `scatter_add_columns`), since Triton lowers no gather;
 - attention dropout from a stateless counter-based hash (`dropout_keep_hashed`), because a
   fused kernel cannot materialise `jax.random.bernoulli` over [batch, heads, q_len, kv_len].
 
@@ -25,20 +29,40 @@ and references). Semantics are `masking.attention_dropout`'s: p' = p·keep/(1 - 
 probability 1 - rate (up to the 2^-32 rounding of the threshold), but the bits differ from the
 'xla' implementation's `jax.random.bernoulli` draw: same distribution, different masks.
 
-Native lowering: only interpret mode (`interpret_mode()`: every backend but GPU and TPU) is
-tested; no GPU or TPU was available. What was checked instead, by exporting jitted calls for
-platform 'cuda' from CPU (`jax.export` runs the Pallas lowering):
-- JAX 0.10.2's default GPU lowering (Mosaic GPU) rejects every kernel here: its async copies
-  need a multiple of 128 bytes and <= 256 elements per dimension (the 8-byte scalars block and
-  the whole-sequence blocks fail).
-- With Triton (`compiler_params=jax.experimental.pallas.triton.CompilerParams()`, which is not
-  passed here) the Shaw kernels for k = 0, with mask and dropout, forward and backward, lower.
-  k > 0 and XL fail on Triton's power-of-two shapes (2k+1 table rows; the XL window of
-  block_q + block_k - 1 rows), and past that would fail on the gathers: `jnp.take_along_axis`
-  alone does not lower on Triton ("unimplemented primitive: gather"), while a one-hot 3-D
-  reduction does. Triton also needs power-of-two tiles and head_dim, and its dot dims >= 16.
-TPU lowering cannot be exported from CPU here. Care points for TPU: the int8 mask and [2] int32
-scalars belong in SMEM / scalar prefetch; blocks need (8, 128) alignment.
+Native lowering. Only interpret mode ran (tests/test_pallas.py, on CPU); no GPU or TPU was
+available, so the kernels have never run natively. `KernelCall` picks the lowering per
+platform with `lax.platform_dependent` (at lowering time, so `jax.export` for another platform
+takes that platform's branch): Triton on GPU (`jax.experimental.pallas.triton.CompilerParams`;
+JAX 0.10.2's default GPU lowering, Mosaic GPU, rejects these kernels: its async copies need
+multiples of 128 bytes and <= 256 elements per dimension), Mosaic on TPU, interpreted elsewhere.
+For Triton the wrappers pad head_dim, Shaw's 2k+1 table rows and XL's window of
+block_q + block_k - 1 distances to powers of two >= 16 (`triton_size`; zeros, exact), the
+gathers are one-hot reductions, and the default tiles are powers of two >= 16 small enough
+for those ([block_q, block_k, columns] <= ONE_HOT_BUDGET = 2^16 elements: `Tiling.make`; e.g.
+32 x 32 for Shaw at k = 16 and for XL, 64 x 64 (DEFAULT_BLOCK) for Shaw at k <= 7). What
+was checked, all from CPU with JAX 0.10.2:
+- 'cuda' (`jax.export`): forward and gradient of both kernels, float32 and bfloat16, with
+  mask, dropout and memory (Shaw: a query offset), at length 256 (memory 64), head_dim 64,
+  k 16 and at ragged sizes (length 200, memory 37, head_dim 40, k 3), lower with every
+  pallas_call through Triton (tests/test_pallas.py::test_pallas_lowers_for_cuda_with_triton).
+  Lowering only emits Triton IR; XLA runs Triton's passes and ptxas when it compiles for a GPU,
+  which never happened here. Given `block_sizes` must be powers of two (others fail to lower),
+  >= 16 (Triton's dot; smaller tiles lower but should not compile) and keep the one-hot
+  reductions within 2^20 elements (Triton's largest array; more fails to lower).
+- Compiling (by hand, not in the tests): the Triton IR of the kernels (length 256, memory
+  64, head_dim 64, mask, dropout) compiled to sm_90a cubins with pip's Triton 3.9 (not the
+  Triton inside XLA) and its ptxas, at the default tiles: Shaw at k = 0 (64 x 64) in seconds,
+  with almost no spills; Shaw at k = 3 (64 x 64, float32) spilling a few KB per thread; all
+  kernels of Shaw at k = 16 and of XL (32 x 32, float32 and bfloat16) in 10-40 s each,
+  spilling 13-50 KB per thread
+  (the one-hot intermediates do not fit in registers); shared memory at most about 140 KiB
+  (H100: 227 KiB per block). Larger one-hot reductions (Shaw at k = 16 with 128 x 128 tiles,
+  XL with 64 x 64) did not finish compiling in 7 minutes. Nothing was run, so correctness and
+  speed on a GPU are unknown, and the spills suggest slow kernels.
+- 'tpu' (`jax.export` under an abstract TPU v5p mesh, as Mosaic's block checks ask for a
+  device kind): the forward kernels pass Pallas's Mosaic lowering; the backward ones only with
+  block_k a multiple of 128 (their dk/dv mask block's last dimension must be), not with the
+  default tiles. Mosaic's own compilation never ran.
 """
 
 from __future__ import annotations
@@ -53,6 +77,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pallas_triton
 
 from relpos.attention.masking import accumulation_dtype
 
@@ -63,16 +88,24 @@ MASKED_LOGIT = -1e30
 
 SCALARS_BLOCK = ((2,), lambda *grid: (0,))  # block shape and index map of the scalars input
 
-DEFAULT_BLOCK = 128  # tile size along a sequence axis when none is given (capped by length)
-_SUBLANE = 8  # default tiles of short sequences are rounded up to a multiple of this
+# Largest default tile along a sequence axis (capped by length). Not 128: Shaw at k = 0 with
+# 128 x 128 float32 tiles compiled (pip's Triton 3.9, sm_90a) to 256 KiB of shared memory, over
+# an H100's 227 KiB per block; at 64 x 64 the kernels took at most about 140 KiB.
+DEFAULT_BLOCK = 64
+MIN_TRITON_DIM = 16  # Triton's smallest dot dimension (tl.dot needs M, N, K >= 16)
+# Elements of a kernel's widest one-hot reduction, [block_q, block_k, columns], that default
+# tiles stay within. Triton's verifier rejects arrays over 2^20 elements; at 2^16 (32 x 32
+# tiles, 64 columns) every kernel compiled to sm_90a with pip's Triton 3.9, spilling, while
+# 2^20 (Shaw, 128 x 128 x 64) and 2^19 (XL, 64 x 64 x 128) did not finish in 7 minutes.
+ONE_HOT_BUDGET = 2**16
 
 
 def resolve_implementation(implementation: str) -> str:
   """'xla' or 'pallas' for an `implementation` argument.
 
   'auto' means "pallas where it runs natively, xla elsewhere". No backend qualifies yet: the
-  kernels do not lower natively on GPU (see Native lowering above) and were never run on a
-  TPU, so 'auto' is 'xla' everywhere until one does. Raises ValueError for anything but
+  kernels lower for GPU (Triton) but have never run on a GPU or TPU (see Native lowering
+  above), so 'auto' is 'xla' everywhere until they have. Raises ValueError for anything but
   'auto', 'xla' or 'pallas'.
   """
   if implementation not in IMPLEMENTATIONS:
@@ -83,13 +116,11 @@ def resolve_implementation(implementation: str) -> str:
   return 'xla' if implementation == 'auto' else implementation
 
 
-def interpret_mode() -> bool:
-  """Whether pallas_call must interpret its kernels: everywhere but GPU and TPU (i.e. CPU)."""
-  return jax.default_backend() not in ('gpu', 'tpu')
-
-
-def _round_up(n: int, multiple: int) -> int:
-  return -(-n // multiple) * multiple
+def triton_size(n: int) -> int:
+  """n rounded up to a power of two, at least MIN_TRITON_DIM: a size Triton accepts for every
+  block, tile and dot dimension. The wrappers pad head_dim, Shaw's table rows and XL's
+  distance window to it with zeros (exact: zero rows and columns add nothing to any product)."""
+  return max(MIN_TRITON_DIM, 1 << (max(n, 1) - 1).bit_length())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,13 +134,28 @@ class Tiling:
   block_k: int
 
   @classmethod
-  def make(cls, q_len: int, kv_len: int, block_sizes=None) -> Tiling:
-    """`block_sizes` (block_q, block_k), or by default min(128, length rounded up to 8)."""
+  def make(cls, q_len: int, kv_len: int, block_sizes=None, one_hot_columns=None) -> Tiling:
+    """`block_sizes` (block_q, block_k), or by default the tiles Triton can lower.
+
+    Default tiles start at min(DEFAULT_BLOCK, `triton_size(length)`) (powers of two, >= 16) and
+    are halved, the larger first, while the kernel's widest one-hot reduction,
+    [block_q, block_k, one_hot_columns(block_q, block_k)] elements, exceeds ONE_HOT_BUDGET.
+    Given block sizes are kept as they are: any positive sizes run interpreted; Triton needs
+    powers of two >= 16, and a one-hot reduction within 2^20 elements to lower at all.
+    """
     if block_sizes is None:
-      block_sizes = (
-        min(DEFAULT_BLOCK, _round_up(q_len, _SUBLANE)),
-        min(DEFAULT_BLOCK, _round_up(kv_len, _SUBLANE)),
-      )
+      block_q = min(DEFAULT_BLOCK, triton_size(q_len))
+      block_k = min(DEFAULT_BLOCK, triton_size(kv_len))
+      columns = one_hot_columns or (lambda block_q, block_k: 1)
+      while (
+        block_q * block_k * columns(block_q, block_k) > ONE_HOT_BUDGET
+        and max(block_q, block_k) > MIN_TRITON_DIM
+      ):
+        if block_q >= block_k:
+          block_q //= 2
+        else:
+          block_k //= 2
+      block_sizes = (block_q, block_k)
     block_q, block_k = (int(b) for b in block_sizes)
     if block_q < 1 or block_k < 1:
       raise ValueError(f'block_sizes must be two positive ints, got {block_sizes}')
@@ -132,17 +178,23 @@ class Tiling:
     return self.num_k_tiles * self.block_k
 
 
+def pad_to(x, shape):
+  """x padded with trailing zeros along every axis up to `shape`."""
+  return jnp.pad(x, [(0, size - n) for n, size in zip(x.shape, shape, strict=True)])
+
+
 def to_kernel_layout(x_BLHD, total_len: int, left: int = 0):
-  """[batch, len, heads, dim] -> [batch, heads, total_len, dim]: `left` zero rows, then x,
-  then zeros up to total_len."""
+  """[batch, len, heads, dim] -> [batch, heads, total_len, triton_size(dim)]: `left` zero rows,
+  then x, then zeros up to total_len; dim padded with zeros."""
   x_BHLD = jnp.transpose(x_BLHD, (0, 2, 1, 3))
   right = total_len - left - x_BHLD.shape[2]
-  return jnp.pad(x_BHLD, ((0, 0), (0, 0), (left, right), (0, 0)))
+  extra_dims = triton_size(x_BHLD.shape[3]) - x_BHLD.shape[3]
+  return jnp.pad(x_BHLD, ((0, 0), (0, 0), (left, right), (0, extra_dims)))
 
 
-def from_kernel_layout(x_BHLD, length: int, left: int = 0):
-  """Inverse of `to_kernel_layout`: [batch, length, heads, dim]."""
-  return jnp.transpose(x_BHLD[:, :, left : left + length], (0, 2, 1, 3))
+def from_kernel_layout(x_BHLD, length: int, head_dim: int, left: int = 0):
+  """Inverse of `to_kernel_layout`: [batch, length, heads, head_dim]."""
+  return jnp.transpose(x_BHLD[:, :, left : left + length, :head_dim], (0, 2, 1, 3))
 
 
 def kernel_mask(mask, batch: int, heads: int, q_len: int, kv_len: int, q_total, kv_total, left=0):
@@ -172,6 +224,14 @@ def mask_index_map(mask_BHQK, index_map):
   return mapped
 
 
+# How `pl.pallas_call` runs on each platform, chosen when lowering (`lax.platform_dependent`;
+# a Python test of `jax.default_backend()` would miss `jax.export` for another platform):
+# Triton on GPU, Mosaic on TPU, interpreted everywhere else (CPU).
+_TRITON = dict(interpret=False, compiler_params=pallas_triton.CompilerParams())
+_MOSAIC_TPU = dict(interpret=False, compiler_params=None)
+_INTERPRETED = dict(interpret=True, compiler_params=None)
+
+
 class KernelCall:
   """Named inputs and outputs of one `pl.pallas_call`; the kernel body gets one namespace of
   refs (`refs.query`, ...; optional inputs that were not added read as None)."""
@@ -192,8 +252,9 @@ class KernelCall:
     self._out_shapes.append(jax.ShapeDtypeStruct(shape, dtype))
     self._out_specs.append(pl.BlockSpec(block_shape, index_map))
 
-  def __call__(self, body, grid, *, interpret: bool, name: str, **static):
-    """Runs `body(refs, **static)` over `grid`; returns the outputs in the order added."""
+  def __call__(self, body, grid, *, name: str, **static):
+    """Runs `body(refs, **static)` over `grid` (Triton on GPU, Mosaic on TPU, interpreted
+    elsewhere); returns the outputs in the order added."""
     names = self._names + self._out_names
     optional = self._optional
 
@@ -202,15 +263,24 @@ class KernelCall:
       named.update(zip(names, refs, strict=True))
       body(types.SimpleNamespace(**named), **static)
 
-    return pl.pallas_call(
-      kernel,
-      grid=grid,
-      in_specs=self._specs,
-      out_specs=self._out_specs,
-      out_shape=self._out_shapes,
-      interpret=interpret,
-      name=name,
-    )(*self._arrays)
+    def lowered_as(mode):
+      return pl.pallas_call(
+        kernel,
+        grid=grid,
+        in_specs=self._specs,
+        out_specs=self._out_specs,
+        out_shape=self._out_shapes,
+        name=name,
+        **mode,
+      )
+
+    return lax.platform_dependent(
+      *self._arrays,
+      cuda=lowered_as(_TRITON),
+      rocm=lowered_as(_TRITON),
+      tpu=lowered_as(_MOSAIC_TPU),
+      default=lowered_as(_INTERPRETED),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,6 +344,25 @@ def dot(a, b, *, transpose_a=False, transpose_b=False):
     dimensions,
     preferred_element_type=accumulation_dtype(operand),
   )
+
+
+def _column_hits(index_QK, columns: int):
+  """bool [Q, K, columns]: index[i, j] == c."""
+  return index_QK[:, :, None] == lax.broadcasted_iota(jnp.int32, (1, 1, columns), 2)
+
+
+def gather_columns(x_QC, index_QK):
+  """`out[i, j] = x[i, index[i, j]]` [Q, K] (index in [0, C); Q, K may broadcast from 1).
+
+  A one-hot reduction over C ([Q, K, C] elements), not a gather: Triton cannot lower
+  gathers. Exact: each output is one x plus zeros."""
+  return jnp.sum(jnp.where(_column_hits(index_QK, x_QC.shape[1]), x_QC[:, None, :], 0), axis=2)
+
+
+def scatter_add_columns(x_QK, index_QK, columns: int):
+  """`out[i, c] = Σ_{j: index[i, j] = c} x[i, j]` [Q, columns], the transpose of
+  `gather_columns` (indices outside [0, columns) drop out), also a one-hot reduction."""
+  return jnp.sum(jnp.where(_column_hits(index_QK, columns), x_QK[:, :, None], 0), axis=1)
 
 
 def positions(start, size: int, axis: int):

@@ -8,13 +8,14 @@ qw = q·w^Kᵀ/sqrt(d) [block_q, 2k+1] is computed once. Each key tile is classi
 of j - pos_i it holds: a tile entirely at distance <= -k (or >= k) from all its queries sees one
 table row, the left (right) edge, so its a^K term is a per-row constant (a rank-1 add of one
 column of qw), and its a^V contribution is (row sum of p over the tile)·w^V_edge. Only tiles
-that cross the band |j - pos_i| < k do per-distance work: gather qw at each (i, j)'s bucket, and
-sum p into buckets [block_q, 2k+1] (the band's 2k-1 inner buckets are one gather, since in a
-row every inner bucket is one key; the two edges are masked row sums). The per-bucket sums of
+that cross the band |j - pos_i| < k do per-distance work: read qw at each (i, j)'s bucket, and
+sum p into buckets [block_q, 2k+1], both as one-hot reductions over the buckets
+([block_q, block_k, buckets]: `gather_columns`, `scatter_add_columns`). The per-bucket sums of
 p' (edges included: columns 0 and 2k) are carried through the online softmax next to the value
 accumulator, with the same rescaling, and multiplied by w^V once at the end. Memory per
 program beyond flash attention's [block_q, block_k] tile: O(block_q·(2k+1)) (qw and the bucket
-sums); saved for the backward pass: only the output and the per-row logsumexp [B, H, q_len]
+sums), and the band tiles' one-hot intermediates, O(block_q·block_k·(2k+1)); saved for the
+backward pass: only the output and the per-row logsumexp [B, H, q_len]
 (besides the inputs), no [q_len, kv_len] array anywhere. Overall O(n·(d + k)).
 
 Backward (flash-attention-2 style, all three Pallas kernels recompute p = exp(s - logsumexp)
@@ -29,11 +30,14 @@ tiles) by `jnp.sum` in the VJP (the tables are shared by every program; GPU prog
 accumulate into one block). Layout changes (transpose to [B, H, L, D], padding to whole tiles,
 slicing) are XLA ops around the kernels and differentiated by JAX.
 
-Native lowering (see `pallas_common` for what was checked): the gathers
-(`jnp.take_along_axis` on the [block_q, 2k+1] row tables, in `_BandTile`) have no Triton
-lowering; a one-hot reduction over buckets, [block_q, block_k, 2k+1], lowers instead. The
-tables' 2k+1 rows break Triton's power-of-two shapes and Mosaic's (8, 128) tiling: pad them
-with zero rows. The per-tile `lax.cond` (band vs edge) is what skips the per-bucket work.
+Native lowering (see `pallas_common` for what was checked): the 2k+1 table rows (and
+head_dim) are padded with zero rows (columns) to a power of two >= 16 (`_table_rows`), which
+buckets 0 .. 2k never reach, so every per-bucket array is [block_q, `table_rows`]; the bucket
+reads and sums are one-hot reductions, which Triton lowers (it has no gather); the default
+tiles keep [block_q, block_k, table_rows] within `pallas_common.ONE_HOT_BUDGET` elements. The
+per-tile `lax.cond` (band vs edge) is what skips the per-bucket work. Forward and backward
+lower for 'cuda' through Triton and compile with pip's Triton 3.9 (spilling); never compiled
+by XLA or run on a GPU.
 """
 
 from __future__ import annotations
@@ -57,20 +61,29 @@ from relpos.attention.pallas_common import (
   dropout_seed,
   finish_softmax,
   from_kernel_layout,
+  gather_columns,
   init_softmax,
-  interpret_mode,
   kernel_mask,
   kernel_scalars,
   online_softmax_step,
+  pad_to,
   positions,
   query_residuals,
   read_scalars,
+  scatter_add_columns,
   softmax_grads,
   tile_index,
   tile_pairs,
   to_kernel_layout,
+  triton_size,
   whole_axis,
 )
+
+
+def _table_rows(max_distance: int) -> int:
+  """Rows of w^K, w^V and of every per-bucket array in the kernels: the 2k+1 buckets, padded
+  with zero rows to `triton_size` (buckets 0 .. 2k are the real rows)."""
+  return triton_size(2 * max_distance + 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,73 +93,61 @@ class _ShawSpec:
   tiling: Tiling
   max_distance: int
   dropout_rate: float
-  interpret: bool
+  scale: float  # 1/sqrt(d) of the real head_dim (the kernels see it padded)
 
   @property
   def table_rows(self) -> int:
-    """2k+1: rows of w^K, w^V and of every per-bucket array."""
-    return 2 * self.max_distance + 1
+    return _table_rows(self.max_distance)
 
 
 class _BandTile:
   """Bucket geometry of one (query tile, key tile) pair.
 
   `first_distance` is j - pos_i of the tile's first query and first key (traced); in the tile,
-  distance_ij = first_distance + j' - i' for local indices i', j'.
+  distance_ij = first_distance + j' - i' for local indices i', j', bucket r_ij =
+  clip(distance_ij, -k, k) + k. Per-bucket arrays have `table_rows` columns (2k+1 used).
   """
 
-  def __init__(self, max_distance: int, first_distance, block_q: int, block_k: int):
+  def __init__(self, max_distance: int, table_rows: int, first_distance, block_q, block_k):
     k = max_distance
-    self.k, self.rows, self.first_distance = k, 2 * k + 1, first_distance
-    self.block_q, self.block_k = block_q, block_k
-    local_key = lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
-    local_query = lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
-    self.distance_QK = first_distance + local_key - local_query
+    self.k, self.table_rows, self.shape = k, table_rows, (block_q, block_k)
+    local_key = lax.broadcasted_iota(jnp.int32, self.shape, 1)
+    local_query = lax.broadcasted_iota(jnp.int32, self.shape, 0)
+    self.bucket_QK = jnp.clip(first_distance + local_key - local_query, -k, k) + k
     lowest, highest = first_distance - (block_q - 1), first_distance + block_k - 1
-    self.all_left = highest <= -k  # every pair on the left edge (bucket 0)
-    self.crosses_band = (highest > -k) & (lowest < k)  # else every pair on one edge
+    # A tile off the band has every pair on one edge: bucket 0 (left) or 2k (right). (Typed
+    # constants: JAX 0.10.2's Triton lowering gives a scalar select's weak literals its
+    # predicate's type, bool.)
+    self.edge_bucket = jnp.where(highest <= -k, jnp.int32(0), jnp.int32(2 * k))
+    self.crosses_band = (highest > -k) & (lowest < k)
+
+  def _by_band(self, band, edge):
+    """band() on tiles crossing the band, edge() on the others (k = 0: all on the edge)."""
+    return edge() if self.k == 0 else lax.cond(self.crosses_band, band, edge)
 
   def spread(self, x_QR):
-    """`out[i, j] = x[i, r_ij]`: per-row table values [block_q, 2k+1] -> [block_q, block_k]."""
-    shape = (self.block_q, self.block_k)
-    if self.k == 0:
-      return jnp.broadcast_to(x_QR, shape)
-    k = self.k
+    """`out[i, j] = x[i, r_ij]`: per-row table values [block_q, rows] -> [block_q, block_k]."""
 
     def band():
-      return jnp.take_along_axis(x_QR, jnp.clip(self.distance_QK, -k, k) + k, axis=1)
+      return gather_columns(x_QR, self.bucket_QK)
 
     def edge():  # one column for the whole tile: a per-row constant
-      return jnp.broadcast_to(jnp.where(self.all_left, x_QR[:, :1], x_QR[:, -1:]), shape)
+      edge_column = gather_columns(x_QR, jnp.full((1, 1), self.edge_bucket))
+      return jnp.broadcast_to(edge_column, self.shape)
 
-    return lax.cond(self.crosses_band, band, edge)
+    return self._by_band(band, edge)
 
   def collect(self, p_QK):
-    """`out[i, r] = Σ_{j: r_ij = r} p_ij`: per-key values -> per-bucket sums [block_q, 2k+1]."""
-    total = jnp.sum(p_QK, axis=1, keepdims=True)
-    if self.k == 0:
-      return total
-    k = self.k
-    row = lax.broadcasted_iota(jnp.int32, (1, self.rows), 1)
+    """`out[i, r] = Σ_{j: r_ij = r} p_ij`: per-key values -> per-bucket sums [block_q, rows]."""
 
     def band():
-      # An inner bucket r (0 < r < 2k) is distance r - k, i.e. local key r - k - first + i'.
-      local_query = lax.broadcasted_iota(jnp.int32, (self.block_q, 1), 0)
-      inner_key = row - k - self.first_distance + local_query  # [block_q, 2k+1]
-      inner = (row > 0) & (row < 2 * k) & (inner_key >= 0) & (inner_key < self.block_k)
-      gathered = jnp.take_along_axis(p_QK, jnp.clip(inner_key, 0, self.block_k - 1), axis=1)
-      left = jnp.sum(jnp.where(self.distance_QK <= -k, p_QK, 0.0), axis=1, keepdims=True)
-      right = jnp.sum(jnp.where(self.distance_QK >= k, p_QK, 0.0), axis=1, keepdims=True)
-      return (
-        jnp.where(inner, gathered, 0.0)
-        + jnp.where(row == 0, left, 0.0)
-        + jnp.where(row == 2 * k, right, 0.0)
-      )
+      return scatter_add_columns(p_QK, self.bucket_QK, self.table_rows)
 
     def edge():
-      return jnp.where(row == jnp.where(self.all_left, 0, 2 * k), total, 0.0)
+      bucket = lax.broadcasted_iota(jnp.int32, (1, self.table_rows), 1)
+      return jnp.where(bucket == self.edge_bucket, jnp.sum(p_QK, axis=1, keepdims=True), 0.0)
 
-    return lax.cond(self.crosses_band, band, edge)
+    return self._by_band(band, edge)
 
 
 def _tile(spec, seed, b, h, offset, query_QD, qw_QR, query_start, key_start, key_KD, mask_QK):
@@ -154,9 +155,13 @@ def _tile(spec, seed, b, h, offset, query_QD, qw_QR, query_start, key_start, key
   tile whose first query is `query_start` and first key `key_start`."""
   tiling = spec.tiling
   band = _BandTile(
-    spec.max_distance, key_start - (offset + query_start), tiling.block_q, tiling.block_k
+    spec.max_distance,
+    spec.table_rows,
+    key_start - (offset + query_start),
+    tiling.block_q,
+    tiling.block_k,
   )
-  logits = dot(query_QD, key_KD, transpose_b=True) * query_QD.shape[-1] ** -0.5
+  logits = dot(query_QD, key_KD, transpose_b=True) * spec.scale
   if qw_QR is not None:
     logits = logits + band.spread(qw_QR)
   allowed, keep_scale = tile_pairs(
@@ -172,11 +177,11 @@ def _tile(spec, seed, b, h, offset, query_QD, qw_QR, query_start, key_start, key
   return logits, allowed, keep_scale, band
 
 
-def _row_tables(refs, query_QD, d_output_QD=None):
-  """qw = q·w^Kᵀ/sqrt(d) and (given do) do·w^Vᵀ, [block_q, 2k+1] each, None without a table."""
+def _row_tables(spec, refs, query_QD, d_output_QD=None):
+  """qw = q·w^Kᵀ/sqrt(d) and (given do) do·w^Vᵀ, [block_q, rows] each, None without a table."""
   query_rows = None
   if refs.rel_key is not None:
-    query_rows = dot(query_QD, refs.rel_key[...], transpose_b=True) * query_QD.shape[-1] ** -0.5
+    query_rows = dot(query_QD, refs.rel_key[...], transpose_b=True) * spec.scale
   d_output_rows = None
   if d_output_QD is not None and refs.rel_value is not None:
     d_output_rows = dot(d_output_QD, refs.rel_value[...], transpose_b=True)
@@ -190,7 +195,7 @@ def _forward_kernel(refs, *, spec):
   offset, seed = read_scalars(refs.scalars)
   query = refs.query[...]  # [block_q, D]
   query_start = query_tile * block_q
-  query_rows, _ = _row_tables(refs, query)
+  query_rows, _ = _row_tables(spec, refs, query)
   acc_dtype = jnp.promote_types(refs.value.dtype, jnp.float32)
 
   def body(key_tile, carry):
@@ -239,7 +244,7 @@ def _d_query_kernel(refs, *, spec):
   query_start = query_tile * block_q
   query = refs.query[...]
   d_output, lse, delta = query_residuals(refs, ...)
-  query_rows, d_output_rows = _row_tables(refs, query, d_output)
+  query_rows, d_output_rows = _row_tables(spec, refs, query, d_output)
   acc_dtype = jnp.promote_types(refs.value.dtype, jnp.float32)
 
   def body(key_tile, carry):
@@ -273,7 +278,7 @@ def _d_query_kernel(refs, *, spec):
       None if refs.rel_value is None else zeros_rows,
     ),
   )
-  scale = query.shape[-1] ** -0.5
+  scale = spec.scale
   if logit_rows is not None:
     d_query = d_query + dot(logit_rows, refs.rel_key[...].astype(acc_dtype))
     refs.d_rel_key[...] = dot(logit_rows, query.astype(acc_dtype), transpose_a=True) * scale
@@ -297,7 +302,7 @@ def _d_key_value_kernel(refs, *, spec):
     rows = pl.ds(query_start, block_q)
     query = refs.query[rows, :]
     d_output, lse, delta = query_residuals(refs, (rows, slice(None)))
-    query_rows, d_output_rows = _row_tables(refs, query, d_output)
+    query_rows, d_output_rows = _row_tables(spec, refs, query, d_output)
     mask = None if refs.mask is None else refs.mask[rows, :]
     logits, allowed, keep_scale, band = _tile(
       spec, seed, b, h, offset, query, query_rows, query_start, key_start, key, mask
@@ -312,7 +317,7 @@ def _d_key_value_kernel(refs, *, spec):
 
   zeros = jnp.zeros(key.shape, acc_dtype)
   d_key, d_value = lax.fori_loop(0, tiling.num_q_tiles, body, (zeros, zeros))
-  refs.d_key[...] = (d_key * key.shape[-1] ** -0.5).astype(refs.d_key.dtype)
+  refs.d_key[...] = (d_key * spec.scale).astype(refs.d_key.dtype)
   refs.d_value[...] = d_value.astype(refs.d_value.dtype)
 
 
@@ -374,13 +379,14 @@ def _forward(spec, inputs):
     _tile_map,
   )
   grid = (batch, heads, tiling.num_q_tiles)
-  return call(_forward_kernel, grid, interpret=spec.interpret, name='shaw_forward', spec=spec)
+  return call(_forward_kernel, grid, name='shaw_forward', spec=spec)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _shaw_pallas(spec, inputs):
   """Shaw attention on `_Inputs` in kernel layout: query [B, H, Qp, D], key/value
-  [B, H, Kp, D] (padded to whole tiles), tables [2k+1, D] or None, int8 mask
+  [B, H, Kp, D] (padded to whole tiles, D to `triton_size`), tables [`table_rows`, D] or None,
+  int8 mask
   [B|1, H|1, Qp, Kp] or None, int32 scalars [2] (query offset, dropout seed). Returns
   [B, H, Qp, D]."""
   output, _ = _forward(spec, inputs)
@@ -415,9 +421,7 @@ def _shaw_pallas_bwd(spec, residuals, d_output):
         lambda b, h, i: (b, h, i, 0, 0),
       )
   grid = (batch, heads, tiling.num_q_tiles)
-  d_query, *table_partials = call(
-    _d_query_kernel, grid, interpret=spec.interpret, name='shaw_backward_dq', spec=spec
-  )
+  d_query, *table_partials = call(_d_query_kernel, grid, name='shaw_backward_dq', spec=spec)
   table_grads = []
   for table in (inputs.rel_key, inputs.rel_value):
     if table is None:
@@ -431,9 +435,7 @@ def _shaw_pallas_bwd(spec, residuals, d_output):
   for name, like in (('d_key', inputs.key), ('d_value', inputs.value)):
     call.output(name, like.shape, like.dtype, (None, None, block_k, head_dim), _tile_map)
   grid = (batch, heads, tiling.num_k_tiles)
-  d_key, d_value = call(
-    _d_key_value_kernel, grid, interpret=spec.interpret, name='shaw_backward_dkv', spec=spec
-  )
+  d_key, d_value = call(_d_key_value_kernel, grid, name='shaw_backward_dkv', spec=spec)
   d_rel_key, d_rel_value = table_grads
   return (_Inputs(d_query, d_key, d_value, d_rel_key, d_rel_value, None, None),)
 
@@ -456,16 +458,19 @@ def shaw_attention_pallas(
 ) -> jax.Array:
   """`relpos.attention.shaw_attention(..., implementation='pallas')`, arguments already checked.
 
-  Same contract as `shaw_attention`; `block_sizes` = (block_q, block_k) tiles (default
-  min(128, length rounded up to 8) each). Dropout draws its keep mask from
+  Same contract as `shaw_attention`; `block_sizes` = (block_q, block_k) tiles (default:
+  `pallas_common.Tiling.make`'s, which Triton can lower). Dropout draws its keep mask from
   `pallas_common.dropout_keep_hashed` (same distribution as the 'xla' path, different bits).
   """
-  batch, q_len, heads, _ = query.shape
+  batch, q_len, heads, head_dim = query.shape
   kv_len = key.shape[1]
-  tiling = Tiling.make(q_len, kv_len, block_sizes)
   table = rel_key if rel_key is not None else rel_value
   max_distance = (table.shape[0] - 1) // 2
-  spec = _ShawSpec(tiling, max_distance, float(dropout_rate), interpret_mode())
+  # The band tiles' one-hot reductions are [block_q, block_k, table_rows]; k = 0 has none.
+  one_hot_columns = 1 if max_distance == 0 else _table_rows(max_distance)
+  tiling = Tiling.make(q_len, kv_len, block_sizes, lambda block_q, block_k: one_hot_columns)
+  spec = _ShawSpec(tiling, max_distance, float(dropout_rate), head_dim**-0.5)
+  table_shape = (spec.table_rows, triton_size(head_dim))
   if query_offset is None:
     query_offset = kv_len - q_len
   # Past these offsets every pair is on one edge either way: clipping keeps the buckets exact
@@ -480,10 +485,10 @@ def shaw_attention_pallas(
     query=to_kernel_layout(query, tiling.q_padded),
     key=to_kernel_layout(key, tiling.kv_padded),
     value=to_kernel_layout(value, tiling.kv_padded),
-    rel_key=rel_key,
-    rel_value=rel_value,
+    rel_key=None if rel_key is None else pad_to(rel_key, table_shape),
+    rel_value=None if rel_value is None else pad_to(rel_value, table_shape),
     mask=kernel_mask(mask, batch, heads, q_len, kv_len, tiling.q_padded, tiling.kv_padded),
     scalars=kernel_scalars(query_offset, seed),
   )
   output = _shaw_pallas(spec, inputs)
-  return from_kernel_layout(output, q_len)
+  return from_kernel_layout(output, q_len, head_dim)

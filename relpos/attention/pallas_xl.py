@@ -6,33 +6,39 @@
 Forward (grid batch × heads × query tiles; loop over key tiles, online softmax, key tiles
 entirely in the causal future of the query tile are skipped by the loop bound). For a (query
 tile, key tile) pair the distances pos_i - j span a window of block_q + block_k - 1 rows of R,
-so the position term is one matmul (q + v)·R_windowᵀ [block_q, block_q + block_k - 1] followed
-by a static skew: pair (i', j') reads column i' - j' + block_k - 1. Only the output and the
-per-row logsumexp are saved for the backward pass.
+so the position term is one matmul (q + v)·R_windowᵀ [block_q, window] followed by a static
+skew: pair (i', j') reads column i' - j' + block_k - 1 (a one-hot reduction over the window,
+`gather_columns`). The window is those block_q + block_k - 1 rows padded to a power of two
+(`_window`). Only the output and the per-row logsumexp are saved for the backward pass.
 
 Backward (flash-attention-2 style; every kernel recomputes p = exp(s - logsumexp) tile by tile
 and delta_i = do_i·o_i per query tile):
 - dq kernel, grid over query tiles, loop over key tiles: dq = (Σ_j ds_ij k_j + Σ_j ds_ij
-  R[pos_i - j]) / sqrt(d), the second sum as the skewed-back ds [block_q, window] times
+  R[pos_i - j]) / sqrt(d), the second sum as the skewed-back ds [block_q, window]
+  (`scatter_add_columns`) times
   R_window. The content and position halves, summed over the tile's rows, are per-tile partials
   of d u and d v [batch, heads, query tiles, 1, d].
 - dk/dv kernel, grid over key tiles, loop over the query tiles that can see them.
 - d rel_key kernel, grid over tiles of distances t0 .. t0 + block_k - 1, loop over query
   tiles: the keys at those distances from a query tile are one contiguous run of
-  block_q + block_k - 1 keys, so the content logits and do·vᵀ are matmuls on that run, skewed to
-  [block_q, distances]; the position logits need just R's own block. dR[t] = Σ ds (q + v) /
+  block_q + block_k - 1 keys (read as `window` keys), so the content logits and do·vᵀ are
+  matmuls on that run, skewed to [block_q, distances]; the position logits need just R's own
+  block. dR[t] = Σ ds (q + v) /
   sqrt(d), per batch a partial [batch, heads, distances, d].
 The steps outside Pallas: summing those partials over batch (and query tiles), by `jnp.sum` in
 the VJP; and the layout changes around the kernels (transpose to [B, H, L, D], padding).
 
-Layout: key, value, mask and R are padded on the left by `_XLSpec.pad` (whole key tiles) so
-every window and key run of the kernels is in bounds; pads are zeros, and masked.
+Layout: key, value, mask and R are padded on the left by `_XLSpec.pad` and on the right up to
+`_XLSpec.extended` (whole key tiles) so every window and key run of the kernels is in bounds;
+pads are zeros, and masked. head_dim is padded with zeros to a power of two >= 16.
 
-Native lowering (see `pallas_common` for what was checked): the skews are
-`jnp.take_along_axis` with static indices, which Triton cannot lower (a one-hot reduction over
-the window would, at [block_q, block_k, window] per tile; on TPU a strided `pltpu.roll` is the
-usual replacement); the window of block_q + block_k - 1 rows breaks Triton's power-of-two
-shapes (pad it by one row); the causal loop bounds use `//` on program ids.
+Native lowering (see `pallas_common` for what was checked): the skews are one-hot reductions
+over the window, [block_q, block_k, window] per tile, because Triton has no gather (on TPU a
+strided `pltpu.roll` would be the usual, cheaper replacement); the window is a power of two
+>= 16, and the default tiles keep block_q·block_k·window within
+`pallas_common.ONE_HOT_BUDGET` elements (32 x 32 tiles for long sequences). Forward and
+backward lower for 'cuda' through Triton and compile with pip's Triton 3.9 (spilling); never
+compiled by XLA or run on a GPU.
 """
 
 from __future__ import annotations
@@ -55,20 +61,30 @@ from relpos.attention.pallas_common import (
   dropout_seed,
   finish_softmax,
   from_kernel_layout,
+  gather_columns,
   init_softmax,
-  interpret_mode,
   kernel_mask,
   kernel_scalars,
   online_softmax_step,
+  pad_to,
   positions,
   query_residuals,
   read_scalars,
+  scatter_add_columns,
   softmax_grads,
   tile_index,
   tile_pairs,
   to_kernel_layout,
+  triton_size,
   whole_axis,
 )
+
+
+def _window(block_q: int, block_k: int) -> int:
+  """Rows of R (and keys) the kernels read per (query tile, key tile) pair: the
+  block_q + block_k - 1 distances the pair spans, padded to `triton_size` (the extra rows are
+  never selected by the skews). Also the width of their one-hot reductions."""
+  return triton_size(block_q + block_k - 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +93,7 @@ class _XLSpec:
 
   tiling: Tiling
   dropout_rate: float
-  interpret: bool
+  scale: float  # 1/sqrt(d) of the real head_dim (the kernels see it padded)
 
   @property
   def base(self) -> int:
@@ -94,14 +110,19 @@ class _XLSpec:
   @property
   def extended(self) -> int:
     """Length of the padded key and distance axes: the windows of padded queries reach
-    base + q_padded - 1."""
+    base + q_padded - 1, and `window` - `span` rows past that."""
     block_k, tiling = self.tiling.block_k, self.tiling
-    right = max(tiling.kv_padded, self.base + tiling.q_padded)
+    right = max(tiling.kv_padded, self.base + tiling.q_padded + self.window - self.span)
     return self.pad + -(-right // block_k) * block_k
 
   @property
-  def window(self) -> int:
+  def span(self) -> int:
+    """block_q + block_k - 1: the distances (and keys) one (query tile, key tile) pair spans."""
     return self.tiling.block_q + self.tiling.block_k - 1
+
+  @property
+  def window(self) -> int:
+    return _window(self.tiling.block_q, self.tiling.block_k)
 
 
 def _first_query_tile(spec, first_key):
@@ -119,32 +140,22 @@ def _biased_queries(refs, rows):
   )
 
 
-def _skew_index(block_q: int, width: int, shift: int):
-  """int32 [block_q, width]: `i' + shift - c` for row i', column c."""
+def _skew_index(tiling):
+  """int32 [block_q, block_k]: `i' + block_k - 1 - j'` for row i', column j'. Key j' of a tile
+  is column i' + block_k - 1 - j' of its query i''s window over distances, and in the dR
+  kernel, distance column j' of query i' is column i' + block_k - 1 - j' of the key run."""
+  shape = (tiling.block_q, tiling.block_k)
   return (
-    lax.broadcasted_iota(jnp.int32, (block_q, width), 0)
-    + shift
-    - lax.broadcasted_iota(jnp.int32, (block_q, width), 1)
+    lax.broadcasted_iota(jnp.int32, shape, 0)
+    + tiling.block_k
+    - 1
+    - lax.broadcasted_iota(jnp.int32, shape, 1)
   )
 
 
-def _window_to_keys(x_QW, block_k: int):
-  """`out[i', j'] = x[i', i' - j' + block_k - 1]`: a window over distances -> key tile."""
-  block_q = x_QW.shape[0]
-  return jnp.take_along_axis(x_QW, _skew_index(block_q, block_k, block_k - 1), axis=1)
-
-
-def _keys_to_window(x_QK, window: int):
-  """The transpose of `_window_to_keys`: `out[i', c] = x[i', i' + block_k - 1 - c]` (0 where
-  that key is outside the tile)."""
-  block_q, block_k = x_QK.shape
-  key = _skew_index(block_q, window, block_k - 1)
-  inside = (key >= 0) & (key < block_k)
-  return jnp.where(inside, jnp.take_along_axis(x_QK, jnp.clip(key, 0, block_k - 1), axis=1), 0.0)
-
-
 def _rel_window(spec, refs, query_start, key_start):
-  """Rows of R for distances pos_0' - key_start - (block_k - 1) .. + window - 1 of the tile."""
+  """Rows of R for distances pos_0' - key_start - (block_k - 1) .. + window - 1 of the tile
+  [window, D] (the first `span` are the tile's)."""
   first = spec.base + query_start - key_start - (spec.tiling.block_k - 1)
   return refs.rel_key[pl.ds(spec.pad + first, spec.window), :]
 
@@ -162,8 +173,8 @@ def _tile(spec, refs, seed, b, h, q_content, q_position, query_start, key_start,
   """Logits [block_q, block_k], allowed pairs, dropout factor and the R window of one tile."""
   rel_window = _rel_window(spec, refs, query_start, key_start)
   content = dot(q_content, key, transpose_b=True)
-  position = _window_to_keys(dot(q_position, rel_window, transpose_b=True), spec.tiling.block_k)
-  logits = (content + position) * q_content.shape[-1] ** -0.5
+  position = gather_columns(dot(q_position, rel_window, transpose_b=True), _skew_index(spec.tiling))
+  logits = (content + position) * spec.scale
   key_index = positions(key_start, spec.tiling.block_k, 1)
   allowed, keep_scale = _pairs(spec, seed, b, h, query_start, key_index, mask)
   return logits, allowed, keep_scale, rel_window
@@ -238,7 +249,8 @@ def _d_query_kernel(refs, *, spec):
     d_dropped = dot(d_output, value, transpose_b=True)
     _, d_logits = softmax_grads(logits, allowed, lse, d_dropped, delta, keep_scale)
     d_content_QD = d_content_QD + dot(d_logits.astype(key.dtype), key)
-    d_window = _keys_to_window(d_logits, spec.window).astype(rel_window.dtype)
+    d_window = scatter_add_columns(d_logits, _skew_index(tiling), spec.window)
+    d_window = d_window.astype(rel_window.dtype)
     d_position_QD = d_position_QD + dot(d_window, rel_window)
     return d_content_QD, d_position_QD
 
@@ -246,8 +258,7 @@ def _d_query_kernel(refs, *, spec):
   d_content, d_position = lax.fori_loop(
     0, _visible_key_tiles(spec, query_start), body, (zeros, zeros)
   )
-  scale = q_content.shape[-1] ** -0.5
-  d_content, d_position = d_content * scale, d_position * scale
+  d_content, d_position = d_content * spec.scale, d_position * spec.scale
   refs.d_query[...] = (d_content + d_position).astype(refs.d_query.dtype)
   refs.d_content_bias[...] = jnp.sum(d_content, axis=0, keepdims=True)
   refs.d_position_bias[...] = jnp.sum(d_position, axis=0, keepdims=True)
@@ -281,7 +292,7 @@ def _d_key_value_kernel(refs, *, spec):
   d_key, d_value = lax.fori_loop(
     _first_query_tile(spec, key_start), tiling.num_q_tiles, body, (zeros, zeros)
   )
-  refs.d_key[...] = (d_key * key.shape[-1] ** -0.5).astype(refs.d_key.dtype)
+  refs.d_key[...] = (d_key * spec.scale).astype(refs.d_key.dtype)
   refs.d_value[...] = d_value.astype(refs.d_value.dtype)
 
 
@@ -289,14 +300,14 @@ def _d_rel_key_kernel(refs, *, spec):
   """dR for the distances t0 .. t0 + block_k - 1 of this program (one batch element)."""
   tiling = spec.tiling
   block_q, block_k = tiling.block_q, tiling.block_k
-  run = spec.window  # keys at those distances from one query tile
+  run = spec.window  # keys at those distances from one query tile (`span` of them used)
   b, h, distance_tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   _, seed = read_scalars(refs.scalars)
   first_distance = distance_tile * block_k
   rel_block = refs.rel_key[...]  # [block_k, D], R[t0 + c]
   # Column c of the skewed layout is distance t0 + c; for query i' that is key
   # run_start + i' + block_k - 1 - c, i.e. column i' + block_k - 1 - c of the run.
-  run_column = _skew_index(block_q, block_k, block_k - 1)
+  run_column = _skew_index(tiling)
   acc_dtype = jnp.promote_types(refs.value.dtype, jnp.float32)
 
   def body(query_tile, d_rel_CD):
@@ -307,15 +318,11 @@ def _d_rel_key_kernel(refs, *, spec):
     keys = _key_rows(spec, run_start, run)
     mask = None
     if refs.mask is not None:
-      mask = jnp.take_along_axis(refs.mask[rows, keys], run_column, axis=1)
-    content = jnp.take_along_axis(
-      dot(q_content, refs.key[keys, :], transpose_b=True), run_column, axis=1
-    )
-    logits = (content + dot(q_position, rel_block, transpose_b=True)) * q_content.shape[-1] ** -0.5
+      mask = gather_columns(refs.mask[rows, keys].astype(jnp.int32), run_column)
+    content = gather_columns(dot(q_content, refs.key[keys, :], transpose_b=True), run_column)
+    logits = (content + dot(q_position, rel_block, transpose_b=True)) * spec.scale
     allowed, keep_scale = _pairs(spec, seed, b, h, query_start, run_start + run_column, mask)
-    d_dropped = jnp.take_along_axis(
-      dot(d_output, refs.value[keys, :], transpose_b=True), run_column, axis=1
-    )
+    d_dropped = gather_columns(dot(d_output, refs.value[keys, :], transpose_b=True), run_column)
     _, d_logits = softmax_grads(logits, allowed, lse, d_dropped, delta, keep_scale)
     return d_rel_CD + dot(d_logits.astype(q_position.dtype), q_position, transpose_a=True)
 
@@ -325,7 +332,7 @@ def _d_rel_key_kernel(refs, *, spec):
     body,
     jnp.zeros(rel_block.shape, acc_dtype),
   )
-  refs.d_rel_key[...] = d_rel * rel_block.shape[-1] ** -0.5
+  refs.d_rel_key[...] = d_rel * spec.scale
 
 
 class _Inputs(NamedTuple):
@@ -395,12 +402,13 @@ def _forward(spec, inputs):
     _tile_map,
   )
   grid = (batch, heads, tiling.num_q_tiles)
-  return call(_forward_kernel, grid, interpret=spec.interpret, name='xl_forward', spec=spec)
+  return call(_forward_kernel, grid, name='xl_forward', spec=spec)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _xl_pallas(spec, inputs):
-  """Transformer-XL attention on `_Inputs` in kernel layout: query [B, H, Qp, D]; key, value
+  """Transformer-XL attention on `_Inputs` in kernel layout (D padded to `triton_size`):
+  query [B, H, Qp, D]; key, value
   [B, H, E, D] and rel_key [H, E, D] with `spec.pad` rows of left padding (E = `spec.extended`);
   biases [H, 1, D]; int8 mask [B|1, H|1, Qp, E] or None; int32 scalars [2]. Returns
   [B, H, Qp, D]."""
@@ -446,7 +454,7 @@ def _xl_pallas_bwd(spec, residuals, d_output):
     )
   grid = (batch, heads, tiling.num_q_tiles)
   d_query, d_content_bias, d_position_bias = call(
-    _d_query_kernel, grid, interpret=spec.interpret, name='xl_backward_dq', spec=spec
+    _d_query_kernel, grid, name='xl_backward_dq', spec=spec
   )
 
   # dk, dv: grid over key tiles.
@@ -456,9 +464,7 @@ def _xl_pallas_bwd(spec, residuals, d_output):
     shape = (batch, heads, tiling.kv_padded, head_dim)
     call.output(name, shape, like.dtype, (None, None, block_k, head_dim), _tile_map)
   grid = (batch, heads, tiling.num_k_tiles)
-  d_key, d_value = call(
-    _d_key_value_kernel, grid, interpret=spec.interpret, name='xl_backward_dkv', spec=spec
-  )
+  d_key, d_value = call(_d_key_value_kernel, grid, name='xl_backward_dkv', spec=spec)
 
   # dR: grid over tiles of distances, per batch element (summed over batch below).
   blocking = Blocking(q_padded, whole_axis, spec.extended, whole_axis)
@@ -471,9 +477,7 @@ def _xl_pallas_bwd(spec, residuals, d_output):
     _tile_map,
   )
   grid = (batch, heads, tiling.num_k_tiles)  # distances 0 .. kv_padded - 1, block_k a tile
-  (d_rel_key,) = call(
-    _d_rel_key_kernel, grid, interpret=spec.interpret, name='xl_backward_drel', spec=spec
-  )
+  (d_rel_key,) = call(_d_rel_key_kernel, grid, name='xl_backward_drel', spec=spec)
 
   def bias_grad(partial, like):  # a bias is shared by every batch element and query tile
     return jnp.sum(partial, axis=(0, 2)).astype(like.dtype)
@@ -510,13 +514,15 @@ def xl_attention_pallas(
 ) -> jax.Array:
   """`relpos.attention.xl_attention(..., implementation='pallas')`, arguments already checked.
 
-  Same contract as `xl_attention`; `block_sizes` = (block_q, block_k) tiles (default
-  min(128, length rounded up to 8) each). Dropout draws its keep mask from
+  Same contract as `xl_attention`; `block_sizes` = (block_q, block_k) tiles (default:
+  `pallas_common.Tiling.make`'s, which Triton can lower). Dropout draws its keep mask from
   `pallas_common.dropout_keep_hashed` (same distribution as the 'xla' path, different bits).
   """
-  batch, q_len, heads, _ = query.shape
+  batch, q_len, heads, head_dim = query.shape
   kv_len = key.shape[1]
-  spec = _XLSpec(Tiling.make(q_len, kv_len, block_sizes), float(dropout_rate), interpret_mode())
+  tiling = Tiling.make(q_len, kv_len, block_sizes, _window)
+  spec = _XLSpec(tiling, float(dropout_rate), head_dim**-0.5)
+  bias_shape = (heads, 1, triton_size(head_dim))
   seed = dropout_seed(dropout_rng) if spec.dropout_rate > 0.0 else None
   extended = functools.partial(to_kernel_layout, total_len=spec.extended, left=spec.pad)
   inputs = _Inputs(
@@ -524,12 +530,12 @@ def xl_attention_pallas(
     key=extended(key),
     value=extended(value),
     rel_key=extended(rel_key[None])[0],
-    content_bias=content_bias[:, None, :],
-    position_bias=position_bias[:, None, :],
+    content_bias=pad_to(content_bias[:, None, :], bias_shape),
+    position_bias=pad_to(position_bias[:, None, :], bias_shape),
     mask=kernel_mask(
       mask, batch, heads, q_len, kv_len, spec.tiling.q_padded, spec.extended, spec.pad
     ),
     scalars=kernel_scalars(0, seed),
   )
   output = _xl_pallas(spec, inputs)
-  return from_kernel_layout(output, q_len)
+  return from_kernel_layout(output, q_len, head_dim)

@@ -359,12 +359,14 @@ def shaw_attention(
       `relpos.attention.masking.attention_dropout`; the dropped probabilities weight both the
       values and the a^V term. Rate 0 (the default) needs no rng.
     implementation: 'xla' (this module's kernel), 'pallas' (the fused, tiled kernels of
-      `relpos.attention.pallas_*`; interpreted on CPU) or 'auto' (the default): 'pallas'
-      where it lowers natively, which no backend does yet, so 'xla' everywhere for now.
+      `relpos.attention.pallas_*`; interpreted on CPU, Triton on GPU, Mosaic on TPU) or
+      'auto' (the default): 'pallas' where it is known to run natively, which no backend is
+      yet (they lower for GPU but have never run on one), so 'xla' everywhere for now.
       With dropout, 'pallas' draws its keep mask from a hash
       (`pallas_common.dropout_keep_hashed`): same distribution, different bits than 'xla'.
-    block_sizes: (block_q, block_k) tiles of the 'pallas' implementation (None: its default);
-      unused by 'xla'.
+    block_sizes: (block_q, block_k) tiles of the 'pallas' implementation (None: its default,
+      which Triton can lower; given sizes must be powers of two >= 16 for GPU); unused by
+      'xla'.
   Returns:
     [batch, q_len, heads, head_dim] in value's dtype.
   """
