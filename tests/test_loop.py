@@ -62,7 +62,8 @@ class Regression(loop.Task):
     x, y = self._rows(10**6, 64)
     return float(jnp.mean((model(x) - y) ** 2))
 
-  def score(self, config, workdir):
+  def score(self, config, workdir, output_dir=None):
+    del output_dir  # it writes no files besides eval_results.json
     model, steps, _ = loop.restore_model(self._model(config), config.eval, workdir)
     return {'mse': self._mse(model), 'step': steps[-1]}
 
