@@ -422,6 +422,28 @@ def finish_softmax(max_Q1, norm_Q1):
   return jnp.where(alive, 1.0 / safe, 0.0), jnp.where(alive, max_Q1 + jnp.log(safe), 0.0)
 
 
+def sequence_tile_map(b, h, i):
+  """Index map of a [B, H, L, D] array blocked (None, None, tile, D) by grid (b, h, tile i)."""
+  return (b, h, i, 0)
+
+
+def add_forward_outputs(call, query_BHQD, value_dtype, block_q: int) -> None:
+  """Declares the two outputs of a forward kernel over query tiles: `output` [B, H, Qp, D] in
+  the value's dtype and the per-row logsumexp `lse` [B, H, Qp, 1] (at least float32), the
+  residuals the backward kernels read."""
+  batch, heads, q_padded, head_dim = query_BHQD.shape
+  call.output(
+    'output', query_BHQD.shape, value_dtype, (None, None, block_q, head_dim), sequence_tile_map
+  )
+  call.output(
+    'lse',
+    (batch, heads, q_padded, 1),
+    jnp.promote_types(value_dtype, jnp.float32),
+    (None, None, block_q, 1),
+    sequence_tile_map,
+  )
+
+
 def query_residuals(refs, rows):
   """do, logsumexp [block_q, 1] and delta_i = do_i·o_i (float32) of query `rows` of the refs."""
   d_output = refs.d_output[rows]

@@ -56,6 +56,7 @@ from relpos.attention.pallas_common import (
   Blocking,
   KernelCall,
   Tiling,
+  add_forward_outputs,
   add_sequence_inputs,
   dot,
   dropout_seed,
@@ -71,6 +72,7 @@ from relpos.attention.pallas_common import (
   query_residuals,
   read_scalars,
   scatter_add_columns,
+  sequence_tile_map,
   softmax_grads,
   tile_index,
   tile_pairs,
@@ -358,26 +360,12 @@ def _query_tiles(tiling):
   return Blocking(tiling.block_q, tile_index, tiling.kv_padded, whole_axis)
 
 
-def _tile_map(b, h, i):
-  return (b, h, i, 0)
-
-
 def _forward(spec, inputs):
   """Output [B, H, Qp, D] and logsumexp [B, H, Qp, 1]."""
   tiling = spec.tiling
-  batch, heads, q_padded, head_dim = inputs.query.shape
+  batch, heads = inputs.query.shape[:2]
   call = _kernel_call(inputs, _query_tiles(tiling))
-  dtype = inputs.value.dtype
-  call.output(
-    'output', inputs.query.shape, dtype, (None, None, tiling.block_q, head_dim), _tile_map
-  )
-  call.output(
-    'lse',
-    (batch, heads, q_padded, 1),
-    jnp.promote_types(dtype, jnp.float32),
-    (None, None, tiling.block_q, 1),
-    _tile_map,
-  )
+  add_forward_outputs(call, inputs.query, inputs.value.dtype, tiling.block_q)
   grid = (batch, heads, tiling.num_q_tiles)
   return call(_forward_kernel, grid, name='shaw_forward', spec=spec)
 
@@ -409,7 +397,11 @@ def _shaw_pallas_bwd(spec, residuals, d_output):
   # dq, and per-query-tile partials of the table gradients: grid over query tiles.
   call = _kernel_call(inputs, _query_tiles(tiling), **residuals)
   call.output(
-    'd_query', inputs.query.shape, inputs.query.dtype, (None, None, block_q, head_dim), _tile_map
+    'd_query',
+    inputs.query.shape,
+    inputs.query.dtype,
+    (None, None, block_q, head_dim),
+    sequence_tile_map,
   )
   for name, table in (('d_rel_key', inputs.rel_key), ('d_rel_value', inputs.rel_value)):
     if table is not None:
@@ -433,7 +425,7 @@ def _shaw_pallas_bwd(spec, residuals, d_output):
   blocking = Blocking(tiling.q_padded, whole_axis, block_k, tile_index)
   call = _kernel_call(inputs, blocking, **residuals)
   for name, like in (('d_key', inputs.key), ('d_value', inputs.value)):
-    call.output(name, like.shape, like.dtype, (None, None, block_k, head_dim), _tile_map)
+    call.output(name, like.shape, like.dtype, (None, None, block_k, head_dim), sequence_tile_map)
   grid = (batch, heads, tiling.num_k_tiles)
   d_key, d_value = call(_d_key_value_kernel, grid, name='shaw_backward_dkv', spec=spec)
   d_rel_key, d_rel_value = table_grads

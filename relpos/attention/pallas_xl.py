@@ -56,6 +56,7 @@ from relpos.attention.pallas_common import (
   Blocking,
   KernelCall,
   Tiling,
+  add_forward_outputs,
   add_sequence_inputs,
   dot,
   dropout_seed,
@@ -71,6 +72,7 @@ from relpos.attention.pallas_common import (
   query_residuals,
   read_scalars,
   scatter_add_columns,
+  sequence_tile_map,
   softmax_grads,
   tile_index,
   tile_pairs,
@@ -375,10 +377,6 @@ def _kernel_call(inputs, blocking, rel_blocking, **residuals):
   return call
 
 
-def _tile_map(b, h, i):
-  return (b, h, i, 0)
-
-
 def _query_tiles(spec):
   """Programs over query tiles reading whole key sequences and R (forward, dq)."""
   blocking = Blocking(spec.tiling.block_q, tile_index, spec.extended, whole_axis)
@@ -388,19 +386,9 @@ def _query_tiles(spec):
 def _forward(spec, inputs):
   """Output [B, H, Qp, D] and logsumexp [B, H, Qp, 1]."""
   tiling = spec.tiling
-  batch, heads, q_padded, head_dim = inputs.query.shape
+  batch, heads = inputs.query.shape[:2]
   call = _kernel_call(inputs, *_query_tiles(spec))
-  dtype = inputs.value.dtype
-  call.output(
-    'output', inputs.query.shape, dtype, (None, None, tiling.block_q, head_dim), _tile_map
-  )
-  call.output(
-    'lse',
-    (batch, heads, q_padded, 1),
-    jnp.promote_types(dtype, jnp.float32),
-    (None, None, tiling.block_q, 1),
-    _tile_map,
-  )
+  add_forward_outputs(call, inputs.query, inputs.value.dtype, tiling.block_q)
   grid = (batch, heads, tiling.num_q_tiles)
   return call(_forward_kernel, grid, name='xl_forward', spec=spec)
 
@@ -442,7 +430,11 @@ def _xl_pallas_bwd(spec, residuals, d_output):
   # dq, and per-query-tile partials of d u and d v: grid over query tiles.
   call = _kernel_call(inputs, *_query_tiles(spec), **residuals)
   call.output(
-    'd_query', inputs.query.shape, inputs.query.dtype, (None, None, block_q, head_dim), _tile_map
+    'd_query',
+    inputs.query.shape,
+    inputs.query.dtype,
+    (None, None, block_q, head_dim),
+    sequence_tile_map,
   )
   for name in ('d_content_bias', 'd_position_bias'):
     call.output(
@@ -462,7 +454,7 @@ def _xl_pallas_bwd(spec, residuals, d_output):
   call = _kernel_call(inputs, blocking, (spec.extended, whole_axis), **residuals)
   for name, like in (('d_key', inputs.key), ('d_value', inputs.value)):
     shape = (batch, heads, tiling.kv_padded, head_dim)
-    call.output(name, shape, like.dtype, (None, None, block_k, head_dim), _tile_map)
+    call.output(name, shape, like.dtype, (None, None, block_k, head_dim), sequence_tile_map)
   grid = (batch, heads, tiling.num_k_tiles)
   d_key, d_value = call(_d_key_value_kernel, grid, name='xl_backward_dkv', spec=spec)
 
@@ -474,7 +466,7 @@ def _xl_pallas_bwd(spec, residuals, d_output):
     (batch, heads, tiling.kv_padded, head_dim),
     acc_dtype,
     (None, None, block_k, head_dim),
-    _tile_map,
+    sequence_tile_map,
   )
   grid = (batch, heads, tiling.num_k_tiles)  # distances 0 .. kv_padded - 1, block_k a tile
   (d_rel_key,) = call(_d_rel_key_kernel, grid, name='xl_backward_drel', spec=spec)
