@@ -24,19 +24,49 @@ def attention_test_config():
     jax.config.update('jax_disable_most_optimizations', old)
 
 
+@pytest.fixture(scope='session', autouse=True)
+def shared_compilation_cache(tmp_path_factory):
+  """One persistent compilation cache for the whole run, shared by pytest-xdist's workers:
+  many tests build the same tiny models, and a later test loads the executable an earlier one
+  compiled instead of compiling it again. Only compiles over 0.5 s are stored. (The train.py
+  subprocesses some tests start use relpos's own default cache, relpos.runtime.)"""
+  import os
+
+  from jax.experimental.compilation_cache import compilation_cache as cache
+
+  if os.environ.get('RELPOS_TEST_CACHE') == 'off':
+    yield None
+    return
+  root = tmp_path_factory.getbasetemp()
+  if 'PYTEST_XDIST_WORKER' in os.environ:
+    root = root.parent  # popen-gw0, popen-gw1, ... sit side by side under the run's folder
+  directory = root / 'jax-cache'
+  old = jax.config.jax_persistent_cache_min_compile_time_secs
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
+  cache.set_cache_dir(str(directory))
+  try:
+    yield directory
+  finally:
+    cache.reset_cache()
+    jax.config.update('jax_compilation_cache_dir', None)
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', old)
+
+
 @pytest.fixture
-def compilation_cache(tmp_path):
+def compilation_cache(tmp_path, shared_compilation_cache):
   """JAX's persistent compilation cache in a fresh directory for one test, as
   `python -m relpos.sweep` has it (relpos.runtime): a sweep's later runs load the compiled
-  steps of its first. Reset afterwards, so no other test reads it."""
+  steps of its first. The run's shared cache comes back afterwards."""
   from jax.experimental.compilation_cache import compilation_cache as cache
 
   old = jax.config.jax_persistent_cache_min_compile_time_secs
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  cache.reset_cache()
   cache.set_cache_dir(str(tmp_path / 'jax-cache'))
   try:
     yield
   finally:
     cache.reset_cache()
-    jax.config.update('jax_compilation_cache_dir', None)
+    restored = None if shared_compilation_cache is None else str(shared_compilation_cache)
+    jax.config.update('jax_compilation_cache_dir', restored)
     jax.config.update('jax_persistent_cache_min_compile_time_secs', old)
