@@ -1,6 +1,9 @@
 """Shared fixtures. relpos comes from the editable install (README); pytest puts this folder on
 the import path for `helpers` and `reference`."""
 
+import contextlib
+import os
+
 import jax
 import pytest
 
@@ -24,49 +27,42 @@ def attention_test_config():
     jax.config.update('jax_disable_most_optimizations', old)
 
 
+@contextlib.contextmanager
+def _persistent_cache(directory, min_compile_time_secs: float):
+  """JAX's persistent compilation cache in `directory` inside the block, storing compiles that
+  take at least `min_compile_time_secs`; the previous cache settings come back afterwards."""
+  from jax.experimental.compilation_cache import compilation_cache as cache
+
+  old_directory = jax.config.jax_compilation_cache_dir
+  old_min_time = jax.config.jax_persistent_cache_min_compile_time_secs
+  cache.reset_cache()
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', min_compile_time_secs)
+  cache.set_cache_dir(str(directory))
+  try:
+    yield
+  finally:
+    cache.reset_cache()
+    jax.config.update('jax_compilation_cache_dir', old_directory)
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', old_min_time)
+
+
 @pytest.fixture(scope='session', autouse=True)
 def shared_compilation_cache(tmp_path_factory):
   """One persistent compilation cache for the whole run, shared by pytest-xdist's workers:
   many tests build the same tiny models, and a later test loads the executable an earlier one
   compiled instead of compiling it again. Only compiles over 0.5 s are stored. (The train.py
   subprocesses some tests start use relpos's own default cache, relpos.runtime.)"""
-  import os
-
-  from jax.experimental.compilation_cache import compilation_cache as cache
-
-  if os.environ.get('RELPOS_TEST_CACHE') == 'off':
-    yield None
-    return
   root = tmp_path_factory.getbasetemp()
   if 'PYTEST_XDIST_WORKER' in os.environ:
     root = root.parent  # popen-gw0, popen-gw1, ... sit side by side under the run's folder
-  directory = root / 'jax-cache'
-  old = jax.config.jax_persistent_cache_min_compile_time_secs
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
-  cache.set_cache_dir(str(directory))
-  try:
-    yield directory
-  finally:
-    cache.reset_cache()
-    jax.config.update('jax_compilation_cache_dir', None)
-    jax.config.update('jax_persistent_cache_min_compile_time_secs', old)
+  with _persistent_cache(root / 'jax-cache', 0.5):
+    yield
 
 
 @pytest.fixture
-def compilation_cache(tmp_path, shared_compilation_cache):
+def compilation_cache(tmp_path):
   """JAX's persistent compilation cache in a fresh directory for one test, as
   `python -m relpos.sweep` has it (relpos.runtime): a sweep's later runs load the compiled
   steps of its first. The run's shared cache comes back afterwards."""
-  from jax.experimental.compilation_cache import compilation_cache as cache
-
-  old = jax.config.jax_persistent_cache_min_compile_time_secs
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
-  cache.reset_cache()
-  cache.set_cache_dir(str(tmp_path / 'jax-cache'))
-  try:
+  with _persistent_cache(tmp_path / 'jax-cache', 0.0):
     yield
-  finally:
-    cache.reset_cache()
-    restored = None if shared_compilation_cache is None else str(shared_compilation_cache)
-    jax.config.update('jax_compilation_cache_dir', restored)
-    jax.config.update('jax_persistent_cache_min_compile_time_secs', old)

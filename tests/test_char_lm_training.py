@@ -1,5 +1,5 @@
-"""End to end: train a tiny Transformer-XL LM on generated text and evaluate it. Resuming is
-tested with real signals in test_preemption.py."""
+"""End to end: train a tiny Transformer-XL LM on generated text and evaluate it. Resuming with
+memory is tested with real signals in test_preemption.py."""
 
 import json
 import math
