@@ -9,11 +9,13 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 from helpers import tiny_translate_config, write_pair_corpus
 
+from relpos.constants import PAD_ID
 from relpos.models.transformer import Transformer
 from relpos.training import loop, translate
 
@@ -155,3 +157,32 @@ def test_missing_and_empty_translation_files_are_named(corpus, tmp_path):
   config.data.update(train_src=str(tmp_path / 'empty.en'), train_tgt=str(tmp_path / 'empty.de'))
   with pytest.raises(ValueError, match='empty.en'):
     translate.TASK.train_and_evaluate(config, tmp_path / 'run2')
+
+
+def test_token_losses_equal_smoothed_cross_entropy_and_its_gradient():
+  """token_losses against a float64 transcription of label-smoothed cross-entropy,
+  -Σ_v ((1 - a)·[v = y] + a/V) log softmax(z)_v, and of its gradient softmax(z) - target;
+  PAD targets give 0."""
+  rng = np.random.default_rng(17)
+  batch, length, vocab, smoothing = 3, 5, 11, 0.1
+  logits = rng.standard_normal((batch, length, vocab)).astype(np.float32) * 3
+  targets = rng.integers(1, vocab, (batch, length))
+  targets[0, 3:] = PAD_ID
+  targets[2, 4] = PAD_ID
+  loss, nll = (np.asarray(x) for x in translate.token_losses(logits, targets, smoothing))
+  z = logits.astype(np.float64)
+  log_p = z - z.max(-1, keepdims=True)
+  log_p -= np.log(np.exp(log_p).sum(-1, keepdims=True))
+  smoothed = (1 - smoothing) * np.eye(vocab)[targets] + smoothing / vocab
+  real = targets != PAD_ID
+  np.testing.assert_allclose(loss, -(smoothed * log_p).sum(-1) * real, rtol=1e-5, atol=1e-6)
+  picked = np.take_along_axis(log_p, targets[..., None], -1)[..., 0]
+  np.testing.assert_allclose(nll, -picked * real, rtol=1e-5, atol=1e-6)
+  assert (loss[~real] == 0).all() and (nll[~real] == 0).all()
+
+  def total_loss(z):
+    return jnp.sum(translate.token_losses(z, targets, smoothing)[0])
+
+  # d loss / d z = softmax(z) - smoothed target, on real tokens only
+  want_grad = (np.exp(log_p) - smoothed) * real[..., None]
+  np.testing.assert_allclose(np.asarray(jax.grad(total_loss)(logits)), want_grad, atol=1e-6)
