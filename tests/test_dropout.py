@@ -1,14 +1,15 @@
 """Attention-probability dropout (dropout_rate / dropout_rng) of every relpos.attention kernel.
 
-The keep mask is regenerated here with the documented call, `jax.random.bits(rng, [batch, heads,
-q_len, kv_len], uint16) >= round(rate * 2^16)`, and applied in a float64 NumPy transcription that
-scales kept entries by 1 / (1 - round(rate * 2^16) / 2^16); the gradients of
+The keep mask is regenerated here with the documented call, `jax.random.bernoulli(rng, 1 - rate,
+[batch, heads, q_len, kv_len])`, and applied in a float64 NumPy transcription; the gradients of
 the efficient Shaw kernel (custom VJP, mask regenerated in its backward pass) are checked against
 autodiff of the materialised kernel and against finite differences.
 """
 
 import functools
 import math
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,7 @@ from helpers import (
   dead_rows,
   f32,
   f32_np,
+  load_module,
   make_mask,
   qkv,
   randn,
@@ -46,17 +48,11 @@ S = (2, 7, 13, 3, 5)  # (batch, q_len, kv_len, heads, head_dim): q_len != kv_len
 
 def keep_mask(rng, rate, batch, heads, q_len, kv_len):
   """The documented keep mask, float64 [batch, heads, q_len, kv_len] (1 = kept)."""
-  bits = jax.random.bits(rng, (batch, heads, q_len, kv_len), jnp.uint16)
-  return np.asarray(bits >= round(rate * 2**16), np.float64)
-
-
-def drawn(rate):
-  """The drop probability the mask realises: rate rounded to a multiple of 2^-16."""
-  return round(rate * 2**16) / 2**16
+  return np.asarray(jax.random.bernoulli(rng, 1 - rate, (batch, heads, q_len, kv_len)), np.float64)
 
 
 def dropped_attention(logit, value, allowed, keep, rate, out_shape):
-  """z_i = Σ_j p'_ij u_ij, p'_ij = softmax_j(e_ij over the allowed j) keep_ij / (1 - drawn(rate)).
+  """z_i = Σ_j p'_ij u_ij, p'_ij = softmax_j(e_ij over the allowed j) keep_ij / (1 - rate).
 
   `logit(b, h, i, j)` gives e_ij, `value(b, h, i, j)` gives u_ij (v_j, or v_j + a^V_ij for
   Shaw); `allowed` and `keep` are [batch, heads, q_len, kv_len].
@@ -70,7 +66,7 @@ def dropped_attention(logit, value, allowed, keep, rate, out_shape):
         e = np.array([logit(b, h, i, j) for j in range(kv_len)])
         alpha = reference._softmax_over_allowed(e, allowed[b, h, i])
         for j in range(kv_len):
-          out[b, i, h] += alpha[j] * keep[b, h, i, j] / (1.0 - drawn(rate)) * value(b, h, i, j)
+          out[b, i, h] += alpha[j] * keep[b, h, i, j] / (1.0 - rate) * value(b, h, i, j)
   return out
 
 
@@ -326,33 +322,33 @@ def test_mean_over_rngs_is_the_output_without_dropout():
     assert np.all(error <= 5 * dropped.std(0) / math.sqrt(samples) + 1e-6), name
 
 
-def test_activation_dropout_draws_the_documented_mask_and_keeps_the_mean():
-  """layers.Dropout (the models' activation dropout) applies the same keep mask as attention
-  dropout, scaled by 1 / (1 - drawn rate), and is the identity when deterministic or rate 0."""
-  x = randn(np.random.default_rng(8), 64, 33, 40).astype(np.float32) + 3.0
-  rate = 0.1
-  module = layers.Dropout(rate, rngs=layers.model_rngs(4))
-  key = nnx.clone(module).rngs()  # the key its first call will use
-  out = np.asarray(module(jnp.asarray(x), deterministic=False), np.float64)
-  keep = np.asarray(jax.random.bits(key, x.shape, jnp.uint16) >= round(rate * 2**16))
-  np.testing.assert_allclose(out, np.where(keep, x / (1 - drawn(rate)), 0.0), rtol=1e-6)
-  dropped = 1.0 - keep.mean()  # 84,480 draws: 4 standard deviations are about 0.004
-  assert abs(dropped - rate) < 4 * math.sqrt(rate * (1 - rate) / keep.size)
-  np.testing.assert_array_equal(np.asarray(module(jnp.asarray(x), deterministic=True)), x)
-  np.testing.assert_array_equal(
-    np.asarray(layers.Dropout(0.0, rngs=layers.model_rngs(4))(x, deterministic=False)), x
-  )
+def test_model_rngs_draw_dropout_without_a_loop_and_keep_the_default_parameters():
+  """The models' dropout stream (layers.model_rngs: a philox2x32 key) lowers to straight-line
+  code on the CPU, where JAX's default threefry key lowers to a rolled while loop of small
+  kernels (benchmarks/dropout.py measures the difference); parameters still come from
+  JAX's default key, so initial weights are those of nnx.Rngs(seed)."""
+
+  def lowered(rngs):
+    dropout = nnx.Dropout(0.1, rngs=rngs)
+    graphdef, state = nnx.split(dropout)
+
+    def apply(state, x):
+      return nnx.merge(graphdef, state)(x, deterministic=False)
+
+    return jax.jit(apply).lower(state, jnp.ones((8, 16, 32))).compile().as_text()
+
+  assert ' while(' not in lowered(layers.model_rngs(0))
+  assert ' while(' in lowered(nnx.Rngs(0))  # what the test guards against
+  ours = nnx.Linear(5, 3, rngs=layers.model_rngs(7))
+  default = nnx.Linear(5, 3, rngs=nnx.Rngs(7))
+  np.testing.assert_array_equal(np.asarray(ours.kernel[...]), np.asarray(default.kernel[...]))
 
 
-def test_activation_dropout_lowers_without_a_loop():
-  """The dropout stream's PRNG (philox2x32) lowers to straight-line code on the CPU, where
-  JAX's default threefry becomes a rolled while loop of small kernels (measured: dropout then
-  cost a fifth of a translate_tiny step)."""
-  module = layers.Dropout(0.1, rngs=layers.model_rngs(0))
-  graphdef, state = nnx.split(module)
-
-  def apply(state, x):
-    return nnx.merge(graphdef, state)(x, deterministic=False)
-
-  hlo = jax.jit(apply).lower(state, jnp.ones((8, 16, 32))).compile().as_text()
-  assert ' while(' not in hlo
+def test_dropout_benchmark_times_every_variant():
+  benchmarks = Path(__file__).resolve().parent.parent / 'benchmarks'
+  # The benchmark imports its neighbour timing.py, as it does when run as a script.
+  sys.modules.setdefault('timing', load_module(benchmarks / 'timing.py', 'timing'))
+  bench = load_module(benchmarks / 'dropout.py', 'dropout_benchmark')
+  seconds = bench.measure(2, (4, 3, 8), 0.1, rounds=1)
+  assert list(seconds) == ['threefry', 'philox2x32', 'no dropout']
+  assert all(s > 0 for s in seconds.values())

@@ -1,5 +1,4 @@
-"""Masks, the masked softmax and dropout (attention probabilities and, through
-`relpos.models.layers.Dropout`, activations) shared by every kernel and both models."""
+"""Masks, the masked softmax and attention-probability dropout shared by every kernel."""
 
 import jax
 import jax.numpy as jnp
@@ -67,42 +66,22 @@ def check_dropout(dropout_rate, dropout_rng) -> float:
   return rate
 
 
-# Dropout decisions compare 16 random bits per entry with round(rate * 2^16): half the random
-# bits of a float draw (`jax.random.bernoulli` makes a float32 uniform from 32 bits), so the
-# mask costs half as much to generate, and the rate is kept to within 2^-17. `drop` scales by
-# the rate actually drawn, so the expected output equals the input exactly.
-_KEEP_BITS = 16
-
-
-def _drop_threshold(dropout_rate: float) -> int:
-  """round(rate * 2^16), at most 2^16 - 1: an entry is dropped when its bits are below it."""
-  return min(round(dropout_rate * 2**_KEEP_BITS), 2**_KEEP_BITS - 1)
-
-
-def drawn_rate(dropout_rate: float) -> float:
-  """The drop probability `dropout_keep` realises: `dropout_rate` rounded to a multiple of 2^-16."""
-  return _drop_threshold(dropout_rate) / 2**_KEEP_BITS
-
-
 def dropout_keep(dropout_rng, dropout_rate: float, shape) -> jax.Array:
-  """bool `shape`: True where an entry is kept, `jax.random.bits(rng, shape, uint16) >=
-  round(rate * 2^16)`, each kept with chance 1 - `drawn_rate(dropout_rate)`."""
-  bits = jax.random.bits(dropout_rng, shape, jnp.uint16)
-  return bits >= jnp.uint16(_drop_threshold(dropout_rate))
+  """bool `shape`: True where a probability is kept, each with chance 1 - dropout_rate."""
+  return jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, shape)
 
 
 def drop(x, keep, dropout_rate: float):
-  """`x ∘ keep / (1 - drawn_rate(dropout_rate))`, same shape and dtype as x."""
-  return jnp.where(keep, x / (1.0 - drawn_rate(dropout_rate)), 0.0)
+  """`x ∘ keep / (1 - dropout_rate)`, same shape and dtype as x."""
+  return jnp.where(keep, x / (1.0 - dropout_rate), 0.0)
 
 
 def attention_dropout(probs_BHQK, dropout_rate, dropout_rng):
   """Attention-probability dropout ("dropatt"), the same for every kernel in relpos.attention.
 
   After the masked softmax, the probabilities p [batch, heads, q_len, kv_len] become
-  p' = p ∘ keep / (1 - rate) with keep = `dropout_keep(dropout_rng, rate, p.shape)` (16 random
-  bits per entry, the rate rounded to a multiple of 2^-16 by `drawn_rate`): one independent
-  draw per batch, head, query and key. Everything the kernel sums over keys is
+  p' = p ∘ keep / (1 - rate) with keep = `jax.random.bernoulli(dropout_rng, 1 - rate, p.shape)`:
+  one independent draw per batch, head, query and key. Everything the kernel sums over keys is
   weighted by p' (for Shaw both the values and the a^V term: z_i = Σ_j p'_ij (v_j + a^V_ij)),
   so averaged over keep masks the output is the output without dropout. Rows of p' do not sum
   to 1.

@@ -18,7 +18,7 @@ never a [q_len, kv_len] array in memory. This module holds the parts both use, o
   per-row gathers and their transpose as one-hot reductions (`gather_columns`,
   `scatter_add_columns`), since Triton lowers no gather;
 - attention dropout from a stateless counter-based hash (`dropout_keep_hashed`), because a
-  fused kernel cannot materialise `masking.dropout_keep`'s draw over [batch, heads, q_len, kv_len].
+  fused kernel cannot materialise `jax.random.bernoulli` over [batch, heads, q_len, kv_len].
 
 Dropout. Every kept/dropped decision is `hash(seed, b, h, i, j) >= rate·2^32` for batch b, head
 h, query i and key j (global indices), where the hash chains the murmur3 32-bit finaliser over
@@ -26,9 +26,8 @@ the four indices (uint32 multiply, xor and shift only, so it runs in any kernel 
 the seed is 32 random bits drawn from `dropout_rng` (`dropout_seed`). The same function is
 evaluated on each tile inside the kernels and, materialised, by `dropout_keep_hashed` (for tests
 and references). Semantics are `masking.attention_dropout`'s: p' = p·keep/(1 - rate) with keep
-probability 1 - rate (up to the 2^-32 rounding of the threshold; the 'xla' implementation's
-`masking.dropout_keep` rounds the rate to 2^-16), but the bits differ from the 'xla' draw:
-the same distribution up to that rounding, different masks.
+probability 1 - rate (up to the 2^-32 rounding of the threshold), but the bits differ from the
+'xla' implementation's `jax.random.bernoulli` draw: same distribution, different masks.
 
 Native lowering. Only interpret mode ran (tests/test_pallas.py, on CPU); no GPU or TPU was
 available, so the kernels have never run natively. `KernelCall` picks the lowering per

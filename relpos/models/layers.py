@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from relpos.attention.masking import drop, dropout_keep
 from relpos.config import checks
 
 COMPUTE_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
@@ -197,21 +196,6 @@ def model_rngs(seed: int) -> nnx.Rngs:
   return nnx.Rngs(seed, dropout=jax.random.key(seed, impl=DROPOUT_PRNG))
 
 
-class Dropout(nnx.Module):
-  """Dropout of activations with the kernels' keep mask (`relpos.attention.masking`: 16 random
-  bits per entry, the rate rounded to a multiple of 2^-16, scaled so that the expectation is
-  the input). Its state (`rngs`, a fork of the 'dropout' stream) has nnx.Dropout's layout."""
-
-  def __init__(self, rate: float, *, rngs: nnx.Rngs):
-    self.rate = rate
-    self.rngs = rngs['dropout'].fork()
-
-  def __call__(self, x, *, deterministic: bool):
-    if deterministic or self.rate == 0.0:
-      return x
-    return drop(x, dropout_keep(self.rngs(), self.rate, x.shape), self.rate)
-
-
 def linear(in_features, out_features, dtype, rngs, *, kernel_init, use_bias=True) -> nnx.Linear:
   """nnx.Linear computing in `dtype`, with `kernel_init` and a zero bias."""
   return nnx.Linear(
@@ -229,7 +213,7 @@ class Residual(nnx.Module):
     self.pre_layer_norm = config.pre_layer_norm
     dtype = config.compute_dtype
     self.norm = nnx.LayerNorm(config.d_model, epsilon=epsilon, dtype=dtype, rngs=rngs)
-    self.dropout = Dropout(config.dropout, rngs=rngs)
+    self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
 
   def inputs(self, x_BTD):
     return self.norm(x_BTD) if self.pre_layer_norm else x_BTD
@@ -253,7 +237,7 @@ class FeedForward(nnx.Module):
     dtype = config.compute_dtype
     self.inner = linear(config.d_model, config.d_ff, dtype, rngs, kernel_init=kernel_init)
     self.outer = linear(config.d_ff, config.d_model, dtype, rngs, kernel_init=kernel_init)
-    self.dropout = Dropout(inner_dropout, rngs=rngs)
+    self.dropout = nnx.Dropout(inner_dropout, rngs=rngs)
     self.residual = Residual(config, epsilon=epsilon, rngs=rngs)
 
   def __call__(self, x_BTD, *, deterministic: bool) -> jax.Array:
