@@ -16,10 +16,10 @@ import statistics
 import time
 
 from absl import app, flags
+from flax import nnx
 
 from relpos import metrics, runtime
 from relpos.data.translation import load_eval_data
-from relpos.models import layers
 from relpos.models.transformer import Transformer
 from relpos.training import loop, run_config
 from relpos.training import translate as task
@@ -38,7 +38,7 @@ def main(argv):
   config = run_config.read_config(FLAGS.workdir)
   data = load_eval_data(config.data, FLAGS.workdir)
   model = Transformer(
-    task.model_config(config, data.tokenizer.vocab_size), rngs=layers.model_rngs(config.seed)
+    task.model_config(config, data.tokenizer.vocab_size), rngs=nnx.Rngs(config.seed)
   )
   model, steps, _ = loop.restore_model(model, config.eval, FLAGS.workdir)
   count = FLAGS.sentences or len(data.eval_sources)

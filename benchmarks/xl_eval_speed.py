@@ -30,7 +30,6 @@ from timing import interleaved_median_seconds
 
 from relpos import runtime
 from relpos.config.char_lm import char_lm_config
-from relpos.models import layers
 from relpos.models.transformer_xl import TransformerXL, TransformerXLConfig, nats_per_token
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -98,9 +97,9 @@ def measure_row(config, length: int) -> dict:
   batch = config.batch
   segments = math.ceil(config.tokens_per_row / length)
   calls = max(config.rounds, segments)
-  xl_model = TransformerXL(model_config(config, position='xl'), rngs=layers.model_rngs(config.seed))
+  xl_model = TransformerXL(model_config(config, position='xl'), rngs=nnx.Rngs(config.seed))
   vanilla_model = TransformerXL(
-    model_config(config, position='absolute'), rngs=layers.model_rngs(config.seed)
+    model_config(config, position='absolute'), rngs=nnx.Rngs(config.seed)
   )
   (xl_step, xl_state), (vanilla_step, vanilla_state) = make_steps(
     xl_model, vanilla_model, length, batch

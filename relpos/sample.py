@@ -54,7 +54,6 @@ def sample(workdir, prompt: bytes, length: int, *, temperature=1.0, top_k=0, top
   from flax import nnx
 
   from relpos.data.char_corpus import CharVocab
-  from relpos.models import layers
   from relpos.models.transformer_xl import TransformerXL
   from relpos.training import char_lm, loop
   from relpos.training.run_config import read_config
@@ -70,9 +69,7 @@ def sample(workdir, prompt: bytes, length: int, *, temperature=1.0, top_k=0, top
     raise ValueError(f'{workdir} holds a {config.get("task")} run, not a character-LM run')
   loop.check_trained(workdir).close()
   vocab = CharVocab.from_json((Path(workdir) / 'vocab.json').read_text())
-  model = TransformerXL(
-    char_lm.model_config(config, vocab.size), rngs=layers.model_rngs(config.seed)
-  )
+  model = TransformerXL(char_lm.model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))
   model, _, _ = loop.restore_model(model, config.eval, workdir)
   span = config.eval
   graphdef, state = nnx.split(model)

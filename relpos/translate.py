@@ -24,10 +24,10 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
     FileNotFoundError: no run, no vocabulary or no checkpoint in `workdir`.
     ValueError: the run is not a translation run.
   """
+  from flax import nnx  # imported after the runtime defaults
 
   from relpos.data.tokenizer import load_tokenizer
   from relpos.data.translation import VOCAB_FILE
-  from relpos.models import layers
   from relpos.models.transformer import Transformer
   from relpos.training import loop, translate
   from relpos.training.run_config import read_config
@@ -40,7 +40,7 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
     config.eval.beam_size = beam_size
   tokenizer = load_tokenizer(f'{workdir}/{VOCAB_FILE}', config.data.vocab_size)
   model_config = translate.model_config(config, tokenizer.vocab_size)
-  model = Transformer(model_config, rngs=layers.model_rngs(config.seed))
+  model = Transformer(model_config, rngs=nnx.Rngs(config.seed))
   model, _, _ = loop.restore_model(model, config.eval, workdir)
   return translate.translate_sentences(
     model, tokenizer, lines, config.eval, max_len=config.model.max_len

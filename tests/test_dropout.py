@@ -8,15 +8,12 @@ autodiff of the materialised kernel and against finite differences.
 
 import functools
 import math
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
-from flax import nnx
 from helpers import (
   assert_close,
   assert_grads_close,
@@ -24,7 +21,6 @@ from helpers import (
   dead_rows,
   f32,
   f32_np,
-  load_module,
   make_mask,
   qkv,
   randn,
@@ -32,7 +28,6 @@ from helpers import (
 from jax.test_util import check_grads
 
 from relpos import attention
-from relpos.models import layers
 
 pytestmark = pytest.mark.usefixtures('attention_test_config')
 
@@ -320,35 +315,3 @@ def test_mean_over_rngs_is_the_output_without_dropout():
     error = np.abs(dropped.mean(0) - plain)
     # 5 standard errors of the mean, estimated from the samples themselves
     assert np.all(error <= 5 * dropped.std(0) / math.sqrt(samples) + 1e-6), name
-
-
-def test_model_rngs_draw_dropout_without_a_loop_and_keep_the_default_parameters():
-  """The models' dropout stream (layers.model_rngs: a philox2x32 key) lowers to straight-line
-  code on the CPU, where JAX's default threefry key lowers to a rolled while loop of small
-  kernels (benchmarks/dropout.py measures the difference); parameters still come from
-  JAX's default key, so initial weights are those of nnx.Rngs(seed)."""
-
-  def lowered(rngs):
-    dropout = nnx.Dropout(0.1, rngs=rngs)
-    graphdef, state = nnx.split(dropout)
-
-    def apply(state, x):
-      return nnx.merge(graphdef, state)(x, deterministic=False)
-
-    return jax.jit(apply).lower(state, jnp.ones((8, 16, 32))).compile().as_text()
-
-  assert ' while(' not in lowered(layers.model_rngs(0))
-  assert ' while(' in lowered(nnx.Rngs(0))  # what the test guards against
-  ours = nnx.Linear(5, 3, rngs=layers.model_rngs(7))
-  default = nnx.Linear(5, 3, rngs=nnx.Rngs(7))
-  np.testing.assert_array_equal(np.asarray(ours.kernel[...]), np.asarray(default.kernel[...]))
-
-
-def test_dropout_benchmark_times_every_variant():
-  benchmarks = Path(__file__).resolve().parent.parent / 'benchmarks'
-  # The benchmark imports its neighbour timing.py, as it does when run as a script.
-  sys.modules.setdefault('timing', load_module(benchmarks / 'timing.py', 'timing'))
-  bench = load_module(benchmarks / 'dropout.py', 'dropout_benchmark')
-  seconds = bench.measure(2, (4, 3, 8), 0.1, rounds=1)
-  assert list(seconds) == ['threefry', 'philox2x32', 'no dropout']
-  assert all(s > 0 for s in seconds.values())

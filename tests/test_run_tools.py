@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from helpers import tiny_char_config, tiny_translate_config, write_pair_corpus
 
 from relpos import sample, translate
 from relpos.data.char_corpus import CharVocab
-from relpos.models import layers
 from relpos.models.transformer_xl import TransformerXL
 from relpos.training import char_lm, loop
 from relpos.training import translate as translate_task
@@ -58,7 +58,7 @@ def test_sample_continues_with_the_model_greedily_and_reproducibly(char_run):
   # top_k=1 is greedy: the first character is the argmax of the model on the prompt itself
   # (unpadded), so the padding of the sampler's segment is invisible.
   vocab = CharVocab.from_json((workdir / 'vocab.json').read_text())
-  model = TransformerXL(char_lm.model_config(config, vocab.size), rngs=layers.model_rngs(0))
+  model = TransformerXL(char_lm.model_config(config, vocab.size), rngs=nnx.Rngs(0))
   model, _, _ = loop.restore_model(model, config.eval, workdir)
   logits, _ = model(
     jnp.asarray([vocab.encode(prompt)]), model.init_memory(1, 8), deterministic=True

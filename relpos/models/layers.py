@@ -183,19 +183,6 @@ def run_stack(stack, call, x, per_layer=None, *, scan: bool, remat: str, collect
   return (x, inputs) if collect_inputs else x
 
 
-# The dropout stream's PRNG. JAX lowers its default, threefry2x32, to a rolled loop on the CPU:
-# every dropout site then runs five loop iterations of separate small kernels over the whole
-# activation. philox2x32 (also JAX's, a counter-based generator) lowers to one fused
-# elementwise computation. Parameters keep JAX's default key, so initial weights are unchanged.
-DROPOUT_PRNG = 'philox2x32'
-
-
-def model_rngs(seed: int) -> nnx.Rngs:
-  """The rngs of a relpos model: parameters from `jax.random.key(seed)`, dropout from a
-  `DROPOUT_PRNG` key of the same seed."""
-  return nnx.Rngs(seed, dropout=jax.random.key(seed, impl=DROPOUT_PRNG))
-
-
 def linear(in_features, out_features, dtype, rngs, *, kernel_init, use_bias=True) -> nnx.Linear:
   """nnx.Linear computing in `dtype`, with `kernel_init` and a zero bias."""
   return nnx.Linear(

@@ -24,7 +24,6 @@ from flax import nnx
 from relpos.config import checks
 from relpos.data.char_corpus import CharVocab, load_char_splits
 from relpos.data.ordered import OrderedBatches
-from relpos.models import layers
 from relpos.models.transformer_xl import Memory, TransformerXL, TransformerXLConfig, nats_per_token
 from relpos.training import loop
 from relpos.training import mesh as mesh_lib
@@ -79,7 +78,7 @@ def _empty_memory(model, batch_size: int, mem_len: int, mesh) -> dict:
 def build(config, vocab_size: int, mesh):
   """(model, graphdef, state) for training: model and optimizer replicated over `mesh`, plus
   the empty memory (split by rows) when config.train.mem_len > 0."""
-  model = TransformerXL(model_config(config, vocab_size), rngs=layers.model_rngs(config.seed))
+  model = TransformerXL(model_config(config, vocab_size), rngs=nnx.Rngs(config.seed))
   train = config.train
   carry = {'memory': _empty_memory(model, train.batch_size, train.mem_len, mesh)}
   graphdef, state = loop.init_state(model, config, mesh, **(carry if train.mem_len else {}))
@@ -249,7 +248,7 @@ class CharLM(loop.Task):
     (`output_dir` is unused: nothing but eval_results.json is written)."""
     del output_dir
     splits, vocab = _vocab_for_run(config, workdir)
-    model = TransformerXL(model_config(config, vocab.size), rngs=layers.model_rngs(config.seed))
+    model = TransformerXL(model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))
     model, steps, checkpoint = loop.restore_model(model, config.eval, workdir)
     split = config.eval.split
     result = bits_per_char(model, splits[split], config.eval, batch_size=config.eval.batch_size)

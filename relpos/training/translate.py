@@ -31,7 +31,6 @@ from relpos.data.translation import (
   load_eval_data,
   load_translation_data,
 )
-from relpos.models import layers
 from relpos.models.transformer import Transformer, TransformerConfig
 from relpos.training import loop
 from relpos.training import mesh as mesh_lib
@@ -60,7 +59,7 @@ def model_config(config, vocab_size: int) -> TransformerConfig:
 def build(config, vocab_size: int, mesh):
   """(graphdef, state) of model and optimizer as initialised from config.seed, replicated over
   `mesh`."""
-  model = Transformer(model_config(config, vocab_size), rngs=layers.model_rngs(config.seed))
+  model = Transformer(model_config(config, vocab_size), rngs=nnx.Rngs(config.seed))
   return loop.init_state(model, config, mesh)
 
 
@@ -274,9 +273,7 @@ class Translate(loop.Task):
     """BLEU of beam-search translations of the eval set (written to `output_dir`, by default
     next to the checkpoints) and the perplexity of its references."""
     data = load_eval_data(config.data, workdir)
-    model = Transformer(
-      model_config(config, data.tokenizer.vocab_size), rngs=layers.model_rngs(config.seed)
-    )
+    model = Transformer(model_config(config, data.tokenizer.vocab_size), rngs=nnx.Rngs(config.seed))
     model, steps, checkpoint = loop.restore_model(model, config.eval, workdir)
     translations = translate_sentences(
       model, data.tokenizer, data.eval_sources, config.eval, max_len=config.model.max_len
