@@ -20,7 +20,9 @@ that position in `<workdir>/<position>/seed=<s>`, then:
 
 Writes `<workdir>/extrapolation.md` (mean ± std over seeds, per scheme and column),
 `extrapolation.csv` (one row per run and column) and `extrapolation.png` (the metric against
-the evaluation length, one line per scheme). Finished runs and their scores are kept
+the evaluation length, one line per scheme); for translation also
+`extrapolation_lengths.md`, the translations' length over the references' per bucket (how
+much of BLEU's drop past N is the brevity penalty). Finished runs and their scores are kept
 (`<run>/extrapolation.json`), so a stopped study resumes where it was and extra char lengths
 only cost their scoring.
 """
@@ -117,26 +119,68 @@ def _char_scores(run, workdir: Path, labels) -> dict[str, dict]:
   return scores
 
 
+def _translation_buckets(run, workdir: Path, labels) -> tuple[dict[str, list[int]], list, list]:
+  """({label: indices of the eval sentences whose source has that many pieces}, the run's eval
+  translations (eval.py's, read from its results), the references)."""
+  results = json.loads((workdir / 'eval_results.json').read_text())
+  translations = (workdir / Path(results['translations']).name).read_text().splitlines()
+  data = load_eval_data(run.data, workdir)
+  lengths = [len(data.tokenizer.encode(source)) for source in data.eval_sources]
+  chosen = {
+    label: [i for i, length in enumerate(lengths) if shortest <= length <= longest]
+    for label, (shortest, longest) in labels.items()
+  }
+  return chosen, translations, data.eval_references
+
+
+def _bucket_bleu(chosen: list[int], translations, references) -> metrics.BleuResult | None:
+  if not chosen:
+    return None
+  return metrics.corpus_bleu([translations[i] for i in chosen], [references[i] for i in chosen])
+
+
 def _translation_scores(run, workdir: Path, labels) -> dict[str, dict]:
   """sacreBLEU of the eval translations (eval.py's, written once) within each label's source
   lengths in pieces."""
-  result = tasks.get(run).evaluate(run, workdir)
-  translations = Path(result['translations']).read_text().splitlines()
-  data = load_eval_data(run.data, workdir)
-  lengths = [len(data.tokenizer.encode(source)) for source in data.eval_sources]
+  tasks.get(run).evaluate(run, workdir)
+  buckets, translations, references = _translation_buckets(run, workdir, labels)
   scores = {}
-  for label, (shortest, longest) in labels.items():
-    chosen = [i for i, length in enumerate(lengths) if shortest <= length <= longest]
-    bleu = (
-      metrics.corpus_bleu(
-        [translations[i] for i in chosen], [data.eval_references[i] for i in chosen]
-      ).score
-      if chosen
-      else float('nan')
-    )
-    scores[label] = {'bleu': bleu, 'count': len(chosen), 'at': [shortest, longest]}
+  for label, chosen in buckets.items():
+    result = _bucket_bleu(chosen, translations, references)
+    bleu = result.score if result else float('nan')
+    scores[label] = {'bleu': bleu, 'count': len(chosen), 'at': list(labels[label])}
     print(f'  {label:>7}: BLEU {bleu:.2f} ({len(chosen)} sentences)', flush=True)
   return scores
+
+
+def write_length_report(config, root: Path) -> str:
+  """translate: extrapolation_lengths.md, the ratio of translation to reference length
+  (sacreBLEU's, 13a tokens) per scheme and source-length bucket, mean ± std over seeds, from
+  each run's eval translations. Below 1, BLEU carries a brevity penalty: the table says how
+  much of a drop past N is translations stopping short. Returns the markdown table."""
+  labels = settings(config)
+  ratios = {(p, label): [] for p in config.positions for label in labels}
+  for position in config.positions:
+    for seed in config.seeds:
+      workdir = root / position / f'seed={seed}'
+      run = run_config_for(config, position, seed)
+      buckets, translations, references = _translation_buckets(run, workdir, labels)
+      for label, chosen in buckets.items():
+        result = _bucket_bleu(chosen, translations, references)
+        ratios[position, label].append(result.length_ratio if result else float('nan'))
+  lines = [
+    'translation length / reference length (sacreBLEU, 13a tokens) per source length in pieces, '
+    f'trained on pairs within N = {config.max_length}; mean ± std over seeds {tuple(config.seeds)}',
+    '',
+    f'| position | {" | ".join(labels)} |',
+    '|---|' + '---|' * len(labels),
+  ]
+  for position in config.positions:
+    cells = [mean_std(ratios[position, label]) for label in labels]
+    lines.append(f'| {position} | {" | ".join(cells)} |')
+  table = '\n'.join(lines) + '\n'
+  (root / 'extrapolation_lengths.md').write_text(table)
+  return table
 
 
 def mean_std(values: list[float]) -> str:
@@ -232,6 +276,8 @@ def study(config, root: Path) -> list[dict]:
       {'position': position, 'seed': seed, 'label': label, **scores[label]} for label in labels
     ]
   print(write_report(config, rows, root))
+  if config.task == 'translate':
+    print(write_length_report(config, root))
   print(f'plot: {plot(config, rows, root)}')
   return rows
 

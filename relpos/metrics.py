@@ -15,11 +15,14 @@ class BleuResult(NamedTuple):
       'nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0'.
     verbose: sacreBLEU's report line: signature, score, n-gram precisions, brevity penalty
       and lengths.
+    length_ratio: hypothesis length over reference length in 13a tokens; below 1 the score
+      carries the brevity penalty exp(1 - 1 / length_ratio).
   """
 
   score: float
   signature: str
   verbose: str
+  length_ratio: float
 
 
 def corpus_bleu(hypotheses: list[str], references: list[str]) -> BleuResult:
@@ -38,7 +41,12 @@ def corpus_bleu(hypotheses: list[str], references: list[str]) -> BleuResult:
   bleu = BLEU(tokenize='13a')
   result = bleu.corpus_score(hypotheses, [references])
   signature = str(bleu.get_signature())
-  return BleuResult(result.score, signature, result.format(signature=signature))
+  return BleuResult(
+    result.score,
+    signature,
+    result.format(signature=signature),
+    result.sys_len / max(result.ref_len, 1),
+  )
 
 
 def perplexity(mean_nats: float) -> float:

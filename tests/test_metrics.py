@@ -45,3 +45,13 @@ def test_perplexity():
   assert perplexity(0.0) == 1.0
   assert perplexity(math.log(50.0)) == pytest.approx(50.0)
   assert perplexity(1e4) == math.inf
+
+
+def test_length_ratio_counts_13a_tokens():
+  """'He read the book yesterday , slowly.' is 8 tokens against 7; 'Hello!' 2 against 3."""
+  result = corpus_bleu(HYPOTHESES, REFERENCES)
+  assert result.length_ratio == pytest.approx((7 + 8 + 2) / (7 + 7 + 3))
+  short = corpus_bleu(['The cat.'], ['The cat sat on a mat.'])
+  assert short.length_ratio == pytest.approx(3 / 7)
+  expected = sacrebleu.corpus_bleu(['The cat.'], [['The cat sat on a mat.']])
+  assert expected.bp == pytest.approx(math.exp(1 - 1 / short.length_ratio))
