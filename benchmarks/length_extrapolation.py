@@ -48,6 +48,8 @@ from relpos.training.checkpoints import Checkpoints  # noqa: E402
 from relpos.training.preemption import PreemptionSignal  # noqa: E402
 
 SCORES_FILE = 'extrapolation.json'
+# What a run's scores file holds per label, besides 'count' and 'at'.
+_RECORDED = {'char': {'bpc'}, 'translate': {'bleu', 'length_ratio'}}
 
 
 def run_config_for(config, position: str, seed: int) -> ml_collections.ConfigDict:
@@ -99,7 +101,12 @@ def score(config, run, workdir: Path, labels: dict[str, tuple[int, int]]) -> dic
   char length not scored yet; for translation, everything once)."""
   path = workdir / SCORES_FILE
   scores = json.loads(path.read_text()) if path.exists() else {}
-  missing = [label for label, at in labels.items() if scores.get(label, {}).get('at') != list(at)]
+  recorded = _RECORDED[config.task]
+  missing = [
+    label
+    for label, at in labels.items()
+    if scores.get(label, {}).get('at') != list(at) or not recorded <= scores[label].keys()
+  ]
   if missing:
     compute = _char_scores if config.task == 'char' else _translation_scores
     scores.update(compute(run, workdir, {label: labels[label] for label in missing}))
@@ -119,68 +126,29 @@ def _char_scores(run, workdir: Path, labels) -> dict[str, dict]:
   return scores
 
 
-def _translation_buckets(run, workdir: Path, labels) -> tuple[dict[str, list[int]], list, list]:
-  """({label: indices of the eval sentences whose source has that many pieces}, the run's eval
-  translations (eval.py's, read from its results), the references)."""
-  results = json.loads((workdir / 'eval_results.json').read_text())
-  translations = (workdir / Path(results['translations']).name).read_text().splitlines()
-  data = load_eval_data(run.data, workdir)
-  lengths = [len(data.tokenizer.encode(source)) for source in data.eval_sources]
-  chosen = {
-    label: [i for i, length in enumerate(lengths) if shortest <= length <= longest]
-    for label, (shortest, longest) in labels.items()
-  }
-  return chosen, translations, data.eval_references
-
-
-def _bucket_bleu(chosen: list[int], translations, references) -> metrics.BleuResult | None:
-  if not chosen:
-    return None
-  return metrics.corpus_bleu([translations[i] for i in chosen], [references[i] for i in chosen])
-
-
 def _translation_scores(run, workdir: Path, labels) -> dict[str, dict]:
   """sacreBLEU of the eval translations (eval.py's, written once) within each label's source
-  lengths in pieces."""
-  tasks.get(run).evaluate(run, workdir)
-  buckets, translations, references = _translation_buckets(run, workdir, labels)
+  lengths in pieces, and their length over the references' (below 1: the brevity penalty)."""
+  result = tasks.get(run).evaluate(run, workdir)
+  translations = Path(result['translations']).read_text().splitlines()
+  data = load_eval_data(run.data, workdir)
+  lengths = [len(data.tokenizer.encode(source)) for source in data.eval_sources]
   scores = {}
-  for label, chosen in buckets.items():
-    result = _bucket_bleu(chosen, translations, references)
-    bleu = result.score if result else float('nan')
-    scores[label] = {'bleu': bleu, 'count': len(chosen), 'at': list(labels[label])}
+  for label, (shortest, longest) in labels.items():
+    chosen = [i for i, length in enumerate(lengths) if shortest <= length <= longest]
+    bleu = length_ratio = float('nan')
+    if chosen:
+      hypotheses = [translations[i] for i in chosen]
+      bucket = metrics.corpus_bleu(hypotheses, [data.eval_references[i] for i in chosen])
+      bleu, length_ratio = bucket.score, bucket.length_ratio
+    scores[label] = {
+      'bleu': bleu,
+      'length_ratio': length_ratio,
+      'count': len(chosen),
+      'at': [shortest, longest],
+    }
     print(f'  {label:>7}: BLEU {bleu:.2f} ({len(chosen)} sentences)', flush=True)
   return scores
-
-
-def write_length_report(config, root: Path) -> str:
-  """translate: extrapolation_lengths.md, the ratio of translation to reference length
-  (sacreBLEU's, 13a tokens) per scheme and source-length bucket, mean ± std over seeds, from
-  each run's eval translations. Below 1, BLEU carries a brevity penalty: the table says how
-  much of a drop past N is translations stopping short. Returns the markdown table."""
-  labels = settings(config)
-  ratios = {(p, label): [] for p in config.positions for label in labels}
-  for position in config.positions:
-    for seed in config.seeds:
-      workdir = root / position / f'seed={seed}'
-      run = run_config_for(config, position, seed)
-      buckets, translations, references = _translation_buckets(run, workdir, labels)
-      for label, chosen in buckets.items():
-        result = _bucket_bleu(chosen, translations, references)
-        ratios[position, label].append(result.length_ratio if result else float('nan'))
-  lines = [
-    'translation length / reference length (sacreBLEU, 13a tokens) per source length in pieces, '
-    f'trained on pairs within N = {config.max_length}; mean ± std over seeds {tuple(config.seeds)}',
-    '',
-    f'| position | {" | ".join(labels)} |',
-    '|---|' + '---|' * len(labels),
-  ]
-  for position in config.positions:
-    cells = [mean_std(ratios[position, label]) for label in labels]
-    lines.append(f'| {position} | {" | ".join(cells)} |')
-  table = '\n'.join(lines) + '\n'
-  (root / 'extrapolation_lengths.md').write_text(table)
-  return table
 
 
 def mean_std(values: list[float]) -> str:
@@ -193,14 +161,30 @@ def _values(rows, position: str, label: str, metric: str) -> list[float]:
   return [r[metric] for r in rows if r['position'] == position and r['label'] == label]
 
 
+def _markdown_table(config, rows: list[dict], metric: str, title: str, header) -> str:
+  """`metric` per scheme (rows) and label (columns), mean ± std over seeds."""
+  lines = [
+    f'{title}; mean ± std over seeds {tuple(config.seeds)}',
+    '',
+    f'| position | {" | ".join(header)} |',
+    '|---|' + '---|' * len(header),
+  ]
+  for position in config.positions:
+    cells = [mean_std(_values(rows, position, label, metric)) for label in settings(config)]
+    lines.append(f'| {position} | {" | ".join(cells)} |')
+  return '\n'.join(lines) + '\n'
+
+
 def write_report(config, rows: list[dict], root: Path) -> str:
-  """extrapolation.csv (per run) and extrapolation.md (mean ± std over seeds); returns the
-  markdown table."""
+  """extrapolation.csv (per run) and extrapolation.md (mean ± std over seeds); for translation
+  also extrapolation_lengths.md, the translations' length over the references' (sacreBLEU's,
+  13a tokens), which says how much of a drop past N is translations stopping short. Returns
+  the markdown tables."""
   with open(root / 'extrapolation.csv', 'w', newline='') as file:
     writer = csv.DictWriter(file, fieldnames=list(rows[0]))
     writer.writeheader()
     writer.writerows(rows)
-  metric, labels = metric_name(config), settings(config)
+  labels = settings(config)
   if config.task == 'char':
     title = (
       f'bits-per-char on {config.run.eval.split}, trained at L = {config.tgt_len} with no memory'
@@ -215,18 +199,21 @@ def write_report(config, rows: list[dict], root: Path) -> str:
     )
     counts = {r['label']: r['count'] for r in rows}
     header = [f'{label} ({counts[label]} sentences)' for label in labels]
-  lines = [
-    f'{title} for {config.run.train.steps} steps; mean ± std over seeds {tuple(config.seeds)}',
-    '',
-    f'| position | {" | ".join(header)} |',
-    '|---|' + '---|' * len(labels),
-  ]
-  for position in config.positions:
-    cells = [mean_std(_values(rows, position, label, metric)) for label in labels]
-    lines.append(f'| {position} | {" | ".join(cells)} |')
-  table = '\n'.join(lines) + '\n'
+  steps = f' for {config.run.train.steps} steps'
+  table = _markdown_table(config, rows, metric_name(config), title + steps, header)
   (root / 'extrapolation.md').write_text(table)
-  return table
+  if config.task == 'char':
+    return table
+  lengths = _markdown_table(
+    config,
+    rows,
+    'length_ratio',
+    'translation length / reference length (sacreBLEU, 13a tokens) per source length in pieces, '
+    f'trained on pairs within N = {config.max_length}',
+    list(labels),
+  )
+  (root / 'extrapolation_lengths.md').write_text(lengths)
+  return f'{table}\n{lengths}'
 
 
 def plot(config, rows: list[dict], root: Path) -> Path:
@@ -276,8 +263,6 @@ def study(config, root: Path) -> list[dict]:
       {'position': position, 'seed': seed, 'label': label, **scores[label]} for label in labels
     ]
   print(write_report(config, rows, root))
-  if config.task == 'translate':
-    print(write_length_report(config, root))
   print(f'plot: {plot(config, rows, root)}')
   return rows
 

@@ -73,6 +73,14 @@ def test_translation_study_scores_bleu_per_source_length(tmp_path):
   lengths = (tmp_path / 'study' / 'extrapolation_lengths.md').read_text().splitlines()
   assert lengths[2] == '| position | <=3 | 4-6 | 7-12 | >12 | all |'
   assert lengths[4].startswith('| rope | ') and lengths[4].endswith(f' | {ratio:.3f} |')
+  # A scores file from before the length ratio was recorded is scored again, not misread.
+  scores_path = run_dir / bench.SCORES_FILE
+  old_scores = json.loads(scores_path.read_text())
+  for entry in old_scores.values():
+    del entry['length_ratio']
+  scores_path.write_text(json.dumps(old_scores))
+  again = bench.study(config, tmp_path / 'study')
+  assert [r['length_ratio'] for r in again] == [r['length_ratio'] for r in rows]
 
 
 def test_a_bad_position_is_an_error_before_training(tmp_path):
