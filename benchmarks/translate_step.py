@@ -34,11 +34,10 @@ _POSITIONS = flags.DEFINE_list(
 flags.mark_flags_as_required(['config'])
 
 
-def pass_call(config, position, vocab_size, batches):
+def pass_call(config, position, vocab_size, batches, mesh):
   """A zero-argument call running the train step of `position` over `batches` (state kept)."""
   variant = ml_collections.ConfigDict(config.to_dict())
   variant.model.position = position
-  mesh = data_mesh()
   graphdef, state = translate.build(variant, vocab_size, mesh)
   train_step = translate.train_step_fn(variant, graphdef, mesh)
   carried = {'state': state}
@@ -57,8 +56,10 @@ def main(argv):
   data_path = config.data.train_src
   if config.data.kind == 'text' and not Path(data_path).exists():
     raise SystemExit(f'skipped: {data_path} is absent (set --config.data.train_src etc.)')
+  mesh = data_mesh()
   with tempfile.TemporaryDirectory() as workdir:
-    data = load_translation_data(config.data, workdir, seed=config.seed)
+    # Rows a multiple of the device count, as train.py builds them (the batch splits evenly).
+    data = load_translation_data(config.data, workdir, seed=config.seed, row_multiple=mesh.size)
   batches = []
   target_tokens = 0
   for step in range(_BATCHES.value):
@@ -66,7 +67,7 @@ def main(argv):
     batches.append({name: jnp.asarray(batch[name]) for name in ('src', 'tgt_in', 'tgt_out')})
     target_tokens += int((batch['tgt_out'] != PAD_ID).sum())
   vocab_size = data.tokenizer.vocab_size
-  calls = {p: pass_call(config, p, vocab_size, batches) for p in _POSITIONS.value}
+  calls = {p: pass_call(config, p, vocab_size, batches, mesh) for p in _POSITIONS.value}
   seconds = interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=1)
   m = config.model
   print(

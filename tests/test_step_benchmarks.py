@@ -1,0 +1,78 @@
+"""The step benchmarks the peer harness runs (`../shared/peers/`), as it runs them: scripts in
+their own process, with relpos's CPU defaults (here 2 host devices, so every batch must split
+between them)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO, TINY_CHAR_LM_FLAGS, write_pair_corpus, write_word_corpus
+
+pytestmark = pytest.mark.usefixtures('attention_test_config')
+
+
+def _run(script: str, *flags: str) -> str:
+  env = {**os.environ, 'RELPOS_CPU_DEVICES': '2', 'RELPOS_COMPILATION_CACHE': 'off'}
+  env.pop('XLA_FLAGS', None)
+  done = subprocess.run(
+    [sys.executable, str(REPO / 'benchmarks' / script), *flags],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  return done.stdout
+
+
+def _table_rows(stdout: str) -> dict:
+  """{first cell: the other cells} of the markdown table the benchmark prints."""
+  rows = [line.strip('|').split('|') for line in stdout.splitlines() if line.startswith('| ')]
+  return {cells[0].strip(): [cell.strip() for cell in cells[1:]] for cells in rows[1:]}
+
+
+def test_translate_step_times_batches_that_split_across_the_devices(tmp_path):
+  corpus = write_pair_corpus(tmp_path / 'pairs')
+  # 256 tokens over rows of 17 positions is 15 rows unless rows are a multiple of the devices.
+  stdout = _run(
+    'translate_step.py',
+    '--config=configs/translate_tiny.py',
+    f'--config.data.train_src={corpus / "train.en"}',
+    f'--config.data.train_tgt={corpus / "train.de"}',
+    f'--config.data.eval_src={corpus / "eval.en"}',
+    f'--config.data.eval_tgt={corpus / "eval.de"}',
+    '--config.data.moses_detokenize=False',
+    '--config.data.vocab_size=40',
+    '--config.data.max_length=16',
+    '--config.data.max_tokens=256',
+    '--config.data.length_buckets=1',
+    '--config.model.encoder_layers=1',
+    '--config.model.decoder_layers=1',
+    '--config.model.d_model=16',
+    '--config.model.num_heads=2',
+    '--config.model.d_ff=32',
+    '--batches=2',
+    '--rounds=1',
+    '--positions=absolute,shaw',
+  )
+  rows = _table_rows(stdout)
+  assert set(rows) == {'absolute', 'shaw'}, stdout
+  assert float(rows['absolute'][-1]) == 1.0
+  assert all(float(cells[1]) > 0 for cells in rows.values())  # target tokens/s
+
+
+def test_char_lm_step_times_every_variant(tmp_path):
+  text = write_word_corpus(tmp_path / 'text.txt')
+  stdout = _run(
+    'char_lm_step.py',
+    '--config=configs/char_tiny.py',
+    f'--config.data.path={text}',
+    *TINY_CHAR_LM_FLAGS,
+    '--config.train.batch_size=4',
+    '--rounds=1',
+  )
+  rows = _table_rows(stdout)
+  assert set(rows) == {'xl', 'xl, mem_len=0', 'shaw', 'absolute', 'none'}, stdout
+  assert float(rows['xl'][-1]) == 1.0
