@@ -20,9 +20,11 @@ imports JAX, and does nothing that a variable the user set already decides.
   mesh (`relpos.training.mesh`) gives each device its rows of the batch and the devices run
   their shares at the same time. The default is 2 devices when this process may use at least
   2 cores; `RELPOS_CPU_DEVICES=N` sets N (1: one device), and an XLA_FLAGS that already forces
-  a device count is left alone. The global batch is the same for any count (it must split
-  into equal shares: a config error says so), so the count changes float rounding, not the
-  model being trained. README gives the measured effect.
+  a device count is left alone. The flag goes first in XLA_FLAGS: XLA stops reading at a word
+  that is not a `--flag` (a warning names such words), so a flag appended after one is lost.
+  The global batch is the same for any count (it must split into equal shares: a config error
+  says so), so the count changes float rounding, not the model being trained. README gives
+  the measured effect.
 - **Compilation cache.** JAX's persistent compilation cache, so that a second run of a config
   (a rerun, a resume, the next seed of a sweep, eval.py after train.py) loads its compiled
   steps instead of compiling them again. It lives in `RELPOS_COMPILATION_CACHE` (default
@@ -98,7 +100,18 @@ def devices_environment(environ) -> dict:
   count = int(wanted) if wanted else default_cpu_devices()
   if count == 1:
     return {}
-  return {'XLA_FLAGS': f'{flags} {DEVICES_FLAG}={count}'.strip()}
+  # First: XLA stops reading XLA_FLAGS at a word that does not start with '--'.
+  return {'XLA_FLAGS': f'{DEVICES_FLAG}={count} {flags}'.strip()}
+
+
+def ignored_xla_flags(flags: str) -> list[str]:
+  """The words of XLA_FLAGS from the first one not starting with '--' on: XLA reads none of
+  them (it takes the flags before that word and silently drops the rest)."""
+  words = flags.split()
+  for index, word in enumerate(words[1:], start=1):
+    if not word.startswith('--'):
+      return words[index:]
+  return []
 
 
 def cache_environment(environ) -> dict:
@@ -129,6 +142,14 @@ def apply_defaults() -> None:
   applied = [f'XLA_FLAGS={devices["XLA_FLAGS"]}'] if devices else []
   if environ is not None:
     applied.append(f'GLIBC_TUNABLES={environ["GLIBC_TUNABLES"]} (restarting)')
+  ignored = ignored_xla_flags(os.environ.get('XLA_FLAGS', ''))
+  if ignored and environ is None:  # said once, not again after the restart
+    print(
+      f'relpos: warning: XLA reads no flag of XLA_FLAGS from {ignored[0]!r} on (not a --flag): '
+      f'{" ".join(ignored)}',
+      file=sys.stderr,
+      flush=True,
+    )
   if applied:
     print(
       f'relpos: CPU defaults {", ".join(applied)}; RELPOS_CPU_DEVICES=1 and '

@@ -92,7 +92,7 @@ def test_cpu_devices_default_to_two_and_respect_the_user():
   mine = {'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '--xla_cpu_multi_thread_eigen=true'}
   expected = runtime.default_cpu_devices()
   flags = runtime.devices_environment(mine).get('XLA_FLAGS', mine['XLA_FLAGS'])
-  assert flags.startswith('--xla_cpu_multi_thread_eigen=true')
+  assert flags.endswith('--xla_cpu_multi_thread_eigen=true')
   assert (f'device_count={expected}' in flags) == (expected > 1)
   forced = {'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '--xla_force_host_platform_device_count=4'}
   assert runtime.devices_environment(forced) == {}
@@ -100,3 +100,30 @@ def test_cpu_devices_default_to_two_and_respect_the_user():
   assert runtime.devices_environment({'JAX_PLATFORMS': 'cuda'}) == {}
   with pytest.raises(ValueError, match='RELPOS_CPU_DEVICES'):
     runtime.devices_environment({'JAX_PLATFORMS': 'cpu', 'RELPOS_CPU_DEVICES': 'two'})
+
+
+def test_words_xla_does_not_read_are_found():
+  assert runtime.ignored_xla_flags('--a=1 --b=2') == []
+  assert runtime.ignored_xla_flags('--a=1 threads=2 --b=2') == ['threads=2', '--b=2']
+  assert runtime.ignored_xla_flags('') == []
+
+
+def test_the_device_count_holds_after_a_word_xla_does_not_read():
+  """The peer harness's XLA_FLAGS has such a word; a device flag appended after it was lost."""
+  env = {
+    **os.environ,
+    'XLA_FLAGS': '--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=2',
+    'JAX_PLATFORMS': 'cpu',
+    'RELPOS_CPU_DEVICES': '2',
+    'RELPOS_ALLOCATOR': 'default',
+    'RELPOS_COMPILATION_CACHE': 'off',
+  }
+  program = (
+    'from relpos import runtime; runtime.apply_defaults(); import jax; print(jax.device_count())'
+  )
+  done = subprocess.run(
+    [sys.executable, '-c', program], env=env, capture_output=True, text=True, timeout=120
+  )
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.split() == ['2']
+  assert "XLA reads no flag of XLA_FLAGS from 'intra_op_parallelism_threads=2' on" in done.stderr
