@@ -8,6 +8,8 @@ directory), takes the first `--batches` training batches (real sentences, every 
 builds the config's model once per position mode, and times a pass of the jitted train step
 (forward, backward, Adam update) over those batches, the modes interleaved round by round.
 Prints ms per batch, target tokens/s and the ratio to 'absolute' (Shaw et al.: 7% slower).
+`--threefry=unrolled,rolled` also times each mode with jax 0.10.2's own rolled-loop PRNG
+lowering (relpos.threefry_lowering), for relpos's default on and off in one run.
 """
 
 import tempfile
@@ -19,7 +21,7 @@ from absl import app, flags
 from ml_collections import config_flags
 from timing import interleaved_median_seconds
 
-from relpos import runtime
+from relpos import runtime, threefry_lowering
 from relpos.constants import PAD_ID
 from relpos.data.translation import load_translation_data
 from relpos.training import translate
@@ -30,6 +32,12 @@ _BATCHES = flags.DEFINE_integer('batches', 12, 'Training batches per timed pass.
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Interleaved timing rounds (median reported).')
 _POSITIONS = flags.DEFINE_list(
   'positions', 'absolute,shaw,shaw_absolute,learned,none', 'Position modes to time.'
+)
+_THREEFRY = flags.DEFINE_list(
+  'threefry',
+  'unrolled',
+  'CPU lowerings of the PRNG to time each mode with: unrolled (relpos.threefry_lowering, the '
+  "default) and/or rolled (jax 0.10.2's own loop).",
 )
 flags.mark_flags_as_required(['config'])
 
@@ -67,7 +75,15 @@ def main(argv):
     batches.append({name: jnp.asarray(batch[name]) for name in ('src', 'tgt_in', 'tgt_out')})
     target_tokens += int((batch['tgt_out'] != PAD_ID).sum())
   vocab_size = data.tokenizer.vocab_size
-  calls = {p: pass_call(config, p, vocab_size, batches, mesh) for p in _POSITIONS.value}
+  calls = {}
+  for lowering in _THREEFRY.value:
+    if not threefry_lowering.set_cpu_lowering(unrolled=lowering == 'unrolled'):
+      raise SystemExit(f'--threefry={lowering}: this JAX lacks that lowering rule')
+    for position in _POSITIONS.value:
+      name = position if _THREEFRY.value == ['unrolled'] else f'{position}, {lowering}'
+      calls[name] = pass_call(config, position, vocab_size, batches, mesh)
+      calls[name]()  # compiles now, with this lowering
+  threefry_lowering.unroll_on_cpu()
   seconds = interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=1)
   m = config.model
   print(
@@ -76,8 +92,9 @@ def main(argv):
     f'{len(batches)} real batches ({target_tokens} target tokens) per pass, '
     f'median of {_ROUNDS.value} interleaved rounds'
   )
-  base = seconds.get('absolute', next(iter(seconds.values())))
-  print('| position | ms / batch | target tokens/s | step time / absolute |')
+  base_name = next(iter(seconds))  # the first mode, with the first lowering
+  base = seconds[base_name]
+  print(f'| position | ms / batch | target tokens/s | step time / {base_name} |')
   print('|---|---|---|---|')
   for name, s in seconds.items():
     print(f'| {name} | {s / len(batches) * 1e3:.1f} | {target_tokens / s:.0f} | {s / base:.3f} |')

@@ -24,18 +24,27 @@ import os
 OFF_SWITCH = 'RELPOS_THREEFRY'  # =rolled keeps JAX's CPU lowering
 
 
-def unroll_on_cpu() -> bool:
+def set_cpu_lowering(*, unrolled: bool) -> bool:
   """Registers JAX's straight-line threefry2x32 lowering (its rule for every other platform) for
-  the CPU; whether it did (False with RELPOS_THREEFRY=rolled or a JAX without that rule)."""
-  if os.environ.get(OFF_SWITCH, 'unrolled') == 'rolled':
-    return False
+  the CPU, or with `unrolled=False` jax 0.10.2's rolled loop; False if this JAX lacks the rule.
+
+  A function already compiled keeps the lowering it was compiled with (benchmarks/
+  translate_step.py --threefry times both in one process)."""
   try:
     from jax._src.interpreters import mlir
     from jax._src.random import threefry2x32
   except ImportError:
     return False
-  rule = getattr(threefry2x32, '_threefry2x32_lowering_rule', None)
+  name = '_threefry2x32_lowering_rule' if unrolled else '_threefry2x32_cpu_lowering_rule'
+  rule = getattr(threefry2x32, name, None)
   if rule is None:
     return False
-  mlir.register_lowering(threefry2x32.threefry2x32_p, rule, platform='cpu', inline=False)
+  mlir.register_lowering(threefry2x32.threefry2x32_p, rule, platform='cpu', inline=not unrolled)
   return True
+
+
+def unroll_on_cpu() -> bool:
+  """`set_cpu_lowering(unrolled=True)` unless RELPOS_THREEFRY=rolled; whether it did."""
+  if os.environ.get(OFF_SWITCH, 'unrolled') == 'rolled':
+    return False
+  return set_cpu_lowering(unrolled=True)

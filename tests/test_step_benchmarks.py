@@ -33,7 +33,9 @@ def _table_rows(stdout: str) -> dict:
   return {cells[0].strip(): [cell.strip() for cell in cells[1:]] for cells in rows[1:]}
 
 
-def test_translate_step_times_batches_that_split_across_the_devices(tmp_path):
+def test_translate_step_times_batches_that_split_across_the_devices_with_both_prng_lowerings(
+  tmp_path,
+):
   corpus = write_pair_corpus(tmp_path / 'pairs')
   # 256 tokens over rows of 17 positions is 15 rows unless rows are a multiple of the devices.
   stdout = _run(
@@ -56,10 +58,12 @@ def test_translate_step_times_batches_that_split_across_the_devices(tmp_path):
     '--batches=2',
     '--rounds=1',
     '--positions=absolute,shaw',
+    '--threefry=unrolled,rolled',
   )
   rows = _table_rows(stdout)
-  assert set(rows) == {'absolute', 'shaw'}, stdout
-  assert float(rows['absolute'][-1]) == 1.0
+  names = {f'{p}, {lowering}' for p in ('absolute', 'shaw') for lowering in ('unrolled', 'rolled')}
+  assert set(rows) == names, stdout
+  assert float(rows['absolute, unrolled'][-1]) == 1.0
   assert all(float(cells[1]) > 0 for cells in rows.values())  # target tokens/s
 
 

@@ -49,15 +49,25 @@ def test_hash_equals_a_numpy_transcription_on_random_counts():
   np.testing.assert_array_equal(bits, np.concatenate([expected0, expected1]))
 
 
+def _has_loop() -> bool:
+  """Whether a fresh dropout draw lowers to a while loop now."""
+  draw = jax.jit(lambda key: jax.random.bernoulli(key, 0.9, (5, 9)))
+  return 'while' in draw.lower(jax.random.key(0)).as_text()
+
+
 def test_dropout_draws_lower_without_a_loop_on_the_cpu():
-  lowered = jax.jit(lambda key: jax.random.bernoulli(key, 0.9, (7, 33, 16))).lower(
-    jax.random.key(3)
-  )
-  assert 'while' not in lowered.as_text()
+  assert not _has_loop()
 
 
-def test_the_off_switch_keeps_jax_lowering(monkeypatch):
+def test_the_rolled_lowering_can_be_had_again(monkeypatch):
+  try:
+    assert threefry_lowering.set_cpu_lowering(unrolled=False)
+    assert _has_loop()
+    rolled_bits = jax.jit(lambda key: jax.random.bits(key, (3, 7)))(jax.random.key(5))
+  finally:
+    threefry_lowering.set_cpu_lowering(unrolled=True)
+  assert not _has_loop()
+  unrolled_bits = jax.jit(lambda key: jax.random.bits(key, (3, 7)))(jax.random.key(5))
+  np.testing.assert_array_equal(np.asarray(rolled_bits), np.asarray(unrolled_bits))
   monkeypatch.setenv(threefry_lowering.OFF_SWITCH, 'rolled')
   assert not threefry_lowering.unroll_on_cpu()
-  monkeypatch.delenv(threefry_lowering.OFF_SWITCH)
-  assert threefry_lowering.unroll_on_cpu()
