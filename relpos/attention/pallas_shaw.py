@@ -190,6 +190,32 @@ def _row_tables(spec, refs, query_QD, d_output_QD=None):
   return query_rows, d_output_rows
 
 
+def _query_side(spec, refs, query_start, rows):
+  """What the backward pass reads of the query tile at `rows` (an index of the query-side refs),
+  which starts at query `query_start`: (query_start, q, do, logsumexp, delta, qw, do·w^Vᵀ)."""
+  query = refs.query[rows]
+  d_output, lse, delta = query_residuals(refs, rows)
+  return (query_start, query, d_output, lse, delta, *_row_tables(spec, refs, query, d_output))
+
+
+def _tile_grads(spec, seed, b, h, offset, query_tile, key_tile, mask_QK):
+  """The backward pass of one tile: (band, dropped probabilities p', logit gradient ds).
+
+  query_tile: (query_start, query [block_q, D], do, logsumexp, delta, qw, do·w^Vᵀ);
+  key_tile: (key_start, key, value [block_k, D]).
+  """
+  query_start, query, d_output, lse, delta, query_rows, d_output_rows = query_tile
+  key_start, key, value = key_tile
+  logits, allowed, keep_scale, band = _tile(
+    spec, seed, b, h, offset, query, query_rows, query_start, key_start, key, mask_QK
+  )
+  d_dropped = dot(d_output, value, transpose_b=True)
+  if d_output_rows is not None:
+    d_dropped = d_dropped + band.spread(d_output_rows)
+  dropped, d_logits = softmax_grads(logits, allowed, lse, d_dropped, delta, keep_scale)
+  return band, dropped, d_logits
+
+
 def _forward_kernel(refs, *, spec):
   tiling = spec.tiling
   block_q, block_k = tiling.block_q, tiling.block_k
@@ -243,25 +269,19 @@ def _d_query_kernel(refs, *, spec):
   block_q, block_k = tiling.block_q, tiling.block_k
   b, h, query_tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   offset, seed = read_scalars(refs.scalars)
-  query_start = query_tile * block_q
-  query = refs.query[...]
-  d_output, lse, delta = query_residuals(refs, ...)
-  query_rows, d_output_rows = _row_tables(spec, refs, query, d_output)
+  query_side = _query_side(spec, refs, query_tile * block_q, ...)
+  _, query, d_output = query_side[:3]
   acc_dtype = jnp.promote_types(refs.value.dtype, jnp.float32)
 
   def body(key_tile, carry):
     d_query_QD, logit_rows_QR, prob_rows_QR = carry
     key_start = key_tile * block_k
-    key = refs.key[pl.ds(key_start, block_k), :]
-    value = refs.value[pl.ds(key_start, block_k), :]
-    mask = None if refs.mask is None else refs.mask[:, pl.ds(key_start, block_k)]
-    logits, allowed, keep_scale, band = _tile(
-      spec, seed, b, h, offset, query, query_rows, query_start, key_start, key, mask
+    keys = pl.ds(key_start, block_k)
+    key = refs.key[keys, :]
+    mask = None if refs.mask is None else refs.mask[:, keys]
+    band, dropped, d_logits = _tile_grads(
+      spec, seed, b, h, offset, query_side, (key_start, key, refs.value[keys, :]), mask
     )
-    d_dropped = dot(d_output, value, transpose_b=True)
-    if d_output_rows is not None:
-      d_dropped = d_dropped + band.spread(d_output_rows)
-    dropped, d_logits = softmax_grads(logits, allowed, lse, d_dropped, delta, keep_scale)
     d_query_QD = d_query_QD + dot(d_logits.astype(key.dtype), key)
     if logit_rows_QR is not None:
       logit_rows_QR = logit_rows_QR + band.collect(d_logits)
@@ -302,17 +322,12 @@ def _d_key_value_kernel(refs, *, spec):
     d_key_KD, d_value_KD = carry
     query_start = query_tile * block_q
     rows = pl.ds(query_start, block_q)
-    query = refs.query[rows, :]
-    d_output, lse, delta = query_residuals(refs, (rows, slice(None)))
-    query_rows, d_output_rows = _row_tables(spec, refs, query, d_output)
+    query_side = _query_side(spec, refs, query_start, (rows, slice(None)))
+    _, query, d_output = query_side[:3]
     mask = None if refs.mask is None else refs.mask[rows, :]
-    logits, allowed, keep_scale, band = _tile(
-      spec, seed, b, h, offset, query, query_rows, query_start, key_start, key, mask
+    _, dropped, d_logits = _tile_grads(
+      spec, seed, b, h, offset, query_side, (key_start, key, value), mask
     )
-    d_dropped = dot(d_output, value, transpose_b=True)
-    if d_output_rows is not None:
-      d_dropped = d_dropped + band.spread(d_output_rows)
-    dropped, d_logits = softmax_grads(logits, allowed, lse, d_dropped, delta, keep_scale)
     d_value_KD = d_value_KD + dot(dropped.astype(d_output.dtype), d_output, transpose_a=True)
     d_key_KD = d_key_KD + dot(d_logits.astype(query.dtype), query, transpose_a=True)
     return d_key_KD, d_value_KD

@@ -230,26 +230,37 @@ def _load_query_side(refs, rows):
   return (*_biased_queries(refs, rows), *query_residuals(refs, rows))
 
 
+def _tile_grads(spec, refs, seed, b, h, query_side, key_start, key_KD, value_KD, mask_QK):
+  """The backward pass of one tile: (its R window, dropped probabilities p', logit gradient
+  ds). query_side: (query_start, q + u, q + v, do, logsumexp, delta) of the query tile."""
+  query_start, q_content, q_position, d_output, lse, delta = query_side
+  logits, allowed, keep_scale, rel_window = _tile(
+    spec, refs, seed, b, h, q_content, q_position, query_start, key_start, key_KD, mask_QK
+  )
+  d_dropped = dot(d_output, value_KD, transpose_b=True)
+  dropped, d_logits = softmax_grads(logits, allowed, lse, d_dropped, delta, keep_scale)
+  return rel_window, dropped, d_logits
+
+
 def _d_query_kernel(refs, *, spec):
   tiling = spec.tiling
   block_q, block_k = tiling.block_q, tiling.block_k
   b, h, query_tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   _, seed = read_scalars(refs.scalars)
   query_start = query_tile * block_q
-  q_content, q_position, d_output, lse, delta = _load_query_side(refs, ...)
+  query_side = (query_start, *_load_query_side(refs, ...))
+  q_content = query_side[1]
   acc_dtype = jnp.promote_types(refs.value.dtype, jnp.float32)
 
   def body(key_tile, carry):
     d_content_QD, d_position_QD = carry
     key_start = key_tile * block_k
     rows = _key_rows(spec, key_start, block_k)
-    key, value = refs.key[rows, :], refs.value[rows, :]
+    key = refs.key[rows, :]
     mask = None if refs.mask is None else refs.mask[:, rows]
-    logits, allowed, keep_scale, rel_window = _tile(
-      spec, refs, seed, b, h, q_content, q_position, query_start, key_start, key, mask
+    rel_window, _, d_logits = _tile_grads(
+      spec, refs, seed, b, h, query_side, key_start, key, refs.value[rows, :], mask
     )
-    d_dropped = dot(d_output, value, transpose_b=True)
-    _, d_logits = softmax_grads(logits, allowed, lse, d_dropped, delta, keep_scale)
     d_content_QD = d_content_QD + dot(d_logits.astype(key.dtype), key)
     d_window = scatter_add_columns(d_logits, _skew_index(tiling), spec.window)
     d_window = d_window.astype(rel_window.dtype)
@@ -279,13 +290,12 @@ def _d_key_value_kernel(refs, *, spec):
     d_key_KD, d_value_KD = carry
     query_start = query_tile * block_q
     rows = pl.ds(query_start, block_q)
-    q_content, q_position, d_output, lse, delta = _load_query_side(refs, (rows, slice(None)))
+    query_side = (query_start, *_load_query_side(refs, (rows, slice(None))))
+    _, q_content, _, d_output = query_side[:4]
     mask = None if refs.mask is None else refs.mask[rows, :]
-    logits, allowed, keep_scale, _ = _tile(
-      spec, refs, seed, b, h, q_content, q_position, query_start, key_start, key, mask
+    _, dropped, d_logits = _tile_grads(
+      spec, refs, seed, b, h, query_side, key_start, key, value, mask
     )
-    d_dropped = dot(d_output, value, transpose_b=True)
-    dropped, d_logits = softmax_grads(logits, allowed, lse, d_dropped, delta, keep_scale)
     d_value_KD = d_value_KD + dot(dropped.astype(d_output.dtype), d_output, transpose_a=True)
     d_key_KD = d_key_KD + dot(d_logits.astype(q_content.dtype), q_content, transpose_a=True)
     return d_key_KD, d_value_KD
