@@ -106,7 +106,8 @@ def devices_environment(environ) -> dict:
 
 def ignored_xla_flags(flags: str) -> list[str]:
   """The words of XLA_FLAGS from the first one not starting with '--' on: XLA reads none of
-  them (it takes the flags before that word and silently drops the rest)."""
+  them (it takes the flags before that word and silently drops the rest). The first word is
+  not checked: XLA reads a first word without '--' as a file of flags, and fails loudly."""
   words = flags.split()
   for index, word in enumerate(words[1:], start=1):
     if not word.startswith('--'):
