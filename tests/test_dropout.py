@@ -33,7 +33,7 @@ pytestmark = pytest.mark.usefixtures('attention_test_config')
 
 KERNELS = {
   'dot_product': attention.dot_product_attention,
-  'shaw': attention.shaw_attention,
+  'shaw': attention.shaw_attention_banded,
   'shaw_materialized': attention.shaw_attention_materialized,
   'xl': attention.xl_attention,
 }
@@ -280,7 +280,7 @@ def test_shaw_under_jit_with_traced_rng_and_query_offset():
     traces.append(1)
     mask = jnp.arange(kv_len)[None, :] <= offset + jnp.arange(q_len)[:, None]
     outputs_and_grads = []
-    for fn in (attention.shaw_attention, attention.shaw_attention_materialized):
+    for fn in (attention.shaw_attention_banded, attention.shaw_attention_materialized):
       kwargs = dict(mask=mask, query_offset=offset, dropout_rate=dropout_rate, dropout_rng=key)
       output, vjp = jax.vjp(lambda *ys, fn=fn, kwargs=kwargs: fn(*ys, **kwargs), *xs)
       outputs_and_grads.append((output, vjp(cot)))

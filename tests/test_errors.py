@@ -17,7 +17,12 @@ def _qkv(q_len=Q, kv_len=K, heads=H, dim=D):
 
 
 @pytest.mark.parametrize(
-  'kernel', [attention.shaw_attention, attention.shaw_attention_materialized]
+  'kernel',
+  [
+    attention.shaw_attention,
+    attention.shaw_attention_banded,
+    attention.shaw_attention_materialized,
+  ],
 )
 @pytest.mark.parametrize(
   'rel_key,rel_value,message',

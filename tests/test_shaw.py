@@ -1,4 +1,8 @@
-"""shaw_attention and shaw_attention_materialized vs the float64 reference (Shaw et al. 2018)."""
+"""shaw_attention's two implementations vs the float64 reference (Shaw et al. 2018).
+
+'shaw' is `shaw_attention_banded` and 'shaw_materialized' the dense form; `shaw_attention`
+picks one by the number of keys (test_shaw_attention_picks_the_dense_form_for_short_keys).
+"""
 
 import jax
 import jax.numpy as jnp
@@ -58,17 +62,17 @@ CASES = [
   (S, 3, 'none', ('shaw',)),
   (S, 3, 'random', BOTH),
   (S, 3, 'causal', BOTH),
-  (S, 3, 'padding', ('shaw',)),
+  (S, 3, 'padding', BOTH),
   (S, 3, 'dead_rows', ('shaw',)),
-  (S, 0, 'dead_rows', ('shaw',)),
+  (S, 0, 'dead_rows', BOTH),
   (S, 1, 'causal', ('shaw',)),
   (S, 13, 'padding', ('shaw',)),
   (S, 20, 'none', ('shaw',)),
   (S, 20, 'dead_rows', BOTH),
-  ((2, 9, 9, 2, 8), 2, 'causal', ('shaw',)),  # self-attention
-  ((1, 1, 11, 3, 4), 4, 'none', ('shaw',)),  # single query (decoding)
+  ((2, 9, 9, 2, 8), 2, 'causal', BOTH),  # self-attention
+  ((1, 1, 11, 3, 4), 4, 'none', BOTH),  # single query (decoding)
   ((1, 1, 11, 3, 4), 15, 'random', ('shaw',)),
-  ((2, 1, 13, 2, 5), 0, 'dead_rows', ('shaw',)),
+  ((2, 1, 13, 2, 5), 0, 'dead_rows', BOTH),
   ((2, 1, 70, 2, 3), 2, 'padding', ('shaw',)),  # a single query over several prefix blocks
   ((2, 6, 4, 2, 3), 1, 'none', ('shaw',)),  # q_len > kv_len: default offset is negative
   ((2, 6, 4, 2, 3), 5, 'dead_rows', BOTH),
@@ -182,7 +186,9 @@ def test_shaw_traced_query_offset_under_jit(name):
   def step(q, k, v, wk, wv, off):
     traces.append(1)
     mask = jnp.arange(kv_len)[None, :] <= off + jnp.arange(q.shape[1])[:, None]
-    fn = attention.shaw_attention if name == 'shaw' else attention.shaw_attention_materialized
+    fn = (
+      attention.shaw_attention_banded if name == 'shaw' else attention.shaw_attention_materialized
+    )
     return fn(q, k, v, wk, wv, mask=mask, query_offset=off)
 
   for t in [0, 3, 7]:
@@ -268,3 +274,20 @@ def test_shaw_offset_as_concrete_array_scalar(make_offset):
   )
   want = reference.shaw(*(f32_np(x) for x in (q, k, v, wk, wv)), query_offset=off)
   assert_close(out, want)
+
+
+@pytest.mark.parametrize(
+  'kv_len', [attention.shaw.DENSE_MAX_KV_LEN, attention.shaw.DENSE_MAX_KV_LEN + 1]
+)
+def test_shaw_attention_picks_the_dense_form_for_short_keys(kv_len):
+  """Dense up to DENSE_MAX_KV_LEN keys, banded (its custom VJP) above; the two agree."""
+  batch, q_len, heads, dim, kmax = 1, 3, 2, 4, 5
+  rng = np.random.default_rng(kv_len)
+  q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
+  args = [f32(x) for x in (q, k, v, *_tables(rng, kmax, dim))]
+  jaxpr = str(jax.make_jaxpr(attention.shaw_attention)(*args))
+  banded = kv_len > attention.shaw.DENSE_MAX_KV_LEN
+  assert ('custom_vjp_call' in jaxpr) == banded
+  out = jax.jit(attention.shaw_attention)(*args)
+  for fn in (attention.shaw_attention_banded, attention.shaw_attention_materialized):
+    assert_close(out, jax.jit(fn)(*args), err_msg=fn.__name__)

@@ -20,7 +20,12 @@ from relpos.attention.alibi import alibi_bias, alibi_slopes
 from relpos.attention.dot_product import dot_product_attention
 from relpos.attention.masking import causal_mask
 from relpos.attention.rope import apply_rope
-from relpos.attention.shaw import relative_buckets, shaw_attention, shaw_attention_materialized
+from relpos.attention.shaw import (
+  relative_buckets,
+  shaw_attention,
+  shaw_attention_banded,
+  shaw_attention_materialized,
+)
 from relpos.attention.sinusoid import sinusoidal_embedding, xl_relative_encoding
 from relpos.attention.t5 import t5_relative_bias, t5_relative_buckets
 from relpos.attention.xl import relative_shift, xl_attention
@@ -34,6 +39,7 @@ __all__ = [
   'relative_buckets',
   'relative_shift',
   'shaw_attention',
+  'shaw_attention_banded',
   'shaw_attention_materialized',
   'sinusoidal_embedding',
   't5_relative_bias',

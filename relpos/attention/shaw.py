@@ -3,21 +3,30 @@
     e_ij = q_i·(k_j + a^K_ij) / sqrt(d)        z_i = Σ_j α_ij (v_j + a^V_ij)
     a_ij = w[clip(j - pos_i, -k, k) + k]        (w^K, w^V: [2k+1, head_dim], shared by heads)
 
-The efficient kernel never builds a [q_len, kv_len, head_dim] tensor and never scatters. Both
-relative terms go through per-row tables of 2k+1 values: `q_i·w^K_r` is computed as
-[q_len, 2k+1] and spread over keys by a gather of buckets; probabilities are summed per row
-r (the transpose, which autodiff would make a scatter) by gathering the band |j - pos_i| < k
-as diagonals and reading the two clipped edges from blocked prefix sums. A `jax.custom_vjp`
-writes the backward pass from the same dense pieces and saves only the probabilities, so
-memory stays close to vanilla attention. With attention dropout it also saves the rng and
-regenerates the keep mask in the backward pass.
+Two exact implementations, chosen by `shaw_attention` from the number of keys:
 
-What matters for speed on XLA:CPU (benchmarks/attention.py, README): the logit gradient ds is
-needed on the band's diagonals as well as whole; gathering the diagonals from ds made XLA
-recompute ds inside the gather and therefore materialise the spread a^V term, a [Q·K, B, H]
-array written out and read back transposed. So the diagonals of ds are computed from the
-diagonals of its inputs instead. The block prefix sums take `blocks` extra matmul columns (no
-column for the always-empty first prefix), in a [B, H, Q, ·] output.
+- `shaw_attention_materialized`, the dense form for short sequences (at most
+  `DENSE_MAX_KV_LEN` keys): one-hot [q_len, 2k+1, kv_len] matmuls select the table rows, so
+  forward and backward are matmuls, with O(q·kv·(d + 2k+1)) memory shared by batch and heads.
+- `shaw_attention_banded`, for long ones: it never builds a [q_len, kv_len, head_dim] tensor
+  and never scatters. Both relative terms go through per-row tables of 2k+1 values: `q_i·w^K_r`
+  is computed as [q_len, 2k+1] and spread over keys by a gather of buckets; probabilities are
+  summed per row r (the transpose, which autodiff would make a scatter) by gathering the band
+  |j - pos_i| < k as diagonals and reading the two clipped edges from blocked prefix sums. A
+  `jax.custom_vjp` writes the backward pass from the same dense pieces and saves only the
+  probabilities, so memory stays close to vanilla attention. With attention dropout it also
+  saves the rng and regenerates the keep mask in the backward pass.
+
+At a few dozen keys the band's fixed costs (index arithmetic, diagonal gathers, transposes)
+outweigh the dense matmuls they avoid, and a band as wide as the sequence (k >= kv_len) is
+all overhead; from a few hundred keys the dense form's per-pair work dominates.
+
+What matters for the banded kernel's speed on XLA:CPU (benchmarks/attention.py, README): the
+logit gradient ds is needed on the band's diagonals as well as whole; gathering the diagonals
+from ds made XLA recompute ds inside the gather and therefore materialise the spread a^V term, a
+[Q·K, B, H] array written out and read back transposed. So the diagonals of ds are computed from
+the diagonals of its inputs instead. The block prefix sums take `blocks` extra matmul columns
+(no column for the always-empty first prefix), in a [B, H, Q, ·] output.
 """
 
 import functools
@@ -331,6 +340,18 @@ def _check_tables(rel_key, rel_value, head_dim):
     raise ValueError(f'rel_key {rel_key.shape} and rel_value {rel_value.shape} differ in k')
 
 
+def _check(query, key, value, rel_key, rel_value, dropout_rate, dropout_rng) -> float:
+  """Validates a Shaw call; returns the dropout rate as a Python float."""
+  check_qkv(query, key, value)
+  _check_tables(rel_key, rel_value, query.shape[-1])
+  return check_dropout(dropout_rate, dropout_rng)
+
+
+# shaw_attention's 'xla' implementation is the dense form up to this many keys and the banded
+# kernel above it (benchmarks/attention.py; README's kernel section has the measurements).
+DENSE_MAX_KV_LEN = 128
+
+
 def shaw_attention(
   query,
   key,
@@ -345,7 +366,7 @@ def shaw_attention(
   implementation: str = 'auto',
   block_sizes=None,
 ) -> jax.Array:
-  """Relation-aware attention with clipped relative positions, without [q, kv, d] tensors.
+  """Relation-aware attention with clipped relative positions, without [q, kv, d] gathers.
 
   Args:
     query: [batch, q_len, heads, head_dim].
@@ -358,11 +379,13 @@ def shaw_attention(
     dropout_rate, dropout_rng: attention-probability dropout, see
       `relpos.attention.masking.attention_dropout`; the dropped probabilities weight both the
       values and the a^V term. Rate 0 (the default) needs no rng.
-    implementation: 'xla' (this module's kernel), 'pallas' (the fused, tiled kernels of
-      `relpos.attention.pallas_*`; interpreted on CPU, Triton on GPU, Mosaic on TPU) or
-      'auto' (the default): 'pallas' where it is known to run natively, which no backend is
-      yet (they lower for GPU but have never run on one), so 'xla' everywhere for now.
-      With dropout, 'pallas' draws its keep mask from a hash
+    implementation: 'xla' (`shaw_attention_materialized` for at most `DENSE_MAX_KV_LEN` keys,
+      where the band's bookkeeping costs more than the dense one-hot matmuls it replaces, and
+      `shaw_attention_banded` above; both draw the same dropout bits), 'pallas' (the fused,
+      tiled kernels of `relpos.attention.pallas_*`; interpreted on CPU, Triton on GPU, Mosaic
+      on TPU) or 'auto' (the default): 'pallas' where it is known to run natively, which no
+      backend is yet (they lower for GPU but have never run on one), so 'xla' everywhere for
+      now. With dropout, 'pallas' draws its keep mask from a hash
       (`pallas_common.dropout_keep_hashed`): same distribution, different bits than 'xla'.
     block_sizes: (block_q, block_k) tiles of the 'pallas' implementation (None: its default,
       which Triton can lower; given sizes must be powers of two >= 16 for GPU); unused by
@@ -371,9 +394,7 @@ def shaw_attention(
     [batch, q_len, heads, head_dim] in value's dtype.
   """
   implementation = resolve_implementation(implementation)
-  check_qkv(query, key, value)
-  _check_tables(rel_key, rel_value, query.shape[-1])
-  dropout_rate = check_dropout(dropout_rate, dropout_rng)
+  dropout_rate = _check(query, key, value, rel_key, rel_value, dropout_rate, dropout_rng)
   if implementation == 'pallas':
     return shaw_attention_pallas(
       query,
@@ -387,6 +408,36 @@ def shaw_attention(
       dropout_rng=dropout_rng,
       block_sizes=block_sizes,
     )
+  dense = key.shape[1] <= DENSE_MAX_KV_LEN
+  kernel = shaw_attention_materialized if dense else shaw_attention_banded
+  return kernel(
+    query,
+    key,
+    value,
+    rel_key,
+    rel_value,
+    mask=mask,
+    query_offset=query_offset,
+    dropout_rate=dropout_rate,
+    dropout_rng=dropout_rng,
+  )
+
+
+def shaw_attention_banded(
+  query,
+  key,
+  value,
+  rel_key,
+  rel_value,
+  *,
+  mask=None,
+  query_offset=None,
+  dropout_rate: float = 0.0,
+  dropout_rng=None,
+) -> jax.Array:
+  """The banded kernel (module docstring): O(q·kv) memory like vanilla attention, for long
+  sequences. Same contract as `shaw_attention`."""
+  dropout_rate = _check(query, key, value, rel_key, rel_value, dropout_rate, dropout_rng)
   rng = dropout_rng if dropout_rate > 0.0 else None
   if query_offset is None:
     query_offset = default_query_offset(query.shape[1], key.shape[1])
@@ -409,21 +460,34 @@ def shaw_attention_materialized(
   dropout_rate: float = 0.0,
   dropout_rng=None,
 ) -> jax.Array:
-  """The tensor2tensor formulation: gathers a^K, a^V into [q_len, kv_len, head_dim].
+  """The dense form, for short sequences: per-pair tensors selected by one-hot matmuls.
 
-  Same contract as `shaw_attention`; O(q·kv·d) memory. Kept as a reference for tests and
-  benchmarks only.
+  `one_hot[i, r, j] = [clip(j - pos_i, -k, k) + k = r]` ([q_len, 2k+1, kv_len]) turns both
+  relative terms into matmuls: `Σ_r (q_i·w^K_r) one_hot[i, r, j]` spreads the per-row logits
+  over keys (or, when 2k+1 > head_dim, `q_i·a^K_ij` with a^K = one_hot·w^K is the smaller
+  contraction), and `Σ_j p_ij a^V_ij` with a^V = one_hot·w^V ([q_len, kv_len, head_dim]) adds
+  the value term. Every selection sums one table row and zeros, so it is exact, and autodiff's
+  backward pass is matmuls too: no gather, hence no scatter. O(q·kv·(head_dim + 2k+1))
+  memory, shared by the batch and heads. Same contract as `shaw_attention`; tested against
+  the float64 reference and used by it for short keys.
   """
-  check_qkv(query, key, value)
-  _check_tables(rel_key, rel_value, query.shape[-1])
+  dropout_rate = _check(query, key, value, rel_key, rel_value, dropout_rate, dropout_rng)
   q_len, kv_len, head_dim = query.shape[1], key.shape[1], query.shape[-1]
   max_distance = _max_distance(rel_key, rel_value)
   buckets = relative_buckets(q_len, kv_len, max_distance, query_offset=query_offset)
+  rows = jnp.arange(2 * max_distance + 1)
+  one_hot_QRK = (buckets[:, None, :] == rows[None, :, None]).astype(query.dtype)
   logits = content_logits(query, key)
   if rel_key is not None:
-    logits += _dot('bqhd,qkd->bhqk', query, rel_key[buckets]) * head_dim**-0.5
+    if rel_key.shape[0] <= head_dim:
+      rel_logits = _dot('bqhd,rd->bhqr', query, rel_key)
+      logits += _dot('bhqr,qrk->bhqk', rel_logits, one_hot_QRK) * head_dim**-0.5
+    else:
+      rel_key_QKD = _dot('qrk,rd->qkd', one_hot_QRK, rel_key)
+      logits += _dot('bqhd,qkd->bhqk', query, rel_key_QKD) * head_dim**-0.5
   probs = attention_dropout(masked_softmax(logits, mask), dropout_rate, dropout_rng)
   output = attend(probs, value)
   if rel_value is not None:
-    output += _dot('bhqk,qkd->bqhd', probs, rel_value[buckets])
+    rel_value_QKD = _dot('qrk,rd->qkd', one_hot_QRK, rel_value)
+    output += _dot('bhqk,qkd->bqhd', probs, rel_value_QKD)
   return output.astype(value.dtype)
