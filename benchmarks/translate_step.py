@@ -10,6 +10,9 @@ builds the config's model once per position mode, and times a pass of the jitted
 Prints ms per batch, target tokens/s and the ratio to 'absolute' (Shaw et al.: 7% slower).
 `--threefry=unrolled,rolled` also times each mode with jax 0.10.2's own rolled-loop PRNG
 lowering (relpos.threefry_lowering), for relpos's default on and off in one run.
+`--shaw_dense_max_kv_len=0,64` times the Shaw modes once per value of
+`relpos.attention.shaw.DENSE_MAX_KV_LEN` (0: the banded kernel at every length), which is how
+that threshold was chosen.
 """
 
 import tempfile
@@ -22,6 +25,7 @@ from ml_collections import config_flags
 from timing import interleaved_median_seconds
 
 from relpos import runtime, threefry_lowering
+from relpos.attention import shaw
 from relpos.constants import PAD_ID
 from relpos.data.translation import load_translation_data
 from relpos.training import translate
@@ -38,6 +42,12 @@ _THREEFRY = flags.DEFINE_list(
   'unrolled',
   'CPU lowerings of the PRNG to time each mode with: unrolled (relpos.threefry_lowering, the '
   "default) and/or rolled (jax 0.10.2's own loop).",
+)
+_DENSE_MAX = flags.DEFINE_list(
+  'shaw_dense_max_kv_len',
+  [],
+  'Values of relpos.attention.shaw.DENSE_MAX_KV_LEN to time the Shaw modes with (default: '
+  "relpos's own).",
 )
 flags.mark_flags_as_required(['config'])
 
@@ -76,13 +86,20 @@ def main(argv):
     target_tokens += int((batch['tgt_out'] != PAD_ID).sum())
   vocab_size = data.tokenizer.vocab_size
   calls = {}
+  default_dense_max = shaw.DENSE_MAX_KV_LEN
   for lowering in _THREEFRY.value:
     if not threefry_lowering.set_cpu_lowering(unrolled=lowering == 'unrolled'):
       raise SystemExit(f'--threefry={lowering}: this JAX lacks that lowering rule')
     for position in _POSITIONS.value:
       name = position if _THREEFRY.value == ['unrolled'] else f'{position}, {lowering}'
-      calls[name] = pass_call(config, position, vocab_size, batches, mesh)
-      calls[name]()  # compiles now, with this lowering
+      thresholds = _DENSE_MAX.value if 'shaw' in position else []
+      for threshold in thresholds or [None]:
+        variant = name if threshold is None else f'{name}, dense ≤ {threshold} keys'
+        if threshold is not None:
+          shaw.DENSE_MAX_KV_LEN = int(threshold)
+        calls[variant] = pass_call(config, position, vocab_size, batches, mesh)
+        calls[variant]()  # compiles now, with this lowering and threshold
+        shaw.DENSE_MAX_KV_LEN = default_dense_max
   threefry_lowering.unroll_on_cpu()
   seconds = interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=1)
   m = config.model

@@ -33,7 +33,7 @@ def _table_rows(stdout: str) -> dict:
   return {cells[0].strip(): [cell.strip() for cell in cells[1:]] for cells in rows[1:]}
 
 
-def test_translate_step_times_batches_that_split_across_the_devices_with_both_prng_lowerings(
+def test_translate_step_times_split_batches_with_both_prng_lowerings_and_shaw_thresholds(
   tmp_path,
 ):
   corpus = write_pair_corpus(tmp_path / 'pairs')
@@ -59,9 +59,13 @@ def test_translate_step_times_batches_that_split_across_the_devices_with_both_pr
     '--rounds=1',
     '--positions=absolute,shaw',
     '--threefry=unrolled,rolled',
+    '--shaw_dense_max_kv_len=0,64',  # the banded kernel, then the dense form (≤ 17 keys)
   )
   rows = _table_rows(stdout)
-  names = {f'{p}, {lowering}' for p in ('absolute', 'shaw') for lowering in ('unrolled', 'rolled')}
+  lowerings = ('unrolled', 'rolled')
+  names = {f'absolute, {lowering}' for lowering in lowerings} | {
+    f'shaw, {lowering}, dense ≤ {threshold} keys' for lowering in lowerings for threshold in (0, 64)
+  }
   assert set(rows) == names, stdout
   assert float(rows['absolute, unrolled'][-1]) == 1.0
   assert all(float(cells[1]) > 0 for cells in rows.values())  # target tokens/s

@@ -349,7 +349,7 @@ def _check(query, key, value, rel_key, rel_value, dropout_rate, dropout_rng) -> 
 
 # shaw_attention's 'xla' implementation is the dense form up to this many keys and the banded
 # kernel above it (benchmarks/attention.py; README's kernel section has the measurements).
-DENSE_MAX_KV_LEN = 128
+DENSE_MAX_KV_LEN = 64
 
 
 def shaw_attention(
