@@ -57,17 +57,18 @@ def test_translate_step_times_split_batches_with_both_prng_lowerings_and_shaw_th
     '--config.model.d_ff=32',
     '--batches=2',
     '--rounds=1',
-    '--positions=absolute,shaw',
+    '--positions=shaw',
     '--threefry=unrolled,rolled',
     '--shaw_dense_max_kv_len=0,64',  # the banded kernel, then the dense form (≤ 17 keys)
   )
   rows = _table_rows(stdout)
-  lowerings = ('unrolled', 'rolled')
-  names = {f'absolute, {lowering}' for lowering in lowerings} | {
-    f'shaw, {lowering}, dense ≤ {threshold} keys' for lowering in lowerings for threshold in (0, 64)
+  names = {
+    f'shaw, {lowering}, dense ≤ {threshold} keys'
+    for lowering in ('unrolled', 'rolled')
+    for threshold in (0, 64)
   }
   assert set(rows) == names, stdout
-  assert float(rows['absolute, unrolled'][-1]) == 1.0
+  assert float(rows['shaw, unrolled, dense ≤ 0 keys'][-1]) == 1.0
   assert all(float(cells[1]) > 0 for cells in rows.values())  # target tokens/s
 
 
