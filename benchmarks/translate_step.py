@@ -49,6 +49,11 @@ _DENSE_MAX = flags.DEFINE_list(
   'Values of relpos.attention.shaw.DENSE_MAX_KV_LEN to time the Shaw modes with (default: '
   "relpos's own).",
 )
+flags.register_validator(
+  'shaw_dense_max_kv_len',
+  lambda values: all(value.isdigit() for value in values),
+  message='--shaw_dense_max_kv_len takes key counts >= 0, e.g. 0,64',
+)
 flags.mark_flags_as_required(['config'])
 
 
