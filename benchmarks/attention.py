@@ -1,13 +1,26 @@
-"""Attention kernel benchmark: Shaw (banded and dense forms) and Transformer-XL vs vanilla.
+"""Attention kernel benchmark: Shaw (its forms and the Pallas kernel) and Transformer-XL vs vanilla.
 
-    python benchmarks/attention.py --config=configs/attention_benchmark.py        # full table
+    python benchmarks/attention.py --config=configs/attention_benchmark.py        # CPU table
     python benchmarks/attention.py --config=configs/attention_benchmark.py:quick  # ~1 min
+    python benchmarks/attention.py --config=configs/attention_benchmark.py:gpu    # on a GPU
 
-Causal self-attention. Every row is measured in one run with the candidates interleaved; the
-table reports ratios to vanilla attention of the same size, so it compares kernels, not
-machines. Temp memory is XLA's `memory_analysis().temp_size_in_bytes` of the compiled function.
-The 'shaw' column repeats the form `shaw_attention` picks at that length (dense up to
-`relpos.attention.shaw.DENSE_MAX_KV_LEN` keys, banded above), which is what a model gets.
+Causal self-attention, forward and forward+backward. Every (n, k) is measured in one run with
+the kernels interleaved, and each row reports its ratio to vanilla attention of the same size,
+so the table compares kernels, not machines. Kernels (`config.kernels`):
+
+- vanilla: `relpos.attention.dot_product_attention` (XLA), the base of every ratio;
+- cudnn: `jax.nn.dot_product_attention(implementation='cudnn')`, the flash baseline (NVIDIA
+  GPUs only; skipped elsewhere, with a line saying so);
+- shaw: `shaw_attention` as a model gets it (the form it picks at that length is named:
+  dense up to `relpos.attention.shaw.DENSE_MAX_KV_LEN` keys, banded above); banded and dense:
+  the two forms forced; shaw_pallas: the fused Pallas kernel (interpreted on CPU: slow);
+- xl, xl_pallas: `xl_attention` with `implementation='xla'` and `'pallas'`.
+
+Temp memory is XLA's `memory_analysis().temp_size_in_bytes` of the compiled function. TFLOP/s
+counts vanilla causal attention's work for every kernel: 2·B·H·n²·d forward (half of the
+dense 4·B·H·n²·d) and 3.5× that for forward+backward, as flash-attention papers count it. A
+relative kernel's extra work therefore shows as a lower rate. "% of peak" divides by the
+device's dense bf16/fp16 peak where relpos knows it (`PEAK_TFLOPS`, or `config.peak_tflops`).
 """
 
 from pathlib import Path
@@ -28,27 +41,46 @@ _CONFIG = config_flags.DEFINE_config_file(
   'Benchmark sizes.',
 )
 
+# Dense bf16/fp16 tensor-core peaks from the vendors' data sheets (TFLOP/s), matched in order
+# against jax's device_kind.
+PEAK_TFLOPS = (('H100 PCIe', 756.0), ('H100', 989.4), ('H200', 989.4), ('A100', 312.0))
+KERNELS = ('vanilla', 'cudnn', 'shaw', 'banded', 'dense', 'shaw_pallas', 'xl', 'xl_pallas')
 
-def _kernels(n, k, heads, head_dim):
+
+def _kernels(names, n, k, heads, head_dim, dtype):
   """name -> (attention(q, k, v, params), params) for causal self-attention of length n."""
   rng = np.random.default_rng(0)
-  table = lambda *shape: jnp.asarray(rng.normal(size=shape) * 0.1, jnp.float32)  # noqa: E731
+  table = lambda *shape: jnp.asarray(rng.normal(size=shape) * 0.1, dtype)  # noqa: E731
   mask = attention.causal_mask(n, n)
-  return {
+  shaw_tables = (table(2 * k + 1, head_dim), table(2 * k + 1, head_dim))
+  xl_params = (table(n, heads, head_dim), table(heads, head_dim), table(heads, head_dim))
+  shaw = attention.shaw_attention
+  xl = attention.xl_attention
+  kernels = {
     'vanilla': (lambda q, key, v, p: attention.dot_product_attention(q, key, v, mask=mask), ()),
+    'cudnn': (
+      lambda q, key, v, p: jax.nn.dot_product_attention(
+        q, key, v, is_causal=True, implementation='cudnn'
+      ),
+      (),
+    ),
+    'shaw': (lambda q, key, v, p: shaw(q, key, v, *p, mask=mask), shaw_tables),
     'banded': (
       lambda q, key, v, p: attention.shaw_attention_banded(q, key, v, *p, mask=mask),
-      (table(2 * k + 1, head_dim), table(2 * k + 1, head_dim)),
+      shaw_tables,
     ),
     'dense': (
       lambda q, key, v, p: attention.shaw_attention_materialized(q, key, v, *p, mask=mask),
-      (table(2 * k + 1, head_dim), table(2 * k + 1, head_dim)),
+      shaw_tables,
     ),
-    'xl': (
-      lambda q, key, v, p: attention.xl_attention(q, key, v, *p),
-      (table(n, heads, head_dim), table(heads, head_dim), table(heads, head_dim)),
+    'shaw_pallas': (
+      lambda q, key, v, p: shaw(q, key, v, *p, mask=mask, implementation='pallas'),
+      shaw_tables,
     ),
+    'xl': (lambda q, key, v, p: xl(q, key, v, *p, implementation='xla'), xl_params),
+    'xl_pallas': (lambda q, key, v, p: xl(q, key, v, *p, implementation='pallas'), xl_params),
   }
+  return {name: kernels[name] for name in names}
 
 
 def _forward_and_backward(fn, cotangent):
@@ -57,14 +89,14 @@ def _forward_and_backward(fn, cotangent):
   return jax.grad(loss, argnums=(0, 1, 2, 3))
 
 
-def measure_row(n, k, *, batch, heads, head_dim, rounds):
-  """Time and temp memory of every kernel, fwd and fwd+bwd, at one (n, k)."""
+def measure_row(names, n, k, *, batch, heads, head_dim, dtype, rounds):
+  """({(kernel, pass): seconds}, {(kernel, pass): temp bytes}) at one (n, k)."""
   rng = np.random.default_rng(1)
   q, key, v, cotangent = (
-    jnp.asarray(rng.normal(size=(batch, n, heads, head_dim)), jnp.float32) for _ in range(4)
+    jnp.asarray(rng.normal(size=(batch, n, heads, head_dim)), dtype) for _ in range(4)
   )
   calls, memory = {}, {}
-  for name, (fn, params) in _kernels(n, k, heads, head_dim).items():
+  for name, (fn, params) in _kernels(names, n, k, heads, head_dim, dtype).items():
     for mode, f in (('fwd', fn), ('fwd+bwd', _forward_and_backward(fn, cotangent))):
       jitted = jax.jit(f)
       calls[name, mode] = lambda jitted=jitted, params=params: jitted(q, key, v, params)
@@ -73,41 +105,69 @@ def measure_row(n, k, *, batch, heads, head_dim, rounds):
   return seconds, memory
 
 
+def vanilla_causal_flops(n, *, batch, heads, head_dim, mode) -> float:
+  """The model FLOPs of causal attention: 2·B·H·n²·d forward, 3.5× that forward+backward."""
+  forward = 2.0 * batch * heads * n * n * head_dim
+  return forward if mode == 'fwd' else 3.5 * forward
+
+
+def peak_tflops(config, device_kind: str) -> float:
+  """config.peak_tflops if set, else the data-sheet peak of a known GPU in bf16/fp16, else 0."""
+  if config.peak_tflops:
+    return config.peak_tflops
+  if config.dtype not in ('bfloat16', 'float16'):
+    return 0.0
+  return next((peak for name, peak in PEAK_TFLOPS if name in device_kind), 0.0)
+
+
+def kernel_names(config, platform: str) -> list:
+  """config.kernels, checked, with vanilla first; cudnn dropped (and said) off NVIDIA GPUs."""
+  names = list(config.kernels)
+  unknown = sorted(set(names) - set(KERNELS))
+  if unknown:
+    raise SystemExit(f'config.kernels: unknown {unknown}; choose from {", ".join(KERNELS)}')
+  if 'cudnn' in names and platform != 'gpu':
+    print(f'cudnn: skipped, it needs an NVIDIA GPU (this is {platform})')
+    names.remove('cudnn')
+  return ['vanilla'] + [name for name in names if name != 'vanilla']
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
+  device = jax.devices()[0]
+  names = kernel_names(config, device.platform)
+  dtype = jnp.dtype(config.dtype)
+  peak = peak_tflops(config, device.device_kind)
   print(
-    f'device: {jax.devices()[0].device_kind}  heads={config.heads} '
+    f'device: {device.device_kind}  dtype={dtype.name}  heads={config.heads} '
     f'head_dim={config.head_dim}  causal  median of {config.rounds} interleaved rounds'
+    + (f'  peak {peak:.0f} TFLOP/s' if peak else '')
   )
   header = (
-    '| n | k | batch | pass | vanilla ms | shaw / vanilla | banded / vanilla | dense / vanilla '
-    '| xl / vanilla | temp MiB vanilla | shaw / vanilla | banded / vanilla | dense / vanilla '
-    '| xl / vanilla |'
+    '| n | k | batch | pass | kernel | ms | time / vanilla | TFLOP/s | % of peak | temp MiB '
+    '| temp / vanilla |'
   )
   print(header)
   print('|' + '---|' * header.count(' | ') + '---|')
   for n in config.lengths:
     batch = max(1, config.tokens // n)
+    size = {'batch': batch, 'heads': config.heads, 'head_dim': config.head_dim}
     for k in config.distances:
-      seconds, memory = measure_row(
-        n, k, batch=batch, heads=config.heads, head_dim=config.head_dim, rounds=config.rounds
-      )
-      shaw = 'dense' if n <= DENSE_MAX_KV_LEN else 'banded'
+      seconds, memory = measure_row(names, n, k, **size, dtype=dtype, rounds=config.rounds)
       for mode in ('fwd', 'fwd+bwd'):
-        base_s, base_m = seconds['vanilla', mode], memory['vanilla', mode]
-        ratios = ' | '.join(
-          f'{seconds[name, mode] / base_s:.2f}' + (f' ({name})' if i == 0 else '')
-          for i, name in enumerate((shaw, 'banded', 'dense', 'xl'))
-        )
-        mem_ratios = ' | '.join(
-          f'{memory[name, mode] / base_m:.2f}' for name in (shaw, 'banded', 'dense', 'xl')
-        )
-        print(
-          f'| {n} | {k} | {batch} | {mode} | {base_s * 1e3:.1f} | {ratios} | '
-          f'{base_m / 2**20:.1f} | {mem_ratios} |',
-          flush=True,
-        )
+        flops = vanilla_causal_flops(n, **size, mode=mode)
+        for name in names:
+          s, m = seconds[name, mode], memory[name, mode]
+          tflops = flops / s / 1e12
+          label = f'shaw ({"dense" if n <= DENSE_MAX_KV_LEN else "banded"})'
+          print(
+            f'| {n} | {k} | {batch} | {mode} | {label if name == "shaw" else name} '
+            f'| {s * 1e3:.2f} | {s / seconds["vanilla", mode]:.2f} | {tflops:.3g} '
+            f'| {f"{100 * tflops / peak:.1f}" if peak else "—"} | {m / 2**20:.1f} '
+            f'| {m / max(memory["vanilla", mode], 1):.2f} |',
+            flush=True,
+          )
 
 
 if __name__ == '__main__':

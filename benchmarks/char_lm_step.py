@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
-from timing import interleaved_median_seconds
+from timing import interleaved_median_seconds, peak_memory_line
 
 from relpos import runtime
 from relpos.training.char_lm import build, train_step_fn
@@ -68,6 +68,8 @@ def main(argv):
   print('|---|---|---|---|')
   for name, s in seconds.items():
     print(f'| {name} | {s * 1e3:.1f} | {batch * length / s:.0f} | {s / seconds["xl"]:.2f} |')
+  if memory := peak_memory_line():
+    print(memory)
 
 
 if __name__ == '__main__':

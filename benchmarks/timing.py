@@ -11,6 +11,19 @@ def compiled_temp_bytes(fn, *args) -> int:
   return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
+def peak_memory_line() -> str:
+  """The process's peak device memory so far, from the devices' allocator statistics (GPU,
+  TPU), as one line; '' where the backend keeps none (XLA:CPU)."""
+  stats = [device.memory_stats() for device in jax.local_devices()]
+  peaks = [s['peak_bytes_in_use'] for s in stats if s and 'peak_bytes_in_use' in s]
+  if not peaks:
+    return ''
+  return (
+    f'peak device memory: {max(peaks) / 2**30:.2f} GiB (the largest of {len(peaks)} devices, '
+    'over every variant this process ran)'
+  )
+
+
 def interleaved_median_seconds(candidates: dict, *, rounds: int, warmup: int = 1) -> dict:
   """Median wall time of each zero-argument callable, measured round-robin.
 

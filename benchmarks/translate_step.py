@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
-from timing import interleaved_median_seconds
+from timing import interleaved_median_seconds, peak_memory_line
 
 from relpos import runtime, threefry_lowering
 from relpos.attention import shaw
@@ -120,6 +120,8 @@ def main(argv):
   print('|---|---|---|---|')
   for name, s in seconds.items():
     print(f'| {name} | {s / len(batches) * 1e3:.1f} | {target_tokens / s:.0f} | {s / base:.3f} |')
+  if memory := peak_memory_line():
+    print(memory)
 
 
 if __name__ == '__main__':

@@ -2,16 +2,21 @@
 
     python benchmarks/attention.py --config=configs/attention_benchmark.py          # full table
     python benchmarks/attention.py --config=configs/attention_benchmark.py:quick    # ~1 min
+    python benchmarks/attention.py --config=configs/attention_benchmark.py:gpu      # on a GPU
     python benchmarks/attention.py --config=configs/attention_benchmark.py \
         --config.lengths=1024 --config.distances=16 --config.rounds=3
+
+Presets: full and quick time the XLA kernels in float32 (CPU); gpu is issue 15's GPU table:
+n in {512, 2048, 8192}, k in {16, 64}, bf16, vanilla, cuDNN flash attention, Shaw and XL in
+both implementations.
 """
 
 import ml_collections
 
 
 def get_config(preset: str = 'full') -> ml_collections.ConfigDict:
-  if preset not in ('full', 'quick'):
-    raise ValueError(f"unknown preset {preset!r}: use 'full' or 'quick'")
+  if preset not in ('full', 'quick', 'gpu'):
+    raise ValueError(f"unknown preset {preset!r}: use 'full', 'quick' or 'gpu'")
   config = ml_collections.ConfigDict()
   config.heads = 8
   config.head_dim = 64
@@ -20,4 +25,13 @@ def get_config(preset: str = 'full') -> ml_collections.ConfigDict:
   config.lengths = (128, 512, 2048) if preset == 'full' else (128, 512)
   config.distances = (4, 16, 64) if preset == 'full' else (16,)
   config.rounds = 5  # interleaved timing rounds per row; the median is reported
+  config.dtype = 'float32'
+  config.kernels = ('vanilla', 'shaw', 'banded', 'dense', 'xl')
+  config.peak_tflops = 0.0  # 0: the device's data-sheet bf16 peak where known, else none
+  if preset == 'gpu':
+    config.tokens = 32768
+    config.lengths = (512, 2048, 8192)
+    config.distances = (16, 64)
+    config.dtype = 'bfloat16'
+    config.kernels = ('vanilla', 'cudnn', 'shaw', 'shaw_pallas', 'xl', 'xl_pallas')
   return config

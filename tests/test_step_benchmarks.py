@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import timing  # benchmarks/timing.py, on pytest's pythonpath
 from helpers import REPO, TINY_CHAR_LM_FLAGS, write_pair_corpus, write_word_corpus
 
 pytestmark = pytest.mark.usefixtures('attention_test_config')
@@ -85,3 +86,18 @@ def test_char_lm_step_times_every_variant(tmp_path):
   rows = _table_rows(stdout)
   assert set(rows) == {'xl', 'xl, mem_len=0', 'shaw', 'absolute', 'none'}, stdout
   assert float(rows['xl'][-1]) == 1.0
+
+
+def test_peak_memory_line_reads_the_devices_allocator_stats(monkeypatch):
+  class Device:
+    def __init__(self, stats):
+      self.stats = stats
+
+    def memory_stats(self):
+      return self.stats
+
+  monkeypatch.setattr(timing.jax, 'local_devices', lambda: [Device(None)])
+  assert timing.peak_memory_line() == ''  # XLA:CPU keeps no statistics
+  devices = [Device({'peak_bytes_in_use': 2**30}), Device({'peak_bytes_in_use': 3 * 2**30})]
+  monkeypatch.setattr(timing.jax, 'local_devices', lambda: devices)
+  assert timing.peak_memory_line().startswith('peak device memory: 3.00 GiB (the largest of 2')

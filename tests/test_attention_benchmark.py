@@ -1,0 +1,47 @@
+"""benchmarks/attention.py at tiny sizes: every kernel it times runs (Pallas interpreted), the
+kernel list is checked, and the FLOP count and peak lookup are what the docstring says."""
+
+import warnings
+
+import jax.numpy as jnp
+import pytest
+from helpers import REPO, load_config, load_module
+
+with warnings.catch_warnings():
+  warnings.simplefilter('ignore', DeprecationWarning)
+  bench = load_module(REPO / 'benchmarks' / 'attention.py', 'attention_benchmark')
+
+
+def _config(preset, **overrides):
+  config = load_config('attention_benchmark', preset)
+  config.update(overrides)
+  return config
+
+
+def test_every_kernel_of_the_gpu_preset_runs_and_is_measured_on_cpu(capsys):
+  names = bench.kernel_names(_config('gpu'), 'cpu')
+  assert 'cudnn: skipped' in capsys.readouterr().out
+  assert names == ['vanilla', 'shaw', 'shaw_pallas', 'xl', 'xl_pallas']
+  seconds, memory = bench.measure_row(
+    names, 17, 3, batch=2, heads=2, head_dim=8, dtype=jnp.bfloat16, rounds=1
+  )
+  assert set(seconds) == {(name, mode) for name in names for mode in ('fwd', 'fwd+bwd')}
+  assert all(s > 0 for s in seconds.values()) and set(memory) == set(seconds)
+
+
+def test_kernel_names_put_vanilla_first_and_refuse_unknown_ones():
+  assert bench.kernel_names(_config('full', kernels=('xl', 'vanilla')), 'cpu') == ['vanilla', 'xl']
+  with pytest.raises(SystemExit, match=r"unknown \['flash'\]"):
+    bench.kernel_names(_config('full', kernels=('vanilla', 'flash')), 'cpu')
+
+
+def test_flops_and_peaks():
+  fwd = bench.vanilla_causal_flops(8, batch=2, heads=3, head_dim=4, mode='fwd')
+  assert fwd == 2 * 2 * 3 * 8 * 8 * 4  # half of the dense 4·B·H·n²·d
+  assert bench.vanilla_causal_flops(8, batch=2, heads=3, head_dim=4, mode='fwd+bwd') == 3.5 * fwd
+  gpu = _config('gpu')
+  assert bench.peak_tflops(gpu, 'NVIDIA H100 80GB HBM3') == 989.4
+  assert bench.peak_tflops(gpu, 'NVIDIA H100 PCIe') == 756.0
+  assert bench.peak_tflops(gpu, 'cpu') == 0.0
+  assert bench.peak_tflops(_config('full'), 'NVIDIA H100 80GB HBM3') == 0.0  # float32
+  assert bench.peak_tflops(_config('full', peak_tflops=5.0), 'cpu') == 5.0
