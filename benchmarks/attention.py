@@ -35,12 +35,6 @@ from timing import compiled_temp_bytes, interleaved_median_seconds
 from relpos import attention, runtime
 from relpos.attention.shaw import DENSE_MAX_KV_LEN
 
-_CONFIG = config_flags.DEFINE_config_file(
-  'config',
-  str(Path(__file__).resolve().parent.parent / 'configs' / 'attention_benchmark.py'),
-  'Benchmark sizes.',
-)
-
 # Dense bf16/fp16 tensor-core peaks from the vendors' data sheets (TFLOP/s), matched in order
 # against jax's device_kind.
 PEAK_TFLOPS = (('H100 PCIe', 756.0), ('H100', 989.4), ('H200', 989.4), ('A100', 312.0))
@@ -132,9 +126,16 @@ def kernel_names(config, platform: str) -> list:
   return ['vanilla'] + [name for name in names if name != 'vanilla']
 
 
-def main(argv):
-  del argv
-  config = _CONFIG.value
+def define_config_flag():
+  """The --config flag (defined only when run as a program, so tests can import this)."""
+  return config_flags.DEFINE_config_file(
+    'config',
+    str(Path(__file__).resolve().parent.parent / 'configs' / 'attention_benchmark.py'),
+    'Benchmark sizes.',
+  )
+
+
+def main(config):
   device = jax.devices()[0]
   names = kernel_names(config, device.platform)
   dtype = jnp.dtype(config.dtype)
@@ -172,4 +173,5 @@ def main(argv):
 
 if __name__ == '__main__':
   runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
-  app.run(main)
+  config_flag = define_config_flag()
+  app.run(lambda argv: main(config_flag.value))
