@@ -21,12 +21,15 @@ counts vanilla causal attention's work for every kernel: 2·B·H·n²·d forward
 dense 4·B·H·n²·d) and 3.5× that for forward+backward, as flash-attention papers count it. A
 relative kernel's extra work therefore shows as a lower rate. "% of peak" divides by the
 device's dense bf16/fp16 peak where relpos knows it (`PEAK_TFLOPS`, or `config.peak_tflops`).
+`--config.plot=ratios.png` also draws time / vanilla against n, a panel per pass and a line per
+kernel and k.
 """
 
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import matplotlib
 import numpy as np
 from absl import app
 from ml_collections import config_flags
@@ -34,6 +37,9 @@ from timing import compiled_temp_bytes, interleaved_median_seconds
 
 from relpos import attention, runtime
 from relpos.attention.shaw import DENSE_MAX_KV_LEN
+
+matplotlib.use('Agg')
+from matplotlib import pyplot as plt  # noqa: E402
 
 # Dense bf16/fp16 tensor-core peaks from the vendors' data sheets (TFLOP/s), matched in order
 # against jax's device_kind.
@@ -126,6 +132,38 @@ def kernel_names(config, platform: str) -> list:
   return ['vanilla'] + [name for name in names if name != 'vanilla']
 
 
+def plot_ratios(ratios, out) -> Path:
+  """PNG of {(pass, kernel, k): {n: time / vanilla}}: a panel per pass, a line per (kernel, k)."""
+  passes = sorted({mode for mode, _, _ in ratios})
+  kernels = sorted({name for _, name, _ in ratios} - {'vanilla'})
+  distances = sorted({k for _, _, k in ratios})
+  lengths = sorted({n for by_n in ratios.values() for n in by_n})
+  fig, axes = plt.subplots(1, len(passes), figsize=(6 * len(passes), 4.5), squeeze=False)
+  for ax, mode in zip(axes[0], passes, strict=True):
+    for (line_mode, name, k), by_n in sorted(ratios.items()):
+      if line_mode == mode and name != 'vanilla':
+        ns = sorted(by_n)
+        ax.plot(
+          ns,
+          [by_n[n] for n in ns],
+          marker='o',
+          color=f'C{kernels.index(name)}',
+          linestyle=('-', '--', ':', '-.')[distances.index(k) % 4],
+          label=f'{name}, k={k}',
+        )
+    ax.axhline(1.0, color='gray', linewidth=0.8)
+    ax.set(xlabel='n (keys = queries)', ylabel='time / vanilla', title=mode)
+    ax.set_xscale('log', base=2)
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.minorticks_off()
+    ax.legend(fontsize='small')
+  fig.tight_layout()
+  out = Path(out)
+  fig.savefig(out, dpi=120)
+  plt.close(fig)
+  return out
+
+
 def define_config_flag():
   """The --config flag (defined only when run as a program, so tests can import this)."""
   return config_flags.DEFINE_config_file(
@@ -151,6 +189,7 @@ def main(config):
   )
   print(header)
   print('|' + '---|' * header.count(' | ') + '---|')
+  ratios = {}  # (pass, kernel, k) -> {n: time / vanilla}
   for n in config.lengths:
     batch = max(1, config.tokens // n)
     size = {'batch': batch, 'heads': config.heads, 'head_dim': config.head_dim}
@@ -161,6 +200,7 @@ def main(config):
         for name in names:
           s, m = seconds[name, mode], memory[name, mode]
           tflops = flops / s / 1e12
+          ratios.setdefault((mode, name, k), {})[n] = s / seconds['vanilla', mode]
           label = f'shaw ({"dense" if n <= DENSE_MAX_KV_LEN else "banded"})'
           print(
             f'| {n} | {k} | {batch} | {mode} | {label if name == "shaw" else name} '
@@ -169,6 +209,8 @@ def main(config):
             f'| {m / max(memory["vanilla", mode], 1):.2f} |',
             flush=True,
           )
+  if config.plot:
+    print(f'plot: {plot_ratios(ratios, config.plot)}')
 
 
 if __name__ == '__main__':

@@ -28,6 +28,7 @@ def get_config(preset: str = 'full') -> ml_collections.ConfigDict:
   config.dtype = 'float32'
   config.kernels = ('vanilla', 'shaw', 'banded', 'dense', 'xl')
   config.peak_tflops = 0.0  # 0: the device's data-sheet bf16 peak where known, else none
+  config.plot = ''  # a .png path: time / vanilla against n, drawn after the table
   if preset == 'gpu':
     config.tokens = 32768
     config.lengths = (512, 2048, 8192)

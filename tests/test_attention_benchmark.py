@@ -45,3 +45,13 @@ def test_flops_and_peaks():
   assert bench.peak_tflops(gpu, 'cpu') == 0.0
   assert bench.peak_tflops(_config('full'), 'NVIDIA H100 80GB HBM3') == 0.0  # float32
   assert bench.peak_tflops(_config('full', peak_tflops=5.0), 'cpu') == 5.0
+
+
+def test_plot_ratios_draws_a_png(tmp_path):
+  ratios = {
+    ('fwd', 'vanilla', 16): {32: 1.0, 64: 1.0},
+    ('fwd', 'shaw', 16): {32: 1.5, 64: 1.3},
+    ('fwd+bwd', 'xl', 16): {32: 1.7, 64: 1.6},
+  }
+  out = bench.plot_ratios(ratios, tmp_path / 'ratios.png')
+  assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
