@@ -11,9 +11,10 @@ so the table compares kernels, not machines. Kernels (`config.kernels`):
 - vanilla: `relpos.attention.dot_product_attention` (XLA), the base of every ratio;
 - cudnn: `jax.nn.dot_product_attention(implementation='cudnn')`, the flash baseline (NVIDIA
   GPUs only; skipped elsewhere, with a line saying so);
-- shaw: `shaw_attention` as a model gets it (the form it picks at that length is named:
-  dense up to `relpos.attention.shaw.DENSE_MAX_KV_LEN` keys, banded above); banded and dense:
-  the two forms forced; shaw_pallas: the fused Pallas kernel (interpreted on CPU: slow);
+- shaw: `shaw_attention` as a model gets it, named with the form it picks at that length
+  (`relpos.attention.shaw.xla_form`: dense up to `DENSE_MAX_KV_LEN` keys, banded above);
+  banded and dense: the two forms forced; shaw_pallas: the fused Pallas kernel (interpreted
+  on CPU: slow);
 - xl, xl_pallas: `xl_attention` with `implementation='xla'` and `'pallas'`.
 
 Temp memory is XLA's `memory_analysis().temp_size_in_bytes` of the compiled function. TFLOP/s
@@ -36,7 +37,7 @@ from ml_collections import config_flags
 from timing import compiled_temp_bytes, interleaved_median_seconds
 
 from relpos import attention, runtime
-from relpos.attention.shaw import DENSE_MAX_KV_LEN
+from relpos.attention.shaw import xla_form
 
 matplotlib.use('Agg')
 from matplotlib import pyplot as plt  # noqa: E402
@@ -200,11 +201,12 @@ def main(config):
         for name in names:
           s, m = seconds[name, mode], memory[name, mode]
           tflops = flops / s / 1e12
-          ratios.setdefault((mode, name, k), {})[n] = s / seconds['vanilla', mode]
-          label = f'shaw ({"dense" if n <= DENSE_MAX_KV_LEN else "banded"})'
+          ratio = s / seconds['vanilla', mode]
+          ratios.setdefault((mode, name, k), {})[n] = ratio
+          label = f'shaw ({xla_form(n)})' if name == 'shaw' else name
           print(
-            f'| {n} | {k} | {batch} | {mode} | {label if name == "shaw" else name} '
-            f'| {s * 1e3:.2f} | {s / seconds["vanilla", mode]:.2f} | {tflops:.3g} '
+            f'| {n} | {k} | {batch} | {mode} | {label} '
+            f'| {s * 1e3:.2f} | {ratio:.2f} | {tflops:.3g} '
             f'| {f"{100 * tflops / peak:.1f}" if peak else "—"} | {m / 2**20:.1f} '
             f'| {m / max(memory["vanilla", mode], 1):.2f} |',
             flush=True,

@@ -352,6 +352,11 @@ def _check(query, key, value, rel_key, rel_value, dropout_rate, dropout_rng) -> 
 DENSE_MAX_KV_LEN = 64
 
 
+def xla_form(kv_len: int) -> str:
+  """'dense' or 'banded': the form `shaw_attention`'s 'xla' implementation uses for kv_len keys."""
+  return 'dense' if kv_len <= DENSE_MAX_KV_LEN else 'banded'
+
+
 def shaw_attention(
   query,
   key,
@@ -394,6 +399,7 @@ def shaw_attention(
     [batch, q_len, heads, head_dim] in value's dtype.
   """
   implementation = resolve_implementation(implementation)
+  # Checked here too, before key.shape picks the form: a malformed call fails with its message.
   dropout_rate = _check(query, key, value, rel_key, rel_value, dropout_rate, dropout_rng)
   if implementation == 'pallas':
     return shaw_attention_pallas(
@@ -408,7 +414,7 @@ def shaw_attention(
       dropout_rng=dropout_rng,
       block_sizes=block_sizes,
     )
-  dense = key.shape[1] <= DENSE_MAX_KV_LEN
+  dense = xla_form(key.shape[1]) == 'dense'
   kernel = shaw_attention_materialized if dense else shaw_attention_banded
   return kernel(
     query,
