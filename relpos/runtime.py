@@ -6,13 +6,19 @@ Every program of relpos (train.py, eval.py, `python -m relpos.<tool>`, the bench
 the benchmarks measure what a user runs. It reads and sets environment variables only, never
 imports JAX, and does nothing that a variable the user set already decides.
 
-- **Allocator** (Linux, JAX on the CPU). glibc's malloc hands XLA:CPU's large, short-lived
-  buffers out of fresh 4 KiB pages, and their page faults cost a third of an attention step.
-  With `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` malloc asks for transparent huge pages
-  instead. glibc reads the variable once, at start-up, so the program re-executes itself once
-  with it added and logs one line saying so. `RELPOS_ALLOCATOR=default` keeps glibc's own
-  setting (and so does a GLIBC_TUNABLES that already names `glibc.malloc.hugetlb`). README
-  gives the measured effect on and off.
+- **Allocator** (Linux, JAX on the CPU). XLA:CPU allocates its buffers with malloc at every
+  step and frees them after. glibc's malloc maps each large one fresh from the kernel, or hands
+  freed heap memory back, so the next step page-faults on memory it just had: ~900 faults and
+  10-13 ms of kernel time per char_tiny step (2 cores). relpos sets three glibc tunables:
+  `glibc.malloc.hugetlb=1` (transparent huge pages where malloc does map memory: 512x fewer
+  faults), `glibc.malloc.mmap_max=0` (no buffer gets a mapping of its own: all come from the
+  heap) and `glibc.malloc.trim_threshold` = 1 TiB (freed heap memory is kept for the next
+  step, never returned). With all three a step faults a handful of times instead; the
+  process's memory stays at its peak (char_tiny: +10-17% resident). glibc reads the variable
+  once, at start-up, so the program re-executes itself once with the tunables added and logs
+  one line saying so. `RELPOS_ALLOCATOR=default` keeps glibc's own settings, and a tunable
+  the user's GLIBC_TUNABLES already names is left as the user set it. README gives the
+  measured effect on and off.
 - **CPU devices** (JAX on the CPU, two or more cores). XLA:CPU runs one device's step
   largely one operation at a time: its matmuls use every core, but the many elementwise
   fusions, reductions and small matmuls of these models run on one thread, so the other cores
@@ -37,7 +43,12 @@ import os
 import sys
 from pathlib import Path
 
-ALLOCATOR_TUNABLE = 'glibc.malloc.hugetlb=1'
+# glibc malloc tunables relpos adds on a Linux CPU (module docstring; README measures them).
+ALLOCATOR_TUNABLES = {
+  'glibc.malloc.hugetlb': '1',
+  'glibc.malloc.mmap_max': '0',
+  'glibc.malloc.trim_threshold': str(2**40),
+}
 DEFAULT_CACHE_DIR = Path.home() / '.cache' / 'relpos' / 'jax'
 _REEXECUTED = 'RELPOS_REEXECUTED'  # set in the re-executed process: never loop
 DEVICES_FLAG = '--xla_force_host_platform_device_count'
@@ -61,19 +72,22 @@ def _on_cpu(environ) -> bool:
 
 def allocator_environment(environ) -> dict | None:
   """The environment to re-execute with for the fast allocator, or None when this process
-  already has it, is told not to, or is not a Linux CPU run."""
+  already has it, is told not to, or is not a Linux CPU run. Tunables the user's
+  GLIBC_TUNABLES names keep the user's values; the others of ALLOCATOR_TUNABLES are added."""
   tunables = environ.get('GLIBC_TUNABLES', '')
+  named = {item.split('=', 1)[0] for item in tunables.split(':')}
+  missing = [f'{name}={value}' for name, value in ALLOCATOR_TUNABLES.items() if name not in named]
   if (
     not sys.platform.startswith('linux')
-    or environ.get('RELPOS_ALLOCATOR', 'hugetlb') == 'default'
+    or environ.get('RELPOS_ALLOCATOR', 'relpos') == 'default'
     or _REEXECUTED in environ
-    or 'glibc.malloc.hugetlb' in tunables
+    or not missing
     or not _on_cpu(environ)
   ):
     return None
   return {
     **environ,
-    'GLIBC_TUNABLES': f'{tunables}:{ALLOCATOR_TUNABLE}' if tunables else ALLOCATOR_TUNABLE,
+    'GLIBC_TUNABLES': ':'.join(filter(None, [tunables, *missing])),
     _REEXECUTED: '1',
   }
 

@@ -12,22 +12,36 @@ from relpos import runtime
 ROOT = Path(__file__).resolve().parent.parent
 
 
+RELPOS_TUNABLES = (
+  'glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776'
+)
+
+
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='the allocator is Linux-only')
 def test_allocator_is_added_once_on_a_linux_cpu():
   environ = runtime.allocator_environment({'JAX_PLATFORMS': 'cpu', 'GLIBC_TUNABLES': 'a.b=1'})
-  assert environ['GLIBC_TUNABLES'] == 'a.b=1:glibc.malloc.hugetlb=1'
+  assert environ['GLIBC_TUNABLES'] == f'a.b=1:{RELPOS_TUNABLES}'
   # The re-executed process has it (and the marker): nothing more to do.
   assert runtime.allocator_environment(environ) is None
   assert runtime.allocator_environment({'JAX_PLATFORMS': 'cpu'})['GLIBC_TUNABLES'] == (
-    'glibc.malloc.hugetlb=1'
+    RELPOS_TUNABLES
   )
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='the allocator is Linux-only')
+def test_a_tunable_the_user_set_keeps_the_users_value():
+  mine = {'JAX_PLATFORMS': 'cpu', 'GLIBC_TUNABLES': 'glibc.malloc.hugetlb=0'}
+  assert runtime.allocator_environment(mine)['GLIBC_TUNABLES'] == (
+    'glibc.malloc.hugetlb=0:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776'
+  )
+  every = 'glibc.malloc.trim_threshold=0:glibc.malloc.mmap_max=9:glibc.malloc.hugetlb=0'
+  assert runtime.allocator_environment({'JAX_PLATFORMS': 'cpu', 'GLIBC_TUNABLES': every}) is None
 
 
 @pytest.mark.parametrize(
   'environ',
   [
     {'JAX_PLATFORMS': 'cpu', 'RELPOS_ALLOCATOR': 'default'},  # the user's opt-out
-    {'JAX_PLATFORMS': 'cpu', 'GLIBC_TUNABLES': 'glibc.malloc.hugetlb=0'},  # the user's choice
     {'JAX_PLATFORMS': 'cuda'},  # an accelerator run
     {'JAX_PLATFORMS': 'cpu', 'RELPOS_REEXECUTED': '1'},  # never a second time
   ],
@@ -80,7 +94,7 @@ def test_a_launcher_restarts_itself_with_the_allocator_and_fills_the_cache(tmp_p
     check=True,
   )
   if sys.platform.startswith('linux'):
-    assert done.stdout.strip() == "glibc.malloc.hugetlb=1 ['an-argument'] 3"
+    assert done.stdout.strip() == f"{RELPOS_TUNABLES} ['an-argument'] 3"
     assert done.stderr.count('relpos: CPU defaults') == 1 and '(restarting)' in done.stderr
   assert any(cache.iterdir())
 
