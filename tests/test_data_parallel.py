@@ -39,10 +39,9 @@ def _float_leaves(state: dict) -> dict:
   and so is the carried memory, split by rows across processes."""
   import jax
   import jax.numpy as jnp
-  from flax import nnx
 
-  pure = {name: nnx.to_pure_dict(state[name]) for name in ('model', 'optimizer')}
-  leaves = jax.tree_util.tree_leaves_with_path(mesh_lib.local_copy(pure))
+  both = {name: state[name] for name in ('model', 'optimizer')}
+  leaves = jax.tree_util.tree_leaves_with_path(mesh_lib.local_copy(both))
   return {
     jax.tree_util.keystr(path): np.asarray(leaf, np.float64)
     for path, leaf in leaves
