@@ -8,17 +8,16 @@ imports JAX, and does nothing that a variable the user set already decides.
 
 - **Allocator** (Linux, JAX on the CPU). XLA:CPU allocates its buffers with malloc at every
   step and frees them after. glibc's malloc maps each large one fresh from the kernel, or hands
-  freed heap memory back, so the next step page-faults on memory it just had: ~900 faults and
-  10-13 ms of kernel time per char_tiny step (2 cores). relpos sets three glibc tunables:
-  `glibc.malloc.hugetlb=1` (transparent huge pages where malloc does map memory: 512x fewer
-  faults), `glibc.malloc.mmap_max=0` (no buffer gets a mapping of its own: all come from the
-  heap) and `glibc.malloc.trim_threshold` = 1 TiB (freed heap memory is kept for the next
-  step, never returned). With all three a step faults a handful of times instead; the
-  process's memory stays at its peak (char_tiny: +10-17% resident). glibc reads the variable
-  once, at start-up, so the program re-executes itself once with the tunables added and logs
-  one line saying so. `RELPOS_ALLOCATOR=default` keeps glibc's own settings, and a tunable
-  the user's GLIBC_TUNABLES already names is left as the user set it. README gives the
-  measured effect on and off.
+  freed heap memory back, so the next step page-faults on memory it just had. relpos sets
+  three glibc tunables: `glibc.malloc.hugetlb=1` (transparent huge pages where malloc does map
+  memory: a fault per 2 MiB instead of per 4 KiB), `glibc.malloc.mmap_max=0` (no buffer gets
+  a mapping of its own: all come from the heap) and `glibc.malloc.trim_threshold` = 1 TiB
+  (freed heap memory is kept for the next step, never returned). A step then reuses the memory
+  of the last one; the price is that the process keeps its peak memory. glibc reads the
+  variable once, at start-up, so the program re-executes itself once with the tunables added
+  and logs one line saying so. `RELPOS_ALLOCATOR=default` keeps glibc's own settings, and a
+  tunable the user's GLIBC_TUNABLES already names is left as the user set it. README gives
+  the measured effect (faults, kernel time, step time, memory) on and off.
 - **CPU devices** (JAX on the CPU, two or more cores). XLA:CPU runs one device's step
   largely one operation at a time: its matmuls use every core, but the many elementwise
   fusions, reductions and small matmuls of these models run on one thread, so the other cores

@@ -168,8 +168,8 @@ def init_state(model: nnx.Module, config, mesh, **carry) -> tuple[Any, dict]:
 
   state['model'] and state['optimizer'] are pure dicts of arrays (`nnx.to_pure_dict`), which
   is also what a checkpoint holds. The jitted step takes and returns them as they are:
-  `nnx.State` leaves would be rebuilt as nnx Variables on the host after every step (about
-  1 ms of a char_tiny step's dispatch, README).
+  `nnx.State` leaves would be rebuilt as nnx Variables on the host after every step, host
+  work that competes with XLA's threads for the cores (README measures it).
   """
   tx = optim.make_optimizer(config.optim, config.train.steps, d_model=config.model.d_model)
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
