@@ -186,6 +186,16 @@ def _dot_with_block_prefix(p_BHQK, values_BKHD, band):
   return jnp.transpose(both[..., :head_dim], (0, 2, 1, 3)), both[..., head_dim:]
 
 
+def _heads_first(x_BQHD):
+  """[B, Q, H, D] -> [B, H, Q, D]: the layout the content matmuls transpose q and do to anyway.
+
+  The small table matmuls (q·w^K, do·w^V and their transposes) written on it share that copy
+  and give [B·H·Q, 2k+1] row-major outputs; written on [B, Q, H, D] they made XLA:CPU transpose
+  q and do once more and lay the output out [2k+1, B·Q·H] (README's kernel section).
+  """
+  return jnp.transpose(x_BQHD, (0, 2, 1, 3))
+
+
 def _max_distance(rel_key, rel_value) -> int:
   """k of the [2k+1, head_dim] tables (either may be None, not both)."""
   table = rel_key if rel_key is not None else rel_value
@@ -212,7 +222,7 @@ def _shaw_forward(
   band = _band_for(static_offset, traced_offset, query, key, rel_key, rel_value)
   logits = content_logits(query, key)
   if rel_key is not None:
-    rel_logits = _dot('bqhd,rd->bhqr', query, rel_key) * query.shape[-1] ** -0.5
+    rel_logits = _dot('bhqd,rd->bhqr', _heads_first(query), rel_key) * query.shape[-1] ** -0.5
     logits += band.to_keys(rel_logits)
   probs = masked_softmax(logits, mask)
   dropped = attention_dropout(probs, dropout_rate, rng)
@@ -274,8 +284,9 @@ def _shaw_bwd(static_offset, dropout_rate, residuals, d_output):
   d_probs = _dot('bqhd,bkhd->bhqk', d_output, value)
   d_rel_value = d_probs_rows = None
   if rel_value is not None:
-    d_rel_value = _dot('bhqr,bqhd->rd', prob_rows, d_output.astype(acc))
-    d_probs_rows = _dot('bqhd,rd->bhqr', d_output, rel_value)
+    d_output_BHQD = _heads_first(d_output)
+    d_rel_value = _dot('bhqr,bhqd->rd', prob_rows, d_output_BHQD.astype(acc))
+    d_probs_rows = _dot('bhqd,rd->bhqr', d_output_BHQD, rel_value)
 
   def logit_grads(probs, d_probs, rel_d_probs, keep):
     """ds from p and dp' (content part, + the a^V part spread from per-row values).
@@ -309,7 +320,7 @@ def _shaw_bwd(static_offset, dropout_rate, residuals, d_output):
     )
     logit_rows = band.to_rows(d_logits_diagonals, block_prefix)
     d_query += _dot('bhqr,rd->bqhd', logit_rows, rel_key.astype(acc))
-    d_rel_key = _dot('bhqr,bqhd->rd', logit_rows, query.astype(acc))
+    d_rel_key = _dot('bhqr,bhqd->rd', logit_rows, _heads_first(query).astype(acc))
   cast = lambda grad, like: None if grad is None else grad.astype(like.dtype)  # noqa: E731
   return (
     cast(d_query, query),
