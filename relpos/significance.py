@@ -14,14 +14,32 @@ observed one, (count + 1) / (samples + 1).
 Several seeds are pooled: seed s of the system is paired with seed s of the baseline, and the
 items of all seeds form one test set (so the test asks whether the variant differs, seeds
 included, not whether one seed pair does).
+
+The bootstrap resamples test items and keeps the trained models fixed. It asks whether these
+models differ on data like the test set; it does not see training's randomness, so another set
+of seeds may rank them otherwise. `seed_p_value` asks the other question: a two-sided paired
+t-test over the seeds' scores (seed s of both systems shares its data order and dropout draws,
+and for an evaluation-only field its checkpoint), which treats each seed as one draw of
+training and ignores test-set sampling. With 3 seeds it has 2 degrees of freedom, so only
+differences that are large against their spread over seeds reach small p-values. A difference
+worth reporting should pass both.
+
+    python -m relpos.significance docs/results/table2_k_seeds.csv --baseline=16
+
+tests a finished sweep's `sweep_seeds.csv` again over seeds (`relpos.sweep` writes both
+p-values for new sweeps).
 """
 
+import csv
 import math
 import os
+import sys
 
 import numpy as np
+from absl import app, flags
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
+from scipy import stats
 
 SAMPLES = 1000  # sacreBLEU's default number of bootstrap resamples
 SEED = 12345  # sacreBLEU's default seed (SACREBLEU_SEED)
@@ -70,3 +88,69 @@ def bpc_p_value(
   differences = np.abs(bpc(system_nats, indices) - bpc(baseline_nats, indices))
   centred = differences - differences.mean()
   return float((np.sum(centred >= observed) + 1) / (samples + 1))
+
+
+def seed_p_value(baseline: dict, system: dict) -> float | None:
+  """Two-sided paired t-test of per-seed scores ({seed: score}), seed s of `system` against
+  seed s of `baseline`, over the seeds both have. None with fewer than two such seeds, or when
+  every seed differs by the same amount, up to rounding (zero variance: no test)."""
+  seeds = sorted(set(baseline) & set(system))
+  differences = np.array([system[seed] - baseline[seed] for seed in seeds], np.float64)
+  if len(seeds) < 2 or np.allclose(differences, differences[0], rtol=1e-9, atol=0.0):
+    return None
+  return float(stats.ttest_1samp(differences, 0.0).pvalue)
+
+
+def p_text(p_value: float | None) -> str:
+  """A p-value as tables print it: 3 decimals, '< 0.001' below that, '–' for no test."""
+  if p_value is None:
+    return '–'
+  return '< 0.001' if p_value < 0.0005 else f'{p_value:.3f}'
+
+
+def seed_table(seeds_csv, baseline: str) -> str:
+  """Markdown: per value of a `sweep_seeds.csv` (value, seed, metric, ...), n, mean, std
+  (ddof 1) and `seed_p_value` against the value `baseline`."""
+  with open(seeds_csv, newline='') as stream:
+    reader = csv.DictReader(stream)
+    metric = reader.fieldnames[2] if reader.fieldnames and len(reader.fieldnames) > 2 else None
+    rows = list(reader)
+  if metric is None or not rows or list(rows[0])[:2] != ['value', 'seed']:
+    raise ValueError(f'{seeds_csv}: not a sweep_seeds.csv (columns value, seed, metric, ...)')
+  scores = {}
+  for row in rows:
+    scores.setdefault(row['value'], {})[int(row['seed'])] = float(row[metric])
+  if baseline not in scores:
+    raise ValueError(f'--baseline={baseline} is not a value of {seeds_csv}: {list(scores)}')
+  lines = [
+    f'{metric} by value: mean ± std over seeds; two-sided paired t-test over seeds against '
+    f'{baseline}',
+    '',
+    f'| value | n | {metric} mean | std | p-value (seeds) |',
+    '|---|---|---|---|---|',
+  ]
+  for value, per_seed in scores.items():
+    values = np.array(list(per_seed.values()), np.float64)
+    std = values.std(ddof=1) if len(values) > 1 else 0.0
+    p_value = (
+      '(baseline)' if value == baseline else p_text(seed_p_value(scores[baseline], per_seed))
+    )
+    lines.append(f'| {value} | {len(values)} | {values.mean():.3f} | {std:.3f} | {p_value} |')
+  return '\n'.join(lines) + '\n'
+
+
+def main(argv):
+  if len(argv) != 2:
+    raise app.UsageError(
+      'give one sweep_seeds.csv: python -m relpos.significance FILE --baseline=V'
+    )
+  try:
+    print(seed_table(argv[1], flags.FLAGS.baseline), end='')
+  except (OSError, ValueError) as error:
+    sys.exit(f'error: {error}')
+
+
+if __name__ == '__main__':
+  flags.DEFINE_string('baseline', None, 'The value the others are tested against.')
+  flags.mark_flag_as_required('baseline')
+  app.run(main)

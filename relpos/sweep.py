@@ -20,14 +20,17 @@ the config's last step is not touched again, so a sweep stopped anywhere (or spr
 sessions) resumes where it was; an unfinished run resumes from its last checkpoint.
 
 Then the sweep writes under `<workdir>`:
-- `sweep.csv` / `sweep.md`: one row per value, `value, n, mean, std, p_value` (std over seeds,
-  ddof 1; p_value against `--baseline`, the first value by default);
+- `sweep.csv` / `sweep.md`: one row per value, `value, n, mean, std, p_value, p_seeds` (std
+  over seeds, ddof 1; both p-values against `--baseline`, the first value by default);
 - `sweep_seeds.csv`: one row per run;
 - `sweep.png`: the mean with ±std error bars.
 
-The p-value is a paired bootstrap over the test items, seeds pooled (`relpos.significance`):
+p_value is a paired bootstrap over the test items, seeds pooled (`relpos.significance`):
 sacreBLEU's test on the translations for BLEU, the same test over evaluation segments for
-bits-per-char. Other metrics get no p-value.
+bits-per-char; other metrics get none. It holds the trained models fixed. p_seeds is a paired
+t-test over the seeds' scores, for any metric: it holds the test set fixed and asks whether
+the difference stands out from training's run-to-run spread (with 3 seeds, only a large and
+consistent one does).
 
 Everything that can be wrong is an error before any training: an unknown field or value, a
 metric the task does not report, a field the model never reads at the swept values (k on an
@@ -54,7 +57,7 @@ from relpos import runtime, significance  # noqa: E402
 from relpos.config import load_config_file  # noqa: E402
 from relpos.training import run_config, tasks  # noqa: E402
 
-SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'p_value')
+SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'p_value', 'p_seeds')
 PRESET = 'preset'  # --field=preset: each value is a preset of the --config file
 EVAL_SECTION = 'eval.'  # a field under it: one training per seed, scored at every value
 
@@ -245,24 +248,32 @@ def p_value(config, metric: str, baseline: list[dict], candidate: list[dict]) ->
   )
 
 
+def _scores_by_seed(rows: list[dict], metric: str) -> dict:
+  return {row['seed']: row[metric] for row in rows}
+
+
 def summarise(config, rows: list[dict], values, metric: str, baseline) -> list[dict]:
-  """One row per value with runs: value, n, mean, std (ddof 1; 0 for one run), p_value."""
+  """One row per value with runs: value, n, mean, std (ddof 1; 0 for one run), p_value (items)
+  and p_seeds (seeds), both None for the baseline."""
   by_value = {value: [row for row in rows if row['value'] == value] for value in values}
   summary = []
   for value, value_rows in by_value.items():
     if not value_rows:
       continue
     scores = np.array([row[metric] for row in value_rows], np.float64)
-    is_baseline = value == baseline
+    tested = value != baseline and bool(by_value.get(baseline))
     summary.append(
       {
         'value': value,
         'n': len(scores),
         'mean': float(scores.mean()),
         'std': float(scores.std(ddof=1)) if len(scores) > 1 else 0.0,
-        'p_value': None
-        if is_baseline or not by_value.get(baseline)
-        else p_value(config, metric, by_value[baseline], value_rows),
+        'p_value': p_value(config, metric, by_value[baseline], value_rows) if tested else None,
+        'p_seeds': significance.seed_p_value(
+          _scores_by_seed(by_value[baseline], metric), _scores_by_seed(value_rows, metric)
+        )
+        if tested
+        else None,
       }
     )
   return summary
@@ -280,24 +291,25 @@ def write_tables(summary, rows, root: Path, field: str, metric: str, baseline) -
   _write_csv(root / 'sweep.csv', summary, SUMMARY_COLUMNS)
   _write_csv(root / 'sweep_seeds.csv', rows, ('value', 'seed', metric, 'step', 'workdir'))
   lines = [
-    f'{field} against {metric}: mean ± std over seeds; p-value of a paired bootstrap against '
-    f'{field}={baseline}, seeds pooled',
+    f'{field} against {metric}: mean ± std over seeds; p-values against {field}={baseline}: '
+    'a paired bootstrap over test items, seeds pooled, and a paired t-test over seeds',
     '',
-    f'| {field} | n | {metric} mean | std | p-value |',
-    '|---|---|---|---|---|',
+    f'| {field} | n | {metric} mean | std | p-value (items) | p-value (seeds) |',
+    '|---|---|---|---|---|---|',
   ]
   for row in summary:
-    p = '(baseline)' if row['value'] == baseline else _p_text(row['p_value'])
-    lines.append(f'| {row["value"]} | {row["n"]} | {row["mean"]:.3f} | {row["std"]:.3f} | {p} |')
+    if row['value'] == baseline:
+      p_values = '(baseline) | (baseline)'
+    else:
+      p_values = f'{significance.p_text(row["p_value"])} | {significance.p_text(row["p_seeds"])}'
+    lines.append(
+      f'| {row["value"]} | {row["n"]} | {row["mean"]:.3f} | {row["std"]:.3f} | {p_values} |'
+    )
   lines += ['', f'| {field} | seed | {metric} | step |', '|---|---|---|---|']
   lines += [f'| {r["value"]} | {r["seed"]} | {r[metric]:.3f} | {r["step"]} |' for r in rows]
   markdown = '\n'.join(lines) + '\n'
   (root / 'sweep.md').write_text(markdown)
   return markdown
-
-
-def _p_text(p) -> str:
-  return '–' if p is None else f'{p:.3f}'
 
 
 def plot(summary: list[dict], root: Path, field: str, metric: str) -> Path:

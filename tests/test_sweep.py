@@ -96,11 +96,15 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
   assert summary[0]['std'] == pytest.approx(0.1) and summary[0]['p_value'] is None
   assert summary[1]['n'] == 2 and summary[1]['p_value'] < 0.01  # far apart on every segment
   assert summary[2]['p_value'] > 0.5  # the same segments as the baseline
+  # Over seeds: 4 is a constant shift (no test), 16 identical to the baseline (no test).
+  assert summary[0]['p_seeds'] is None and summary[1]['p_seeds'] is None
+  assert summary[2]['p_seeds'] is None
   markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
-  assert '| 0 | 3 | 2.100 | 0.100 | (baseline) |' in markdown
+  assert '| 0 | 3 | 2.100 | 0.100 | (baseline) | (baseline) |' in markdown
+  assert '| 16 | 3 | 2.100 | 0.100 | ' in markdown and markdown.count(' | – |') == 2
   with open(tmp_path / 'sweep.csv') as stream:
     table = list(csv.DictReader(stream))
-  assert list(table[0]) == ['value', 'n', 'mean', 'std', 'p_value']
+  assert list(table[0]) == ['value', 'n', 'mean', 'std', 'p_value', 'p_seeds']
   assert [row['value'] for row in table] == ['0', '4', '16'] and table[0]['p_value'] == ''
   with open(tmp_path / 'sweep_seeds.csv') as stream:
     assert len(list(csv.DictReader(stream))) == 8
@@ -212,9 +216,10 @@ def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compila
   )
   assert [(row['value'], row['n']) for row in summary] == [('shaw', 2), ('absolute', 2)]
   assert summary[0]['p_value'] is None and 0 < summary[1]['p_value'] <= 1
+  assert summary[0]['p_seeds'] is None and 0 < summary[1]['p_seeds'] <= 1
   with open(root / 'sweep.csv') as stream:
     table = list(csv.DictReader(stream))
-  assert [list(row)[:5] for row in table][0] == ['value', 'n', 'mean', 'std', 'p_value']
+  assert list(table[0]) == ['value', 'n', 'mean', 'std', 'p_value', 'p_seeds']
   for value in ('shaw', 'absolute'):
     for seed in (0, 1):
       results = json.loads(

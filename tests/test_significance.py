@@ -1,0 +1,110 @@
+"""relpos.significance: the paired t-test over seeds against closed forms of Student's t, and
+its table and command line for a finished sweep's sweep_seeds.csv."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relpos import significance
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _t_statistic(differences):
+  n = len(differences)
+  mean = sum(differences) / n
+  variance = sum((d - mean) ** 2 for d in differences) / (n - 1)
+  return mean / math.sqrt(variance / n)
+
+
+def test_seed_p_value_is_the_two_sided_paired_t_test():
+  # Student's t with 2 degrees of freedom: P(|T| > t) = 1 - t / sqrt(2 + t^2).
+  baseline = {0: 12.06, 1: 12.23, 2: 11.35}
+  system = {0: 13.03, 1: 13.04, 2: 13.29}
+  t = _t_statistic([system[s] - baseline[s] for s in range(3)])
+  expected = 1 - abs(t) / math.sqrt(2 + t * t)
+  assert significance.seed_p_value(baseline, system) == pytest.approx(expected, rel=1e-9)
+  # Symmetric in the two systems, and independent of the dicts' order.
+  reordered = {2: 11.35, 0: 12.06, 1: 12.23}
+  assert significance.seed_p_value(system, reordered) == pytest.approx(expected, rel=1e-9)
+
+
+def test_seed_p_value_pairs_seeds_and_uses_only_common_ones():
+  # One degree of freedom (seeds 0 and 3 in common): P(|T| > t) = 1 - (2 / pi) arctan(t).
+  baseline = {0: 2.5, 1: 9.0, 3: 3.0}
+  system = {0: 2.25, 2: 1.0, 3: 2.0}
+  t = _t_statistic([-0.25, -1.0])
+  expected = 1 - 2 / math.pi * math.atan(abs(t))
+  assert significance.seed_p_value(baseline, system) == pytest.approx(expected, rel=1e-9)
+  # Pairing matters: the same scores swapped between the seeds give the other test.
+  swapped = {0: 2.0, 2: 1.0, 3: 2.25}
+  t_swapped = _t_statistic([-0.5, -0.75])
+  expected_swapped = 1 - 2 / math.pi * math.atan(abs(t_swapped))
+  assert significance.seed_p_value(baseline, swapped) == pytest.approx(expected_swapped, rel=1e-9)
+  assert abs(expected - expected_swapped) > 0.1
+
+
+@pytest.mark.parametrize(
+  ('baseline', 'system'),
+  [
+    ({0: 1.0, 1: 2.0}, {0: 1.5}),  # one common seed
+    ({0: 1.0, 1: 2.0}, {2: 1.5, 3: 2.5}),  # none
+    ({0: 1.0, 1: 2.1, 2: 3.3}, {0: 1.0, 1: 2.1, 2: 3.3}),  # identical: every difference 0
+    ({0: 2.0, 1: 2.1}, {0: 1.5, 1: 1.6}),  # a constant shift, up to rounding
+  ],
+)
+def test_seed_p_value_is_none_without_a_test(baseline, system):
+  assert significance.seed_p_value(baseline, system) is None
+
+
+def test_p_text():
+  assert significance.p_text(None) == '–'
+  assert significance.p_text(0.0004) == '< 0.001'
+  assert significance.p_text(1 / 1001) == '0.001'
+  assert significance.p_text(0.12345) == '0.123'
+
+
+def _seeds_csv(path, rows):
+  path.write_text(
+    'value,seed,bleu,step,workdir\n' + ''.join(f'{v},{s},{b},400,runs/x\n' for v, s, b in rows)
+  )
+  return path
+
+
+def test_seed_table_of_a_sweep_seeds_csv(tmp_path):
+  rows = [('16', 0, 12.0), ('16', 1, 12.5), ('16', 2, 11.0), ('4', 0, 13.0), ('4', 1, 13.0)]
+  rows += [('4', 2, 13.25)]
+  table = significance.seed_table(_seeds_csv(tmp_path / 'seeds.csv', rows), '16')
+  p_value = significance.seed_p_value({0: 12.0, 1: 12.5, 2: 11.0}, {0: 13.0, 1: 13.0, 2: 13.25})
+  assert '| 16 | 3 | 11.833 | 0.764 | (baseline) |' in table
+  assert f'| 4 | 3 | 13.083 | 0.144 | {p_value:.3f} |' in table
+  assert table.splitlines()[2] == '| value | n | bleu mean | std | p-value (seeds) |'
+
+
+def test_seed_table_errors_name_the_file_or_flag(tmp_path):
+  seeds = _seeds_csv(tmp_path / 'seeds.csv', [('a', 0, 1.0), ('b', 0, 2.0)])
+  with pytest.raises(ValueError, match=r"--baseline=c is not a value of .*seeds.csv: \['a', 'b'\]"):
+    significance.seed_table(seeds, 'c')
+  other = tmp_path / 'summary.csv'
+  other.write_text('value,n,mean,std,p_value\na,3,1.0,0.1,\n')
+  with pytest.raises(ValueError, match='summary.csv: not a sweep_seeds.csv'):
+    significance.seed_table(other, 'a')
+
+
+def test_command_line(tmp_path):
+  seeds = _seeds_csv(tmp_path / 'seeds.csv', [('a', 0, 1.0), ('a', 1, 2.0), ('b', 0, 2.0)])
+
+  def run(*args):
+    command = [sys.executable, '-m', 'relpos.significance', *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+  result = run(str(seeds), '--baseline=a')
+  assert result.returncode == 0, result.stderr
+  assert '| b | 1 | 2.000 | 0.000 | – |' in result.stdout
+  missing = run(str(tmp_path / 'nope.csv'), '--baseline=a')
+  assert missing.returncode == 1 and 'Traceback' not in missing.stderr
+  assert missing.stderr.strip().splitlines()[-1].startswith('error: ')
+  assert 'nope.csv' in missing.stderr
