@@ -312,8 +312,9 @@ def write_tables(summary, rows, root: Path, field: str, metric: str, baseline) -
   return markdown
 
 
-def plot(summary: list[dict], root: Path, field: str, metric: str) -> Path:
-  """sweep.png: the mean of the metric against the swept values, ±std error bars."""
+def plot(summary: list[dict], rows: list[dict], root: Path, field: str, metric: str) -> Path:
+  """sweep.png: the mean of the metric against the swept values, ±std error bars, and each
+  seed's score as a dot beside its value's mean (with three seeds, the dots say more)."""
   figure, axes = plt.subplots(figsize=(5, 3.5))
   positions = range(len(summary))
   axes.errorbar(
@@ -322,11 +323,24 @@ def plot(summary: list[dict], root: Path, field: str, metric: str) -> Path:
     yerr=[row['std'] for row in summary],
     marker='o',
     capsize=4,
+    label='mean ± std',
   )
+  index = {row['value']: position for position, row in zip(positions, summary, strict=True)}
+  seed_rows = [row for row in rows if row['value'] in index]
+  axes.scatter(
+    [index[row['value']] + 0.12 for row in seed_rows],
+    [row[metric] for row in seed_rows],
+    s=12,
+    color='grey',
+    alpha=0.8,
+    label='one seed',
+    zorder=3,
+  )
+  axes.legend(fontsize='small')
   axes.set_xticks(list(positions), [str(row['value']) for row in summary])
   axes.set_xlabel(field)
   seeds = max(row['n'] for row in summary)
-  axes.set_ylabel(f'{metric} (mean ± std, {seeds} seeds)' if seeds > 1 else metric)
+  axes.set_ylabel(f'{metric} ({seeds} seeds)' if seeds > 1 else metric)
   axes.grid(alpha=0.3)
   figure.tight_layout()
   path = root / 'sweep.png'
@@ -366,7 +380,7 @@ def sweep(
     raise FileNotFoundError(f'no finished runs under {root}')
   summary = summarise(config, rows, values, metric, baseline)
   print(write_tables(summary, rows, root, field, metric, baseline))
-  print(f'plot: {plot(summary, root, field, metric)}')
+  print(f'plot: {plot(summary, rows, root, field, metric)}')
   return summary
 
 

@@ -108,7 +108,7 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
   assert [row['value'] for row in table] == ['0', '4', '16'] and table[0]['p_value'] == ''
   with open(tmp_path / 'sweep_seeds.csv') as stream:
     assert len(list(csv.DictReader(stream))) == 8
-  png = sweep.plot(summary, tmp_path, field, 'bpc')
+  png = sweep.plot(summary, rows, tmp_path, field, 'bpc')
   assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
   with pytest.raises(ValueError, match="has no 'bleu'"):
     sweep.collect(tmp_path, field, [0], [0], 'bleu')
