@@ -141,8 +141,9 @@ def seed_table(seeds_csv, baseline: str) -> str:
 
 def main(argv):
   if len(argv) != 2:
-    raise app.UsageError(
-      'give one sweep_seeds.csv: python -m relpos.significance FILE --baseline=V'
+    sys.exit(
+      f'error: give one sweep_seeds.csv (got {len(argv) - 1} arguments): '
+      'python -m relpos.significance FILE --baseline=V'
     )
   try:
     print(seed_table(argv[1], flags.FLAGS.baseline), end='')

@@ -104,7 +104,8 @@ def test_command_line(tmp_path):
   result = run(str(seeds), '--baseline=a')
   assert result.returncode == 0, result.stderr
   assert '| b | 1 | 2.000 | 0.000 | – |' in result.stdout
-  missing = run(str(tmp_path / 'nope.csv'), '--baseline=a')
-  assert missing.returncode == 1 and 'Traceback' not in missing.stderr
-  assert missing.stderr.strip().splitlines()[-1].startswith('error: ')
-  assert 'nope.csv' in missing.stderr
+  for args, named in [((str(tmp_path / 'nope.csv'),), 'nope.csv'), ((), '0 arguments')]:
+    failed = run(*args, '--baseline=a')
+    assert failed.returncode == 1 and 'Traceback' not in failed.stderr
+    assert failed.stderr.strip().splitlines() == [failed.stderr.strip()]  # one line
+    assert failed.stderr.startswith('error: ') and named in failed.stderr
