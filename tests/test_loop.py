@@ -1,6 +1,7 @@
 """The one training loop, driven by a third task written here in a few lines (a linear
 regression): the cadence, resume, the NaN stop and SIGTERM come from the loop alone."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -156,3 +157,36 @@ def test_checkpoints_hold_the_model_apart_from_the_optimizer(tmp_path):
   np.testing.assert_allclose(weights[8, 2], (weights[4, 1] + weights[8, 1]) / 2, rtol=1e-6)
   assert not np.allclose(weights[4, 1], weights[8, 1])
   assert jax.tree.leaves(weights)
+
+
+def test_one_step_in_flight_on_a_multi_device_cpu_only():
+  one_device = mesh_lib.data_mesh(jax.devices()[:1])
+  assert not loop.one_step_in_flight(one_device)
+  two_devices = type('Mesh', (), {'devices': np.empty(2, object)})()
+  assert loop.one_step_in_flight(two_devices) == (jax.default_backend() == 'cpu')
+
+
+def test_with_one_step_in_flight_each_step_waits_for_the_previous(tmp_path, monkeypatch):
+  """The loop blocks on step N - 1's sums before it dispatches step N (not before the first
+  step, nor after a log line, which has waited for every step already)."""
+  dispatched, waited = [], []
+  monkeypatch.setattr(loop, 'one_step_in_flight', lambda mesh: True)
+  real_wait = jax.block_until_ready
+  monkeypatch.setattr(jax, 'block_until_ready', lambda x: waited.append(x) or real_wait(x))
+  original = Regression.training
+
+  def training(self, config, workdir, mesh):
+    run = original(self, config, workdir, mesh)
+
+    def step(state, batch):
+      state, sums = run.step(state, batch)
+      dispatched.append(sums)
+      return state, sums
+
+    return dataclasses.replace(run, step=step)
+
+  monkeypatch.setattr(Regression, 'training', training)
+  TASK.train_and_evaluate(_config(steps=8), tmp_path / 'run')
+  # log_every=2: steps 1, 3, 5, 7 are waited for by the next dispatch, 2, 4, 6, 8 by the log.
+  assert len(dispatched) == 8
+  assert [any(w is d for w in waited) for d in dispatched] == [True, False] * 4
