@@ -132,10 +132,8 @@ def seed_table(seeds_csv, baseline: str) -> str:
   for value, per_seed in scores.items():
     values = np.array(list(per_seed.values()), np.float64)
     std = values.std(ddof=1) if len(values) > 1 else 0.0
-    p_value = (
-      '(baseline)' if value == baseline else p_text(seed_p_value(scores[baseline], per_seed))
-    )
-    lines.append(f'| {value} | {len(values)} | {values.mean():.3f} | {std:.3f} | {p_value} |')
+    p_cell = '(baseline)' if value == baseline else p_text(seed_p_value(scores[baseline], per_seed))
+    lines.append(f'| {value} | {len(values)} | {values.mean():.3f} | {std:.3f} | {p_cell} |')
   return '\n'.join(lines) + '\n'
 
 
