@@ -297,11 +297,10 @@ def one_step_in_flight(mesh) -> bool:
   the stack of a hung process, one launch thread waited in the all-reduce for the other
   device, the other launch thread waited inside the launch of another execution (read: the
   same device's next step), and no thread ran the other device's share: XLA aborts after 40 s
-  ("Termination timeout ... all reduce"). It is a race, seen only when other processes
-  compete for the cores (5 of 9 runs of three concurrent char_tiny trainings
-  deadlocked, 0 of 9 with this; README, Speed on CPU). Preparing the next batch still overlaps
-  the running step; the dispatch itself no longer does, which cost char_tiny's training loop
-  1.5-8% of its throughput (median 3%, 4 pairs of runs).
+  ("Termination timeout ... all reduce"). It is a race, seen when other processes compete
+  for the cores. Preparing the next batch still overlaps the running step; the dispatch itself
+  no longer does. README (Speed on CPU) has how often it deadlocked with and without this, and
+  what the wait costs.
   """
   return jax.default_backend() == 'cpu' and mesh.devices.size > 1
 
