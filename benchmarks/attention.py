@@ -17,6 +17,12 @@ so the table compares kernels, not machines. Kernels (`config.kernels`):
   on CPU: slow);
 - xl, xl_pallas: `xl_attention` with `implementation='xla'` and `'pallas'`.
 
+Every function is compiled before any is timed, `config.compile_threads` at a time (0: one
+per core). Each Pallas kernel's outputs (fwd) and gradients (fwd+bwd) are checked against its
+XLA implementation on the same inputs: "error vs xla" is max |pallas - xla| / max |xla|.
+A timing is `config.repeats` calls dispatched back to back (more than one on a GPU, so that
+short kernels are not timed as the host's dispatch).
+
 Temp memory is XLA's `memory_analysis().temp_size_in_bytes` of the compiled function. TFLOP/s
 counts vanilla causal attention's work for every kernel: 2·B·H·n²·d forward (half of the
 dense 4·B·H·n²·d) and 3.5× that for forward+backward, as flash-attention papers count it. A
@@ -26,6 +32,10 @@ device's dense bf16/fp16 peak where relpos knows it (`PEAK_TFLOPS`, or `config.p
 kernel and k.
 """
 
+import concurrent.futures
+import functools
+import os
+import time
 from pathlib import Path
 
 import jax
@@ -34,7 +44,7 @@ import matplotlib
 import numpy as np
 from absl import app
 from ml_collections import config_flags
-from timing import compiled_temp_bytes, interleaved_median_seconds
+from timing import interleaved_median_seconds
 
 from relpos import attention, runtime
 from relpos.attention.shaw import xla_form
@@ -46,6 +56,8 @@ from matplotlib import pyplot as plt  # noqa: E402
 # against jax's device_kind.
 PEAK_TFLOPS = (('H100 PCIe', 756.0), ('H100', 989.4), ('H200', 989.4), ('A100', 312.0))
 KERNELS = ('vanilla', 'cudnn', 'shaw', 'banded', 'dense', 'shaw_pallas', 'xl', 'xl_pallas')
+# Each Pallas kernel's XLA implementation, which its outputs and gradients are checked against.
+XLA_OF_PALLAS = {'shaw_pallas': 'shaw', 'xl_pallas': 'xl'}
 
 
 def _kernels(names, n, k, heads, head_dim, dtype):
@@ -90,20 +102,58 @@ def _forward_and_backward(fn, cotangent):
   return jax.grad(loss, argnums=(0, 1, 2, 3))
 
 
-def measure_row(names, n, k, *, batch, heads, head_dim, dtype, rounds):
-  """({(kernel, pass): seconds}, {(kernel, pass): temp bytes}) at one (n, k)."""
+def lower_row(names, n, k, *, batch, heads, head_dim, dtype):
+  """({(kernel, pass): jax.stages.Lowered}, {kernel: its arguments}) at one (n, k)."""
   rng = np.random.default_rng(1)
   q, key, v, cotangent = (
     jnp.asarray(rng.normal(size=(batch, n, heads, head_dim)), dtype) for _ in range(4)
   )
-  calls, memory = {}, {}
+  lowered, arguments = {}, {}
   for name, (fn, params) in _kernels(names, n, k, heads, head_dim, dtype).items():
+    arguments[name] = (q, key, v, params)
     for mode, f in (('fwd', fn), ('fwd+bwd', _forward_and_backward(fn, cotangent))):
-      jitted = jax.jit(f)
-      calls[name, mode] = lambda jitted=jitted, params=params: jitted(q, key, v, params)
-      memory[name, mode] = compiled_temp_bytes(f, q, key, v, params)
-  seconds = interleaved_median_seconds(calls, rounds=rounds)
-  return seconds, memory
+      lowered[name, mode] = jax.jit(f).lower(q, key, v, params)
+  return lowered, arguments
+
+
+def compile_all(lowered: dict, threads: int) -> dict:
+  """{key: jax.stages.Compiled} of {key: Lowered}, `threads` compiles at a time (XLA releases
+  the GIL while it compiles). On a GPU most of the time is Triton compiling the Pallas
+  kernels, one function at a time otherwise."""
+  with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
+    compiled = list(pool.map(lambda stage: stage.compile(), lowered.values()))
+  return dict(zip(lowered, compiled, strict=True))
+
+
+def relative_error(got, want) -> float:
+  """max |got - want| / max |want| over every array of two equal pytrees."""
+  pairs = zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)
+  diffs, scales = zip(
+    *(
+      (
+        float(jnp.max(jnp.abs(g.astype(jnp.float32) - w.astype(jnp.float32)))),
+        float(jnp.max(jnp.abs(w.astype(jnp.float32)))),
+      )
+      for g, w in pairs
+    ),
+    strict=True,
+  )
+  return max(diffs) / max(max(scales), 1e-30)
+
+
+def measure_row(compiled, arguments, *, rounds, repeats=1):
+  """Times, temp memory and agreement of one (n, k)'s compiled kernels:
+  ({(kernel, pass): seconds}, {(kernel, pass): temp bytes}, {(kernel, pass): relative error
+  of a Pallas kernel against its XLA implementation (`relative_error`), where both ran})."""
+  calls = {key: functools.partial(fn, *arguments[key[0]]) for key, fn in compiled.items()}
+  memory = {key: fn.memory_analysis().temp_size_in_bytes for key, fn in compiled.items()}
+  errors = {
+    (name, mode): relative_error(call(), calls[XLA_OF_PALLAS[name], mode]())
+    for (name, mode), call in calls.items()
+    if (XLA_OF_PALLAS.get(name), mode) in calls
+  }
+  seconds = interleaved_median_seconds(calls, rounds=rounds, repeats=repeats)
+  return seconds, memory, errors
 
 
 def vanilla_causal_flops(n, *, batch, heads, head_dim, mode) -> float:
@@ -182,35 +232,56 @@ def main(config):
   print(
     f'device: {device.device_kind}  dtype={dtype.name}  heads={config.heads} '
     f'head_dim={config.head_dim}  causal  median of {config.rounds} interleaved rounds'
+    + (f' of {config.repeats} calls' if config.repeats > 1 else '')
     + (f'  peak {peak:.0f} TFLOP/s' if peak else '')
+  )
+  rows, lowered, arguments = [], {}, {}
+  for n in config.lengths:
+    for k in config.distances:
+      size = {
+        'batch': max(1, config.tokens // n),
+        'heads': config.heads,
+        'head_dim': config.head_dim,
+      }
+      rows.append((n, k, size))
+      row_lowered, arguments[n, k] = lower_row(names, n, k, **size, dtype=dtype)
+      lowered.update({(n, k, *key): stage for key, stage in row_lowered.items()})
+  threads = config.compile_threads or os.cpu_count() or 1
+  start = time.perf_counter()
+  compiled = compile_all(lowered, threads)
+  print(
+    f'compiled {len(compiled)} functions in {time.perf_counter() - start:.0f} s '
+    f'({threads} at a time)'
   )
   header = (
     '| n | k | batch | pass | kernel | ms | time / vanilla | TFLOP/s | % of peak | temp MiB '
-    '| temp / vanilla |'
+    '| temp / vanilla | error vs xla |'
   )
   print(header)
   print('|' + '---|' * header.count(' | ') + '---|')
   ratios = {}  # (pass, kernel, k) -> {n: time / vanilla}
-  for n in config.lengths:
-    batch = max(1, config.tokens // n)
-    size = {'batch': batch, 'heads': config.heads, 'head_dim': config.head_dim}
-    for k in config.distances:
-      seconds, memory = measure_row(names, n, k, **size, dtype=dtype, rounds=config.rounds)
-      for mode in ('fwd', 'fwd+bwd'):
-        flops = vanilla_causal_flops(n, **size, mode=mode)
-        for name in names:
-          s, m = seconds[name, mode], memory[name, mode]
-          tflops = flops / s / 1e12
-          ratio = s / seconds['vanilla', mode]
-          ratios.setdefault((mode, name, k), {})[n] = ratio
-          label = f'shaw ({xla_form(n)})' if name == 'shaw' else name
-          print(
-            f'| {n} | {k} | {batch} | {mode} | {label} '
-            f'| {s * 1e3:.2f} | {ratio:.2f} | {tflops:.3g} '
-            f'| {f"{100 * tflops / peak:.1f}" if peak else "—"} | {m / 2**20:.1f} '
-            f'| {m / max(memory["vanilla", mode], 1):.2f} |',
-            flush=True,
-          )
+  for n, k, size in rows:
+    row = {(name, mode): fn for (n_, k_, name, mode), fn in compiled.items() if (n_, k_) == (n, k)}
+    seconds, memory, errors = measure_row(
+      row, arguments[n, k], rounds=config.rounds, repeats=config.repeats
+    )
+    for mode in ('fwd', 'fwd+bwd'):
+      flops = vanilla_causal_flops(n, **size, mode=mode)
+      for name in names:
+        s, m = seconds[name, mode], memory[name, mode]
+        tflops = flops / s / 1e12
+        ratio = s / seconds['vanilla', mode]
+        ratios.setdefault((mode, name, k), {})[n] = ratio
+        label = f'shaw ({xla_form(n)})' if name == 'shaw' else name
+        error = errors.get((name, mode))
+        print(
+          f'| {n} | {k} | {size["batch"]} | {mode} | {label} '
+          f'| {s * 1e3:.2f} | {ratio:.2f} | {tflops:.3g} '
+          f'| {f"{100 * tflops / peak:.1f}" if peak else "—"} | {m / 2**20:.1f} '
+          f'| {m / max(memory["vanilla", mode], 1):.2f} '
+          f'| {"—" if error is None else f"{error:.1e}"} |',
+          flush=True,
+        )
   if config.plot:
     print(f'plot: {plot_ratios(ratios, config.plot)}')
 

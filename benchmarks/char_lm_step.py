@@ -2,6 +2,7 @@
 
     python benchmarks/char_lm_step.py --config=configs/char_tiny.py
     python benchmarks/char_lm_step.py --config=configs/char_tiny.py --rounds=20
+    python benchmarks/char_lm_step.py --config=configs/enwik8_base.py --variants=xl,absolute
 
 Builds the config's model once per `config.model.position` mode (xl, shaw, absolute, none;
 the xl row also without memory), times the jitted train step (forward, backward, Adam update)
@@ -24,13 +25,22 @@ _CONFIG = config_flags.DEFINE_config_file('config', None, 'A character-LM config
 _ROUNDS = flags.DEFINE_integer('rounds', 10, 'Interleaved timing rounds (median reported).')
 flags.mark_flags_as_required(['config'])
 
+# --variants name -> (table name, config overrides).
 _VARIANTS = {
-  'xl': {'model': {'position': 'xl'}},
-  'xl, mem_len=0': {'model': {'position': 'xl'}, 'train': {'mem_len': 0}},
-  'shaw': {'model': {'position': 'shaw'}},
-  'absolute': {'model': {'position': 'absolute'}},
-  'none': {'model': {'position': 'none'}},
+  'xl': ('xl', {'model': {'position': 'xl'}}),
+  'xl_mem0': ('xl, mem_len=0', {'model': {'position': 'xl'}, 'train': {'mem_len': 0}}),
+  'shaw': ('shaw', {'model': {'position': 'shaw'}}),
+  'absolute': ('absolute', {'model': {'position': 'absolute'}}),
+  'none': ('none', {'model': {'position': 'none'}}),
 }
+_NAMES = flags.DEFINE_list(
+  'variants', list(_VARIANTS), f'Variants to time, xl among them: {", ".join(_VARIANTS)}.'
+)
+flags.register_validator(
+  'variants',
+  lambda names: 'xl' in names and set(names) <= set(_VARIANTS),
+  message=f'--variants must include xl and choose from: {", ".join(_VARIANTS)}',
+)
 
 
 def step_call(config, overrides, inputs, targets):
@@ -56,7 +66,10 @@ def main(argv):
   batch, length = config.train.batch_size, config.train.tgt_len
   tokens = np.random.default_rng(0).integers(0, 256, (batch, length + 1))
   inputs, targets = jnp.asarray(tokens[:, :-1]), jnp.asarray(tokens[:, 1:])
-  calls = {name: step_call(config, o, inputs, targets) for name, o in _VARIANTS.items()}
+  calls = {
+    _VARIANTS[name][0]: step_call(config, _VARIANTS[name][1], inputs, targets)
+    for name in _NAMES.value
+  }
   seconds = interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=2)
   m = config.model
   print(

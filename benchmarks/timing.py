@@ -6,11 +6,6 @@ import jax
 import numpy as np
 
 
-def compiled_temp_bytes(fn, *args) -> int:
-  """Temporary buffer bytes XLA allocates for `jax.jit(fn)(*args)` (memory_analysis)."""
-  return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
-
-
 def peak_memory_line() -> str:
   """The process's peak device memory so far, from the devices' allocator statistics (GPU,
   TPU), as one line; '' where the backend keeps none (XLA:CPU)."""
@@ -24,11 +19,15 @@ def peak_memory_line() -> str:
   )
 
 
-def interleaved_median_seconds(candidates: dict, *, rounds: int, warmup: int = 1) -> dict:
-  """Median wall time of each zero-argument callable, measured round-robin.
+def interleaved_median_seconds(
+  candidates: dict, *, rounds: int, warmup: int = 1, repeats: int = 1
+) -> dict:
+  """Median seconds per call of each zero-argument callable, measured round-robin.
 
   Every round times each candidate once, so slow drifts of a noisy machine hit all of them
-  alike and their ratios stay meaningful.
+  alike and their ratios stay meaningful. A timing is `repeats` calls back to back, blocked
+  once at the end, divided by `repeats`: on an accelerator, where dispatch is asynchronous,
+  this keeps the host's dispatch cost out of short kernels' times.
   """
   for fn in candidates.values():
     for _ in range(warmup):
@@ -37,6 +36,8 @@ def interleaved_median_seconds(candidates: dict, *, rounds: int, warmup: int = 1
   for _ in range(rounds):
     for name, fn in candidates.items():
       start = time.perf_counter()
+      for _ in range(repeats - 1):
+        fn()
       jax.block_until_ready(fn())
-      times[name].append(time.perf_counter() - start)
+      times[name].append((time.perf_counter() - start) / repeats)
   return {name: float(np.median(ts)) for name, ts in times.items()}

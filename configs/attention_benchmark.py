@@ -25,6 +25,8 @@ def get_config(preset: str = 'full') -> ml_collections.ConfigDict:
   config.lengths = (128, 512, 2048) if preset == 'full' else (128, 512)
   config.distances = (4, 16, 64) if preset == 'full' else (16,)
   config.rounds = 5  # interleaved timing rounds per row; the median is reported
+  config.repeats = 1  # calls per timing, dispatched back to back (GPU: hides dispatch)
+  config.compile_threads = 0  # functions compiled at once before timing; 0: one per core
   config.dtype = 'float32'
   config.kernels = ('vanilla', 'shaw', 'banded', 'dense', 'xl')
   config.peak_tflops = 0.0  # 0: the device's data-sheet bf16 peak where known, else none
@@ -34,5 +36,6 @@ def get_config(preset: str = 'full') -> ml_collections.ConfigDict:
     config.lengths = (512, 2048, 8192)
     config.distances = (16, 64)
     config.dtype = 'bfloat16'
+    config.repeats = 10
     config.kernels = ('vanilla', 'cudnn', 'shaw', 'shaw_pallas', 'xl', 'xl_pallas')
   return config

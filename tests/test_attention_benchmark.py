@@ -1,5 +1,6 @@
-"""benchmarks/attention.py at tiny sizes: every kernel it times runs (Pallas interpreted), the
-kernel list is checked, and the FLOP count and peak lookup are what the docstring says."""
+"""benchmarks/attention.py at tiny sizes: every kernel it times compiles and runs (Pallas
+interpreted) and the Pallas ones agree with XLA, the kernel list is checked, and the FLOP
+count and peak lookup are what the docstring says."""
 
 import warnings
 
@@ -22,11 +23,23 @@ def test_every_kernel_of_the_gpu_preset_runs_and_is_measured_on_cpu(capsys):
   names = bench.kernel_names(_config('gpu'), 'cpu')
   assert 'cudnn: skipped' in capsys.readouterr().out
   assert names == ['vanilla', 'shaw', 'shaw_pallas', 'xl', 'xl_pallas']
-  seconds, memory = bench.measure_row(
-    names, 17, 3, batch=2, heads=2, head_dim=8, dtype=jnp.bfloat16, rounds=1
+  lowered, arguments = bench.lower_row(
+    names, 17, 3, batch=2, heads=2, head_dim=8, dtype=jnp.bfloat16
   )
+  compiled = bench.compile_all(lowered, threads=2)
+  seconds, memory, errors = bench.measure_row(compiled, arguments, rounds=1, repeats=2)
   assert set(seconds) == {(name, mode) for name in names for mode in ('fwd', 'fwd+bwd')}
   assert all(s > 0 for s in seconds.values()) and set(memory) == set(seconds)
+  # Each Pallas kernel agrees with its XLA implementation (bf16 inputs: a few 1e-3).
+  pallas = {(name, mode) for name in ('shaw_pallas', 'xl_pallas') for mode in ('fwd', 'fwd+bwd')}
+  assert set(errors) == pallas and all(0 < e < 3e-2 for e in errors.values()), errors
+
+
+def test_relative_error_is_the_largest_difference_over_the_largest_reference():
+  got = (jnp.array([1.0, 2.0]), jnp.array([[3.0]]))
+  want = (jnp.array([1.5, 2.0]), jnp.array([[4.0]]))
+  assert bench.relative_error(got, want) == 1.0 / 4.0
+  assert bench.relative_error(want, want) == 0.0
 
 
 def test_kernel_names_put_vanilla_first_and_refuse_unknown_ones():

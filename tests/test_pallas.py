@@ -450,6 +450,80 @@ def test_pallas_lowers_for_cuda_with_triton(name, dtype, length, memory, head_di
     assert module.count(f'@{TRITON_CALL}(') == calls, fn.__name__
 
 
+# --------------------------------------------------------------------------------------------
+# Native (GPU): the kernels compiled by Triton and run, against the same float64 references, at
+# sizes Triton compiles (default tiles: powers of two >= 16, several per axis, padded tails).
+# Skipped off a GPU, where the interpreted tests above stand in; on one,
+# `python -m pytest tests/test_pallas.py -k pallas_native -s` runs them and prints each case's
+# errors.
+
+# float32 natively: the in-kernel dots are IEEE float32 (the fixture's 'highest' precision), but
+# exp and the order of the sums differ from the CPU; 1e-4 still fails any wrong term by orders
+# of magnitude. bf16: BF16_TOL, as interpreted.
+NATIVE_TOL = {'float32': 1e-4, 'bfloat16': BF16_TOL}
+# (id, kernel, (batch, q_len, kv_len, heads, head_dim), k, mask kind, query_offset, dropout
+# rate, dtype)
+NATIVE_CASES = [
+  ('shaw_k16_memory_causal', 'shaw', (2, 100, 137, 3, 40), 16, 'causal', 37, 0.0, 'float32'),
+  ('shaw_k0_padding', 'shaw', (2, 100, 100, 3, 64), 0, 'padding', None, 0.0, 'float32'),
+  ('shaw_k_ge_n_dead_rows', 'shaw', (2, 40, 40, 2, 32), 45, 'dead_rows', None, 0.0, 'float32'),
+  ('shaw_k3_dropout', 'shaw', (2, 100, 100, 3, 64), 3, 'random', None, 0.1, 'float32'),
+  ('shaw_k16_bf16', 'shaw', (2, 100, 137, 3, 64), 16, 'padding', 37, 0.0, 'bfloat16'),
+  ('xl_memory_dead_rows', 'xl', (2, 100, 137, 3, 40), None, 'dead_rows', None, 0.0, 'float32'),
+  ('xl_dropout', 'xl', (2, 100, 100, 3, 64), None, 'none', None, 0.1, 'float32'),
+  ('xl_bf16', 'xl', (2, 100, 137, 3, 64), None, 'padding', None, 0.0, 'bfloat16'),
+]
+
+
+@pytest.mark.skipif(
+  jax.default_backend() != 'gpu', reason='native Pallas (Triton) needs a GPU; interpreted above'
+)
+@pytest.mark.parametrize(
+  'name,shape,kmax,mask_kind,offset,rate,dtype',
+  [c[1:] for c in NATIVE_CASES],
+  ids=[c[0] for c in NATIVE_CASES],
+)
+def test_pallas_native_vs_reference(name, shape, kmax, mask_kind, offset, rate, dtype):
+  batch, q_len, kv_len, heads, dim = shape
+  rng = np.random.default_rng(1800 + q_len + kv_len + (kmax or 0))
+  args = _shaw_args(rng, shape, kmax) if name == 'shaw' else _xl_args(rng, shape)
+  args = [a.astype(dtype) for a in args]
+  mask = make_mask(mask_kind, rng, batch, heads, q_len, kv_len, query_offset=offset)
+  cot = f32(randn(rng, batch, q_len, heads, dim)).astype(dtype)
+  rng_key = jax.random.key(5) if rate else None
+  output, grads = output_and_grads(
+    name,
+    cot,
+    *args,
+    mask=mask,
+    query_offset=offset,
+    dropout_rate=rate,
+    dropout_rng=rng_key,
+    block_sizes=None,
+  )
+  keep = None
+  if rate:
+    seed = dropout_seed(rng_key)
+    keep = np.asarray(dropout_keep_hashed(seed, batch, heads, q_len, kv_len, rate))
+  kwargs = {'query_offset': offset} if name == 'shaw' else {}
+  want, want_grads = dense_output_and_grads(
+    name, cot, *_numpy(args), mask=mask, keep=keep, rate=rate, **kwargs
+  )
+  got_grads = [np.asarray(g, np.float64) for g in grads if g is not None]
+  grad_errors = [
+    np.max(np.abs(g - w)) / np.max(np.abs(w))
+    for g, w in zip(got_grads, [w for w in want_grads if w is not None], strict=True)
+  ]
+  print(
+    f'{name} {shape} k={kmax} {mask_kind} {dtype}: output max |error| '
+    f'{np.max(np.abs(np.asarray(output, np.float64) - want)):.1e}, gradients max |error| / '
+    f'max |gradient| {max(grad_errors):.1e}'
+  )
+  assert output.dtype == jnp.dtype(dtype)
+  assert_close(output, want, tol=NATIVE_TOL[dtype])
+  _check_grads(grads, want_grads, SHAW_NAMES if name == 'shaw' else XL_NAMES, NATIVE_TOL[dtype])
+
+
 def test_unknown_implementation():
   rng = np.random.default_rng(1700)
   for name, args in (('shaw', _shaw_args(rng, S, 2)), ('xl', _xl_args(rng, S))):

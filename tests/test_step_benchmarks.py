@@ -73,7 +73,7 @@ def test_translate_step_times_split_batches_with_both_prng_lowerings_and_shaw_th
   assert all(float(cells[1]) > 0 for cells in rows.values())  # target tokens/s
 
 
-def test_char_lm_step_times_every_variant(tmp_path):
+def test_char_lm_step_times_the_variants_asked_for(tmp_path):
   text = write_word_corpus(tmp_path / 'text.txt')
   stdout = _run(
     'char_lm_step.py',
@@ -82,10 +82,28 @@ def test_char_lm_step_times_every_variant(tmp_path):
     *TINY_CHAR_LM_FLAGS,
     '--config.train.batch_size=4',
     '--rounds=1',
+    '--variants=xl,xl_mem0,none',
   )
   rows = _table_rows(stdout)
-  assert set(rows) == {'xl', 'xl, mem_len=0', 'shaw', 'absolute', 'none'}, stdout
+  assert set(rows) == {'xl', 'xl, mem_len=0', 'none'}, stdout
   assert float(rows['xl'][-1]) == 1.0
+
+
+def test_char_lm_step_refuses_variants_without_xl():
+  done = subprocess.run(
+    [
+      sys.executable,
+      str(REPO / 'benchmarks' / 'char_lm_step.py'),
+      '--config=configs/char_tiny.py',
+      '--variants=shaw',
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert done.returncode != 0
+  assert '--variants must include xl and choose from: xl, xl_mem0, shaw' in done.stderr
 
 
 def test_peak_memory_line_reads_the_devices_allocator_stats(monkeypatch):
