@@ -14,7 +14,7 @@
 #                     benchmarks/attention.py's gpu preset (n = 2048, the target, first);
 #   char_lm.log       enwik8_base shapes, xl and absolute, 100 steps each: steps/s and memory;
 #   translate.log     wmt_base shapes (Shaw) on toy-ende, 4 real batches x 50 rounds.
-# PYTHON picks the interpreter (default python3). The limits add up to about 10 minutes.
+# PYTHON picks the interpreter (default python3). The limits add up to under 10 minutes.
 set -u
 out=${1:?usage: bash benchmarks/gpu_figures.sh OUT_DIR [TOY_ENDE_DIR]}
 data=${2:-../shared/data/wmt_ende_toy}
@@ -35,17 +35,17 @@ part env 60 bash -c "nvidia-smi -L; $py -c 'import jax, jaxlib, flax; \
 print(jax.__version__, jaxlib.__version__, flax.__version__, jax.devices())'"
 
 # Several test processes share the GPU: none may take XLA's default 75% of its memory.
-part native 170 env XLA_PYTHON_CLIENT_PREALLOCATE=false \
+part native 160 env XLA_PYTHON_CLIENT_PREALLOCATE=false \
   "$py" -m pytest tests/test_pallas.py -k pallas_native -n 8 -rA -q -p no:cacheprovider &
 native=$!
-part attention_2048 210 "$py" benchmarks/attention.py \
+part attention_2048 190 "$py" benchmarks/attention.py \
   --config=configs/attention_benchmark.py:gpu --config.lengths=2048
 wait "$native"
-part attention_512_8192 180 "$py" benchmarks/attention.py \
+part attention_512_8192 160 "$py" benchmarks/attention.py \
   --config=configs/attention_benchmark.py:gpu --config.lengths=512,8192
-part char_lm 100 "$py" benchmarks/char_lm_step.py --config=configs/enwik8_base.py \
+part char_lm 90 "$py" benchmarks/char_lm_step.py --config=configs/enwik8_base.py \
   --variants=xl,absolute --rounds=100
-part translate 120 "$py" benchmarks/translate_step.py --config=configs/wmt_base.py \
+part translate 110 "$py" benchmarks/translate_step.py --config=configs/wmt_base.py \
   --config.data.kind=text --config.data.vocab_size=8000 \
   --config.data.train_src="$data/src-train.txt" --config.data.train_tgt="$data/tgt-train.txt" \
   --config.data.eval_src="$data/src-val.txt" --config.data.eval_tgt="$data/tgt-val.txt" \
