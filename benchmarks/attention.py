@@ -96,23 +96,29 @@ def _kernels(names, n, k, heads, head_dim, dtype):
   return {name: kernels[name] for name in names}
 
 
-def _forward_and_backward(fn, cotangent):
-  """fwd+bwd: gradients of <fn(...), cotangent> w.r.t. every input."""
-  loss = lambda q, key, v, p: jnp.vdot(fn(q, key, v, p), cotangent)  # noqa: E731
-  return jax.grad(loss, argnums=(0, 1, 2, 3))
+def _forward_and_backward(fn):
+  """fwd+bwd: gradients of <fn(q, key, v, p), cotangent> w.r.t. q, key, v and p (the cotangent
+  is an argument: a closed-over array would be a constant that XLA folds while compiling)."""
+
+  def gradients(q, key, v, p, cotangent):
+    loss = lambda *inputs: jnp.vdot(fn(*inputs), cotangent)  # noqa: E731
+    return jax.grad(loss, argnums=(0, 1, 2, 3))(q, key, v, p)
+
+  return gradients
 
 
 def lower_row(names, n, k, *, batch, heads, head_dim, dtype):
-  """({(kernel, pass): jax.stages.Lowered}, {kernel: its arguments}) at one (n, k)."""
+  """({(kernel, pass): jax.stages.Lowered}, {(kernel, pass): its arguments}) at one (n, k)."""
   rng = np.random.default_rng(1)
   q, key, v, cotangent = (
     jnp.asarray(rng.normal(size=(batch, n, heads, head_dim)), dtype) for _ in range(4)
   )
   lowered, arguments = {}, {}
   for name, (fn, params) in _kernels(names, n, k, heads, head_dim, dtype).items():
-    arguments[name] = (q, key, v, params)
-    for mode, f in (('fwd', fn), ('fwd+bwd', _forward_and_backward(fn, cotangent))):
-      lowered[name, mode] = jax.jit(f).lower(q, key, v, params)
+    arguments[name, 'fwd'] = (q, key, v, params)
+    arguments[name, 'fwd+bwd'] = (q, key, v, params, cotangent)
+    for mode, f in (('fwd', fn), ('fwd+bwd', _forward_and_backward(fn))):
+      lowered[name, mode] = jax.jit(f).lower(*arguments[name, mode])
   return lowered, arguments
 
 
@@ -145,7 +151,7 @@ def measure_row(compiled, arguments, *, rounds, repeats=1):
   """Times, temp memory and agreement of one (n, k)'s compiled kernels:
   ({(kernel, pass): seconds}, {(kernel, pass): temp bytes}, {(kernel, pass): relative error
   of a Pallas kernel against its XLA implementation (`relative_error`), where both ran})."""
-  calls = {key: functools.partial(fn, *arguments[key[0]]) for key, fn in compiled.items()}
+  calls = {key: functools.partial(fn, *arguments[key]) for key, fn in compiled.items()}
   memory = {key: fn.memory_analysis().temp_size_in_bytes for key, fn in compiled.items()}
   errors = {
     (name, mode): relative_error(call(), calls[XLA_OF_PALLAS[name], mode]())

@@ -119,3 +119,22 @@ def test_peak_memory_line_reads_the_devices_allocator_stats(monkeypatch):
   devices = [Device({'peak_bytes_in_use': 2**30}), Device({'peak_bytes_in_use': 3 * 2**30})]
   monkeypatch.setattr(timing.jax, 'local_devices', lambda: devices)
   assert timing.peak_memory_line().startswith('peak device memory: 3.00 GiB (the largest of 2')
+
+
+def test_gpu_figures_runs_the_parts_asked_for_and_logs_each(tmp_path):
+  """benchmarks/gpu_figures.sh off a GPU: the native tests skip (and say why), parts not
+  asked for do not run, and summary.txt records each part's exit status."""
+  out = tmp_path / 'figures'
+  done = subprocess.run(
+    ['bash', str(REPO / 'benchmarks' / 'gpu_figures.sh'), str(out), str(tmp_path), 'native'],
+    cwd=REPO,
+    env={**os.environ, 'PYTHON': sys.executable},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.returncode == 0, done.stderr
+  assert sorted(path.name for path in out.iterdir()) == ['env.log', 'native.log', 'summary.txt']
+  summary = (out / 'summary.txt').read_text()
+  assert 'end env: exit 0' in summary and 'end native: exit 0' in summary, summary
+  assert 'native Pallas (Triton) needs a GPU' in (out / 'native.log').read_text()
