@@ -346,8 +346,8 @@ def test_pallas_bf16(name):
   _check_grads(grads, want_grads, SHAW_NAMES if name == 'shaw' else XL_NAMES, tol=BF16_TOL)
 
 
-def test_auto_is_xla_until_the_kernels_lower_natively():
-  assert jax.default_backend() == 'cpu'
+def test_auto_is_xla():
+  """'auto' runs the XLA kernels (on a GPU the Pallas ones ran 6-21x slower: README)."""
   rng = np.random.default_rng(1600)
   batch, q_len, kv_len, heads, dim = S
   mask = make_mask('random', rng, batch, heads, q_len, kv_len)

@@ -36,8 +36,8 @@ buckets 0 .. 2k never reach, so every per-bucket array is [block_q, `table_rows`
 reads and sums are one-hot reductions, which Triton lowers (it has no gather); the default
 tiles keep [block_q, block_k, table_rows] within `pallas_common.ONE_HOT_BUDGET` elements. The
 per-tile `lax.cond` (band vs edge) is what skips the per-bucket work. Forward and backward
-lower for 'cuda' through Triton and compile with pip's Triton 3.9 (spilling); never compiled
-by XLA or run on a GPU.
+lower for 'cuda' through Triton, compile and run on a GPU (H200: correct, 21x vanilla XLA
+attention's fwd+bwd time at n = 2048, k = 16; README, On a GPU).
 """
 
 from __future__ import annotations

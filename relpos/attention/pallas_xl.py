@@ -37,8 +37,8 @@ over the window, [block_q, block_k, window] per tile, because Triton has no gath
 strided `pltpu.roll` would be the usual, cheaper replacement); the window is a power of two
 >= 16, and the default tiles keep block_q·block_k·window within
 `pallas_common.ONE_HOT_BUDGET` elements (32 x 32 tiles for long sequences). Forward and
-backward lower for 'cuda' through Triton and compile with pip's Triton 3.9 (spilling); never
-compiled by XLA or run on a GPU.
+backward lower for 'cuda' through Triton, compile and run on a GPU (H200: correct, 82x / 255x
+vanilla XLA attention's fwd / fwd+bwd time at n = 512; README, On a GPU).
 """
 
 from __future__ import annotations

@@ -399,9 +399,9 @@ def shaw_attention(
       where the band's bookkeeping costs more than the dense one-hot matmuls it replaces, and
       `shaw_attention_banded` above; both draw the same dropout bits), 'pallas' (the fused,
       tiled kernels of `relpos.attention.pallas_*`; interpreted on CPU, Triton on GPU, Mosaic
-      on TPU) or 'auto' (the default): 'pallas' where it is known to run natively, which no
-      backend is yet (they lower for GPU but have never run on one), so 'xla' everywhere for
-      now. With dropout, 'pallas' draws its keep mask from a hash
+      on TPU) or 'auto' (the default): 'xla' everywhere, since the Pallas kernels, though
+      correct on a GPU, ran 6-21x slower there (`pallas_common.resolve_implementation`).
+      With dropout, 'pallas' draws its keep mask from a hash
       (`pallas_common.dropout_keep_hashed`): same distribution, different bits than 'xla'.
     block_sizes: (block_q, block_k) tiles of the 'pallas' implementation (None: its default,
       which Triton can lower; given sizes must be powers of two >= 16 for GPU); unused by

@@ -80,10 +80,10 @@ def xl_attention(
       `relpos.attention.masking.attention_dropout`; rate 0 (the default) needs no rng.
     implementation: 'xla' (this module's kernel), 'pallas' (the fused, tiled kernels of
       `relpos.attention.pallas_*`; interpreted on CPU, Triton on GPU, Mosaic on TPU) or
-      'auto' (the default): 'pallas' where it is known to run natively, which no backend is
-      yet (they lower for GPU but have never run on one), so 'xla' everywhere for now.
-      With dropout, 'pallas' draws its keep mask from a hash
-      (`pallas_common.dropout_keep_hashed`): same distribution, different bits than 'xla'.
+      'auto' (the default): 'xla' everywhere, since the Pallas kernels, though correct on a
+      GPU, ran far slower there (`pallas_common.resolve_implementation`). With dropout,
+      'pallas' draws its keep mask from a hash (`pallas_common.dropout_keep_hashed`): same
+      distribution, different bits than 'xla'.
     block_sizes: (block_q, block_k) tiles of the 'pallas' implementation (None: its default,
       which Triton can lower; given sizes must be powers of two >= 16 for GPU); unused by
       'xla'.
