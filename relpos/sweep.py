@@ -56,6 +56,7 @@ from matplotlib import pyplot as plt  # noqa: E402
 from relpos import runtime, significance  # noqa: E402
 from relpos.config import load_config_file  # noqa: E402
 from relpos.training import run_config, tasks  # noqa: E402
+from relpos.training.preemption import PreemptedError  # noqa: E402
 
 SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'p_value', 'p_seeds')
 PRESET = 'preset'  # --field=preset: each value is a preset of the --config file
@@ -428,6 +429,9 @@ def main(argv):
       train=not args.collect_only,
       variant_of=variant_of,
     )
+  except PreemptedError as stopped:  # SIGTERM: the run in progress saved a checkpoint
+    print(f'{stopped} (the sweep command resumes it and skips finished runs)', file=sys.stderr)
+    sys.exit(tasks.PREEMPTED_EXIT_CODE)
   except tasks.USER_ERRORS as error:
     sys.exit(f'error: {error}')
 

@@ -167,3 +167,25 @@ def test_sigterm_during_setup_stops_after_the_first_step(text_file, tmp_path, mo
   with pytest.raises(PreemptedError, match=r'SIGTERM at step 1 '):
     char_lm.TASK.train_and_evaluate(_config(text_file, 6), workdir)
   assert [p.name for p in (workdir / 'checkpoints').iterdir()] == ['1']
+
+
+def test_sigterm_stops_a_sweep_with_one_line_and_the_resume_exit_code(text_file, tmp_path):
+  """`python -m relpos.sweep` on SIGTERM: the run in progress saves, the sweep says so in one
+  line (no traceback) and exits 143, as train.py does."""
+  root = tmp_path / 'sweep'
+  command = [sys.executable, '-m', 'relpos.sweep', '--config=configs/char_tiny.py:shaw']
+  command += [f'--workdir={root}', '--values=2', '--seeds=0']
+  command += _overrides(text_file, steps=100_000, checkpoint_every=0)
+  process = subprocess.Popen(
+    command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+  )
+  try:
+    _wait_for_step(process, root / 'max_relative_position=2' / 'seed=0', 3)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+  finally:
+    if process.poll() is None:
+      process.kill()
+  assert process.returncode == 143, stderr[-2000:]
+  assert 'Traceback' not in stderr, stderr[-2000:]
+  assert 'rerun the same command to resume (the sweep command resumes it' in stderr
