@@ -123,9 +123,8 @@ def lower_row(names, n, k, *, batch, heads, head_dim, dtype):
 
 
 def compile_all(lowered: dict, threads: int) -> dict:
-  """{key: jax.stages.Compiled} of {key: Lowered}, `threads` compiles at a time (XLA releases
-  the GIL while it compiles). On a GPU most of the time is Triton compiling the Pallas
-  kernels, one function at a time otherwise."""
+  """{key: jax.stages.Compiled} of {key: Lowered}, `threads` compiles at a time: XLA releases
+  the GIL while it compiles, so on a GPU the Pallas kernels' slow Triton compiles overlap."""
   with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
     compiled = list(pool.map(lambda stage: stage.compile(), lowered.values()))
   return dict(zip(lowered, compiled, strict=True))
