@@ -68,6 +68,17 @@ def _wait_for_step(process, workdir, step, timeout=240):
     time.sleep(0.05)
 
 
+def _sigterm_after_step(process, workdir, step) -> str:
+  """SIGTERM once `workdir`'s run has logged `step`; its stderr after it exits."""
+  try:
+    _wait_for_step(process, workdir, step)
+    process.send_signal(signal.SIGTERM)
+    return process.communicate(timeout=120)[1]
+  finally:
+    if process.poll() is None:
+      process.kill()
+
+
 def test_sigkill_then_rerun_continues_the_same_loss_trajectory(text_file, tmp_path):
   kwargs = dict(steps=60, checkpoint_every=3)
   straight, killed = tmp_path / 'straight', tmp_path / 'killed'
@@ -98,13 +109,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(text_file, tmp_path):
     stderr=subprocess.PIPE,
     text=True,
   )
-  try:
-    _wait_for_step(process, workdir, 5)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
-  finally:
-    if process.poll() is None:
-      process.kill()
+  stderr = _sigterm_after_step(process, workdir, 5)
   assert process.returncode == 143, stderr[-2000:]
   assert 'Traceback' not in stderr and 'rerun the same command to resume' in stderr
   saved = [int(p.name) for p in (workdir / 'checkpoints').iterdir() if p.name.isdigit()]
@@ -179,13 +184,7 @@ def test_sigterm_stops_a_sweep_with_one_line_and_the_resume_exit_code(text_file,
   process = subprocess.Popen(
     command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
   )
-  try:
-    _wait_for_step(process, root / 'max_relative_position=2' / 'seed=0', 3)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
-  finally:
-    if process.poll() is None:
-      process.kill()
+  stderr = _sigterm_after_step(process, root / 'max_relative_position=2' / 'seed=0', 3)
   assert process.returncode == 143, stderr[-2000:]
   assert 'Traceback' not in stderr, stderr[-2000:]
   assert 'rerun the same command to resume (the sweep command resumes it' in stderr
