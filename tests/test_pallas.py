@@ -163,6 +163,11 @@ def _check_grads(got, want, names, tol=GRAD_TOL):
   )
 
 
+def _kernel_keep(rng_key, batch, heads, q_len, kv_len, rate):
+  """The keep mask [batch, heads, q_len, kv_len] the kernels hash from `rng_key` (NumPy)."""
+  return np.asarray(dropout_keep_hashed(dropout_seed(rng_key), batch, heads, q_len, kv_len, rate))
+
+
 def _shaw_args(rng, shape, kmax, drop=None):
   batch, q_len, kv_len, heads, dim = shape
   q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
@@ -321,7 +326,7 @@ def test_pallas_dropout_vs_reference_with_hashed_mask(name):
   output, grads = output_and_grads(
     name, cot, *args, mask=mask, dropout_rate=rate, dropout_rng=rng_key
   )
-  keep = np.asarray(dropout_keep_hashed(dropout_seed(rng_key), batch, heads, q_len, kv_len, rate))
+  keep = _kernel_keep(rng_key, batch, heads, q_len, kv_len, rate)
   want, want_grads = dense_output_and_grads(name, cot, *args, mask=mask, keep=keep, rate=rate)
   assert_close(output, want, tol=FWD_TOL)
   _check_grads(grads, want_grads, SHAW_NAMES if name == 'shaw' else XL_NAMES)
@@ -501,10 +506,7 @@ def test_pallas_native_vs_reference(name, shape, kmax, mask_kind, offset, rate, 
     dropout_rng=rng_key,
     block_sizes=None,
   )
-  keep = None
-  if rate:
-    seed = dropout_seed(rng_key)
-    keep = np.asarray(dropout_keep_hashed(seed, batch, heads, q_len, kv_len, rate))
+  keep = _kernel_keep(rng_key, batch, heads, q_len, kv_len, rate) if rate else None
   kwargs = {'query_offset': offset} if name == 'shaw' else {}
   want, want_grads = dense_output_and_grads(
     name, cot, *_numpy(args), mask=mask, keep=keep, rate=rate, **kwargs
