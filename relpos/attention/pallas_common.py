@@ -15,8 +15,9 @@ never a [q_len, kv_len] array in memory. This module holds the parts both use, o
 - in-kernel maths: float32 matmuls (`dot`), the online-softmax step (`online_softmax_step`,
   `finish_softmax`), the recomputed probabilities and logit gradients of the backward pass
   (`softmax_grads`), which (query, key) pairs of a tile may attend (`tile_pairs`), and
-  per-row gathers and their transpose as one-hot reductions (`gather_columns`,
-  `scatter_add_columns`), since Triton lowers no gather;
+  per-row gathers and their transpose as one-hot reductions over values held in registers
+  (`gather_columns`, `scatter_add_columns`: XL's skews), since Triton has no gather of a
+  register array (Shaw's kernels gather from memory instead, `pallas_shaw`);
 - attention dropout from a stateless counter-based hash (`dropout_keep_hashed`), because a
   fused kernel cannot materialise `jax.random.bernoulli` over [batch, heads, q_len, kv_len].
 
@@ -29,42 +30,31 @@ and references). Semantics are `masking.attention_dropout`'s: p' = p·keep/(1 - 
 probability 1 - rate (up to the 2^-32 rounding of the threshold), but the bits differ from the
 'xla' implementation's `jax.random.bernoulli` draw: same distribution, different masks.
 
-Native lowering. On a GPU the kernels compile through Triton and run: on an NVIDIA H200 (jax
-0.11.2) they passed the float64-reference tests natively (tests/test_pallas.py -k
-pallas_native) and were 6-21x slower than the 'xla' kernels (README, On a GPU). They never ran
-on a TPU. `KernelCall` picks the lowering per
-platform with `lax.platform_dependent` (at lowering time, so `jax.export` for another platform
-takes that platform's branch): Triton on GPU (`jax.experimental.pallas.triton.CompilerParams`;
-JAX 0.10.2's default GPU lowering, Mosaic GPU, rejects these kernels: its async copies need
-multiples of 128 bytes and <= 256 elements per dimension), Mosaic on TPU, interpreted elsewhere.
-For Triton the wrappers pad head_dim, Shaw's 2k+1 table rows and XL's window of
-block_q + block_k - 1 distances to powers of two >= 16 (`triton_size`; zeros, exact), the
-gathers are one-hot reductions, and the default tiles are powers of two >= 16 small enough
-for those ([block_q, block_k, columns] <= ONE_HOT_BUDGET = 2^16 elements: `Tiling.make`; e.g.
-32 x 32 for Shaw at k = 16 and for XL, 64 x 64 (DEFAULT_BLOCK) for Shaw at k <= 7). What
-was checked, all from CPU with JAX 0.10.2:
-- 'cuda' (`jax.export`): forward and gradient of both kernels, float32 and bfloat16, with
-  mask, dropout and memory (Shaw: a query offset), at length 256 (memory 64), head_dim 64,
-  k 16 and at ragged sizes (length 200, memory 37, head_dim 40, k 3), lower with every
-  pallas_call through Triton (tests/test_pallas.py::test_pallas_lowers_for_cuda_with_triton).
-  Lowering only emits Triton IR; XLA runs Triton's passes and ptxas when it compiles for a GPU,
-  which never happened here. Given `block_sizes` must be powers of two (others fail to lower),
-  >= 16 (Triton's dot; smaller tiles lower but should not compile) and keep the one-hot
-  reductions within 2^20 elements (Triton's largest array; more fails to lower).
-- Compiling (by hand, not in the tests): the Triton IR of the kernels (length 256, memory
-  64, head_dim 64, mask, dropout) compiled to sm_90a cubins with pip's Triton 3.9 (not the
-  Triton inside XLA) and its ptxas, at the default tiles: Shaw at k = 0 (64 x 64) in seconds,
-  with almost no spills; Shaw at k = 3 (64 x 64, float32) spilling a few KB per thread; all
-  kernels of Shaw at k = 16 and of XL (32 x 32, float32 and bfloat16) in 10-40 s each,
-  spilling 13-50 KB per thread
-  (the one-hot intermediates do not fit in registers); shared memory at most about 140 KiB
-  (H100: 227 KiB per block). Larger one-hot reductions (Shaw at k = 16 with 128 x 128 tiles,
-  XL with 64 x 64) did not finish compiling in 7 minutes. The spills suggested slow kernels,
-  which the H200 run confirmed.
-- 'tpu' (`jax.export` under an abstract TPU v5p mesh, as Mosaic's block checks ask for a
-  device kind): the forward kernels pass Pallas's Mosaic lowering; the backward ones only with
-  block_k a multiple of 128 (their dk/dv mask block's last dimension must be), not with the
-  default tiles. Mosaic's own compilation never ran.
+Native lowering. On a GPU the kernels compile through Triton and run. `KernelCall` picks the
+lowering per platform with `lax.platform_dependent` (at lowering time, so `jax.export` for
+another platform takes that platform's branch): Triton on GPU
+(`jax.experimental.pallas.triton.CompilerParams`; JAX 0.10.2's default GPU lowering, Mosaic
+GPU, rejects these kernels: its async copies need multiples of 128 bytes and <= 256 elements
+per dimension), Mosaic on TPU, interpreted elsewhere. For Triton the wrappers pad head_dim,
+Shaw's 2k+1 buckets and XL's window of block_q + block_k - 1 distances to powers of two >= 16
+(`triton_size`; zeros, exact): Triton's blocks and dots need powers of two, dots >= 16. Given
+`block_sizes` must be powers of two >= 16 too (others fail to lower), and XL's one-hot
+reductions must stay within 2^20 elements (Triton's largest array).
+
+What was measured, and how (README, On a GPU, has the figures):
+- On an NVIDIA H200 (jax 0.11.2) the first design of both kernels passed the float64-reference
+  tests natively (tests/test_pallas.py -k pallas_native) and was 6-21x slower than the 'xla'
+  kernels: its per-distance lookups were one-hot reductions in registers at 32 x 32 tiles, and
+  compiled for sm_90a they spilled 13-50 KB per thread. Shaw's kernels were then rewritten
+  to gather from and scatter into per-row tables in memory (`pallas_shaw`), with 64 x 64 tiles;
+  compiled the same way (`benchmarks/triton_compile.py`: pip's Triton 3.9 and its ptxas) they
+  spill nothing or a few hundred bytes. They have not yet run on a GPU. XL's are unchanged.
+- Lowering for 'cuda' (`jax.export`, no GPU needed): forward and gradient of both kernels,
+  float32 and bfloat16, with mask, dropout and memory (Shaw: a query offset), at realistic and
+  ragged sizes (tests/test_pallas.py::test_pallas_lowers_for_cuda_with_triton).
+- 'tpu': never run. Under an abstract TPU v5p mesh the first design's forward kernels passed
+  Pallas's Mosaic lowering; Shaw's gathers and masked scatters at computed addresses are
+  Triton operations, which Mosaic does not lower.
 """
 
 from __future__ import annotations
@@ -95,8 +85,8 @@ SCALARS_BLOCK = ((2,), lambda *grid: (0,))  # block shape and index map of the s
 # an H100's 227 KiB per block; at 64 x 64 the kernels took at most about 140 KiB.
 DEFAULT_BLOCK = 64
 MIN_TRITON_DIM = 16  # Triton's smallest dot dimension (tl.dot needs M, N, K >= 16)
-# Elements of a kernel's widest one-hot reduction, [block_q, block_k, columns], that default
-# tiles stay within. Triton's verifier rejects arrays over 2^20 elements; at 2^16 (32 x 32
+# Elements of a kernel's widest one-hot reduction (XL's), [block_q, block_k, columns], that
+# default tiles stay within. Triton's verifier rejects arrays over 2^20 elements; at 2^16 (32 x 32
 # tiles, 64 columns) every kernel compiled to sm_90a with pip's Triton 3.9, spilling, while
 # 2^20 (Shaw, 128 x 128 x 64) and 2^19 (XL, 64 x 64 x 128) did not finish in 7 minutes.
 ONE_HOT_BUDGET = 2**16
@@ -106,8 +96,9 @@ def resolve_implementation(implementation: str) -> str:
   """'xla' or 'pallas' for an `implementation` argument.
 
   'auto' means "pallas where it runs natively and fast, xla elsewhere". No backend qualifies:
-  on a GPU the kernels run but were 6-21x slower than 'xla' (H200, n = 2048, README), and they
-  never ran on a TPU; so 'auto' is 'xla' everywhere. Raises ValueError for anything but
+  on a GPU the first design of the kernels ran but was 6-21x slower than 'xla' (H200,
+  n = 2048, README), Shaw's rewrite has not run on a GPU yet, and none ran on a TPU; so 'auto'
+  is 'xla' everywhere. Raises ValueError for anything but
   'auto', 'xla' or 'pallas'.
   """
   if implementation not in IMPLEMENTATIONS:

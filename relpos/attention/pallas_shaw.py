@@ -3,47 +3,52 @@
     e_ij = (q_i·k_j + q_i·w^K[r_ij]) / sqrt(d)      z_i = Σ_j p_ij (v_j + w^V[r_ij])
     r_ij = clip(j - pos_i, -k, k) + k               pos_i = query_offset + i
 
-Forward (grid batch × heads × query tiles; loop over key tiles, online softmax). Per query tile
-qw = q·w^Kᵀ/sqrt(d) [block_q, 2k+1] is computed once. Each key tile is classified by the range
-of j - pos_i it holds: a tile entirely at distance <= -k (or >= k) from all its queries sees one
-table row, the left (right) edge, so its a^K term is a per-row constant (a rank-1 add of one
-column of qw), and its a^V contribution is (row sum of p over the tile)·w^V_edge. Only tiles
-that cross the band |j - pos_i| < k do per-distance work: read qw at each (i, j)'s bucket, and
-sum p into buckets [block_q, 2k+1], both as one-hot reductions over the buckets
-([block_q, block_k, buckets]: `gather_columns`, `scatter_add_columns`). The per-bucket sums of
-p' (edges included: columns 0 and 2k) are carried through the online softmax next to the value
-accumulator, with the same rescaling, and multiplied by w^V once at the end. Memory per
-program beyond flash attention's [block_q, block_k] tile: O(block_q·(2k+1)) (qw and the bucket
-sums), and the band tiles' one-hot intermediates, O(block_q·block_k·(2k+1)); saved for the
-backward pass: only the output and the per-row logsumexp [B, H, q_len]
-(besides the inputs), no [q_len, kv_len] array anywhere. Overall O(n·(d + k)).
+Each term is split into a flash-attention kernel, which never holds a [q_len, kv_len] array,
+and per-row tables of 2k+1 buckets, [batch, heads, q_len, rows], which XLA multiplies by the
+shared w^K and w^V outside the kernels. The kernels hold no per-bucket work in registers: they
+read and write the per-row tables in memory at computed addresses (Triton gathers and scatters
+through pointers), so their tiles are flash attention's (64 x 64 by default).
 
-Backward (flash-attention-2 style, all three Pallas kernels recompute p = exp(s - logsumexp)
-tile by tile, with delta_i = do_i·o_i recomputed per query tile from the saved output):
-- dq kernel, grid over query tiles, loop over key tiles: dq, and per program the bucket sums of
-  ds (for dq's a^K term and d w^K) and of p' (for d w^V), written as per-tile partials
-  [batch, heads, query tiles, 2k+1, d] of d w^K and d w^V;
-- dk/dv kernel, grid over key tiles, loop over query tiles: dk, dv. The a^V term of
-  dp'_ij = do_i·(v_j + w^V[r_ij]) comes from do·w^Vᵀ [block_q, 2k+1], spread like qw.
-The one step outside Pallas: the partial table gradients are summed over (batch, heads, query
-tiles) by `jnp.sum` in the VJP (the tables are shared by every program; GPU programs cannot
-accumulate into one block). Layout changes (transpose to [B, H, L, D], padding to whole tiles,
-slicing) are XLA ops around the kernels and differentiated by JAX.
+Forward (grid batch × heads × query tiles; loop over key tiles, online softmax):
+- XLA first computes qw = q·w^Kᵀ/sqrt(d) [B, H, q_len, rows]; the kernel adds qw[i, r_ij] to
+  each logit. A key tile entirely at distance <= -k (>= k) from its queries sees one table row,
+  the left (right) edge, so it adds one column of qw to every key (a rank-1 add); only the few
+  tiles that cross the band |j - pos_i| < k read qw at each (i, j)'s bucket (a gather).
+- The a^V term needs, per row, the dropped probability mass in each bucket,
+  P'_ir = Σ_{j: r_ij = r} p'_ij. An interior bucket (-k < j - pos_i < k) holds one key per row,
+  so the kernel writes that key's logit (plus log 1/(1 - rate), or "minus infinity" where
+  masked or dropped) into a per-row table `bucket_lse` at (i, r_ij) (a scatter; each entry is
+  written by exactly one tile). The two edge buckets sum the probabilities of many keys: the
+  kernel carries their sums through the online softmax, rescaled like its normaliser, and
+  writes their log-sum-exp into columns 0 and 2k at the end. So `bucket_lse[i, r]` is the
+  log-sum-exp of the dropped logits in bucket r, and after the kernel XLA forms
+  P' = exp(bucket_lse - logsumexp) and adds P'·w^V to the kernel's value term. Entries no key
+  reaches (j outside [0, kv_len)) are never written and are masked by position.
+Backward (flash-attention-2 style; both kernels recompute p = exp(s - logsumexp) tile by tile,
+with delta_i = do_i·o_i from the saved output, and read qw and do·w^Vᵀ like the forward):
+- dq kernel, grid over query tiles, loop over key tiles: dq from the keys, and the logit
+  gradient ds summed per bucket, `bucket_ds` [B, H, q_len, rows], written as the forward writes
+  `bucket_lse` (interior entries scattered, edge sums at the end);
+- dk/dv kernel, grid over key tiles, loop over query tiles: dk, dv.
+XLA then adds the table terms: dq += ds_bucket·w^K/sqrt(d), d w^K = Σ ds_bucketᵀ·q/sqrt(d),
+d w^V = Σ P'ᵀ·do (summed over batch, heads and rows).
 
-Native lowering (see `pallas_common` for what was checked): the 2k+1 table rows (and
-head_dim) are padded with zero rows (columns) to a power of two >= 16 (`_table_rows`), which
-buckets 0 .. 2k never reach, so every per-bucket array is [block_q, `table_rows`]; the bucket
-reads and sums are one-hot reductions, which Triton lowers (it has no gather); the default
-tiles keep [block_q, block_k, table_rows] within `pallas_common.ONE_HOT_BUDGET` elements. The
-per-tile `lax.cond` (band vs edge) is what skips the per-bucket work. Forward and backward
-lower for 'cuda' through Triton, compile and run on a GPU (H200: correct, 21x vanilla XLA
-attention's fwd+bwd time at n = 2048, k = 16; README, On a GPU).
+Memory beyond flash attention: per (batch, head), four per-row tables of `rows` floats (qw,
+do·w^Vᵀ, P', ds_bucket: rows = 2k+1 padded to a power of two); saved for the backward pass:
+the output, the per-row logsumexp and P'. Overall O(n·(d + k)), no [q_len, kv_len] array.
+
+Native lowering: on a GPU through Triton (see `pallas_common`), whose block shapes must be
+powers of two: the per-row tables have `_table_rows(k)` columns (2k+1 padded with columns no
+bucket reaches) and head_dim is padded. The gathers and scatters are Triton loads and masked
+stores at computed pointers (`jax.experimental.pallas.triton.store`), which Mosaic (TPU)
+does not lower.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import operator
 from typing import NamedTuple
 
@@ -51,8 +56,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pallas_triton
 
 from relpos.attention.pallas_common import (
+  MASKED_LOGIT,
   Blocking,
   KernelCall,
   Tiling,
@@ -62,7 +69,6 @@ from relpos.attention.pallas_common import (
   dropout_seed,
   finish_softmax,
   from_kernel_layout,
-  gather_columns,
   init_softmax,
   kernel_mask,
   kernel_scalars,
@@ -71,7 +77,6 @@ from relpos.attention.pallas_common import (
   positions,
   query_residuals,
   read_scalars,
-  scatter_add_columns,
   sequence_tile_map,
   softmax_grads,
   tile_index,
@@ -83,8 +88,8 @@ from relpos.attention.pallas_common import (
 
 
 def _table_rows(max_distance: int) -> int:
-  """Rows of w^K, w^V and of every per-bucket array in the kernels: the 2k+1 buckets, padded
-  with zero rows to `triton_size` (buckets 0 .. 2k are the real rows)."""
+  """Columns of every per-row table (qw, do·w^Vᵀ, bucket_lse, bucket_ds) and rows of the
+  padded w^K, w^V: the 2k+1 buckets, padded to `triton_size` (buckets 0 .. 2k are real)."""
   return triton_size(2 * max_distance + 1)
 
 
@@ -103,19 +108,19 @@ class _ShawSpec:
 
 
 class _BandTile:
-  """Bucket geometry of one (query tile, key tile) pair.
+  """Bucket geometry of one (query tile, key tile) pair, and its reads and writes of per-row
+  tables.
 
   `first_distance` is j - pos_i of the tile's first query and first key (traced); in the tile,
   distance_ij = first_distance + j' - i' for local indices i', j', bucket r_ij =
-  clip(distance_ij, -k, k) + k. Per-bucket arrays have `table_rows` columns (2k+1 used).
+  clip(distance_ij, -k, k) + k. A per-row table is a ref whose row `row_start + i'` holds
+  query i''s `table_rows` buckets.
   """
 
-  def __init__(self, max_distance: int, table_rows: int, first_distance, block_q, block_k):
+  def __init__(self, max_distance: int, first_distance, block_q, block_k, row_start):
     k = max_distance
-    self.k, self.table_rows, self.shape = k, table_rows, (block_q, block_k)
-    local_key = lax.broadcasted_iota(jnp.int32, self.shape, 1)
-    local_query = lax.broadcasted_iota(jnp.int32, self.shape, 0)
-    self.bucket_QK = jnp.clip(first_distance + local_key - local_query, -k, k) + k
+    self.k, self.shape = k, (block_q, block_k)
+    self.first_distance, self.row_start = first_distance, row_start
     lowest, highest = first_distance - (block_q - 1), first_distance + block_k - 1
     # A tile off the band has every pair on one edge: bucket 0 (left) or 2k (right). (Typed
     # constants: JAX 0.10.2's Triton lowering gives a scalar select's weak literals its
@@ -123,49 +128,83 @@ class _BandTile:
     self.edge_bucket = jnp.where(highest <= -k, jnp.int32(0), jnp.int32(2 * k))
     self.crosses_band = (highest > -k) & (lowest < k)
 
+  def _local(self):
+    """(table rows, distance j - pos_i) [block_q, block_k] int32. Built inside the band
+    branches only, so that edge tiles keep no per-pair indices in registers."""
+    local_query = lax.broadcasted_iota(jnp.int32, self.shape, 0)
+    local_key = lax.broadcasted_iota(jnp.int32, self.shape, 1)
+    return self.row_start + local_query, self.first_distance + local_key - local_query
+
+  def _bucket(self, distance_QK):
+    return jnp.clip(distance_QK, -self.k, self.k) + self.k
+
   def _by_band(self, band, edge):
     """band() on tiles crossing the band, edge() on the others (k = 0: all on the edge)."""
     return edge() if self.k == 0 else lax.cond(self.crosses_band, band, edge)
 
-  def spread(self, x_QR):
-    """`out[i, j] = x[i, r_ij]`: per-row table values [block_q, rows] -> [block_q, block_k]."""
+  def spread(self, table_ref):
+    """`out[i, j] = table[i, r_ij]` [block_q, block_k]: a gather from the table on band tiles,
+    one column of it (a per-row constant) on the others."""
 
     def band():
-      return gather_columns(x_QR, self.bucket_QK)
-
-    def edge():  # one column for the whole tile: a per-row constant
-      edge_column = gather_columns(x_QR, jnp.full((1, 1), self.edge_bucket))
-      return jnp.broadcast_to(edge_column, self.shape)
-
-    return self._by_band(band, edge)
-
-  def collect(self, p_QK):
-    """`out[i, r] = Σ_{j: r_ij = r} p_ij`: per-key values -> per-bucket sums [block_q, rows]."""
-
-    def band():
-      return scatter_add_columns(p_QK, self.bucket_QK, self.table_rows)
+      rows_QK, distance_QK = self._local()
+      return table_ref[rows_QK, self._bucket(distance_QK)]
 
     def edge():
-      bucket = lax.broadcasted_iota(jnp.int32, (1, self.table_rows), 1)
-      return jnp.where(bucket == self.edge_bucket, jnp.sum(p_QK, axis=1, keepdims=True), 0.0)
+      column = table_ref[pl.ds(self.row_start, self.shape[0]), pl.ds(self.edge_bucket, 1)]
+      return jnp.broadcast_to(column, self.shape)
+
+    return self._by_band(band, edge)
+
+  def store_interior(self, table_ref, x_QK):
+    """`table[i, r_ij] = x_ij` for the pairs in interior buckets (-k < j - pos_i < k), which
+    hold one key per query: a masked scatter, only on tiles that cross the band."""
+    if self.k == 0:  # no interior buckets
+      return
+
+    @pl.when(self.crosses_band)
+    def _():
+      rows_QK, distance_QK = self._local()
+      interior = (distance_QK > -self.k) & (distance_QK < self.k)
+      pallas_triton.store(table_ref.at[rows_QK, self._bucket(distance_QK)], x_QK, mask=interior)
+
+  def edge_sums(self, x_QK):
+    """(Σ_{j: r_ij = 0} x_ij, Σ_{j: r_ij = 2k, j - pos_i >= k} x_ij), [block_q, 1] each."""
+
+    def band():
+      _, distance_QK = self._local()
+      return tuple(
+        jnp.sum(jnp.where(side, x_QK, 0.0), axis=1, keepdims=True)
+        for side in (distance_QK <= -self.k, distance_QK >= self.k)
+      )
+
+    def edge():
+      total = jnp.sum(x_QK, axis=1, keepdims=True)
+      left = self.edge_bucket == 0
+      return jnp.where(left, total, 0.0), jnp.where(left, 0.0, total)
 
     return self._by_band(band, edge)
 
 
-def _tile(spec, seed, b, h, offset, query_QD, qw_QR, query_start, key_start, key_KD, mask_QK):
+def _store_edges(spec, table_ref, left_Q1, right_Q1):
+  """Columns 0 and 2k of a per-row table: the edge buckets (k = 0: column 0 only, the one
+  bucket, which `edge_sums` counts as left)."""
+  table_ref[:, pl.ds(0, 1)] = left_Q1
+  if spec.max_distance > 0:
+    table_ref[:, pl.ds(2 * spec.max_distance, 1)] = right_Q1
+
+
+def _tile(spec, seed, b, h, offset, query_QD, query_start, key_start, key_KD, mask_QK, refs, row):
   """Logits s = e_ij [block_q, block_k], allowed pairs, dropout factor and band geometry of the
-  tile whose first query is `query_start` and first key `key_start`."""
+  tile whose first query is `query_start` and first key `key_start`; `row` is the tile's first
+  row in the per-row table refs."""
   tiling = spec.tiling
   band = _BandTile(
-    spec.max_distance,
-    spec.table_rows,
-    key_start - (offset + query_start),
-    tiling.block_q,
-    tiling.block_k,
+    spec.max_distance, key_start - (offset + query_start), tiling.block_q, tiling.block_k, row
   )
   logits = dot(query_QD, key_KD, transpose_b=True) * spec.scale
-  if qw_QR is not None:
-    logits = logits + band.spread(qw_QR)
+  if refs.query_rows is not None:
+    logits = logits + band.spread(refs.query_rows)
   allowed, keep_scale = tile_pairs(
     tiling,
     spec.dropout_rate,
@@ -179,39 +218,20 @@ def _tile(spec, seed, b, h, offset, query_QD, qw_QR, query_start, key_start, key
   return logits, allowed, keep_scale, band
 
 
-def _row_tables(spec, refs, query_QD, d_output_QD=None):
-  """qw = q·w^Kᵀ/sqrt(d) and (given do) do·w^Vᵀ, [block_q, rows] each, None without a table."""
-  query_rows = None
-  if refs.rel_key is not None:
-    query_rows = dot(query_QD, refs.rel_key[...], transpose_b=True) * spec.scale
-  d_output_rows = None
-  if d_output_QD is not None and refs.rel_value is not None:
-    d_output_rows = dot(d_output_QD, refs.rel_value[...], transpose_b=True)
-  return query_rows, d_output_rows
-
-
-def _query_side(spec, refs, query_start, rows):
-  """What the backward pass reads of the query tile at `rows` (an index of the query-side refs),
-  which starts at query `query_start`: (query_start, q, do, logsumexp, delta, qw, do·w^Vᵀ)."""
-  query = refs.query[rows]
-  d_output, lse, delta = query_residuals(refs, rows)
-  return (query_start, query, d_output, lse, delta, *_row_tables(spec, refs, query, d_output))
-
-
-def _tile_grads(spec, seed, b, h, offset, query_tile, key_tile, mask_QK):
+def _tile_grads(spec, seed, b, h, offset, query_tile, key_tile, mask_QK, refs, row):
   """The backward pass of one tile: (band, dropped probabilities p', logit gradient ds).
 
-  query_tile: (query_start, query [block_q, D], do, logsumexp, delta, qw, do·w^Vᵀ);
+  query_tile: (query_start, query [block_q, D], do, logsumexp, delta);
   key_tile: (key_start, key, value [block_k, D]).
   """
-  query_start, query, d_output, lse, delta, query_rows, d_output_rows = query_tile
+  query_start, query, d_output, lse, delta = query_tile
   key_start, key, value = key_tile
   logits, allowed, keep_scale, band = _tile(
-    spec, seed, b, h, offset, query, query_rows, query_start, key_start, key, mask_QK
+    spec, seed, b, h, offset, query, query_start, key_start, key, mask_QK, refs, row
   )
   d_dropped = dot(d_output, value, transpose_b=True)
-  if d_output_rows is not None:
-    d_dropped = d_dropped + band.spread(d_output_rows)
+  if refs.d_output_rows is not None:  # dp'_ij = do_i·(v_j + w^V[r_ij])
+    d_dropped = d_dropped + band.spread(refs.d_output_rows)
   dropped, d_logits = softmax_grads(logits, allowed, lse, d_dropped, delta, keep_scale)
   return band, dropped, d_logits
 
@@ -223,11 +243,11 @@ def _forward_kernel(refs, *, spec):
   offset, seed = read_scalars(refs.scalars)
   query = refs.query[...]  # [block_q, D]
   query_start = query_tile * block_q
-  query_rows, _ = _row_tables(spec, refs, query)
   acc_dtype = jnp.promote_types(refs.value.dtype, jnp.float32)
+  log_keep_scale = -math.log1p(-spec.dropout_rate)
 
   def body(key_tile, carry):
-    max_Q1, norm_Q1, out_QD, value_rows_QR = carry
+    max_Q1, norm_Q1, out_QD, left_Q1, right_Q1 = carry
     key_start = key_tile * block_k
     value = refs.value[pl.ds(key_start, block_k), :]
     mask = None if refs.mask is None else refs.mask[:, pl.ds(key_start, block_k)]
@@ -238,30 +258,41 @@ def _forward_kernel(refs, *, spec):
       h,
       offset,
       query,
-      query_rows,
       query_start,
       key_start,
       refs.key[pl.ds(key_start, block_k), :],
       mask,
+      refs,
+      0,
     )
     max_Q1, norm_Q1, probs, correction = online_softmax_step(max_Q1, norm_Q1, logits, allowed)
     dropped = probs if keep_scale is None else probs * keep_scale
     out_QD = out_QD * correction + dot(dropped.astype(value.dtype), value)
-    if value_rows_QR is not None:
-      value_rows_QR = value_rows_QR * correction + band.collect(dropped)
-    return max_Q1, norm_Q1, out_QD, value_rows_QR
+    if refs.bucket_lse is not None:  # the a^V term's bucket weights (module docstring)
+      kept = allowed if keep_scale is None else allowed & (keep_scale > 0.0)
+      band.store_interior(refs.bucket_lse, jnp.where(kept, logits + log_keep_scale, MASKED_LOGIT))
+      left, right = band.edge_sums(dropped)
+      left_Q1, right_Q1 = left_Q1 * correction + left, right_Q1 * correction + right
+    return max_Q1, norm_Q1, out_QD, left_Q1, right_Q1
 
   max_Q1, norm_Q1 = init_softmax(block_q, acc_dtype)
-  out_QD = jnp.zeros(query.shape, acc_dtype)
-  value_rows = None if refs.rel_value is None else jnp.zeros((block_q, spec.table_rows), acc_dtype)
-  max_Q1, norm_Q1, out_QD, value_rows = lax.fori_loop(
-    0, tiling.num_k_tiles, body, (max_Q1, norm_Q1, out_QD, value_rows)
+  zeros_Q1 = jnp.zeros((block_q, 1), acc_dtype)
+  max_Q1, norm_Q1, out_QD, left_Q1, right_Q1 = lax.fori_loop(
+    0,
+    tiling.num_k_tiles,
+    body,
+    (max_Q1, norm_Q1, jnp.zeros(query.shape, acc_dtype), zeros_Q1, zeros_Q1),
   )
-  if value_rows is not None:
-    out_QD = out_QD + dot(value_rows, refs.rel_value[...].astype(acc_dtype))
   inverse_norm, lse = finish_softmax(max_Q1, norm_Q1)
   refs.output[...] = (out_QD * inverse_norm).astype(refs.output.dtype)
   refs.lse[...] = lse
+  if refs.bucket_lse is not None:
+
+    def log_mass(sum_Q1):  # log-sum-exp of a bucket's dropped logits (MASKED_LOGIT if empty)
+      filled = sum_Q1 > 0.0
+      return jnp.where(filled, max_Q1 + jnp.log(jnp.where(filled, sum_Q1, 1.0)), MASKED_LOGIT)
+
+    _store_edges(spec, refs.bucket_lse, log_mass(left_Q1), log_mass(right_Q1))
 
 
 def _d_query_kernel(refs, *, spec):
@@ -269,44 +300,42 @@ def _d_query_kernel(refs, *, spec):
   block_q, block_k = tiling.block_q, tiling.block_k
   b, h, query_tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   offset, seed = read_scalars(refs.scalars)
-  query_side = _query_side(spec, refs, query_tile * block_q, ...)
-  _, query, d_output = query_side[:3]
+  query = refs.query[...]
+  query_tile_data = (query_tile * block_q, query, *query_residuals(refs, ...))
   acc_dtype = jnp.promote_types(refs.value.dtype, jnp.float32)
 
   def body(key_tile, carry):
-    d_query_QD, logit_rows_QR, prob_rows_QR = carry
+    d_query_QD, left_Q1, right_Q1 = carry
     key_start = key_tile * block_k
     keys = pl.ds(key_start, block_k)
     key = refs.key[keys, :]
     mask = None if refs.mask is None else refs.mask[:, keys]
-    band, dropped, d_logits = _tile_grads(
-      spec, seed, b, h, offset, query_side, (key_start, key, refs.value[keys, :]), mask
+    band, _, d_logits = _tile_grads(
+      spec,
+      seed,
+      b,
+      h,
+      offset,
+      query_tile_data,
+      (key_start, key, refs.value[keys, :]),
+      mask,
+      refs,
+      0,
     )
     d_query_QD = d_query_QD + dot(d_logits.astype(key.dtype), key)
-    if logit_rows_QR is not None:
-      logit_rows_QR = logit_rows_QR + band.collect(d_logits)
-    if prob_rows_QR is not None:
-      prob_rows_QR = prob_rows_QR + band.collect(dropped)
-    return d_query_QD, logit_rows_QR, prob_rows_QR
+    if refs.bucket_ds is not None:  # ds summed per bucket, for the a^K term (module docstring)
+      band.store_interior(refs.bucket_ds, d_logits)
+      left, right = band.edge_sums(d_logits)
+      left_Q1, right_Q1 = left_Q1 + left, right_Q1 + right
+    return d_query_QD, left_Q1, right_Q1
 
-  zeros_rows = jnp.zeros((block_q, spec.table_rows), acc_dtype)
-  d_query, logit_rows, prob_rows = lax.fori_loop(
-    0,
-    tiling.num_k_tiles,
-    body,
-    (
-      jnp.zeros(query.shape, acc_dtype),
-      None if refs.rel_key is None else zeros_rows,
-      None if refs.rel_value is None else zeros_rows,
-    ),
+  zeros_Q1 = jnp.zeros((block_q, 1), acc_dtype)
+  d_query, left_Q1, right_Q1 = lax.fori_loop(
+    0, tiling.num_k_tiles, body, (jnp.zeros(query.shape, acc_dtype), zeros_Q1, zeros_Q1)
   )
-  scale = spec.scale
-  if logit_rows is not None:
-    d_query = d_query + dot(logit_rows, refs.rel_key[...].astype(acc_dtype))
-    refs.d_rel_key[...] = dot(logit_rows, query.astype(acc_dtype), transpose_a=True) * scale
-  if prob_rows is not None:
-    refs.d_rel_value[...] = dot(prob_rows, d_output.astype(acc_dtype), transpose_a=True)
-  refs.d_query[...] = (d_query * scale).astype(refs.d_query.dtype)
+  refs.d_query[...] = (d_query * spec.scale).astype(refs.d_query.dtype)
+  if refs.bucket_ds is not None:
+    _store_edges(spec, refs.bucket_ds, left_Q1, right_Q1)
 
 
 def _d_key_value_kernel(refs, *, spec):
@@ -321,12 +350,21 @@ def _d_key_value_kernel(refs, *, spec):
   def body(query_tile, carry):
     d_key_KD, d_value_KD = carry
     query_start = query_tile * block_q
-    rows = pl.ds(query_start, block_q)
-    query_side = _query_side(spec, refs, query_start, (rows, slice(None)))
-    _, query, d_output = query_side[:3]
-    mask = None if refs.mask is None else refs.mask[rows, :]
+    rows = (pl.ds(query_start, block_q), slice(None))
+    query = refs.query[rows]
+    d_output, lse, delta = query_residuals(refs, rows)
+    mask = None if refs.mask is None else refs.mask[rows[0], :]
     _, dropped, d_logits = _tile_grads(
-      spec, seed, b, h, offset, query_side, (key_start, key, value), mask
+      spec,
+      seed,
+      b,
+      h,
+      offset,
+      (query_start, query, d_output, lse, delta),
+      (key_start, key, value),
+      mask,
+      refs,
+      query_start,
     )
     d_value_KD = d_value_KD + dot(dropped.astype(d_output.dtype), d_output, transpose_a=True)
     d_key_KD = d_key_KD + dot(d_logits.astype(query.dtype), query, transpose_a=True)
@@ -350,13 +388,11 @@ class _Inputs(NamedTuple):
   scalars: jax.Array
 
 
-def _kernel_call(inputs, blocking, **residuals):
+def _kernel_call(spec, inputs, blocking, row_tables, **residuals):
   """A `KernelCall` with every input (and the backward pass's residuals) blocked as
-  `blocking` says; the tables are read whole."""
-  call = KernelCall(optional=('rel_key', 'rel_value', 'mask', 'd_rel_key', 'd_rel_value'))
-  for name, table in (('rel_key', inputs.rel_key), ('rel_value', inputs.rel_value)):
-    if table is not None:
-      call.input(name, table, table.shape, lambda b, h, i: (0, 0))
+  `blocking` says, per-row tables (`row_tables`: name -> [B, H, Qp, rows] or None) by query
+  rows like the query."""
+  call = KernelCall(optional=('mask', 'query_rows', 'd_output_rows', 'bucket_lse', 'bucket_ds'))
   add_sequence_inputs(
     call,
     blocking,
@@ -367,7 +403,18 @@ def _kernel_call(inputs, blocking, **residuals):
     mask=inputs.mask,
     **residuals,
   )
+  for name, table in row_tables.items():
+    call.input(name, table, *_row_table_block(spec, blocking))
   return call
+
+
+def _row_table_block(spec, blocking):
+  """Block shape and index map of a per-row table [B, H, Qp, rows] read by `blocking`'s
+  query rows."""
+  return (
+    (None, None, blocking.query_block, spec.table_rows),
+    lambda b, h, i: (b, h, blocking.query_index(i), 0),
+  )
 
 
 def _query_tiles(tiling):
@@ -375,75 +422,121 @@ def _query_tiles(tiling):
   return Blocking(tiling.block_q, tile_index, tiling.kv_padded, whole_axis)
 
 
+def _table_dot(x_BHQR, table_RD, acc_dtype):
+  """x·table [B, H, Qp, D] in `acc_dtype` (XLA, outside the kernels)."""
+  return jnp.einsum('bhqr,rd->bhqd', x_BHQR, table_RD, preferred_element_type=acc_dtype)
+
+
+def _row_table(x_BHQD, table_RD, acc_dtype):
+  """x·tableᵀ [B, H, Qp, rows] in `acc_dtype`: qw (times 1/sqrt(d)) and do·w^Vᵀ."""
+  return jnp.einsum('bhqd,rd->bhqr', x_BHQD, table_RD, preferred_element_type=acc_dtype)
+
+
+def _written(spec, query_offset):
+  """bool [Qp, rows]: the per-row table entries the kernels write. Interior bucket r of row i
+  is key j = pos_i + r - k, written when 0 <= j < kv_len; the edge buckets always."""
+  tiling, k = spec.tiling, spec.max_distance
+  row = jnp.arange(tiling.q_padded, dtype=jnp.int32)[:, None]
+  bucket = jnp.arange(spec.table_rows, dtype=jnp.int32)[None, :]
+  key = query_offset + row + bucket - k
+  interior = (bucket > 0) & (bucket < 2 * k) & (key >= 0) & (key < tiling.kv_len)
+  return interior | (bucket == 0) | (bucket == 2 * k)
+
+
 def _forward(spec, inputs):
-  """Output [B, H, Qp, D] and logsumexp [B, H, Qp, 1]."""
+  """Output [B, H, Qp, D], logsumexp [B, H, Qp, 1] and the a^V term's bucket weights P'
+  [B, H, Qp, rows] (None without w^V)."""
   tiling = spec.tiling
   batch, heads = inputs.query.shape[:2]
-  call = _kernel_call(inputs, _query_tiles(tiling))
-  add_forward_outputs(call, inputs.query, inputs.value.dtype, tiling.block_q)
+  acc_dtype = jnp.promote_types(inputs.value.dtype, jnp.float32)
+  row_tables = {}
+  if inputs.rel_key is not None:
+    row_tables['query_rows'] = _row_table(inputs.query, inputs.rel_key, acc_dtype) * spec.scale
+  call = _kernel_call(spec, inputs, _query_tiles(tiling), row_tables)
+  with_values = inputs.rel_value is not None
+  # With w^V, XLA adds P'·w^V to the kernel's output: the kernel's stays in float32 till then.
+  add_forward_outputs(
+    call, inputs.query, acc_dtype if with_values else inputs.value.dtype, tiling.block_q
+  )
+  if with_values:
+    shape = (batch, heads, tiling.q_padded, spec.table_rows)
+    call.output('bucket_lse', shape, acc_dtype, *_row_table_block(spec, _query_tiles(tiling)))
   grid = (batch, heads, tiling.num_q_tiles)
-  return call(_forward_kernel, grid, name='shaw_forward', spec=spec)
+  output, lse, *bucket_lse = call(_forward_kernel, grid, name='shaw_forward', spec=spec)
+  if not with_values:
+    return output, lse, None
+  written = _written(spec, inputs.scalars[0])
+  bucket_probs = jnp.where(written, jnp.exp(bucket_lse[0] - lse), 0.0)
+  output = output + _table_dot(bucket_probs, inputs.rel_value, acc_dtype)
+  return output.astype(inputs.value.dtype), lse, bucket_probs
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _shaw_pallas(spec, inputs):
   """Shaw attention on `_Inputs` in kernel layout: query [B, H, Qp, D], key/value
   [B, H, Kp, D] (padded to whole tiles, D to `triton_size`), tables [`table_rows`, D] or None,
-  int8 mask
-  [B|1, H|1, Qp, Kp] or None, int32 scalars [2] (query offset, dropout seed). Returns
-  [B, H, Qp, D]."""
-  output, _ = _forward(spec, inputs)
+  int8 mask [B|1, H|1, Qp, Kp] or None, int32 scalars [2] (query offset, dropout seed).
+  Returns [B, H, Qp, D]."""
+  output, _, _ = _forward(spec, inputs)
   return output
 
 
 def _shaw_pallas_fwd(spec, inputs):
-  output, lse = _forward(spec, inputs)
-  return output, (inputs, output, lse)
+  output, lse, bucket_probs = _forward(spec, inputs)
+  return output, (inputs, output, lse, bucket_probs)
 
 
 def _shaw_pallas_bwd(spec, residuals, d_output):
-  inputs, output, lse = residuals
+  inputs, output, lse, bucket_probs = residuals
   tiling = spec.tiling
   batch, heads, _, head_dim = inputs.query.shape
-  block_q, block_k = tiling.block_q, tiling.block_k
+  block_k = tiling.block_k
   acc_dtype = jnp.promote_types(inputs.value.dtype, jnp.float32)
-  residuals = dict(output=output, lse=lse, d_output=d_output.astype(inputs.value.dtype))
+  d_output = d_output.astype(inputs.value.dtype)
+  residuals = dict(output=output, lse=lse, d_output=d_output)
+  row_tables = {}
+  if inputs.rel_key is not None:
+    row_tables['query_rows'] = _row_table(inputs.query, inputs.rel_key, acc_dtype) * spec.scale
+  if inputs.rel_value is not None:
+    row_tables['d_output_rows'] = _row_table(d_output, inputs.rel_value, acc_dtype)
 
-  # dq, and per-query-tile partials of the table gradients: grid over query tiles.
-  call = _kernel_call(inputs, _query_tiles(tiling), **residuals)
+  # dq and the per-bucket sums of ds: grid over query tiles.
+  query_tiles = _query_tiles(tiling)
+  call = _kernel_call(spec, inputs, query_tiles, row_tables, **residuals)
+  with_keys = inputs.rel_key is not None
   call.output(
     'd_query',
     inputs.query.shape,
-    inputs.query.dtype,
-    (None, None, block_q, head_dim),
+    acc_dtype if with_keys else inputs.query.dtype,
+    (None, None, tiling.block_q, head_dim),
     sequence_tile_map,
   )
-  for name, table in (('d_rel_key', inputs.rel_key), ('d_rel_value', inputs.rel_value)):
-    if table is not None:
-      call.output(
-        name,
-        (batch, heads, tiling.num_q_tiles, spec.table_rows, head_dim),
-        acc_dtype,
-        (None, None, None, spec.table_rows, head_dim),
-        lambda b, h, i: (b, h, i, 0, 0),
-      )
+  if with_keys:
+    shape = (batch, heads, tiling.q_padded, spec.table_rows)
+    call.output('bucket_ds', shape, acc_dtype, *_row_table_block(spec, query_tiles))
   grid = (batch, heads, tiling.num_q_tiles)
-  d_query, *table_partials = call(_d_query_kernel, grid, name='shaw_backward_dq', spec=spec)
-  table_grads = []
-  for table in (inputs.rel_key, inputs.rel_value):
-    if table is None:
-      table_grads.append(None)
-    else:  # the tables are shared by every batch, head and query tile
-      table_grads.append(jnp.sum(table_partials.pop(0), axis=(0, 1, 2)).astype(table.dtype))
+  d_query, *bucket_ds = call(_d_query_kernel, grid, name='shaw_backward_dq', spec=spec)
+  d_rel_key = d_rel_value = None
+  if with_keys:
+    bucket_ds = jnp.where(_written(spec, inputs.scalars[0]), bucket_ds[0], 0.0)
+    d_query = d_query + _table_dot(bucket_ds, inputs.rel_key, acc_dtype) * spec.scale
+    d_query = d_query.astype(inputs.query.dtype)
+    d_rel_key = jnp.einsum(
+      'bhqr,bhqd->rd', bucket_ds, inputs.query, preferred_element_type=acc_dtype
+    )
+    d_rel_key = (d_rel_key * spec.scale).astype(inputs.rel_key.dtype)
+  if bucket_probs is not None:
+    d_rel_value = jnp.einsum(
+      'bhqr,bhqd->rd', bucket_probs, d_output, preferred_element_type=acc_dtype
+    ).astype(inputs.rel_value.dtype)
 
   # dk, dv: grid over key tiles, whole query sequence per program.
   blocking = Blocking(tiling.q_padded, whole_axis, block_k, tile_index)
-  call = _kernel_call(inputs, blocking, **residuals)
+  call = _kernel_call(spec, inputs, blocking, row_tables, **residuals)
   for name, like in (('d_key', inputs.key), ('d_value', inputs.value)):
     call.output(name, like.shape, like.dtype, (None, None, block_k, head_dim), sequence_tile_map)
   grid = (batch, heads, tiling.num_k_tiles)
   d_key, d_value = call(_d_key_value_kernel, grid, name='shaw_backward_dkv', spec=spec)
-  d_rel_key, d_rel_value = table_grads
   return (_Inputs(d_query, d_key, d_value, d_rel_key, d_rel_value, None, None),)
 
 
@@ -466,16 +559,14 @@ def shaw_attention_pallas(
   """`relpos.attention.shaw_attention(..., implementation='pallas')`, arguments already checked.
 
   Same contract as `shaw_attention`; `block_sizes` = (block_q, block_k) tiles (default:
-  `pallas_common.Tiling.make`'s, which Triton can lower). Dropout draws its keep mask from
+  `pallas_common.Tiling.make`'s). Dropout draws its keep mask from
   `pallas_common.dropout_keep_hashed` (same distribution as the 'xla' path, different bits).
   """
   batch, q_len, heads, head_dim = query.shape
   kv_len = key.shape[1]
   table = rel_key if rel_key is not None else rel_value
   max_distance = (table.shape[0] - 1) // 2
-  # The band tiles' one-hot reductions are [block_q, block_k, table_rows]; k = 0 has none.
-  one_hot_columns = 1 if max_distance == 0 else _table_rows(max_distance)
-  tiling = Tiling.make(q_len, kv_len, block_sizes, lambda block_q, block_k: one_hot_columns)
+  tiling = Tiling.make(q_len, kv_len, block_sizes)
   spec = _ShawSpec(tiling, max_distance, float(dropout_rate), head_dim**-0.5)
   table_shape = (spec.table_rows, triton_size(head_dim))
   if query_offset is None:

@@ -1,0 +1,41 @@
+"""benchmarks/triton_compile.py without Triton: the Pallas kernels' Triton IR is taken out of a
+'cuda' export, one file per pallas_call; compiling needs a Python with Triton."""
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import jax.numpy as jnp
+import pytest
+from helpers import load_module
+
+_BENCHMARKS = Path(__file__).resolve().parent.parent / 'benchmarks'
+with warnings.catch_warnings():
+  warnings.simplefilter('ignore', DeprecationWarning)
+  bench = load_module(_BENCHMARKS / 'triton_compile.py', 'triton_compile_benchmark')
+
+
+def test_writes_each_pallas_call_as_triton_ir(tmp_path):
+  fn, avals = bench._attention('shaw', 48, 16, 2, jnp.float32, (16, 16))
+  stems = bench.write_kernels(fn, avals, tmp_path, 'shaw')
+  assert list(stems.values()) == ['shaw_forward', 'shaw_backward_dq', 'shaw_backward_dkv']
+  for stem in stems:
+    text = (tmp_path / f'{stem}.ttir').read_text()
+    assert 'tt.func public' in text and 'tt.dot' in text, stem
+    assert json.loads((tmp_path / f'{stem}.json').read_text())['num_warps'] == 4
+  # Shaw's kernels read the per-row tables at computed addresses and scatter into them.
+  assert 'tt.store' in (tmp_path / 'shaw_0.ttir').read_text()
+
+
+def test_compiling_without_triton_says_so(tmp_path):
+  (tmp_path / 'k.ttir').write_text('module {}')
+  (tmp_path / 'k.json').write_text(json.dumps(dict(num_warps=4, num_stages=3)))
+  try:
+    import triton  # noqa: F401
+
+    pytest.skip('Triton is installed here')
+  except ImportError:
+    pass
+  with pytest.raises(RuntimeError, match='could not compile the kernels'):
+    bench.compile_with_triton(sys.executable, tmp_path)
