@@ -15,7 +15,9 @@ so the table compares kernels, not machines. Kernels (`config.kernels`):
   (`relpos.attention.shaw.xla_form`: dense up to `DENSE_MAX_KV_LEN` keys, banded above);
   banded and dense: the two forms forced; shaw_pallas: the fused Pallas kernel (interpreted
   on CPU: slow);
-- xl, xl_pallas: `xl_attention` with `implementation='xla'` and `'pallas'`.
+- xl, xl_pallas: `xl_attention` with `implementation='xla'` and `'pallas'`;
+- a Pallas kernel with `@QxK`, e.g. shaw_pallas@128x64: that kernel with `block_sizes=(Q, K)`
+  instead of its default tiles, so that one run can compare tilings.
 
 Every function is compiled before any is timed, `config.compile_threads` at a time (0: one
 per core). Each Pallas kernel's outputs (fwd) and gradients (fwd+bwd) are checked against its
@@ -60,6 +62,22 @@ KERNELS = ('vanilla', 'cudnn', 'shaw', 'banded', 'dense', 'shaw_pallas', 'xl', '
 XLA_OF_PALLAS = {'shaw_pallas': 'shaw', 'xl_pallas': 'xl'}
 
 
+def split_tiles(name: str):
+  """(kernel, block_sizes): ('shaw_pallas', (128, 64)) for 'shaw_pallas@128x64', (name, None)
+  for a name without tiles. Raises ValueError for tiles that are not QxK or not on a Pallas
+  kernel."""
+  kernel, _, tiles = name.partition('@')
+  if not tiles:
+    return kernel, None
+  try:
+    block_q, block_k = (int(size) for size in tiles.split('x'))
+  except ValueError:
+    raise ValueError(f'{name!r}: tiles must be QxK, e.g. {kernel}@64x64') from None
+  if kernel not in XLA_OF_PALLAS:
+    raise ValueError(f'{name!r}: only {", ".join(XLA_OF_PALLAS)} take tiles')
+  return kernel, (block_q, block_k)
+
+
 def _kernels(names, n, k, heads, head_dim, dtype):
   """name -> (attention(q, k, v, params), params) for causal self-attention of length n."""
   rng = np.random.default_rng(0)
@@ -86,14 +104,20 @@ def _kernels(names, n, k, heads, head_dim, dtype):
       lambda q, key, v, p: attention.shaw_attention_materialized(q, key, v, *p, mask=mask),
       shaw_tables,
     ),
-    'shaw_pallas': (
-      lambda q, key, v, p: shaw(q, key, v, *p, mask=mask, implementation='pallas'),
-      shaw_tables,
-    ),
     'xl': (lambda q, key, v, p: xl(q, key, v, *p, implementation='xla'), xl_params),
-    'xl_pallas': (lambda q, key, v, p: xl(q, key, v, *p, implementation='pallas'), xl_params),
   }
-  return {name: kernels[name] for name in names}
+
+  def pallas(name, blocks):
+    if name == 'shaw_pallas':
+      fn = functools.partial(shaw, mask=mask, implementation='pallas', block_sizes=blocks)
+      return lambda q, key, v, p: fn(q, key, v, *p), shaw_tables
+    fn = functools.partial(xl, implementation='pallas', block_sizes=blocks)
+    return lambda q, key, v, p: fn(q, key, v, *p), xl_params
+
+  return {
+    name: pallas(*split_tiles(name)) if split_tiles(name)[0] in XLA_OF_PALLAS else kernels[name]
+    for name in names
+  }
 
 
 def _forward_and_backward(fn):
@@ -153,9 +177,9 @@ def measure_row(compiled, arguments, *, rounds, repeats=1):
   calls = {key: functools.partial(fn, *arguments[key]) for key, fn in compiled.items()}
   memory = {key: fn.memory_analysis().temp_size_in_bytes for key, fn in compiled.items()}
   errors = {
-    (name, mode): relative_error(call(), calls[XLA_OF_PALLAS[name], mode]())
+    (name, mode): relative_error(call(), calls[XLA_OF_PALLAS[split_tiles(name)[0]], mode]())
     for (name, mode), call in calls.items()
-    if (XLA_OF_PALLAS.get(name), mode) in calls
+    if (XLA_OF_PALLAS.get(split_tiles(name)[0]), mode) in calls
   }
   seconds = interleaved_median_seconds(calls, rounds=rounds, repeats=repeats)
   return seconds, memory, errors
@@ -179,7 +203,10 @@ def peak_tflops(config, device_kind: str) -> float:
 def kernel_names(config, platform: str) -> list:
   """config.kernels, checked, with vanilla first; cudnn dropped (and said) off NVIDIA GPUs."""
   names = list(config.kernels)
-  unknown = sorted(set(names) - set(KERNELS))
+  try:
+    unknown = sorted(name for name in names if split_tiles(name)[0] not in KERNELS)
+  except ValueError as error:
+    raise SystemExit(f'config.kernels: {error}') from None
   if unknown:
     raise SystemExit(f'config.kernels: unknown {unknown}; choose from {", ".join(KERNELS)}')
   if 'cudnn' in names and platform != 'gpu':

@@ -48,6 +48,22 @@ def test_kernel_names_put_vanilla_first_and_refuse_unknown_ones():
     bench.kernel_names(_config('full', kernels=('vanilla', 'flash')), 'cpu')
 
 
+def test_pallas_kernels_take_tiles():
+  assert bench.split_tiles('shaw_pallas@128x64') == ('shaw_pallas', (128, 64))
+  assert bench.split_tiles('xl') == ('xl', None)
+  config = _config('full', kernels=('vanilla', 'shaw', 'shaw_pallas@8x4'))
+  names = bench.kernel_names(config, 'cpu')
+  lowered, arguments = bench.lower_row(
+    names, 11, 2, batch=1, heads=2, head_dim=8, dtype=jnp.float32
+  )
+  compiled = bench.compile_all(lowered, threads=2)
+  _, _, errors = bench.measure_row(compiled, arguments, rounds=1)
+  assert max(errors.values()) < 1e-5  # odd tiles, checked against the XLA implementation
+  for bad, message in (('xl@64', 'tiles must be QxK'), ('vanilla@64x64', 'only shaw_pallas')):
+    with pytest.raises(SystemExit, match=message):
+      bench.kernel_names(_config('full', kernels=(bad,)), 'cpu')
+
+
 def test_flops_and_peaks():
   fwd = bench.vanilla_causal_flops(8, batch=2, heads=3, head_dim=4, mode='fwd')
   assert fwd == 2 * 2 * 3 * 8 * 8 * 4  # half of the dense 4·B·H·n²·d
