@@ -4,8 +4,8 @@
 #
 #     bash benchmarks/gpu_figures.sh OUT_DIR [TOY_ENDE_DIR [PART...]]
 #
-# Parts, in this order (default: all; the limits add up to about 14 minutes, so under a
-# 10-minute limit per command run the first four, then attention_512 and attention_8192):
+# Parts, in this order (default: all; the limits add up to about 16 minutes, so under a
+# 10-minute limit per command run them in two or three calls, README, On a GPU):
 #   native            the Pallas kernels compiled by Triton and run, against the float64
 #                     references (tests/test_pallas.py -k pallas_native), in 8 pytest workers,
 #                     beside attention_2048 when both are asked for (their GPU work is
@@ -15,14 +15,16 @@
 #   char_lm           enwik8_base shapes, xl and absolute, 30 steps each: steps/s and memory;
 #   translate         wmt_base shapes (Shaw) on toy-ende, 2 real batches x 40 rounds;
 #   attention_512, attention_8192
-#                     the preset's other lengths (8192: one call per timing).
+#                     the preset's other lengths (8192: one call per timing);
+#   tiles             Shaw's Pallas kernel at n = 2048, k = 16 with its default 64 x 64 tiles
+#                     and with 128 x 64 and 64 x 128 (8 warps), against vanilla and cuDNN.
 # Logs: OUT_DIR/PART.log, plus env.log (GPU and versions) and summary.txt (each part's
 # command, exit status, 124 if out of time, and clock times). PYTHON picks the interpreter.
 set -u
 out=${1:?usage: bash benchmarks/gpu_figures.sh OUT_DIR [TOY_ENDE_DIR [PART...]]}
 data=${2:-../shared/data/wmt_ende_toy}
 shift $(($# < 2 ? $# : 2))
-parts=" ${*:-native attention_2048 char_lm translate attention_512 attention_8192} "
+parts=" ${*:-native attention_2048 char_lm translate attention_512 attention_8192 tiles} "
 py=${PYTHON:-python3}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -58,4 +60,6 @@ part translate 110 "$py" benchmarks/translate_step.py --config=configs/wmt_base.
   --positions=shaw --batches=2 --rounds=40
 part attention_512 150 attention --config.lengths=512
 part attention_8192 300 attention --config.lengths=8192 --config.repeats=1
+part tiles 150 attention --config.lengths=2048 --config.distances=16 \
+  "--config.kernels=('vanilla','cudnn','shaw_pallas','shaw_pallas@128x64','shaw_pallas@64x128')"
 cat "$out/summary.txt"

@@ -141,7 +141,7 @@ def triton_kernels(fn, avals):
 
 def write_kernels(fn, avals, directory: Path, prefix: str):
   """Writes `<prefix>_<i>.ttir` and `.json` (name, warps, stages) per kernel of fn's forward
-  pass and gradient (each kernel once); returns {file stem: kernel name}."""
+  pass and gradient (each kernel once); returns {file stem: (kernel name, warps)}."""
 
   def gradient(*args):
     def total(*xs):
@@ -155,7 +155,7 @@ def write_kernels(fn, avals, directory: Path, prefix: str):
     (directory / f'{stem}.ttir').write_text(text)
     meta = dict(name=name, num_warps=warps, num_stages=stages)
     (directory / f'{stem}.json').write_text(json.dumps(meta))
-    stems[stem] = name
+    stems[stem] = (name, warps)
   return stems
 
 
@@ -192,9 +192,9 @@ def main(argv):
   ):
     fn, avals = _attention(name, flags_.length, flags_.head_dim, k, jnp.dtype(dtype), blocks)
     prefix = f'{name}_k{k}_{dtype}_{"x".join(map(str, blocks or ("default",)))}'
-    for stem, kernel in write_kernels(fn, avals, directory, prefix).items():
+    for stem, (kernel, warps) in write_kernels(fn, avals, directory, prefix).items():
       tiles = 'default' if blocks is None else f'{blocks[0]} x {blocks[1]}'
-      cases[stem] = (name, k, dtype, tiles, kernel)
+      cases[stem] = (name, k, dtype, f'{tiles}, {warps} warps', kernel)
   print(f'Triton IR of {len(cases)} kernels in {directory}', flush=True)
   if flags_.triton_python is None:
     return

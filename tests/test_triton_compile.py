@@ -16,14 +16,17 @@ with warnings.catch_warnings():
   bench = load_module(_BENCHMARKS / 'triton_compile.py', 'triton_compile_benchmark')
 
 
-def test_writes_each_pallas_call_as_triton_ir(tmp_path):
-  fn, avals = bench._attention('shaw', 48, 16, 2, jnp.float32, (16, 16))
+@pytest.mark.parametrize('blocks,warps', [((16, 16), 4), ((128, 64), 8)])
+def test_writes_each_pallas_call_as_triton_ir(tmp_path, blocks, warps):
+  fn, avals = bench._attention('shaw', 48, 16, 2, jnp.float32, blocks)
   stems = bench.write_kernels(fn, avals, tmp_path, 'shaw')
-  assert list(stems.values()) == ['shaw_forward', 'shaw_backward_dq', 'shaw_backward_dkv']
+  names = ['shaw_forward', 'shaw_backward_dq', 'shaw_backward_dkv']
+  assert list(stems.values()) == [(name, warps) for name in names]
   for stem in stems:
     text = (tmp_path / f'{stem}.ttir').read_text()
     assert 'tt.func public' in text and 'tt.dot' in text, stem
-    assert json.loads((tmp_path / f'{stem}.json').read_text())['num_warps'] == 4
+    # Tiles over 64 x 64 pairs get 8 warps (`pallas_common.triton_warps`).
+    assert json.loads((tmp_path / f'{stem}.json').read_text())['num_warps'] == warps
   # Shaw's kernels read the per-row tables at computed addresses and scatter into them.
   assert 'tt.store' in (tmp_path / 'shaw_0.ttir').read_text()
 

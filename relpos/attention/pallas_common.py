@@ -171,6 +171,13 @@ class Tiling:
     return self.num_k_tiles * self.block_k
 
 
+def triton_warps(tiling: Tiling) -> int:
+  """Warps per Triton program: 4 for tiles of up to 64 x 64 pairs, 8 above. Compiled for
+  sm_90a (`benchmarks/triton_compile.py`), Shaw's kernels at 128 x 64 spill about 1 KB per
+  thread with 4 warps and at most 272 bytes with 8."""
+  return 4 if tiling.block_q * tiling.block_k <= DEFAULT_BLOCK**2 else 8
+
+
 def pad_to(x, shape):
   """x padded with trailing zeros along every axis up to `shape`."""
   return jnp.pad(x, [(0, size - n) for n, size in zip(x.shape, shape, strict=True)])
@@ -220,7 +227,6 @@ def mask_index_map(mask_BHQK, index_map):
 # How `pl.pallas_call` runs on each platform, chosen when lowering (`lax.platform_dependent`;
 # a Python test of `jax.default_backend()` would miss `jax.export` for another platform):
 # Triton on GPU, Mosaic on TPU, interpreted everywhere else (CPU).
-_TRITON = dict(interpret=False, compiler_params=pallas_triton.CompilerParams())
 _MOSAIC_TPU = dict(interpret=False, compiler_params=None)
 _INTERPRETED = dict(interpret=True, compiler_params=None)
 
@@ -229,10 +235,13 @@ class KernelCall:
   """Named inputs and outputs of one `pl.pallas_call`; the kernel body gets one namespace of
   refs (`refs.query`, ...; optional inputs that were not added read as None)."""
 
-  def __init__(self, optional=()):
+  def __init__(self, tiling, optional=()):
     self._names, self._arrays, self._specs = [], [], []
     self._out_names, self._out_shapes, self._out_specs = [], [], []
     self._optional = tuple(optional)
+    self._triton = dict(
+      interpret=False, compiler_params=pallas_triton.CompilerParams(num_warps=triton_warps(tiling))
+    )
 
   def input(self, name, array, block_shape, index_map):
     if array is not None:
@@ -269,8 +278,8 @@ class KernelCall:
 
     return lax.platform_dependent(
       *self._arrays,
-      cuda=lowered_as(_TRITON),
-      rocm=lowered_as(_TRITON),
+      cuda=lowered_as(self._triton),
+      rocm=lowered_as(self._triton),
       tpu=lowered_as(_MOSAIC_TPU),
       default=lowered_as(_INTERPRETED),
     )

@@ -392,7 +392,9 @@ def _kernel_call(spec, inputs, blocking, row_tables, **residuals):
   """A `KernelCall` with every input (and the backward pass's residuals) blocked as
   `blocking` says, per-row tables (`row_tables`: name -> [B, H, Qp, rows] or None) by query
   rows like the query."""
-  call = KernelCall(optional=('mask', 'query_rows', 'd_output_rows', 'bucket_lse', 'bucket_ds'))
+  call = KernelCall(
+    spec.tiling, optional=('mask', 'query_rows', 'd_output_rows', 'bucket_lse', 'bucket_ds')
+  )
   add_sequence_inputs(
     call,
     blocking,

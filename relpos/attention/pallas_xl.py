@@ -360,10 +360,10 @@ class _Inputs(NamedTuple):
   scalars: jax.Array
 
 
-def _kernel_call(inputs, blocking, rel_blocking, **residuals):
+def _kernel_call(spec, inputs, blocking, rel_blocking, **residuals):
   """A `KernelCall` with every input (and the backward pass's residuals) blocked as
   `blocking` says, and rel_key as `rel_blocking` = (rows, block index of the tile)."""
-  call = KernelCall(optional=('mask',))
+  call = KernelCall(spec.tiling, optional=('mask',))
   head_dim = inputs.query.shape[-1]
   rel_rows, rel_index = rel_blocking
   call.input(
@@ -397,7 +397,7 @@ def _forward(spec, inputs):
   """Output [B, H, Qp, D] and logsumexp [B, H, Qp, 1]."""
   tiling = spec.tiling
   batch, heads = inputs.query.shape[:2]
-  call = _kernel_call(inputs, *_query_tiles(spec))
+  call = _kernel_call(spec, inputs, *_query_tiles(spec))
   add_forward_outputs(call, inputs.query, inputs.value.dtype, tiling.block_q)
   grid = (batch, heads, tiling.num_q_tiles)
   return call(_forward_kernel, grid, name='xl_forward', spec=spec)
@@ -438,7 +438,7 @@ def _xl_pallas_bwd(spec, residuals, d_output):
     return pad_tiles + tile
 
   # dq, and per-query-tile partials of d u and d v: grid over query tiles.
-  call = _kernel_call(inputs, *_query_tiles(spec), **residuals)
+  call = _kernel_call(spec, inputs, *_query_tiles(spec), **residuals)
   call.output(
     'd_query',
     inputs.query.shape,
@@ -461,7 +461,7 @@ def _xl_pallas_bwd(spec, residuals, d_output):
 
   # dk, dv: grid over key tiles.
   blocking = Blocking(q_padded, whole_axis, block_k, padded_tile)
-  call = _kernel_call(inputs, blocking, (spec.extended, whole_axis), **residuals)
+  call = _kernel_call(spec, inputs, blocking, (spec.extended, whole_axis), **residuals)
   for name, like in (('d_key', inputs.key), ('d_value', inputs.value)):
     shape = (batch, heads, tiling.kv_padded, head_dim)
     call.output(name, shape, like.dtype, (None, None, block_k, head_dim), sequence_tile_map)
@@ -470,7 +470,7 @@ def _xl_pallas_bwd(spec, residuals, d_output):
 
   # dR: grid over tiles of distances, per batch element (summed over batch below).
   blocking = Blocking(q_padded, whole_axis, spec.extended, whole_axis)
-  call = _kernel_call(inputs, blocking, (block_k, padded_tile), **residuals)
+  call = _kernel_call(spec, inputs, blocking, (block_k, padded_tile), **residuals)
   call.output(
     'd_rel_key',
     (batch, heads, tiling.kv_padded, head_dim),
