@@ -197,6 +197,9 @@ SHAW_CASES = [
   ('k0_random', 0, 'random', 2, None, BLOCKS),
   ('k_ge_n_padding', 20, 'padding', None, None, (8, 4)),
   ('keys_only_causal', 2, 'causal', 2, 'rel_value', BLOCKS),
+  # Tiles the causal mask masks whole are skipped, band-crossing ones among them (k = 3, keys
+  # 4-7 of queries 0-3).
+  ('causal_masked_band_tiles', 3, 'causal', 0, None, BLOCKS),
   ('values_only_before_keys', 2, 'none', -3, 'rel_key', (4, 8)),
   ('after_keys_default_tiles', 1, 'none', 16, None, None),  # one tile each, all on the edge
 ]

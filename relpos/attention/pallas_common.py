@@ -173,8 +173,8 @@ class Tiling:
 
 def triton_warps(tiling: Tiling) -> int:
   """Warps per Triton program: 4 for tiles of up to 64 x 64 pairs, 8 above. Compiled for
-  sm_90a (`benchmarks/triton_compile.py`), Shaw's kernels at 128 x 64 spill about 1 KB per
-  thread with 4 warps and at most 272 bytes with 8."""
+  sm_90a (`benchmarks/triton_compile.py`; bf16, k = 16), Shaw's kernels at 128 x 64 spill
+  1.0-1.3 KB per thread with 4 warps and at most 44 bytes with 8."""
   return 4 if tiling.block_q * tiling.block_k <= DEFAULT_BLOCK**2 else 8
 
 

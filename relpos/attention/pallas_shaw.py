@@ -33,6 +33,11 @@ with delta_i = do_i·o_i from the saved output, and read qw and do·w^Vᵀ like 
 XLA then adds the table terms: dq += ds_bucket·w^K/sqrt(d), d w^K = Σ ds_bucketᵀ·q/sqrt(d),
 d w^V = Σ P'ᵀ·do (summed over batch, heads and rows).
 
+Tiles the mask rules out: before the kernels, XLA reads the mask once per tile and gives each
+program the first and one past the last tile of the other axis that the mask allows some pair
+of (`_tile_ranges`); the loops run over that range only, so a causal mask's future tiles are
+never read, and the per-row table entries of skipped keys are masked by position afterwards.
+
 Memory beyond flash attention: per (batch, head), four per-row tables of `rows` floats (qw,
 do·w^Vᵀ, P', ds_bucket: rows = 2k+1 padded to a power of two); saved for the backward pass:
 the output, the per-row logsumexp and P'. Overall O(n·(d + k)), no [q_len, kv_len] array.
@@ -72,6 +77,7 @@ from relpos.attention.pallas_common import (
   init_softmax,
   kernel_mask,
   kernel_scalars,
+  mask_index_map,
   online_softmax_step,
   pad_to,
   positions,
@@ -236,6 +242,14 @@ def _tile_grads(spec, seed, b, h, offset, query_tile, key_tile, mask_QK, refs, r
   return band, dropped, d_logits
 
 
+def _tile_loop(refs, num_tiles):
+  """(first, stop) of a kernel's loop over the other axis's tiles: those some pair of which the
+  mask allows (`refs.tile_range`, `_tile_ranges`), or all without a mask."""
+  if refs.tile_range is None:
+    return 0, num_tiles
+  return refs.tile_range[0], refs.tile_range[1]
+
+
 def _forward_kernel(refs, *, spec):
   tiling = spec.tiling
   block_q, block_k = tiling.block_q, tiling.block_k
@@ -278,8 +292,7 @@ def _forward_kernel(refs, *, spec):
   max_Q1, norm_Q1 = init_softmax(block_q, acc_dtype)
   zeros_Q1 = jnp.zeros((block_q, 1), acc_dtype)
   max_Q1, norm_Q1, out_QD, left_Q1, right_Q1 = lax.fori_loop(
-    0,
-    tiling.num_k_tiles,
+    *_tile_loop(refs, tiling.num_k_tiles),
     body,
     (max_Q1, norm_Q1, jnp.zeros(query.shape, acc_dtype), zeros_Q1, zeros_Q1),
   )
@@ -331,7 +344,9 @@ def _d_query_kernel(refs, *, spec):
 
   zeros_Q1 = jnp.zeros((block_q, 1), acc_dtype)
   d_query, left_Q1, right_Q1 = lax.fori_loop(
-    0, tiling.num_k_tiles, body, (jnp.zeros(query.shape, acc_dtype), zeros_Q1, zeros_Q1)
+    *_tile_loop(refs, tiling.num_k_tiles),
+    body,
+    (jnp.zeros(query.shape, acc_dtype), zeros_Q1, zeros_Q1),
   )
   refs.d_query[...] = (d_query * spec.scale).astype(refs.d_query.dtype)
   if refs.bucket_ds is not None:
@@ -371,7 +386,7 @@ def _d_key_value_kernel(refs, *, spec):
     return d_key_KD, d_value_KD
 
   zeros = jnp.zeros(key.shape, acc_dtype)
-  d_key, d_value = lax.fori_loop(0, tiling.num_q_tiles, body, (zeros, zeros))
+  d_key, d_value = lax.fori_loop(*_tile_loop(refs, tiling.num_q_tiles), body, (zeros, zeros))
   refs.d_key[...] = (d_key * spec.scale).astype(refs.d_key.dtype)
   refs.d_value[...] = d_value.astype(refs.d_value.dtype)
 
@@ -388,13 +403,38 @@ class _Inputs(NamedTuple):
   scalars: jax.Array
 
 
-def _kernel_call(spec, inputs, blocking, row_tables, **residuals):
+def _tile_ranges(mask, tiling):
+  """Which tiles the kernels visit: per query tile, the first and one past the last key tile
+  that the mask allows some pair of, and per key tile the same range of query tiles, int32
+  [B|1, H|1, num_q_tiles, 2] and [B|1, H|1, num_k_tiles, 2] ([0, 0) where it allows none).
+  Tiles outside the range are never read: under a causal mask, the tiles wholly in a query
+  tile's future (about half). Tiles the mask masks whole inside the range are still visited.
+  """
+  batch, heads = mask.shape[:2]
+  tile_shape = (tiling.num_q_tiles, tiling.block_q, tiling.num_k_tiles, tiling.block_k)
+  allows_QK = jnp.max(mask.reshape(batch, heads, *tile_shape), axis=(3, 5)) != 0
+
+  def ranges(allows):  # [..., tiles] -> [..., 2]
+    index = jnp.arange(allows.shape[-1], dtype=jnp.int32)
+    stop = jnp.max(jnp.where(allows, index + 1, 0), axis=-1)
+    first = jnp.minimum(jnp.min(jnp.where(allows, index, allows.shape[-1]), axis=-1), stop)
+    return jnp.stack([first, stop], axis=-1)
+
+  return ranges(allows_QK), ranges(jnp.swapaxes(allows_QK, 2, 3))
+
+
+def _kernel_call(spec, inputs, blocking, row_tables, tile_range=None, **residuals):
   """A `KernelCall` with every input (and the backward pass's residuals) blocked as
   `blocking` says, per-row tables (`row_tables`: name -> [B, H, Qp, rows] or None) by query
-  rows like the query."""
+  rows like the query, and `tile_range` (one of `_tile_ranges`, or None) by the program's
+  tile."""
   call = KernelCall(
-    spec.tiling, optional=('mask', 'query_rows', 'd_output_rows', 'bucket_lse', 'bucket_ds')
+    spec.tiling,
+    optional=('mask', 'tile_range', 'query_rows', 'd_output_rows', 'bucket_lse', 'bucket_ds'),
   )
+  if tile_range is not None:
+    index = mask_index_map(tile_range, lambda b, h, i: (b, h, i, 0))
+    call.input('tile_range', tile_range, (None, None, None, 2), index)
   add_sequence_inputs(
     call,
     blocking,
@@ -434,14 +474,19 @@ def _row_table(x_BHQD, table_RD, acc_dtype):
   return jnp.einsum('bhqd,rd->bhqr', x_BHQD, table_RD, preferred_element_type=acc_dtype)
 
 
-def _written(spec, query_offset):
-  """bool [Qp, rows]: the per-row table entries the kernels write. Interior bucket r of row i
-  is key j = pos_i + r - k, written when 0 <= j < kv_len; the edge buckets always."""
+def _written(spec, query_offset, key_tiles):
+  """bool [B|1, H|1, Qp, rows]: the per-row table entries the kernels write. Interior bucket r
+  of row i is key j = pos_i + r - k, written when 0 <= j < kv_len and j's tile is in the row's
+  range of visited key tiles (`key_tiles`, or all if None); the edge buckets always."""
   tiling, k = spec.tiling, spec.max_distance
   row = jnp.arange(tiling.q_padded, dtype=jnp.int32)[:, None]
   bucket = jnp.arange(spec.table_rows, dtype=jnp.int32)[None, :]
   key = query_offset + row + bucket - k
   interior = (bucket > 0) & (bucket < 2 * k) & (key >= 0) & (key < tiling.kv_len)
+  if key_tiles is not None:  # [B|1, H|1, q tiles, 2] -> per row [B|1, H|1, Qp, 1]
+    first, stop = (jnp.repeat(key_tiles[..., end, None], tiling.block_q, axis=2) for end in (0, 1))
+    key_tile = key // tiling.block_k
+    interior = interior & (key_tile >= first) & (key_tile < stop)
   return interior | (bucket == 0) | (bucket == 2 * k)
 
 
@@ -454,7 +499,8 @@ def _forward(spec, inputs):
   row_tables = {}
   if inputs.rel_key is not None:
     row_tables['query_rows'] = _row_table(inputs.query, inputs.rel_key, acc_dtype) * spec.scale
-  call = _kernel_call(spec, inputs, _query_tiles(tiling), row_tables)
+  key_tiles = None if inputs.mask is None else _tile_ranges(inputs.mask, tiling)[0]
+  call = _kernel_call(spec, inputs, _query_tiles(tiling), row_tables, key_tiles)
   with_values = inputs.rel_value is not None
   # With w^V, XLA adds P'·w^V to the kernel's output: the kernel's stays in float32 till then.
   add_forward_outputs(
@@ -467,7 +513,7 @@ def _forward(spec, inputs):
   output, lse, *bucket_lse = call(_forward_kernel, grid, name='shaw_forward', spec=spec)
   if not with_values:
     return output, lse, None
-  written = _written(spec, inputs.scalars[0])
+  written = _written(spec, inputs.scalars[0], key_tiles)
   bucket_probs = jnp.where(written, jnp.exp(bucket_lse[0] - lse), 0.0)
   output = output + _table_dot(bucket_probs, inputs.rel_value, acc_dtype)
   return output.astype(inputs.value.dtype), lse, bucket_probs
@@ -502,9 +548,13 @@ def _shaw_pallas_bwd(spec, residuals, d_output):
   if inputs.rel_value is not None:
     row_tables['d_output_rows'] = _row_table(d_output, inputs.rel_value, acc_dtype)
 
+  key_tiles = query_tile_range = None
+  if inputs.mask is not None:
+    key_tiles, query_tile_range = _tile_ranges(inputs.mask, tiling)
+
   # dq and the per-bucket sums of ds: grid over query tiles.
   query_tiles = _query_tiles(tiling)
-  call = _kernel_call(spec, inputs, query_tiles, row_tables, **residuals)
+  call = _kernel_call(spec, inputs, query_tiles, row_tables, key_tiles, **residuals)
   with_keys = inputs.rel_key is not None
   call.output(
     'd_query',
@@ -520,7 +570,7 @@ def _shaw_pallas_bwd(spec, residuals, d_output):
   d_query, *bucket_ds = call(_d_query_kernel, grid, name='shaw_backward_dq', spec=spec)
   d_rel_key = d_rel_value = None
   if with_keys:
-    bucket_ds = jnp.where(_written(spec, inputs.scalars[0]), bucket_ds[0], 0.0)
+    bucket_ds = jnp.where(_written(spec, inputs.scalars[0], key_tiles), bucket_ds[0], 0.0)
     d_query = d_query + _table_dot(bucket_ds, inputs.rel_key, acc_dtype) * spec.scale
     d_query = d_query.astype(inputs.query.dtype)
     d_rel_key = jnp.einsum(
@@ -534,7 +584,7 @@ def _shaw_pallas_bwd(spec, residuals, d_output):
 
   # dk, dv: grid over key tiles, whole query sequence per program.
   blocking = Blocking(tiling.q_padded, whole_axis, block_k, tile_index)
-  call = _kernel_call(spec, inputs, blocking, row_tables, **residuals)
+  call = _kernel_call(spec, inputs, blocking, row_tables, query_tile_range, **residuals)
   for name, like in (('d_key', inputs.key), ('d_value', inputs.value)):
     call.output(name, like.shape, like.dtype, (None, None, block_k, head_dim), sequence_tile_map)
   grid = (batch, heads, tiling.num_k_tiles)
