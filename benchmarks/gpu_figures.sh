@@ -4,7 +4,7 @@
 #
 #     bash benchmarks/gpu_figures.sh OUT_DIR [TOY_ENDE_DIR [PART...]]
 #
-# Parts, in this order (default: all; the limits add up to about 16 minutes, so under a
+# Parts, in this order (default: all; the limits add up to about 19 minutes, so under a
 # 10-minute limit per command run them in two or three calls, README, On a GPU):
 #   native            the Pallas kernels compiled by Triton and run, against the float64
 #                     references (tests/test_pallas.py -k pallas_native), in 8 pytest workers,
@@ -17,14 +17,17 @@
 #   attention_512, attention_8192
 #                     the preset's other lengths (8192: one call per timing);
 #   tiles             Shaw's Pallas kernel at n = 2048, k = 16 with its default 64 x 64 tiles
-#                     and with 128 x 64 and 64 x 128 (8 warps), against vanilla and cuDNN.
+#                     and with 128 x 64 and 64 x 128 (8 warps), against vanilla and cuDNN;
+#   xl_tiles          XL's Pallas kernel at n = 512 with its default 32 x 32 tiles and with
+#                     16 x 16 and 32 x 16 (compiled for sm_90a, 16 x 16 spills nothing,
+#                     32 x 32 19-49 KB per thread: benchmarks/triton_compile.py).
 # Logs: OUT_DIR/PART.log, plus env.log (GPU and versions) and summary.txt (each part's
 # command, exit status, 124 if out of time, and clock times). PYTHON picks the interpreter.
 set -u
 out=${1:?usage: bash benchmarks/gpu_figures.sh OUT_DIR [TOY_ENDE_DIR [PART...]]}
 data=${2:-../shared/data/wmt_ende_toy}
 shift $(($# < 2 ? $# : 2))
-parts=" ${*:-native attention_2048 char_lm translate attention_512 attention_8192 tiles} "
+parts=" ${*:-native attention_2048 char_lm translate attention_512 attention_8192 tiles xl_tiles} "
 py=${PYTHON:-python3}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -62,4 +65,6 @@ part attention_512 150 attention --config.lengths=512
 part attention_8192 300 attention --config.lengths=8192 --config.repeats=1
 part tiles 150 attention --config.lengths=2048 --config.distances=16 \
   "--config.kernels=('vanilla','cudnn','shaw_pallas','shaw_pallas@128x64','shaw_pallas@64x128')"
+part xl_tiles 150 attention --config.lengths=512 --config.distances=16 --config.repeats=1 \
+  "--config.kernels=('vanilla','cudnn','xl','xl_pallas','xl_pallas@16x16','xl_pallas@32x16')"
 cat "$out/summary.txt"
