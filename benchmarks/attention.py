@@ -146,12 +146,22 @@ def lower_row(names, n, k, *, batch, heads, head_dim, dtype):
   return lowered, arguments
 
 
-def compile_all(lowered: dict, threads: int) -> dict:
-  """{key: jax.stages.Compiled} of {key: Lowered}, `threads` compiles at a time: XLA releases
-  the GIL while it compiles, so on a GPU the Pallas kernels' slow Triton compiles overlap."""
+def compile_all(lowered: dict, threads: int) -> tuple[dict, dict]:
+  """({key: jax.stages.Compiled}, {key: the exception of a compile that failed}) of
+  {key: Lowered}, `threads` compiles at a time: XLA releases the GIL while it compiles, so on
+  a GPU the Pallas kernels' slow Triton compiles overlap. A failed compile (a tiling over the
+  GPU's shared memory, say) costs its own rows, not the run's."""
+
+  def compile_one(stage):
+    try:
+      return stage.compile()
+    except Exception as error:  # reported by the caller, row by row
+      return error
+
   with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
-    compiled = list(pool.map(lambda stage: stage.compile(), lowered.values()))
-  return dict(zip(lowered, compiled, strict=True))
+    results = dict(zip(lowered, pool.map(compile_one, lowered.values()), strict=True))
+  failed = {key: result for key, result in results.items() if isinstance(result, Exception)}
+  return {key: result for key, result in results.items() if key not in failed}, failed
 
 
 def relative_error(got, want) -> float:
@@ -280,11 +290,14 @@ def main(config):
       lowered.update({(n, k, *key): stage for key, stage in row_lowered.items()})
   threads = config.compile_threads or os.cpu_count() or 1
   start = time.perf_counter()
-  compiled = compile_all(lowered, threads)
+  compiled, failed = compile_all(lowered, threads)
   print(
     f'compiled {len(compiled)} functions in {time.perf_counter() - start:.0f} s '
     f'({threads} at a time)'
   )
+  for (n, k, name, mode), error in failed.items():
+    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    print(f'{name} {mode} at n = {n}, k = {k}: did not compile, left out: {first_line[:300]}')
   header = (
     '| n | k | batch | pass | kernel | ms | time / vanilla | TFLOP/s | % of peak | temp MiB '
     '| temp / vanilla | error vs xla |'
@@ -300,6 +313,8 @@ def main(config):
     for mode in ('fwd', 'fwd+bwd'):
       flops = vanilla_causal_flops(n, **size, mode=mode)
       for name in names:
+        if (name, mode) not in seconds:  # did not compile
+          continue
         s, m = seconds[name, mode], memory[name, mode]
         tflops = flops / s / 1e12
         ratio = s / seconds['vanilla', mode]

@@ -26,13 +26,28 @@ def test_every_kernel_of_the_gpu_preset_runs_and_is_measured_on_cpu(capsys):
   lowered, arguments = bench.lower_row(
     names, 17, 3, batch=2, heads=2, head_dim=8, dtype=jnp.bfloat16
   )
-  compiled = bench.compile_all(lowered, threads=2)
+  compiled, failed = bench.compile_all(lowered, threads=2)
+  assert not failed
   seconds, memory, errors = bench.measure_row(compiled, arguments, rounds=1, repeats=2)
   assert set(seconds) == {(name, mode) for name in names for mode in ('fwd', 'fwd+bwd')}
   assert all(s > 0 for s in seconds.values()) and set(memory) == set(seconds)
   # Each Pallas kernel agrees with its XLA implementation (bf16 inputs: a few 1e-3).
   pallas = {(name, mode) for name in ('shaw_pallas', 'xl_pallas') for mode in ('fwd', 'fwd+bwd')}
   assert set(errors) == pallas and all(0 < e < 3e-2 for e in errors.values()), errors
+
+
+def test_a_failed_compile_leaves_out_only_its_own_function():
+  class Compiles:
+    def compile(self):
+      return 'executable'
+
+  class Fails:
+    def compile(self):
+      raise RuntimeError('shared memory exceeded')
+
+  compiled, failed = bench.compile_all({'a': Compiles(), 'b': Fails()}, threads=2)
+  assert compiled == {'a': 'executable'}
+  assert list(failed) == ['b'] and 'shared memory' in str(failed['b'])
 
 
 def test_relative_error_is_the_largest_difference_over_the_largest_reference():
@@ -56,7 +71,8 @@ def test_pallas_kernels_take_tiles():
   lowered, arguments = bench.lower_row(
     names, 11, 2, batch=1, heads=2, head_dim=8, dtype=jnp.float32
   )
-  compiled = bench.compile_all(lowered, threads=2)
+  compiled, failed = bench.compile_all(lowered, threads=2)
+  assert not failed
   _, _, errors = bench.measure_row(compiled, arguments, rounds=1)
   assert max(errors.values()) < 1e-5  # odd tiles, checked against the XLA implementation
   for bad, message in (('xl@64', 'tiles must be QxK'), ('vanilla@64x64', 'only shaw_pallas')):
