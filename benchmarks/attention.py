@@ -20,7 +20,8 @@ so the table compares kernels, not machines. Kernels (`config.kernels`):
   instead of its default tiles, so that one run can compare tilings.
 
 Every function is compiled before any is timed, `config.compile_threads` at a time (0: one
-per core). Each Pallas kernel's outputs (fwd) and gradients (fwd+bwd) are checked against its
+per core); kernels without a k (vanilla, cudnn, xl, xl_pallas) once per n, timed in each k's
+row. Each Pallas kernel's outputs (fwd) and gradients (fwd+bwd) are checked against its
 XLA implementation on the same inputs: "error vs xla" is max |pallas - xla| / max |xla|.
 A timing is `config.repeats` calls dispatched back to back (more than one on a GPU, so that
 short kernels are not timed as the host's dispatch).
@@ -58,6 +59,8 @@ from matplotlib import pyplot as plt  # noqa: E402
 # against jax's device_kind.
 PEAK_TFLOPS = (('H100 PCIe', 756.0), ('H100', 989.4), ('H200', 989.4), ('A100', 312.0))
 KERNELS = ('vanilla', 'cudnn', 'shaw', 'banded', 'dense', 'shaw_pallas', 'xl', 'xl_pallas')
+# The kernels whose inputs depend on the clipping distance k (the others are lowered once per n).
+USES_K = ('shaw', 'banded', 'dense', 'shaw_pallas')
 # Each Pallas kernel's XLA implementation, which its outputs and gradients are checked against.
 XLA_OF_PALLAS = {'shaw_pallas': 'shaw', 'xl_pallas': 'xl'}
 
@@ -257,6 +260,11 @@ def plot_ratios(ratios, out) -> Path:
   return out
 
 
+def _row(by_key, n, k):
+  """{(kernel, pass): value} of one (n, k) row from {(n, k or None, kernel, pass): value}."""
+  return {key[2:]: value for key, value in by_key.items() if key[0] == n and key[1] in (k, None)}
+
+
 def define_config_flag():
   """The --config flag (defined only when run as a program, so tests can import this)."""
   return config_flags.DEFINE_config_file(
@@ -277,17 +285,19 @@ def main(config):
     + (f' of {config.repeats} calls' if config.repeats > 1 else '')
     + (f'  peak {peak:.0f} TFLOP/s' if peak else '')
   )
+  # Kernels without a clipping distance are lowered (and compiled) once per n, under k = None,
+  # and timed in every k's row: lower_row draws the same inputs for every k.
+  per_k = [name for name in names if split_tiles(name)[0] in USES_K]
   rows, lowered, arguments = [], {}, {}
   for n in config.lengths:
-    for k in config.distances:
-      size = {
-        'batch': max(1, config.tokens // n),
-        'heads': config.heads,
-        'head_dim': config.head_dim,
-      }
-      rows.append((n, k, size))
-      row_lowered, arguments[n, k] = lower_row(names, n, k, **size, dtype=dtype)
+    size = {'batch': max(1, config.tokens // n), 'heads': config.heads, 'head_dim': config.head_dim}
+    groups = [(k, per_k) for k in config.distances]
+    groups.append((None, [name for name in names if name not in per_k]))
+    for k, group in groups:
+      row_lowered, row_arguments = lower_row(group, n, k or 0, **size, dtype=dtype)
       lowered.update({(n, k, *key): stage for key, stage in row_lowered.items()})
+      arguments.update({(n, k, *key): args for key, args in row_arguments.items()})
+    rows += [(n, k, size) for k in config.distances]
   threads = config.compile_threads or os.cpu_count() or 1
   start = time.perf_counter()
   compiled, failed = compile_all(lowered, threads)
@@ -297,7 +307,8 @@ def main(config):
   )
   for (n, k, name, mode), error in failed.items():
     first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    print(f'{name} {mode} at n = {n}, k = {k}: did not compile, left out: {first_line[:300]}')
+    where = f'n = {n}' if k is None else f'n = {n}, k = {k}'
+    print(f'{name} {mode} at {where}: did not compile, left out: {first_line[:300]}')
   header = (
     '| n | k | batch | pass | kernel | ms | time / vanilla | TFLOP/s | % of peak | temp MiB '
     '| temp / vanilla | error vs xla |'
@@ -306,9 +317,8 @@ def main(config):
   print('|' + '---|' * header.count(' | ') + '---|')
   ratios = {}  # (pass, kernel, k) -> {n: time / vanilla}
   for n, k, size in rows:
-    row = {(name, mode): fn for (n_, k_, name, mode), fn in compiled.items() if (n_, k_) == (n, k)}
     seconds, memory, errors = measure_row(
-      row, arguments[n, k], rounds=config.rounds, repeats=config.repeats
+      _row(compiled, n, k), _row(arguments, n, k), rounds=config.rounds, repeats=config.repeats
     )
     for mode in ('fwd', 'fwd+bwd'):
       flops = vanilla_causal_flops(n, **size, mode=mode)
