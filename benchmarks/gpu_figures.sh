@@ -11,7 +11,9 @@
 #                     beside attention_2048 when both are asked for (their GPU work is
 #                     milliseconds; summary.txt gives the times to check they did not overlap
 #                     its timing, which starts after its "compiled ... functions" line);
-#   attention_2048    benchmarks/attention.py's gpu preset at n = 2048 (the issue's target);
+#   attention_2048    benchmarks/attention.py's gpu preset at n = 2048 (the issue's target),
+#                     k = 16 and 64, without XL's Pallas kernel (about 4 s a call there on an
+#                     H200, which ran this part out of time; xl_tiles times it at n = 512);
 #   char_lm           enwik8_base shapes, xl and absolute, 30 steps each: steps/s and memory;
 #   translate         wmt_base shapes (Shaw) on toy-ende, 2 real batches x 40 rounds;
 #   attention_512, attention_8192
@@ -52,7 +54,8 @@ print(jax.__version__, jaxlib.__version__, flax.__version__, jax.devices())'"
 # Several test processes share the GPU: none may take XLA's default 75% of its memory.
 part native 160 env XLA_PYTHON_CLIENT_PREALLOCATE=false \
   "$py" -m pytest tests/test_pallas.py -k pallas_native -n 8 -rA -q -p no:cacheprovider &
-part attention_2048 190 attention --config.lengths=2048
+part attention_2048 190 attention --config.lengths=2048 \
+  "--config.kernels=('vanilla','cudnn','shaw','shaw_pallas','xl')"
 wait
 part char_lm 100 "$py" benchmarks/char_lm_step.py --config=configs/enwik8_base.py \
   --variants=xl,absolute --rounds=30
