@@ -12,8 +12,9 @@
 #                     milliseconds; summary.txt gives the times to check they did not overlap
 #                     its timing, which starts after its "compiled ... functions" line);
 #   attention_2048    benchmarks/attention.py's gpu preset at n = 2048 (the target),
-#                     k = 16 and 64, without XL's Pallas kernel (about 4 s a call there on an
-#                     H200, which ran this part out of time; xl_tiles times it at n = 512);
+#                     k = 16 and 64, without XL's Pallas kernel (0.5 s a fwd+bwd call at
+#                     n = 512 on an H200; with it, this part ran out of time there; xl_tiles
+#                     times it at n = 512);
 #   char_lm           enwik8_base shapes, xl and absolute, 30 steps each: steps/s and memory;
 #   translate         wmt_base shapes (Shaw) on toy-ende, 2 real batches x 40 rounds;
 #   attention_512, attention_8192
