@@ -108,6 +108,12 @@ def p_text(p_value: float | None) -> str:
   return '< 0.001' if p_value < 0.0005 else f'{p_value:.3f}'
 
 
+def mean_and_std(scores) -> tuple[float, float]:
+  """Mean and standard deviation (ddof 1; 0 for a single score) of a variant's seeds."""
+  scores = np.asarray(list(scores), np.float64)
+  return float(scores.mean()), float(scores.std(ddof=1)) if len(scores) > 1 else 0.0
+
+
 def seed_table(seeds_csv, baseline: str) -> str:
   """Markdown: per value of a `sweep_seeds.csv` (value, seed, metric, ...), n, mean, std
   (ddof 1) and `seed_p_value` against the value `baseline`."""
@@ -130,10 +136,9 @@ def seed_table(seeds_csv, baseline: str) -> str:
     '|---|---|---|---|---|',
   ]
   for value, per_seed in scores.items():
-    values = np.array(list(per_seed.values()), np.float64)
-    std = values.std(ddof=1) if len(values) > 1 else 0.0
+    mean, std = mean_and_std(per_seed.values())
     p_cell = '(baseline)' if value == baseline else p_text(seed_p_value(scores[baseline], per_seed))
-    lines.append(f'| {value} | {len(values)} | {values.mean():.3f} | {std:.3f} | {p_cell} |')
+    lines.append(f'| {value} | {len(per_seed)} | {mean:.3f} | {std:.3f} | {p_cell} |')
   return '\n'.join(lines) + '\n'
 
 

@@ -46,7 +46,6 @@ from pathlib import Path
 
 import matplotlib
 import ml_collections
-import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -261,14 +260,14 @@ def summarise(config, rows: list[dict], values, metric: str, baseline) -> list[d
   for value, value_rows in by_value.items():
     if not value_rows:
       continue
-    scores = np.array([row[metric] for row in value_rows], np.float64)
+    mean, std = significance.mean_and_std(row[metric] for row in value_rows)
     tested = value != baseline and bool(by_value.get(baseline))
     summary.append(
       {
         'value': value,
-        'n': len(scores),
-        'mean': float(scores.mean()),
-        'std': float(scores.std(ddof=1)) if len(scores) > 1 else 0.0,
+        'n': len(value_rows),
+        'mean': mean,
+        'std': std,
         'p_value': p_value(config, metric, by_value[baseline], value_rows) if tested else None,
         'p_seeds': significance.seed_p_value(
           _scores_by_seed(by_value[baseline], metric), _scores_by_seed(value_rows, metric)
