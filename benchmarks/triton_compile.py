@@ -161,9 +161,12 @@ def write_kernels(fn, avals, directory: Path, prefix: str):
 
 def compile_with_triton(triton_python: str, directory: Path) -> dict:
   """{file stem: ptxas figures} for every .ttir in `directory`, compiled by `triton_python`."""
-  result = subprocess.run(
-    [triton_python, '-c', _COMPILE, str(directory)], capture_output=True, text=True
-  )
+  try:
+    result = subprocess.run(
+      [triton_python, '-c', _COMPILE, str(directory)], capture_output=True, text=True
+    )
+  except OSError as error:
+    raise RuntimeError(f'--triton_python={triton_python}: cannot run it ({error})') from None
   if result.returncode != 0:
     raise RuntimeError(f'{triton_python} could not compile the kernels:\n{result.stderr[-2000:]}')
   rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{')]
@@ -178,12 +181,20 @@ def _cases(kernels, distances, dtypes, block_sizes):
           yield name, k, dtype, blocks
 
 
+def parse_block_sizes(texts):
+  """--block_sizes: None for 'default', (Q, K) for 'QxK'; SystemExit naming the flag else."""
+  try:
+    return [None if text == 'default' else tuple(int(x) for x in text.split('x')) for text in texts]
+  except ValueError:
+    raise SystemExit(f"--block_sizes: {texts}: each must be 'default' or QxK, e.g. 64x64") from None
+
+
 def main(argv):
   del argv
   flags_ = flags.FLAGS
-  block_sizes = [
-    None if b == 'default' else tuple(int(x) for x in b.split('x')) for b in flags_.block_sizes
-  ]
+  if unknown := sorted(set(flags_.kernels) - {'shaw', 'xl'}):
+    raise SystemExit(f'--kernels: unknown {unknown}; choose from shaw, xl')
+  block_sizes = parse_block_sizes(flags_.block_sizes)
   directory = Path(flags_.out or tempfile.mkdtemp(prefix='triton_ir_'))
   directory.mkdir(parents=True, exist_ok=True)
   cases = {}
@@ -198,7 +209,10 @@ def main(argv):
   print(f'Triton IR of {len(cases)} kernels in {directory}', flush=True)
   if flags_.triton_python is None:
     return
-  figures = compile_with_triton(flags_.triton_python, directory)
+  try:
+    figures = compile_with_triton(flags_.triton_python, directory)
+  except RuntimeError as error:
+    raise SystemExit(str(error)) from None
   print(
     f'\nn = {flags_.length}, head_dim {flags_.head_dim}, mask and dropout, sm_90a\n\n'
     '| kernel | k | dtype | tiles | pallas_call | registers | spill stores / loads (bytes) '
