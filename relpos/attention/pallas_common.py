@@ -48,7 +48,7 @@ What was measured, and how (README, On a GPU, has the figures):
   compiled for sm_90a they spilled 13-50 KB per thread. Shaw's kernels were then rewritten
   to gather from and scatter into per-row tables in memory (`pallas_shaw`), with 64 x 64 tiles;
   compiled the same way (`benchmarks/triton_compile.py`: pip's Triton 3.9 and its ptxas) they
-  spill nothing or a few hundred bytes. They have not yet run on a GPU. XL's are unchanged.
+  spill at most 704 bytes per thread. They have not yet run on a GPU. XL's are unchanged.
 - Lowering for 'cuda' (`jax.export`, no GPU needed): forward and gradient of both kernels,
   float32 and bfloat16, with mask, dropout and memory (Shaw: a query offset), at realistic and
   ragged sizes (tests/test_pallas.py::test_pallas_lowers_for_cuda_with_triton).
@@ -88,7 +88,8 @@ MIN_TRITON_DIM = 16  # Triton's smallest dot dimension (tl.dot needs M, N, K >= 
 # Elements of a kernel's widest one-hot reduction (XL's), [block_q, block_k, columns], that
 # default tiles stay within. Triton's verifier rejects arrays over 2^20 elements; at 2^16 (32 x 32
 # tiles, 64 columns) every kernel compiled to sm_90a with pip's Triton 3.9, spilling, while
-# 2^20 (Shaw, 128 x 128 x 64) and 2^19 (XL, 64 x 64 x 128) did not finish in 7 minutes.
+# 2^20 (Shaw's first design, 128 x 128 x 64) and 2^19 (XL, 64 x 64 x 128) did not finish in 7
+# minutes.
 ONE_HOT_BUDGET = 2**16
 
 
@@ -98,8 +99,7 @@ def resolve_implementation(implementation: str) -> str:
   'auto' means "pallas where it runs natively and fast, xla elsewhere". No backend qualifies:
   on a GPU the first design of the kernels ran but was 6-21x slower than 'xla' (H200,
   n = 2048, README), Shaw's rewrite has not run on a GPU yet, and none ran on a TPU; so 'auto'
-  is 'xla' everywhere. Raises ValueError for anything but
-  'auto', 'xla' or 'pallas'.
+  is 'xla' everywhere. Raises ValueError for anything but 'auto', 'xla' or 'pallas'.
   """
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(
