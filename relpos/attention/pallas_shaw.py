@@ -474,6 +474,17 @@ def _row_table(x_BHQD, table_RD, acc_dtype):
   return jnp.einsum('bhqd,rd->bhqr', x_BHQD, table_RD, preferred_element_type=acc_dtype)
 
 
+def _row_tables(spec, inputs, acc_dtype, d_output=None) -> dict:
+  """The per-row tables the kernels read: qw = q·w^Kᵀ/sqrt(d) ('query_rows') and, given do,
+  do·w^Vᵀ ('d_output_rows'), each where its table exists."""
+  tables = {}
+  if inputs.rel_key is not None:
+    tables['query_rows'] = _row_table(inputs.query, inputs.rel_key, acc_dtype) * spec.scale
+  if d_output is not None and inputs.rel_value is not None:
+    tables['d_output_rows'] = _row_table(d_output, inputs.rel_value, acc_dtype)
+  return tables
+
+
 def _written(spec, query_offset, key_tiles):
   """bool [B|1, H|1, Qp, rows]: the per-row table entries the kernels write. Interior bucket r
   of row i is key j = pos_i + r - k, written when 0 <= j < kv_len and j's tile is in the row's
@@ -490,17 +501,15 @@ def _written(spec, query_offset, key_tiles):
   return interior | (bucket == 0) | (bucket == 2 * k)
 
 
-def _forward(spec, inputs):
+def _forward(spec, inputs, tile_ranges):
   """Output [B, H, Qp, D], logsumexp [B, H, Qp, 1] and the a^V term's bucket weights P'
-  [B, H, Qp, rows] (None without w^V)."""
+  [B, H, Qp, rows] (None without w^V). `tile_ranges`: `_tile_ranges` of the mask, or None."""
   tiling = spec.tiling
   batch, heads = inputs.query.shape[:2]
   acc_dtype = jnp.promote_types(inputs.value.dtype, jnp.float32)
-  row_tables = {}
-  if inputs.rel_key is not None:
-    row_tables['query_rows'] = _row_table(inputs.query, inputs.rel_key, acc_dtype) * spec.scale
-  key_tiles = None if inputs.mask is None else _tile_ranges(inputs.mask, tiling)[0]
-  call = _kernel_call(spec, inputs, _query_tiles(tiling), row_tables, key_tiles)
+  key_tiles = None if tile_ranges is None else tile_ranges[0]
+  query_tiles = _query_tiles(tiling)
+  call = _kernel_call(spec, inputs, query_tiles, _row_tables(spec, inputs, acc_dtype), key_tiles)
   with_values = inputs.rel_value is not None
   # With w^V, XLA adds P'·w^V to the kernel's output: the kernel's stays in float32 till then.
   add_forward_outputs(
@@ -508,7 +517,7 @@ def _forward(spec, inputs):
   )
   if with_values:
     shape = (batch, heads, tiling.q_padded, spec.table_rows)
-    call.output('bucket_lse', shape, acc_dtype, *_row_table_block(spec, _query_tiles(tiling)))
+    call.output('bucket_lse', shape, acc_dtype, *_row_table_block(spec, query_tiles))
   grid = (batch, heads, tiling.num_q_tiles)
   output, lse, *bucket_lse = call(_forward_kernel, grid, name='shaw_forward', spec=spec)
   if not with_values:
@@ -525,32 +534,32 @@ def _shaw_pallas(spec, inputs):
   [B, H, Kp, D] (padded to whole tiles, D to `triton_size`), tables [`table_rows`, D] or None,
   int8 mask [B|1, H|1, Qp, Kp] or None, int32 scalars [2] (query offset, dropout seed).
   Returns [B, H, Qp, D]."""
-  output, _, _ = _forward(spec, inputs)
+  output, _, _ = _forward(spec, inputs, _mask_tile_ranges(spec, inputs))
   return output
 
 
+def _mask_tile_ranges(spec, inputs):
+  """`_tile_ranges` of the inputs' mask (None without one): one read of the mask per call,
+  its result saved for the backward pass."""
+  return None if inputs.mask is None else _tile_ranges(inputs.mask, spec.tiling)
+
+
 def _shaw_pallas_fwd(spec, inputs):
-  output, lse, bucket_probs = _forward(spec, inputs)
-  return output, (inputs, output, lse, bucket_probs)
+  tile_ranges = _mask_tile_ranges(spec, inputs)
+  output, lse, bucket_probs = _forward(spec, inputs, tile_ranges)
+  return output, (inputs, output, lse, bucket_probs, tile_ranges)
 
 
 def _shaw_pallas_bwd(spec, residuals, d_output):
-  inputs, output, lse, bucket_probs = residuals
+  inputs, output, lse, bucket_probs, tile_ranges = residuals
   tiling = spec.tiling
   batch, heads, _, head_dim = inputs.query.shape
   block_k = tiling.block_k
   acc_dtype = jnp.promote_types(inputs.value.dtype, jnp.float32)
   d_output = d_output.astype(inputs.value.dtype)
   residuals = dict(output=output, lse=lse, d_output=d_output)
-  row_tables = {}
-  if inputs.rel_key is not None:
-    row_tables['query_rows'] = _row_table(inputs.query, inputs.rel_key, acc_dtype) * spec.scale
-  if inputs.rel_value is not None:
-    row_tables['d_output_rows'] = _row_table(d_output, inputs.rel_value, acc_dtype)
-
-  key_tiles = query_tile_range = None
-  if inputs.mask is not None:
-    key_tiles, query_tile_range = _tile_ranges(inputs.mask, tiling)
+  row_tables = _row_tables(spec, inputs, acc_dtype, d_output)
+  key_tiles, query_tile_range = (None, None) if tile_ranges is None else tile_ranges
 
   # dq and the per-bucket sums of ds: grid over query tiles.
   query_tiles = _query_tiles(tiling)
