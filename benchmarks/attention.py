@@ -117,10 +117,11 @@ def _kernels(names, n, k, heads, head_dim, dtype):
     fn = functools.partial(xl, implementation='pallas', block_sizes=blocks)
     return lambda q, key, v, p: fn(q, key, v, *p), xl_params
 
-  return {
-    name: pallas(*split_tiles(name)) if split_tiles(name)[0] in XLA_OF_PALLAS else kernels[name]
-    for name in names
-  }
+  def kernel(name):
+    base, blocks = split_tiles(name)
+    return pallas(base, blocks) if base in XLA_OF_PALLAS else kernels[name]
+
+  return {name: kernel(name) for name in names}
 
 
 def _forward_and_backward(fn):

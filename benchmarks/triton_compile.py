@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from absl import app, flags
 
 from relpos import runtime
+from relpos.attention import shaw_attention, xl_attention
 
 TRITON_CALL = '__gpu$xla.gpu.triton'
 
@@ -68,8 +69,6 @@ def define_flags():
 
 def _attention(name, length, head_dim, k, dtype, block_sizes):
   """(function of the inputs, their avals): relpos's Pallas attention with mask and dropout."""
-  from relpos.attention import shaw_attention, xl_attention
-
   batch, heads = 2, 4
   sds = jax.ShapeDtypeStruct
   qkv = [sds((batch, length, heads, head_dim), dtype)] * 3
