@@ -22,8 +22,9 @@
 #   tiles             Shaw's Pallas kernel at n = 2048, k = 16 with its default 64 x 64 tiles
 #                     and with 128 x 64 and 64 x 128 (8 warps), against vanilla and cuDNN;
 #   xl_tiles          XL's Pallas kernel at n = 512 with its default 32 x 32 tiles and with
-#                     16 x 16 and 32 x 16 (compiled for sm_90a, 16 x 16 spills nothing,
-#                     32 x 32 19-49 KB per thread: benchmarks/triton_compile.py).
+#                     16 x 16 and 32 x 64 (compiled for sm_90a with the register gather:
+#                     at most 532 bytes of spills per thread at 32 x 32, none at 16 x 16,
+#                     at most 1,084 at 32 x 64: benchmarks/triton_compile.py).
 # Logs: OUT_DIR/PART.log, plus env.log (GPU and versions) and summary.txt (each part's
 # command, exit status, 124 if out of time, and clock times). PYTHON picks the interpreter.
 set -u
@@ -70,5 +71,5 @@ part attention_8192 300 attention --config.lengths=8192 --config.repeats=1
 part tiles 150 attention --config.lengths=2048 --config.distances=16 \
   "--config.kernels=('vanilla','cudnn','shaw_pallas','shaw_pallas@128x64','shaw_pallas@64x128')"
 part xl_tiles 150 attention --config.lengths=512 --config.distances=16 --config.repeats=1 \
-  "--config.kernels=('vanilla','cudnn','xl','xl_pallas','xl_pallas@16x16','xl_pallas@32x16')"
+  "--config.kernels=('vanilla','cudnn','xl','xl_pallas','xl_pallas@16x16','xl_pallas@32x64')"
 cat "$out/summary.txt"

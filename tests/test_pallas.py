@@ -535,3 +535,17 @@ def test_unknown_implementation():
   for name, args in (('shaw', _shaw_args(rng, S, 2)), ('xl', _xl_args(rng, S))):
     with pytest.raises(ValueError, match="implementation must be one of 'auto', 'xla', 'pallas'"):
       KERNELS[name](*args, implementation='triton')
+
+
+def test_take_columns_gathers_each_row():
+  """`pallas_gather.take_columns` (XL's skew) outside a kernel: out[i, j] = x[i, index[i, j]],
+  and shapes it cannot take are a TypeError naming them."""
+  from relpos.attention.pallas_gather import take_columns
+
+  rng = np.random.default_rng(1701)
+  x = rng.standard_normal((5, 7)).astype(np.float32)
+  index = rng.integers(0, 7, size=(5, 3))
+  got = np.asarray(jax.jit(take_columns)(x, index))
+  np.testing.assert_array_equal(got, x[np.arange(5)[:, None], index])
+  with pytest.raises(TypeError, match=r'x \[Q, C\] and an index \[Q, K\]'):
+    take_columns(x, index[:4])

@@ -2,6 +2,7 @@
 'cuda' export, one file per pallas_call; compiling needs a Python with Triton."""
 
 import json
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -50,3 +51,17 @@ def test_bad_flags_and_interpreters_get_one_clear_error(tmp_path):
     bench.parse_block_sizes(['64by64'])
   with pytest.raises(RuntimeError, match='--triton_python=/nonexistent/python: cannot run it'):
     bench.compile_with_triton('/nonexistent/python', tmp_path)
+
+
+def test_xl_kernels_skew_with_a_register_gather(tmp_path):
+  """XL's relative shift lowers to Triton's `tt.gather` (`pallas_gather`) in all four kernels,
+  with no three-dimensional array left (the one-hot reductions it replaced were
+  [block_q, block_k, window])."""
+  fn, avals = bench._attention('xl', 48, 16, None, jnp.float32, (16, 16))
+  stems = bench.write_kernels(fn, avals, tmp_path, 'xl')
+  names = ['xl_forward', 'xl_backward_dq', 'xl_backward_dkv', 'xl_backward_drel']
+  assert [name for name, _ in stems.values()] == names
+  for stem in stems:
+    text = (tmp_path / f'{stem}.ttir').read_text()
+    assert 'tt.gather' in text, stem
+    assert re.search(r'tensor<\d+x\d+x\d+x', text) is None, stem

@@ -14,10 +14,7 @@ never a [q_len, kv_len] array in memory. This module holds the parts both use, o
   and the blocking of the inputs both kernels share (`Blocking`, `add_sequence_inputs`);
 - in-kernel maths: float32 matmuls (`dot`), the online-softmax step (`online_softmax_step`,
   `finish_softmax`), the recomputed probabilities and logit gradients of the backward pass
-  (`softmax_grads`), which (query, key) pairs of a tile may attend (`tile_pairs`), and
-  per-row gathers and their transpose as one-hot reductions over values held in registers
-  (`gather_columns`, `scatter_add_columns`: XL's skews), since Triton has no gather of a
-  register array (Shaw's kernels gather from memory instead, `pallas_shaw`);
+  (`softmax_grads`), and which (query, key) pairs of a tile may attend (`tile_pairs`);
 - attention dropout from a stateless counter-based hash (`dropout_keep_hashed`), because a
   fused kernel cannot materialise `jax.random.bernoulli` over [batch, heads, q_len, kv_len].
 
@@ -38,8 +35,7 @@ GPU, rejects these kernels: its async copies need multiples of 128 bytes and <= 
 per dimension), Mosaic on TPU, interpreted elsewhere. For Triton the wrappers pad head_dim,
 Shaw's 2k+1 buckets and XL's window of block_q + block_k - 1 distances to powers of two >= 16
 (`triton_size`; zeros, exact): Triton's blocks and dots need powers of two, dots >= 16. Given
-`block_sizes` must be powers of two >= 16 too (others fail to lower), and XL's one-hot
-reductions must stay within 2^20 elements (Triton's largest array).
+`block_sizes` must be powers of two >= 16 too (others fail to lower).
 
 What was measured, and how (README, On a GPU, has the figures):
 - On an NVIDIA H200 (jax 0.11.2) the first design of both kernels passed the float64-reference
@@ -48,13 +44,14 @@ What was measured, and how (README, On a GPU, has the figures):
   compiled for sm_90a they spilled 13-50 KB per thread. Shaw's kernels were then rewritten
   to gather from and scatter into per-row tables in memory (`pallas_shaw`), with 64 x 64 tiles;
   compiled the same way (`benchmarks/triton_compile.py`: pip's Triton 3.9 and its ptxas) they
-  spill at most 704 bytes per thread. They have not yet run on a GPU. XL's are unchanged.
+  spill at most 704 bytes per thread; XL's now read their skewed columns with a register
+  gather (`pallas_gather`) and spill at most 532. Neither rewrite has run on a GPU yet.
 - Lowering for 'cuda' (`jax.export`, no GPU needed): forward and gradient of both kernels,
   float32 and bfloat16, with mask, dropout and memory (Shaw: a query offset), at realistic and
   ragged sizes (tests/test_pallas.py::test_pallas_lowers_for_cuda_with_triton).
 - 'tpu': never run. Under an abstract TPU v5p mesh the first design's forward kernels passed
-  Pallas's Mosaic lowering; Shaw's gathers and masked scatters at computed addresses are
-  Triton operations, which Mosaic does not lower.
+  Pallas's Mosaic lowering; Shaw's gathers and masked scatters at computed addresses, and
+  XL's register gathers, are Triton operations, which Mosaic does not lower.
 """
 
 from __future__ import annotations
@@ -85,12 +82,6 @@ SCALARS_BLOCK = ((2,), lambda *grid: (0,))  # block shape and index map of the s
 # an H100's 227 KiB per block; at 64 x 64 the kernels took at most about 140 KiB.
 DEFAULT_BLOCK = 64
 MIN_TRITON_DIM = 16  # Triton's smallest dot dimension (tl.dot needs M, N, K >= 16)
-# Elements of a kernel's widest one-hot reduction (XL's), [block_q, block_k, columns], that
-# default tiles stay within. Triton's verifier rejects arrays over 2^20 elements; at 2^16 (32 x 32
-# tiles, 64 columns) every kernel compiled to sm_90a with pip's Triton 3.9, spilling, while
-# 2^20 (Shaw's first design, 128 x 128 x 64) and 2^19 (XL, 64 x 64 x 128) did not finish in 7
-# minutes.
-ONE_HOT_BUDGET = 2**16
 
 
 def resolve_implementation(implementation: str) -> str:
@@ -127,28 +118,15 @@ class Tiling:
   block_k: int
 
   @classmethod
-  def make(cls, q_len: int, kv_len: int, block_sizes=None, one_hot_columns=None) -> Tiling:
-    """`block_sizes` (block_q, block_k), or by default the tiles Triton can lower.
-
-    Default tiles start at min(DEFAULT_BLOCK, `triton_size(length)`) (powers of two, >= 16) and
-    are halved, the larger first, while the kernel's widest one-hot reduction,
-    [block_q, block_k, one_hot_columns(block_q, block_k)] elements, exceeds ONE_HOT_BUDGET.
-    Given block sizes are kept as they are: any positive sizes run interpreted; Triton needs
-    powers of two >= 16, and a one-hot reduction within 2^20 elements to lower at all.
+  def make(
+    cls, q_len: int, kv_len: int, block_sizes=None, default_block: int = DEFAULT_BLOCK
+  ) -> Tiling:
+    """`block_sizes` (block_q, block_k), or by default min(default_block, `triton_size(length)`)
+    per axis (powers of two >= 16, which Triton can lower). Given block sizes are kept as they
+    are: any positive sizes run interpreted; Triton needs powers of two >= 16.
     """
     if block_sizes is None:
-      block_q = min(DEFAULT_BLOCK, triton_size(q_len))
-      block_k = min(DEFAULT_BLOCK, triton_size(kv_len))
-      columns = one_hot_columns or (lambda block_q, block_k: 1)
-      while (
-        block_q * block_k * columns(block_q, block_k) > ONE_HOT_BUDGET
-        and max(block_q, block_k) > MIN_TRITON_DIM
-      ):
-        if block_q >= block_k:
-          block_q //= 2
-        else:
-          block_k //= 2
-      block_sizes = (block_q, block_k)
+      block_sizes = tuple(min(default_block, triton_size(n)) for n in (q_len, kv_len))
     block_q, block_k = (int(b) for b in block_sizes)
     if block_q < 1 or block_k < 1:
       raise ValueError(f'block_sizes must be two positive ints, got {block_sizes}')
@@ -346,25 +324,6 @@ def dot(a, b, *, transpose_a=False, transpose_b=False):
     dimensions,
     preferred_element_type=accumulation_dtype(operand),
   )
-
-
-def _column_hits(index_QK, columns: int):
-  """bool [Q, K, columns]: index[i, j] == c."""
-  return index_QK[:, :, None] == lax.broadcasted_iota(jnp.int32, (1, 1, columns), 2)
-
-
-def gather_columns(x_QC, index_QK):
-  """`out[i, j] = x[i, index[i, j]]` [Q, K] (index in [0, C); Q, K may broadcast from 1).
-
-  A one-hot reduction over C ([Q, K, C] elements), not a gather: Triton cannot lower
-  gathers. Exact: each output is one x plus zeros."""
-  return jnp.sum(jnp.where(_column_hits(index_QK, x_QC.shape[1]), x_QC[:, None, :], 0), axis=2)
-
-
-def scatter_add_columns(x_QK, index_QK, columns: int):
-  """`out[i, c] = Σ_{j: index[i, j] = c} x[i, j]` [Q, columns], the transpose of
-  `gather_columns` (indices outside [0, columns) drop out), also a one-hot reduction."""
-  return jnp.sum(jnp.where(_column_hits(index_QK, columns), x_QK[:, :, None], 0), axis=1)
 
 
 def positions(start, size: int, axis: int):

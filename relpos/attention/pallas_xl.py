@@ -7,17 +7,17 @@ Forward (grid batch × heads × query tiles; loop over key tiles, online softmax
 entirely in the causal future of the query tile are skipped by the loop bound). For a (query
 tile, key tile) pair the distances pos_i - j span a window of block_q + block_k - 1 rows of R,
 so the position term is one matmul (q + v)·R_windowᵀ [block_q, window] followed by a static
-skew: pair (i', j') reads column i' - j' + block_k - 1 (a one-hot reduction over the window,
-`gather_columns`). The window is those block_q + block_k - 1 rows padded to a power of two
-(`_window`). Only the output and the per-row logsumexp are saved for the backward pass.
+skew: pair (i', j') reads column i' - j' + block_k - 1, a register gather
+(`pallas_gather.take_columns`). The window is those block_q + block_k - 1 rows padded to a
+power of two (`_window`). Only the output and the per-row logsumexp are saved for the backward pass.
 
 Backward (flash-attention-2 style; every kernel recomputes p = exp(s - logsumexp) tile by tile
 and delta_i = do_i·o_i per query tile):
 - dq kernel, grid over query tiles, loop over key tiles: dq = (Σ_j ds_ij k_j + Σ_j ds_ij
   R[pos_i - j]) / sqrt(d), the second sum as the skewed-back ds [block_q, window]
-  (`scatter_add_columns`) times
-  R_window. The content and position halves, summed over the tile's rows, are per-tile partials
-  of d u and d v [batch, heads, query tiles, 1, d].
+  (`_unskew`: the skew is one-to-one, so its transpose is a gather with the same index map)
+  times R_window. The content and position halves, summed over the tile's rows, are
+  per-tile partials of d u and d v [batch, heads, query tiles, 1, d].
 - dk/dv kernel, grid over key tiles, loop over the query tiles that can see them.
 - d rel_key kernel, grid over tiles of distances t0 .. t0 + block_k - 1, loop over query
   tiles: the keys at those distances from a query tile are one contiguous run of
@@ -32,13 +32,15 @@ Layout: key, value, mask and R are padded on the left by `_XLSpec.pad` and on th
 `_XLSpec.extended` (whole key tiles) so every window and key run of the kernels is in bounds;
 pads are zeros, and masked. head_dim is padded with zeros to a power of two >= 16.
 
-Native lowering (see `pallas_common` for what was checked): the skews are one-hot reductions
-over the window, [block_q, block_k, window] per tile, because Triton has no gather (on TPU a
-strided `pltpu.roll` would be the usual, cheaper replacement); the window is a power of two
->= 16, and the default tiles keep block_q·block_k·window within
-`pallas_common.ONE_HOT_BUDGET` elements (32 x 32 tiles for long sequences). Forward and
-backward lower for 'cuda' through Triton, compile and run on a GPU (H200: correct, 82x / 255x
-vanilla XLA attention's fwd / fwd+bwd time at n = 512; README, On a GPU).
+Native lowering (see `pallas_common` for what was checked): the skews lower to Triton's
+register gather `tt.gather` (`pallas_gather`; Mosaic has no rule for it, so these kernels do not
+lower for a TPU); the window is a power of two >= 16; default tiles are 32 x 32
+(`DEFAULT_XL_BLOCK`). The first design read each skewed column by a one-hot reduction over
+[block_q, block_k, window] values in registers: it passed the float64-reference tests on an
+H200 but was 82x / 255x vanilla XLA attention's fwd / fwd+bwd time at n = 512 (README, On a
+GPU), and compiled for sm_90a it spilled 19-52 KB per thread; with the gather the same kernels
+spill at most 532 bytes (`benchmarks/triton_compile.py`). The gather version has not run on a
+GPU.
 """
 
 from __future__ import annotations
@@ -62,7 +64,6 @@ from relpos.attention.pallas_common import (
   dropout_seed,
   finish_softmax,
   from_kernel_layout,
-  gather_columns,
   init_softmax,
   kernel_mask,
   kernel_scalars,
@@ -71,7 +72,6 @@ from relpos.attention.pallas_common import (
   positions,
   query_residuals,
   read_scalars,
-  scatter_add_columns,
   sequence_tile_map,
   softmax_grads,
   tile_index,
@@ -80,12 +80,20 @@ from relpos.attention.pallas_common import (
   triton_size,
   whole_axis,
 )
+from relpos.attention.pallas_gather import take_columns
+
+# Default tile along each sequence axis (capped by length). Compiled for sm_90a
+# (`benchmarks/triton_compile.py`, n = 2048, mask and dropout), 32 x 32 tiles spill at most 8
+# bytes per thread in bf16 (532 in float32, the dR kernel) and take 46-120 KiB of shared
+# memory; 64 x 64 tiles spill 0.4-1.7 KB and take 144-336 KiB, over the 227 KiB an H100 or
+# H200 block may have.
+DEFAULT_XL_BLOCK = 32
 
 
 def _window(block_q: int, block_k: int) -> int:
   """Rows of R (and keys) the kernels read per (query tile, key tile) pair: the
   block_q + block_k - 1 distances the pair spans, padded to `triton_size` (the extra rows are
-  never selected by the skews). Also the width of their one-hot reductions."""
+  never selected by the skews)."""
   return triton_size(block_q + block_k - 1)
 
 
@@ -142,17 +150,29 @@ def _biased_queries(refs, rows):
   )
 
 
-def _skew_index(tiling):
-  """int32 [block_q, block_k]: `i' + block_k - 1 - j'` for row i', column j'. Key j' of a tile
-  is column i' + block_k - 1 - j' of its query i''s window over distances, and in the dR
-  kernel, distance column j' of query i' is column i' + block_k - 1 - j' of the key run."""
-  shape = (tiling.block_q, tiling.block_k)
+def _skew_index(tiling, columns=None):
+  """int32 [block_q, columns (default block_k)]: `i' + block_k - 1 - j'` for row i', column
+  j'. Key j' of a tile is column i' + block_k - 1 - j' of its query i''s window over
+  distances, and in the dR kernel, distance column j' of query i' is column
+  i' + block_k - 1 - j' of the key run. The map is its own inverse: window column c of
+  query i' is key i' + block_k - 1 - c (`_unskew`)."""
+  shape = (tiling.block_q, columns or tiling.block_k)
   return (
     lax.broadcasted_iota(jnp.int32, shape, 0)
     + tiling.block_k
     - 1
     - lax.broadcasted_iota(jnp.int32, shape, 1)
   )
+
+
+def _unskew(d_logits_QK, spec):
+  """The transpose of the forward skew, [block_q, window]: column c of query i' gets the
+  logit gradient of key i' + block_k - 1 - c of the tile, or 0 where that key is outside the
+  tile. Each window column of a row holds at most one key, so this is a gather too."""
+  key_column = _skew_index(spec.tiling, spec.window)
+  inside = (key_column >= 0) & (key_column < spec.tiling.block_k)
+  gathered = take_columns(d_logits_QK, jnp.clip(key_column, 0, spec.tiling.block_k - 1))
+  return jnp.where(inside, gathered, 0)
 
 
 def _rel_window(spec, refs, query_start, key_start):
@@ -175,7 +195,7 @@ def _tile(spec, refs, seed, b, h, q_content, q_position, query_start, key_start,
   """Logits [block_q, block_k], allowed pairs, dropout factor and the R window of one tile."""
   rel_window = _rel_window(spec, refs, query_start, key_start)
   content = dot(q_content, key, transpose_b=True)
-  position = gather_columns(dot(q_position, rel_window, transpose_b=True), _skew_index(spec.tiling))
+  position = take_columns(dot(q_position, rel_window, transpose_b=True), _skew_index(spec.tiling))
   logits = (content + position) * spec.scale
   key_index = positions(key_start, spec.tiling.block_k, 1)
   allowed, keep_scale = _pairs(spec, seed, b, h, query_start, key_index, mask)
@@ -262,8 +282,7 @@ def _d_query_kernel(refs, *, spec):
       spec, refs, seed, b, h, query_side, key_start, key, refs.value[rows, :], mask
     )
     d_content_QD = d_content_QD + dot(d_logits.astype(key.dtype), key)
-    d_window = scatter_add_columns(d_logits, _skew_index(tiling), spec.window)
-    d_window = d_window.astype(rel_window.dtype)
+    d_window = _unskew(d_logits, spec).astype(rel_window.dtype)
     d_position_QD = d_position_QD + dot(d_window, rel_window)
     return d_content_QD, d_position_QD
 
@@ -330,11 +349,11 @@ def _d_rel_key_kernel(refs, *, spec):
     keys = _key_rows(spec, run_start, run)
     mask = None
     if refs.mask is not None:
-      mask = gather_columns(refs.mask[rows, keys].astype(jnp.int32), run_column)
-    content = gather_columns(dot(q_content, refs.key[keys, :], transpose_b=True), run_column)
+      mask = take_columns(refs.mask[rows, keys].astype(jnp.int32), run_column)
+    content = take_columns(dot(q_content, refs.key[keys, :], transpose_b=True), run_column)
     logits = (content + dot(q_position, rel_block, transpose_b=True)) * spec.scale
     allowed, keep_scale = _pairs(spec, seed, b, h, query_start, run_start + run_column, mask)
-    d_dropped = gather_columns(dot(d_output, refs.value[keys, :], transpose_b=True), run_column)
+    d_dropped = take_columns(dot(d_output, refs.value[keys, :], transpose_b=True), run_column)
     _, d_logits = softmax_grads(logits, allowed, lse, d_dropped, delta, keep_scale)
     return d_rel_CD + dot(d_logits.astype(q_position.dtype), q_position, transpose_a=True)
 
@@ -522,7 +541,7 @@ def xl_attention_pallas(
   """
   batch, q_len, heads, head_dim = query.shape
   kv_len = key.shape[1]
-  tiling = Tiling.make(q_len, kv_len, block_sizes, _window)
+  tiling = Tiling.make(q_len, kv_len, block_sizes, DEFAULT_XL_BLOCK)
   spec = _XLSpec(tiling, float(dropout_rate), head_dim**-0.5)
   bias_shape = (heads, 1, triton_size(head_dim))
   seed = dropout_seed(dropout_rng) if spec.dropout_rate > 0.0 else None
