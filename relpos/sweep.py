@@ -23,7 +23,9 @@ Then the sweep writes under `<workdir>`:
 - `sweep.csv` / `sweep.md`: one row per value, `value, n, mean, std, p_value, p_seeds` (std
   over seeds, ddof 1; both p-values against `--baseline`, the first value by default);
 - `sweep_seeds.csv`: one row per run;
-- `sweep.png`: the mean with ±std error bars.
+- `sweep.png`: the mean with ±std error bars;
+- with `--by_source_length=5,7,10` (translation), the same per bucket of source length in
+  words: `sweep_by_length.{csv,md,png}` (`relpos.by_length`).
 
 p_value is a paired bootstrap over the test items, seeds pooled (`relpos.significance`):
 sacreBLEU's test on the translations for BLEU, the same test over evaluation segments for
@@ -52,7 +54,7 @@ from ml_collections import config_flags
 matplotlib.use('Agg')
 from matplotlib import pyplot as plt  # noqa: E402
 
-from relpos import runtime, significance  # noqa: E402
+from relpos import by_length, runtime, significance  # noqa: E402
 from relpos.config import load_config_file  # noqa: E402
 from relpos.training import run_config, tasks  # noqa: E402
 from relpos.training.preemption import PreemptedError  # noqa: E402
@@ -360,9 +362,11 @@ def sweep(
   *,
   train=True,
   variant_of=None,
+  length_edges=None,
 ):
-  """Trains and evaluates every unfinished run (if `train`), then writes the tables and plot;
-  returns the per-value summary. `variant_of`: see `check_sweep`."""
+  """Trains and evaluates every unfinished run (if `train`), then writes the tables and plot
+  (and, given `length_edges`, the BLEU by source length: `relpos.by_length`); returns the
+  per-value summary. `variant_of`: see `check_sweep`."""
   task = tasks.get(config)
   root.mkdir(parents=True, exist_ok=True)
   if train:
@@ -381,7 +385,24 @@ def sweep(
   summary = summarise(config, rows, values, metric, baseline)
   print(write_tables(summary, rows, root, field, metric, baseline))
   print(f'plot: {plot(summary, rows, root, field, metric)}')
+  if length_edges:
+    write_by_length(config, rows, values, baseline, root, field, length_edges)
   return summary
+
+
+def write_by_length(config, rows, values, baseline, root: Path, field: str, edges) -> None:
+  """`relpos.by_length`'s tables and plot of the finished translation runs in `rows`."""
+  from relpos.data.translation import read_pairs  # translation only
+
+  sources, references = read_pairs(config.data, 'eval')[:2]
+  translations = {}
+  for value in values:
+    value_rows = [row for row in rows if row['value'] == value]
+    if value_rows:
+      translations[value] = _pooled_items(config, 'bleu', value_rows)
+  summary, per_run = by_length.score(sources, references, translations, baseline, edges)
+  print(by_length.write_tables(summary, per_run, root, field, baseline))
+  print(f'plot: {by_length.plot(summary, root, field)}')
 
 
 def main(argv):
@@ -414,6 +435,12 @@ def main(argv):
     if baseline not in values:
       raise ValueError(f'--baseline={args.baseline} is not one of --values')
     check_sweep(config, field, values, seeds, metric, variant_of)
+    if args.by_source_length:
+      if metric != 'bleu':
+        raise ValueError(
+          f'--by_source_length needs a translation sweep (metric bleu, not {metric})'
+        )
+      by_length.buckets(args.by_source_length)
     if args.print_only:
       print('\n'.join(commands(config_arg, overrides, root, field, values, seeds)))
       return
@@ -427,6 +454,7 @@ def main(argv):
       baseline,
       train=not args.collect_only,
       variant_of=variant_of,
+      length_edges=args.by_source_length,
     )
   except PreemptedError as stopped:  # SIGTERM: the run in progress saved a checkpoint
     print(f'{stopped} (the sweep command resumes it and skips finished runs)', file=sys.stderr)
@@ -448,6 +476,9 @@ def define_flags():
   flags.DEFINE_string('metric', None, "Result to tabulate (default: the task's, bleu or bpc).")
   flags.DEFINE_bool('print_only', False, 'Print the commands, run nothing.')
   flags.DEFINE_bool('collect_only', False, 'Tabulate finished runs, run nothing.')
+  flags.DEFINE_list(
+    'by_source_length', None, 'Also BLEU per bucket of source words, e.g. 5,7,10 (translation).'
+  )
   flags.mark_flag_as_required('config')
 
 

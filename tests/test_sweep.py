@@ -192,6 +192,11 @@ def test_print_only_sweeps_presets_of_the_config_file(tmp_path):
     (['--config=configs/translate_tiny.py:absolute', '--values=0,4'], 'does not read it'),
     (['--config=configs/char_tiny.py:shaw', '--values=2,4', '--baseline=8'], 'not one of'),
     (['--config=configs/char_tiny.py:shaw', '--config.model.n_head=2'], 'model.num_heads'),
+    (['--config=configs/char_tiny.py:shaw', '--by_source_length=4'], 'needs a translation sweep'),
+    (
+      ['--config=configs/translate_tiny.py:shaw', '--by_source_length=6,4'],
+      'increasing positive word counts',
+    ),
   ],
 )
 def test_command_line_errors_are_one_line_before_training(tmp_path, args, message):
@@ -236,8 +241,19 @@ def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compila
   variant.optim.learning_rate = 0.25
   assert not sweep.is_finished(seeds[0], variant, seeds[0])
   stamps = {run: (run / 'eval_results.json').stat().st_mtime_ns for run in seeds}
-  sweep.sweep(config, root, 'model.position', ['shaw', 'absolute'], [0, 1], 'bleu', 'shaw')
+  sweep.sweep(
+    config, root, 'model.position', ['shaw', 'absolute'], [0, 1], 'bleu', 'shaw', length_edges=[3]
+  )
   assert stamps == {run: (run / 'eval_results.json').stat().st_mtime_ns for run in seeds}
+  # --by_source_length: every run scored per bucket, the buckets' sentences adding up to all.
+  with open(root / 'sweep_by_length.csv') as stream:
+    by_bucket = list(csv.DictReader(stream))
+  buckets = {row['bucket']: int(row['sentences']) for row in by_bucket}
+  assert set(buckets) <= {'1-3', '4+'} and sum(buckets.values()) == 8
+  assert {(row['value'], row['bucket'], row['n']) for row in by_bucket} == {
+    (value, bucket, '2') for value in ('shaw', 'absolute') for bucket in buckets
+  }
+  assert (root / 'sweep_by_length.md').exists() and (root / 'sweep_by_length.png').exists()
 
 
 def test_char_lm_sweep_of_k_end_to_end_with_bpc_p_values(tmp_path, compilation_cache):
