@@ -11,7 +11,7 @@ whatever its vocabulary. For each swept value and bucket it scores each seed's t
 the bucket's sentences with sacreBLEU and reports, as `relpos.sweep` does for the whole set:
 mean ± std over seeds, the difference of the means from the baseline's, and two p-values
 against the baseline (`relpos.significance`): a paired bootstrap over the bucket's
-sentences with the seeds pooled, and a paired t-test over the seeds. It writes
+sentences with the seeds pooled, and a paired t-test over the seeds. The sweep writes
 `sweep_by_length.csv` (one row per value and bucket), `sweep_by_length_seeds.csv` (one row
 per run and bucket), `sweep_by_length.md` and `sweep_by_length.png` (BLEU against bucket,
 one line per value, ±std error bars).
@@ -23,7 +23,6 @@ within a bucket, not buckets with each other.
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import matplotlib
@@ -35,6 +34,7 @@ from relpos import metrics, significance  # noqa: E402
 
 SUMMARY_COLUMNS = ('value', 'bucket', 'sentences', 'n', 'mean', 'std', 'difference', 'p_value')
 SUMMARY_COLUMNS += ('p_seeds',)
+SEED_COLUMNS = ('value', 'seed', 'bucket', 'bleu')
 
 
 def buckets(edges) -> list[tuple[str, int, int | None]]:
@@ -108,18 +108,9 @@ def score(sources, references, translations: dict, baseline, edges) -> tuple[lis
   return summary, per_run
 
 
-def _write_csv(path: Path, rows, columns) -> None:
-  with open(path, 'w', newline='') as stream:
-    writer = csv.DictWriter(stream, fieldnames=list(columns))
-    writer.writeheader()
-    writer.writerows(rows)
-
-
-def write_tables(summary, per_run, root: Path, field: str, baseline) -> str:
-  """Writes sweep_by_length.csv, sweep_by_length_seeds.csv and sweep_by_length.md; returns
-  the markdown: BLEU per value and bucket, then each value's difference from the baseline."""
-  _write_csv(root / 'sweep_by_length.csv', summary, SUMMARY_COLUMNS)
-  _write_csv(root / 'sweep_by_length_seeds.csv', per_run, ('value', 'seed', 'bucket', 'bleu'))
+def markdown(summary, field: str, baseline) -> str:
+  """BLEU per value and bucket (mean ± std), then each value's difference from the baseline
+  with its two p-values."""
   labels = list(dict.fromkeys(row['bucket'] for row in summary))
   sentences = {row['bucket']: row['sentences'] for row in summary}
   values = list(dict.fromkeys(row['value'] for row in summary))
@@ -154,9 +145,7 @@ def write_tables(summary, per_run, root: Path, field: str, baseline) -> str:
       p_items, p_seeds = significance.p_text(row['p_value']), significance.p_text(row['p_seeds'])
       cells.append(f'{row["difference"]:+.2f} (p {p_items} / {p_seeds})')
     lines.append(f'| {value} | {" | ".join(cells)} |')
-  markdown = '\n'.join(lines) + '\n'
-  (root / 'sweep_by_length.md').write_text(markdown)
-  return markdown
+  return '\n'.join(lines) + '\n'
 
 
 def plot(summary, root: Path, field: str) -> Path:

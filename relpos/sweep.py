@@ -401,7 +401,11 @@ def write_by_length(config, rows, values, baseline, root: Path, field: str, edge
     if value_rows:
       translations[value] = _pooled_items(config, 'bleu', value_rows)
   summary, per_run = by_length.score(sources, references, translations, baseline, edges)
-  print(by_length.write_tables(summary, per_run, root, field, baseline))
+  _write_csv(root / 'sweep_by_length.csv', summary, by_length.SUMMARY_COLUMNS)
+  _write_csv(root / 'sweep_by_length_seeds.csv', per_run, by_length.SEED_COLUMNS)
+  markdown = by_length.markdown(summary, field, baseline)
+  (root / 'sweep_by_length.md').write_text(markdown)
+  print(markdown)
   print(f'plot: {by_length.plot(summary, root, field)}')
 
 

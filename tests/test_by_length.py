@@ -35,7 +35,7 @@ def test_scores_each_bucket_and_tests_against_the_baseline(tmp_path):
   assert row['good', '1-3']['difference'] > 50 and row['good', '1-3']['p_value'] < 0.01
   assert row['good', '4+']['difference'] == pytest.approx(0.0)
   assert row['bad', '1-3']['difference'] is None  # the baseline
-  markdown = by_length.write_tables(summary, per_run, tmp_path, 'model.position', 'bad')
+  markdown = by_length.markdown(summary, 'model.position', 'bad')
   assert '| good | 100.00 ± 0.00 |' in markdown
   assert by_length.plot(summary, tmp_path, 'model.position').exists()
   with pytest.raises(ValueError, match='bad seed 0: 3 translations for 24 sources'):
