@@ -44,6 +44,7 @@ on this command line is passed on to every run.
 import csv
 import json
 import sys
+import time
 from pathlib import Path
 
 import matplotlib
@@ -351,6 +352,22 @@ def plot(summary: list[dict], rows: list[dict], root: Path, field: str, metric: 
   return path
 
 
+def progress(done: int, total: int, started: float) -> str:
+  """'run 3 of 8, ...' for the sweep's next run: with runs done in this call, the elapsed
+  time and an ETA for the rest at their mean time (a resumed run may take less)."""
+  text = f'run {done + 1} of {total} to train'
+  if done:
+    elapsed = time.monotonic() - started
+    remaining = elapsed / done * (total - done)
+    text += f', {_minutes(elapsed)} so far, about {_minutes(remaining)} left'
+  return text
+
+
+def _minutes(seconds: float) -> str:
+  minutes = round(seconds / 60)
+  return f'{minutes // 60} h {minutes % 60:02d} min' if minutes >= 60 else f'{minutes} min'
+
+
 def sweep(
   config,
   root: Path,
@@ -370,12 +387,16 @@ def sweep(
   task = tasks.get(config)
   root.mkdir(parents=True, exist_ok=True)
   if train:
+    todo = []
     for value, seed, variant in runs(config, field, values, seeds, variant_of):
       workdir, results_dir = model_dir(root, field, value, seed), run_dir(root, field, value, seed)
       if is_finished(results_dir, variant, workdir):
         print(f'=== {field}={value} seed={seed}: finished, kept ({results_dir})', flush=True)
-        continue
-      print(f'=== {field}={value} seed={seed}', flush=True)
+      else:
+        todo.append((value, seed, variant, workdir, results_dir))
+    started = time.monotonic()
+    for done, (value, seed, variant, workdir, results_dir) in enumerate(todo):
+      print(f'=== {field}={value} seed={seed} ({progress(done, len(todo), started)})', flush=True)
       task.train_model(variant, workdir)
       result = task.evaluate(variant, workdir, output_dir=results_dir)
       print('\n'.join(task.result_lines(result)), flush=True)
