@@ -24,8 +24,9 @@ Then the sweep writes under `<workdir>`:
   over seeds, ddof 1; both p-values against `--baseline`, the first value by default);
 - `sweep_seeds.csv`: one row per run;
 - `sweep.png`: the mean with ±std error bars;
-- with `--by_source_length=5,7,10` (translation), the same per bucket of source length in
-  words: `sweep_by_length.{csv,md,png}` (`relpos.by_length`).
+- with `--by_source_length=4,6,8` (translation) or `--by_position=1,4,8,16,32` (character
+  LM), the same per bucket of source length in words or of position within the evaluation
+  segment: `sweep_by_length.*` or `sweep_by_position.*` (`relpos.breakdown`).
 
 p_value is a paired bootstrap over the test items, seeds pooled (`relpos.significance`):
 sacreBLEU's test on the translations for BLEU, the same test over evaluation segments for
@@ -55,7 +56,7 @@ from ml_collections import config_flags
 matplotlib.use('Agg')
 from matplotlib import pyplot as plt  # noqa: E402
 
-from relpos import by_length, runtime, significance  # noqa: E402
+from relpos import breakdown, runtime, significance  # noqa: E402
 from relpos.config import load_config_file  # noqa: E402
 from relpos.training import run_config, tasks  # noqa: E402
 from relpos.training.preemption import PreemptedError  # noqa: E402
@@ -379,10 +380,10 @@ def sweep(
   *,
   train=True,
   variant_of=None,
-  length_edges=None,
+  breakdowns=(),
 ):
   """Trains and evaluates every unfinished run (if `train`), then writes the tables and plot
-  (and, given `length_edges`, the BLEU by source length: `relpos.by_length`); returns the
+  (and those of each (`relpos.breakdown.Breakdown`, edges) in `breakdowns`); returns the
   per-value summary. `variant_of`: see `check_sweep`."""
   task = tasks.get(config)
   root.mkdir(parents=True, exist_ok=True)
@@ -406,28 +407,40 @@ def sweep(
   summary = summarise(config, rows, values, metric, baseline)
   print(write_tables(summary, rows, root, field, metric, baseline))
   print(f'plot: {plot(summary, rows, root, field, metric)}')
-  if length_edges:
-    write_by_length(config, rows, values, baseline, root, field, length_edges)
+  for kind, edges in breakdowns:
+    write_breakdown(config, rows, baseline, root, field, kind, edges)
   return summary
 
 
-def write_by_length(config, rows, values, baseline, root: Path, field: str, edges) -> None:
-  """`relpos.by_length`'s tables and plot of the finished translation runs in `rows`."""
-  from relpos.data.translation import read_pairs  # translation only
+def write_breakdown(config, rows, baseline, root: Path, field: str, kind, edges) -> None:
+  """The tables and plot of one `relpos.breakdown` of the finished runs in `rows`."""
+  by_value = {}
+  for row in rows:
+    by_value.setdefault(row['value'], []).append(row)
+  if kind is breakdown.SOURCE_LENGTH:
+    from relpos.data.translation import read_pairs  # translation only
 
-  sources, references = read_pairs(config.data, 'eval')[:2]
-  translations = {}
-  for value in values:
-    value_rows = [row for row in rows if row['value'] == value]
-    if value_rows:
-      translations[value] = _pooled_items(config, 'bleu', value_rows)
-  summary, per_run = by_length.score(sources, references, translations, baseline, edges)
-  _write_csv(root / 'sweep_by_length.csv', summary, by_length.SUMMARY_COLUMNS)
-  _write_csv(root / 'sweep_by_length_seeds.csv', per_run, by_length.SEED_COLUMNS)
-  markdown = by_length.markdown(summary, field, baseline)
-  (root / 'sweep_by_length.md').write_text(markdown)
+    sources, references = read_pairs(config.data, 'eval')[:2]
+    translations = {value: _pooled_items(config, 'bleu', runs) for value, runs in by_value.items()}
+    summary, per_run = breakdown.bleu_by_source_length(
+      sources, references, translations, baseline, edges
+    )
+  else:
+    results = {
+      value: {
+        run['seed']: json.loads((Path(run['workdir']) / 'eval_results.json').read_text())
+        for run in runs
+      }
+      for value, runs in by_value.items()
+    }
+    summary, per_run = breakdown.bpc_by_position(results, baseline, edges)
+  _write_csv(root / f'sweep_{kind.name}.csv', summary, breakdown.SUMMARY_COLUMNS)
+  seed_columns = ('value', 'seed', 'bucket', kind.metric)
+  _write_csv(root / f'sweep_{kind.name}_seeds.csv', per_run, seed_columns)
+  markdown = breakdown.markdown(summary, kind, field, baseline)
+  (root / f'sweep_{kind.name}.md').write_text(markdown)
   print(markdown)
-  print(f'plot: {by_length.plot(summary, root, field)}')
+  print(f'plot: {breakdown.plot(summary, per_run, kind, root, field, baseline)}')
 
 
 def main(argv):
@@ -460,12 +473,16 @@ def main(argv):
     if baseline not in values:
       raise ValueError(f'--baseline={args.baseline} is not one of --values')
     check_sweep(config, field, values, seeds, metric, variant_of)
-    if args.by_source_length:
-      if metric != 'bleu':
-        raise ValueError(
-          f'--by_source_length needs a translation sweep (metric bleu, not {metric})'
-        )
-      by_length.buckets(args.by_source_length)
+    breakdowns = []
+    for kind, edges in (
+      (breakdown.SOURCE_LENGTH, args.by_source_length),
+      (breakdown.POSITION, args.by_position),
+    ):
+      if edges:
+        if metric != kind.metric:
+          raise ValueError(f'{kind.flag} needs a sweep of {kind.metric}, not {metric}')
+        breakdown.buckets(edges, kind)
+        breakdowns.append((kind, edges))
     if args.print_only:
       print('\n'.join(commands(config_arg, overrides, root, field, values, seeds)))
       return
@@ -479,7 +496,7 @@ def main(argv):
       baseline,
       train=not args.collect_only,
       variant_of=variant_of,
-      length_edges=args.by_source_length,
+      breakdowns=breakdowns,
     )
   except PreemptedError as stopped:  # SIGTERM: the run in progress saved a checkpoint
     print(f'{stopped} (the sweep command resumes it and skips finished runs)', file=sys.stderr)
@@ -502,7 +519,10 @@ def define_flags():
   flags.DEFINE_bool('print_only', False, 'Print the commands, run nothing.')
   flags.DEFINE_bool('collect_only', False, 'Tabulate finished runs, run nothing.')
   flags.DEFINE_list(
-    'by_source_length', None, 'Also BLEU per bucket of source words, e.g. 5,7,10 (translation).'
+    'by_source_length', None, 'Also BLEU per bucket of source words, e.g. 4,6,8 (translation).'
+  )
+  flags.DEFINE_list(
+    'by_position', None, 'Also bpc per bucket of position in the segment, e.g. 1,4,8,16,32.'
   )
   flags.mark_flag_as_required('config')
 

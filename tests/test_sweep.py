@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import load_config, tiny_char_config, tiny_translate_config, write_pair_corpus
 
-from relpos import sweep
+from relpos import breakdown, sweep
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -192,10 +192,11 @@ def test_print_only_sweeps_presets_of_the_config_file(tmp_path):
     (['--config=configs/translate_tiny.py:absolute', '--values=0,4'], 'does not read it'),
     (['--config=configs/char_tiny.py:shaw', '--values=2,4', '--baseline=8'], 'not one of'),
     (['--config=configs/char_tiny.py:shaw', '--config.model.n_head=2'], 'model.num_heads'),
-    (['--config=configs/char_tiny.py:shaw', '--by_source_length=4'], 'needs a translation sweep'),
+    (['--config=configs/char_tiny.py:shaw', '--by_source_length=4'], 'of bleu, not bpc'),
+    (['--config=configs/translate_tiny.py:shaw', '--by_position=8'], 'of bpc, not bleu'),
     (
       ['--config=configs/translate_tiny.py:shaw', '--by_source_length=6,4'],
-      'increasing positive word counts',
+      '--by_source_length must be increasing positive integers',
     ),
   ],
 )
@@ -242,13 +243,20 @@ def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compila
   assert not sweep.is_finished(seeds[0], variant, seeds[0])
   stamps = {run: (run / 'eval_results.json').stat().st_mtime_ns for run in seeds}
   sweep.sweep(
-    config, root, 'model.position', ['shaw', 'absolute'], [0, 1], 'bleu', 'shaw', length_edges=[3]
+    config,
+    root,
+    'model.position',
+    ['shaw', 'absolute'],
+    [0, 1],
+    'bleu',
+    'shaw',
+    breakdowns=[(breakdown.SOURCE_LENGTH, [3])],
   )
   assert stamps == {run: (run / 'eval_results.json').stat().st_mtime_ns for run in seeds}
   # --by_source_length: every run scored per bucket, the buckets' sentences adding up to all.
   with open(root / 'sweep_by_length.csv') as stream:
     by_bucket = list(csv.DictReader(stream))
-  buckets = {row['bucket']: int(row['sentences']) for row in by_bucket}
+  buckets = {row['bucket']: int(row['count']) for row in by_bucket}
   assert set(buckets) <= {'1-3', '4+'} and sum(buckets.values()) == 8
   assert {(row['value'], row['bucket'], row['n']) for row in by_bucket} == {
     (value, bucket, '2') for value in ('shaw', 'absolute') for bucket in buckets
@@ -260,11 +268,35 @@ def test_char_lm_sweep_of_k_end_to_end_with_bpc_p_values(tmp_path, compilation_c
   text = tmp_path / 'text.txt'
   text.write_text('the cat sat on the mat. ' * 300)
   config = tiny_char_config(text, steps=3, preset='shaw')
+  root = tmp_path / 'k'
   summary = sweep.sweep(
-    config, tmp_path / 'k', 'model.max_relative_position', [0, 2], [0, 1], 'bpc', baseline=0
+    config,
+    root,
+    'model.max_relative_position',
+    [0, 2],
+    [0, 1],
+    'bpc',
+    baseline=0,
+    breakdowns=[(breakdown.POSITION, [1, 4])],
   )
   assert [(row['value'], row['n']) for row in summary] == [(0, 2), (2, 2)]
   assert 0 < summary[1]['p_value'] <= 1
+  # --by_position: per run, the buckets' bpc weighted by their characters is the run's bpc.
+  with open(root / 'sweep_by_position_seeds.csv') as stream:
+    per_run = list(csv.DictReader(stream))
+  with open(root / 'sweep_by_position.csv') as stream:
+    counts = {row['bucket']: int(row['count']) for row in csv.DictReader(stream)}
+  assert list(counts) == ['1', '2-4', '5+']
+  for value, seed in ((0, 0), (2, 1)):
+    results = json.loads(
+      (
+        sweep.run_dir(root, 'model.max_relative_position', value, seed) / 'eval_results.json'
+      ).read_text()
+    )
+    rows = [r for r in per_run if (r['value'], r['seed']) == (str(value), str(seed))]
+    pooled = sum(float(r['bpc']) * counts[r['bucket']] for r in rows) / sum(counts.values())
+    assert pooled == pytest.approx(results['bpc'], rel=1e-5)
+    assert sum(results['position_tokens']) == results['tokens']
 
 
 def test_an_eval_field_sweep_trains_once_per_seed_and_scores_every_value(

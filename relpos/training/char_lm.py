@@ -19,6 +19,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from relpos.config import checks
@@ -124,13 +125,14 @@ def train_step_fn(config, graphdef, mesh):
 
 @functools.partial(jax.jit, static_argnums=(0, 5, 6))
 def _segment_nats(graphdef, state, memory, inputs, targets, clamp_len, same_length):
-  """(summed nats of one segment, the next memory); compiled once per model structure, segment
-  shape and settings, so periodic validation does not recompile."""
+  """(nats of one segment summed over its rows, per position [L]; the next memory); compiled
+  once per model structure, segment shape and settings, so periodic validation does not
+  recompile."""
   model = nnx.merge(graphdef, state)
   logits, memory = model(
     inputs, memory, deterministic=True, clamp_len=clamp_len, same_length=same_length
   )
-  return jnp.sum(nats_per_token(logits, targets)), memory
+  return jnp.sum(nats_per_token(logits, targets), axis=0), memory
 
 
 def bits_per_char(model, tokens, span, *, batch_size: int, max_segments: int = 0) -> dict:
@@ -138,8 +140,11 @@ def bits_per_char(model, tokens, span, *, batch_size: int, max_segments: int = 0
 
   `span` is the config section (config.train or config.eval) whose tgt_len, mem_len,
   clamp_len and same_length apply. Returns {'bpc', 'nats', 'tokens', 'segment_nats',
-  'segment_tokens'}: the last two per segment (the items of `relpos.significance`'s paired
-  test). `max_segments` > 0 scores only the first segments.
+  'segment_tokens', 'position_bpc', 'position_tokens'}: segment_* per segment (the items of
+  `relpos.significance`'s paired test), position_* per position within a segment (0 to
+  tgt_len - 1, pooled over segments and rows: how the loss falls as the segment gives more
+  context of its own; `relpos.breakdown`). `max_segments` > 0 scores only the first
+  segments.
   """
   graphdef, state = nnx.split(model)
   batches = OrderedBatches(tokens, batch_size, span.tgt_len)
@@ -159,7 +164,12 @@ def bits_per_char(model, tokens, span, *, batch_size: int, max_segments: int = 0
     )
     segment_nats.append(nats)
     segment_tokens.append(targets.size)
-  segment_nats = [float(nats) for nats in jax.device_get(segment_nats)]
+  position_nats, position_tokens = np.zeros(span.tgt_len), np.zeros(span.tgt_len)
+  nats_per_position = jax.device_get(segment_nats)  # [L] per segment (the last may be short)
+  for nats_L, tokens in zip(nats_per_position, segment_tokens, strict=True):
+    position_nats[: len(nats_L)] += nats_L
+    position_tokens[: len(nats_L)] += tokens // len(nats_L)
+  segment_nats = [math.fsum(map(float, nats_L)) for nats_L in nats_per_position]
   total_nats, total_tokens = math.fsum(segment_nats), sum(segment_tokens)
   return {
     'bpc': total_nats / total_tokens / math.log(2),
@@ -167,6 +177,11 @@ def bits_per_char(model, tokens, span, *, batch_size: int, max_segments: int = 0
     'tokens': total_tokens,
     'segment_nats': segment_nats,
     'segment_tokens': segment_tokens,
+    'position_bpc': [
+      float(nats / tokens / math.log(2)) if tokens else None
+      for nats, tokens in zip(position_nats, position_tokens, strict=True)
+    ],
+    'position_tokens': [int(tokens) for tokens in position_tokens],
   }
 
 
