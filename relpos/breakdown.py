@@ -60,7 +60,9 @@ class Breakdown(NamedTuple):
   metric: str
 
 
-SOURCE_LENGTH = Breakdown('--by_source_length', 'by_length', 'words', 'sentences', 'bleu')
+SOURCE_LENGTH = Breakdown(
+  '--by_source_length', 'by_length', 'source length in words', 'sentences', 'bleu'
+)
 POSITION = Breakdown('--by_position', 'by_position', 'position in segment', 'characters', 'bpc')
 
 
@@ -109,7 +111,8 @@ def bleu_by_source_length(sources, references, translations: dict, baseline, edg
           bleu = metrics.corpus_bleu(hypotheses, [references[i] for i in chosen]).score
           per_run.append({'value': value, 'seed': seed, 'bucket': label, 'bleu': bleu})
 
-  def p_items(value, seeds, chosen):
+  def p_items(value, seeds, label):
+    chosen = members[label]
     return significance.bleu_p_value(
       [translations[baseline][s][i] for s in seeds for i in chosen],
       [translations[value][s][i] for s in seeds for i in chosen],
@@ -117,14 +120,7 @@ def bleu_by_source_length(sources, references, translations: dict, baseline, edg
     )
 
   counts = {label: len(chosen) for label, chosen in members.items() if chosen}
-  sized = {label: members[label] for label in counts}
-  return _summarise(
-    per_run,
-    counts,
-    baseline,
-    'bleu',
-    lambda value, seeds, label: p_items(value, seeds, sized[label]),
-  )
+  return _summarise(per_run, counts, baseline, 'bleu', p_items)
 
 
 def bpc_by_position(results: dict, baseline, edges):
