@@ -89,8 +89,9 @@ def resolve_implementation(implementation: str) -> str:
 
   'auto' means "pallas where it runs natively and fast, xla elsewhere". No backend qualifies:
   on a GPU the first design of the kernels ran but was 6-21x slower than 'xla' (H200,
-  n = 2048, README), Shaw's rewrite has not run on a GPU yet, and none ran on a TPU; so 'auto'
-  is 'xla' everywhere. Raises ValueError for anything but 'auto', 'xla' or 'pallas'.
+  n = 2048, README), the rewrites of Shaw's and XL's kernels have not run on a GPU yet, and
+  none ran on a TPU; so 'auto' is 'xla' everywhere. Raises ValueError for anything but
+  'auto', 'xla' or 'pallas'.
   """
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(
