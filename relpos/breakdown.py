@@ -151,6 +151,8 @@ def _summarise(per_run, counts, baseline, metric, p_items):
   and p_seeds."""
   summary = []
   values = list(dict.fromkeys(row['value'] for row in per_run))
+  if baseline not in values:
+    raise ValueError(f'the baseline {baseline} has no finished runs to compare the buckets with')
   for label, count in counts.items():
     scores = {
       value: {r['seed']: r[metric] for r in per_run if r['value'] == value and r['bucket'] == label}

@@ -59,5 +59,7 @@ def test_bpc_by_position_weights_each_position_by_its_characters():
   assert row['other', '1']['p_value'] is None  # no item test for bpc
   assert row['other', '1']['p_seeds'] is None  # every seed differs by the same amount
   assert len(per_run) == 12
+  with pytest.raises(ValueError, match='the baseline gone has no finished runs'):
+    breakdown.bpc_by_position(results, 'gone', [1])
   with pytest.raises(ValueError, match='base seed 0: its eval_results.json has no position_bpc'):
     breakdown.bpc_by_position({'base': {0: {'bpc': 2.0}}}, 'base', [1])
