@@ -25,8 +25,8 @@ seeds, the difference of the means from the baseline's, and p-values against the
 over the bucket's sentences with the seeds pooled (none for bpc: the evaluation keeps no
 per-position items). It writes `sweep_<by>.csv` (one row per value and bucket),
 `sweep_<by>_seeds.csv` (one row per run and bucket), `sweep_<by>.md` and `sweep_<by>.png` (the
-metric against the bucket, one line per value, ±std error bars), `<by>` being `by_length` or
-`by_position`.
+metric against the bucket, one line per value with ±std error bars, and beside it each
+value's difference from the baseline), `<by>` being `by_length` or `by_position`.
 
 A score of a bucket is not a share of the whole-set score (a BLEU subset has its own brevity
 penalty and n-gram counts), and buckets differ in difficulty: compare values within a bucket.
@@ -45,8 +45,17 @@ from matplotlib import pyplot as plt  # noqa: E402
 
 from relpos import metrics, significance  # noqa: E402
 
-SUMMARY_COLUMNS = ('value', 'bucket', 'count', 'n', 'mean', 'std', 'difference', 'p_value')
-SUMMARY_COLUMNS += ('p_seeds',)
+SUMMARY_COLUMNS = (
+  'value',
+  'bucket',
+  'count',
+  'n',
+  'mean',
+  'std',
+  'difference',
+  'p_value',
+  'p_seeds',
+)
 
 
 class Breakdown(NamedTuple):
@@ -86,9 +95,10 @@ def buckets(edges, breakdown: Breakdown) -> list[tuple[str, int, int | None]]:
 
 def _members(sizes, edges, breakdown) -> dict[str, list[int]]:
   """{bucket label: indices i whose sizes[i] falls in it}."""
-  members = {label: [] for label, _, _ in buckets(edges, breakdown)}
+  ranges = buckets(edges, breakdown)
+  members = {label: [] for label, _, _ in ranges}
   for index, size in enumerate(sizes):
-    for label, low, high in buckets(edges, breakdown):
+    for label, low, high in ranges:
       if size >= low and (high is None or size <= high):
         members[label].append(index)
         break

@@ -166,10 +166,11 @@ def bits_per_char(model, tokens, span, *, batch_size: int, max_segments: int = 0
     segment_tokens.append(targets.size)
   position_nats, position_tokens = np.zeros(span.tgt_len), np.zeros(span.tgt_len)
   nats_per_position = jax.device_get(segment_nats)  # [L] per segment (the last may be short)
+  segment_nats = []
   for nats_L, tokens in zip(nats_per_position, segment_tokens, strict=True):
     position_nats[: len(nats_L)] += nats_L
     position_tokens[: len(nats_L)] += tokens // len(nats_L)
-  segment_nats = [math.fsum(map(float, nats_L)) for nats_L in nats_per_position]
+    segment_nats.append(math.fsum(map(float, nats_L)))
   total_nats, total_tokens = math.fsum(segment_nats), sum(segment_tokens)
   return {
     'bpc': total_nats / total_tokens / math.log(2),
