@@ -124,6 +124,17 @@ def model_dir(root: Path, field: str, value, seed: int) -> Path:
   return run_dir(root, field, value, seed)
 
 
+def _as_trained(config, field: str, variant) -> ml_collections.ConfigDict:
+  """The config that trains `variant`'s model: for an eval field, with the evaluation settings
+  of `config` rather than the swept value, so that the one training every value shares keeps
+  its own in its workdir (eval.py, relpos.translate and relpos.sample read them there)."""
+  if not field.startswith(EVAL_SECTION):
+    return variant
+  trained = ml_collections.ConfigDict(variant.to_dict())
+  trained.eval = ml_collections.ConfigDict(config.eval.to_dict())
+  return trained
+
+
 def check_sweep(config, field: str, values, seeds, metric: str, variant_of=None) -> None:
   """Raises ValueError for a sweep that cannot give its table, before anything trains: a
   metric the task does not report, a value the task's checks refuse, a field that the model
@@ -161,7 +172,9 @@ def is_finished(results_dir: Path, config, trained_dir: Path) -> bool:
   if not path.exists() or run_config.changes_from_recorded(config, trained_dir):
     return False
   results = json.loads(path.read_text())
-  return results.get('step') == config.train.steps and results.get('eval') == config.eval.to_dict()
+  current = config.eval.to_dict()
+  scored = run_config.with_added({'eval': results.get('eval', {})}, {'eval': current})['eval']
+  return results.get('step') == config.train.steps and scored == current
 
 
 def runs(config, field: str, values, seeds, variant_of=None):
@@ -398,7 +411,7 @@ def sweep(
     started = time.monotonic()
     for done, (value, seed, variant, workdir, results_dir) in enumerate(todo):
       print(f'=== {field}={value} seed={seed} ({progress(done, len(todo), started)})', flush=True)
-      task.train_model(variant, workdir)
+      task.train_model(_as_trained(config, field, variant), workdir)
       result = task.evaluate(variant, workdir, output_dir=results_dir)
       print('\n'.join(task.result_lines(result)), flush=True)
   rows = collect(root, field, values, seeds, metric)

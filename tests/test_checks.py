@@ -42,6 +42,9 @@ BAD_CONFIGS = [
   ('translate', 'shaw', {'data.max_length': 300}, None, 'config.model.max_len >= 301'),
   ('char_lm', 'xl', {'train.batch_size': 6}, FOUR_DEVICES, 'config.train.batch_size=6'),
   ('translate', 'shaw', {'data.max_tokens': 300}, FOUR_DEVICES, 'config.data.max_tokens=300'),
+  ('translate', 'shaw', {'eval.max_relative_position': -2}, None, 'must be >= -1'),
+  ('translate', 'shaw', {'eval.max_relative_position': 17}, None, 'must be <= the trained'),
+  ('char_lm', 'xl', {'eval.max_relative_position': 2}, None, "clips Shaw's tables, but"),
 ]
 TASKS = {'char_lm': (char_lm, 'char_tiny'), 'translate': (translate, 'translate_tiny')}
 

@@ -11,6 +11,7 @@ import pytest
 from helpers import load_config, tiny_char_config, tiny_translate_config, write_pair_corpus
 
 from relpos import breakdown, sweep
+from relpos.training.run_config import read_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -241,6 +242,15 @@ def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compila
   assert sweep.is_finished(seeds[0], variant, seeds[0])
   variant.optim.learning_rate = 0.25
   assert not sweep.is_finished(seeds[0], variant, seeds[0])
+  # Results scored before an eval field was added read as scored with its default.
+  _, _, variant = next(sweep.runs(config, 'model.position', ['shaw'], [0]))
+  path = seeds[0] / 'eval_results.json'
+  results = json.loads(path.read_text())
+  del results['eval']['max_relative_position']
+  path.write_text(json.dumps(results))
+  assert sweep.is_finished(seeds[0], variant, seeds[0])
+  variant.eval.max_relative_position = 1
+  assert not sweep.is_finished(seeds[0], variant, seeds[0])
   stamps = {run: (run / 'eval_results.json').stat().st_mtime_ns for run in seeds}
   sweep.sweep(
     config,
@@ -308,25 +318,27 @@ def test_an_eval_field_sweep_trains_once_per_seed_and_scores_every_value(
   text.write_text('the cat sat on the mat. ' * 300)
   config = tiny_char_config(text, steps=3, preset='xl')
   root = tmp_path / 'mem'
-  summary = sweep.sweep(config, root, 'eval.mem_len', [0, 8], [0, 1], 'bpc', baseline=0)
-  assert [(row['value'], row['n']) for row in summary] == [(0, 2), (8, 2)]
+  summary = sweep.sweep(config, root, 'eval.mem_len', [0, 4], [0, 1], 'bpc', baseline=0)
+  assert [(row['value'], row['n']) for row in summary] == [(0, 2), (4, 2)]
   assert sorted(path.name for path in root.iterdir() if path.is_dir()) == [
     'mem_len=0',
-    'mem_len=8',
+    'mem_len=4',
     'trained',
   ]
   for seed in (0, 1):
-    trained = sweep.model_dir(root, 'eval.mem_len', 8, seed)
+    trained = sweep.model_dir(root, 'eval.mem_len', 4, seed)
     assert trained == root / 'trained' / f'seed={seed}'
     assert (trained / 'checkpoints').is_dir()
+    # The training keeps the config's own evaluation settings, not the last value scored.
+    assert read_config(trained).eval.mem_len == config.eval.mem_len == 8
     scores = {}
-    for mem_len in (0, 8):
+    for mem_len in (0, 4):
       results_dir = sweep.run_dir(root, 'eval.mem_len', mem_len, seed)
       assert not (results_dir / 'checkpoints').exists()
       results = json.loads((results_dir / 'eval_results.json').read_text())
       assert results['eval']['mem_len'] == mem_len and results['step'] == 3
       scores[mem_len] = results['bpc']
-    assert scores[0] != scores[8]  # the memory changed the score of the same checkpoint
+    assert scores[0] != scores[4]  # the memory changed the score of the same checkpoint
   commands = sweep.commands('c.py', [], root, 'eval.mem_len', [0, 8], [0])
   assert commands == [
     f'python train.py --config=c.py --config.eval.mem_len=0 --config.seed=0 '

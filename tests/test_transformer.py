@@ -10,6 +10,7 @@ from flax import nnx
 from relpos.config.translate import translate_config
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID, TRANSLATE_POSITIONS
 from relpos.models import transformer as tr
+from relpos.models.attention import clip_shaw_tables
 
 pytestmark = pytest.mark.usefixtures('attention_test_config')
 
@@ -223,6 +224,24 @@ def test_shaw_tables_are_used(layer, table):
   variable = getattr(getattr(model, layer)[0].self_attention, table)
   variable[...] += 0.5 * jax.random.normal(jax.random.key(0), variable.shape)
   assert max_diff(forward(model, SRC, TGT_IN), base) > 1e-3
+
+
+@pytest.mark.parametrize('scan_layers', (False, True))
+def test_clipped_tables_see_distances_beyond_k_as_k(scan_layers):
+  """clip_shaw_tables(model, k') keeps each table's rows -k'..k': nothing changes at the
+  trained k, nor at k' = 2 for inputs of 3 positions (no distance beyond 2), which a slice off
+  the centre would change; longer inputs change; k' beyond k is an error."""
+  model = make_model(position='shaw', max_relative_position=4, scan_layers=scan_layers)
+  short_src, short_tgt = sentences([3, 2], 3, seed=3), sentences([3, 3], 3, seed=4, start=(BOS,))
+  before = forward(model, SRC, TGT_IN), forward(model, short_src, short_tgt)
+  clip_shaw_tables(model, 4)
+  assert max_diff(forward(model, SRC, TGT_IN), before[0]) == 0
+  clip_shaw_tables(model, 2)
+  assert set(rel_tables(model).values()) == {(5, 8)}
+  assert max_diff(forward(model, short_src, short_tgt), before[1]) <= 1e-6
+  assert max_diff(forward(model, SRC, TGT_IN), before[0]) > 1e-3
+  with pytest.raises(ValueError, match='cannot clip Shaw tables of k = 2 at 3'):
+    clip_shaw_tables(model, 3)
 
 
 def test_t5_bias_tables_one_per_stack_shared_by_its_layers():

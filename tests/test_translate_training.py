@@ -49,6 +49,13 @@ def test_train_then_evaluate_writes_results(corpus, tmp_path):
   assert sorted(losses) == [2, 4, 6, 8] and all(map(math.isfinite, losses.values()))
   evals = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
   assert any('eval/perplexity' in record for record in evals)
+  # Scored again with Shaw's distances clipped at 0, into a directory that does not exist yet.
+  config = _config(corpus, steps=8)
+  config.eval.max_relative_position = 0
+  clipped = translate.TASK.evaluate(config, workdir, output_dir=tmp_path / 'clipped')
+  assert Path(clipped['translations']).parent == tmp_path / 'clipped'
+  assert clipped['eval']['max_relative_position'] == 0
+  assert clipped['perplexity'] != result['perplexity']
 
 
 def test_checkpoint_averaging_uses_the_last_checkpoints(corpus, tmp_path):

@@ -9,7 +9,7 @@ config (`relpos.models.transformer_xl.TransformerXLConfig`) those of config.mode
 
 import ml_collections
 
-from relpos.config.shared import add_shared_model_fields
+from relpos.config.shared import add_shared_eval_fields, add_shared_model_fields
 
 
 def char_lm_config() -> ml_collections.ConfigDict:
@@ -65,8 +65,7 @@ def char_lm_config() -> ml_collections.ConfigDict:
 
   config.eval = ml_collections.ConfigDict()
   config.eval.split = 'test'  # 'valid' | 'test'
-  config.eval.step = 0  # 0 = latest checkpoint
-  config.eval.average_checkpoints = 1  # average the parameters of the last N checkpoints
+  add_shared_eval_fields(config.eval)
   config.eval.batch_size = 10
   config.eval.tgt_len = 80
   config.eval.mem_len = 2100

@@ -10,7 +10,7 @@ of config.model.
 
 import ml_collections
 
-from relpos.config.shared import add_shared_model_fields
+from relpos.config.shared import add_shared_eval_fields, add_shared_model_fields
 
 
 def translate_config() -> ml_collections.ConfigDict:
@@ -79,8 +79,7 @@ def translate_config() -> ml_collections.ConfigDict:
   config.train.grad_accum_steps = 1  # micro-batches per step, for a batch beyond memory
 
   config.eval = ml_collections.ConfigDict()
-  config.eval.step = 0  # 0 = latest checkpoint
-  config.eval.average_checkpoints = 1  # average the parameters of the last N checkpoints
+  add_shared_eval_fields(config.eval)
   config.eval.beam_size = 4
   config.eval.length_penalty = 0.6  # alpha of ((5 + length) / 6)^alpha (Wu et al. 2016)
   config.eval.max_decode_extra = 50  # decode up to source length + this many pieces

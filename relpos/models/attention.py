@@ -189,6 +189,35 @@ class MultiHeadAttention(nnx.Module):
     return self.output(heads_BQHD.reshape(*heads_BQHD.shape[:2], -1))
 
 
+def clip_shaw_tables(model: nnx.Module, max_relative_position: int) -> None:
+  """Clips the Shaw distances of every attention layer in `model` at `max_relative_position`
+  (k'), in place: each [.., 2k+1, head_dim] table keeps its rows for -k'..k'.
+
+  The kernels clip a distance to the table's own k and read the row k + d, so the kept rows
+  make a model that treats every distance beyond k' as the trained model treats k': what a
+  trained model loses when its tables are clipped shorter says how much it uses the rows it
+  no longer sees. Stacked tables (scanned layers) keep the same rows of every layer.
+
+  Raises:
+    ValueError: k' < 0, or a table with fewer than 2k' + 1 rows.
+  """
+  for _, module in nnx.iter_modules(model):
+    if not isinstance(module, MultiHeadAttention):
+      continue
+    for table in (module.rel_key, module.rel_value):
+      if table is None:
+        continue
+      trained = (table.shape[-2] - 1) // 2
+      if not 0 <= max_relative_position <= trained:
+        raise ValueError(
+          f'cannot clip Shaw tables of k = {trained} at {max_relative_position}: '
+          f'k must be between 0 and {trained}'
+        )
+      table.set_value(
+        table[..., trained - max_relative_position : trained + max_relative_position + 1, :]
+      )
+
+
 class RelativeBias(nnx.Module):
   """The logit bias of a distance, shared by the layers of one stack: T5's or ALiBi's.
 

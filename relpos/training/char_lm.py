@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from relpos.config import checks
+from relpos.config import checks, shared
 from relpos.data.char_corpus import CharVocab, load_char_splits
 from relpos.data.ordered import OrderedBatches
 from relpos.models.transformer_xl import Memory, TransformerXL, TransformerXLConfig, nats_per_token
@@ -202,10 +202,12 @@ class CharLM(loop.Task):
     'eval.split': checks.one_of('valid', 'test'),
     'eval.batch_size': checks.integer(1),
     'eval.max_segments_during_training': checks.integer(0),
+    **shared.EVAL_RULES,
   }
 
   def check_combinations(self, config, mesh):
     model_config(config, vocab_size=1)
+    shared.check_eval_fields(config, self.unread_fields(config))
     for phase in ('train', 'eval'):
       if config[phase].same_length and not config[phase].mem_len:
         raise ValueError(

@@ -36,6 +36,7 @@ import numpy as np
 from flax import nnx
 
 from relpos.config import checks
+from relpos.models.attention import clip_shaw_tables
 from relpos.training import mesh as mesh_lib
 from relpos.training import optim
 from relpos.training.checkpoints import Checkpoints
@@ -131,9 +132,10 @@ class Task(abc.ABC):
     workdir = Path(workdir)
     output_dir = workdir if output_dir is None else Path(output_dir)
     check_trained(workdir).close()
+    if mesh_lib.is_writer():
+      output_dir.mkdir(parents=True, exist_ok=True)  # `score` may write files there
     result = {**self.score(config, workdir, output_dir), 'eval': config.eval.to_dict()}
     if mesh_lib.is_writer():
-      output_dir.mkdir(parents=True, exist_ok=True)
       (output_dir / 'eval_results.json').write_text(json.dumps(result, indent=2))
     return result
 
@@ -414,6 +416,9 @@ def restore_model(model: nnx.Module, eval_config, workdir) -> tuple[nnx.Module, 
   The checkpoint is config.eval.step (0: the newest readable one); with
   config.eval.average_checkpoints = N > 1 the parameters are the mean of the last N
   checkpoints up to it. Only the 'model' item is read: evaluation needs no optimizer.
+  With config.eval.max_relative_position = k' >= 0 (a field of relpos's own tasks,
+  `relpos.config.shared`) the restored Shaw tables are clipped at k'
+  (`relpos.models.attention.clip_shaw_tables`).
 
   Raises:
     FileNotFoundError: no checkpoint, or no checkpoint eval_config.step.
@@ -440,8 +445,12 @@ def restore_model(model: nnx.Module, eval_config, workdir) -> tuple[nnx.Module, 
   finally:
     checkpoints.close()
   nnx.replace_by_pure_dict(state, jax.tree.map(_mean_of_floats, *trees))
+  model = nnx.merge(graphdef, mesh_lib.local_copy(state))
+  clipped = eval_config.get('max_relative_position', -1)
+  if clipped >= 0:
+    clip_shaw_tables(model, clipped)
   return (
-    nnx.merge(graphdef, mesh_lib.local_copy(state)),
+    model,
     steps,
     checkpoints.directory / str(steps[-1]),
   )

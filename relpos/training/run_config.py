@@ -11,7 +11,8 @@ CONFIG_FILE = 'config.json'
 # was trained.
 _FREE_SECTIONS = ('eval',)
 # Fields added after runs were recorded, with the value that leaves such a run unchanged (they
-# configure position schemes and options those runs could not use). A recorded config lacking
+# configure position schemes and options those runs could not use; eval fields also fill in
+# the evaluation settings a run's eval_results.json recorded). A recorded config lacking
 # one reads as if it held this value, where today's config of its task has the field.
 ADDED = {
   'model.t5_num_buckets': 32,
@@ -20,19 +21,24 @@ ADDED = {
   'model.remat': 'none',
   'model.scan_layers': False,
   'train.grad_accum_steps': 1,
+  'eval.max_relative_position': -1,
 }
 
 
-def _recorded(path: Path, current: dict | None = None) -> dict:
-  """The config recorded at path, with the `ADDED` fields it lacks that `current` (a config
-  as a dict) has; with no `current`, those of relpos's own tasks (configs with a `task`)."""
-  recorded = json.loads(path.read_text())
+def with_added(recorded: dict, current: dict | None = None) -> dict:
+  """`recorded` (a config or some of its sections, as a dict) with the `ADDED` fields it lacks
+  that `current` has; with no `current`, those of relpos's own tasks (configs with a `task`)."""
   for name, value in ADDED.items():
     section, field = name.split('.')
     wanted = 'task' in recorded if current is None else field in current.get(section, {})
     if wanted and section in recorded:
       recorded[section].setdefault(field, value)
   return recorded
+
+
+def _recorded(path: Path, current: dict | None = None) -> dict:
+  """The config recorded at path, `with_added` fields."""
+  return with_added(json.loads(path.read_text()), current)
 
 
 def config_changes(old: dict, new: dict, prefix: str = 'config') -> list[str]:

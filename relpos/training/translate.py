@@ -22,7 +22,7 @@ import optax
 from flax import nnx
 
 from relpos import decode, metrics
-from relpos.config import checks
+from relpos.config import checks, shared
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID
 from relpos.data.token_batches import TokenBatches
 from relpos.data.translation import (
@@ -214,11 +214,13 @@ class Translate(loop.Task):
     'eval.length_penalty': checks.number(0.0),
     'eval.max_decode_extra': checks.integer(0),
     'eval.batch_size': checks.integer(1),
+    **shared.EVAL_RULES,
   }
 
   def check_combinations(self, config, mesh):
     model_config(config, vocab_size=config.data.vocab_size)
     check_data_config(config.data)
+    shared.check_eval_fields(config, self.unread_fields(config))
     longest = config.data.max_length + 1  # pieces plus EOS (BOS on the decoder input)
     if longest > config.model.max_len:
       raise ValueError(
