@@ -8,16 +8,18 @@
         --field=preset --values=shaw,shaw_keys_only,shaw_values_only,none --seeds=0,1,2
     python -m relpos.sweep --config=configs/char_tiny.py:xl --workdir=runs/eval_mem \\
         --field=eval.mem_len --values=0,64,192,512 --seeds=0,1,2
+    python -m relpos.sweep --config=configs/translate_tiny.py:shaw --workdir=runs/k_clip \\
+        --field=eval.max_relative_position --values=-1,8,4,2,0 --seeds=0,1,2
 
 Each (value v, seed s) trains and evaluates `--config` with `--config.<field>=v` and
 `--config.seed=s` in `<workdir>/<field>=v/seed=s`. `--field=preset` sweeps the presets of
 the config file instead (`--config=<file>:v`), for variants that differ in several fields,
 such as Shaw et al.'s keys/values ablation. A field of config.eval (e.g. `--field=eval.mem_len`)
 changes only how a model is scored: each seed trains once, in `<workdir>/trained/seed=s`, and
-every value scores that checkpoint into its own `<field>=v/seed=s`. A run whose
-eval_results.json is there for
-the config's last step is not touched again, so a sweep stopped anywhere (or spread over
-sessions) resumes where it was; an unfinished run resumes from its last checkpoint.
+every value scores that checkpoint into its own `<field>=v/seed=s` (the training's recorded
+config keeps `--config`'s own eval settings). A run whose eval_results.json is there for the
+config's last step is not touched again, so a sweep stopped anywhere (or spread over sessions)
+resumes where it was; an unfinished run resumes from its last checkpoint.
 
 Then the sweep writes under `<workdir>`:
 - `sweep.csv` / `sweep.md`: one row per value, `value, n, mean, std, p_value, p_seeds` (std
@@ -369,7 +371,7 @@ def plot(summary: list[dict], rows: list[dict], root: Path, field: str, metric: 
 def progress(done: int, total: int, started: float) -> str:
   """'run 3 of 8, ...' for the sweep's next run: with runs done in this call, the elapsed
   time and an ETA for the rest at their mean time (a resumed run may take less)."""
-  text = f'run {done + 1} of {total} to train'
+  text = f'run {done + 1} of {total} to run'
   if done:
     elapsed = time.monotonic() - started
     remaining = elapsed / done * (total - done)

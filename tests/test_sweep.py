@@ -351,11 +351,11 @@ def test_an_eval_field_sweep_trains_once_per_seed_and_scores_every_value(
 
 
 def test_progress_gives_the_run_count_and_an_eta(monkeypatch):
-  assert sweep.progress(0, 4, started=100.0) == 'run 1 of 4 to train'
+  assert sweep.progress(0, 4, started=100.0) == 'run 1 of 4 to run'
   monkeypatch.setattr(sweep.time, 'monotonic', lambda: 100.0 + 2 * 1800)
   assert sweep.progress(2, 5, started=100.0) == (
-    'run 3 of 5 to train, 1 h 00 min so far, about 1 h 30 min left'
+    'run 3 of 5 to run, 1 h 00 min so far, about 1 h 30 min left'
   )
   assert sweep.progress(1, 2, started=100.0 + 2 * 1800 - 420) == (
-    'run 2 of 2 to train, 7 min so far, about 7 min left'
+    'run 2 of 2 to run, 7 min so far, about 7 min left'
   )
