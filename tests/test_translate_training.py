@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 from helpers import tiny_translate_config, write_pair_corpus
 
+from relpos import shaw_tables
 from relpos.constants import PAD_ID
 from relpos.models.transformer import Transformer
 from relpos.training import loop, translate
@@ -56,6 +57,12 @@ def test_train_then_evaluate_writes_results(corpus, tmp_path):
   assert Path(clipped['translations']).parent == tmp_path / 'clipped'
   assert clipped['eval']['max_relative_position'] == 0
   assert clipped['perplexity'] != result['perplexity']
+  # The rows of its Shaw tables (k = 3) moved from their initialisation, except the decoder's
+  # later distances, which the causal mask hides.
+  k, drift, initial_norm = shaw_tables.row_drift(workdir)
+  assert k == 3 and initial_norm > 0
+  assert np.all(drift['encoder'] > 0) and np.all(drift['decoder'][:4] > 0)
+  assert np.all(drift['decoder'][4:] == 0)
 
 
 def test_checkpoint_averaging_uses_the_last_checkpoints(corpus, tmp_path):

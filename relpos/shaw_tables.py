@@ -1,0 +1,165 @@
+"""How far training moved each row of a translation run's Shaw tables, by distance.
+
+    python -m relpos.shaw_tables runs/study/k_sweep_900/max_relative_position=*/seed=* \\
+        --out=docs/results/shaw_table_drift.png
+
+Row k + d of a table w^K or w^V serves every query-key pair at clipped distance d = j - i.
+A reading of a sweep over k is that the rows of long distances, which few pairs of short
+sentences reach, stay near their random initialisation while k clips them into one edge row
+that every long pair trains. This measures it: for each run the initial parameters are rebuilt
+from its recorded config and seed (as `relpos.training.translate.build` drew them), its newest
+checkpoint is restored, and each row's drift is the L2 norm of (trained - initial). Runs of the
+same k are averaged over runs, layers and the two tables, per stack (encoder, decoder) and d.
+
+Prints, per stack, the drift at distances 0, ±1, ±2, ±4, ... up to ±k for each k, and the
+initial rows' mean norm (Xavier-uniform over [2k+1, head_dim], so it shrinks as k grows);
+`--out` draws drift against d, one line per k, a panel per stack. The decoder's positive
+distances stay at 0: its causal mask hides every later key. A drift says where the optimizer
+moved a row, not how much the model uses it; `config.eval.max_relative_position` asks that
+(docs/results.md). A workdir that is missing, not a translation run, without Shaw tables or
+without a checkpoint is one line, exit 1.
+"""
+
+import sys
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+from absl import app, flags, logging
+
+from relpos import runtime
+
+matplotlib.use('Agg')
+from matplotlib import pyplot as plt  # noqa: E402
+
+STACKS = ('encoder', 'decoder')
+_TABLES = ('rel_key', 'rel_value')
+
+
+def row_drift(workdir) -> tuple[int, dict[str, np.ndarray], float]:
+  """(k, {stack: mean drift of each row [2k+1], row k + d for distance d}, the initial rows'
+  mean norm) of the run in `workdir`.
+
+  Raises:
+    FileNotFoundError: no run, vocabulary or checkpoint in `workdir`.
+    ValueError: not a translation run, or a model without Shaw tables.
+  """
+  from flax import nnx  # imported after the runtime defaults
+
+  from relpos.data.tokenizer import load_tokenizer
+  from relpos.data.translation import VOCAB_FILE
+  from relpos.models.transformer import Transformer
+  from relpos.training import loop, translate
+  from relpos.training.run_config import read_config
+
+  config = read_config(workdir)
+  if config.get('task') != 'translate':
+    raise ValueError(f'{workdir} holds a {config.get("task")} run, not a translation run')
+  model_config = translate.model_config(config, config.data.vocab_size)
+  if 'max_relative_position' in model_config.unread_fields():
+    raise ValueError(f'{workdir}: config.model.position={config.model.position!r} has no tables')
+  loop.check_trained(workdir).close()
+  vocab_size = load_tokenizer(f'{workdir}/{VOCAB_FILE}', config.data.vocab_size).vocab_size
+  model_config = translate.model_config(config, vocab_size)
+  config.eval.update(max_relative_position=-1)  # the tables as trained
+
+  def tables(model):
+    params = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    return {path: np.asarray(v[...]) for path, v in params if path[-1] in _TABLES}
+
+  initial = tables(Transformer(model_config, rngs=nnx.Rngs(config.seed)))
+  model = Transformer(model_config, rngs=nnx.Rngs(config.seed))
+  trained = tables(loop.restore_model(model, config.eval, workdir)[0])
+  drift = {
+    stack: np.mean(
+      [
+        np.linalg.norm(trained[path] - initial[path], axis=-1)
+        for path in initial
+        if path[0] == f'{stack}_layers'
+      ],
+      axis=0,
+    )
+    for stack in STACKS
+  }
+  initial_norm = float(np.mean([np.linalg.norm(t, axis=-1).mean() for t in initial.values()]))
+  return config.model.max_relative_position, drift, initial_norm
+
+
+def drift_by_k(workdirs) -> dict[int, tuple[dict[str, np.ndarray], float, int]]:
+  """{k: ({stack: drift per row, mean over the runs of that k}, mean initial norm, runs)}."""
+  runs = {}
+  for workdir in workdirs:
+    k, drift, initial_norm = row_drift(workdir)
+    runs.setdefault(k, []).append((drift, initial_norm))
+  return {
+    k: (
+      {stack: np.mean([drift[stack] for drift, _ in group], axis=0) for stack in STACKS},
+      float(np.mean([norm for _, norm in group])),
+      len(group),
+    )
+    for k, group in sorted(runs.items())
+  }
+
+
+def _distances(k: int) -> list[int]:
+  """0, ±1, ±2, ±4, ... up to ±k."""
+  positive = [2**i for i in range(k.bit_length())]
+  positive += [k] if k and k not in positive else []
+  return [-d for d in reversed(positive)] + [0] + positive
+
+
+def markdown(by_k) -> str:
+  """One table per stack: a row per k (runs, initial norm), a column per distance."""
+  distances = _distances(max(by_k))
+  lines = []
+  for stack in STACKS:
+    header = ['k', 'runs', 'initial norm', *(f'd={d:+d}' if d else 'd=0' for d in distances)]
+    lines += [
+      f'{stack}: mean L2 drift of the table rows from their initialisation',
+      '',
+      '| ' + ' | '.join(header) + ' |',
+      '|' + '---|' * len(header),
+    ]
+    for k, (drift, initial_norm, runs) in by_k.items():
+      cells = [f'{drift[stack][k + d]:.2f}' if abs(d) <= k else '' for d in distances]
+      lines.append(f'| {k} | {runs} | {initial_norm:.2f} | ' + ' | '.join(cells) + ' |')
+    lines.append('')
+  return '\n'.join(lines)
+
+
+def plot(by_k, out) -> Path:
+  """Drift against distance, one line per k, a panel per stack; returns the path."""
+  figure, axes = plt.subplots(1, len(STACKS), figsize=(11, 3.8), sharey=True)
+  for axis, stack in zip(axes, STACKS, strict=True):
+    for k, (drift, _, runs) in by_k.items():
+      axis.plot(np.arange(-k, k + 1), drift[stack], marker='.', label=f'k = {k} ({runs} runs)')
+    axis.set_title(f'{stack} self-attention')
+    axis.set_xlabel('distance d = j - i (row k + d)')
+    axis.grid(alpha=0.3)
+  axes[0].set_ylabel('L2 drift of the row from its initialisation')
+  axes[0].legend(fontsize='small')
+  figure.tight_layout()
+  out = Path(out)
+  figure.savefig(out, dpi=110)
+  plt.close(figure)
+  return out
+
+
+def main(argv):
+  if len(argv) < 2:
+    sys.exit('error: name at least one workdir: python -m relpos.shaw_tables W1 [W2 ...]')
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
+  try:
+    by_k = drift_by_k(argv[1:])
+  except (FileNotFoundError, ValueError) as error:
+    sys.exit(f'error: {error}')
+  print(markdown(by_k))
+  if flags.FLAGS.out:
+    print(f'plot: {plot(by_k, flags.FLAGS.out)}')
+
+
+if __name__ == '__main__':
+  runtime.apply_defaults()
+  flags.DEFINE_string('out', None, 'A PNG of drift against distance (default: none).')
+  app.run(main)

@@ -1,0 +1,64 @@
+"""relpos.shaw_tables: the drift table and plot over runs, and its one-line errors (the drift
+of a trained run is checked in test_translate_training, which trains one)."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from relpos import shaw_tables
+from relpos.config.translate import translate_config
+
+
+def _translation(position: str) -> dict:
+  config = translate_config()
+  config.model.position = position
+  return config.to_dict()
+
+
+def test_distances_are_zero_and_powers_of_two_up_to_k():
+  assert shaw_tables._distances(0) == [0]
+  assert shaw_tables._distances(3) == [-3, -2, -1, 0, 1, 2, 3]
+  assert shaw_tables._distances(16) == [-16, -8, -4, -2, -1, 0, 1, 2, 4, 8, 16]
+
+
+def test_runs_of_one_k_are_averaged_into_one_row_per_stack(monkeypatch, tmp_path):
+  drifts = {
+    'a': (1, {'encoder': np.array([1.0, 2.0, 3.0]), 'decoder': np.array([4.0, 5.0, 0.0])}, 2.0),
+    'b': (1, {'encoder': np.array([3.0, 4.0, 5.0]), 'decoder': np.array([6.0, 7.0, 0.0])}, 4.0),
+    'c': (2, {stack: np.arange(5.0) for stack in shaw_tables.STACKS}, 1.0),
+  }
+  monkeypatch.setattr(shaw_tables, 'row_drift', lambda workdir: drifts[workdir])
+  by_k = shaw_tables.drift_by_k(['a', 'c', 'b'])
+  assert list(by_k) == [1, 2]
+  drift, initial_norm, runs = by_k[1]
+  np.testing.assert_array_equal(drift['encoder'], [2.0, 3.0, 4.0])
+  assert (initial_norm, runs) == (3.0, 2)
+  text = shaw_tables.markdown(by_k)
+  assert '| 1 | 2 | 3.00 |  | 2.00 | 3.00 | 4.00 |  |' in text  # d = -2 .. 2; k = 1 lacks ±2
+  assert '| 2 | 1 | 1.00 | 0.00 | 1.00 | 2.00 | 3.00 | 4.00 |' in text
+  assert shaw_tables.plot(by_k, tmp_path / 'drift.png').stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+  'config, message',
+  [
+    (None, 'is not a directory'),
+    ({'task': 'char_lm'}, 'holds a char_lm run, not a translation run'),
+    (_translation('absolute'), "config.model.position='absolute' has no tables"),
+    (_translation('shaw'), 'no checkpoint in'),
+  ],
+)
+def test_a_workdir_it_cannot_read_is_one_line(tmp_path, config, message):
+  workdir = tmp_path / 'run'
+  if config is not None:
+    workdir.mkdir()
+    (workdir / 'config.json').write_text(json.dumps(config))
+  result = subprocess.run(
+    [sys.executable, '-m', 'relpos.shaw_tables', str(workdir)], capture_output=True, text=True
+  )
+  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith('error: ') and message in last, last
