@@ -55,8 +55,7 @@ def row_drift(workdir) -> tuple[int, dict[str, np.ndarray], float]:
   config = read_config(workdir)
   if config.get('task') != 'translate':
     raise ValueError(f'{workdir} holds a {config.get("task")} run, not a translation run')
-  model_config = translate.model_config(config, config.data.vocab_size)
-  if 'max_relative_position' in model_config.unread_fields():
+  if 'max_relative_position' in translate.TASK.unread_fields(config):
     raise ValueError(f'{workdir}: config.model.position={config.model.position!r} has no tables')
   loop.check_trained(workdir).close()
   vocab_size = load_tokenizer(f'{workdir}/{VOCAB_FILE}', config.data.vocab_size).vocab_size
