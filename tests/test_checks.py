@@ -36,6 +36,7 @@ BAD_CONFIGS = [
   ('translate', 'shaw', {'model.position': 'xl'}, None, 'config.model.position'),
   ('char_lm', 'xl', {'model.num_heads': 0}, None, 'config.model.num_heads'),
   ('char_lm', 'shaw', {'model.attention_dropout': 1.0}, None, 'config.model.attention_dropout'),
+  ('translate', 'shaw', {'model.relative_table_init': 'ones'}, None, 'relative_table_init'),
   # across fields
   ('translate', 'shaw', {'model.num_heads': 3}, None, 'config.model.d_model=256'),
   ('char_lm', 'xl', {'train.same_length': True, 'train.mem_len': 0}, None, 'same_length needs'),

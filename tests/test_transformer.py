@@ -244,6 +244,22 @@ def test_clipped_tables_see_distances_beyond_k_as_k(scan_layers):
     clip_shaw_tables(model, 3)
 
 
+def test_zero_tables_start_at_zero_and_every_other_parameter_as_before():
+  """relative_table_init='zeros' changes the tables' start and nothing else: a comparison of
+  the two inits varies only the tables."""
+  kernel = nnx.to_flat_state(nnx.state(make_model(position='shaw'), nnx.Param))
+  zeros = nnx.to_flat_state(
+    nnx.state(make_model(position='shaw', relative_table_init='zeros'), nnx.Param)
+  )
+  assert [path for path, _ in kernel] == [path for path, _ in zeros]
+  for (path, before), (_, after) in zip(kernel, zeros, strict=True):
+    before, after = np.asarray(before[...]), np.asarray(after[...])
+    if path[-1] in ('rel_key', 'rel_value'):
+      assert np.all(after == 0) and np.abs(before).max() > 0, path
+    else:
+      np.testing.assert_array_equal(after, before, err_msg=str(path))
+
+
 def test_t5_bias_tables_one_per_stack_shared_by_its_layers():
   """T5 shares one [num_buckets, heads] table across the layers of a stack: the encoder's
   (both directions) and the decoder's (the past); both are used, and ALiBi has none."""
@@ -304,8 +320,12 @@ def train_grads(model, src_BS, tgt_in_BT):
 
 @pytest.mark.parametrize(
   'overrides',
-  [dict(position='shaw'), dict(position='learned', pre_layer_norm=True)],
-  ids=['shaw-post_ln', 'learned-pre_ln'],
+  [
+    dict(position='shaw'),
+    dict(position='shaw', relative_table_init='zeros'),
+    dict(position='learned', pre_layer_norm=True),
+  ],
+  ids=['shaw-post_ln', 'shaw_zero_tables-post_ln', 'learned-pre_ln'],
 )
 def test_gradients_reach_every_parameter(overrides):
   model = make_model(**overrides)

@@ -45,6 +45,7 @@ def make_config(**overrides):
       max_relative_position=2,
       relative_keys=True,
       relative_values=True,
+      relative_table_init='kernel',
       t5_num_buckets=6,
       t5_max_distance=9,
       rope_base=10000.0,

@@ -21,6 +21,9 @@ def add_shared_model_fields(model: ml_collections.ConfigDict) -> None:
   """Adds the shared fields, with their defaults, to a task's config.model."""
   model.relative_keys = True  # Shaw's tables w^K and w^V (the paper's Table 3 ablations)
   model.relative_values = True
+  # How the tables start: 'kernel' (the model's weight initializer, which for translation's
+  # Xavier-uniform over [2k+1, head_dim] scales with k) or 'zeros' (every distance alike).
+  model.relative_table_init = 'kernel'
   model.t5_num_buckets = 32  # position='t5': T5's defaults
   model.t5_max_distance = 128
   model.rope_base = 10000.0  # position='rope'

@@ -63,6 +63,7 @@ class MultiHeadAttention(nnx.Module):
     max_relative_position: int = 0,
     relative_keys: bool = True,
     relative_values: bool = True,
+    relative_table_init: str = 'kernel',
     rope_base: float = 10000.0,
     attention_dropout: float = 0.0,
   ):
@@ -75,6 +76,8 @@ class MultiHeadAttention(nnx.Module):
       rngs: 'params' (or default) stream for initialisation, 'dropout' (or default) for
         attention dropout.
       max_relative_position, relative_keys, relative_values: 'shaw' only: k and the tables.
+      relative_table_init: 'shaw' only: 'kernel' (the tables start from `kernel_init`) or
+        'zeros'.
       rope_base: 'rope' only: the base of the rotation frequencies.
       attention_dropout: rate on the attention probabilities, in training.
     """
@@ -94,7 +97,9 @@ class MultiHeadAttention(nnx.Module):
     def table(wanted):
       if relative != 'shaw' or not wanted:
         return None
-      return nnx.Param(kernel_init(rngs.params(), (2 * max_relative_position + 1, head_dim)))
+      init = kernel_init if relative_table_init == 'kernel' else nnx.initializers.zeros_init()
+      # A key is drawn either way, so the init leaves every other parameter's draw unchanged.
+      return nnx.Param(init(rngs.params(), (2 * max_relative_position + 1, head_dim)))
 
     self.rel_key, self.rel_value = table(relative_keys), table(relative_values)
     # Forked whatever the rate, so the rate never changes the initialisation.
@@ -117,6 +122,7 @@ class MultiHeadAttention(nnx.Module):
       max_relative_position=config.max_relative_position,
       relative_keys=config.relative_keys,
       relative_values=config.relative_values,
+      relative_table_init=config.relative_table_init,
       rope_base=config.rope_base,
       attention_dropout=config.attention_dropout,
     )

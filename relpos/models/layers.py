@@ -13,6 +13,8 @@ from flax import nnx
 from relpos.config import checks
 
 COMPUTE_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+# How Shaw's tables start (`relpos.models.attention.MultiHeadAttention`).
+RELATIVE_TABLE_INITS = ('kernel', 'zeros')
 # config.model.remat -> what a layer keeps for the backward pass (jax.checkpoint policies):
 # 'none' keeps everything (no remat); 'full' keeps only the layer's inputs and recomputes the
 # rest; 'dots' keeps matmul outputs; 'dots_no_batch' keeps those without batch dimensions
@@ -35,6 +37,7 @@ _COMMON_RULES = {
   'max_relative_position': checks.integer(0),
   'relative_keys': checks.FLAG,
   'relative_values': checks.FLAG,
+  'relative_table_init': checks.one_of(*RELATIVE_TABLE_INITS),
   't5_num_buckets': checks.integer(4),
   't5_max_distance': checks.integer(1),
   'rope_base': checks.positive(),
@@ -71,6 +74,7 @@ class ModelConfig:
   max_relative_position: int  # Shaw's k
   relative_keys: bool  # Shaw's w^K
   relative_values: bool  # Shaw's w^V
+  relative_table_init: str  # one of RELATIVE_TABLE_INITS: how w^K and w^V start
   t5_num_buckets: int  # T5's buckets (half per side when bidirectional)
   t5_max_distance: int  # T5's distance where the last (log-spaced) bucket starts
   rope_base: float  # RoPE's frequency base: theta_i = base^(-2i / head_dim)
@@ -121,7 +125,7 @@ class ModelConfig:
     """The fields this position scheme never reads (Shaw's k and tables off Shaw, T5's
     buckets off T5, RoPE's base off RoPE, the model's own in `position_fields`): a sweep over
     one of them would train the same model."""
-    shaw = ('max_relative_position', 'relative_keys', 'relative_values')
+    shaw = ('max_relative_position', 'relative_keys', 'relative_values', 'relative_table_init')
     readers = {
       **dict.fromkeys(shaw, self.SHAW_POSITIONS),
       **dict.fromkeys(('t5_num_buckets', 't5_max_distance'), ('t5',)),

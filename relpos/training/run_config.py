@@ -15,6 +15,7 @@ _FREE_SECTIONS = ('eval',)
 # the evaluation settings a run's eval_results.json recorded). A recorded config lacking
 # one reads as if it held this value, where today's config of its task has the field.
 ADDED = {
+  'model.relative_table_init': 'kernel',
   'model.t5_num_buckets': 32,
   'model.t5_max_distance': 128,
   'model.rope_base': 10000.0,
