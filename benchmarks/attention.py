@@ -43,7 +43,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import matplotlib
 import numpy as np
 from absl import app
 from ml_collections import config_flags
@@ -51,9 +50,8 @@ from timing import interleaved_median_seconds
 
 from relpos import attention, runtime
 from relpos.attention.shaw import xla_form
-
-matplotlib.use('Agg')
-from matplotlib import pyplot as plt  # noqa: E402
+from relpos.figures import pyplot as plt
+from relpos.figures import save as save_figure
 
 # Dense bf16/fp16 tensor-core peaks from the vendors' data sheets (TFLOP/s), matched in order
 # against jax's device_kind.
@@ -254,11 +252,7 @@ def plot_ratios(ratios, out) -> Path:
     ax.set_xticks(lengths, [str(n) for n in lengths])
     ax.minorticks_off()
     ax.legend(fontsize='small')
-  fig.tight_layout()
-  out = Path(out)
-  fig.savefig(out, dpi=120)
-  plt.close(fig)
-  return out
+  return save_figure(fig, Path(out))
 
 
 def _row(by_key, n, k):

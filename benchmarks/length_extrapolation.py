@@ -33,16 +33,14 @@ import statistics
 import sys
 from pathlib import Path
 
-import matplotlib
 import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-matplotlib.use('Agg')
-from matplotlib import pyplot as plt  # noqa: E402
-
 from relpos import metrics, runtime  # noqa: E402
 from relpos.data.translation import load_eval_data  # noqa: E402
+from relpos.figures import pyplot as plt
+from relpos.figures import save as save_figure
 from relpos.training import loop, run_config, tasks  # noqa: E402
 from relpos.training.checkpoints import Checkpoints  # noqa: E402
 from relpos.training.preemption import PreemptionSignal  # noqa: E402
@@ -240,11 +238,7 @@ def plot(config, rows: list[dict], root: Path) -> Path:
   axis.set_ylabel(f'{metric} ({config.run.eval.split if config.task == "char" else "eval set"})')
   axis.grid(alpha=0.3)
   axis.legend(fontsize='small')
-  figure.tight_layout()
-  out = root / 'extrapolation.png'
-  figure.savefig(out, dpi=110)
-  plt.close(figure)
-  return out
+  return save_figure(figure, root / 'extrapolation.png')
 
 
 def study(config, root: Path) -> list[dict]:

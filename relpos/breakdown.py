@@ -38,12 +38,9 @@ import math
 from pathlib import Path
 from typing import NamedTuple
 
-import matplotlib
-
-matplotlib.use('Agg')
-from matplotlib import pyplot as plt  # noqa: E402
-
-from relpos import metrics, significance  # noqa: E402
+from relpos import metrics, significance
+from relpos.figures import pyplot as plt
+from relpos.figures import save as save_figure
 
 SUMMARY_COLUMNS = (
   'value',
@@ -272,8 +269,4 @@ def plot(summary, per_run, breakdown: Breakdown, root: Path, field: str, baselin
     axes.set_ylabel(ylabel)
     axes.grid(alpha=0.3)
   left.legend(fontsize='small')
-  figure.tight_layout()
-  path = root / f'sweep_{breakdown.name}.png'
-  figure.savefig(path, dpi=120)
-  plt.close(figure)
-  return path
+  return save_figure(figure, root / f'sweep_{breakdown.name}.png')

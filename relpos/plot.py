@@ -12,11 +12,10 @@ import math
 import sys
 from pathlib import Path
 
-import matplotlib
 from absl import app, flags
 
-matplotlib.use('Agg')
-from matplotlib import pyplot as plt  # noqa: E402
+from relpos.figures import pyplot as plt
+from relpos.figures import save as save_figure
 
 _SKIPPED = ('step', 'time', 'train/tok_per_s')
 
@@ -71,11 +70,7 @@ def plot_runs(workdirs, out) -> Path:
   for axis in list(axes.flat)[len(names) :]:
     axis.set_visible(False)
   axes.flat[0].legend(fontsize='small')
-  figure.tight_layout()
-  out = Path(out)
-  figure.savefig(out, dpi=110)
-  plt.close(figure)
-  return out
+  return save_figure(figure, Path(out))
 
 
 def main(argv):

@@ -23,14 +23,12 @@ without a checkpoint is one line, exit 1.
 import sys
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 from absl import app, flags, logging
 
 from relpos import runtime
-
-matplotlib.use('Agg')
-from matplotlib import pyplot as plt  # noqa: E402
+from relpos.figures import pyplot as plt
+from relpos.figures import save as save_figure
 
 STACKS = ('encoder', 'decoder')
 _TABLES = ('rel_key', 'rel_value')
@@ -137,11 +135,7 @@ def plot(by_k, out) -> Path:
     axis.grid(alpha=0.3)
   axes[0].set_ylabel('L2 drift of the row from its initialisation')
   axes[0].legend(fontsize='small')
-  figure.tight_layout()
-  out = Path(out)
-  figure.savefig(out, dpi=110)
-  plt.close(figure)
-  return out
+  return save_figure(figure, Path(out))
 
 
 def main(argv):

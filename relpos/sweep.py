@@ -50,18 +50,16 @@ import sys
 import time
 from pathlib import Path
 
-import matplotlib
 import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-matplotlib.use('Agg')
-from matplotlib import pyplot as plt  # noqa: E402
-
-from relpos import breakdown, runtime, significance  # noqa: E402
-from relpos.config import load_config_file  # noqa: E402
-from relpos.training import run_config, tasks  # noqa: E402
-from relpos.training.preemption import PreemptedError  # noqa: E402
+from relpos import breakdown, runtime, significance
+from relpos.config import load_config_file
+from relpos.figures import pyplot as plt
+from relpos.figures import save as save_figure
+from relpos.training import run_config, tasks
+from relpos.training.preemption import PreemptedError
 
 SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'p_value', 'p_seeds')
 PRESET = 'preset'  # --field=preset: each value is a preset of the --config file
@@ -361,11 +359,7 @@ def plot(summary: list[dict], rows: list[dict], root: Path, field: str, metric: 
   seeds = max(row['n'] for row in summary)
   axes.set_ylabel(f'{metric} ({seeds} seeds)' if seeds > 1 else metric)
   axes.grid(alpha=0.3)
-  figure.tight_layout()
-  path = root / 'sweep.png'
-  figure.savefig(path, dpi=120)
-  plt.close(figure)
-  return path
+  return save_figure(figure, root / 'sweep.png')
 
 
 def progress(done: int, total: int, started: float) -> str:
