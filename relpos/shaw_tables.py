@@ -64,8 +64,8 @@ def row_drift(workdir) -> tuple[int, dict[str, np.ndarray], float]:
     params = nnx.to_flat_state(nnx.state(model, nnx.Param))
     return {path: np.asarray(v[...]) for path, v in params if path[-1] in _TABLES}
 
-  initial = tables(Transformer(model_config, rngs=nnx.Rngs(config.seed)))
   model = Transformer(model_config, rngs=nnx.Rngs(config.seed))
+  initial = tables(model)  # read before the checkpoint's parameters replace them
   trained = tables(loop.restore_model(model, config.eval, workdir)[0])
   drift = {
     stack: np.mean(

@@ -149,7 +149,7 @@ def bits_per_char(model, tokens, span, *, batch_size: int, max_segments: int = 0
   graphdef, state = nnx.split(model)
   batches = OrderedBatches(tokens, batch_size, span.tgt_len)
   memory = model.init_memory(batch_size, span.mem_len)
-  segment_nats, segment_tokens = [], []
+  segment_position_nats, segment_tokens = [], []  # [L] nats on the device, per segment
   for segment, inputs, targets in batches.iterate():
     if max_segments and segment >= max_segments:
       break
@@ -162,12 +162,12 @@ def bits_per_char(model, tokens, span, *, batch_size: int, max_segments: int = 0
       span.clamp_len,
       span.same_length,
     )
-    segment_nats.append(nats)
+    segment_position_nats.append(nats)
     segment_tokens.append(targets.size)
   position_nats, position_tokens = np.zeros(span.tgt_len), np.zeros(span.tgt_len)
-  nats_per_position = jax.device_get(segment_nats)  # [L] per segment (the last may be short)
   segment_nats = []
-  for nats_L, tokens in zip(nats_per_position, segment_tokens, strict=True):
+  # [L] per segment (the last may be short)
+  for nats_L, tokens in zip(jax.device_get(segment_position_nats), segment_tokens, strict=True):
     position_nats[: len(nats_L)] += nats_L
     position_tokens[: len(nats_L)] += tokens // len(nats_L)
     segment_nats.append(math.fsum(map(float, nats_L)))
