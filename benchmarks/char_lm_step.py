@@ -3,9 +3,13 @@
     python benchmarks/char_lm_step.py --config=configs/char_tiny.py
     python benchmarks/char_lm_step.py --config=configs/char_tiny.py --rounds=20
     python benchmarks/char_lm_step.py --config=configs/enwik8_base.py --variants=xl,absolute
+    python benchmarks/char_lm_step.py --config=configs/enwik8_base.py --variants=xl,xl_xla
+
+(on a GPU, where config.model.attention_implementation='auto' picks the Pallas kernels).
 
 Builds the config's model once per `config.model.position` mode (xl, shaw, absolute, none;
-the xl row also without memory), times the jitted train step (forward, backward, Adam update)
+the xl row also without memory; xl and shaw also with the XLA kernels where 'auto' picks
+others), times the jitted train step (forward, backward, Adam update)
 on a fixed random batch with the modes interleaved round by round, and prints ms/step,
 tokens/s and the ratio to 'xl'.
 """
@@ -32,9 +36,17 @@ _VARIANTS = {
   'shaw': ('shaw', {'model': {'position': 'shaw'}}),
   'absolute': ('absolute', {'model': {'position': 'absolute'}}),
   'none': ('none', {'model': {'position': 'none'}}),
+  # The XLA kernels where 'auto' picks others (on a GPU, Pallas: pallas_common).
+  'xl_xla': ('xl, xla kernels', {'model': {'position': 'xl', 'attention_implementation': 'xla'}}),
+  'shaw_xla': (
+    'shaw, xla kernels',
+    {'model': {'position': 'shaw', 'attention_implementation': 'xla'}},
+  ),
 }
 _NAMES = flags.DEFINE_list(
-  'variants', list(_VARIANTS), f'Variants to time, xl among them: {", ".join(_VARIANTS)}.'
+  'variants',
+  ['xl', 'xl_mem0', 'shaw', 'absolute', 'none'],
+  f'Variants to time, xl among them: {", ".join(_VARIANTS)}.',
 )
 flags.register_validator(
   'variants',

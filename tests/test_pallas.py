@@ -33,7 +33,7 @@ from helpers import (
 )
 
 from relpos import attention
-from relpos.attention.pallas_common import dropout_keep_hashed, dropout_seed
+from relpos.attention.pallas_common import dropout_keep_hashed, dropout_seed, resolve_implementation
 
 pytestmark = pytest.mark.usefixtures('attention_test_config')
 
@@ -354,8 +354,10 @@ def test_pallas_bf16(name):
   _check_grads(grads, want_grads, SHAW_NAMES if name == 'shaw' else XL_NAMES, tol=BF16_TOL)
 
 
-def test_auto_is_xla():
-  """'auto' runs the XLA kernels (on a GPU the Pallas ones ran 6-21x slower: README)."""
+def test_auto_is_xla_off_a_gpu():
+  """'auto' runs the XLA kernels on this CPU (Pallas would only interpret here)."""
+  if jax.default_backend() == 'gpu':
+    pytest.skip("on a GPU 'auto' is 'pallas' (test_auto_is_pallas_on_a_gpu)")
   rng = np.random.default_rng(1600)
   batch, q_len, kv_len, heads, dim = S
   mask = make_mask('random', rng, batch, heads, q_len, kv_len)
@@ -368,6 +370,14 @@ def test_auto_is_xla():
 
     auto, xla = both(*args)
     np.testing.assert_array_equal(np.asarray(auto), np.asarray(xla))
+
+
+def test_auto_is_pallas_on_a_gpu(monkeypatch):
+  """'auto' resolves to 'pallas' where JAX's default backend is a GPU, 'xla' on the others."""
+  for backend, want in (('gpu', 'pallas'), ('cpu', 'xla'), ('tpu', 'xla')):
+    monkeypatch.setattr(jax, 'default_backend', lambda backend=backend: backend)
+    assert resolve_implementation('auto') == want
+    assert resolve_implementation('xla') == 'xla'
 
 
 # --------------------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ def make_config(**overrides):
       rope_base=10000.0,
       remat='none',
       scan_layers=False,
+      attention_implementation='auto',
       dtype='float32',
     )
   )
@@ -371,6 +372,35 @@ def test_scanned_layers_equal_the_loop(overrides):
   assert_allclose(scan_hidden, hidden)
   for expected, actual in zip(grads, scan_grads, strict=True):
     assert_allclose(actual, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize('position', ['xl', 'shaw'])
+def test_pallas_attention_equals_xla(position, monkeypatch):
+  """attention_implementation='pallas' (interpreted on CPU, Triton on a GPU) reaches the
+  kernel and gives the 'xla' model's logits, memory and gradients over two segments, the
+  second reading a memory."""
+  kernel_name = f'{position}_attention'
+  kernel, asked = getattr(attention, kernel_name), []
+
+  def spy(*args, **kwargs):
+    asked.append(kwargs.get('implementation'))
+    return kernel(*args, **kwargs)
+
+  monkeypatch.setattr(attention, kernel_name, spy)
+  tokens = random_tokens(10, seed=4)
+  results = []
+  for implementation in ('xla', 'pallas'):
+    model = make_model(position=position, attention_implementation=implementation)
+    with jax.default_matmul_precision('highest'):  # float32 on a GPU too (no TF32)
+      logits, memory = run_segments(model, tokens, [5, 5])
+      grads = memory_gradients(model.model, tokens[:, 5:], memory)[0]
+    results.append((logits, memory.hidden, jax.tree.leaves(grads)))
+  assert 'pallas' in asked and set(asked) <= {'xla', 'pallas'}
+  (logits, hidden, grads), (pallas_logits, pallas_hidden, pallas_grads) = results
+  assert_allclose(pallas_logits, logits, atol=1e-4)
+  assert_allclose(pallas_hidden, hidden, atol=1e-4)
+  for expected, actual in zip(grads, pallas_grads, strict=True):
+    assert_allclose(actual, expected, atol=1e-4)
 
 
 # --------------------------------------------------------------------------------------------

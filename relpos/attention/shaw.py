@@ -399,9 +399,8 @@ def shaw_attention(
       where the band's bookkeeping costs more than the dense one-hot matmuls it replaces, and
       `shaw_attention_banded` above; both draw the same dropout bits), 'pallas' (the fused,
       tiled kernels of `relpos.attention.pallas_shaw`; interpreted on CPU, Triton on GPU) or
-      'auto' (the default): 'xla' everywhere (`pallas_common.resolve_implementation`: their
-      first design, though correct on a GPU, ran 6-21x slower there; the current one has not
-      run on a GPU yet).
+      'auto' (the default): 'pallas' on a GPU, 'xla' elsewhere
+      (`pallas_common.resolve_implementation`).
       With dropout, 'pallas' draws its keep mask from a hash
       (`pallas_common.dropout_keep_hashed`): same distribution, different bits than 'xla'.
     block_sizes: (block_q, block_k) tiles of the 'pallas' implementation (None: its default,

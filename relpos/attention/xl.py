@@ -80,9 +80,8 @@ def xl_attention(
       `relpos.attention.masking.attention_dropout`; rate 0 (the default) needs no rng.
     implementation: 'xla' (this module's kernel), 'pallas' (the fused, tiled kernels of
       `relpos.attention.pallas_xl`; interpreted on CPU, Triton on GPU; no TPU lowering) or
-      'auto' (the default): 'xla' everywhere, since the kernels' first design, though correct
-      on a GPU, ran far slower there, and the current one (a register gather for the
-      relative shift) has not run on one (`pallas_common.resolve_implementation`). With dropout,
+      'auto' (the default): 'pallas' on a GPU, 'xla' elsewhere
+      (`pallas_common.resolve_implementation`). With dropout,
       'pallas' draws its keep mask from a hash (`pallas_common.dropout_keep_hashed`): same
       distribution, different bits than 'xla'.
     block_sizes: (block_q, block_k) tiles of the 'pallas' implementation (None: its default,

@@ -66,6 +66,7 @@ class MultiHeadAttention(nnx.Module):
     relative_table_init: str = 'kernel',
     rope_base: float = 10000.0,
     attention_dropout: float = 0.0,
+    implementation: str = 'auto',
   ):
     """Builds the projections [d_model, num_heads * head_dim] and the scheme's parameters.
 
@@ -80,11 +81,14 @@ class MultiHeadAttention(nnx.Module):
         'zeros'.
       rope_base: 'rope' only: the base of the rotation frequencies.
       attention_dropout: rate on the attention probabilities, in training.
+      implementation: 'shaw' and 'xl': their kernels' `implementation` ('auto', 'xla' or
+        'pallas').
     """
     if relative not in RELATIVE_SCHEMES:
       raise ValueError(f'relative must be one of {RELATIVE_SCHEMES}, got {relative!r}')
     self.relative, self.num_heads, self.head_dim = relative, num_heads, head_dim
     self.dtype, self.attention_dropout, self.rope_base = dtype, attention_dropout, rope_base
+    self.implementation = implementation
     width = num_heads * head_dim
 
     def linear(fan_in, fan_out):
@@ -110,7 +114,7 @@ class MultiHeadAttention(nnx.Module):
     cls, config: layers.ModelConfig, *, relative: str, kernel_init, rngs: nnx.Rngs
   ) -> 'MultiHeadAttention':
     """The layer of a model config: its d_model, num_heads, head_dim, dtype, Shaw tables,
-    rope_base and attention_dropout."""
+    rope_base, attention_dropout and attention_implementation."""
     return cls(
       d_model=config.d_model,
       num_heads=config.num_heads,
@@ -125,6 +129,7 @@ class MultiHeadAttention(nnx.Module):
       relative_table_init=config.relative_table_init,
       rope_base=config.rope_base,
       attention_dropout=config.attention_dropout,
+      implementation=config.attention_implementation,
     )
 
   def _heads(self, x_BTF):
@@ -178,6 +183,8 @@ class MultiHeadAttention(nnx.Module):
     kwargs = {'mask': mask}
     if self.attention_dropout > 0 and not deterministic:
       kwargs.update(dropout_rate=self.attention_dropout, dropout_rng=self.dropout_rngs())
+    if self.relative in ('xl', 'shaw'):
+      kwargs['implementation'] = self.implementation
     if self.relative == 'xl':
       r_KD, u_HD, v_HD = xl_terms
       rel_key_KHD = self._heads(self.r_net(r_KD))

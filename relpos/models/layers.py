@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from relpos.attention.pallas_common import IMPLEMENTATIONS
 from relpos.config import checks
 
 COMPUTE_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
@@ -43,6 +44,7 @@ _COMMON_RULES = {
   'rope_base': checks.positive(),
   'remat': checks.one_of(*REMAT_POLICIES),
   'scan_layers': checks.FLAG,
+  'attention_implementation': checks.one_of(*IMPLEMENTATIONS),
   'dtype': checks.one_of(*COMPUTE_DTYPES),
 }
 
@@ -80,6 +82,7 @@ class ModelConfig:
   rope_base: float  # RoPE's frequency base: theta_i = base^(-2i / head_dim)
   remat: str  # a key of REMAT_POLICIES: what each layer keeps for the backward pass
   scan_layers: bool  # run each stack of layers as a lax.scan (`run_stack`)
+  attention_implementation: str  # Shaw's and XL's kernels: one of IMPLEMENTATIONS
   dtype: str  # compute dtype, a key of COMPUTE_DTYPES; parameters stay float32
 
   @classmethod
@@ -130,6 +133,7 @@ class ModelConfig:
       **dict.fromkeys(shaw, self.SHAW_POSITIONS),
       **dict.fromkeys(('t5_num_buckets', 't5_max_distance'), ('t5',)),
       'rope_base': ('rope',),
+      'attention_implementation': (*self.SHAW_POSITIONS, 'xl'),
       **self.position_fields(),
     }
     return tuple(field for field, positions in readers.items() if self.position not in positions)

@@ -21,6 +21,7 @@ ADDED = {
   'model.rope_base': 10000.0,
   'model.remat': 'none',
   'model.scan_layers': False,
+  'model.attention_implementation': 'auto',
   'train.grad_accum_steps': 1,
   'eval.max_relative_position': -1,
 }
