@@ -12,7 +12,9 @@ Prints ms per batch, target tokens/s and the ratio to 'absolute' (Shaw et al.: 7
 lowering (relpos.threefry_lowering), for relpos's default on and off in one run.
 `--shaw_dense_max_kv_len=0,64` times the Shaw modes once per value of
 `relpos.attention.shaw.DENSE_MAX_KV_LEN` (0: the banded kernel at every length), which is how
-that threshold was chosen.
+that threshold was chosen. `--attention_implementations=xla,pallas` times the Shaw modes once
+per `config.model.attention_implementation` (on a GPU, where 'auto' picks the Pallas kernels,
+`xla,auto` compares them).
 """
 
 import tempfile
@@ -26,6 +28,7 @@ from timing import interleaved_median_seconds, peak_memory_line
 
 from relpos import runtime, threefry_lowering
 from relpos.attention import shaw
+from relpos.attention.pallas_common import IMPLEMENTATIONS
 from relpos.constants import PAD_ID
 from relpos.data.translation import load_translation_data
 from relpos.training import translate
@@ -54,13 +57,27 @@ flags.register_validator(
   lambda values: all(value.isdigit() for value in values),
   message='--shaw_dense_max_kv_len takes key counts >= 0, e.g. 0,64',
 )
+_IMPLEMENTATIONS = flags.DEFINE_list(
+  'attention_implementations',
+  [],
+  'Values of config.model.attention_implementation to time the Shaw modes with (default: '
+  "the config's own).",
+)
+flags.register_validator(
+  'attention_implementations',
+  lambda values: set(values) <= set(IMPLEMENTATIONS),
+  message=f'--attention_implementations takes {", ".join(IMPLEMENTATIONS)}',
+)
 flags.mark_flags_as_required(['config'])
 
 
-def pass_call(config, position, vocab_size, batches, mesh):
-  """A zero-argument call running the train step of `position` over `batches` (state kept)."""
+def pass_call(config, position, vocab_size, batches, mesh, implementation=None):
+  """A zero-argument call running the train step of `position` (with the attention
+  `implementation`, None: the config's) over `batches` (state kept)."""
   variant = ml_collections.ConfigDict(config.to_dict())
   variant.model.position = position
+  if implementation is not None:
+    variant.model.attention_implementation = implementation
   graphdef, state = translate.build(variant, vocab_size, mesh)
   train_step = translate.train_step_fn(variant, graphdef, mesh)
   carried = {'state': state}
@@ -98,13 +115,17 @@ def main(argv):
     for position in _POSITIONS.value:
       name = position if _THREEFRY.value == ['unrolled'] else f'{position}, {lowering}'
       thresholds = _DENSE_MAX.value if 'shaw' in position else []
+      implementations = _IMPLEMENTATIONS.value if 'shaw' in position else []
       for threshold in thresholds or [None]:
-        variant = name if threshold is None else f'{name}, dense ≤ {threshold} keys'
-        if threshold is not None:
-          shaw.DENSE_MAX_KV_LEN = int(threshold)
-        calls[variant] = pass_call(config, position, vocab_size, batches, mesh)
-        calls[variant]()  # compiles now, with this lowering and threshold
-        shaw.DENSE_MAX_KV_LEN = default_dense_max
+        for implementation in implementations or [None]:
+          variant = name if threshold is None else f'{name}, dense ≤ {threshold} keys'
+          if implementation is not None:
+            variant += f', {implementation} kernels'
+          if threshold is not None:
+            shaw.DENSE_MAX_KV_LEN = int(threshold)
+          calls[variant] = pass_call(config, position, vocab_size, batches, mesh, implementation)
+          calls[variant]()  # compiles now, with this lowering and threshold
+          shaw.DENSE_MAX_KV_LEN = default_dense_max
   threefry_lowering.unroll_on_cpu()
   seconds = interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=1)
   m = config.model

@@ -34,7 +34,7 @@ def _table_rows(stdout: str) -> dict:
   return {cells[0].strip(): [cell.strip() for cell in cells[1:]] for cells in rows[1:]}
 
 
-def test_translate_step_times_split_batches_with_both_prng_lowerings_and_shaw_thresholds(
+def test_translate_step_times_split_batches_with_prng_lowerings_shaw_thresholds_and_kernels(
   tmp_path,
 ):
   corpus = write_pair_corpus(tmp_path / 'pairs')
@@ -61,15 +61,16 @@ def test_translate_step_times_split_batches_with_both_prng_lowerings_and_shaw_th
     '--positions=shaw',
     '--threefry=unrolled,rolled',
     '--shaw_dense_max_kv_len=0,64',  # the banded kernel, then the dense form (≤ 17 keys)
+    '--attention_implementations=xla',
   )
   rows = _table_rows(stdout)
   names = {
-    f'shaw, {lowering}, dense ≤ {threshold} keys'
+    f'shaw, {lowering}, dense ≤ {threshold} keys, xla kernels'
     for lowering in ('unrolled', 'rolled')
     for threshold in (0, 64)
   }
   assert set(rows) == names, stdout
-  assert float(rows['shaw, unrolled, dense ≤ 0 keys'][-1]) == 1.0
+  assert float(rows['shaw, unrolled, dense ≤ 0 keys, xla kernels'][-1]) == 1.0
   assert all(float(cells[1]) > 0 for cells in rows.values())  # target tokens/s
 
 
@@ -82,10 +83,10 @@ def test_char_lm_step_times_the_variants_asked_for(tmp_path):
     *TINY_CHAR_LM_FLAGS,
     '--config.train.batch_size=4',
     '--rounds=1',
-    '--variants=xl,xl_mem0,none',
+    '--variants=xl,xl_mem0,none,xl_xla',
   )
   rows = _table_rows(stdout)
-  assert set(rows) == {'xl', 'xl, mem_len=0', 'none'}, stdout
+  assert set(rows) == {'xl', 'xl, mem_len=0', 'none', 'xl, xla kernels'}, stdout
   assert float(rows['xl'][-1]) == 1.0
 
 
@@ -138,3 +139,24 @@ def test_gpu_figures_runs_the_parts_asked_for_and_logs_each(tmp_path):
   summary = (out / 'summary.txt').read_text()
   assert 'end env: exit 0' in summary and 'end native: exit 0' in summary, summary
   assert 'native Pallas (Triton) needs a GPU' in (out / 'native.log').read_text()
+
+
+def test_gpu_figures_launches_every_part(tmp_path):
+  """Every part's command starts (echoed instead of run: PYTHON=echo), so none exits 127 as
+  the attention parts did when they called a shell function under `timeout`."""
+  out = tmp_path / 'figures'
+  done = subprocess.run(
+    ['bash', str(REPO / 'benchmarks' / 'gpu_figures.sh'), str(out), str(tmp_path)],
+    cwd=REPO,
+    env={**os.environ, 'PYTHON': 'echo'},
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
+  assert done.returncode == 0, done.stderr
+  summary = (out / 'summary.txt').read_text()
+  parts = 'native attention_2048 char_lm translate attention_512 attention_8192 tiles xl_tiles'
+  for part in parts.split():
+    assert f'end {part}: exit 0' in summary, summary
+    assert 'benchmarks/' in (out / f'{part}.log').read_text() or part == 'native'
+  assert 'xl_xla' in (out / 'char_lm.log').read_text()
