@@ -122,31 +122,10 @@ def test_peak_memory_line_reads_the_devices_allocator_stats(monkeypatch):
   assert timing.peak_memory_line().startswith('peak device memory: 3.00 GiB (the largest of 2')
 
 
-def test_gpu_figures_runs_the_parts_asked_for_and_logs_each(tmp_path):
-  """benchmarks/gpu_figures.sh off a GPU: the native tests skip (and say why), parts not
-  asked for do not run, and summary.txt records each part's exit status."""
-  out = tmp_path / 'figures'
+def _gpu_figures(out, *parts):
+  """Runs benchmarks/gpu_figures.sh with every command echoed instead of run (PYTHON=echo)."""
   done = subprocess.run(
-    ['bash', str(REPO / 'benchmarks' / 'gpu_figures.sh'), str(out), str(tmp_path), 'native'],
-    cwd=REPO,
-    env={**os.environ, 'PYTHON': sys.executable},
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert done.returncode == 0, done.stderr
-  assert sorted(path.name for path in out.iterdir()) == ['env.log', 'native.log', 'summary.txt']
-  summary = (out / 'summary.txt').read_text()
-  assert 'end env: exit 0' in summary and 'end native: exit 0' in summary, summary
-  assert 'native Pallas (Triton) needs a GPU' in (out / 'native.log').read_text()
-
-
-def test_gpu_figures_launches_every_part(tmp_path):
-  """Every part's command starts (echoed instead of run: PYTHON=echo), so none exits 127 as
-  the attention parts did when they called a shell function under `timeout`."""
-  out = tmp_path / 'figures'
-  done = subprocess.run(
-    ['bash', str(REPO / 'benchmarks' / 'gpu_figures.sh'), str(out), str(tmp_path)],
+    ['bash', str(REPO / 'benchmarks' / 'gpu_figures.sh'), str(out), str(out.parent), *parts],
     cwd=REPO,
     env={**os.environ, 'PYTHON': 'echo'},
     capture_output=True,
@@ -154,9 +133,23 @@ def test_gpu_figures_launches_every_part(tmp_path):
     timeout=60,
   )
   assert done.returncode == 0, done.stderr
-  summary = (out / 'summary.txt').read_text()
+  return (out / 'summary.txt').read_text()
+
+
+def test_gpu_figures_launches_every_part_and_only_those_asked_for(tmp_path):
+  """Every part's command starts (so none exits 127, as the attention parts did when they
+  called a shell function under `timeout`), each logs to its own file, and summary.txt records
+  each part's exit status; parts not asked for do not run."""
+  summary = _gpu_figures(tmp_path / 'all')
   parts = 'native attention_2048 char_lm translate attention_512 attention_8192 tiles xl_tiles'
   for part in parts.split():
     assert f'end {part}: exit 0' in summary, summary
-    assert 'benchmarks/' in (out / f'{part}.log').read_text() or part == 'native'
-  assert 'xl_xla' in (out / 'char_lm.log').read_text()
+    log = (tmp_path / 'all' / f'{part}.log').read_text()
+    assert ('pytest' if part == 'native' else 'benchmarks/') in log, log
+  assert 'xl_xla' in (tmp_path / 'all' / 'char_lm.log').read_text()
+  _gpu_figures(tmp_path / 'one', 'tiles')
+  assert sorted(path.name for path in (tmp_path / 'one').iterdir()) == [
+    'env.log',
+    'summary.txt',
+    'tiles.log',
+  ]
