@@ -84,15 +84,21 @@ DEFAULT_BLOCK = 64
 MIN_TRITON_DIM = 16  # Triton's smallest dot dimension (tl.dot needs M, N, K >= 16)
 
 
-def resolve_implementation(implementation: str) -> str:
-  """'xla' or 'pallas' for an `implementation` argument.
+# 'auto' picks the Pallas kernels on a GPU from this many keys up: the shortest length timed on
+# one (an H100, where they beat XLA's at 512, 2048 and 8192 keys). Below it, where translation's
+# sentences and cached decoding live, nothing was timed, so XLA's kernels stay.
+AUTO_PALLAS_MIN_KV_LEN = 512
 
-  'auto' means "pallas where it runs natively and fast, xla elsewhere": 'pallas' when JAX's
-  default backend is a GPU, 'xla' on CPUs (where Pallas only interprets) and TPUs (where the
-  kernels, written for Triton, have never run). On one H100 the kernels' current design ran
-  faster than XLA's at every size measured, fwd+bwd in bf16: Shaw 1.6x (n = 512, k = 64) to
-  3.7x (n = 8192), XL 1.5-1.6x (README, Toward accelerators). Raises ValueError for anything
-  but 'auto', 'xla' or 'pallas'.
+
+def resolve_implementation(implementation: str, kv_len: int) -> str:
+  """'xla' or 'pallas' for an `implementation` argument and a call over `kv_len` keys.
+
+  'auto' means "pallas where it runs natively and was measured faster, xla elsewhere":
+  'pallas' when JAX's default backend is a GPU and kv_len >= AUTO_PALLAS_MIN_KV_LEN; 'xla' on
+  CPUs (where Pallas only interprets), on TPUs (where the kernels, written for Triton, have
+  never run) and for fewer keys. On one H100 the kernels ran faster than XLA's at every length
+  measured, fwd+bwd in bf16: Shaw 1.6x (n = 512, k = 64) to 3.7x (n = 8192), XL 1.5-1.6x
+  (README, Toward accelerators). Raises ValueError for anything but 'auto', 'xla' or 'pallas'.
   """
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(
@@ -100,7 +106,8 @@ def resolve_implementation(implementation: str) -> str:
       f'got {implementation!r}'
     )
   if implementation == 'auto':
-    return 'pallas' if jax.default_backend() == 'gpu' else 'xla'
+    on_gpu = jax.default_backend() == 'gpu'
+    return 'pallas' if on_gpu and kv_len >= AUTO_PALLAS_MIN_KV_LEN else 'xla'
   return implementation
 
 

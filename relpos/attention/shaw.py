@@ -399,8 +399,8 @@ def shaw_attention(
       where the band's bookkeeping costs more than the dense one-hot matmuls it replaces, and
       `shaw_attention_banded` above; both draw the same dropout bits), 'pallas' (the fused,
       tiled kernels of `relpos.attention.pallas_shaw`; interpreted on CPU, Triton on GPU) or
-      'auto' (the default): 'pallas' on a GPU, 'xla' elsewhere
-      (`pallas_common.resolve_implementation`).
+      'auto' (the default): 'pallas' on a GPU from `AUTO_PALLAS_MIN_KV_LEN` keys up, 'xla'
+      elsewhere (`pallas_common.resolve_implementation`).
       With dropout, 'pallas' draws its keep mask from a hash
       (`pallas_common.dropout_keep_hashed`): same distribution, different bits than 'xla'.
     block_sizes: (block_q, block_k) tiles of the 'pallas' implementation (None: its default,
@@ -409,9 +409,9 @@ def shaw_attention(
   Returns:
     [batch, q_len, heads, head_dim] in value's dtype.
   """
-  implementation = resolve_implementation(implementation)
   # Checked here too, before key.shape picks the form: a malformed call fails with its message.
   dropout_rate = _check(query, key, value, rel_key, rel_value, dropout_rate, dropout_rng)
+  implementation = resolve_implementation(implementation, key.shape[1])
   if implementation == 'pallas':
     return shaw_attention_pallas(
       query,

@@ -80,8 +80,8 @@ def xl_attention(
       `relpos.attention.masking.attention_dropout`; rate 0 (the default) needs no rng.
     implementation: 'xla' (this module's kernel), 'pallas' (the fused, tiled kernels of
       `relpos.attention.pallas_xl`; interpreted on CPU, Triton on GPU; no TPU lowering) or
-      'auto' (the default): 'pallas' on a GPU, 'xla' elsewhere
-      (`pallas_common.resolve_implementation`). With dropout,
+      'auto' (the default): 'pallas' on a GPU from `AUTO_PALLAS_MIN_KV_LEN` keys up, 'xla'
+      elsewhere (`pallas_common.resolve_implementation`). With dropout,
       'pallas' draws its keep mask from a hash (`pallas_common.dropout_keep_hashed`): same
       distribution, different bits than 'xla'.
     block_sizes: (block_q, block_k) tiles of the 'pallas' implementation (None: its default,
@@ -90,8 +90,8 @@ def xl_attention(
   Returns:
     [batch, q_len, heads, head_dim] in value's dtype.
   """
-  implementation = resolve_implementation(implementation)
   check_qkv(query, key, value)
+  implementation = resolve_implementation(implementation, key.shape[1])
   q_len, kv_len = query.shape[1], key.shape[1]
   if rel_key.shape != (kv_len,) + key.shape[2:]:
     raise ValueError(
