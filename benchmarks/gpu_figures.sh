@@ -16,12 +16,14 @@
 #                     after its "compiled ... functions" line);
 #   attention_2048    benchmarks/attention.py's gpu preset at n = 2048 (the target),
 #                     k = 16 and 64, without XL's Pallas kernel (xl_tiles times it);
-#   char_lm           enwik8_base shapes, xl with the Pallas kernels ('auto' on a GPU) and
+#   char_lm           enwik8_base shapes, xl with the Pallas kernels ('auto' on a GPU, 1,024
+#                     keys) and
 #                     with XLA's, and absolute: steps/s and memory (the model-level
 #                     comparison; four variants did not finish in 130 s on an H100);
 #   translate         wmt_base shapes (Shaw) on toy-ende, 2 real batches, with the Pallas
-#                     kernels and with XLA's (one process; with XLA's alone the H100 ran out
-#                     of 110 s, the H200 finished);
+#                     kernels and with XLA's (one process; 'auto' keeps XLA's below 512 keys,
+#                     so both are named; with XLA's alone the H100 ran out of 110 s, the H200
+#                     finished);
 #   attention_512, attention_8192
 #                     the preset's other lengths (8192: one call per timing);
 #   tiles             Shaw's Pallas kernel at n = 2048, k = 16 with its default 64 x 64 tiles
@@ -66,7 +68,7 @@ part translate 300 "$py" benchmarks/translate_step.py --config=configs/wmt_base.
   --config.data.kind=text --config.data.vocab_size=8000 \
   --config.data.train_src="$data/src-train.txt" --config.data.train_tgt="$data/tgt-train.txt" \
   --config.data.eval_src="$data/src-val.txt" --config.data.eval_tgt="$data/tgt-val.txt" \
-  --positions=shaw --attention_implementations=auto,xla --batches=2 --rounds=20
+  --positions=shaw --attention_implementations=pallas,xla --batches=2 --rounds=20
 part attention_512 150 "$py" benchmarks/attention.py --config=configs/attention_benchmark.py:gpu --config.lengths=512
 part attention_8192 300 "$py" benchmarks/attention.py --config=configs/attention_benchmark.py:gpu --config.lengths=8192 --config.repeats=1
 part tiles 150 "$py" benchmarks/attention.py --config=configs/attention_benchmark.py:gpu --config.lengths=2048 --config.distances=16 \
