@@ -16,10 +16,10 @@
 #                     after its "compiled ... functions" line);
 #   attention_2048    benchmarks/attention.py's gpu preset at n = 2048 (the target),
 #                     k = 16 and 64, without XL's Pallas kernel (xl_tiles times it);
-#   char_lm           enwik8_base shapes, xl with the Pallas kernels ('auto' on a GPU, 1,024
-#                     keys) and
-#                     with XLA's, and absolute: steps/s and memory (the model-level
-#                     comparison; four variants did not finish in 130 s on an H100);
+#   char_lm           enwik8_base shapes, xl with the Pallas kernels ('auto' on a GPU at
+#                     1,024 keys) and with XLA's, and absolute: steps/s and memory (the
+#                     model-level comparison; four variants did not finish in 130 s on an
+#                     H100);
 #   translate         wmt_base shapes (Shaw) on toy-ende, 2 real batches, with the Pallas
 #                     kernels and with XLA's (one process; 'auto' keeps XLA's below 512 keys,
 #                     so both are named; with XLA's alone the H100 ran out of 110 s, the H200
