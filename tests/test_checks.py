@@ -37,9 +37,17 @@ BAD_CONFIGS = [
   ('char_lm', 'xl', {'model.num_heads': 0}, None, 'config.model.num_heads'),
   ('char_lm', 'shaw', {'model.attention_dropout': 1.0}, None, 'config.model.attention_dropout'),
   ('translate', 'shaw', {'model.relative_table_init': 'ones'}, None, 'relative_table_init'),
+  ('translate', 'shaw', {'model.relative_table_init_scale': 0.0}, None, 'init_scale must be'),
   # across fields
   ('translate', 'shaw', {'model.num_heads': 3}, None, 'config.model.d_model=256'),
   ('char_lm', 'xl', {'train.same_length': True, 'train.mem_len': 0}, None, 'same_length needs'),
+  (
+    'translate',
+    'shaw',
+    {'model.relative_table_init': 'zeros', 'model.relative_table_init_scale': 2.0},
+    None,
+    "with relative_table_init='zeros' leave it at 1",
+  ),
   ('translate', 'shaw', {'data.max_length': 300}, None, 'config.model.max_len >= 301'),
   ('char_lm', 'xl', {'train.batch_size': 6}, FOUR_DEVICES, 'config.train.batch_size=6'),
   ('translate', 'shaw', {'data.max_tokens': 300}, FOUR_DEVICES, 'config.data.max_tokens=300'),

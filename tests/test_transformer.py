@@ -244,18 +244,24 @@ def test_clipped_tables_see_distances_beyond_k_as_k(scan_layers):
     clip_shaw_tables(model, 3)
 
 
-def test_zero_tables_start_at_zero_and_every_other_parameter_as_before():
-  """relative_table_init='zeros' changes the tables' start and nothing else: a comparison of
-  the two inits varies only the tables."""
+@pytest.mark.parametrize(
+  'overrides,table_factor',
+  [(dict(relative_table_init='zeros'), 0.0), (dict(relative_table_init_scale=1.5), 1.5)],
+)
+def test_table_inits_change_the_tables_start_and_every_other_parameter_as_before(
+  overrides, table_factor
+):
+  """relative_table_init='zeros' and relative_table_init_scale change the tables' start (to 0,
+  or the 'kernel' start times the scale) and nothing else: a comparison of two inits varies
+  only the tables."""
   kernel = nnx.to_flat_state(nnx.state(make_model(position='shaw'), nnx.Param))
-  zeros = nnx.to_flat_state(
-    nnx.state(make_model(position='shaw', relative_table_init='zeros'), nnx.Param)
-  )
-  assert [path for path, _ in kernel] == [path for path, _ in zeros]
-  for (path, before), (_, after) in zip(kernel, zeros, strict=True):
+  other = nnx.to_flat_state(nnx.state(make_model(position='shaw', **overrides), nnx.Param))
+  assert [path for path, _ in kernel] == [path for path, _ in other]
+  for (path, before), (_, after) in zip(kernel, other, strict=True):
     before, after = np.asarray(before[...]), np.asarray(after[...])
     if path[-1] in ('rel_key', 'rel_value'):
-      assert np.all(after == 0) and np.abs(before).max() > 0, path
+      assert np.abs(before).max() > 0, path
+      np.testing.assert_allclose(after, table_factor * before, rtol=1e-6, err_msg=str(path))
     else:
       np.testing.assert_array_equal(after, before, err_msg=str(path))
 

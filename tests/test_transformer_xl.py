@@ -46,6 +46,7 @@ def make_config(**overrides):
       relative_keys=True,
       relative_values=True,
       relative_table_init='kernel',
+      relative_table_init_scale=1.0,
       t5_num_buckets=6,
       t5_max_distance=9,
       rope_base=10000.0,

@@ -64,6 +64,7 @@ class MultiHeadAttention(nnx.Module):
     relative_keys: bool = True,
     relative_values: bool = True,
     relative_table_init: str = 'kernel',
+    relative_table_init_scale: float = 1.0,
     rope_base: float = 10000.0,
     attention_dropout: float = 0.0,
     implementation: str = 'auto',
@@ -79,6 +80,7 @@ class MultiHeadAttention(nnx.Module):
       max_relative_position, relative_keys, relative_values: 'shaw' only: k and the tables.
       relative_table_init: 'shaw' only: 'kernel' (the tables start from `kernel_init`) or
         'zeros'.
+      relative_table_init_scale: 'shaw' only: multiplies the 'kernel' start.
       rope_base: 'rope' only: the base of the rotation frequencies.
       attention_dropout: rate on the attention probabilities, in training.
       implementation: 'shaw' and 'xl': their kernels' `implementation` ('auto', 'xla' or
@@ -103,7 +105,8 @@ class MultiHeadAttention(nnx.Module):
         return None
       init = kernel_init if relative_table_init == 'kernel' else nnx.initializers.zeros_init()
       # A key is drawn either way, so the init leaves every other parameter's draw unchanged.
-      return nnx.Param(init(rngs.params(), (2 * max_relative_position + 1, head_dim)))
+      start = init(rngs.params(), (2 * max_relative_position + 1, head_dim))
+      return nnx.Param(start * relative_table_init_scale)
 
     self.rel_key, self.rel_value = table(relative_keys), table(relative_values)
     # Forked whatever the rate, so the rate never changes the initialisation.
@@ -127,6 +130,7 @@ class MultiHeadAttention(nnx.Module):
       relative_keys=config.relative_keys,
       relative_values=config.relative_values,
       relative_table_init=config.relative_table_init,
+      relative_table_init_scale=config.relative_table_init_scale,
       rope_base=config.rope_base,
       attention_dropout=config.attention_dropout,
       implementation=config.attention_implementation,

@@ -39,6 +39,7 @@ _COMMON_RULES = {
   'relative_keys': checks.FLAG,
   'relative_values': checks.FLAG,
   'relative_table_init': checks.one_of(*RELATIVE_TABLE_INITS),
+  'relative_table_init_scale': checks.positive(),
   't5_num_buckets': checks.integer(4),
   't5_max_distance': checks.integer(1),
   'rope_base': checks.positive(),
@@ -77,6 +78,7 @@ class ModelConfig:
   relative_keys: bool  # Shaw's w^K
   relative_values: bool  # Shaw's w^V
   relative_table_init: str  # one of RELATIVE_TABLE_INITS: how w^K and w^V start
+  relative_table_init_scale: float  # multiplies the 'kernel' start
   t5_num_buckets: int  # T5's buckets (half per side when bidirectional)
   t5_max_distance: int  # T5's distance where the last (log-spaced) bucket starts
   rope_base: float  # RoPE's frequency base: theta_i = base^(-2i / head_dim)
@@ -113,6 +115,11 @@ class ModelConfig:
         f'config.model.position={self.position!r} needs config.model.relative_keys or '
         "relative_values; with neither it has no positions: use position='none'"
       )
+    if self.relative_table_init == 'zeros' and self.relative_table_init_scale != 1:
+      raise ValueError(
+        f'config.model.relative_table_init_scale={self.relative_table_init_scale} scales the '
+        "'kernel' start; with relative_table_init='zeros' leave it at 1"
+      )
     if self.position == 'rope' and self.head_dim % 2:
       raise ValueError(
         f"config.model.position='rope' rotates pairs of features: the head dimension must be "
@@ -128,7 +135,13 @@ class ModelConfig:
     """The fields this position scheme never reads (Shaw's k and tables off Shaw, T5's
     buckets off T5, RoPE's base off RoPE, the model's own in `position_fields`): a sweep over
     one of them would train the same model."""
-    shaw = ('max_relative_position', 'relative_keys', 'relative_values', 'relative_table_init')
+    shaw = (
+      'max_relative_position',
+      'relative_keys',
+      'relative_values',
+      'relative_table_init',
+      'relative_table_init_scale',
+    )
     readers = {
       **dict.fromkeys(shaw, self.SHAW_POSITIONS),
       **dict.fromkeys(('t5_num_buckets', 't5_max_distance'), ('t5',)),

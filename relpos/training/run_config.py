@@ -16,6 +16,7 @@ _FREE_SECTIONS = ('eval',)
 # one reads as if it held this value, where today's config of its task has the field.
 ADDED = {
   'model.relative_table_init': 'kernel',
+  'model.relative_table_init_scale': 1.0,
   'model.t5_num_buckets': 32,
   'model.t5_max_distance': 128,
   'model.rope_base': 10000.0,
