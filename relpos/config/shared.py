@@ -25,15 +25,15 @@ def add_shared_model_fields(model: ml_collections.ConfigDict) -> None:
   # Xavier-uniform over [2k+1, head_dim] scales with k) or 'zeros' (every distance alike).
   model.relative_table_init = 'kernel'
   # Multiplies the 'kernel' start: Xavier-uniform's scale falls as k grows (row norm 1.33 at
-  # k = 4, 1.15 at k = 16 with head_dim 64), so 1.153 at k = 16 starts its rows as k = 4's.
+  # k = 4, 1.15 at k = 16 with head_dim 64), so 1.1527 at k = 16 starts its rows as k = 4's.
   model.relative_table_init_scale = 1.0
   model.t5_num_buckets = 32  # position='t5': T5's defaults
   model.t5_max_distance = 128
   model.rope_base = 10000.0  # position='rope'
   model.remat = 'none'  # 'none' | 'full' | 'dots' | 'dots_no_batch' (models/layers.py)
   model.scan_layers = False  # True: each stack runs as one lax.scan over its layers
-  # Shaw's and XL's attention kernels: 'auto' (Pallas on a GPU, XLA elsewhere), 'xla' or
-  # 'pallas' (relpos.attention.pallas_common.resolve_implementation).
+  # Shaw's and XL's attention kernels: 'auto' (Pallas on a GPU from 512 keys up, XLA
+  # elsewhere), 'xla' or 'pallas' (relpos.attention.pallas_common.resolve_implementation).
   model.attention_implementation = 'auto'
   model.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16'
 
