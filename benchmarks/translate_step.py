@@ -13,8 +13,8 @@ lowering (relpos.threefry_lowering), for relpos's default on and off in one run.
 `--shaw_dense_max_kv_len=0,64` times the Shaw modes once per value of
 `relpos.attention.shaw.DENSE_MAX_KV_LEN` (0: the banded kernel at every length), which is how
 that threshold was chosen. `--attention_implementations=xla,pallas` times the Shaw modes once
-per `config.model.attention_implementation` (on a GPU, where 'auto' picks the Pallas kernels,
-`xla,auto` compares them).
+per `config.model.attention_implementation` (on a GPU; 'auto' keeps XLA's kernels below 512
+keys, so translation's lengths need 'pallas' named).
 """
 
 import tempfile
