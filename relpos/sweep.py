@@ -303,6 +303,17 @@ def _write_csv(path: Path, rows: list[dict], columns) -> None:
     writer.writerows(rows)
 
 
+# Swept values that stand for something a reader cannot guess, named beside the value in the
+# tables and the plot (the CSVs keep the bare value).
+_VALUE_MEANINGS = {('eval.max_relative_position', '-1'): 'as trained'}
+
+
+def value_label(field: str, value) -> str:
+  """The value as tables and plots show it: '-1 (as trained)' for a sentinel, else str(value)."""
+  meaning = _VALUE_MEANINGS.get((field, str(value)))
+  return f'{value} ({meaning})' if meaning else str(value)
+
+
 def write_tables(summary, rows, root: Path, field: str, metric: str, baseline) -> str:
   """Writes sweep.csv, sweep_seeds.csv and sweep.md under `root`; returns the markdown."""
   _write_csv(root / 'sweep.csv', summary, SUMMARY_COLUMNS)
@@ -319,11 +330,13 @@ def write_tables(summary, rows, root: Path, field: str, metric: str, baseline) -
       p_values = '(baseline) | (baseline)'
     else:
       p_values = f'{significance.p_text(row["p_value"])} | {significance.p_text(row["p_seeds"])}'
-    lines.append(
-      f'| {row["value"]} | {row["n"]} | {row["mean"]:.3f} | {row["std"]:.3f} | {p_values} |'
-    )
+    label = value_label(field, row['value'])
+    lines.append(f'| {label} | {row["n"]} | {row["mean"]:.3f} | {row["std"]:.3f} | {p_values} |')
   lines += ['', f'| {field} | seed | {metric} | step |', '|---|---|---|---|']
-  lines += [f'| {r["value"]} | {r["seed"]} | {r[metric]:.3f} | {r["step"]} |' for r in rows]
+  lines += [
+    f'| {value_label(field, r["value"])} | {r["seed"]} | {r[metric]:.3f} | {r["step"]} |'
+    for r in rows
+  ]
   markdown = '\n'.join(lines) + '\n'
   (root / 'sweep.md').write_text(markdown)
   return markdown
@@ -354,7 +367,7 @@ def plot(summary: list[dict], rows: list[dict], root: Path, field: str, metric: 
     zorder=3,
   )
   axes.legend(fontsize='small')
-  axes.set_xticks(list(positions), [str(row['value']) for row in summary])
+  axes.set_xticks(list(positions), [value_label(field, row['value']) for row in summary])
   axes.set_xlabel(field)
   seeds = max(row['n'] for row in summary)
   axes.set_ylabel(f'{metric} ({seeds} seeds)' if seeds > 1 else metric)

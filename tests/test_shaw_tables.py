@@ -45,7 +45,7 @@ def test_runs_of_one_k_are_averaged_into_one_row_per_stack(monkeypatch, tmp_path
 @pytest.mark.parametrize(
   'config, message',
   [
-    (None, 'is not a directory'),
+    (None, 'run is not a directory: name the workdir'),
     ({'task': 'char_lm'}, 'holds a char_lm run, not a translation run'),
     (_translation('absolute'), "config.model.position='absolute' has no tables"),
     (_translation('shaw'), 'no checkpoint in'),

@@ -115,6 +115,21 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
     sweep.collect(tmp_path, field, [0], [0], 'bleu')
 
 
+def test_tables_name_the_as_trained_sentinel_and_the_csv_keeps_the_value(tmp_path):
+  field = 'eval.max_relative_position'
+  summary = [
+    dict(value=-1, n=1, mean=21.0, std=0.0, p_value=None, p_seeds=None),
+    dict(value=4, n=1, mean=20.5, std=0.0, p_value=0.01, p_seeds=None),
+  ]
+  rows = [dict(value=-1, seed=0, bleu=21.0, step=9), dict(value=4, seed=0, bleu=20.5, step=9)]
+  markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bleu', baseline=-1)
+  assert '| -1 (as trained) | 1 | 21.000 |' in markdown
+  assert '| -1 (as trained) | 0 | 21.000 | 9 |' in markdown and '| 4 | 0 | 20.500 | 9 |' in markdown
+  with open(tmp_path / 'sweep.csv') as stream:
+    assert [row['value'] for row in csv.DictReader(stream)] == ['-1', '4']
+  assert sweep.value_label('model.max_relative_position', -1) == '-1'
+
+
 def test_preset_variants_load_each_preset_with_the_overrides():
   """--field=preset: each value is the config file's preset, with the command line's
   overrides; a preset the file does not have is refused before training."""
