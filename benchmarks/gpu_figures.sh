@@ -52,6 +52,8 @@ part() {
   local status=$?
   echo "$(date +%T) end $name: exit $status" >>"$out/summary.txt"
 }
+# The attention benchmark's gpu preset, as an array: `timeout` runs commands, not functions.
+attention=("$py" benchmarks/attention.py --config=configs/attention_benchmark.py:gpu)
 
 parts+=' env '
 part env 60 bash -c "nvidia-smi -L; $py -c 'import jax, jaxlib, flax; \
@@ -60,7 +62,7 @@ print(jax.__version__, jaxlib.__version__, flax.__version__, jax.devices())'"
 part native 160 env XLA_PYTHON_CLIENT_PREALLOCATE=false \
   "$py" -m pytest tests/test_pallas.py tests/test_transformer_xl.py \
   -k 'pallas_native or pallas_attention_equals' -n 8 -rA -q -p no:cacheprovider &
-part attention_2048 190 "$py" benchmarks/attention.py --config=configs/attention_benchmark.py:gpu --config.lengths=2048 \
+part attention_2048 190 "${attention[@]}" --config.lengths=2048 \
   "--config.kernels=('vanilla','cudnn','shaw','shaw_pallas','xl','xl_pallas')"
 wait
 part char_lm 240 "$py" benchmarks/char_lm_step.py --config=configs/enwik8_base.py \
@@ -70,10 +72,10 @@ part translate 300 "$py" benchmarks/translate_step.py --config=configs/wmt_base.
   --config.data.train_src="$data/src-train.txt" --config.data.train_tgt="$data/tgt-train.txt" \
   --config.data.eval_src="$data/src-val.txt" --config.data.eval_tgt="$data/tgt-val.txt" \
   --positions=shaw --attention_implementations=pallas,xla --batches=2 --rounds=20
-part attention_512 150 "$py" benchmarks/attention.py --config=configs/attention_benchmark.py:gpu --config.lengths=512
-part attention_8192 300 "$py" benchmarks/attention.py --config=configs/attention_benchmark.py:gpu --config.lengths=8192 --config.repeats=1
-part tiles 150 "$py" benchmarks/attention.py --config=configs/attention_benchmark.py:gpu --config.lengths=2048 --config.distances=16 \
+part attention_512 150 "${attention[@]}" --config.lengths=512
+part attention_8192 300 "${attention[@]}" --config.lengths=8192 --config.repeats=1
+part tiles 150 "${attention[@]}" --config.lengths=2048 --config.distances=16 \
   "--config.kernels=('vanilla','cudnn','shaw_pallas','shaw_pallas@128x64','shaw_pallas@64x128')"
-part xl_tiles 150 "$py" benchmarks/attention.py --config=configs/attention_benchmark.py:gpu --config.lengths=512 --config.distances=16 --config.repeats=1 \
+part xl_tiles 150 "${attention[@]}" --config.lengths=512 --config.distances=16 --config.repeats=1 \
   "--config.kernels=('vanilla','cudnn','xl','xl_pallas','xl_pallas@16x16','xl_pallas@32x64')"
 cat "$out/summary.txt"
