@@ -50,9 +50,7 @@ def row_drift(workdir) -> tuple[int, dict[str, np.ndarray], float]:
   from relpos.training import loop, translate
   from relpos.training.run_config import read_config
 
-  if not Path(workdir).is_dir():  # read_config's message names a --workdir flag this lacks
-    raise FileNotFoundError(f'{workdir} is not a directory: name the workdir of a run')
-  config = read_config(workdir)
+  config = read_config(workdir, flag=None)  # workdirs are positional here
   if config.get('task') != 'translate':
     raise ValueError(f'{workdir} holds a {config.get("task")} run, not a translation run')
   if 'max_relative_position' in translate.TASK.unread_fields(config):

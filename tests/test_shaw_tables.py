@@ -45,7 +45,7 @@ def test_runs_of_one_k_are_averaged_into_one_row_per_stack(monkeypatch, tmp_path
 @pytest.mark.parametrize(
   'config, message',
   [
-    (None, 'run is not a directory: name the workdir'),
+    (None, 'run is not a directory: give the workdir'),
     ({'task': 'char_lm'}, 'holds a char_lm run, not a translation run'),
     (_translation('absolute'), "config.model.position='absolute' has no tables"),
     (_translation('shaw'), 'no checkpoint in'),
@@ -62,3 +62,4 @@ def test_a_workdir_it_cannot_read_is_one_line(tmp_path, config, message):
   assert result.returncode == 1 and 'Traceback' not in result.stderr
   last = result.stderr.strip().splitlines()[-1]
   assert last.startswith('error: ') and message in last, last
+  assert not last.startswith('error: --workdir'), last  # its workdirs are positional

@@ -88,16 +88,18 @@ def record_config(config: ml_collections.ConfigDict, workdir: Path, *, allow_cha
   path.write_text(config.to_json(indent=2))
 
 
-def read_config(workdir) -> ml_collections.ConfigDict:
+def read_config(workdir, flag: str | None = '--workdir') -> ml_collections.ConfigDict:
   """The config a run recorded in workdir/config.json (what the tools that read a finished run
-  start from).
+  start from). `flag` names the command-line flag that gave workdir, for the error (None: a
+  positional argument).
 
   Raises:
     FileNotFoundError: no such directory, or no config.json in it.
   """
   workdir = Path(workdir)
   if not workdir.is_dir():
-    raise FileNotFoundError(f'--workdir={workdir} is not a directory: give the workdir of a run')
+    given = f'{flag}={workdir}' if flag else str(workdir)
+    raise FileNotFoundError(f'{given} is not a directory: give the workdir of a run')
   path = workdir / CONFIG_FILE
   if not path.is_file():
     raise FileNotFoundError(f'{path} does not exist: {workdir} holds no relpos run (train first)')
