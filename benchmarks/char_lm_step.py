@@ -12,7 +12,8 @@ Builds the config's model once per `config.model.position` mode (xl, shaw, absol
 the xl row also without memory; xl and shaw also with the XLA kernels where 'auto' picks
 others), times the jitted train step (forward, backward, Adam update)
 on a fixed random batch with the modes interleaved round by round, and prints ms/step,
-tokens/s and the ratio to 'xl'.
+tokens/s and the ratio to 'xl', and each step's FLOP rate against this machine's float32
+matmul rate (`timing.matmul_gflops`, timed in the same run on the model's own shapes).
 """
 
 import jax.numpy as jnp
@@ -20,7 +21,15 @@ import ml_collections
 import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
-from timing import interleaved_median_seconds, peak_memory_line
+from timing import (
+  FLOP_RATE_COLUMNS,
+  flop_rate_cells,
+  interleaved_median_seconds,
+  matmul_gflops,
+  matmul_rate_line,
+  peak_memory_line,
+  step_flops,
+)
 
 from relpos import runtime
 from relpos.training.char_lm import build, train_step_fn
@@ -57,7 +66,8 @@ flags.register_validator(
 
 
 def step_call(config, overrides, inputs, targets):
-  """A zero-argument call running one training step of the variant (state carried along)."""
+  """A zero-argument call running one training step of the variant (state carried along), and
+  XLA's FLOP count of that step."""
   variant = ml_collections.ConfigDict(config.to_dict())
   variant.model.update(overrides.get('model', {}))
   variant.train.update(overrides.get('train', {}))
@@ -65,12 +75,13 @@ def step_call(config, overrides, inputs, targets):
   _, graphdef, state = build(variant, 256, mesh)
   train_step = train_step_fn(variant, graphdef, mesh)
   carried = {'state': state}
+  flops = step_flops(train_step, state, (inputs, targets))
 
   def call():
     carried['state'], sums = train_step(carried['state'], (inputs, targets))
     return sums['loss']
 
-  return call
+  return call, flops
 
 
 def main(argv):
@@ -79,21 +90,30 @@ def main(argv):
   batch, length = config.train.batch_size, config.train.tgt_len
   tokens = np.random.default_rng(0).integers(0, 256, (batch, length + 1))
   inputs, targets = jnp.asarray(tokens[:, :-1]), jnp.asarray(tokens[:, 1:])
-  calls = {
-    _VARIANTS[name][0]: step_call(config, _VARIANTS[name][1], inputs, targets)
-    for name in _NAMES.value
-  }
+  calls, flops = {}, {}
+  for name in _NAMES.value:
+    table_name, overrides = _VARIANTS[name]
+    calls[table_name], flops[table_name] = step_call(config, overrides, inputs, targets)
   seconds = interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=2)
   m = config.model
+  mesh = data_mesh()
+  rows = batch * length
+  matmul_rate, shape = matmul_gflops(
+    mesh, [(rows, m.d_model, m.d_ff), (rows, m.d_ff, m.d_model), (rows, m.d_model, 256)]
+  )
   print(
     f'num_layers={m.num_layers} d_model={m.d_model} num_heads={m.num_heads} batch={batch} '
     f'tgt_len={length} mem_len={config.train.mem_len}  '
     f'median of {_ROUNDS.value} interleaved rounds'
   )
-  print('| position | ms / step | tokens/s | step time / xl |')
-  print('|---|---|---|---|')
+  print(matmul_rate_line(matmul_rate, shape, mesh.size))
+  print(f'| position | ms / step | tokens/s | step time / xl |{FLOP_RATE_COLUMNS}')
+  print('|---|---|---|---|---|---|---|')
   for name, s in seconds.items():
-    print(f'| {name} | {s * 1e3:.1f} | {batch * length / s:.0f} | {s / seconds["xl"]:.2f} |')
+    print(
+      f'| {name} | {s * 1e3:.1f} | {batch * length / s:.0f} | {s / seconds["xl"]:.2f} |'
+      + flop_rate_cells(flops[name], s, matmul_rate)
+    )
   if memory := peak_memory_line():
     print(memory)
 

@@ -3,7 +3,10 @@
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+
+from relpos.training.mesh import row_sharded
 
 
 def peak_memory_line() -> str:
@@ -41,3 +44,54 @@ def interleaved_median_seconds(
       jax.block_until_ready(fn())
       times[name].append((time.perf_counter() - start) / repeats)
   return {name: float(np.median(ts)) for name, ts in times.items()}
+
+
+def step_flops(jitted, *args) -> float:
+  """XLA's FLOP count of one call of `jitted` on `args`, for the whole (global) batch.
+
+  Read from the lowered, not yet partitioned module, so a step sharded over several devices
+  counts every device's share; matmuls dominate, elementwise operations count too.
+  """
+  return float(jitted.lower(*args).cost_analysis()['flops'])
+
+
+def matmul_gflops(mesh, shapes, *, rounds: int = 20) -> tuple:
+  """This machine's float32 matmul rate: the fastest of `shapes` ((rows, inner, cols), each a
+  [rows, inner] x [inner, cols] matmul with the rows split over `mesh` as a step's batch is),
+  in GFLOP/s, and that shape. Minimum time over `rounds` calls, so a rate, not a typical time.
+  """
+  rows_sharded = row_sharded(mesh)
+  matmul = jax.jit(jnp.matmul, out_shardings=rows_sharded)
+  best = (0.0, None)
+  for rows, inner, cols in shapes:
+    generator = np.random.default_rng(0)
+    lhs = jax.device_put(generator.standard_normal((rows, inner), np.float32), rows_sharded)
+    rhs = jnp.asarray(generator.standard_normal((inner, cols), np.float32))
+    jax.block_until_ready(matmul(lhs, rhs))
+    seconds = []
+    for _ in range(rounds):
+      start = time.perf_counter()
+      jax.block_until_ready(matmul(lhs, rhs))
+      seconds.append(time.perf_counter() - start)
+    best = max(best, (2 * rows * inner * cols / min(seconds) / 1e9, (rows, inner, cols)))
+  return best
+
+
+FLOP_RATE_COLUMNS = ' GFLOP / step | GFLOP/s | of matmul rate |'
+
+
+def matmul_rate_line(rate: float, shape: tuple, devices: int) -> str:
+  """What `matmul_gflops` measured, as the line printed above a table with FLOP_RATE_COLUMNS."""
+  rows, inner, cols = shape
+  return (
+    f'float32 matmul rate on these {devices} device(s): {rate:.0f} GFLOP/s ([{rows}, {inner}] '
+    f"x [{inner}, {cols}], the fastest of the model's feed-forward and output shapes, rows "
+    'split over the devices). "of matmul rate" is the step\'s FLOP rate (XLA\'s count) over '
+    'it: at 1.00 every FLOP of the step would run as fast as that matmul.'
+  )
+
+
+def flop_rate_cells(flops: float, seconds: float, matmul_rate: float) -> str:
+  """The FLOP_RATE_COLUMNS cells of one step of `flops` (XLA's count) taking `seconds`."""
+  rate = flops / seconds / 1e9
+  return f' {flops / 1e9:.3g} | {rate:.3g} | {rate / matmul_rate:.3g} |'

@@ -7,7 +7,11 @@ Reads the config's data (toy-ende by default; the vocabulary is trained in a tem
 directory), takes the first `--batches` training batches (real sentences, every bucket shape),
 builds the config's model once per position mode, and times a pass of the jitted train step
 (forward, backward, Adam update) over those batches, the modes interleaved round by round.
-Prints ms per batch, target tokens/s and the ratio to 'absolute' (Shaw et al.: 7% slower).
+Prints ms per batch, target tokens/s and the ratio to 'absolute' (Shaw et al.: 7% slower),
+and how close each step comes to the machine: XLA's FLOP count per batch, the step's GFLOP/s
+and its fraction of this machine's float32 matmul rate, timed in the same run on the model's
+own feed-forward and output shapes (at 1.00 every FLOP of the step would run as fast as a
+plain matmul; the peer harness's translation target needs more than that, README).
 `--threefry=unrolled,rolled` also times each mode with jax 0.10.2's own rolled-loop PRNG
 lowering (relpos.threefry_lowering), for relpos's default on and off in one run.
 `--shaw_dense_max_kv_len=0,64` times the Shaw modes once per value of
@@ -24,7 +28,15 @@ import jax.numpy as jnp
 import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
-from timing import interleaved_median_seconds, peak_memory_line
+from timing import (
+  FLOP_RATE_COLUMNS,
+  flop_rate_cells,
+  interleaved_median_seconds,
+  matmul_gflops,
+  matmul_rate_line,
+  peak_memory_line,
+  step_flops,
+)
 
 from relpos import runtime, threefry_lowering
 from relpos.attention import shaw
@@ -73,7 +85,8 @@ flags.mark_flags_as_required(['config'])
 
 def pass_call(config, position, vocab_size, batches, mesh, implementation=None):
   """A zero-argument call running the train step of `position` (with the attention
-  `implementation`, None: the config's) over `batches` (state kept)."""
+  `implementation`, None: the config's) over `batches` (state kept), and XLA's FLOP count of
+  that pass."""
   variant = ml_collections.ConfigDict(config.to_dict())
   variant.model.position = position
   if implementation is not None:
@@ -81,13 +94,14 @@ def pass_call(config, position, vocab_size, batches, mesh, implementation=None):
   graphdef, state = translate.build(variant, vocab_size, mesh)
   train_step = translate.train_step_fn(variant, graphdef, mesh)
   carried = {'state': state}
+  flops = sum(step_flops(train_step, state, batch) for batch in batches)
 
   def call():
     for batch in batches:
       carried['state'], sums = train_step(carried['state'], batch)
     return sums['loss']
 
-  return call
+  return call, flops
 
 
 def main(argv):
@@ -107,7 +121,7 @@ def main(argv):
     batches.append({name: jnp.asarray(batch[name]) for name in ('src', 'tgt_in', 'tgt_out')})
     target_tokens += int((batch['tgt_out'] != PAD_ID).sum())
   vocab_size = data.tokenizer.vocab_size
-  calls = {}
+  calls, flops = {}, {}
   default_dense_max = shaw.DENSE_MAX_KV_LEN
   for lowering in _THREEFRY.value:
     if not threefry_lowering.set_cpu_lowering(unrolled=lowering == 'unrolled'):
@@ -123,24 +137,36 @@ def main(argv):
             variant += f', {implementation} kernels'
           if threshold is not None:
             shaw.DENSE_MAX_KV_LEN = int(threshold)
-          calls[variant] = pass_call(config, position, vocab_size, batches, mesh, implementation)
+          calls[variant], flops[variant] = pass_call(
+            config, position, vocab_size, batches, mesh, implementation
+          )
           calls[variant]()  # compiles now, with this lowering and threshold
           shaw.DENSE_MAX_KV_LEN = default_dense_max
   threefry_lowering.unroll_on_cpu()
   seconds = interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=1)
   m = config.model
+  tokens = config.data.max_tokens
+  matmul_rate, shape = matmul_gflops(
+    mesh,
+    [(tokens, m.d_model, m.d_ff), (tokens, m.d_ff, m.d_model), (tokens, m.d_model, vocab_size)],
+  )
   print(
     f'{m.encoder_layers}+{m.decoder_layers} layers, d_model={m.d_model}, heads={m.num_heads}, '
     f'd_ff={m.d_ff}, k={m.max_relative_position}, max_tokens={config.data.max_tokens}; '
     f'{len(batches)} real batches ({target_tokens} target tokens) per pass, '
     f'median of {_ROUNDS.value} interleaved rounds'
   )
+  print(matmul_rate_line(matmul_rate, shape, mesh.size))
   base_name = next(iter(seconds))  # the first mode, with the first lowering
   base = seconds[base_name]
-  print(f'| position | ms / batch | target tokens/s | step time / {base_name} |')
-  print('|---|---|---|---|')
+  print(f'| position | ms / batch | target tokens/s | step time / {base_name} |{FLOP_RATE_COLUMNS}')
+  print('|---|---|---|---|---|---|---|')
   for name, s in seconds.items():
-    print(f'| {name} | {s / len(batches) * 1e3:.1f} | {target_tokens / s:.0f} | {s / base:.3f} |')
+    step = s / len(batches)
+    print(
+      f'| {name} | {step * 1e3:.1f} | {target_tokens / s:.0f} | {s / base:.3f} |'
+      + flop_rate_cells(flops[name] / len(batches), step, matmul_rate)
+    )
   if memory := peak_memory_line():
     print(memory)
 

@@ -70,8 +70,12 @@ def test_translate_step_times_split_batches_with_prng_lowerings_shaw_thresholds_
     for threshold in (0, 64)
   }
   assert set(rows) == names, stdout
-  assert float(rows['shaw, unrolled, dense ≤ 0 keys, xla kernels'][-1]) == 1.0
+  assert float(rows['shaw, unrolled, dense ≤ 0 keys, xla kernels'][2]) == 1.0  # / the first
   assert all(float(cells[1]) > 0 for cells in rows.values())  # target tokens/s
+  assert 'float32 matmul rate on these 2 device(s): ' in stdout
+  for cells in rows.values():  # GFLOP / batch, GFLOP/s, their fraction of the matmul rate
+    gflop_per_batch, gflops, fraction = map(float, cells[3:])
+    assert gflop_per_batch > 0 and gflops > 0 and fraction > 0
 
 
 def test_char_lm_step_times_the_variants_asked_for(tmp_path):
@@ -87,7 +91,10 @@ def test_char_lm_step_times_the_variants_asked_for(tmp_path):
   )
   rows = _table_rows(stdout)
   assert set(rows) == {'xl', 'xl, mem_len=0', 'none', 'xl, xla kernels'}, stdout
-  assert float(rows['xl'][-1]) == 1.0
+  assert float(rows['xl'][2]) == 1.0  # step time / xl
+  # XLA's FLOP count: memory adds attention work, so xl without memory counts fewer FLOPs.
+  assert 0 < float(rows['xl, mem_len=0'][3]) < float(rows['xl'][3])
+  assert all(float(cells[5]) > 0 for cells in rows.values())  # of matmul rate
 
 
 def test_char_lm_step_refuses_variants_without_xl():
@@ -153,3 +160,29 @@ def test_gpu_figures_launches_every_part_and_only_those_asked_for(tmp_path):
     'summary.txt',
     'tiles.log',
   ]
+
+
+def test_step_flops_counts_every_devices_share_and_matmul_rate_picks_a_shape():
+  """On 2 devices, XLA's count for a row-split matmul is the whole matmul's 2·m·k·n (a
+  partitioned module's own count would be half), and the matmul rate names one of the shapes."""
+  script = """
+import jax, jax.numpy as jnp, timing
+from relpos.training.mesh import data_mesh, row_sharded
+mesh = data_mesh()
+matmul = jax.jit(jnp.matmul, in_shardings=(row_sharded(mesh), None))
+print(mesh.size, timing.step_flops(matmul, jnp.ones((64, 16)), jnp.ones((16, 8))))
+print(*timing.matmul_gflops(mesh, [(64, 16, 8), (32, 8, 16)], rounds=2))
+"""
+  env = {
+    **os.environ,
+    'XLA_FLAGS': '--xla_force_host_platform_device_count=2',
+    'PYTHONPATH': str(REPO / 'benchmarks'),
+  }
+  done = subprocess.run(
+    [sys.executable, '-c', script], env=env, capture_output=True, text=True, timeout=120
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  counted, rate = done.stdout.splitlines()
+  assert counted.split() == ['2', str(float(2 * 64 * 16 * 8))]
+  gflops, shape = rate.split(maxsplit=1)
+  assert float(gflops) > 0 and shape in ('(64, 16, 8)', '(32, 8, 16)')
