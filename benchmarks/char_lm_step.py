@@ -13,7 +13,7 @@ the xl row also without memory; xl and shaw also with the XLA kernels where 'aut
 others), times the jitted train step (forward, backward, Adam update)
 on a fixed random batch with the modes interleaved round by round, and prints ms/step,
 tokens/s and the ratio to 'xl', and each step's FLOP rate against this machine's float32
-matmul rate (`timing.matmul_gflops`, timed in the same run on the model's own shapes).
+matmul rate (`timing.MatmulRate`, timed in the same run on the model's own shapes).
 """
 
 import jax.numpy as jnp
@@ -21,15 +21,7 @@ import ml_collections
 import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
-from timing import (
-  FLOP_RATE_COLUMNS,
-  flop_rate_cells,
-  interleaved_median_seconds,
-  matmul_gflops,
-  matmul_rate_line,
-  peak_memory_line,
-  step_flops,
-)
+from timing import MatmulRate, interleaved_median_seconds, peak_memory_line, step_flops
 
 from relpos import runtime
 from relpos.training.char_lm import build, train_step_fn
@@ -98,7 +90,7 @@ def main(argv):
   m = config.model
   mesh = data_mesh()
   rows = batch * length
-  matmul_rate, shape = matmul_gflops(
+  matmul_rate = MatmulRate(
     mesh, [(rows, m.d_model, m.d_ff), (rows, m.d_ff, m.d_model), (rows, m.d_model, 256)]
   )
   print(
@@ -106,13 +98,13 @@ def main(argv):
     f'tgt_len={length} mem_len={config.train.mem_len}  '
     f'median of {_ROUNDS.value} interleaved rounds'
   )
-  print(matmul_rate_line(matmul_rate, shape, mesh.size))
-  print(f'| position | ms / step | tokens/s | step time / xl |{FLOP_RATE_COLUMNS}')
+  print(matmul_rate.line())
+  print(f'| position | ms / step | tokens/s | step time / xl |{MatmulRate.COLUMNS}')
   print('|---|---|---|---|---|---|---|')
   for name, s in seconds.items():
     print(
       f'| {name} | {s * 1e3:.1f} | {batch * length / s:.0f} | {s / seconds["xl"]:.2f} |'
-      + flop_rate_cells(flops[name], s, matmul_rate)
+      + matmul_rate.cells(flops[name], s)
     )
   if memory := peak_memory_line():
     print(memory)

@@ -55,43 +55,48 @@ def step_flops(jitted, *args) -> float:
   return float(jitted.lower(*args).cost_analysis()['flops'])
 
 
-def matmul_gflops(mesh, shapes, *, rounds: int = 20) -> tuple:
-  """This machine's float32 matmul rate: the fastest of `shapes` ((rows, inner, cols), each a
-  [rows, inner] x [inner, cols] matmul with the rows split over `mesh` as a step's batch is),
-  in GFLOP/s, and that shape. Minimum time over `rounds` calls, so a rate, not a typical time.
+class MatmulRate:
+  """This machine's float32 matmul rate, and a step's FLOP rate against it.
+
+  Measured on `shapes` ((rows, inner, cols): a [rows, inner] x [inner, cols] matmul with the
+  rows split over `mesh`, as a step's batch is): the fastest shape's GFLOP/s, from the minimum
+  time over `rounds` calls (a rate, not a typical time). `line()` says what was measured, and
+  `cells()` gives a table row's COLUMNS for one step.
   """
-  rows_sharded = row_sharded(mesh)
-  matmul = jax.jit(jnp.matmul, out_shardings=rows_sharded)
-  best = (0.0, None)
-  for rows, inner, cols in shapes:
-    generator = np.random.default_rng(0)
-    lhs = jax.device_put(generator.standard_normal((rows, inner), np.float32), rows_sharded)
-    rhs = jnp.asarray(generator.standard_normal((inner, cols), np.float32))
-    jax.block_until_ready(matmul(lhs, rhs))
-    seconds = []
-    for _ in range(rounds):
-      start = time.perf_counter()
+
+  COLUMNS = ' GFLOP / step | GFLOP/s | of matmul rate |'
+
+  def __init__(self, mesh, shapes, *, rounds: int = 20):
+    rows_sharded = row_sharded(mesh)
+    matmul = jax.jit(jnp.matmul, out_shardings=rows_sharded)
+    self.devices = mesh.size
+    self.gflops, self.shape = 0.0, None
+    for rows, inner, cols in shapes:
+      generator = np.random.default_rng(0)
+      lhs = jax.device_put(generator.standard_normal((rows, inner), np.float32), rows_sharded)
+      rhs = jnp.asarray(generator.standard_normal((inner, cols), np.float32))
       jax.block_until_ready(matmul(lhs, rhs))
-      seconds.append(time.perf_counter() - start)
-    best = max(best, (2 * rows * inner * cols / min(seconds) / 1e9, (rows, inner, cols)))
-  return best
+      seconds = []
+      for _ in range(rounds):
+        start = time.perf_counter()
+        jax.block_until_ready(matmul(lhs, rhs))
+        seconds.append(time.perf_counter() - start)
+      self.gflops, self.shape = max(
+        (self.gflops, self.shape),
+        (2 * rows * inner * cols / min(seconds) / 1e9, (rows, inner, cols)),
+      )
 
+  def line(self) -> str:
+    """What was measured, for above a table with COLUMNS."""
+    rows, inner, cols = self.shape
+    return (
+      f'float32 matmul rate on these {self.devices} device(s): {self.gflops:.0f} GFLOP/s '
+      f"([{rows}, {inner}] x [{inner}, {cols}], the fastest of the model's feed-forward and "
+      'output shapes, rows split over the devices). "of matmul rate" is the step\'s FLOP rate '
+      "(XLA's count) over it: at 1.00 every FLOP of the step would run as fast as that matmul."
+    )
 
-FLOP_RATE_COLUMNS = ' GFLOP / step | GFLOP/s | of matmul rate |'
-
-
-def matmul_rate_line(rate: float, shape: tuple, devices: int) -> str:
-  """What `matmul_gflops` measured, as the line printed above a table with FLOP_RATE_COLUMNS."""
-  rows, inner, cols = shape
-  return (
-    f'float32 matmul rate on these {devices} device(s): {rate:.0f} GFLOP/s ([{rows}, {inner}] '
-    f"x [{inner}, {cols}], the fastest of the model's feed-forward and output shapes, rows "
-    'split over the devices). "of matmul rate" is the step\'s FLOP rate (XLA\'s count) over '
-    'it: at 1.00 every FLOP of the step would run as fast as that matmul.'
-  )
-
-
-def flop_rate_cells(flops: float, seconds: float, matmul_rate: float) -> str:
-  """The FLOP_RATE_COLUMNS cells of one step of `flops` (XLA's count) taking `seconds`."""
-  rate = flops / seconds / 1e9
-  return f' {flops / 1e9:.3g} | {rate:.3g} | {rate / matmul_rate:.3g} |'
+  def cells(self, flops: float, seconds: float) -> str:
+    """The COLUMNS cells of one step of `flops` (XLA's count) taking `seconds`."""
+    rate = flops / seconds / 1e9
+    return f' {flops / 1e9:.3g} | {rate:.3g} | {rate / self.gflops:.3g} |'

@@ -28,15 +28,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
-from timing import (
-  FLOP_RATE_COLUMNS,
-  flop_rate_cells,
-  interleaved_median_seconds,
-  matmul_gflops,
-  matmul_rate_line,
-  peak_memory_line,
-  step_flops,
-)
+from timing import MatmulRate, interleaved_median_seconds, peak_memory_line, step_flops
 
 from relpos import runtime, threefry_lowering
 from relpos.attention import shaw
@@ -146,7 +138,7 @@ def main(argv):
   seconds = interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=1)
   m = config.model
   tokens = config.data.max_tokens
-  matmul_rate, shape = matmul_gflops(
+  matmul_rate = MatmulRate(
     mesh,
     [(tokens, m.d_model, m.d_ff), (tokens, m.d_ff, m.d_model), (tokens, m.d_model, vocab_size)],
   )
@@ -156,16 +148,18 @@ def main(argv):
     f'{len(batches)} real batches ({target_tokens} target tokens) per pass, '
     f'median of {_ROUNDS.value} interleaved rounds'
   )
-  print(matmul_rate_line(matmul_rate, shape, mesh.size))
+  print(matmul_rate.line())
   base_name = next(iter(seconds))  # the first mode, with the first lowering
   base = seconds[base_name]
-  print(f'| position | ms / batch | target tokens/s | step time / {base_name} |{FLOP_RATE_COLUMNS}')
+  print(
+    f'| position | ms / batch | target tokens/s | step time / {base_name} |{MatmulRate.COLUMNS}'
+  )
   print('|---|---|---|---|---|---|---|')
   for name, s in seconds.items():
     step = s / len(batches)
     print(
       f'| {name} | {step * 1e3:.1f} | {target_tokens / s:.0f} | {s / base:.3f} |'
-      + flop_rate_cells(flops[name] / len(batches), step, matmul_rate)
+      + matmul_rate.cells(flops[name] / len(batches), step)
     )
   if memory := peak_memory_line():
     print(memory)

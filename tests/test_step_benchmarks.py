@@ -171,7 +171,8 @@ from relpos.training.mesh import data_mesh, row_sharded
 mesh = data_mesh()
 matmul = jax.jit(jnp.matmul, in_shardings=(row_sharded(mesh), None))
 print(mesh.size, timing.step_flops(matmul, jnp.ones((64, 16)), jnp.ones((16, 8))))
-print(*timing.matmul_gflops(mesh, [(64, 16, 8), (32, 8, 16)], rounds=2))
+rate = timing.MatmulRate(mesh, [(64, 16, 8), (32, 8, 16)], rounds=2)
+print(rate.gflops, rate.shape)
 """
   env = {
     **os.environ,
