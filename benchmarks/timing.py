@@ -58,10 +58,11 @@ def step_flops(jitted, *args) -> float:
 class MatmulRate:
   """This machine's float32 matmul rate, and a step's FLOP rate against it.
 
-  Measured on `shapes` ((rows, inner, cols): a [rows, inner] x [inner, cols] matmul with the
-  rows split over `mesh`, as a step's batch is): the fastest shape's GFLOP/s, from the minimum
-  time over `rounds` calls (a rate, not a typical time). `line()` says what was measured, and
-  `cells()` gives a table row's COLUMNS for one step.
+  Measured on `shapes` ((rows, inner, cols): a [rows, inner] x [inner, cols] matmul, its rows
+  rounded down to a multiple of the devices and split over `mesh` as a step's batch is): the
+  fastest shape's GFLOP/s, from the minimum time over `rounds` calls (a rate, not a typical
+  time). `line()` says what was measured, and `cells()` gives a table row's COLUMNS for one
+  step.
   """
 
   COLUMNS = ' GFLOP / step | GFLOP/s | of matmul rate |'
@@ -72,6 +73,7 @@ class MatmulRate:
     self.devices = mesh.size
     self.gflops, self.shape = 0.0, None
     for rows, inner, cols in shapes:
+      rows -= rows % mesh.size  # split evenly
       generator = np.random.default_rng(0)
       lhs = jax.device_put(generator.standard_normal((rows, inner), np.float32), rows_sharded)
       rhs = jnp.asarray(generator.standard_normal((inner, cols), np.float32))
