@@ -57,13 +57,12 @@ flags.register_validator(
 )
 
 
-def step_call(config, overrides, inputs, targets):
+def step_call(config, overrides, inputs, targets, mesh):
   """A zero-argument call running one training step of the variant (state carried along), and
   XLA's FLOP count of that step."""
   variant = ml_collections.ConfigDict(config.to_dict())
   variant.model.update(overrides.get('model', {}))
   variant.train.update(overrides.get('train', {}))
-  mesh = data_mesh()
   _, graphdef, state = build(variant, 256, mesh)
   train_step = train_step_fn(variant, graphdef, mesh)
   carried = {'state': state}
@@ -82,13 +81,13 @@ def main(argv):
   batch, length = config.train.batch_size, config.train.tgt_len
   tokens = np.random.default_rng(0).integers(0, 256, (batch, length + 1))
   inputs, targets = jnp.asarray(tokens[:, :-1]), jnp.asarray(tokens[:, 1:])
+  mesh = data_mesh()
   calls, flops = {}, {}
   for name in _NAMES.value:
     table_name, overrides = _VARIANTS[name]
-    calls[table_name], flops[table_name] = step_call(config, overrides, inputs, targets)
+    calls[table_name], flops[table_name] = step_call(config, overrides, inputs, targets, mesh)
   seconds = interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=2)
   m = config.model
-  mesh = data_mesh()
   rows = batch * length
   matmul_rate = MatmulRate(
     mesh, [(rows, m.d_model, m.d_ff), (rows, m.d_ff, m.d_model), (rows, m.d_model, 256)]
