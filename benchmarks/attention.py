@@ -50,8 +50,8 @@ from timing import interleaved_median_seconds
 
 from relpos import attention, runtime
 from relpos.attention.shaw import xla_form
-from relpos.figures import pyplot as plt
-from relpos.figures import save as save_figure
+from relpos.studies.figures import pyplot as plt
+from relpos.studies.figures import save as save_figure
 
 # Dense bf16/fp16 tensor-core peaks from the vendors' data sheets (TFLOP/s), matched in order
 # against jax's device_kind.

@@ -24,7 +24,7 @@ from ml_collections import config_flags
 from timing import MatmulRate, interleaved_median_seconds, peak_memory_line, step_flops
 
 from relpos import runtime
-from relpos.training.char_lm import build, train_step_fn
+from relpos.training.char_lm_task import build, train_step_fn
 from relpos.training.mesh import data_mesh
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A character-LM config.')

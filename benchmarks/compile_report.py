@@ -30,8 +30,9 @@ from absl import app, flags
 
 from relpos import runtime
 from relpos.config import load_config_file
-from relpos.training import char_lm, translate
+from relpos.training import char_lm_task as char_lm
 from relpos.training import mesh as mesh_lib
+from relpos.training import translation_task as translate
 
 
 def define_flags():

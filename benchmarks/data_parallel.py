@@ -28,8 +28,9 @@ from ml_collections import config_flags
 from relpos import runtime
 from relpos.constants import PAD_ID
 from relpos.data.translation import load_translation_data
-from relpos.training import char_lm, translate
+from relpos.training import char_lm_task as char_lm
 from relpos.training import mesh as mesh_lib
+from relpos.training import translation_task as translate
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A char_lm or translate config.')
 _COUNTS = flags.DEFINE_list('device_counts', '1,2,4', 'Numbers of forced host devices.')

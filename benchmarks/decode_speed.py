@@ -18,11 +18,11 @@ import time
 from absl import app, flags
 from flax import nnx
 
-from relpos import metrics, runtime
+from relpos import runtime, scoring
 from relpos.data.translation import load_eval_data
 from relpos.models.transformer import Transformer
 from relpos.training import loop, run_config
-from relpos.training import translate as task
+from relpos.training import translation_task as task
 
 flags.DEFINE_string('workdir', None, 'A finished translation run (train.py workdir).')
 flags.DEFINE_integer('sentences', 1000, 'How many eval-set sentences to translate (0: all).')
@@ -54,7 +54,7 @@ def main(argv):
   translations, first = translate()
   warm = statistics.median(translate()[1] for _ in range(FLAGS.rounds))
   pieces = sum(len(data.tokenizer.encode(line)) for line in translations)
-  bleu = metrics.corpus_bleu(translations, references).score
+  bleu = scoring.corpus_bleu(translations, references).score
   print(
     f'{FLAGS.workdir} (step {steps[-1]}, position {config.model.position}): {len(sources)} '
     f'sentences, beam {config.eval.beam_size}, batch {config.eval.batch_size}, '

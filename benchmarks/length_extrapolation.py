@@ -37,10 +37,10 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from relpos import metrics, runtime  # noqa: E402
+from relpos import runtime, scoring  # noqa: E402
 from relpos.data.translation import load_eval_data  # noqa: E402
-from relpos.figures import pyplot as plt
-from relpos.figures import save as save_figure
+from relpos.studies.figures import pyplot as plt
+from relpos.studies.figures import save as save_figure
 from relpos.training import loop, run_config, tasks  # noqa: E402
 from relpos.training.checkpoints import Checkpoints  # noqa: E402
 from relpos.training.preemption import PreemptionSignal  # noqa: E402
@@ -137,7 +137,7 @@ def _translation_scores(run, workdir: Path, labels) -> dict[str, dict]:
     bleu = length_ratio = float('nan')
     if chosen:
       hypotheses = [translations[i] for i in chosen]
-      bucket = metrics.corpus_bleu(hypotheses, [data.eval_references[i] for i in chosen])
+      bucket = scoring.corpus_bleu(hypotheses, [data.eval_references[i] for i in chosen])
       bleu, length_ratio = bucket.score, bucket.length_ratio
     scores[label] = {
       'bleu': bleu,

@@ -35,7 +35,7 @@ from relpos.attention import shaw
 from relpos.attention.pallas_common import IMPLEMENTATIONS
 from relpos.constants import PAD_ID
 from relpos.data.translation import load_translation_data
-from relpos.training import translate
+from relpos.training import translation_task as translate
 from relpos.training.mesh import data_mesh
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A translation config.')

@@ -29,7 +29,7 @@ from ml_collections import config_flags
 from timing import interleaved_median_seconds
 
 from relpos import runtime
-from relpos.config.char_lm import char_lm_config
+from relpos.config.char_lm_defaults import char_lm_config
 from relpos.models.transformer_xl import TransformerXL, TransformerXLConfig, nats_per_token
 
 _CONFIG = config_flags.DEFINE_config_file(

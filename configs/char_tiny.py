@@ -11,7 +11,7 @@ Another text file: --config.data.path=/path/to/file.txt (split 90/5/5).
 
 from pathlib import Path
 
-from relpos.config.char_lm import char_lm_config
+from relpos.config.char_lm_defaults import char_lm_config
 
 _SAMPLE = Path(__file__).resolve().parent.parent / 'relpos/data/samples/tinyshakespeare.txt'
 # preset -> (config.model.position, config.train.mem_len)

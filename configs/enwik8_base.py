@@ -9,7 +9,7 @@ Published bpc comparisons (1.06 base, 0.99 large) use --config.data.vocab=origin
 drops newline bytes as the original preprocessing did.
 """
 
-from relpos.config.char_lm import char_lm_config
+from relpos.config.char_lm_defaults import char_lm_config
 
 
 def get_config():

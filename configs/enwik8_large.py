@@ -6,7 +6,7 @@
         --config.data.path=/path/to/enwik8.zip   # test bpc, eval tgt/mem/clamp 128/3800/1000
 """
 
-from relpos.config.char_lm import char_lm_config
+from relpos.config.char_lm_defaults import char_lm_config
 
 
 def get_config():

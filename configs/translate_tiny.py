@@ -14,9 +14,9 @@ prepare command above writes it; without it the run stops with one line naming t
 Evaluation translates Tatoeba test (2,914 pairs) with beam 4.
 
 The k sweep of Shaw et al. Table 2, and their Table 3 ablation, three seeds each:
-    python -m relpos.sweep --config=configs/translate_tiny.py:shaw --workdir=runs/k_sweep \\
+    python -m relpos.studies.sweep --config=configs/translate_tiny.py:shaw --workdir=runs/k_sweep \\
         --values=0,1,2,4,16,64 --seeds=0,1,2
-    python -m relpos.sweep --config=configs/translate_tiny.py --workdir=runs/ablation \\
+    python -m relpos.studies.sweep --config=configs/translate_tiny.py --workdir=runs/ablation \\
         --field=preset --values=shaw,shaw_keys_only,shaw_values_only,none --seeds=0,1,2
 
 OpenNMT toy-ende (10k WMT pairs, Moses-tokenised) instead, as the peer harness runs it:
@@ -30,7 +30,7 @@ OpenNMT toy-ende (10k WMT pairs, Moses-tokenised) instead, as the peer harness r
 
 from pathlib import Path
 
-from relpos.config.translate import translate_config
+from relpos.config.translation_defaults import translate_config
 from relpos.constants import TRANSLATE_POSITIONS
 from relpos.data import tatoeba
 

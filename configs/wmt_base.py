@@ -11,7 +11,7 @@ on 8 GPUs with about 25k source and 25k target tokens per batch and averaged che
 set config.data.max_tokens to the per-step budget of your hardware.
 """
 
-from relpos.config.translate import translate_config
+from relpos.config.translation_defaults import translate_config
 from relpos.constants import TRANSLATE_POSITIONS
 
 

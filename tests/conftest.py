@@ -62,7 +62,7 @@ def shared_compilation_cache(tmp_path_factory):
 @pytest.fixture
 def compilation_cache(tmp_path):
   """JAX's persistent compilation cache in a fresh directory for one test, as
-  `python -m relpos.sweep` has it (relpos.runtime): a sweep's later runs load the compiled
+  `python -m relpos.studies.sweep` has it (relpos.runtime): a sweep's later runs load the compiled
   steps of its first. The run's shared cache comes back afterwards."""
   with _persistent_cache(tmp_path / 'jax-cache', 0.0):
     yield

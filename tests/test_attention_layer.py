@@ -1,4 +1,5 @@
-"""The attention layer both models share (relpos.models.attention.MultiHeadAttention): every
+"""The attention layer both models share (relpos.models.multihead_attention.MultiHeadAttention):
+every
 attention of both models is one, and its queries may sit anywhere among longer keys."""
 
 import jax
@@ -8,9 +9,9 @@ import pytest
 from flax import nnx
 
 from relpos import attention
-from relpos.config.char_lm import char_lm_config
-from relpos.config.translate import translate_config
-from relpos.models.attention import MultiHeadAttention
+from relpos.config.char_lm_defaults import char_lm_config
+from relpos.config.translation_defaults import translate_config
+from relpos.models.multihead_attention import MultiHeadAttention
 from relpos.models.transformer import Transformer, TransformerConfig
 from relpos.models.transformer_xl import TransformerXL, TransformerXLConfig
 

@@ -1,8 +1,8 @@
-"""relpos.breakdown: a sweep's BLEU by source length and bpc by position, per bucket."""
+"""relpos.studies.breakdown: a sweep's BLEU by source length and bpc by position, per bucket."""
 
 import pytest
 
-from relpos import breakdown
+from relpos.studies import breakdown
 
 
 def test_buckets_are_labelled_and_bad_edges_name_the_flag():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from helpers import load_config
 
-from relpos.training import char_lm
+from relpos.training import char_lm_task as char_lm
 
 
 @pytest.fixture

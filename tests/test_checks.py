@@ -10,7 +10,9 @@ import pytest
 from helpers import load_config
 
 from relpos.config import checks
-from relpos.training import char_lm, loop, translate
+from relpos.training import char_lm_task as char_lm
+from relpos.training import loop
+from relpos.training import translation_task as translate
 
 REPO = Path(__file__).resolve().parent.parent
 FOUR_DEVICES = types.SimpleNamespace(size=4)

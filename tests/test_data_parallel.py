@@ -56,7 +56,8 @@ def _one_step(task: str, mesh, **train) -> dict:
   from helpers import tiny_translate_config as translate_config
   from test_char_lm_training import _config as char_config
 
-  from relpos.training import char_lm, translate
+  from relpos.training import char_lm_task as char_lm
+  from relpos.training import translation_task as translate
 
   # Adam's first update is lr * g / (|g| + eps). With the configs' eps (1e-8, 1e-9) it turns
   # rounding noise in gradients that are 0 in exact arithmetic (e.g. the decoder's rel_key rows
@@ -148,7 +149,9 @@ def test_gradient_accumulation_equals_one_big_batch(task, micro_batches):
 def train_and_dump(dump: str, train_args: list[str]):
   """Runs train.py with `train_args`, then writes this process's replica of the final state's
   float leaves to `dump` (.npz): the train step is wrapped to keep its last output."""
-  from relpos.training import char_lm, tasks, translate
+  from relpos.training import char_lm_task as char_lm
+  from relpos.training import tasks
+  from relpos.training import translation_task as translate
 
   last = {}
   for module in (char_lm, translate):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import load_config, load_module, tiny_translate_config, write_pair_corpus
 
-from relpos import metrics
+from relpos import scoring
 
 _BENCHMARKS = Path(__file__).resolve().parent.parent / 'benchmarks'
 with warnings.catch_warnings():  # ml_collections loads the default config with load_module()
@@ -69,7 +69,7 @@ def test_translation_study_scores_bleu_per_source_length(tmp_path):
   translations = (run_dir / Path(results['translations']).name).read_text().splitlines()
   run = bench.run_config_for(config, 'rope', 0)
   references = bench.load_eval_data(run.data, run_dir).eval_references
-  ratio = metrics.corpus_bleu(translations, references).length_ratio
+  ratio = scoring.corpus_bleu(translations, references).length_ratio
   lengths = (tmp_path / 'study' / 'extrapolation_lengths.md').read_text().splitlines()
   assert lengths[2] == '| position | <=3 | 4-6 | 7-12 | >12 | all |'
   assert lengths[4].startswith('| rope | ') and lengths[4].endswith(f' | {ratio:.3f} |')

@@ -5,7 +5,7 @@ import math
 import pytest
 import sacrebleu
 
-from relpos.metrics import corpus_bleu, perplexity
+from relpos.scoring import corpus_bleu, perplexity
 
 HYPOTHESES = ['The cat sat on the mat.', 'He read the book yesterday , slowly.', 'Hello!']
 REFERENCES = ['The cat sat on a mat.', 'Yesterday he read the book slowly.', 'Hello there!']

@@ -6,8 +6,8 @@ import re
 import pytest
 from helpers import load_config
 
-from relpos.config.char_lm import char_lm_config
-from relpos.config.translate import translate_config
+from relpos.config.char_lm_defaults import char_lm_config
+from relpos.config.translation_defaults import translate_config
 from relpos.models.transformer import TransformerConfig
 from relpos.models.transformer_xl import TransformerXLConfig
 

@@ -1,4 +1,4 @@
-"""relpos.plot: curves from metrics.jsonl, and its one-line errors."""
+"""relpos.studies.plot: curves from metrics.jsonl, and its one-line errors."""
 
 import json
 import subprocess
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from relpos import plot
+from relpos.studies import plot
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -48,7 +48,7 @@ def test_command_line(tmp_path):
   run = _run(tmp_path / 'a', [{'step': 1, 'train/loss': 1.0}])
   out = tmp_path / 'c.png'
   done = subprocess.run(
-    [sys.executable, '-m', 'relpos.plot', str(run), f'--out={out}'],
+    [sys.executable, '-m', 'relpos.studies.plot', str(run), f'--out={out}'],
     capture_output=True,
     text=True,
     cwd=REPO,
@@ -66,7 +66,13 @@ def test_command_line(tmp_path):
 )
 def test_missing_or_unstarted_workdirs_are_one_line(tmp_path, make, message):
   done = subprocess.run(
-    [sys.executable, '-m', 'relpos.plot', str(make(tmp_path)), f'--out={tmp_path / "x.png"}'],
+    [
+      sys.executable,
+      '-m',
+      'relpos.studies.plot',
+      str(make(tmp_path)),
+      f'--out={tmp_path / "x.png"}',
+    ],
     capture_output=True,
     text=True,
     cwd=REPO,

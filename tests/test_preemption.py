@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import TINY_CHAR_LM, TINY_CHAR_LM_FLAGS, load_config, write_word_corpus
 
-from relpos.training import char_lm
+from relpos.training import char_lm_task as char_lm
 from relpos.training.preemption import PreemptedError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -175,10 +175,11 @@ def test_sigterm_during_setup_stops_after_the_first_step(text_file, tmp_path, mo
 
 
 def test_sigterm_stops_a_sweep_with_one_line_and_the_resume_exit_code(text_file, tmp_path):
-  """`python -m relpos.sweep` on SIGTERM: the run in progress saves, the sweep says so in one
+  """`python -m relpos.studies.sweep` on SIGTERM: the run in progress saves, the sweep says so in
+  one
   line (no traceback) and exits 143, as train.py does."""
   root = tmp_path / 'sweep'
-  command = [sys.executable, '-m', 'relpos.sweep', '--config=configs/char_tiny.py:shaw']
+  command = [sys.executable, '-m', 'relpos.studies.sweep', '--config=configs/char_tiny.py:shaw']
   command += [f'--workdir={root}', '--values=2', '--seeds=0']
   command += _overrides(text_file, steps=100_000, checkpoint_every=0)
   process = subprocess.Popen(

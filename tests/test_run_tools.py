@@ -1,4 +1,5 @@
-"""The tools that read a finished run: relpos.translate and relpos.sample (relpos.plot has its
+"""The tools that read a finished run: relpos.tools.translate and relpos.tools.sample
+(relpos.studies.plot has its
 own module), on tiny runs trained here, and their one-line errors."""
 
 import subprocess
@@ -12,11 +13,12 @@ import pytest
 from flax import nnx
 from helpers import tiny_char_config, tiny_translate_config, write_pair_corpus
 
-from relpos import sample, translate
 from relpos.data.char_corpus import CharVocab
 from relpos.models.transformer_xl import TransformerXL
-from relpos.training import char_lm, loop
-from relpos.training import translate as translate_task
+from relpos.tools import sample, translate
+from relpos.training import char_lm_task as char_lm
+from relpos.training import loop
+from relpos.training import translation_task as translate_task
 
 REPO = Path(__file__).resolve().parent.parent
 

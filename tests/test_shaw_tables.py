@@ -1,4 +1,5 @@
-"""relpos.shaw_tables: the drift table and plot over runs, and its one-line errors (the drift
+"""relpos.studies.shaw_tables: the drift table and plot over runs, and its one-line errors (the
+drift
 of a trained run is checked in test_translate_training, which trains one)."""
 
 import json
@@ -8,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from relpos import shaw_tables
-from relpos.config.translate import translate_config
+from relpos.config.translation_defaults import translate_config
+from relpos.studies import shaw_tables
 
 
 def _translation(position: str) -> dict:
@@ -57,7 +58,9 @@ def test_a_workdir_it_cannot_read_is_one_line(tmp_path, config, message):
     workdir.mkdir()
     (workdir / 'config.json').write_text(json.dumps(config))
   result = subprocess.run(
-    [sys.executable, '-m', 'relpos.shaw_tables', str(workdir)], capture_output=True, text=True
+    [sys.executable, '-m', 'relpos.studies.shaw_tables', str(workdir)],
+    capture_output=True,
+    text=True,
   )
   assert result.returncode == 1 and 'Traceback' not in result.stderr
   last = result.stderr.strip().splitlines()[-1]

@@ -1,4 +1,5 @@
-"""relpos.significance: the paired t-test over seeds against closed forms of Student's t, and
+"""relpos.studies.significance: the paired t-test over seeds against closed forms of Student's t,
+and
 its table and command line for a finished sweep's sweep_seeds.csv."""
 
 import math
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from relpos import significance
+from relpos.studies import significance
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -98,7 +99,7 @@ def test_command_line(tmp_path):
   seeds = _seeds_csv(tmp_path / 'seeds.csv', [('a', 0, 1.0), ('a', 1, 2.0), ('b', 0, 2.0)])
 
   def run(*args):
-    command = [sys.executable, '-m', 'relpos.significance', *args]
+    command = [sys.executable, '-m', 'relpos.studies.significance', *args]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
 
   result = run(str(seeds), '--baseline=a')

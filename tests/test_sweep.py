@@ -1,4 +1,4 @@
-"""relpos.sweep: values and seeds, the checks before training, the tables with p-values, and
+"""relpos.studies.sweep: values and seeds, the checks before training, the tables with p-values, and
 the whole train -> evaluate -> tabulate loop at tiny sizes."""
 
 import csv
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import load_config, tiny_char_config, tiny_translate_config, write_pair_corpus
 
-from relpos import breakdown, sweep
+from relpos.studies import breakdown, sweep
 from relpos.training.run_config import read_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -155,7 +155,7 @@ def test_preset_variants_load_each_preset_with_the_overrides():
 
 def _sweep_command(tmp_path, *args):
   return subprocess.run(
-    [sys.executable, '-m', 'relpos.sweep', f'--workdir={tmp_path}', *args],
+    [sys.executable, '-m', 'relpos.studies.sweep', f'--workdir={tmp_path}', *args],
     cwd=REPO,
     capture_output=True,
     text=True,

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from relpos.config.translate import translate_config
+from relpos.config.translation_defaults import translate_config
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID, TRANSLATE_POSITIONS
 from relpos.models import transformer as tr
-from relpos.models.attention import clip_shaw_tables
+from relpos.models.multihead_attention import clip_shaw_tables
 
 pytestmark = pytest.mark.usefixtures('attention_test_config')
 

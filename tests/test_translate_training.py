@@ -15,10 +15,11 @@ import pytest
 from flax import nnx
 from helpers import tiny_translate_config, write_pair_corpus
 
-from relpos import shaw_tables
 from relpos.constants import PAD_ID
 from relpos.models.transformer import Transformer
-from relpos.training import loop, translate
+from relpos.studies import shaw_tables
+from relpos.training import loop
+from relpos.training import translation_task as translate
 
 REPO = Path(__file__).resolve().parent.parent
 

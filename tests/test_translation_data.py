@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from relpos.config.translate import translate_config
+from relpos.config.translation_defaults import translate_config
 from relpos.data import parallel_text, token_batches, tokenizer, translation, wmt_tfds
 from relpos.data.shard import Shard
 from relpos.data.token_batches import EncodedPairs, Ragged, TokenBatches

@@ -1,6 +1,6 @@
 """Rules for config fields (type, range, choices) and the check that applies them.
 
-Each task declares one rule per field it reads (`relpos.training.char_lm.RULES`, ...) and
+Each task declares one rule per field it reads (`relpos.training.char_lm_task.RULES`, ...) and
 checks them, and its cross-field rules, before reading any data, so that a bad value ends the
 run with one line naming the field. The model sections are checked the same way by the
 models' typed configs. `RENAMED` maps the fields of older configs to their current names, so a

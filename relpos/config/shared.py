@@ -2,7 +2,8 @@
 same defaults.
 
 The position-scheme options and the memory options are read by the one attention layer and the
-one layer stack (`relpos.models.attention`, `relpos.models.layers`) that both models use, so
+one layer stack (`relpos.models.multihead_attention`, `relpos.models.layers`) that both models use,
+so
 they are declared once here and added to each task's config by `add_shared_model_fields`.
 Likewise the evaluation fields `relpos.training.loop.restore_model` reads
 (`add_shared_eval_fields`).

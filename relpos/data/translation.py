@@ -1,4 +1,5 @@
-"""The translation data of a run, from `config.data` (fields: relpos/config/translate.py).
+"""The translation data of a run, from `config.data` (fields:
+relpos/config/translation_defaults.py).
 
 `load_translation_data` reads the train and eval pairs (kind 'text': parallel files; kind
 'tfds': a prepared tensorflow-datasets copy), Moses-detokenises them if asked, trains the shared

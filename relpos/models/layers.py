@@ -14,7 +14,7 @@ from relpos.attention.pallas_common import IMPLEMENTATIONS
 from relpos.config import checks
 
 COMPUTE_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
-# How Shaw's tables start (`relpos.models.attention.MultiHeadAttention`).
+# How Shaw's tables start (`relpos.models.multihead_attention.MultiHeadAttention`).
 RELATIVE_TABLE_INITS = ('kernel', 'zeros')
 # config.model.remat -> what a layer keeps for the backward pass (jax.checkpoint policies):
 # 'none' keeps everything (no remat); 'full' keeps only the layer's inputs and recomputes the

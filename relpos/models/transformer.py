@@ -34,7 +34,8 @@ The rest follows tensor2tensor's transformer_base, which Shaw et al. used:
   residual sum, as in Vaswani et al. `attention_dropout` adds dropout on the attention
   probabilities, inside the kernels (0 by default: Vaswani et al. describe residual dropout
   only).
-- Every attention layer is the shared `relpos.models.attention.MultiHeadAttention`, the same
+- Every attention layer is the shared `relpos.models.multihead_attention.MultiHeadAttention`, the
+same
   layer the Transformer-XL LM uses.
 - `pre_layer_norm=False`: post-LN, x = LN(x + dropout(f(x))), as in Vaswani et al. and Shaw
   et al. `True`: pre-LN, x = x + dropout(f(LN(x))), with a final LayerNorm on the encoder and
@@ -57,7 +58,7 @@ from relpos import attention
 from relpos.config import checks
 from relpos.constants import PAD_ID, TRANSLATE_POSITIONS
 from relpos.models import layers
-from relpos.models.attention import MultiHeadAttention, RelativeBias, self_attention_kind
+from relpos.models.multihead_attention import MultiHeadAttention, RelativeBias, self_attention_kind
 
 _DENSE_INIT = nnx.initializers.xavier_uniform()
 _LAYER_NORM_EPSILON = 1e-6  # tensor2tensor's
@@ -65,7 +66,7 @@ _LAYER_NORM_EPSILON = 1e-6  # tensor2tensor's
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig(layers.ModelConfig):
-  """config.model of relpos/config/translate.py plus vocab_size, typed and checked: see
+  """config.model of relpos/config/translation_defaults.py plus vocab_size, typed and checked: see
   `layers.ModelConfig` for the fields both models have and for `from_section`. Every head has
   d_model / num_heads dimensions (`head_dim`)."""
 

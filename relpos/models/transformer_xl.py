@@ -6,7 +6,7 @@ pre-LN, without a final LayerNorm, as the original), segment-level recurrence wi
 each layer's input states, `same_length` and `clamp_len`.
 
 The position scheme is `config.model.position`, the rest of the model being identical; each
-layer's attention is the shared `relpos.models.attention.MultiHeadAttention`:
+layer's attention is the shared `relpos.models.multihead_attention.MultiHeadAttention`:
 
 - 'xl': relative attention `relpos.attention.xl_attention` with R = sinusoids of distances,
   `W_kR` (`r_net`) per layer and biases u, v (per layer if `untie_r`, else shared).
@@ -44,7 +44,7 @@ from relpos import attention
 from relpos.config import checks
 from relpos.constants import CHAR_LM_POSITIONS
 from relpos.models import layers
-from relpos.models.attention import MultiHeadAttention, RelativeBias, self_attention_kind
+from relpos.models.multihead_attention import MultiHeadAttention, RelativeBias, self_attention_kind
 
 _INIT = nnx.initializers.normal(0.02)  # the original's `init_std` for weights and embeddings
 _LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default
@@ -101,7 +101,7 @@ def attention_mask(q_len: int, mem_len: int, length, *, same_length: bool) -> ja
 
 @dataclasses.dataclass(frozen=True)
 class TransformerXLConfig(layers.ModelConfig):
-  """Typed, checked config.model of relpos/config/char_lm.py plus vocab_size, e.g.
+  """Typed, checked config.model of relpos/config/char_lm_defaults.py plus vocab_size, e.g.
   `TransformerXLConfig.from_section(config.model, vocab_size=256)`; the fields it shares with
   the translation model are `layers.ModelConfig`'s."""
 

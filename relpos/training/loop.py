@@ -1,6 +1,7 @@
 """The one training loop of every task, and the checkpoint restore evaluation starts from.
 
-A task (`relpos.training.char_lm`, `relpos.training.translate`) is a `Task`: it checks its
+A task (`relpos.training.char_lm_task`, `relpos.training.translation_task`) is a `Task`: it checks
+its
 config, builds its data and model, and supplies a `Training` — the state, the jitted step, the
 global batch of step s and a validation function. `train` owns the cadence around them, the
 same for every task:
@@ -36,11 +37,11 @@ import numpy as np
 from flax import nnx
 
 from relpos.config import checks
-from relpos.models.attention import clip_shaw_tables
+from relpos.models.multihead_attention import clip_shaw_tables
 from relpos.training import mesh as mesh_lib
 from relpos.training import optim
 from relpos.training.checkpoints import Checkpoints
-from relpos.training.metrics import MetricWriter
+from relpos.training.metric_writer import MetricWriter
 from relpos.training.preemption import PreemptedError, PreemptionSignal
 from relpos.training.progress import Progress
 from relpos.training.run_config import record_config
@@ -418,7 +419,7 @@ def restore_model(model: nnx.Module, eval_config, workdir) -> tuple[nnx.Module, 
   checkpoints up to it. Only the 'model' item is read: evaluation needs no optimizer.
   With config.eval.max_relative_position = k' >= 0 (a field of relpos's own tasks,
   `relpos.config.shared`) the restored Shaw tables are clipped at k'
-  (`relpos.models.attention.clip_shaw_tables`).
+  (`relpos.models.multihead_attention.clip_shaw_tables`).
 
   Raises:
     FileNotFoundError: no checkpoint, or no checkpoint eval_config.step.

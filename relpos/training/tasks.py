@@ -13,7 +13,10 @@ from relpos.training.loop import Task
 from relpos.training.preemption import PreemptedError
 
 # Imported on demand, so one task's dependencies never slow down or break another's.
-_TASKS = {'char_lm': 'relpos.training.char_lm', 'translate': 'relpos.training.translate'}
+_TASKS = {
+  'char_lm': 'relpos.training.char_lm_task',
+  'translate': 'relpos.training.translation_task',
+}
 
 
 def get(config: ml_collections.ConfigDict) -> Task:

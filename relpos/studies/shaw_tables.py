@@ -1,13 +1,14 @@
 """How far training moved each row of a translation run's Shaw tables, by distance.
 
-    python -m relpos.shaw_tables runs/study/k_sweep_900/max_relative_position=*/seed=* \\
+    python -m relpos.studies.shaw_tables runs/study/k_sweep_900/max_relative_position=*/seed=* \\
         --out=docs/results/shaw_table_drift.png
 
 Row k + d of a table w^K or w^V serves every query-key pair at clipped distance d = j - i.
 A reading of a sweep over k is that the rows of long distances, which few pairs of short
 sentences reach, stay near their random initialisation while k clips them into one edge row
 that every long pair trains. This measures it: for each run the initial parameters are rebuilt
-from its recorded config and seed (as `relpos.training.translate.build` drew them), its newest
+from its recorded config and seed (as `relpos.training.translation_task.build` drew them), its
+newest
 checkpoint is restored, and each row's drift is the L2 norm of (trained - initial). Runs of the
 same k are averaged over runs, layers and the two tables, per stack (encoder, decoder) and d.
 
@@ -27,8 +28,8 @@ import numpy as np
 from absl import app, flags, logging
 
 from relpos import runtime
-from relpos.figures import pyplot as plt
-from relpos.figures import save as save_figure
+from relpos.studies.figures import pyplot as plt
+from relpos.studies.figures import save as save_figure
 
 STACKS = ('encoder', 'decoder')
 _TABLES = ('rel_key', 'rel_value')
@@ -47,7 +48,8 @@ def row_drift(workdir) -> tuple[int, dict[str, np.ndarray], float]:
   from relpos.data.tokenizer import load_tokenizer
   from relpos.data.translation import VOCAB_FILE
   from relpos.models.transformer import Transformer
-  from relpos.training import loop, translate
+  from relpos.training import loop
+  from relpos.training import translation_task as translate
   from relpos.training.run_config import read_config
 
   config = read_config(workdir, flag=None)  # workdirs are positional here
@@ -140,7 +142,7 @@ def plot(by_k, out) -> Path:
 
 def main(argv):
   if len(argv) < 2:
-    sys.exit('error: name at least one workdir: python -m relpos.shaw_tables W1 [W2 ...]')
+    sys.exit('error: name at least one workdir: python -m relpos.studies.shaw_tables W1 [W2 ...]')
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
   try:

@@ -1,6 +1,6 @@
 """Training and evaluation curves of one or more runs, from their metrics.jsonl, in one PNG.
 
-    python -m relpos.plot runs/tiny_shaw runs/tiny_absolute --out=curves.png
+    python -m relpos.studies.plot runs/tiny_shaw runs/tiny_absolute --out=curves.png
 
 One panel per scalar the runs logged (train/loss, train/bpc, valid/bpc, eval/perplexity, ...;
 not throughput), one line per run, against the step. A resumed run's repeated steps keep their
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from absl import app, flags
 
-from relpos.figures import pyplot as plt
-from relpos.figures import save as save_figure
+from relpos.studies.figures import pyplot as plt
+from relpos.studies.figures import save as save_figure
 
 _SKIPPED = ('step', 'time', 'train/tok_per_s')
 
@@ -75,7 +75,9 @@ def plot_runs(workdirs, out) -> Path:
 
 def main(argv):
   if len(argv) < 2:
-    sys.exit('error: name at least one workdir: python -m relpos.plot W1 [W2 ...] --out=F.png')
+    sys.exit(
+      'error: name at least one workdir: python -m relpos.studies.plot W1 [W2 ...] --out=F.png'
+    )
   try:
     print(f'wrote {plot_runs(argv[1:], flags.FLAGS.out)}')
   except (FileNotFoundError, ValueError) as error:

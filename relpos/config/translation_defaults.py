@@ -3,7 +3,7 @@
 Config files (configs/translate_tiny.py, configs/wmt_base.py, ...) start from
 `translate_config()` and change values only. Every field a translation run reads is declared
 here, so a typo in a command-line override (`--config.model.max_relative_position=...`) fails
-at parse time instead of being ignored. `relpos.training.translate` holds the rules of the
+at parse time instead of being ignored. `relpos.training.translation_task` holds the rules of the
 fields it reads, the model's typed config (`relpos.models.transformer.TransformerConfig`) those
 of config.model.
 """

@@ -21,7 +21,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from relpos import decode, metrics
+from relpos import decode, scoring
 from relpos.config import checks, shared
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID
 from relpos.data.token_batches import TokenBatches
@@ -108,7 +108,7 @@ def eval_loss(model, batches: TokenBatches) -> dict:
     total_nll += float(batch_nll(state, arrays))
     total_tokens += int(np.sum(batch['tgt_out'] != PAD_ID))
   nll = total_nll / max(total_tokens, 1)
-  return {'nll': nll, 'perplexity': metrics.perplexity(nll), 'tokens': total_tokens}
+  return {'nll': nll, 'perplexity': scoring.perplexity(nll), 'tokens': total_tokens}
 
 
 def _eval_batches(config, pairs, boundaries=None) -> TokenBatches:
@@ -283,7 +283,7 @@ class Translate(loop.Task):
     output = Path(output_dir or workdir) / f'translations_step{steps[-1]}.txt'
     if mesh_lib.is_writer():
       output.write_text(''.join(line + '\n' for line in translations))
-    bleu = metrics.corpus_bleu(translations, data.eval_references)
+    bleu = scoring.corpus_bleu(translations, data.eval_references)
     loss = eval_loss(model, _eval_batches(config, data.eval_pairs))
     return {
       'bleu': bleu.score,

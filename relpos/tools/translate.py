@@ -1,8 +1,8 @@
 """Translates text with a trained translation run: its checkpoint, vocabulary and config.
 
-    echo "I like green tea." | python -m relpos.translate --workdir=runs/tiny_shaw
-    python -m relpos.translate --workdir=runs/tiny_shaw --text="Where is the station?"
-    python -m relpos.translate --workdir=runs/tiny_shaw --beam_size=1 < sentences.txt
+    echo "I like green tea." | python -m relpos.tools.translate --workdir=runs/tiny_shaw
+    python -m relpos.tools.translate --workdir=runs/tiny_shaw --text="Where is the station?"
+    python -m relpos.tools.translate --workdir=runs/tiny_shaw --beam_size=1 < sentences.txt
 
 Reads the run's config.json, spm.model and newest checkpoint (config.eval.step and
 average_checkpoints apply, as in eval.py), then prints one translation per input line, in
@@ -29,7 +29,8 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
   from relpos.data.tokenizer import load_tokenizer
   from relpos.data.translation import VOCAB_FILE
   from relpos.models.transformer import Transformer
-  from relpos.training import loop, translate
+  from relpos.training import loop
+  from relpos.training import translation_task as translate
   from relpos.training.run_config import read_config
 
   config = read_config(workdir)

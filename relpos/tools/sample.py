@@ -1,8 +1,8 @@
 """Samples text from a trained character-LM run: its checkpoint, vocabulary and config.
 
-    python -m relpos.sample --workdir=runs/char_tiny --prompt="ROMEO:" --length=300
-    python -m relpos.sample --workdir=runs/char_tiny --prompt="To be" --temperature=0.8 --top_k=10
-    python -m relpos.sample --workdir=runs/char_tiny --prompt="To be" --top_p=0.9 --seed=1
+    python -m relpos.tools.sample --workdir=runs/char_tiny --prompt="ROMEO:" --length=300
+    python -m relpos.tools.sample --workdir=runs/char_tiny --prompt="To be" --top_k=10
+    python -m relpos.tools.sample --workdir=runs/char_tiny --prompt="To be" --top_p=0.9 --seed=1
 
 The model reads the text the way evaluation does (config.eval's tgt_len and mem_len): in
 segments of tgt_len characters, each with the memory of the segments before it. The segment
@@ -55,7 +55,8 @@ def sample(workdir, prompt: bytes, length: int, *, temperature=1.0, top_k=0, top
 
   from relpos.data.char_corpus import CharVocab
   from relpos.models.transformer_xl import TransformerXL
-  from relpos.training import char_lm, loop
+  from relpos.training import char_lm_task as char_lm
+  from relpos.training import loop
   from relpos.training.run_config import read_config
 
   if not temperature > 0:

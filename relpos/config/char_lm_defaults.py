@@ -3,7 +3,7 @@
 Config files (configs/char_tiny.py, configs/enwik8_base.py, ...) start from `char_lm_config()`
 and change values only. Every field a character-LM run reads is declared here, so a typo in a
 command-line override (`--config.train.mem_len=...`) fails at parse time instead of being
-ignored. `relpos.training.char_lm` holds the rules of the fields it reads, the model's typed
+ignored. `relpos.training.char_lm_task` holds the rules of the fields it reads, the model's typed
 config (`relpos.models.transformer_xl.TransformerXLConfig`) those of config.model.
 """
 

@@ -1,9 +1,9 @@
 """A sweep's metric broken down into buckets: which inputs a difference comes from.
 
-    python -m relpos.sweep --config=configs/translate_tiny.py --workdir=runs/positions \\
+    python -m relpos.studies.sweep --config=configs/translate_tiny.py --workdir=runs/positions \\
         --field=model.position --values=absolute,shaw,shaw_absolute --seeds=0,1,2 \\
         --collect_only --by_source_length=4,6,8
-    python -m relpos.sweep --config=configs/char_tiny.py:xl --workdir=runs/eval_mem \\
+    python -m relpos.studies.sweep --config=configs/char_tiny.py:xl --workdir=runs/eval_mem \\
         --field=eval.mem_len --values=0,64,192 --seeds=0,1,2 --collect_only \\
         --by_position=1,4,8,16,32
 
@@ -21,7 +21,8 @@ Two breakdowns, one table and plot:
 
 For each swept value and bucket the sweep reports, as for the whole set: mean ± std over
 seeds, the difference of the means from the baseline's, and p-values against the baseline
-(`relpos.significance`): a paired t-test over the seeds, and for BLEU also a paired bootstrap
+(`relpos.studies.significance`): a paired t-test over the seeds, and for BLEU also a paired
+bootstrap
 over the bucket's sentences with the seeds pooled (none for bpc: the evaluation keeps no
 per-position items). It writes `sweep_<by>.csv` (one row per value and bucket),
 `sweep_<by>_seeds.csv` (one row per run and bucket), `sweep_<by>.md` and `sweep_<by>.png` (the
@@ -38,9 +39,10 @@ import math
 from pathlib import Path
 from typing import NamedTuple
 
-from relpos import metrics, significance
-from relpos.figures import pyplot as plt
-from relpos.figures import save as save_figure
+from relpos import scoring
+from relpos.studies import significance
+from relpos.studies.figures import pyplot as plt
+from relpos.studies.figures import save as save_figure
 
 SUMMARY_COLUMNS = (
   'value',
@@ -115,7 +117,7 @@ def bleu_by_source_length(sources, references, translations: dict, baseline, edg
       for label, chosen in members.items():
         if chosen:
           hypotheses = [lines[i] for i in chosen]
-          bleu = metrics.corpus_bleu(hypotheses, [references[i] for i in chosen]).score
+          bleu = scoring.corpus_bleu(hypotheses, [references[i] for i in chosen]).score
           per_run.append({'value': value, 'seed': seed, 'bucket': label, 'bleu': bleu})
 
   def p_items(value, seeds, label):

@@ -141,9 +141,9 @@ def bits_per_char(model, tokens, span, *, batch_size: int, max_segments: int = 0
   `span` is the config section (config.train or config.eval) whose tgt_len, mem_len,
   clamp_len and same_length apply. Returns {'bpc', 'nats', 'tokens', 'segment_nats',
   'segment_tokens', 'position_bpc', 'position_tokens'}: segment_* per segment (the items of
-  `relpos.significance`'s paired test), position_* per position within a segment (0 to
+  `relpos.studies.significance`'s paired test), position_* per position within a segment (0 to
   tgt_len - 1, pooled over segments and rows: how the loss falls as the segment gives more
-  context of its own; `relpos.breakdown`). `max_segments` > 0 scores only the first
+  context of its own; `relpos.studies.breakdown`). `max_segments` > 0 scores only the first
   segments.
   """
   graphdef, state = nnx.split(model)

@@ -24,9 +24,9 @@ training and ignores test-set sampling. With 3 seeds it has 2 degrees of freedom
 differences that are large against their spread over seeds reach small p-values. A difference
 worth reporting should pass both.
 
-    python -m relpos.significance docs/results/table2_k_seeds.csv --baseline=16
+    python -m relpos.studies.significance docs/results/table2_k_seeds.csv --baseline=16
 
-tests a finished sweep's `sweep_seeds.csv` again over seeds (`relpos.sweep` writes both
+tests a finished sweep's `sweep_seeds.csv` again over seeds (`relpos.studies.sweep` writes both
 p-values for new sweeps).
 """
 
@@ -146,7 +146,7 @@ def main(argv):
   if len(argv) != 2:
     sys.exit(
       f'error: give one sweep_seeds.csv (got {len(argv) - 1} arguments): '
-      'python -m relpos.significance FILE --baseline=V'
+      'python -m relpos.studies.significance FILE --baseline=V'
     )
   try:
     print(seed_table(argv[1], flags.FLAGS.baseline), end='')

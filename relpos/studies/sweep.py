@@ -1,14 +1,14 @@
 """Sweep one config field over values and seeds: train, evaluate, test, tabulate, plot.
 
-    python -m relpos.sweep --config=configs/translate_tiny.py:shaw --workdir=runs/k_sweep \\
+    python -m relpos.studies.sweep --config=configs/translate_tiny.py:shaw --workdir=runs/k_sweep \\
         --values=0,1,2,4,16,64 --seeds=0,1,2
-    python -m relpos.sweep --config=configs/translate_tiny.py --workdir=runs/positions \\
+    python -m relpos.studies.sweep --config=configs/translate_tiny.py --workdir=runs/positions \\
         --field=model.position --values=shaw,absolute,shaw_absolute --seeds=0,1,2
-    python -m relpos.sweep --config=configs/translate_tiny.py --workdir=runs/ablation \\
+    python -m relpos.studies.sweep --config=configs/translate_tiny.py --workdir=runs/ablation \\
         --field=preset --values=shaw,shaw_keys_only,shaw_values_only,none --seeds=0,1,2
-    python -m relpos.sweep --config=configs/char_tiny.py:xl --workdir=runs/eval_mem \\
+    python -m relpos.studies.sweep --config=configs/char_tiny.py:xl --workdir=runs/eval_mem \\
         --field=eval.mem_len --values=0,64,192,512 --seeds=0,1,2
-    python -m relpos.sweep --config=configs/translate_tiny.py:shaw --workdir=runs/k_clip \\
+    python -m relpos.studies.sweep --config=configs/translate_tiny.py:shaw --workdir=runs/k_clip \\
         --field=eval.max_relative_position --values=-1,8,4,2,0 --seeds=0,1,2
 
 Each (value v, seed s) trains and evaluates `--config` with `--config.<field>=v` and
@@ -28,9 +28,9 @@ Then the sweep writes under `<workdir>`:
 - `sweep.png`: the mean with ±std error bars;
 - with `--by_source_length=4,6,8` (translation) or `--by_position=1,4,8,16,32` (character
   LM), the same per bucket of source length in words or of position within the evaluation
-  segment: `sweep_by_length.*` or `sweep_by_position.*` (`relpos.breakdown`).
+  segment: `sweep_by_length.*` or `sweep_by_position.*` (`relpos.studies.breakdown`).
 
-p_value is a paired bootstrap over the test items, seeds pooled (`relpos.significance`):
+p_value is a paired bootstrap over the test items, seeds pooled (`relpos.studies.significance`):
 sacreBLEU's test on the translations for BLEU, the same test over evaluation segments for
 bits-per-char; other metrics get none. It holds the trained models fixed. p_seeds is a paired
 t-test over the seeds' scores, for any metric: it holds the test set fixed and asks whether
@@ -54,10 +54,11 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from relpos import breakdown, runtime, significance
+from relpos import runtime
 from relpos.config import load_config_file
-from relpos.figures import pyplot as plt
-from relpos.figures import save as save_figure
+from relpos.studies import breakdown, significance
+from relpos.studies.figures import pyplot as plt
+from relpos.studies.figures import save as save_figure
 from relpos.training import run_config, tasks
 from relpos.training.preemption import PreemptedError
 
@@ -127,7 +128,8 @@ def model_dir(root: Path, field: str, value, seed: int) -> Path:
 def _as_trained(config, field: str, variant) -> ml_collections.ConfigDict:
   """The config that trains `variant`'s model: for an eval field, with the evaluation settings
   of `config` rather than the swept value, so that the one training every value shares keeps
-  its own in its workdir (eval.py, relpos.translate and relpos.sample read them there)."""
+  its own in its workdir (eval.py, relpos.tools.translate and relpos.tools.sample read them
+  there)."""
   if not field.startswith(EVAL_SECTION):
     return variant
   trained = ml_collections.ConfigDict(variant.to_dict())
@@ -405,7 +407,7 @@ def sweep(
   breakdowns=(),
 ):
   """Trains and evaluates every unfinished run (if `train`), then writes the tables and plot
-  (and those of each (`relpos.breakdown.Breakdown`, edges) in `breakdowns`); returns the
+  (and those of each (`relpos.studies.breakdown.Breakdown`, edges) in `breakdowns`); returns the
   per-value summary. `variant_of`: see `check_sweep`."""
   task = tasks.get(config)
   root.mkdir(parents=True, exist_ok=True)
@@ -435,7 +437,7 @@ def sweep(
 
 
 def write_breakdown(config, rows, baseline, root: Path, field: str, kind, edges) -> None:
-  """The tables and plot of one `relpos.breakdown` of the finished runs in `rows`."""
+  """The tables and plot of one `relpos.studies.breakdown` of the finished runs in `rows`."""
   by_value = {}
   for row in rows:
     by_value.setdefault(row['value'], []).append(row)

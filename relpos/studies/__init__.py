@@ -1,0 +1,1 @@
+"""Study tools: sweeps with seeds and significance, breakdowns, plots and figures."""

@@ -1,0 +1,1 @@
+"""Command-line tools that read a trained run: translate and sample."""
