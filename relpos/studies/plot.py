@@ -4,7 +4,8 @@
 
 One panel per scalar the runs logged (train/loss, train/bpc, valid/bpc, eval/perplexity, ...;
 not throughput), one line per run, against the step. A resumed run's repeated steps keep their
-last value. A workdir that does not exist or holds no metrics yet is one line, exit 1.
+last value. A workdir that does not exist or holds no metrics yet, or runs of different tasks,
+are one line, exit 1.
 """
 
 import json
@@ -16,6 +17,7 @@ from absl import app, flags
 
 from relpos.studies.figures import pyplot as plt
 from relpos.studies.figures import save as save_figure
+from relpos.training.run_config import check_task
 
 _SKIPPED = ('step', 'time', 'train/tok_per_s')
 
@@ -47,8 +49,20 @@ def read_curves(workdir) -> dict[str, dict[int, float]]:
   return curves
 
 
+def check_one_task(workdirs) -> None:
+  """Raises TaskMismatchError (a ValueError) when the workdirs hold runs of different tasks
+  (their config.json; workdirs without one are not checked)."""
+  task = first = None
+  for workdir in workdirs:
+    needs = f'{first} holds a {task} run: plot runs of one task together'
+    recorded = check_task(workdir, task, flag=None, needs=needs)
+    if recorded is not None and task is None:
+      task, first = recorded.get('task'), workdir
+
+
 def plot_runs(workdirs, out) -> Path:
   """Writes the curves of `workdirs` to `out`; returns its path."""
+  check_one_task(workdirs)
   runs = {str(workdir): read_curves(workdir) for workdir in workdirs}
   names = sorted({name for curves in runs.values() for name in curves})
   columns = min(3, len(names))

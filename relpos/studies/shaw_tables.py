@@ -50,11 +50,10 @@ def row_drift(workdir) -> tuple[int, dict[str, np.ndarray], float]:
   from relpos.models.transformer import Transformer
   from relpos.training import loop
   from relpos.training import translation_task as translate
-  from relpos.training.run_config import read_config
+  from relpos.training.run_config import check_task, read_config
 
   config = read_config(workdir, flag=None)  # workdirs are positional here
-  if config.get('task') != 'translate':
-    raise ValueError(f'{workdir} holds a {config.get("task")} run, not a translation run')
+  check_task(workdir, 'translate', flag=None, needs='shaw_tables reads translation runs')
   if 'max_relative_position' in translate.TASK.unread_fields(config):
     raise ValueError(f'{workdir}: config.model.position={config.model.position!r} has no tables')
   loop.check_trained(workdir).close()

@@ -206,8 +206,14 @@ def commands(config_arg: str, overrides: list[str], root: Path, field: str, valu
   return lines
 
 
-def collect(root: Path, field: str, values, seeds, metric: str) -> list[dict]:
-  """One row per run with an eval_results.json: value, seed, metric, step, workdir."""
+def collect(root: Path, field: str, values, seeds, metric: str, *, task=None) -> list[dict]:
+  """One row per run with an eval_results.json: value, seed, metric, step, workdir. With
+  `task`, a run directory that records a run of another task is a TaskMismatchError (a
+  ValueError), before any result is read."""
+  for value in values:
+    for seed in seeds:
+      for workdir in {model_dir(root, field, value, seed), run_dir(root, field, value, seed)}:
+        run_config.check_task(workdir, task, flag=None)
   rows = []
   for value in values:
     for seed in seeds:
@@ -425,7 +431,7 @@ def sweep(
       task.train_model(_as_trained(config, field, variant), workdir)
       result = task.evaluate(variant, workdir, output_dir=results_dir)
       print('\n'.join(task.result_lines(result)), flush=True)
-  rows = collect(root, field, values, seeds, metric)
+  rows = collect(root, field, values, seeds, metric, task=config.task)
   if not rows:
     raise FileNotFoundError(f'no finished runs under {root}')
   summary = summarise(config, rows, values, metric, baseline)

@@ -57,7 +57,7 @@ def sample(workdir, prompt: bytes, length: int, *, temperature=1.0, top_k=0, top
   from relpos.models.transformer_xl import TransformerXL
   from relpos.training import char_lm_task as char_lm
   from relpos.training import loop
-  from relpos.training.run_config import read_config
+  from relpos.training.run_config import check_task, read_config
 
   if not temperature > 0:
     raise ValueError(f'--temperature={temperature} must be > 0')
@@ -66,8 +66,7 @@ def sample(workdir, prompt: bytes, length: int, *, temperature=1.0, top_k=0, top
   if not prompt:
     raise ValueError('--prompt is empty: give at least one character')
   config = read_config(workdir)
-  if config.get('task') != 'char_lm':
-    raise ValueError(f'{workdir} holds a {config.get("task")} run, not a character-LM run')
+  check_task(workdir, 'char_lm', needs='relpos.tools.sample reads character-LM runs')
   loop.check_trained(workdir).close()
   vocab = CharVocab.from_json((Path(workdir) / 'vocab.json').read_text())
   model = TransformerXL(char_lm.model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))

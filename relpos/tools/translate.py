@@ -31,11 +31,10 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
   from relpos.models.transformer import Transformer
   from relpos.training import loop
   from relpos.training import translation_task as translate
-  from relpos.training.run_config import read_config
+  from relpos.training.run_config import check_task, read_config
 
   config = read_config(workdir)
-  if config.get('task') != 'translate':
-    raise ValueError(f'{workdir} holds a {config.get("task")} run, not a translation run')
+  check_task(workdir, 'translate', needs='relpos.tools.translate reads translation runs')
   loop.check_trained(workdir).close()
   if beam_size is not None:
     config.eval.beam_size = beam_size

@@ -10,8 +10,24 @@ Saves are atomic (orbax writes to a temporary directory and renames it), so an i
 never shows up as the latest step. A finished checkpoint that cannot be read back (damaged
 files, or arrays of other shapes than the config builds) is skipped with a warning by
 `restore_latest`, which falls back to the newest readable one.
+
+Faults of the filesystem (docs/faults.md) end a run with one line (`FilesystemFaultError`):
+- Orbax commits a save in a background thread; an error there (a full disk, a workdir gone
+  read-only) is kept by orbax until someone waits for the commit. `Checkpoints` waits for
+  each save's commit before the next save, at `commit` and at `close`, and turns a failure into
+  a `FilesystemFaultError` naming the step that was not written and the last good checkpoint; the
+  background thread's own ERROR tracebacks are filtered out of the log (`--traceback` shows the
+  cause). Saves stay asynchronous: training goes on while a checkpoint is written.
+- A save that did not commit leaves `<step>.orbax-checkpoint-tmp*` behind. Orbax never lists
+  it as a step, so no run resumes from it; the failed save's directories are removed at once
+  (their space is what a full disk needs back), and a training run removes any others it
+  finds when it opens the directory (a run killed mid-save), saying so in one line.
 """
 
+import errno
+import logging as std_logging
+import os
+import shutil
 import time
 from pathlib import Path
 
@@ -20,17 +36,97 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from relpos.training import mesh as mesh_lib
+from relpos.training.preemption import RunFaultError
+
+FILESYSTEM_EXIT_CODE = 74  # sysexits.h EX_IOERR
+TMP_MARKER = '.orbax-checkpoint-tmp'
+# What to do about an OSError, by errno: (what it means, what to do).
+_REMEDIES = {
+  errno.ENOSPC: ('the disk is full', 'free space on its disk'),
+  errno.EDQUOT: ('the disk quota is used up', 'free space within the quota'),
+  errno.EROFS: ('the filesystem is read-only', 'make it writable or give another --workdir'),
+  errno.EACCES: ('permission denied', 'make it writable or give another --workdir'),
+  errno.EPERM: ('permission denied', 'make it writable or give another --workdir'),
+  errno.ENOENT: (
+    'it no longer exists (removed or unmounted)',
+    'restore the workdir or give a new --workdir',
+  ),
+  errno.ENOTDIR: ('a file is in the way of a directory', 'give a directory as --workdir'),
+  errno.EEXIST: ('a file is in the way of a directory', 'give a directory as --workdir'),
+}
+
+
+class FilesystemFaultError(RunFaultError):
+  """A write to the workdir failed (full disk, read-only or vanished workdir, a file in its
+  place, a checkpoint that did not commit); earlier checkpoints and metrics are intact."""
+
+  exit_code = FILESYSTEM_EXIT_CODE
+
+
+def error_errno(error: BaseException) -> int | None:
+  """The errno of `error` or of an error in its chain; for errors orbax and tensorstore raise
+  as text (`RESOURCE_EXHAUSTED ... No space left on device`), the errno that text names."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno:
+      return error.errno
+    text = str(error)
+    for number in _REMEDIES:
+      if os.strerror(number) in text:
+        return number
+    error = error.__cause__ or error.__context__
+  return None
+
+
+def _first_line(error: BaseException) -> str:
+  if isinstance(error, OSError) and error.strerror:
+    return error.strerror
+  return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+
+
+def filesystem_fault(
+  error: BaseException, what: str, *, last_good: str, resume: bool = True
+) -> FilesystemFaultError:
+  """The one-line fault of `error`: '<what>: <cause> (<meaning>); <last_good>; <what to do>'.
+  `resume`: whether rerunning the same command afterwards resumes the run."""
+  meaning, todo = _REMEDIES.get(error_errno(error), ('', 'fix the cause'))
+  cause = _first_line(error) + (f' ({meaning})' if meaning else '')
+  then = ', then rerun the same command to resume' if resume else ', then rerun'
+  return FilesystemFaultError(f'{what}: {cause}; {last_good}; {todo}{then}')
+
+
+class _OrbaxSaveErrors(std_logging.Filter):
+  """Drops orbax's ERROR records (with tracebacks) of a failed background save: `Checkpoints`
+  reports the failure as one line, with the cause chained for --traceback."""
+
+  def filter(self, record):
+    return not (record.levelno == std_logging.ERROR and f'{os.sep}orbax{os.sep}' in record.pathname)
+
+
+_FILTER = _OrbaxSaveErrors()
 
 
 class Checkpoints:
   """`workdir/checkpoints/<step>/{<item>...,meta}`, keeping the newest `keep` steps."""
 
-  def __init__(self, workdir, *, keep: int = 3):
+  def __init__(self, workdir, *, keep: int = 3, writer: bool = False):
+    """`writer`: a training run's, which removes half-written checkpoints it finds (a reader,
+    such as eval.py on a run in progress, leaves them to the run writing them)."""
     self.directory = Path(workdir).resolve() / 'checkpoints'
-    self._manager = ocp.CheckpointManager(
-      self.directory,
-      options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
-    )
+    std_logging.getLogger('absl').addFilter(_FILTER)  # once: filters are a set
+    self._pending = None  # the step of a save whose commit nobody has checked yet
+    try:
+      self._manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+      )
+    except OSError as error:
+      raise filesystem_fault(
+        error, f'cannot open the checkpoints at {self.directory}', last_good='nothing was written'
+      ) from error
+    if writer:
+      self._remove_half_written()
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -38,12 +134,75 @@ class Checkpoints:
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
 
-  def save(self, step: int, items: dict, meta: dict):
-    """Writes `items` (name -> pytree of arrays) and `meta` (JSON-able) as `step`."""
-    args = {name: ocp.args.StandardSave(tree) for name, tree in items.items()}
-    self._manager.save(
-      step, args=ocp.args.Composite(**args, meta=ocp.args.JsonSave(meta)), force=True
+  def last_good(self, but: int | None = None) -> str:
+    """Names the newest finished checkpoint (other than step `but`), for a fault's message."""
+    steps = [
+      step
+      for step in self.all_steps()
+      if step != but and step != self._pending and (self.directory / str(step)).is_dir()
+    ]
+    if not steps:
+      return 'there is no earlier checkpoint (a rerun starts from step 0)'
+    return (
+      f'the last good checkpoint is {self.directory / str(steps[-1])} (step {steps[-1]}), intact'
     )
+
+  def save(self, step: int, items: dict, meta: dict):
+    """Writes `items` (name -> pytree of arrays) and `meta` (JSON-able) as `step`, after
+    checking that the previous save committed; the commit of this one runs in the background
+    (`commit` waits for it).
+
+    Raises:
+      FilesystemFaultError: this save or the previous one failed, or the directory is gone.
+    """
+    self.commit()
+    what = f'cannot write checkpoint {step} to {self.directory / str(step)}'
+    if not self.directory.is_dir():  # orbax would make it again, in a workdir that is gone
+      gone = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(self.directory))
+      raise filesystem_fault(gone, what, last_good='no checkpoint is left there', resume=False)
+    args = {name: ocp.args.StandardSave(tree) for name, tree in items.items()}
+    self._pending = step
+    try:
+      self._manager.save(
+        step, args=ocp.args.Composite(**args, meta=ocp.args.JsonSave(meta)), force=True
+      )
+    except Exception as error:  # noqa: BLE001 (orbax and tensorstore raise many kinds)
+      self._fail(step, error)
+
+  def commit(self):
+    """Waits for the pending save to commit and checks its result.
+
+    Raises:
+      FilesystemFaultError: it did not commit (its half-written directories are removed).
+    """
+    step, self._pending = self._pending, None
+    if step is None:
+      return
+    try:
+      self._manager.wait_until_finished()
+      self._manager.check_for_errors()
+    except Exception as error:  # noqa: BLE001
+      self._fail(step, error)
+
+  def _fail(self, step: int, error: Exception):
+    self._pending = None
+    self._remove_half_written(step, quiet=True)
+    raise filesystem_fault(
+      error,
+      f'checkpoint {step} was not written to {self.directory / str(step)}',
+      last_good=self.last_good(but=step),
+    ) from error
+
+  def _remove_half_written(self, step: int | None = None, *, quiet: bool = False):
+    """Removes the `<step>.orbax-checkpoint-tmp*` directories of `step` (None: of every step),
+    saves that never committed (process 0 does; best effort)."""
+    if not mesh_lib.is_writer():
+      return
+    pattern = f'{"*" if step is None else step}{TMP_MARKER}*'
+    for path in sorted(self.directory.glob(pattern)):
+      if not quiet:
+        print(f'warning: removed {path}, a checkpoint whose save did not finish')
+      shutil.rmtree(path, ignore_errors=True)
 
   def restore(self, step: int, like: dict):
     """(the items named in `like`, each shaped like its pytree there, meta) of `step`."""
@@ -98,6 +257,17 @@ class Checkpoints:
     mesh_lib.barrier('checkpoints set aside')
     self._manager.reload()
 
-  def close(self):
-    self._manager.wait_until_finished()
-    self._manager.close()
+  def close(self, *, check: bool = True):
+    """Waits for the pending save; `check` False (a run already ending on another error)
+    logs a failed commit as a warning instead of raising its FilesystemFaultError."""
+    try:
+      self.commit()
+    except FilesystemFaultError as fault:
+      if check:
+        raise
+      logging.warning('%s', fault)
+    finally:
+      try:
+        self._manager.close()
+      except Exception as error:  # noqa: BLE001 (the commit's own error was reported above)
+        logging.warning('closing the checkpoints: %s', error)

@@ -23,9 +23,11 @@ entry in `relpos.training.tasks`.
 
 import abc
 import dataclasses
+import errno
 import functools
 import json
 import math
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,11 +42,16 @@ from relpos.config import checks
 from relpos.models.multihead_attention import clip_shaw_tables
 from relpos.training import mesh as mesh_lib
 from relpos.training import optim
-from relpos.training.checkpoints import Checkpoints
+from relpos.training.checkpoints import (
+  Checkpoints,
+  FilesystemFaultError,
+  error_errno,
+  filesystem_fault,
+)
 from relpos.training.metric_writer import MetricWriter
-from relpos.training.preemption import PreemptedError, PreemptionSignal
+from relpos.training.preemption import PreemptedError, PreemptionSignal, RunFaultError
 from relpos.training.progress import Progress
-from relpos.training.run_config import record_config
+from relpos.training.run_config import check_task, record_config
 
 
 @dataclasses.dataclass
@@ -129,8 +136,9 @@ class Task(abc.ABC):
     `output_dir`/eval_results.json (default: the workdir, which evaluating it with other
     config.eval settings then overwrites). A workdir with no checkpoint is a
     FileNotFoundError before anything else is read."""
-    self.check_config(config)
     workdir = Path(workdir)
+    check_task(workdir, config.get('task'))  # before anything else: the workdir's run
+    self.check_config(config)
     output_dir = workdir if output_dir is None else Path(output_dir)
     check_trained(workdir).close()
     if mesh_lib.is_writer():
@@ -314,10 +322,128 @@ def eval_model(graphdef, state: dict) -> nnx.Module:
   return nnx.merge(graphdef, mesh_lib.local_copy(both))[0]
 
 
+OUT_OF_MEMORY_EXIT_CODE = 71  # sysexits.h EX_OSERR: the device could not give the memory
+# The fields an out-of-memory line reports, where the task's config has them.
+_SHAPE_FIELDS = (
+  'train.batch_size',
+  'data.max_tokens',
+  'train.tgt_len',
+  'train.mem_len',
+  'data.max_length',
+  'model.d_model',
+  'model.num_layers',
+  'model.encoder_layers',
+  'model.decoder_layers',
+  'model.dtype',
+  'train.grad_accum_steps',
+  'model.remat',
+  'model.scan_layers',
+)
+
+
+class DeviceMemoryError(RunFaultError):
+  """XLA ran out of accelerator memory compiling or running a training step."""
+
+  exit_code = OUT_OF_MEMORY_EXIT_CODE
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+  """Whether `error` is XLA's out-of-memory (a JaxRuntimeError of RESOURCE_EXHAUSTED, which
+  jaxlib raises for a compile or an allocation that does not fit)."""
+  text = str(error)
+  return isinstance(error, jax.errors.JaxRuntimeError) and (
+    'RESOURCE_EXHAUSTED' in text or 'Out of memory' in text or 'out of memory' in text
+  )
+
+
+def _field(config, name: str):
+  section, field = name.split('.')
+  return config[section][field] if section in config and field in config[section] else None
+
+
+def out_of_memory_fault(config, step: int, last_good: str) -> DeviceMemoryError:
+  """One line: the shapes of the step that did not fit, the devices, and what would fit."""
+  shapes = ', '.join(
+    f'{name.split(".")[1]}={value}'
+    for name in _SHAPE_FIELDS
+    if (value := _field(config, name)) is not None
+  )
+  devices = jax.devices()
+  batch_field = 'train.batch_size' if _field(config, 'train.batch_size') else 'data.max_tokens'
+  batch = _field(config, batch_field)
+  fixes = [f'--config.{batch_field}={max(1, batch // 2)}'] if batch else []
+  accum = _field(config, 'train.grad_accum_steps')
+  if accum is not None:
+    fixes.append(f'--config.train.grad_accum_steps={2 * accum} (the same batch, in parts)')
+  if _field(config, 'model.remat') == 'none':
+    fixes.append('--config.model.remat=full')
+  if _field(config, 'model.scan_layers') is False:
+    fixes.append('--config.model.scan_layers=True')
+  if _field(config, 'model.dtype') == 'float32':
+    fixes.append('--config.model.dtype=bfloat16')
+  return DeviceMemoryError(
+    f'out of accelerator memory at step {step} ({shapes}; {len(devices)} '
+    f'{devices[0].platform} device(s)); {last_good}; what would fit: {" or ".join(fixes)}'
+  )
+
+
+def prepare_workdir(workdir: Path) -> None:
+  """Makes `workdir` and checks that it takes files, before anything else of the run.
+
+  Raises:
+    FilesystemFaultError: a file is in its place, it cannot be made, or it is not writable.
+  """
+  if workdir.exists() and not workdir.is_dir():
+    raise FilesystemFaultError(
+      f'--workdir={workdir} is a file, not a directory; nothing was written; give a directory '
+      '(a new one is made), then rerun'
+    )
+  try:
+    workdir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=workdir, prefix='.relpos-write-check-'):
+      pass
+  except OSError as error:
+    raise filesystem_fault(
+      error, f'cannot write to --workdir={workdir}', last_good='nothing was written', resume=False
+    ) from error
+
+
 def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_config_change):
-  """Trains `task` for config.train.steps from the latest checkpoint in `workdir`."""
+  """Trains `task` for config.train.steps from the latest checkpoint in `workdir`.
+
+  Faults around the run end it with a `RunFaultError` of one line (docs/faults.md): an OSError
+  writing into the workdir (its config, vocabulary, metrics) a `FilesystemFaultError`, a checkpoint
+  that does not commit one from `Checkpoints`, and XLA's out-of-memory an `DeviceMemoryError`
+  with the step's shapes and what would fit. Each names the step reached and the last good
+  checkpoint.
+  """
   workdir = Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  prepare_workdir(workdir)
+  check_task(workdir, config.get('task'))
+  reached = {'step': 0, 'checkpoints': None}
+  try:
+    _train(task, config, workdir, preemption, allow_config_change, reached)
+  except OSError as error:
+    path = Path(error.filename) if error.filename else None
+    inside = path is not None and workdir.resolve() in (path.resolve(), *path.resolve().parents)
+    if not (inside or error_errno(error) in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)):
+      raise  # not the workdir's: a data file, reported as it is
+    checkpoints = reached['checkpoints']
+    raise filesystem_fault(
+      error,
+      f'cannot write {path or workdir} at step {reached["step"]}',
+      last_good=checkpoints.last_good() if checkpoints else 'no checkpoint was written yet',
+    ) from error
+  except jax.errors.JaxRuntimeError as error:
+    if not is_out_of_memory(error):
+      raise
+    checkpoints = reached['checkpoints']
+    last_good = checkpoints.last_good() if checkpoints else 'no checkpoint was written yet'
+    raise out_of_memory_fault(config, reached['step'] + 1, last_good) from error
+
+
+def _train(task: Task, config, workdir: Path, preemption, allow_config_change, reached: dict):
+  """`train`'s run; `reached` keeps the step reached and the checkpoints, for its faults."""
   mesh = mesh_lib.data_mesh()
   task.check_config(config, mesh)  # before reading data or compiling anything
   if mesh_lib.is_writer():
@@ -326,12 +452,14 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   train_config = config.train
   state = run.state
 
-  checkpoints = Checkpoints(workdir, keep=train_config.keep_checkpoints)
+  checkpoints = Checkpoints(workdir, keep=train_config.keep_checkpoints, writer=True)
+  reached['checkpoints'] = checkpoints
   start_step = 0
   found = checkpoints.restore_latest(state)  # every item of the state, pure dicts
   if found:
     start_step, state, _ = found
     print(f'resumed from {checkpoints.directory / str(start_step)}', flush=True)
+  reached['step'] = start_step
 
   writer = MetricWriter(workdir)
   progress = Progress(train_config.steps, start_step)
@@ -375,6 +503,7 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
       done = step + 1
       if done % train_config.log_every == 0 or done == train_config.steps:
         log(done)
+      reached['step'] = done
       if train_config.eval_every and done % train_config.eval_every == 0:
         if done < train_config.steps:
           writer.write(done, run.validate(eval_model(run.graphdef, state), done))
@@ -383,12 +512,16 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
       if mesh_lib.any_process(preemption.requested):
         if checkpoints.latest_step() != done:
           save(done)
+        checkpoints.commit()  # "saved" only once it is
         raise PreemptedError.saved(done, checkpoints.directory / str(done))
     if checkpoints.latest_step() != train_config.steps:
       save(train_config.steps)
-  finally:
-    checkpoints.close()
+  except BaseException:
     writer.close()
+    checkpoints.close(check=False)  # the error in flight is the one to report
+    raise
+  writer.close()
+  checkpoints.close()  # a final save that did not commit is a FilesystemFaultError
 
 
 def _mean_of_floats(*leaves):

@@ -4,6 +4,10 @@ The loop saves a checkpoint at the step it has reached and raises `PreemptedErro
 exits with status 143 (128 + SIGTERM) and rerunning the same command resumes from there. In a
 multi-process run the processes agree on the flag after every step (`mesh.any_process`), so a
 signal to any one of them stops them all at the same step.
+
+`RunFaultError` is the other way a run stops on purpose: a fault around it (its filesystem, its
+workdir, the accelerator's memory) that the launchers print as its one-line message, exiting
+with the fault's own status (docs/faults.md lists them).
 """
 
 import signal
@@ -20,6 +24,13 @@ class PreemptedError(Exception):
       f'SIGTERM at step {step} (sent to this process or another process of the run): saved '
       f'{checkpoint}; rerun the same command to resume'
     )
+
+
+class RunFaultError(Exception):
+  """A fault around a run, not in its config: the message is one line naming what failed,
+  what is still intact and what to do; the launchers print it and exit with `exit_code`."""
+
+  exit_code = 1
 
 
 class PreemptionSignal:

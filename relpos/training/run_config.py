@@ -104,3 +104,44 @@ def read_config(workdir, flag: str | None = '--workdir') -> ml_collections.Confi
   if not path.is_file():
     raise FileNotFoundError(f'{path} does not exist: {workdir} holds no relpos run (train first)')
   return ml_collections.ConfigDict(_recorded(path))
+
+
+class TaskMismatchError(ValueError):
+  """The workdir holds a run of another task than the command was given or reads."""
+
+  exit_code = 1
+
+
+_TASK_NOUNS = {'translate': 'translation', 'char_lm': 'character-LM'}
+
+
+def check_task(
+  workdir, task: str | None, *, flag: str | None = '--workdir', needs: str | None = None
+) -> ml_collections.ConfigDict | None:
+  """The config recorded in `workdir`, after checking that its run is of `task`: the one
+  check of every command that takes a workdir (train.py, eval.py, relpos.tools.translate and
+  .sample, relpos.studies.plot, .sweep and .shaw_tables), made before anything else, so that
+  a mismatch is named as such rather than as the first file the other task lacks. None when
+  the workdir records no run (yet); `task` None checks nothing but reads the config. `flag`:
+  as in `read_config`; `needs`: what reads `task` runs, for the message of a command that
+  takes no config (default: the config's task).
+
+  Raises:
+    TaskMismatchError: the recorded run is of another task.
+  """
+  path = Path(workdir) / CONFIG_FILE
+  if not path.is_file():
+    return None
+  recorded = read_config(workdir, flag)
+  kind = recorded.get('task')
+  if task is not None and kind != task:
+    given = f'{flag}={workdir}' if flag else str(workdir)
+    noun = _TASK_NOUNS.get(task, task)
+    todo = (
+      f'({needs}): give the workdir of a {noun} run'
+      if needs
+      else f"(the config's task is {task}): give the workdir of a {noun} run, or a config of "
+      f'task {kind} for this one'
+    )
+    raise TaskMismatchError(f'{given} holds a {kind} run, not a {noun} run {todo}')
+  return recorded

@@ -10,7 +10,8 @@ from ml_collections import config_flags
 
 from relpos.config import checks
 from relpos.training.loop import Task
-from relpos.training.preemption import PreemptedError
+from relpos.training.preemption import PreemptedError, RunFaultError
+from relpos.training.run_config import TaskMismatchError
 
 # Imported on demand, so one task's dependencies never slow down or break another's.
 _TASKS = {
@@ -30,6 +31,14 @@ def get(config: ml_collections.ConfigDict) -> Task:
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: the checkpoint is saved, rerun to resume
 # What bad configs, data and workdirs raise: the launchers print these as one line.
 USER_ERRORS = (ValueError, FileNotFoundError, FloatingPointError)
+# Faults around a run (docs/faults.md): one line each, their own exit status (RunFaultError's
+# exit_code; 1 for a workdir of another task).
+FAULTS = (RunFaultError, TaskMismatchError)
+
+
+def fault_exit(fault: Exception) -> tuple[int, str]:
+  """(exit status, the one line to print) of a `FAULTS` exception."""
+  return getattr(fault, 'exit_code', 1), f'error: {fault}'
 
 
 def _define_distributed_flags():
@@ -148,6 +157,12 @@ def launch(action: str):
     except PreemptedError as stopped:
       print(stopped, file=sys.stderr)
       sys.exit(PREEMPTED_EXIT_CODE)
+    except FAULTS as fault:
+      if traceback.value:
+        raise
+      code, line = fault_exit(fault)
+      print(line, file=sys.stderr, flush=True)
+      sys.exit(code)
     except USER_ERRORS as error:
       if traceback.value:
         raise
