@@ -96,6 +96,16 @@ def filesystem_fault(
   return FilesystemFaultError(f'{what}: {cause}; {last_good}; {todo}{then}')
 
 
+def last_good_in(workdir) -> str:
+  """`Checkpoints.last_good` of a workdir that cannot be opened (read from its directory names:
+  orbax names finished steps by their number, unfinished ones with TMP_MARKER)."""
+  directory = Path(workdir).resolve() / 'checkpoints'
+  steps = sorted(int(p.name) for p in directory.glob('*') if p.name.isdigit() and p.is_dir())
+  if not steps:
+    return 'no checkpoint was written yet'
+  return f'the last good checkpoint is {directory / str(steps[-1])} (step {steps[-1]}), intact'
+
+
 class _OrbaxSaveErrors(std_logging.Filter):
   """Drops orbax's ERROR records (with tracebacks) of a failed background save: `Checkpoints`
   reports the failure as one line, with the cause chained for --traceback."""
@@ -116,6 +126,7 @@ class Checkpoints:
     self.directory = Path(workdir).resolve() / 'checkpoints'
     std_logging.getLogger('absl').addFilter(_FILTER)  # once: filters are a set
     self._pending = None  # the step of a save whose commit nobody has checked yet
+    self._writer = writer
     try:
       self._manager = ocp.CheckpointManager(
         self.directory,
@@ -123,7 +134,7 @@ class Checkpoints:
       )
     except OSError as error:
       raise filesystem_fault(
-        error, f'cannot open the checkpoints at {self.directory}', last_good='nothing was written'
+        error, f'cannot open the checkpoints at {self.directory}', last_good=last_good_in(workdir)
       ) from error
     if writer:
       self._remove_half_written()
@@ -186,12 +197,26 @@ class Checkpoints:
 
   def _fail(self, step: int, error: Exception):
     self._pending = None
+    self._drain()
     self._remove_half_written(step, quiet=True)
     raise filesystem_fault(
       error,
       f'checkpoint {step} was not written to {self.directory / str(step)}',
       last_good=self.last_good(but=step),
     ) from error
+
+  def _drain(self):
+    """Waits for the other writes of a failed save: orbax reports the first error of its
+    commit while the rest go on writing into the temporary directory (and would make it again
+    after it is removed). Best effort, through orbax's private attributes: without them the
+    directory is removed again by `close` and by the next run."""
+    checkpointer = getattr(self._manager, '_checkpointer', None)
+    futures = getattr(getattr(checkpointer, '_async_manager', None), '_commit_futures', None)
+    for commit in futures or ():
+      try:
+        commit.result(timeout=300)
+      except Exception:  # noqa: BLE001, S112 (the first error is the one reported)
+        continue
 
   def _remove_half_written(self, step: int | None = None, *, quiet: bool = False):
     """Removes the `<step>.orbax-checkpoint-tmp*` directories of `step` (None: of every step),
@@ -267,6 +292,8 @@ class Checkpoints:
         raise
       logging.warning('%s', fault)
     finally:
+      if self._writer:
+        self._remove_half_written(quiet=True)  # what a failed save's last writes left
       try:
         self._manager.close()
       except Exception as error:  # noqa: BLE001 (the commit's own error was reported above)

@@ -47,6 +47,7 @@ from relpos.training.checkpoints import (
   FilesystemFaultError,
   error_errno,
   filesystem_fault,
+  last_good_in,
 )
 from relpos.training.metric_writer import MetricWriter
 from relpos.training.preemption import PreemptedError, PreemptionSignal, RunFaultError
@@ -404,22 +405,23 @@ def prepare_workdir(workdir: Path) -> None:
       pass
   except OSError as error:
     raise filesystem_fault(
-      error, f'cannot write to --workdir={workdir}', last_good='nothing was written', resume=False
+      error, f'cannot write to --workdir={workdir} before training', last_good=last_good_in(workdir)
     ) from error
 
 
 def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_config_change):
   """Trains `task` for config.train.steps from the latest checkpoint in `workdir`.
 
-  Faults around the run end it with a `RunFaultError` of one line (docs/faults.md): an OSError
-  writing into the workdir (its config, vocabulary, metrics) a `FilesystemFaultError`, a checkpoint
-  that does not commit one from `Checkpoints`, and XLA's out-of-memory an `DeviceMemoryError`
-  with the step's shapes and what would fit. Each names the step reached and the last good
-  checkpoint.
+  Faults around the run end it with a `RunFaultError` of one line (docs/faults.md): an
+  OSError writing into the workdir (its config, vocabulary, metrics) is a
+  `FilesystemFaultError`, as is a checkpoint that does not commit (`Checkpoints`), and XLA's
+  out-of-memory is a `DeviceMemoryError` with the step's shapes and what would fit. Each names
+  the step reached and the last good checkpoint. A workdir of another task is a
+  `TaskMismatchError` before anything is written.
   """
   workdir = Path(workdir)
+  check_task(workdir, config.get('task'))  # before anything else: the workdir's run
   prepare_workdir(workdir)
-  check_task(workdir, config.get('task'))
   reached = {'step': 0, 'checkpoints': None}
   try:
     _train(task, config, workdir, preemption, allow_config_change, reached)
@@ -432,13 +434,13 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
     raise filesystem_fault(
       error,
       f'cannot write {path or workdir} at step {reached["step"]}',
-      last_good=checkpoints.last_good() if checkpoints else 'no checkpoint was written yet',
+      last_good=checkpoints.last_good() if checkpoints else last_good_in(workdir),
     ) from error
   except jax.errors.JaxRuntimeError as error:
     if not is_out_of_memory(error):
       raise
     checkpoints = reached['checkpoints']
-    last_good = checkpoints.last_good() if checkpoints else 'no checkpoint was written yet'
+    last_good = checkpoints.last_good() if checkpoints else last_good_in(workdir)
     raise out_of_memory_fault(config, reached['step'] + 1, last_good) from error
 
 

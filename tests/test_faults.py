@@ -1,0 +1,421 @@
+"""Faults around a real run (docs/faults.md), one row per fault class: each is made for real
+where it can be (a file in place of the workdir, a read-only workdir, a workdir removed
+mid-run, a workdir of the other task, XLA's own RESOURCE_EXHAUSTED error from the step) and
+injected where it cannot (a full disk: an OSError(ENOSPC) raised by orbax's background writer).
+Each row checks the one-line message, the exit status and that nothing earlier was lost: the
+same finished checkpoints, byte for byte, and the same metrics.jsonl lines before and after.
+
+The runs are the tiny character LM of tests/helpers.py, in-process (the launchers' exit status
+and line come from `tasks.fault_exit`); one row runs train.py end to end in a subprocess.
+"""
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import REPO, TINY_CHAR_LM_FLAGS, tiny_char_config, write_word_corpus
+from orbax.checkpoint._src.handlers import json_checkpoint_handler
+
+from relpos.studies import plot, shaw_tables, sweep
+from relpos.tools import sample, translate
+from relpos.training import char_lm_task as char_lm
+from relpos.training import tasks
+from relpos.training import translation_task as translate_task
+from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE, TMP_MARKER
+from relpos.training.loop import OUT_OF_MEMORY_EXIT_CODE
+from relpos.training.run_config import TaskMismatchError, read_config
+
+STEPS = 6  # checkpoints at 2, 4 and 6
+
+
+@pytest.fixture(scope='module')
+def text_file(tmp_path_factory):
+  return write_word_corpus(tmp_path_factory.mktemp('text') / 'corpus.txt', words=3000)
+
+
+def _config(text_file):
+  config = tiny_char_config(text_file, steps=STEPS)
+  config.train.checkpoint_every = 2
+  return config
+
+
+@pytest.fixture(scope='module')
+def straight(text_file, tmp_path_factory):
+  """The workdir of an uninterrupted run (kept unchanged: rows copy it)."""
+  workdir = tmp_path_factory.mktemp('straight') / 'run'
+  char_lm.TASK.train_model(_config(text_file), workdir)
+  return workdir
+
+
+def _losses(workdir) -> dict:
+  """The last logged loss of every step (a resumed run logs some steps again)."""
+  records = map(json.loads, (workdir / 'metrics.jsonl').read_text().splitlines())
+  return {r['step']: r['train/loss'] for r in records if 'train/loss' in r}
+
+
+def _state(workdir) -> tuple[dict, list[str]]:
+  """({finished checkpoint step: {file: sha256}}, metrics.jsonl lines) of `workdir`."""
+  checkpoints = {}
+  for directory in sorted((workdir / 'checkpoints').glob('*')):
+    if directory.name.isdigit():
+      checkpoints[int(directory.name)] = {
+        str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(directory.rglob('*'))
+        if path.is_file()
+      }
+  metrics = workdir / 'metrics.jsonl'
+  return checkpoints, metrics.read_text().splitlines() if metrics.exists() else []
+
+
+def _assert_nothing_lost(before, after):
+  """Every checkpoint of `before` is in `after`, unchanged; its metrics lines begin `after`'s."""
+  (checkpoints, lines), (checkpoints_after, lines_after) = before, after
+  assert {step: checkpoints_after.get(step) for step in checkpoints} == checkpoints
+  assert lines_after[: len(lines)] == lines
+
+
+def _fault(error, exit_code, *phrases):
+  """Checks the launchers' exit status and line for `error`; returns the line."""
+  code, line = tasks.fault_exit(error)
+  assert code == exit_code, (code, line)
+  assert '\n' not in line and line.startswith('error: '), line
+  for phrase in phrases:
+    assert phrase in line, (phrase, line)
+  return line
+
+
+@pytest.fixture
+def full_disk_at(monkeypatch):
+  """full_disk_at(step): the save of checkpoint `step` fails in orbax's background commit with
+  ENOSPC (at its JSON item, after the arrays were written), as a disk filling up mid-save;
+  returns the list the workdir's state is appended to when that happens."""
+  real = json_checkpoint_handler.JsonCheckpointHandler._save_fn
+  seen = []
+
+  def arm(step):
+    async def save_fn(self, item, directory):
+      if item.get('step') == step:
+        seen.append(directory)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory / 'meta'))
+      return await real(self, item, directory)
+
+    monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, '_save_fn', save_fn)
+    return seen
+
+  yield arm
+  monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, '_save_fn', real)
+
+
+def test_a_full_disk_mid_run_loses_nothing_and_the_rerun_resumes(
+  text_file, straight, tmp_path, full_disk_at, capfd
+):
+  workdir = tmp_path / 'run'
+  seen = full_disk_at(4)
+  with pytest.raises(tasks.FAULTS) as caught:
+    char_lm.TASK.train_model(_config(text_file), workdir)
+  assert seen, 'the fault was not injected'
+  line = _fault(
+    caught.value,
+    FILESYSTEM_EXIT_CODE,
+    f'checkpoint 4 was not written to {workdir.resolve()}/checkpoints/4',
+    'No space left on device (the disk is full)',
+    f'the last good checkpoint is {workdir.resolve()}/checkpoints/2 (step 2), intact',
+    'free space on its disk, then rerun the same command to resume',
+  )
+  assert 'Traceback' not in capfd.readouterr().err, 'orbax printed the failed commit'
+  checkpoints, lines = _state(workdir)
+  assert sorted(checkpoints) == [2], line  # 4 never finished; 6 was not attempted
+  assert not list((workdir / 'checkpoints').glob(f'*{TMP_MARKER}*')), 'half-written save kept'
+  assert _losses(workdir) == _losses(straight)  # the steps after 4 ran on before the fault
+  # Space freed: the same command resumes from checkpoint 2 and ends as if nothing happened.
+  full_disk_at(None)
+  char_lm.TASK.train_model(_config(text_file), workdir)
+  assert 'resumed from' in capfd.readouterr().out
+  _assert_nothing_lost((checkpoints, lines), _state(workdir))
+  assert _losses(workdir) == _losses(straight)
+  assert sorted(_state(workdir)[0]) == [2, 4, 6]
+
+
+def test_a_half_written_checkpoint_is_never_resumed_from(text_file, straight, tmp_path, capsys):
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  shutil.rmtree(workdir / 'checkpoints' / '6')  # as if killed while saving step 6 ...
+  shutil.copytree(workdir / 'checkpoints' / '4', workdir / 'checkpoints' / f'6{TMP_MARKER}-1')
+  before = _state(workdir)
+  char_lm.TASK.train_model(_config(text_file), workdir)
+  out = capsys.readouterr().out
+  assert f'removed {workdir.resolve()}/checkpoints/6{TMP_MARKER}-1' in out
+  assert f'resumed from {workdir.resolve()}/checkpoints/4' in out
+  assert not list((workdir / 'checkpoints').glob(f'*{TMP_MARKER}*'))
+  _assert_nothing_lost(before, _state(workdir))
+  assert _losses(workdir) == _losses(straight)
+
+
+def test_a_checkpoint_that_fails_to_commit_for_another_reason(text_file, tmp_path, monkeypatch):
+  workdir = tmp_path / 'run'
+  real = json_checkpoint_handler.JsonCheckpointHandler._save_fn
+
+  async def save_fn(self, item, directory):
+    if item.get('step') == 6:
+      raise RuntimeError('DATA_LOSS: the storage backend dropped the write')
+    return await real(self, item, directory)
+
+  monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, '_save_fn', save_fn)
+  with pytest.raises(tasks.FAULTS) as caught:
+    char_lm.TASK.train_model(_config(text_file), workdir)
+  _fault(
+    caught.value,
+    FILESYSTEM_EXIT_CODE,
+    'checkpoint 6 was not written',
+    'DATA_LOSS: the storage backend dropped the write',
+    f'{workdir.resolve()}/checkpoints/4 (step 4), intact',
+    'fix the cause, then rerun the same command to resume',
+  )
+  assert sorted(_state(workdir)[0]) == [2, 4]
+
+
+def test_a_file_in_place_of_the_workdir(text_file, tmp_path):
+  workdir = tmp_path / 'run'
+  workdir.write_text('notes')
+  with pytest.raises(tasks.FAULTS) as caught:
+    char_lm.TASK.train_model(_config(text_file), workdir)
+  _fault(caught.value, FILESYSTEM_EXIT_CODE, f'--workdir={workdir} is a file, not a directory')
+  assert workdir.read_text() == 'notes'
+  with pytest.raises(tasks.FAULTS) as caught:  # a file in place of a parent directory
+    char_lm.TASK.train_model(_config(text_file), workdir / 'run')
+  _fault(caught.value, FILESYSTEM_EXIT_CODE, 'cannot write to --workdir=', 'give a directory')
+
+
+def _read_only(workdir, monkeypatch):
+  """Makes `workdir` read-only: by its mode where that stops this process (not root), else by
+  failing every write below it with EROFS, as a filesystem mounted read-only does."""
+  for path in [workdir, *workdir.rglob('*')]:
+    if path.is_dir():
+      path.chmod(0o555)
+  probe = workdir / '.probe'
+  try:
+    probe.write_text('')
+  except PermissionError:
+    return 'Permission denied (permission denied)'
+  probe.unlink()
+  real_open, real_mkdir, inside = os.open, os.mkdir, str(workdir.resolve())
+
+  def refuse(path):
+    if os.path.abspath(path).startswith(inside):
+      raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+  def open_(path, flags, *args, **kwargs):
+    if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+      refuse(path)
+    return real_open(path, flags, *args, **kwargs)
+
+  def mkdir(path, *args, **kwargs):
+    refuse(path)
+    return real_mkdir(path, *args, **kwargs)
+
+  monkeypatch.setattr(os, 'open', open_)
+  monkeypatch.setattr(os, 'mkdir', mkdir)
+  return 'Read-only file system (the filesystem is read-only)'
+
+
+def test_a_read_only_workdir(text_file, straight, tmp_path, monkeypatch):
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  shutil.rmtree(workdir / 'checkpoints' / '6')  # a run to resume, in a workdir gone read-only
+  before = _state(workdir)
+  cause = _read_only(workdir, monkeypatch)
+  try:
+    with pytest.raises(tasks.FAULTS) as caught:
+      char_lm.TASK.train_model(_config(text_file), workdir)
+  finally:
+    monkeypatch.undo()
+    for path in [workdir, *workdir.rglob('*')]:
+      if path.is_dir():
+        path.chmod(0o755)
+  _fault(
+    caught.value,
+    FILESYSTEM_EXIT_CODE,
+    f'cannot write to --workdir={workdir} before training: {cause}',
+    f'the last good checkpoint is {workdir.resolve()}/checkpoints/4 (step 4), intact',
+    'make it writable or give another --workdir, then rerun',
+  )
+  _assert_nothing_lost(before, _state(workdir))
+
+
+def test_a_workdir_removed_mid_run(text_file, tmp_path, monkeypatch):
+  workdir = tmp_path / 'run'
+  from relpos.training import checkpoints as checkpoints_lib
+
+  real = checkpoints_lib.Checkpoints.save
+
+  def save(self, step, items, meta):
+    if step == 4:
+      self.commit()  # checkpoint 2 finished, then the workdir goes (an unmount, a cleanup job)
+      shutil.rmtree(workdir)
+    return real(self, step, items, meta)
+
+  monkeypatch.setattr(checkpoints_lib.Checkpoints, 'save', save)
+  with pytest.raises(tasks.FAULTS) as caught:
+    char_lm.TASK.train_model(_config(text_file), workdir)
+  _fault(
+    caught.value,
+    FILESYSTEM_EXIT_CODE,
+    f'cannot write checkpoint 4 to {workdir.resolve()}/checkpoints/4',
+    'it no longer exists (removed or unmounted)',
+    'restore the workdir or give a new --workdir',
+  )
+  assert not workdir.exists(), 'the checkpoint save made the removed workdir again'
+
+
+def test_a_workdir_of_the_other_task_is_named_by_every_command(straight, tmp_path):
+  """The char-LM run in `straight` given to the translation commands, and a translation run's
+  config to the char-LM ones: one line each, nothing written."""
+  before, files = _state(straight), sorted(straight.rglob('*'))
+  translation = tmp_path / 'translation'
+  translation.mkdir()
+  config = tiny_char_config(Path('unused.txt'), steps=1).to_dict() | {'task': 'translate'}
+  (translation / 'config.json').write_text(json.dumps(config))
+  translate_config = read_config(translation)
+  message = 'holds a char_lm run, not a translation run'
+  commands = [
+    (lambda: translate_task.TASK.train_model(translate_config, straight), "config's task"),
+    (lambda: translate_task.TASK.evaluate(translate_config, straight), "config's task"),
+    (lambda: translate.translate_lines(straight, ['a cat']), 'relpos.tools.translate reads'),
+    (lambda: shaw_tables.row_drift(straight), 'shaw_tables reads translation runs'),
+    (lambda: plot.plot_runs([translation, straight], tmp_path / 'c.png'), 'of one task'),
+  ]
+  for command, phrase in commands:
+    with pytest.raises(TaskMismatchError) as caught:
+      command()
+    assert phrase in _fault(caught.value, 1, message if phrase != 'of one task' else ''), phrase
+  with pytest.raises(TaskMismatchError) as caught:
+    sample.sample(translation, b'the', 3)
+  _fault(caught.value, 1, 'holds a translate run, not a character-LM run (relpos.tools.sample')
+  root = tmp_path / 'sweep'
+  shutil.copytree(translation, root / 'max_relative_position=0' / 'seed=0')
+  with pytest.raises(TaskMismatchError, match='holds a translate run, not a character-LM'):
+    sweep.collect(root, 'model.max_relative_position', [0], [0], 'bpc', task='char_lm')
+  assert sorted(straight.rglob('*')) == files and _state(straight) == before
+  assert not (tmp_path / 'c.png').exists()
+
+
+def test_eval_py_on_a_workdir_of_the_other_task_is_one_line(straight):
+  before = _state(straight)
+  result = subprocess.run(
+    [
+      sys.executable,
+      'eval.py',
+      '--config=configs/translate_tiny.py',
+      f'--workdir={straight}',
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, 'RELPOS_CPU_DEVICES': '1', 'RELPOS_ALLOCATOR': 'default'},
+  )
+  errors = [line for line in result.stderr.splitlines() if line.startswith('error')]
+  assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr[-2000:]
+  assert errors == [result.stderr.strip().splitlines()[-1]], result.stderr[-2000:]
+  assert f'--workdir={straight} holds a char_lm run, not a translation run' in errors[0]
+  assert 'spm.model' not in result.stderr
+  assert _state(straight) == before
+
+
+def test_out_of_accelerator_memory_names_the_shapes_and_what_would_fit(
+  text_file, straight, tmp_path, monkeypatch
+):
+  """The step raises XLA's own out-of-memory error (an allocation no device holds) at step 5,
+  after checkpoint 4."""
+  workdir = tmp_path / 'run'
+  real = char_lm.TASK.training
+
+  def training(config, workdir, mesh):
+    run = real(config, workdir, mesh)
+    step, calls = run.step, []
+
+    def oversized_step(state, batch):
+      calls.append(1)
+      if len(calls) == 5:
+        jnp.zeros((1 << 42,), jnp.float32).block_until_ready()  # 16 TiB: RESOURCE_EXHAUSTED
+      return step(state, batch)
+
+    run.step = oversized_step
+    return run
+
+  monkeypatch.setattr(char_lm.TASK, 'training', training)
+  with pytest.raises(tasks.FAULTS) as caught:
+    char_lm.TASK.train_model(_config(text_file), workdir)
+  assert isinstance(caught.value.__cause__, jax.errors.JaxRuntimeError)
+  assert 'RESOURCE_EXHAUSTED' in str(caught.value.__cause__)
+  _fault(
+    caught.value,
+    OUT_OF_MEMORY_EXIT_CODE,
+    'out of accelerator memory at step 5 (batch_size=4, tgt_len=8, mem_len=8, d_model=16, '
+    'num_layers=1, dtype=float32, grad_accum_steps=1, remat=none, scan_layers=False; '
+    f'{jax.device_count()} cpu device(s))',
+    f'the last good checkpoint is {workdir.resolve()}/checkpoints/4 (step 4), intact',
+    '--config.train.batch_size=2 or --config.train.grad_accum_steps=2 (the same batch, in parts)'
+    ' or --config.model.remat=full or --config.model.scan_layers=True or '
+    '--config.model.dtype=bfloat16',
+  )
+  assert sorted(_state(workdir)[0]) == [2, 4]
+  assert _losses(workdir) == {s: v for s, v in _losses(straight).items() if s <= 4}
+
+
+_INJECT_FULL_DISK = """
+import errno, os, sys
+from relpos import runtime
+runtime.apply_defaults()  # as train.py: the compilation cache (re-executes this program)
+from orbax.checkpoint._src.handlers import json_checkpoint_handler as handler
+real = handler.JsonCheckpointHandler._save_fn
+async def save_fn(self, item, directory):
+  if item.get('step') == 4:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory / 'meta'))
+  return await real(self, item, directory)
+handler.JsonCheckpointHandler._save_fn = save_fn
+sys.argv[0] = 'train.py'
+from relpos.training import tasks
+tasks.launch('train_and_evaluate')
+"""
+
+
+def test_train_py_on_a_full_disk_exits_with_one_line(text_file, tmp_path):
+  """End to end: train.py's status and stderr when checkpoint 4 finds the disk full."""
+  workdir = tmp_path / 'run'
+  result = subprocess.run(
+    [
+      sys.executable,
+      '-c',
+      _INJECT_FULL_DISK,
+      '--config=configs/char_tiny.py',
+      f'--workdir={workdir}',
+      f'--config.data.path={text_file}',
+      *TINY_CHAR_LM_FLAGS,
+      f'--config.train.steps={STEPS}',
+      '--config.train.batch_size=2',
+      '--config.train.eval_every=0',
+      '--config.train.checkpoint_every=2',
+      '--config.eval.batch_size=2',
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, 'PYTHONPATH': str(REPO), 'RELPOS_CPU_DEVICES': '1'},
+  )
+  assert result.returncode == FILESYSTEM_EXIT_CODE, result.stderr[-3000:]
+  lines = result.stderr.strip().splitlines()
+  assert 'Traceback' not in result.stderr and 'never retrieved' not in result.stderr, lines
+  assert [line for line in lines if line.startswith('error')] == lines[-1:], lines
+  assert lines[-1].startswith('error: checkpoint 4 was not written'), lines[-1]
+  assert 'No space left on device' in lines[-1] and '(step 2), intact' in lines[-1]
+  assert sorted(_state(workdir)[0]) == [2]
