@@ -269,8 +269,8 @@ def test_a_workdir_removed_mid_run(text_file, tmp_path, monkeypatch):
     caught.value,
     FILESYSTEM_EXIT_CODE,
     f'cannot write checkpoint 4 to {workdir.resolve()}/checkpoints/4',
-    'it no longer exists (removed or unmounted)',
-    'restore the workdir or give a new --workdir',
+    'No such file or directory (the workdir is gone: removed or unmounted)',
+    'no checkpoint is left there; restore it or give a new --workdir, then rerun',
   )
   assert not workdir.exists(), 'the checkpoint save made the removed workdir again'
 

@@ -47,10 +47,7 @@ _REMEDIES = {
   errno.EROFS: ('the filesystem is read-only', 'make it writable or give another --workdir'),
   errno.EACCES: ('permission denied', 'make it writable or give another --workdir'),
   errno.EPERM: ('permission denied', 'make it writable or give another --workdir'),
-  errno.ENOENT: (
-    'it no longer exists (removed or unmounted)',
-    'restore the workdir or give a new --workdir',
-  ),
+  errno.ENOENT: ('the workdir is gone: removed or unmounted', 'restore it or give a new --workdir'),
   errno.ENOTDIR: ('a file is in the way of a directory', 'give a directory as --workdir'),
   errno.EEXIST: ('a file is in the way of a directory', 'give a directory as --workdir'),
 }

@@ -142,11 +142,22 @@ class Task(abc.ABC):
     self.check_config(config)
     output_dir = workdir if output_dir is None else Path(output_dir)
     check_trained(workdir).close()
-    if mesh_lib.is_writer():
-      output_dir.mkdir(parents=True, exist_ok=True)  # `score` may write files there
-    result = {**self.score(config, workdir, output_dir), 'eval': config.eval.to_dict()}
-    if mesh_lib.is_writer():
-      (output_dir / 'eval_results.json').write_text(json.dumps(result, indent=2))
+    try:
+      if mesh_lib.is_writer():
+        output_dir.mkdir(parents=True, exist_ok=True)  # `score` may write files there
+      result = {**self.score(config, workdir, output_dir), 'eval': config.eval.to_dict()}
+      if mesh_lib.is_writer():
+        (output_dir / 'eval_results.json').write_text(json.dumps(result, indent=2))
+    except OSError as error:
+      written = Path(error.filename or '/').resolve()
+      if output_dir.resolve() not in (written, *written.parents):
+        raise  # a data file's error, as the task reports it
+      raise filesystem_fault(
+        error,
+        f'cannot write the evaluation to {output_dir}',
+        last_good=f'the checkpoints in {workdir} are unchanged',
+        resume=False,
+      ) from error
     return result
 
   @abc.abstractmethod
