@@ -9,8 +9,10 @@ The runs are the tiny character LM of tests/helpers.py, in-process (the launcher
 and line come from `tasks.fault_exit`); one row runs train.py end to end in a subprocess.
 """
 
+import builtins
 import errno
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -196,7 +198,8 @@ def test_a_file_in_place_of_the_workdir(text_file, tmp_path):
 
 def _read_only(workdir, monkeypatch):
   """Makes `workdir` read-only: by its mode where that stops this process (not root), else by
-  failing every write below it with EROFS, as a filesystem mounted read-only does."""
+  failing every write below it with EROFS, as a filesystem mounted read-only does (the opens
+  and mkdirs of Python code; tensorstore's are not reached: the run stops before)."""
   for path in [workdir, *workdir.rglob('*')]:
     if path.is_dir():
       path.chmod(0o555)
@@ -221,8 +224,16 @@ def _read_only(workdir, monkeypatch):
     refuse(path)
     return real_mkdir(path, *args, **kwargs)
 
+  def open_file(path, mode='r', *args, **kwargs):
+    if isinstance(path, str | os.PathLike) and set(mode) & set('wax+'):
+      refuse(path)
+    return real_open_file(path, mode, *args, **kwargs)
+
+  real_open_file = io.open
   monkeypatch.setattr(os, 'open', open_)
   monkeypatch.setattr(os, 'mkdir', mkdir)
+  monkeypatch.setattr(io, 'open', open_file)
+  monkeypatch.setattr(builtins, 'open', open_file)
   return 'Read-only file system (the filesystem is read-only)'
 
 
@@ -419,3 +430,22 @@ def test_train_py_on_a_full_disk_exits_with_one_line(text_file, tmp_path):
   assert lines[-1].startswith('error: checkpoint 4 was not written'), lines[-1]
   assert 'No space left on device' in lines[-1] and '(step 2), intact' in lines[-1]
   assert sorted(_state(workdir)[0]) == [2]
+
+
+def test_a_read_only_output_dir_of_eval(text_file, straight, tmp_path, monkeypatch):
+  output = tmp_path / 'scores'
+  output.mkdir()
+  cause = _read_only(output, monkeypatch)
+  try:
+    with pytest.raises(tasks.FAULTS) as caught:
+      char_lm.TASK.evaluate(_config(text_file), straight, output_dir=output)
+  finally:
+    monkeypatch.undo()
+    output.chmod(0o755)
+  _fault(
+    caught.value,
+    FILESYSTEM_EXIT_CODE,
+    f'cannot write the evaluation to {output}: {cause}',
+    f'the checkpoints in {straight} are unchanged',
+  )
+  assert not list(output.iterdir())
