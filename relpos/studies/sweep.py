@@ -531,6 +531,10 @@ def main(argv):
   except PreemptedError as stopped:  # SIGTERM: the run in progress saved a checkpoint
     print(f'{stopped} (the sweep command resumes it and skips finished runs)', file=sys.stderr)
     sys.exit(tasks.PREEMPTED_EXIT_CODE)
+  except tasks.FAULTS as fault:  # a full disk, a workdir of another task, out of memory
+    code, line = tasks.fault_exit(fault)
+    print(line, file=sys.stderr)
+    sys.exit(code)
   except tasks.USER_ERRORS as error:
     sys.exit(f'error: {error}')
 
