@@ -13,6 +13,9 @@ same for every task:
 - progress lines with throughput and ETA, metrics.jsonl and TensorBoard;
 - a stop on a non-finite loss, periodic validation and checkpoints;
 - SIGTERM, agreed across processes, which saves the reached step and stops;
+- faults around the run (a full disk, a bad workdir or one of another task, a checkpoint that
+  does not commit, XLA out of memory) as one line naming the step, the last good checkpoint
+  and what to do (`train`, docs/faults.md);
 - the final checkpoint, then the task's evaluation.
 
 A checkpoint holds the items 'model' (parameters and RNG state), 'optimizer' and the task's
