@@ -449,3 +449,68 @@ def test_a_read_only_output_dir_of_eval(text_file, straight, tmp_path, monkeypat
     f'the checkpoints in {straight} are unchanged',
   )
   assert not list(output.iterdir())
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A directory on a 4 MiB tmpfs of its own (skips where mounting is not allowed)."""
+  mount = tmp_path / 'disk'
+  mount.mkdir()
+  made = subprocess.run(
+    ['mount', '-t', 'tmpfs', '-o', 'size=4m', 'tmpfs', str(mount)], capture_output=True
+  )
+  if made.returncode:
+    pytest.skip('cannot mount a tmpfs here (not root?): the injected rows cover a full disk')
+  try:
+    yield mount
+  finally:
+    subprocess.run(['umount', '-l', str(mount)], check=False)
+
+
+def _fill(directory):
+  """Writes zeros into directory/filler until the disk is full; returns the file."""
+  filler = directory / 'filler'
+  with open(filler, 'wb') as out:
+    try:
+      while True:
+        out.write(b'\0' * (1 << 16))
+        out.flush()
+    except OSError as error:
+      assert error.errno == errno.ENOSPC, error
+  return filler
+
+
+def test_a_real_full_disk_mid_run_and_the_rerun_after_freeing_space(
+  text_file, straight, small_disk, monkeypatch, capfd
+):
+  """The disk (a tmpfs) is filled for real after checkpoint 2, before checkpoint 4: the
+  first write to fail may be the checkpoint's (in tensorstore) or metrics.jsonl's."""
+  from relpos.training import checkpoints as checkpoints_lib
+
+  workdir, real, filled = small_disk / 'run', checkpoints_lib.Checkpoints.save, []
+
+  def save(self, step, items, meta):
+    if step == 4 and not filled:
+      self.commit()  # checkpoint 2 is on the disk
+      filled.append(_fill(small_disk))
+    return real(self, step, items, meta)
+
+  monkeypatch.setattr(checkpoints_lib.Checkpoints, 'save', save)
+  with pytest.raises(tasks.FAULTS) as caught:
+    char_lm.TASK.train_model(_config(text_file), workdir)
+  _fault(
+    caught.value,
+    FILESYSTEM_EXIT_CODE,
+    'No space left on device (the disk is full)',
+    f'the last good checkpoint is {workdir.resolve()}/checkpoints/2 (step 2), intact',
+    'free space on its disk, then rerun the same command to resume',
+  )
+  err = capfd.readouterr().err
+  assert 'Traceback' not in err and 'never retrieved' not in err, err[-3000:]
+  before = _state(workdir)
+  assert sorted(before[0]) == [2]
+  assert not list((workdir / 'checkpoints').glob(f'*{TMP_MARKER}*')), 'half-written save kept'
+  filled[0].unlink()  # space freed
+  char_lm.TASK.train_model(_config(text_file), workdir)
+  _assert_nothing_lost(before, _state(workdir))
+  assert _losses(workdir) == _losses(straight)

@@ -17,7 +17,9 @@ Faults of the filesystem (docs/faults.md) end a run with one line (`FilesystemFa
   each save's commit before the next save, at `commit` and at `close`, and turns a failure into
   a `FilesystemFaultError` naming the step that was not written and the last good checkpoint; the
   background thread's own ERROR tracebacks are filtered out of the log (`--traceback` shows the
-  cause). Saves stay asynchronous: training goes on while a checkpoint is written.
+  cause), as are asyncio's "Task exception was never retrieved" of orbax's tasks and the
+  "Event loop is closed" of tensorstore writes that finish after orbax gave up on them.
+  Saves stay asynchronous: training goes on while a checkpoint is written.
 - A save that did not commit leaves `<step>.orbax-checkpoint-tmp*` behind. Orbax never lists
   it as a step, so no run resumes from it; the failed save's directories are removed at once
   (their space is what a full disk needs back), and a training run removes any others it
@@ -28,6 +30,7 @@ import errno
 import logging as std_logging
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -104,14 +107,35 @@ def last_good_in(workdir) -> str:
 
 
 class _OrbaxSaveErrors(std_logging.Filter):
-  """Drops orbax's ERROR records (with tracebacks) of a failed background save: `Checkpoints`
-  reports the failure as one line, with the cause chained for --traceback."""
+  """Drops orbax's ERROR records (with tracebacks) of a failed background save, and asyncio's
+  "Task exception was never retrieved" of its serialization tasks (orbax gathers them and
+  stops at the first error; on a full disk the others fail too): `Checkpoints` reports the
+  failure as one line, with the cause chained for --traceback."""
 
   def filter(self, record):
-    return not (record.levelno == std_logging.ERROR and f'{os.sep}orbax{os.sep}' in record.pathname)
+    if record.levelno != std_logging.ERROR:
+      return True
+    if record.name == 'asyncio':
+      return not ('never retrieved' in str(record.msg) and 'orbax' in record.getMessage())
+    return f'{os.sep}orbax{os.sep}' not in record.pathname
 
 
 _FILTER = _OrbaxSaveErrors()
+
+
+def _quiet_closed_loops(previous):
+  """A sys.unraisablehook that drops "RuntimeError: Event loop is closed" (tensorstore
+  finishing the writes of a failed save after orbax closed the event loop that awaited them)
+  and hands anything else to `previous`."""
+
+  def hook(unraisable):
+    error = unraisable.exc_value
+    if isinstance(error, RuntimeError) and str(error) == 'Event loop is closed':
+      return
+    previous(unraisable)
+
+  hook.quiet_closed_loops = True
+  return hook
 
 
 class Checkpoints:
@@ -121,7 +145,10 @@ class Checkpoints:
     """`writer`: a training run's, which removes half-written checkpoints it finds (a reader,
     such as eval.py on a run in progress, leaves them to the run writing them)."""
     self.directory = Path(workdir).resolve() / 'checkpoints'
-    std_logging.getLogger('absl').addFilter(_FILTER)  # once: filters are a set
+    for logger in ('absl', 'asyncio'):
+      std_logging.getLogger(logger).addFilter(_FILTER)  # once: a logger's filters are a set
+    if not getattr(sys.unraisablehook, 'quiet_closed_loops', False):
+      sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
     self._pending = None  # the step of a save whose commit nobody has checked yet
     self._writer = writer
     try:
@@ -280,18 +307,19 @@ class Checkpoints:
     self._manager.reload()
 
   def close(self, *, check: bool = True):
-    """Waits for the pending save; `check` False (a run already ending on another error)
-    logs a failed commit as a warning instead of raising its FilesystemFaultError."""
+    """Waits for the pending save; `check` False (a run already ending on another error,
+    whose line names the last good checkpoint) logs a failed commit at INFO instead of raising
+    its FilesystemFaultError."""
     try:
       self.commit()
     except FilesystemFaultError as fault:
       if check:
         raise
-      logging.warning('%s', fault)
+      logging.info('%s', fault)
     finally:
       if self._writer:
         self._remove_half_written(quiet=True)  # what a failed save's last writes left
       try:
         self._manager.close()
       except Exception as error:  # noqa: BLE001 (the commit's own error was reported above)
-        logging.warning('closing the checkpoints: %s', error)
+        (logging.warning if check else logging.info)('closing the checkpoints: %s', error)

@@ -533,7 +533,10 @@ def _train(task: Task, config, workdir: Path, preemption, allow_config_change, r
     if checkpoints.latest_step() != train_config.steps:
       save(train_config.steps)
   except BaseException:
-    writer.close()
+    try:
+      writer.close()
+    except OSError:  # a full disk: the error in flight says so
+      pass
     checkpoints.close(check=False)  # the error in flight is the one to report
     raise
   writer.close()

@@ -1,6 +1,7 @@
 """The tasks train.py and eval.py run, chosen by `config.task`, and their shared launcher."""
 
 import importlib
+import os
 import sys
 
 import jax
@@ -9,6 +10,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from relpos.config import checks
+from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE
 from relpos.training.loop import Task
 from relpos.training.preemption import PreemptedError, RunFaultError
 from relpos.training.run_config import TaskMismatchError
@@ -34,6 +36,15 @@ USER_ERRORS = (ValueError, FileNotFoundError, FloatingPointError)
 # Faults around a run (docs/faults.md): one line each, their own exit status (RunFaultError's
 # exit_code; 1 for a workdir of another task).
 FAULTS = (RunFaultError, TaskMismatchError)
+
+
+def _silence_stderr():
+  """Points stderr (Python's and the file descriptor) at /dev/null: the fault's one line was
+  the last thing to say."""
+  sys.stderr.flush()
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, sys.stderr.fileno())
+  os.close(devnull)
 
 
 def fault_exit(fault: Exception) -> tuple[int, str]:
@@ -162,6 +173,8 @@ def launch(action: str):
         raise
       code, line = fault_exit(fault)
       print(line, file=sys.stderr, flush=True)
+      if code == FILESYSTEM_EXIT_CODE:  # a full disk: writers still holding data for it
+        _silence_stderr()  # (TensorBoard's, at exit) would fail again, with tracebacks
       sys.exit(code)
     except USER_ERRORS as error:
       if traceback.value:
