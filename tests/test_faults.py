@@ -514,3 +514,28 @@ def test_a_real_full_disk_mid_run_and_the_rerun_after_freeing_space(
   char_lm.TASK.train_model(_config(text_file), workdir)
   _assert_nothing_lost(before, _state(workdir))
   assert _losses(workdir) == _losses(straight)
+
+
+class _Device:
+  """A device that reports `bytes_limit` bytes of memory (XLA:CPU reports none)."""
+
+  device_kind = 'small accelerator'
+
+  def __init__(self, bytes_limit):
+    self.bytes_limit = bytes_limit
+
+  def memory_stats(self):
+    return {'bytes_limit': self.bytes_limit}
+
+
+def test_the_step_memory_estimate_warns_before_training_when_it_will_not_fit():
+  from relpos.training.loop import step_memory_warning
+
+  step = jax.jit(lambda x, y: (x @ y, x.sum()))
+  args = (jnp.ones((64, 256)), jnp.ones((256, 128)))
+  assert step_memory_warning(step, *args) is None  # XLA:CPU reports no limit: no estimate
+  assert step_memory_warning(step, *args, device=_Device(1 << 30)) is None
+  line = step_memory_warning(step, *args, device=_Device(1 << 10))
+  assert line.startswith('warning: the training step needs about 0.00 GiB per device') and (
+    'small accelerator reports 0.00 GiB: it will likely run out of memory' in line
+  ), line

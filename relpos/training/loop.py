@@ -402,6 +402,36 @@ def out_of_memory_fault(config, step: int, last_good: str) -> DeviceMemoryError:
   )
 
 
+def step_memory_warning(step, state, batch, device=None) -> str | None:
+  """A warning line when the compiled step's memory estimate (XLA's `memory_analysis()`: its
+  arguments, outputs and temporaries, less the donated buffers it reuses) exceeds the memory
+  `device` (default: this process's first) reports; None when it fits, when the device reports
+  no limit (XLA:CPU) or when the estimate cannot be had. Compiling it here costs a compile on
+  GPUs and TPUs (the persistent compilation cache serves the step's own compile after it)."""
+  device = device or jax.local_devices()[0]
+  limit = (device.memory_stats() or {}).get('bytes_limit')
+  if not limit or not hasattr(step, 'lower'):
+    return None
+  try:
+    stats = step.lower(state, batch).compile().memory_analysis()
+    needed = (
+      stats.argument_size_in_bytes
+      + stats.output_size_in_bytes
+      + stats.temp_size_in_bytes
+      - stats.alias_size_in_bytes
+    )
+  except Exception:  # noqa: BLE001 (an estimate only: an out-of-memory compile fails again below)
+    return None
+  if needed <= limit:
+    return None
+  return (
+    f"warning: the training step needs about {needed / 2**30:.2f} GiB per device by XLA's "
+    f'estimate and {device.device_kind} reports {limit / 2**30:.2f} GiB: it will likely run out '
+    'of memory (a smaller batch, train.grad_accum_steps, model.remat, model.scan_layers or '
+    "model.dtype='bfloat16' would fit better; docs/faults.md)"
+  )
+
+
 def prepare_workdir(workdir: Path) -> None:
   """Makes `workdir` and checks that it takes files, before anything else of the run.
 
@@ -509,6 +539,10 @@ def _train(task: Task, config, workdir: Path, preemption, allow_config_change, r
     print(f'step {done}/{train_config.steps} | loss {loss:.4f}{extras} | {speed}', flush=True)
 
   wait_for_previous = one_step_in_flight(mesh)
+  if start_step < train_config.steps:
+    warning = step_memory_warning(run.step, state, run.batch(start_step))
+    if warning:
+      print(warning, flush=True)
   try:
     for step in range(start_step, train_config.steps):
       batch = run.batch(step)
