@@ -406,8 +406,9 @@ def step_memory_warning(step, state, batch, device=None) -> str | None:
   """A warning line when the compiled step's memory estimate (XLA's `memory_analysis()`: its
   arguments, outputs and temporaries, less the donated buffers it reuses) exceeds the memory
   `device` (default: this process's first) reports; None when it fits, when the device reports
-  no limit (XLA:CPU) or when the estimate cannot be had. Compiling it here costs a compile on
-  GPUs and TPUs (the persistent compilation cache serves the step's own compile after it)."""
+  no limit (XLA:CPU) or when the estimate cannot be had. On GPUs and TPUs this compiles the
+  step ahead of its first call: one more compile at the start, unless the persistent
+  compilation cache serves the second (not yet measured on a GPU)."""
   device = device or jax.local_devices()[0]
   limit = (device.memory_stats() or {}).get('bytes_limit')
   if not limit or not hasattr(step, 'lower'):
