@@ -405,15 +405,20 @@ def out_of_memory_fault(config, step: int, last_good: str) -> DeviceMemoryError:
 def step_memory_warning(step, state, batch, device=None) -> str | None:
   """A warning line when the compiled step's memory estimate (XLA's `memory_analysis()`: its
   arguments, outputs and temporaries, less the donated buffers it reuses) exceeds the memory
-  `device` (default: this process's first) reports; None when it fits, when the device reports
+  `device` (default: this process's first) reports (`batch`: the step's batch, or a function
+  that makes it, called only then); None when it fits, when the device reports
   no limit (XLA:CPU) or when the estimate cannot be had. On GPUs and TPUs this compiles the
   step ahead of its first call: one more compile at the start, unless the persistent
   compilation cache serves the second (not yet measured on a GPU)."""
   device = device or jax.local_devices()[0]
-  limit = (device.memory_stats() or {}).get('bytes_limit')
+  try:
+    limit = (device.memory_stats() or {}).get('bytes_limit')
+  except Exception:  # noqa: BLE001 (a backend without memory statistics)
+    return None
   if not limit or not hasattr(step, 'lower'):
     return None
   try:
+    batch = batch() if callable(batch) else batch
     stats = step.lower(state, batch).compile().memory_analysis()
     needed = (
       stats.argument_size_in_bytes
@@ -541,7 +546,7 @@ def _train(task: Task, config, workdir: Path, preemption, allow_config_change, r
 
   wait_for_previous = one_step_in_flight(mesh)
   if start_step < train_config.steps:
-    warning = step_memory_warning(run.step, state, run.batch(start_step))
+    warning = step_memory_warning(run.step, state, lambda: run.batch(start_step))
     if warning:
       print(warning, flush=True)
   try:
