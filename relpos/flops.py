@@ -312,6 +312,16 @@ def device_peak(device_kind: str, dtype: str) -> Peak | None:
   return None
 
 
+def devices_peak(devices, dtype: str) -> float | None:
+  """The data-sheet peak FLOP/s of `devices` (jax devices, e.g. a mesh's) together in `dtype`,
+  or None where one of them has no entry in PEAKS (a CPU among them: its peak is measured,
+  `benchmarks/timing.py`'s MatmulRate)."""
+  peaks = [device_peak(device.device_kind, dtype) for device in devices]
+  if not peaks or None in peaks:
+    return None
+  return sum(peak.tflops for peak in peaks) * 1e12
+
+
 def mfu(flops: float, seconds: float, peak_flops_per_second: float | None) -> float | None:
   """Model FLOPs utilisation: flops / seconds / peak; None without a peak."""
   if not peak_flops_per_second:

@@ -309,6 +309,13 @@ def test_device_peak_unknown(device_kind, dtype):
   assert flops.device_peak('NVIDIA H200', 'float16') is None  # not a relpos compute dtype
 
 
+def test_devices_peak_adds_the_devices():
+  h200, cpu = (types.SimpleNamespace(device_kind=kind) for kind in ('NVIDIA H200', 'cpu'))
+  assert flops.devices_peak([h200, h200], 'bfloat16') == 2 * 989.4e12
+  assert flops.devices_peak([h200, cpu], 'bfloat16') is None
+  assert flops.devices_peak(jax.devices(), 'float32') is None  # this CPU
+
+
 class _Mesh:
   """What `timing.peak_rate` reads of a mesh, on a device that is not here."""
 
