@@ -8,10 +8,14 @@ directory), takes the first `--batches` training batches (real sentences, every 
 builds the config's model once per position mode, and times a pass of the jitted train step
 (forward, backward, Adam update) over those batches, the modes interleaved round by round.
 Prints ms per batch, target tokens/s and the ratio to 'absolute' (Shaw et al.: 7% slower),
-and how close each step comes to the machine: XLA's FLOP count per batch, the step's GFLOP/s
-and its fraction of this machine's float32 matmul rate, timed in the same run on the model's
-own feed-forward and output shapes (at 1.00 every FLOP of the step would run as fast as a
-plain matmul; the peer harness's translation target needs more than that, README).
+and how close each step comes to the machine: the model FLOPs per batch
+(`relpos.flops.translation_flops` of each batch's padded shape, a training step counted as 3 x
+the forward pass), XLA's count beside it ("n/a" where XLA has none), the model FLOP rate and
+MFU against the devices' peak (`timing.peak_rate`: a GPU's or TPU's data-sheet peak in
+config.model.dtype; on a CPU the float32 matmul rate, timed in the same run on the model's own
+feed-forward and output shapes: at 1.00 every model FLOP would run as fast as a plain matmul;
+the peer harness's translation target needs more than that, README), with every attention
+pair counted and with only the causally visible ones.
 `--threefry=unrolled,rolled` also times each mode with jax 0.10.2's own rolled-loop PRNG
 lowering (relpos.threefry_lowering), for relpos's default on and off in one run.
 `--shaw_dense_max_kv_len=0,64` times the Shaw modes once per value of
@@ -21,6 +25,8 @@ per `config.model.attention_implementation` (on a GPU; 'auto' keeps XLA's kernel
 keys, so translation's lengths need 'pallas' named).
 """
 
+import functools
+import operator
 import tempfile
 from pathlib import Path
 
@@ -28,8 +34,17 @@ import jax.numpy as jnp
 import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
-from timing import MatmulRate, interleaved_median_seconds, peak_memory_line, step_flops
+from timing import (
+  CONVENTION_LINE,
+  STEP_COLUMNS,
+  interleaved_median_seconds,
+  peak_memory_line,
+  peak_rate,
+  step_cells,
+  step_flops,
+)
 
+from relpos import flops as flops_lib
 from relpos import runtime, threefry_lowering
 from relpos.attention import shaw
 from relpos.attention.pallas_common import IMPLEMENTATIONS
@@ -77,8 +92,8 @@ flags.mark_flags_as_required(['config'])
 
 def pass_call(config, position, vocab_size, batches, mesh, implementation=None):
   """A zero-argument call running the train step of `position` (with the attention
-  `implementation`, None: the config's) over `batches` (state kept), and XLA's FLOP count of
-  that pass."""
+  `implementation`, None: the config's) over `batches` (state kept), the model's forward FLOPs
+  of that pass (`relpos.flops.Flops`) and XLA's FLOP count of it (None where XLA has none)."""
   variant = ml_collections.ConfigDict(config.to_dict())
   variant.model.position = position
   if implementation is not None:
@@ -86,14 +101,28 @@ def pass_call(config, position, vocab_size, batches, mesh, implementation=None):
   graphdef, state = translate.build(variant, vocab_size, mesh)
   train_step = translate.train_step_fn(variant, graphdef, mesh)
   carried = {'state': state}
-  flops = sum(step_flops(train_step, state, batch) for batch in batches)
+  xla_counts = [step_flops(train_step, state, batch, devices=mesh.size) for batch in batches]
+  xla_count = None if None in xla_counts else sum(xla_counts)
+  model_flops = functools.reduce(
+    operator.add,
+    (
+      flops_lib.translation_flops(
+        variant.model,
+        rows=batch['src'].shape[0],
+        src_len=batch['src'].shape[1],
+        tgt_len=batch['tgt_in'].shape[1],
+        vocab_size=vocab_size,
+      )
+      for batch in batches
+    ),
+  )
 
   def call():
     for batch in batches:
       carried['state'], sums = train_step(carried['state'], batch)
     return sums['loss']
 
-  return call, flops
+  return call, model_flops, xla_count
 
 
 def main(argv):
@@ -113,7 +142,7 @@ def main(argv):
     batches.append({name: jnp.asarray(batch[name]) for name in ('src', 'tgt_in', 'tgt_out')})
     target_tokens += int((batch['tgt_out'] != PAD_ID).sum())
   vocab_size = data.tokenizer.vocab_size
-  calls, flops = {}, {}
+  calls, model_flops, xla_counts = {}, {}, {}
   default_dense_max = shaw.DENSE_MAX_KV_LEN
   for lowering in _THREEFRY.value:
     if not threefry_lowering.set_cpu_lowering(unrolled=lowering == 'unrolled'):
@@ -129,7 +158,7 @@ def main(argv):
             variant += f', {implementation} kernels'
           if threshold is not None:
             shaw.DENSE_MAX_KV_LEN = int(threshold)
-          calls[variant], flops[variant] = pass_call(
+          calls[variant], model_flops[variant], xla_counts[variant] = pass_call(
             config, position, vocab_size, batches, mesh, implementation
           )
           calls[variant]()  # compiles now, with this lowering and threshold
@@ -138,8 +167,9 @@ def main(argv):
   seconds = interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=1)
   m = config.model
   tokens = config.data.max_tokens
-  matmul_rate = MatmulRate(
+  peak, peak_line = peak_rate(
     mesh,
+    m.dtype,
     [(tokens, m.d_model, m.d_ff), (tokens, m.d_ff, m.d_model), (tokens, m.d_model, vocab_size)],
   )
   print(
@@ -148,18 +178,19 @@ def main(argv):
     f'{len(batches)} real batches ({target_tokens} target tokens) per pass, '
     f'median of {_ROUNDS.value} interleaved rounds'
   )
-  print(matmul_rate.line())
+  print(peak_line)
+  print(CONVENTION_LINE)
   base_name = next(iter(seconds))  # the first mode, with the first lowering
   base = seconds[base_name]
-  print(
-    f'| position | ms / batch | target tokens/s | step time / {base_name} |{MatmulRate.COLUMNS}'
-  )
-  print('|---|---|---|---|---|---|---|')
+  print(f'| position | ms / batch | target tokens/s | step time / {base_name} |{STEP_COLUMNS}')
+  print('|---|---|---|---|---|---|---|---|---|')
   for name, s in seconds.items():
     step = s / len(batches)
+    xla_per_batch = None if xla_counts[name] is None else xla_counts[name] / len(batches)
+    per_batch = model_flops[name].scaled(1 / len(batches))
     print(
       f'| {name} | {step * 1e3:.1f} | {target_tokens / s:.0f} | {s / base:.3f} |'
-      + matmul_rate.cells(flops[name] / len(batches), step)
+      + step_cells(per_batch, xla_per_batch, step, peak)
     )
   if memory := peak_memory_line():
     print(memory)
