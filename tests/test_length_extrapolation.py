@@ -5,9 +5,13 @@ the grid of schemes by setting, resume, and BLEU by source length in pieces."""
 import csv
 import json
 import math
+import re
+import shlex
+import subprocess
+import sys
 
 import pytest
-from helpers import load_config, tiny_translate_config, write_pair_corpus
+from helpers import REPO, load_config, load_module, tiny_translate_config, write_pair_corpus
 
 from relpos import scoring
 from relpos.data.translation import load_eval_data
@@ -116,3 +120,46 @@ def test_an_eval_field_sweep_takes_no_evaluations(tmp_path):
   config = load_config('length_extrapolation', 'char_quick')
   with pytest.raises(ValueError, match='an eval field is an evaluation axis already'):
     sweep.check_evaluations('eval.mem_len', sweep.parse_evaluations(config, ['tgt_len=16']))
+
+
+def _documented_commands() -> list[list[str]]:
+  """The sweep commands of configs/length_extrapolation.py's docstring, as argument lists."""
+  doc = load_module(REPO / 'configs' / 'length_extrapolation.py', 'length_extrapolation').__doc__
+  joined = re.sub(r'\\\n\s*', ' ', doc)
+  return [
+    shlex.split(line)[3:]  # after `python -m relpos.studies.sweep`
+    for line in joined.splitlines()
+    if line.strip().startswith('python -m relpos.studies.sweep')
+  ]
+
+
+@pytest.mark.parametrize('preset', ['char', 'translate'])
+def test_the_documented_study_commands_train_once_per_scheme_and_seed(tmp_path, preset):
+  """--print_only of the docstring's command: its flags parse and its checks pass, and it
+  trains 7 schemes x 2 seeds once each, scoring each at every evaluation setting."""
+  (arguments,) = [c for c in _documented_commands() if c[0].endswith(f':{preset}')]
+  arguments = [a for a in arguments if not a.startswith('--workdir=')]
+  result = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'relpos.studies.sweep',
+      f'--workdir={tmp_path}',
+      *arguments,
+      '--print_only',
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.strip().splitlines()
+  settings = 6 if preset == 'char' else 1
+  assert sum(line.startswith('python train.py') for line in lines) == 7 * 2
+  assert sum(line.startswith('python eval.py') for line in lines) == 7 * 2 * settings
+  if preset == 'char':
+    assert lines[2].endswith(
+      f'--config.eval.tgt_len=128 --workdir={tmp_path}/position=xl/seed=0 '
+      f'--output_dir={tmp_path}/position=xl/seed=0/tgt_len=128'
+    )
