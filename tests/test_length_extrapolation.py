@@ -163,3 +163,35 @@ def test_the_documented_study_commands_train_once_per_scheme_and_seed(tmp_path, 
       f'--config.eval.tgt_len=128 --workdir={tmp_path}/position=xl/seed=0 '
       f'--output_dir={tmp_path}/position=xl/seed=0/tgt_len=128'
     )
+
+
+@pytest.mark.parametrize(
+  ('name', 'metric', 'table', 'baseline'),
+  [
+    ('length_char', 'bpc', 'length_char.md', 'xl'),
+    ('length_translate', 'bleu', 'length_translate.md', 'absolute'),
+    ('length_translate', 'length_ratio', 'length_translate_lengths.md', 'absolute'),
+  ],
+)
+def test_the_published_tables_are_the_breakdown_statistics_of_their_runs(
+  name, metric, table, baseline
+):
+  """docs/results' length tables (written by the study's earlier runner) are what
+  `breakdown.by_bucket`, which the sweep's grids use, makes of their per-run CSV: mean ± std
+  over seeds per scheme and column."""
+  results = REPO / 'docs' / 'results'
+  with open(results / f'{name}.csv') as file:
+    runs = list(csv.DictReader(file))
+  per_run = [
+    {'value': r['position'], 'seed': int(r['seed']), 'bucket': r['label'], metric: float(r[metric])}
+    for r in runs
+  ]
+  counts = {r['label']: int(r['count']) for r in runs}
+  summary, _ = breakdown.by_bucket(per_run, counts, baseline, metric, None)
+  cells = {}
+  for line in (results / table).read_text().splitlines()[4:]:
+    position, *values = [cell.strip() for cell in line.strip('|').split('|')]
+    cells.update({(position, label): value for label, value in zip(counts, values, strict=True)})
+  assert len(cells) == len(summary)
+  for row in summary:
+    assert cells[row['value'], row['bucket']] == f'{row["mean"]:.3f} ± {row["std"]:.3f}'
