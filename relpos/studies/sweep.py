@@ -247,8 +247,8 @@ def commands(
       workdir, results_dir = model_dir(root, field, value, seed), run_dir(root, field, value, seed)
       if workdir == results_dir or value == values[0]:
         lines.append(f'python train.py {flags_text} --workdir={workdir}')
-      for setting, overrides_of in (evaluations or {None: {}}).items():
-        scored = ''.join(f' --config.{name}={v}' for name, v in overrides_of.items())
+      for setting, eval_fields in (evaluations or {None: {}}).items():
+        scored = ''.join(f' --config.{name}={v}' for name, v in eval_fields.items())
         output_dir = run_dir(root, field, value, seed, setting)
         output = '' if workdir == output_dir else f' --output_dir={output_dir}'
         lines.append(f'python eval.py {flags_text}{scored} --workdir={workdir}{output}')
@@ -514,8 +514,9 @@ def write_evaluations(config, by_setting: dict, baseline, root: Path, field: str
   per_run, counts = [], {}
   for setting, rows in by_setting.items():
     for row in rows:
-      per_run.append({'value': row['value'], 'seed': row['seed'], 'bucket': setting})
-      per_run[-1][metric] = row[metric]
+      per_run.append(
+        {'value': row['value'], 'seed': row['seed'], 'bucket': setting, metric: row[metric]}
+      )
       results = json.loads((Path(row['workdir']) / 'eval_results.json').read_text())
       counts[setting] = results.get('tokens', results.get('sentences'))
 
