@@ -3,8 +3,10 @@
     python benchmarks/translate_step.py --config=configs/translate_tiny.py
     python benchmarks/translate_step.py --config=configs/translate_tiny.py --batches=24 --rounds=5
 
-Reads the config's data (toy-ende by default; the vocabulary is trained in a temporary
-directory), takes the first `--batches` training batches (real sentences, every bucket shape),
+Reads the config's data (translate_tiny's is Tatoeba: `python -m relpos.data.prepare tatoeba
+--out=data/` once; or the bundled toy-ende slice, with the `--config.data.*` overrides of
+translate_tiny's docstring; the vocabulary is trained in a temporary directory), takes the
+first `--batches` training batches (real sentences, every bucket shape),
 builds the config's model once per position mode, and times a pass of the jitted train step
 (forward, backward, Adam update) over those batches, the modes interleaved round by round.
 Prints ms per batch, target tokens/s and the ratio to 'absolute' (Shaw et al.: 7% slower),

@@ -2,7 +2,7 @@
 one.
 
     python benchmarks/triton_compile.py --triton_python=/tmp/tritonvenv/bin/python
-    python benchmarks/triton_compile.py --kernels=shaw --distances=16,64 --dtypes=bfloat16 \
+    python benchmarks/triton_compile.py --kernels=shaw --distances=16,64 --dtypes=bfloat16 \\
         --block_sizes=64x64,128x64 --triton_python=...
 
 For each kernel (shaw, xl), k, dtype and tiling, lowers the forward pass and the gradient of

@@ -1,4 +1,4 @@
-"""The step benchmarks the peer harness runs (`../shared/peers/`), as it runs them: scripts in
+"""The step benchmarks the peer harness runs, as it runs them: scripts in
 their own process, with relpos's CPU defaults (here 2 host devices, so every batch must split
 between them)."""
 
