@@ -36,6 +36,7 @@ import operator
 import jax
 import jax.numpy as jnp
 
+from relpos.attention import autotune
 from relpos.attention.dot_product import attend, check_qkv, content_logits
 from relpos.attention.masking import (
   accumulation_dtype,
@@ -399,8 +400,9 @@ def shaw_attention(
       where the band's bookkeeping costs more than the dense one-hot matmuls it replaces, and
       `shaw_attention_banded` above; both draw the same dropout bits), 'pallas' (the fused,
       tiled kernels of `relpos.attention.pallas_shaw`; interpreted on CPU, Triton on GPU) or
-      'auto' (the default): 'pallas' on a GPU from `AUTO_PALLAS_MIN_KV_LEN` keys up, 'xla'
-      elsewhere (`pallas_common.resolve_implementation`).
+      'auto' (the default): on a GPU the faster of the two, timed forward and backward at
+      this call's shapes on first use and cached (`relpos.attention.autotune`); 'xla'
+      elsewhere.
       With dropout, 'pallas' draws its keep mask from a hash
       (`pallas_common.dropout_keep_hashed`): same distribution, different bits than 'xla'.
     block_sizes: (block_q, block_k) tiles of the 'pallas' implementation (None: its default,
@@ -411,7 +413,13 @@ def shaw_attention(
   """
   # Checked here too, before key.shape picks the form: a malformed call fails with its message.
   dropout_rate = _check(query, key, value, rel_key, rel_value, dropout_rate, dropout_rng)
-  implementation = resolve_implementation(implementation, key.shape[1])
+  implementation = resolve_implementation(
+    implementation,
+    lambda: autotune.choose(
+      lambda: autotune.shaw_signature(query, key, rel_key, rel_value, mask, dropout_rate),
+      lambda signature: autotune.fwd_bwd_candidates(shaw_attention, signature),
+    ),
+  )
   if implementation == 'pallas':
     return shaw_attention_pallas(
       query,
