@@ -13,10 +13,14 @@ static. They describe the call as a `Signature`: the kernel, batch, query and ke
 tables it has, the dropout rate. On a miss the tuner builds inputs of those shapes and times a
 jitted forward AND backward pass (gradients of every float input, as training uses the
 kernels) of each candidate, 'xla' and 'pallas', through the public function itself (layout
-changes and padding of the Pallas wrappers included). It runs under
-`jax.ensure_compile_time_eval()`, so the candidates execute on the device although the caller
-is being traced. Eval-only calls cannot be told from training ones inside a trace (under a
-scanned stack the layer is traced before it is differentiated), so they are timed the same way.
+changes and padding of the Pallas wrappers included). The timing runs in a fresh thread: JAX
+keeps its trace state per thread, so there the candidates compile and run on the device as at
+top level although the caller is being traced. (`jax.ensure_compile_time_eval()` does not do:
+it also evaluates the interpreted Pallas kernel bodies eagerly, which fails on `program_id`.)
+JAX's thread-local settings (e.g. a `jax.default_matmul_precision` block) do not reach that
+thread: the candidates are timed at the global settings. Eval-only calls cannot be told from
+training ones inside a trace (under a scanned stack the layer is traced before it is
+differentiated), so they are timed the same way.
 - The mask's contents are traced, so they are not known: a mask with a query axis (shape
   [.., q_len, kv_len]) is timed as causal, one without (key padding, [.., 1, kv_len]) as all
   True. In relpos's models every mask with a query axis is causal (with padding), and the
@@ -58,6 +62,7 @@ ms, pallas ms, choice (and whether it was timed now or read from the cache).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -364,12 +369,13 @@ class Tuner:
     entry = read_cache(self.path).get(key) if leader else None
     source = 'disk' if entry else 'timed'
     if entry is None and leader:
-      entry = self._time(signature, candidates)
+      entry = in_fresh_thread(self._time, signature, candidates)
     elif entry is not None:
       logging.info(
         'relpos autotune: %s -> %s (cached: %s)', signature.text(), entry['choice'], entry['ms']
       )
-    choice = self.agree(entry['choice'] if entry else 'xla')
+    # A collective: run outside the caller's trace too.
+    choice = in_fresh_thread(self.agree, entry['choice'] if entry else 'xla')
     if entry is None:  # another process timed
       entry, source = {'choice': choice, 'ms': {}}, 'process 0'
     if source == 'timed':
@@ -381,13 +387,12 @@ class Tuner:
   def _time(self, signature: Signature, candidates) -> dict:
     """{'choice', 'ms': name -> ms or None if it failed}, logged in one line."""
     seconds = {}
-    with jax.ensure_compile_time_eval():  # run now, even while the caller is traced
-      for name, run in candidates.items():
-        try:
-          seconds[name] = float(self.timer(name, run))
-        except Exception as error:  # noqa: BLE001 - a kernel that fails is never chosen
-          logging.warning('relpos autotune: %s failed at %s: %r', name, signature.text(), error)
-          seconds[name] = math.inf
+    for name, run in candidates.items():
+      try:
+        seconds[name] = float(self.timer(name, run))
+      except Exception as error:  # noqa: BLE001 - a kernel that fails is never chosen
+        logging.warning('relpos autotune: %s failed at %s: %r', name, signature.text(), error)
+        seconds[name] = math.inf
     choice = pick(seconds)
     ms = {name: (s * 1e3 if math.isfinite(s) else None) for name, s in seconds.items()}
     times = ', '.join(
@@ -395,6 +400,13 @@ class Tuner:
     )
     logging.info('relpos autotune: %s -> %s (%s)', signature.text(), choice, times)
     return {'choice': choice, 'ms': ms}
+
+
+def in_fresh_thread(fn: Callable, *args):
+  """fn(*args) run in a new thread, outside any trace of the calling thread (module
+  docstring); its exception is raised here."""
+  with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='relpos-autotune') as pool:
+    return pool.submit(fn, *args).result()
 
 
 def default_cache_path() -> Path | None:
