@@ -354,3 +354,14 @@ def test_timed_inputs_follow_the_signature():
     patch.setattr(jax, 'device_count', lambda: 4)
     got = autotune.shaw_signature(query, query, query[0, 0], None, np.ones((4 * B, 1, 1, Q)), 0.1)
   assert (got.batch, got.mask, got.tables) == (B, (B, 1, 1, Q), 'k')
+
+
+def test_auto_line_compares_auto_with_the_faster_kernel():
+  line = autotune.auto_line('xl', 0.0603, {'xla': 0.0597, 'pallas': 0.1194})
+  assert line == (
+    'auto check xl: auto 60.3 ms, xla 59.7 ms, pallas 119.4 ms; auto / faster 1.010 '
+    '(within 3%: yes)'
+  )
+  assert autotune.auto_line('shaw', 0.06, {'xla': 0.05, 'pallas': 0.057}).endswith(
+    '(within 3%: NO)'
+  )

@@ -458,7 +458,23 @@ def choose(
 
 
 # ------------------------------------------------------------------------------------------
-# Pre-tuning a config: python -m relpos.attention.autotune --config=...
+# Pre-tuning a config (python -m relpos.attention.autotune --config=...) and checking 'auto'.
+
+GUARANTEE = 0.03  # issue 36: 'auto' within 3% of the faster kernel
+
+
+def auto_line(name: str, auto_seconds: float, kernel_seconds: Mapping[str, float]) -> str:
+  """One line comparing a step with 'auto' against the same step with each kernel named:
+  e.g. `auto check xl: auto 60.1 ms, xla 59.7 ms, pallas 119.4 ms; auto / faster 1.007
+  (within 3%: yes)`. For the step benchmarks."""
+  faster = min(kernel_seconds.values())
+  ratio = auto_seconds / faster
+  kernels = ', '.join(f'{k} {s * 1e3:.1f} ms' for k, s in kernel_seconds.items())
+  verdict = 'yes' if ratio <= 1.0 + GUARANTEE else 'NO'
+  return (
+    f'auto check {name}: auto {auto_seconds * 1e3:.1f} ms, {kernels}; auto / faster '
+    f'{ratio:.3f} (within {GUARANTEE:.0%}: {verdict})'
+  )
 
 
 def decision_table(decisions) -> list[str]:
