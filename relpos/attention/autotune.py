@@ -57,7 +57,9 @@ signature; memory hits need none).
 
 `python -m relpos.attention.autotune --config=configs/enwik8_base.py:xl` traces the config's
 train step (which tunes every call site) and prints a table of the decisions: signature, xla
-ms, pallas ms, choice (and whether it was timed now or read from the cache).
+ms, pallas ms, choice (and whether it was timed now or read from the cache). Translation
+configs are traced at one batch per padded length of `--lengths` (their buckets are fitted to
+the data); `--force` tunes on a CPU too (Pallas interpreted: a check of the command).
 """
 
 from __future__ import annotations
@@ -530,6 +532,9 @@ def _main() -> None:
     ['32', '64', '128', '256'],
     'Translation only: padded sentence lengths to tune (one batch of max_tokens // L rows each).',
   )
+  force_flag = flags.DEFINE_bool(
+    'force', False, "Tune where 'auto' is 'xla' untimed (a CPU: Pallas interpreted), to check."
+  )
   flags.mark_flags_as_required(['config'])
 
   def main(argv):
@@ -537,7 +542,7 @@ def _main() -> None:
     if os.environ.get('JAX_COMPILATION_CACHE_DIR'):
       jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
     current = tuner()
-    current.path = default_cache_path()
+    current.path, current.force = default_cache_path(), force_flag.value
     trace_train_step(config_flag.value, [int(n) for n in lengths_flag.value])
     print(
       f'device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}'
@@ -553,7 +558,8 @@ def _main() -> None:
 
 if __name__ == '__main__':
   runtime.apply_defaults()
-  # The kernels consult the tuner of the imported module, not this __main__ copy's.
+  # The kernels import relpos.attention.autotune (a module apart from this __main__) and
+  # consult its tuner: run the command there.
   from relpos.attention import autotune as imported
 
   imported._main()

@@ -36,7 +36,6 @@ import operator
 import jax
 import jax.numpy as jnp
 
-from relpos.attention import autotune
 from relpos.attention.dot_product import attend, check_qkv, content_logits
 from relpos.attention.masking import (
   accumulation_dtype,
@@ -369,6 +368,17 @@ def xla_form(kv_len: int) -> str:
   return 'dense' if kv_len <= DENSE_MAX_KV_LEN else 'banded'
 
 
+def _tuned(query, key, rel_key, rel_value, mask, dropout_rate) -> str:
+  """'auto' for this call: the autotuner's choice at its shapes (`relpos.attention.autotune`,
+  imported here so that `python -m relpos.attention.autotune` loads that module only once)."""
+  from relpos.attention import autotune
+
+  return autotune.choose(
+    lambda: autotune.shaw_signature(query, key, rel_key, rel_value, mask, dropout_rate),
+    lambda signature: autotune.fwd_bwd_candidates(shaw_attention, signature),
+  )
+
+
 def shaw_attention(
   query,
   key,
@@ -414,11 +424,7 @@ def shaw_attention(
   # Checked here too, before key.shape picks the form: a malformed call fails with its message.
   dropout_rate = _check(query, key, value, rel_key, rel_value, dropout_rate, dropout_rng)
   implementation = resolve_implementation(
-    implementation,
-    lambda: autotune.choose(
-      lambda: autotune.shaw_signature(query, key, rel_key, rel_value, mask, dropout_rate),
-      lambda signature: autotune.fwd_bwd_candidates(shaw_attention, signature),
-    ),
+    implementation, lambda: _tuned(query, key, rel_key, rel_value, mask, dropout_rate)
   )
   if implementation == 'pallas':
     return shaw_attention_pallas(

@@ -10,7 +10,6 @@ with the pad-and-reshape relative shift; no [q, kv, heads, d] tensor is gathered
 import jax
 import jax.numpy as jnp
 
-from relpos.attention import autotune
 from relpos.attention.dot_product import attend, check_qkv, content_logits
 from relpos.attention.masking import (
   accumulation_dtype,
@@ -51,6 +50,17 @@ def _position_logits(query_BQHD, rel_key_THD):
     preferred_element_type=accumulation_dtype(query_BQHD.dtype),
   )
   return jnp.transpose(position_HBQT, (1, 0, 2, 3)) * query_BQHD.shape[-1] ** -0.5
+
+
+def _tuned(query, key, mask, dropout_rate) -> str:
+  """'auto' for this call: the autotuner's choice at its shapes (`relpos.attention.autotune`,
+  imported here so that `python -m relpos.attention.autotune` loads that module only once)."""
+  from relpos.attention import autotune
+
+  return autotune.choose(
+    lambda: autotune.xl_signature(query, key, mask, dropout_rate),
+    lambda signature: autotune.fwd_bwd_candidates(xl_attention, signature),
+  )
 
 
 def xl_attention(
@@ -103,11 +113,7 @@ def xl_attention(
       raise ValueError(f'{name} must be [heads, head_dim] = {key.shape[2:]}, got {bias.shape}')
   dropout_rate = check_dropout(dropout_rate, dropout_rng)
   implementation = resolve_implementation(
-    implementation,
-    lambda: autotune.choose(
-      lambda: autotune.xl_signature(query, key, mask, dropout_rate),
-      lambda signature: autotune.fwd_bwd_candidates(xl_attention, signature),
-    ),
+    implementation, lambda: _tuned(query, key, mask, dropout_rate)
   )
   if implementation == 'pallas':
     return xl_attention_pallas(
