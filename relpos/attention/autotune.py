@@ -55,7 +55,11 @@ process 0 reads the disk cache and times; its choice is broadcast
 in the same order, so each calls the broadcast the same number of times (once per new
 signature; memory hits need none).
 
-`python -m relpos.attention.autotune --config=configs/enwik8_base.py:xl` traces the config's
+Cost. The first trace of a new signature pays two compiles of a fwd+bwd kernel pass and about
+2 x `TARGET_SECONDS` of runs; later traces, processes and runs on the same device read the
+decision from memory or disk.
+
+`python -m relpos.attention.autotune --config=configs/enwik8_base.py` traces the config's
 train step (which tunes every call site) and prints a table of the decisions: signature, xla
 ms, pallas ms, choice (and whether it was timed now or read from the cache). Translation
 configs are traced at one batch per padded length of `--lengths` (their buckets are fitted to
