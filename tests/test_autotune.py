@@ -146,16 +146,18 @@ def test_an_unwritable_cache_is_a_warning(tmp_path, caplog):
   assert any('could not write the cache' in r.getMessage() for r in caplog.records)
 
 
-def test_a_failing_candidate_is_never_chosen(caplog):
+def test_a_failing_candidate_is_never_chosen(tmp_path, caplog):
   def timer(name, fn):
     if name == 'pallas':
       raise RuntimeError('out of shared memory')
     return 1.0
 
-  with autotune.tuning(timer=timer) as tuner:
+  path = tmp_path / 'autotune.json'
+  with autotune.tuning(timer=timer, cache_path=path) as tuner:
     with caplog.at_level(logging.WARNING, logger='absl'):
       assert tuner.choose(_signature(), NO_RUN) == 'xla'
   assert tuner.decisions[0].ms == {'xla': 1000.0, 'pallas': None}
+  assert not path.exists()  # kept in memory only: the next run tries again
   assert any('pallas failed' in r.getMessage() for r in caplog.records)
 
 

@@ -33,8 +33,9 @@ differentiated), so they are timed the same way.
 - The default timer (`measure`) runs a candidate twice to compile and warm up, then times
   enough runs for about `TARGET_SECONDS` (at least `MIN_REPEATS`) and takes the median. A
   candidate that fails (e.g. a Triton kernel over its shared memory) counts as infinitely
-  slow, with a warning. 'pallas' wins only if it is more than `TIE_MARGIN` faster: a tie goes
-  to 'xla', whose kernels XLA can fuse with their surroundings.
+  slow, with a warning, and the decision is kept in memory only (a later run tries again).
+  'pallas' wins only if it is more than `TIE_MARGIN` faster: a tie goes to 'xla', whose
+  kernels XLA can fuse with their surroundings.
 
 Where. Only on a GPU (`jax.default_backend() == 'gpu'`): on a CPU Pallas only interprets and on
 a TPU these Triton kernels do not lower, so 'auto' is 'xla' there without timing. Tests force
@@ -337,8 +338,8 @@ def agree_across_processes(choice: str) -> str:
 
 @dataclasses.dataclass
 class Decision:
-  """One signature's choice, its times in ms (None: not timed, e.g. read from the cache of an
-  older entry), and where it came from: 'timed', 'disk' or 'memory'."""
+  """One signature's choice, its times in ms (name -> ms, None for a candidate that failed;
+  empty where process 0 timed), and where it came from: 'timed', 'disk' or 'process 0'."""
 
   signature: Signature
   choice: str
@@ -384,7 +385,7 @@ class Tuner:
     choice = in_fresh_thread(self.agree, entry['choice'] if entry else 'xla')
     if entry is None:  # another process timed
       entry, source = {'choice': choice, 'ms': {}}, 'process 0'
-    if source == 'timed':
+    if source == 'timed' and None not in entry['ms'].values():  # a failure may pass: retry
       write_cache(self.path, key, entry)
     self.memory[signature] = choice
     self.decisions.append(Decision(signature, choice, entry['ms'], source))
