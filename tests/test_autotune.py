@@ -367,3 +367,20 @@ def test_auto_line_compares_auto_with_the_faster_kernel():
   assert autotune.auto_line('shaw', 0.06, {'xla': 0.05, 'pallas': 0.057}).endswith(
     '(within 3%: NO)'
   )
+
+
+@pytest.mark.skipif(jax.default_backend() != 'gpu', reason="tunes only on a GPU ('auto' is 'xla')")
+def test_native_auto_times_both_kernels_and_keeps_the_faster(tmp_path):
+  """On a GPU, with the real timer: 'auto' inside jit(grad) times both kernels (Triton for
+  'pallas') at each call's shapes, writes the decisions, and keeps the faster."""
+  mask = np.tril(np.ones((Q, K), bool), K - Q)
+  rng = np.random.default_rng(3)
+  with autotune.tuning(cache_path=tmp_path / 'autotune.json', force=False) as tuner:
+    for attend, inputs in ((shaw_attention, _shaw_inputs(rng)), (xl_attention, _xl_inputs(rng))):
+      jax.jit(jax.grad(lambda x, attend=attend: jnp.sum(attend(*x, mask=mask) ** 2)))(inputs)
+  assert [d.signature.kernel for d in tuner.decisions] == ['shaw', 'xl']
+  for decision in tuner.decisions:
+    ms = decision.ms
+    assert set(ms) == {'xla', 'pallas'} and None not in ms.values(), decision
+    assert decision.choice == autotune.pick(ms)
+  assert len(json.loads((tmp_path / 'autotune.json').read_text())) == 2
