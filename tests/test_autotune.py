@@ -384,3 +384,18 @@ def test_native_auto_times_both_kernels_and_keeps_the_faster(tmp_path):
     assert set(ms) == {'xla', 'pallas'} and None not in ms.values(), decision
     assert decision.choice == autotune.pick(ms)
   assert len(json.loads((tmp_path / 'autotune.json').read_text())) == 2
+
+
+def test_pretuning_a_translation_config_tunes_encoder_and_decoder_shapes():
+  """translate_tiny at one padded length: the encoder's self-attention (key padding mask) and
+  the decoder's (causal mask) are two signatures; cross-attention is not Shaw's."""
+  config = load_config_file(Path(__file__).parent.parent / 'configs/translate_tiny.py', 'shaw')
+  config.data.max_tokens, config.data.vocab_size = 64, 40
+  config.model.update(encoder_layers=1, decoder_layers=1, d_model=32, num_heads=2, d_ff=64)
+  with autotune.tuning(timer=_times(1.0, 2.0)) as tuner:
+    autotune.trace_train_step(config, [8])
+  rows = autotune.timed_batch(8)
+  assert [(d.signature.q_len, d.signature.kv_len, d.signature.mask) for d in tuner.decisions] == [
+    (8, 8, (rows, 1, 1, 8)),
+    (8, 8, (rows, 1, 8, 8)),
+  ]
