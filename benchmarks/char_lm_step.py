@@ -3,14 +3,17 @@
     python benchmarks/char_lm_step.py --config=configs/char_tiny.py
     python benchmarks/char_lm_step.py --config=configs/char_tiny.py --rounds=20
     python benchmarks/char_lm_step.py --config=configs/enwik8_base.py --variants=xl,absolute
-    python benchmarks/char_lm_step.py --config=configs/enwik8_base.py --variants=xl,xl_xla
+    python benchmarks/char_lm_step.py --config=configs/enwik8_base.py \
+      --variants=xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas
 
-(on a GPU, where config.model.attention_implementation='auto' picks the Pallas kernels from 512
-keys up: enwik8_base's 512 queries over a 512-step memory).
+(on a GPU, where config.model.attention_implementation='auto' times XLA's and the Pallas
+kernels at the model's own shapes on first use and keeps the faster, relpos.attention.autotune:
+the xl and shaw rows are 'auto', the _xla and _pallas rows name each kernel, so 'auto' can be
+checked against the faster of the two).
 
 Builds the config's model once per `config.model.position` mode (xl, shaw, absolute, none;
-the xl row also without memory; xl and shaw also with the XLA kernels where 'auto' picks
-others), times the jitted train step (forward, backward, Adam update)
+the xl row also without memory; xl and shaw also with each kernel named instead of 'auto'),
+times the jitted train step (forward, backward, Adam update)
 on a fixed random batch with the modes interleaved round by round, and prints ms/step,
 tokens/s and the ratio to 'xl', then each step's model FLOPs (`relpos.flops.char_lm_flops`, a
 training step counted as 3 x the forward pass), XLA's count beside it ("n/a" where XLA has no
@@ -37,6 +40,7 @@ from timing import (
 
 from relpos import flops as flops_lib
 from relpos import runtime
+from relpos.attention import autotune
 from relpos.training.char_lm_task import build, train_step_fn
 from relpos.training.mesh import data_mesh
 
@@ -52,12 +56,15 @@ _VARIANTS = {
   'shaw': ('shaw', {'model': {'position': 'shaw'}}),
   'absolute': ('absolute', {'model': {'position': 'absolute'}}),
   'none': ('none', {'model': {'position': 'none'}}),
-  # The XLA kernels where 'auto' picks others (on a GPU, Pallas: pallas_common).
-  'xl_xla': ('xl, xla kernels', {'model': {'position': 'xl', 'attention_implementation': 'xla'}}),
-  'shaw_xla': (
-    'shaw, xla kernels',
-    {'model': {'position': 'shaw', 'attention_implementation': 'xla'}},
-  ),
+  # Each kernel named, against 'auto' (on a GPU the faster of the two: relpos.attention.autotune).
+  **{
+    f'{position}_{kernels}': (
+      f'{position}, {kernels} kernels',
+      {'model': {'position': position, 'attention_implementation': kernels}},
+    )
+    for position in ('xl', 'shaw')
+    for kernels in ('xla', 'pallas')
+  },
 }
 _NAMES = flags.DEFINE_list(
   'variants',
@@ -132,6 +139,10 @@ def main(argv):
       f'| {name} | {s * 1e3:.1f} | {batch * length / s:.0f} | {s / seconds["xl"]:.2f} |'
       + step_cells(model_flops[name], xla_counts[name], s, peak)
     )
+  for position in ('xl', 'shaw'):  # 'auto' against each kernel named, where all three ran
+    kernels = {k: seconds.get(f'{position}, {k} kernels') for k in ('xla', 'pallas')}
+    if position in seconds and None not in kernels.values():
+      print(autotune.auto_line(position, seconds[position], kernels))
   if memory := peak_memory_line():
     print(memory)
 

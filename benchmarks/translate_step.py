@@ -22,9 +22,10 @@ pair counted and with only the causally visible ones.
 lowering (relpos.threefry_lowering), for relpos's default on and off in one run.
 `--shaw_dense_max_kv_len=0,64` times the Shaw modes once per value of
 `relpos.attention.shaw.DENSE_MAX_KV_LEN` (0: the banded kernel at every length), which is how
-that threshold was chosen. `--attention_implementations=xla,pallas` times the Shaw modes once
-per `config.model.attention_implementation` (on a GPU; 'auto' keeps XLA's kernels below 512
-keys, so translation's lengths need 'pallas' named).
+that threshold was chosen. `--attention_implementations=auto,xla,pallas` times the Shaw modes
+once per `config.model.attention_implementation` (on a GPU 'auto' times both kernels at each
+batch shape's calls on first use and keeps the faster, relpos.attention.autotune; this shows it
+against each kernel named).
 """
 
 import functools
@@ -48,7 +49,7 @@ from timing import (
 
 from relpos import flops as flops_lib
 from relpos import runtime, threefry_lowering
-from relpos.attention import shaw
+from relpos.attention import autotune, shaw
 from relpos.attention.pallas_common import IMPLEMENTATIONS
 from relpos.constants import PAD_ID
 from relpos.data.translation import load_translation_data
@@ -194,6 +195,12 @@ def main(argv):
       f'| {name} | {step * 1e3:.1f} | {target_tokens / s:.0f} | {s / base:.3f} |'
       + step_cells(per_batch, xla_per_batch, step, peak)
     )
+  for name in seconds:  # 'auto' against each kernel named, where all three ran
+    if name.endswith(', auto kernels'):
+      stem = name.removesuffix(', auto kernels')
+      kernels = {k: seconds.get(f'{stem}, {k} kernels') for k in ('xla', 'pallas')}
+      if None not in kernels.values():
+        print(autotune.auto_line(stem, seconds[name], kernels))
   if memory := peak_memory_line():
     print(memory)
 

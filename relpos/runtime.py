@@ -36,6 +36,11 @@ imports JAX, and does nothing that a variable the user set already decides.
   `~/.cache/relpos/jax`); `RELPOS_COMPILATION_CACHE=off` turns it off. A
   `JAX_COMPILATION_CACHE_DIR` of the user's own wins. The cache holds compiled code: share it
   only with people you trust (JAX's own warning).
+- **Autotuning cache.** What `implementation='auto'` measured (`relpos.attention.autotune`)
+  is kept in `relpos-autotune.json` inside that cache directory (JAX reads only its own
+  `*-cache` files there), or in `RELPOS_AUTOTUNE_CACHE` (a file; `off`: decisions are kept
+  in memory only), or, with no local compilation cache, `~/.cache/relpos/autotune.json`
+  (`autotune_cache_path`).
 """
 
 import os
@@ -49,6 +54,8 @@ ALLOCATOR_TUNABLES = {
   'glibc.malloc.trim_threshold': str(2**40),
 }
 DEFAULT_CACHE_DIR = Path.home() / '.cache' / 'relpos' / 'jax'
+AUTOTUNE_CACHE_NAME = 'relpos-autotune.json'  # inside the compilation cache directory
+DEFAULT_AUTOTUNE_CACHE = Path.home() / '.cache' / 'relpos' / 'autotune.json'
 _REEXECUTED = 'RELPOS_REEXECUTED'  # set in the re-executed process: never loop
 DEVICES_FLAG = '--xla_force_host_platform_device_count'
 
@@ -140,6 +147,19 @@ def cache_environment(environ) -> dict:
       'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', _MIN_COMPILE_SECONDS
     ),
   }
+
+
+def autotune_cache_path(environ, compilation_cache_dir: str | None) -> Path | None:
+  """The autotuner's cache file (module docstring), None for none: RELPOS_AUTOTUNE_CACHE
+  ('off': None), else AUTOTUNE_CACHE_NAME in the local `compilation_cache_dir` (JAX's
+  jax_compilation_cache_dir; a URL such as gs://... is not local), else
+  DEFAULT_AUTOTUNE_CACHE."""
+  chosen = environ.get('RELPOS_AUTOTUNE_CACHE', '')
+  if chosen:
+    return None if chosen == 'off' else Path(chosen).expanduser()
+  if compilation_cache_dir and '://' not in compilation_cache_dir:
+    return Path(compilation_cache_dir).expanduser() / AUTOTUNE_CACHE_NAME
+  return DEFAULT_AUTOTUNE_CACHE
 
 
 def apply_defaults() -> None:

@@ -33,8 +33,8 @@ def add_shared_model_fields(model: ml_collections.ConfigDict) -> None:
   model.rope_base = 10000.0  # position='rope'
   model.remat = 'none'  # 'none' | 'full' | 'dots' | 'dots_no_batch' (models/layers.py)
   model.scan_layers = False  # True: each stack runs as one lax.scan over its layers
-  # Shaw's and XL's attention kernels: 'auto' (Pallas on a GPU from 512 keys up, XLA
-  # elsewhere), 'xla' or 'pallas' (relpos.attention.pallas_common.resolve_implementation).
+  # Shaw's and XL's attention kernels: 'auto' (on a GPU the faster, timed at each call's shapes;
+  # XLA elsewhere: relpos.attention.autotune), 'xla' or 'pallas'.
   model.attention_implementation = 'auto'
   model.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16'
 
