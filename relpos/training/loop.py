@@ -17,8 +17,8 @@ same for every task:
 
 A checkpoint holds the items 'model' (parameters and RNG state), 'optimizer' and the task's
 carried state (the char LM's memory), so evaluation restores the model alone (`restore_model`)
-and never builds an optimizer. Adding a task takes one module with a `Task` subclass and an
-entry in `relpos.training.tasks`.
+and never builds an optimizer. Adding a task takes one module with a `Task` subclass, its
+config's declaration (`relpos.config.fields`) and an entry in `relpos.training.tasks`.
 """
 
 import abc
