@@ -16,6 +16,10 @@ A section may extend another and give an inherited field another default with a 
 assignment (`steps = 400_000`): the field keeps its rule and doc, so a field's meaning is
 declared once however many tasks use it. The models' sections
 (`relpos.config.model_fields`) are the typed configs the layers read.
+
+Adding a field takes its declaration, one `field(...)` line in its section, and its use: the
+config files, the checks, the typed config a layer reads and old runs' config.json (read with
+the field at its default, so a new field defaults to what runs did before it) follow.
 """
 
 import dataclasses
@@ -87,26 +91,26 @@ def defaults(cls: type) -> dict:
   }
 
 
-def rules(cls: type, prefix: str = '', *, skip=()) -> dict[str, checks.Rule]:
-  """{dotted path: rule} of every declared field, sections' fields under their section; the
-  sections named in `skip` left out (config.model, which its typed config checks)."""
+def leaves(cls: type, prefix: str = '', *, skip=()) -> dict[str, dataclasses.Field]:
+  """{dotted path: field} of every declared field that is no section, sections' fields under
+  their section; the sections named in `skip` left out."""
   found = {}
   for f in declared(cls):
     if f.name in skip:
       continue
     if _is_section(f.default):
-      found |= rules(f.default, f'{prefix}{f.name}.')
+      found |= leaves(f.default, f'{prefix}{f.name}.')
     else:
-      found[f'{prefix}{f.name}'] = f.metadata['rule']
+      found[f'{prefix}{f.name}'] = f
   return found
 
 
-def docs(cls: type, prefix: str = '') -> dict[str, str]:
+def rules(cls: type, *, skip=()) -> dict[str, checks.Rule]:
+  """{dotted path: rule} of every declared field (what `checks.check` takes); the sections
+  named in `skip` left out (config.model, which its typed config checks)."""
+  return {path: f.metadata['rule'] for path, f in leaves(cls, skip=skip).items()}
+
+
+def docs(cls: type) -> dict[str, str]:
   """{dotted path: one-line doc} of every declared field, for help texts and tables."""
-  found = {}
-  for f in declared(cls):
-    if _is_section(f.default):
-      found |= docs(f.default, f'{prefix}{f.name}.')
-    else:
-      found[f'{prefix}{f.name}'] = f.metadata['doc']
-  return found
+  return {path: f.metadata['doc'] for path, f in leaves(cls).items()}
