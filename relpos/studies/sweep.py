@@ -219,7 +219,8 @@ def is_finished(results_dir: Path, config, trained_dir: Path) -> bool:
     return False
   results = json.loads(path.read_text())
   current = config.eval.to_dict()
-  scored = run_config.with_added({'eval': results.get('eval', {})}, {'eval': current})['eval']
+  recorded = {'task': config.task, 'eval': results.get('eval', {})}
+  scored = run_config.with_added(recorded, {'eval': current})['eval']
   return results.get('step') == config.train.steps and scored == current
 
 
