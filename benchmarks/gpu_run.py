@@ -134,7 +134,8 @@ def resume(args, overrides) -> int:
   reference_metric = _last_line((logs / 'resume_reference.log').read_text())
   print(f'RESULT: reference run final metric: {reference_metric}', flush=True)
   evaluation = subprocess.run(
-    [sys.executable, 'eval.py', f'--config={args.config}', *overrides, f'--workdir={work}/interrupted'],
+    [sys.executable, 'eval.py', f'--config={args.config}', *overrides]
+    + [f'--workdir={work}/interrupted'],
     capture_output=True,
     text=True,
     timeout=max(1, deadline - time.time()),
@@ -182,7 +183,8 @@ def long_context(args, overrides) -> int:
   mesh = data_mesh()
   combos = [(p, i) for p in args.positions.split(',') for i in args.implementations.split(',')]
   end = time.time() + args.seconds
-  print(f'{jax.devices()[0].device_kind}; {config.model.num_layers} layers, d {config.model.d_model}')
+  model = config.model
+  print(f'{jax.devices()[0].device_kind}; {model.num_layers} layers, d_model {model.d_model}')
   print('| position | implementation | n = tgt_len = mem_len | ms / step | result |')
   print('|---|---|---|---|---|', flush=True)
   largest = {}
@@ -212,8 +214,8 @@ def long_context(args, overrides) -> int:
         print(f'| {position} | {implementation} | {n} | {ms:.1f} | ok, loss sum {loss:.4g} |')
         largest[(position, implementation)] = n
       except Exception as error:  # out of memory, most often: the row says which
-        message = str(error).strip().splitlines()[0] if str(error).strip() else ''
-        print(f'| {position} | {implementation} | {n} | | {type(error).__name__}: {message[:200]} |')
+        message = str(error).strip().splitlines()[0][:200] if str(error).strip() else ''
+        print(f'| {position} | {implementation} | {n} | | {type(error).__name__}: {message} |')
         break
       finally:
         state = sums = None

@@ -81,7 +81,7 @@ if ((smoke)); then
   train_sizes=("${tiny[@]}" --config.data.max_bytes=100000 --config.train.steps=40
     --config.train.checkpoint_every=10 --config.train.log_every=5 --config.eval.batch_size=2
     --config.eval.tgt_len=32 --config.eval.mem_len=32 --config.eval.clamp_len=-1)
-  kill_after=25 rounds=1 scale=4
+  kill_after=25 rounds=1 native_k=pallas_native
   translate_tiny=(--config.train.steps=20 --config.train.checkpoint_every=10
     --config.model.encoder_layers=1 --config.model.decoder_layers=1 --config.model.d_model=32
     --config.model.d_ff=64 --config.data.max_train_examples=2000 --config.data.vocab_size=500
@@ -98,7 +98,7 @@ else
   tiny=()
   train_sizes=(--config.train.steps=200 --config.train.checkpoint_every=50
     --config.train.log_every=10 --config.train.eval_every=0)
-  kill_after=130 rounds=10 scale=1
+  kill_after=130 rounds=10 native_k='pallas_native or pallas_attention_equals'
   translate_tiny=()
   wmt=(--config.data.vocab_size=8000)
   oom_sizes=(--config.train.batch_size=64 --config.train.tgt_len=4096 --config.train.mem_len=4096
@@ -106,7 +106,6 @@ else
   attention=(--config=configs/attention_benchmark.py:gpu --config.lengths=2048)
   torch_lengths=2048 long=() long_start=4096 long_max=131072
 fi
-limit() { echo $(($1 / scale > 30 ? $1 / scale : 30)); }
 cuda_torch() { "$py" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; }
 export PYTHONPATH=$PYTHONPATH:$work/site
 
@@ -122,12 +121,12 @@ print(jax.devices())'
 }
 p_native() {
   XLA_PYTHON_CLIENT_PREALLOCATE=false "$py" -m pytest tests/test_pallas.py tests/test_transformer_xl.py \
-    -k 'pallas_native or pallas_attention_equals' -n "$((smoke ? 0 : 4))" -rA -q -p no:cacheprovider
+    -k "$native_k" -n "$((smoke ? 0 : 4))" -rA -q -p no:cacheprovider
 }
 p_resume() {
   XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS="--xla_gpu_deterministic_ops=true ${XLA_FLAGS:-}" \
     "$py" benchmarks/gpu_run.py resume --config="$char" --work="$work/resume" --logs="$logs" \
-    --seconds="$(($(limit 200) - 10))" --kill_after=$kill_after -- "${text[@]}" "${train_sizes[@]}"
+    --seconds="$((${GPU_RUN_LIMIT:-200} - 10))" --kill_after=$kill_after -- "${text[@]}" "${train_sizes[@]}"
 }
 p_translate_bleu() {
   XLA_PYTHON_CLIENT_PREALLOCATE=false "$py" train.py --config=configs/translate_tiny.py:shaw \
@@ -169,7 +168,7 @@ p_autotune() {
 }
 p_oom() {
   "$py" benchmarks/gpu_run.py oom --config="$char" --work="$work/oom" \
-    --seconds="$(($(limit 60) - 10))" -- "${text[@]}" "${oom_sizes[@]}"
+    --seconds="$((${GPU_RUN_LIMIT:-60} - 10))" -- "${text[@]}" "${oom_sizes[@]}"
 }
 p_kernels() {
   local status=0 k
@@ -185,7 +184,7 @@ p_kernels() {
 }
 p_long_context() {
   XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$py" benchmarks/gpu_run.py long_context --config="$char" \
-    --seconds="$(($(limit 180) - 15))" --start=$long_start --max=$long_max -- "${long[@]}"
+    --seconds="$((${GPU_RUN_LIMIT:-180} - 15))" --start=$long_start --max=$long_max -- "${long[@]}"
 }
 if [[ $body ]]; then
   set -x
@@ -209,7 +208,7 @@ part() {
   ((limit > left)) && limit=$left
   local began=$SECONDS status result
   echo "$(date -u +%T) start $name (limit $limit s)" | tee -a "$logs/summary.txt"
-  timeout -k 10 "$limit" bash "$root/benchmarks/gpu_run.sh" --body "$name" >"$logs/$name.log" 2>&1
+  GPU_RUN_LIMIT=$limit timeout -k 10 "$limit" bash "$root/benchmarks/gpu_run.sh" --body "$name" >"$logs/$name.log" 2>&1
   status=$?
   if ((status == 124 || status == 137)); then
     result=timeout
@@ -268,19 +267,19 @@ if wanted env; then
 fi
 # Untimed checks, at the same time (no preallocation): native tests, kill + resume, BLEU.
 part native 150 &
-part resume "$(limit 200)" &
-part translate_bleu "$(limit 200)" &
+part resume 200 &
+part translate_bleu 200 &
 wait
 report
 # Timed, one at a time.
-part steps_f32 "$(limit 110)"
-part steps_bf16 "$(limit 100)"
-part translate_step "$(limit 80)"
-part xl_official "$(limit 70)"
-part autotune "$(limit 60)"
+part steps_f32 110
+part steps_bf16 100
+part translate_step 80
+part xl_official 70
+part autotune 60
 report
-part oom "$(limit 60)"
-part kernels "$(limit 170)"
+part oom 60
+part kernels 170
 report
-part long_context "$(limit 180)"
+part long_context 180
 echo "log: $md; every part's log: $out/raw_logs.tar.gz"
