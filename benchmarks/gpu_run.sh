@@ -124,7 +124,12 @@ p_native() {
     -k "$native_k" -n "$((smoke ? 0 : 4))" -rA -q -p no:cacheprovider
 }
 p_resume() {
-  XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS="--xla_gpu_deterministic_ops=true ${XLA_FLAGS:-}" \
+  # Deterministic GPU reductions, so that a resumed run can match bit for bit; a jaxlib that no
+  # longer knows the flag (XLA aborts on unknown flags) runs without it, and says so.
+  local flags="--xla_gpu_deterministic_ops=true ${XLA_FLAGS:-}"
+  XLA_FLAGS=$flags "$py" -c 'import jax.numpy as jnp; jnp.zeros(1).block_until_ready()' ||
+    { echo 'RESULT: this jaxlib rejects --xla_gpu_deterministic_ops; resuming without it'; flags=${XLA_FLAGS:-}; }
+  XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS=$flags \
     "$py" benchmarks/gpu_run.py resume --config="$char" --work="$work/resume" --logs="$logs" \
     --seconds="$((${GPU_RUN_LIMIT:-200} - 10))" --kill_after=$kill_after -- "${text[@]}" "${train_sizes[@]}"
 }
