@@ -11,6 +11,7 @@
 #               joblib and tqdm, their dependencies, already: docs/gpu-runbook.md);
 #   peers/      ../shared/peers/gpu/ as peers/gpu/, and beside it the official Transformer-XL
 #               tarball and xl-modern-torch.patch (the layout run_gpu.sh expects);
+#   COMMIT      the commit checked out (gpu_run.sh's log names it where .git did not travel);
 #   tatoeba_ende/  the prepared Tatoeba en-de corpus ({train,dev,test}.{en,de}.gz), as
 #               `python -m relpos.data.prepare tatoeba --out=data/` lays it out.
 # It stops with one line when a source is missing or the folder grows past 32 MiB (the device
@@ -45,6 +46,8 @@ cp "$shared/peers/transformer-xl-pytorch-44781ed.tar.gz" "$shared/peers/xl-moder
   "$carry/peers/"
 cp "$shared"/data/tatoeba_ende/{train,dev,test}.{en,de}.gz "$carry/tatoeba_ende/"
 chmod -R u+w "$carry"
+# The device's copy of the tree may lack .git: gpu_run.sh's log names this commit then.
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' with local changes')" >"$carry/COMMIT"
 
 size_kib=$(du -sk "$carry" | cut -f1)
 ((size_kib < limit_mib * 1024)) || die "$carry/ holds ${size_kib} KiB, over ${limit_mib} MiB"

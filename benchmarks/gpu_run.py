@@ -113,8 +113,14 @@ def resume(args, overrides) -> int:
   victim.wait()
   print(f'killed (SIGKILL) the interrupted run after it logged step {killed_at}', flush=True)
   resumed, resumed_log = start('resumed', work / 'interrupted')
-  status = resumed.wait(timeout=max(1, deadline - time.time()))
-  reference_status = reference.wait(timeout=max(1, deadline - time.time()))
+  try:
+    status = resumed.wait(timeout=max(1, deadline - time.time()))
+    reference_status = reference.wait(timeout=max(1, deadline - time.time()))
+  except subprocess.TimeoutExpired:
+    resumed.kill()
+    reference.kill()
+    print(f'RESULT: FAIL out of time ({args.seconds:.0f} s) before both runs finished')
+    return 1
   if status or reference_status:
     print(f'RESULT: FAIL train.py exited {reference_status} (reference), {status} (resumed)')
     print(_last_line(resumed_log.read_text()))
@@ -133,6 +139,9 @@ def resume(args, overrides) -> int:
   print('\n'.join(lines), flush=True)
   reference_metric = _last_line((logs / 'resume_reference.log').read_text())
   print(f'RESULT: reference run final metric: {reference_metric}', flush=True)
+  if time.time() > deadline - 5:
+    print('RESULT: FAIL no time left for eval.py')
+    return 1
   evaluation = subprocess.run(
     [sys.executable, 'eval.py', f'--config={args.config}', *overrides]
     + [f'--workdir={work}/interrupted'],

@@ -33,7 +33,8 @@
 # (every part's whole log); the runs' workdirs go to a temporary folder (GPU_RUN_WORK), never
 # to OUT. GPU_RUN_BUDGET (default 480 s): all parts together; a part gets what is left of it
 # at most, and none starts with under 20 s left (the log lists it as skipped). PYTHON (default
-# python3). GPU_CARRY (default gpu_carry). GPU_RUN_SMOKE=1: every part at tiny sizes on the
+# python3). GPU_RUN_SLOW (default 1; 3 with GPU_RUN_SMOKE) multiplies each part's limit.
+# GPU_CARRY (default gpu_carry). GPU_RUN_SMOKE=1: every part at tiny sizes on the
 # CPU (the plumbing: paths, flags, checkers, log); PYTHON=echo: no part runs, each prints its
 # command (tests/test_gpu_run.py).
 set -uo pipefail # not -e: a part that fails must not stop the others
@@ -45,6 +46,7 @@ carry=${GPU_CARRY:-$root/gpu_carry}
 py=${PYTHON:-python3}
 smoke=${GPU_RUN_SMOKE:-0}
 budget=${GPU_RUN_BUDGET:-480}
+slow=${GPU_RUN_SLOW:-$((smoke ? 3 : 1))} # multiplies every part's limit
 work=${GPU_RUN_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/gpu_run.XXXXXX")}
 logs=$work/logs
 mkdir -p "$logs"
@@ -210,6 +212,7 @@ part() {
     echo "$(date -u +%T) skip $name: budget spent" | tee -a "$logs/summary.txt"
     return 0
   fi
+  limit=$((limit * slow))
   ((limit > left)) && limit=$left
   local began=$SECONDS status result
   echo "$(date -u +%T) start $name (limit $limit s)" | tee -a "$logs/summary.txt"
@@ -232,7 +235,11 @@ report() {
   {
     echo "# relpos GPU run, $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo
-    echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
+    if git rev-parse --short HEAD >/dev/null 2>&1; then
+      echo "- commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (with local changes)')"
+    else # the device's copy of the tree may have no .git: gpu_prepare.sh noted the commit
+      echo "- commit: $(cat "$carry/COMMIT" 2>/dev/null || echo unknown) (when gpu_prepare.sh ran)"
+    fi
     echo "- parts: ${parts[*]}; budget $budget s; smoke $smoke; $((SECONDS - start)) s so far"
     sed 's/^/- /' "$logs/env.txt" 2>/dev/null
     echo
