@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU run of issues 36, 38 and 39, for a GPU lent for a few minutes (docs/gpu-runbook.md):
+# The whole GPU run of issues 36, 38 and 39, for a GPU lent for minutes (docs/gpu-runbook.md):
 # one command, each part under its own time limit and all of them under one budget, a failed
 # part never stopping the rest, and a markdown log written after every part.
 #
@@ -16,12 +16,13 @@
 #                   every 50, killed (SIGKILL) after step 130 and resumed; its losses against
 #                   an uninterrupted run's, step for step (deterministic XLA ops); eval.py bpc (200)
 #     translate_bleu  translate_tiny (Shaw) on the carried Tatoeba to a BLEU                (200)
+#   autotune        python -m relpos.attention.autotune's tables for enwik8_base and wmt_base,
+#                   where that module exists (its disk cache then serves the steps' 'auto')  (60)
 #   steps_f32, steps_bf16  benchmarks/char_lm_step.py at enwik8_base: xl and shaw with 'auto'
 #                   and 'xla', absolute; then xl and shaw with 'pallas' named       (110, 100)
 #   translate_step  benchmarks/translate_step.py at wmt_base shapes (Tatoeba), shaw with
 #                   'auto', 'xla' and 'pallas'                                             (80)
 #   xl_official     the official Transformer-XL step (PyTorch) at the same shapes          (70)
-#   autotune        python -m relpos.attention.autotune's table, where that module exists  (60)
 #   oom             train.py with an oversized batch: its exit status and last line        (60)
 #   kernels         benchmarks/attention.py bf16 fwd+bwd n = 2048, k = 16 and 64: vanilla,
 #                   cuDNN, shaw/xl (xla and pallas); then the peers' torch SDPA and
@@ -53,8 +54,8 @@ mkdir -p "$logs"
 md=$out/gpu_run.md
 dry=0
 [[ $(basename "$py") == echo ]] && dry=1
-all_parts=(env native resume translate_bleu steps_f32 steps_bf16 translate_step xl_official
-  autotune oom kernels long_context)
+all_parts=(env native resume translate_bleu autotune steps_f32 steps_bf16 translate_step
+  xl_official oom kernels long_context)
 body=''
 [[ ${1:-} == --body ]] && body=${2:?} && set -- "$2"
 if (($#)); then parts=("$@"); else parts=("${all_parts[@]}"); fi
@@ -92,6 +93,8 @@ if ((smoke)); then
   wmt=(--config.model.encoder_layers=1 --config.model.decoder_layers=1 --config.model.d_model=32
     --config.model.d_ff=64 --config.data.max_train_examples=2000 --config.data.vocab_size=500
     --config.data.vocab_train_sentences=2000 --config.data.max_tokens=256)
+  wmt_sizes=(--config.model.encoder_layers=1 --config.model.decoder_layers=1
+    --config.model.d_model=32 --config.model.d_ff=64 --config.data.max_tokens=256)
   oom_sizes=("${tiny[@]}" --config.train.batch_size=3) # CPU: a config error stands in
   attention=(--config=configs/attention_benchmark.py:quick --config.lengths=64 --config.distances=16
     "--config.kernels=('vanilla','shaw','xl')")
@@ -102,11 +105,12 @@ else
     --config.train.log_every=10 --config.train.eval_every=0)
   kill_after=130 rounds=10 native_k='pallas_native or pallas_attention_equals'
   translate_tiny=()
-  wmt=(--config.data.vocab_size=8000)
+  wmt=(--config.data.vocab_size=8000) wmt_sizes=()
   oom_sizes=(--config.train.batch_size=64 --config.train.tgt_len=4096 --config.train.mem_len=4096
     --config.model.attention_implementation=xla --config.train.steps=1)
   attention=(--config=configs/attention_benchmark.py:gpu --config.lengths=2048)
-  torch_lengths=2048 long=() long_start=4096 long_max=131072
+  # One scanned layer body to compile per size (the step is the same): more sizes in the time.
+  torch_lengths=2048 long=(--config.model.scan_layers=True) long_start=4096 long_max=131072
 fi
 cuda_torch() { "$py" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; }
 export PYTHONPATH=$PYTHONPATH:$work/site
@@ -118,8 +122,7 @@ p_env() {
       --target "$work/site" "$carry"/wheels/*.whl || return 1
   fi
   "${x[@]}" nvidia-smi -L 2>/dev/null || echo 'nvidia-smi: none here'
-  "$py" -c 'import jax, jaxlib, flax; print(jax.__version__, jaxlib.__version__, flax.__version__)
-print(jax.devices())'
+  "$py" -c 'import jax, jaxlib, flax; print(jax.__version__, jaxlib.__version__, flax.__version__, jax.devices())'
 }
 p_native() {
   XLA_PYTHON_CLIENT_PREALLOCATE=false "$py" -m pytest tests/test_pallas.py tests/test_transformer_xl.py \
@@ -136,8 +139,14 @@ p_resume() {
     --seconds="$((${GPU_RUN_LIMIT:-200} - 10))" --kill_after=$kill_after -- "${text[@]}" "${train_sizes[@]}"
 }
 p_translate_bleu() {
+  local status
   XLA_PYTHON_CLIENT_PREALLOCATE=false "$py" train.py --config=configs/translate_tiny.py:shaw \
-    --workdir="$work/translate_tiny" "${translate_data[@]}" "${translate_tiny[@]}"
+    --workdir="$work/translate_tiny" "${translate_data[@]}" "${translate_tiny[@]}" \
+    >"$logs/translate_bleu_train.log" 2>&1
+  status=$?
+  tail -n 30 "$logs/translate_bleu_train.log"
+  echo "RESULT: train.py exit $status; $(grep -E '^(bleu|step [0-9]+/)' "$logs/translate_bleu_train.log" | tail -n 2 | tr '\n' ' ')"
+  return $status
 }
 # char_lm_step twice: 'auto' and 'xla' (and absolute), then 'pallas' named for xl and shaw.
 char_steps() {
@@ -171,7 +180,10 @@ p_autotune() {
     echo 'RESULT: skipped: this checkout has no relpos.attention.autotune'
     return 0
   fi
-  "$py" -m relpos.attention.autotune --config="$char" "${tiny[@]}"
+  local status=0
+  "$py" -m relpos.attention.autotune --config="$char" "${tiny[@]}" || status=1
+  "$py" -m relpos.attention.autotune --config=configs/wmt_base.py:shaw "${wmt_sizes[@]}" || status=1
+  return $status
 }
 p_oom() {
   "$py" benchmarks/gpu_run.py oom --config="$char" --work="$work/oom" \
@@ -284,11 +296,11 @@ part translate_bleu 200 &
 wait
 report
 # Timed, one at a time.
+part autotune 60 # first: its decisions, cached on disk, are the 'auto' rows of the steps below
 part steps_f32 110
 part steps_bf16 100
 part translate_step 80
 part xl_official 70
-part autotune 60
 report
 part oom 60
 part kernels 170
