@@ -13,8 +13,10 @@ lines (gpu_run.sh copies them into its markdown log) and exits non-zero when its
 - `losses`: compares the 'train/loss' of two metrics.jsonl files at every step of the first;
   where the second holds a step twice (logged before the kill and again after the resume), the
   later line counts. --tolerance (default 0: bit-identical).
-- `oom`: runs train.py (an oversized batch in OVERRIDES) and records its exit status and last
-  line; passes when it exits non-zero naming memory, in at most --max_lines lines of stderr.
+- `oom`: runs train.py (an oversized batch in OVERRIDES) and records its exit status and its
+  message (the last stderr line starting 'error', else the last line); passes when it exits
+  non-zero, the message matches --expect (default: names memory), in at most --max_lines
+  lines of stderr (relpos's allocator line and a hint line fit in the default 3).
 - `long_context`: the largest segment that trains: for each position and implementation, one
   train step of the config at batch = device count and tgt_len = mem_len = n, n doubling from
   --start until a failure (out of memory) or the time share runs out; a table row per n.
@@ -162,15 +164,17 @@ def oom(args, overrides) -> int:
   started = time.time()
   result = subprocess.run(command, capture_output=True, text=True, timeout=args.seconds)
   print(result.stdout[-4000:], result.stderr[-8000:], sep='\n')
-  stderr_lines = [line for line in result.stderr.splitlines() if line.strip()]
-  last = _last_line(result.stderr or result.stdout)
-  names_memory = bool(re.search(r'memory|RESOURCE_EXHAUSTED', last, re.I))
+  stderr_lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+  # relpos's one-line errors start with 'error:' (a hint line may follow); else the last line.
+  errors = [line for line in stderr_lines if line.lower().startswith('error')]
+  message = errors[-1] if errors else _last_line(result.stderr or result.stdout)
+  expected = bool(re.search(args.expect, message, re.I))
   traceback = 'Traceback (most recent call last)' in result.stderr
-  passed = result.returncode != 0 and names_memory and len(stderr_lines) <= args.max_lines
+  passed = result.returncode != 0 and expected and len(stderr_lines) <= args.max_lines
   print(
     f'RESULT: {"PASS" if passed else "FAIL"} exit {result.returncode} after '
     f'{time.time() - started:.0f} s, {len(stderr_lines)} stderr lines'
-    f'{", a traceback" if traceback else ""}; last line: {last[:400]}'
+    f'{", a traceback" if traceback else ""}; message: {message[:400]}'
   )
   return 0 if passed else 1
 
@@ -257,6 +261,7 @@ def main(argv) -> int:
     command.add_argument('--kill_after', type=int, default=130)
     command.add_argument('--tolerance', type=float, default=0.0)
     command.add_argument('--max_lines', type=int, default=3)
+    command.add_argument('--expect', default='memory|RESOURCE_EXHAUSTED')
     command.add_argument('--positions', default='xl,shaw')
     command.add_argument('--implementations', default='pallas,xla')
     command.add_argument('--start', type=int, default=4096)

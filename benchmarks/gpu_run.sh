@@ -92,10 +92,12 @@ if ((smoke)); then
     --config.eval.beam_size=1)
   wmt=(--config.model.encoder_layers=1 --config.model.decoder_layers=1 --config.model.d_model=32
     --config.model.d_ff=64 --config.data.max_train_examples=2000 --config.data.vocab_size=500
-    --config.data.vocab_train_sentences=2000 --config.data.max_tokens=256)
+    --config.data.vocab_train_sentences=2000 --config.data.max_tokens=256
+    --config.data.max_length=48)
   wmt_sizes=(--config.model.encoder_layers=1 --config.model.decoder_layers=1
     --config.model.d_model=32 --config.model.d_ff=64 --config.data.max_tokens=256)
-  oom_sizes=("${tiny[@]}" --config.train.batch_size=3) # CPU: a config error stands in
+  # CPU: no real out-of-memory; a config error stands in, to check the part's plumbing.
+  oom_sizes=("${tiny[@]}" --config.train.batch_size=3) oom_expect='multiple of'
   attention=(--config=configs/attention_benchmark.py:quick --config.lengths=64 --config.distances=16
     "--config.kernels=('vanilla','shaw','xl')")
   torch_lengths=64 long=("${tiny[@]}") long_start=32 long_max=128
@@ -108,6 +110,7 @@ else
   wmt=(--config.data.vocab_size=8000) wmt_sizes=()
   oom_sizes=(--config.train.batch_size=64 --config.train.tgt_len=4096 --config.train.mem_len=4096
     --config.model.attention_implementation=xla --config.train.steps=1)
+  oom_expect='memory|RESOURCE_EXHAUSTED'
   attention=(--config=configs/attention_benchmark.py:gpu --config.lengths=2048)
   # One scanned layer body to compile per size (the step is the same): more sizes in the time.
   torch_lengths=2048 long=(--config.model.scan_layers=True) long_start=4096 long_max=131072
@@ -187,7 +190,7 @@ p_autotune() {
 }
 p_oom() {
   "$py" benchmarks/gpu_run.py oom --config="$char" --work="$work/oom" \
-    --seconds="$((${GPU_RUN_LIMIT:-60} - 10))" -- "${text[@]}" "${oom_sizes[@]}"
+    --seconds="$((${GPU_RUN_LIMIT:-60} - 10))" --expect="$oom_expect" -- "${text[@]}" "${oom_sizes[@]}"
 }
 p_kernels() {
   local status=0 k
