@@ -179,6 +179,14 @@ def oom(args, overrides) -> int:
   return 0 if passed else 1
 
 
+def _temp_gib(compiled) -> str:
+  """XLA's temporary memory of a compiled step in GiB ('' where the backend gives none)."""
+  try:
+    return f'{compiled.memory_analysis().temp_size_in_bytes / 2**30:.2f}'
+  except Exception:  # no memory analysis on this backend
+    return ''
+
+
 def long_context(args, overrides) -> int:
   import jax
   import jax.numpy as jnp
@@ -198,15 +206,19 @@ def long_context(args, overrides) -> int:
   end = time.time() + args.seconds
   model = config.model
   print(f'{jax.devices()[0].device_kind}; {model.num_layers} layers, d_model {model.d_model}')
-  print('| position | implementation | n = tgt_len = mem_len | ms / step | result |')
-  print('|---|---|---|---|---|', flush=True)
-  largest = {}
+  print('| position | implementation | n = tgt_len = mem_len | ms / step | temp GiB | result |')
+  print('|---|---|---|---|---|---|', flush=True)
+  largest, stops = {}, {}
   for index, (position, implementation) in enumerate(combos):
     share_end = time.time() + (end - time.time()) / (len(combos) - index)
-    n, last_seconds = args.start, 0.0
-    while n <= args.max:
+    n, last_seconds, compiled = args.start, 0.0, None
+    while True:
+      if n > args.max:
+        stops[position, implementation] = f'{n} not tried (--max={args.max})'
+        break
       if last_seconds and time.time() + 3 * last_seconds > share_end:
-        print(f'| {position} | {implementation} | {n} | | not tried: time share spent |')
+        print(f'| {position} | {implementation} | {n} | | | not tried: time share spent |')
+        stops[position, implementation] = f'{n} not tried (time)'
         break
       variant = ml_collections.ConfigDict(config.to_dict())
       variant.model.update(position=position, attention_implementation=implementation)
@@ -217,27 +229,32 @@ def long_context(args, overrides) -> int:
         step = train_step_fn(variant, graphdef, mesh)
         tokens = np.random.default_rng(0).integers(0, 256, (mesh.size, n + 1))
         batch = (jnp.asarray(tokens[:, :-1]), jnp.asarray(tokens[:, 1:]))
-        state, sums = step(state, batch)
+        compiled = step.lower(state, batch).compile()
+        memory = _temp_gib(compiled)
+        state, sums = compiled(state, batch)
         jax.block_until_ready(sums)
         timed = time.time()
         for _ in range(2):
-          state, sums = step(state, batch)
+          state, sums = compiled(state, batch)
         loss = float(jax.block_until_ready(sums)['loss'])
         ms = (time.time() - timed) / 2 * 1e3
-        print(f'| {position} | {implementation} | {n} | {ms:.1f} | ok, loss sum {loss:.4g} |')
+        row = f'{ms:.1f} | {memory} | ok, loss sum {loss:.4g}'
+        print(f'| {position} | {implementation} | {n} | {row} |')
         largest[(position, implementation)] = n
       except Exception as error:  # out of memory, most often: the row says which
         message = str(error).strip().splitlines()[0][:200] if str(error).strip() else ''
-        print(f'| {position} | {implementation} | {n} | | {type(error).__name__}: {message} |')
+        print(f'| {position} | {implementation} | {n} | | | {type(error).__name__}: {message} |')
+        stops[position, implementation] = f'{n} failed ({type(error).__name__})'
         break
       finally:
-        state = sums = None
+        state = sums = compiled = None
         jax.clear_caches()
       sys.stdout.flush()
       last_seconds = time.time() - started
       n *= 2
-  for (position, implementation), n in largest.items():
-    print(f'RESULT: {position} {implementation}: trains at n = {n}')
+  for (position, implementation), stop in stops.items():
+    n = largest.get((position, implementation))
+    print(f'RESULT: {position} {implementation}: trains at n = {n}; {stop}')
   return 0 if largest else 1
 
 
