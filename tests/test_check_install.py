@@ -1,5 +1,7 @@
 """`python -m relpos.tools.check_install`: versions, devices, the kernels run, OK or one line."""
 
+import functools
+
 import numpy as np
 
 from relpos.tools import check_install
@@ -15,7 +17,7 @@ def test_check_runs_the_xla_kernels_and_says_ok():
 
 
 def test_a_wrong_pallas_result_fails_in_one_line(monkeypatch):
-  real = check_install.run_kernel
+  real = functools.cache(check_install.run_kernel)  # XLA's results, computed once per kernel
 
   def off_for_pallas(kernel, implementation):
     output, grads = real(kernel, 'xla')
