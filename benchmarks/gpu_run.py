@@ -182,7 +182,7 @@ def oom(args, overrides) -> int:
 def _temp_gib(compiled) -> str:
   """XLA's temporary memory of a compiled step in GiB ('' where the backend gives none)."""
   try:
-    return f'{compiled.memory_analysis().temp_size_in_bytes / 2**30:.2f}'
+    return f'{compiled.memory_analysis().temp_size_in_bytes / 2**30:.3f}'
   except Exception:  # no memory analysis on this backend
     return ''
 
