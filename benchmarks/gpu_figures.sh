@@ -4,6 +4,9 @@
 #
 #     bash benchmarks/gpu_figures.sh OUT_DIR [TOY_ENDE_DIR [PART...]]
 #
+# The prepared whole run (issues 36, 38, 39: tests, train + kill + resume + eval, BLEU, step and
+# kernel tables, OOM, long context) is benchmarks/gpu_run.sh (docs/gpu-runbook.md); this script
+# keeps issue 15's other lengths and tile sweeps (attention_512, attention_8192, tiles, xl_tiles).
 # Parts, in this order (default: all; the limits add up to about 26 minutes, so under a
 # 10-minute limit per command run them in several calls, README, On a GPU; on an H100 the
 # attention parts took 20-35 s each, the native tests 30-50 s):
