@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Fills gpu_carry/ (git-ignored) with what benchmarks/gpu_run.sh needs on the GPU machine and
-# cannot fetch there (it reaches no package index and sees no ../shared): run it here, before a
-# session's device call, then pass the printed carry list to the device tool's `run`.
+# cannot fetch there (it reaches no package index and nothing outside the checkout): run it here,
+# before a session's device call, then pass the printed carry list to the device tool's `run`.
+# RELPOS_SHARED names the folder that holds the peer harness (peers/) and the corpora (data/).
 #
-#     bash benchmarks/gpu_prepare.sh            # PYTHON (default python3) runs pip download
+#     RELPOS_SHARED=/path/to/it bash benchmarks/gpu_prepare.sh   # PYTHON (python3) runs pip
 #
 # gpu_carry/ holds:
 #   wheels/     ml_collections, tensorboardX and sacremoses (pure-python wheels, py3-none-any;
 #               the GPU image has jax, flax, optax, orbax, absl, PyYAML, protobuf, regex, click,
 #               joblib and tqdm, their dependencies, already: docs/gpu-runbook.md);
-#   peers/      ../shared/peers/gpu/ as peers/gpu/, and beside it the official Transformer-XL
+#   peers/      $RELPOS_SHARED/peers/gpu/ as peers/gpu/, and beside it the official Transformer-XL
 #               tarball and xl-modern-torch.patch (the layout run_gpu.sh expects);
 #   COMMIT      the commit checked out (gpu_run.sh's log names it where .git did not travel);
 #   tatoeba_ende/  the prepared Tatoeba en-de corpus ({train,dev,test}.{en,de}.gz), as
@@ -19,9 +20,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
-# ../shared beside the checkout; from a git worktree elsewhere, the one beside the main checkout.
-main=$(dirname "$(git rev-parse --path-format=absolute --git-common-dir)")
-shared=${RELPOS_SHARED:-$([[ -d ../shared ]] && echo ../shared || echo "$main/../shared")}
+[[ -n ${RELPOS_SHARED:-} ]] || {
+  echo 'gpu_prepare: set RELPOS_SHARED to the folder holding peers/ and data/' >&2
+  exit 1
+}
+shared=$RELPOS_SHARED
 carry=gpu_carry
 limit_mib=32
 
