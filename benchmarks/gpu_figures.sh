@@ -8,7 +8,7 @@
 # kernel tables, OOM, long context) is benchmarks/gpu_run.sh (docs/gpu-runbook.md); this script
 # keeps issue 15's other lengths and tile sweeps (attention_512, attention_8192, tiles, xl_tiles).
 # Parts, in this order (default: all; the limits add up to about 26 minutes, so under a
-# 10-minute limit per command run them in several calls, README, On a GPU; on an H100 the
+# 10-minute limit per command run them in several calls, docs/gpu.md; on an H100 the
 # attention parts took 20-35 s each, the native tests 30-50 s):
 #   native            the Pallas kernels compiled by Triton and run, against the float64
 #                     references (tests/test_pallas.py -k pallas_native), and the char LM with

@@ -16,7 +16,8 @@ the forward pass), XLA's count beside it ("n/a" where XLA has none), the model F
 MFU against the devices' peak (`timing.peak_rate`: a GPU's or TPU's data-sheet peak in
 config.model.dtype; on a CPU the float32 matmul rate, timed in the same run on the model's own
 feed-forward and output shapes: at 1.00 every model FLOP would run as fast as a plain matmul;
-the peer harness's translation target needs more than that, README), with every attention
+the peer harness's translation target needs more than that, docs/performance-cpu.md), with every
+attention
 pair counted and with only the causally visible ones.
 `--threefry=unrolled,rolled` also times each mode with jax 0.10.2's own rolled-loop PRNG
 lowering (relpos.threefry_lowering), for relpos's default on and off in one run.

@@ -8,7 +8,7 @@ Presets: shaw (k=16, the default) | absolute | learned | shaw_absolute | none | 
 rope, and Shaw et al.'s Table 3 ablations shaw_keys_only (w^K only) | shaw_values_only (w^V
 only). The model, the
 data and the number of steps are fixed here, so a run learns the same thing on any machine;
-README gives its BLEU on Tatoeba test and its wall time on 2 cores. The corpus is
+docs/translation.md gives its BLEU on Tatoeba test and its wall time on 2 cores. The corpus is
 data/tatoeba_ende of this repository, which the prepare command above writes (without it the run
 stops with one line naming that command), or $RELPOS_DATA_DIR/tatoeba_ende where that variable
 names another data directory (`relpos.data.data_directory`).

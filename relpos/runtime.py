@@ -16,7 +16,8 @@ imports JAX, and does nothing that a variable the user set already decides.
   of the last one; the price is that the process keeps its peak memory. glibc reads the
   variable once, at start-up, so the program re-executes itself once with the tunables added
   and logs one line saying so. `RELPOS_ALLOCATOR=default` keeps glibc's own settings, and a
-  tunable the user's GLIBC_TUNABLES already names is left as the user set it. README gives
+  tunable the user's GLIBC_TUNABLES already names is left as the user set it.
+  docs/performance-cpu.md gives
   the measured effect (faults, kernel time, step time, memory) on and off.
 - **CPU devices** (JAX on the CPU, two or more cores). XLA:CPU runs one device's step
   largely one operation at a time: its matmuls use every core, but the many elementwise
@@ -28,7 +29,8 @@ imports JAX, and does nothing that a variable the user set already decides.
   a device count is left alone. The flag goes first in XLA_FLAGS: XLA stops reading at a word
   that is not a `--flag` (a warning names such words), so a flag appended after one is lost.
   The global batch is the same for any count (it must split into equal shares: a config error
-  says so), so the count changes float rounding, not the model being trained. README gives
+  says so), so the count changes float rounding, not the model being trained.
+  docs/performance-cpu.md gives
   the measured effect.
 - **Compilation cache.** JAX's persistent compilation cache, so that a second run of a config
   (a rerun, a resume, the next seed of a sweep, eval.py after train.py) loads its compiled
@@ -47,7 +49,8 @@ import os
 import sys
 from pathlib import Path
 
-# glibc malloc tunables relpos adds on a Linux CPU (module docstring; README measures them).
+# glibc malloc tunables relpos adds on a Linux CPU (module docstring; docs/performance-cpu.md
+# measures them).
 ALLOCATOR_TUNABLES = {
   'glibc.malloc.hugetlb': '1',
   'glibc.malloc.mmap_max': '0',

@@ -38,7 +38,7 @@ Shaw's 2k+1 buckets and XL's window of block_q + block_k - 1 distances to powers
 (`triton_size`; zeros, exact): Triton's blocks and dots need powers of two, dots >= 16. Given
 `block_sizes` must be powers of two >= 16 too (others fail to lower).
 
-What was measured, and how (README, On a GPU, has the figures):
+What was measured, and how (docs/gpu.md has the figures):
 - On an NVIDIA H200 (jax 0.11.2) the first design of both kernels passed the float64-reference
   tests natively (tests/test_pallas.py -k pallas_native) and was 6-21x slower than the 'xla'
   kernels: its per-distance lookups were one-hot reductions in registers at 32 x 32 tiles, and

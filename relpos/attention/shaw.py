@@ -21,7 +21,8 @@ At a few dozen keys the band's fixed costs (index arithmetic, diagonal gathers, 
 outweigh the dense matmuls they avoid, and a band as wide as the sequence (k >= kv_len) is
 all overhead; from a few hundred keys the dense form's per-pair work dominates.
 
-What matters for the banded kernel's speed on XLA:CPU (benchmarks/attention.py, README): the
+What matters for the banded kernel's speed on XLA:CPU (benchmarks/attention.py, docs/kernels.md):
+the
 logit gradient ds is needed on the band's diagonals as well as whole; gathering the diagonals
 from ds made XLA recompute ds inside the gather and therefore materialise the spread a^V term, a
 [Q·K, B, H] array written out and read back transposed. So the diagonals of ds are computed from
@@ -74,7 +75,7 @@ def _prefix_block_size(kv_len: int) -> int:
   """Keys per block of the blocked prefix sums: sqrt(kv_len) rounded up to a power of two.
 
   Each block adds a column to a matmul and each key of the partial block a gathered
-  diagonal: sqrt(kv_len) balances the two (README's kernel section has the measurements).
+  diagonal: sqrt(kv_len) balances the two (docs/kernels.md has the measurements).
   """
   return 2 ** math.ceil(math.log2(max(1.0, math.sqrt(kv_len))))
 
@@ -191,7 +192,7 @@ def _heads_first(x_BQHD):
 
   The small table matmuls (q·w^K, do·w^V and their transposes) written on it share that copy
   and give [B·H·Q, 2k+1] row-major outputs; written on [B, Q, H, D] they made XLA:CPU transpose
-  q and do once more and lay the output out [2k+1, B·Q·H] (README's kernel section).
+  q and do once more and lay the output out [2k+1, B·Q·H] (docs/kernels.md).
   """
   return jnp.transpose(x_BQHD, (0, 2, 1, 3))
 
@@ -359,7 +360,7 @@ def _check(query, key, value, rel_key, rel_value, dropout_rate, dropout_rng) -> 
 
 
 # shaw_attention's 'xla' implementation is the dense form up to this many keys and the banded
-# kernel above it (benchmarks/attention.py; README's kernel section has the measurements).
+# kernel above it (benchmarks/attention.py; docs/kernels.md has the measurements).
 DENSE_MAX_KV_LEN = 64
 
 

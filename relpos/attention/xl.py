@@ -41,7 +41,7 @@ def _position_logits(query_BQHD, rel_key_THD):
 
   Computed as [heads, batch·q_len, t] and then transposed, so that the relative shift, which
   walks t for each query, reads rows of it; in XLA's own choice of layout, [heads, t,
-  batch·q_len], it strides across memory (README's kernel section has the measurements).
+  batch·q_len], it strides across memory (docs/kernels.md has the measurements).
   """
   position_HBQT = jnp.einsum(
     'bqhd,thd->hbqt',
