@@ -30,7 +30,8 @@ Temp memory is XLA's `memory_analysis().temp_size_in_bytes` of the compiled func
 counts vanilla causal attention's work for every kernel: 2·B·H·n²·d forward (half of the
 dense 4·B·H·n²·d) and 3.5× that for forward+backward, as flash-attention papers count it. A
 relative kernel's extra work therefore shows as a lower rate. "% of peak" divides by the
-device's dense bf16/fp16 peak where relpos knows it (`PEAK_TFLOPS`, or `config.peak_tflops`).
+device's data-sheet dense peak in the benchmark's dtype where relpos knows it
+(`relpos.flops.PEAKS`: bf16/fp16, or TF32 for float32 on NVIDIA GPUs), or `config.peak_tflops`.
 `--config.plot=ratios.png` also draws time / vanilla against n, a panel per pass and a line per
 kernel and k.
 """
@@ -50,12 +51,10 @@ from timing import interleaved_median_seconds
 
 from relpos import attention, runtime
 from relpos.attention.shaw import xla_form
+from relpos.flops import device_peak
 from relpos.studies.figures import pyplot as plt
 from relpos.studies.figures import save as save_figure
 
-# Dense bf16/fp16 tensor-core peaks from the vendors' data sheets (TFLOP/s), matched in order
-# against jax's device_kind.
-PEAK_TFLOPS = (('H100 PCIe', 756.0), ('H100', 989.4), ('H200', 989.4), ('A100', 312.0))
 KERNELS = ('vanilla', 'cudnn', 'shaw', 'banded', 'dense', 'shaw_pallas', 'xl', 'xl_pallas')
 # The kernels whose inputs depend on the clipping distance k (the others are lowered once per n).
 USES_K = ('shaw', 'banded', 'dense', 'shaw_pallas')
@@ -204,12 +203,14 @@ def vanilla_causal_flops(n, *, batch, heads, head_dim, mode) -> float:
 
 
 def peak_tflops(config, device_kind: str) -> float:
-  """config.peak_tflops if set, else the data-sheet peak of a known GPU in bf16/fp16, else 0."""
+  """config.peak_tflops if set, else the data-sheet dense peak of the device in config.dtype
+  (`relpos.flops.device_peak`: bf16, or float32 as JAX runs it, TF32 on NVIDIA GPUs; float16
+  at the bf16 rate, the same tensor-core rate on these GPUs), else 0 (unknown device, CPU)."""
   if config.peak_tflops:
     return config.peak_tflops
-  if config.dtype not in ('bfloat16', 'float16'):
-    return 0.0
-  return next((peak for name, peak in PEAK_TFLOPS if name in device_kind), 0.0)
+  dtype = 'bfloat16' if config.dtype == 'float16' else config.dtype
+  peak = device_peak(device_kind, dtype)
+  return 0.0 if peak is None else peak.tflops
 
 
 def kernel_names(config, platform: str) -> list:

@@ -3,17 +3,24 @@
     python benchmarks/char_lm_step.py --config=configs/char_tiny.py
     python benchmarks/char_lm_step.py --config=configs/char_tiny.py --rounds=20
     python benchmarks/char_lm_step.py --config=configs/enwik8_base.py --variants=xl,absolute
-    python benchmarks/char_lm_step.py --config=configs/enwik8_base.py --variants=xl,xl_xla
+    python benchmarks/char_lm_step.py --config=configs/enwik8_base.py \
+      --variants=xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas
 
-(on a GPU, where config.model.attention_implementation='auto' picks the Pallas kernels from 512
-keys up: enwik8_base's 512 queries over a 512-step memory).
+(on a GPU, where config.model.attention_implementation='auto' times XLA's and the Pallas
+kernels at the model's own shapes on first use and keeps the faster, relpos.attention.autotune:
+the xl and shaw rows are 'auto', the _xla and _pallas rows name each kernel, so 'auto' can be
+checked against the faster of the two).
 
 Builds the config's model once per `config.model.position` mode (xl, shaw, absolute, none;
-the xl row also without memory; xl and shaw also with the XLA kernels where 'auto' picks
-others), times the jitted train step (forward, backward, Adam update)
+the xl row also without memory; xl and shaw also with each kernel named instead of 'auto'),
+times the jitted train step (forward, backward, Adam update)
 on a fixed random batch with the modes interleaved round by round, and prints ms/step,
-tokens/s and the ratio to 'xl', and each step's FLOP rate against this machine's float32
-matmul rate (`timing.MatmulRate`, timed in the same run on the model's own shapes).
+tokens/s and the ratio to 'xl', then each step's model FLOPs (`relpos.flops.char_lm_flops`, a
+training step counted as 3 x the forward pass), XLA's count beside it ("n/a" where XLA has no
+cost analysis, e.g. on a GPU without a compiled one), the model FLOP rate and MFU against the
+devices' peak (`timing.peak_rate`: a GPU's or TPU's data-sheet peak in config.model.dtype; on a
+CPU the float32 matmul rate timed in the same run on the model's own shapes), with every
+attention pair counted and with only the causally visible ones.
 """
 
 import jax.numpy as jnp
@@ -21,15 +28,26 @@ import ml_collections
 import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
-from timing import MatmulRate, interleaved_median_seconds, peak_memory_line, step_flops
+from timing import (
+  CONVENTION_LINE,
+  STEP_COLUMNS,
+  interleaved_median_seconds,
+  peak_memory_line,
+  peak_rate,
+  step_cells,
+  step_flops,
+)
 
+from relpos import flops as flops_lib
 from relpos import runtime
+from relpos.attention import autotune
 from relpos.training.char_lm_task import build, train_step_fn
 from relpos.training.mesh import data_mesh
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A character-LM config.')
 _ROUNDS = flags.DEFINE_integer('rounds', 10, 'Interleaved timing rounds (median reported).')
 flags.mark_flags_as_required(['config'])
+_VOCAB_SIZE = 256  # bytes
 
 # --variants name -> (table name, config overrides).
 _VARIANTS = {
@@ -38,12 +56,15 @@ _VARIANTS = {
   'shaw': ('shaw', {'model': {'position': 'shaw'}}),
   'absolute': ('absolute', {'model': {'position': 'absolute'}}),
   'none': ('none', {'model': {'position': 'none'}}),
-  # The XLA kernels where 'auto' picks others (on a GPU, Pallas: pallas_common).
-  'xl_xla': ('xl, xla kernels', {'model': {'position': 'xl', 'attention_implementation': 'xla'}}),
-  'shaw_xla': (
-    'shaw, xla kernels',
-    {'model': {'position': 'shaw', 'attention_implementation': 'xla'}},
-  ),
+  # Each kernel named, against 'auto' (on a GPU the faster of the two: relpos.attention.autotune).
+  **{
+    f'{position}_{kernels}': (
+      f'{position}, {kernels} kernels',
+      {'model': {'position': position, 'attention_implementation': kernels}},
+    )
+    for position in ('xl', 'shaw')
+    for kernels in ('xla', 'pallas')
+  },
 }
 _NAMES = flags.DEFINE_list(
   'variants',
@@ -58,53 +79,70 @@ flags.register_validator(
 
 
 def step_call(config, overrides, inputs, targets, mesh):
-  """A zero-argument call running one training step of the variant (state carried along), and
-  XLA's FLOP count of that step."""
+  """A zero-argument call running one training step of the variant (state carried along), the
+  model's forward FLOPs (`relpos.flops.Flops`) and XLA's FLOP count of that step (or None)."""
   variant = ml_collections.ConfigDict(config.to_dict())
   variant.model.update(overrides.get('model', {}))
   variant.train.update(overrides.get('train', {}))
-  _, graphdef, state = build(variant, 256, mesh)
+  _, graphdef, state = build(variant, _VOCAB_SIZE, mesh)
   train_step = train_step_fn(variant, graphdef, mesh)
   carried = {'state': state}
-  flops = step_flops(train_step, state, (inputs, targets))
+  xla_count = step_flops(train_step, state, (inputs, targets), devices=mesh.size)
+  batch, length = inputs.shape
+  model_flops = flops_lib.char_lm_flops(
+    variant.model,
+    batch=batch,
+    tgt_len=length,
+    mem_len=variant.train.mem_len,
+    vocab_size=_VOCAB_SIZE,
+  )
 
   def call():
     carried['state'], sums = train_step(carried['state'], (inputs, targets))
     return sums['loss']
 
-  return call, flops
+  return call, model_flops, xla_count
 
 
 def main(argv):
   del argv
   config = _CONFIG.value
   batch, length = config.train.batch_size, config.train.tgt_len
-  tokens = np.random.default_rng(0).integers(0, 256, (batch, length + 1))
+  tokens = np.random.default_rng(0).integers(0, _VOCAB_SIZE, (batch, length + 1))
   inputs, targets = jnp.asarray(tokens[:, :-1]), jnp.asarray(tokens[:, 1:])
   mesh = data_mesh()
-  calls, flops = {}, {}
+  calls, model_flops, xla_counts = {}, {}, {}
   for name in _NAMES.value:
     table_name, overrides = _VARIANTS[name]
-    calls[table_name], flops[table_name] = step_call(config, overrides, inputs, targets, mesh)
+    calls[table_name], model_flops[table_name], xla_counts[table_name] = step_call(
+      config, overrides, inputs, targets, mesh
+    )
   seconds = interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=2)
   m = config.model
   rows = batch * length
-  matmul_rate = MatmulRate(
-    mesh, [(rows, m.d_model, m.d_ff), (rows, m.d_ff, m.d_model), (rows, m.d_model, 256)]
+  peak, peak_line = peak_rate(
+    mesh,
+    m.dtype,
+    [(rows, m.d_model, m.d_ff), (rows, m.d_ff, m.d_model), (rows, m.d_model, _VOCAB_SIZE)],
   )
   print(
     f'num_layers={m.num_layers} d_model={m.d_model} num_heads={m.num_heads} batch={batch} '
     f'tgt_len={length} mem_len={config.train.mem_len}  '
     f'median of {_ROUNDS.value} interleaved rounds'
   )
-  print(matmul_rate.line())
-  print(f'| position | ms / step | tokens/s | step time / xl |{MatmulRate.COLUMNS}')
-  print('|---|---|---|---|---|---|---|')
+  print(peak_line)
+  print(CONVENTION_LINE)
+  print(f'| position | ms / step | tokens/s | step time / xl |{STEP_COLUMNS}')
+  print('|---|---|---|---|---|---|---|---|---|')
   for name, s in seconds.items():
     print(
       f'| {name} | {s * 1e3:.1f} | {batch * length / s:.0f} | {s / seconds["xl"]:.2f} |'
-      + matmul_rate.cells(flops[name], s)
+      + step_cells(model_flops[name], xla_counts[name], s, peak)
     )
+  for position in ('xl', 'shaw'):  # 'auto' against each kernel named, where all three ran
+    kernels = {k: seconds.get(f'{position}, {k} kernels') for k in ('xla', 'pallas')}
+    if position in seconds and None not in kernels.values():
+      print(autotune.auto_line(position, seconds[position], kernels))
   if memory := peak_memory_line():
     print(memory)
 

@@ -4,8 +4,11 @@
 #
 #     bash benchmarks/gpu_figures.sh OUT_DIR [TOY_ENDE_DIR [PART...]]
 #
+# The prepared whole run (issues 36, 38, 39: tests, train + kill + resume + eval, BLEU, step and
+# kernel tables, OOM, long context) is benchmarks/gpu_run.sh (docs/gpu-runbook.md); this script
+# keeps issue 15's other lengths and tile sweeps (attention_512, attention_8192, tiles, xl_tiles).
 # Parts, in this order (default: all; the limits add up to about 26 minutes, so under a
-# 10-minute limit per command run them in several calls, README, On a GPU; on an H100 the
+# 10-minute limit per command run them in several calls, docs/gpu.md; on an H100 the
 # attention parts took 20-35 s each, the native tests 30-50 s):
 #   native            the Pallas kernels compiled by Triton and run, against the float64
 #                     references (tests/test_pallas.py -k pallas_native), and the char LM with
@@ -35,7 +38,10 @@
 # command, exit status, 124 if out of time, and clock times). PYTHON picks the interpreter.
 set -u
 out=${1:?usage: bash benchmarks/gpu_figures.sh OUT_DIR [TOY_ENDE_DIR [PART...]]}
-data=${2:-../shared/data/wmt_ende_toy}
+# toy-ende: the slice bundled in relpos/data/samples (.gz) unless a directory of the whole set
+# (OpenNMT-py's data/, relpos/data/samples/README.md) is given.
+data=${2:-relpos/data/samples/toy_ende}
+gz=$([[ -e $data/src-train.txt ]] || echo .gz)
 shift $(($# < 2 ? $# : 2))
 parts=" ${*:-native attention_2048 char_lm translate attention_512 attention_8192 tiles xl_tiles} "
 py=${PYTHON:-python3}
@@ -69,8 +75,8 @@ part char_lm 240 "$py" benchmarks/char_lm_step.py --config=configs/enwik8_base.p
   --variants=xl,xl_xla,absolute --rounds=20
 part translate 300 "$py" benchmarks/translate_step.py --config=configs/wmt_base.py \
   --config.data.kind=text --config.data.vocab_size=8000 \
-  --config.data.train_src="$data/src-train.txt" --config.data.train_tgt="$data/tgt-train.txt" \
-  --config.data.eval_src="$data/src-val.txt" --config.data.eval_tgt="$data/tgt-val.txt" \
+  --config.data.train_src="$data/src-train.txt$gz" --config.data.train_tgt="$data/tgt-train.txt$gz" \
+  --config.data.eval_src="$data/src-val.txt$gz" --config.data.eval_tgt="$data/tgt-val.txt$gz" \
   --positions=shaw --attention_implementations=pallas,xla --batches=2 --rounds=20
 part attention_512 150 "${attention[@]}" --config.lengths=512
 part attention_8192 300 "${attention[@]}" --config.lengths=8192 --config.repeats=1

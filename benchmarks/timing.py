@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from relpos import flops as flops_lib
 from relpos.training.mesh import row_sharded
 
 
@@ -46,13 +47,98 @@ def interleaved_median_seconds(
   return {name: float(np.median(ts)) for name, ts in times.items()}
 
 
-def step_flops(jitted, *args) -> float:
-  """XLA's FLOP count of one call of `jitted` on `args`, for the whole (global) batch.
+def xla_flops(cost_analysis) -> float | None:
+  """The 'flops' of an XLA cost analysis, or None where there is none.
+
+  `Lowered.cost_analysis()` and `Compiled.cost_analysis()` return None where the backend has
+  no analysis (the lowered module on a GPU), a dict on jax 0.10, and a list of one dict per
+  program on older versions (the first is the whole program); a count XLA could not make is
+  negative or absent.
+  """
+  if isinstance(cost_analysis, (list, tuple)):
+    cost_analysis = cost_analysis[0] if cost_analysis else None
+  if not isinstance(cost_analysis, dict):
+    return None
+  flops = cost_analysis.get('flops')
+  return float(flops) if flops is not None and flops >= 0 else None
+
+
+def step_flops(jitted, *args, devices: int = 1) -> float | None:
+  """XLA's FLOP count of one call of `jitted` on `args`, for the whole (global) batch, or None
+  where XLA gives none (never an error: a benchmark prints "n/a").
 
   Read from the lowered, not yet partitioned module, so a step sharded over several devices
-  counts every device's share; matmuls dominate, elementwise operations count too.
+  counts every device's share; matmuls dominate, elementwise operations count too. Where the
+  lowered module has no analysis (a GPU), the compiled one's is read instead: that module is
+  one device's program, so its count is multiplied by `devices` (the data-parallel devices
+  that each run it on their rows). Custom calls (Pallas kernels, cuDNN attention) count 0 in
+  either.
   """
-  return float(jitted.lower(*args).cost_analysis()['flops'])
+  lowered = jitted.lower(*args)
+  flops = xla_flops(lowered.cost_analysis())
+  if flops is None:
+    per_device = xla_flops(lowered.compile().cost_analysis())
+    flops = None if per_device is None else per_device * devices
+  return flops
+
+
+def peak_rate(mesh, dtype: str, matmul_shapes, *, rounds: int = 20):
+  """(the peak FLOP/s of the mesh's devices together, or None; a line saying what it is).
+
+  A CPU's peak is its measured float32 matmul rate (`MatmulRate` on `matmul_shapes`, the
+  model's own); an accelerator's is the data-sheet dense peak of its device kind in the
+  compute `dtype` (`relpos.flops.device_peak`) times the devices. An unknown device has
+  none: MFU is then n/a, and the line says why.
+  """
+  device = mesh.devices.flat[0]
+  if device.platform == 'cpu':
+    rate = MatmulRate(mesh, matmul_shapes, rounds=rounds)
+    return rate.gflops * 1e9, rate.line()
+  peak = flops_lib.device_peak(device.device_kind, dtype)
+  if peak is None:
+    return None, (
+      f'MFU n/a: relpos.flops.PEAKS has no data-sheet peak for device kind '
+      f'{device.device_kind!r} in {dtype}'
+    )
+  return peak.tflops * 1e12 * mesh.size, (
+    f'peak: {peak.description} x {mesh.size} device(s) = {peak.tflops * mesh.size:g} TFLOP/s '
+    f'({device.device_kind!r}, compute dtype {dtype}); MFU = model FLOPs per second over it'
+  )
+
+
+# The model-FLOP columns of a step benchmark's table (`step_cells`), after its own.
+STEP_COLUMNS = ' model GFLOP / step | XLA GFLOP / step | model GFLOP/s | MFU | MFU, visible pairs |'
+CONVENTION_LINE = (
+  "model FLOPs (relpos.flops): matmuls at 2·m·k·n plus each position scheme's own elementwise "
+  'terms, every query-key pair of the attention rectangle counted; a training step is 3 x the '
+  'forward count; rematerialisation not counted. "MFU, visible pairs" leaves out the pairs a '
+  "causal mask hides. XLA's count (cost analysis, n/a where there is none) adds softmax, "
+  "LayerNorm, the optimizer and the kernels' own extra work, and counts custom calls as 0."
+)
+
+
+def _figure(value: float) -> str:
+  """A rate or count for a table cell: 3 significant figures, whole numbers from 1000 up."""
+  return f'{value:.0f}' if value >= 1000 else f'{value:.3g}'
+
+
+def step_cells(model_flops, xla_count: float | None, seconds: float, peak: float | None) -> str:
+  """The STEP_COLUMNS cells of one step taking `seconds`.
+
+  Args:
+    model_flops: the step's `relpos.flops.Flops` of the forward pass (the cells show a
+      training step's: `train_step()`).
+    xla_count: XLA's FLOP count of the step (`step_flops`), or None.
+    seconds: the step's time.
+    peak: the devices' peak FLOP/s (`peak_rate`), or None.
+  """
+  full, visible = model_flops.train_step(), model_flops.train_step(visible_only=True)
+  xla = 'n/a' if xla_count is None else _figure(xla_count / 1e9)
+  cells = [_figure(full / 1e9), xla, _figure(full / seconds / 1e9)]
+  for count in (full, visible):
+    utilisation = flops_lib.mfu(count, seconds, peak)
+    cells.append('n/a' if utilisation is None else f'{utilisation:.3g}')
+  return ' ' + ' | '.join(cells) + ' |'
 
 
 def _matmul_gflops(matmul, rows_sharded, shape, rounds: int) -> float:
@@ -72,16 +158,13 @@ def _matmul_gflops(matmul, rows_sharded, shape, rounds: int) -> float:
 
 
 class MatmulRate:
-  """This machine's float32 matmul rate, and a step's FLOP rate against it.
+  """This machine's float32 matmul rate: the peak a CPU's MFU divides by (`peak_rate`).
 
   Measured on `shapes` ((rows, inner, cols): a [rows, inner] x [inner, cols] matmul, its rows
   rounded down to a multiple of the devices and split over `mesh` as a step's batch is): the
   fastest shape's GFLOP/s, from the minimum time over `rounds` calls (a rate, not a typical
-  time). `line()` says what was measured, and `cells()` gives a table row's COLUMNS for one
-  step.
+  time). `line()` says what was measured.
   """
-
-  COLUMNS = ' GFLOP / step | GFLOP/s | of matmul rate |'
 
   def __init__(self, mesh, shapes, *, rounds: int = 20):
     rows_sharded = row_sharded(mesh)
@@ -95,16 +178,12 @@ class MatmulRate:
     self.gflops = rates[self.shape]
 
   def line(self) -> str:
-    """What was measured, for above a table with COLUMNS."""
+    """What was measured, for above a table with STEP_COLUMNS."""
     rows, inner, cols = self.shape
     return (
-      f'float32 matmul rate on these {self.devices} device(s): {self.gflops:.0f} GFLOP/s '
-      f"([{rows}, {inner}] x [{inner}, {cols}], the fastest of the model's feed-forward and "
-      'output shapes, rows split over the devices). "of matmul rate" is the step\'s FLOP rate '
-      "(XLA's count) over it: at 1.00 every FLOP of the step would run as fast as that matmul."
+      f'peak: the float32 matmul rate on these {self.devices} CPU device(s), '
+      f'{_figure(self.gflops)} GFLOP/s ([{rows}, {inner}] x [{inner}, {cols}], the fastest of '
+      "the model's feed-forward and output shapes, rows split over the devices). MFU is the "
+      "step's model "
+      'FLOP rate over it: at 1.00 every model FLOP would run as fast as that matmul.'
     )
-
-  def cells(self, flops: float, seconds: float) -> str:
-    """The COLUMNS cells of one step of `flops` (XLA's count) taking `seconds`."""
-    rate = flops / seconds / 1e9
-    return f' {flops / 1e9:.3g} | {rate:.3g} | {rate / self.gflops:.3g} |'

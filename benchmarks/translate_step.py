@@ -3,24 +3,34 @@
     python benchmarks/translate_step.py --config=configs/translate_tiny.py
     python benchmarks/translate_step.py --config=configs/translate_tiny.py --batches=24 --rounds=5
 
-Reads the config's data (toy-ende by default; the vocabulary is trained in a temporary
-directory), takes the first `--batches` training batches (real sentences, every bucket shape),
+Reads the config's data (translate_tiny's is Tatoeba: `python -m relpos.data.prepare tatoeba
+--out=data/` once; or the bundled toy-ende slice, with the `--config.data.*` overrides of
+translate_tiny's docstring; the vocabulary is trained in a temporary directory), takes the
+first `--batches` training batches (real sentences, every bucket shape),
 builds the config's model once per position mode, and times a pass of the jitted train step
 (forward, backward, Adam update) over those batches, the modes interleaved round by round.
 Prints ms per batch, target tokens/s and the ratio to 'absolute' (Shaw et al.: 7% slower),
-and how close each step comes to the machine: XLA's FLOP count per batch, the step's GFLOP/s
-and its fraction of this machine's float32 matmul rate, timed in the same run on the model's
-own feed-forward and output shapes (at 1.00 every FLOP of the step would run as fast as a
-plain matmul; the peer harness's translation target needs more than that, README).
+and how close each step comes to the machine: the model FLOPs per batch
+(`relpos.flops.translation_flops` of each batch's padded shape, a training step counted as 3 x
+the forward pass), XLA's count beside it ("n/a" where XLA has none), the model FLOP rate and
+MFU against the devices' peak (`timing.peak_rate`: a GPU's or TPU's data-sheet peak in
+config.model.dtype; on a CPU the float32 matmul rate, timed in the same run on the model's own
+feed-forward and output shapes: at 1.00 every model FLOP would run as fast as a plain matmul;
+the peer harness's translation target needs more than that, docs/performance-cpu.md), with every
+attention
+pair counted and with only the causally visible ones.
 `--threefry=unrolled,rolled` also times each mode with jax 0.10.2's own rolled-loop PRNG
 lowering (relpos.threefry_lowering), for relpos's default on and off in one run.
 `--shaw_dense_max_kv_len=0,64` times the Shaw modes once per value of
 `relpos.attention.shaw.DENSE_MAX_KV_LEN` (0: the banded kernel at every length), which is how
-that threshold was chosen. `--attention_implementations=xla,pallas` times the Shaw modes once
-per `config.model.attention_implementation` (on a GPU; 'auto' keeps XLA's kernels below 512
-keys, so translation's lengths need 'pallas' named).
+that threshold was chosen. `--attention_implementations=auto,xla,pallas` times the Shaw modes
+once per `config.model.attention_implementation` (on a GPU 'auto' times both kernels at each
+batch shape's calls on first use and keeps the faster, relpos.attention.autotune; this shows it
+against each kernel named).
 """
 
+import functools
+import operator
 import tempfile
 from pathlib import Path
 
@@ -28,10 +38,19 @@ import jax.numpy as jnp
 import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
-from timing import MatmulRate, interleaved_median_seconds, peak_memory_line, step_flops
+from timing import (
+  CONVENTION_LINE,
+  STEP_COLUMNS,
+  interleaved_median_seconds,
+  peak_memory_line,
+  peak_rate,
+  step_cells,
+  step_flops,
+)
 
+from relpos import flops as flops_lib
 from relpos import runtime, threefry_lowering
-from relpos.attention import shaw
+from relpos.attention import autotune, shaw
 from relpos.attention.pallas_common import IMPLEMENTATIONS
 from relpos.constants import PAD_ID
 from relpos.data.translation import load_translation_data
@@ -77,8 +96,8 @@ flags.mark_flags_as_required(['config'])
 
 def pass_call(config, position, vocab_size, batches, mesh, implementation=None):
   """A zero-argument call running the train step of `position` (with the attention
-  `implementation`, None: the config's) over `batches` (state kept), and XLA's FLOP count of
-  that pass."""
+  `implementation`, None: the config's) over `batches` (state kept), the model's forward FLOPs
+  of that pass (`relpos.flops.Flops`) and XLA's FLOP count of it (None where XLA has none)."""
   variant = ml_collections.ConfigDict(config.to_dict())
   variant.model.position = position
   if implementation is not None:
@@ -86,14 +105,28 @@ def pass_call(config, position, vocab_size, batches, mesh, implementation=None):
   graphdef, state = translate.build(variant, vocab_size, mesh)
   train_step = translate.train_step_fn(variant, graphdef, mesh)
   carried = {'state': state}
-  flops = sum(step_flops(train_step, state, batch) for batch in batches)
+  xla_counts = [step_flops(train_step, state, batch, devices=mesh.size) for batch in batches]
+  xla_count = None if None in xla_counts else sum(xla_counts)
+  model_flops = functools.reduce(
+    operator.add,
+    (
+      flops_lib.translation_flops(
+        variant.model,
+        rows=batch['src'].shape[0],
+        src_len=batch['src'].shape[1],
+        tgt_len=batch['tgt_in'].shape[1],
+        vocab_size=vocab_size,
+      )
+      for batch in batches
+    ),
+  )
 
   def call():
     for batch in batches:
       carried['state'], sums = train_step(carried['state'], batch)
     return sums['loss']
 
-  return call, flops
+  return call, model_flops, xla_count
 
 
 def main(argv):
@@ -113,7 +146,7 @@ def main(argv):
     batches.append({name: jnp.asarray(batch[name]) for name in ('src', 'tgt_in', 'tgt_out')})
     target_tokens += int((batch['tgt_out'] != PAD_ID).sum())
   vocab_size = data.tokenizer.vocab_size
-  calls, flops = {}, {}
+  calls, model_flops, xla_counts = {}, {}, {}
   default_dense_max = shaw.DENSE_MAX_KV_LEN
   for lowering in _THREEFRY.value:
     if not threefry_lowering.set_cpu_lowering(unrolled=lowering == 'unrolled'):
@@ -129,7 +162,7 @@ def main(argv):
             variant += f', {implementation} kernels'
           if threshold is not None:
             shaw.DENSE_MAX_KV_LEN = int(threshold)
-          calls[variant], flops[variant] = pass_call(
+          calls[variant], model_flops[variant], xla_counts[variant] = pass_call(
             config, position, vocab_size, batches, mesh, implementation
           )
           calls[variant]()  # compiles now, with this lowering and threshold
@@ -138,8 +171,9 @@ def main(argv):
   seconds = interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=1)
   m = config.model
   tokens = config.data.max_tokens
-  matmul_rate = MatmulRate(
+  peak, peak_line = peak_rate(
     mesh,
+    m.dtype,
     [(tokens, m.d_model, m.d_ff), (tokens, m.d_ff, m.d_model), (tokens, m.d_model, vocab_size)],
   )
   print(
@@ -148,19 +182,26 @@ def main(argv):
     f'{len(batches)} real batches ({target_tokens} target tokens) per pass, '
     f'median of {_ROUNDS.value} interleaved rounds'
   )
-  print(matmul_rate.line())
+  print(peak_line)
+  print(CONVENTION_LINE)
   base_name = next(iter(seconds))  # the first mode, with the first lowering
   base = seconds[base_name]
-  print(
-    f'| position | ms / batch | target tokens/s | step time / {base_name} |{MatmulRate.COLUMNS}'
-  )
-  print('|---|---|---|---|---|---|---|')
+  print(f'| position | ms / batch | target tokens/s | step time / {base_name} |{STEP_COLUMNS}')
+  print('|---|---|---|---|---|---|---|---|---|')
   for name, s in seconds.items():
     step = s / len(batches)
+    xla_per_batch = None if xla_counts[name] is None else xla_counts[name] / len(batches)
+    per_batch = model_flops[name].scaled(1 / len(batches))
     print(
       f'| {name} | {step * 1e3:.1f} | {target_tokens / s:.0f} | {s / base:.3f} |'
-      + matmul_rate.cells(flops[name] / len(batches), step)
+      + step_cells(per_batch, xla_per_batch, step, peak)
     )
+  for name in seconds:  # 'auto' against each kernel named, where all three ran
+    if name.endswith(', auto kernels'):
+      stem = name.removesuffix(', auto kernels')
+      kernels = {k: seconds.get(f'{stem}, {k} kernels') for k in ('xla', 'pallas')}
+      if None not in kernels.values():
+        print(autotune.auto_line(stem, seconds[name], kernels))
   if memory := peak_memory_line():
     print(memory)
 

@@ -2,7 +2,7 @@
 one.
 
     python benchmarks/triton_compile.py --triton_python=/tmp/tritonvenv/bin/python
-    python benchmarks/triton_compile.py --kernels=shaw --distances=16,64 --dtypes=bfloat16 \
+    python benchmarks/triton_compile.py --kernels=shaw --distances=16,64 --dtypes=bfloat16 \\
         --block_sizes=64x64,128x64 --triton_python=...
 
 For each kernel (shaw, xl), k, dtype and tiling, lowers the forward pass and the gradient of
@@ -12,7 +12,7 @@ StableHLO, and compiles it with pip's Triton for sm_90a (H100, H200) in the inte
 by `--triton_python` (a venv with `pip install triton`; jax does not ship Triton's compiler).
 ptxas then reports each kernel's registers per thread and spilled bytes. A kernel that spills
 kilobytes per thread runs slowly; none spilling does not make one fast, which only a GPU can
-show (README, On a GPU). Without `--triton_python` the IR is only written out (`--out`).
+show (docs/gpu.md). Without `--triton_python` the IR is only written out (`--out`).
 """
 
 import json

@@ -3,7 +3,7 @@
     python benchmarks/attention.py --config=configs/attention_benchmark.py          # full table
     python benchmarks/attention.py --config=configs/attention_benchmark.py:quick    # ~1 min
     python benchmarks/attention.py --config=configs/attention_benchmark.py:gpu      # on a GPU
-    python benchmarks/attention.py --config=configs/attention_benchmark.py \
+    python benchmarks/attention.py --config=configs/attention_benchmark.py \\
         --config.lengths=1024 --config.distances=16 --config.rounds=3
 
 Presets: full and quick time the XLA kernels in float32 (CPU); gpu is issue 15's GPU table:

@@ -1,22 +1,33 @@
-"""Length-extrapolation study of the position schemes (read by benchmarks/length_extrapolation.py).
+r"""Length extrapolation of the position schemes: train short, evaluate long (a sweep preset).
 
-    python benchmarks/length_extrapolation.py --config=configs/length_extrapolation.py:char \\
-        --workdir=runs/length_extrapolation/char
-    python benchmarks/length_extrapolation.py --config=configs/length_extrapolation.py:translate \\
-        --workdir=runs/length_extrapolation/translate
-    (a smoke run of the char study, a tiny model for a few steps: preset char_quick)
+The study is a `relpos.studies.sweep` of config.model.position over these runs:
 
-- char: every char-LM scheme trains `run` (configs/char_tiny.py, its position replaced) on
-  segments of `tgt_len` characters with no memory, for `run.train.steps`, once per seed. Each
-  is scored on `run.eval.split` in segments of m * tgt_len for m in `multiples` without
-  memory, and in segments of tgt_len with a memory of `memory_len`.
-- translate: every translation scheme trains `run` (configs/translate_tiny.py) on the pairs
-  whose sides both have at most `max_length` pieces (`run.data.max_length`), then translates
-  the whole test set and reports BLEU per source-length bucket: up to N, N to 2N, 2N to 4N
-  and longer pieces. 'learned' is left out: its rows past N would be untrained initial values,
-  not a position scheme's extrapolation.
+    python -m relpos.studies.sweep --config=configs/length_extrapolation.py:char \
+        --workdir=runs/length_extrapolation/char --field=model.position \
+        --values=xl,shaw,absolute,none,t5,alibi,rope --seeds=0,1 \
+        --evaluations=tgt_len=64,tgt_len=128,tgt_len=256,tgt_len=512,tgt_len=1024,mem_len=64
+    python -m relpos.studies.sweep --config=configs/length_extrapolation.py:translate \
+        --workdir=runs/length_extrapolation/translate --field=model.position \
+        --values=absolute,shaw,shaw_absolute,none,t5,alibi,rope --seeds=0,1 \
+        --by_source_pieces=8,16,32
 
-Any field can be overridden on the command line, e.g. `--config.run.train.steps=3000`.
+The second needs the Tatoeba data: `python -m relpos.data.prepare tatoeba --out=data/`. Preset
+char_quick is a smoke run of the char study (a tiny model for a few steps).
+
+- char: configs/char_tiny.py trained on segments of L = 64 characters with no memory (so no
+  distance >= L is ever seen) for 1000 steps. `--evaluations` scores each model on the test
+  split in segments of m * L without memory and in segments of L with a memory of 64 (a context
+  never trained with either); every segment after a row's first starts cold, so a scheme that
+  extrapolates gets better with m and one that does not gets worse. The grid of schemes by
+  setting, with mean ± std, differences from the first scheme and both p-values, is
+  `sweep_by_evaluation.md` (docs/results/length_char.*).
+- translate: configs/translate_tiny.py trained on the pairs whose sides both have at most
+  N = 8 pieces (config.data.max_length) for 400 steps; the whole test set is translated and
+  `--by_source_pieces` reports BLEU and the translations' length over the references' per
+  bucket of source length in pieces, 1-N, N+1-2N, 2N+1-4N and longer (`sweep_by_pieces.md`;
+  `sweep.md` is BLEU over all sentences; docs/results/length_translate.*). 'learned' is left
+  out: its rows past N would be untrained initial values, not a position scheme's
+  extrapolation.
 """
 
 from pathlib import Path
@@ -24,50 +35,34 @@ from pathlib import Path
 import ml_collections
 
 from relpos.config import load_config_file
-from relpos.constants import CHAR_LM_POSITIONS, TRANSLATE_POSITIONS
 
 _CONFIGS = Path(__file__).resolve().parent
 PRESETS = ('char', 'char_quick', 'translate')
 
 
-def _run_config(name: str) -> ml_collections.ConfigDict:
-  """configs/<name>.py's default config."""
-  return load_config_file(_CONFIGS / f'{name}.py')
+def _char(preset: str) -> ml_collections.ConfigDict:
+  config = load_config_file(_CONFIGS / 'char_tiny.py')
+  config.train.update(tgt_len=64, mem_len=0, same_length=False)
+  config.train.update(steps=1000, eval_every=0, checkpoint_every=500)
+  config.eval.update(batch_size=4, tgt_len=64, mem_len=0, clamp_len=-1, same_length=False)
+  if preset == 'char_quick':
+    config.model.update(num_layers=1, d_model=32, num_heads=2, head_dim=16, d_ff=64)
+    config.data.max_bytes = 40_000
+    config.train.update(tgt_len=8, batch_size=4, steps=4, log_every=2, checkpoint_every=4)
+    config.eval.tgt_len = 8
+    config.optim.warmup_steps = 0
+  return config
 
 
-def _char(config):
-  config.positions = CHAR_LM_POSITIONS
-  config.tgt_len = 64  # L: training segments, no memory
-  config.multiples = (1, 2, 4, 8, 16)  # evaluation segments of m * L, no memory
-  config.memory_len = 64  # and segments of L with this memory
-  config.run = _run_config('char_tiny')
-  config.run.train.update(steps=1000, eval_every=0, checkpoint_every=500)
-  config.run.eval.update(batch_size=4, clamp_len=-1, same_length=False)
-
-
-def _translate(config):
-  config.positions = tuple(p for p in TRANSLATE_POSITIONS if p != 'learned')
-  config.max_length = 8  # N: training pairs have both sides within N pieces
-  config.run = _run_config('translate_tiny')
-  config.run.train.update(steps=400, checkpoint_every=400)
-  config.run.optim.warmup_steps = 200
+def _translate() -> ml_collections.ConfigDict:
+  config = load_config_file(_CONFIGS / 'translate_tiny.py')
+  config.data.max_length = 8  # N: training pairs have both sides within N pieces
+  config.train.update(steps=400, checkpoint_every=400)
+  config.optim.warmup_steps = 200
+  return config
 
 
 def get_config(preset: str = 'char') -> ml_collections.ConfigDict:
   if preset not in PRESETS:
     raise ValueError(f'unknown length_extrapolation preset {preset!r}: use one of {PRESETS}')
-  config = ml_collections.ConfigDict()
-  config.task = preset.split('_')[0]
-  config.seeds = (0, 1)
-  (_char if config.task == 'char' else _translate)(config)
-  if preset == 'char_quick':
-    config.positions = ('alibi', 'rope')
-    config.seeds = (0,)
-    config.tgt_len = 8
-    config.multiples = (1, 2)
-    config.memory_len = 8
-    config.run.model.update(num_layers=1, d_model=32, num_heads=2, head_dim=16, d_ff=64)
-    config.run.data.max_bytes = 40_000
-    config.run.train.update(batch_size=4, steps=4, log_every=2, checkpoint_every=4)
-    config.run.optim.warmup_steps = 0
-  return config
+  return _translate() if preset == 'translate' else _char(preset)

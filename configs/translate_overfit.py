@@ -6,21 +6,20 @@ Proves tokenisation, beam search (beam 4), detokenisation and sacreBLEU fit toge
 that has learned its training pairs must score near 100 on them. No dropout, no label
 smoothing, constant learning rate after warmup. Preset = position mode (default shaw).
 
-The pairs are the first 200 of toy-ende's training set in ../shared/data/wmt_ende_toy (beside
-this repository), named here rather than taken from translate_tiny, which trains on Tatoeba:
-200 Tatoeba pairs are too short for a 1000-piece vocabulary.
+The pairs are the first 200 of toy-ende's training set, bundled in relpos/data/samples/toy_ende
+(so the command runs from a fresh clone), named here rather than taken from translate_tiny,
+which trains on Tatoeba: 200 Tatoeba pairs are too short for a 1000-piece vocabulary.
 """
 
 from pathlib import Path
 
 from relpos.config import load_config_file
-
-_TOY_ENDE = Path(__file__).resolve().parent.parent.parent / 'shared' / 'data' / 'wmt_ende_toy'
+from relpos.data import toy_ende
 
 
 def get_config(position: str = 'shaw'):
   config = load_config_file(Path(__file__).with_name('translate_tiny.py'), position)
-  src, tgt = str(_TOY_ENDE / 'src-train.txt'), str(_TOY_ENDE / 'tgt-train.txt')
+  src, tgt = toy_ende('train')
   config.data.update(
     train_src=src,
     train_tgt=tgt,

@@ -1,6 +1,6 @@
 """A CPU-sized translation Transformer on Tatoeba English-German (163k short everyday pairs).
 
-    python -m relpos.data.prepare tatoeba --out=data/   # once; not needed beside ../shared/data
+    python -m relpos.data.prepare tatoeba --out=data/   # once
     python train.py --config=configs/translate_tiny.py:shaw --workdir=runs/tiny_shaw
     python eval.py --config=configs/translate_tiny.py:shaw --workdir=runs/tiny_shaw  # bleu=...
 
@@ -8,9 +8,10 @@ Presets: shaw (k=16, the default) | absolute | learned | shaw_absolute | none | 
 rope, and Shaw et al.'s Table 3 ablations shaw_keys_only (w^K only) | shaw_values_only (w^V
 only). The model, the
 data and the number of steps are fixed here, so a run learns the same thing on any machine;
-README gives its BLEU on Tatoeba test and its wall time on 2 cores. The corpus is the copy in
-../shared/data/tatoeba_ende when it exists, else data/tatoeba_ende of this repository (the
-prepare command above writes it; without it the run stops with one line naming that command).
+docs/translation.md gives its BLEU on Tatoeba test and its wall time on 2 cores. The corpus is
+data/tatoeba_ende of this repository, which the prepare command above writes (without it the run
+stops with one line naming that command), or $RELPOS_DATA_DIR/tatoeba_ende where that variable
+names another data directory (`relpos.data.data_directory`).
 Evaluation translates Tatoeba test (2,914 pairs) with beam 4.
 
 The k sweep of Shaw et al. Table 2, and their Table 3 ablation, three seeds each:
@@ -19,28 +20,27 @@ The k sweep of Shaw et al. Table 2, and their Table 3 ablation, three seeds each
     python -m relpos.studies.sweep --config=configs/translate_tiny.py --workdir=runs/ablation \\
         --field=preset --values=shaw,shaw_keys_only,shaw_values_only,none --seeds=0,1,2
 
-OpenNMT toy-ende (10k WMT pairs, Moses-tokenised) instead, as the peer harness runs it:
+OpenNMT toy-ende (WMT pairs, Moses-tokenised) instead, as the peer harness runs it; here the
+bundled slice (2,000 training pairs, 200 newstest2013 pairs to evaluate on); the peer harness
+reads the whole set (10,000 pairs, OpenNMT-py's data/ folder, relpos/data/samples/README.md):
     python train.py --config=configs/translate_tiny.py:shaw --workdir=runs/toy_shaw \\
-        --config.data.train_src=../shared/data/wmt_ende_toy/src-train.txt \\
-        --config.data.train_tgt=../shared/data/wmt_ende_toy/tgt-train.txt \\
-        --config.data.eval_src=../shared/data/wmt_ende_toy/src-val.txt \\
-        --config.data.eval_tgt=../shared/data/wmt_ende_toy/tgt-val.txt \\
-        --config.data.moses_detokenize=True --config.data.max_eval_examples=1000
+        --config.data.train_src=relpos/data/samples/toy_ende/src-train.txt.gz \\
+        --config.data.train_tgt=relpos/data/samples/toy_ende/tgt-train.txt.gz \\
+        --config.data.eval_src=relpos/data/samples/toy_ende/src-val.txt.gz \\
+        --config.data.eval_tgt=relpos/data/samples/toy_ende/tgt-val.txt.gz \\
+        --config.data.moses_detokenize=True
 """
 
 from pathlib import Path
 
 from relpos.config.translation_defaults import translate_config
 from relpos.constants import TRANSLATE_POSITIONS
-from relpos.data import tatoeba
-
-_REPO = Path(__file__).resolve().parent.parent
-_SHARED = _REPO.parent / 'shared' / 'data' / tatoeba.DIRECTORY
+from relpos.data import data_directory, tatoeba
 
 
 def tatoeba_directory() -> Path:
-  """The shared copy if it exists, else this repository's data/tatoeba_ende."""
-  return _SHARED if _SHARED.is_dir() else _REPO / 'data' / tatoeba.DIRECTORY
+  """data/tatoeba_ende of the repository, or of $RELPOS_DATA_DIR (`relpos.data.data_directory`)."""
+  return data_directory() / tatoeba.DIRECTORY
 
 
 # Shaw et al. Table 3: one of the two relative tables left out.

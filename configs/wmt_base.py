@@ -5,8 +5,10 @@
 
 Presets: shaw (k=16) | absolute | shaw_absolute | learned | none; Table 3 ablations with
 --config.model.relative_values=False (or relative_keys). Data: tensorflow-datasets
-`wmt14_translate/de-en`, prepared once in --config.data.tfds_data_dir (see README), read
-without TensorFlow; evaluation on newstest2014 (the 'test' split). The paper trained 100k steps
+`wmt14_translate/de-en`, read without TensorFlow from --config.data.tfds_data_dir=DIR, which
+needs once (with internet) `pip install tensorflow tensorflow-datasets && tfds build
+wmt14_translate/de-en --data_dir=DIR --file_format=array_record`; evaluation on newstest2014
+(the 'test' split). The paper trained 100k steps
 on 8 GPUs with about 25k source and 25k target tokens per batch and averaged checkpoints:
 set config.data.max_tokens to the per-step budget of your hardware.
 """

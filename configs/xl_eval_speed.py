@@ -2,7 +2,7 @@
 
     python benchmarks/xl_eval_speed.py --config=configs/xl_eval_speed.py          # full table
     python benchmarks/xl_eval_speed.py --config=configs/xl_eval_speed.py:quick    # L = 128, 256
-    python benchmarks/xl_eval_speed.py --config=configs/xl_eval_speed.py:quick \
+    python benchmarks/xl_eval_speed.py --config=configs/xl_eval_speed.py:quick \\
         --config.lengths=32, --config.tokens_per_row=32 --config.rounds=1
 
 Transformer-XL (Dai et al. 2019, section 4, "evaluation speed") reports its enwik8 model

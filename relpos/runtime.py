@@ -16,7 +16,8 @@ imports JAX, and does nothing that a variable the user set already decides.
   of the last one; the price is that the process keeps its peak memory. glibc reads the
   variable once, at start-up, so the program re-executes itself once with the tunables added
   and logs one line saying so. `RELPOS_ALLOCATOR=default` keeps glibc's own settings, and a
-  tunable the user's GLIBC_TUNABLES already names is left as the user set it. README gives
+  tunable the user's GLIBC_TUNABLES already names is left as the user set it.
+  docs/performance-cpu.md gives
   the measured effect (faults, kernel time, step time, memory) on and off.
 - **CPU devices** (JAX on the CPU, two or more cores). XLA:CPU runs one device's step
   largely one operation at a time: its matmuls use every core, but the many elementwise
@@ -28,7 +29,8 @@ imports JAX, and does nothing that a variable the user set already decides.
   a device count is left alone. The flag goes first in XLA_FLAGS: XLA stops reading at a word
   that is not a `--flag` (a warning names such words), so a flag appended after one is lost.
   The global batch is the same for any count (it must split into equal shares: a config error
-  says so), so the count changes float rounding, not the model being trained. README gives
+  says so), so the count changes float rounding, not the model being trained.
+  docs/performance-cpu.md gives
   the measured effect.
 - **Compilation cache.** JAX's persistent compilation cache, so that a second run of a config
   (a rerun, a resume, the next seed of a sweep, eval.py after train.py) loads its compiled
@@ -36,19 +38,27 @@ imports JAX, and does nothing that a variable the user set already decides.
   `~/.cache/relpos/jax`); `RELPOS_COMPILATION_CACHE=off` turns it off. A
   `JAX_COMPILATION_CACHE_DIR` of the user's own wins. The cache holds compiled code: share it
   only with people you trust (JAX's own warning).
+- **Autotuning cache.** What `implementation='auto'` measured (`relpos.attention.autotune`)
+  is kept in `relpos-autotune.json` inside that cache directory (JAX reads only its own
+  `*-cache` files there), or in `RELPOS_AUTOTUNE_CACHE` (a file; `off`: decisions are kept
+  in memory only), or, with no local compilation cache, `~/.cache/relpos/autotune.json`
+  (`autotune_cache_path`).
 """
 
 import os
 import sys
 from pathlib import Path
 
-# glibc malloc tunables relpos adds on a Linux CPU (module docstring; README measures them).
+# glibc malloc tunables relpos adds on a Linux CPU (module docstring; docs/performance-cpu.md
+# measures them).
 ALLOCATOR_TUNABLES = {
   'glibc.malloc.hugetlb': '1',
   'glibc.malloc.mmap_max': '0',
   'glibc.malloc.trim_threshold': str(2**40),
 }
 DEFAULT_CACHE_DIR = Path.home() / '.cache' / 'relpos' / 'jax'
+AUTOTUNE_CACHE_NAME = 'relpos-autotune.json'  # inside the compilation cache directory
+DEFAULT_AUTOTUNE_CACHE = Path.home() / '.cache' / 'relpos' / 'autotune.json'
 _REEXECUTED = 'RELPOS_REEXECUTED'  # set in the re-executed process: never loop
 DEVICES_FLAG = '--xla_force_host_platform_device_count'
 
@@ -140,6 +150,19 @@ def cache_environment(environ) -> dict:
       'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', _MIN_COMPILE_SECONDS
     ),
   }
+
+
+def autotune_cache_path(environ, compilation_cache_dir: str | None) -> Path | None:
+  """The autotuner's cache file (module docstring), None for none: RELPOS_AUTOTUNE_CACHE
+  ('off': None), else AUTOTUNE_CACHE_NAME in the local `compilation_cache_dir` (JAX's
+  jax_compilation_cache_dir; a URL such as gs://... is not local), else
+  DEFAULT_AUTOTUNE_CACHE."""
+  chosen = environ.get('RELPOS_AUTOTUNE_CACHE', '')
+  if chosen:
+    return None if chosen == 'off' else Path(chosen).expanduser()
+  if compilation_cache_dir and '://' not in compilation_cache_dir:
+    return Path(compilation_cache_dir).expanduser() / AUTOTUNE_CACHE_NAME
+  return DEFAULT_AUTOTUNE_CACHE
 
 
 def apply_defaults() -> None:

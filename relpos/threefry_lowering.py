@@ -6,7 +6,7 @@ on the CPU, and to straight-line code everywhere else. Every dropout site of a t
 its whole mask through that loop, whose small kernels run one after another over the full
 activation. The unrolled form is one elementwise fusion. Upstream measured it faster to run and
 to compile (JAX's thunk runtime made the rolled loop pointless); here it made a translate_tiny
-train step 6-9% faster (README, "Speed on CPU").
+train step 6-9% faster (docs/performance-cpu.md).
 
 It is the same function of the same inputs, so every random bit (dropout masks, initial
 parameters, `jax.random.split`/`fold_in` keys) is what jax 0.10.2 draws: runs, checkpoints and

@@ -88,7 +88,8 @@ def test_flops_and_peaks():
   assert bench.peak_tflops(gpu, 'NVIDIA H100 80GB HBM3') == 989.4
   assert bench.peak_tflops(gpu, 'NVIDIA H100 PCIe') == 756.0
   assert bench.peak_tflops(gpu, 'cpu') == 0.0
-  assert bench.peak_tflops(_config('full'), 'NVIDIA H100 80GB HBM3') == 0.0  # float32
+  assert bench.peak_tflops(_config('full'), 'NVIDIA H100 80GB HBM3') == 494.7  # float32: TF32
+  assert bench.peak_tflops(_config('full'), 'cpu') == 0.0
   assert bench.peak_tflops(_config('full', peak_tflops=5.0), 'cpu') == 5.0
 
 

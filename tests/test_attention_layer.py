@@ -2,6 +2,8 @@
 every
 attention of both models is one, and its queries may sit anywhere among longer keys."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,17 +22,16 @@ pytestmark = pytest.mark.usefixtures('attention_test_config')
 D_MODEL, HEADS, HEAD_DIM, KV_LEN = 12, 2, 8, 7  # projections 12 -> 16 -> 12
 
 
-def make_layer(relative, **kwargs):
+def make_layer(relative, **fields):
+  """The layer of a typed model config (the declared defaults, these sizes and `fields`)."""
+  config = TransformerXLConfig(
+    vocab_size=1, d_model=D_MODEL, num_heads=HEADS, head_dim=HEAD_DIM, max_relative_position=2
+  )
   return MultiHeadAttention(
-    d_model=D_MODEL,
-    num_heads=HEADS,
-    head_dim=HEAD_DIM,
+    dataclasses.replace(config, **fields),
     relative=relative,
-    dtype=jnp.float32,
     kernel_init=nnx.initializers.normal(0.5),  # large enough for positions to matter
     rngs=nnx.Rngs(0),
-    max_relative_position=2,
-    **kwargs,
   )
 
 

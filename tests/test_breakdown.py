@@ -28,21 +28,23 @@ def test_scores_each_bucket_and_tests_against_the_baseline(tmp_path):
   # 'good' is perfect on short sources only; 'bad' is garbled everywhere; seeds alike.
   good = [references[i] if i in members['1-3'] else garbled[i] for i in range(24)]
   translations = {'bad': {0: garbled, 1: garbled}, 'good': {0: good, 1: list(good)}}
-  summary, per_run = breakdown.bleu_by_source_length(sources, references, translations, 'bad', [3])
+  lengths = [len(source.split()) for source in sources]
+  summary, per_run = breakdown.bleu_by_source_length(lengths, references, translations, 'bad', [3])
   assert len(per_run) == 8
   row = {(r['value'], r['bucket']): r for r in summary}
   assert row['good', '1-3']['mean'] == pytest.approx(100.0)
   assert row['good', '1-3']['difference'] > 50 and row['good', '1-3']['p_value'] < 0.01
   assert row['good', '4+']['difference'] == pytest.approx(0.0)
   assert row['bad', '1-3']['difference'] is None  # the baseline
-  markdown = breakdown.markdown(summary, breakdown.SOURCE_LENGTH, 'model.position', 'bad')
+  markdown = breakdown.markdown(summary, breakdown.SOURCE_LENGTH, 'model.position', 'bad', per_run)
   assert '| good | 100.00 ± 0.00 |' in markdown
+  assert markdown.endswith('| good | 1.000 ± 0.000 | 1.000 ± 0.000 |\n')  # length ratios
   plotted = breakdown.plot(
     summary, per_run, breakdown.SOURCE_LENGTH, tmp_path, 'model.position', 'bad'
   )
   assert plotted.exists()
   with pytest.raises(ValueError, match='bad seed 0: 3 translations for 24 sources'):
-    breakdown.bleu_by_source_length(sources, references, {'bad': {0: garbled[:3]}}, 'bad', [3])
+    breakdown.bleu_by_source_length(lengths, references, {'bad': {0: garbled[:3]}}, 'bad', [3])
 
 
 def test_bpc_by_position_weights_each_position_by_its_characters():

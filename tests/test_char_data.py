@@ -1,6 +1,6 @@
 """Character LM data: enwik8 reading and checks, splits, vocabularies, ordered batches.
 
-Everything runs on small generated files (no network, never ../shared/data): an enwik8-like
+Everything runs on small generated files (no network, no downloaded corpus): an enwik8-like
 corpus is checked against its own size and md5 through the `expected_*` parameters.
 """
 

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 from helpers import load_config
 
-from relpos.config import checks
+from relpos.config import checks, fields
 from relpos.training import char_lm_task as char_lm
-from relpos.training import loop
 from relpos.training import translation_task as translate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,9 +82,8 @@ def test_a_bad_field_is_one_line_naming_it(task, preset, overrides, devices, mes
 def test_every_field_a_run_reads_has_a_rule(task, preset):
   module, config_name = TASKS[task]
   config = load_config(config_name, preset)
-  flat = _leaves(config.to_dict())  # model.*: the models' typed configs check them
-  ruled = set(loop.RULES) | set(module.TASK.rules) | {'task'}
-  assert sorted(f for f in flat if not f.startswith('model.') and f not in ruled) == []
+  flat = _leaves(config.to_dict())
+  assert sorted(flat) == sorted(fields.rules(module.TASK.declaration))  # declared, so ruled
   module.TASK.check_config(config, types.SimpleNamespace(size=1))  # the defaults pass
 
 

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from relpos.config import checks
+from relpos.config import checks, fields
+from relpos.config.fields import field, section, subsection
+from relpos.config.shared import EvalConfig, OptimConfig, RunFields, TrainConfig
 from relpos.training import loop
 from relpos.training import mesh as mesh_lib
 from relpos.training.preemption import PreemptedError
@@ -22,11 +24,37 @@ from relpos.training.preemption import PreemptedError
 _TRUE_WEIGHTS = np.array([[1.5], [-2.0], [0.5]], np.float32)
 
 
+@section
+class RegressionTrain(TrainConfig):
+  batch_size: int = field(32, checks.integer(1), 'rows per step')
+  steps = 8
+  log_every = 2
+  eval_every = 4
+  checkpoint_every = 4
+  keep_checkpoints = 5
+
+
+@section
+class RegressionModel:
+  d_model: int = field(3, checks.integer(1), 'features of x')
+
+
+@section
+class RegressionConfig(RunFields):
+  """The task's config, declared as relpos's own tasks declare theirs."""
+
+  task = 'regression'
+  model: type = subsection(RegressionModel, 'the linear model')
+  optim: type = subsection(OptimConfig, 'Adam')
+  train: type = subsection(RegressionTrain, 'training')
+  eval: type = subsection(EvalConfig, 'evaluation')
+
+
 class Regression(loop.Task):
   """y = x·w on random x; the metric is the mean squared error of held-out rows."""
 
   metric = 'mse'
-  rules = {'train.batch_size': checks.integer(1)}
+  declaration = RegressionConfig
 
   def check_combinations(self, config, mesh):
     if mesh is not None:
@@ -76,18 +104,9 @@ TASK = Regression()
 
 
 def _config(steps=8):
-  config = ml_collections.ConfigDict()
-  config.seed = 0
-  config.model = ml_collections.ConfigDict({'d_model': 3})
-  config.optim = ml_collections.ConfigDict(
-    dict(schedule='constant', learning_rate=0.2, final_lr=0.0, warmup_steps=0, b1=0.9,
-         b2=0.999, eps=1e-8, clip_norm=0.0)
-  )  # fmt: skip
-  config.train = ml_collections.ConfigDict(
-    dict(batch_size=32, steps=steps, log_every=2, eval_every=4, checkpoint_every=4,
-         keep_checkpoints=5)
-  )  # fmt: skip
-  config.eval = ml_collections.ConfigDict({'step': 0, 'average_checkpoints': 1})
+  config = fields.config_dict(RegressionConfig)
+  config.optim.update(schedule='constant', learning_rate=0.2, clip_norm=0.0)
+  config.train.steps = steps
   return config
 
 

@@ -357,7 +357,7 @@ def test_pallas_bf16(name):
 def test_auto_is_xla_off_a_gpu():
   """'auto' runs the XLA kernels on this CPU (Pallas would only interpret here)."""
   if jax.default_backend() == 'gpu':
-    pytest.skip("on a GPU 'auto' may be 'pallas' (test_auto_is_pallas_on_a_gpu_from_512_keys)")
+    pytest.skip("on a GPU 'auto' may be 'pallas' (tests/test_autotune.py)")
   rng = np.random.default_rng(1600)
   batch, q_len, kv_len, heads, dim = S
   mask = make_mask('random', rng, batch, heads, q_len, kv_len)
@@ -372,20 +372,15 @@ def test_auto_is_xla_off_a_gpu():
     np.testing.assert_array_equal(np.asarray(auto), np.asarray(xla))
 
 
-def test_auto_is_pallas_on_a_gpu_from_512_keys(monkeypatch):
-  """'auto' resolves to 'pallas' where JAX's default backend is a GPU and there are at least
-  AUTO_PALLAS_MIN_KV_LEN keys (the shortest length timed there), else to 'xla'."""
-  for backend, kv_len, want in (
-    ('gpu', 512, 'pallas'),
-    ('gpu', 8192, 'pallas'),
-    ('gpu', 511, 'xla'),
-    ('cpu', 512, 'xla'),
-    ('tpu', 512, 'xla'),
-  ):
-    monkeypatch.setattr(jax, 'default_backend', lambda backend=backend: backend)
-    assert resolve_implementation('auto', kv_len) == want, (backend, kv_len)
-    assert resolve_implementation('xla', kv_len) == 'xla'
-    assert resolve_implementation('pallas', 1) == 'pallas'
+def test_resolve_implementation_keeps_names_and_asks_the_tuner_for_auto():
+  """'xla' and 'pallas' are kept whatever the tuner says; 'auto' is the tuner's answer
+  (relpos.attention.autotune), 'xla' without one; other names raise ValueError."""
+  assert resolve_implementation('xla', lambda: 'pallas') == 'xla'
+  assert resolve_implementation('pallas', lambda: 'xla') == 'pallas'
+  assert resolve_implementation('auto', lambda: 'pallas') == 'pallas'
+  assert resolve_implementation('auto') == 'xla'
+  with pytest.raises(ValueError, match="one of 'auto', 'xla', 'pallas'"):
+    resolve_implementation('triton')
 
 
 # --------------------------------------------------------------------------------------------

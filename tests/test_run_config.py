@@ -32,16 +32,33 @@ def test_config_changes_lists_added_removed_and_nested_fields():
   ]
 
 
-def test_a_run_recorded_before_a_field_was_added_reads_with_its_neutral_value(tmp_path):
+# Fields added after runs were recorded: such runs read each at its declared default, which
+# leaves them unchanged (they configure position schemes and options those runs could not use).
+NEUTRAL = {
+  'model.relative_table_init': 'kernel',
+  'model.relative_table_init_scale': 1.0,
+  'model.t5_num_buckets': 32,
+  'model.t5_max_distance': 128,
+  'model.rope_base': 10000.0,
+  'model.remat': 'none',
+  'model.scan_layers': False,
+  'model.attention_implementation': 'auto',
+  'train.grad_accum_steps': 1,
+  'eval.max_relative_position': -1,
+}
+
+
+def test_a_run_recorded_before_a_field_was_added_reads_its_declared_default(tmp_path):
   """Runs recorded before the T5 / RoPE fields existed still evaluate and resume: a missing
-  `ADDED` field reads as the value that leaves them unchanged; any other difference counts."""
+  field reads as its declared default, the value that leaves them unchanged; any other
+  difference counts."""
   config = load_config('translate_tiny', 'shaw')
   run_config.record_config(config, tmp_path, allow_change=False)
   path = tmp_path / run_config.CONFIG_FILE
   recorded = json.loads(path.read_text())
-  for name, neutral in run_config.ADDED.items():
+  for name, neutral in NEUTRAL.items():
     section, field = name.split('.')
-    assert recorded[section][field] == neutral  # today's default
+    assert recorded[section][field] == neutral  # the declared default
     del recorded[section][field]
   path.write_text(json.dumps(recorded))
   assert run_config.read_config(tmp_path).model.t5_num_buckets == 32
@@ -49,4 +66,20 @@ def test_a_run_recorded_before_a_field_was_added_reads_with_its_neutral_value(tm
   config.model.rope_base = 500.0
   assert run_config.changes_from_recorded(config, tmp_path) == [
     'config.model.rope_base: 10000.0 -> 500.0'
+  ]
+
+
+def test_a_recorded_old_name_is_not_backfilled_under_its_new_name(tmp_path):
+  """A config recorded with a renamed field (model.n_head) keeps it and lacks the new one: the
+  change says so instead of reading the new name's default."""
+  config = load_config('char_tiny', 'xl')
+  run_config.record_config(config, tmp_path, allow_change=False)
+  path = tmp_path / run_config.CONFIG_FILE
+  recorded = json.loads(path.read_text())
+  recorded['model']['n_head'] = recorded['model'].pop('num_heads')
+  path.write_text(json.dumps(recorded))
+  changes = run_config.changes_from_recorded(config, tmp_path)
+  assert changes == [
+    f"config.model.n_head: {config.model.num_heads} -> '<absent>'",
+    f"config.model.num_heads: '<absent>' -> {config.model.num_heads}",
   ]

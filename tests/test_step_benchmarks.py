@@ -1,4 +1,4 @@
-"""The step benchmarks the peer harness runs (`../shared/peers/`), as it runs them: scripts in
+"""The step benchmarks the peer harness runs, as it runs them: scripts in
 their own process, with relpos's CPU defaults (here 2 host devices, so every batch must split
 between them)."""
 
@@ -72,10 +72,11 @@ def test_translate_step_times_split_batches_with_prng_lowerings_shaw_thresholds_
   assert set(rows) == names, stdout
   assert float(rows['shaw, unrolled, dense ≤ 0 keys, xla kernels'][2]) == 1.0  # / the first
   assert all(float(cells[1]) > 0 for cells in rows.values())  # target tokens/s
-  assert 'float32 matmul rate on these 2 device(s): ' in stdout
-  for cells in rows.values():  # GFLOP / step, GFLOP/s, its fraction of the matmul rate
-    gflop_per_batch, gflops, fraction = map(float, cells[3:])
-    assert gflop_per_batch > 0 and gflops > 0 and fraction > 0
+  assert 'peak: the float32 matmul rate on these 2 CPU device(s), ' in stdout
+  for cells in rows.values():  # model and XLA GFLOP / step, model GFLOP/s, MFU (all, visible)
+    model_gflop, xla_gflop, gflops, mfu, mfu_visible = map(float, cells[3:])
+    assert 0 < model_gflop < xla_gflop  # XLA adds softmax, LayerNorm, Adam, the one-hot forms
+    assert gflops > 0 and 0 < mfu_visible < mfu  # the decoder's masked pairs left out
 
 
 def test_char_lm_step_times_the_variants_asked_for(tmp_path):
@@ -92,9 +93,12 @@ def test_char_lm_step_times_the_variants_asked_for(tmp_path):
   rows = _table_rows(stdout)
   assert set(rows) == {'xl', 'xl, mem_len=0', 'none', 'xl, xla kernels'}, stdout
   assert float(rows['xl'][2]) == 1.0  # step time / xl
-  # XLA's FLOP count: memory adds attention work, so xl without memory counts fewer FLOPs.
-  assert 0 < float(rows['xl, mem_len=0'][3]) < float(rows['xl'][3])
-  assert all(float(cells[5]) > 0 for cells in rows.values())  # of matmul rate
+  # Model and XLA FLOP counts: memory adds attention work, so xl without memory counts fewer.
+  for column in (3, 4):
+    assert 0 < float(rows['xl, mem_len=0'][column]) < float(rows['xl'][column])
+  # The same model and shapes: the same model count, whichever kernels run it.
+  assert rows['xl, xla kernels'][3] == rows['xl'][3]
+  assert all(0 < float(cells[7]) < float(cells[6]) for cells in rows.values())  # MFU
 
 
 def test_char_lm_step_refuses_variants_without_xl():

@@ -136,6 +136,6 @@ def test_the_overfit_config_memorises_toy_ende_not_translate_tiny_s_tatoeba():
   """It once followed translate_tiny's data to Tatoeba, whose first 200 pairs are too short
   for its 1000-piece vocabulary (SentencePiece refused)."""
   data = load_config('translate_overfit', 'shaw').data
-  assert Path(data.train_src).parent.name == 'wmt_ende_toy'
+  assert Path(data.train_src).parent.name == 'toy_ende'
   assert (data.eval_src, data.eval_tgt) == (data.train_src, data.train_tgt)
-  assert Path(load_config('translate_tiny', 'shaw').data.train_src).parent.name != 'wmt_ende_toy'
+  assert Path(load_config('translate_tiny', 'shaw').data.train_src).parent.name != 'toy_ende'

@@ -1,6 +1,6 @@
 """Translation data: parallel text, SentencePiece vocabulary, tfds WMT reading, token batches.
 
-Everything runs on small generated files (never ../shared/data): a few hundred sentences of
+Everything runs on small generated files (no downloaded corpus): a few hundred sentences of
 made-up words, a ~100-piece vocabulary, and a tensorflow-datasets copy of `wmt14_translate/de-en`
 written here in the array_record format without TensorFlow.
 """

@@ -5,7 +5,8 @@ kernels (`jax.experimental.pallas`): a grid over (batch, heads, query tiles) or 
 key tiles), a loop over the other axis's tiles inside each program, an online softmax, and
 never a [q_len, kv_len] array in memory. This module holds the parts both use, one of each:
 
-- choosing the implementation (`resolve_implementation`);
+- checking and resolving the implementation argument (`resolve_implementation`; what 'auto'
+  measures is `relpos.attention.autotune`'s);
 - the tiling of the sequence axes (`Tiling`), the kernel layout [batch, heads, length, dim]
   padded to whole tiles and dim to a power of two (`to_kernel_layout`, `triton_size`), and the
   mask as int8 tiles (`kernel_mask`);
@@ -37,7 +38,7 @@ Shaw's 2k+1 buckets and XL's window of block_q + block_k - 1 distances to powers
 (`triton_size`; zeros, exact): Triton's blocks and dots need powers of two, dots >= 16. Given
 `block_sizes` must be powers of two >= 16 too (others fail to lower).
 
-What was measured, and how (README, On a GPU, has the figures):
+What was measured, and how (docs/gpu.md has the figures):
 - On an NVIDIA H200 (jax 0.11.2) the first design of both kernels passed the float64-reference
   tests natively (tests/test_pallas.py -k pallas_native) and was 6-21x slower than the 'xla'
   kernels: its per-distance lookups were one-hot reductions in registers at 32 x 32 tiles, and
@@ -84,21 +85,14 @@ DEFAULT_BLOCK = 64
 MIN_TRITON_DIM = 16  # Triton's smallest dot dimension (tl.dot needs M, N, K >= 16)
 
 
-# 'auto' picks the Pallas kernels on a GPU from this many keys up: the shortest length timed on
-# one (an H100, where they beat XLA's at 512, 2048 and 8192 keys). Below it, where translation's
-# sentences and cached decoding live, nothing was timed, so XLA's kernels stay.
-AUTO_PALLAS_MIN_KV_LEN = 512
+def resolve_implementation(implementation: str, tune: Callable[[], str] | None = None) -> str:
+  """'xla' or 'pallas' for an `implementation` argument.
 
-
-def resolve_implementation(implementation: str, kv_len: int) -> str:
-  """'xla' or 'pallas' for an `implementation` argument and a call over `kv_len` keys.
-
-  'auto' means "pallas where it runs natively and was measured faster, xla elsewhere":
-  'pallas' when JAX's default backend is a GPU and kv_len >= AUTO_PALLAS_MIN_KV_LEN; 'xla' on
-  CPUs (where Pallas only interprets), on TPUs (where the kernels, written for Triton, have
-  never run) and for fewer keys. On one H100 the kernels ran faster than XLA's at every length
-  measured, fwd+bwd in bf16: Shaw 1.6x (n = 512, k = 64) to 3.7x (n = 8192), XL 1.5-1.6x
-  (README, Toward accelerators). Raises ValueError for anything but 'auto', 'xla' or 'pallas'.
+  'xla' and 'pallas' are kept; 'auto' is `tune()`, the caller's measured choice at the shapes
+  of its call (`relpos.attention.autotune`: the faster of the two, timed forward and backward
+  on a GPU; 'xla' on CPUs, where Pallas only interprets, and on TPUs, where these Triton
+  kernels do not lower), or 'xla' without `tune`. Raises ValueError for anything but 'auto',
+  'xla' or 'pallas'.
   """
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(
@@ -106,8 +100,7 @@ def resolve_implementation(implementation: str, kv_len: int) -> str:
       f'got {implementation!r}'
     )
   if implementation == 'auto':
-    on_gpu = jax.default_backend() == 'gpu'
-    return 'pallas' if on_gpu and kv_len >= AUTO_PALLAS_MIN_KV_LEN else 'xla'
+    return 'xla' if tune is None else tune()
   return implementation
 
 

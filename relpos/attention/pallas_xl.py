@@ -37,8 +37,8 @@ register gather `tt.gather` (`pallas_gather`; Mosaic has no rule for it, so thes
 lower for a TPU); the window is a power of two >= 16; default tiles are 32 x 32
 (`DEFAULT_XL_BLOCK`). The first design read each skewed column by a one-hot reduction over
 [block_q, block_k, window] values in registers: it passed the float64-reference tests on an
-H200 but was 82x / 255x vanilla XLA attention's fwd / fwd+bwd time at n = 512 (README, On a
-GPU), and compiled for sm_90a it spilled 19-52 KB per thread; with the gather the same kernels
+H200 but was 82x / 255x vanilla XLA attention's fwd / fwd+bwd time at n = 512 (docs/gpu.md, the
+H200 run), and compiled for sm_90a it spilled 19-52 KB per thread; with the gather the same kernels
 spill at most 532 bytes (`benchmarks/triton_compile.py`). The gather version has not run on a
 GPU.
 """

@@ -21,7 +21,8 @@ At a few dozen keys the band's fixed costs (index arithmetic, diagonal gathers, 
 outweigh the dense matmuls they avoid, and a band as wide as the sequence (k >= kv_len) is
 all overhead; from a few hundred keys the dense form's per-pair work dominates.
 
-What matters for the banded kernel's speed on XLA:CPU (benchmarks/attention.py, README): the
+What matters for the banded kernel's speed on XLA:CPU (benchmarks/attention.py, docs/kernels.md):
+the
 logit gradient ds is needed on the band's diagonals as well as whole; gathering the diagonals
 from ds made XLA recompute ds inside the gather and therefore materialise the spread a^V term, a
 [Q·K, B, H] array written out and read back transposed. So the diagonals of ds are computed from
@@ -74,7 +75,7 @@ def _prefix_block_size(kv_len: int) -> int:
   """Keys per block of the blocked prefix sums: sqrt(kv_len) rounded up to a power of two.
 
   Each block adds a column to a matmul and each key of the partial block a gathered
-  diagonal: sqrt(kv_len) balances the two (README's kernel section has the measurements).
+  diagonal: sqrt(kv_len) balances the two (docs/kernels.md has the measurements).
   """
   return 2 ** math.ceil(math.log2(max(1.0, math.sqrt(kv_len))))
 
@@ -191,7 +192,7 @@ def _heads_first(x_BQHD):
 
   The small table matmuls (q·w^K, do·w^V and their transposes) written on it share that copy
   and give [B·H·Q, 2k+1] row-major outputs; written on [B, Q, H, D] they made XLA:CPU transpose
-  q and do once more and lay the output out [2k+1, B·Q·H] (README's kernel section).
+  q and do once more and lay the output out [2k+1, B·Q·H] (docs/kernels.md).
   """
   return jnp.transpose(x_BQHD, (0, 2, 1, 3))
 
@@ -359,13 +360,24 @@ def _check(query, key, value, rel_key, rel_value, dropout_rate, dropout_rng) -> 
 
 
 # shaw_attention's 'xla' implementation is the dense form up to this many keys and the banded
-# kernel above it (benchmarks/attention.py; README's kernel section has the measurements).
+# kernel above it (benchmarks/attention.py; docs/kernels.md has the measurements).
 DENSE_MAX_KV_LEN = 64
 
 
 def xla_form(kv_len: int) -> str:
   """'dense' or 'banded': the form `shaw_attention`'s 'xla' implementation uses for kv_len keys."""
   return 'dense' if kv_len <= DENSE_MAX_KV_LEN else 'banded'
+
+
+def _tuned(query, key, rel_key, rel_value, mask, dropout_rate) -> str:
+  """'auto' for this call: the autotuner's choice at its shapes (`relpos.attention.autotune`,
+  imported here so that `python -m relpos.attention.autotune` loads that module only once)."""
+  from relpos.attention import autotune
+
+  return autotune.choose(
+    lambda: autotune.shaw_signature(query, key, rel_key, rel_value, mask, dropout_rate),
+    lambda signature: autotune.fwd_bwd_candidates(shaw_attention, signature),
+  )
 
 
 def shaw_attention(
@@ -399,8 +411,9 @@ def shaw_attention(
       where the band's bookkeeping costs more than the dense one-hot matmuls it replaces, and
       `shaw_attention_banded` above; both draw the same dropout bits), 'pallas' (the fused,
       tiled kernels of `relpos.attention.pallas_shaw`; interpreted on CPU, Triton on GPU) or
-      'auto' (the default): 'pallas' on a GPU from `AUTO_PALLAS_MIN_KV_LEN` keys up, 'xla'
-      elsewhere (`pallas_common.resolve_implementation`).
+      'auto' (the default): on a GPU the faster of the two, timed forward and backward at
+      this call's shapes on first use and cached (`relpos.attention.autotune`); 'xla'
+      elsewhere.
       With dropout, 'pallas' draws its keep mask from a hash
       (`pallas_common.dropout_keep_hashed`): same distribution, different bits than 'xla'.
     block_sizes: (block_q, block_k) tiles of the 'pallas' implementation (None: its default,
@@ -411,7 +424,9 @@ def shaw_attention(
   """
   # Checked here too, before key.shape picks the form: a malformed call fails with its message.
   dropout_rate = _check(query, key, value, rel_key, rel_value, dropout_rate, dropout_rng)
-  implementation = resolve_implementation(implementation, key.shape[1])
+  implementation = resolve_implementation(
+    implementation, lambda: _tuned(query, key, rel_key, rel_value, mask, dropout_rate)
+  )
   if implementation == 'pallas':
     return shaw_attention_pallas(
       query,

@@ -41,7 +41,7 @@ def _position_logits(query_BQHD, rel_key_THD):
 
   Computed as [heads, batch·q_len, t] and then transposed, so that the relative shift, which
   walks t for each query, reads rows of it; in XLA's own choice of layout, [heads, t,
-  batch·q_len], it strides across memory (README's kernel section has the measurements).
+  batch·q_len], it strides across memory (docs/kernels.md has the measurements).
   """
   position_HBQT = jnp.einsum(
     'bqhd,thd->hbqt',
@@ -50,6 +50,17 @@ def _position_logits(query_BQHD, rel_key_THD):
     preferred_element_type=accumulation_dtype(query_BQHD.dtype),
   )
   return jnp.transpose(position_HBQT, (1, 0, 2, 3)) * query_BQHD.shape[-1] ** -0.5
+
+
+def _tuned(query, key, mask, dropout_rate) -> str:
+  """'auto' for this call: the autotuner's choice at its shapes (`relpos.attention.autotune`,
+  imported here so that `python -m relpos.attention.autotune` loads that module only once)."""
+  from relpos.attention import autotune
+
+  return autotune.choose(
+    lambda: autotune.xl_signature(query, key, mask, dropout_rate),
+    lambda signature: autotune.fwd_bwd_candidates(xl_attention, signature),
+  )
 
 
 def xl_attention(
@@ -80,10 +91,10 @@ def xl_attention(
       `relpos.attention.masking.attention_dropout`; rate 0 (the default) needs no rng.
     implementation: 'xla' (this module's kernel), 'pallas' (the fused, tiled kernels of
       `relpos.attention.pallas_xl`; interpreted on CPU, Triton on GPU; no TPU lowering) or
-      'auto' (the default): 'pallas' on a GPU from `AUTO_PALLAS_MIN_KV_LEN` keys up, 'xla'
-      elsewhere (`pallas_common.resolve_implementation`). With dropout,
-      'pallas' draws its keep mask from a hash (`pallas_common.dropout_keep_hashed`): same
-      distribution, different bits than 'xla'.
+      'auto' (the default): on a GPU the faster of the two, timed forward and backward at
+      this call's shapes on first use and cached (`relpos.attention.autotune`); 'xla'
+      elsewhere. With dropout, 'pallas' draws its keep mask from a hash
+      (`pallas_common.dropout_keep_hashed`): same distribution, different bits than 'xla'.
     block_sizes: (block_q, block_k) tiles of the 'pallas' implementation (None: its default,
       which Triton can lower; given sizes must be powers of two >= 16 for GPU); unused by
       'xla'.
@@ -91,7 +102,6 @@ def xl_attention(
     [batch, q_len, heads, head_dim] in value's dtype.
   """
   check_qkv(query, key, value)
-  implementation = resolve_implementation(implementation, key.shape[1])
   q_len, kv_len = query.shape[1], key.shape[1]
   if rel_key.shape != (kv_len,) + key.shape[2:]:
     raise ValueError(
@@ -101,6 +111,10 @@ def xl_attention(
   for name, bias in (('content_bias', content_bias), ('position_bias', position_bias)):
     if bias.shape != key.shape[2:]:
       raise ValueError(f'{name} must be [heads, head_dim] = {key.shape[2:]}, got {bias.shape}')
+  dropout_rate = check_dropout(dropout_rate, dropout_rng)
+  implementation = resolve_implementation(
+    implementation, lambda: _tuned(query, key, mask, dropout_rate)
+  )
   if implementation == 'pallas':
     return xl_attention_pallas(
       query,
@@ -110,7 +124,7 @@ def xl_attention(
       content_bias,
       position_bias,
       mask=mask,
-      dropout_rate=check_dropout(dropout_rate, dropout_rng),
+      dropout_rate=dropout_rate,
       dropout_rng=dropout_rng,
       block_sizes=block_sizes,
     )

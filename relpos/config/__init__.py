@@ -1,10 +1,30 @@
-"""Config defaults of each task (every field a run reads), the rules that check them, and
-`load_config_file` for config files built on other config files."""
+"""The declarations of every config field (`fields`: how a field is declared; `model_fields`,
+`shared`, `char_lm_defaults`, `translation_defaults`: the fields), the rules that check them
+(`checks`), and `load_config_file` for config files built on other config files. The config
+files of configs/ are presets: they start from a declaration's ConfigDict and change values
+only."""
 
+import importlib
 import importlib.util
 from pathlib import Path
 
 import ml_collections
+
+# config.task -> (module, class) of its declaration, imported on demand so that reading one
+# task's run never imports another task's data modules.
+_DECLARATIONS = {
+  'char_lm': ('relpos.config.char_lm_defaults', 'CharLMConfig'),
+  'translate': ('relpos.config.translation_defaults', 'TranslationConfig'),
+}
+
+
+def declaration(task) -> type | None:
+  """The declared config (a `relpos.config.fields.section`) of config.task `task`, or None for
+  a task relpos does not declare."""
+  if task not in _DECLARATIONS:
+    return None
+  module, name = _DECLARATIONS[task]
+  return getattr(importlib.import_module(module), name)
 
 
 def load_config_file(path: Path, preset: str | None = None) -> ml_collections.ConfigDict:

@@ -1,76 +1,91 @@
-"""The fields of every character-LM config, with the Transformer-XL enwik8 base defaults.
+"""The character-LM config, declared: every field a run reads, with the Transformer-XL enwik8
+base defaults (Dai et al. 2019, Table 9 / the original code).
 
-Config files (configs/char_tiny.py, configs/enwik8_base.py, ...) start from `char_lm_config()`
-and change values only. Every field a character-LM run reads is declared here, so a typo in a
-command-line override (`--config.train.mem_len=...`) fails at parse time instead of being
-ignored. `relpos.training.char_lm_task` holds the rules of the fields it reads, the model's typed
-config (`relpos.models.transformer_xl.TransformerXLConfig`) those of config.model.
+`CharLMConfig` declares the task's sections (`relpos.config.fields`); `char_lm_config()` is
+the ConfigDict generated from it, which config files (configs/char_tiny.py,
+configs/enwik8_base.py, ...) start from and change values only. Since every field is declared,
+a typo in a command-line override (`--config.train.mem_len=...`) fails at parse time instead of
+being ignored, and `relpos.training.char_lm_task` checks the declared rules before reading any
+data. config.model is `relpos.config.model_fields.TransformerXLConfig`.
 """
 
 import ml_collections
 
-from relpos.config.shared import add_shared_eval_fields, add_shared_model_fields
+from relpos.config import checks, fields
+from relpos.config.fields import field, section, subsection
+from relpos.config.model_fields import TransformerXLConfig
+from relpos.config.shared import EvalConfig, OptimConfig, RunFields, TrainConfig
+from relpos.data.char_corpus import KINDS
+
+
+@section
+class CharLMData:
+  """config.data: the text and its vocabulary."""
+
+  kind: str = field(
+    'enwik8', checks.one_of(*KINDS), "'enwik8' (enwik8 or enwik8.zip) | 'text' (any file, 90/5/5)"
+  )
+  path: str = field('enwik8', checks.TEXT, 'the file')
+  vocab: str = field(
+    'bytes',
+    checks.one_of('bytes', 'original'),
+    "'bytes' (256) | 'original' (drops newlines: 204 on enwik8)",
+  )
+  max_bytes: int | None = field(
+    None, checks.integer(1, optional=True), 'read only the first bytes (None: all)'
+  )
+
+
+@section
+class Span:
+  """The segment and memory settings of training and of evaluation (config.train /
+  config.eval)."""
+
+  tgt_len: int = field(512, checks.integer(1), 'segment length')
+  mem_len: int = field(512, checks.integer(0), 'memory length (0: no memory)')
+  clamp_len: int = field(-1, checks.integer(), 'XL distances clamped to this (<= 0: none)')
+  same_length: bool = field(False, checks.FLAG, 'every query sees the same number of keys')
+
+
+@section
+class CharLMTrain(TrainConfig, Span):
+  """config.train of the character LM."""
+
+  batch_size: int = field(
+    22,
+    checks.integer(1),
+    'GLOBAL rows per step, split across all devices of all processes (a multiple of their '
+    'count); per-device batch = batch_size / device count',
+  )
+
+
+@section
+class CharLMEval(EvalConfig, Span):
+  """config.eval of the character LM: the split, and its segment and memory settings."""
+
+  split: str = field('test', checks.one_of('valid', 'test'), 'the split scored')
+  batch_size: int = field(10, checks.integer(1), 'rows of segments scored at once')
+  tgt_len = 80
+  mem_len = 2100
+  clamp_len = 820
+  same_length = True
+  max_segments_during_training: int = field(
+    0, checks.integer(0), 'periodic validation scores only this many segments (0: the split)'
+  )
+
+
+@section
+class CharLMConfig(RunFields):
+  """The character-LM task's config."""
+
+  task = 'char_lm'
+  data: type = subsection(CharLMData, 'the text')
+  model: type = subsection(TransformerXLConfig, 'the Transformer-XL LM')
+  optim: type = subsection(OptimConfig, 'the optimizer')
+  train: type = subsection(CharLMTrain, 'training')
+  eval: type = subsection(CharLMEval, 'evaluation')
 
 
 def char_lm_config() -> ml_collections.ConfigDict:
-  """The Transformer-XL enwik8 base settings (Dai et al. 2019, Table 9 / the original code)."""
-  config = ml_collections.ConfigDict()
-  config.task = 'char_lm'  # which relpos.training module train.py / eval.py run
-  config.seed = 0
-
-  config.data = ml_collections.ConfigDict()
-  config.data.kind = 'enwik8'  # 'enwik8' (enwik8 or enwik8.zip) | 'text' (any file, 90/5/5)
-  config.data.path = 'enwik8'
-  config.data.vocab = 'bytes'  # 'bytes' (256) | 'original' (drops newlines: 204 on enwik8)
-  config.data.max_bytes = ml_collections.FieldReference(None, field_type=int)
-
-  config.model = ml_collections.ConfigDict()
-  config.model.position = 'xl'  # relpos.constants.CHAR_LM_POSITIONS
-  config.model.num_layers = 12
-  config.model.d_model = 512
-  config.model.num_heads = 8
-  config.model.head_dim = 64
-  config.model.d_ff = 2048
-  config.model.dropout = 0.1
-  config.model.attention_dropout = 0.0  # on the attention probabilities (the original's dropatt)
-  config.model.untie_r = True  # per-layer XL biases u, v
-  config.model.pre_layer_norm = False
-  config.model.max_relative_position = 16  # k, for position='shaw'
-  add_shared_model_fields(config.model)
-
-  config.optim = ml_collections.ConfigDict()
-  config.optim.learning_rate = 2.5e-4
-  config.optim.final_lr = 0.0
-  config.optim.schedule = 'cosine'  # 'cosine' | 'constant'
-  config.optim.warmup_steps = 0
-  config.optim.b1 = 0.9
-  config.optim.b2 = 0.999
-  config.optim.eps = 1e-8
-  config.optim.clip_norm = 0.25
-
-  config.train = ml_collections.ConfigDict()
-  # GLOBAL rows per step, split across all devices of all processes (a multiple of their
-  # count); per-device batch = batch_size / device count.
-  config.train.batch_size = 22
-  config.train.tgt_len = 512  # segment length
-  config.train.mem_len = 512  # memory length (0: no memory)
-  config.train.clamp_len = -1  # XL distances clamped to this (<= 0: no clamping)
-  config.train.same_length = False  # every query sees the same number of keys
-  config.train.steps = 400_000
-  config.train.log_every = 200
-  config.train.eval_every = 4000
-  config.train.checkpoint_every = 4000
-  config.train.keep_checkpoints = 3
-  config.train.grad_accum_steps = 1  # micro-batches per step, for a batch beyond memory
-
-  config.eval = ml_collections.ConfigDict()
-  config.eval.split = 'test'  # 'valid' | 'test'
-  add_shared_eval_fields(config.eval)
-  config.eval.batch_size = 10
-  config.eval.tgt_len = 80
-  config.eval.mem_len = 2100
-  config.eval.clamp_len = 820
-  config.eval.same_length = True
-  # Periodic validation during training scores only this many segments (0 = the whole split).
-  config.eval.max_segments_during_training = 0
-  return config
+  """The Transformer-XL enwik8 base settings, as a ConfigDict (`CharLMConfig`'s defaults)."""
+  return fields.config_dict(CharLMConfig)

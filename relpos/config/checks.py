@@ -1,10 +1,11 @@
 """Rules for config fields (type, range, choices) and the check that applies them.
 
-Each task declares one rule per field it reads (`relpos.training.char_lm_task.RULES`, ...) and
-checks them, and its cross-field rules, before reading any data, so that a bad value ends the
+Every field declares its rule (`relpos.config.fields.field`); a task checks the rules of its
+declaration, and its cross-field rules, before reading any data, so that a bad value ends the
 run with one line naming the field. The model sections are checked the same way by the
-models' typed configs. `RENAMED` maps the fields of older configs to their current names, so a
-command line written for them gets a line saying what to write instead.
+models' typed configs (`relpos.config.model_fields`). `RENAMED` maps the fields of older
+configs to their current names, so a command line written for them gets a line saying what to
+write instead.
 """
 
 import dataclasses

@@ -1,55 +1,78 @@
-"""The config.model and config.eval fields both tasks declare with the same meaning and the
-same defaults.
+"""The sections and fields both tasks declare with the same meaning: the top-level fields, the
+optimizer, the training loop's cadence and the checkpoint evaluation restores.
 
-The position-scheme options and the memory options are read by the one attention layer and the
-one layer stack (`relpos.models.multihead_attention`, `relpos.models.layers`) that both models use,
-so
-they are declared once here and added to each task's config by `add_shared_model_fields`.
-Likewise the evaluation fields `relpos.training.loop.restore_model` reads
-(`add_shared_eval_fields`).
+Each is a `relpos.config.fields.section`; a task extends it with its own fields and gives
+inherited ones its own defaults (`relpos.config.char_lm_defaults`,
+`relpos.config.translation_defaults`). The defaults here are the character LM's (Transformer-XL
+on enwik8). The readers: `relpos.training.loop` (train.*, eval.step, eval.average_checkpoints,
+seed), `relpos.training.optim` (optim.*), `relpos.training.loop.restore_model`
+(eval.max_relative_position).
 """
 
-import ml_collections
-
 from relpos.config import checks
-
-# The rules of `add_shared_eval_fields`'s own fields (config.eval.step and average_checkpoints
-# are every task's: `relpos.training.loop.RULES`).
-EVAL_RULES = {'eval.max_relative_position': checks.integer(-1)}  # -1: as trained
+from relpos.config.fields import field, section
 
 
-def add_shared_model_fields(model: ml_collections.ConfigDict) -> None:
-  """Adds the shared fields, with their defaults, to a task's config.model."""
-  model.relative_keys = True  # Shaw's tables w^K and w^V (the paper's Table 3 ablations)
-  model.relative_values = True
-  # How the tables start: 'kernel' (the model's weight initializer, which for translation's
-  # Xavier-uniform over [2k+1, head_dim] scales with k) or 'zeros' (every distance alike).
-  model.relative_table_init = 'kernel'
-  # Multiplies the 'kernel' start: Xavier-uniform's scale falls as k grows (row norm 1.33 at
-  # k = 4, 1.15 at k = 16 with head_dim 64), so 1.1527 at k = 16 starts its rows as k = 4's.
-  model.relative_table_init_scale = 1.0
-  model.t5_num_buckets = 32  # position='t5': T5's defaults
-  model.t5_max_distance = 128
-  model.rope_base = 10000.0  # position='rope'
-  model.remat = 'none'  # 'none' | 'full' | 'dots' | 'dots_no_batch' (models/layers.py)
-  model.scan_layers = False  # True: each stack runs as one lax.scan over its layers
-  # Shaw's and XL's attention kernels: 'auto' (Pallas on a GPU from 512 keys up, XLA
-  # elsewhere), 'xla' or 'pallas' (relpos.attention.pallas_common.resolve_implementation).
-  model.attention_implementation = 'auto'
-  model.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16'
+@section
+class RunFields:
+  """The top-level fields of every task's config."""
+
+  task: str = field('', checks.TEXT, 'which relpos.training task train.py / eval.py run')
+  seed: int = field(0, checks.integer(0), 'seeds initialisation, dropout and data order')
 
 
-def add_shared_eval_fields(eval_section: ml_collections.ConfigDict) -> None:
-  """Adds the fields of the checkpoint evaluation restores, with their defaults, to a task's
-  config.eval."""
-  eval_section.step = 0  # 0 = latest checkpoint
-  eval_section.average_checkpoints = 1  # average the parameters of the last N checkpoints
-  # >= 0: score with Shaw's distances clipped at this k instead of the trained
-  # model.max_relative_position (the trained tables' rows -k..k); -1: as trained.
-  eval_section.max_relative_position = -1
+@section
+class OptimConfig:
+  """config.optim: Adam on a learning-rate schedule after global-norm clipping."""
+
+  schedule: str = field(
+    'cosine',
+    checks.one_of('cosine', 'constant', 'rsqrt'),
+    "'cosine' / 'constant' after a linear warmup; 'rsqrt': learning_rate * d_model^-0.5 * "
+    'min(step^-0.5, step * warmup^-1.5) (Vaswani et al.)',
+  )
+  learning_rate: float = field(2.5e-4, checks.positive(), 'the peak (or scale, for rsqrt)')
+  final_lr: float = field(0.0, checks.number(0.0), 'where the cosine decay ends')
+  warmup_steps: int = field(0, checks.integer(0), 'steps of linear warmup')
+  b1: float = field(0.9, checks.fraction(), "Adam's beta1")
+  b2: float = field(0.999, checks.fraction(), "Adam's beta2")
+  eps: float = field(1e-8, checks.positive(), "Adam's epsilon")
+  clip_norm: float = field(0.25, checks.number(0.0), 'global gradient norm clip (0: none)')
 
 
-def check_eval_fields(config: ml_collections.ConfigDict, unread_model_fields) -> None:
+@section
+class TrainConfig:
+  """config.train: the training loop's cadence."""
+
+  steps: int = field(400_000, checks.integer(1), 'optimizer steps')
+  log_every: int = field(200, checks.integer(1), 'steps between progress lines')
+  eval_every: int = field(4000, checks.integer(0), 'steps between validations (0: none)')
+  checkpoint_every: int = field(
+    4000, checks.integer(0), 'steps between checkpoints (0: only at the end and on SIGTERM)'
+  )
+  keep_checkpoints: int = field(3, checks.integer(1), 'the newest checkpoints kept')
+  grad_accum_steps: int = field(
+    1, checks.integer(1), 'micro-batches per step, for a batch beyond memory'
+  )
+
+
+@section
+class EvalConfig:
+  """config.eval: which checkpoint evaluation restores, and how."""
+
+  step: int = field(0, checks.integer(0), 'the checkpoint scored (0: the newest)')
+  average_checkpoints: int = field(
+    1, checks.integer(1), 'average the parameters of the last N checkpoints'
+  )
+  max_relative_position: int = field(
+    -1,
+    checks.integer(-1),
+    "score with Shaw's distances clipped at this k instead of the trained "
+    'config.model.max_relative_position (-1: as trained)',
+  )
+
+
+def check_eval_fields(config, unread_model_fields) -> None:
   """Raises ValueError naming the field for a config.eval.max_relative_position the model
   cannot honour: a clip with no Shaw tables (max_relative_position among the model's
   `unread_model_fields`), or beyond the trained k."""

@@ -2,35 +2,54 @@
 
     python -m relpos.data.prepare tatoeba --out=data/                 # fetches deu-eng.zip
     python -m relpos.data.prepare tatoeba --out=data/ --zip=deu-eng.zip   # a copy you have
+    python -m relpos.data.prepare enwik8 --out=data/                  # fetches enwik8.zip
 
 `tatoeba` writes `<out>/tatoeba_ende/{train,dev,test}.{en,de}.gz` and `SOURCE.json` (the
 export's md5, the pair counts, the licence): see `relpos.data.tatoeba`. configs/translate_tiny.py
-reads `data/tatoeba_ende` of the repository (or the copy in ../shared/data when it exists).
+reads `data/tatoeba_ende` of the repository, or `$RELPOS_DATA_DIR/tatoeba_ende` where that
+variable is set (`relpos.data.data_directory`, also `--out`'s default). `enwik8` writes
+`<out>/enwik8.zip`, checked by size and md5 before it is put in place (`relpos.data.enwik8`),
+for configs/enwik8_*.py's `--config.data.path=data/enwik8.zip`.
 """
 
 import sys
 
 from absl import app, flags
 
-from relpos.data import tatoeba
+from relpos.data import data_directory, enwik8, tatoeba
 
-_OUT = flags.DEFINE_string('out', 'data', 'Directory the corpus directory is written under.')
+_OUT = flags.DEFINE_string(
+  'out', str(data_directory()), 'Directory the corpus directory is written under.'
+)
 _ZIP = flags.DEFINE_string('zip', None, f'A local deu-eng.zip instead of fetching {tatoeba.URL}.')
+CORPORA = ('tatoeba', 'enwik8')
+
+
+def _tatoeba(out: str) -> None:
+  zip_path = _ZIP.value
+  if zip_path is None:
+    print(f'downloading {tatoeba.URL} ...', flush=True)
+    zip_path = tatoeba.download(out)
+  directory = tatoeba.prepare(zip_path, out)
+  print((directory / 'SOURCE.json').read_text().strip())
+  print(f'prepared {directory}')
+
+
+def _enwik8(out: str) -> None:
+  print(f'downloading {enwik8.ENWIK8_URL} ...', flush=True)
+  print(f'prepared {enwik8.download_enwik8(out)}')
 
 
 def main(argv):
-  if len(argv) != 2 or argv[1] != 'tatoeba':
-    sys.exit('error: name the corpus to prepare: python -m relpos.data.prepare tatoeba --out=DIR')
-  zip_path = _ZIP.value
+  if len(argv) != 2 or argv[1] not in CORPORA:
+    sys.exit(
+      f'error: name the corpus to prepare ({" or ".join(CORPORA)}): '
+      'python -m relpos.data.prepare tatoeba --out=DIR'
+    )
   try:
-    if zip_path is None:
-      print(f'downloading {tatoeba.URL} ...', flush=True)
-      zip_path = tatoeba.download(_OUT.value)
-    directory = tatoeba.prepare(zip_path, _OUT.value)
+    (_tatoeba if argv[1] == 'tatoeba' else _enwik8)(_OUT.value)
   except (OSError, ValueError) as error:
     sys.exit(f'error: {error}')
-  print((directory / 'SOURCE.json').read_text().strip())
-  print(f'prepared {directory}')
 
 
 if __name__ == '__main__':

@@ -15,7 +15,7 @@ mtime 0, so the bytes are reproducible) with `SOURCE.json` recording the zip's m
 counts and the licence. The export is updated from time to time; the 2018-05-13 one (md5
 `REFERENCE_ZIP_MD5`) gives 163,069 / 3,096 / 2,914 pairs. A zip with another md5 is
 prepared all the same and its md5 recorded, with a warning that its figures are not
-comparable with README's.
+comparable with docs/translation.md's.
 """
 
 import gzip
@@ -103,7 +103,7 @@ def prepare(zip_path, out) -> pathlib.Path:
     raise ValueError(f'{zip_path}: {MEMBER} holds no tab-separated English/German pairs')
   if md5 != REFERENCE_ZIP_MD5:
     logging.warning(
-      '%s has md5 %s, not the 2018-05-13 export (%s) that README figures used: the splits '
+      '%s has md5 %s, not the 2018-05-13 export (%s) that the docs/ figures used: the splits '
       'differ, and so do the scores',
       zip_path,
       md5,

@@ -33,6 +33,7 @@ from flax import nnx
 
 from relpos import attention
 from relpos.attention.masking import default_query_offset
+from relpos.config.model_fields import ModelConfig
 from relpos.models import layers
 
 RELATIVE_SCHEMES = ('none', 'shaw', 'xl', 'rope')
@@ -50,91 +51,48 @@ def self_attention_kind(position: str) -> str:
 class MultiHeadAttention(nnx.Module):
   """Attention of queries from x over keys and values, with the scheme's relative terms."""
 
-  def __init__(
-    self,
-    *,
-    d_model: int,
-    num_heads: int,
-    head_dim: int,
-    relative: str,
-    dtype,
-    kernel_init,
-    rngs: nnx.Rngs,
-    max_relative_position: int = 0,
-    relative_keys: bool = True,
-    relative_values: bool = True,
-    relative_table_init: str = 'kernel',
-    relative_table_init_scale: float = 1.0,
-    rope_base: float = 10000.0,
-    attention_dropout: float = 0.0,
-    implementation: str = 'auto',
-  ):
+  def __init__(self, config: ModelConfig, *, relative: str, kernel_init, rngs: nnx.Rngs):
     """Builds the projections [d_model, num_heads * head_dim] and the scheme's parameters.
 
     Args:
-      relative: one of RELATIVE_SCHEMES.
-      dtype: compute dtype (parameters stay float32).
+      config: the model's typed config; the layer reads its d_model, num_heads, head_dim and
+        dtype, attention_dropout, and what its scheme reads: Shaw's k, tables and their start
+        ('shaw'), rope_base ('rope') and attention_implementation ('shaw', 'xl').
+      relative: one of RELATIVE_SCHEMES (encoder-decoder attention is 'none' whatever the
+        config's position).
       kernel_init: initializer of the projections, and of Shaw's tables.
       rngs: 'params' (or default) stream for initialisation, 'dropout' (or default) for
         attention dropout.
-      max_relative_position, relative_keys, relative_values: 'shaw' only: k and the tables.
-      relative_table_init: 'shaw' only: 'kernel' (the tables start from `kernel_init`) or
-        'zeros'.
-      relative_table_init_scale: 'shaw' only: multiplies the 'kernel' start.
-      rope_base: 'rope' only: the base of the rotation frequencies.
-      attention_dropout: rate on the attention probabilities, in training.
-      implementation: 'shaw' and 'xl': their kernels' `implementation` ('auto', 'xla' or
-        'pallas').
     """
     if relative not in RELATIVE_SCHEMES:
       raise ValueError(f'relative must be one of {RELATIVE_SCHEMES}, got {relative!r}')
-    self.relative, self.num_heads, self.head_dim = relative, num_heads, head_dim
-    self.dtype, self.attention_dropout, self.rope_base = dtype, attention_dropout, rope_base
-    self.implementation = implementation
-    width = num_heads * head_dim
+    self.relative, self.num_heads, self.head_dim = relative, config.num_heads, config.head_dim
+    self.dtype, self.attention_dropout = config.compute_dtype, config.attention_dropout
+    self.rope_base, self.implementation = config.rope_base, config.attention_implementation
+    width = config.num_heads * config.head_dim
 
     def linear(fan_in, fan_out):
-      return layers.linear(fan_in, fan_out, dtype, rngs, kernel_init=kernel_init, use_bias=False)
+      return layers.linear(
+        fan_in, fan_out, self.dtype, rngs, kernel_init=kernel_init, use_bias=False
+      )
 
-    self.query, self.key, self.value = (linear(d_model, width) for _ in range(3))
-    self.output = linear(width, d_model)
-    self.r_net = linear(d_model, width) if relative == 'xl' else None
+    self.query, self.key, self.value = (linear(config.d_model, width) for _ in range(3))
+    self.output = linear(width, config.d_model)
+    self.r_net = linear(config.d_model, width) if relative == 'xl' else None
 
     def table(wanted):
       if relative != 'shaw' or not wanted:
         return None
-      init = kernel_init if relative_table_init == 'kernel' else nnx.initializers.zeros_init()
+      zeros = config.relative_table_init == 'zeros'
+      init = nnx.initializers.zeros_init() if zeros else kernel_init
       # A key is drawn either way, so the init leaves every other parameter's draw unchanged.
-      start = init(rngs.params(), (2 * max_relative_position + 1, head_dim))
-      return nnx.Param(start * relative_table_init_scale)
+      start = init(rngs.params(), (2 * config.max_relative_position + 1, config.head_dim))
+      return nnx.Param(start * config.relative_table_init_scale)
 
-    self.rel_key, self.rel_value = table(relative_keys), table(relative_values)
+    self.rel_key = table(config.relative_keys)
+    self.rel_value = table(config.relative_values)
     # Forked whatever the rate, so the rate never changes the initialisation.
     self.dropout_rngs = rngs['dropout'].fork()
-
-  @classmethod
-  def from_config(
-    cls, config: layers.ModelConfig, *, relative: str, kernel_init, rngs: nnx.Rngs
-  ) -> 'MultiHeadAttention':
-    """The layer of a model config: its d_model, num_heads, head_dim, dtype, Shaw tables,
-    rope_base, attention_dropout and attention_implementation."""
-    return cls(
-      d_model=config.d_model,
-      num_heads=config.num_heads,
-      head_dim=config.head_dim,
-      relative=relative,
-      dtype=config.compute_dtype,
-      kernel_init=kernel_init,
-      rngs=rngs,
-      max_relative_position=config.max_relative_position,
-      relative_keys=config.relative_keys,
-      relative_values=config.relative_values,
-      relative_table_init=config.relative_table_init,
-      relative_table_init_scale=config.relative_table_init_scale,
-      rope_base=config.rope_base,
-      attention_dropout=config.attention_dropout,
-      implementation=config.attention_implementation,
-    )
 
   def _heads(self, x_BTF):
     """[..., num_heads * head_dim] -> [..., num_heads, head_dim]."""
@@ -248,41 +206,27 @@ class RelativeBias(nnx.Module):
   q_len keys), which the stack's layers pass to `MultiHeadAttention` as `bias`.
   """
 
-  def __init__(
-    self,
-    position: str,
-    *,
-    num_heads: int,
-    bidirectional: bool,
-    num_buckets: int,
-    max_distance: int,
-    kernel_init,
-    rngs: nnx.Rngs,
-  ):
-    if position not in BIAS_POSITIONS:
-      raise ValueError(f'RelativeBias position must be one of {BIAS_POSITIONS}, got {position!r}')
-    self.position, self.num_heads = position, num_heads
-    self.bidirectional, self.max_distance = bidirectional, max_distance
-    self.table = (
-      nnx.Param(kernel_init(rngs.params(), (num_buckets, num_heads))) if position == 't5' else None
-    )
+  def __init__(self, config: ModelConfig, *, bidirectional: bool, kernel_init, rngs: nnx.Rngs):
+    """The bias of config.position (one of BIAS_POSITIONS) with config.num_heads heads and,
+    for 't5', config.t5_num_buckets and t5_max_distance; `bidirectional`: both directions
+    (encoder self-attention) or the past only."""
+    if config.position not in BIAS_POSITIONS:
+      raise ValueError(
+        f'RelativeBias position must be one of {BIAS_POSITIONS}, got {config.position!r}'
+      )
+    self.position, self.num_heads = config.position, config.num_heads
+    self.bidirectional, self.max_distance = bidirectional, config.t5_max_distance
+    shape = (config.t5_num_buckets, config.num_heads)
+    self.table = nnx.Param(kernel_init(rngs.params(), shape)) if config.position == 't5' else None
 
   @classmethod
   def from_config(
-    cls, config: layers.ModelConfig, *, bidirectional: bool, kernel_init, rngs: nnx.Rngs
+    cls, config: ModelConfig, *, bidirectional: bool, kernel_init, rngs: nnx.Rngs
   ) -> 'RelativeBias | None':
     """The bias of a stack under config.position, or None for positions without one."""
     if config.position not in BIAS_POSITIONS:
       return None
-    return cls(
-      config.position,
-      num_heads=config.num_heads,
-      bidirectional=bidirectional,
-      num_buckets=config.t5_num_buckets,
-      max_distance=config.t5_max_distance,
-      kernel_init=kernel_init,
-      rngs=rngs,
-    )
+    return cls(config, bidirectional=bidirectional, kernel_init=kernel_init, rngs=rngs)
 
   def __call__(self, q_len: int, kv_len: int, query_offset=None) -> jax.Array:
     if self.position == 't5':

@@ -46,7 +46,6 @@ Decoder self-attention is causal and also masks target PAD keys. The decoding ca
 which positions held PAD, so cached decoding masks exactly the same keys.
 """
 
-import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -55,45 +54,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from relpos import attention
-from relpos.config import checks
-from relpos.constants import PAD_ID, TRANSLATE_POSITIONS
+from relpos.config.model_fields import TransformerConfig
+from relpos.constants import PAD_ID
 from relpos.models import layers
 from relpos.models.multihead_attention import MultiHeadAttention, RelativeBias, self_attention_kind
 
 _DENSE_INIT = nnx.initializers.xavier_uniform()
 _LAYER_NORM_EPSILON = 1e-6  # tensor2tensor's
-
-
-@dataclasses.dataclass(frozen=True)
-class TransformerConfig(layers.ModelConfig):
-  """config.model of relpos/config/translation_defaults.py plus vocab_size, typed and checked: see
-  `layers.ModelConfig` for the fields both models have and for `from_section`. Every head has
-  d_model / num_heads dimensions (`head_dim`)."""
-
-  POSITIONS = TRANSLATE_POSITIONS
-  SINUSOID_POSITIONS = ('absolute', 'shaw_absolute')
-  SHAW_POSITIONS = ('shaw', 'shaw_absolute')
-  RULES = {
-    'encoder_layers': checks.integer(1),
-    'decoder_layers': checks.integer(1),
-    'max_len': checks.integer(1),
-  }
-
-  encoder_layers: int
-  decoder_layers: int
-  max_len: int  # rows of the 'learned' table: the longest sequence it accepts
-
-  def __post_init__(self):
-    super().__post_init__()
-    if self.d_model % self.num_heads:
-      raise ValueError(
-        f'config.model.d_model={self.d_model} must be a multiple of '
-        f'config.model.num_heads={self.num_heads} (head_dim = d_model / num_heads)'
-      )
-
-  @property
-  def head_dim(self) -> int:
-    return self.d_model // self.num_heads
 
 
 class DecodeCache(NamedTuple):
@@ -123,7 +90,7 @@ def _attention(config: TransformerConfig, rngs, *, relative: bool) -> MultiHeadA
   """The shared attention layer: self-attention (`relative`) gets the scheme's kind,
   encoder-decoder attention none."""
   kind = self_attention_kind(config.position) if relative else 'none'
-  return MultiHeadAttention.from_config(config, relative=kind, kernel_init=_DENSE_INIT, rngs=rngs)
+  return MultiHeadAttention(config, relative=kind, kernel_init=_DENSE_INIT, rngs=rngs)
 
 
 def _residual(config: TransformerConfig, rngs) -> layers.Residual:

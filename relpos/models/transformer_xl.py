@@ -33,7 +33,6 @@ Memory has a fixed shape for `jit`: `mem_len` slots per layer of which the trail
 `Memory.length` are valid; invalid slots are masked out of the attention.
 """
 
-import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -41,8 +40,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from relpos import attention
-from relpos.config import checks
-from relpos.constants import CHAR_LM_POSITIONS
+from relpos.config.model_fields import TransformerXLConfig
 from relpos.models import layers
 from relpos.models.multihead_attention import MultiHeadAttention, RelativeBias, self_attention_kind
 
@@ -99,36 +97,12 @@ def attention_mask(q_len: int, mem_len: int, length, *, same_length: bool) -> ja
   return mask_QK
 
 
-@dataclasses.dataclass(frozen=True)
-class TransformerXLConfig(layers.ModelConfig):
-  """Typed, checked config.model of relpos/config/char_lm_defaults.py plus vocab_size, e.g.
-  `TransformerXLConfig.from_section(config.model, vocab_size=256)`; the fields it shares with
-  the translation model are `layers.ModelConfig`'s."""
-
-  POSITIONS = CHAR_LM_POSITIONS
-  SINUSOID_POSITIONS = ('xl', 'absolute')
-  SHAW_POSITIONS = ('shaw',)
-  RULES = {
-    'num_layers': checks.integer(1),
-    'head_dim': checks.integer(1),
-    'untie_r': checks.FLAG,
-  }
-
-  num_layers: int
-  head_dim: int  # num_heads * head_dim need not equal d_model
-  untie_r: bool  # 'xl': per-layer biases u, v
-
-  @classmethod
-  def position_fields(cls):
-    return {'untie_r': ('xl',)}
-
-
 class DecoderLayer(nnx.Module):
   """Attention over [memory; segment], then the position-wise feed-forward block; each with
   its residual and LayerNorm (post-LN, or pre-LN where the memory is normalised too)."""
 
   def __init__(self, config: TransformerXLConfig, *, rngs: nnx.Rngs):
-    self.attention = MultiHeadAttention.from_config(
+    self.attention = MultiHeadAttention(
       config, relative=self_attention_kind(config.position), kernel_init=_INIT, rngs=rngs
     )
     self.attention_residual = layers.Residual(config, epsilon=_LAYER_NORM_EPSILON, rngs=rngs)

@@ -7,12 +7,16 @@
         --field=eval.mem_len --values=0,64,192 --seeds=0,1,2 --collect_only \\
         --by_position=1,4,8,16,32
 
-Two breakdowns, one table and plot:
+Two kinds of breakdown, one table and plot (`by_bucket`, which the sweep's `--evaluations`
+grid shares):
 
 - `--by_source_length=EDGES` (translation): the evaluation set split by the number of words
   (whitespace-separated) in each source sentence; edges 4,6,8 make the buckets 1-4, 5-6, 7-8
   and 9+ words. Words, not pieces, so the buckets hold the same sentences for every run
-  whatever its vocabulary. Each run's translations of a bucket are scored with sacreBLEU.
+  whatever its vocabulary. Each run's translations of a bucket are scored with sacreBLEU, and
+  their length over the references' is tabulated too (below 1, BLEU's brevity penalty).
+  `--by_source_pieces=EDGES` counts pieces of the runs' vocabulary instead (the unit a model's
+  positions see; configs/length_extrapolation.py trains within N pieces).
 - `--by_position=EDGES` (character LM): bits-per-char by position within the evaluation
   segment, 1 to tgt_len (eval_results.json's `position_bpc`, pooled over segments and rows);
   edges 1,4,8,16,32 make 1, 2-4, 5-8, 9-16, 17-32 and 33+. Position t has t - 1 characters of
@@ -71,6 +75,9 @@ class Breakdown(NamedTuple):
 SOURCE_LENGTH = Breakdown(
   '--by_source_length', 'by_length', 'source length in words', 'sentences', 'bleu'
 )
+SOURCE_PIECES = Breakdown(
+  '--by_source_pieces', 'by_pieces', 'source length in pieces', 'sentences', 'bleu'
+)
 POSITION = Breakdown('--by_position', 'by_position', 'position in segment', 'characters', 'bpc')
 
 
@@ -104,21 +111,27 @@ def _members(sizes, edges, breakdown) -> dict[str, list[int]]:
   return members
 
 
-def bleu_by_source_length(sources, references, translations: dict, baseline, edges):
-  """(summary rows, per-run rows) of `translations` {value: {seed: [a line per source]}}."""
-  members = _members([len(source.split()) for source in sources], edges, SOURCE_LENGTH)
+def bleu_by_source_length(
+  lengths, references, translations: dict, baseline, edges, breakdown=SOURCE_LENGTH
+):
+  """(summary rows, per-run rows) of `translations` {value: {seed: [a line per source]}}, by
+  the sources' `lengths` (words for SOURCE_LENGTH, pieces for SOURCE_PIECES). Per-run rows
+  also hold the bucket's length_ratio, the translations' length over the references'
+  (sacreBLEU's, 13a tokens; below 1 BLEU pays a brevity penalty)."""
+  members = _members(lengths, edges, breakdown)
   per_run = []
   for value, by_seed in translations.items():
     for seed, lines in by_seed.items():
-      if len(lines) != len(sources):
+      if len(lines) != len(lengths):
         raise ValueError(
-          f'{value} seed {seed}: {len(lines)} translations for {len(sources)} sources'
+          f'{value} seed {seed}: {len(lines)} translations for {len(lengths)} sources'
         )
       for label, chosen in members.items():
         if chosen:
           hypotheses = [lines[i] for i in chosen]
-          bleu = scoring.corpus_bleu(hypotheses, [references[i] for i in chosen]).score
-          per_run.append({'value': value, 'seed': seed, 'bucket': label, 'bleu': bleu})
+          bleu = scoring.corpus_bleu(hypotheses, [references[i] for i in chosen])
+          row = {'value': value, 'seed': seed, 'bucket': label, 'bleu': bleu.score}
+          per_run.append(row | {'length_ratio': bleu.length_ratio})
 
   def p_items(value, seeds, label):
     chosen = members[label]
@@ -129,7 +142,7 @@ def bleu_by_source_length(sources, references, translations: dict, baseline, edg
     )
 
   counts = {label: len(chosen) for label, chosen in members.items() if chosen}
-  return _summarise(per_run, counts, baseline, 'bleu', p_items)
+  return by_bucket(per_run, counts, baseline, 'bleu', p_items)
 
 
 def bpc_by_position(results: dict, baseline, edges):
@@ -151,13 +164,15 @@ def bpc_by_position(results: dict, baseline, edges):
           bits = sum(result['position_bpc'][i] * tokens[i] for i in chosen if tokens[i])
           per_run.append({'value': value, 'seed': seed, 'bucket': label, 'bpc': bits / count})
           counts[label] = count
-  return _summarise(per_run, counts, baseline, 'bpc', None)
+  return by_bucket(per_run, counts, baseline, 'bpc', None)
 
 
-def _summarise(per_run, counts, baseline, metric, p_items):
-  """Summary rows per bucket and value: count (of the bucket's items, one run's), n, mean,
-  std, difference from the baseline's mean, p_value (`p_items(value, seeds, bucket)`, or None)
-  and p_seeds."""
+def by_bucket(per_run, counts, baseline, metric, p_items):
+  """(summary rows, `per_run`) of per-run rows {value, seed, bucket, metric}: per bucket (of
+  `counts`, {bucket: its items, one run's}) and value, count, n, mean, std, difference from
+  the baseline's mean, p_value (`p_items(value, seeds, bucket)`, or None) and p_seeds. Any
+  table of values by columns of scores is one: `relpos.studies.sweep`'s `--evaluations` grid
+  too."""
   summary = []
   values = list(dict.fromkeys(row['value'] for row in per_run))
   if baseline not in values:
@@ -181,9 +196,10 @@ def _summarise(per_run, counts, baseline, metric, p_items):
   return summary, per_run
 
 
-def markdown(summary, breakdown: Breakdown, field: str, baseline) -> str:
+def markdown(summary, breakdown: Breakdown, field: str, baseline, per_run=()) -> str:
   """The metric per value and bucket (mean ± std), then each value's difference from the
-  baseline with its p-values."""
+  baseline with its p-values; then, where `per_run` rows hold a length_ratio (BLEU's), the
+  translations' length over the references' per value and bucket (mean ± std)."""
   labels = list(dict.fromkeys(row['bucket'] for row in summary))
   counts = {row['bucket']: row['count'] for row in summary}
   values = list(dict.fromkeys(row['value'] for row in summary))
@@ -220,6 +236,21 @@ def markdown(summary, breakdown: Breakdown, field: str, baseline) -> str:
       p_items, p_seeds = significance.p_text(row['p_value']), significance.p_text(row['p_seeds'])
       cells.append(f'{row["difference"]:+.{digits}f} (p {p_items} / {p_seeds})')
     lines.append(f'| {value} | {" | ".join(cells)} |')
+  if per_run and 'length_ratio' in per_run[0]:
+    lines += [
+      '',
+      'Translation length / reference length (sacreBLEU, 13a tokens; below 1 BLEU pays a brevity '
+      'penalty), mean ± std over seeds',
+      '',
+      f'| {field} | {" | ".join(labels)} |',
+      '|---|' + '---|' * len(labels),
+    ]
+    for value in values:
+      cells = []
+      for label in labels:
+        ratios = [r['length_ratio'] for r in per_run if (r['value'], r['bucket']) == (value, label)]
+        cells.append('{:.3f} ± {:.3f}'.format(*significance.mean_and_std(ratios)))
+      lines.append(f'| {value} | {" | ".join(cells)} |')
   return '\n'.join(lines) + '\n'
 
 

@@ -26,9 +26,18 @@ Then the sweep writes under `<workdir>`:
   over seeds, ddof 1; both p-values against `--baseline`, the first value by default);
 - `sweep_seeds.csv`: one row per run;
 - `sweep.png`: the mean with ±std error bars;
-- with `--by_source_length=4,6,8` (translation) or `--by_position=1,4,8,16,32` (character
-  LM), the same per bucket of source length in words or of position within the evaluation
-  segment: `sweep_by_length.*` or `sweep_by_position.*` (`relpos.studies.breakdown`).
+- with `--by_source_length=4,6,8` or `--by_source_pieces=8,16,32` (translation) or
+  `--by_position=1,4,8,16,32` (character LM), the same per bucket of source length in words
+  or in pieces or of position within the evaluation segment: `sweep_by_length.*`,
+  `sweep_by_pieces.*` or `sweep_by_position.*` (`relpos.studies.breakdown`).
+
+`--evaluations=tgt_len=64,tgt_len=256,tgt_len=64+mem_len=64` adds an evaluation-only axis to a
+sweep of a training field: each trained model is also scored at every setting (`+` joins
+config.eval fields of one setting) into `<field>=v/seed=s/<setting>/`, and
+`sweep_by_evaluation.*` tabulates the swept values by setting with the breakdowns' statistics
+(mean ± std, the difference from the baseline and both p-values per setting); the other tables
+are the first setting's. configs/length_extrapolation.py is such a study: train short,
+evaluate long.
 
 p_value is a paired bootstrap over the test items, seeds pooled (`relpos.studies.significance`):
 sacreBLEU's test on the translations for BLEU, the same test over evaluation segments for
@@ -111,10 +120,45 @@ def with_value(config: ml_collections.ConfigDict, field: str, value) -> ml_colle
   return copy
 
 
-def run_dir(root: Path, field: str, value, seed: int) -> Path:
+def parse_evaluations(config, texts) -> dict[str, dict]:
+  """{setting: {eval field: value}} of `--evaluations`: each text one evaluation setting,
+  `field=value` pairs of config.eval joined by '+' (`tgt_len=64+mem_len=64`), named by its
+  text. ValueError for an unknown field or a value of the wrong type."""
+  settings = {}
+  for text in texts:
+    overrides = {}
+    for part in text.split('+'):
+      name, equals, value = part.partition('=')
+      if not equals:
+        raise ValueError(f'--evaluations: {text!r} is not field=value[+field=value...]')
+      field = EVAL_SECTION + name.removeprefix(EVAL_SECTION)
+      overrides[field] = parse_value(config, field, value)
+    settings[text] = overrides
+  return settings
+
+
+def check_evaluations(field: str, evaluations: dict) -> None:
+  """ValueError for `--evaluations` on a sweep of an eval field, which has one axis only."""
+  if evaluations and field.startswith(EVAL_SECTION):
+    raise ValueError(
+      f'--evaluations with --field={field}: an eval field is an evaluation axis already; '
+      'give its values in --evaluations and sweep a training field'
+    )
+
+
+def evaluated(config, overrides: dict) -> ml_collections.ConfigDict:
+  """`config` with the eval fields of one `parse_evaluations` setting."""
+  for field, value in overrides.items():
+    config = with_value(config, field, value)
+  return config
+
+
+def run_dir(root: Path, field: str, value, seed: int, evaluation: str | None = None) -> Path:
   """Where the run of (value, seed) keeps its eval_results.json (and, unless the field is
-  an eval field, its checkpoints)."""
-  return root / f'{field.split(".")[-1]}={value}' / f'seed={seed}'
+  an eval field, its checkpoints); that of an `--evaluations` setting, in a folder of the
+  setting's name below."""
+  directory = root / f'{field.split(".")[-1]}={value}' / f'seed={seed}'
+  return directory / evaluation if evaluation else directory
 
 
 def model_dir(root: Path, field: str, value, seed: int) -> Path:
@@ -175,7 +219,8 @@ def is_finished(results_dir: Path, config, trained_dir: Path) -> bool:
     return False
   results = json.loads(path.read_text())
   current = config.eval.to_dict()
-  scored = run_config.with_added({'eval': results.get('eval', {})}, {'eval': current})['eval']
+  recorded = {'task': config.task, 'eval': results.get('eval', {})}
+  scored = run_config.with_added(recorded, {'eval': current})['eval']
   return results.get('step') == config.train.steps and scored == current
 
 
@@ -188,8 +233,10 @@ def runs(config, field: str, values, seeds, variant_of=None):
       yield value, seed, variant
 
 
-def commands(config_arg: str, overrides: list[str], root: Path, field: str, values, seeds):
-  """The shell commands that train and evaluate every run."""
+def commands(
+  config_arg: str, overrides: list[str], root: Path, field: str, values, seeds, evaluations=None
+):
+  """The shell commands that train and evaluate every run (at each of `evaluations`, given)."""
   lines = []
   for value in values:
     for seed in seeds:
@@ -201,15 +248,21 @@ def commands(config_arg: str, overrides: list[str], root: Path, field: str, valu
       workdir, results_dir = model_dir(root, field, value, seed), run_dir(root, field, value, seed)
       if workdir == results_dir or value == values[0]:
         lines.append(f'python train.py {flags_text} --workdir={workdir}')
-      output = '' if workdir == results_dir else f' --output_dir={results_dir}'
-      lines.append(f'python eval.py {flags_text} --workdir={workdir}{output}')
+      for setting, eval_fields in (evaluations or {None: {}}).items():
+        scored = ''.join(f' --config.{name}={v}' for name, v in eval_fields.items())
+        output_dir = run_dir(root, field, value, seed, setting)
+        output = '' if workdir == output_dir else f' --output_dir={output_dir}'
+        lines.append(f'python eval.py {flags_text}{scored} --workdir={workdir}{output}')
   return lines
 
 
-def collect(root: Path, field: str, values, seeds, metric: str, *, task=None) -> list[dict]:
-  """One row per run with an eval_results.json: value, seed, metric, step, workdir. With
-  `task`, a run directory that records a run of another task is a TaskMismatchError (a
-  ValueError), before any result is read."""
+def collect(
+  root: Path, field: str, values, seeds, metric: str, evaluation=None, *, task=None
+) -> list[dict]:
+  """One row per run with an eval_results.json (that of the `--evaluations` setting
+  `evaluation`, if given): value, seed, metric, step, workdir. With `task`, a run directory
+  that records a run of another task is a TaskMismatchError (a ValueError), before any result
+  is read."""
   for value in values:
     for seed in seeds:
       for workdir in {model_dir(root, field, value, seed), run_dir(root, field, value, seed)}:
@@ -217,7 +270,7 @@ def collect(root: Path, field: str, values, seeds, metric: str, *, task=None) ->
   rows = []
   for value in values:
     for seed in seeds:
-      results_path = run_dir(root, field, value, seed) / 'eval_results.json'
+      results_path = run_dir(root, field, value, seed, evaluation) / 'eval_results.json'
       if not results_path.exists():
         logging.warning('no results for %s=%s seed %d (%s)', field, value, seed, results_path)
         continue
@@ -411,27 +464,37 @@ def sweep(
   train=True,
   variant_of=None,
   breakdowns=(),
+  evaluations=None,
 ):
   """Trains and evaluates every unfinished run (if `train`), then writes the tables and plot
   (and those of each (`relpos.studies.breakdown.Breakdown`, edges) in `breakdowns`); returns the
-  per-value summary. `variant_of`: see `check_sweep`."""
+  per-value summary. `variant_of`: see `check_sweep`. `evaluations` ({setting: {eval field:
+  value}}, `parse_evaluations`) scores every trained model at each setting: the tables, plot
+  and breakdowns are those of the first setting, and `sweep_by_evaluation.*` holds them all."""
   task = tasks.get(config)
   root.mkdir(parents=True, exist_ok=True)
+  settings = evaluations or {None: {}}
   if train:
     todo = []
     for value, seed, variant in runs(config, field, values, seeds, variant_of):
-      workdir, results_dir = model_dir(root, field, value, seed), run_dir(root, field, value, seed)
-      if is_finished(results_dir, variant, workdir):
-        print(f'=== {field}={value} seed={seed}: finished, kept ({results_dir})', flush=True)
-      else:
-        todo.append((value, seed, variant, workdir, results_dir))
+      workdir, unscored = model_dir(root, field, value, seed), []
+      for setting, overrides in settings.items():
+        results_dir = run_dir(root, field, value, seed, setting)
+        scored = evaluated(variant, overrides)
+        if is_finished(results_dir, scored, workdir):
+          print(f'=== {field}={value} seed={seed}: finished, kept ({results_dir})', flush=True)
+        else:
+          unscored.append((scored, results_dir))
+      if unscored:
+        todo.append((value, seed, variant, workdir, unscored))
     started = time.monotonic()
-    for done, (value, seed, variant, workdir, results_dir) in enumerate(todo):
+    for done, (value, seed, variant, workdir, unscored) in enumerate(todo):
       print(f'=== {field}={value} seed={seed} ({progress(done, len(todo), started)})', flush=True)
       task.train_model(_as_trained(config, field, variant), workdir)
-      result = task.evaluate(variant, workdir, output_dir=results_dir)
-      print('\n'.join(task.result_lines(result)), flush=True)
-  rows = collect(root, field, values, seeds, metric, task=config.task)
+      for scored, results_dir in unscored:
+        result = task.evaluate(scored, workdir, output_dir=results_dir)
+        print('\n'.join(task.result_lines(result)), flush=True)
+  rows = collect(root, field, values, seeds, metric, next(iter(settings)), task=config.task)
   if not rows:
     raise FileNotFoundError(f'no finished runs under {root}')
   summary = summarise(config, rows, values, metric, baseline)
@@ -439,7 +502,46 @@ def sweep(
   print(f'plot: {plot(summary, rows, root, field, metric)}')
   for kind, edges in breakdowns:
     write_breakdown(config, rows, baseline, root, field, kind, edges)
+  if evaluations:
+    by_setting = {s: collect(root, field, values, seeds, metric, s) for s in evaluations}
+    write_evaluations(config, by_setting, baseline, root, field, metric)
   return summary
+
+
+def write_evaluations(config, by_setting: dict, baseline, root: Path, field: str, metric: str):
+  """`sweep_by_evaluation.*`: the metric per swept value and `--evaluations` setting
+  ({setting: `collect` rows}), with the statistics of a breakdown whose buckets are the
+  settings (`relpos.studies.breakdown.by_bucket`): mean ± std, difference from the baseline,
+  and both p-values per setting."""
+  kind = breakdown.Breakdown(
+    '--evaluations',
+    'by_evaluation',
+    'evaluation setting',
+    'characters' if config.task == 'char' else 'sentences',
+    metric,
+  )
+  per_run, counts = [], {}
+  for setting, rows in by_setting.items():
+    for row in rows:
+      per_run.append(
+        {'value': row['value'], 'seed': row['seed'], 'bucket': setting, metric: row[metric]}
+      )
+      results = json.loads((Path(row['workdir']) / 'eval_results.json').read_text())
+      counts[setting] = results.get('tokens', results.get('sentences'))
+
+  def p_items(value, seeds, setting):
+    chosen = [row for row in by_setting[setting] if row['seed'] in seeds]
+    return p_value(
+      config,
+      metric,
+      [row for row in chosen if row['value'] == baseline],
+      [row for row in chosen if row['value'] == value],
+    )
+
+  order = list(dict.fromkeys(row['value'] for row in per_run))
+  per_run.sort(key=lambda row: order.index(row['value']))  # value-major, as the tables
+  summary, per_run = breakdown.by_bucket(per_run, counts, baseline, metric, p_items)
+  write_breakdown_files(root, kind, summary, per_run, field, baseline)
 
 
 def write_breakdown(config, rows, baseline, root: Path, field: str, kind, edges) -> None:
@@ -447,13 +549,20 @@ def write_breakdown(config, rows, baseline, root: Path, field: str, kind, edges)
   by_value = {}
   for row in rows:
     by_value.setdefault(row['value'], []).append(row)
-  if kind is breakdown.SOURCE_LENGTH:
-    from relpos.data.translation import read_pairs  # translation only
+  if kind in (breakdown.SOURCE_LENGTH, breakdown.SOURCE_PIECES):
+    from relpos.data.translation import load_eval_data  # translation only
 
-    sources, references = read_pairs(config.data, 'eval')[:2]
+    # The vocabulary of the first run's training: every run of one sweep trains the same one.
+    trained = model_dir(root, field, rows[0]['value'], rows[0]['seed'])
+    data = load_eval_data(config.data, trained)
+    sources = data.eval_sources
+    if kind is breakdown.SOURCE_LENGTH:
+      lengths = [len(source.split()) for source in sources]
+    else:
+      lengths = [len(data.tokenizer.encode(source)) for source in sources]
     translations = {value: _pooled_items(config, 'bleu', runs) for value, runs in by_value.items()}
     summary, per_run = breakdown.bleu_by_source_length(
-      sources, references, translations, baseline, edges
+      lengths, data.eval_references, translations, baseline, edges, kind
     )
   else:
     results = {
@@ -464,10 +573,17 @@ def write_breakdown(config, rows, baseline, root: Path, field: str, kind, edges)
       for value, runs in by_value.items()
     }
     summary, per_run = breakdown.bpc_by_position(results, baseline, edges)
+  write_breakdown_files(root, kind, summary, per_run, field, baseline)
+
+
+def write_breakdown_files(root: Path, kind, summary, per_run, field: str, baseline) -> None:
+  """`sweep_<by>.csv` (per value and bucket), `sweep_<by>_seeds.csv` (per run and bucket),
+  `sweep_<by>.md` and `sweep_<by>.png` of one breakdown's `summary` and `per_run` rows."""
   _write_csv(root / f'sweep_{kind.name}.csv', summary, breakdown.SUMMARY_COLUMNS)
-  seed_columns = ('value', 'seed', 'bucket', kind.metric)
+  extra = ('length_ratio',) if per_run and 'length_ratio' in per_run[0] else ()
+  seed_columns = ('value', 'seed', 'bucket', kind.metric, *extra)
   _write_csv(root / f'sweep_{kind.name}_seeds.csv', per_run, seed_columns)
-  markdown = breakdown.markdown(summary, kind, field, baseline)
+  markdown = breakdown.markdown(summary, kind, field, baseline, per_run)
   (root / f'sweep_{kind.name}.md').write_text(markdown)
   print(markdown)
   print(f'plot: {breakdown.plot(summary, per_run, kind, root, field, baseline)}')
@@ -503,9 +619,12 @@ def main(argv):
     if baseline not in values:
       raise ValueError(f'--baseline={args.baseline} is not one of --values')
     check_sweep(config, field, values, seeds, metric, variant_of)
+    evaluations = parse_evaluations(config, args.evaluations or ())
+    check_evaluations(field, evaluations)
     breakdowns = []
     for kind, edges in (
       (breakdown.SOURCE_LENGTH, args.by_source_length),
+      (breakdown.SOURCE_PIECES, args.by_source_pieces),
       (breakdown.POSITION, args.by_position),
     ):
       if edges:
@@ -514,7 +633,7 @@ def main(argv):
         breakdown.buckets(edges, kind)
         breakdowns.append((kind, edges))
     if args.print_only:
-      print('\n'.join(commands(config_arg, overrides, root, field, values, seeds)))
+      print('\n'.join(commands(config_arg, overrides, root, field, values, seeds, evaluations)))
       return
     sweep(
       config,
@@ -527,6 +646,7 @@ def main(argv):
       train=not args.collect_only,
       variant_of=variant_of,
       breakdowns=breakdowns,
+      evaluations=evaluations,
     )
   except PreemptedError as stopped:  # SIGTERM: the run in progress saved a checkpoint
     print(f'{stopped} (the sweep command resumes it and skips finished runs)', file=sys.stderr)
@@ -554,6 +674,16 @@ def define_flags():
   flags.DEFINE_bool('collect_only', False, 'Tabulate finished runs, run nothing.')
   flags.DEFINE_list(
     'by_source_length', None, 'Also BLEU per bucket of source words, e.g. 4,6,8 (translation).'
+  )
+  flags.DEFINE_list(
+    'by_source_pieces',
+    None,
+    "Also BLEU per bucket of source pieces (the run's vocabulary), e.g. 8,16,32 (translation).",
+  )
+  flags.DEFINE_list(
+    'evaluations',
+    None,
+    'Also score every model at these config.eval settings, e.g. tgt_len=128,tgt_len=64+mem_len=64.',
   )
   flags.DEFINE_list(
     'by_position', None, 'Also bpc per bucket of position in the segment, e.g. 1,4,8,16,32.'

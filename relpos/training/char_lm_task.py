@@ -22,25 +22,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from relpos.config import checks, shared
+from relpos.config import shared
+from relpos.config.char_lm_defaults import CharLMConfig
 from relpos.data.char_corpus import CharVocab, load_char_splits
 from relpos.data.ordered import OrderedBatches
 from relpos.models.transformer_xl import Memory, TransformerXL, TransformerXLConfig, nats_per_token
 from relpos.training import loop
 from relpos.training import mesh as mesh_lib
 
-# The segment and memory settings of training and of evaluation (config.train / config.eval).
-_SPAN = {
-  'tgt_len': checks.integer(1),
-  'mem_len': checks.integer(0),
-  'clamp_len': checks.integer(),  # <= 0: no clamping
-  'same_length': checks.FLAG,
-}
-
 
 def model_config(config, vocab_size: int) -> TransformerXLConfig:
-  """The model's typed config: config.model plus the vocabulary size (validated)."""
-  return TransformerXLConfig.from_section(config.model, vocab_size=vocab_size)
+  """The model's typed config: config.model, typed by the model section of the task's
+  declaration, plus the vocabulary size (validated)."""
+  return TASK.declaration.model.from_section(config.model, vocab_size=vocab_size)
 
 
 def _vocab_for_run(config, workdir: Path):
@@ -191,19 +185,7 @@ class CharLM(loop.Task):
 
   metric = 'bpc'
   metrics = ('bpc',)
-  rules = {
-    'data.kind': checks.one_of('enwik8', 'text'),
-    'data.path': checks.TEXT,
-    'data.vocab': checks.one_of('bytes', 'original'),
-    'data.max_bytes': checks.integer(1, optional=True),
-    'train.batch_size': checks.integer(1),
-    'train.grad_accum_steps': checks.integer(1),  # micro-batches per step
-    **{f'{phase}.{name}': rule for phase in ('train', 'eval') for name, rule in _SPAN.items()},
-    'eval.split': checks.one_of('valid', 'test'),
-    'eval.batch_size': checks.integer(1),
-    'eval.max_segments_during_training': checks.integer(0),
-    **shared.EVAL_RULES,
-  }
+  declaration = CharLMConfig
 
   def check_combinations(self, config, mesh):
     model_config(config, vocab_size=1)

@@ -20,8 +20,8 @@ same for every task:
 
 A checkpoint holds the items 'model' (parameters and RNG state), 'optimizer' and the task's
 carried state (the char LM's memory), so evaluation restores the model alone (`restore_model`)
-and never builds an optimizer. Adding a task takes one module with a `Task` subclass and an
-entry in `relpos.training.tasks`.
+and never builds an optimizer. Adding a task takes one module with a `Task` subclass, its
+config's declaration (`relpos.config.fields`) and an entry in `relpos.training.tasks`.
 """
 
 import abc
@@ -41,7 +41,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from relpos.config import checks
+from relpos.config import checks, fields
 from relpos.models.multihead_attention import clip_shaw_tables
 from relpos.training import mesh as mesh_lib
 from relpos.training import optim
@@ -84,31 +84,19 @@ class Training:
   checkpoint_meta: dict = dataclasses.field(default_factory=dict)
 
 
-# The fields the loop and `restore_model` read, in every task.
-RULES = {
-  'seed': checks.integer(0),
-  'train.steps': checks.integer(1),
-  'train.log_every': checks.integer(1),
-  'train.eval_every': checks.integer(0),  # 0: no periodic validation
-  'train.checkpoint_every': checks.integer(0),  # 0: only at the end (and on SIGTERM)
-  'train.keep_checkpoints': checks.integer(1),
-  'eval.step': checks.integer(0),  # 0: the newest checkpoint
-  'eval.average_checkpoints': checks.integer(1),
-  **optim.RULES,
-}
-
-
 class Task(abc.ABC):
   """A task train.py and eval.py run; `config.task` names it (`relpos.training.tasks`)."""
 
   metric: str  # the name of the final metric, printed last as `<metric>=<value>`
-  rules: dict  # the task's own field rules (dotted paths -> checks.Rule), besides RULES
+  # The task's config, declared (`relpos.config.fields`): its ConfigDict's fields, defaults
+  # and rules. config.model is checked by the model's typed config (`check_combinations`).
+  declaration: type
 
   def check_config(self, config: ml_collections.ConfigDict, mesh=None) -> None:
     """Raises ValueError naming the field for any config the run cannot honour: every field's
     rule, the model's typed config, and the rules across fields (with `mesh`, those of the
     batch against the devices)."""
-    checks.check(config, RULES | self.rules)
+    checks.check(config, fields.rules(self.declaration, skip=('model',)))
     self.check_combinations(config, mesh)
 
   @abc.abstractmethod

@@ -1,22 +1,9 @@
-"""Optimizers built from a config: optax Adam with warmup, decay and gradient clipping."""
+"""Optimizers built from a config: optax Adam with warmup, decay and gradient clipping (the
+fields of config.optim: `relpos.config.shared.OptimConfig`)."""
 
 import jax.numpy as jnp
 import ml_collections
 import optax
-
-from relpos.config import checks
-
-# The config.optim fields both tasks read (translation adds label_smoothing).
-RULES = {
-  'optim.schedule': checks.one_of('cosine', 'constant', 'rsqrt'),
-  'optim.learning_rate': checks.positive(),
-  'optim.final_lr': checks.number(0.0),
-  'optim.warmup_steps': checks.integer(0),
-  'optim.b1': checks.fraction(),
-  'optim.b2': checks.fraction(),
-  'optim.eps': checks.positive(),
-  'optim.clip_norm': checks.number(0.0),
-}
 
 
 def rsqrt_schedule(scale: float, d_model: int, warmup_steps: int) -> optax.Schedule:

@@ -6,36 +6,32 @@ from pathlib import Path
 import ml_collections
 from absl import logging
 
+from relpos.config import checks, declaration, fields
+
 CONFIG_FILE = 'config.json'
 # Sections that may change between runs on one workdir: evaluation settings do not touch what
 # was trained.
 _FREE_SECTIONS = ('eval',)
-# Fields added after runs were recorded, with the value that leaves such a run unchanged (they
-# configure position schemes and options those runs could not use; eval fields also fill in
-# the evaluation settings a run's eval_results.json recorded). A recorded config lacking
-# one reads as if it held this value, where today's config of its task has the field.
-ADDED = {
-  'model.relative_table_init': 'kernel',
-  'model.relative_table_init_scale': 1.0,
-  'model.t5_num_buckets': 32,
-  'model.t5_max_distance': 128,
-  'model.rope_base': 10000.0,
-  'model.remat': 'none',
-  'model.scan_layers': False,
-  'model.attention_implementation': 'auto',
-  'train.grad_accum_steps': 1,
-  'eval.max_relative_position': -1,
-}
 
 
 def with_added(recorded: dict, current: dict | None = None) -> dict:
-  """`recorded` (a config or some of its sections, as a dict) with the `ADDED` fields it lacks
-  that `current` has; with no `current`, those of relpos's own tasks (configs with a `task`)."""
-  for name, value in ADDED.items():
-    section, field = name.split('.')
-    wanted = 'task' in recorded if current is None else field in current.get(section, {})
-    if wanted and section in recorded:
-      recorded[section].setdefault(field, value)
+  """`recorded` (a config or some of its sections, as a dict) with the fields it lacks read
+  from their declared defaults (the declaration of its config.task, `relpos.config
+  .declaration`), so runs recorded before a field existed still evaluate and resume: a field
+  added later defaults to what such runs did. Only sections `recorded` holds are filled, with
+  `current` only the fields `current` has there, and never a field whose old name
+  (`checks.RENAMED`) the section holds."""
+  declared = declaration(recorded.get('task', (current or {}).get('task')))
+  if declared is None:
+    return recorded
+  for section, defaults in fields.defaults(declared).items():
+    if not isinstance(defaults, dict) or section not in recorded:
+      continue
+    wanted = defaults if current is None else current.get(section, {})
+    renamed = {checks.RENAMED.get(f'{section}.{old}') for old in recorded[section]}
+    for field, value in defaults.items():
+      if field in wanted and f'{section}.{field}' not in renamed:
+        recorded[section].setdefault(field, value)
   return recorded
 
 

@@ -22,15 +22,11 @@ import optax
 from flax import nnx
 
 from relpos import decode, scoring
-from relpos.config import checks, shared
+from relpos.config import shared
+from relpos.config.translation_defaults import TranslationConfig
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID
 from relpos.data.token_batches import TokenBatches
-from relpos.data.translation import (
-  KINDS,
-  check_data_config,
-  load_eval_data,
-  load_translation_data,
-)
+from relpos.data.translation import check_data_config, load_eval_data, load_translation_data
 from relpos.models.transformer import Transformer, TransformerConfig
 from relpos.training import loop
 from relpos.training import mesh as mesh_lib
@@ -38,22 +34,12 @@ from relpos.training import mesh as mesh_lib
 # Decoding pads sources to a power of two, at least this: each padded length compiles the beam
 # search once (tens of seconds on CPU), so few lengths beat tight padding.
 _MIN_SOURCE_PADDING = 16
-_TEXT_FIELDS = (
-  'tfds_name',
-  'tfds_train_split',
-  'tfds_eval_split',
-  'source_lang',
-  'target_lang',
-  'train_src',
-  'train_tgt',
-  'eval_src',
-  'eval_tgt',
-)
 
 
 def model_config(config, vocab_size: int) -> TransformerConfig:
-  """The model's typed config: config.model plus the vocabulary size (validated)."""
-  return TransformerConfig.from_section(config.model, vocab_size=vocab_size)
+  """The model's typed config: config.model, typed by the model section of the task's
+  declaration, plus the vocabulary size (validated)."""
+  return TASK.declaration.model.from_section(config.model, vocab_size=vocab_size)
 
 
 def build(config, vocab_size: int, mesh):
@@ -196,26 +182,7 @@ class Translate(loop.Task):
 
   metric = 'bleu'
   metrics = ('bleu', 'perplexity')
-  rules = {
-    'data.kind': checks.one_of(*KINDS),
-    **{f'data.{name}': checks.TEXT for name in _TEXT_FIELDS},
-    'data.tfds_data_dir': checks.OPTIONAL_TEXT,
-    'data.moses_detokenize': checks.FLAG,
-    'data.max_train_examples': checks.integer(0),  # 0: all
-    'data.max_eval_examples': checks.integer(0),
-    'data.vocab_size': checks.integer(8),
-    'data.vocab_train_sentences': checks.integer(1),
-    'data.max_length': checks.integer(1),
-    'data.max_tokens': checks.integer(1),
-    'data.length_buckets': checks.integer(1),
-    'optim.label_smoothing': checks.fraction(),
-    'train.grad_accum_steps': checks.integer(1),  # micro-batches per step
-    'eval.beam_size': checks.integer(1),
-    'eval.length_penalty': checks.number(0.0),
-    'eval.max_decode_extra': checks.integer(0),
-    'eval.batch_size': checks.integer(1),
-    **shared.EVAL_RULES,
-  }
+  declaration = TranslationConfig
 
   def check_combinations(self, config, mesh):
     model_config(config, vocab_size=config.data.vocab_size)

@@ -1,0 +1,312 @@
+#!/usr/bin/env bash
+# The whole GPU run of issues 36, 38 and 39, for a GPU lent for minutes (docs/gpu-runbook.md):
+# one command, each part under its own time limit and all of them under one budget, a failed
+# part never stopping the rest, and a markdown log written after every part.
+#
+#     bash benchmarks/gpu_run.sh [PART...]          # default: every part, in the order below
+#
+# Before it, here: `bash benchmarks/gpu_prepare.sh` (fills gpu_carry/, which the device call
+# carries). Parts, most valuable first (limits in seconds on a GPU; the budget cuts the last):
+#   env             carried wheels installed (pip --no-index), GPU, versions, devices      (60)
+#   native | resume | translate_bleu   run at the same time (untimed checks, no preallocation):
+#     native        the Pallas kernels through Triton against float64 references, and the char
+#                   LM with Pallas kernels against XLA's (pytest -k 'pallas_native or
+#                   pallas_attention_equals', 4 workers)                                  (150)
+#     resume        train.py at enwik8_base width on the bundled text, 200 steps, checkpoints
+#                   every 50, killed (SIGKILL) after step 130 and resumed; its losses against
+#                   an uninterrupted run's, step for step (deterministic XLA ops); eval.py bpc (200)
+#     translate_bleu  translate_tiny (Shaw) on the carried Tatoeba to a BLEU                (200)
+#   autotune        python -m relpos.attention.autotune's tables for enwik8_base and wmt_base,
+#                   where that module exists (its disk cache then serves the steps' 'auto')  (60)
+#   steps_f32, steps_bf16  benchmarks/char_lm_step.py at enwik8_base: xl and shaw with 'auto'
+#                   and 'xla', absolute; then xl and shaw with 'pallas' named       (110, 100)
+#   translate_step  benchmarks/translate_step.py at wmt_base shapes (Tatoeba), shaw with
+#                   'auto', 'xla' and 'pallas'                                             (80)
+#   xl_official     the official Transformer-XL step (PyTorch) at the same shapes          (70)
+#   oom             train.py with an oversized batch: its exit status and last line        (60)
+#   kernels         benchmarks/attention.py bf16 fwd+bwd n = 2048, k = 16 and 64: vanilla,
+#                   cuDNN, shaw/xl (xla and pallas); then the peers' torch SDPA and
+#                   FlexAttention forms at k = 16 and 64 (issue 39's table)               (170)
+#   long_context    the largest n = tgt_len = mem_len that trains, xl and shaw, pallas and
+#                   xla, doubling from 4096 (batch 1, enwik8_base width)                  (180)
+# Environment: OUT (default ./gpu_out) gets gpu_run.md (the log: device, date, versions,
+# commit, a table of the parts, each part's result lines and log tail) and raw_logs.tar.gz
+# (every part's whole log); the runs' workdirs go to a temporary folder (GPU_RUN_WORK), never
+# to OUT. GPU_RUN_BUDGET (default 480 s): all parts together; a part gets what is left of it
+# at most, and none starts with under 20 s left (the log lists it as skipped). PYTHON (default
+# python3). GPU_RUN_SLOW (default 1; 3 with GPU_RUN_SMOKE) multiplies each part's limit.
+# GPU_CARRY (default gpu_carry). GPU_RUN_SMOKE=1: every part at tiny sizes on the
+# CPU (the plumbing: paths, flags, checkers, log); PYTHON=echo: no part runs, each prints its
+# command (tests/test_gpu_run.py).
+set -uo pipefail # not -e: a part that fails must not stop the others
+cd "$(dirname "$0")/.."
+root=$PWD
+out=${OUT:-$root/gpu_out}
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+carry=${GPU_CARRY:-$root/gpu_carry}
+py=${PYTHON:-python3}
+smoke=${GPU_RUN_SMOKE:-0}
+budget=${GPU_RUN_BUDGET:-480}
+slow=${GPU_RUN_SLOW:-$((smoke ? 3 : 1))} # multiplies every part's limit
+work=${GPU_RUN_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/gpu_run.XXXXXX")}
+logs=$work/logs
+mkdir -p "$logs"
+md=$out/gpu_run.md
+dry=0
+[[ $(basename "$py") == echo ]] && dry=1
+all_parts=(env native resume translate_bleu autotune steps_f32 steps_bf16 translate_step
+  xl_official oom kernels long_context)
+body=''
+[[ ${1:-} == --body ]] && body=${2:?} && set -- "$2"
+if (($#)); then parts=("$@"); else parts=("${all_parts[@]}"); fi
+for name in "${parts[@]}"; do
+  [[ " ${all_parts[*]} " == *" $name "* ]] || {
+    echo "gpu_run: no part $name; parts: ${all_parts[*]}" >&2
+    exit 2
+  }
+done
+wanted() { [[ " ${parts[*]} " == *" $1 "* ]]; }
+# Commands other than python: run for real, except in the dry run, where they are printed.
+x=()
+((dry)) && x=(echo)
+export PYTHONUNBUFFERED=1 PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH}
+
+# --- sizes: enwik8_base on a GPU; tiny, on the CPU, for GPU_RUN_SMOKE=1 -------------------
+char=configs/enwik8_base.py
+text=(--config.data.kind=text --config.data.path=relpos/data/samples/tinyshakespeare.txt)
+tatoeba=$carry/tatoeba_ende
+translate_data=(--config.data.train_src="$tatoeba/train.en.gz" --config.data.train_tgt="$tatoeba/train.de.gz"
+  --config.data.eval_src="$tatoeba/test.en.gz" --config.data.eval_tgt="$tatoeba/test.de.gz")
+if ((smoke)); then
+  tiny=(--config.model.num_layers=1 --config.model.d_model=32 --config.model.num_heads=2
+    --config.model.head_dim=16 --config.model.d_ff=64 --config.train.batch_size=2
+    --config.train.tgt_len=16 --config.train.mem_len=16)
+  train_sizes=("${tiny[@]}" --config.data.max_bytes=100000 --config.train.steps=40
+    --config.train.checkpoint_every=10 --config.train.log_every=5 --config.eval.batch_size=2
+    --config.eval.tgt_len=32 --config.eval.mem_len=32 --config.eval.clamp_len=-1)
+  kill_after=25 rounds=1 native_k=pallas_native
+  translate_tiny=(--config.train.steps=20 --config.train.checkpoint_every=10
+    --config.model.encoder_layers=1 --config.model.decoder_layers=1 --config.model.d_model=32
+    --config.model.d_ff=64 --config.data.max_train_examples=2000 --config.data.vocab_size=500
+    --config.data.vocab_train_sentences=2000 --config.data.max_eval_examples=20
+    --config.eval.beam_size=1)
+  wmt=(--config.model.encoder_layers=1 --config.model.decoder_layers=1 --config.model.d_model=32
+    --config.model.d_ff=64 --config.data.max_train_examples=2000 --config.data.vocab_size=500
+    --config.data.vocab_train_sentences=2000 --config.data.max_tokens=256
+    --config.data.max_length=48)
+  wmt_sizes=(--config.model.encoder_layers=1 --config.model.decoder_layers=1
+    --config.model.d_model=32 --config.model.d_ff=64 --config.data.max_tokens=256)
+  # CPU: no real out-of-memory; a config error stands in, to check the part's plumbing.
+  oom_sizes=("${tiny[@]}" --config.train.batch_size=3) oom_expect='multiple of'
+  attention=(--config=configs/attention_benchmark.py:quick --config.lengths=64 --config.distances=16
+    "--config.kernels=('vanilla','shaw','xl')")
+  torch_lengths=64 long=("${tiny[@]}") long_start=32 long_max=128
+else
+  tiny=()
+  train_sizes=(--config.train.steps=200 --config.train.checkpoint_every=50
+    --config.train.log_every=10 --config.train.eval_every=0)
+  kill_after=130 rounds=10 native_k='pallas_native or pallas_attention_equals'
+  translate_tiny=()
+  wmt=(--config.data.vocab_size=8000) wmt_sizes=()
+  oom_sizes=(--config.train.batch_size=64 --config.train.tgt_len=4096 --config.train.mem_len=4096
+    --config.model.attention_implementation=xla --config.train.steps=1)
+  oom_expect='memory|RESOURCE_EXHAUSTED'
+  attention=(--config=configs/attention_benchmark.py:gpu --config.lengths=2048)
+  # One scanned layer body to compile per size (the step is the same): more sizes in the time.
+  torch_lengths=2048 long=(--config.model.scan_layers=True) long_start=4096 long_max=131072
+fi
+cuda_torch() { "$py" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; }
+export PYTHONPATH=$PYTHONPATH:$work/site
+
+# --- the parts' bodies: each runs in its own `bash gpu_run.sh --body NAME` under `timeout` ----
+p_env() {
+  if ! "$py" -c 'import ml_collections, tensorboardX, sacremoses' 2>/dev/null; then
+    "${x[@]}" "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --target "$work/site" "$carry"/wheels/*.whl || return 1
+  fi
+  "${x[@]}" nvidia-smi -L 2>/dev/null || echo 'nvidia-smi: none here'
+  "$py" -c 'import jax, jaxlib, flax; print(jax.__version__, jaxlib.__version__, flax.__version__, jax.devices())'
+}
+p_native() {
+  XLA_PYTHON_CLIENT_PREALLOCATE=false "$py" -m pytest tests/test_pallas.py tests/test_transformer_xl.py \
+    -k "$native_k" -n "$((smoke ? 0 : 4))" -rA -q -p no:cacheprovider
+}
+p_resume() {
+  # Deterministic GPU reductions, so that a resumed run can match bit for bit; a jaxlib that no
+  # longer knows the flag (XLA aborts on unknown flags) runs without it, and says so.
+  local flags="--xla_gpu_deterministic_ops=true ${XLA_FLAGS:-}"
+  XLA_FLAGS=$flags "$py" -c 'import jax.numpy as jnp; jnp.zeros(1).block_until_ready()' ||
+    { echo 'RESULT: this jaxlib rejects --xla_gpu_deterministic_ops; resuming without it'; flags=${XLA_FLAGS:-}; }
+  XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS=$flags \
+    "$py" benchmarks/gpu_run.py resume --config="$char" --work="$work/resume" --logs="$logs" \
+    --seconds="$((${GPU_RUN_LIMIT:-200} - 10))" --kill_after=$kill_after -- "${text[@]}" "${train_sizes[@]}"
+}
+p_translate_bleu() {
+  local status
+  XLA_PYTHON_CLIENT_PREALLOCATE=false "$py" train.py --config=configs/translate_tiny.py:shaw \
+    --workdir="$work/translate_tiny" "${translate_data[@]}" "${translate_tiny[@]}" \
+    >"$logs/translate_bleu_train.log" 2>&1
+  status=$?
+  tail -n 30 "$logs/translate_bleu_train.log"
+  echo "RESULT: train.py exit $status; $(grep -E '^(bleu|step [0-9]+/)' "$logs/translate_bleu_train.log" | tail -n 2 | tr '\n' ' ')"
+  return $status
+}
+# char_lm_step twice: 'auto' and 'xla' (and absolute), then 'pallas' named for xl and shaw.
+char_steps() {
+  local status=0
+  "$py" benchmarks/char_lm_step.py --config="$char" "${tiny[@]}" --rounds=$rounds "$@" \
+    --variants="$variants" || status=1
+  "$py" benchmarks/char_lm_step.py --config="$char" "${tiny[@]}" --rounds=$rounds "$@" \
+    --variants=xl,shaw --config.model.attention_implementation=pallas || status=1
+  return $status
+}
+p_steps_f32() { variants=xl,xl_xla,shaw,shaw_xla,absolute char_steps; }
+p_steps_bf16() { variants=xl,xl_xla,shaw,shaw_xla char_steps --config.model.dtype=bfloat16; }
+p_translate_step() {
+  "$py" benchmarks/translate_step.py --config=configs/wmt_base.py:shaw --config.data.kind=text \
+    "${translate_data[@]}" "${wmt[@]}" --positions=shaw --attention_implementations=auto,xla,pallas \
+    --batches=2 --rounds=$rounds
+}
+p_xl_official() {
+  local xl=$work/xl_official
+  rm -rf "$xl" && mkdir -p "$xl" &&
+    "${x[@]}" tar -xzf "$carry/peers/transformer-xl-pytorch-44781ed.tar.gz" -C "$xl" &&
+    "${x[@]}" patch -d "$xl" -p1 --quiet -i "$carry/peers/xl-modern-torch.patch" || return 1
+  if ((smoke)) && ! cuda_torch; then
+    echo 'RESULT: smoke: unpacked and patched; no CUDA torch here, so the step is not run'
+    return 0
+  fi
+  "$py" "$carry/peers/gpu/xl_official_step.py" "$xl/pytorch"
+}
+p_autotune() {
+  if ! "$py" -c 'import importlib.util as u, sys; sys.exit(not u.find_spec("relpos.attention.autotune"))'; then
+    echo 'RESULT: skipped: this checkout has no relpos.attention.autotune'
+    return 0
+  fi
+  local status=0
+  "$py" -m relpos.attention.autotune --config="$char" "${tiny[@]}" || status=1
+  "$py" -m relpos.attention.autotune --config=configs/wmt_base.py:shaw "${wmt_sizes[@]}" || status=1
+  return $status
+}
+p_oom() {
+  "$py" benchmarks/gpu_run.py oom --config="$char" --work="$work/oom" \
+    --seconds="$((${GPU_RUN_LIMIT:-60} - 10))" --expect="$oom_expect" -- "${text[@]}" "${oom_sizes[@]}"
+}
+p_kernels() {
+  local status=0 k
+  "$py" benchmarks/attention.py "${attention[@]}" || status=1
+  for k in 16 64; do
+    if ((smoke)) && ! cuda_torch; then
+      echo "RESULT: smoke: no CUDA torch here; torch_attention.py $torch_lengths $k not run"
+      continue
+    fi
+    "$py" "$carry/peers/gpu/torch_attention.py" "$torch_lengths" "$k" || status=1
+  done
+  return $status
+}
+p_long_context() {
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$py" benchmarks/gpu_run.py long_context --config="$char" \
+    --seconds="$((${GPU_RUN_LIMIT:-180} - 15))" --start=$long_start --max=$long_max -- "${long[@]}"
+}
+if [[ $body ]]; then
+  set -x
+  "p_$body"
+  exit
+fi
+
+start=$SECONDS
+export GPU_RUN_WORK=$work
+# part NAME LIMIT: runs part NAME's body under the smaller of LIMIT and what is left of the
+# budget, output to $logs/NAME.log, status to $logs/NAME.status.
+part() {
+  local name=$1 limit=$2
+  wanted "$name" || return 0
+  local left=$((budget - (SECONDS - start)))
+  if ((left < 20)); then
+    echo "skipped 0 0 0 budget spent" >"$logs/$name.status"
+    echo "$(date -u +%T) skip $name: budget spent" | tee -a "$logs/summary.txt"
+    return 0
+  fi
+  limit=$((limit * slow))
+  ((limit > left)) && limit=$left
+  local began=$SECONDS status result
+  echo "$(date -u +%T) start $name (limit $limit s)" | tee -a "$logs/summary.txt"
+  GPU_RUN_LIMIT=$limit timeout -k 10 "$limit" bash "$root/benchmarks/gpu_run.sh" --body "$name" >"$logs/$name.log" 2>&1
+  status=$?
+  if ((status == 124 || status == 137)); then
+    result=timeout
+  elif ((status == 0)); then
+    result=ok
+  else
+    result=fail
+  fi
+  echo "$result $status $((SECONDS - began)) $limit" >"$logs/$name.status"
+  echo "$(date -u +%T) end $name: $result (exit $status, $((SECONDS - began)) s)" | tee -a "$logs/summary.txt"
+}
+
+# The markdown log, rewritten after each phase (so a run cut short keeps what it did), and
+# every log in one archive (the device tool brings back 8 files at most).
+report() {
+  {
+    echo "# relpos GPU run, $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    if git rev-parse --short HEAD >/dev/null 2>&1; then
+      echo "- commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (with local changes)')"
+    else # the device's copy of the tree may have no .git: gpu_prepare.sh noted the commit
+      echo "- commit: $(cat "$carry/COMMIT" 2>/dev/null || echo unknown) (when gpu_prepare.sh ran)"
+    fi
+    echo "- parts: ${parts[*]}; budget $budget s; smoke $smoke; $((SECONDS - start)) s so far"
+    sed 's/^/- /' "$logs/env.txt" 2>/dev/null
+    echo
+    echo '| part | result | exit | seconds | limit |'
+    echo '|---|---|---|---|---|'
+    local name result status seconds limit rest
+    for name in "${parts[@]}"; do
+      if [[ -f $logs/$name.status ]]; then
+        read -r result status seconds limit rest <"$logs/$name.status"
+        echo "| $name | $result${rest:+: $rest} | $status | $seconds | $limit |"
+      else
+        echo "| $name | not reached | | | |"
+      fi
+    done
+    for name in "${parts[@]}"; do
+      [[ -f $logs/$name.log ]] || continue
+      printf '\n## %s\n\n' "$name"
+      grep -h '^RESULT' "$logs/$name.log" | sed 's/^/- /'
+      echo '```'
+      grep -v '^[WIE][0-9]\{4\} \|^WARNING: All log messages\|^ *warnings.warn\|^+' "$logs/$name.log" |
+        tail -n 40
+      echo '```'
+    done
+  } >"$md.tmp" && mv "$md.tmp" "$md"
+  tar -czf "$out/raw_logs.tar.gz" -C "$work" logs 2>/dev/null
+}
+trap report EXIT
+
+if wanted env; then
+  part env 60
+  {
+    echo "device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
+    echo "python: $("$py" -c 'import sys, jax, jaxlib, flax; print(sys.version.split()[0], "| jax", jax.__version__, "| jaxlib", jaxlib.__version__, "| flax", flax.__version__, "|", jax.devices())' 2>&1 | tail -n 1)"
+    echo "torch: $("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo absent)"
+  } >"$logs/env.txt"
+  report
+fi
+# Untimed checks, at the same time (no preallocation): native tests, kill + resume, BLEU.
+part native 150 &
+part resume 200 &
+part translate_bleu 200 &
+wait
+report
+# Timed, one at a time.
+part autotune 60 # first: its decisions, cached on disk, are the 'auto' rows of the steps below
+part steps_f32 110
+part steps_bf16 100
+part translate_step 80
+part xl_official 70
+report
+part oom 60
+part kernels 170
+report
+part long_context 180
+echo "log: $md; every part's log: $out/raw_logs.tar.gz"

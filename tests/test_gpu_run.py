@@ -1,0 +1,89 @@
+"""benchmarks/gpu_run.sh's plumbing without a GPU: its dry run (PYTHON=echo: every part prints
+its commands) writes a markdown log listing every part, the budget skips parts, and
+benchmarks/gpu_run.py's loss checker compares a resumed run with a reference."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from gpu_run import compare_losses, main
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / 'benchmarks' / 'gpu_run.sh'
+PARTS = (
+  'env native resume translate_bleu autotune steps_f32 steps_bf16 translate_step xl_official oom '
+  'kernels long_context'
+).split()
+
+needs_bash = pytest.mark.skipif(
+  shutil.which('bash') is None or shutil.which('timeout') is None, reason='needs bash and timeout'
+)
+
+
+def dry_run(tmp_path, *parts, budget=480):
+  environ = {
+    'PATH': '/usr/bin:/bin',
+    'PYTHON': 'echo',
+    'OUT': str(tmp_path / 'out'),
+    'GPU_RUN_WORK': str(tmp_path / 'work'),
+    'GPU_CARRY': str(tmp_path / 'carry'),
+    'GPU_RUN_BUDGET': str(budget),
+  }
+  result = subprocess.run(
+    ['bash', str(SCRIPT), *parts], env=environ, capture_output=True, text=True, timeout=60
+  )
+  log = tmp_path / 'out' / 'gpu_run.md'
+  return result, log.read_text() if log.exists() else ''
+
+
+@needs_bash
+def test_dry_run_lists_every_part_with_its_commands(tmp_path):
+  result, log = dry_run(tmp_path)
+  assert result.returncode == 0, result.stderr
+  for name in PARTS:
+    assert f'| {name} | ok | 0 |' in log, name
+    assert f'## {name}' in log, name
+  assert (tmp_path / 'out' / 'raw_logs.tar.gz').exists()
+  assert sorted(p.name for p in (tmp_path / 'out').iterdir()) == ['gpu_run.md', 'raw_logs.tar.gz']
+  # The commands each part would run, as the GPU will get them.
+  assert '--variants=xl,xl_xla,shaw,shaw_xla,absolute' in log
+  assert '--config.model.dtype=bfloat16' in log
+  assert '--config.model.attention_implementation=pallas' in log
+  assert 'resume --config=configs/enwik8_base.py' in log and '--kill_after=130' in log
+  assert 'configs/translate_tiny.py:shaw' in log and 'tatoeba_ende/train.en.gz' in log
+  assert '--attention_implementations=auto,xla,pallas' in log
+  assert 'torch_attention.py 2048 64' in log and 'xl_official_step.py' in log
+  assert 'long_context --config=configs/enwik8_base.py' in log and '--start=4096' in log
+
+
+@needs_bash
+def test_budget_skips_parts_and_unknown_parts_stop(tmp_path):
+  result, log = dry_run(tmp_path, 'oom', 'kernels', budget=5)
+  assert result.returncode == 0, result.stderr
+  assert '| oom | skipped: budget spent |' in log and '| kernels | skipped: budget spent |' in log
+  assert '| env |' not in log
+  result, _ = dry_run(tmp_path / 'again', 'nonsense')
+  assert result.returncode == 2 and 'no part nonsense' in result.stderr
+
+
+def _metrics(path, rows):
+  path.write_text(''.join(json.dumps({'step': s, 'train/loss': v}) + '\n' for s, v in rows))
+  return path
+
+
+def test_losses_checker(tmp_path, capsys):
+  reference = _metrics(tmp_path / 'ref.jsonl', [(10, 3.0), (20, 2.5), (30, 2.0)])
+  # Step 30 logged before the kill (2.9), then again after the resume at 20: the later counts.
+  resumed = _metrics(tmp_path / 'resumed.jsonl', [(10, 3.0), (20, 2.5), (30, 2.9), (30, 2.0)])
+  passed, lines = compare_losses(reference, resumed, after=20)
+  assert passed and 'identical' in lines[-1] and '| 30 | 2.00000000 | 2.00000000 |' in lines
+  off = _metrics(tmp_path / 'off.jsonl', [(10, 3.0), (20, 2.5), (30, 2.0 + 1e-6)])
+  passed, lines = compare_losses(reference, off, after=20)
+  assert not passed and 'at step 30' in lines[-1]
+  assert compare_losses(reference, off, tolerance=1e-5, after=20)[0]
+  short = _metrics(tmp_path / 'short.jsonl', [(10, 3.0)])
+  assert not compare_losses(reference, short)[0]
+  assert main(['losses', str(reference), str(resumed), '--after=20']) == 0
+  assert 'RESULT: PASS' in capsys.readouterr().out
