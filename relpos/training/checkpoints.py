@@ -32,6 +32,7 @@ import os
 import shutil
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import jax
@@ -108,16 +109,20 @@ def last_good_in(workdir) -> str:
 
 class _OrbaxSaveErrors(std_logging.Filter):
   """Drops orbax's ERROR records (with tracebacks) of a failed background save, and asyncio's
-  "Task exception was never retrieved" of its serialization tasks (orbax gathers them and
+  "Task/Future exception was never retrieved" of its tasks (orbax gathers them and
   stops at the first error; on a full disk the others fail too): `Checkpoints` reports the
   failure as one line, with the cause chained for --traceback."""
 
   def filter(self, record):
     if record.levelno != std_logging.ERROR:
       return True
+    orbax = f'{os.sep}orbax{os.sep}'
     if record.name == 'asyncio':
-      return not ('never retrieved' in str(record.msg) and 'orbax' in record.getMessage())
-    return f'{os.sep}orbax{os.sep}' not in record.pathname
+      if 'never retrieved' not in str(record.msg):
+        return True
+      frames = traceback.extract_tb(record.exc_info[2]) if record.exc_info else []
+      return not ('orbax' in record.getMessage() or any(orbax in f.filename for f in frames))
+    return orbax not in record.pathname
 
 
 _FILTER = _OrbaxSaveErrors()
