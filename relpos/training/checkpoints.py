@@ -17,7 +17,7 @@ Faults of the filesystem (docs/faults.md) end a run with one line (`FilesystemFa
   each save's commit before the next save, at `commit` and at `close`, and turns a failure into
   a `FilesystemFaultError` naming the step that was not written and the last good checkpoint; the
   background thread's own ERROR tracebacks are filtered out of the log (`--traceback` shows the
-  cause), as are asyncio's "Task exception was never retrieved" of orbax's tasks and the
+  cause), as are asyncio's "Task/Future exception was never retrieved" of orbax's and the
   "Event loop is closed" of tensorstore writes that finish after orbax gave up on them.
   Saves stay asynchronous: training goes on while a checkpoint is written.
 - A save that did not commit leaves `<step>.orbax-checkpoint-tmp*` behind. Orbax never lists
