@@ -37,6 +37,7 @@ import numpy as np
 from flax import nnx
 
 from relpos.config import checks, fields
+from relpos.config.recorded import record_config
 from relpos.models.multihead_attention import clip_shaw_tables
 from relpos.training import mesh as mesh_lib
 from relpos.training import optim
@@ -44,7 +45,6 @@ from relpos.training.checkpoints import Checkpoints
 from relpos.training.metric_writer import MetricWriter
 from relpos.training.preemption import PreemptedError, PreemptionSignal
 from relpos.training.progress import Progress
-from relpos.training.run_config import record_config
 
 
 @dataclasses.dataclass
