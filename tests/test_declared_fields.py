@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 from relpos.config import checks, fields
+from relpos.config import recorded as recording
 from relpos.config.char_lm_defaults import CharLMConfig, CharLMEval, Span, char_lm_config
 from relpos.config.fields import field, section, subsection
 from relpos.config.model_fields import TransformerXLConfig
@@ -39,7 +40,7 @@ def test_a_model_field_takes_its_declaration_and_its_use(tmp_path, monkeypatch):
   before any data is read), in the typed config every attention layer gets, unread by the
   positions that do not read it, and read at its default from a run recorded before it."""
   monkeypatch.setattr(char_lm_task.TASK, 'declaration', GatedCharLMConfig)
-  monkeypatch.setattr(run_config, 'declaration', {'char_lm': GatedCharLMConfig}.get)
+  monkeypatch.setattr(recording, 'declaration', {'char_lm': GatedCharLMConfig}.get)
   config = fields.config_dict(GatedCharLMConfig)
   assert config.model.attention_gate == 1.0
   config.model.update(num_layers=2, d_model=16, num_heads=2, head_dim=8, d_ff=16)
@@ -65,13 +66,13 @@ def test_a_model_field_takes_its_declaration_and_its_use(tmp_path, monkeypatch):
   assert 'attention_gate' in char_lm_task.TASK.unread_fields(config)
 
   config.model.attention_gate = 1.0
-  run_config.record_config(config, tmp_path, allow_change=False)
-  path = tmp_path / run_config.CONFIG_FILE
+  recording.record_config(config, tmp_path, allow_change=False)
+  path = tmp_path / recording.CONFIG_FILE
   recorded = json.loads(path.read_text())
   del recorded['model']['attention_gate']  # recorded before the field existed
   path.write_text(json.dumps(recorded))
   assert run_config.read_config(tmp_path).model.attention_gate == 1.0
-  assert run_config.changes_from_recorded(config, tmp_path) == []
+  assert recording.changes_from_recorded(config, tmp_path) == []
 
 
 def test_a_task_gives_an_inherited_field_its_default_and_keeps_its_rule_and_doc():

@@ -5,19 +5,20 @@ import json
 import pytest
 from helpers import load_config
 
+from relpos.config import recorded as recording
 from relpos.training import run_config
 
 
 def test_a_rerun_with_another_config_is_refused_unless_allowed(tmp_path):
   config = load_config('char_tiny')
-  run_config.record_config(config, tmp_path, allow_change=False)
-  run_config.record_config(config, tmp_path, allow_change=False)  # same config: fine
+  recording.record_config(config, tmp_path, allow_change=False)
+  recording.record_config(config, tmp_path, allow_change=False)  # same config: fine
   config.eval.mem_len = 64  # evaluation settings may change
-  run_config.record_config(config, tmp_path, allow_change=False)
+  recording.record_config(config, tmp_path, allow_change=False)
   config.train.mem_len = 32
   with pytest.raises(ValueError, match=r'config.train.mem_len: 64 -> 32.*--allow_config_change'):
-    run_config.record_config(config, tmp_path, allow_change=False)
-  run_config.record_config(config, tmp_path, allow_change=True)
+    recording.record_config(config, tmp_path, allow_change=False)
+  recording.record_config(config, tmp_path, allow_change=True)
   assert (tmp_path / 'config.1.json').exists()
   assert '"mem_len": 32' in (tmp_path / 'config.json').read_text()
 
@@ -25,7 +26,7 @@ def test_a_rerun_with_another_config_is_refused_unless_allowed(tmp_path):
 def test_config_changes_lists_added_removed_and_nested_fields():
   old = {'model': {'k': 1, 'd': 2}, 'seed': 0}
   new = {'model': {'k': 4, 'h': 8}, 'seed': 0}
-  assert run_config.config_changes(old, new) == [
+  assert recording.config_changes(old, new) == [
     "config.model.d: 2 -> '<absent>'",
     "config.model.h: '<absent>' -> 8",
     'config.model.k: 1 -> 4',
@@ -53,8 +54,8 @@ def test_a_run_recorded_before_a_field_was_added_reads_its_declared_default(tmp_
   field reads as its declared default, the value that leaves them unchanged; any other
   difference counts."""
   config = load_config('translate_tiny', 'shaw')
-  run_config.record_config(config, tmp_path, allow_change=False)
-  path = tmp_path / run_config.CONFIG_FILE
+  recording.record_config(config, tmp_path, allow_change=False)
+  path = tmp_path / recording.CONFIG_FILE
   recorded = json.loads(path.read_text())
   for name, neutral in NEUTRAL.items():
     section, field = name.split('.')
@@ -62,9 +63,9 @@ def test_a_run_recorded_before_a_field_was_added_reads_its_declared_default(tmp_
     del recorded[section][field]
   path.write_text(json.dumps(recorded))
   assert run_config.read_config(tmp_path).model.t5_num_buckets == 32
-  assert run_config.changes_from_recorded(config, tmp_path) == []
+  assert recording.changes_from_recorded(config, tmp_path) == []
   config.model.rope_base = 500.0
-  assert run_config.changes_from_recorded(config, tmp_path) == [
+  assert recording.changes_from_recorded(config, tmp_path) == [
     'config.model.rope_base: 10000.0 -> 500.0'
   ]
 
@@ -73,12 +74,12 @@ def test_a_recorded_old_name_is_not_backfilled_under_its_new_name(tmp_path):
   """A config recorded with a renamed field (model.n_head) keeps it and lacks the new one: the
   change says so instead of reading the new name's default."""
   config = load_config('char_tiny', 'xl')
-  run_config.record_config(config, tmp_path, allow_change=False)
-  path = tmp_path / run_config.CONFIG_FILE
+  recording.record_config(config, tmp_path, allow_change=False)
+  path = tmp_path / recording.CONFIG_FILE
   recorded = json.loads(path.read_text())
   recorded['model']['n_head'] = recorded['model'].pop('num_heads')
   path.write_text(json.dumps(recorded))
-  changes = run_config.changes_from_recorded(config, tmp_path)
+  changes = recording.changes_from_recorded(config, tmp_path)
   assert changes == [
     f"config.model.n_head: {config.model.num_heads} -> '<absent>'",
     f"config.model.num_heads: '<absent>' -> {config.model.num_heads}",

@@ -526,6 +526,19 @@ def test_load_translation_data_text(tmp_path):
   assert again.tokenizer.encode(SOURCES[0]) == data.tokenizer.encode(SOURCES[0])
 
 
+def test_eval_batches_take_the_training_shapes_else_fit_their_own(tmp_path):
+  config = _data_config(tmp_path, max_eval_examples=20, length_buckets=2)
+  data = translation.load_translation_data(config, tmp_path / 'work', seed=3)
+  during_training = translation.eval_batches(config, data, seed=3)
+  assert during_training.boundaries == data.train.boundaries  # no new shapes to compile
+  assert during_training.num_examples == 20 and during_training.seed == 3
+  evaluation = translation.load_eval_data(config, tmp_path / 'work')
+  alone = translation.eval_batches(config, evaluation, seed=3)
+  assert len(alone.boundaries) <= 2 and alone.boundaries[-1] == config.max_length + 1
+  seen = sorted(int(i) for batch in alone.iterate_once() for i in batch['index'] if i >= 0)
+  assert seen == list(range(20))  # every eval pair once
+
+
 def test_load_translation_data_in_shards_then_for_evaluation(tmp_path):
   config = _data_config(tmp_path, max_eval_examples=20)
   parts = _in_threads(

@@ -10,7 +10,7 @@ default (`relpos.config.char_lm_defaults.CharLMConfig`). From that one declarati
   its default, so an override of a field that does not exist fails at parse time;
 - the rules the task checks before reading any data (`rules`: dotted path -> `checks.Rule`);
 - the values a run recorded before a field existed reads for it (`defaults`, used by
-  `relpos.training.run_config`).
+  `relpos.config.recorded`).
 
 A section may extend another and give an inherited field another default with a bare
 assignment (`steps = 400_000`): the field keeps its rule and doc, so a field's meaning is

@@ -38,7 +38,7 @@ class TranslationData:
     eval_sources: eval source sentences, as read (detokenised if config.data.moses_detokenize).
     eval_references: their reference translations, likewise.
     eval_pairs: eval_pairs[i] is (eval_sources[i], eval_references[i]) encoded, none dropped;
-      for an eval loss, `TokenBatches(eval_pairs, boundaries=train.boundaries, ...)`.
+      in token batches for an eval loss by `eval_batches`.
   """
 
   tokenizer: Tokenizer
@@ -185,6 +185,25 @@ def load_translation_data(
   )
   logging.info('training data ready in %.1fs', time.perf_counter() - start)
   return _with_eval_data(data_config, tokenizer, train)
+
+
+def eval_batches(data_config, data: TranslationData, *, seed: int) -> TokenBatches:
+  """The eval pairs in token batches for an eval loss: of the training batches' padded lengths
+  when `data` has them (so evaluation during training compiles no new shapes), else bucketed
+  as config.data.length_buckets says; pairs longer than config.data.max_length are left out.
+
+  Raises:
+    ValueError: no eval pair is within config.data.max_length.
+  """
+  boundaries = None if data.train is None else data.train.boundaries
+  return TokenBatches(
+    data.eval_pairs,
+    max_tokens=data_config.max_tokens,
+    max_length=data_config.max_length,
+    boundaries=boundaries,
+    num_buckets=None if boundaries else data_config.length_buckets,
+    seed=seed,
+  )
 
 
 def load_eval_data(data_config, workdir) -> TranslationData:

@@ -65,6 +65,7 @@ from ml_collections import config_flags
 
 from relpos import runtime
 from relpos.config import load_config_file
+from relpos.config.recorded import changes_from_recorded, with_added
 from relpos.studies import breakdown, significance
 from relpos.studies.figures import pyplot as plt
 from relpos.studies.figures import save as save_figure
@@ -215,12 +216,12 @@ def is_finished(results_dir: Path, config, trained_dir: Path) -> bool:
   `results_dir` with its config.eval (a run with another config is not: training it again
   says so)."""
   path = results_dir / 'eval_results.json'
-  if not path.exists() or run_config.changes_from_recorded(config, trained_dir):
+  if not path.exists() or changes_from_recorded(config, trained_dir):
     return False
   results = json.loads(path.read_text())
   current = config.eval.to_dict()
   recorded = {'task': config.task, 'eval': results.get('eval', {})}
-  scored = run_config.with_added(recorded, {'eval': current})['eval']
+  scored = with_added(recorded, {'eval': current})['eval']
   return results.get('step') == config.train.steps and scored == current
 
 

@@ -73,7 +73,8 @@ def _empty_memory(model, batch_size: int, mem_len: int, mesh) -> dict:
 def build(config, vocab_size: int, mesh):
   """(model, graphdef, state) for training: model and optimizer replicated over `mesh`, plus
   the empty memory (split by rows) when config.train.mem_len > 0."""
-  model = TransformerXL(model_config(config, vocab_size), rngs=nnx.Rngs(config.seed))
+  typed = model_config(config, vocab_size)
+  model = TransformerXL(typed, rngs=nnx.Rngs(config.seed))
   train = config.train
   carry = {'memory': _empty_memory(model, train.batch_size, train.mem_len, mesh)}
   graphdef, state = loop.init_state(model, config, mesh, **(carry if train.mem_len else {}))
@@ -180,6 +181,21 @@ def bits_per_char(model, tokens, span, *, batch_size: int, max_segments: int = 0
   }
 
 
+def _validate(config, tokens, model, step: int) -> dict:
+  """The validation during training (`loop.Training.validate`, bound to the config and the
+  valid split): bits-per-char with config.train's segments, over the first
+  config.eval.max_segments_during_training segments, printed and returned as scalars to log."""
+  result = bits_per_char(
+    model,
+    tokens,
+    config.train,
+    batch_size=config.eval.batch_size,
+    max_segments=config.eval.max_segments_during_training,
+  )
+  print(f'step {step}: valid bpc {result["bpc"]:.4f} ({result["tokens"]} chars)', flush=True)
+  return {'valid/bpc': result['bpc']}
+
+
 class CharLM(loop.Task):
   """Transformer-XL character language modelling; the metric is bits-per-char."""
 
@@ -205,15 +221,13 @@ class CharLM(loop.Task):
     return model_config(config, vocab_size=1).unread_fields()
 
   def training(self, config, workdir, mesh) -> loop.Training:
+    """The data first (the vocabulary comes from it), then the model, its optimizer and the
+    step."""
     train = config.train
+    rows = mesh_lib.process_rows(train.batch_size, mesh)  # only the rows this process feeds
     splits, vocab = _vocab_for_run(config, workdir)
+    batches = OrderedBatches(splits['train'], train.batch_size, train.tgt_len, rows=rows)
     model, graphdef, state = build(config, vocab.size, mesh)
-    batches = OrderedBatches(  # only the rows this process feeds
-      splits['train'],
-      train.batch_size,
-      train.tgt_len,
-      rows=mesh_lib.process_rows(train.batch_size, mesh),
-    )
     train_step = train_step_fn(config, graphdef, mesh)
 
     def step(state, batch):
@@ -226,17 +240,7 @@ class CharLM(loop.Task):
       inputs, targets, new_epoch = batches.training_batch(s)
       return (*mesh_lib.global_batch((inputs, targets), mesh), new_epoch)
 
-    def validate(model, step):
-      result = bits_per_char(
-        model,
-        splits['valid'],
-        train,
-        batch_size=config.eval.batch_size,
-        max_segments=config.eval.max_segments_during_training,
-      )
-      print(f'step {step}: valid bpc {result["bpc"]:.4f} ({result["tokens"]} chars)', flush=True)
-      return {'valid/bpc': result['bpc']}
-
+    validate = functools.partial(_validate, config, splits['valid'])
     meta = {'epoch_segments': batches.num_segments}
     return loop.Training(graphdef, state, step, batch, validate, checkpoint_meta=meta)
 

@@ -42,6 +42,7 @@ import numpy as np
 from flax import nnx
 
 from relpos.config import checks, fields
+from relpos.config.recorded import record_config
 from relpos.models.multihead_attention import clip_shaw_tables
 from relpos.training import mesh as mesh_lib
 from relpos.training import optim
@@ -55,7 +56,7 @@ from relpos.training.checkpoints import (
 from relpos.training.metric_writer import MetricWriter
 from relpos.training.preemption import PreemptedError, PreemptionSignal, RunFaultError
 from relpos.training.progress import Progress
-from relpos.training.run_config import check_task, record_config
+from relpos.training.run_config import check_task
 
 
 @dataclasses.dataclass

@@ -26,7 +26,12 @@ from relpos.config import shared
 from relpos.config.translation_defaults import TranslationConfig
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID
 from relpos.data.token_batches import TokenBatches
-from relpos.data.translation import check_data_config, load_eval_data, load_translation_data
+from relpos.data.translation import (
+  check_data_config,
+  eval_batches,
+  load_eval_data,
+  load_translation_data,
+)
 from relpos.models.transformer import Transformer, TransformerConfig
 from relpos.training import loop
 from relpos.training import mesh as mesh_lib
@@ -45,8 +50,8 @@ def model_config(config, vocab_size: int) -> TransformerConfig:
 def build(config, vocab_size: int, mesh):
   """(graphdef, state) of model and optimizer as initialised from config.seed, replicated over
   `mesh`."""
-  model = Transformer(model_config(config, vocab_size), rngs=nnx.Rngs(config.seed))
-  return loop.init_state(model, config, mesh)
+  typed = model_config(config, vocab_size)
+  return loop.init_state(Transformer(typed, rngs=nnx.Rngs(config.seed)), config, mesh)
 
 
 def token_losses(logits_BTV, targets_BT, label_smoothing: float):
@@ -97,17 +102,12 @@ def eval_loss(model, batches: TokenBatches) -> dict:
   return {'nll': nll, 'perplexity': scoring.perplexity(nll), 'tokens': total_tokens}
 
 
-def _eval_batches(config, pairs, boundaries=None) -> TokenBatches:
-  """Eval pairs in token batches, of the training shapes if `boundaries` (padded lengths) are
-  given; pairs longer than config.data.max_length are left out."""
-  return TokenBatches(
-    pairs,
-    max_tokens=config.data.max_tokens,
-    max_length=config.data.max_length,
-    boundaries=boundaries,
-    num_buckets=None if boundaries else config.data.length_buckets,
-    seed=config.seed,
-  )
+def _validate(batches: TokenBatches, model, step: int) -> dict:
+  """The validation during training (`loop.Training.validate`, bound to the eval batches): the
+  eval perplexity, printed and returned as scalars to log."""
+  result = eval_loss(model, batches)
+  print(f'step {step}: eval perplexity {result["perplexity"]:.2f}', flush=True)
+  return {'eval/nll': result['nll'], 'eval/perplexity': result['perplexity']}
 
 
 def _padded_length(length: int) -> int:
@@ -208,6 +208,10 @@ class Translate(loop.Task):
     return model_config(config, vocab_size=1).unread_fields()
 
   def training(self, config, workdir, mesh) -> loop.Training:
+    """The model and its optimizer first (they need the config alone: the vocabulary has
+    config.data.vocab_size pieces, which the data checks), then the data, then the functions
+    the loop calls: the batch of a step, the validation and the jitted step."""
+    graphdef, state = build(config, config.data.vocab_size, mesh)
     data = load_translation_data(
       config.data,
       workdir,
@@ -215,8 +219,7 @@ class Translate(loop.Task):
       row_multiple=mesh.size * config.train.grad_accum_steps,
       shard=mesh_lib.process_shard(),
     )
-    graphdef, state = build(config, data.tokenizer.vocab_size, mesh)
-    eval_batches = _eval_batches(config, data.eval_pairs, data.train.boundaries)
+    validation = eval_batches(config.data, data, seed=config.seed)
     print(
       f'{len(data.eval_sources)} eval sentences, vocabulary {data.tokenizer.vocab_size}, '
       f'{data.train.batches_per_epoch} batches per epoch',
@@ -228,11 +231,7 @@ class Translate(loop.Task):
       arrays = {name: batch[name] for name in ('src', 'tgt_in', 'tgt_out')}
       return mesh_lib.global_batch(arrays, mesh)
 
-    def validate(model, step):
-      result = eval_loss(model, eval_batches)
-      print(f'step {step}: eval perplexity {result["perplexity"]:.2f}', flush=True)
-      return {'eval/nll': result['nll'], 'eval/perplexity': result['perplexity']}
-
+    validate = functools.partial(_validate, validation)
     return loop.Training(graphdef, state, train_step_fn(config, graphdef, mesh), batch, validate)
 
   def train_scalars(self, totals):
@@ -251,7 +250,7 @@ class Translate(loop.Task):
     if mesh_lib.is_writer():
       output.write_text(''.join(line + '\n' for line in translations))
     bleu = scoring.corpus_bleu(translations, data.eval_references)
-    loss = eval_loss(model, _eval_batches(config, data.eval_pairs))
+    loss = eval_loss(model, eval_batches(config.data, data, seed=config.seed))
     return {
       'bleu': bleu.score,
       'signature': bleu.signature,

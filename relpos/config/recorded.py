@@ -1,0 +1,90 @@
+"""The resolved config of a run, kept in its workdir, and the check that a rerun matches it.
+
+It sits with the declarations because it is about them: a recorded config is read back with
+the fields it lacks filled from their declared defaults (`with_added`), and compared with the
+current one field by field. `relpos.training.loop` records the config before any data is read;
+the tools that start from a finished run read it (`relpos.training.run_config.read_config`).
+"""
+
+import json
+from pathlib import Path
+
+import ml_collections
+from absl import logging
+
+from relpos.config import checks, declaration, fields
+
+CONFIG_FILE = 'config.json'
+# Sections that may change between runs on one workdir: evaluation settings do not touch what
+# was trained.
+_FREE_SECTIONS = ('eval',)
+
+
+def with_added(recorded: dict, current: dict | None = None) -> dict:
+  """`recorded` (a config or some of its sections, as a dict) with the fields it lacks read
+  from their declared defaults (the declaration of its config.task, `relpos.config
+  .declaration`), so runs recorded before a field existed still evaluate and resume: a field
+  added later defaults to what such runs did. Only sections `recorded` holds are filled, with
+  `current` only the fields `current` has there, and never a field whose old name
+  (`checks.RENAMED`) the section holds."""
+  declared = declaration(recorded.get('task', (current or {}).get('task')))
+  if declared is None:
+    return recorded
+  for section, defaults in fields.defaults(declared).items():
+    if not isinstance(defaults, dict) or section not in recorded:
+      continue
+    wanted = defaults if current is None else current.get(section, {})
+    renamed = {checks.RENAMED.get(f'{section}.{old}') for old in recorded[section]}
+    for field, value in defaults.items():
+      if field in wanted and f'{section}.{field}' not in renamed:
+        recorded[section].setdefault(field, value)
+  return recorded
+
+
+def read_recorded(path: Path, current: dict | None = None) -> dict:
+  """The config recorded at path, `with_added` fields."""
+  return with_added(json.loads(path.read_text()), current)
+
+
+def config_changes(old: dict, new: dict, prefix: str = 'config') -> list[str]:
+  """'field: old -> new' for every leaf that differs (added and removed fields included)."""
+  changes = []
+  for name in sorted(set(old) | set(new)):
+    field = f'{prefix}.{name}'
+    before, after = old.get(name, '<absent>'), new.get(name, '<absent>')
+    if isinstance(before, dict) and isinstance(after, dict):
+      changes += config_changes(before, after, field)
+    elif before != after:
+      changes.append(f'{field}: {before!r} -> {after!r}')
+  return changes
+
+
+def changes_from_recorded(config: ml_collections.ConfigDict, workdir) -> list[str]:
+  """`config_changes` from the config recorded in workdir to `config`, outside the sections
+  that may change between runs (eval); [] when none is recorded."""
+  path = Path(workdir) / CONFIG_FILE
+  if not path.exists():
+    return []
+  free = {name: None for name in _FREE_SECTIONS}
+  current = json.loads(config.to_json())
+  return config_changes(read_recorded(path, current) | free, current | free)
+
+
+def record_config(config: ml_collections.ConfigDict, workdir: Path, *, allow_change: bool):
+  """Writes workdir/config.json, after checking a previous run there used the same config.
+
+  A different config (outside `eval`) raises ValueError listing the changed fields, unless
+  `allow_change`: then the old file is kept as config.<n>.json and a warning is logged.
+  """
+  path = Path(workdir) / CONFIG_FILE
+  changes = changes_from_recorded(config, workdir)
+  if changes and not allow_change:
+    raise ValueError(
+      f'{workdir} holds a run with another config ({"; ".join(changes)}): use a new '
+      '--workdir, or pass --allow_config_change to continue this run with the new config'
+    )
+  if changes:
+    previous = 1 + sum(1 for _ in path.parent.glob('config.*.json'))
+    path.rename(path.parent / f'config.{previous}.json')
+    logging.warning('config changed (%s); the old one is config.%d.json', changes, previous)
+  path.write_text(config.to_json(indent=2))
