@@ -453,11 +453,12 @@ def test_a_read_only_output_dir_of_eval(text_file, straight, tmp_path, monkeypat
 
 @pytest.fixture
 def small_disk(tmp_path):
-  """A directory on a 4 MiB tmpfs of its own (skips where mounting is not allowed)."""
+  """A directory on a 32 MiB tmpfs of its own, room for the run, which the filler then takes
+  (skips where mounting is not allowed)."""
   mount = tmp_path / 'disk'
   mount.mkdir()
   made = subprocess.run(
-    ['mount', '-t', 'tmpfs', '-o', 'size=4m', 'tmpfs', str(mount)], capture_output=True
+    ['mount', '-t', 'tmpfs', '-o', 'size=32m', 'tmpfs', str(mount)], capture_output=True
   )
   if made.returncode:
     pytest.skip('cannot mount a tmpfs here (not root?): the injected rows cover a full disk')
