@@ -151,13 +151,13 @@ def _mask_shape(mask, batch: int, timed: int) -> tuple[int, ...] | None:
   return (timed if shape[0] == batch else shape[0],) + shape[1:]
 
 
-def shaw_signature(query, key, rel_key, rel_value, mask, dropout_rate: float) -> Signature:
-  """The `Signature` of a `shaw_attention` call (arguments already checked)."""
+def _signature(kernel: str, query, key, mask, dropout_rate: float, **position) -> Signature:
+  """The `Signature` of a call of `kernel` over these arrays; `position` holds the scheme's own
+  fields (Shaw's max_distance and tables)."""
   batch, q_len, heads, head_dim = query.shape
   timed = timed_batch(batch)
-  table = rel_key if rel_key is not None else rel_value
   return Signature(
-    kernel='shaw',
+    kernel=kernel,
     batch=timed,
     q_len=q_len,
     kv_len=key.shape[1],
@@ -165,29 +165,28 @@ def shaw_signature(query, key, rel_key, rel_value, mask, dropout_rate: float) ->
     head_dim=head_dim,
     dtype=jnp.dtype(query.dtype).name,
     mask=_mask_shape(mask, batch, timed),
+    dropout=float(dropout_rate),
+    **position,
+  )
+
+
+def shaw_signature(query, key, rel_key, rel_value, mask, dropout_rate: float) -> Signature:
+  """The `Signature` of a `shaw_attention` call (arguments already checked)."""
+  table = rel_key if rel_key is not None else rel_value
+  return _signature(
+    'shaw',
+    query,
+    key,
+    mask,
+    dropout_rate,
     max_distance=(table.shape[0] - 1) // 2,
     tables=('k' if rel_key is not None else '') + ('v' if rel_value is not None else ''),
-    dropout=float(dropout_rate),
   )
 
 
 def xl_signature(query, key, mask, dropout_rate: float) -> Signature:
   """The `Signature` of an `xl_attention` call (arguments already checked)."""
-  batch, q_len, heads, head_dim = query.shape
-  timed = timed_batch(batch)
-  return Signature(
-    kernel='xl',
-    batch=timed,
-    q_len=q_len,
-    kv_len=key.shape[1],
-    heads=heads,
-    head_dim=head_dim,
-    dtype=jnp.dtype(query.dtype).name,
-    mask=_mask_shape(mask, batch, timed),
-    max_distance=None,
-    tables='',
-    dropout=float(dropout_rate),
-  )
+  return _signature('xl', query, key, mask, dropout_rate, max_distance=None, tables='')
 
 
 # ------------------------------------------------------------------------------------------
