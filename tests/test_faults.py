@@ -84,6 +84,23 @@ def _assert_nothing_lost(before, after):
   assert lines_after[: len(lines)] == lines
 
 
+def _at_checkpoint(monkeypatch, step: int, act) -> list:
+  """Makes the run call `act()` once, when it is about to save checkpoint `step` and the save
+  before it has committed; returns the list that then holds `act()`'s result."""
+  from relpos.training import checkpoints as checkpoints_lib
+
+  real, acted = checkpoints_lib.Checkpoints.save, []
+
+  def save(self, at, items, meta):
+    if at == step and not acted:
+      self.commit()
+      acted.append(act())
+    return real(self, at, items, meta)
+
+  monkeypatch.setattr(checkpoints_lib.Checkpoints, 'save', save)
+  return acted
+
+
 def _fault(error, exit_code, *phrases):
   """Checks the launchers' exit status and line for `error`; returns the line."""
   code, line = tasks.fault_exit(error)
@@ -263,17 +280,8 @@ def test_a_read_only_workdir(text_file, straight, tmp_path, monkeypatch):
 
 def test_a_workdir_removed_mid_run(text_file, tmp_path, monkeypatch):
   workdir = tmp_path / 'run'
-  from relpos.training import checkpoints as checkpoints_lib
-
-  real = checkpoints_lib.Checkpoints.save
-
-  def save(self, step, items, meta):
-    if step == 4:
-      self.commit()  # checkpoint 2 finished, then the workdir goes (an unmount, a cleanup job)
-      shutil.rmtree(workdir)
-    return real(self, step, items, meta)
-
-  monkeypatch.setattr(checkpoints_lib.Checkpoints, 'save', save)
+  # Checkpoint 2 finished, then the workdir goes (an unmount, a cleanup job).
+  _at_checkpoint(monkeypatch, 4, lambda: shutil.rmtree(workdir))
   with pytest.raises(tasks.FAULTS) as caught:
     char_lm.TASK.train_model(_config(text_file), workdir)
   _fault(
@@ -486,17 +494,8 @@ def test_a_real_full_disk_mid_run_and_the_rerun_after_freeing_space(
 ):
   """The disk (a tmpfs) is filled for real after checkpoint 2, before checkpoint 4: the
   first write to fail may be the checkpoint's (in tensorstore) or metrics.jsonl's."""
-  from relpos.training import checkpoints as checkpoints_lib
-
-  workdir, real, filled = small_disk / 'run', checkpoints_lib.Checkpoints.save, []
-
-  def save(self, step, items, meta):
-    if step == 4 and not filled:
-      self.commit()  # checkpoint 2 is on the disk
-      filled.append(_fill(small_disk))
-    return real(self, step, items, meta)
-
-  monkeypatch.setattr(checkpoints_lib.Checkpoints, 'save', save)
+  workdir = small_disk / 'run'
+  filled = _at_checkpoint(monkeypatch, 4, lambda: _fill(small_disk))  # checkpoint 2 is on disk
   with pytest.raises(tasks.FAULTS) as caught:
     char_lm.TASK.train_model(_config(text_file), workdir)
   _fault(

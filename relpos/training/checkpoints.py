@@ -97,14 +97,20 @@ def filesystem_fault(
   return FilesystemFaultError(f'{what}: {cause}; {last_good}; {todo}{then}')
 
 
+def _name_last_good(directory: Path, steps, none: str) -> str:
+  """A fault's words for the newest of the finished `steps` in `directory`, or `none`."""
+  if not steps:
+    return none
+  newest = max(steps)
+  return f'the last good checkpoint is {directory / str(newest)} (step {newest}), intact'
+
+
 def last_good_in(workdir) -> str:
   """`Checkpoints.last_good` of a workdir that cannot be opened (read from its directory names:
   orbax names finished steps by their number, unfinished ones with TMP_MARKER)."""
   directory = Path(workdir).resolve() / 'checkpoints'
-  steps = sorted(int(p.name) for p in directory.glob('*') if p.name.isdigit() and p.is_dir())
-  if not steps:
-    return 'no checkpoint was written yet'
-  return f'the last good checkpoint is {directory / str(steps[-1])} (step {steps[-1]}), intact'
+  steps = [int(p.name) for p in directory.glob('*') if p.name.isdigit() and p.is_dir()]
+  return _name_last_good(directory, steps, 'no checkpoint was written yet')
 
 
 class _OrbaxSaveErrors(std_logging.Filter):
@@ -181,10 +187,8 @@ class Checkpoints:
       for step in self.all_steps()
       if step != but and step != self._pending and (self.directory / str(step)).is_dir()
     ]
-    if not steps:
-      return 'there is no earlier checkpoint (a rerun starts from step 0)'
-    return (
-      f'the last good checkpoint is {self.directory / str(steps[-1])} (step {steps[-1]}), intact'
+    return _name_last_good(
+      self.directory, steps, 'there is no earlier checkpoint (a rerun starts from step 0)'
     )
 
   def save(self, step: int, items: dict, meta: dict):

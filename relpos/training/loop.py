@@ -397,8 +397,8 @@ def step_memory_warning(step, state, batch, device=None) -> str | None:
   `device` (default: this process's first) reports (`batch`: the step's batch, or a function
   that makes it, called only then); None when it fits, when the device reports
   no limit (XLA:CPU) or when the estimate cannot be had. On GPUs and TPUs this compiles the
-  step ahead of its first call: one more compile at the start, unless the persistent
-  compilation cache serves the second (not yet measured on a GPU)."""
+  step ahead of its first call, which then reuses that compile (jax keeps an ahead-of-time
+  compile for the jitted function's later calls: seen with jax_log_compiles on a CPU)."""
   device = device or jax.local_devices()[0]
   try:
     limit = (device.memory_stats() or {}).get('bytes_limit')
@@ -462,6 +462,11 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   check_task(workdir, config.get('task'))  # before anything else: the workdir's run
   prepare_workdir(workdir)
   reached = {'step': 0, 'checkpoints': None}
+
+  def last_good() -> str:
+    checkpoints = reached['checkpoints']
+    return checkpoints.last_good() if checkpoints else last_good_in(workdir)
+
   try:
     _train(task, config, workdir, preemption, allow_config_change, reached)
   except OSError as error:
@@ -469,18 +474,13 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
     inside = path is not None and workdir.resolve() in (path.resolve(), *path.resolve().parents)
     if not (inside or error_errno(error) in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)):
       raise  # not the workdir's: a data file, reported as it is
-    checkpoints = reached['checkpoints']
     raise filesystem_fault(
-      error,
-      f'cannot write {path or workdir} at step {reached["step"]}',
-      last_good=checkpoints.last_good() if checkpoints else last_good_in(workdir),
+      error, f'cannot write {path or workdir} at step {reached["step"]}', last_good=last_good()
     ) from error
   except jax.errors.JaxRuntimeError as error:
     if not is_out_of_memory(error):
       raise
-    checkpoints = reached['checkpoints']
-    last_good = checkpoints.last_good() if checkpoints else last_good_in(workdir)
-    raise out_of_memory_fault(config, reached['step'] + 1, last_good) from error
+    raise out_of_memory_fault(config, reached['step'] + 1, last_good()) from error
 
 
 def _train(task: Task, config, workdir: Path, preemption, allow_config_change, reached: dict):
