@@ -20,12 +20,14 @@ training step counted as 3 x the forward pass), XLA's count beside it ("n/a" whe
 cost analysis, e.g. on a GPU without a compiled one), the model FLOP rate and MFU against the
 devices' peak (`timing.peak_rate`: a GPU's or TPU's data-sheet peak in config.model.dtype; on a
 CPU the float32 matmul rate timed in the same run on the model's own shapes), with every
-attention pair counted and with only the causally visible ones.
+attention pair counted and with only the causally visible ones. `--profile_steps=3` then traces
+three steps of each variant and prints where the time goes (benchmarks/step_profile.py).
 """
 
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import step_profile
 from absl import app, flags
 from ml_collections import config_flags
 from timing import (
@@ -80,7 +82,8 @@ flags.register_validator(
 
 def step_call(config, overrides, inputs, targets, mesh):
   """A zero-argument call running one training step of the variant (state carried along), the
-  model's forward FLOPs (`relpos.flops.Flops`) and XLA's FLOP count of that step (or None)."""
+  model's forward FLOPs (`relpos.flops.Flops`), XLA's FLOP count of that step (or None) and a
+  function giving its compiled module's text (`step_profile.compiled_text`)."""
   variant = ml_collections.ConfigDict(config.to_dict())
   variant.model.update(overrides.get('model', {}))
   variant.train.update(overrides.get('train', {}))
@@ -88,6 +91,7 @@ def step_call(config, overrides, inputs, targets, mesh):
   train_step = train_step_fn(variant, graphdef, mesh)
   carried = {'state': state}
   xla_count = step_flops(train_step, state, (inputs, targets), devices=mesh.size)
+  text = step_profile.compiled_text(train_step, state, (inputs, targets))
   batch, length = inputs.shape
   model_flops = flops_lib.char_lm_flops(
     variant.model,
@@ -101,7 +105,7 @@ def step_call(config, overrides, inputs, targets, mesh):
     carried['state'], sums = train_step(carried['state'], (inputs, targets))
     return sums['loss']
 
-  return call, model_flops, xla_count
+  return call, model_flops, xla_count, text
 
 
 def main(argv):
@@ -111,11 +115,11 @@ def main(argv):
   tokens = np.random.default_rng(0).integers(0, _VOCAB_SIZE, (batch, length + 1))
   inputs, targets = jnp.asarray(tokens[:, :-1]), jnp.asarray(tokens[:, 1:])
   mesh = data_mesh()
-  calls, model_flops, xla_counts = {}, {}, {}
+  calls, model_flops, xla_counts, texts = {}, {}, {}, {}
   for name in _NAMES.value:
     table_name, overrides = _VARIANTS[name]
-    calls[table_name], model_flops[table_name], xla_counts[table_name] = step_call(
-      config, overrides, inputs, targets, mesh
+    calls[table_name], model_flops[table_name], xla_counts[table_name], texts[table_name] = (
+      step_call(config, overrides, inputs, targets, mesh)
     )
   seconds = interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=2)
   m = config.model
@@ -145,6 +149,10 @@ def main(argv):
       print(autotune.auto_line(position, seconds[position], kernels))
   if memory := peak_memory_line():
     print(memory)
+  if step_profile.PROFILE_STEPS.value:
+    step_profile.print_profiles(
+      calls, texts, steps=step_profile.PROFILE_STEPS.value, trace_dir=step_profile.PROFILE_DIR.value
+    )
 
 
 if __name__ == '__main__':

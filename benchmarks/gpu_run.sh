@@ -19,9 +19,10 @@
 #   autotune        python -m relpos.attention.autotune's tables for enwik8_base and wmt_base,
 #                   where that module exists (its disk cache then serves the steps' 'auto')  (60)
 #   steps_f32, steps_bf16  benchmarks/char_lm_step.py at enwik8_base: xl and shaw with 'auto'
-#                   and 'xla', absolute; then xl and shaw with 'pallas' named       (110, 100)
+#                   and 'xla', absolute; then xl and shaw with 'pallas' named; bf16 also
+#                   profiles each variant (where the step's time goes)              (110, 100)
 #   translate_step  benchmarks/translate_step.py at wmt_base shapes (Tatoeba), shaw with
-#                   'auto', 'xla' and 'pallas'                                             (80)
+#                   'auto', 'xla' and 'pallas', each profiled                              (80)
 #   xl_official     the official Transformer-XL step (PyTorch) at the same shapes          (70)
 #   oom             train.py with an oversized batch: its exit status and last line        (60)
 #   kernels         benchmarks/attention.py bf16 fwd+bwd n = 2048, k = 16 and 64: vanilla,
@@ -161,11 +162,28 @@ char_steps() {
   return $status
 }
 p_steps_f32() { variants=xl,xl_xla,shaw,shaw_xla,absolute char_steps; }
-p_steps_bf16() { variants=xl,xl_xla,shaw,shaw_xla char_steps --config.model.dtype=bfloat16; }
+# bf16 also profiles each variant: 2 traced steps, their time by op category and pass
+# (benchmarks/step_profile.py); each variant's headline goes into the markdown log.
+p_steps_bf16() {
+  variants=xl,xl_xla,shaw,shaw_xla char_steps --config.model.dtype=bfloat16 --profile_steps=2 |
+    tee "$logs/steps_bf16.profile"
+  local status=${PIPESTATUS[0]}
+  profile_results "$logs/steps_bf16.profile"
+  return $status
+}
+# RESULT lines of a step benchmark's profiles: each variant's busy/idle line and top categories.
+profile_results() {
+  awk '/^### profile: /{name=substr($0, 14)} /^profile of /{print "RESULT: profile " name ": " $0}
+    /^\| (matmuls|attention kernels|layout copies|elementwise fusions|reductions|gather)/{
+      print "RESULT: profile " name ": " $0}' "$1"
+}
 p_translate_step() {
   "$py" benchmarks/translate_step.py --config=configs/wmt_base.py:shaw --config.data.kind=text \
     "${translate_data[@]}" "${wmt[@]}" --positions=shaw --attention_implementations=auto,xla,pallas \
-    --batches=2 --rounds=$rounds
+    --batches=2 --rounds=$rounds --profile_steps=1 | tee "$logs/translate_step.profile"
+  local status=${PIPESTATUS[0]}
+  profile_results "$logs/translate_step.profile"
+  return $status
 }
 p_xl_official() {
   local xl=$work/xl_official

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import ml_collections
+import step_profile
 from absl import app, flags
 from ml_collections import config_flags
 from timing import (
@@ -97,7 +98,8 @@ flags.mark_flags_as_required(['config'])
 def pass_call(config, position, vocab_size, batches, mesh, implementation=None):
   """A zero-argument call running the train step of `position` (with the attention
   `implementation`, None: the config's) over `batches` (state kept), the model's forward FLOPs
-  of that pass (`relpos.flops.Flops`) and XLA's FLOP count of it (None where XLA has none)."""
+  of that pass (`relpos.flops.Flops`), XLA's FLOP count of it (None where XLA has none) and a
+  function per batch shape giving its compiled module's text (`step_profile.compiled_text`)."""
   variant = ml_collections.ConfigDict(config.to_dict())
   variant.model.position = position
   if implementation is not None:
@@ -105,6 +107,10 @@ def pass_call(config, position, vocab_size, batches, mesh, implementation=None):
   graphdef, state = translate.build(variant, vocab_size, mesh)
   train_step = translate.train_step_fn(variant, graphdef, mesh)
   carried = {'state': state}
+  texts = {
+    tuple(x.shape for x in batch.values()): step_profile.compiled_text(train_step, state, batch)
+    for batch in batches
+  }
   xla_counts = [step_flops(train_step, state, batch, devices=mesh.size) for batch in batches]
   xla_count = None if None in xla_counts else sum(xla_counts)
   model_flops = functools.reduce(
@@ -126,7 +132,7 @@ def pass_call(config, position, vocab_size, batches, mesh, implementation=None):
       carried['state'], sums = train_step(carried['state'], batch)
     return sums['loss']
 
-  return call, model_flops, xla_count
+  return call, model_flops, xla_count, list(texts.values())
 
 
 def main(argv):
@@ -146,7 +152,7 @@ def main(argv):
     batches.append({name: jnp.asarray(batch[name]) for name in ('src', 'tgt_in', 'tgt_out')})
     target_tokens += int((batch['tgt_out'] != PAD_ID).sum())
   vocab_size = data.tokenizer.vocab_size
-  calls, model_flops, xla_counts = {}, {}, {}
+  calls, model_flops, xla_counts, texts = {}, {}, {}, {}
   default_dense_max = shaw.DENSE_MAX_KV_LEN
   for lowering in _THREEFRY.value:
     if not threefry_lowering.set_cpu_lowering(unrolled=lowering == 'unrolled'):
@@ -162,7 +168,7 @@ def main(argv):
             variant += f', {implementation} kernels'
           if threshold is not None:
             shaw.DENSE_MAX_KV_LEN = int(threshold)
-          calls[variant], model_flops[variant], xla_counts[variant] = pass_call(
+          calls[variant], model_flops[variant], xla_counts[variant], texts[variant] = pass_call(
             config, position, vocab_size, batches, mesh, implementation
           )
           calls[variant]()  # compiles now, with this lowering and threshold
@@ -204,6 +210,10 @@ def main(argv):
         print(autotune.auto_line(stem, seconds[name], kernels))
   if memory := peak_memory_line():
     print(memory)
+  if step_profile.PROFILE_STEPS.value:
+    step_profile.print_profiles(
+      calls, texts, steps=step_profile.PROFILE_STEPS.value, trace_dir=step_profile.PROFILE_DIR.value
+    )
 
 
 if __name__ == '__main__':
