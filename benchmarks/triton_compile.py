@@ -93,9 +93,9 @@ def _attention(name, length, head_dim, k, dtype, block_sizes):
   return attend, [*qkv, *extra, mask]
 
 
-def triton_kernels(fn, avals):
+def triton_kernels(fn, avals, *, with_grid: bool = False):
   """[(name, num_warps, num_stages, Triton IR as MLIR text)] of every pallas_call in `fn`
-  lowered for 'cuda'."""
+  lowered for 'cuda'; with_grid: [(name, grid (x, y, z), Triton IR)] instead."""
   from jax._src.interpreters import mlir
   from jax._src.lib.mlir import ir
   from jax._src.pallas.triton.lowering import _new_ir_context
@@ -125,16 +125,17 @@ def triton_kernels(fn, avals):
                   ir.IntegerAttr(config['num_warps']).value,
                   ir.IntegerAttr(config['num_stages']).value,
                   ir.StringAttr(config['ir']).value_bytes,
+                  tuple(ir.IntegerAttr(config[f'grid_{a}']).value for a in 'xyz'),
                 )
               )
             visit(child)
 
     visit(module.operation)
   found = []
-  for name, warps, stages, bytecode in calls:  # Triton IR, as MLIR bytecode
+  for name, warps, stages, bytecode, grid in calls:  # Triton IR, as MLIR bytecode
     with _new_ir_context(), ir.Location.unknown():
       text = ir.Module.parse(bytecode).operation.get_asm(enable_debug_info=False)
-    found.append((name, warps, stages, text))
+    found.append((name, grid, text) if with_grid else (name, warps, stages, text))
   return found
 
 

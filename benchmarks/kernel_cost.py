@@ -1,0 +1,333 @@
+"""What the fused attention kernels should reach on a GPU, from their own code: a cost model
+read off each kernel's Triton IR, beside JAX's Pallas flash attention read the same way.
+
+    python benchmarks/kernel_cost.py                       # n = 2048, head_dim 64, k = 16, 64
+    python benchmarks/kernel_cost.py --length=512 --distances=16
+
+For each scheme (flash: `jax.experimental.pallas.ops.gpu.attention.mha`, no relative terms;
+relpos's Shaw at each k; relpos's XL), lowers the forward pass and the gradient of causal
+self-attention for 'cuda' (`jax.export`, as benchmarks/triton_compile.py does, no GPU needed)
+and reads every `pallas_call`'s Triton IR:
+
+- per loop trip (one query tile against one key tile, or for XL's dR kernel one tile of
+  distances): the FLOPs of its `tt.dot`s (2·m·k·n each: the tensor-core work), and the bytes
+  its `tt.load`s and `tt.store`s move (tiles of keys, values, R's window, the mask, Shaw's
+  per-row tables);
+- per program, outside the loop: the same (the query tile, the output, the logsumexp);
+- the grid (`grid_x/y/z` of the call).
+
+The loop's trip count is not in the IR (the kernels read their tile ranges at run time): the
+model counts the tile pairs a causal mask leaves (`causal_tile_pairs`, for each kernel's own
+tiles: a tile pair is visited when some query in it may see some key), which is what relpos's
+and JAX's kernels skip to. FLOPs are exact for that count; bytes are what the loads and stores
+name, an upper bound on DRAM traffic (a tile read by several programs may hit in L2).
+
+Two floors per kernel, at a GPU's data-sheet figures (`GPUS`): its tensor FLOPs at the dense
+bf16 peak (no kernel does better; flash kernels reach 35-75% of it), and its bytes at the HBM
+bandwidth were every load a miss in L2 (a ceiling on the traffic, not a floor: flash kernels
+reread each key tile from L2). The ratio of a scheme's FLOPs to flash's is what its design
+allows against flash, whatever the implementation quality: a kernel that does 2.5x flash's
+tensor work runs within 2x of cuDNN only by using the tensor cores better than cuDNN does.
+What the GPU measured goes beside these in docs/kernels.md.
+"""
+
+import dataclasses
+import re
+import sys
+
+import jax
+import jax.numpy as jnp
+from absl import app, flags
+
+from relpos import runtime
+from relpos.attention import shaw_attention, xl_attention
+from relpos.attention.pallas_common import DEFAULT_BLOCK
+from relpos.attention.pallas_xl import DEFAULT_XL_BLOCK
+
+# Data-sheet dense bf16 TFLOP/s (as relpos.flops.PEAKS) and memory bandwidth, TB/s: NVIDIA H100
+# SXM (3.35 TB/s HBM3) and H200 (4.8 TB/s HBM3e) data sheets.
+GPUS = {'H100 SXM': (989.4, 3.35), 'H200': (989.4, 4.8)}
+
+# JAX's flash attention tiles, as its mha defaults: the forward kernel, the backward kernel (its
+# dk/dv loop and its dq loop take the same 32 x 32 tiles).
+FLASH_BLOCKS = {'forward': (128, 128), 'backward': (32, 32)}
+
+_DOT = re.compile(r'tt\.dot .*: tensor<(\d+)x(\d+)x\w+> \* tensor<(\d+)x(\d+)x\w+> -> ')
+_MEMORY = re.compile(r'tt\.(load|store) .*: tensor<([\dx]+)x!tt\.ptr<(\w+)>>')
+_BYTES = {'bf16': 2, 'f16': 2, 'f32': 4, 'i8': 1, 'i1': 1, 'i32': 4, 'f64': 8, 'i64': 8}
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+  """FLOPs of tensor-core matmuls and bytes loaded/stored."""
+
+  flops: float = 0.0
+  bytes: float = 0.0
+
+  def __add__(self, other):
+    return Work(self.flops + other.flops, self.bytes + other.bytes)
+
+  def scaled(self, factor):
+    return Work(self.flops * factor, self.bytes * factor)
+
+
+def _prod(dims: str) -> int:
+  result = 1
+  for d in dims.split('x'):
+    result *= int(d)
+  return result
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelWork:
+  """A kernel's work per program outside its loops, per loop trip, and per loop trip inside a
+  branch (`scf.if`: Shaw's band tiles, the only branches in these kernels)."""
+
+  program: Work
+  trip: Work
+  branch: Work
+
+
+def read_ir(text: str) -> KernelWork:
+  """The KernelWork of one kernel's Triton IR (MLIR text); a loop nested in a loop counts as a
+  trip of the outer one."""
+  program, trip, branch = Work(), Work(), Work()
+  regions = []  # 'loop', 'branch' or '' per open region
+  for line in text.splitlines():
+    stripped = line.strip()
+    if stripped.startswith('}') and regions:
+      regions.pop()
+      if stripped.startswith('} else {'):
+        regions.append('branch')
+        continue
+    work = Work()
+    if match := _DOT.search(line):
+      m, k, k2, n = (int(x) for x in match.groups())
+      assert k == k2, line
+      work = Work(flops=2.0 * m * k * n)
+    elif match := _MEMORY.search(line):
+      _, dims, dtype = match.groups()
+      work = Work(bytes=float(_prod(dims) * _BYTES.get(dtype, 4)))
+    if 'loop' not in regions:
+      program += work
+    elif 'branch' in regions[regions.index('loop') :]:
+      branch += work
+    else:
+      trip += work
+    if stripped.endswith('{'):
+      if 'scf.for' in stripped or 'scf.while' in stripped:
+        regions.append('loop')
+      else:
+        regions.append('branch' if 'scf.if' in stripped else '')
+  return KernelWork(program, trip, branch)
+
+
+def _visible(q_len, kv_len, block_q, block_k, query_tile, key_tile) -> bool:
+  """Whether some query of the query tile may see some key of the key tile under a causal mask
+  (query i sees keys j <= kv_len - q_len + i)."""
+  first_key = key_tile * block_k
+  last_query = min((query_tile + 1) * block_q, q_len) - 1
+  return first_key <= kv_len - q_len + last_query and first_key < kv_len
+
+
+def causal_tile_pairs(q_len: int, kv_len: int, block_q: int, block_k: int, band: int = 0) -> int:
+  """The (query tile, key tile) pairs of a causal mask where some query may see some key; with
+  `band` > 0, only those where some such pair is at |j - pos_i| < band (Shaw's band tiles)."""
+  count = 0
+  for qt in range(-(-q_len // block_q)):
+    for kt in range(-(-kv_len // block_k)):
+      if not _visible(q_len, kv_len, block_q, block_k, qt, kt):
+        continue
+      if band:
+        memory = kv_len - q_len
+        nearest = min((qt + 1) * block_q, q_len) - 1 + memory  # the tile's last position
+        first_position = qt * block_q + memory
+        last_key = min((kt + 1) * block_k, kv_len) - 1
+        # the closest visible pair: a key as late as the positions allow
+        gap = max(0, first_position - last_key, kt * block_k - nearest)
+        if gap >= band:
+          continue
+      count += 1
+  return count
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCost:
+  """One pallas_call of a pass: its name, tiles, grid, visited tile pairs (0: it has no loop)
+  and total work."""
+
+  name: str
+  blocks: tuple[int, int]
+  grid: tuple[int, ...]
+  tile_pairs: int
+  work: Work
+
+
+def triton_calls(fn, avals):
+  """[(name, grid, Triton IR text)] of every pallas_call of `fn` lowered for 'cuda'."""
+  from triton_compile import triton_kernels
+
+  return triton_kernels(fn, avals, with_grid=True)
+
+
+def kernel_costs(fn, avals, *, batch_heads: int, q_len: int, kv_len: int, blocks, band=0):
+  """A KernelCost per pallas_call of `fn` (its forward pass and gradient, causal); `blocks`:
+  a function of the call's name giving its (block_q, block_k); the grid's programs each do the
+  program work once, and each batch and head visits the causal tile pairs of the call's tiles,
+  doing the trip work on each and the branch work on the band tiles (`band`: Shaw's k; 0: on
+  every tile pair, an upper bound)."""
+  costs = []
+  for name, grid, text in triton_calls(fn, avals):
+    work = read_ir(text)
+    block_q, block_k = blocks(name)
+    programs = 1
+    for g in grid:
+      programs *= g
+    pairs = causal_tile_pairs(q_len, kv_len, block_q, block_k)
+    band_pairs = causal_tile_pairs(q_len, kv_len, block_q, block_k, band) if band else pairs
+    total = (
+      work.program.scaled(programs)
+      + work.trip.scaled(pairs * batch_heads)
+      + work.branch.scaled(band_pairs * batch_heads)
+    )
+    looped = work.trip.flops or work.trip.bytes or work.branch.flops or work.branch.bytes
+    costs.append(KernelCost(name, (block_q, block_k), tuple(grid), pairs if looped else 0, total))
+  return costs
+
+
+def _gradient(fn):
+  """fn's forward value and gradient in one function of the same arguments (the last one,
+  if `fn` takes a mask, is not differentiated)."""
+
+  def both(*args):
+    def total(*xs):
+      return jnp.sum(fn(*xs).astype(jnp.float32))
+
+    return jax.value_and_grad(total, argnums=tuple(range(len(args))))(*args)
+
+  return both
+
+
+def schemes(length: int, head_dim: int, distances, dtype, *, batch: int, heads: int):
+  """{scheme: (function, avals, {call name pattern: tiles}, band)}: flash, shaw at each k, xl;
+  causal self-attention, no dropout, default tiles; band: Shaw's k (its band tiles branch)."""
+  from jax.experimental.pallas.ops.gpu import attention as flash
+
+  sds = jax.ShapeDtypeStruct
+  qkv = [sds((batch, length, heads, head_dim), dtype)] * 3
+  causal = jnp.tril(jnp.ones((length, length), bool))[None, None]
+
+  def flash_attention(q, k, v):
+    return flash.mha(q, k, v, None, sm_scale=head_dim**-0.5, causal=True)
+
+  out = {
+    'flash (jax.experimental.pallas.ops.gpu.attention)': (flash_attention, qkv, FLASH_BLOCKS, 0)
+  }
+  shaw_blocks = {'': (min(DEFAULT_BLOCK, length),) * 2}
+  for k in distances:
+
+    def shaw(q, key, v, wk, wv):
+      return shaw_attention(q, key, v, wk, wv, mask=causal, implementation='pallas')
+
+    tables = [sds((2 * k + 1, head_dim), dtype)] * 2
+    out[f'shaw, k = {k}'] = (shaw, [*qkv, *tables], shaw_blocks, k)
+
+  def xl(q, key, v, r, u, bias_v):
+    return xl_attention(q, key, v, r, u, bias_v, mask=causal, implementation='pallas')
+
+  xl_inputs = [sds((length, heads, head_dim), dtype)] + [sds((heads, head_dim), dtype)] * 2
+  out['xl'] = (xl, [*qkv, *xl_inputs], {'': (min(DEFAULT_XL_BLOCK, length),) * 2}, 0)
+  return out
+
+
+def _blocks_of(table):
+  def blocks(name):
+    for pattern, tiles in table.items():
+      if pattern and pattern in name:
+        return tiles
+    return table.get('', next(iter(table.values())))
+
+  return blocks
+
+
+def report(length, head_dim, distances, dtype, *, batch, heads, gpu='H100 SXM') -> list[str]:
+  """The markdown lines: a row per kernel and a total per scheme, then each scheme against
+  flash attention."""
+  tflops, tb_per_s = GPUS[gpu]
+  lines = [
+    f'causal self-attention, forward + backward, batch {batch}, {heads} heads, n = {length}, '
+    f'head_dim {head_dim}, {jnp.dtype(dtype).name}, default tiles; {gpu}: {tflops:g} TFLOP/s '
+    f'dense bf16, {tb_per_s:g} TB/s HBM (data sheet)',
+    '',
+    '| scheme | pallas_call | tiles | tile pairs per batch and head | tensor GFLOP | ms at peak '
+    'FLOP/s | MB loaded + stored | ms at HBM bandwidth, every load from HBM |',
+    '|---|---|---|---|---|---|---|---|',
+  ]
+
+  def cells(work):
+    return (
+      f'{work.flops / 1e9:.1f} | {work.flops / (tflops * 1e12) * 1e3:.3f} | '
+      f'{work.bytes / 1e6:.0f} | {work.bytes / (tb_per_s * 1e12) * 1e3:.3f}'
+    )
+
+  totals = {}
+  for scheme, (fn, avals, table, band) in schemes(
+    length, head_dim, distances, dtype, batch=batch, heads=heads
+  ).items():
+    costs = kernel_costs(
+      _gradient(fn),
+      avals,
+      batch_heads=batch * heads,
+      q_len=length,
+      kv_len=length,
+      blocks=_blocks_of(table),
+      band=band,
+    )
+    for cost in costs:
+      tiles = f'{cost.blocks[0]} × {cost.blocks[1]}' if cost.tile_pairs else '—'
+      lines.append(
+        f'| {scheme} | {cost.name} | {tiles} | {cost.tile_pairs or "—"} | {cells(cost.work)} |'
+      )
+    totals[scheme] = sum((c.work for c in costs), Work())
+    lines.append(f'| **{scheme}, all** | | | | {cells(totals[scheme])} |')
+  flash = next(iter(totals.values()))
+  lines += [
+    '',
+    '| scheme | tensor FLOPs / flash | bytes loaded + stored / flash |',
+    '|---|---|---|',
+    *(
+      f'| {scheme} | {work.flops / flash.flops:.2f} | {work.bytes / flash.bytes:.2f} |'
+      for scheme, work in totals.items()
+    ),
+  ]
+  return lines
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  lines = report(
+    f.length,
+    f.head_dim,
+    [int(k) for k in f.distances],
+    jnp.dtype(f.dtype),
+    batch=f.batch,
+    heads=f.heads,
+  )
+  print('\n'.join(lines))
+
+
+def define_flags():
+  flags.DEFINE_integer('length', 2048, 'Query and key length n.')
+  flags.DEFINE_integer('head_dim', 64, 'Head dimension.')
+  flags.DEFINE_integer('batch', 16, 'Batch size.')
+  flags.DEFINE_integer('heads', 8, 'Heads.')
+  flags.DEFINE_list('distances', '16,64', "Shaw's clipping distances k.")
+  flags.DEFINE_string('dtype', 'bfloat16', 'Input dtype.')
+
+
+if __name__ == '__main__':
+  sys.setrecursionlimit(10_000)
+  runtime.apply_defaults()
+  define_flags()
+  app.run(main)
