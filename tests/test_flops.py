@@ -384,3 +384,47 @@ def test_step_flops_reads_any_cost_analysis(lowered, compiled, expected):
   jitted = _Jitted(lowered, compiled)
   assert timing.step_flops(jitted, 'args', devices=2) == expected
   assert jitted.compiled_reads == (timing.xla_flops(lowered) is None)
+
+
+def test_the_tasks_hand_the_loop_the_model_flops_of_each_batch(tmp_path):
+  """What the training loop's MFU counts: each task's `Training.step_flops` is relpos.flops'
+  training-step count of the batch the loop feeds (its shapes, the data's vocabulary)."""
+  from helpers import tiny_char_config, tiny_translate_config, write_pair_corpus
+
+  from relpos.training import char_lm_task, translation_task
+  from relpos.training.mesh import data_mesh
+
+  mesh = data_mesh()
+  text = tmp_path / 'text.txt'
+  text.write_text('the quick brown fox jumps over the lazy dog. ' * 200)
+  config = tiny_char_config(text, steps=1)
+  (tmp_path / 'char').mkdir()  # train.py makes the workdir before the task writes into it
+  run = char_lm_task.TASK.training(config, tmp_path / 'char', mesh)
+  inputs, _, _ = run.batch(0)
+  vocab_size = run.state['model']['embed']['embedding'].shape[0]
+  want = flops.char_lm_flops(
+    config.model,
+    batch=inputs.shape[0],
+    tgt_len=inputs.shape[1],
+    mem_len=config.train.mem_len,
+    vocab_size=vocab_size,
+  ).train_step()
+  assert run.step_flops(run.batch(0)) == want > 0
+
+  config = tiny_translate_config(write_pair_corpus(tmp_path / 'corpus', train=60, eval=4), steps=1)
+  (tmp_path / 'translate').mkdir()
+  run = translation_task.TASK.training(config, tmp_path / 'translate', mesh)
+  vocab_size = run.state['model']['embed']['embedding'].shape[0]
+  counts = set()
+  for step in range(4):
+    batch = run.batch(step)
+    want = flops.translation_flops(
+      config.model,
+      rows=batch['src'].shape[0],
+      src_len=batch['src'].shape[1],
+      tgt_len=batch['tgt_in'].shape[1],
+      vocab_size=vocab_size,
+    ).train_step()
+    assert run.step_flops(batch) == want > 0
+    counts.add(want)
+  assert len(counts) > 1  # the batches' shapes differ, and so do their counts

@@ -85,7 +85,9 @@ class Regression(loop.Task):
     def validate(model, step):
       return {'valid/mse': self._mse(model)}
 
-    return loop.Training(graphdef, state, train_step, batch, validate)
+    return loop.Training(graphdef, state, train_step, batch, validate, step_flops=self.step_flops)
+
+  step_flops = None  # a test sets it: the model FLOPs of a step on a batch
 
   def _mse(self, model) -> float:
     x, y = self._rows(10**6, 64)
@@ -126,6 +128,29 @@ def test_a_new_task_trains_validates_checkpoints_and_evaluates(tmp_path, capsys)
   assert result['step'] == 8 and result['mse'] < losses[2]
   assert 'step 8/8 | loss ' in capsys.readouterr().out
   assert (workdir / 'config.json').exists()
+
+
+def test_the_progress_line_gives_mfu_where_the_devices_peak_is_known(tmp_path, capsys, monkeypatch):
+  """With the task's FLOPs per step and a device peak (a GPU's data sheet; faked here, a CPU
+  has none), each progress line and metrics.jsonl give the model FLOPs utilisation."""
+  flops_per_step = 6.0 * 3 * 32  # 3 × (2 · rows · 3 features · 1 output)
+  monkeypatch.setattr(Regression, 'step_flops', staticmethod(lambda batch: flops_per_step))
+  monkeypatch.setattr(loop.flops_lib, 'devices_peak', lambda devices, dtype: 1e6)
+  TASK.train_and_evaluate(_config(), tmp_path / 'run')
+  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('step ')]
+  assert len(lines) == 4 and all(' | MFU ' in line and '% | ETA ' in line for line in lines)
+  records = [r for r in _records(tmp_path / 'run') if 'train/loss' in r]
+  assert all(0 < r['train/mfu'] for r in records)
+  for record in records:  # MFU = FLOPs per second / peak; tokens per second = 32 rows per step
+    seconds_per_step = 32 / record['train/tok_per_s']
+    assert record['train/mfu'] == pytest.approx(flops_per_step / seconds_per_step / 1e6, rel=1e-6)
+
+
+def test_no_mfu_without_a_peak(tmp_path, capsys, monkeypatch):
+  monkeypatch.setattr(Regression, 'step_flops', staticmethod(lambda batch: 1.0))
+  TASK.train_and_evaluate(_config(), tmp_path / 'run')  # on a CPU: devices_peak is None
+  assert 'MFU' not in capsys.readouterr().out
+  assert not any('train/mfu' in r for r in _records(tmp_path / 'run'))
 
 
 def test_resume_follows_the_uninterrupted_trajectory(tmp_path):

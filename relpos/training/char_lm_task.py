@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from relpos import flops as flops_lib
 from relpos.config import shared
 from relpos.config.char_lm_defaults import CharLMConfig
 from relpos.data.char_corpus import CharVocab, load_char_splits
@@ -242,7 +243,22 @@ class CharLM(loop.Task):
 
     validate = functools.partial(_validate, config, splits['valid'])
     meta = {'epoch_segments': batches.num_segments}
-    return loop.Training(graphdef, state, step, batch, validate, checkpoint_meta=meta)
+    step_flops = flops_lib.char_lm_flops(
+      config.model,
+      batch=train.batch_size,
+      tgt_len=train.tgt_len,
+      mem_len=train.mem_len,
+      vocab_size=vocab.size,
+    ).train_step()
+    return loop.Training(
+      graphdef,
+      state,
+      step,
+      batch,
+      validate,
+      checkpoint_meta=meta,
+      step_flops=lambda batch: step_flops,
+    )
 
   def train_scalars(self, totals):
     return {'train/bpc': totals['loss'] / totals['tokens'] / math.log(2)}

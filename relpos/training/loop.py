@@ -10,7 +10,8 @@ same for every task:
 - the run's config recorded in the workdir (a rerun with another config is refused);
 - resume from the newest readable checkpoint (the step fixes the data position, so resumed
   runs follow the uninterrupted trajectory exactly);
-- progress lines with throughput and ETA, metrics.jsonl and TensorBoard;
+- progress lines with throughput, MFU (where the devices' peak is known) and ETA,
+  metrics.jsonl and TensorBoard;
 - a stop on a non-finite loss, periodic validation and checkpoints;
 - SIGTERM, agreed across processes, which saves the reached step and stops;
 - faults around the run (a full disk, a bad workdir or one of another task, a checkpoint that
@@ -41,6 +42,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from relpos import flops as flops_lib
 from relpos.config import checks, fields
 from relpos.config.recorded import record_config
 from relpos.models.multihead_attention import clip_shaw_tables
@@ -75,6 +77,9 @@ class Training:
     validate: (model on this process's first device, step) -> scalars to log; prints its own
       line.
     checkpoint_meta: JSON-able facts saved with every checkpoint.
+    step_flops: the model FLOPs of a training step on a batch (`relpos.flops`: 3 × the forward
+      count, every attention pair counted), or None; with a known device peak the progress
+      line and metrics.jsonl ('train/mfu') give the model FLOPs utilisation.
   """
 
   graphdef: Any
@@ -83,6 +88,7 @@ class Training:
   batch: Callable[[int], Any]
   validate: Callable[[nnx.Module, int], dict]
   checkpoint_meta: dict = dataclasses.field(default_factory=dict)
+  step_flops: Callable[[Any], float] | None = None
 
 
 class Task(abc.ABC):
@@ -503,8 +509,11 @@ def _train(task: Task, config, workdir: Path, preemption, allow_config_change, r
   reached['step'] = start_step
 
   writer = MetricWriter(workdir)
-  progress = Progress(train_config.steps, start_step)
-  interval_sums = []
+  dtype = config.model.get('dtype', 'float32')
+  progress = Progress(
+    train_config.steps, start_step, flops_lib.devices_peak(mesh.devices.flat, dtype)
+  )
+  interval_sums, interval_flops = [], [0.0]
 
   def save(step):
     checkpoints.save(step, state, {'step': step, **run.checkpoint_meta})
@@ -519,17 +528,19 @@ def _train(task: Task, config, workdir: Path, preemption, allow_config_change, r
         f'loss is {loss} at step {done}; the last good checkpoint is kept in '
         f'{checkpoints.directory}'
       )
-    tokens_per_second, speed = progress.report(done, int(totals['tokens']))
+    tokens_per_second, speed = progress.report(done, int(totals['tokens']), interval_flops[0])
+    interval_flops[0] = 0.0
     scalars = {
       'train/loss': loss,
       **task.train_scalars(totals),
       'train/tok_per_s': tokens_per_second,
+      **({} if progress.mfu is None else {'train/mfu': progress.mfu}),
     }
     writer.write(done, scalars)
     extras = ''.join(
       f' | {name.split("/")[-1]} {value:.4f}'
       for name, value in scalars.items()
-      if name not in ('train/loss', 'train/tok_per_s')
+      if name not in ('train/loss', 'train/tok_per_s', 'train/mfu')
     )
     print(f'step {done}/{train_config.steps} | loss {loss:.4f}{extras} | {speed}', flush=True)
 
@@ -545,6 +556,8 @@ def _train(task: Task, config, workdir: Path, preemption, allow_config_change, r
         jax.block_until_ready(interval_sums[-1])
       state, sums = run.step(state, batch)
       interval_sums.append(sums)
+      if run.step_flops is not None and progress.peak_flops:
+        interval_flops[0] += run.step_flops(batch)
       done = step + 1
       if done % train_config.log_every == 0 or done == train_config.steps:
         log(done)

@@ -11,18 +11,25 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-  """Measures tokens/s between reports and the ETA of the remaining steps."""
+  """Measures tokens/s between reports, the ETA of the remaining steps and, where the devices'
+  peak is known (`relpos.flops.devices_peak`: a GPU's or TPU's data sheet), the model FLOPs
+  utilisation of the interval."""
 
-  def __init__(self, total_steps: int, start_step: int = 0):
-    self.total_steps = total_steps
+  def __init__(self, total_steps: int, start_step: int = 0, peak_flops: float | None = None):
+    self.total_steps, self.peak_flops = total_steps, peak_flops
     self._step, self._time = start_step, time.perf_counter()
+    self.mfu = None  # of the last report, or None
 
-  def report(self, step: int, tokens: int) -> tuple[float, str]:
-    """(tokens per second, 'tok/s | ETA' text) at `step`, `tokens` processed since last report."""
+  def report(self, step: int, tokens: int, flops: float = 0.0) -> tuple[float, str]:
+    """(tokens per second, 'tok/s | MFU | ETA' text) at `step`, `tokens` processed and `flops`
+    model FLOPs done since the last report (MFU only where both the FLOPs and a peak are
+    known)."""
     now = time.perf_counter()
     seconds = now - self._time
     seconds_per_step = seconds / max(1, step - self._step)
     self._step, self._time = step, now
     tokens_per_second = tokens / seconds
     eta = _duration(seconds_per_step * max(0, self.total_steps - step))
-    return tokens_per_second, f'{tokens_per_second / 1e3:.1f}k tok/s | ETA {eta}'
+    self.mfu = flops / seconds / self.peak_flops if flops and self.peak_flops else None
+    utilisation = '' if self.mfu is None else f' | MFU {100 * self.mfu:.1f}%'
+    return tokens_per_second, f'{tokens_per_second / 1e3:.1f}k tok/s{utilisation} | ETA {eta}'

@@ -22,6 +22,7 @@ import optax
 from flax import nnx
 
 from relpos import decode, scoring
+from relpos import flops as flops_lib
 from relpos.config import shared
 from relpos.config.translation_defaults import TranslationConfig
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID
@@ -232,7 +233,25 @@ class Translate(loop.Task):
       return mesh_lib.global_batch(arrays, mesh)
 
     validate = functools.partial(_validate, validation)
-    return loop.Training(graphdef, state, train_step_fn(config, graphdef, mesh), batch, validate)
+
+    def step_flops(batch):
+      rows, src_len = batch['src'].shape
+      return flops_lib.translation_flops(
+        config.model,
+        rows=rows,
+        src_len=src_len,
+        tgt_len=batch['tgt_in'].shape[1],
+        vocab_size=data.tokenizer.vocab_size,
+      ).train_step()
+
+    return loop.Training(
+      graphdef,
+      state,
+      train_step_fn(config, graphdef, mesh),
+      batch,
+      validate,
+      step_flops=step_flops,
+    )
 
   def train_scalars(self, totals):
     return {'train/nll': totals['nll'] / max(totals['tokens'], 1)}
