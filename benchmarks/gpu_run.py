@@ -139,8 +139,12 @@ def resume(args, overrides) -> int:
     after=after,
   )
   print('\n'.join(lines), flush=True)
-  reference_metric = _last_line((logs / 'resume_reference.log').read_text())
+  reference_log = (logs / 'resume_reference.log').read_text()
+  reference_metric = _last_line(reference_log)
   print(f'RESULT: reference run final metric: {reference_metric}', flush=True)
+  steps = [line for line in reference_log.splitlines() if _STEP_LINE.match(line)]
+  if steps:  # throughput, MFU (where the GPU's peak is known) and ETA of train.py itself
+    print(f'RESULT: reference run last progress line: {steps[-1].strip()}', flush=True)
   if time.time() > deadline - 5:
     print('RESULT: FAIL no time left for eval.py')
     return 1
