@@ -10,7 +10,8 @@ benchmarks/translate_step.py), after their timings, once per variant:
       --config.model.dtype=bfloat16 --profile_steps=3
 
 How an op is classified: the trace names each device op by its HLO instruction (the event's
-`hlo_op` stat); the compiled module's text (`compiled.as_text()`) says what that instruction
+`hlo_op` stat, or the `hlo_op=` of its annotation; else the event keeps its own name, a CUDA
+kernel's, and is classified by that name: `category_of_name`); the compiled module's text (`compiled.as_text()`) says what that instruction
 is: its opcode, a fusion's kind and the ops of its fused computation, a custom call's target
 (`__gpu$xla.gpu.triton` and Mosaic GPU for Pallas kernels, cuDNN's fused attention, cuBLAS
 GEMMs), and its `op_name` metadata, where JAX writes `transpose(jvp(...))` for the backward
@@ -161,6 +162,49 @@ def _stats(event) -> dict:
   return dict(event.stats)
 
 
+_HLO_OP_IN_TEXT = re.compile(r'hlo_op=([^,#\s]+)')
+
+
+def _op_of(name: str, stats: dict) -> str:
+  """The HLO instruction a device event ran: its `hlo_op` stat, else one named in a string
+  stat (XLA:GPU annotates kernel launches as 'NAME#hlo_op=...,hlo_module=...#'), else the
+  event's own name (a CUDA kernel's, or a copy's)."""
+  if stats.get('hlo_op'):
+    return str(stats['hlo_op'])
+  for value in stats.values():
+    if isinstance(value, str) and (match := _HLO_OP_IN_TEXT.search(value)):
+      return match[1]
+  return name
+
+
+# Where an event names no instruction of the module (a CUDA kernel's own name), its category by
+# name, first match wins.
+_NAMED = (
+  ('memcpy', 'host-device copies'),
+  ('memset', 'other'),
+  ('gemm', 'matmuls'),
+  ('cublas', 'matmuls'),
+  ('cutlass', 'matmuls'),
+  ('xmma', 'matmuls'),
+  ('nvjet', 'matmuls'),
+  ('shaw_', 'attention kernels (Pallas, cuDNN)'),
+  ('xl_', 'attention kernels (Pallas, cuDNN)'),
+  ('mha', 'attention kernels (Pallas, cuDNN)'),
+  ('fmha', 'attention kernels (Pallas, cuDNN)'),
+  ('nccl', 'collectives'),
+  ('transpose', 'layout copies, transposes'),
+  ('copy', 'layout copies, transposes'),
+  ('reduce', 'reductions'),
+  ('fusion', 'elementwise fusions'),
+)
+
+
+def category_of_name(name: str) -> str:
+  """The category of an event that names no instruction of the module, by its name."""
+  lowered = name.lower()
+  return next((cat for key, cat in _NAMED if key in lowered), 'other')
+
+
 def device_events(trace_dir: str | Path) -> tuple[list[Event], list[str]]:
   """(the ops' events, the names of the trace lines they came from) of the newest trace under
   `trace_dir`; lines as the module docstring says, per platform."""
@@ -185,11 +229,13 @@ def device_events(trace_dir: str | Path) -> tuple[list[Event], list[str]]:
         continue
       found = 0
       for event in line.events:
-        stats = _stats(event)
-        op = stats.get('hlo_op') or (event.name if 'memcpy' in event.name.lower() else None)
-        if op is None or event.duration_ns <= 0:
+        if event.duration_ns <= 0:
           continue
-        events.append(Event(str(op), float(event.start_ns), float(event.duration_ns)))
+        stats = _stats(event)
+        if not plane.name.startswith('/device:') and 'hlo_op' not in stats:
+          continue  # a CPU thread's bookkeeping, not an XLA op
+        op = _op_of(event.name, stats)
+        events.append(Event(op, float(event.start_ns), float(event.duration_ns)))
         found += 1
       if found:
         lines.append(f'{plane.name} {line.name}')
@@ -278,7 +324,7 @@ def summarize(
   rows = []
   for op, seconds in by_op.most_common():
     instruction = instructions.get(op)
-    cat = 'host-device copies' if 'memcpy' in op.lower() else category(instruction, computations)
+    cat = category(instruction, computations) if instruction else category_of_name(op)
     by_category[cat] += seconds
     by_pass[pass_of(instruction)] += seconds
     rows.append((op, cat, seconds))

@@ -152,3 +152,22 @@ def test_a_train_step_with_donated_sharded_state_has_both_passes(capsys):
     if len(cells) == 5 and cells[2].strip().replace('.', '').isdigit()
   }
   assert rows['matmuls'] > 0 and rows['forward'] > 0 and rows['backward'] > 0
+
+
+def test_a_device_event_without_an_hlo_op_stat_is_named_by_its_annotation_or_kernel():
+  assert step_profile._op_of('k', {'hlo_op': 'fusion.3'}) == 'fusion.3'
+  annotation = {'kernel_annotation': 'jit_step/fusion.7#hlo_op=fusion.7,hlo_module=jit_step#'}
+  assert step_profile._op_of('loop_add_kernel', annotation) == 'fusion.7'
+  assert step_profile._op_of('sm90_xmma_gemm_bf16', {'correlation_id': 4}) == 'sm90_xmma_gemm_bf16'
+  named = {
+    'sm90_xmma_gemm_bf16bf16_bf16f32': 'matmuls',
+    'nvjet_hsh_128x256': 'matmuls',
+    'xl_backward_drel': 'attention kernels (Pallas, cuDNN)',
+    'shaw_forward': 'attention kernels (Pallas, cuDNN)',
+    'MemcpyD2H': 'host-device copies',
+    'ncclDevKernel_AllReduce': 'collectives',
+    'input_reduce_fusion_3': 'reductions',
+    'loop_multiply_fusion': 'elementwise fusions',
+    'something_else': 'other',
+  }
+  assert {name: step_profile.category_of_name(name) for name in named} == named
