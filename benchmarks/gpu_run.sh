@@ -171,9 +171,12 @@ p_steps_bf16() {
   profile_results "$logs/steps_bf16.profile"
   return $status
 }
-# RESULT lines of a step benchmark's profiles: each variant's busy/idle line and top categories.
+# RESULT lines of a step benchmark's profiles: each variant's busy/idle line and top categories,
+# named by the benchmark run they come from (char_steps' second run names 'pallas' for all).
 profile_results() {
-  awk '/^### profile: /{name=substr($0, 14)} /^profile of /{print "RESULT: profile " name ": " $0}
+  awk '/^(num_layers=|[0-9]+\+[0-9]+ layers)/{run++}
+    /^### profile: /{name="run " run ", " substr($0, 14)}
+    /^profile of /{print "RESULT: profile " name ": " $0}
     /^\| (matmuls|attention kernels|layout copies|elementwise fusions|reductions|gather)/{
       print "RESULT: profile " name ": " $0}' "$1"
 }

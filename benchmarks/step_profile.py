@@ -11,11 +11,12 @@ benchmarks/translate_step.py), after their timings, once per variant:
 
 How an op is classified: the trace names each device op by its HLO instruction (the event's
 `hlo_op` stat, or the `hlo_op=` of its annotation; else the event keeps its own name, a CUDA
-kernel's, and is classified by that name: `category_of_name`); the compiled module's text (`compiled.as_text()`) says what that instruction
-is: its opcode, a fusion's kind and the ops of its fused computation, a custom call's target
-(`__gpu$xla.gpu.triton` and Mosaic GPU for Pallas kernels, cuDNN's fused attention, cuBLAS
-GEMMs), and its `op_name` metadata, where JAX writes `transpose(jvp(...))` for the backward
-pass and `jvp(...)` for the forward pass of a differentiated function.
+kernel's, and is classified by that name: `category_of_name`); the compiled module's text
+(`compiled.as_text()`) says what that instruction is: its opcode, a fusion's kind and the ops of
+its fused computation, a custom call's target (`__gpu$xla.gpu.triton` and Mosaic GPU for Pallas
+kernels, cuDNN's fused attention, cuBLAS GEMMs), and its `op_name` metadata, where JAX writes
+`transpose(jvp(...))` for the backward pass and `jvp(...)` for the forward pass of a
+differentiated function.
 
 Which trace events count: on a GPU the kernels on the device plane's stream lines (`Stream
 #...`); on a TPU its `XLA Ops` line; on a CPU the XLA thunks on the host's `tf_XLA...` thread
@@ -286,7 +287,8 @@ class Profile:
       return f'| {name} | {seconds * 1e3:.2f} | {100 * seconds * 1e3 / per_step:.1f} |'
 
     out = [
-      f'profile of {self.steps} steps: wall {per_step:.2f} ms/step; device busy '
+      f'profile of {self.steps} step{"s" if self.steps != 1 else ""}: wall {per_step:.2f} '
+      f'ms/step; device busy '
       f'{self.busy_s * 1e3:.2f} ms/step ({100 * self.busy_s / self.wall_s:.1f}%), idle '
       f'{(self.wall_s - self.busy_s) * 1e3:.2f} ms/step (launch gaps, host, input)',
       '',
