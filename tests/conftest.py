@@ -66,3 +66,26 @@ def compilation_cache(tmp_path):
   steps of its first. The run's shared cache comes back afterwards."""
   with _persistent_cache(tmp_path / 'jax-cache', 0.0):
     yield
+
+
+@pytest.fixture(scope='session')
+def commands():
+  """`commands.run([...])`: subprocess.run for `python train.py ...`-style command lines, each
+  a real process forked from one server that has imported relpos once (forked_commands).
+  XLA's optimisations are mostly off in them (helpers.unoptimized_compiles says why): the runs
+  they start are tiny and mostly compiling."""
+  from forked_commands import Commands
+
+  server = Commands(env={'JAX_DISABLE_MOST_OPTIMIZATIONS': '1'})
+  yield server
+  server.close()
+
+
+@pytest.fixture
+def fast_compile():
+  """XLA's optimisations mostly off for one test (helpers.unoptimized_compiles): for the tiny
+  end-to-end runs, whose time is mostly compiling."""
+  from helpers import unoptimized_compiles
+
+  with unoptimized_compiles():
+    yield

@@ -5,15 +5,15 @@ import json
 import math
 import re
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers import load_config
 
 from relpos.training import char_lm_task as char_lm
+
+# Tiny runs, mostly compiling: XLA's optimisations off (helpers.unoptimized_compiles).
+pytestmark = pytest.mark.usefixtures('fast_compile')
 
 
 @pytest.fixture
@@ -86,10 +86,9 @@ def test_evaluate_without_checkpoint_says_so(text_file, tmp_path):
     char_lm.TASK.evaluate(_config(text_file, steps=8), tmp_path / 'empty')
 
 
-def test_launchers_print_bpc_last(text_file, tmp_path):
+def test_launchers_print_bpc_last(commands, text_file, tmp_path):
   """train.py then eval.py, as a user runs them: each prints `bpc=<float>` as its last line;
   eval.py --output_dir puts eval_results.json there instead of the workdir."""
-  repo = Path(__file__).resolve().parent.parent
   overrides = [
     f'--config.data.path={text_file}',
     '--config.model.num_layers=1',
@@ -103,10 +102,8 @@ def test_launchers_print_bpc_last(text_file, tmp_path):
   ]
   workdir, output_dir = tmp_path / 'run', tmp_path / 'scored'
   for script, extra in (('train.py', []), ('eval.py', [f'--output_dir={output_dir}'])):
-    command = [sys.executable, script, '--config=configs/char_tiny.py', f'--workdir={workdir}']
-    done = subprocess.run(
-      command + overrides + extra, cwd=repo, capture_output=True, text=True, timeout=300
-    )
+    command = [script, '--config=configs/char_tiny.py', f'--workdir={workdir}']
+    done = commands.run(command + overrides + extra, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert re.fullmatch(r'bpc=\d+\.\d+', done.stdout.strip().splitlines()[-1]), done.stdout
   trained = json.loads((workdir / 'eval_results.json').read_text())

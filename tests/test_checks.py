@@ -1,10 +1,7 @@
 """Validated configs: one row per class of bad input, each one line naming the field, checked
 before any data is read; the launchers print it without a traceback."""
 
-import subprocess
-import sys
 import types
-from pathlib import Path
 
 import pytest
 from helpers import load_config
@@ -13,7 +10,6 @@ from relpos.config import checks, fields
 from relpos.training import char_lm_task as char_lm
 from relpos.training import translation_task as translate
 
-REPO = Path(__file__).resolve().parent.parent
 FOUR_DEVICES = types.SimpleNamespace(size=4)
 
 # (task, preset, {field: value}, devices, the start of the error). One row per class of field.
@@ -147,13 +143,8 @@ FLAG_ERRORS = [
 
 
 @pytest.mark.parametrize('config, flags, message', FLAG_ERRORS)
-def test_the_launcher_prints_one_line_and_exits_1(tmp_path, config, flags, message):
-  result = subprocess.run(
-    [sys.executable, 'eval.py', f'--config={config}', *flags, f'--workdir={tmp_path}'],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-  )
+def test_the_launcher_prints_one_line_and_exits_1(commands, tmp_path, config, flags, message):
+  result = commands.run(['eval.py', f'--config={config}', *flags, f'--workdir={tmp_path}'])
   assert result.returncode == 1, result.stderr
   assert 'Traceback' not in result.stderr, result.stderr
   errors = [line for line in result.stderr.splitlines() if line.startswith('error: ')]

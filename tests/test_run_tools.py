@@ -2,8 +2,6 @@
 (relpos.studies.plot has its
 own module), on tiny runs trained here, and their one-line errors."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -11,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import tiny_char_config, tiny_translate_config, write_pair_corpus
+from helpers import tiny_char_config, tiny_translate_config, unoptimized_compiles, write_pair_corpus
 
 from relpos.data.char_corpus import CharVocab
 from relpos.models.transformer_xl import TransformerXL
@@ -20,7 +18,8 @@ from relpos.training import char_lm_task as char_lm
 from relpos.training import loop
 from relpos.training import translation_task as translate_task
 
-REPO = Path(__file__).resolve().parent.parent
+# Tiny runs, mostly compiling: XLA's optimisations off (helpers.unoptimized_compiles).
+pytestmark = pytest.mark.usefixtures('fast_compile')
 
 
 @pytest.fixture(scope='module')
@@ -30,7 +29,8 @@ def translation_run(tmp_path_factory):
   config.train.update(eval_every=0, checkpoint_every=0)
   config.eval.beam_size = 1
   workdir = root / 'run'
-  result = translate_task.TASK.train_and_evaluate(config, workdir)
+  with unoptimized_compiles():
+    result = translate_task.TASK.train_and_evaluate(config, workdir)
   return workdir, config, result
 
 
@@ -41,7 +41,8 @@ def char_run(tmp_path_factory):
   text.write_text('the cat sat on the mat. ' * 200)
   config = tiny_char_config(text, steps=2)
   workdir = root / 'run'
-  char_lm.TASK.train_and_evaluate(config, workdir)
+  with unoptimized_compiles():
+    char_lm.TASK.train_and_evaluate(config, workdir)
   return workdir, config
 
 
@@ -81,21 +82,14 @@ def test_filtered_logits_keep_the_top_k_and_the_nucleus():
   assert jax.device_get(scaled).shape == (5,)
 
 
-def _tool(module, *args):
-  return subprocess.run(
-    [sys.executable, '-m', f'relpos.{module}', *args],
-    capture_output=True,
-    text=True,
-    cwd=REPO,
-    timeout=300,
-    input='a red cat\n',
-  )
+def _tool(commands, module, *args):
+  return commands.run(['-m', f'relpos.{module}', *args], input='a red cat\n')
 
 
-def test_command_lines(translation_run, char_run):
-  done = _tool('translate', f'--workdir={translation_run[0]}', '--beam_size=1')
+def test_command_lines(commands, translation_run, char_run):
+  done = _tool(commands, 'translate', f'--workdir={translation_run[0]}', '--beam_size=1')
   assert done.returncode == 0 and len(done.stdout.splitlines()) == 1, done.stderr
-  done = _tool('sample', f'--workdir={char_run[0]}', '--prompt=the ', '--length=5')
+  done = _tool(commands, 'sample', f'--workdir={char_run[0]}', '--prompt=the ', '--length=5')
   assert done.returncode == 0 and done.stdout.startswith('the '), done.stderr
 
 
@@ -127,8 +121,8 @@ def test_unusable_workdirs_are_named(tmp_path, translation_run, char_run):
 
 
 @pytest.mark.parametrize('module', ['translate', 'sample'])
-def test_command_line_errors_are_one_line(module, tmp_path):
-  done = _tool(module, f'--workdir={tmp_path / "absent"}')
+def test_command_line_errors_are_one_line(commands, module, tmp_path):
+  done = _tool(commands, module, f'--workdir={tmp_path / "absent"}')
   last = done.stderr.strip().splitlines()[-1]
   assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr
   assert last.startswith('error: --workdir=') and 'is not a directory' in last, last

@@ -4,8 +4,6 @@ Resuming is tested with a real SIGKILL in test_translate_resume.py."""
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -13,15 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import tiny_translate_config, write_pair_corpus
+from helpers import tiny_translate_config, unoptimized_compiles, write_pair_corpus
 
 from relpos.constants import PAD_ID
 from relpos.models.transformer import Transformer
 from relpos.studies import shaw_tables
 from relpos.training import loop
 from relpos.training import translation_task as translate
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope='module')
@@ -37,9 +33,18 @@ def _train_losses(workdir):
   return {r['step']: r['train/loss'] for r in map(json.loads, lines) if 'train/loss' in r}
 
 
-def test_train_then_evaluate_writes_results(corpus, tmp_path):
-  workdir = tmp_path / 'run'
-  result = translate.TASK.train_and_evaluate(_config(corpus, steps=8), workdir)
+@pytest.fixture(scope='module')
+def trained(corpus, tmp_path_factory):
+  """(workdir, result) of an 8-step run of `_config` (Shaw, k = 3, checkpoints at 4 and 8),
+  which the tests only read: their evaluations write to directories of their own."""
+  workdir = tmp_path_factory.mktemp('trained') / 'run'
+  with unoptimized_compiles():  # tiny runs are mostly compiling
+    return workdir, translate.TASK.train_and_evaluate(_config(corpus, steps=8), workdir)
+
+
+@pytest.mark.usefixtures('fast_compile')
+def test_train_then_evaluate_writes_results(corpus, trained, tmp_path):
+  workdir, result = trained
   assert 0 <= result['bleu'] <= 100 and 'tok:13a' in result['signature']
   assert result['sentences'] == 12 and result['step'] == 8
   translations = Path(result['translations']).read_text().splitlines()
@@ -66,17 +71,17 @@ def test_train_then_evaluate_writes_results(corpus, tmp_path):
   assert np.all(drift['decoder'][4:] == 0)
 
 
-def test_checkpoint_averaging_uses_the_last_checkpoints(corpus, tmp_path):
-  config = _config(corpus, steps=8, position='none')
+@pytest.mark.usefixtures('fast_compile')
+def test_checkpoint_averaging_uses_the_last_checkpoints(corpus, trained, tmp_path):
+  workdir, single = trained
+  config = _config(corpus, steps=8)
   config.data.max_eval_examples = 2
   config.eval.beam_size = 1
-  workdir = tmp_path / 'run'
-  single = translate.TASK.train_and_evaluate(config, workdir)
   config.eval.average_checkpoints = 2
-  averaged = translate.TASK.evaluate(config, workdir)
+  averaged = translate.TASK.evaluate(config, workdir, output_dir=tmp_path / 'averaged')
   assert single['averaged_steps'] == [8] and averaged['averaged_steps'] == [4, 8]
   config.eval.update(step=4, average_checkpoints=1)
-  assert translate.TASK.evaluate(config, workdir)['step'] == 4
+  assert translate.TASK.evaluate(config, workdir, output_dir=tmp_path / 'at4')['step'] == 4
   # The averaged parameters are the mean of the two checkpoints' parameters, leaf by leaf.
   params = {}
   for step, average in ((4, 1), (8, 1), (8, 2)):
@@ -91,16 +96,16 @@ def test_checkpoint_averaging_uses_the_last_checkpoints(corpus, tmp_path):
     np.testing.assert_allclose(mean, (np.asarray(at4) + np.asarray(at8)) / 2, rtol=1e-6)
   config.eval.step = 5
   with pytest.raises(FileNotFoundError, match='config.eval.step=5'):
-    translate.TASK.evaluate(config, workdir)
+    translate.TASK.evaluate(config, workdir, output_dir=tmp_path / 'at5')
   # Another vocabulary or model than the run's: an error that names the fix.
   config.eval.step = 0
   config.data.vocab_size = 41
   with pytest.raises(ValueError, match=r'has 40 pieces but config\.data\.vocab_size is 41'):
-    translate.TASK.evaluate(config, workdir)
+    translate.TASK.evaluate(config, workdir, output_dir=tmp_path / 'vocab')
   config.data.vocab_size = 40
   config.model.d_ff = 32
   with pytest.raises(ValueError, match=r'no readable checkpoint .*use its original config'):
-    translate.TASK.evaluate(config, workdir)
+    translate.TASK.evaluate(config, workdir, output_dir=tmp_path / 'model')
   assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['4', '8']
 
 
@@ -109,7 +114,7 @@ def test_evaluate_without_checkpoint_says_so(corpus, tmp_path):
     translate.TASK.evaluate(_config(corpus, steps=4), tmp_path / 'empty')
 
 
-def test_launchers_print_bleu_last(corpus, tmp_path):
+def test_launchers_print_bleu_last(commands, corpus, tmp_path):
   workdir = tmp_path / 'run'
   config = _config(corpus, steps=4)
   overrides = [
@@ -127,21 +132,11 @@ def test_launchers_print_bleu_last(corpus, tmp_path):
     '--config.train.steps=2',
     '--config.eval.beam_size=1',
   ]
-  command = [sys.executable, 'train.py', '--config=configs/translate_tiny.py:absolute']
-  trained = subprocess.run(
-    command + overrides + [f'--workdir={workdir}'],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-  )
+  command = ['train.py', '--config=configs/translate_tiny.py:absolute']
+  trained = commands.run(command + overrides + [f'--workdir={workdir}'])
   assert trained.returncode == 0, trained.stderr[-3000:]
   assert re.fullmatch(r'bleu=\d+\.\d\d', trained.stdout.strip().splitlines()[-1])
-  evaluated = subprocess.run(
-    [sys.executable, 'eval.py', *command[2:], *overrides, f'--workdir={workdir}'],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-  )
+  evaluated = commands.run(['eval.py', *command[1:], *overrides, f'--workdir={workdir}'])
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   lines = evaluated.stdout.strip().splitlines()
   assert lines[-2].startswith('sacreBLEU nrefs:1|') and lines[-1].startswith('bleu=')
