@@ -4,6 +4,7 @@ Forced host devices need XLA_FLAGS before jax starts, so the multi-device parts 
 subprocesses of this file (`python tests/test_data_parallel.py step_differences` and `... train`).
 """
 
+import functools
 import json
 import os
 import re
@@ -105,7 +106,9 @@ def step_differences() -> dict:
 def test_one_step_on_4_devices_equals_the_1_device_step():
   done = subprocess.run(
     [sys.executable, __file__, 'step_differences'],
-    env=_forced_devices_env(4),
+    # Most XLA optimisations off, as in the gradient accumulation test: both steps of each
+    # comparison are compiled alike, and compiling is most of this test's time.
+    env={**_forced_devices_env(4), 'JAX_DISABLE_MOST_OPTIMIZATIONS': '1'},
     capture_output=True,
     text=True,
     timeout=300,
@@ -124,6 +127,16 @@ def test_a_batch_that_does_not_split_names_the_config_field():
     mesh_lib.check_rows(8, types.SimpleNamespace(size=2), 'config.train.batch_size', 3)
 
 
+@functools.cache
+def _one_big_batch_step(task: str) -> dict:
+  """`_one_step` of `task` without accumulation (grad_accum_steps=1), computed once: the cases
+  of one task compare their micro-batches with the same step (callers must not change it)."""
+  return _one_step(task, mesh_lib.data_mesh(), grad_accum_steps=1)
+
+
+# Most XLA optimisations off (conftest.py), as the attention tests have them: compiling dominates
+# these in-process steps, and both sides of each comparison are compiled alike.
+@pytest.mark.usefixtures('attention_test_config')
 @pytest.mark.parametrize(
   ('task', 'micro_batches'), [('char_lm', 2), ('char_lm', 4), ('translate', 2)]
 )
@@ -131,9 +144,8 @@ def test_gradient_accumulation_equals_one_big_batch(task, micro_batches):
   """grad_accum_steps splits the rows into micro-batches, computed one after another: the
   parameters, Adam's moments and the char LM's memory (its rows split the same way) after the
   step equal those of one step on the whole batch."""
-  mesh = mesh_lib.data_mesh()
-  whole = _one_step(task, mesh, grad_accum_steps=1)
-  accumulated = _one_step(task, mesh, grad_accum_steps=micro_batches)
+  whole = _one_big_batch_step(task)
+  accumulated = _one_step(task, mesh_lib.data_mesh(), grad_accum_steps=micro_batches)
   assert whole.keys() == accumulated.keys()
   difference = max(float(np.max(np.abs(whole[k] - accumulated[k]))) for k in whole)
   assert difference < STEP_TOLERANCE, difference
@@ -176,6 +188,21 @@ def train_and_dump(dump: str, train_args: list[str]):
   tasks.launch('train_and_evaluate')
 
 
+def _two_process_environment() -> dict:
+  """Two forced host devices, and JAX's persistent compilation cache that train.py turns on
+  (relpos.runtime): the run's shared cache (conftest.py), so that a launch that resumes loads
+  the steps the first launch compiled, as a rerun of train.py does."""
+  import jax
+
+  environment = _forced_devices_env(2)
+  directory = jax.config.jax_compilation_cache_dir
+  if directory:
+    environment.update(
+      JAX_COMPILATION_CACHE_DIR=directory, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0.3'
+    )
+  return environment
+
+
 def _free_port() -> int:
   with socket.socket() as s:
     s.bind(('127.0.0.1', 0))
@@ -189,7 +216,7 @@ def _run_two_processes(tmp_path, train_args: list[str], timeout: int = 240, *, t
     `text`. Both processes are killed as soon as either fails, or when `timeout` seconds run
     out.
   """
-  port = _free_port()
+  port, environment = _free_port(), _two_process_environment()
   processes, logs = [], []
   try:
     for process_id in (0, 1):
@@ -208,9 +235,7 @@ def _run_two_processes(tmp_path, train_args: list[str], timeout: int = 240, *, t
         f'--process_id={process_id}',
       ]
       processes.append(
-        subprocess.Popen(
-          command, cwd=REPO, env=_forced_devices_env(2), stdout=log, stderr=subprocess.STDOUT
-        )
+        subprocess.Popen(command, cwd=REPO, env=environment, stdout=log, stderr=subprocess.STDOUT)
       )
     deadline = time.monotonic() + timeout
     while any(p.poll() is None for p in processes):
@@ -262,6 +287,10 @@ def test_two_processes_train_the_char_lm_in_sync_and_stop_together(tmp_path):
     '--config.train.eval_every=60',
     '--config.train.checkpoint_every=60',
     '--config.eval.batch_size=2',
+    # The final evaluation's segments are those of the validation during training: it reuses
+    # that compile.
+    '--config.eval.tgt_len=8',
+    '--config.eval.mem_len=8',
     '--config.eval.max_segments_during_training=2',
   ]
   # SIGTERM reaches process 1 only: both stop after the same step and save it together.

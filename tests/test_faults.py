@@ -407,9 +407,35 @@ tasks.launch('train_and_evaluate')
 """
 
 
+# `_config`'s fields beyond char_tiny's and TINY_CHAR_LM's, as train.py flags.
+_FLAGS_OF_CONFIG = {
+  'train.steps': STEPS,
+  'train.batch_size': 4,
+  'train.log_every': 1,
+  'train.eval_every': 0,
+  'train.checkpoint_every': 2,
+  'eval.batch_size': 4,
+  'eval.tgt_len': 8,
+  'eval.mem_len': 8,
+}
+
+
 def test_train_py_on_a_full_disk_exits_with_one_line(text_file, tmp_path):
-  """End to end: train.py's status and stderr when checkpoint 4 finds the disk full."""
+  """End to end: train.py's status and stderr when checkpoint 4 finds the disk full.
+
+  The run is `_config`'s on one device, and its compilation cache the test run's own
+  (conftest.py): it loads the step the in-process runs compiled instead of compiling it."""
+  config = _config(text_file)
+  assert {name: config[name.split('.')[0]][name.split('.')[1]] for name in _FLAGS_OF_CONFIG} == (
+    _FLAGS_OF_CONFIG
+  )
   workdir = tmp_path / 'run'
+  environment = {**os.environ, 'PYTHONPATH': str(REPO), 'RELPOS_CPU_DEVICES': '1'}
+  if jax.config.jax_compilation_cache_dir:
+    environment.update(
+      JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir,
+      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0.3',
+    )
   result = subprocess.run(
     [
       sys.executable,
@@ -419,17 +445,13 @@ def test_train_py_on_a_full_disk_exits_with_one_line(text_file, tmp_path):
       f'--workdir={workdir}',
       f'--config.data.path={text_file}',
       *TINY_CHAR_LM_FLAGS,
-      f'--config.train.steps={STEPS}',
-      '--config.train.batch_size=2',
-      '--config.train.eval_every=0',
-      '--config.train.checkpoint_every=2',
-      '--config.eval.batch_size=2',
+      *(f'--config.{name}={value}' for name, value in _FLAGS_OF_CONFIG.items()),
     ],
     cwd=REPO,
     capture_output=True,
     text=True,
     timeout=300,
-    env={**os.environ, 'PYTHONPATH': str(REPO), 'RELPOS_CPU_DEVICES': '1'},
+    env=environment,
   )
   assert result.returncode == FILESYSTEM_EXIT_CODE, result.stderr[-3000:]
   lines = result.stderr.strip().splitlines()

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import TINY_CHAR_LM, TINY_CHAR_LM_FLAGS, load_config, write_word_corpus
+from helpers import TINY_CHAR_LM_FLAGS, tiny_char_config, write_word_corpus
 
 from relpos.training import char_lm_task as char_lm
 from relpos.training.preemption import PreemptedError
@@ -82,17 +83,31 @@ def _sigterm_after_step(process, workdir, step) -> str:
 def test_sigkill_then_rerun_continues_the_same_loss_trajectory(text_file, tmp_path):
   kwargs = dict(steps=60, checkpoint_every=3)
   straight, killed = tmp_path / 'straight', tmp_path / 'killed'
-  subprocess.run(_train_command(text_file, straight, **kwargs), cwd=REPO, check=True, timeout=600)
-  process = subprocess.Popen(
-    _train_command(text_file, killed, **kwargs), cwd=REPO, stdout=subprocess.DEVNULL
-  )
+  # The straight run trains beside the killed one and its rerun, which keeps the test short.
+  # The killed run starts once the straight one has logged its first step: by then the step is
+  # compiled and in the compilation cache train.py keeps, which the killed run loads instead of
+  # compiling the same step at the same time.
+  straight_run = subprocess.Popen(_train_command(text_file, straight, **kwargs), cwd=REPO)
   try:
-    _wait_for_step(process, killed, 20)
+    deadline = time.monotonic() + 240
+    while not _logged_steps(straight) and straight_run.poll() is None:
+      assert time.monotonic() < deadline, 'the straight run logged no step in 240 s'
+      time.sleep(0.05)
+    process = subprocess.Popen(
+      _train_command(text_file, killed, **kwargs), cwd=REPO, stdout=subprocess.DEVNULL
+    )
+    try:
+      _wait_for_step(process, killed, 20)
+    finally:
+      process.send_signal(signal.SIGKILL)
+      process.wait()
+    logged_before_kill = len(_logged_steps(killed))
+    subprocess.run(_train_command(text_file, killed, **kwargs), cwd=REPO, check=True, timeout=600)
+    assert straight_run.wait(timeout=600) == 0, 'the straight run failed'
   finally:
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-  logged_before_kill = len(_logged_steps(killed))
-  subprocess.run(_train_command(text_file, killed, **kwargs), cwd=REPO, check=True, timeout=600)
+    if straight_run.poll() is None:
+      straight_run.kill()
+      straight_run.wait()
   rerun = _logged_steps(killed)[logged_before_kill:]
   assert rerun[0] > 10 and rerun == list(range(rerun[0], 61))  # resumed from a checkpoint
   expected, resumed = _losses_by_step(straight), _losses_by_step(killed)
@@ -125,18 +140,27 @@ def _damage(checkpoint_dir: Path):
 
 
 def _config(text_file, steps):
-  config = load_config('char_tiny')
-  config.data.path = str(text_file)
-  for section, fields in TINY_CHAR_LM.items():
-    config[section].update(fields)
-  config.train.update(batch_size=2, steps=steps, log_every=1, eval_every=0, checkpoint_every=2)
-  config.eval.batch_size = 2
+  """The in-process runs: the tiny char LM with checkpoints every 2 steps (for 6 steps, the
+  config of test_faults.py's runs, whose compiled step the run's shared cache then holds)."""
+  config = tiny_char_config(text_file, steps=steps)
+  config.train.checkpoint_every = 2
   return config
 
 
-def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(text_file, tmp_path, capsys):
+@pytest.fixture(scope='module')
+def six_steps(text_file, tmp_path_factory):
+  """The workdir of an uninterrupted in-process run of 6 steps, checkpoints at 2, 4 and 6 (kept
+  unchanged: tests copy it)."""
+  workdir = tmp_path_factory.mktemp('six_steps') / 'run'
+  char_lm.TASK.train_model(_config(text_file, 6), workdir)
+  return workdir
+
+
+def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(
+  text_file, six_steps, tmp_path, capsys
+):
   workdir = tmp_path / 'run'
-  char_lm.TASK.train_and_evaluate(_config(text_file, 6), workdir)
+  shutil.copytree(six_steps, workdir)
   expected = _losses_by_step(workdir)
   _damage(workdir / 'checkpoints' / '6')
   os.remove(workdir / 'metrics.jsonl')
@@ -148,13 +172,15 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(text_file, tmp
   assert _losses_by_step(workdir) == {5: expected[5], 6: expected[6]}
 
 
-def test_no_readable_checkpoint_is_an_error_not_a_fresh_start(text_file, tmp_path):
+def test_no_readable_checkpoint_is_an_error_not_a_fresh_start(text_file, six_steps, tmp_path):
   workdir = tmp_path / 'run'
-  config = _config(text_file, 2)
-  char_lm.TASK.train_and_evaluate(config, workdir)
-  _damage(workdir / 'checkpoints' / '2')
+  shutil.copytree(six_steps, workdir)
+  checkpoints = [p for p in (workdir / 'checkpoints').iterdir() if p.name.isdigit()]
+  assert sorted(int(p.name) for p in checkpoints) == [2, 4, 6]
+  for checkpoint in checkpoints:
+    _damage(checkpoint)
   with pytest.raises(ValueError, match='no readable checkpoint'):
-    char_lm.TASK.train_and_evaluate(config, workdir)
+    char_lm.TASK.train_and_evaluate(_config(text_file, 6), workdir)
 
 
 def test_sigterm_during_setup_stops_after_the_first_step(text_file, tmp_path, monkeypatch):

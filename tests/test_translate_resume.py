@@ -22,7 +22,7 @@ import pytest
 from helpers import write_pair_corpus
 
 REPO = Path(__file__).resolve().parent.parent
-STEPS, CHECKPOINT_EVERY = 60, 10
+STEPS, CHECKPOINT_EVERY = 30, 10
 # The kill comes once a checkpoint is finished and this step is logged, early enough that the
 # run is still training when the poll sees it (steps take milliseconds).
 KILL_AFTER = 13
