@@ -8,7 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import load_config, tiny_char_config, tiny_translate_config, write_pair_corpus
+from helpers import (
+  load_config,
+  run_sweep_main,
+  tiny_char_config,
+  tiny_translate_config,
+  write_pair_corpus,
+)
 
 from relpos.studies import breakdown, sweep
 from relpos.training.run_config import read_config
@@ -153,27 +159,18 @@ def test_preset_variants_load_each_preset_with_the_overrides():
     sweep.check_sweep(config, 'preset', ['shaw', 'shaw_both'], [0], 'bleu', variant_of)
 
 
-def _sweep_command(tmp_path, *args):
-  return subprocess.run(
-    [sys.executable, '-m', 'relpos.studies.sweep', f'--workdir={tmp_path}', *args],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
-
-
-def test_print_only_lists_train_and_eval_commands_per_seed(tmp_path):
-  result = _sweep_command(
-    tmp_path,
+def test_print_only_lists_train_and_eval_commands_per_seed(tmp_path, monkeypatch, capsys):
+  code = run_sweep_main(
+    monkeypatch,
+    f'--workdir={tmp_path}',
     '--config=configs/char_tiny.py:shaw',
     '--config.train.steps=5',
     '--values=0,4',
     '--seeds=0,1',
     '--print_only',
   )
-  assert result.returncode == 0, result.stderr
-  assert result.stdout.strip().splitlines() == [
+  assert code is None
+  assert capsys.readouterr().out.strip().splitlines() == [
     f'python {script} --config=configs/char_tiny.py:shaw --config.train.steps=5 '
     f'--config.model.max_relative_position={value} --config.seed={seed} '
     f'--workdir={tmp_path}/max_relative_position={value}/seed={seed}'
@@ -183,22 +180,24 @@ def test_print_only_lists_train_and_eval_commands_per_seed(tmp_path):
   ]
 
 
-def test_print_only_sweeps_presets_of_the_config_file(tmp_path):
-  result = _sweep_command(
-    tmp_path,
+def test_print_only_sweeps_presets_of_the_config_file(tmp_path, monkeypatch, capsys):
+  code = run_sweep_main(
+    monkeypatch,
+    f'--workdir={tmp_path}',
     '--config=configs/translate_tiny.py',
     '--config.train.steps=5',
     '--field=preset',
     '--values=shaw,shaw_keys_only',
     '--print_only',
   )
-  assert result.returncode == 0, result.stderr
-  assert result.stdout.strip().splitlines()[:2] == [
+  assert code is None
+  stdout = capsys.readouterr().out
+  assert stdout.strip().splitlines()[:2] == [
     f'python {script} --config=configs/translate_tiny.py:shaw --config.train.steps=5 '
     f'--config.seed=0 --workdir={tmp_path}/preset=shaw/seed=0'
     for script in ('train.py', 'eval.py')
   ]
-  assert '--config=configs/translate_tiny.py:shaw_keys_only' in result.stdout
+  assert '--config=configs/translate_tiny.py:shaw_keys_only' in stdout
 
 
 @pytest.mark.parametrize(
@@ -216,11 +215,36 @@ def test_print_only_sweeps_presets_of_the_config_file(tmp_path):
     ),
   ],
 )
-def test_command_line_errors_are_one_line_before_training(tmp_path, args, message):
-  result = _sweep_command(tmp_path, *args)
+def test_command_line_errors_are_one_line_before_training(tmp_path, monkeypatch, args, message):
+  """The command's flag parser and main in this process: each refusal is a SystemExit whose
+  text (what Python prints, exit status 1) is one `error: ` line; any other exception would
+  be a traceback, and fails here."""
+  code = run_sweep_main(monkeypatch, f'--workdir={tmp_path}', *args)
+  assert isinstance(code, str) and code.startswith('error: ') and message in code
+  assert code.strip().splitlines() == [code.strip()]
+  assert not list(tmp_path.iterdir())  # nothing trained
+
+
+def test_a_refused_command_exits_1_with_its_error_line_and_no_traceback(tmp_path):
+  """The real `python -m relpos.studies.sweep` process (the in-process cases above share its
+  flag parser and main): exit status 1, the error as stderr's last line, nothing trained."""
+  result = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'relpos.studies.sweep',
+      f'--workdir={tmp_path}',
+      '--config=configs/translate_tiny.py:absolute',
+      '--values=0,4',
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert result.returncode == 1 and 'Traceback' not in result.stderr
   last = result.stderr.strip().splitlines()[-1]
-  assert last.startswith('error: ') and message in last
+  assert last.startswith('error: ') and 'does not read it' in last
   assert not list(tmp_path.iterdir())  # nothing trained
 
 
