@@ -7,11 +7,16 @@ import json
 import math
 import re
 import shlex
-import subprocess
-import sys
 
 import pytest
-from helpers import REPO, load_config, load_module, tiny_translate_config, write_pair_corpus
+from helpers import (
+  REPO,
+  load_config,
+  load_module,
+  run_sweep_main,
+  tiny_translate_config,
+  write_pair_corpus,
+)
 
 from relpos import scoring
 from relpos.data.translation import load_eval_data
@@ -134,27 +139,17 @@ def _documented_commands() -> list[list[str]]:
 
 
 @pytest.mark.parametrize('preset', ['char', 'translate'])
-def test_the_documented_study_commands_train_once_per_scheme_and_seed(tmp_path, preset):
-  """--print_only of the docstring's command: its flags parse and its checks pass, and it
-  trains 7 schemes x 2 seeds once each, scoring each at every evaluation setting."""
+def test_the_documented_study_commands_train_once_per_scheme_and_seed(
+  tmp_path, monkeypatch, capsys, preset
+):
+  """--print_only of the docstring's command (the command's parser and main, in this process):
+  its flags parse and its checks pass, and it trains 7 schemes x 2 seeds once each, scoring
+  each at every evaluation setting."""
   (arguments,) = [c for c in _documented_commands() if c[0].endswith(f':{preset}')]
   arguments = [a for a in arguments if not a.startswith('--workdir=')]
-  result = subprocess.run(
-    [
-      sys.executable,
-      '-m',
-      'relpos.studies.sweep',
-      f'--workdir={tmp_path}',
-      *arguments,
-      '--print_only',
-    ],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert result.returncode == 0, result.stderr
-  lines = result.stdout.strip().splitlines()
+  code = run_sweep_main(monkeypatch, f'--workdir={tmp_path}', *arguments, '--print_only')
+  assert code is None
+  lines = capsys.readouterr().out.strip().splitlines()
   settings = 6 if preset == 'char' else 1
   assert sum(line.startswith('python train.py') for line in lines) == 7 * 2
   assert sum(line.startswith('python eval.py') for line in lines) == 7 * 2 * settings
