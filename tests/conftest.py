@@ -66,3 +66,29 @@ def compilation_cache(tmp_path):
   steps of its first. The run's shared cache comes back afterwards."""
   with _persistent_cache(tmp_path / 'jax-cache', 0.0):
     yield
+
+
+@pytest.fixture(scope='module')
+def fewer_xla_optimizations():
+  """jax_disable_most_optimizations on for a module (restored afterwards), for the end-to-end
+  tests of tools that train and score tiny models in this process: XLA's compiles dominate
+  them on CPU and this cuts them; what those tests check does not depend on XLA's
+  optimisations (the attention tests compare numbers with it on, `attention_test_config`)."""
+  old = jax.config.read('jax_disable_most_optimizations')
+  jax.config.update('jax_disable_most_optimizations', True)
+  try:
+    yield
+  finally:
+    jax.config.update('jax_disable_most_optimizations', old)
+
+
+@pytest.fixture
+def run_compilation_cache(tmp_path_factory):
+  """As `compilation_cache` (every compile stored, as `python -m relpos.studies.sweep` has it),
+  but in one directory for the whole run, shared by pytest-xdist's workers: tests that train
+  the same tiny model (the sweeps of test_sweep) load what the first of them compiled."""
+  root = tmp_path_factory.getbasetemp()
+  if 'PYTEST_XDIST_WORKER' in os.environ:
+    root = root.parent
+  with _persistent_cache(root / 'jax-cache-every-compile', 0.0):
+    yield

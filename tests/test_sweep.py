@@ -248,6 +248,7 @@ def test_a_refused_command_exits_1_with_its_error_line_and_no_traceback(tmp_path
   assert not list(tmp_path.iterdir())  # nothing trained
 
 
+@pytest.mark.usefixtures('fewer_xla_optimizations')
 def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compilation_cache):
   """The issue's command at tiny sizes: two positions x two seeds, trained, evaluated, tested
   with sacreBLEU's paired bootstrap, tabulated; a second call keeps every finished run."""
@@ -313,7 +314,8 @@ def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compila
   assert (root / 'sweep_by_length.md').exists() and (root / 'sweep_by_length.png').exists()
 
 
-def test_char_lm_sweep_of_k_end_to_end_with_bpc_p_values(tmp_path, compilation_cache):
+@pytest.mark.usefixtures('fewer_xla_optimizations')
+def test_char_lm_sweep_of_k_end_to_end_with_bpc_p_values(tmp_path, run_compilation_cache):
   text = tmp_path / 'text.txt'
   text.write_text('the cat sat on the mat. ' * 300)
   config = tiny_char_config(text, steps=3, preset='shaw')
@@ -348,14 +350,18 @@ def test_char_lm_sweep_of_k_end_to_end_with_bpc_p_values(tmp_path, compilation_c
     assert sum(results['position_tokens']) == results['tokens']
 
 
+@pytest.mark.usefixtures('fewer_xla_optimizations')
 def test_an_eval_field_sweep_trains_once_per_seed_and_scores_every_value(
-  tmp_path, compilation_cache
+  tmp_path, run_compilation_cache
 ):
   """--field=eval.mem_len: one training per seed in trained/seed=s, every value scored from
   that checkpoint into its own directory, and the scores are those of eval.py at that value."""
   text = tmp_path / 'text.txt'
   text.write_text('the cat sat on the mat. ' * 300)
-  config = tiny_char_config(text, steps=3, preset='xl')
+  # The model of the k sweep's k = 2 (test_char_lm_sweep_of_k_end_to_end_with_bpc_p_values):
+  # whichever runs second loads the training steps the other compiled.
+  config = tiny_char_config(text, steps=3, preset='shaw')
+  config.model.max_relative_position = 2
   root = tmp_path / 'mem'
   summary = sweep.sweep(config, root, 'eval.mem_len', [0, 4], [0, 1], 'bpc', baseline=0)
   assert [(row['value'], row['n']) for row in summary] == [(0, 2), (4, 2)]
