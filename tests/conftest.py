@@ -89,3 +89,27 @@ def fast_compile():
 
   with unoptimized_compiles():
     yield
+
+
+@pytest.fixture(scope='module')
+def fewer_xla_optimizations():
+  """jax_disable_most_optimizations on for a module (restored afterwards), for the end-to-end
+  tests of tools that train and score tiny models in this process: XLA's compiles dominate
+  them on CPU and this cuts them; what those tests check does not depend on XLA's
+  optimisations (the attention tests compare numbers with it on, `attention_test_config`)."""
+  from helpers import unoptimized_compiles
+
+  with unoptimized_compiles():
+    yield
+
+
+@pytest.fixture
+def run_compilation_cache(tmp_path_factory):
+  """As `compilation_cache` (every compile stored, as `python -m relpos.studies.sweep` has it),
+  but in one directory for the whole run, shared by pytest-xdist's workers: tests that train
+  the same tiny model (the sweeps of test_sweep) load what the first of them compiled."""
+  root = tmp_path_factory.getbasetemp()
+  if 'PYTEST_XDIST_WORKER' in os.environ:
+    root = root.parent
+  with _persistent_cache(root / 'jax-cache-every-compile', 0.0):
+    yield

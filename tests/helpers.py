@@ -312,3 +312,44 @@ class unoptimized_compiles:  # noqa: N801 (a context manager, used as a function
 
   def __exit__(self, *exc):
     jax.config.update('jax_disable_most_optimizations', self._old)
+
+
+def call_absl_main(define, main, argv: list[str], parse=None):
+  """A tool's `main` called in this process as `app.run(main, flags_parser=parse)` would call
+  it for the command line `argv`: the flags `define()` defines in absl's global FLAGS, parsed
+  by `parse` (default FLAGS itself), then main(the remaining arguments). Returns the
+  SystemExit code (the `error: ...` text of a refused command) or None when main returned.
+  Afterwards the flags `define` added are gone, FLAGS is unparsed again if it was before, and
+  absl's log verbosity (which the tools' mains lower) is back."""
+  from absl import flags, logging
+
+  before = set(flags.FLAGS)
+  was_parsed = flags.FLAGS.is_parsed()
+  verbosity = logging.get_verbosity()
+  define()
+  try:
+    main((parse or flags.FLAGS)(argv))
+  except SystemExit as exit:
+    return exit.code
+  finally:
+    for name in set(flags.FLAGS) - before:
+      delattr(flags.FLAGS, name)
+    if not was_parsed:
+      flags.FLAGS.unparse_flags()
+    logging.set_verbosity(verbosity)
+  return None
+
+
+def run_sweep_main(monkeypatch, *args: str):
+  """`python -m relpos.studies.sweep <args>` in this process, from the repository root (as
+  the tests' subprocesses run it): `call_absl_main` with the command's own flags and parser.
+  The SystemExit code, or None when it finished."""
+  import sys
+
+  from relpos.studies import sweep
+  from relpos.training import tasks
+
+  monkeypatch.chdir(REPO)
+  argv = ['sweep.py', *args]
+  monkeypatch.setattr(sys, 'argv', argv)  # main reads --config's text and overrides there
+  return call_absl_main(sweep.define_flags, sweep.main, argv, tasks.parse_flags)

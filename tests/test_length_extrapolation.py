@@ -7,11 +7,16 @@ import json
 import math
 import re
 import shlex
-import subprocess
-import sys
 
 import pytest
-from helpers import REPO, load_config, load_module, tiny_translate_config, write_pair_corpus
+from helpers import (
+  REPO,
+  load_config,
+  load_module,
+  run_sweep_main,
+  tiny_translate_config,
+  write_pair_corpus,
+)
 
 from relpos import scoring
 from relpos.data.translation import load_eval_data
@@ -27,6 +32,7 @@ def _char_study(config, root, evaluations):
   )
 
 
+@pytest.mark.usefixtures('fewer_xla_optimizations')
 def test_char_study_scores_each_model_at_every_setting_and_resumes(tmp_path, capsys):
   config = load_config('length_extrapolation', 'char_quick')
   _char_study(config, tmp_path, ['tgt_len=8', 'tgt_len=16', 'mem_len=8'])
@@ -76,10 +82,12 @@ def test_evaluations_name_config_eval_fields():
     sweep.parse_evaluations(config, ['16'])
 
 
+@pytest.mark.usefixtures('fewer_xla_optimizations')
 def test_translation_study_scores_bleu_per_source_length_in_pieces(tmp_path):
   corpus = write_pair_corpus(tmp_path / 'corpus', train=200, eval=40)
   config = tiny_translate_config(corpus, steps=4, position='rope')
   config.data.max_length = 3
+  config.eval.beam_size = 1  # the buckets' BLEU is checked against the translations, any beam
   root = tmp_path / 'study'
   sweep.sweep(
     config,
@@ -134,27 +142,17 @@ def _documented_commands() -> list[list[str]]:
 
 
 @pytest.mark.parametrize('preset', ['char', 'translate'])
-def test_the_documented_study_commands_train_once_per_scheme_and_seed(tmp_path, preset):
-  """--print_only of the docstring's command: its flags parse and its checks pass, and it
-  trains 7 schemes x 2 seeds once each, scoring each at every evaluation setting."""
+def test_the_documented_study_commands_train_once_per_scheme_and_seed(
+  tmp_path, monkeypatch, capsys, preset
+):
+  """--print_only of the docstring's command (the command's parser and main, in this process):
+  its flags parse and its checks pass, and it trains 7 schemes x 2 seeds once each, scoring
+  each at every evaluation setting."""
   (arguments,) = [c for c in _documented_commands() if c[0].endswith(f':{preset}')]
   arguments = [a for a in arguments if not a.startswith('--workdir=')]
-  result = subprocess.run(
-    [
-      sys.executable,
-      '-m',
-      'relpos.studies.sweep',
-      f'--workdir={tmp_path}',
-      *arguments,
-      '--print_only',
-    ],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert result.returncode == 0, result.stderr
-  lines = result.stdout.strip().splitlines()
+  code = run_sweep_main(monkeypatch, f'--workdir={tmp_path}', *arguments, '--print_only')
+  assert code is None
+  lines = capsys.readouterr().out.strip().splitlines()
   settings = 6 if preset == 'char' else 1
   assert sum(line.startswith('python train.py') for line in lines) == 7 * 2
   assert sum(line.startswith('python eval.py') for line in lines) == 7 * 2 * settings

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import call_absl_main
 
 from relpos.config.translation_defaults import translate_config
 from relpos.studies import shaw_tables
@@ -53,16 +54,25 @@ def test_runs_of_one_k_are_averaged_into_one_row_per_stack(monkeypatch, tmp_path
   ],
 )
 def test_a_workdir_it_cannot_read_is_one_line(tmp_path, config, message):
+  """main in this process: each refusal is a SystemExit whose text (what Python prints, exit
+  status 1) is one `error: ` line; any other exception would be a traceback, and fails here."""
   workdir = tmp_path / 'run'
   if config is not None:
     workdir.mkdir()
     (workdir / 'config.json').write_text(json.dumps(config))
+  code = call_absl_main(lambda: None, shaw_tables.main, ['shaw_tables', str(workdir)])
+  assert isinstance(code, str) and code.strip().splitlines() == [code.strip()]
+  assert code.startswith('error: ') and message in code, code
+  assert not code.startswith('error: --workdir'), code  # its workdirs are positional
+
+
+def test_the_command_exits_1_with_its_error_line_and_no_traceback(tmp_path):
+  """The real `python -m relpos.studies.shaw_tables` process (the cases above call its main)."""
   result = subprocess.run(
-    [sys.executable, '-m', 'relpos.studies.shaw_tables', str(workdir)],
+    [sys.executable, '-m', 'relpos.studies.shaw_tables', str(tmp_path / 'run')],
     capture_output=True,
     text=True,
   )
   assert result.returncode == 1 and 'Traceback' not in result.stderr
   last = result.stderr.strip().splitlines()[-1]
-  assert last.startswith('error: ') and message in last, last
-  assert not last.startswith('error: --workdir'), last  # its workdirs are positional
+  assert last.startswith('error: ') and 'run is not a directory: give the workdir' in last, last

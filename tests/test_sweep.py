@@ -8,7 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import load_config, tiny_char_config, tiny_translate_config, write_pair_corpus
+from helpers import (
+  load_config,
+  run_sweep_main,
+  tiny_char_config,
+  tiny_translate_config,
+  write_pair_corpus,
+)
 
 from relpos.studies import breakdown, sweep
 from relpos.training.run_config import read_config
@@ -153,27 +159,18 @@ def test_preset_variants_load_each_preset_with_the_overrides():
     sweep.check_sweep(config, 'preset', ['shaw', 'shaw_both'], [0], 'bleu', variant_of)
 
 
-def _sweep_command(tmp_path, *args):
-  return subprocess.run(
-    [sys.executable, '-m', 'relpos.studies.sweep', f'--workdir={tmp_path}', *args],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
-
-
-def test_print_only_lists_train_and_eval_commands_per_seed(tmp_path):
-  result = _sweep_command(
-    tmp_path,
+def test_print_only_lists_train_and_eval_commands_per_seed(tmp_path, monkeypatch, capsys):
+  code = run_sweep_main(
+    monkeypatch,
+    f'--workdir={tmp_path}',
     '--config=configs/char_tiny.py:shaw',
     '--config.train.steps=5',
     '--values=0,4',
     '--seeds=0,1',
     '--print_only',
   )
-  assert result.returncode == 0, result.stderr
-  assert result.stdout.strip().splitlines() == [
+  assert code is None
+  assert capsys.readouterr().out.strip().splitlines() == [
     f'python {script} --config=configs/char_tiny.py:shaw --config.train.steps=5 '
     f'--config.model.max_relative_position={value} --config.seed={seed} '
     f'--workdir={tmp_path}/max_relative_position={value}/seed={seed}'
@@ -183,22 +180,24 @@ def test_print_only_lists_train_and_eval_commands_per_seed(tmp_path):
   ]
 
 
-def test_print_only_sweeps_presets_of_the_config_file(tmp_path):
-  result = _sweep_command(
-    tmp_path,
+def test_print_only_sweeps_presets_of_the_config_file(tmp_path, monkeypatch, capsys):
+  code = run_sweep_main(
+    monkeypatch,
+    f'--workdir={tmp_path}',
     '--config=configs/translate_tiny.py',
     '--config.train.steps=5',
     '--field=preset',
     '--values=shaw,shaw_keys_only',
     '--print_only',
   )
-  assert result.returncode == 0, result.stderr
-  assert result.stdout.strip().splitlines()[:2] == [
+  assert code is None
+  stdout = capsys.readouterr().out
+  assert stdout.strip().splitlines()[:2] == [
     f'python {script} --config=configs/translate_tiny.py:shaw --config.train.steps=5 '
     f'--config.seed=0 --workdir={tmp_path}/preset=shaw/seed=0'
     for script in ('train.py', 'eval.py')
   ]
-  assert '--config=configs/translate_tiny.py:shaw_keys_only' in result.stdout
+  assert '--config=configs/translate_tiny.py:shaw_keys_only' in stdout
 
 
 @pytest.mark.parametrize(
@@ -216,14 +215,40 @@ def test_print_only_sweeps_presets_of_the_config_file(tmp_path):
     ),
   ],
 )
-def test_command_line_errors_are_one_line_before_training(tmp_path, args, message):
-  result = _sweep_command(tmp_path, *args)
-  assert result.returncode == 1 and 'Traceback' not in result.stderr
-  last = result.stderr.strip().splitlines()[-1]
-  assert last.startswith('error: ') and message in last
+def test_command_line_errors_are_one_line_before_training(tmp_path, monkeypatch, args, message):
+  """The command's flag parser and main in this process: each refusal is a SystemExit whose
+  text (what Python prints, exit status 1) is one `error: ` line; any other exception would
+  be a traceback, and fails here."""
+  code = run_sweep_main(monkeypatch, f'--workdir={tmp_path}', *args)
+  assert isinstance(code, str) and code.startswith('error: ') and message in code
+  assert code.strip().splitlines() == [code.strip()]
   assert not list(tmp_path.iterdir())  # nothing trained
 
 
+def test_a_refused_command_exits_1_with_its_error_line_and_no_traceback(tmp_path):
+  """The real `python -m relpos.studies.sweep` process (the in-process cases above share its
+  flag parser and main): exit status 1, the error as stderr's last line, nothing trained."""
+  result = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'relpos.studies.sweep',
+      f'--workdir={tmp_path}',
+      '--config=configs/translate_tiny.py:absolute',
+      '--values=0,4',
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith('error: ') and 'does not read it' in last
+  assert not list(tmp_path.iterdir())  # nothing trained
+
+
+@pytest.mark.usefixtures('fewer_xla_optimizations')
 def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compilation_cache):
   """The issue's command at tiny sizes: two positions x two seeds, trained, evaluated, tested
   with sacreBLEU's paired bootstrap, tabulated; a second call keeps every finished run."""
@@ -289,7 +314,8 @@ def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compila
   assert (root / 'sweep_by_length.md').exists() and (root / 'sweep_by_length.png').exists()
 
 
-def test_char_lm_sweep_of_k_end_to_end_with_bpc_p_values(tmp_path, compilation_cache):
+@pytest.mark.usefixtures('fewer_xla_optimizations')
+def test_char_lm_sweep_of_k_end_to_end_with_bpc_p_values(tmp_path, run_compilation_cache):
   text = tmp_path / 'text.txt'
   text.write_text('the cat sat on the mat. ' * 300)
   config = tiny_char_config(text, steps=3, preset='shaw')
@@ -324,14 +350,18 @@ def test_char_lm_sweep_of_k_end_to_end_with_bpc_p_values(tmp_path, compilation_c
     assert sum(results['position_tokens']) == results['tokens']
 
 
+@pytest.mark.usefixtures('fewer_xla_optimizations')
 def test_an_eval_field_sweep_trains_once_per_seed_and_scores_every_value(
-  tmp_path, compilation_cache
+  tmp_path, run_compilation_cache
 ):
   """--field=eval.mem_len: one training per seed in trained/seed=s, every value scored from
   that checkpoint into its own directory, and the scores are those of eval.py at that value."""
   text = tmp_path / 'text.txt'
   text.write_text('the cat sat on the mat. ' * 300)
-  config = tiny_char_config(text, steps=3, preset='xl')
+  # The model of the k sweep's k = 2 (test_char_lm_sweep_of_k_end_to_end_with_bpc_p_values):
+  # whichever runs second loads the training steps the other compiled.
+  config = tiny_char_config(text, steps=3, preset='shaw')
+  config.model.max_relative_position = 2
   root = tmp_path / 'mem'
   summary = sweep.sweep(config, root, 'eval.mem_len', [0, 4], [0, 1], 'bpc', baseline=0)
   assert [(row['value'], row['n']) for row in summary] == [(0, 2), (4, 2)]

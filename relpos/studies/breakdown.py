@@ -45,8 +45,8 @@ from typing import NamedTuple
 
 from relpos import scoring
 from relpos.studies import significance
-from relpos.studies.figures import pyplot as plt
 from relpos.studies.figures import save as save_figure
+from relpos.studies.figures import subplots
 
 SUMMARY_COLUMNS = (
   'value',
@@ -261,7 +261,7 @@ def plot(summary, per_run, breakdown: Breakdown, root: Path, field: str, baselin
   labels = list(dict.fromkeys(row['bucket'] for row in summary))
   counts = {row['bucket']: row['count'] for row in summary}
   score = {(r['value'], r['seed'], r['bucket']): r[breakdown.metric] for r in per_run}
-  figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+  figure, (left, right) = subplots(1, 2, figsize=(10, 3.8))
   for value in dict.fromkeys(row['value'] for row in summary):
     rows = {row['bucket']: row for row in summary if row['value'] == value}
     left.errorbar(

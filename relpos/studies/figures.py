@@ -1,12 +1,32 @@
 """How every relpos plot is drawn and written: matplotlib's Agg backend (no display needed),
-`pyplot` from here, and `save`, which lays a figure out, writes it and frees it."""
+`subplots` from here, and `save`, which lays a figure out, writes it and frees it.
+
+matplotlib is imported on the first figure, not with this module: the study tools' commands
+that draw nothing (their errors, `--print_only`) start without it. `pyplot` is still an
+attribute of this module (imported when first read)."""
 
 from pathlib import Path
 
-import matplotlib
 
-matplotlib.use('Agg')
-from matplotlib import pyplot  # noqa: E402
+def _pyplot():
+  """matplotlib.pyplot on the Agg backend, imported on first use."""
+  import matplotlib
+
+  matplotlib.use('Agg')
+  from matplotlib import pyplot
+
+  return pyplot
+
+
+def __getattr__(name: str):
+  if name == 'pyplot':
+    return _pyplot()
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def subplots(*args, **kwargs):
+  """matplotlib.pyplot.subplots (on the Agg backend): (figure, axes)."""
+  return _pyplot().subplots(*args, **kwargs)
 
 
 def save(figure, path, dpi: int = 120) -> Path:
@@ -15,5 +35,5 @@ def save(figure, path, dpi: int = 120) -> Path:
   figure.tight_layout()
   path = Path(path)
   figure.savefig(path, dpi=dpi)
-  pyplot.close(figure)
+  _pyplot().close(figure)
   return path

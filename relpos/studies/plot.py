@@ -15,8 +15,8 @@ from pathlib import Path
 
 from absl import app, flags
 
-from relpos.studies.figures import pyplot as plt
 from relpos.studies.figures import save as save_figure
+from relpos.studies.figures import subplots
 from relpos.training.run_config import check_task
 
 _SKIPPED = ('step', 'time', 'train/tok_per_s')
@@ -67,7 +67,7 @@ def plot_runs(workdirs, out) -> Path:
   names = sorted({name for curves in runs.values() for name in curves})
   columns = min(3, len(names))
   rows = math.ceil(len(names) / columns)
-  figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
+  figure, axes = subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
   for axis, name in zip(axes.flat, names, strict=False):
     for label, curves in runs.items():
       if name in curves:

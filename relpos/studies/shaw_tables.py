@@ -28,8 +28,8 @@ import numpy as np
 from absl import app, flags, logging
 
 from relpos import runtime
-from relpos.studies.figures import pyplot as plt
 from relpos.studies.figures import save as save_figure
+from relpos.studies.figures import subplots
 
 STACKS = ('encoder', 'decoder')
 _TABLES = ('rel_key', 'rel_value')
@@ -127,7 +127,7 @@ def markdown(by_k) -> str:
 
 def plot(by_k, out) -> Path:
   """Drift against distance, one line per k, a panel per stack; returns the path."""
-  figure, axes = plt.subplots(1, len(STACKS), figsize=(11, 3.8), sharey=True)
+  figure, axes = subplots(1, len(STACKS), figsize=(11, 3.8), sharey=True)
   for axis, stack in zip(axes, STACKS, strict=True):
     for k, (drift, _, runs) in by_k.items():
       axis.plot(np.arange(-k, k + 1), drift[stack], marker='.', label=f'k = {k} ({runs} runs)')

@@ -39,7 +39,6 @@ import numpy as np
 from absl import app, flags
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
-from scipy import stats
 
 SAMPLES = 1000  # sacreBLEU's default number of bootstrap resamples
 SEED = 12345  # sacreBLEU's default seed (SACREBLEU_SEED)
@@ -98,6 +97,8 @@ def seed_p_value(baseline: dict, system: dict) -> float | None:
   differences = np.array([system[seed] - baseline[seed] for seed in seeds], np.float64)
   if len(seeds) < 2 or np.allclose(differences, differences[0], rtol=1e-9, atol=0.0):
     return None
+  from scipy import stats  # here, not at the top: it takes ~1 s and most commands need none
+
   return float(stats.ttest_1samp(differences, 0.0).pvalue)
 
 

@@ -67,8 +67,8 @@ from relpos import runtime
 from relpos.config import load_config_file
 from relpos.config.recorded import changes_from_recorded, with_added
 from relpos.studies import breakdown, significance
-from relpos.studies.figures import pyplot as plt
 from relpos.studies.figures import save as save_figure
+from relpos.studies.figures import subplots
 from relpos.training import run_config, tasks
 from relpos.training.preemption import PreemptedError
 
@@ -407,7 +407,7 @@ def write_tables(summary, rows, root: Path, field: str, metric: str, baseline) -
 def plot(summary: list[dict], rows: list[dict], root: Path, field: str, metric: str) -> Path:
   """sweep.png: the mean of the metric against the swept values, ±std error bars, and each
   seed's score as a dot beside its value's mean (with three seeds, the dots say more)."""
-  figure, axes = plt.subplots(figsize=(5, 3.5))
+  figure, axes = subplots(figsize=(5, 3.5))
   positions = range(len(summary))
   axes.errorbar(
     positions,
