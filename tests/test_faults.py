@@ -561,3 +561,29 @@ def test_the_step_memory_estimate_warns_before_training_when_it_will_not_fit():
   assert line.startswith('warning: the training step needs about 0.00 GiB per device') and (
     'small accelerator reports 0.00 GiB: it will likely run out of memory' in line
   ), line
+
+
+def test_a_checkpoint_of_another_model_is_refused_before_orbax_reads_it(tmp_path, monkeypatch):
+  """Restoring into other shapes names the first array that differs, and orbax never starts
+  the read (a read it abandons leaves coroutines that were never awaited, which Python
+  reports as 'Exception ignored in: <coroutine ...>' long after)."""
+  import gc
+
+  from relpos.training.checkpoints import Checkpoints
+
+  unraisable = []
+  monkeypatch.setattr(sys, 'unraisablehook', unraisable.append)
+  state = {'model': {'layers': [{'w': jnp.ones((4, 3))}], 'b': jnp.zeros(3)}}
+  checkpoints = Checkpoints(tmp_path, keep=2, writer=True)
+  checkpoints.save(1, state, {'step': 1})
+  checkpoints.commit()
+  assert checkpoints.restore(1, state)[0]['model']['layers'][0]['w'].shape == (4, 3)
+  other = {'model': {'layers': [{'w': jnp.ones((5, 3))}], 'b': jnp.zeros(3)}}
+  with pytest.raises(ValueError, match=r"model\['layers'\]\[0\]\['w'\] has shape \[4, 3\] in "):
+    checkpoints.restore(1, other)
+  with pytest.raises(ValueError, match=r"model\['c'\] is not in the checkpoint"):
+    checkpoints.restore(1, {'model': {'c': jnp.zeros(3)}})
+  with pytest.raises(ValueError, match=r'no readable checkpoint .*has shape \[4, 3\]'):
+    checkpoints.restore_latest(other)
+  gc.collect()
+  assert not unraisable

@@ -113,6 +113,14 @@ def last_good_in(workdir) -> str:
   return _name_last_good(directory, steps, 'no checkpoint was written yet')
 
 
+def _path_names(path) -> tuple[str, ...]:
+  """A pytree path as strings (orbax's metadata names a list's or an int-keyed dict's entries
+  '0', '1', ...)."""
+  return tuple(
+    str(getattr(key, 'key', getattr(key, 'idx', getattr(key, 'name', key)))) for key in path
+  )
+
+
 class _OrbaxSaveErrors(std_logging.Filter):
   """Drops orbax's ERROR records (with tracebacks) of a failed background save, and asyncio's
   "Task/Future exception was never retrieved" of its tasks (orbax gathers them and
@@ -263,7 +271,12 @@ class Checkpoints:
       shutil.rmtree(path, ignore_errors=True)
 
   def restore(self, step: int, like: dict):
-    """(the items named in `like`, each shaped like its pytree there, meta) of `step`."""
+    """(the items named in `like`, each shaped like its pytree there, meta) of `step`.
+
+    The arrays' shapes are compared with the checkpoint's metadata first: a checkpoint of
+    another model raises a ValueError naming the first array that differs, before orbax starts
+    reading (a read it abandons half way leaves coroutines that were never awaited)."""
+    self._check_shapes(step, like)
     args = {
       name: ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, tree))
       for name, tree in like.items()
@@ -272,6 +285,30 @@ class Checkpoints:
       step, args=ocp.args.Composite(**args, meta=ocp.args.JsonRestore())
     )
     return {name: restored[name] for name in like}, restored.meta
+
+  def _check_shapes(self, step: int, like: dict) -> None:
+    try:
+      metadata = self._manager.item_metadata(step)
+      saved = {
+        (name, *_path_names(path)): tuple(leaf.shape)
+        for name in like
+        for path, leaf in jax.tree_util.tree_flatten_with_path(metadata[name].tree)[0]
+        if hasattr(leaf, 'shape')
+      }
+    except Exception:  # noqa: BLE001 (no metadata to compare with: orbax's restore decides)
+      return
+    for name, tree in like.items():
+      for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        key, shape = (name, *_path_names(path)), getattr(leaf, 'shape', None)
+        if shape is None or jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+          continue
+        if key not in saved:
+          raise ValueError(f'{name}{jax.tree_util.keystr(path)} is not in the checkpoint')
+        if saved[key] != tuple(shape):
+          raise ValueError(
+            f'{name}{jax.tree_util.keystr(path)} has shape {list(saved[key])} in the checkpoint, '
+            f'{list(shape)} in this config'
+          )
 
   def restore_latest(self, like: dict):
     """(step, items, meta) of the newest readable checkpoint, or None if there is none.
