@@ -319,23 +319,35 @@ def call_absl_main(define, main, argv: list[str], parse=None):
   it for the command line `argv`: the flags `define()` defines in absl's global FLAGS, parsed
   by `parse` (default FLAGS itself), then main(the remaining arguments). Returns the
   SystemExit code (the `error: ...` text of a refused command) or None when main returned.
-  Afterwards the flags `define` added are gone, FLAGS is unparsed again if it was before, and
-  absl's log verbosity (which the tools' mains lower) is back."""
+  Flags other modules imported in this process defined (a benchmark's --config, say) are set
+  aside meanwhile, as the tool's own process would not have them. Afterwards the flags
+  `define` added are gone, those set aside are back, FLAGS is unparsed again if it was before,
+  and absl's log verbosity (which the tools' mains lower) is back."""
   from absl import flags, logging
 
-  before = set(flags.FLAGS)
-  was_parsed = flags.FLAGS.is_parsed()
+  registry = flags.FLAGS
+  aside = {
+    name: registry[name]
+    for name in list(registry)
+    if not (registry.find_module_defining_flag(name) or '').startswith('absl')
+  }
+  for name in aside:
+    delattr(registry, name)
+  before = set(registry)
+  was_parsed = registry.is_parsed()
   verbosity = logging.get_verbosity()
-  define()
   try:
-    main((parse or flags.FLAGS)(argv))
+    define()
+    main((parse or registry)(argv))
   except SystemExit as exit:
     return exit.code
   finally:
-    for name in set(flags.FLAGS) - before:
-      delattr(flags.FLAGS, name)
+    for name in set(registry) - before:
+      delattr(registry, name)
+    for name, flag in aside.items():
+      registry[name] = flag
     if not was_parsed:
-      flags.FLAGS.unparse_flags()
+      registry.unparse_flags()
     logging.set_verbosity(verbosity)
   return None
 

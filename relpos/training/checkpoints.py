@@ -287,14 +287,16 @@ class Checkpoints:
     return {name: restored[name] for name in like}, restored.meta
 
   def _check_shapes(self, step: int, like: dict) -> None:
+    saved = {}
     try:
-      metadata = self._manager.item_metadata(step)
-      saved = {
-        (name, *_path_names(path)): tuple(leaf.shape)
-        for name in like
-        for path, leaf in jax.tree_util.tree_flatten_with_path(metadata[name].tree)[0]
-        if hasattr(leaf, 'shape')
-      }
+      reader = ocp.StandardCheckpointer()
+      for name in like:
+        metadata = reader.metadata(self.directory / str(step) / name)
+        tree = getattr(metadata, 'item_metadata', metadata)
+        tree = getattr(tree, 'tree', tree)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+          if hasattr(leaf, 'shape'):
+            saved[(name, *_path_names(path))] = tuple(leaf.shape)
     except Exception:  # noqa: BLE001 (no metadata to compare with: orbax's restore decides)
       return
     for name, tree in like.items():
