@@ -130,7 +130,7 @@ p_env() {
 }
 p_native() {
   XLA_PYTHON_CLIENT_PREALLOCATE=false "$py" -m pytest tests/test_pallas.py tests/test_transformer_xl.py \
-    -k "$native_k" -n "$((smoke ? 0 : 4))" -rA -q -p no:cacheprovider
+    -k "$native_k" -m 'slow or not slow' -n "$((smoke ? 0 : 4))" -rA -q -p no:cacheprovider
 }
 p_resume() {
   # Deterministic GPU reductions, so that a resumed run can match bit for bit; a jaxlib that no

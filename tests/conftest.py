@@ -8,6 +8,42 @@ import jax
 import pytest
 
 
+@pytest.fixture(scope='session', autouse=True)
+def fewer_xla_optimizations_everywhere():
+  """XLA's optimisations mostly off for the whole run (jax_disable_most_optimizations), in this
+  process and, through the environment, in every process a test starts (train.py, the sweeps,
+  the benchmarks). The suite trains and evaluates tiny models whose time is mostly compiling:
+  this cuts a compile by 30-40% and changes results by float rounding only (the comparisons
+  are of one setting against itself, or to tolerances above it). A test marked
+  `xla_optimizations` (compile and memory reports) runs with them on."""
+  old = jax.config.read('jax_disable_most_optimizations')
+  old_environ = os.environ.get('JAX_DISABLE_MOST_OPTIMIZATIONS')
+  jax.config.update('jax_disable_most_optimizations', True)
+  os.environ['JAX_DISABLE_MOST_OPTIMIZATIONS'] = '1'
+  try:
+    yield
+  finally:
+    jax.config.update('jax_disable_most_optimizations', old)
+    if old_environ is None:
+      os.environ.pop('JAX_DISABLE_MOST_OPTIMIZATIONS', None)
+    else:
+      os.environ['JAX_DISABLE_MOST_OPTIMIZATIONS'] = old_environ
+
+
+@pytest.fixture(autouse=True)
+def _xla_optimizations_where_marked(request, monkeypatch):
+  """Optimisations back on for a test marked `xla_optimizations` (and its processes)."""
+  if request.node.get_closest_marker('xla_optimizations') is None:
+    yield
+    return
+  monkeypatch.delenv('JAX_DISABLE_MOST_OPTIMIZATIONS', raising=False)
+  jax.config.update('jax_disable_most_optimizations', False)
+  try:
+    yield
+  finally:
+    jax.config.update('jax_disable_most_optimizations', True)
+
+
 @pytest.fixture(scope='module')
 def attention_test_config():
   """JAX settings for the attention tests, opted into per module with

@@ -23,6 +23,7 @@ def _config(preset, **overrides):
   return config
 
 
+@pytest.mark.slow
 def test_every_kernel_of_the_gpu_preset_runs_and_is_measured_on_cpu(capsys):
   names = bench.kernel_names(_config('gpu'), 'cpu')
   assert 'cudnn: skipped' in capsys.readouterr().out

@@ -129,6 +129,7 @@ def test_non_finite_loss_stops_with_the_step(text_file, tmp_path):
     char_lm.TASK.train_and_evaluate(config, tmp_path / 'run')
 
 
+@pytest.mark.slow
 def test_bfloat16_trains_and_evaluates(text_file, tmp_path):
   config = _config(text_file, steps=4)
   config.model.dtype = 'bfloat16'

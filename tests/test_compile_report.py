@@ -7,12 +7,16 @@ from pathlib import Path
 import pytest
 from helpers import TINY_CHAR_LM, load_config, load_module
 
+# Memory and compile reports are of XLA's optimised programs.
+pytestmark = pytest.mark.xla_optimizations
+
 _BENCHMARKS = Path(__file__).resolve().parent.parent / 'benchmarks'
 with warnings.catch_warnings():
   warnings.simplefilter('ignore', DeprecationWarning)
   bench = load_module(_BENCHMARKS / 'compile_report.py', 'compile_report_benchmark')
 
 
+@pytest.mark.slow
 def test_remat_cuts_the_temporaries_and_keeps_the_arguments():
   config = load_config('char_tiny')
   config.model.update(TINY_CHAR_LM['model'], num_layers=3, d_model=32)
@@ -27,6 +31,7 @@ def test_remat_cuts_the_temporaries_and_keeps_the_arguments():
   assert all(row['compile_s'] > 0 and row['output'] > 0 for row in rows.values())
 
 
+@pytest.mark.slow
 def test_translation_batch_is_the_longest_bucket():
   config = load_config('translate_tiny')
   config.model.update(encoder_layers=1, decoder_layers=1, d_model=32, num_heads=2, d_ff=64)

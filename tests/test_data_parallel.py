@@ -103,6 +103,7 @@ def step_differences() -> dict:
   return {'devices': jax.device_count(), 'differences': differences}
 
 
+@pytest.mark.slow
 def test_one_step_on_4_devices_equals_the_1_device_step():
   done = subprocess.run(
     [sys.executable, __file__, 'step_differences'],
@@ -275,6 +276,7 @@ def _assert_identical(params):
     np.testing.assert_array_equal(first[name], second[name], err_msg=name)
 
 
+@pytest.mark.slow
 def test_two_processes_train_the_char_lm_in_sync_and_stop_together(tmp_path):
   text = write_word_corpus(tmp_path / 'corpus.txt')
   args = [
@@ -310,6 +312,7 @@ def test_two_processes_train_the_char_lm_in_sync_and_stop_together(tmp_path):
   assert (tmp_path / 'run' / 'eval_results.json').exists()
 
 
+@pytest.mark.slow
 def test_two_processes_train_the_translation_model_in_sync(tmp_path):
 
   write_pairs(tmp_path, 'train', 300, seed=0)

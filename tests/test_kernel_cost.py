@@ -72,6 +72,7 @@ def test_the_xl_forward_kernel_does_three_matmuls_per_tile_pair():
   assert calls[0][1] == (1, 2, 2)  # batch, heads, query tiles
 
 
+@pytest.mark.slow
 def test_the_report_puts_shaw_at_flash_work_and_xl_above_it():
   lines = kernel_cost.report(128, 16, [4], jnp.dtype('bfloat16'), batch=1, heads=1)
   ratios = {

@@ -32,6 +32,7 @@ def _char_study(config, root, evaluations):
   )
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures('fewer_xla_optimizations')
 def test_char_study_scores_each_model_at_every_setting_and_resumes(tmp_path, capsys):
   config = load_config('length_extrapolation', 'char_quick')
@@ -82,6 +83,7 @@ def test_evaluations_name_config_eval_fields():
     sweep.parse_evaluations(config, ['16'])
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures('fewer_xla_optimizations')
 def test_translation_study_scores_bleu_per_source_length_in_pieces(tmp_path):
   corpus = write_pair_corpus(tmp_path / 'corpus', train=200, eval=40)

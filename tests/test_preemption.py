@@ -80,6 +80,7 @@ def _sigterm_after_step(process, workdir, step) -> str:
       process.kill()
 
 
+@pytest.mark.slow
 def test_sigkill_then_rerun_continues_the_same_loss_trajectory(text_file, tmp_path):
   kwargs = dict(steps=60, checkpoint_every=3)
   straight, killed = tmp_path / 'straight', tmp_path / 'killed'
@@ -200,6 +201,7 @@ def test_sigterm_during_setup_stops_after_the_first_step(text_file, tmp_path, mo
   assert [p.name for p in (workdir / 'checkpoints').iterdir()] == ['1']
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_sweep_with_one_line_and_the_resume_exit_code(text_file, tmp_path):
   """`python -m relpos.studies.sweep` on SIGTERM: the run in progress saves, the sweep says so in
   one

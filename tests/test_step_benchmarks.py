@@ -42,6 +42,7 @@ def _table_rows(stdout: str) -> dict:
   return {cells[0].strip(): [cell.strip() for cell in cells[1:]] for cells in rows[1:]}
 
 
+@pytest.mark.slow
 def test_translate_step_times_split_batches_with_prng_lowerings_shaw_thresholds_and_kernels(
   tmp_path,
 ):
@@ -87,6 +88,7 @@ def test_translate_step_times_split_batches_with_prng_lowerings_shaw_thresholds_
     assert gflops > 0 and 0 < mfu_visible < mfu  # the decoder's masked pairs left out
 
 
+@pytest.mark.slow
 def test_char_lm_step_times_the_variants_asked_for(tmp_path):
   text = write_word_corpus(tmp_path / 'text.txt')
   stdout = _run(

@@ -248,6 +248,7 @@ def test_a_refused_command_exits_1_with_its_error_line_and_no_traceback(tmp_path
   assert not list(tmp_path.iterdir())  # nothing trained
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures('fewer_xla_optimizations')
 def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compilation_cache):
   """The issue's command at tiny sizes: two positions x two seeds, trained, evaluated, tested
@@ -314,6 +315,7 @@ def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compila
   assert (root / 'sweep_by_length.md').exists() and (root / 'sweep_by_length.png').exists()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures('fewer_xla_optimizations')
 def test_char_lm_sweep_of_k_end_to_end_with_bpc_p_values(tmp_path, run_compilation_cache):
   text = tmp_path / 'text.txt'

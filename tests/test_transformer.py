@@ -394,6 +394,7 @@ def test_remat_keeps_the_gradients(remat):
     assert max_diff(actual[...], expected[...]) <= 1e-6, path
 
 
+@pytest.mark.slow
 def test_scanned_layers_equal_the_loop_and_share_its_checkpoints():
   """scan_layers runs each stack as one lax.scan over the layers' stacked states: the same
   parameters (one set per layer, so checkpoints load either way), the same logits, and the

@@ -375,6 +375,7 @@ def test_scanned_layers_equal_the_loop(overrides):
     assert_allclose(actual, expected, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('position', ['xl', 'shaw'])
 def test_pallas_attention_equals_xla(position, monkeypatch):
   """attention_implementation='pallas' (interpreted on CPU, Triton on a GPU) reaches the

@@ -143,6 +143,7 @@ def _finish(process: subprocess.Popen, workdir: Path, timeout=300) -> str:
   return _output(workdir).strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_sigkill_then_rerun_continues_the_same_translation_run(corpus, tmp_path):
   straight, killed = tmp_path / 'straight', tmp_path / 'killed'
   straight_run = _start(corpus, straight)

@@ -142,6 +142,7 @@ def test_launchers_print_bleu_last(commands, corpus, tmp_path):
   assert lines[-2].startswith('sacreBLEU nrefs:1|') and lines[-1].startswith('bleu=')
 
 
+@pytest.mark.slow
 def test_overfits_a_tiny_corpus_to_high_bleu(corpus, tmp_path):
   """Decode, detokenise and BLEU fit together: a model that learned its pairs scores ~100."""
   config = _config(corpus, steps=400, position='absolute')
