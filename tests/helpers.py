@@ -300,20 +300,6 @@ def tiny_char_config(text_path: Path, *, steps: int, preset: str = 'xl'):
   return config
 
 
-class unoptimized_compiles:  # noqa: N801 (a context manager, used as a function)
-  """`with unoptimized_compiles():` XLA's optimisations mostly off inside the block
-  (jax_disable_most_optimizations), then as before. The tiny end-to-end runs spend most of
-  their time compiling: char_lm's 8-step run of test_char_lm_training took 18 s of CPU instead
-  of 31, with the same bits-per-char to 1e-9 (float rounding is all that changes)."""
-
-  def __enter__(self):
-    self._old = jax.config.read('jax_disable_most_optimizations')
-    jax.config.update('jax_disable_most_optimizations', True)
-
-  def __exit__(self, *exc):
-    jax.config.update('jax_disable_most_optimizations', self._old)
-
-
 def call_absl_main(define, main, argv: list[str], parse=None):
   """A tool's `main` called in this process as `app.run(main, flags_parser=parse)` would call
   it for the command line `argv`: the flags `define()` defines in absl's global FLAGS, parsed

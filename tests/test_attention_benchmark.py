@@ -8,10 +8,6 @@ import jax.numpy as jnp
 import pytest
 from helpers import REPO, load_config, load_module
 
-# Compiles (Pallas interpreted) dominate; the checks (every kernel runs, the Pallas ones agree
-# with XLA's within their tolerances) hold with XLA's optimisations off.
-pytestmark = pytest.mark.usefixtures('fewer_xla_optimizations')
-
 with warnings.catch_warnings():
   warnings.simplefilter('ignore', DeprecationWarning)
   bench = load_module(REPO / 'benchmarks' / 'attention.py', 'attention_benchmark')

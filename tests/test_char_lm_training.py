@@ -12,9 +12,6 @@ from helpers import load_config
 
 from relpos.training import char_lm_task as char_lm
 
-# Tiny runs, mostly compiling: XLA's optimisations off (helpers.unoptimized_compiles).
-pytestmark = pytest.mark.usefixtures('fast_compile')
-
 
 @pytest.fixture
 def text_file(tmp_path):

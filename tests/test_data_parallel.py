@@ -107,9 +107,7 @@ def step_differences() -> dict:
 def test_one_step_on_4_devices_equals_the_1_device_step():
   done = subprocess.run(
     [sys.executable, __file__, 'step_differences'],
-    # Most XLA optimisations off, as in the gradient accumulation test: both steps of each
-    # comparison are compiled alike, and compiling is most of this test's time.
-    env={**_forced_devices_env(4), 'JAX_DISABLE_MOST_OPTIMIZATIONS': '1'},
+    env=_forced_devices_env(4),
     capture_output=True,
     text=True,
     timeout=300,

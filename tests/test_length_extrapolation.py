@@ -33,7 +33,6 @@ def _char_study(config, root, evaluations):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures('fewer_xla_optimizations')
 def test_char_study_scores_each_model_at_every_setting_and_resumes(tmp_path, capsys):
   config = load_config('length_extrapolation', 'char_quick')
   _char_study(config, tmp_path, ['tgt_len=8', 'tgt_len=16', 'mem_len=8'])
@@ -84,7 +83,6 @@ def test_evaluations_name_config_eval_fields():
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures('fewer_xla_optimizations')
 def test_translation_study_scores_bleu_per_source_length_in_pieces(tmp_path):
   corpus = write_pair_corpus(tmp_path / 'corpus', train=200, eval=40)
   config = tiny_translate_config(corpus, steps=4, position='rope')

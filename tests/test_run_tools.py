@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import tiny_char_config, tiny_translate_config, unoptimized_compiles, write_pair_corpus
+from helpers import tiny_char_config, tiny_translate_config, write_pair_corpus
 
 from relpos.data.char_corpus import CharVocab
 from relpos.models.transformer_xl import TransformerXL
@@ -17,9 +17,6 @@ from relpos.tools import sample, translate
 from relpos.training import char_lm_task as char_lm
 from relpos.training import loop
 from relpos.training import translation_task as translate_task
-
-# Tiny runs, mostly compiling: XLA's optimisations off (helpers.unoptimized_compiles).
-pytestmark = pytest.mark.usefixtures('fast_compile')
 
 
 @pytest.fixture(scope='module')
@@ -29,8 +26,7 @@ def translation_run(tmp_path_factory):
   config.train.update(eval_every=0, checkpoint_every=0)
   config.eval.beam_size = 1
   workdir = root / 'run'
-  with unoptimized_compiles():
-    result = translate_task.TASK.train_and_evaluate(config, workdir)
+  result = translate_task.TASK.train_and_evaluate(config, workdir)
   return workdir, config, result
 
 
@@ -41,8 +37,7 @@ def char_run(tmp_path_factory):
   text.write_text('the cat sat on the mat. ' * 200)
   config = tiny_char_config(text, steps=2)
   workdir = root / 'run'
-  with unoptimized_compiles():
-    char_lm.TASK.train_and_evaluate(config, workdir)
+  char_lm.TASK.train_and_evaluate(config, workdir)
   return workdir, config
 
 

@@ -14,15 +14,10 @@ pytestmark = pytest.mark.usefixtures('attention_test_config')
 
 
 def _run(script: str, *flags: str) -> str:
-  # XLA's optimisations off (as fewer_xla_optimizations in-process): compiling the variants is
-  # most of the time, and nothing checked here depends on them (XLA's FLOP count is read from
-  # the lowered, unoptimised module; the rates are only checked to be positive and ordered).
-  env = {
-    **os.environ,
-    'RELPOS_CPU_DEVICES': '2',
-    'RELPOS_COMPILATION_CACHE': 'off',
-    'JAX_DISABLE_MOST_OPTIMIZATIONS': 'true',
-  }
+  # XLA's optimisations are mostly off here as in the whole run (conftest): nothing checked
+  # depends on them (XLA's FLOP count is read from the lowered, unoptimised module; the rates
+  # are only checked to be positive and ordered).
+  env = {**os.environ, 'RELPOS_CPU_DEVICES': '2', 'RELPOS_COMPILATION_CACHE': 'off'}
   env.pop('XLA_FLAGS', None)
   done = subprocess.run(
     [sys.executable, str(REPO / 'benchmarks' / script), *flags],

@@ -249,7 +249,6 @@ def test_a_refused_command_exits_1_with_its_error_line_and_no_traceback(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures('fewer_xla_optimizations')
 def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compilation_cache):
   """The issue's command at tiny sizes: two positions x two seeds, trained, evaluated, tested
   with sacreBLEU's paired bootstrap, tabulated; a second call keeps every finished run."""
@@ -316,7 +315,6 @@ def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compila
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures('fewer_xla_optimizations')
 def test_char_lm_sweep_of_k_end_to_end_with_bpc_p_values(tmp_path, run_compilation_cache):
   text = tmp_path / 'text.txt'
   text.write_text('the cat sat on the mat. ' * 300)
@@ -352,7 +350,6 @@ def test_char_lm_sweep_of_k_end_to_end_with_bpc_p_values(tmp_path, run_compilati
     assert sum(results['position_tokens']) == results['tokens']
 
 
-@pytest.mark.usefixtures('fewer_xla_optimizations')
 def test_an_eval_field_sweep_trains_once_per_seed_and_scores_every_value(
   tmp_path, run_compilation_cache
 ):

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import tiny_translate_config, unoptimized_compiles, write_pair_corpus
+from helpers import tiny_translate_config, write_pair_corpus
 
 from relpos.constants import PAD_ID
 from relpos.models.transformer import Transformer
@@ -38,11 +38,9 @@ def trained(corpus, tmp_path_factory):
   """(workdir, result) of an 8-step run of `_config` (Shaw, k = 3, checkpoints at 4 and 8),
   which the tests only read: their evaluations write to directories of their own."""
   workdir = tmp_path_factory.mktemp('trained') / 'run'
-  with unoptimized_compiles():  # tiny runs are mostly compiling
-    return workdir, translate.TASK.train_and_evaluate(_config(corpus, steps=8), workdir)
+  return workdir, translate.TASK.train_and_evaluate(_config(corpus, steps=8), workdir)
 
 
-@pytest.mark.usefixtures('fast_compile')
 def test_train_then_evaluate_writes_results(corpus, trained, tmp_path):
   workdir, result = trained
   assert 0 <= result['bleu'] <= 100 and 'tok:13a' in result['signature']
@@ -71,7 +69,6 @@ def test_train_then_evaluate_writes_results(corpus, trained, tmp_path):
   assert np.all(drift['decoder'][4:] == 0)
 
 
-@pytest.mark.usefixtures('fast_compile')
 def test_checkpoint_averaging_uses_the_last_checkpoints(corpus, trained, tmp_path):
   workdir, single = trained
   config = _config(corpus, steps=8)
