@@ -289,11 +289,9 @@ class Checkpoints:
   def _check_shapes(self, step: int, like: dict) -> None:
     saved = {}
     try:
-      reader = ocp.StandardCheckpointer()
+      handler = ocp.StandardCheckpointHandler()  # reads an item's array metadata, nothing else
       for name in like:
-        metadata = reader.metadata(self.directory / str(step) / name)
-        tree = getattr(metadata, 'item_metadata', metadata)
-        tree = getattr(tree, 'tree', tree)
+        tree = handler.metadata(self.directory / str(step) / name).tree
         for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
           if hasattr(leaf, 'shape'):
             saved[(name, *_path_names(path))] = tuple(leaf.shape)
