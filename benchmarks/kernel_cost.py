@@ -32,6 +32,7 @@ What the GPU measured goes beside these in docs/kernels.md.
 """
 
 import dataclasses
+import math
 import re
 import sys
 
@@ -39,14 +40,21 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
+from relpos import flops as flops_lib
 from relpos import runtime
 from relpos.attention import shaw_attention, xl_attention
 from relpos.attention.pallas_common import DEFAULT_BLOCK
 from relpos.attention.pallas_xl import DEFAULT_XL_BLOCK
 
-# Data-sheet dense bf16 TFLOP/s (as relpos.flops.PEAKS) and memory bandwidth, TB/s: NVIDIA H100
-# SXM (3.35 TB/s HBM3) and H200 (4.8 TB/s HBM3e) data sheets.
-GPUS = {'H100 SXM': (989.4, 3.35), 'H200': (989.4, 4.8)}
+# (dense bf16 TFLOP/s from relpos.flops.PEAKS, memory bandwidth in TB/s from the NVIDIA H100 SXM
+# (3.35 TB/s HBM3) and H200 (4.8 TB/s HBM3e) data sheets), by the device kind JAX reports.
+GPUS = {
+  name: (flops_lib.device_peak(kind, 'bfloat16').tflops, tb_per_s)
+  for name, kind, tb_per_s in (
+    ('H100 SXM', 'NVIDIA H100 80GB HBM3', 3.35),
+    ('H200', 'NVIDIA H200', 4.8),
+  )
+}
 
 # JAX's flash attention tiles, as its mha defaults: the forward kernel, the backward kernel (its
 # dk/dv loop and its dq loop take the same 32 x 32 tiles).
@@ -69,13 +77,6 @@ class Work:
 
   def scaled(self, factor):
     return Work(self.flops * factor, self.bytes * factor)
-
-
-def _prod(dims: str) -> int:
-  result = 1
-  for d in dims.split('x'):
-    result *= int(d)
-  return result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +108,7 @@ def read_ir(text: str) -> KernelWork:
       work = Work(flops=2.0 * m * k * n)
     elif match := _MEMORY.search(line):
       _, dims, dtype = match.groups()
-      work = Work(bytes=float(_prod(dims) * _BYTES.get(dtype, 4)))
+      work = Work(bytes=float(math.prod(map(int, dims.split('x'))) * _BYTES.get(dtype, 4)))
     if 'loop' not in regions:
       program += work
     elif 'branch' in regions[regions.index('loop') :]:
@@ -138,15 +139,12 @@ def causal_tile_pairs(q_len: int, kv_len: int, block_q: int, block_k: int, band:
     for kt in range(-(-kv_len // block_k)):
       if not _visible(q_len, kv_len, block_q, block_k, qt, kt):
         continue
-      if band:
-        memory = kv_len - q_len
-        nearest = min((qt + 1) * block_q, q_len) - 1 + memory  # the tile's last position
-        first_position = qt * block_q + memory
-        last_key = min((kt + 1) * block_k, kv_len) - 1
-        # the closest visible pair: a key as late as the positions allow
-        gap = max(0, first_position - last_key, kt * block_k - nearest)
-        if gap >= band:
-          continue
+      # A visible tile's closest pair is its first position against its last key (or 0 apart
+      # where the key range reaches the positions).
+      first_position = qt * block_q + kv_len - q_len
+      last_key = min((kt + 1) * block_k, kv_len) - 1
+      if band and first_position - last_key >= band:
+        continue
       count += 1
   return count
 

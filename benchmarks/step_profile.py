@@ -66,7 +66,6 @@ _INSTRUCTION = re.compile(
   r'^\s*(?P<root>ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*.*?\s(?P<opcode>[a-z][\w\-]*)\((?P<rest>.*)$'
 )
 _COMPUTATION = re.compile(r'^\s*(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$')
-_DERIVED_LINES = ('XLA Modules', 'Steps', 'Framework', 'Source', 'XLA TraceMe', 'TensorFlow')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,10 +158,6 @@ class Event:
   duration_ns: float
 
 
-def _stats(event) -> dict:
-  return dict(event.stats)
-
-
 _HLO_OP_IN_TEXT = re.compile(r'hlo_op=([^,#\s]+)')
 
 
@@ -226,13 +221,11 @@ def device_events(trace_dir: str | Path) -> tuple[list[Event], list[str]]:
     elif plane.name == '/host:CPU' and not any(p.name.startswith('/device:') for p in data.planes):
       chosen = [line for line in plane.lines if line.name.startswith('tf_XLA')]
     for line in chosen:
-      if any(line.name.startswith(d) for d in _DERIVED_LINES):
-        continue
       found = 0
       for event in line.events:
         if event.duration_ns <= 0:
           continue
-        stats = _stats(event)
+        stats = dict(event.stats)
         if not plane.name.startswith('/device:') and 'hlo_op' not in stats:
           continue  # a CPU thread's bookkeeping, not an XLA op
         op = _op_of(event.name, stats)

@@ -513,7 +513,7 @@ def _train(task: Task, config, workdir: Path, preemption, allow_config_change, r
   progress = Progress(
     train_config.steps, start_step, flops_lib.devices_peak(mesh.devices.flat, dtype)
   )
-  interval_sums, interval_flops = [], [0.0]
+  interval_sums = []
 
   def save(step):
     checkpoints.save(step, state, {'step': step, **run.checkpoint_meta})
@@ -528,8 +528,7 @@ def _train(task: Task, config, workdir: Path, preemption, allow_config_change, r
         f'loss is {loss} at step {done}; the last good checkpoint is kept in '
         f'{checkpoints.directory}'
       )
-    tokens_per_second, speed = progress.report(done, int(totals['tokens']), interval_flops[0])
-    interval_flops[0] = 0.0
+    tokens_per_second, speed = progress.report(done, int(totals['tokens']))
     scalars = {
       'train/loss': loss,
       **task.train_scalars(totals),
@@ -557,7 +556,7 @@ def _train(task: Task, config, workdir: Path, preemption, allow_config_change, r
       state, sums = run.step(state, batch)
       interval_sums.append(sums)
       if run.step_flops is not None and progress.peak_flops:
-        interval_flops[0] += run.step_flops(batch)
+        progress.count(run.step_flops(batch))
       done = step + 1
       if done % train_config.log_every == 0 or done == train_config.steps:
         log(done)

@@ -17,19 +17,23 @@ class Progress:
 
   def __init__(self, total_steps: int, start_step: int = 0, peak_flops: float | None = None):
     self.total_steps, self.peak_flops = total_steps, peak_flops
-    self._step, self._time = start_step, time.perf_counter()
+    self._step, self._time, self._flops = start_step, time.perf_counter(), 0.0
     self.mfu = None  # of the last report, or None
 
-  def report(self, step: int, tokens: int, flops: float = 0.0) -> tuple[float, str]:
-    """(tokens per second, 'tok/s | MFU | ETA' text) at `step`, `tokens` processed and `flops`
-    model FLOPs done since the last report (MFU only where both the FLOPs and a peak are
-    known)."""
+  def count(self, flops: float) -> None:
+    """Adds a step's model FLOPs to the interval's (only worth calling with a peak)."""
+    self._flops += flops
+
+  def report(self, step: int, tokens: int) -> tuple[float, str]:
+    """(tokens per second, 'tok/s | MFU | ETA' text) at `step`, `tokens` processed since the
+    last report (MFU only where FLOPs were counted and the peak is known)."""
     now = time.perf_counter()
     seconds = now - self._time
     seconds_per_step = seconds / max(1, step - self._step)
     self._step, self._time = step, now
     tokens_per_second = tokens / seconds
     eta = _duration(seconds_per_step * max(0, self.total_steps - step))
+    flops, self._flops = self._flops, 0.0
     self.mfu = flops / seconds / self.peak_flops if flops and self.peak_flops else None
     utilisation = '' if self.mfu is None else f' | MFU {100 * self.mfu:.1f}%'
     return tokens_per_second, f'{tokens_per_second / 1e3:.1f}k tok/s{utilisation} | ETA {eta}'
