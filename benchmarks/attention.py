@@ -17,12 +17,23 @@ so the table compares kernels, not machines. Kernels (`config.kernels`):
   on CPU: slow);
 - xl, xl_pallas: `xl_attention` with `implementation='xla'` and `'pallas'`;
 - a Pallas kernel with `@QxK`, e.g. shaw_pallas@128x64: that kernel with `block_sizes=(Q, K)`
-  instead of its default tiles, so that one run can compare tilings.
+  instead of its default tiles, so that one run can compare tilings;
+- flash_pallas, flash_mosaic: JAX's own Pallas flash attention, without relative terms, as
+  ceilings of what each Pallas backend reaches at these shapes: `flash_pallas` is the Triton
+  backend's (`jax.experimental.pallas.ops.gpu.attention.mha`, the backend of relpos's fused
+  kernels; interpreted on a CPU), `flash_mosaic` Mosaic GPU's FA3-style kernel
+  (`attention_mgpu.attention`: wgmma and TMA, Hopper; GPU only). flash_mosaic runs in float16
+  (its shared-memory buffers are float16; the same tensor-core rate as bf16) and forward only:
+  its backward does not take a causal mask, so its fwd+bwd row is left out, with the reason.
+
+A function that fails to lower or compile (a tiling over the GPU's shared memory, a kernel
+without a backward pass) is left out of the table with one line saying why; the rest run.
 
 Every function is compiled before any is timed, `config.compile_threads` at a time (0: one
-per core); kernels without a k (vanilla, cudnn, xl, xl_pallas) once per n, timed in each k's
-row. Each Pallas kernel's outputs (fwd) and gradients (fwd+bwd) are checked against its
-XLA implementation on the same inputs: "error vs xla" is max |pallas - xla| / max |xla|.
+per core); kernels without a k (vanilla, cudnn, flash_*, xl, xl_pallas) once per n, timed in
+each k's row. Each Pallas kernel's outputs (fwd) and gradients (fwd+bwd) are checked against
+its XLA implementation on the same inputs (JAX's flash kernels against vanilla attention):
+"error vs xla" is max |pallas - xla| / max |xla|.
 A timing is `config.repeats` calls dispatched back to back (more than one on a GPU, so that
 short kernels are not timed as the host's dispatch).
 
@@ -55,11 +66,26 @@ from relpos.flops import device_peak
 from relpos.studies.figures import pyplot as plt
 from relpos.studies.figures import save as save_figure
 
-KERNELS = ('vanilla', 'cudnn', 'shaw', 'banded', 'dense', 'shaw_pallas', 'xl', 'xl_pallas')
+KERNELS = (
+  'vanilla',
+  'cudnn',
+  'flash_pallas',
+  'flash_mosaic',
+  'shaw',
+  'banded',
+  'dense',
+  'shaw_pallas',
+  'xl',
+  'xl_pallas',
+)
+# Kernels that run only on an NVIDIA GPU (left out elsewhere, with a line saying so).
+GPU_ONLY = ('cudnn', 'flash_mosaic')
 # The kernels whose inputs depend on the clipping distance k (the others are lowered once per n).
 USES_K = ('shaw', 'banded', 'dense', 'shaw_pallas')
-# Each Pallas kernel's XLA implementation, which its outputs and gradients are checked against.
+# relpos's Pallas kernels (they take tiles) and their XLA implementations.
 XLA_OF_PALLAS = {'shaw_pallas': 'shaw', 'xl_pallas': 'xl'}
+# What each Pallas kernel's outputs and gradients are checked against ("error vs xla").
+CHECKED_AGAINST = {**XLA_OF_PALLAS, 'flash_pallas': 'vanilla', 'flash_mosaic': 'vanilla'}
 
 
 def split_tiles(name: str):
@@ -87,6 +113,7 @@ def _kernels(names, n, k, heads, head_dim, dtype):
   xl_params = (table(n, heads, head_dim), table(heads, head_dim), table(heads, head_dim))
   shaw = attention.shaw_attention
   xl = attention.xl_attention
+  interpret = jax.default_backend() != 'gpu'
   kernels = {
     'vanilla': (lambda q, key, v, p: attention.dot_product_attention(q, key, v, mask=mask), ()),
     'cudnn': (
@@ -95,6 +122,11 @@ def _kernels(names, n, k, heads, head_dim, dtype):
       ),
       (),
     ),
+    'flash_pallas': (
+      lambda q, key, v, p: _jax_flash_triton(q, key, v, interpret=interpret),
+      (),
+    ),
+    'flash_mosaic': (lambda q, key, v, p: _jax_flash_mosaic(q, key, v), ()),
     'shaw': (lambda q, key, v, p: shaw(q, key, v, *p, mask=mask), shaw_tables),
     'banded': (
       lambda q, key, v, p: attention.shaw_attention_banded(q, key, v, *p, mask=mask),
@@ -121,6 +153,25 @@ def _kernels(names, n, k, heads, head_dim, dtype):
   return {name: kernel(name) for name in names}
 
 
+def _jax_flash_triton(q, key, v, *, interpret):
+  """JAX's Pallas (Triton) flash attention, causal, scaled by 1/sqrt(head_dim)."""
+  from jax.experimental.pallas.ops.gpu import attention as triton_flash
+
+  scale = 1.0 / np.sqrt(q.shape[-1])
+  return triton_flash.mha(q, key, v, None, sm_scale=scale, causal=True, interpret=interpret)
+
+
+def _jax_flash_mosaic(q, key, v):
+  """JAX's Mosaic GPU flash attention (FA3-style), causal, in float16 (its shared-memory
+  buffers are float16), queries scaled by 1/sqrt(head_dim) (the kernel does not scale)."""
+  from jax.experimental.pallas.ops.gpu import attention_mgpu
+
+  config = attention_mgpu.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, causal=True)
+  half = lambda x: x.astype(jnp.float16)  # noqa: E731
+  q = q * (1.0 / np.sqrt(q.shape[-1]))
+  return attention_mgpu.attention(half(q), half(key), half(v), config).astype(v.dtype)
+
+
 def _forward_and_backward(fn):
   """fwd+bwd: gradients of <fn(q, key, v, p), cotangent> w.r.t. q, key, v and p (the cotangent
   is an argument: a closed-over array would be a constant that XLA folds while compiling)."""
@@ -133,7 +184,8 @@ def _forward_and_backward(fn):
 
 
 def lower_row(names, n, k, *, batch, heads, head_dim, dtype):
-  """({(kernel, pass): jax.stages.Lowered}, {(kernel, pass): its arguments}) at one (n, k)."""
+  """({(kernel, pass): jax.stages.Lowered, or the exception its lowering raised},
+  {(kernel, pass): its arguments}) at one (n, k)."""
   rng = np.random.default_rng(1)
   q, key, v, cotangent = (
     jnp.asarray(rng.normal(size=(batch, n, heads, head_dim)), dtype) for _ in range(4)
@@ -143,7 +195,10 @@ def lower_row(names, n, k, *, batch, heads, head_dim, dtype):
     arguments[name, 'fwd'] = (q, key, v, params)
     arguments[name, 'fwd+bwd'] = (q, key, v, params, cotangent)
     for mode, f in (('fwd', fn), ('fwd+bwd', _forward_and_backward(fn))):
-      lowered[name, mode] = jax.jit(f).lower(*arguments[name, mode])
+      try:
+        lowered[name, mode] = jax.jit(f).lower(*arguments[name, mode])
+      except Exception as error:  # reported by the caller, like a failed compile
+        lowered[name, mode] = error
   return lowered, arguments
 
 
@@ -151,9 +206,12 @@ def compile_all(lowered: dict, threads: int) -> tuple[dict, dict]:
   """({key: jax.stages.Compiled}, {key: the exception of a compile that failed}) of
   {key: Lowered}, `threads` compiles at a time: XLA releases the GIL while it compiles, so on
   a GPU the Pallas kernels' slow Triton compiles overlap. A failed compile (a tiling over the
-  GPU's shared memory, say) costs its own rows, not the run's."""
+  GPU's shared memory, say) costs its own rows, not the run's; so does a lowering that failed
+  (an exception in place of the Lowered, from `lower_row`)."""
 
   def compile_one(stage):
+    if isinstance(stage, Exception):
+      return stage
     try:
       return stage.compile()
     except Exception as error:  # reported by the caller, row by row
@@ -188,9 +246,9 @@ def measure_row(compiled, arguments, *, rounds, repeats=1):
   calls = {key: functools.partial(fn, *arguments[key]) for key, fn in compiled.items()}
   memory = {key: fn.memory_analysis().temp_size_in_bytes for key, fn in compiled.items()}
   errors = {
-    (name, mode): relative_error(call(), calls[XLA_OF_PALLAS[split_tiles(name)[0]], mode]())
+    (name, mode): relative_error(call(), calls[CHECKED_AGAINST[split_tiles(name)[0]], mode]())
     for (name, mode), call in calls.items()
-    if (XLA_OF_PALLAS.get(split_tiles(name)[0]), mode) in calls
+    if (CHECKED_AGAINST.get(split_tiles(name)[0]), mode) in calls
   }
   seconds = interleaved_median_seconds(calls, rounds=rounds, repeats=repeats)
   return seconds, memory, errors
@@ -214,7 +272,8 @@ def peak_tflops(config, device_kind: str) -> float:
 
 
 def kernel_names(config, platform: str) -> list:
-  """config.kernels, checked, with vanilla first; cudnn dropped (and said) off NVIDIA GPUs."""
+  """config.kernels, checked, with vanilla first; GPU-only kernels dropped (and said) off
+  NVIDIA GPUs."""
   names = list(config.kernels)
   try:
     unknown = sorted(name for name in names if split_tiles(name)[0] not in KERNELS)
@@ -222,9 +281,10 @@ def kernel_names(config, platform: str) -> list:
     raise SystemExit(f'config.kernels: {error}') from None
   if unknown:
     raise SystemExit(f'config.kernels: unknown {unknown}; choose from {", ".join(KERNELS)}')
-  if 'cudnn' in names and platform != 'gpu':
-    print(f'cudnn: skipped, it needs an NVIDIA GPU (this is {platform})')
-    names.remove('cudnn')
+  for name in GPU_ONLY:
+    if name in names and platform != 'gpu':
+      print(f'{name}: skipped, it needs an NVIDIA GPU (this is {platform})')
+      names.remove(name)
   return ['vanilla'] + [name for name in names if name != 'vanilla']
 
 
@@ -304,7 +364,7 @@ def main(config):
   for (n, k, name, mode), error in failed.items():
     first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
     where = f'n = {n}' if k is None else f'n = {n}, k = {k}'
-    print(f'{name} {mode} at {where}: did not compile, left out: {first_line[:300]}')
+    print(f'{name} {mode} at {where}: did not lower or compile, left out: {first_line[:300]}')
   header = (
     '| n | k | batch | pass | kernel | ms | time / vanilla | TFLOP/s | % of peak | temp MiB '
     '| temp / vanilla | error vs xla |'

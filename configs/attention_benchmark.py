@@ -39,5 +39,16 @@ def get_config(preset: str = 'full') -> ml_collections.ConfigDict:
     # Few calls: on an H200 the Pallas kernels took up to 0.5 s per fwd+bwd call at n = 512.
     config.rounds = 3
     config.repeats = 3
-    config.kernels = ('vanilla', 'cudnn', 'shaw', 'shaw_pallas', 'xl', 'xl_pallas')
+    # JAX's own Pallas flash kernels (Triton, Mosaic GPU) beside cuDNN: what each backend
+    # reaches without relative terms, the ceilings of relpos's fused kernels.
+    config.kernels = (
+      'vanilla',
+      'cudnn',
+      'flash_pallas',
+      'flash_mosaic',
+      'shaw',
+      'shaw_pallas',
+      'xl',
+      'xl_pallas',
+    )
   return config

@@ -22,8 +22,9 @@ def _config(preset, **overrides):
 @pytest.mark.slow
 def test_every_kernel_of_the_gpu_preset_runs_and_is_measured_on_cpu(capsys):
   names = bench.kernel_names(_config('gpu'), 'cpu')
-  assert 'cudnn: skipped' in capsys.readouterr().out
-  assert names == ['vanilla', 'shaw', 'shaw_pallas', 'xl', 'xl_pallas']
+  out = capsys.readouterr().out
+  assert 'cudnn: skipped' in out and 'flash_mosaic: skipped' in out
+  assert names == ['vanilla', 'flash_pallas', 'shaw', 'shaw_pallas', 'xl', 'xl_pallas']
   lowered, arguments = bench.lower_row(
     names, 17, 3, batch=2, heads=2, head_dim=8, dtype=jnp.bfloat16
   )
@@ -33,7 +34,8 @@ def test_every_kernel_of_the_gpu_preset_runs_and_is_measured_on_cpu(capsys):
   assert set(seconds) == {(name, mode) for name in names for mode in ('fwd', 'fwd+bwd')}
   assert all(s > 0 for s in seconds.values()) and set(memory) == set(seconds)
   # Each Pallas kernel agrees with its XLA implementation (bf16 inputs: a few 1e-3).
-  pallas = {(name, mode) for name in ('shaw_pallas', 'xl_pallas') for mode in ('fwd', 'fwd+bwd')}
+  checked = ('flash_pallas', 'shaw_pallas', 'xl_pallas')
+  pallas = {(name, mode) for name in checked for mode in ('fwd', 'fwd+bwd')}
   assert set(errors) == pallas and all(0 < e < 3e-2 for e in errors.values()), errors
 
 
@@ -102,3 +104,23 @@ def test_plot_ratios_draws_a_png(tmp_path):
   }
   out = bench.plot_ratios(ratios, tmp_path / 'ratios.png')
   assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_jax_flash_ceilings_run_or_are_left_out_with_their_reason(capsys):
+  """flash_pallas (JAX's Triton flash attention, interpreted here) agrees with vanilla attention
+  forward and backward; flash_mosaic is GPU-only (said, not run); a kernel whose lowering
+  raises is left out of its row with its error, and the rest still compile."""
+  config = _config('quick', kernels=('flash_pallas', 'flash_mosaic'))
+  names = bench.kernel_names(config, 'cpu')
+  assert 'flash_mosaic: skipped, it needs an NVIDIA GPU' in capsys.readouterr().out
+  assert names == ['vanilla', 'flash_pallas']
+  lowered, arguments = bench.lower_row(
+    names + ['flash_mosaic'], 128, 0, batch=1, heads=2, head_dim=16, dtype=jnp.float32
+  )
+  assert isinstance(lowered['flash_mosaic', 'fwd+bwd'], Exception)  # no CUDA, no causal bwd
+  compiled, failed = bench.compile_all(lowered, threads=2)
+  assert {name for name, _ in failed} == {'flash_mosaic'}
+  seconds, _, errors = bench.measure_row(compiled, arguments, rounds=1)
+  assert set(seconds) == {(name, mode) for name in names for mode in ('fwd', 'fwd+bwd')}
+  assert set(errors) == {('flash_pallas', 'fwd'), ('flash_pallas', 'fwd+bwd')}
+  assert all(e < 1e-4 for e in errors.values()), errors
