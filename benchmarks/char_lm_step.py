@@ -12,7 +12,8 @@ the xl and shaw rows are 'auto', the _xla and _pallas rows name each kernel, so 
 checked against the faster of the two).
 
 Builds the config's model once per `config.model.position` mode (xl, shaw, absolute, none;
-the xl row also without memory; xl and shaw also with each kernel named instead of 'auto'),
+the xl row also without memory, and without dropout (what its random bits and masks cost);
+xl and shaw also with each kernel named instead of 'auto'),
 times the jitted train step (forward, backward, Adam update)
 on a fixed random batch with the modes interleaved round by round, and prints ms/step,
 tokens/s and the ratio to 'xl', then each step's model FLOPs (`relpos.flops.char_lm_flops`, a
@@ -58,6 +59,11 @@ _VARIANTS = {
   'shaw': ('shaw', {'model': {'position': 'shaw'}}),
   'absolute': ('absolute', {'model': {'position': 'absolute'}}),
   'none': ('none', {'model': {'position': 'none'}}),
+  # What dropout (its random bits and masks) costs in the step.
+  'xl_nodropout': (
+    'xl, no dropout',
+    {'model': {'position': 'xl', 'dropout': 0.0, 'attention_dropout': 0.0}},
+  ),
   # Each kernel named, against 'auto' (on a GPU the faster of the two: relpos.attention.autotune).
   **{
     f'{position}_{kernels}': (

@@ -175,7 +175,8 @@ p_steps_f32() { variants=xl,xl_xla,shaw,shaw_xla,absolute char_steps; }
 # bf16 also profiles each variant: 2 traced steps, their time by op category and pass
 # (benchmarks/step_profile.py); each variant's headline goes into the markdown log.
 p_steps_bf16() {
-  variants=xl,xl_xla,shaw,shaw_xla char_steps --config.model.dtype=bfloat16 --profile_steps=2 |
+  variants=xl,xl_xla,xl_nodropout,shaw,shaw_xla char_steps --config.model.dtype=bfloat16 \
+    --profile_steps=2 |
     tee "$logs/steps_bf16.profile"
   local status=${PIPESTATUS[0]}
   profile_results "$logs/steps_bf16.profile"
@@ -335,7 +336,7 @@ report
 # Timed, one at a time.
 part autotune 60 # first: its decisions, cached on disk, are the 'auto' rows of the steps below
 part steps_f32 110
-part steps_bf16 100
+part steps_bf16 120
 part translate_step 80
 part xl_official 70
 report
