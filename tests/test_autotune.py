@@ -126,7 +126,9 @@ def test_distinct_signatures_get_distinct_entries(tmp_path):
   assert len({s.text() for s in signatures}) == len(signatures)
 
 
-@pytest.mark.parametrize('content', ['{not json', '[1, 2]', '{"k": {"choice": 3}}', '{"k": 1}'])
+@pytest.mark.parametrize(
+  'content', ['{not json', '[1, 2]', '{"k": {"choice": 3}}', '{"k": {"choice": "xla"}}', '{"k": 1}']
+)
 def test_a_corrupt_cache_is_ignored_with_a_warning_and_rewritten(tmp_path, caplog, content):
   path = tmp_path / 'autotune.json'
   path.write_text(content)

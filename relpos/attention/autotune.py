@@ -373,7 +373,8 @@ def read_cache(path: Path | None) -> dict:
   try:
     entries = json.loads(path.read_text())
     if not isinstance(entries, dict) or not all(
-      isinstance(e, dict) and isinstance(e.get('choice'), str) for e in entries.values()
+      isinstance(e, dict) and isinstance(e.get('choice'), str) and isinstance(e.get('ms'), dict)
+      for e in entries.values()
     ):
       raise ValueError('not a dict of {"choice": ..., "ms": ...} entries')
     return entries
