@@ -1,9 +1,10 @@
 """relpos.attention.autotune on a CPU: tuning forced on, with injected timers.
 
 Each test installs a fresh tuner (`autotune.tuning`) whose timer returns set times per
-candidate, so the mechanism (choice, caches, log line, agreement, use by the kernels under
-jit, grad and scan) is checked without timing anything real; one test runs the real timer.
-Shapes are tiny: the 'pallas' candidate runs interpreted here.
+candidate, so the mechanism (choice among 'xla' and the Pallas tilings, caches, log line,
+agreement, use by the kernels under jit, grad and scan, the tiles reaching the Pallas kernel)
+is checked without timing anything real; one test runs the real timer. Shapes are tiny: the
+'pallas' candidates run interpreted here.
 """
 
 import importlib
@@ -18,6 +19,7 @@ import pytest
 
 from relpos import runtime
 from relpos.attention import autotune, shaw_attention, xl_attention
+from relpos.attention.pallas_common import parse_choice, tiles_name
 from relpos.config import load_config_file
 
 B, Q, K, H, D = 2, 8, 12, 2, 16  # batch, q_len, kv_len, heads, head_dim
@@ -43,17 +45,17 @@ def _signature(**changes):
   return autotune.Signature(**(fields | changes))
 
 
-def _times(xla_ms, pallas_ms, calls=None, run=False):
-  """A timer returning the given ms per candidate, recording each name in `calls` and running
-  the candidate once when `run`."""
-  table = {'xla': xla_ms * 1e-3, 'pallas': pallas_ms * 1e-3}
+def _times(xla_ms, pallas_ms, calls=None, run=False, tiles_ms=None):
+  """A timer returning the given ms per candidate ('pallas@QxK' ones from the dict
+  `tiles_ms`), recording each name in `calls` and running the candidate once when `run`."""
+  table = {'xla': xla_ms, 'pallas': pallas_ms} | (tiles_ms or {})
 
   def timer(name, fn):
     if calls is not None:
       calls.append(name)
     if run:
       jax.block_until_ready(fn())
-    return table[name]
+    return table[name] * 1e-3
 
   return timer
 
@@ -124,7 +126,9 @@ def test_distinct_signatures_get_distinct_entries(tmp_path):
   assert len({s.text() for s in signatures}) == len(signatures)
 
 
-@pytest.mark.parametrize('content', ['{not json', '[1, 2]', '{"k": {"choice": "cudnn"}}'])
+@pytest.mark.parametrize(
+  'content', ['{not json', '[1, 2]', '{"k": {"choice": 3}}', '{"k": {"choice": "xla"}}', '{"k": 1}']
+)
 def test_a_corrupt_cache_is_ignored_with_a_warning_and_rewritten(tmp_path, caplog, content):
   path = tmp_path / 'autotune.json'
   path.write_text(content)
@@ -166,16 +170,17 @@ def test_processes_use_the_agreed_choice_and_only_process_0_times(tmp_path, monk
   nor writes the cache and still calls the broadcast once per new signature."""
   agreed = []
 
-  def agree(choice):
-    agreed.append(choice)
+  def agree(choice, names):
+    agreed.append((choice, names))
     return 'xla'
 
   with autotune.tuning(timer=_times(2.0, 1.0), agree=agree) as tuner:
     assert tuner.choose(_signature(), NO_RUN) == 'xla'
-  assert agreed == ['pallas']
+  assert agreed == [('pallas', ('xla', 'pallas'))]
   monkeypatch.setattr(jax, 'process_index', lambda: 1)
   path = tmp_path / 'autotune.json'
-  with autotune.tuning(timer=_failing_timer, cache_path=path, agree=lambda c: 'pallas') as tuner:
+  agree_pallas = lambda choice, names: 'pallas'  # noqa: E731
+  with autotune.tuning(timer=_failing_timer, cache_path=path, agree=agree_pallas) as tuner:
     assert tuner.choose(_signature(), NO_RUN) == 'pallas'
     assert tuner.choose(_signature(), NO_RUN) == 'pallas'
   assert [d.source for d in tuner.decisions] == ['process 0'] and not path.exists()
@@ -215,15 +220,17 @@ def test_timed_mask_is_causal_where_it_has_a_query_axis():
   assert autotune.dummy_mask(_signature()) is None
 
 
-def _shaw_inputs(rng):
-  q, k, v = (rng.standard_normal(s, np.float32) for s in [(B, Q, H, D)] + [(B, K, H, D)] * 2)
+def _shaw_inputs(rng, q_len=Q, kv_len=K):
+  shapes = [(B, q_len, H, D)] + [(B, kv_len, H, D)] * 2
+  q, k, v = (rng.standard_normal(s, np.float32) for s in shapes)
   tables = rng.standard_normal((2, 5, D), np.float32)
   return q, k, v, tables[0], tables[1]
 
 
-def _xl_inputs(rng):
-  q, k, v = (rng.standard_normal(s, np.float32) for s in [(B, Q, H, D)] + [(B, K, H, D)] * 2)
-  rel = rng.standard_normal((K, H, D), np.float32)
+def _xl_inputs(rng, q_len=Q, kv_len=K):
+  shapes = [(B, q_len, H, D)] + [(B, kv_len, H, D)] * 2
+  q, k, v = (rng.standard_normal(s, np.float32) for s in shapes)
+  rel = rng.standard_normal((kv_len, H, D), np.float32)
   u, w = rng.standard_normal((2, H, D), np.float32)
   return q, k, v, rel, u, w
 
@@ -293,6 +300,254 @@ def test_auto_resolves_once_inside_a_scan_over_layers():
     np.testing.assert_array_equal(auto, jax.jit(jax.grad(loss))(q))
 
 
+# ------------------------------------------------------------------------------------------
+# Pallas tilings as candidates.
+
+TQ = TK = 64  # lengths at which both kernels have tilings besides the default
+
+
+def test_candidates_are_xla_and_pallas_at_the_tilings_that_fit():
+  """'xla', the default tiles ('pallas'), then each of TILINGS that fits the padded lengths and
+  is not the default's tiles; with given tiles, 'xla' and those."""
+  names = autotune.candidate_names
+  enwik8 = dict(batch=22, q_len=512, kv_len=1024, heads=8, head_dim=64)
+  shaw = dict(kernel='shaw', max_distance=16, tables='kv')
+  assert names(_signature(**enwik8, **shaw)) == ('xla', 'pallas', 'pallas@128x64', 'pallas@32x32')
+  assert names(_signature(**enwik8)) == ('xla', 'pallas', 'pallas@32x64', 'pallas@64x32')
+  # Shaw at 64: 128x64 is longer than the queries; at 33 (padded 64) 32x32 stays.
+  assert names(_signature(q_len=64, kv_len=64, **shaw)) == ('xla', 'pallas', 'pallas@32x32')
+  assert names(_signature(q_len=33, kv_len=33, **shaw)) == ('xla', 'pallas', 'pallas@32x32')
+  # Shaw at 32: its default is 32x32 already. XL at 32 queries over 64 keys: no 64x32.
+  assert names(_signature(q_len=32, kv_len=32, **shaw)) == ('xla', 'pallas')
+  assert names(_signature(q_len=32, kv_len=64)) == ('xla', 'pallas', 'pallas@32x64')
+  assert names(_signature()) == ('xla', 'pallas')  # Q=8, K=12: the default 16x16 only
+  given = _signature(**enwik8, tiles=(16, 32))
+  assert names(given) == ('xla', 'pallas@16x32')
+  assert given.text().endswith('dropout=0 tiles=16x32 fwd+bwd')
+  assert len({given.text(), _signature(**enwik8).text()}) == 2
+
+
+def test_candidate_names_parse_back_to_implementation_and_tiles():
+  assert parse_choice('xla') == ('xla', None)
+  assert parse_choice('pallas') == ('pallas', None)
+  assert parse_choice('pallas@128x64') == ('pallas', (128, 64))
+  for name in ['cudnn', 'xla@64x64', 'pallas@64', 'pallas@64x', 'pallas@0x64', 'pallas@064x64']:
+    with pytest.raises(ValueError, match='pallas@QxK'):
+      parse_choice(name)
+
+
+FOUR = {name: _unused for name in ('xla', 'pallas', 'pallas@128x64', 'pallas@32x32')}
+
+
+@pytest.mark.parametrize(
+  ('times', 'want'),
+  [
+    ((1.0, 0.99, 0.99, 0.99), 'xla'),  # every variant within the margin: a tie
+    ((1.0, 1.5, 0.99, 1.2), 'xla'),
+    ((1.0, 0.99, 0.97, 0.99), 'pallas@128x64'),
+    ((1.0, 0.97, 0.969, 2.0), 'pallas@128x64'),  # between variants the fastest, by any margin
+    ((1.0, 0.9, 0.9, 0.9), 'pallas'),  # an exact tie: the earlier listed, the default tiles
+    ((1.0, 2.0, 3.0, 0.5), 'pallas@32x32'),
+  ],
+)
+def test_xla_wins_ties_against_every_pallas_variant_and_the_fastest_variant_wins(
+  times, want, caplog
+):
+  """A Pallas variant must beat 'xla' by more than TIE_MARGIN; among the variants the fastest
+  wins. The one log line names the choice and every candidate's time."""
+  tiles_ms = dict(zip(['pallas@128x64', 'pallas@32x32'], times[2:], strict=True))
+  timer = _times(*times[:2], tiles_ms=tiles_ms)
+  with autotune.tuning(timer=timer) as tuner, caplog.at_level(logging.INFO, logger='absl'):
+    assert tuner.choose(_signature(), FOUR) == want
+  ms = ', '.join(f'{name} {t:.3f} ms' for name, t in zip(FOUR, times, strict=True))
+  lines = [r.getMessage() for r in caplog.records if 'relpos autotune' in r.getMessage()]
+  assert lines == [f'relpos autotune: {_signature().text()} -> {want} ({ms})']
+
+
+def _pallas_grids(jaxpr) -> set:
+  """The grids of every pallas_call in `jaxpr` and the jaxprs inside it."""
+  grids = set()
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == 'pallas_call':
+      grids.add(tuple(eqn.params['grid_mapping'].grid))
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, tuple | list) else (value,):
+        if isinstance(sub, jax.extend.core.ClosedJaxpr):
+          grids |= _pallas_grids(sub.jaxpr)
+        elif isinstance(sub, jax.extend.core.Jaxpr):
+          grids |= _pallas_grids(sub)
+  return grids
+
+
+@pytest.mark.parametrize(('name', 'tiles'), [('shaw', (32, 32)), ('xl', (64, 32))])
+def test_a_winning_tiling_reaches_the_pallas_kernel_with_its_block_sizes(name, tiles):
+  """'auto' resolved to 'pallas@QxK' traces the Pallas kernels (forward and backward) with
+  exactly the grids of `implementation='pallas', block_sizes=(Q, K)`, not the default's."""
+  attend = {'shaw': shaw_attention, 'xl': xl_attention}[name]
+  inputs = {'shaw': _shaw_inputs, 'xl': _xl_inputs}[name](np.random.default_rng(5), TQ, TK)
+
+  def grids(**kwargs):
+    loss = lambda x: jnp.sum(attend(*x, **kwargs))  # noqa: E731
+    return _pallas_grids(jax.make_jaxpr(jax.grad(loss))(inputs).jaxpr)
+
+  winner = tiles_name(tiles)
+  calls = []
+  tiles_ms = {'pallas@128x64': 1.8, 'pallas@32x32': 1.9, 'pallas@32x64': 1.7} | {winner: 1.0}
+  with autotune.tuning(timer=_times(2.0, 1.5, calls, tiles_ms=tiles_ms)) as tuner:
+    auto = grids(implementation='auto')
+  assert [d.choice for d in tuner.decisions] == [winner]
+  assert calls == list(autotune.candidate_names(tuner.decisions[0].signature))
+  assert auto == grids(implementation='pallas', block_sizes=tiles)
+  assert auto != grids(implementation='pallas')
+  assert grids(implementation='xla') == set()
+
+
+@pytest.mark.parametrize('name', ['shaw', 'xl'])
+@pytest.mark.parametrize('given', [None, (16, 32)])
+def test_the_kernel_is_called_with_the_tuned_or_given_tiles_under_jit_of_grad(
+  name, given, monkeypatch
+):
+  """Under jit(grad), 'auto' calls the Pallas kernel (a spy computing with XLA's kernel) with
+  the winning tiling's block_sizes; a caller's block_sizes are kept, only 'xla' against
+  'pallas' at them is tuned."""
+  attend = {'shaw': shaw_attention, 'xl': xl_attention}[name]
+  inputs = {'shaw': _shaw_inputs, 'xl': _xl_inputs}[name](np.random.default_rng(6), TQ, TK)
+  module = importlib.import_module(f'relpos.attention.{name}')
+  pallas_calls = []
+
+  def spy(*args, block_sizes=None, **kwargs):
+    pallas_calls.append(block_sizes)
+    return attend(*args, implementation='xla', **kwargs)
+
+  monkeypatch.setattr(module, f'{name}_attention_pallas', spy)
+  loss = lambda x: jnp.sum(attend(*x, block_sizes=given) ** 2)  # noqa: E731
+  calls = []
+  tiles_ms = {'pallas@32x32': 1.0, 'pallas@32x64': 1.2, 'pallas@64x32': 1.1, 'pallas@16x32': 1.0}
+  with autotune.tuning(timer=_times(2.0, 1.5, calls, tiles_ms=tiles_ms)) as tuner:
+    jax.jit(jax.grad(loss))(inputs)
+  (decision,) = tuner.decisions
+  assert calls == list(autotune.candidate_names(decision.signature))
+  if given is not None:
+    assert calls == ['xla', 'pallas@16x32']
+  want = given or {'shaw': (32, 32), 'xl': (64, 32)}[name]
+  assert decision.choice == tiles_name(want) and pallas_calls == [want]
+
+
+def _old_or_odd_cache(tmp_path, signature, choice):
+  path = tmp_path / 'autotune.json'
+  entry = {'choice': choice, 'ms': {'xla': 2.0, 'pallas': 1.0}}  # written before tilings
+  path.write_text(json.dumps({autotune.cache_key(signature): entry}))
+  return path
+
+
+def test_an_old_cache_entry_pallas_means_the_default_tiles(tmp_path, monkeypatch):
+  """A cache written when the candidates were 'xla' and 'pallas' still decides: 'pallas' is the
+  Pallas kernel at its default tiles (block_sizes None), and nothing is timed."""
+  q, k, v, rel_key, rel_value = _shaw_inputs(np.random.default_rng(7), TQ, TK)
+  signature = autotune.shaw_signature(q, k, rel_key, rel_value, None, 0.0)
+  path = _old_or_odd_cache(tmp_path, signature, 'pallas')
+  pallas_calls = []
+
+  def spy(*args, block_sizes=None, **kwargs):
+    pallas_calls.append(block_sizes)
+    return shaw_attention(*args, implementation='xla', **kwargs)
+
+  monkeypatch.setattr(
+    importlib.import_module('relpos.attention.shaw'), 'shaw_attention_pallas', spy
+  )
+  with autotune.tuning(timer=_failing_timer, cache_path=path) as tuner:
+    jax.jit(shaw_attention)(q, k, v, rel_key, rel_value)
+  assert [(d.choice, d.source) for d in tuner.decisions] == [('pallas', 'disk')]
+  assert pallas_calls == [None]
+
+
+@pytest.mark.parametrize('choice', ['cudnn', 'pallas@256x256', 'pallas@16x32'])
+def test_a_cached_choice_that_is_not_a_candidate_is_ignored_and_timed_again(
+  tmp_path, caplog, choice
+):
+  """An entry naming no candidate of its signature (an unknown name, a tiling not timed at
+  these shapes) is ignored with a warning, timed again and overwritten."""
+  signature = _signature(kernel='shaw', max_distance=2, tables='kv', q_len=TQ, kv_len=TK)
+  path = _old_or_odd_cache(tmp_path, signature, choice)
+  candidates = {name: _unused for name in autotune.candidate_names(signature)}
+  calls = []
+  timer = _times(2.0, 1.5, calls, tiles_ms={'pallas@32x32': 1.0})
+  with autotune.tuning(timer=timer, cache_path=path) as tuner:
+    with caplog.at_level(logging.WARNING, logger='absl'):
+      assert tuner.choose(signature, candidates) == 'pallas@32x32'
+  assert calls == ['xla', 'pallas', 'pallas@32x32']
+  assert any(f'ignoring the cached choice {choice!r}' in r.getMessage() for r in caplog.records)
+  assert json.loads(path.read_text())[autotune.cache_key(signature)]['choice'] == 'pallas@32x32'
+
+
+def test_a_failing_extra_tiling_is_written_as_failed(tmp_path, caplog):
+  """A tiling over the shared memory fails the same way every time: the decision is written,
+  with None for it, and a fresh tuner reads it without timing."""
+
+  def timer(name, fn):
+    if name == 'pallas@128x64':
+      raise RuntimeError('out of shared memory')
+    return {'xla': 2.0, 'pallas': 1.5, 'pallas@32x32': 1.0}[name] * 1e-3
+
+  path = tmp_path / 'autotune.json'
+  with autotune.tuning(timer=timer, cache_path=path) as tuner:
+    with caplog.at_level(logging.WARNING, logger='absl'):
+      assert tuner.choose(_signature(), FOUR) == 'pallas@32x32'
+  assert any('pallas@128x64 failed' in r.getMessage() for r in caplog.records)
+  ms = {'xla': 2.0, 'pallas': 1.5, 'pallas@128x64': None, 'pallas@32x32': 1.0}
+  assert tuner.decisions[0].ms == ms
+  assert json.loads(path.read_text()) == {
+    autotune.cache_key(_signature()): {'choice': 'pallas@32x32', 'ms': ms}
+  }
+  with autotune.tuning(timer=_failing_timer, cache_path=path) as fresh:
+    assert fresh.choose(_signature(), FOUR) == 'pallas@32x32'
+
+
+def test_processes_agree_on_an_index_into_the_signatures_candidates(monkeypatch):
+  """With several processes the choice travels as its index in the candidate list (not in a
+  fixed list of names), and comes back as the name at process 0's index."""
+  from jax.experimental import multihost_utils
+
+  sent = []
+
+  def broadcast(value):
+    sent.append(int(value))
+    return np.int32(1)  # process 0's index
+
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(multihost_utils, 'broadcast_one_to_all', broadcast)
+  names = tuple(FOUR)
+  assert autotune.agree_across_processes('pallas@32x32', names) == 'pallas'
+  assert autotune.agree_across_processes('xla', ('xla', 'pallas@16x32')) == 'pallas@16x32'
+  assert sent == [3, 0]
+
+
+def test_decision_table_shows_the_variants():
+  """A column per Pallas variant any decision timed; blank where it was not a candidate,
+  'failed' where it failed."""
+  shaw = _signature(kernel='shaw', max_distance=2, tables='kv')
+  decisions = [
+    autotune.Decision(
+      shaw,
+      'pallas@128x64',
+      {'xla': 2.0, 'pallas': 1.5, 'pallas@128x64': 1.0, 'pallas@32x32': None},
+      'timed',
+    ),
+    autotune.Decision(
+      _signature(), 'xla', {'xla': 1.0, 'pallas': 3.0, 'pallas@32x64': 2.5}, 'disk'
+    ),
+    autotune.Decision(_signature(q_len=4), 'pallas@32x64', {}, 'process 0'),
+  ]
+  assert autotune.decision_table(decisions) == [
+    '| call | xla ms | pallas ms | pallas@128x64 ms | pallas@32x32 ms | pallas@32x64 ms | choice '
+    '| source |',
+    '|---|---|---|---|---|---|---|---|',
+    f'| {shaw.text()} | 2.000 | 1.500 | 1.000 | failed |  | pallas@128x64 | timed |',
+    f'| {_signature().text()} | 1.000 | 3.000 |  |  | 2.500 | xla | disk |',
+    f'| {_signature(q_len=4).text()} |  |  |  |  |  | pallas@32x64 | process 0 |',
+  ]
+
+
 def test_measure_times_the_median_of_several_runs():
   runs = []
   seconds = autotune.measure('xla', lambda: runs.append(1) or jnp.zeros(()))
@@ -314,7 +569,8 @@ def test_pretuning_a_config_tunes_the_models_own_call_shapes(scan_layers):
   config = load_config_file(Path(__file__).parent.parent / 'configs/char_tiny.py')
   config.model.scan_layers = scan_layers
   calls = []
-  with autotune.tuning(timer=_times(1.0, 2.0, calls)) as tuner:
+  tiles_ms = {'pallas@32x64': 3.0, 'pallas@64x32': 4.0}
+  with autotune.tuning(timer=_times(1.0, 2.0, calls, tiles_ms=tiles_ms)) as tuner:
     autotune.trace_train_step(config)
   train, model = config.train, config.model
   (decision,) = tuner.decisions
@@ -330,9 +586,12 @@ def test_pretuning_a_config_tunes_the_models_own_call_shapes(scan_layers):
     model.head_dim,
     (1, 1, train.tgt_len, train.mem_len + train.tgt_len),
   )
-  assert calls == ['xla', 'pallas']
+  assert calls == ['xla', 'pallas', 'pallas@32x64', 'pallas@64x32']  # 32x32 is XL's default
   table = autotune.decision_table(tuner.decisions)
-  assert table[2] == f'| {s.text()} | 1.000 | 2.000 | xla | timed |'
+  assert table[0] == (
+    '| call | xla ms | pallas ms | pallas@32x64 ms | pallas@64x32 ms | choice | source |'
+  )
+  assert table[2] == f'| {s.text()} | 1.000 | 2.000 | 3.000 | 4.000 | xla | timed |'
 
 
 def test_timed_inputs_follow_the_signature():
@@ -381,7 +640,8 @@ def test_native_auto_times_both_kernels_and_keeps_the_faster(tmp_path):
   assert [d.signature.kernel for d in tuner.decisions] == ['shaw', 'xl']
   for decision in tuner.decisions:
     ms = decision.ms
-    assert set(ms) == {'xla', 'pallas'} and None not in ms.values(), decision
+    assert tuple(ms) == autotune.candidate_names(decision.signature), decision
+    assert None not in ms.values(), decision
     assert decision.choice == autotune.pick(ms)
   assert len(json.loads((tmp_path / 'autotune.json').read_text())) == 2
 

@@ -373,14 +373,19 @@ def test_auto_is_xla_off_a_gpu():
 
 
 def test_resolve_implementation_keeps_names_and_asks_the_tuner_for_auto():
-  """'xla' and 'pallas' are kept whatever the tuner says; 'auto' is the tuner's answer
-  (relpos.attention.autotune), 'xla' without one; other names raise ValueError."""
-  assert resolve_implementation('xla', lambda: 'pallas') == 'xla'
-  assert resolve_implementation('pallas', lambda: 'xla') == 'pallas'
-  assert resolve_implementation('auto', lambda: 'pallas') == 'pallas'
-  assert resolve_implementation('auto') == 'xla'
+  """'xla' and 'pallas' are kept with the caller's tiles whatever the tuner says; 'auto' is the
+  tuner's answer (relpos.attention.autotune) with its tiles ('pallas@QxK'), the caller's for
+  plain 'pallas', and 'xla' without a tuner; other names raise ValueError."""
+  assert resolve_implementation('xla', None, lambda: 'pallas') == ('xla', None)
+  assert resolve_implementation('pallas', (16, 32), lambda: 'xla') == ('pallas', (16, 32))
+  assert resolve_implementation('auto', None, lambda: 'pallas') == ('pallas', None)
+  assert resolve_implementation('auto', None, lambda: 'pallas@128x64') == ('pallas', (128, 64))
+  assert resolve_implementation('auto', (16, 32), lambda: 'pallas@16x32') == ('pallas', (16, 32))
+  assert resolve_implementation('auto') == ('xla', None)
   with pytest.raises(ValueError, match="one of 'auto', 'xla', 'pallas'"):
     resolve_implementation('triton')
+  with pytest.raises(ValueError, match='pallas@QxK'):
+    resolve_implementation('auto', None, lambda: 'cudnn')
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""`implementation='auto'` by measurement: Shaw's and XL's 'xla' and 'pallas' kernels timed at
-the shapes a model calls them with, the faster kept.
+"""`implementation='auto'` by measurement: Shaw's and XL's 'xla' kernels and their 'pallas'
+kernels at a few tilings timed at the shapes a model calls them with, the fastest kept.
 
 Why. The first 'auto' was a rule ('pallas' on a GPU from 512 keys up) taken from kernel timings
 at other shapes. Inside enwik8_base on an H200 it made the XL step 2.0x and the Shaw step 1.14x
@@ -8,24 +8,38 @@ and on what surrounds it, so 'auto' now asks the device.
 
 What is timed. `shaw_attention` and `xl_attention` resolve 'auto' while they are traced (inside
 `jax.jit`, `jax.grad`, `lax.scan` over layers, `nnx.remat`, `shard_map`), where every shape is
-static. They describe the call as a `Signature`: the kernel, batch, query and key lengths
-(memory included), heads, head_dim, dtype, the mask's shape (or none), Shaw's k and which
-tables it has, the dropout rate. On a miss the tuner builds inputs of those shapes and times a
-jitted forward AND backward pass (gradients of every float input, as training uses the
-kernels) of each candidate, 'xla' and 'pallas', through the public function itself (layout
-changes and padding of the Pallas wrappers included). The timing runs in a fresh thread: JAX
-keeps its trace state per thread, so there the candidates compile and run on the device as at
-top level although the caller is being traced. (`jax.ensure_compile_time_eval()` does not do:
-it also evaluates the interpreted Pallas kernel bodies eagerly, which fails on `program_id`.)
-JAX's thread-local settings (e.g. a `jax.default_matmul_precision` block) do not reach that
-thread: the candidates are timed at the global settings. Eval-only calls cannot be told from
-training ones inside a trace (under a scanned stack the layer is traced before it is
-differentiated), so they are timed the same way.
+static. They describe the call as a `Signature`: the kernel, batch, query and key lengths (memory
+included), heads, head_dim, dtype, the mask's shape (or none), Shaw's k and which tables it has, the
+dropout rate. On a miss the tuner builds inputs of those shapes and times a jitted forward AND
+backward pass (gradients of every float input, as training uses the kernels) of each candidate
+(`candidate_names`, below) through the public function itself (layout changes and padding of the
+Pallas wrappers included). The timing runs in a fresh thread: JAX keeps its trace state per thread,
+so there the candidates compile and run on the device as at top level although the caller is being
+traced. (`jax.ensure_compile_time_eval()` does not do: it also evaluates the interpreted Pallas
+kernel bodies eagerly, which fails on `program_id`.) JAX's thread-local settings (e.g. a
+`jax.default_matmul_precision` block) do not reach that thread: the candidates are timed at the
+global settings. Eval-only calls cannot be told from training ones inside a trace (under a scanned
+stack the layer is traced before it is differentiated), so they are timed the same way.
 - The mask's contents are traced, so they are not known: a mask with a query axis (shape
   [.., q_len, kv_len]) is timed as causal, one without (key padding, [.., 1, kv_len]) as all
   True. In relpos's models every mask with a query axis is causal (with padding), and the
   causal structure matters: the Pallas kernels skip tiles the mask rules out. XL is causal
   itself. Shaw is timed at its default query offset (queries are the last q_len keys).
+- The candidates, in this order: 'xla'; 'pallas', the Pallas kernel at its default tiles (Shaw
+  64x64, XL 32x32, each axis capped at its length rounded up to a power of two >= 16:
+  `pallas_common.Tiling.make`); then 'pallas@QxK' for each of `TILINGS[kernel]` that is not the
+  default's tiles and no larger than the padded lengths (a tile longer than its axis is only
+  padding). The tilings, from the H100 figures (docs/results/gpu_h100.md, "Tiles") and the Triton
+  compiles (docs/gpu.md): Shaw 128x64 (8 warps; at n = 2048 within 5% of 64x64 forward and 19%
+  slower fwd+bwd, the closest measured) and 32x32 (short sentences: wmt_base's padded lengths up to
+  ~128 have one or two 64-tiles per axis and pad ragged lengths more); 64x128 was 1.7x slower and
+  128x128 is over an H100's shared memory. XL 32x64 (within 6% of 32x32 at n = 512) and 64x32 (not
+  measured, the other half-step; its float32 kernels spill 0.3-1.7 KB); 16x16 was 1.5x slower and
+  64x64 is over the shared memory. At most 4 candidates. Every process builds the same list from the
+  signature.
+- Given tiles. A caller that passes `block_sizes` with 'auto' keeps its tiles: the signature
+  records them (`tiles=QxK` in its text) and the candidates are 'xla' and 'pallas@QxK' at
+  those tiles, so only the implementation is tuned.
 - Per-device shapes. Under the data mesh's `jax.jit` (GSPMD) the trace sees the global batch,
   which each of the `jax.device_count()` devices holds a share of: the timed batch is
   batch / device_count where that divides. Inside `shard_map` the trace already sees a
@@ -33,8 +47,11 @@ differentiated), so they are timed the same way.
 - The default timer (`measure`) runs a candidate twice to compile and warm up, then times
   enough runs for about `TARGET_SECONDS` (at least `MIN_REPEATS`) and takes the median. A
   candidate that fails (e.g. a Triton kernel over its shared memory) counts as infinitely
-  slow, with a warning, and the decision is kept in memory only (a later run tries again).
-  'pallas' wins only if it is more than `TIE_MARGIN` faster: a tie goes to 'xla', whose
+  slow, with a warning. Where 'xla' or the first Pallas candidate (the default or given
+  tiles, which are expected to run) failed, the decision is kept in memory only (a later run
+  tries again); a failed extra tiling is written as failed (None), since an over-sized tile
+  fails the same way every time. The fastest Pallas variant (the earlier listed on an exact
+  tie) wins only if it is more than `TIE_MARGIN` faster than 'xla': a tie goes to 'xla', whose
   kernels XLA can fuse with their surroundings.
 
 Where. Only on a GPU (`jax.default_backend() == 'gpu'`): on a CPU Pallas only interprets and on
@@ -45,26 +62,36 @@ Caches. Decisions are kept per process in memory (one tuning per signature per p
 disk in a JSON file (`runtime.autotune_cache_path`: RELPOS_AUTOTUNE_CACHE, 'off' for none, else
 relpos-autotune.json inside JAX's persistent compilation cache directory, else
 ~/.cache/relpos/autotune.json), keyed by device kind, jax version, a hash of the attention
-kernels' source (`kernel_version`: an edited kernel is timed again) and the signature. Each
-new decision is logged once (absl), naming the signature, the choice and both times. A
-corrupt or unreadable file is ignored with one warning and rewritten; writes go through a
-temporary file and a rename, so a reader never sees half a file.
+kernels' source (`kernel_version`: an edited kernel is timed again) and the signature; an
+entry is {'choice': name, 'ms': {name: ms or None}}. Each new decision is logged once (absl),
+naming the signature, the choice and every candidate's time. An entry whose choice is not
+one of the signature's candidates (a tiling since dropped, a name from another version) is
+ignored with a warning and timed again; 'pallas' always names the default tiles, as it did
+before tilings were tuned. A corrupt or unreadable file is ignored with one warning and
+rewritten; writes go through a temporary file and a rename, so a reader never sees half a
+file.
 
 Several processes. Every process must compile the same program. In a multi-process run only
 process 0 reads the disk cache and times; its choice is broadcast
-(`multihost_utils.broadcast_one_to_all`) and used by all. Every process traces the same calls
+(`multihost_utils.broadcast_one_to_all`, as an index into the signature's candidate list,
+which every process builds alike) and used by all. Every process traces the same calls
 in the same order, so each calls the broadcast the same number of times (once per new
 signature; memory hits need none).
 
-Cost. The first trace of a new signature pays two compiles of a fwd+bwd kernel pass and about
-2 x `TARGET_SECONDS` of runs; later traces, processes and runs on the same device read the
-decision from memory or disk.
+Cost. The first trace of a new signature pays one compile of a fwd+bwd kernel pass and about
+`TARGET_SECONDS` of runs per candidate: at most 4 candidates (1 + 3 tilings), so at most four
+compiles (three of them Triton's) and about 1 s of runs; fewer where tilings are skipped
+(short lengths) and two with given tiles. enwik8_base has one signature;
+wmt_base two per padded length (encoder and decoder). Later traces, processes and runs on the
+same device read the decision from memory or disk.
 
 `python -m relpos.attention.autotune --config=configs/enwik8_base.py` traces the config's
 train step (which tunes every call site) and prints a table of the decisions: signature, xla
-ms, pallas ms, choice (and whether it was timed now or read from the cache). Translation
-configs are traced at one batch per padded length of `--lengths` (their buckets are fitted to
-the data); `--force` tunes on a CPU too (Pallas interpreted: a check of the command).
+ms, pallas ms (default tiles), one column per other tiling timed ('pallas@QxK ms'; blank where
+it was not a candidate, 'failed' where it failed), choice (and whether it was timed now or
+read from the cache). Translation configs are traced at one batch per padded length of
+`--lengths` (their buckets are fitted to the data); `--force` tunes on a CPU too (Pallas
+interpreted: a check of the command).
 """
 
 from __future__ import annotations
@@ -89,9 +116,20 @@ import numpy as np
 from absl import logging
 
 from relpos import runtime
+from relpos.attention.pallas_common import (
+  DEFAULT_BLOCK,
+  Tiling,
+  parse_choice,
+  tiles_name,
+  triton_size,
+)
+from relpos.attention.pallas_xl import DEFAULT_XL_BLOCK
 
-CANDIDATES = ('xla', 'pallas')
-TIE_MARGIN = 0.02  # 'pallas' must be this much faster than 'xla' to be chosen
+# (block_q, block_k) timed besides each kernel's default tiles (module docstring, The
+# candidates): at most 3 Pallas candidates per signature.
+TILINGS = {'shaw': ((128, 64), (32, 32)), 'xl': ((32, 64), (64, 32))}
+DEFAULT_BLOCKS = {'shaw': DEFAULT_BLOCK, 'xl': DEFAULT_XL_BLOCK}
+TIE_MARGIN = 0.02  # a 'pallas' variant must be this much faster than 'xla' to be chosen
 TARGET_SECONDS = 0.25  # timed runs per candidate add up to about this
 MIN_REPEATS, MAX_REPEATS = 5, 100
 
@@ -104,7 +142,7 @@ class Signature:
 
   `batch` is the timed (per-device) batch; `mask` the mask's shape as 4 axes [B|1, H|1, Q|1, K]
   or None; `max_distance` and `tables` ('kv', 'k' or 'v') are Shaw's k and which of w^K, w^V
-  it has (None and '' for XL).
+  it has (None and '' for XL); `tiles` the caller's block_sizes (None: tilings are tuned).
   """
 
   kernel: str
@@ -118,6 +156,7 @@ class Signature:
   max_distance: int | None
   tables: str
   dropout: float
+  tiles: tuple[int, int] | None = None
 
   def text(self) -> str:
     """One line, the cache key's and the log's: e.g. `shaw B=22 Q=512 K=1024 H=8 D=64
@@ -131,7 +170,10 @@ class Signature:
     ]
     if self.kernel == 'shaw':
       words.append(f'k={self.max_distance} {self.tables}')
-    words += [f'dropout={self.dropout:g}', 'fwd+bwd']
+    words.append(f'dropout={self.dropout:g}')
+    if self.tiles is not None:
+      words.append('tiles={}x{}'.format(*self.tiles))
+    words.append('fwd+bwd')
     return ' '.join(words)
 
 
@@ -151,9 +193,11 @@ def _mask_shape(mask, batch: int, timed: int) -> tuple[int, ...] | None:
   return (timed if shape[0] == batch else shape[0],) + shape[1:]
 
 
-def _signature(kernel: str, query, key, mask, dropout_rate: float, **position) -> Signature:
-  """The `Signature` of a call of `kernel` over these arrays; `position` holds the scheme's own
-  fields (Shaw's max_distance and tables)."""
+def _signature(
+  kernel: str, query, key, mask, dropout_rate: float, block_sizes, **position
+) -> Signature:
+  """The `Signature` of a call of `kernel` over these arrays with the caller's `block_sizes`
+  (or None); `position` holds the scheme's own fields (Shaw's max_distance and tables)."""
   batch, q_len, heads, head_dim = query.shape
   timed = timed_batch(batch)
   return Signature(
@@ -166,11 +210,14 @@ def _signature(kernel: str, query, key, mask, dropout_rate: float, **position) -
     dtype=jnp.dtype(query.dtype).name,
     mask=_mask_shape(mask, batch, timed),
     dropout=float(dropout_rate),
+    tiles=None if block_sizes is None else tuple(int(b) for b in block_sizes),
     **position,
   )
 
 
-def shaw_signature(query, key, rel_key, rel_value, mask, dropout_rate: float) -> Signature:
+def shaw_signature(
+  query, key, rel_key, rel_value, mask, dropout_rate: float, block_sizes=None
+) -> Signature:
   """The `Signature` of a `shaw_attention` call (arguments already checked)."""
   table = rel_key if rel_key is not None else rel_value
   return _signature(
@@ -179,14 +226,32 @@ def shaw_signature(query, key, rel_key, rel_value, mask, dropout_rate: float) ->
     key,
     mask,
     dropout_rate,
+    block_sizes,
     max_distance=(table.shape[0] - 1) // 2,
     tables=('k' if rel_key is not None else '') + ('v' if rel_value is not None else ''),
   )
 
 
-def xl_signature(query, key, mask, dropout_rate: float) -> Signature:
+def xl_signature(query, key, mask, dropout_rate: float, block_sizes=None) -> Signature:
   """The `Signature` of an `xl_attention` call (arguments already checked)."""
-  return _signature('xl', query, key, mask, dropout_rate, max_distance=None, tables='')
+  return _signature('xl', query, key, mask, dropout_rate, block_sizes, max_distance=None, tables='')
+
+
+def candidate_names(signature: Signature) -> tuple[str, ...]:
+  """What is timed at `signature` (module docstring, The candidates): 'xla', 'pallas' (default
+  tiles) and 'pallas@QxK' for each of `TILINGS` that differs from the default tiles and fits
+  the padded lengths; with given tiles, 'xla' and 'pallas@QxK' at them. A pure function of
+  the signature, so every process lists the same names in the same order."""
+  s = signature
+  if s.tiles is not None:
+    return ('xla', tiles_name(s.tiles))
+  default = Tiling.make(s.q_len, s.kv_len, None, DEFAULT_BLOCKS[s.kernel])
+  names = ['xla', 'pallas']
+  for block_q, block_k in TILINGS[s.kernel]:
+    fits = block_q <= triton_size(s.q_len) and block_k <= triton_size(s.kv_len)
+    if fits and (block_q, block_k) != (default.block_q, default.block_k):
+      names.append(tiles_name((block_q, block_k)))
+  return tuple(names)
 
 
 # ------------------------------------------------------------------------------------------
@@ -230,25 +295,29 @@ def _dummy_inputs(signature: Signature):
 
 def fwd_bwd_candidates(attention: Callable, signature: Signature) -> dict[str, Callable]:
   """name -> a zero-argument call running one jitted forward and backward pass of
-  `attention(*floats, mask=, dropout_rate=, dropout_rng=, implementation=name)` on inputs of
-  `signature`'s shapes (built on first use, shared by the candidates)."""
+  `attention(*floats, mask=, dropout_rate=, dropout_rng=, implementation=, block_sizes=)` on
+  inputs of `signature`'s shapes (built on first use, shared by the candidates), for each of
+  `candidate_names(signature)` ('pallas@QxK': implementation 'pallas', block_sizes (Q, K))."""
   inputs = functools.cache(lambda: _dummy_inputs(signature))
 
   def candidate(name):
+    implementation, block_sizes = parse_choice(name)
+
     def loss(floats, mask, dropout_rng, cotangent):
       output = attention(
         *floats,
         mask=mask,
         dropout_rate=signature.dropout,
         dropout_rng=dropout_rng,
-        implementation=name,
+        implementation=implementation,
+        block_sizes=block_sizes,
       )
       return jnp.sum(output.astype(jnp.float32) * cotangent)
 
     step = jax.jit(jax.grad(loss))
     return lambda: step(*inputs())
 
-  return {name: candidate(name) for name in CANDIDATES}
+  return {name: candidate(name) for name in candidate_names(signature)}
 
 
 def measure(name: str, run: Callable[[], Any]) -> float:
@@ -269,8 +338,11 @@ def measure(name: str, run: Callable[[], Any]) -> float:
 
 
 def pick(seconds: Mapping[str, float]) -> str:
-  """'pallas' if it is more than TIE_MARGIN faster than 'xla', else 'xla'."""
-  return 'pallas' if seconds['pallas'] < seconds['xla'] * (1.0 - TIE_MARGIN) else 'xla'
+  """The fastest Pallas variant (name -> seconds: 'pallas', 'pallas@QxK'; the earlier listed on
+  an exact tie) if it is more than TIE_MARGIN faster than 'xla', else 'xla'."""
+  variants = [name for name in seconds if name != 'xla']
+  fastest = min(variants, key=seconds.__getitem__)
+  return fastest if seconds[fastest] < seconds['xla'] * (1.0 - TIE_MARGIN) else 'xla'
 
 
 # ------------------------------------------------------------------------------------------
@@ -293,14 +365,16 @@ def cache_key(signature: Signature) -> str:
 
 
 def read_cache(path: Path | None) -> dict:
-  """The entries of the cache file (key -> {'choice', 'ms'}); {} when there is none or it is
-  unreadable or corrupt (with a warning: it is rewritten on the next decision)."""
+  """The entries of the cache file (key -> {'choice': name, 'ms'}); {} when there is none or it
+  is unreadable or corrupt (with a warning: it is rewritten on the next decision). Whether a
+  choice is one of its signature's candidates is `Tuner.choose`'s check."""
   if path is None or not path.exists():
     return {}
   try:
     entries = json.loads(path.read_text())
     if not isinstance(entries, dict) or not all(
-      isinstance(e, dict) and e.get('choice') in CANDIDATES for e in entries.values()
+      isinstance(e, dict) and isinstance(e.get('choice'), str) and isinstance(e.get('ms'), dict)
+      for e in entries.values()
     ):
       raise ValueError('not a dict of {"choice": ..., "ms": ...} entries')
     return entries
@@ -325,20 +399,22 @@ def write_cache(path: Path | None, key: str, entry: dict) -> None:
     logging.warning('relpos autotune: could not write the cache %s (%s)', path, error)
 
 
-def agree_across_processes(choice: str) -> str:
-  """Process 0's choice, on every process (module docstring, Several processes)."""
+def agree_across_processes(choice: str, names: tuple[str, ...]) -> str:
+  """Process 0's choice, on every process (module docstring, Several processes): broadcast as
+  its index in `names`, the signature's candidates, which every process lists alike."""
   if jax.process_count() == 1:
     return choice
   from jax.experimental import multihost_utils
 
-  index = multihost_utils.broadcast_one_to_all(np.int32(CANDIDATES.index(choice)))
-  return CANDIDATES[int(index)]
+  index = multihost_utils.broadcast_one_to_all(np.int32(names.index(choice)))
+  return names[int(index)]
 
 
 @dataclasses.dataclass
 class Decision:
-  """One signature's choice, its times in ms (name -> ms, None for a candidate that failed;
-  empty where process 0 timed), and where it came from: 'timed', 'disk' or 'process 0'."""
+  """One signature's choice ('xla', 'pallas' or 'pallas@QxK'), its times in ms (name -> ms,
+  None for a candidate that failed; empty where process 0 timed), and where it came from:
+  'timed', 'disk' or 'process 0'."""
 
   signature: Signature
   choice: str
@@ -347,7 +423,8 @@ class Decision:
 
 
 class Tuner:
-  """Decides 'xla' or 'pallas' per `Signature`, caching in memory and in the file `path`."""
+  """Decides among a `Signature`'s candidates ('xla', 'pallas', 'pallas@QxK'), caching in
+  memory and in the file `path`."""
 
   def __init__(
     self,
@@ -355,7 +432,7 @@ class Tuner:
     *,
     timer: Timer = measure,
     force: bool = False,
-    agree: Callable[[str], str] = agree_across_processes,
+    agree: Callable[[str, tuple[str, ...]], str] = agree_across_processes,
   ):
     self.path, self.timer, self.force, self.agree = path, timer, force, agree
     self.memory: dict[Signature, str] = {}
@@ -366,13 +443,23 @@ class Tuner:
     return self.force or jax.default_backend() == 'gpu'
 
   def choose(self, signature: Signature, candidates: Mapping[str, Callable[[], Any]]) -> str:
-    """The faster of `candidates` (name -> zero-argument call) at `signature`: from memory,
-    the disk cache, or timed now (then logged and written)."""
+    """The fastest of `candidates` (name -> zero-argument call; 'xla' first, then the default
+    or given tiles' Pallas name) at `signature`, by `pick`'s rule: from memory, the disk
+    cache, or timed now (then logged and written)."""
     if signature in self.memory:
       return self.memory[signature]
+    names = tuple(candidates)
     key = cache_key(signature)
     leader = jax.process_index() == 0
     entry = read_cache(self.path).get(key) if leader else None
+    if entry is not None and entry['choice'] not in names:
+      logging.warning(
+        'relpos autotune: ignoring the cached choice %r at %s (not one of %s)',
+        entry['choice'],
+        signature.text(),
+        ', '.join(names),
+      )
+      entry = None
     source = 'disk' if entry else 'timed'
     if entry is None and leader:
       entry = in_fresh_thread(self._time, signature, candidates)
@@ -381,10 +468,12 @@ class Tuner:
         'relpos autotune: %s -> %s (cached: %s)', signature.text(), entry['choice'], entry['ms']
       )
     # A collective: run outside the caller's trace too.
-    choice = in_fresh_thread(self.agree, entry['choice'] if entry else 'xla')
+    choice = in_fresh_thread(self.agree, entry['choice'] if entry else 'xla', names)
     if entry is None:  # another process timed
       entry, source = {'choice': choice, 'ms': {}}, 'process 0'
-    if source == 'timed' and None not in entry['ms'].values():  # a failure may pass: retry
+    # 'xla' and the default (or given) tiles are expected to run: their failure may pass, so a
+    # later run tries again; an extra tiling's failure (over shared memory) is kept.
+    if source == 'timed' and all(entry['ms'].get(name) is not None for name in names[:2]):
       write_cache(self.path, key, entry)
     self.memory[signature] = choice
     self.decisions.append(Decision(signature, choice, entry['ms'], source))
@@ -437,7 +526,7 @@ def tuning(
   timer: Timer = measure,
   cache_path: Path | None = None,
   force: bool = True,
-  agree: Callable[[str], str] = agree_across_processes,
+  agree: Callable[[str, tuple[str, ...]], str] = agree_across_processes,
 ) -> Iterator[Tuner]:
   """A fresh tuner for the block (empty memory; `cache_path`, None for no file), tuning on any
   backend when `force`: how tests run the mechanism on a CPU with an injected `timer`."""
@@ -453,7 +542,9 @@ def choose(
   signature_fn: Callable[[], Signature], candidates_fn: Callable[[Signature], Mapping]
 ) -> str:
   """'auto' resolved: 'xla' where tuning is off (not a GPU), else the current tuner's choice
-  at `signature_fn()`, with `candidates_fn(signature)` built only when needed."""
+  at `signature_fn()` ('xla', 'pallas' or 'pallas@QxK': `pallas_common.resolve_implementation`
+  turns it into an implementation and tiles), with `candidates_fn(signature)` built only when
+  needed."""
   current = tuner()
   if not current.enabled():
     return 'xla'
@@ -484,15 +575,24 @@ def auto_line(name: str, auto_seconds: float, kernel_seconds: Mapping[str, float
 
 
 def decision_table(decisions) -> list[str]:
-  """Markdown rows: call signature, xla ms, pallas ms, choice, source."""
-
-  def cell(ms):
-    return '—' if ms is None else f'{ms:.3f}'
-
-  rows = ['| call | xla ms | pallas ms | choice | source |', '|---|---|---|---|---|']
+  """Markdown rows: call signature, xla ms, pallas ms (default tiles), a column per other
+  tiling any decision timed ('pallas@QxK ms', in order of appearance), choice, source. A cell
+  is 'failed' for a candidate that failed, blank for one not timed at that signature (or
+  timed by process 0)."""
+  names = ['xla', 'pallas']
   for d in decisions:
-    xla, pallas = (cell(d.ms.get(name)) for name in CANDIDATES)
-    rows.append(f'| {d.signature.text()} | {xla} | {pallas} | {d.choice} | {d.source} |')
+    names += [name for name in d.ms if name not in names]
+
+  def cell(d, name):
+    if name not in d.ms:
+      return ''
+    return 'failed' if d.ms[name] is None else f'{d.ms[name]:.3f}'
+
+  header = ' | '.join(f'{name} ms' for name in names)
+  rows = [f'| call | {header} | choice | source |', '|---' * (len(names) + 3) + '|']
+  for d in decisions:
+    cells = ' | '.join(cell(d, name) for name in names)
+    rows.append(f'| {d.signature.text()} | {cells} | {d.choice} | {d.source} |')
   return rows
 
 

@@ -5,8 +5,8 @@ kernels (`jax.experimental.pallas`): a grid over (batch, heads, query tiles) or 
 key tiles), a loop over the other axis's tiles inside each program, an online softmax, and
 never a [q_len, kv_len] array in memory. This module holds the parts both use, one of each:
 
-- checking and resolving the implementation argument (`resolve_implementation`; what 'auto'
-  measures is `relpos.attention.autotune`'s);
+- checking and resolving the implementation argument and its tiles (`resolve_implementation`,
+  `tiles_name`; what 'auto' measures is `relpos.attention.autotune`'s);
 - the tiling of the sequence axes (`Tiling`), the kernel layout [batch, heads, length, dim]
   padded to whole tiles and dim to a power of two (`to_kernel_layout`, `triton_size`), and the
   mask as int8 tiles (`kernel_mask`);
@@ -85,23 +85,58 @@ DEFAULT_BLOCK = 64
 MIN_TRITON_DIM = 16  # Triton's smallest dot dimension (tl.dot needs M, N, K >= 16)
 
 
-def resolve_implementation(implementation: str, tune: Callable[[], str] | None = None) -> str:
-  """'xla' or 'pallas' for an `implementation` argument.
+def tiles_name(block_sizes=None) -> str:
+  """The name of the 'pallas' implementation at `block_sizes`: 'pallas' for its default tiles
+  (None), 'pallas@QxK' for (Q, K) (as benchmarks/attention.py names tilings)."""
+  if block_sizes is None:
+    return 'pallas'
+  block_q, block_k = (int(b) for b in block_sizes)
+  return f'pallas@{block_q}x{block_k}'
 
-  'xla' and 'pallas' are kept; 'auto' is `tune()`, the caller's measured choice at the shapes
-  of its call (`relpos.attention.autotune`: the faster of the two, timed forward and backward
-  on a GPU; 'xla' on CPUs, where Pallas only interprets, and on TPUs, where these Triton
-  kernels do not lower), or 'xla' without `tune`. Raises ValueError for anything but 'auto',
-  'xla' or 'pallas'.
+
+def parse_choice(name: str) -> tuple[str, tuple[int, int] | None]:
+  """(implementation, block_sizes) for 'xla', 'pallas' or 'pallas@QxK' (`tiles_name`'s);
+  block_sizes None for 'xla' and 'pallas' (the default tiles). Raises ValueError for other
+  names."""
+  implementation, at, tiles = name.partition('@')
+  if implementation not in ('xla', 'pallas') or (at and implementation != 'pallas'):
+    raise ValueError(f"not 'xla', 'pallas' or 'pallas@QxK': {name!r}")
+  if not at:
+    return implementation, None
+  try:
+    block_q, block_k = (int(size) for size in tiles.split('x'))
+  except ValueError:
+    raise ValueError(f"not 'xla', 'pallas' or 'pallas@QxK': {name!r}") from None
+  if tiles_name((block_q, block_k)) != name or min(block_q, block_k) < 1:
+    raise ValueError(f"not 'xla', 'pallas' or 'pallas@QxK': {name!r}")
+  return implementation, (block_q, block_k)
+
+
+def resolve_implementation(
+  implementation: str, block_sizes=None, tune: Callable[[], str] | None = None
+) -> tuple[str, Any]:
+  """(implementation, block_sizes) for a call's `implementation` and `block_sizes` arguments:
+  'xla' or 'pallas', and the Pallas tiles to use (None: the kernel's default).
+
+  'xla' and 'pallas' are kept with the caller's `block_sizes`. 'auto' is `tune()`, the
+  caller's measured choice at the shapes of its call (`relpos.attention.autotune`: the fastest
+  of 'xla' and the 'pallas' tilings it times, forward and backward, on a GPU; 'xla' on CPUs,
+  where Pallas only interprets, and on TPUs, where these Triton kernels do not lower), or
+  'xla' without `tune`. The tuner names its choice 'xla', 'pallas' (the caller's
+  `block_sizes`, None: the default tiles) or 'pallas@QxK' (those tiles), and this returns its
+  implementation and tiles. Raises ValueError for anything but 'auto', 'xla' or 'pallas'.
   """
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(
       f'implementation must be one of {", ".join(map(repr, IMPLEMENTATIONS))}; '
       f'got {implementation!r}'
     )
-  if implementation == 'auto':
-    return 'xla' if tune is None else tune()
-  return implementation
+  if implementation != 'auto':
+    return implementation, block_sizes
+  if tune is None:
+    return 'xla', block_sizes
+  implementation, tiles = parse_choice(tune())
+  return implementation, block_sizes if tiles is None else tiles
 
 
 def triton_size(n: int) -> int:

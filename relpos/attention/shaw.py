@@ -369,13 +369,16 @@ def xla_form(kv_len: int) -> str:
   return 'dense' if kv_len <= DENSE_MAX_KV_LEN else 'banded'
 
 
-def _tuned(query, key, rel_key, rel_value, mask, dropout_rate) -> str:
-  """'auto' for this call: the autotuner's choice at its shapes (`relpos.attention.autotune`,
-  imported here so that `python -m relpos.attention.autotune` loads that module only once)."""
+def _tuned(query, key, rel_key, rel_value, mask, dropout_rate, block_sizes) -> str:
+  """'auto' for this call: the autotuner's choice at its shapes and the caller's tiles
+  ('xla', 'pallas' or 'pallas@QxK'; `relpos.attention.autotune`, imported here so that
+  `python -m relpos.attention.autotune` loads that module only once)."""
   from relpos.attention import autotune
 
   return autotune.choose(
-    lambda: autotune.shaw_signature(query, key, rel_key, rel_value, mask, dropout_rate),
+    lambda: autotune.shaw_signature(
+      query, key, rel_key, rel_value, mask, dropout_rate, block_sizes
+    ),
     lambda signature: autotune.fwd_bwd_candidates(shaw_attention, signature),
   )
 
@@ -411,21 +414,24 @@ def shaw_attention(
       where the band's bookkeeping costs more than the dense one-hot matmuls it replaces, and
       `shaw_attention_banded` above; both draw the same dropout bits), 'pallas' (the fused,
       tiled kernels of `relpos.attention.pallas_shaw`; interpreted on CPU, Triton on GPU) or
-      'auto' (the default): on a GPU the faster of the two, timed forward and backward at
-      this call's shapes on first use and cached (`relpos.attention.autotune`); 'xla'
-      elsewhere.
-      With dropout, 'pallas' draws its keep mask from a hash
-      (`pallas_common.dropout_keep_hashed`): same distribution, different bits than 'xla'.
+      'auto' (the default): on a GPU the fastest of 'xla' and 'pallas' at a few tilings,
+      timed forward and backward at this call's shapes on first use and cached
+      (`relpos.attention.autotune`); 'xla' elsewhere. With dropout, 'pallas' draws its keep
+      mask from a hash (`pallas_common.dropout_keep_hashed`): same distribution, different
+      bits than 'xla'.
     block_sizes: (block_q, block_k) tiles of the 'pallas' implementation (None: its default,
-      which Triton can lower; given sizes must be powers of two >= 16 for GPU); unused by
-      'xla'.
+      which Triton can lower, or under 'auto' the tuned tiles; given sizes must be powers of
+      two >= 16 for GPU, and 'auto' then tunes only 'xla' against 'pallas' at them); unused
+      by 'xla'.
   Returns:
     [batch, q_len, heads, head_dim] in value's dtype.
   """
   # Checked here too, before key.shape picks the form: a malformed call fails with its message.
   dropout_rate = _check(query, key, value, rel_key, rel_value, dropout_rate, dropout_rng)
-  implementation = resolve_implementation(
-    implementation, lambda: _tuned(query, key, rel_key, rel_value, mask, dropout_rate)
+  implementation, block_sizes = resolve_implementation(
+    implementation,
+    block_sizes,
+    lambda: _tuned(query, key, rel_key, rel_value, mask, dropout_rate, block_sizes),
   )
   if implementation == 'pallas':
     return shaw_attention_pallas(

@@ -52,13 +52,14 @@ def _position_logits(query_BQHD, rel_key_THD):
   return jnp.transpose(position_HBQT, (1, 0, 2, 3)) * query_BQHD.shape[-1] ** -0.5
 
 
-def _tuned(query, key, mask, dropout_rate) -> str:
-  """'auto' for this call: the autotuner's choice at its shapes (`relpos.attention.autotune`,
-  imported here so that `python -m relpos.attention.autotune` loads that module only once)."""
+def _tuned(query, key, mask, dropout_rate, block_sizes) -> str:
+  """'auto' for this call: the autotuner's choice at its shapes and the caller's tiles
+  ('xla', 'pallas' or 'pallas@QxK'; `relpos.attention.autotune`, imported here so that
+  `python -m relpos.attention.autotune` loads that module only once)."""
   from relpos.attention import autotune
 
   return autotune.choose(
-    lambda: autotune.xl_signature(query, key, mask, dropout_rate),
+    lambda: autotune.xl_signature(query, key, mask, dropout_rate, block_sizes),
     lambda signature: autotune.fwd_bwd_candidates(xl_attention, signature),
   )
 
@@ -91,13 +92,15 @@ def xl_attention(
       `relpos.attention.masking.attention_dropout`; rate 0 (the default) needs no rng.
     implementation: 'xla' (this module's kernel), 'pallas' (the fused, tiled kernels of
       `relpos.attention.pallas_xl`; interpreted on CPU, Triton on GPU; no TPU lowering) or
-      'auto' (the default): on a GPU the faster of the two, timed forward and backward at
-      this call's shapes on first use and cached (`relpos.attention.autotune`); 'xla'
-      elsewhere. With dropout, 'pallas' draws its keep mask from a hash
-      (`pallas_common.dropout_keep_hashed`): same distribution, different bits than 'xla'.
+      'auto' (the default): on a GPU the fastest of 'xla' and 'pallas' at a few tilings,
+      timed forward and backward at this call's shapes on first use and cached
+      (`relpos.attention.autotune`); 'xla' elsewhere. With dropout, 'pallas' draws its keep
+      mask from a hash (`pallas_common.dropout_keep_hashed`): same distribution, different
+      bits than 'xla'.
     block_sizes: (block_q, block_k) tiles of the 'pallas' implementation (None: its default,
-      which Triton can lower; given sizes must be powers of two >= 16 for GPU); unused by
-      'xla'.
+      which Triton can lower, or under 'auto' the tuned tiles; given sizes must be powers of
+      two >= 16 for GPU, and 'auto' then tunes only 'xla' against 'pallas' at them); unused
+      by 'xla'.
   Returns:
     [batch, q_len, heads, head_dim] in value's dtype.
   """
@@ -112,8 +115,8 @@ def xl_attention(
     if bias.shape != key.shape[2:]:
       raise ValueError(f'{name} must be [heads, head_dim] = {key.shape[2:]}, got {bias.shape}')
   dropout_rate = check_dropout(dropout_rate, dropout_rng)
-  implementation = resolve_implementation(
-    implementation, lambda: _tuned(query, key, mask, dropout_rate)
+  implementation, block_sizes = resolve_implementation(
+    implementation, block_sizes, lambda: _tuned(query, key, mask, dropout_rate, block_sizes)
   )
   if implementation == 'pallas':
     return xl_attention_pallas(
