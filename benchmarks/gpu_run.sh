@@ -17,7 +17,7 @@
 #                   an uninterrupted run's, step for step (deterministic XLA ops); eval.py bpc (200)
 #     translate_bleu  translate_tiny (Shaw) on the carried Tatoeba to a BLEU                (200)
 #   autotune        python -m relpos.attention.autotune's tables for enwik8_base and wmt_base,
-#                   where that module exists (its disk cache then serves the steps' 'auto')  (60)
+#                   where that module exists (its disk cache then serves the steps' 'auto') (120)
 #   steps_f32, steps_bf16  benchmarks/char_lm_step.py at enwik8_base: xl and shaw with 'auto'
 #                   and 'xla', absolute; then xl and shaw with 'pallas' named; bf16 also
 #                   profiles each variant (where the step's time goes)              (110, 100)
@@ -30,9 +30,6 @@
 #                   FlexAttention forms at k = 16 and 64 (issue 39's table)               (170)
 #   long_context    the largest n = tgt_len = mem_len that trains, xl and shaw, pallas and
 #                   xla, doubling from 4096 (batch 1, enwik8_base width)                  (180)
-#   kernel_tiles    benchmarks/attention.py at n = 2048 and 512, k = 16: the fused kernels at
-#                   their default tiles and three others each, beside cuDNN (which tiles to
-#                   tune, and how far tiles alone go)                                    (150)
 # Environment: OUT (default ./gpu_out) gets gpu_run.md (the log: device, date, versions,
 # commit, a table of the parts, each part's result lines and log tail) and raw_logs.tar.gz
 # (every part's whole log); the runs' workdirs go to a temporary folder (GPU_RUN_WORK), never
@@ -59,7 +56,7 @@ md=$out/gpu_run.md
 dry=0
 [[ $(basename "$py") == echo ]] && dry=1
 all_parts=(env native resume translate_bleu autotune steps_f32 steps_bf16 translate_step
-  xl_official oom kernels long_context kernel_tiles)
+  xl_official oom kernels long_context)
 body=''
 [[ ${1:-} == --body ]] && body=${2:?} && set -- "$2"
 if (($#)); then parts=("$@"); else parts=("${all_parts[@]}"); fi
@@ -105,9 +102,6 @@ if ((smoke)); then
   attention=(--config=configs/attention_benchmark.py:quick --config.lengths=64 --config.distances=16
     "--config.kernels=('vanilla','shaw','xl')")
   torch_lengths=64 long=("${tiny[@]}") long_start=32 long_max=128
-  tiles=(--config=configs/attention_benchmark.py:quick --config.lengths=64 --config.distances=16
-    --config.tokens=128 --config.rounds=1
-    "--config.kernels=('vanilla','shaw_pallas','shaw_pallas@32x16','xl_pallas','xl_pallas@16x32')")
 else
   tiny=()
   train_sizes=(--config.train.steps=200 --config.train.checkpoint_every=50
@@ -121,10 +115,6 @@ else
   attention=(--config=configs/attention_benchmark.py:gpu --config.lengths=2048)
   # One scanned layer body to compile per size (the step is the same): more sizes in the time.
   torch_lengths=2048 long=(--config.model.scan_layers=True) long_start=4096 long_max=131072
-  tiles=(--config=configs/attention_benchmark.py:gpu --config.lengths='(512,2048)'
-    --config.distances=16 "--config.kernels=('vanilla','cudnn','shaw_pallas',\
-'shaw_pallas@128x64','shaw_pallas@64x128','shaw_pallas@128x128','xl_pallas','xl_pallas@64x32',\
-'xl_pallas@32x64','xl_pallas@64x64')")
 fi
 cuda_torch() { "$py" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; }
 export PYTHONPATH=$PYTHONPATH:$work/site
@@ -236,9 +226,6 @@ p_kernels() {
   done
   return $status
 }
-p_kernel_tiles() {
-  "$py" benchmarks/attention.py "${tiles[@]}"
-}
 p_long_context() {
   XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$py" benchmarks/gpu_run.py long_context --config="$char" \
     --seconds="$((${GPU_RUN_LIMIT:-180} - 15))" --start=$long_start --max=$long_max -- "${long[@]}"
@@ -334,7 +321,7 @@ part translate_bleu 200 &
 wait
 report
 # Timed, one at a time.
-part autotune 60 # first: its decisions, cached on disk, are the 'auto' rows of the steps below
+part autotune 120 # first: its decisions, cached on disk, are the 'auto' rows of the steps below
 part steps_f32 110
 part steps_bf16 120
 part translate_step 80
@@ -344,6 +331,4 @@ part oom 60
 part kernels 170
 report
 part long_context 180
-report
-part kernel_tiles 150
 echo "log: $md; every part's log: $out/raw_logs.tar.gz"
