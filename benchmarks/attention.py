@@ -15,7 +15,8 @@ so the table compares kernels, not machines. Kernels (`config.kernels`):
   (`relpos.attention.shaw.xla_form`: dense up to `DENSE_MAX_KV_LEN` keys, banded above);
   banded and dense: the two forms forced; shaw_pallas: the fused Pallas kernel (interpreted
   on CPU: slow);
-- xl, xl_pallas: `xl_attention` with `implementation='xla'` and `'pallas'`;
+- xl, xl_pallas, xl_cudnn: `xl_attention` with `implementation='xla'`, `'pallas'` and
+  `'cudnn'` (its position term as the bias of cuDNN's flash attention; bf16/fp16, GPU only);
 - a Pallas kernel with `@QxK`, e.g. shaw_pallas@128x64: that kernel with `block_sizes=(Q, K)`
   instead of its default tiles, so that one run can compare tilings;
 - flash_pallas, flash_mosaic: JAX's own Pallas flash attention, without relative terms, as
@@ -30,7 +31,7 @@ A function that fails to lower or compile (a tiling over the GPU's shared memory
 without a backward pass) is left out of the table with one line saying why; the rest run.
 
 Every function is compiled before any is timed, `config.compile_threads` at a time (0: one
-per core); kernels without a k (vanilla, cudnn, flash_*, xl, xl_pallas) once per n, timed in
+per core); kernels without a k (vanilla, cudnn, flash_*, xl*) once per n, timed in
 each k's row. Each Pallas kernel's outputs (fwd) and gradients (fwd+bwd) are checked against
 its XLA implementation on the same inputs (JAX's flash kernels against vanilla attention):
 "error vs xla" is max |pallas - xla| / max |xla|.
@@ -77,15 +78,21 @@ KERNELS = (
   'shaw_pallas',
   'xl',
   'xl_pallas',
+  'xl_cudnn',
 )
 # Kernels that run only on an NVIDIA GPU (left out elsewhere, with a line saying so).
-GPU_ONLY = ('cudnn', 'flash_mosaic')
+GPU_ONLY = ('cudnn', 'flash_mosaic', 'xl_cudnn')
 # The kernels whose inputs depend on the clipping distance k (the others are lowered once per n).
 USES_K = ('shaw', 'banded', 'dense', 'shaw_pallas')
 # relpos's Pallas kernels (they take tiles) and their XLA implementations.
 XLA_OF_PALLAS = {'shaw_pallas': 'shaw', 'xl_pallas': 'xl'}
 # What each Pallas kernel's outputs and gradients are checked against ("error vs xla").
-CHECKED_AGAINST = {**XLA_OF_PALLAS, 'flash_pallas': 'vanilla', 'flash_mosaic': 'vanilla'}
+CHECKED_AGAINST = {
+  **XLA_OF_PALLAS,
+  'flash_pallas': 'vanilla',
+  'flash_mosaic': 'vanilla',
+  'xl_cudnn': 'xl',
+}
 
 
 def split_tiles(name: str):
@@ -137,6 +144,7 @@ def _kernels(names, n, k, heads, head_dim, dtype):
       shaw_tables,
     ),
     'xl': (lambda q, key, v, p: xl(q, key, v, *p, implementation='xla'), xl_params),
+    'xl_cudnn': (lambda q, key, v, p: xl(q, key, v, *p, implementation='cudnn'), xl_params),
   }
 
   def pallas(name, blocks):

@@ -13,7 +13,7 @@ checked against the faster of the two).
 
 Builds the config's model once per `config.model.position` mode (xl, shaw, absolute, none;
 the xl row also without memory, and without dropout (what its random bits and masks cost);
-xl and shaw also with each kernel named instead of 'auto'),
+xl and shaw also with each kernel named instead of 'auto', xl also with cuDNN's, in bf16),
 times the jitted train step (forward, backward, Adam update)
 on a fixed random batch with the modes interleaved round by round, and prints ms/step,
 tokens/s and the ratio to 'xl', then each step's model FLOPs (`relpos.flops.char_lm_flops`, a
@@ -59,6 +59,11 @@ _VARIANTS = {
   'shaw': ('shaw', {'model': {'position': 'shaw'}}),
   'absolute': ('absolute', {'model': {'position': 'absolute'}}),
   'none': ('none', {'model': {'position': 'none'}}),
+  # XL's position term as the bias of cuDNN's flash attention (bf16 configs only).
+  'xl_cudnn': (
+    'xl, cudnn kernels',
+    {'model': {'position': 'xl', 'attention_implementation': 'cudnn'}},
+  ),
   # What dropout (its random bits and masks) costs in the step.
   'xl_nodropout': (
     'xl, no dropout',
@@ -149,10 +154,11 @@ def main(argv):
       f'| {name} | {s * 1e3:.1f} | {batch * length / s:.0f} | {s / seconds["xl"]:.2f} |'
       + step_cells(model_flops[name], xla_counts[name], s, peak)
     )
-  for position in ('xl', 'shaw'):  # 'auto' against each kernel named, where all three ran
-    kernels = {k: seconds.get(f'{position}, {k} kernels') for k in ('xla', 'pallas')}
-    if position in seconds and None not in kernels.values():
-      print(autotune.auto_line(position, seconds[position], kernels))
+  for position in ('xl', 'shaw'):  # 'auto' against each kernel named, where xla and pallas ran
+    kernels = {k: seconds.get(f'{position}, {k} kernels') for k in ('xla', 'pallas', 'cudnn')}
+    if position in seconds and None not in (kernels['xla'], kernels['pallas']):
+      named = {k: s for k, s in kernels.items() if s is not None}
+      print(autotune.auto_line(position, seconds[position], named))
   if memory := peak_memory_line():
     print(memory)
   if step_profile.PROFILE_STEPS.value:

@@ -9,18 +9,20 @@
 # carries). Parts, most valuable first (limits in seconds on a GPU; the budget cuts the last):
 #   env             carried wheels installed (pip --no-index), GPU, versions, devices      (60)
 #   native | resume | translate_bleu   run at the same time (untimed checks, no preallocation):
-#     native        the Pallas kernels through Triton against float64 references, and the char
-#                   LM with Pallas kernels against XLA's (pytest -k 'pallas_native or
-#                   pallas_attention_equals', 4 workers)                                  (150)
+#     native        the Pallas kernels through Triton against float64 references, the char
+#                   LM with Pallas kernels against XLA's, XL through cuDNN against XLA (pytest
+#                   -k 'pallas_native or pallas_attention_equals or cudnn_native', 4 workers)
+#                                                                                         (150)
 #     resume        train.py at enwik8_base width on the bundled text, 200 steps, checkpoints
 #                   every 50, killed (SIGKILL) after step 130 and resumed; its losses against
 #                   an uninterrupted run's, step for step (deterministic XLA ops); eval.py bpc (200)
 #     translate_bleu  translate_tiny (Shaw) on the carried Tatoeba to a BLEU                (200)
 #   autotune        python -m relpos.attention.autotune's tables for enwik8_base and wmt_base,
 #                   where that module exists (its disk cache then serves the steps' 'auto') (120)
-#   steps_f32, steps_bf16  benchmarks/char_lm_step.py at enwik8_base: xl and shaw with 'auto'
-#                   and 'xla', absolute; then xl and shaw with 'pallas' named; bf16 also
-#                   profiles each variant (where the step's time goes)              (110, 100)
+#   steps_f32, steps_bf16  benchmarks/char_lm_step.py at enwik8_base, one run each: xl and
+#                   shaw with 'auto', 'xla' and 'pallas' ('auto check' lines), absolute
+#                   (f32); bf16 also xl with 'cudnn' and without dropout, and profiles each
+#                   variant (where the step's time goes)                            (120, 160)
 #   translate_step  benchmarks/translate_step.py at wmt_base shapes (Tatoeba), shaw with
 #                   'auto', 'xla' and 'pallas', each profiled                              (80)
 #   xl_official     the official Transformer-XL step (PyTorch) at the same shapes          (70)
@@ -106,7 +108,7 @@ else
   tiny=()
   train_sizes=(--config.train.steps=200 --config.train.checkpoint_every=50
     --config.train.log_every=10 --config.train.eval_every=0)
-  kill_after=130 rounds=10 native_k='pallas_native or pallas_attention_equals'
+  kill_after=130 rounds=10 native_k='pallas_native or pallas_attention_equals or cudnn_native'
   translate_tiny=()
   wmt=(--config.data.vocab_size=8000) wmt_sizes=()
   oom_sizes=(--config.train.batch_size=64 --config.train.tgt_len=4096 --config.train.mem_len=4096
@@ -129,7 +131,7 @@ p_env() {
   "$py" -c 'import jax, jaxlib, flax; print(jax.__version__, jaxlib.__version__, flax.__version__, jax.devices())'
 }
 p_native() {
-  XLA_PYTHON_CLIENT_PREALLOCATE=false "$py" -m pytest tests/test_pallas.py tests/test_transformer_xl.py \
+  XLA_PYTHON_CLIENT_PREALLOCATE=false "$py" -m pytest tests/test_pallas.py tests/test_transformer_xl.py tests/test_xl_cudnn.py \
     -k "$native_k" -m 'slow or not slow' -n "$((smoke ? 0 : 4))" -rA -q -p no:cacheprovider
 }
 p_resume() {
@@ -153,27 +155,25 @@ p_translate_bleu() {
   return $status
 }
 # char_lm_step twice: 'auto' and 'xla' (and absolute), then 'pallas' named for xl and shaw.
+# One run per dtype: 'auto' is checked against each kernel named in the same run ('auto check').
 char_steps() {
-  local status=0
   "$py" benchmarks/char_lm_step.py --config="$char" "${tiny[@]}" --rounds=$rounds "$@" \
-    --variants="$variants" || status=1
-  "$py" benchmarks/char_lm_step.py --config="$char" "${tiny[@]}" --rounds=$rounds "$@" \
-    --variants=xl,shaw --config.model.attention_implementation=pallas || status=1
-  return $status
+    --variants="$variants"
 }
-p_steps_f32() { variants=xl,xl_xla,shaw,shaw_xla,absolute char_steps; }
+p_steps_f32() { variants=xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,absolute char_steps; }
 # bf16 also profiles each variant: 2 traced steps, their time by op category and pass
 # (benchmarks/step_profile.py); each variant's headline goes into the markdown log.
 p_steps_bf16() {
-  variants=xl,xl_xla,xl_nodropout,shaw,shaw_xla char_steps --config.model.dtype=bfloat16 \
-    --profile_steps=2 |
-    tee "$logs/steps_bf16.profile"
+  local cudnn=xl_cudnn, # cuDNN's kernels: NVIDIA GPUs only
+  ((smoke)) && cudnn=''
+  variants=xl,xl_xla,xl_pallas,${cudnn}xl_nodropout,shaw,shaw_xla,shaw_pallas char_steps \
+    --config.model.dtype=bfloat16 --profile_steps=2 | tee "$logs/steps_bf16.profile"
   local status=${PIPESTATUS[0]}
   profile_results "$logs/steps_bf16.profile"
   return $status
 }
 # RESULT lines of a step benchmark's profiles: each variant's busy/idle line and top categories,
-# named by the benchmark run they come from (char_steps' second run names 'pallas' for all).
+# named by the benchmark run they come from.
 profile_results() {
   awk '/^(num_layers=|[0-9]+\+[0-9]+ layers)/{run++}
     /^### profile: /{name="run " run ", " substr($0, 14)}
@@ -322,8 +322,8 @@ wait
 report
 # Timed, one at a time.
 part autotune 120 # first: its decisions, cached on disk, are the 'auto' rows of the steps below
-part steps_f32 110
-part steps_bf16 120
+part steps_f32 120
+part steps_bf16 160
 part translate_step 80
 part xl_official 70
 report

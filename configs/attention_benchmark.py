@@ -50,5 +50,6 @@ def get_config(preset: str = 'full') -> ml_collections.ConfigDict:
       'shaw_pallas',
       'xl',
       'xl_pallas',
+      'xl_cudnn',
     )
   return config

@@ -95,6 +95,22 @@ BAD_VALUES = [
     dict(position='t5', t5_num_buckets=32, t5_max_distance=16),
     'config.model.t5_max_distance=16 must exceed config.model.t5_num_buckets // 2 = 16',
   ),
+  # cuDNN's flash attention with XL's position term as its bias: XL, bfloat16, no dropout
+  (
+    'char_lm',
+    dict(position='shaw', attention_implementation='cudnn', dtype='bfloat16'),
+    "config.model.attention_implementation='cudnn' serves position='xl' only",
+  ),
+  (
+    'char_lm',
+    dict(position='xl', attention_implementation='cudnn'),
+    "attention_implementation='cudnn' needs config.model.dtype='bfloat16', got 'float32'",
+  ),
+  (
+    'char_lm',
+    dict(position='xl', attention_implementation='cudnn', dtype='bfloat16', attention_dropout=0.1),
+    'config.model.attention_dropout must be 0, got 0.1',
+  ),
 ]
 
 
@@ -110,6 +126,8 @@ def test_cross_field_rules_apply_to_their_positions_only():
   assert model_config('char_lm', position='shaw', d_model=15).d_model == 15
   assert model_config('translate', position='learned', d_model=15, num_heads=3).head_dim == 5
   assert not model_config('char_lm', relative_keys=False, relative_values=False).relative_keys
+  xl_cudnn = dict(attention_implementation='cudnn', dtype='bfloat16', attention_dropout=0.0)
+  assert model_config('char_lm', position='xl', **xl_cudnn).attention_implementation == 'cudnn'
 
 
 def test_vocab_size_and_section_fields():

@@ -373,19 +373,26 @@ def test_auto_is_xla_off_a_gpu():
 
 
 def test_resolve_implementation_keeps_names_and_asks_the_tuner_for_auto():
-  """'xla' and 'pallas' are kept with the caller's tiles whatever the tuner says; 'auto' is the
-  tuner's answer (relpos.attention.autotune) with its tiles ('pallas@QxK'), the caller's for
-  plain 'pallas', and 'xla' without a tuner; other names raise ValueError."""
-  assert resolve_implementation('xla', None, lambda: 'pallas') == ('xla', None)
-  assert resolve_implementation('pallas', (16, 32), lambda: 'xla') == ('pallas', (16, 32))
-  assert resolve_implementation('auto', None, lambda: 'pallas') == ('pallas', None)
-  assert resolve_implementation('auto', None, lambda: 'pallas@128x64') == ('pallas', (128, 64))
-  assert resolve_implementation('auto', (16, 32), lambda: 'pallas@16x32') == ('pallas', (16, 32))
-  assert resolve_implementation('auto') == ('xla', None)
-  with pytest.raises(ValueError, match="one of 'auto', 'xla', 'pallas'"):
-    resolve_implementation('triton')
-  with pytest.raises(ValueError, match='pallas@QxK'):
-    resolve_implementation('auto', None, lambda: 'cudnn')
+  """'xla', 'pallas' and 'cudnn' are kept with the caller's tiles whatever the tuner says;
+  'auto' is the tuner's answer (relpos.attention.autotune) with its tiles ('pallas@QxK'), the
+  caller's for plain 'pallas', and 'xla' without a tuner; other names, and 'cudnn' for Shaw
+  (whose a^V term is no additive bias), raise ValueError."""
+  for kernel in ('shaw', 'xl'):
+    resolve = functools.partial(resolve_implementation, kernel=kernel)
+    assert resolve('xla', None, lambda: 'pallas') == ('xla', None)
+    assert resolve('pallas', (16, 32), lambda: 'xla') == ('pallas', (16, 32))
+    assert resolve('auto', None, lambda: 'pallas') == ('pallas', None)
+    assert resolve('auto', None, lambda: 'pallas@128x64') == ('pallas', (128, 64))
+    assert resolve('auto', (16, 32), lambda: 'pallas@16x32') == ('pallas', (16, 32))
+    assert resolve('auto') == ('xla', None)
+    with pytest.raises(ValueError, match="one of 'auto', 'xla', 'pallas', 'cudnn'"):
+      resolve('triton')
+    with pytest.raises(ValueError, match='pallas@QxK'):
+      resolve('auto', None, lambda: 'flash')
+  assert resolve_implementation('cudnn', None, lambda: 'xla', kernel='xl') == ('cudnn', None)
+  assert resolve_implementation('auto', None, lambda: 'cudnn', kernel='xl') == ('cudnn', None)
+  with pytest.raises(ValueError, match="'cudnn' is not one of shaw attention's"):
+    resolve_implementation('cudnn', kernel='shaw')
 
 
 # --------------------------------------------------------------------------------------------

@@ -35,8 +35,9 @@ stack the layer is traced before it is differentiated), so they are timed the sa
   ~128 have one or two 64-tiles per axis and pad ragged lengths more); 64x128 was 1.7x slower and
   128x128 is over an H100's shared memory. XL 32x64 (within 6% of 32x32 at n = 512) and 64x32 (not
   measured, the other half-step; its float32 kernels spill 0.3-1.7 KB); 16x16 was 1.5x slower and
-  64x64 is over the shared memory. At most 4 candidates. Every process builds the same list from the
-  signature.
+  64x64 is over the shared memory. Last, for XL in bf16/fp16 without attention dropout on a GPU,
+  'cudnn' (`xl.xl_attention_cudnn`: the position term as a bias of cuDNN's flash attention). At
+  most 5 candidates. Every process builds the same list from the signature.
 - Given tiles. A caller that passes `block_sizes` with 'auto' keeps its tiles: the signature
   records them (`tiles=QxK` in its text) and the candidates are 'xla' and 'pallas@QxK' at
   those tiles, so only the implementation is tuned.
@@ -124,6 +125,7 @@ from relpos.attention.pallas_common import (
   triton_size,
 )
 from relpos.attention.pallas_xl import DEFAULT_XL_BLOCK
+from relpos.attention.xl import CUDNN_DTYPES
 
 # (block_q, block_k) timed besides each kernel's default tiles (module docstring, The
 # candidates): at most 3 Pallas candidates per signature.
@@ -243,15 +245,25 @@ def candidate_names(signature: Signature) -> tuple[str, ...]:
   the padded lengths; with given tiles, 'xla' and 'pallas@QxK' at them. A pure function of
   the signature, so every process lists the same names in the same order."""
   s = signature
+  cudnn = ['cudnn'] if cudnn_serves(s) else []
   if s.tiles is not None:
-    return ('xla', tiles_name(s.tiles))
+    return ('xla', tiles_name(s.tiles), *cudnn)
   default = Tiling.make(s.q_len, s.kv_len, None, DEFAULT_BLOCKS[s.kernel])
   names = ['xla', 'pallas']
   for block_q, block_k in TILINGS[s.kernel]:
     fits = block_q <= triton_size(s.q_len) and block_k <= triton_size(s.kv_len)
     if fits and (block_q, block_k) != (default.block_q, default.block_k):
       names.append(tiles_name((block_q, block_k)))
-  return tuple(names)
+  return (*names, *cudnn)
+
+
+def cudnn_serves(signature: Signature) -> bool:
+  """Whether 'cudnn' is a candidate at `signature`: XL, bf16/fp16, no attention dropout, on a
+  GPU (`relpos.attention.xl.xl_attention_cudnn`; on a GPU without cuDNN it fails, is timed as
+  failed and never chosen)."""
+  s = signature
+  gpu = jax.default_backend() == 'gpu'
+  return gpu and s.kernel == 'xl' and s.dtype in CUDNN_DTYPES and s.dropout == 0.0
 
 
 # ------------------------------------------------------------------------------------------
@@ -338,8 +350,9 @@ def measure(name: str, run: Callable[[], Any]) -> float:
 
 
 def pick(seconds: Mapping[str, float]) -> str:
-  """The fastest Pallas variant (name -> seconds: 'pallas', 'pallas@QxK'; the earlier listed on
-  an exact tie) if it is more than TIE_MARGIN faster than 'xla', else 'xla'."""
+  """The fastest other candidate (name -> seconds: 'pallas', 'pallas@QxK', 'cudnn'; the
+  earlier listed on an exact tie) if it is more than TIE_MARGIN faster than 'xla', else
+  'xla'."""
   variants = [name for name in seconds if name != 'xla']
   fastest = min(variants, key=seconds.__getitem__)
   return fastest if seconds[fastest] < seconds['xla'] * (1.0 - TIE_MARGIN) else 'xla'

@@ -71,7 +71,10 @@ from jax.experimental.pallas import triton as pallas_triton
 
 from relpos.attention.masking import accumulation_dtype
 
-IMPLEMENTATIONS = ('auto', 'xla', 'pallas')
+IMPLEMENTATIONS = ('auto', 'xla', 'pallas', 'cudnn')
+# Which kernels each implementation serves: 'cudnn' is cuDNN's flash attention with an additive
+# bias, which XL's position term is and Shaw's a^V term is not (`relpos.attention.xl`).
+SERVES = {'auto': ('shaw', 'xl'), 'xla': ('shaw', 'xl'), 'pallas': ('shaw', 'xl'), 'cudnn': ('xl',)}
 
 # Finite "minus infinity" for masked logits (as masking._MASKED_LOGIT): exp underflows to 0.
 MASKED_LOGIT = -1e30
@@ -95,41 +98,49 @@ def tiles_name(block_sizes=None) -> str:
 
 
 def parse_choice(name: str) -> tuple[str, tuple[int, int] | None]:
-  """(implementation, block_sizes) for 'xla', 'pallas' or 'pallas@QxK' (`tiles_name`'s);
-  block_sizes None for 'xla' and 'pallas' (the default tiles). Raises ValueError for other
-  names."""
+  """(implementation, block_sizes) for 'xla', 'cudnn', 'pallas' or 'pallas@QxK'
+  (`tiles_name`'s); block_sizes None but for 'pallas@QxK' ('pallas': the default tiles).
+  Raises ValueError for other names."""
   implementation, at, tiles = name.partition('@')
-  if implementation not in ('xla', 'pallas') or (at and implementation != 'pallas'):
-    raise ValueError(f"not 'xla', 'pallas' or 'pallas@QxK': {name!r}")
+  if implementation not in ('xla', 'pallas', 'cudnn') or (at and implementation != 'pallas'):
+    raise ValueError(f"not 'xla', 'cudnn', 'pallas' or 'pallas@QxK': {name!r}")
   if not at:
     return implementation, None
   try:
     block_q, block_k = (int(size) for size in tiles.split('x'))
   except ValueError:
-    raise ValueError(f"not 'xla', 'pallas' or 'pallas@QxK': {name!r}") from None
+    raise ValueError(f"not 'xla', 'cudnn', 'pallas' or 'pallas@QxK': {name!r}") from None
   if tiles_name((block_q, block_k)) != name or min(block_q, block_k) < 1:
-    raise ValueError(f"not 'xla', 'pallas' or 'pallas@QxK': {name!r}")
+    raise ValueError(f"not 'xla', 'cudnn', 'pallas' or 'pallas@QxK': {name!r}")
   return implementation, (block_q, block_k)
 
 
 def resolve_implementation(
-  implementation: str, block_sizes=None, tune: Callable[[], str] | None = None
+  implementation: str, block_sizes=None, tune: Callable[[], str] | None = None, *, kernel: str
 ) -> tuple[str, Any]:
-  """(implementation, block_sizes) for a call's `implementation` and `block_sizes` arguments:
-  'xla' or 'pallas', and the Pallas tiles to use (None: the kernel's default).
+  """(implementation, block_sizes) for a `kernel`'s ('shaw' or 'xl') `implementation` and
+  `block_sizes` arguments: 'xla', 'pallas' or (XL) 'cudnn', and the Pallas tiles to use (None:
+  the kernel's default).
 
-  'xla' and 'pallas' are kept with the caller's `block_sizes`. 'auto' is `tune()`, the
-  caller's measured choice at the shapes of its call (`relpos.attention.autotune`: the fastest
-  of 'xla' and the 'pallas' tilings it times, forward and backward, on a GPU; 'xla' on CPUs,
-  where Pallas only interprets, and on TPUs, where these Triton kernels do not lower), or
-  'xla' without `tune`. The tuner names its choice 'xla', 'pallas' (the caller's
-  `block_sizes`, None: the default tiles) or 'pallas@QxK' (those tiles), and this returns its
-  implementation and tiles. Raises ValueError for anything but 'auto', 'xla' or 'pallas'.
+  'xla', 'pallas' and 'cudnn' are kept with the caller's `block_sizes`. 'auto' is `tune()`,
+  the caller's measured choice at the shapes of its call (`relpos.attention.autotune`: the
+  fastest of its candidates, timed forward and backward, on a GPU; 'xla' on CPUs, where Pallas
+  only interprets, and on TPUs, where these Triton kernels do not lower), or 'xla' without
+  `tune`. The tuner names its choice 'xla', 'cudnn', 'pallas' (the caller's `block_sizes`,
+  None: the default tiles) or 'pallas@QxK' (those tiles), and this returns its implementation
+  and tiles. Raises ValueError for a name not in IMPLEMENTATIONS or one the kernel has not
+  (`SERVES`: 'cudnn' is XL's only).
   """
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(
       f'implementation must be one of {", ".join(map(repr, IMPLEMENTATIONS))}; '
       f'got {implementation!r}'
+    )
+  if kernel not in SERVES[implementation]:
+    served = [name for name in IMPLEMENTATIONS if kernel in SERVES[name]]
+    raise ValueError(
+      f"implementation={implementation!r} is not one of {kernel} attention's "
+      f'({", ".join(map(repr, served))})'
     )
   if implementation != 'auto':
     return implementation, block_sizes

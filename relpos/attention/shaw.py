@@ -432,6 +432,7 @@ def shaw_attention(
     implementation,
     block_sizes,
     lambda: _tuned(query, key, rel_key, rel_value, mask, dropout_rate, block_sizes),
+    kernel='shaw',
   )
   if implementation == 'pallas':
     return shaw_attention_pallas(

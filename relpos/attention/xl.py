@@ -5,6 +5,14 @@
 Queries are the last q_len of kv_len positions (the memory comes first). The position term is
 computed per distance, `[q_len, kv_len]` over t = 0..kv_len-1, and moved to key coordinates
 with the pad-and-reshape relative shift; no [q, kv, heads, d] tensor is gathered.
+
+Three implementations of the same scores: 'xla' (below: logits, softmax and the weighted sum
+as XLA ops), 'pallas' (`relpos.attention.pallas_xl`: fused, tiled, no [q_len, kv_len] array)
+and 'cudnn' (`xl_attention_cudnn`): the position term, causal mask included, computed as for
+'xla' and handed to cuDNN's flash attention as an additive bias, which fuses the content
+logits, the softmax, the weighted sum and their gradients (the bias's gradient included). Its
+memory is O(q_len·kv_len) like 'xla''s, in the input dtype instead of float32; cuDNN takes
+bf16/fp16 inputs and no attention dropout here, and runs on NVIDIA GPUs only.
 """
 
 import jax
@@ -52,6 +60,43 @@ def _position_logits(query_BQHD, rel_key_THD):
   return jnp.transpose(position_HBQT, (1, 0, 2, 3)) * query_BQHD.shape[-1] ** -0.5
 
 
+# What `xl_attention_cudnn` asks of jax.nn.dot_product_attention: cuDNN on a GPU. Tests on a
+# CPU set 'xla', JAX's own implementation of the same call, to check what relpos builds.
+CUDNN_IMPLEMENTATION = 'cudnn'
+CUDNN_DTYPES = ('bfloat16', 'float16')
+
+
+def xl_attention_cudnn(query, key, value, rel_key, content_bias, position_bias, *, mask=None):
+  """XL attention through cuDNN's flash attention: `softmax((q + u)·kᵀ/sqrt(d) + bias) v` with
+  bias = the relative-shifted position term (as 'xla' computes it, rounded to the input dtype)
+  where a key may be attended, and a large negative number elsewhere. Rows with no key allowed
+  are zeros, as in 'xla'. Arguments as `xl_attention`'s; bf16/fp16 inputs, no dropout."""
+  if jnp.dtype(query.dtype).name not in CUDNN_DTYPES:
+    raise ValueError(
+      f"implementation='cudnn' takes bfloat16 or float16 inputs (cuDNN's flash attention); "
+      f"these are {jnp.dtype(query.dtype).name}: use 'xla' or 'pallas'"
+    )
+  q_len, kv_len = query.shape[1], key.shape[1]
+  allowed = causal_mask(q_len, kv_len)
+  if mask is not None:
+    allowed = allowed & mask
+  position = relative_shift(_position_logits(query + position_bias.astype(query.dtype), rel_key))
+  # Finite and moderate, as JAX's own cuDNN masks (cuDNN subtracts such numbers from each other).
+  lowest = -(2.0**41) if query.dtype == jnp.bfloat16 else -(2.0**15)
+  bias = jnp.where(allowed, position, lowest).astype(query.dtype)
+  out = jax.nn.dot_product_attention(
+    query + content_bias.astype(query.dtype),
+    key,
+    value,
+    bias=bias,
+    scale=query.shape[-1] ** -0.5,
+    implementation=CUDNN_IMPLEMENTATION,
+  )
+  # A row with no allowed key: cuDNN averages every value (all biases equal); 'xla' gives 0.
+  any_allowed = jnp.any(jnp.broadcast_to(allowed, bias.shape), axis=-1)  # [B, H, Q]
+  return jnp.where(jnp.transpose(any_allowed, (0, 2, 1))[..., None], out, 0).astype(value.dtype)
+
+
 def _tuned(query, key, mask, dropout_rate, block_sizes) -> str:
   """'auto' for this call: the autotuner's choice at its shapes and the caller's tiles
   ('xla', 'pallas' or 'pallas@QxK'; `relpos.attention.autotune`, imported here so that
@@ -91,9 +136,11 @@ def xl_attention(
     dropout_rate, dropout_rng: attention-probability dropout, see
       `relpos.attention.masking.attention_dropout`; rate 0 (the default) needs no rng.
     implementation: 'xla' (this module's kernel), 'pallas' (the fused, tiled kernels of
-      `relpos.attention.pallas_xl`; interpreted on CPU, Triton on GPU; no TPU lowering) or
-      'auto' (the default): on a GPU the fastest of 'xla' and 'pallas' at a few tilings,
-      timed forward and backward at this call's shapes on first use and cached
+      `relpos.attention.pallas_xl`; interpreted on CPU, Triton on GPU; no TPU lowering),
+      'cudnn' (`xl_attention_cudnn`: NVIDIA GPUs, bf16/fp16, no dropout) or
+      'auto' (the default): on a GPU the fastest of 'xla', 'pallas' at a few tilings and
+      (bf16/fp16 without dropout) 'cudnn', timed forward and backward at this call's shapes
+      on first use and cached
       (`relpos.attention.autotune`); 'xla' elsewhere. With dropout, 'pallas' draws its keep
       mask from a hash (`pallas_common.dropout_keep_hashed`): same distribution, different
       bits than 'xla'.
@@ -116,8 +163,18 @@ def xl_attention(
       raise ValueError(f'{name} must be [heads, head_dim] = {key.shape[2:]}, got {bias.shape}')
   dropout_rate = check_dropout(dropout_rate, dropout_rng)
   implementation, block_sizes = resolve_implementation(
-    implementation, block_sizes, lambda: _tuned(query, key, mask, dropout_rate, block_sizes)
+    implementation,
+    block_sizes,
+    lambda: _tuned(query, key, mask, dropout_rate, block_sizes),
+    kernel='xl',
   )
+  if implementation == 'cudnn':
+    if dropout_rate:
+      raise ValueError(
+        f"implementation='cudnn' has no attention dropout (dropout_rate={dropout_rate}): "
+        "use 'xla' or 'pallas'"
+      )
+    return xl_attention_cudnn(query, key, value, rel_key, content_bias, position_bias, mask=mask)
   if implementation == 'pallas':
     return xl_attention_pallas(
       query,

@@ -104,8 +104,9 @@ class ModelConfig:
   attention_implementation: str = field(
     'auto',
     checks.one_of(*IMPLEMENTATIONS),
-    "Shaw's and XL's kernels: 'auto' (on a GPU the faster of the two, timed at each call's "
-    "shapes: relpos.attention.autotune; XLA elsewhere), 'xla' or 'pallas'",
+    "Shaw's and XL's kernels: 'auto' (on a GPU the fastest, timed at each call's shapes: "
+    "relpos.attention.autotune; XLA elsewhere), 'xla', 'pallas' or (XL, bfloat16, no "
+    "attention dropout) 'cudnn'",
     read_by=(*_SHAW, 'xl'),
   )
   dtype: str = field(
@@ -150,10 +151,29 @@ class ModelConfig:
         f"config.model.position='rope' rotates pairs of features: the head dimension must be "
         f'even, got {self.head_dim}'
       )
+    if self.attention_implementation == 'cudnn':
+      self._check_cudnn()
     if self.position == 't5' and self.t5_max_distance <= self.t5_num_buckets // 2:
       raise ValueError(
         f'config.model.t5_max_distance={self.t5_max_distance} must exceed '
         f'config.model.t5_num_buckets // 2 = {self.t5_num_buckets // 2}, the exact distances'
+      )
+
+  def _check_cudnn(self):
+    """attention_implementation='cudnn' is XL's position term as cuDNN's bias
+    (`relpos.attention.xl.xl_attention_cudnn`): XL only, bfloat16, no attention dropout."""
+    where = "config.model.attention_implementation='cudnn'"
+    if self.position != 'xl':
+      raise ValueError(
+        f"{where} serves position='xl' only (Shaw's a^V term is no additive bias); "
+        f'this config has position={self.position!r}'
+      )
+    if self.dtype != 'bfloat16':
+      raise ValueError(f"{where} needs config.model.dtype='bfloat16', got {self.dtype!r}")
+    if self.attention_dropout:
+      raise ValueError(
+        f'{where} has no attention dropout: config.model.attention_dropout must be 0, got '
+        f'{self.attention_dropout}'
       )
 
   def unread_fields(self) -> tuple[str, ...]:

@@ -1,0 +1,146 @@
+"""xl_attention(implementation='cudnn'): XL's position term as the bias of cuDNN's flash
+attention. On a CPU, jax.nn.dot_product_attention's own XLA implementation stands in for cuDNN
+(`xl.CUDNN_IMPLEMENTATION`), which checks everything relpos builds around the call (the bias,
+the mask, the scale, dead rows, the gradients); on a GPU the `cudnn_native` test runs cuDNN
+itself (benchmarks/gpu_run.sh's native part selects it)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import reference
+from helpers import make_mask, qkv, randn
+
+from relpos.attention import autotune, xl
+from relpos.attention.xl import xl_attention
+
+SHAPES = [(2, 7, 13, 3, 64), (1, 16, 16, 2, 64), (2, 1, 9, 2, 64)]  # (B, Q, K, H, D)
+
+
+def _inputs(seed, batch, q_len, kv_len, heads, dim, dtype=jnp.bfloat16):
+  rng = np.random.default_rng(seed)
+  q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
+  rest = randn(rng, kv_len, heads, dim), randn(rng, heads, dim), randn(rng, heads, dim)
+  return [jnp.asarray(x, dtype) for x in (q, k, v, *rest)]
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+  """cuDNN's place taken by JAX's XLA implementation of the same call (off a GPU)."""
+  if jax.default_backend() != 'gpu':
+    monkeypatch.setattr(xl, 'CUDNN_IMPLEMENTATION', 'xla')
+
+
+@pytest.mark.parametrize('shape', SHAPES, ids=lambda s: 'x'.join(map(str, s)))
+@pytest.mark.parametrize('mask_kind', ['none', 'random', 'dead_rows'])
+def test_cudnn_equals_the_reference_and_xla(stand_in, shape, mask_kind):
+  args = _inputs(3, *shape)
+  batch, q_len, kv_len, heads, _ = shape
+  mask = make_mask(mask_kind, np.random.default_rng(4), batch, heads, q_len, kv_len)
+  out = xl_attention(*args, mask=mask, implementation='cudnn')
+  assert out.shape == args[0].shape and out.dtype == jnp.bfloat16
+  want = reference.xl(*(np.asarray(a, np.float64) for a in args), mask=mask)
+  scale = np.abs(want).max()
+  assert np.abs(np.asarray(out, np.float64) - want).max() < 2e-2 * scale
+  xla = xl_attention(*args, mask=mask, implementation='xla')
+  np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(xla, np.float32), atol=0.03)
+  if mask_kind == 'dead_rows':  # rows with no key allowed are zeros, as 'xla' gives them
+    allowed = np.broadcast_to(mask, (batch, heads, q_len, kv_len)) & (
+      np.arange(kv_len)[None] <= np.arange(q_len)[:, None] + kv_len - q_len
+    )
+    dead = ~allowed.any(-1).transpose(0, 2, 1)  # [B, Q, H]
+    assert dead.any() and np.all(np.asarray(out, np.float32)[dead] == 0)
+
+
+def test_cudnn_gradients_equal_xla(stand_in):
+  args = _inputs(5, 2, 7, 13, 3, 64)
+  cotangent = jnp.asarray(np.random.default_rng(6).normal(size=args[0].shape), jnp.float32)
+
+  def grads(implementation):
+    def loss(*xs):
+      out = xl_attention(*xs, implementation=implementation).astype(jnp.float32)
+      return jnp.sum(out * cotangent)
+
+    return jax.jit(jax.grad(loss, argnums=tuple(range(6))))(*args)
+
+  for name, got, want in zip(
+    ['q', 'k', 'v', 'r', 'u', 'v_bias'], grads('cudnn'), grads('xla'), strict=True
+  ):
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert np.abs(got - want).max() < 3e-2 * np.abs(want).max(), name
+
+
+def test_cudnn_refuses_float32_and_dropout():
+  args = _inputs(7, 1, 4, 4, 1, 64, dtype=jnp.float32)
+  with pytest.raises(ValueError, match="'cudnn' takes bfloat16 or float16 inputs"):
+    xl_attention(*args, implementation='cudnn')
+  args = _inputs(7, 1, 4, 4, 1, 64)
+  with pytest.raises(ValueError, match="'cudnn' has no attention dropout"):
+    xl_attention(*args, implementation='cudnn', dropout_rate=0.1, dropout_rng=jax.random.key(0))
+
+
+def test_cudnn_is_a_candidate_for_xl_in_bf16_without_dropout_on_a_gpu(monkeypatch):
+  def signature(**changes):
+    fields = dict(
+      kernel='xl',
+      batch=2,
+      q_len=512,
+      kv_len=1024,
+      heads=8,
+      head_dim=64,
+      dtype='bfloat16',
+      mask=None,
+      max_distance=None,
+      tables='',
+      dropout=0.0,
+    )
+    return autotune.Signature(**{**fields, **changes})
+
+  assert 'cudnn' not in autotune.candidate_names(signature())  # not on this CPU
+  monkeypatch.setattr(autotune.jax, 'default_backend', lambda: 'gpu')
+  assert autotune.candidate_names(signature())[-1] == 'cudnn'
+  assert autotune.candidate_names(signature(tiles=(32, 32))) == ('xla', 'pallas@32x32', 'cudnn')
+  for changes in ({'dtype': 'float32'}, {'dropout': 0.1}):
+    assert 'cudnn' not in autotune.candidate_names(signature(**changes))
+  shaw = signature(kernel='shaw', max_distance=16, tables='kv')
+  assert 'cudnn' not in autotune.candidate_names(shaw)
+
+
+def test_auto_calls_cudnn_when_the_tuner_picks_it(monkeypatch):
+  """'auto' resolved to 'cudnn' reaches xl_attention_cudnn (a spy), inside jit and grad."""
+  calls = []
+  real = xl.xl_attention_cudnn
+
+  def spy(*args, **kwargs):
+    calls.append(kwargs)
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(xl, 'xl_attention_cudnn', spy)
+  monkeypatch.setattr(xl, 'CUDNN_IMPLEMENTATION', 'xla')
+  monkeypatch.setattr(autotune.jax, 'default_backend', lambda: 'gpu')
+  timer = lambda name, run: 1.0 if name == 'cudnn' else 2.0  # noqa: E731
+  args = _inputs(8, 1, 4, 8, 2, 64)
+  with autotune.tuning(timer=timer, cache_path=None):
+    jax.jit(jax.grad(lambda q: jnp.sum(xl_attention(q, *args[1:]).astype(jnp.float32))))(args[0])
+  assert calls, "'auto' did not reach xl_attention_cudnn"
+
+
+@pytest.mark.skipif(jax.default_backend() != 'gpu', reason='cuDNN needs an NVIDIA GPU')
+def test_cudnn_native_equals_xla():
+  """cuDNN itself (no stand-in) against the 'xla' implementation, forward and gradients."""
+  args = _inputs(9, 2, 128, 256, 4, 64)
+  out = xl_attention(*args, implementation='cudnn')
+  xla = xl_attention(*args, implementation='xla')
+  np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(xla, np.float32), atol=0.03)
+
+  def loss(implementation):
+    def total(*xs):
+      return jnp.sum(xl_attention(*xs, implementation=implementation).astype(jnp.float32))
+
+    return total
+
+  got = jax.grad(loss('cudnn'), argnums=(0, 1, 2, 3))(*args)
+  want = jax.grad(loss('xla'), argnums=(0, 1, 2, 3))(*args)
+  for g, w in zip(got, want, strict=True):
+    g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+    assert np.abs(g - w).max() < 3e-2 * np.abs(w).max()
