@@ -19,16 +19,17 @@
 #     translate_bleu  translate_tiny (Shaw) on the carried Tatoeba to a BLEU                (200)
 #   autotune        python -m relpos.attention.autotune's tables for enwik8_base and wmt_base,
 #                   where that module exists (its disk cache then serves the steps' 'auto') (120)
-#   steps_f32, steps_bf16  benchmarks/char_lm_step.py at enwik8_base, one run each: xl and
-#                   shaw with 'auto', 'xla' and 'pallas' ('auto check' lines), absolute
-#                   (f32); bf16 also xl with 'cudnn' and without dropout, and profiles each
-#                   variant (where the step's time goes)                            (120, 160)
+#   steps_f32       benchmarks/char_lm_step.py at enwik8_base, one run: xl and shaw with
+#                   'auto', 'xla' and 'pallas' ('auto check' lines), absolute             (120)
 #   translate_step  benchmarks/translate_step.py at wmt_base shapes (Tatoeba), shaw with
 #                   'auto', 'xla' and 'pallas', each profiled                              (80)
+#   steps_bf16      as steps_f32 in bf16, without absolute, with xl through 'cudnn' and xl
+#                   without dropout; each variant profiled (where the step's time goes)   (160)
 #   xl_official     the official Transformer-XL step (PyTorch) at the same shapes          (70)
 #   oom             train.py with an oversized batch: its exit status and last line        (60)
 #   kernels         benchmarks/attention.py bf16 fwd+bwd n = 2048, k = 16 and 64: vanilla,
-#                   cuDNN, shaw/xl (xla and pallas); then the peers' torch SDPA and
+#                   cuDNN, JAX's Pallas flash (Triton, Mosaic GPU), shaw/xl (xla and pallas,
+#                   xl also cudnn); then the peers' torch SDPA and
 #                   FlexAttention forms at k = 16 and 64 (issue 39's table)               (170)
 #   long_context    the largest n = tgt_len = mem_len that trains, xl and shaw, pallas and
 #                   xla, doubling from 4096 (batch 1, enwik8_base width)                  (180)
@@ -57,7 +58,7 @@ mkdir -p "$logs"
 md=$out/gpu_run.md
 dry=0
 [[ $(basename "$py") == echo ]] && dry=1
-all_parts=(env native resume translate_bleu autotune steps_f32 steps_bf16 translate_step
+all_parts=(env native resume translate_bleu autotune steps_f32 translate_step steps_bf16
   xl_official oom kernels long_context)
 body=''
 [[ ${1:-} == --body ]] && body=${2:?} && set -- "$2"
@@ -323,8 +324,8 @@ report
 # Timed, one at a time.
 part autotune 120 # first: its decisions, cached on disk, are the 'auto' rows of the steps below
 part steps_f32 120
+part translate_step 80 # with steps_f32, issue 36's 'auto check' lines; then issue 39's
 part steps_bf16 160
-part translate_step 80
 part xl_official 70
 report
 part oom 60

@@ -13,7 +13,7 @@ from gpu_run import compare_losses, main
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / 'benchmarks' / 'gpu_run.sh'
 PARTS = (
-  'env native resume translate_bleu autotune steps_f32 steps_bf16 translate_step xl_official oom '
+  'env native resume translate_bleu autotune steps_f32 translate_step steps_bf16 xl_official oom '
   'kernels long_context'
 ).split()
 
