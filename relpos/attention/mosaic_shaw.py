@@ -1,0 +1,353 @@
+"""Causal Shaw et al. (2018) attention, forward only, as a Pallas Mosaic GPU kernel (prototype).
+
+    e_ij = (q_i·k_j + q_i·w^K[r_ij]) / sqrt(d)      z_i = Σ_j p_ij (v_j + w^V[r_ij])
+    r_ij = clip(j - i, -k, k) + k                   causal: j <= i (q_len == kv_len)
+
+A flash-attention kernel on Hopper's tensor cores (`plgpu.wgmma`, operands in shared memory
+loaded by TMA), with XLA doing the per-bucket work before and after it, because Mosaic GPU has no
+gathers or scatters inside a kernel. Forward pass only: no custom_vjp (the backward kernel will
+need the logsumexp, which this kernel already returns).
+
+Why band tiles. With causal masking, query i sees keys j <= i. Every key with j - i <= -k falls in
+bucket 0, so its bias is q_i·w^K[0]/sqrt(d) =: c_i, one constant per row. A key tile whose every
+(i, j) pair has j - i <= -k (a "far" tile) is therefore plain attention plus a row constant. Only
+the few "band" tiles that meet -k < j - i <= 0 for some pair need a full [block_q, block_kv]
+bias. For query tile t the band is the `nb` key tiles ending at the diagonal (nb = the most any
+tile needs: 1 + ceil((k - 1) / block_kv) when block_q == block_kv, or all tiles when k is large);
+the tiles before them are far.
+
+Why no row constant in the kernel. Softmax is unchanged by subtracting a per-row constant from
+every logit, so the kernel works with e'_ij = e_ij - c_i: far tiles get no bias at all (they are
+exactly flash attention) and band tiles get b'_ij = q_i·(w^K[r_ij] - w^K[0])/sqrt(d). XLA adds
+c_i back to the logsumexp the kernel returns.
+
+XLA before the kernel: qw = q·w^Kᵀ/sqrt(d) [B, H, n, 2k+1]; the band bias [B, H, n, nb·block_kv],
+gathered from qw minus its column 0 with a constant index pattern (the same for every query tile),
+with -inf where j > i (causal) or j < 0 (band tiles before the start of the sequence; the kernel
+loads tile 0 in their place and their -inf logits contribute nothing). So the causal mask lives
+in the bias: the kernel never builds an iota mask.
+
+The kernel (grid heads × query tiles × batch; one warpgroup that both issues the TMA copies and
+computes: no warp specialisation, unlike JAX's FA3 example `attention_mgpu.py`): band tiles first
+(a static loop from the diagonal down), then the far tiles (a dynamic loop), each: K and V tiles
+TMA-copied to shared memory (two slots: the next tile's copies are issued before this tile's
+matmuls), S = Q·Kᵀ/sqrt(d) by wgmma, plus the band bias (band tiles: also TMA-copied, and the
+biased logits TMA-stored), online softmax in base 2 (running max starting at -1e30, not -inf, so
+a row that has seen only masked keys rescales by 1), P to shared memory, acc += P·V by wgmma.
+K is transposed by XLA ([B, H, d, n]) so that both wgmma operands are plain shared-memory tiles.
+Outputs: the value term Σ_j p_ij v_j [B, n, H, d] (input dtype), the logsumexp of e' and the
+probability of the far tiles (all bucket 0) [B, H, n], and the band tiles' logits e'
+[B, H, n, nb·block_kv] (float32).
+
+XLA after the kernel: band probabilities p = exp(e' - logsumexp'), folded into buckets with a
+constant one-hot [block_q, nb·block_kv, 2k+1] einsum, plus the far mass in bucket 0, gives
+P_ir = Σ_{j: r_ij = r} p_ij; z = Σ_j p_ij v_j + P·w^V. The logsumexp returned is that of the
+true logits e (lse' + c_i), for a backward kernel.
+
+Cost beyond flash attention: the band tiles' bias read and logits write (nb·block_kv floats per
+row each way) and the one-hot fold (n·nb·block_kv·(2k+1) multiply-adds per head): O(n·k) memory,
+and for k >= n (every tile in the band) this degenerates to a materialised [n, n] bias.
+
+Interpret mode (`interpret=True`, CPU): Mosaic GPU's interpreter (jax 0.10) runs a subset of the
+language, and the kernel keeps to it, so that the program it checks is the one that lowers:
+- no `pl.run_state`: each matmul gets a fresh `pl.run_scoped(..., plgpu.ACC)` accumulator whose
+  value is added to a register carry (acc = alpha·acc + P·V, one [block_q, d] add more per tile);
+- wgmma operands are shared-memory refs without a transpose transform: P goes through shared
+  memory (no register A operand) and K is transposed by XLA (no `plgpu.transpose_ref`);
+- shared memory is read at static indices (the band tiles are a Python loop);
+- the two layout-only calls the interpreter lacks, `plgpu.layout_cast` and `plgpu.load(...,
+  layout=)`, are replaced by the identity and a plain read when interpreting (see `layout` and
+  `load` in the kernel): the one difference between the interpreted and the lowered program.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+_LOG2E = math.log2(math.e)
+_SMEM_BYTES = 227 * 1024  # an H100's shared memory per block
+
+
+def _band_tiles(length: int, max_distance: int, block_q: int, block_kv: int) -> int:
+  """How many key tiles, ending at the one holding the diagonal, some query tile must treat as
+  band (full bias) tiles. The others, "far", have every pair visible (j <= i) and in bucket 0
+  (j - i <= -k)."""
+  num = 1
+  for t in range(length // block_q):
+    end = (t + 1) * block_q // block_kv  # one past the last key tile with some j <= i
+    far = max(0, (t * block_q - max_distance + 1) // block_kv)  # tiles with (kt+1)·b <= that + 1
+    num = max(num, end - far)
+  return min(num, length // block_kv)
+
+
+def _band_offsets(block_q: int, block_kv: int, num_band: int) -> np.ndarray:
+  """j - i for row a of a query tile and column w of its band: the same for every tile."""
+  rows = np.arange(block_q)[:, None]
+  cols = np.arange(num_band * block_kv)[None, :]
+  return block_q - num_band * block_kv + cols - rows
+
+
+def _check(query, key, value, rel_key, rel_value, block_q, block_kv):
+  if not (query.shape == key.shape == value.shape) or query.ndim != 4:
+    raise ValueError(
+      f'query, key, value must share one [batch, len, heads, head_dim] shape, got '
+      f'{query.shape}, {key.shape}, {value.shape}'
+    )
+  dtypes = {jnp.dtype(x.dtype) for x in (query, key, value)}
+  if len(dtypes) != 1 or dtypes.pop() not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    raise ValueError(f'query, key, value must all be bfloat16 or all float16, got {query.dtype}')
+  _, length, _, head_dim = query.shape
+  if head_dim % 64:
+    raise ValueError(f'head_dim must be a multiple of 64, got {head_dim}')
+  if block_q % 64 or block_kv % 64 or block_q % block_kv:
+    raise ValueError(
+      f'block_q and block_kv must be multiples of 64 and block_q a multiple of block_kv, got '
+      f'{block_q}, {block_kv}'
+    )
+  if length % block_q:
+    raise ValueError(f'length must be a multiple of block_q={block_q}, got {length}')
+  if rel_key.ndim != 2 or rel_key.shape != rel_value.shape or rel_key.shape[0] % 2 != 1:
+    raise ValueError(
+      f'rel_key, rel_value must share one [2k+1, head_dim] shape, got {rel_key.shape}, '
+      f'{rel_value.shape}'
+    )
+  if rel_key.shape[1] != head_dim:
+    raise ValueError(f'rel_key has {rel_key.shape[1]} columns, head_dim is {head_dim}')
+  if (smem := _smem_bytes(head_dim, block_q, block_kv)) > _SMEM_BYTES:
+    raise ValueError(
+      f'block_q={block_q}, block_kv={block_kv}, head_dim={head_dim} need {smem} bytes of shared '
+      f'memory, more than the {_SMEM_BYTES} of an H100'
+    )
+
+
+def _smem_bytes(head_dim: int, block_q: int, block_kv: int) -> int:
+  """Shared memory the kernel allocates (16-bit q, kᵀ and v twice, p; float32 band bias twice,
+  band logits, two row statistics), without barriers and alignment padding."""
+  return 2 * (block_q * head_dim + 4 * block_kv * head_dim + block_q * block_kv) + 4 * (
+    3 * block_q * block_kv + 2 * block_q
+  )
+
+
+def _forward_kernel(q, key_t, v, band_bias, *, block_q, block_kv, num_band, interpret):
+  """The Mosaic GPU kernel: see the module docstring. key_t is the key transposed, [B, H, d, n].
+  Returns the value term Σ_j p_ij v_j (input dtype), lse' (natural log) and the far mass
+  [B, H, n], and the band logits e' [B, H, n, num_band·block_kv]."""
+  batch, length, heads, head_dim = q.shape
+  dtype = q.dtype
+  band_width = num_band * block_kv
+  scale = 1.0 / math.sqrt(head_dim)
+  kv_per_q = block_q // block_kv
+
+  def kernel(q_ref, k_ref, v_ref, bias_ref, out_ref, lse_ref, far_ref, logits_ref, scratch):
+    smem, barriers = scratch
+    q_smem, k_smem, v_smem, p_smem, bias_smem, logit_smem, stat_smem = smem
+    q_barrier, kv_barriers, bias_barriers = barriers
+    b = lax.axis_index('batch')
+    h = lax.axis_index('heads')
+    t = lax.axis_index('q_seq')
+    rows = pl.ds(t * block_q, block_q)
+    kv_end = (t + 1) * kv_per_q  # one past the diagonal's key tile
+    # Steps 0 .. num_band - 1: band tiles kv_end - 1 - step (diagonal first; below 0 they load
+    # tile 0, all -inf in the bias). Steps num_band .. num_steps - 1: far tiles step - num_band.
+    num_far = jnp.maximum(kv_end - num_band, 0)
+    num_steps = num_band + num_far
+
+    def layout(x, layout):
+      # Layouts place values in registers for the compiler; the interpreter has no layout_cast.
+      return x if interpret else plgpu.layout_cast(x, layout)
+
+    def load(ref, layout):
+      # A register load in a given layout; the interpreter has no plgpu.load.
+      return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
+
+    def issue_kv(step, tile):
+      slot = step % 2 if isinstance(step, int) else lax.rem(step, 2)
+      cols = pl.ds(tile * block_kv, block_kv)
+      plgpu.copy_gmem_to_smem(k_ref.at[b, h, :, cols], k_smem.at[slot], kv_barriers.at[slot])
+      plgpu.copy_gmem_to_smem(v_ref.at[b, cols, h], v_smem.at[slot], kv_barriers.at[slot])
+
+    def issue_band(step):
+      issue_kv(step, jnp.maximum(kv_end - 1 - step, 0))
+      band_cols = pl.ds((num_band - 1 - step) * block_kv, block_kv)
+      plgpu.copy_gmem_to_smem(
+        bias_ref.at[b, h, rows, band_cols], bias_smem.at[step % 2], bias_barriers.at[step % 2]
+      )
+
+    plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem, q_barrier)
+    issue_band(0)
+    plgpu.barrier_wait(q_barrier)
+
+    def step_body(step, carry, band):
+      """One key tile: `band` is True for the (static) band steps."""
+      acc, m_i, l_i, far_i = carry
+      slot = step % 2 if band else lax.rem(step, 2)
+      # Prefetch the next step's tiles into the other slot.
+      if band and step + 1 < num_band:
+        issue_band(step + 1)
+      elif band:
+
+        @pl.when(num_far > 0)
+        def _():
+          issue_kv(step + 1, 0)
+
+      else:
+
+        @pl.when(step + 1 < num_steps)
+        def _():
+          issue_kv(step + 1, step + 1 - num_band)
+
+      plgpu.barrier_wait(kv_barriers.at[slot])
+
+      def compute_qk(acc_ref):
+        plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot])
+        return acc_ref[...]
+
+      s = pl.run_scoped(compute_qk, plgpu.ACC((block_q, block_kv), jnp.float32)) * scale
+      if band:
+        plgpu.barrier_wait(bias_barriers.at[slot])
+        s = s + load(bias_smem.at[slot], plgpu.Layout.WGMMA)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last band logits left SMEM
+        logit_smem[...] = s
+        plgpu.commit_smem()
+        band_cols = pl.ds((num_band - 1 - step) * block_kv, block_kv)
+        plgpu.copy_smem_to_gmem(logit_smem, logits_ref.at[b, h, rows, band_cols])
+      m_new = jnp.maximum(m_i, s.max(axis=1) * _LOG2E)
+      alpha = jnp.exp2(m_i - m_new)
+      p = jnp.exp2(s * _LOG2E - lax.broadcast_in_dim(m_new, s.shape, [0]))
+      p_sum = p.sum(axis=1)
+      l_i = l_i * alpha + p_sum
+      far_i = far_i * alpha if band else far_i * alpha + p_sum
+      p_smem[...] = p.astype(dtype)
+      plgpu.commit_smem()
+
+      def compute_pv(acc_ref):
+        plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
+        return acc_ref[...]
+
+      pv = pl.run_scoped(compute_pv, plgpu.ACC((block_q, head_dim), jnp.float32))
+      acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) + pv
+      return acc, m_new, l_i, far_i
+
+    def vector(value):
+      return layout(jnp.full((block_q,), value, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+
+    # The running max starts finite (in log2 units), so a row that has seen only masked keys
+    # (-inf logits) so far rescales by 1, not by exp2(-inf + inf).
+    carry = (
+      layout(jnp.zeros((block_q, head_dim), jnp.float32), plgpu.Layout.WGMMA),
+      vector(-1e30),
+      vector(0.0),
+      vector(0.0),
+    )
+    for step in range(num_band):
+      carry = step_body(step, carry, band=True)
+    carry = lax.fori_loop(num_band, num_steps, functools.partial(step_body, band=False), carry)
+    acc, m_i, l_i, far_i = carry
+
+    q_smem[...] = (acc / lax.broadcast_in_dim(l_i, acc.shape, [0])).astype(dtype)  # q is done
+    stat_smem.at[0][...] = (m_i + jnp.log2(l_i)) / _LOG2E
+    stat_smem.at[1][...] = far_i / l_i
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(q_smem, out_ref.at[b, rows, h])
+    plgpu.copy_smem_to_gmem(stat_smem.at[0], lse_ref.at[b, h, rows])
+    plgpu.copy_smem_to_gmem(stat_smem.at[1], far_ref.at[b, h, rows])
+    plgpu.wait_smem_to_gmem(0)
+
+  def entry(*refs):
+    # 128-byte swizzled tiles (64 16-bit or 32 32-bit columns): bank-conflict-free register
+    # transfers and wgmma operands.
+    transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    transforms32 = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
+    smem = [
+      plgpu.SMEM((block_q, head_dim), dtype, transforms=transforms),  # q, then the output
+      plgpu.SMEM((2, head_dim, block_kv), dtype, transforms=transforms),  # kᵀ
+      plgpu.SMEM((2, block_kv, head_dim), dtype, transforms=transforms),  # v
+      plgpu.SMEM((block_q, block_kv), dtype, transforms=transforms),  # p
+      plgpu.SMEM((2, block_q, block_kv), jnp.float32, transforms=transforms32),  # band bias
+      plgpu.SMEM((block_q, block_kv), jnp.float32, transforms=transforms32),  # band logits
+      plgpu.SMEM((2, block_q), jnp.float32),  # lse', far mass
+    ]
+    barriers = (
+      plgpu.Barrier(num_barriers=1),
+      plgpu.Barrier(num_arrivals=2, num_barriers=2),
+      plgpu.Barrier(num_barriers=2),
+    )
+    pl.run_scoped(lambda *scratch: kernel(*refs, scratch), smem, barriers)
+
+  out_shape = (
+    jax.ShapeDtypeStruct((batch, length, heads, head_dim), dtype),
+    jax.ShapeDtypeStruct((batch, heads, length), jnp.float32),
+    jax.ShapeDtypeStruct((batch, heads, length), jnp.float32),
+    jax.ShapeDtypeStruct((batch, heads, length, band_width), jnp.float32),
+  )
+  if interpret:
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+  return plgpu.kernel(
+    entry,
+    out_type=out_shape,
+    grid=(heads, length // block_q, batch),
+    grid_names=('heads', 'q_seq', 'batch'),
+    compiler_params=plgpu.CompilerParams(approx_math=True),
+    interpret=InterpretGPUParams() if interpret else False,
+  )(q, key_t, v, band_bias)
+
+
+def shaw_attention_mosaic(
+  query, key, value, rel_key, rel_value, *, block_q=64, block_kv=64, interpret=False
+):
+  """Causal Shaw attention, forward, with a Mosaic GPU kernel; see the module docstring.
+
+  query, key, value: [batch, len, heads, head_dim], bf16 or f16, head_dim a multiple of 64, len a
+  multiple of block_q (a multiple of block_kv, both multiples of 64). rel_key, rel_value: [2k+1,
+  head_dim], shared by all heads. Returns (z [batch, len, heads, head_dim] in the input dtype,
+  logsumexp of the logits [batch, heads, len] float32). interpret=True runs Mosaic GPU's
+  interpreter (CPU).
+  """
+  _check(query, key, value, rel_key, rel_value, block_q, block_kv)
+  batch, length, heads, head_dim = query.shape
+  max_distance = (rel_key.shape[0] - 1) // 2
+  num_band = _band_tiles(length, max_distance, block_q, block_kv)
+  offsets = _band_offsets(block_q, block_kv, num_band)  # j - i, [block_q, band_width]
+  buckets = np.clip(offsets, -max_distance, max_distance) + max_distance
+  tiles = length // block_q
+
+  # Before: qw minus its column 0 (the far tiles' row constant), gathered into the band bias.
+  qw = jnp.einsum(
+    'bnhd,rd->bhnr', query.astype(jnp.float32), rel_key.astype(jnp.float32)
+  ) / math.sqrt(head_dim)
+  row_constant = qw[..., 0]
+  shifted = (qw - qw[..., :1]).reshape(batch, heads, tiles, block_q, -1)
+  index = jnp.broadcast_to(jnp.asarray(buckets), (batch, heads, tiles) + buckets.shape)
+  bias = jnp.take_along_axis(shifted, index, axis=-1)
+  # Keys j = i + offset: masked where j > i or j < 0 (band tiles before the sequence start).
+  key_pos = np.arange(tiles)[:, None, None] * block_q + np.arange(block_q)[:, None] + offsets
+  visible = (offsets <= 0)[None] & (key_pos >= 0)
+  bias = jnp.where(visible, bias, -jnp.inf).reshape(batch, heads, length, -1)
+
+  out, lse, far, logits = _forward_kernel(
+    query,
+    key.transpose(0, 2, 3, 1),
+    value,
+    bias,
+    block_q=block_q,
+    block_kv=block_kv,
+    num_band=num_band,
+    interpret=interpret,
+  )
+
+  # After: band probabilities folded into buckets (constant one-hot), plus the far mass.
+  p_band = jnp.exp(logits - lse[..., None]).reshape(batch, heads, tiles, block_q, -1)
+  one_hot = jax.nn.one_hot(buckets, 2 * max_distance + 1, dtype=jnp.float32)
+  buckets_p = jnp.einsum('bhtaw,awr->bhtar', p_band, one_hot).reshape(batch, heads, length, -1)
+  buckets_p = buckets_p.at[..., 0].add(far)
+  z = out + jnp.einsum('bhnr,rd->bnhd', buckets_p, rel_value.astype(jnp.float32))
+  return z.astype(query.dtype), lse + row_constant
