@@ -5,7 +5,9 @@ jax.export (no GPU needed: the Mosaic GPU custom call is built, not compiled to 
 Each interpret case runs the whole grid in Python callbacks (a few seconds at these shapes), so
 the cases are few and small; between them they cover far tiles (plain flash attention), band
 tiles, tiles before the sequence start (all masked), k = 0, k below and above a tile, k >= the
-length, block_q = 2·block_kv, several batches and heads, bf16 and f16.
+length, block_q = 2·block_kv, several batches and heads, bf16 and f16, for the one-warpgroup
+kernel; the warp-specialised one (3 interpreted threads, slower) has two cases in the default
+run and two more marked slow.
 """
 
 import math
@@ -62,23 +64,42 @@ def _logsumexp(q, k, rel_k):
   return (top + np.log(np.exp(logits - top).sum(-1, keepdims=True)))[..., 0]
 
 
+WS = True  # warp_specialized: two compute warpgroups and a TMA one (3 interpreted threads)
 CASES = [
-  # (batch, length, heads, head_dim, k, block_q, dtype)
-  pytest.param(1, 256, 1, 64, 3, 64, jnp.bfloat16, id='far-and-band'),
-  pytest.param(2, 128, 2, 64, 1, 64, jnp.bfloat16, id='k1-batch-heads'),
-  pytest.param(1, 128, 1, 64, 0, 64, jnp.bfloat16, id='k0'),
-  pytest.param(1, 192, 1, 64, 70, 64, jnp.bfloat16, id='k-above-tile'),
-  pytest.param(1, 128, 1, 64, 200, 64, jnp.bfloat16, id='k-above-length'),
-  pytest.param(1, 256, 1, 64, 3, 128, jnp.float16, id='f16-block_q-128'),
+  # (batch, length, heads, head_dim, k, block_q, dtype, warp_specialized)
+  pytest.param(1, 256, 1, 64, 3, 64, jnp.bfloat16, False, id='far-and-band'),
+  pytest.param(2, 128, 2, 64, 1, 64, jnp.bfloat16, False, id='k1-batch-heads'),
+  pytest.param(1, 128, 1, 64, 0, 64, jnp.bfloat16, False, id='k0'),
+  pytest.param(1, 192, 1, 64, 70, 64, jnp.bfloat16, False, id='k-above-tile'),
+  pytest.param(1, 128, 1, 64, 200, 64, jnp.bfloat16, False, id='k-above-length'),
+  pytest.param(1, 256, 1, 64, 3, 128, jnp.float16, False, id='f16-block_q-128'),
+  pytest.param(1, 256, 1, 64, 3, 64, jnp.bfloat16, WS, id='ws-far-and-band'),
+  pytest.param(1, 128, 1, 64, 0, 64, jnp.bfloat16, WS, id='ws-k0'),
+  pytest.param(
+    1, 256, 1, 64, 70, 64, jnp.float16, WS, id='ws-k-above-tile', marks=pytest.mark.slow
+  ),
+  pytest.param(2, 256, 2, 64, 1, 64, jnp.bfloat16, WS, id='ws-batch-heads', marks=pytest.mark.slow),
 ]
 
 
-@pytest.mark.parametrize('batch, length, heads, head_dim, max_distance, block_q, dtype', CASES)
+@pytest.mark.parametrize(
+  'batch, length, heads, head_dim, max_distance, block_q, dtype, warp_specialized', CASES
+)
 def test_interpret_matches_reference(
-  fresh_interpreter, batch, length, heads, head_dim, max_distance, block_q, dtype
+  fresh_interpreter, batch, length, heads, head_dim, max_distance, block_q, dtype, warp_specialized
 ):
   q, k, v, rel_k, rel_v = _inputs(batch, length, heads, head_dim, max_distance, dtype)
-  z, lse = shaw_attention_mosaic(q, k, v, rel_k, rel_v, block_q=block_q, interpret=True)
+  z, lse = shaw_attention_mosaic(
+    q,
+    k,
+    v,
+    rel_k,
+    rel_v,
+    block_q=block_q,
+    warp_specialized=warp_specialized,
+    interpret=True,
+    return_lse=True,
+  )
   assert z.dtype == dtype and z.shape == q.shape
   causal = np.tril(np.ones((length, length), bool))
   want = reference.shaw(_f64(q), _f64(k), _f64(v), _f64(rel_k), _f64(rel_v), causal, 0)
@@ -102,17 +123,23 @@ def test_band_tiles():
 
 
 @pytest.mark.parametrize(
-  'length, head_dim, max_distance, block_q, dtype',
-  [(1024, 64, 64, 64, jnp.bfloat16), (512, 128, 1, 128, jnp.float16)],
+  'length, head_dim, max_distance, block_q, dtype, warp_specialized',
+  [
+    (1024, 64, 64, 64, jnp.bfloat16, False),
+    (512, 128, 1, 128, jnp.float16, False),
+    (1024, 64, 64, 64, jnp.bfloat16, True),
+    (512, 128, 300, 64, jnp.float16, True),
+  ],
 )
-def test_lowers_for_cuda(length, head_dim, max_distance, block_q, dtype):
+def test_lowers_for_cuda(length, head_dim, max_distance, block_q, dtype, warp_specialized):
   shapes = [jax.ShapeDtypeStruct((2, length, 3, head_dim), dtype)] * 3
   shapes += [jax.ShapeDtypeStruct((2 * max_distance + 1, head_dim), dtype)] * 2
 
   def f(*args):
-    return shaw_attention_mosaic(*args, block_q=block_q)
+    return shaw_attention_mosaic(*args, block_q=block_q, warp_specialized=warp_specialized)
 
   exported = jax.export.export(jax.jit(f), platforms=['cuda'])(*shapes)
+  assert len(exported.out_avals) == 1
   module = exported.mlir_module()
   assert 'stablehlo.custom_call @mosaic_gpu' in module
   assert exported.out_avals[0].shape == shapes[0].shape
@@ -126,6 +153,8 @@ def test_lowers_for_cuda(length, head_dim, max_distance, block_q, dtype):
     ((1, 128, 1, 64), 3, {'block_q': 96}, 'block_q and block_kv must be multiples of 64'),
     ((1, 128, 1, 64), 3, {'block_q': 64, 'block_kv': 128}, 'block_q a multiple of block_kv'),
     ((1, 256, 1, 256), 3, {'block_q': 128}, 'bytes of shared memory'),
+    ((1, 256, 1, 256), 3, {'warp_specialized': True}, 'bytes of shared memory'),
+    ((1, 192, 1, 64), 3, {'warp_specialized': True}, 'multiple of 2·block_q=128, got 192'),
     ((1, 128, 1, 64), 4, {}, 'rel_key, rel_value must share one [2k+1, head_dim] shape'),
   ],
 )

@@ -39,6 +39,13 @@ Outputs: the value term Σ_j p_ij v_j [B, n, H, d] (input dtype), the logsumexp 
 probability of the far tiles (all bucket 0) [B, H, n], and the band tiles' logits e'
 [B, H, n, nb·block_kv] (float32).
 
+`warp_specialized=True` (after JAX's FA3 example, `_forward_kernel_ws`): three warpgroups per
+program, two computing (block_q rows each of a 2·block_q-row query tile, as above) and one only
+issuing the TMA copies, two slots ahead, refilling a slot when both compute warpgroups have
+arrived on its `consumed` barrier. The band is that of the 2·block_q-row tile, so both compute
+warpgroups walk the same key tiles (the first one's last band tile is fully masked). It has no
+ping-pong schedule barrier and no wgmma/softmax overlap yet.
+
 XLA after the kernel: band probabilities p = exp(e' - logsumexp'), folded into buckets with a
 constant one-hot [block_q, nb·block_kv, 2k+1] einsum, plus the far mass in bucket 0, gives
 P_ir = Σ_{j: r_ij = r} p_ij; z = Σ_j p_ij v_j + P·w^V. The logsumexp returned is that of the
@@ -95,7 +102,7 @@ def _band_offsets(block_q: int, block_kv: int, num_band: int) -> np.ndarray:
   return block_q - num_band * block_kv + cols - rows
 
 
-def _check(query, key, value, rel_key, rel_value, block_q, block_kv):
+def _check(query, key, value, rel_key, rel_value, block_q, block_kv, warp_specialized):
   if not (query.shape == key.shape == value.shape) or query.ndim != 4:
     raise ValueError(
       f'query, key, value must share one [batch, len, heads, head_dim] shape, got '
@@ -112,8 +119,10 @@ def _check(query, key, value, rel_key, rel_value, block_q, block_kv):
       f'block_q and block_kv must be multiples of 64 and block_q a multiple of block_kv, got '
       f'{block_q}, {block_kv}'
     )
-  if length % block_q:
-    raise ValueError(f'length must be a multiple of block_q={block_q}, got {length}')
+  tile_q = 2 * block_q if warp_specialized else block_q
+  if length % tile_q:
+    what = '2·block_q' if warp_specialized else 'block_q'
+    raise ValueError(f'length must be a multiple of {what}={tile_q}, got {length}')
   if rel_key.ndim != 2 or rel_key.shape != rel_value.shape or rel_key.shape[0] % 2 != 1:
     raise ValueError(
       f'rel_key, rel_value must share one [2k+1, head_dim] shape, got {rel_key.shape}, '
@@ -121,19 +130,20 @@ def _check(query, key, value, rel_key, rel_value, block_q, block_kv):
     )
   if rel_key.shape[1] != head_dim:
     raise ValueError(f'rel_key has {rel_key.shape[1]} columns, head_dim is {head_dim}')
-  if (smem := _smem_bytes(head_dim, block_q, block_kv)) > _SMEM_BYTES:
+  if (smem := _smem_bytes(head_dim, block_q, block_kv, warp_specialized)) > _SMEM_BYTES:
     raise ValueError(
       f'block_q={block_q}, block_kv={block_kv}, head_dim={head_dim} need {smem} bytes of shared '
       f'memory, more than the {_SMEM_BYTES} of an H100'
     )
 
 
-def _smem_bytes(head_dim: int, block_q: int, block_kv: int) -> int:
-  """Shared memory the kernel allocates (16-bit q, kᵀ and v twice, p; float32 band bias twice,
-  band logits, two row statistics), without barriers and alignment padding."""
-  return 2 * (block_q * head_dim + 4 * block_kv * head_dim + block_q * block_kv) + 4 * (
-    3 * block_q * block_kv + 2 * block_q
-  )
+def _smem_bytes(head_dim: int, block_q: int, block_kv: int, warp_specialized: bool) -> int:
+  """Shared memory the kernel allocates: per compute warpgroup 16-bit q and p, float32 band bias
+  (two slots), band logits and two row statistics; 16-bit kᵀ and v (two slots); plus 4 KiB for
+  barriers and alignment (Mosaic GPU counted 2088 bytes more than the buffers, jax 0.10.2)."""
+  rows = 2 * block_q if warp_specialized else block_q
+  buffers = 2 * (rows * head_dim + 4 * block_kv * head_dim + rows * block_kv)
+  return buffers + 4 * (3 * rows * block_kv + 2 * rows) + 4096
 
 
 def _forward_kernel(q, key_t, v, band_bias, *, block_q, block_kv, num_band, interpret):
@@ -301,39 +311,231 @@ def _forward_kernel(q, key_t, v, band_bias, *, block_q, block_kv, num_band, inte
   )(q, key_t, v, band_bias)
 
 
+def _forward_kernel_ws(q, key_t, v, band_bias, *, block_q, block_kv, num_band, interpret, slots=2):
+  """The warp-specialised form of `_forward_kernel` (after JAX's FA3 example): two compute
+  warpgroups, each with block_q query rows of one 2·block_q-row query tile, and a third that only
+  issues the TMA copies of the key, value and band-bias tiles, `slots` deep, refilling a slot
+  once both compute warpgroups have arrived on its `consumed` barrier. The band is that of the
+  2·block_q-row tile, so both warpgroups walk the same key tiles. Same inputs and outputs."""
+  batch, length, heads, head_dim = q.shape
+  dtype = q.dtype
+  band_width = num_band * block_kv
+  scale = 1.0 / math.sqrt(head_dim)
+  tile_q = 2 * block_q
+  kv_per_q = tile_q // block_kv
+
+  def kernel(q_ref, k_ref, v_ref, bias_ref, out_ref, lse_ref, far_ref, logits_ref, scratch):
+    smem, barriers = scratch
+    q_smem2, k_smem, v_smem, p_smem2, bias_smem, logit_smem2, stat_smem2 = smem
+    q_barriers, kv_barriers, bias_barriers, consumed = barriers
+    b = lax.axis_index('batch')
+    h = lax.axis_index('heads')
+    t = lax.axis_index('q_seq')
+    wg = lax.axis_index('wg')
+    kv_end = (t + 1) * kv_per_q  # one past the diagonal's key tile
+    # Steps as in `_forward_kernel`: band tiles kv_end - 1 - step, then far tiles step - num_band.
+    num_far = jnp.maximum(kv_end - num_band, 0)
+    num_steps = num_band + num_far
+
+    def layout(x, layout):
+      return x if interpret else plgpu.layout_cast(x, layout)
+
+    def load(ref, layout):
+      return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
+
+    @pl.when(wg < 2)
+    def _compute():
+      plgpu.set_max_registers(232, action='increase')
+      q_smem, p_smem = q_smem2.at[wg], p_smem2.at[wg]
+      logit_smem, stat_smem = logit_smem2.at[wg], stat_smem2.at[wg]
+      rows = pl.ds(t * tile_q + wg * block_q, block_q)
+      plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem, q_barriers.at[wg])
+      plgpu.barrier_wait(q_barriers.at[wg])
+
+      def step_body(step, carry, band):
+        acc, m_i, l_i, far_i = carry
+        slot = step % slots if band else lax.rem(step, slots)
+        plgpu.barrier_wait(kv_barriers.at[slot])
+
+        def compute_qk(acc_ref):
+          plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot])
+          return acc_ref[...]
+
+        s = pl.run_scoped(compute_qk, plgpu.ACC((block_q, block_kv), jnp.float32)) * scale
+        if band:
+          plgpu.barrier_wait(bias_barriers.at[slot])
+          s = s + load(bias_smem.at[slot, wg], plgpu.Layout.WGMMA)
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last band logits left SMEM
+          logit_smem[...] = s
+          plgpu.commit_smem()
+          band_cols = pl.ds((num_band - 1 - step) * block_kv, block_kv)
+          plgpu.copy_smem_to_gmem(logit_smem, logits_ref.at[b, h, rows, band_cols])
+        m_new = jnp.maximum(m_i, s.max(axis=1) * _LOG2E)
+        alpha = jnp.exp2(m_i - m_new)
+        p = jnp.exp2(s * _LOG2E - lax.broadcast_in_dim(m_new, s.shape, [0]))
+        p_sum = p.sum(axis=1)
+        l_i = l_i * alpha + p_sum
+        far_i = far_i * alpha if band else far_i * alpha + p_sum
+        p_smem[...] = p.astype(dtype)
+        plgpu.commit_smem()
+
+        def compute_pv(acc_ref):
+          plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
+          return acc_ref[...]
+
+        pv = pl.run_scoped(compute_pv, plgpu.ACC((block_q, head_dim), jnp.float32))
+        plgpu.barrier_arrive(consumed.at[slot])  # this warpgroup is done with the slot
+        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) + pv
+        return acc, m_new, l_i, far_i
+
+      def vector(value):
+        return layout(jnp.full((block_q,), value, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+
+      carry = (
+        layout(jnp.zeros((block_q, head_dim), jnp.float32), plgpu.Layout.WGMMA),
+        vector(-1e30),
+        vector(0.0),
+        vector(0.0),
+      )
+      for step in range(num_band):
+        carry = step_body(step, carry, band=True)
+      carry = lax.fori_loop(num_band, num_steps, functools.partial(step_body, band=False), carry)
+      acc, m_i, l_i, far_i = carry
+
+      q_smem[...] = (acc / lax.broadcast_in_dim(l_i, acc.shape, [0])).astype(dtype)
+      stat_smem.at[0][...] = (m_i + jnp.log2(l_i)) / _LOG2E
+      stat_smem.at[1][...] = far_i / l_i
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(q_smem, out_ref.at[b, rows, h])
+      plgpu.copy_smem_to_gmem(stat_smem.at[0], lse_ref.at[b, h, rows])
+      plgpu.copy_smem_to_gmem(stat_smem.at[1], far_ref.at[b, h, rows])
+      plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == 2)
+    def _memory():
+      plgpu.set_max_registers(40, action='decrease')
+
+      def issue(step, tile, band):
+        slot = step % slots if band else lax.rem(step, slots)
+        cols = pl.ds(tile * block_kv, block_kv)
+        plgpu.copy_gmem_to_smem(k_ref.at[b, h, :, cols], k_smem.at[slot], kv_barriers.at[slot])
+        plgpu.copy_gmem_to_smem(v_ref.at[b, cols, h], v_smem.at[slot], kv_barriers.at[slot])
+        if band:
+          band_cols = pl.ds((num_band - 1 - step) * block_kv, block_kv)
+          for w in range(2):
+            plgpu.copy_gmem_to_smem(
+              bias_ref.at[b, h, pl.ds(t * tile_q + w * block_q, block_q), band_cols],
+              bias_smem.at[slot, w],
+              bias_barriers.at[slot],
+            )
+
+      for step in range(num_band):
+        if step >= slots:
+          plgpu.barrier_wait(consumed.at[step % slots])
+        issue(step, jnp.maximum(kv_end - 1 - step, 0), band=True)
+
+      @pl.loop(num_band, num_steps)
+      def _(step):
+        @pl.when(step >= slots)
+        def _():
+          plgpu.barrier_wait(consumed.at[lax.rem(step, slots)])
+
+        issue(step, step - num_band, band=False)
+
+      # Wait for the last uses of the slots too: unneeded on the GPU, but the interpreter wants
+      # every barrier phase a thread waits on observed by it before the barrier is freed.
+      @pl.loop(jnp.maximum(num_steps - slots, 0), num_steps)
+      def _(step):
+        plgpu.barrier_wait(consumed.at[lax.rem(step, slots)])
+
+  def entry(*refs):
+    transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    transforms32 = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
+    smem = [
+      plgpu.SMEM((2, block_q, head_dim), dtype, transforms=transforms),  # q, then the output
+      plgpu.SMEM((slots, head_dim, block_kv), dtype, transforms=transforms),  # kᵀ
+      plgpu.SMEM((slots, block_kv, head_dim), dtype, transforms=transforms),  # v
+      plgpu.SMEM((2, block_q, block_kv), dtype, transforms=transforms),  # p
+      plgpu.SMEM((slots, 2, block_q, block_kv), jnp.float32, transforms=transforms32),  # bias
+      plgpu.SMEM((2, block_q, block_kv), jnp.float32, transforms=transforms32),  # band logits
+      plgpu.SMEM((2, 2, block_q), jnp.float32),  # lse', far mass
+    ]
+    barriers = (
+      plgpu.Barrier(num_barriers=2),  # q, one per compute warpgroup
+      plgpu.Barrier(num_arrivals=2, num_barriers=slots),  # k and v
+      plgpu.Barrier(num_arrivals=2, num_barriers=slots),  # the two halves of the band bias
+      plgpu.Barrier(num_arrivals=2, num_barriers=slots),  # consumed by both compute warpgroups
+    )
+    pl.run_scoped(lambda *scratch: kernel(*refs, scratch), smem, barriers, collective_axes='wg')
+
+  out_shape = (
+    jax.ShapeDtypeStruct((batch, length, heads, head_dim), dtype),
+    jax.ShapeDtypeStruct((batch, heads, length), jnp.float32),
+    jax.ShapeDtypeStruct((batch, heads, length), jnp.float32),
+    jax.ShapeDtypeStruct((batch, heads, length, band_width), jnp.float32),
+  )
+  if interpret:
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+  return plgpu.kernel(
+    entry,
+    out_type=out_shape,
+    grid=(heads, length // tile_q, batch),
+    grid_names=('heads', 'q_seq', 'batch'),
+    num_threads=3,
+    thread_name='wg',
+    compiler_params=plgpu.CompilerParams(approx_math=True),
+    interpret=InterpretGPUParams() if interpret else False,
+  )(q, key_t, v, band_bias)
+
+
 def shaw_attention_mosaic(
-  query, key, value, rel_key, rel_value, *, block_q=64, block_kv=64, interpret=False
+  query,
+  key,
+  value,
+  rel_key,
+  rel_value,
+  *,
+  block_q=64,
+  block_kv=64,
+  warp_specialized=False,
+  interpret=False,
+  return_lse=False,
 ):
   """Causal Shaw attention, forward, with a Mosaic GPU kernel; see the module docstring.
 
   query, key, value: [batch, len, heads, head_dim], bf16 or f16, head_dim a multiple of 64, len a
-  multiple of block_q (a multiple of block_kv, both multiples of 64). rel_key, rel_value: [2k+1,
-  head_dim], shared by all heads. Returns (z [batch, len, heads, head_dim] in the input dtype,
-  logsumexp of the logits [batch, heads, len] float32). interpret=True runs Mosaic GPU's
-  interpreter (CPU).
+  multiple of block_q (2·block_q when warp_specialized; block_q a multiple of block_kv, both
+  multiples of 64). rel_key, rel_value: [2k+1, head_dim], shared by all heads. Returns z [batch,
+  len, heads, head_dim] in the input dtype, and with return_lse=True also the logsumexp of each
+  row's logits [batch, heads, len] (float32). warp_specialized picks the FA3-style kernel (see
+  the module docstring); interpret=True runs Mosaic GPU's interpreter (CPU). Raises ValueError
+  (one line) for shapes, dtypes or tiles it does not support.
   """
-  _check(query, key, value, rel_key, rel_value, block_q, block_kv)
+  _check(query, key, value, rel_key, rel_value, block_q, block_kv, warp_specialized)
   batch, length, heads, head_dim = query.shape
   max_distance = (rel_key.shape[0] - 1) // 2
-  num_band = _band_tiles(length, max_distance, block_q, block_kv)
-  offsets = _band_offsets(block_q, block_kv, num_band)  # j - i, [block_q, band_width]
+  tile_q = 2 * block_q if warp_specialized else block_q  # query rows per program
+  num_band = _band_tiles(length, max_distance, tile_q, block_kv)
+  offsets = _band_offsets(tile_q, block_kv, num_band)  # j - i, [block_q, band_width]
   buckets = np.clip(offsets, -max_distance, max_distance) + max_distance
-  tiles = length // block_q
+  tiles = length // tile_q
 
   # Before: qw minus its column 0 (the far tiles' row constant), gathered into the band bias.
   qw = jnp.einsum(
     'bnhd,rd->bhnr', query.astype(jnp.float32), rel_key.astype(jnp.float32)
   ) / math.sqrt(head_dim)
   row_constant = qw[..., 0]
-  shifted = (qw - qw[..., :1]).reshape(batch, heads, tiles, block_q, -1)
+  shifted = (qw - qw[..., :1]).reshape(batch, heads, tiles, tile_q, -1)
   index = jnp.broadcast_to(jnp.asarray(buckets), (batch, heads, tiles) + buckets.shape)
   bias = jnp.take_along_axis(shifted, index, axis=-1)
   # Keys j = i + offset: masked where j > i or j < 0 (band tiles before the sequence start).
-  key_pos = np.arange(tiles)[:, None, None] * block_q + np.arange(block_q)[:, None] + offsets
+  key_pos = np.arange(tiles)[:, None, None] * tile_q + np.arange(tile_q)[:, None] + offsets
   visible = (offsets <= 0)[None] & (key_pos >= 0)
   bias = jnp.where(visible, bias, -jnp.inf).reshape(batch, heads, length, -1)
 
-  out, lse, far, logits = _forward_kernel(
+  kernel = _forward_kernel_ws if warp_specialized else _forward_kernel
+  out, lse, far, logits = kernel(
     query,
     key.transpose(0, 2, 3, 1),
     value,
@@ -345,9 +547,10 @@ def shaw_attention_mosaic(
   )
 
   # After: band probabilities folded into buckets (constant one-hot), plus the far mass.
-  p_band = jnp.exp(logits - lse[..., None]).reshape(batch, heads, tiles, block_q, -1)
+  p_band = jnp.exp(logits - lse[..., None]).reshape(batch, heads, tiles, tile_q, -1)
   one_hot = jax.nn.one_hot(buckets, 2 * max_distance + 1, dtype=jnp.float32)
   buckets_p = jnp.einsum('bhtaw,awr->bhtar', p_band, one_hot).reshape(batch, heads, length, -1)
   buckets_p = buckets_p.at[..., 0].add(far)
   z = out + jnp.einsum('bhnr,rd->bnhd', buckets_p, rel_value.astype(jnp.float32))
-  return z.astype(query.dtype), lse + row_constant
+  z = z.astype(query.dtype)
+  return (z, lse + row_constant) if return_lse else z
