@@ -109,6 +109,23 @@ def test_interpret_matches_reference(
   assert np.abs(_f64(lse) - want_lse).max() < 2e-2 * np.abs(want_lse).max()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize('warp_specialized', [False, True])
+def test_interpreter_finds_no_races(fresh_interpreter, warp_specialized):
+  """The interpreter's race detector (shared memory accesses by different threads unordered by
+  barriers) on both kernels. Its copies are synchronous, so it cannot see TMA races."""
+  from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+  q, k, v, rel_k, rel_v = _inputs(1, 256, 1, 64, 3, jnp.bfloat16)
+  params = InterpretGPUParams(detect_races=True)
+  z = shaw_attention_mosaic(
+    q, k, v, rel_k, rel_v, warp_specialized=warp_specialized, interpret=params
+  )
+  z.block_until_ready()
+  assert not gpu_callbacks.get_races().races_found
+
+
 def test_band_tiles():
   """The band holds the tiles with some pair -k < j - i <= 0: the diagonal's alone for k <= 1,
   one more per started block_kv of k, every tile for k >= the length."""

@@ -298,16 +298,13 @@ def _forward_kernel(q, key_t, v, band_bias, *, block_q, block_kv, num_band, inte
     jax.ShapeDtypeStruct((batch, heads, length), jnp.float32),
     jax.ShapeDtypeStruct((batch, heads, length, band_width), jnp.float32),
   )
-  if interpret:
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-
   return plgpu.kernel(
     entry,
     out_type=out_shape,
     grid=(heads, length // block_q, batch),
     grid_names=('heads', 'q_seq', 'batch'),
     compiler_params=plgpu.CompilerParams(approx_math=True),
-    interpret=InterpretGPUParams() if interpret else False,
+    interpret=interpret or False,
   )(q, key_t, v, band_bias)
 
 
@@ -474,9 +471,6 @@ def _forward_kernel_ws(q, key_t, v, band_bias, *, block_q, block_kv, num_band, i
     jax.ShapeDtypeStruct((batch, heads, length), jnp.float32),
     jax.ShapeDtypeStruct((batch, heads, length, band_width), jnp.float32),
   )
-  if interpret:
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-
   return plgpu.kernel(
     entry,
     out_type=out_shape,
@@ -485,7 +479,7 @@ def _forward_kernel_ws(q, key_t, v, band_bias, *, block_q, block_kv, num_band, i
     num_threads=3,
     thread_name='wg',
     compiler_params=plgpu.CompilerParams(approx_math=True),
-    interpret=InterpretGPUParams() if interpret else False,
+    interpret=interpret or False,
   )(q, key_t, v, band_bias)
 
 
@@ -509,8 +503,9 @@ def shaw_attention_mosaic(
   multiples of 64). rel_key, rel_value: [2k+1, head_dim], shared by all heads. Returns z [batch,
   len, heads, head_dim] in the input dtype, and with return_lse=True also the logsumexp of each
   row's logits [batch, heads, len] (float32). warp_specialized picks the FA3-style kernel (see
-  the module docstring); interpret=True runs Mosaic GPU's interpreter (CPU). Raises ValueError
-  (one line) for shapes, dtypes or tiles it does not support.
+  the module docstring); interpret=True runs Mosaic GPU's interpreter (CPU), as does an
+  `InterpretGPUParams` (e.g. with detect_races=True). Raises ValueError (one line) for shapes,
+  dtypes or tiles it does not support.
   """
   _check(query, key, value, rel_key, rel_value, block_q, block_kv, warp_specialized)
   batch, length, heads, head_dim = query.shape
@@ -534,6 +529,10 @@ def shaw_attention_mosaic(
   visible = (offsets <= 0)[None] & (key_pos >= 0)
   bias = jnp.where(visible, bias, -jnp.inf).reshape(batch, heads, length, -1)
 
+  if interpret is True:
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+    interpret = InterpretGPUParams()
   kernel = _forward_kernel_ws if warp_specialized else _forward_kernel
   out, lse, far, logits = kernel(
     query,
