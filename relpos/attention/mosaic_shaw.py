@@ -47,12 +47,13 @@ warpgroups walk the same key tiles (the first one's last band tile is fully mask
 ping-pong schedule barrier and no wgmma/softmax overlap yet.
 
 XLA after the kernel: band probabilities p = exp(e' - logsumexp'), folded into buckets with a
-constant one-hot [block_q, nb·block_kv, 2k+1] einsum, plus the far mass in bucket 0, gives
+constant one-hot [block_q, nb·block_kv, k'+1] einsum (causal attention uses only the k' + 1
+table rows for j - i = -k' .. 0, k' = min(k, n - 1)), plus the far mass in bucket 0, gives
 P_ir = Σ_{j: r_ij = r} p_ij; z = Σ_j p_ij v_j + P·w^V. The logsumexp returned is that of the
 true logits e (lse' + c_i), for a backward kernel.
 
 Cost beyond flash attention: the band tiles' bias read and logits write (nb·block_kv floats per
-row each way) and the one-hot fold (n·nb·block_kv·(2k+1) multiply-adds per head): O(n·k) memory,
+row each way) and the one-hot fold (n·nb·block_kv·(k'+1) multiply-adds per head): O(n·k) memory,
 and for k >= n (every tile in the band) this degenerates to a materialised [n, n] bias.
 
 Interpret mode (`interpret=True`, CPU): Mosaic GPU's interpreter (jax 0.10) runs a subset of the
@@ -61,7 +62,8 @@ language, and the kernel keeps to it, so that the program it checks is the one t
   value is added to a register carry (acc = alpha·acc + P·V, one [block_q, d] add more per tile);
 - wgmma operands are shared-memory refs without a transpose transform: P goes through shared
   memory (no register A operand) and K is transposed by XLA (no `plgpu.transpose_ref`);
-- shared memory is read at static indices (the band tiles are a Python loop);
+- shared memory is read without dynamic slices (the band tiles are a Python loop; a dynamic
+  integer index, a slot or a warpgroup, is fine);
 - the two layout-only calls the interpreter lacks, `plgpu.layout_cast` and `plgpu.load(...,
   layout=)`, are replaced by the identity and a plain read when interpreting (see `layout` and
   `load` in the kernel): the one difference between the interpreted and the lowered program.
@@ -90,7 +92,8 @@ def _band_tiles(length: int, max_distance: int, block_q: int, block_kv: int) -> 
   num = 1
   for t in range(length // block_q):
     end = (t + 1) * block_q // block_kv  # one past the last key tile with some j <= i
-    far = max(0, (t * block_q - max_distance + 1) // block_kv)  # tiles with (kt+1)·b <= that + 1
+    # Far tiles kt < far: (kt + 1)·block_kv - 1 - t·block_q <= -k (all j - i <= -k, or <= 0).
+    far = max(0, (t * block_q - max_distance + 1) // block_kv)
     num = max(num, end - far)
   return min(num, length // block_kv)
 
@@ -513,10 +516,15 @@ def shaw_attention_mosaic(
   tile_q = 2 * block_q if warp_specialized else block_q  # query rows per program
   num_band = _band_tiles(length, max_distance, tile_q, block_kv)
   offsets = _band_offsets(tile_q, block_kv, num_band)  # j - i, [block_q, band_width]
-  buckets = np.clip(offsets, -max_distance, max_distance) + max_distance
+  # Causal attention uses only table rows first..k (j - i from -min(k, len - 1) to 0): the
+  # tables are cut to those and the buckets counted from `first`.
+  first = max(0, max_distance - (length - 1))
+  buckets = np.clip(offsets, -max_distance, 0) + max_distance - first
+  rel_key, rel_value = rel_key[first : max_distance + 1], rel_value[first : max_distance + 1]
   tiles = length // tile_q
 
-  # Before: qw minus its column 0 (the far tiles' row constant), gathered into the band bias.
+  # Before: qw minus its column 0 (the far tiles' row constant, bucket 0; when first > 0 there
+  # are no far tiles and it is just a shift), gathered into the band bias.
   qw = jnp.einsum(
     'bnhd,rd->bhnr', query.astype(jnp.float32), rel_key.astype(jnp.float32)
   ) / math.sqrt(head_dim)
@@ -547,9 +555,9 @@ def shaw_attention_mosaic(
 
   # After: band probabilities folded into buckets (constant one-hot), plus the far mass.
   p_band = jnp.exp(logits - lse[..., None]).reshape(batch, heads, tiles, tile_q, -1)
-  one_hot = jax.nn.one_hot(buckets, 2 * max_distance + 1, dtype=jnp.float32)
+  one_hot = jax.nn.one_hot(buckets, rel_key.shape[0], dtype=jnp.float32)
   buckets_p = jnp.einsum('bhtaw,awr->bhtar', p_band, one_hot).reshape(batch, heads, length, -1)
-  buckets_p = buckets_p.at[..., 0].add(far)
+  buckets_p = buckets_p.at[..., 0].add(far)  # far mass is 0 when first > 0 (no far tiles)
   z = out + jnp.einsum('bhnr,rd->bnhd', buckets_p, rel_value.astype(jnp.float32))
   z = z.astype(query.dtype)
   return (z, lse + row_constant) if return_lse else z
