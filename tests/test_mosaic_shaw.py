@@ -11,12 +11,16 @@ run and two more marked slow.
 """
 
 import math
+import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
+from helpers import REPO
 
 from relpos.attention import mosaic_shaw
 from relpos.attention.mosaic_shaw import shaw_attention_mosaic
@@ -188,3 +192,22 @@ def test_refuses_float32():
   rel = jnp.zeros((3, 64), jnp.float32)
   with pytest.raises(ValueError, match='bfloat16 or all float16, got float32'):
     shaw_attention_mosaic(q, q, q, rel, rel)
+
+
+@pytest.mark.slow
+def test_gpu_check_script_runs_interpreted():
+  """benchmarks/mosaic_shaw.py (the GPU session's check and timing) end to end, interpreted."""
+  command = [
+    sys.executable,
+    str(REPO / 'benchmarks' / 'mosaic_shaw.py'),
+    '--interpret',
+    '--lengths=128',
+    '--distances=3',
+    '--batch=1',
+    '--heads=1',
+  ]
+  result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+  assert result.returncode == 0, result.stderr[-2000:]
+  errors = re.findall(r'(mosaic\w*): error vs xla (\S+),', result.stdout)
+  assert [name for name, _ in errors] == ['mosaic', 'mosaic_ws'], result.stdout
+  assert all(float(error) < 2e-2 for _, error in errors), result.stdout
