@@ -56,13 +56,11 @@ def _logsumexp(q, k, rel_k):
   q, k, rel_k = _f64(q), _f64(k), _f64(rel_k)
   length, head_dim = q.shape[1], q.shape[3]
   max_distance = (rel_k.shape[0] - 1) // 2
-  offsets = np.arange(length)[None, :] - np.arange(length)[:, None]
+  offsets = np.arange(length)[None, :] - np.arange(length)[:, None]  # j - i
   buckets = np.clip(offsets, -max_distance, max_distance) + max_distance
-  logits = np.einsum('bihd,bjhd->bhij', q, k) + np.take_along_axis(
-    np.einsum('bihd,rd->bhir', q, rel_k),
-    np.broadcast_to(buckets, q.shape[:1] + (1,) + buckets.shape[-2:]).repeat(q.shape[2], 1),
-    axis=-1,
-  )
+  # a^K logits q_i·w^K[r_ij]: the [i, r] products read at r = buckets[i, j].
+  table = np.einsum('bihd,rd->bhir', q, rel_k)[:, :, np.arange(length)[:, None], buckets]
+  logits = np.einsum('bihd,bjhd->bhij', q, k) + table
   logits = np.where(offsets <= 0, logits / math.sqrt(head_dim), -np.inf)
   top = logits.max(-1, keepdims=True)
   return (top + np.log(np.exp(logits - top).sum(-1, keepdims=True)))[..., 0]
