@@ -39,12 +39,13 @@ Outputs: the value term Σ_j p_ij v_j [B, n, H, d] (input dtype), the logsumexp 
 probability of the far tiles (all bucket 0) [B, H, n], and the band tiles' logits e'
 [B, H, n, nb·block_kv] (float32).
 
-`warp_specialized=True` (after JAX's FA3 example, `_forward_kernel_ws`): three warpgroups per
-program, two computing (block_q rows each of a 2·block_q-row query tile, as above) and one only
-issuing the TMA copies, two slots ahead, refilling a slot when both compute warpgroups have
-arrived on its `consumed` barrier. The band is that of the 2·block_q-row tile, so both compute
-warpgroups walk the same key tiles (the first one's last band tile is fully masked). It has no
-ping-pong schedule barrier and no wgmma/softmax overlap yet.
+`warp_specialized=True` (after JAX's FA3 example; the same `_forward_kernel` builds both):
+three warpgroups per program, two computing (block_q rows each of a 2·block_q-row query tile,
+as above) and one only issuing the TMA copies, two slots ahead, refilling a slot when both
+compute warpgroups have arrived on its `consumed` barrier. The band is that of the
+2·block_q-row tile, so both compute warpgroups walk the same key tiles (the first one's last
+band tile is fully masked). It has no ping-pong schedule barrier and no wgmma/softmax overlap
+yet.
 
 XLA after the kernel: band probabilities p = exp(e' - logsumexp'), folded into buckets with a
 constant one-hot [block_q, nb·block_kv, k'+1] einsum (causal attention uses only the k' + 1
@@ -71,7 +72,6 @@ language, and the kernel keeps to it, so that the program it checks is the one t
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -149,212 +149,88 @@ def _smem_bytes(head_dim: int, block_q: int, block_kv: int, warp_specialized: bo
   return buffers + 4 * (3 * rows * block_kv + 2 * rows) + 4096
 
 
-def _forward_kernel(q, key_t, v, band_bias, *, block_q, block_kv, num_band, interpret):
-  """The Mosaic GPU kernel: see the module docstring. key_t is the key transposed, [B, H, d, n].
+def _forward_kernel(
+  q, key_t, v, band_bias, *, block_q, block_kv, num_band, warp_specialized, interpret
+):
+  """The Mosaic GPU kernel (see the module docstring). key_t is the key transposed, [B, H, d, n].
   Returns the value term Σ_j p_ij v_j (input dtype), lse' (natural log) and the far mass
-  [B, H, n], and the band logits e' [B, H, n, num_band·block_kv]."""
+  [B, H, n], and the band logits e' [B, H, n, num_band·block_kv].
+
+  One warpgroup that copies and computes, or (warp_specialized) two compute warpgroups ("wg" 0
+  and 1, block_q rows each of a 2·block_q-row query tile) and a copying one (wg 2) that fills
+  the two slots ahead, refilling a slot once both compute warpgroups have arrived on its
+  `consumed` barrier. The band is the program's, so all compute warpgroups walk the same tiles.
+  """
   batch, length, heads, head_dim = q.shape
   dtype = q.dtype
   band_width = num_band * block_kv
   scale = 1.0 / math.sqrt(head_dim)
-  kv_per_q = block_q // block_kv
+  compute_wgs = 2 if warp_specialized else 1
+  tile_q = compute_wgs * block_q  # query rows per program
+  kv_per_q = tile_q // block_kv
+  slots = 2
+
+  def layout(x, layout):
+    # Layouts place values in registers for the compiler; the interpreter has no layout_cast.
+    return x if interpret else plgpu.layout_cast(x, layout)
+
+  def load(ref, layout):
+    # A register load in a given layout; the interpreter has no plgpu.load.
+    return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
+
+  def slot_of(step):
+    return step % slots if isinstance(step, int) else lax.rem(step, slots)
 
   def kernel(q_ref, k_ref, v_ref, bias_ref, out_ref, lse_ref, far_ref, logits_ref, scratch):
     smem, barriers = scratch
-    q_smem, k_smem, v_smem, p_smem, bias_smem, logit_smem, stat_smem = smem
-    q_barrier, kv_barriers, bias_barriers = barriers
+    q_smems, k_smem, v_smem, p_smems, bias_smem, logit_smems, stat_smems = smem
+    q_barriers, kv_barriers, bias_barriers, consumed = barriers
     b = lax.axis_index('batch')
     h = lax.axis_index('heads')
     t = lax.axis_index('q_seq')
-    rows = pl.ds(t * block_q, block_q)
     kv_end = (t + 1) * kv_per_q  # one past the diagonal's key tile
     # Steps 0 .. num_band - 1: band tiles kv_end - 1 - step (diagonal first; below 0 they load
     # tile 0, all -inf in the bias). Steps num_band .. num_steps - 1: far tiles step - num_band.
     num_far = jnp.maximum(kv_end - num_band, 0)
     num_steps = num_band + num_far
 
-    def layout(x, layout):
-      # Layouts place values in registers for the compiler; the interpreter has no layout_cast.
-      return x if interpret else plgpu.layout_cast(x, layout)
-
-    def load(ref, layout):
-      # A register load in a given layout; the interpreter has no plgpu.load.
-      return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
-
-    def issue_kv(step, tile):
-      slot = step % 2 if isinstance(step, int) else lax.rem(step, 2)
+    def issue(step):
+      """TMA copies of step `step`'s key and value tiles (and band bias, for a band step: those
+      are static) into its slot."""
+      band = isinstance(step, int) and step < num_band
+      slot = slot_of(step)
+      tile = jnp.maximum(kv_end - 1 - step, 0) if band else step - num_band
       cols = pl.ds(tile * block_kv, block_kv)
       plgpu.copy_gmem_to_smem(k_ref.at[b, h, :, cols], k_smem.at[slot], kv_barriers.at[slot])
       plgpu.copy_gmem_to_smem(v_ref.at[b, cols, h], v_smem.at[slot], kv_barriers.at[slot])
-
-    def issue_band(step):
-      issue_kv(step, jnp.maximum(kv_end - 1 - step, 0))
-      band_cols = pl.ds((num_band - 1 - step) * block_kv, block_kv)
-      plgpu.copy_gmem_to_smem(
-        bias_ref.at[b, h, rows, band_cols], bias_smem.at[step % 2], bias_barriers.at[step % 2]
-      )
-
-    plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem, q_barrier)
-    issue_band(0)
-    plgpu.barrier_wait(q_barrier)
-
-    def step_body(step, carry, band):
-      """One key tile: `band` is True for the (static) band steps."""
-      acc, m_i, l_i, far_i = carry
-      slot = step % 2 if band else lax.rem(step, 2)
-      # Prefetch the next step's tiles into the other slot.
-      if band and step + 1 < num_band:
-        issue_band(step + 1)
-      elif band:
-
-        @pl.when(num_far > 0)
-        def _():
-          issue_kv(step + 1, 0)
-
-      else:
-
-        @pl.when(step + 1 < num_steps)
-        def _():
-          issue_kv(step + 1, step + 1 - num_band)
-
-      plgpu.barrier_wait(kv_barriers.at[slot])
-
-      def compute_qk(acc_ref):
-        plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot])
-        return acc_ref[...]
-
-      s = pl.run_scoped(compute_qk, plgpu.ACC((block_q, block_kv), jnp.float32)) * scale
       if band:
-        plgpu.barrier_wait(bias_barriers.at[slot])
-        s = s + load(bias_smem.at[slot], plgpu.Layout.WGMMA)
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last band logits left SMEM
-        logit_smem[...] = s
-        plgpu.commit_smem()
         band_cols = pl.ds((num_band - 1 - step) * block_kv, block_kv)
-        plgpu.copy_smem_to_gmem(logit_smem, logits_ref.at[b, h, rows, band_cols])
-      m_new = jnp.maximum(m_i, s.max(axis=1) * _LOG2E)
-      alpha = jnp.exp2(m_i - m_new)
-      p = jnp.exp2(s * _LOG2E - lax.broadcast_in_dim(m_new, s.shape, [0]))
-      p_sum = p.sum(axis=1)
-      l_i = l_i * alpha + p_sum
-      far_i = far_i * alpha if band else far_i * alpha + p_sum
-      p_smem[...] = p.astype(dtype)
-      plgpu.commit_smem()
+        for w in range(compute_wgs):
+          rows = pl.ds(t * tile_q + w * block_q, block_q)
+          plgpu.copy_gmem_to_smem(
+            bias_ref.at[b, h, rows, band_cols], bias_smem.at[slot, w], bias_barriers.at[slot]
+          )
 
-      def compute_pv(acc_ref):
-        plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
-        return acc_ref[...]
-
-      pv = pl.run_scoped(compute_pv, plgpu.ACC((block_q, head_dim), jnp.float32))
-      acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) + pv
-      return acc, m_new, l_i, far_i
-
-    def vector(value):
-      return layout(jnp.full((block_q,), value, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-
-    # The running max starts finite (in log2 units), so a row that has seen only masked keys
-    # (-inf logits) so far rescales by 1, not by exp2(-inf + inf).
-    carry = (
-      layout(jnp.zeros((block_q, head_dim), jnp.float32), plgpu.Layout.WGMMA),
-      vector(-1e30),
-      vector(0.0),
-      vector(0.0),
-    )
-    for step in range(num_band):
-      carry = step_body(step, carry, band=True)
-    carry = lax.fori_loop(num_band, num_steps, functools.partial(step_body, band=False), carry)
-    acc, m_i, l_i, far_i = carry
-
-    q_smem[...] = (acc / lax.broadcast_in_dim(l_i, acc.shape, [0])).astype(dtype)  # q is done
-    stat_smem.at[0][...] = (m_i + jnp.log2(l_i)) / _LOG2E
-    stat_smem.at[1][...] = far_i / l_i
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(q_smem, out_ref.at[b, rows, h])
-    plgpu.copy_smem_to_gmem(stat_smem.at[0], lse_ref.at[b, h, rows])
-    plgpu.copy_smem_to_gmem(stat_smem.at[1], far_ref.at[b, h, rows])
-    plgpu.wait_smem_to_gmem(0)
-
-  def entry(*refs):
-    # 128-byte swizzled tiles (64 16-bit or 32 32-bit columns): bank-conflict-free register
-    # transfers and wgmma operands.
-    transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-    transforms32 = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
-    smem = [
-      plgpu.SMEM((block_q, head_dim), dtype, transforms=transforms),  # q, then the output
-      plgpu.SMEM((2, head_dim, block_kv), dtype, transforms=transforms),  # kᵀ
-      plgpu.SMEM((2, block_kv, head_dim), dtype, transforms=transforms),  # v
-      plgpu.SMEM((block_q, block_kv), dtype, transforms=transforms),  # p
-      plgpu.SMEM((2, block_q, block_kv), jnp.float32, transforms=transforms32),  # band bias
-      plgpu.SMEM((block_q, block_kv), jnp.float32, transforms=transforms32),  # band logits
-      plgpu.SMEM((2, block_q), jnp.float32),  # lse', far mass
-    ]
-    barriers = (
-      plgpu.Barrier(num_barriers=1),
-      plgpu.Barrier(num_arrivals=2, num_barriers=2),
-      plgpu.Barrier(num_barriers=2),
-    )
-    pl.run_scoped(lambda *scratch: kernel(*refs, scratch), smem, barriers)
-
-  out_shape = (
-    jax.ShapeDtypeStruct((batch, length, heads, head_dim), dtype),
-    jax.ShapeDtypeStruct((batch, heads, length), jnp.float32),
-    jax.ShapeDtypeStruct((batch, heads, length), jnp.float32),
-    jax.ShapeDtypeStruct((batch, heads, length, band_width), jnp.float32),
-  )
-  return plgpu.kernel(
-    entry,
-    out_type=out_shape,
-    grid=(heads, length // block_q, batch),
-    grid_names=('heads', 'q_seq', 'batch'),
-    compiler_params=plgpu.CompilerParams(approx_math=True),
-    interpret=interpret or False,
-  )(q, key_t, v, band_bias)
-
-
-def _forward_kernel_ws(q, key_t, v, band_bias, *, block_q, block_kv, num_band, interpret, slots=2):
-  """The warp-specialised form of `_forward_kernel` (after JAX's FA3 example): two compute
-  warpgroups, each with block_q query rows of one 2·block_q-row query tile, and a third that only
-  issues the TMA copies of the key, value and band-bias tiles, `slots` deep, refilling a slot
-  once both compute warpgroups have arrived on its `consumed` barrier. The band is that of the
-  2·block_q-row tile, so both warpgroups walk the same key tiles. Same inputs and outputs."""
-  batch, length, heads, head_dim = q.shape
-  dtype = q.dtype
-  band_width = num_band * block_kv
-  scale = 1.0 / math.sqrt(head_dim)
-  tile_q = 2 * block_q
-  kv_per_q = tile_q // block_kv
-
-  def kernel(q_ref, k_ref, v_ref, bias_ref, out_ref, lse_ref, far_ref, logits_ref, scratch):
-    smem, barriers = scratch
-    q_smem2, k_smem, v_smem, p_smem2, bias_smem, logit_smem2, stat_smem2 = smem
-    q_barriers, kv_barriers, bias_barriers, consumed = barriers
-    b = lax.axis_index('batch')
-    h = lax.axis_index('heads')
-    t = lax.axis_index('q_seq')
-    wg = lax.axis_index('wg')
-    kv_end = (t + 1) * kv_per_q  # one past the diagonal's key tile
-    # Steps as in `_forward_kernel`: band tiles kv_end - 1 - step, then far tiles step - num_band.
-    num_far = jnp.maximum(kv_end - num_band, 0)
-    num_steps = num_band + num_far
-
-    def layout(x, layout):
-      return x if interpret else plgpu.layout_cast(x, layout)
-
-    def load(ref, layout):
-      return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
-
-    @pl.when(wg < 2)
-    def _compute():
-      plgpu.set_max_registers(232, action='increase')
-      q_smem, p_smem = q_smem2.at[wg], p_smem2.at[wg]
-      logit_smem, stat_smem = logit_smem2.at[wg], stat_smem2.at[wg]
+    def compute(wg):
+      q_smem, p_smem, logit_smem, stat_smem = (
+        ref.at[wg] for ref in (q_smems, p_smems, logit_smems, stat_smems)
+      )
       rows = pl.ds(t * tile_q + wg * block_q, block_q)
       plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem, q_barriers.at[wg])
+      if not warp_specialized:
+        issue(0)
       plgpu.barrier_wait(q_barriers.at[wg])
 
-      def step_body(step, carry, band):
+      def step_body(step, carry):
+        """One key tile: a static `step` is a band step."""
         acc, m_i, l_i, far_i = carry
-        slot = step % slots if band else lax.rem(step, slots)
+        band = isinstance(step, int)
+        slot = slot_of(step)
+        if not warp_specialized:  # prefetch the next step's tiles into the other slot
+          if band and step + 1 < num_band:
+            issue(step + 1)
+          else:
+            pl.when(step + 1 < num_steps)(lambda: issue(step + 1))
         plgpu.barrier_wait(kv_barriers.at[slot])
 
         def compute_qk(acc_ref):
@@ -384,13 +260,16 @@ def _forward_kernel_ws(q, key_t, v, band_bias, *, block_q, block_kv, num_band, i
           return acc_ref[...]
 
         pv = pl.run_scoped(compute_pv, plgpu.ACC((block_q, head_dim), jnp.float32))
-        plgpu.barrier_arrive(consumed.at[slot])  # this warpgroup is done with the slot
+        if warp_specialized:
+          plgpu.barrier_arrive(consumed.at[slot])  # this warpgroup is done with the slot
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) + pv
         return acc, m_new, l_i, far_i
 
       def vector(value):
         return layout(jnp.full((block_q,), value, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
 
+      # The running max starts finite (in log2 units), so a row that has seen only masked keys
+      # (-inf logits) so far rescales by 1, not by exp2(-inf + inf).
       carry = (
         layout(jnp.zeros((block_q, head_dim), jnp.float32), plgpu.Layout.WGMMA),
         vector(-1e30),
@@ -398,11 +277,10 @@ def _forward_kernel_ws(q, key_t, v, band_bias, *, block_q, block_kv, num_band, i
         vector(0.0),
       )
       for step in range(num_band):
-        carry = step_body(step, carry, band=True)
-      carry = lax.fori_loop(num_band, num_steps, functools.partial(step_body, band=False), carry)
-      acc, m_i, l_i, far_i = carry
+        carry = step_body(step, carry)
+      acc, m_i, l_i, far_i = lax.fori_loop(num_band, num_steps, step_body, carry)
 
-      q_smem[...] = (acc / lax.broadcast_in_dim(l_i, acc.shape, [0])).astype(dtype)
+      q_smem[...] = (acc / lax.broadcast_in_dim(l_i, acc.shape, [0])).astype(dtype)  # q is done
       stat_smem.at[0][...] = (m_i + jnp.log2(l_i)) / _LOG2E
       stat_smem.at[1][...] = far_i / l_i
       plgpu.commit_smem()
@@ -411,78 +289,80 @@ def _forward_kernel_ws(q, key_t, v, band_bias, *, block_q, block_kv, num_band, i
       plgpu.copy_smem_to_gmem(stat_smem.at[1], far_ref.at[b, h, rows])
       plgpu.wait_smem_to_gmem(0)
 
-    @pl.when(wg == 2)
-    def _memory():
-      plgpu.set_max_registers(40, action='decrease')
-
-      def issue(step, tile, band):
-        slot = step % slots if band else lax.rem(step, slots)
-        cols = pl.ds(tile * block_kv, block_kv)
-        plgpu.copy_gmem_to_smem(k_ref.at[b, h, :, cols], k_smem.at[slot], kv_barriers.at[slot])
-        plgpu.copy_gmem_to_smem(v_ref.at[b, cols, h], v_smem.at[slot], kv_barriers.at[slot])
-        if band:
-          band_cols = pl.ds((num_band - 1 - step) * block_kv, block_kv)
-          for w in range(2):
-            plgpu.copy_gmem_to_smem(
-              bias_ref.at[b, h, pl.ds(t * tile_q + w * block_q, block_q), band_cols],
-              bias_smem.at[slot, w],
-              bias_barriers.at[slot],
-            )
-
+    def copy():
+      """The copying warpgroup: every step's tiles, a slot refilled once both compute
+      warpgroups have released it."""
       for step in range(num_band):
         if step >= slots:
-          plgpu.barrier_wait(consumed.at[step % slots])
-        issue(step, jnp.maximum(kv_end - 1 - step, 0), band=True)
+          plgpu.barrier_wait(consumed.at[slot_of(step)])
+        issue(step)
 
       @pl.loop(num_band, num_steps)
       def _(step):
-        @pl.when(step >= slots)
-        def _():
-          plgpu.barrier_wait(consumed.at[lax.rem(step, slots)])
-
-        issue(step, step - num_band, band=False)
+        pl.when(step >= slots)(lambda: plgpu.barrier_wait(consumed.at[slot_of(step)]))
+        issue(step)
 
       # Wait for the last uses of the slots too: unneeded on the GPU, but the interpreter wants
       # every barrier phase a thread waits on observed by it before the barrier is freed.
       @pl.loop(jnp.maximum(num_steps - slots, 0), num_steps)
       def _(step):
-        plgpu.barrier_wait(consumed.at[lax.rem(step, slots)])
+        plgpu.barrier_wait(consumed.at[slot_of(step)])
+
+    if not warp_specialized:
+      compute(0)
+      return
+    wg = lax.axis_index('wg')
+
+    @pl.when(wg < compute_wgs)
+    def _():
+      plgpu.set_max_registers(232, action='increase')
+      compute(wg)
+
+    @pl.when(wg == compute_wgs)
+    def _():
+      plgpu.set_max_registers(40, action='decrease')
+      copy()
 
   def entry(*refs):
-    transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-    transforms32 = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
+    # 128-byte swizzled tiles (64 16-bit or 32 32-bit columns): bank-conflict-free register
+    # transfers and wgmma operands.
+    tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    tiled32 = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
+    wgs = compute_wgs
     smem = [
-      plgpu.SMEM((2, block_q, head_dim), dtype, transforms=transforms),  # q, then the output
-      plgpu.SMEM((slots, head_dim, block_kv), dtype, transforms=transforms),  # kᵀ
-      plgpu.SMEM((slots, block_kv, head_dim), dtype, transforms=transforms),  # v
-      plgpu.SMEM((2, block_q, block_kv), dtype, transforms=transforms),  # p
-      plgpu.SMEM((slots, 2, block_q, block_kv), jnp.float32, transforms=transforms32),  # bias
-      plgpu.SMEM((2, block_q, block_kv), jnp.float32, transforms=transforms32),  # band logits
-      plgpu.SMEM((2, 2, block_q), jnp.float32),  # lse', far mass
+      plgpu.SMEM((wgs, block_q, head_dim), dtype, transforms=tiled),  # q, then the output
+      plgpu.SMEM((slots, head_dim, block_kv), dtype, transforms=tiled),  # kᵀ
+      plgpu.SMEM((slots, block_kv, head_dim), dtype, transforms=tiled),  # v
+      plgpu.SMEM((wgs, block_q, block_kv), dtype, transforms=tiled),  # p
+      plgpu.SMEM((slots, wgs, block_q, block_kv), jnp.float32, transforms=tiled32),  # band bias
+      plgpu.SMEM((wgs, block_q, block_kv), jnp.float32, transforms=tiled32),  # band logits
+      plgpu.SMEM((wgs, 2, block_q), jnp.float32),  # lse', far mass
     ]
     barriers = (
-      plgpu.Barrier(num_barriers=2),  # q, one per compute warpgroup
+      plgpu.Barrier(num_barriers=wgs),  # q
       plgpu.Barrier(num_arrivals=2, num_barriers=slots),  # k and v
-      plgpu.Barrier(num_arrivals=2, num_barriers=slots),  # the two halves of the band bias
-      plgpu.Barrier(num_arrivals=2, num_barriers=slots),  # consumed by both compute warpgroups
+      plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),  # band bias, a copy per warpgroup
+      # consumed: each compute warpgroup arrives when done with a slot.
+      plgpu.Barrier(num_arrivals=wgs, num_barriers=slots) if warp_specialized else None,
     )
-    pl.run_scoped(lambda *scratch: kernel(*refs, scratch), smem, barriers, collective_axes='wg')
+    collective = {'collective_axes': 'wg'} if warp_specialized else {}
+    pl.run_scoped(lambda *scratch: kernel(*refs, scratch), smem, barriers, **collective)
 
-  out_shape = (
+  out_type = (
     jax.ShapeDtypeStruct((batch, length, heads, head_dim), dtype),
     jax.ShapeDtypeStruct((batch, heads, length), jnp.float32),
     jax.ShapeDtypeStruct((batch, heads, length), jnp.float32),
     jax.ShapeDtypeStruct((batch, heads, length, band_width), jnp.float32),
   )
+  threads = {'num_threads': compute_wgs + 1, 'thread_name': 'wg'} if warp_specialized else {}
   return plgpu.kernel(
     entry,
-    out_type=out_shape,
+    out_type=out_type,
     grid=(heads, length // tile_q, batch),
     grid_names=('heads', 'q_seq', 'batch'),
-    num_threads=3,
-    thread_name='wg',
     compiler_params=plgpu.CompilerParams(approx_math=True),
     interpret=interpret or False,
+    **threads,
   )(q, key_t, v, band_bias)
 
 
@@ -541,8 +421,7 @@ def shaw_attention_mosaic(
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
 
     interpret = InterpretGPUParams()
-  kernel = _forward_kernel_ws if warp_specialized else _forward_kernel
-  out, lse, far, logits = kernel(
+  out, lse, far, logits = _forward_kernel(
     query,
     key.transpose(0, 2, 3, 1),
     value,
@@ -550,6 +429,7 @@ def shaw_attention_mosaic(
     block_q=block_q,
     block_kv=block_kv,
     num_band=num_band,
+    warp_specialized=warp_specialized,
     interpret=interpret,
   )
 
