@@ -21,10 +21,11 @@ every logit, so the kernel works with e'_ij = e_ij - c_i: far tiles get no bias 
 exactly flash attention) and band tiles get b'_ij = q_i·(w^K[r_ij] - w^K[0])/sqrt(d). XLA adds
 c_i back to the logsumexp the kernel returns.
 
-XLA before the kernel: qw = q·w^Kᵀ/sqrt(d) [B, H, n, 2k+1]; the band bias [B, H, n, nb·block_kv],
-gathered from qw minus its column 0 with a constant index pattern (the same for every query tile),
-with -inf where j > i (causal) or j < 0 (band tiles before the start of the sequence; the kernel
-loads tile 0 in their place and their -inf logits contribute nothing). So the causal mask lives
+XLA before the kernel: qw = q·w^Kᵀ/sqrt(d) [B, H, n, k'+1] (the table rows causal attention
+reaches, below); the band bias [B, H, n, nb·block_kv], gathered from qw minus its column 0 (c_i)
+with a constant index pattern (the same for every query tile), with -inf where j > i (causal)
+or j < 0 (band tiles before the start of the sequence; the kernel loads tile 0 in their place
+and their -inf logits contribute nothing). So the causal mask lives
 in the bias: the kernel never builds an iota mask.
 
 The kernel (grid heads × query tiles × batch; one warpgroup that both issues the TMA copies and
@@ -67,7 +68,9 @@ language, and the kernel keeps to it, so that the program it checks is the one t
   integer index, a slot or a warpgroup, is fine);
 - the two layout-only calls the interpreter lacks, `plgpu.layout_cast` and `plgpu.load(...,
   layout=)`, are replaced by the identity and a plain read when interpreting (see `layout` and
-  `load` in the kernel): the one difference between the interpreted and the lowered program.
+  `load` in the kernel): the one difference between the interpreted and the lowered program;
+- a thread must observe every phase of a barrier it waits on before the barrier is freed: the
+  copying warpgroup waits for the compute warpgroups' last releases too (harmless on a GPU).
 """
 
 from __future__ import annotations
