@@ -1,0 +1,126 @@
+"""Check and time the Mosaic GPU causal Shaw forward (`relpos.attention.mosaic_shaw`) on a GPU.
+
+    python benchmarks/mosaic_shaw.py                                  # H100/H200: check, time
+    python benchmarks/mosaic_shaw.py --lengths=1024,4096 --distances=16,64 --head_dim=128
+    python benchmarks/mosaic_shaw.py --interpret --lengths=128 --distances=3 --kernels=mosaic
+
+Causal self-attention, forward only (the Mosaic kernel has no backward yet), bf16. For each
+(n, k) every kernel is compiled, checked against `shaw_attention(implementation='xla')` on the
+same inputs (error: max |kernel - xla| / max |xla|, float32) and timed, interleaved
+(`timing.interleaved_median_seconds`), so ratios come from one run. Kernels (`--kernels`):
+mosaic and mosaic_ws (`shaw_attention_mosaic`, one warpgroup / warp-specialised), pallas (the
+Triton kernel, `implementation='pallas'`), xla, and cudnn (`jax.nn.dot_product_attention`,
+plain causal flash attention without the relative terms: the speed to aim for; NVIDIA only).
+TFLOP/s counts plain causal attention's 2·B·H·n²·d for every kernel. `--interpret` runs the
+Mosaic kernels in Mosaic GPU's interpreter (CPU, slow: tiny sizes only) and times nothing. A
+kernel that fails to compile or run prints one 'failed' line and is left out of the timing.
+"""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+from timing import interleaved_median_seconds
+
+from relpos import attention
+from relpos.attention.mosaic_shaw import shaw_attention_mosaic
+
+KERNELS = ('mosaic', 'mosaic_ws', 'pallas', 'xla', 'cudnn')
+FLAGS = flags.FLAGS
+flags.DEFINE_list('lengths', ['1024', '4096'], 'sequence lengths n')
+flags.DEFINE_list('distances', ['16', '64'], 'clipping distances k')
+flags.DEFINE_list('kernels', list(KERNELS), f'any of {KERNELS}')
+flags.DEFINE_integer('batch', 4, 'batch size')
+flags.DEFINE_integer('heads', 8, 'heads')
+flags.DEFINE_integer('head_dim', 64, 'head_dim (a multiple of 64)')
+flags.DEFINE_integer('block_q', 64, 'block_q of the Mosaic kernels')
+flags.DEFINE_integer('block_kv', 64, 'block_kv of the Mosaic kernels')
+flags.DEFINE_integer('rounds', 20, 'timing rounds')
+flags.DEFINE_integer('repeats', 10, 'calls per timing')
+flags.DEFINE_bool('interpret', False, "Mosaic GPU's interpreter (CPU): check only, no timing")
+
+
+def kernels(names, n, interpret):
+  """name -> jitted f(q, k, v, rel_key, rel_value) -> [batch, n, heads, head_dim]."""
+  mask = attention.causal_mask(n, n)
+  blocks = {'block_q': FLAGS.block_q, 'block_kv': FLAGS.block_kv, 'interpret': interpret}
+  shaw = attention.shaw_attention
+  table = {
+    'mosaic': lambda *a: shaw_attention_mosaic(*a, **blocks),
+    'mosaic_ws': lambda *a: shaw_attention_mosaic(*a, warp_specialized=True, **blocks),
+    'pallas': lambda *a: shaw(*a, mask=mask, implementation='pallas'),
+    'xla': lambda *a: shaw(*a, mask=mask, implementation='xla'),
+    'cudnn': lambda q, k, v, *_: jax.nn.dot_product_attention(
+      q, k, v, is_causal=True, implementation='cudnn'
+    ),
+  }
+  return {name: jax.jit(table[name]) for name in names}
+
+
+def run_row(names, n, k, interpret) -> list[str]:
+  rng = np.random.default_rng(0)
+  shape = (FLAGS.batch, n, FLAGS.heads, FLAGS.head_dim)
+  q, key, v = (jnp.asarray(rng.standard_normal(shape), jnp.bfloat16) for _ in range(3))
+  rel = [
+    jnp.asarray(rng.standard_normal((2 * k + 1, FLAGS.head_dim)) * 0.1, jnp.bfloat16)
+    for _ in range(2)
+  ]
+  args = (q, key, v, *rel)
+  fns = kernels(names, n, interpret)
+  want = np.asarray(kernels(['xla'], n, False)['xla'](*args), np.float32)
+  lines = []
+  for name, fn in list(fns.items()):
+    start = time.perf_counter()
+    try:
+      got = np.asarray(jax.block_until_ready(fn(*args)), np.float32)
+    except Exception as error:  # one kernel failing to compile or run leaves out only itself
+      lines.append(f'n={n} k={k} {name}: failed: {type(error).__name__}: {error}'.split('\n')[0])
+      del fns[name]
+      continue
+    first = time.perf_counter() - start
+    error = float(np.abs(got - want).max() / np.abs(want).max())
+    lines.append(f'n={n} k={k} {name}: error vs xla {error:.2e}, first call {first:.1f} s')
+  if interpret or not fns:
+    return lines
+  seconds = interleaved_median_seconds(
+    {name: (lambda fn=fn: fn(*args)) for name, fn in fns.items()},
+    rounds=FLAGS.rounds,
+    repeats=FLAGS.repeats,
+  )
+  flops = 2 * FLAGS.batch * FLAGS.heads * n * n * FLAGS.head_dim
+  base = seconds.get('cudnn') or seconds.get('xla')
+  for name, s in seconds.items():
+    lines.append(
+      f'n={n} k={k} {name}: {s * 1e3:.3f} ms, {flops / s / 1e12:.1f} TFLOP/s, '
+      f'{s / base:.2f}x {"cudnn" if "cudnn" in seconds else "xla"}'
+    )
+  return lines
+
+
+def main(argv):
+  del argv
+  names = [name for name in FLAGS.kernels if name in KERNELS]
+  if unknown := set(FLAGS.kernels) - set(KERNELS):
+    raise app.UsageError(f'unknown kernels {sorted(unknown)}; known: {KERNELS}')
+  platform = jax.default_backend()
+  if platform != 'gpu' and not FLAGS.interpret:
+    raise app.UsageError(
+      f'the Mosaic GPU kernels need an NVIDIA GPU (backend {platform}); '
+      'pass --interpret to check them on the CPU'
+    )
+  if FLAGS.interpret:
+    names = [name for name in names if name.startswith('mosaic')]
+  print(
+    f'device: {jax.devices()[0].device_kind}; batch {FLAGS.batch}, heads {FLAGS.heads}, '
+    f'head_dim {FLAGS.head_dim}, bf16, causal, forward'
+  )
+  for n in map(int, FLAGS.lengths):
+    for k in map(int, FLAGS.distances):
+      for line in run_row(names, n, k, FLAGS.interpret):
+        print(line, flush=True)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,446 @@
+"""Causal Shaw et al. (2018) attention, forward only, as a Pallas Mosaic GPU kernel (prototype).
+
+    e_ij = (q_i·k_j + q_i·w^K[r_ij]) / sqrt(d)      z_i = Σ_j p_ij (v_j + w^V[r_ij])
+    r_ij = clip(j - i, -k, k) + k                   causal: j <= i (q_len == kv_len)
+
+A flash-attention kernel on Hopper's tensor cores (`plgpu.wgmma`, operands in shared memory
+loaded by TMA), with XLA doing the per-bucket work before and after it, because Mosaic GPU has no
+gathers or scatters inside a kernel. Forward pass only: no custom_vjp (the backward kernel will
+need the logsumexp, which this kernel already returns).
+
+Why band tiles. With causal masking, query i sees keys j <= i. Every key with j - i <= -k falls in
+bucket 0, so its bias is q_i·w^K[0]/sqrt(d) =: c_i, one constant per row. A key tile whose every
+(i, j) pair has j - i <= -k (a "far" tile) is therefore plain attention plus a row constant. Only
+the few "band" tiles that meet -k < j - i <= 0 for some pair need a full [block_q, block_kv]
+bias. For query tile t the band is the `nb` key tiles ending at the diagonal (nb = the most any
+tile needs: 1 + ceil((k - 1) / block_kv) when block_q == block_kv, or all tiles when k is large);
+the tiles before them are far.
+
+Why no row constant in the kernel. Softmax is unchanged by subtracting a per-row constant from
+every logit, so the kernel works with e'_ij = e_ij - c_i: far tiles get no bias at all (they are
+exactly flash attention) and band tiles get b'_ij = q_i·(w^K[r_ij] - w^K[0])/sqrt(d). XLA adds
+c_i back to the logsumexp the kernel returns.
+
+XLA before the kernel: qw = q·w^Kᵀ/sqrt(d) [B, H, n, k'+1] (the table rows causal attention
+reaches, below); the band bias [B, H, n, nb·block_kv], gathered from qw minus its column 0 (c_i)
+with a constant index pattern (the same for every query tile), with -inf where j > i (causal)
+or j < 0 (band tiles before the start of the sequence; the kernel loads tile 0 in their place
+and their -inf logits contribute nothing). So the causal mask lives
+in the bias: the kernel never builds an iota mask.
+
+The kernel (grid heads × query tiles × batch; one warpgroup that both issues the TMA copies and
+computes: no warp specialisation, unlike JAX's FA3 example `attention_mgpu.py`): band tiles first
+(a static loop from the diagonal down), then the far tiles (a dynamic loop), each: K and V tiles
+TMA-copied to shared memory (two slots: the next tile's copies are issued before this tile's
+matmuls), S = Q·Kᵀ/sqrt(d) by wgmma, plus the band bias (band tiles: also TMA-copied, and the
+biased logits TMA-stored), online softmax in base 2 (running max starting at -1e30, not -inf, so
+a row that has seen only masked keys rescales by 1), P to shared memory, acc += P·V by wgmma.
+K is transposed by XLA ([B, H, d, n]) so that both wgmma operands are plain shared-memory tiles.
+Outputs: the value term Σ_j p_ij v_j [B, n, H, d] (input dtype), the logsumexp of e' and the
+probability of the far tiles (all bucket 0) [B, H, n], and the band tiles' logits e'
+[B, H, n, nb·block_kv] (float32).
+
+`warp_specialized=True` (after JAX's FA3 example; the same `_forward_kernel` builds both):
+three warpgroups per program, two computing (block_q rows each of a 2·block_q-row query tile,
+as above) and one only issuing the TMA copies, two slots ahead, refilling a slot when both
+compute warpgroups have arrived on its `consumed` barrier. The band is that of the
+2·block_q-row tile, so both compute warpgroups walk the same key tiles (the first one's last
+band tile is fully masked). It has no ping-pong schedule barrier and no wgmma/softmax overlap
+yet.
+
+XLA after the kernel: band probabilities p = exp(e' - logsumexp'), folded into buckets with a
+constant one-hot [block_q, nb·block_kv, k'+1] einsum (causal attention uses only the k' + 1
+table rows for j - i = -k' .. 0, k' = min(k, n - 1)), plus the far mass in bucket 0, gives
+P_ir = Σ_{j: r_ij = r} p_ij; z = Σ_j p_ij v_j + P·w^V. The logsumexp returned is that of the
+true logits e (lse' + c_i), for a backward kernel.
+
+Cost beyond flash attention: the band tiles' bias read and logits write (nb·block_kv floats per
+row each way) and the one-hot fold (n·nb·block_kv·(k'+1) multiply-adds per head): O(n·k) memory,
+and for k >= n (every tile in the band) this degenerates to a materialised [n, n] bias.
+
+Interpret mode (`interpret=True`, CPU): Mosaic GPU's interpreter (jax 0.10) runs a subset of the
+language, and the kernel keeps to it, so that the program it checks is the one that lowers:
+- no `pl.run_state`: each matmul gets a fresh `pl.run_scoped(..., plgpu.ACC)` accumulator whose
+  value is added to a register carry (acc = alpha·acc + P·V, one [block_q, d] add more per tile);
+- wgmma operands are shared-memory refs without a transpose transform: P goes through shared
+  memory (no register A operand) and K is transposed by XLA (no `plgpu.transpose_ref`);
+- shared memory is read without dynamic slices (the band tiles are a Python loop; a dynamic
+  integer index, a slot or a warpgroup, is fine);
+- the two layout-only calls the interpreter lacks, `plgpu.layout_cast` and `plgpu.load(...,
+  layout=)`, are replaced by the identity and a plain read when interpreting (see `layout` and
+  `load` in the kernel): the one difference between the interpreted and the lowered program;
+- a thread must observe every phase of a barrier it waits on before the barrier is freed: the
+  copying warpgroup waits for the compute warpgroups' last releases too (harmless on a GPU).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+_LOG2E = math.log2(math.e)
+_SMEM_BYTES = 227 * 1024  # an H100's shared memory per block
+
+
+def _band_tiles(length: int, max_distance: int, block_q: int, block_kv: int) -> int:
+  """How many key tiles, ending at the one holding the diagonal, some query tile must treat as
+  band (full bias) tiles. The others, "far", have every pair visible (j <= i) and in bucket 0
+  (j - i <= -k)."""
+  num = 1
+  for t in range(length // block_q):
+    end = (t + 1) * block_q // block_kv  # one past the last key tile with some j <= i
+    # Far tiles kt < far: (kt + 1)·block_kv - 1 - t·block_q <= -k (all j - i <= -k, or <= 0).
+    far = max(0, (t * block_q - max_distance + 1) // block_kv)
+    num = max(num, end - far)
+  return min(num, length // block_kv)
+
+
+def _band_offsets(block_q: int, block_kv: int, num_band: int) -> np.ndarray:
+  """j - i for row a of a query tile and column w of its band: the same for every tile."""
+  rows = np.arange(block_q)[:, None]
+  cols = np.arange(num_band * block_kv)[None, :]
+  return block_q - num_band * block_kv + cols - rows
+
+
+def _check(query, key, value, rel_key, rel_value, block_q, block_kv, warp_specialized):
+  if not (query.shape == key.shape == value.shape) or query.ndim != 4:
+    raise ValueError(
+      f'query, key, value must share one [batch, len, heads, head_dim] shape, got '
+      f'{query.shape}, {key.shape}, {value.shape}'
+    )
+  dtypes = {jnp.dtype(x.dtype) for x in (query, key, value)}
+  if len(dtypes) != 1 or dtypes.pop() not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    raise ValueError(f'query, key, value must all be bfloat16 or all float16, got {query.dtype}')
+  _, length, _, head_dim = query.shape
+  if head_dim % 64:
+    raise ValueError(f'head_dim must be a multiple of 64, got {head_dim}')
+  if block_q % 64 or block_kv % 64 or block_q % block_kv:
+    raise ValueError(
+      f'block_q and block_kv must be multiples of 64 and block_q a multiple of block_kv, got '
+      f'{block_q}, {block_kv}'
+    )
+  tile_q = 2 * block_q if warp_specialized else block_q
+  if length % tile_q:
+    what = '2·block_q' if warp_specialized else 'block_q'
+    raise ValueError(f'length must be a multiple of {what}={tile_q}, got {length}')
+  if rel_key.ndim != 2 or rel_key.shape != rel_value.shape or rel_key.shape[0] % 2 != 1:
+    raise ValueError(
+      f'rel_key, rel_value must share one [2k+1, head_dim] shape, got {rel_key.shape}, '
+      f'{rel_value.shape}'
+    )
+  if rel_key.shape[1] != head_dim:
+    raise ValueError(f'rel_key has {rel_key.shape[1]} columns, head_dim is {head_dim}')
+  if (smem := _smem_bytes(head_dim, block_q, block_kv, warp_specialized)) > _SMEM_BYTES:
+    raise ValueError(
+      f'block_q={block_q}, block_kv={block_kv}, head_dim={head_dim} need {smem} bytes of shared '
+      f'memory, more than the {_SMEM_BYTES} of an H100'
+    )
+
+
+def _smem_bytes(head_dim: int, block_q: int, block_kv: int, warp_specialized: bool) -> int:
+  """Shared memory the kernel allocates: per compute warpgroup 16-bit q and p, float32 band bias
+  (two slots), band logits and two row statistics; 16-bit kᵀ and v (two slots); plus 4 KiB for
+  barriers and alignment (Mosaic GPU counted 2088 bytes more than the buffers, jax 0.10.2)."""
+  rows = 2 * block_q if warp_specialized else block_q
+  buffers = 2 * (rows * head_dim + 4 * block_kv * head_dim + rows * block_kv)
+  return buffers + 4 * (3 * rows * block_kv + 2 * rows) + 4096
+
+
+def _forward_kernel(
+  q, key_t, v, band_bias, *, block_q, block_kv, num_band, warp_specialized, interpret
+):
+  """The Mosaic GPU kernel (see the module docstring). key_t is the key transposed, [B, H, d, n].
+  Returns the value term Σ_j p_ij v_j (input dtype), lse' (natural log) and the far mass
+  [B, H, n], and the band logits e' [B, H, n, num_band·block_kv].
+
+  One warpgroup that copies and computes, or (warp_specialized) two compute warpgroups ("wg" 0
+  and 1, block_q rows each of a 2·block_q-row query tile) and a copying one (wg 2) that fills
+  the two slots ahead, refilling a slot once both compute warpgroups have arrived on its
+  `consumed` barrier. The band is the program's, so all compute warpgroups walk the same tiles.
+  """
+  batch, length, heads, head_dim = q.shape
+  dtype = q.dtype
+  band_width = num_band * block_kv
+  scale = 1.0 / math.sqrt(head_dim)
+  compute_wgs = 2 if warp_specialized else 1
+  tile_q = compute_wgs * block_q  # query rows per program
+  kv_per_q = tile_q // block_kv
+  slots = 2
+
+  def layout(x, layout):
+    # Layouts place values in registers for the compiler; the interpreter has no layout_cast.
+    return x if interpret else plgpu.layout_cast(x, layout)
+
+  def load(ref, layout):
+    # A register load in a given layout; the interpreter has no plgpu.load.
+    return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
+
+  def slot_of(step):
+    return step % slots if isinstance(step, int) else lax.rem(step, slots)
+
+  def kernel(q_ref, k_ref, v_ref, bias_ref, out_ref, lse_ref, far_ref, logits_ref, scratch):
+    smem, barriers = scratch
+    q_smems, k_smem, v_smem, p_smems, bias_smem, logit_smems, stat_smems = smem
+    q_barriers, kv_barriers, bias_barriers, consumed = barriers
+    b = lax.axis_index('batch')
+    h = lax.axis_index('heads')
+    t = lax.axis_index('q_seq')
+    kv_end = (t + 1) * kv_per_q  # one past the diagonal's key tile
+    # Steps 0 .. num_band - 1: band tiles kv_end - 1 - step (diagonal first; below 0 they load
+    # tile 0, all -inf in the bias). Steps num_band .. num_steps - 1: far tiles step - num_band.
+    num_far = jnp.maximum(kv_end - num_band, 0)
+    num_steps = num_band + num_far
+
+    def issue(step):
+      """TMA copies of step `step`'s key and value tiles (and band bias, for a band step: those
+      are static) into its slot."""
+      band = isinstance(step, int) and step < num_band
+      slot = slot_of(step)
+      tile = jnp.maximum(kv_end - 1 - step, 0) if band else step - num_band
+      cols = pl.ds(tile * block_kv, block_kv)
+      plgpu.copy_gmem_to_smem(k_ref.at[b, h, :, cols], k_smem.at[slot], kv_barriers.at[slot])
+      plgpu.copy_gmem_to_smem(v_ref.at[b, cols, h], v_smem.at[slot], kv_barriers.at[slot])
+      if band:
+        band_cols = pl.ds((num_band - 1 - step) * block_kv, block_kv)
+        for w in range(compute_wgs):
+          rows = pl.ds(t * tile_q + w * block_q, block_q)
+          plgpu.copy_gmem_to_smem(
+            bias_ref.at[b, h, rows, band_cols], bias_smem.at[slot, w], bias_barriers.at[slot]
+          )
+
+    def compute(wg):
+      q_smem, p_smem, logit_smem, stat_smem = (
+        ref.at[wg] for ref in (q_smems, p_smems, logit_smems, stat_smems)
+      )
+      rows = pl.ds(t * tile_q + wg * block_q, block_q)
+      plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem, q_barriers.at[wg])
+      if not warp_specialized:
+        issue(0)
+      plgpu.barrier_wait(q_barriers.at[wg])
+
+      def step_body(step, carry):
+        """One key tile: a static `step` is a band step."""
+        acc, m_i, l_i, far_i = carry
+        band = isinstance(step, int)
+        slot = slot_of(step)
+        if not warp_specialized:  # prefetch the next step's tiles into the other slot
+          if band and step + 1 < num_band:
+            issue(step + 1)
+          else:
+            pl.when(step + 1 < num_steps)(lambda: issue(step + 1))
+        plgpu.barrier_wait(kv_barriers.at[slot])
+
+        def compute_qk(acc_ref):
+          plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot])
+          return acc_ref[...]
+
+        s = pl.run_scoped(compute_qk, plgpu.ACC((block_q, block_kv), jnp.float32)) * scale
+        if band:
+          plgpu.barrier_wait(bias_barriers.at[slot])
+          s = s + load(bias_smem.at[slot, wg], plgpu.Layout.WGMMA)
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last band logits left SMEM
+          logit_smem[...] = s
+          plgpu.commit_smem()
+          band_cols = pl.ds((num_band - 1 - step) * block_kv, block_kv)
+          plgpu.copy_smem_to_gmem(logit_smem, logits_ref.at[b, h, rows, band_cols])
+        m_new = jnp.maximum(m_i, s.max(axis=1) * _LOG2E)
+        alpha = jnp.exp2(m_i - m_new)
+        p = jnp.exp2(s * _LOG2E - lax.broadcast_in_dim(m_new, s.shape, [0]))
+        p_sum = p.sum(axis=1)
+        l_i = l_i * alpha + p_sum
+        far_i = far_i * alpha if band else far_i * alpha + p_sum
+        p_smem[...] = p.astype(dtype)
+        plgpu.commit_smem()
+
+        def compute_pv(acc_ref):
+          plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
+          return acc_ref[...]
+
+        pv = pl.run_scoped(compute_pv, plgpu.ACC((block_q, head_dim), jnp.float32))
+        if warp_specialized:
+          plgpu.barrier_arrive(consumed.at[slot])  # this warpgroup is done with the slot
+        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) + pv
+        return acc, m_new, l_i, far_i
+
+      def vector(value):
+        return layout(jnp.full((block_q,), value, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+
+      # The running max starts finite (in log2 units), so a row that has seen only masked keys
+      # (-inf logits) so far rescales by 1, not by exp2(-inf + inf).
+      carry = (
+        layout(jnp.zeros((block_q, head_dim), jnp.float32), plgpu.Layout.WGMMA),
+        vector(-1e30),
+        vector(0.0),
+        vector(0.0),
+      )
+      for step in range(num_band):
+        carry = step_body(step, carry)
+      acc, m_i, l_i, far_i = lax.fori_loop(num_band, num_steps, step_body, carry)
+
+      q_smem[...] = (acc / lax.broadcast_in_dim(l_i, acc.shape, [0])).astype(dtype)  # q is done
+      stat_smem.at[0][...] = (m_i + jnp.log2(l_i)) / _LOG2E
+      stat_smem.at[1][...] = far_i / l_i
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(q_smem, out_ref.at[b, rows, h])
+      plgpu.copy_smem_to_gmem(stat_smem.at[0], lse_ref.at[b, h, rows])
+      plgpu.copy_smem_to_gmem(stat_smem.at[1], far_ref.at[b, h, rows])
+      plgpu.wait_smem_to_gmem(0)
+
+    def copy():
+      """The copying warpgroup: every step's tiles, a slot refilled once both compute
+      warpgroups have released it."""
+      for step in range(num_band):
+        if step >= slots:
+          plgpu.barrier_wait(consumed.at[slot_of(step)])
+        issue(step)
+
+      @pl.loop(num_band, num_steps)
+      def _(step):
+        pl.when(step >= slots)(lambda: plgpu.barrier_wait(consumed.at[slot_of(step)]))
+        issue(step)
+
+      # Wait for the last uses of the slots too: unneeded on the GPU, but the interpreter wants
+      # every barrier phase a thread waits on observed by it before the barrier is freed.
+      @pl.loop(jnp.maximum(num_steps - slots, 0), num_steps)
+      def _(step):
+        plgpu.barrier_wait(consumed.at[slot_of(step)])
+
+    if not warp_specialized:
+      compute(0)
+      return
+    wg = lax.axis_index('wg')
+
+    @pl.when(wg < compute_wgs)
+    def _():
+      plgpu.set_max_registers(232, action='increase')
+      compute(wg)
+
+    @pl.when(wg == compute_wgs)
+    def _():
+      plgpu.set_max_registers(40, action='decrease')
+      copy()
+
+  def entry(*refs):
+    # 128-byte swizzled tiles (64 16-bit or 32 32-bit columns): bank-conflict-free register
+    # transfers and wgmma operands.
+    tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    tiled32 = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
+    wgs = compute_wgs
+    smem = [
+      plgpu.SMEM((wgs, block_q, head_dim), dtype, transforms=tiled),  # q, then the output
+      plgpu.SMEM((slots, head_dim, block_kv), dtype, transforms=tiled),  # kᵀ
+      plgpu.SMEM((slots, block_kv, head_dim), dtype, transforms=tiled),  # v
+      plgpu.SMEM((wgs, block_q, block_kv), dtype, transforms=tiled),  # p
+      plgpu.SMEM((slots, wgs, block_q, block_kv), jnp.float32, transforms=tiled32),  # band bias
+      plgpu.SMEM((wgs, block_q, block_kv), jnp.float32, transforms=tiled32),  # band logits
+      plgpu.SMEM((wgs, 2, block_q), jnp.float32),  # lse', far mass
+    ]
+    barriers = (
+      plgpu.Barrier(num_barriers=wgs),  # q
+      plgpu.Barrier(num_arrivals=2, num_barriers=slots),  # k and v
+      plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),  # band bias, a copy per warpgroup
+      # consumed: each compute warpgroup arrives when done with a slot.
+      plgpu.Barrier(num_arrivals=wgs, num_barriers=slots) if warp_specialized else None,
+    )
+    collective = {'collective_axes': 'wg'} if warp_specialized else {}
+    pl.run_scoped(lambda *scratch: kernel(*refs, scratch), smem, barriers, **collective)
+
+  out_type = (
+    jax.ShapeDtypeStruct((batch, length, heads, head_dim), dtype),
+    jax.ShapeDtypeStruct((batch, heads, length), jnp.float32),
+    jax.ShapeDtypeStruct((batch, heads, length), jnp.float32),
+    jax.ShapeDtypeStruct((batch, heads, length, band_width), jnp.float32),
+  )
+  threads = {'num_threads': compute_wgs + 1, 'thread_name': 'wg'} if warp_specialized else {}
+  return plgpu.kernel(
+    entry,
+    out_type=out_type,
+    grid=(heads, length // tile_q, batch),
+    grid_names=('heads', 'q_seq', 'batch'),
+    compiler_params=plgpu.CompilerParams(approx_math=True),
+    interpret=interpret or False,
+    **threads,
+  )(q, key_t, v, band_bias)
+
+
+def shaw_attention_mosaic(
+  query,
+  key,
+  value,
+  rel_key,
+  rel_value,
+  *,
+  block_q=64,
+  block_kv=64,
+  warp_specialized=False,
+  interpret=False,
+  return_lse=False,
+):
+  """Causal Shaw attention, forward, with a Mosaic GPU kernel; see the module docstring.
+
+  query, key, value: [batch, len, heads, head_dim], bf16 or f16, head_dim a multiple of 64, len a
+  multiple of block_q (2·block_q when warp_specialized; block_q a multiple of block_kv, both
+  multiples of 64). rel_key, rel_value: [2k+1, head_dim], shared by all heads. Returns z [batch,
+  len, heads, head_dim] in the input dtype, and with return_lse=True also the logsumexp of each
+  row's logits [batch, heads, len] (float32). warp_specialized picks the FA3-style kernel (see
+  the module docstring); interpret=True runs Mosaic GPU's interpreter (CPU), as does an
+  `InterpretGPUParams` (e.g. with detect_races=True). Raises ValueError (one line) for shapes,
+  dtypes or tiles it does not support.
+  """
+  _check(query, key, value, rel_key, rel_value, block_q, block_kv, warp_specialized)
+  batch, length, heads, head_dim = query.shape
+  max_distance = (rel_key.shape[0] - 1) // 2
+  tile_q = 2 * block_q if warp_specialized else block_q  # query rows per program
+  num_band = _band_tiles(length, max_distance, tile_q, block_kv)
+  offsets = _band_offsets(tile_q, block_kv, num_band)  # j - i, [block_q, band_width]
+  # Causal attention uses only table rows first..k (j - i from -min(k, len - 1) to 0): the
+  # tables are cut to those and the buckets counted from `first`.
+  first = max(0, max_distance - (length - 1))
+  buckets = np.clip(offsets, -max_distance, 0) + max_distance - first
+  rel_key, rel_value = rel_key[first : max_distance + 1], rel_value[first : max_distance + 1]
+  tiles = length // tile_q
+
+  # Before: qw minus its column 0 (the far tiles' row constant, bucket 0; when first > 0 there
+  # are no far tiles and it is just a shift), gathered into the band bias.
+  qw = jnp.einsum(
+    'bnhd,rd->bhnr', query.astype(jnp.float32), rel_key.astype(jnp.float32)
+  ) / math.sqrt(head_dim)
+  row_constant = qw[..., 0]
+  shifted = (qw - qw[..., :1]).reshape(batch, heads, tiles, tile_q, -1)
+  index = jnp.broadcast_to(jnp.asarray(buckets), (batch, heads, tiles) + buckets.shape)
+  bias = jnp.take_along_axis(shifted, index, axis=-1)
+  # Keys j = i + offset: masked where j > i or j < 0 (band tiles before the sequence start).
+  key_pos = np.arange(tiles)[:, None, None] * tile_q + np.arange(tile_q)[:, None] + offsets
+  visible = (offsets <= 0)[None] & (key_pos >= 0)
+  bias = jnp.where(visible, bias, -jnp.inf).reshape(batch, heads, length, -1)
+
+  if interpret is True:
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+    interpret = InterpretGPUParams()
+  out, lse, far, logits = _forward_kernel(
+    query,
+    key.transpose(0, 2, 3, 1),
+    value,
+    bias,
+    block_q=block_q,
+    block_kv=block_kv,
+    num_band=num_band,
+    warp_specialized=warp_specialized,
+    interpret=interpret,
+  )
+
+  # After: band probabilities folded into buckets (constant one-hot), plus the far mass.
+  p_band = jnp.exp(logits - lse[..., None]).reshape(batch, heads, tiles, tile_q, -1)
+  one_hot = jax.nn.one_hot(buckets, rel_key.shape[0], dtype=jnp.float32)
+  buckets_p = jnp.einsum('bhtaw,awr->bhtar', p_band, one_hot).reshape(batch, heads, length, -1)
+  buckets_p = buckets_p.at[..., 0].add(far)  # far mass is 0 when first > 0 (no far tiles)
+  z = out + jnp.einsum('bhnr,rd->bnhd', buckets_p, rel_value.astype(jnp.float32))
+  z = z.astype(query.dtype)
+  return (z, lse + row_constant) if return_lse else z

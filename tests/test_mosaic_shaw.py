@@ -1,0 +1,211 @@
+"""relpos.attention.mosaic_shaw: the Mosaic GPU (Hopper) causal Shaw forward kernel, run in
+Mosaic GPU's interpreter on the CPU against the float64 reference, and lowered for CUDA through
+jax.export (no GPU needed: the Mosaic GPU custom call is built, not compiled to PTX).
+
+Each interpret case runs the whole grid in Python callbacks (a few seconds at these shapes), so
+the cases are few and small; between them they cover far tiles (plain flash attention), band
+tiles, tiles before the sequence start (all masked), k = 0, k below and above a tile, k >= the
+length, block_q = 2·block_kv, several batches and heads, bf16 and f16, for the one-warpgroup
+kernel; the warp-specialised one (3 interpreted threads, slower) has two cases in the default
+run and two more marked slow.
+"""
+
+import math
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import reference
+from helpers import REPO
+
+from relpos.attention import mosaic_shaw
+from relpos.attention.mosaic_shaw import shaw_attention_mosaic
+
+
+@pytest.fixture
+def fresh_interpreter():
+  """The interpreter's global state is left inconsistent by a kernel that raised; reset it."""
+  from jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call import (
+    reset_gpu_interpret_mode_state,
+  )
+
+  reset_gpu_interpret_mode_state()
+  yield
+  reset_gpu_interpret_mode_state()
+
+
+def _inputs(batch, length, heads, head_dim, max_distance, dtype, seed=0):
+  rng = np.random.default_rng(seed)
+  shape = (batch, length, heads, head_dim)
+  q, k, v = (jnp.asarray(rng.standard_normal(shape), dtype) for _ in range(3))
+  rows = (2 * max_distance + 1, head_dim)
+  rel_k, rel_v = (jnp.asarray(rng.standard_normal(rows), dtype) for _ in range(2))
+  return q, k, v, rel_k, rel_v
+
+
+def _f64(x):
+  return np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+
+
+def _logsumexp(q, k, rel_k):
+  """float64 logsumexp over j <= i of (q_i·k_j + q_i·w^K[r_ij]) / sqrt(d), [batch, heads, n]."""
+  q, k, rel_k = _f64(q), _f64(k), _f64(rel_k)
+  length, head_dim = q.shape[1], q.shape[3]
+  max_distance = (rel_k.shape[0] - 1) // 2
+  offsets = np.arange(length)[None, :] - np.arange(length)[:, None]  # j - i
+  buckets = np.clip(offsets, -max_distance, max_distance) + max_distance
+  # a^K logits q_i·w^K[r_ij]: the [i, r] products read at r = buckets[i, j].
+  table = np.einsum('bihd,rd->bhir', q, rel_k)[:, :, np.arange(length)[:, None], buckets]
+  logits = np.einsum('bihd,bjhd->bhij', q, k) + table
+  logits = np.where(offsets <= 0, logits / math.sqrt(head_dim), -np.inf)
+  top = logits.max(-1, keepdims=True)
+  return (top + np.log(np.exp(logits - top).sum(-1, keepdims=True)))[..., 0]
+
+
+WS = True  # warp_specialized: two compute warpgroups and a TMA one (3 interpreted threads)
+CASES = [
+  # (batch, length, heads, head_dim, k, block_q, dtype, warp_specialized)
+  pytest.param(1, 256, 1, 64, 3, 64, jnp.bfloat16, False, id='far-and-band'),
+  pytest.param(2, 128, 2, 64, 1, 64, jnp.bfloat16, False, id='k1-batch-heads'),
+  pytest.param(1, 128, 1, 64, 0, 64, jnp.bfloat16, False, id='k0'),
+  pytest.param(1, 192, 1, 64, 70, 64, jnp.bfloat16, False, id='k-above-tile'),
+  pytest.param(1, 128, 1, 64, 200, 64, jnp.bfloat16, False, id='k-above-length'),
+  pytest.param(1, 256, 1, 64, 3, 128, jnp.float16, False, id='f16-block_q-128'),
+  pytest.param(1, 256, 1, 64, 3, 64, jnp.bfloat16, WS, id='ws-far-and-band'),
+  pytest.param(1, 128, 1, 64, 0, 64, jnp.bfloat16, WS, id='ws-k0'),
+  pytest.param(
+    1, 256, 1, 64, 70, 64, jnp.float16, WS, id='ws-k-above-tile', marks=pytest.mark.slow
+  ),
+  pytest.param(2, 256, 2, 64, 1, 64, jnp.bfloat16, WS, id='ws-batch-heads', marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize(
+  'batch, length, heads, head_dim, max_distance, block_q, dtype, warp_specialized', CASES
+)
+def test_interpret_matches_reference(
+  fresh_interpreter, batch, length, heads, head_dim, max_distance, block_q, dtype, warp_specialized
+):
+  q, k, v, rel_k, rel_v = _inputs(batch, length, heads, head_dim, max_distance, dtype)
+  z, lse = shaw_attention_mosaic(
+    q,
+    k,
+    v,
+    rel_k,
+    rel_v,
+    block_q=block_q,
+    warp_specialized=warp_specialized,
+    interpret=True,
+    return_lse=True,
+  )
+  assert z.dtype == dtype and z.shape == q.shape
+  causal = np.tril(np.ones((length, length), bool))
+  want = reference.shaw(_f64(q), _f64(k), _f64(v), _f64(rel_k), _f64(rel_v), causal, 0)
+  got = _f64(z)
+  assert np.abs(got - want).max() / np.abs(want).max() < 2e-2
+  want_lse = _logsumexp(q, k, rel_k)
+  assert np.abs(_f64(lse) - want_lse).max() < 2e-2 * np.abs(want_lse).max()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('warp_specialized', [False, True])
+def test_interpreter_finds_no_races(fresh_interpreter, warp_specialized):
+  """The interpreter's race detector (shared memory accesses by different threads unordered by
+  barriers) on both kernels. Its copies are synchronous, so it cannot see TMA races."""
+  from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+  q, k, v, rel_k, rel_v = _inputs(1, 256, 1, 64, 3, jnp.bfloat16)
+  params = InterpretGPUParams(detect_races=True)
+  z = shaw_attention_mosaic(
+    q, k, v, rel_k, rel_v, warp_specialized=warp_specialized, interpret=params
+  )
+  z.block_until_ready()
+  assert not gpu_callbacks.get_races().races_found
+
+
+def test_band_tiles():
+  """The band holds the tiles with some pair -k < j - i <= 0: the diagonal's alone for k <= 1,
+  one more per started block_kv of k, every tile for k >= the length."""
+  assert mosaic_shaw._band_tiles(1024, 0, 64, 64) == 1
+  assert mosaic_shaw._band_tiles(1024, 1, 64, 64) == 1
+  assert mosaic_shaw._band_tiles(1024, 2, 64, 64) == 2
+  assert mosaic_shaw._band_tiles(1024, 65, 64, 64) == 2
+  assert mosaic_shaw._band_tiles(1024, 66, 64, 64) == 3
+  assert mosaic_shaw._band_tiles(1024, 1, 128, 64) == 2
+  assert mosaic_shaw._band_tiles(1024, 3, 128, 64) == 3
+  assert mosaic_shaw._band_tiles(256, 5000, 64, 64) == 4
+
+
+@pytest.mark.parametrize(
+  'length, head_dim, max_distance, block_q, dtype, warp_specialized',
+  [
+    (1024, 64, 64, 64, jnp.bfloat16, False),
+    (512, 128, 1, 128, jnp.float16, False),
+    (1024, 64, 64, 64, jnp.bfloat16, True),
+    (512, 128, 300, 64, jnp.float16, True),
+  ],
+)
+def test_lowers_for_cuda(length, head_dim, max_distance, block_q, dtype, warp_specialized):
+  shapes = [jax.ShapeDtypeStruct((2, length, 3, head_dim), dtype)] * 3
+  shapes += [jax.ShapeDtypeStruct((2 * max_distance + 1, head_dim), dtype)] * 2
+
+  def f(*args):
+    return shaw_attention_mosaic(*args, block_q=block_q, warp_specialized=warp_specialized)
+
+  exported = jax.export.export(jax.jit(f), platforms=['cuda'])(*shapes)
+  assert len(exported.out_avals) == 1
+  module = exported.mlir_module()
+  assert 'stablehlo.custom_call @mosaic_gpu' in module
+  assert exported.out_avals[0].shape == shapes[0].shape
+
+
+@pytest.mark.parametrize(
+  'shape, table, kwargs, message',
+  [
+    ((1, 128, 1, 32), 3, {}, 'head_dim must be a multiple of 64, got 32'),
+    ((1, 100, 1, 64), 3, {}, 'length must be a multiple of block_q=64, got 100'),
+    ((1, 128, 1, 64), 3, {'block_q': 96}, 'block_q and block_kv must be multiples of 64'),
+    ((1, 128, 1, 64), 3, {'block_q': 64, 'block_kv': 128}, 'block_q a multiple of block_kv'),
+    ((1, 256, 1, 256), 3, {'block_q': 128}, 'bytes of shared memory'),
+    ((1, 256, 1, 256), 3, {'warp_specialized': True}, 'bytes of shared memory'),
+    ((1, 192, 1, 64), 3, {'warp_specialized': True}, 'multiple of 2·block_q=128, got 192'),
+    ((1, 128, 1, 64), 4, {}, 'rel_key, rel_value must share one [2k+1, head_dim] shape'),
+  ],
+)
+def test_refusals(shape, table, kwargs, message):
+  q = jnp.zeros(shape, jnp.bfloat16)
+  rel = jnp.zeros((table, shape[-1]), jnp.bfloat16)
+  with pytest.raises(ValueError) as error:
+    shaw_attention_mosaic(q, q, q, rel, rel, **kwargs)
+  assert message in str(error.value) and '\n' not in str(error.value)
+
+
+def test_refuses_float32():
+  q = jnp.zeros((1, 128, 1, 64), jnp.float32)
+  rel = jnp.zeros((3, 64), jnp.float32)
+  with pytest.raises(ValueError, match='bfloat16 or all float16, got float32'):
+    shaw_attention_mosaic(q, q, q, rel, rel)
+
+
+@pytest.mark.slow
+def test_gpu_check_script_runs_interpreted():
+  """benchmarks/mosaic_shaw.py (the GPU session's check and timing) end to end, interpreted."""
+  command = [
+    sys.executable,
+    str(REPO / 'benchmarks' / 'mosaic_shaw.py'),
+    '--interpret',
+    '--lengths=128',
+    '--distances=3',
+    '--batch=1',
+    '--heads=1',
+  ]
+  result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+  assert result.returncode == 0, result.stderr[-2000:]
+  errors = re.findall(r'(mosaic\w*): error vs xla (\S+),', result.stdout)
+  assert [name for name, _ in errors] == ['mosaic', 'mosaic_ws'], result.stdout
+  assert all(float(error) < 2e-2 for _, error in errors), result.stdout
