@@ -31,6 +31,9 @@
 #                   cuDNN, JAX's Pallas flash (Triton, Mosaic GPU), shaw/xl (xla and pallas,
 #                   xl also cudnn); then the peers' torch SDPA and
 #                   FlexAttention forms at k = 16 and 64 (issue 39's table)               (170)
+#   mosaic          benchmarks/mosaic_shaw.py at n = 2048, k = 16 and 64, batch 16: the Mosaic
+#                   GPU Shaw kernels (one warpgroup, warp-specialised) checked against XLA
+#                   and timed beside the Triton kernel, XLA and cuDNN                     (120)
 #   long_context    the largest n = tgt_len = mem_len that trains, xl and shaw, pallas and
 #                   xla, doubling from 4096 (batch 1, enwik8_base width)                  (180)
 # Environment: OUT (default ./gpu_out) gets gpu_run.md (the log: device, date, versions,
@@ -59,7 +62,7 @@ md=$out/gpu_run.md
 dry=0
 [[ $(basename "$py") == echo ]] && dry=1
 all_parts=(env native resume translate_bleu autotune steps_f32 translate_step steps_bf16
-  xl_official oom kernels long_context)
+  xl_official oom kernels mosaic long_context)
 body=''
 [[ ${1:-} == --body ]] && body=${2:?} && set -- "$2"
 if (($#)); then parts=("$@"); else parts=("${all_parts[@]}"); fi
@@ -105,6 +108,7 @@ if ((smoke)); then
   attention=(--config=configs/attention_benchmark.py:quick --config.lengths=64 --config.distances=16
     "--config.kernels=('vanilla','shaw','xl')")
   torch_lengths=64 long=("${tiny[@]}") long_start=32 long_max=128
+  mosaic=(--interpret --lengths=128 --distances=3 --kernels=mosaic --batch=1 --heads=1)
 else
   tiny=()
   train_sizes=(--config.train.steps=200 --config.train.checkpoint_every=50
@@ -118,6 +122,7 @@ else
   attention=(--config=configs/attention_benchmark.py:gpu --config.lengths=2048)
   # One scanned layer body to compile per size (the step is the same): more sizes in the time.
   torch_lengths=2048 long=(--config.model.scan_layers=True) long_start=4096 long_max=131072
+  mosaic=(--lengths=2048 --distances=16,64 --batch=16 --heads=8 --head_dim=64)
 fi
 cuda_torch() { "$py" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; }
 export PYTHONPATH=$PYTHONPATH:$work/site
@@ -227,6 +232,9 @@ p_kernels() {
   done
   return $status
 }
+p_mosaic() {
+  "$py" benchmarks/mosaic_shaw.py "${mosaic[@]}"
+}
 p_long_context() {
   XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$py" benchmarks/gpu_run.py long_context --config="$char" \
     --seconds="$((${GPU_RUN_LIMIT:-180} - 15))" --start=$long_start --max=$long_max -- "${long[@]}"
@@ -330,6 +338,8 @@ part xl_official 70
 report
 part oom 60
 part kernels 170
+report
+part mosaic 120
 report
 part long_context 180
 echo "log: $md; every part's log: $out/raw_logs.tar.gz"

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / 'benchmarks' / 'gpu_run.sh'
 PARTS = (
   'env native resume translate_bleu autotune steps_f32 translate_step steps_bf16 xl_official oom '
-  'kernels long_context'
+  'kernels mosaic long_context'
 ).split()
 
 needs_bash = pytest.mark.skipif(
@@ -51,6 +51,7 @@ def test_dry_run_lists_every_part_with_its_commands(tmp_path):
   assert '--variants=xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,absolute' in log
   assert '--variants=xl,xl_xla,xl_pallas,xl_cudnn,xl_nodropout,shaw,shaw_xla,shaw_pallas' in log
   assert 'cudnn_native' in log
+  assert 'benchmarks/mosaic_shaw.py --lengths=2048 --distances=16,64 --batch=16' in log
   assert '--config.model.dtype=bfloat16' in log and '--profile_steps=2' in log
   assert 'resume --config=configs/enwik8_base.py' in log and '--kill_after=130' in log
   assert 'configs/translate_tiny.py:shaw' in log and 'tatoeba_ende/train.en.gz' in log
