@@ -22,6 +22,7 @@ import pytest
 import reference
 from helpers import REPO
 
+from relpos import attention
 from relpos.attention import mosaic_shaw
 from relpos.attention.mosaic_shaw import shaw_attention_mosaic
 
@@ -109,6 +110,70 @@ def test_interpret_matches_reference(
   assert np.abs(got - want).max() / np.abs(want).max() < 2e-2
   want_lse = _logsumexp(q, k, rel_k)
   assert np.abs(_f64(lse) - want_lse).max() < 2e-2 * np.abs(want_lse).max()
+
+
+def _logsumexp_f32(q, k, rel_k):
+  """_logsumexp in float32 JAX (differentiable): the reference for a loss that uses the lse."""
+  length, head_dim = q.shape[1], q.shape[3]
+  max_distance = (rel_k.shape[0] - 1) // 2
+  offsets = np.arange(length)[None, :] - np.arange(length)[:, None]  # j - i
+  buckets = np.clip(offsets, -max_distance, max_distance) + max_distance
+  table = jnp.einsum('bihd,rd->bhir', q, rel_k)[:, :, np.arange(length)[:, None], buckets]
+  logits = jnp.einsum('bihd,bjhd->bhij', q, k) + table
+  logits = jnp.where(offsets <= 0, logits / math.sqrt(head_dim), -jnp.inf)
+  return jax.nn.logsumexp(logits, axis=-1)
+
+
+GRAD_CASES = [
+  # (batch, length, heads, k, block_q, warp_specialized, loss uses the lse)
+  pytest.param(1, 192, 1, 3, 64, False, True, id='far-and-band-lse'),
+  pytest.param(1, 256, 1, 70, 64, False, False, id='k-above-tile'),
+  pytest.param(1, 128, 1, 0, 64, False, False, id='k0'),
+  pytest.param(1, 128, 1, 200, 64, False, True, id='k-above-length', marks=pytest.mark.slow),
+  pytest.param(2, 128, 2, 1, 64, False, False, id='batch-heads', marks=pytest.mark.slow),
+  pytest.param(1, 256, 1, 3, 128, False, False, id='block_q-128', marks=pytest.mark.slow),
+  pytest.param(1, 256, 1, 3, 64, WS, True, id='ws-lse', marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize(
+  'batch, length, heads, max_distance, block_q, warp_specialized, use_lse', GRAD_CASES
+)
+def test_interpret_gradients_match_xla(
+  fresh_interpreter, batch, length, heads, max_distance, block_q, warp_specialized, use_lse
+):
+  """Gradients of a scalar loss (a random weighting of z, plus one of the lse) w.r.t. all five
+  inputs against `shaw_attention(implementation='xla')` in float32 on the same bf16 inputs.
+  Error: max |mosaic - xla| over max(max |xla|, 1) (the floor: for k = 0 the rel_key gradient
+  is 0 up to rounding, softmax being blind to a per-row constant)."""
+  args = _inputs(batch, length, heads, 64, max_distance, jnp.bfloat16)
+  rng = np.random.default_rng(1)
+  weight = jnp.asarray(rng.standard_normal(args[0].shape), jnp.float32)
+  weight_lse = jnp.asarray(rng.standard_normal((batch, heads, length)), jnp.float32)
+
+  def loss_mosaic(*args):
+    z, lse = shaw_attention_mosaic(
+      *args, block_q=block_q, warp_specialized=warp_specialized, interpret=True, return_lse=True
+    )
+    loss = jnp.sum(z.astype(jnp.float32) * weight)
+    return loss + jnp.sum(lse * weight_lse) if use_lse else loss
+
+  causal = attention.causal_mask(length, length)
+
+  def loss_xla(*args):
+    args = [x.astype(jnp.float32) for x in args]
+    loss = jnp.sum(attention.shaw_attention(*args, mask=causal, implementation='xla') * weight)
+    return (
+      loss + jnp.sum(_logsumexp_f32(args[0], args[1], args[3]) * weight_lse) if use_lse else loss
+    )
+
+  got = jax.grad(loss_mosaic, argnums=range(5))(*args)
+  want = jax.grad(loss_xla, argnums=range(5))(*args)
+  for name, g, w in zip(('query', 'key', 'value', 'rel_key', 'rel_value'), got, want, strict=True):
+    assert g.dtype == jnp.bfloat16 and g.shape == w.shape, name
+    g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+    error = np.abs(g - w).max() / max(np.abs(w).max(), 1.0)
+    assert error < 3e-2, (name, error)
 
 
 @pytest.mark.slow
