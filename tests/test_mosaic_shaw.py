@@ -231,6 +231,42 @@ def test_lowers_for_cuda(length, head_dim, max_distance, block_q, dtype, warp_sp
 
 
 @pytest.mark.parametrize(
+  'length, head_dim, max_distance, block_q, warp_specialized',
+  [(1024, 64, 64, 64, False), (512, 128, 3, 128, False), (512, 64, 300, 64, True)],
+)
+def test_gradient_lowers_for_cuda(length, head_dim, max_distance, block_q, warp_specialized):
+  """jax.grad of a loss through the kernel: the forward, dq and dk/dv kernels all lower."""
+  shapes = [jax.ShapeDtypeStruct((2, length, 3, head_dim), jnp.bfloat16)] * 3
+  shapes += [jax.ShapeDtypeStruct((2 * max_distance + 1, head_dim), jnp.bfloat16)] * 2
+
+  def loss(*args):
+    z, lse = shaw_attention_mosaic(
+      *args, block_q=block_q, warp_specialized=warp_specialized, return_lse=True
+    )
+    return jnp.sum(z.astype(jnp.float32) ** 2) + jnp.sum(lse)
+
+  exported = jax.export.export(jax.jit(jax.grad(loss, argnums=range(5))), platforms=['cuda'])(
+    *shapes
+  )
+  assert [a.shape for a in exported.out_avals] == [s.shape for s in shapes]
+  assert exported.mlir_module().count('stablehlo.custom_call @mosaic_gpu') == 3
+
+
+def test_backward_refuses_too_much_shared_memory():
+  """head_dim=192: the forward fits, the backward kernels' two slots of three key tiles and two
+  float32 bias tiles do not."""
+  q = jax.ShapeDtypeStruct((1, 128, 1, 192), jnp.bfloat16)
+  rel = jax.ShapeDtypeStruct((7, 192), jnp.bfloat16)
+
+  def loss(*args):
+    return shaw_attention_mosaic(*args).astype(jnp.float32).sum()
+
+  jax.eval_shape(loss, q, q, q, rel, rel)
+  with pytest.raises(ValueError, match='the backward kernels with block_kv=64, head_dim=192 need'):
+    jax.eval_shape(jax.grad(loss), q, q, q, rel, rel)
+
+
+@pytest.mark.parametrize(
   'shape, table, kwargs, message',
   [
     ((1, 128, 1, 32), 3, {}, 'head_dim must be a multiple of 64, got 32'),
