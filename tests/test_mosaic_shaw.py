@@ -296,7 +296,8 @@ def test_refuses_float32():
 
 @pytest.mark.slow
 def test_gpu_check_script_runs_interpreted():
-  """benchmarks/mosaic_shaw.py (the GPU session's check and timing) end to end, interpreted."""
+  """benchmarks/mosaic_shaw.py (the GPU session's check and timing) end to end, interpreted:
+  forward and gradient errors for both Mosaic kernels."""
   command = [
     sys.executable,
     str(REPO / 'benchmarks' / 'mosaic_shaw.py'),
@@ -308,6 +309,7 @@ def test_gpu_check_script_runs_interpreted():
   ]
   result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
-  errors = re.findall(r'(mosaic\w*): error vs xla (\S+),', result.stdout)
-  assert [name for name, _ in errors] == ['mosaic', 'mosaic_ws'], result.stdout
+  errors = re.findall(r'(mosaic[\w+]*): error vs xla (\S+),', result.stdout)
+  names = ['mosaic', 'mosaic+bwd', 'mosaic_ws', 'mosaic_ws+bwd']
+  assert [name for name, _ in errors] == names, result.stdout
   assert all(float(error) < 2e-2 for _, error in errors), result.stdout
