@@ -1,5 +1,6 @@
-"""relpos.attention.mosaic_shaw: the Mosaic GPU (Hopper) causal Shaw forward kernel, run in
-Mosaic GPU's interpreter on the CPU against the float64 reference, and lowered for CUDA through
+"""relpos.attention.mosaic_shaw: the Mosaic GPU (Hopper) causal Shaw kernels, run in Mosaic GPU's
+interpreter on the CPU (the forward against the float64 reference, gradients through the forward
+and backward kernels against the XLA implementation's in float32), and lowered for CUDA through
 jax.export (no GPU needed: the Mosaic GPU custom call is built, not compiled to PTX).
 
 Each interpret case runs the whole grid in Python callbacks (a few seconds at these shapes), so
@@ -7,7 +8,9 @@ the cases are few and small; between them they cover far tiles (plain flash atte
 tiles, tiles before the sequence start (all masked), k = 0, k below and above a tile, k >= the
 length, block_q = 2·block_kv, several batches and heads, bf16 and f16, for the one-warpgroup
 kernel; the warp-specialised one (3 interpreted threads, slower) has two cases in the default
-run and two more marked slow.
+run and two more marked slow. The gradient cases (forward plus two backward kernels, about 20 s
+each) are three in the default run (k below a tile with the lse in the loss, k above a tile with
+far tiles, k = 0) and four more marked slow.
 """
 
 import math

@@ -1,12 +1,13 @@
-"""Causal Shaw et al. (2018) attention, forward only, as a Pallas Mosaic GPU kernel (prototype).
+"""Causal Shaw et al. (2018) attention as Pallas Mosaic GPU kernels, forward and backward
+(prototype).
 
     e_ij = (q_i·k_j + q_i·w^K[r_ij]) / sqrt(d)      z_i = Σ_j p_ij (v_j + w^V[r_ij])
     r_ij = clip(j - i, -k, k) + k                   causal: j <= i (q_len == kv_len)
 
 A flash-attention kernel on Hopper's tensor cores (`plgpu.wgmma`, operands in shared memory
 loaded by TMA), with XLA doing the per-bucket work before and after it, because Mosaic GPU has no
-gathers or scatters inside a kernel. Forward pass only: no custom_vjp (the backward kernel will
-need the logsumexp, which this kernel already returns).
+gathers or scatters inside a kernel. Differentiable: a `jax.custom_vjp` around the kernel alone,
+whose backward is two more kernels (below); JAX differentiates XLA's parts before and after.
 
 Why band tiles. With causal masking, query i sees keys j <= i. Every key with j - i <= -k falls in
 bucket 0, so its bias is q_i·w^K[0]/sqrt(d) =: c_i, one constant per row. A key tile whose every
@@ -58,19 +59,73 @@ Cost beyond flash attention: the band tiles' bias read and logits write (nb·blo
 row each way) and the one-hot fold (n·nb·block_kv·(k'+1) multiply-adds per head): O(n·k) memory,
 and for k >= n (every tile in the band) this degenerates to a materialised [n, n] bias.
 
+The backward. The custom_vjp wraps K(q, k, v, band bias) -> (z, lse', f, band logits e'), where
+z_i = Σ_j p_ij v_j (the value term), f_i = Σ_{j far} p_ij, p_ij = exp(e'_ij - lse'_i), e'_ij =
+q_i·k_j/sqrt(d) + b_ij (b = 0 on far tiles; the band bias, -inf where masked, on band tiles).
+With g_z, g_lse, g_f, g_band the cotangents of its four outputs (custom_vjp materialises symbolic
+zeros), and dp_ik/de'_ij = p_ik (δ_jk - p_ij):
+
+    dL/de'_ij = dS_ij = p_ij (dP_ij - D_i) + g_band_ij [j in a band tile]
+    dP_ij = g_z_i·v_j + g_f_i [j in a far tile]
+    D_i = Σ_k p_ik dP_ik - g_lse_i = g_z_i·z_i + g_f_i·f_i - g_lse_i
+    dq_i = Σ_j dS_ij k_j / sqrt(d)   dk_j = Σ_i dS_ij q_i / sqrt(d)   dv_j = Σ_i p_ij g_z_i
+    d band bias = dS on the band tiles (0 where masked: p = 0 there and so is g_band, the
+    gradient of exp(e' - lse') at e' = -inf)
+
+So far tiles are flash-attention backward with D_i - g_f_i in place of D_i, and band tiles add
+the bias to the recomputed logits and g_band to dS. XLA computes D (from the kernel's z, saved
+in the input dtype, as flash attention does), then (FA2's split, as JAX's `attention_mgpu.py`
+`_attention_bwd`; no atomics, so no fused kernel):
+- the dq kernel, a program per 64 query rows (a sub-tile of the forward's tile, whose band and
+  far tiles it walks in the forward's order, band tiles statically): S = q·kᵀ (kᵀ as in the
+  forward), + the TMA-loaded bias on band tiles, p = exp(S - lse'), dP = g_z·vᵀ (vᵀ transposed
+  by XLA), dS as above (the TMA-loaded g_band tile added and dS TMA-stored, float32, on band
+  tiles), dq += dS·k (dS through shared memory, 16-bit);
+- XLA: the band p = exp(e' - lse') from the saved band logits and the dq kernel's band dS,
+  each transposed per forward tile to [B, H, tiles, nb·block_kv, tile_q], 16-bit;
+- the dk/dv kernel, a program per key tile: for the 64-row query sub-tiles whose forward tile
+  has it in the band (a dynamic loop), dv += pᵀ·g_z and dk += dSᵀ·q straight from those
+  TMA-loaded transposed tiles (two matmuls, no recomputation); for those for which it is far,
+  Sᵀ = k·qᵀ and dPᵀ = v·g_zᵀ (qᵀ and g_zᵀ transposed by XLA), pᵀ = exp(Sᵀ - lse'),
+  dSᵀ = pᵀ (dPᵀ - (D - g_f)), then the same two matmuls (pᵀ and dSᵀ through shared memory).
+Both kernels have one warpgroup that copies and computes, two slots, the next step's TMA copies
+issued before this step's matmuls, as the forward. A far tile pair costs 7 tile matmuls (dq 3,
+dk/dv 4, as FA2), a band pair 5. The transposed copies (kᵀ, vᵀ, qᵀ, g_zᵀ) are there because the
+interpreter has no `transpose_ref` (below); on a GPU, transposed views would do.
+
+Memory. Saved for the backward: q, k, v, the band bias and band logits (float32, [B, H, n,
+nb·block_kv] each), z (the kernel's value term), lse' and f. During it: D and three row
+statistics, g_band, the band dS (float32) and the 16-bit transposed band p and dS, the four
+transposed 16-bit inputs: O(n·d + n·nb·block_kv) per head, no [n, n] array (but for k >= n,
+where the band is every tile). Shared memory: the dq kernel holds per slot three 16-bit key
+tiles and two float32 [64, block_kv] tiles, so the backward fits an H100's 227 KiB for
+block_kv = 64 and head_dim <= 128 only (`_bwd_smem_bytes`; a larger one raises ValueError when
+the gradient is traced). The forward's block_q and warp specialisation only set the band
+structure the backward follows (its query steps are always 64 rows).
+
 Interpret mode (`interpret=True`, CPU): Mosaic GPU's interpreter (jax 0.10) runs a subset of the
-language, and the kernel keeps to it, so that the program it checks is the one that lowers:
+language, and the kernels keep to it, so that the program it checks is the one that lowers:
 - no `pl.run_state`: each matmul gets a fresh `pl.run_scoped(..., plgpu.ACC)` accumulator whose
   value is added to a register carry (acc = alpha·acc + P·V, one [block_q, d] add more per tile);
 - wgmma operands are shared-memory refs without a transpose transform: P goes through shared
   memory (no register A operand) and K is transposed by XLA (no `plgpu.transpose_ref`);
 - shared memory is read without dynamic slices (the band tiles are a Python loop; a dynamic
-  integer index, a slot or a warpgroup, is fine);
+  integer index, a slot or a warpgroup, is fine; the dk/dv kernel's dynamic band loop reads
+  whole slots);
 - the two layout-only calls the interpreter lacks, `plgpu.layout_cast` and `plgpu.load(...,
   layout=)`, are replaced by the identity and a plain read when interpreting (see `layout` and
   `load` in the kernel): the one difference between the interpreted and the lowered program;
 - a thread must observe every phase of a barrier it waits on before the barrier is freed: the
   copying warpgroup waits for the compute warpgroups' last releases too (harmless on a GPU).
+What the interpreter cannot check: that the layouts given by `layout_cast` and `plgpu.load`
+(row vectors, WGMMA.reduce(1), in the forward and dq kernels; column vectors, WGMMA.reduce(0),
+broadcast along rows in the dk/dv kernel) compile and are right; asynchrony (its TMA copies and
+wgmma are synchronous, so a missing wait, e.g. before a slot or the band dS tile is reused,
+goes unseen; its race detector sees only threads, and the backward kernels have one); register
+pressure and spills (the dq kernel holds dq [64, d] and four [64, block_kv] float32 tiles, the
+dk/dv kernel two [block_kv, d] accumulators and four [block_kv, 64] tiles); the real shared
+memory size against `_smem_bytes`/`_bwd_smem_bytes`; approx_math's exp2; speed. `jax.export`
+checks that all three kernels lower to the Mosaic GPU custom call, not that the PTX runs.
 """
 
 from __future__ import annotations
@@ -810,7 +865,7 @@ def shaw_attention_mosaic(
   interpret=False,
   return_lse=False,
 ):
-  """Causal Shaw attention, forward, with a Mosaic GPU kernel; see the module docstring.
+  """Causal Shaw attention with Mosaic GPU kernels (differentiable); see the module docstring.
 
   query, key, value: [batch, len, heads, head_dim], bf16 or f16, head_dim a multiple of 64, len a
   multiple of block_q (2·block_q when warp_specialized; block_q a multiple of block_kv, both
@@ -819,7 +874,8 @@ def shaw_attention_mosaic(
   row's logits [batch, heads, len] (float32). warp_specialized picks the FA3-style kernel (see
   the module docstring); interpret=True runs Mosaic GPU's interpreter (CPU), as does an
   `InterpretGPUParams` (e.g. with detect_races=True). Raises ValueError (one line) for shapes,
-  dtypes or tiles it does not support.
+  dtypes or tiles it does not support; the gradient's trace raises ValueError where the backward
+  kernels would not fit in shared memory (block_kv > 64 or head_dim > 128).
   """
   _check(query, key, value, rel_key, rel_value, block_q, block_kv, warp_specialized)
   batch, length, heads, head_dim = query.shape
