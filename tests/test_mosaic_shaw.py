@@ -10,8 +10,8 @@ length, block_q = 2·block_kv, several batches and heads, bf16 and f16, for the 
 kernel; the warp-specialised one (3 interpreted threads, slower) has two cases in the default
 run and two more marked slow. The gradient cases (forward plus two backward kernels, jitted:
 5 to 7 s each) are five in the default run (k below a tile with the lse in the loss, k above a
-tile with far tiles, k = 0, k >= the length, block_q = 2·block_kv) and two more marked slow
-(several batches and heads; the warp-specialised forward, 11 s).
+tile with far tiles, k = 0, k >= the length, f16 with block_q = 2·block_kv) and two more marked
+slow (several batches and heads; the warp-specialised forward, 11 s).
 """
 
 import math
@@ -129,28 +129,30 @@ def _logsumexp_f32(q, k, rel_k):
 
 
 GRAD_CASES = [
-  # (batch, length, heads, k, block_q, warp_specialized, loss uses the lse)
-  pytest.param(1, 192, 1, 3, 64, False, True, id='far-and-band-lse'),
-  pytest.param(1, 256, 1, 70, 64, False, False, id='k-above-tile'),
-  pytest.param(1, 128, 1, 0, 64, False, False, id='k0'),
-  pytest.param(1, 128, 1, 200, 64, False, True, id='k-above-length'),
-  pytest.param(2, 128, 2, 1, 64, False, False, id='batch-heads', marks=pytest.mark.slow),
-  pytest.param(1, 256, 1, 3, 128, False, False, id='block_q-128'),
-  pytest.param(1, 256, 1, 3, 64, WS, True, id='ws-lse', marks=pytest.mark.slow),
+  # (batch, length, heads, k, block_q, dtype, warp_specialized, loss uses the lse)
+  pytest.param(1, 192, 1, 3, 64, jnp.bfloat16, False, True, id='far-and-band-lse'),
+  pytest.param(1, 256, 1, 70, 64, jnp.bfloat16, False, False, id='k-above-tile'),
+  pytest.param(1, 128, 1, 0, 64, jnp.bfloat16, False, False, id='k0'),
+  pytest.param(1, 128, 1, 200, 64, jnp.bfloat16, False, True, id='k-above-length'),
+  pytest.param(
+    2, 128, 2, 1, 64, jnp.bfloat16, False, False, id='batch-heads', marks=pytest.mark.slow
+  ),
+  pytest.param(1, 256, 1, 3, 128, jnp.float16, False, False, id='f16-block_q-128'),
+  pytest.param(1, 256, 1, 3, 64, jnp.bfloat16, WS, True, id='ws-lse', marks=pytest.mark.slow),
 ]
 
 
 @pytest.mark.parametrize(
-  'batch, length, heads, max_distance, block_q, warp_specialized, use_lse', GRAD_CASES
+  'batch, length, heads, max_distance, block_q, dtype, warp_specialized, use_lse', GRAD_CASES
 )
 def test_interpret_gradients_match_xla(
-  fresh_interpreter, batch, length, heads, max_distance, block_q, warp_specialized, use_lse
+  fresh_interpreter, batch, length, heads, max_distance, block_q, dtype, warp_specialized, use_lse
 ):
   """Gradients of a scalar loss (a random weighting of z, plus one of the lse) w.r.t. all five
-  inputs against `shaw_attention(implementation='xla')` in float32 on the same bf16 inputs.
+  inputs against `shaw_attention(implementation='xla')` in float32 on the same 16-bit inputs.
   Error: max |mosaic - xla| over max(max |xla|, 1) (the floor: for k = 0 the rel_key gradient
   is 0 up to rounding, softmax being blind to a per-row constant)."""
-  args = _inputs(batch, length, heads, 64, max_distance, jnp.bfloat16)
+  args = _inputs(batch, length, heads, 64, max_distance, dtype)
   rng = np.random.default_rng(1)
   weight = jnp.asarray(rng.standard_normal(args[0].shape), jnp.float32)
   weight_lse = jnp.asarray(rng.standard_normal((batch, heads, length)), jnp.float32)
@@ -175,7 +177,7 @@ def test_interpret_gradients_match_xla(
   want = jax.jit(jax.grad(loss_xla, argnums=range(5)))(*args)
   errors = {}
   for name, g, w in zip(('query', 'key', 'value', 'rel_key', 'rel_value'), got, want, strict=True):
-    assert g.dtype == jnp.bfloat16 and g.shape == w.shape, name
+    assert g.dtype == dtype and g.shape == w.shape, name
     g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
     errors[name] = float(np.abs(g - w).max() / max(np.abs(w).max(), 1.0))
   assert max(errors.values()) < 3e-2, errors
