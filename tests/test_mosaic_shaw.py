@@ -184,19 +184,25 @@ def test_interpret_gradients_match_xla(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('warp_specialized', [False, True])
-def test_interpreter_finds_no_races(fresh_interpreter, warp_specialized):
+@pytest.mark.parametrize('warp_specialized, backward', [(False, False), (True, False), (WS, True)])
+def test_interpreter_finds_no_races(fresh_interpreter, warp_specialized, backward):
   """The interpreter's race detector (shared memory accesses by different threads unordered by
-  barriers) on both kernels. Its copies are synchronous, so it cannot see TMA races."""
+  barriers) on both forward kernels, and on the gradient (the backward kernels have one thread:
+  little for it to see). Its copies are synchronous, so it cannot see TMA races."""
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
 
-  q, k, v, rel_k, rel_v = _inputs(1, 256, 1, 64, 3, jnp.bfloat16)
+  args = _inputs(1, 256, 1, 64, 3, jnp.bfloat16)
   params = InterpretGPUParams(detect_races=True)
-  z = shaw_attention_mosaic(
-    q, k, v, rel_k, rel_v, warp_specialized=warp_specialized, interpret=params
-  )
-  z.block_until_ready()
+
+  def forward(*args):
+    return shaw_attention_mosaic(*args, warp_specialized=warp_specialized, interpret=params)
+
+  def loss(*args):
+    return forward(*args).astype(jnp.float32).sum()
+
+  f = jax.jit(jax.grad(loss, argnums=range(5))) if backward else forward
+  jax.block_until_ready(f(*args))
   assert not gpu_callbacks.get_races().races_found
 
 
