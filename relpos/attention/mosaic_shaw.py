@@ -125,7 +125,10 @@ goes unseen; its race detector sees only threads, and the backward kernels have 
 pressure and spills (the dq kernel holds dq [64, d] and four [64, block_kv] float32 tiles, the
 dk/dv kernel two [block_kv, d] accumulators and four [block_kv, 64] tiles); the real shared
 memory size against `_smem_bytes`/`_bwd_smem_bytes`; approx_math's exp2; speed. `jax.export`
-checks that all three kernels lower to the Mosaic GPU custom call, not that the PTX runs.
+checks that all three kernels lower to the Mosaic GPU custom call, not that the PTX runs. What
+it does check beyond the arithmetic: it fills buffers with NaN and raises on out-of-bounds
+reads, so a tile read before it was copied, or an output tile never written (e.g. a band dS
+block), shows in the tests.
 """
 
 from __future__ import annotations
