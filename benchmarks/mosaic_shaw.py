@@ -1,17 +1,20 @@
-"""Check and time the Mosaic GPU causal Shaw forward (`relpos.attention.mosaic_shaw`) on a GPU.
+"""Check and time the Mosaic GPU causal Shaw kernels (`relpos.attention.mosaic_shaw`) on a GPU.
 
     python benchmarks/mosaic_shaw.py                                  # H100/H200: check, time
     python benchmarks/mosaic_shaw.py --lengths=1024,4096 --distances=16,64 --head_dim=128
     python benchmarks/mosaic_shaw.py --interpret --lengths=128 --distances=3 --kernels=mosaic
 
-Causal self-attention, forward only (the Mosaic kernel has no backward yet), bf16. For each
-(n, k) every kernel is compiled, checked against `shaw_attention(implementation='xla')` on the
-same inputs (error: max |kernel - xla| / max |xla|, float32) and timed, interleaved
-(`timing.interleaved_median_seconds`), so ratios come from one run. Kernels (`--kernels`):
+Causal self-attention, bf16, forward and forward+backward. For each (n, k) every kernel is
+compiled, checked against `shaw_attention(implementation='xla')` on the same inputs (error: max
+|kernel - xla| / max |xla|, float32; for the gradients of sum(z·w), w random, the largest such
+error over query, key, value, rel_key, rel_value, with max |xla| floored at 1) and timed,
+interleaved (`timing.interleaved_median_seconds`), so ratios come from one run: the forward
+("name") and jax.grad of that loss ("name+bwd": forward and backward). Kernels (`--kernels`):
 mosaic and mosaic_ws (`shaw_attention_mosaic`, one warpgroup / warp-specialised), pallas (the
 Triton kernel, `implementation='pallas'`), xla, and cudnn (`jax.nn.dot_product_attention`,
 plain causal flash attention without the relative terms: the speed to aim for; NVIDIA only).
-TFLOP/s counts plain causal attention's 2·B·H·n²·d for every kernel. `--interpret` runs the
+TFLOP/s counts plain causal attention's 2·B·H·n²·d for every kernel forward, 2.5 times that
+for forward+backward (FlashAttention's convention). `--interpret` runs the
 Mosaic kernels in Mosaic GPU's interpreter (CPU, slow: tiny sizes only) and times nothing. A
 kernel that fails to compile or run prints one 'failed' line and is left out of the timing.
 """
@@ -59,6 +62,28 @@ def kernels(names, n, interpret):
   return {name: jax.jit(table[name]) for name in names}
 
 
+def with_backward(fns, weight):
+  """name -> f, and name+bwd -> jax.grad of sum(f(...)·weight) w.r.t. all five inputs."""
+  out = {}
+  for name, fn in fns.items():
+
+    def loss(*args, fn=fn):
+      return jnp.sum(fn(*args).astype(jnp.float32) * weight)
+
+    out[name] = fn
+    out[f'{name}+bwd'] = jax.jit(jax.grad(loss, argnums=range(5)))
+  return out
+
+
+def error(got, want) -> float:
+  """max |got - want| / max |want| (gradients: the largest over the inputs, max |want| >= 1)."""
+  if isinstance(want, tuple):
+    return max(
+      float(np.abs(g - w).max() / max(np.abs(w).max(), 1.0)) for g, w in zip(got, want, strict=True)
+    )
+  return float(np.abs(got - want).max() / np.abs(want).max())
+
+
 def run_row(names, n, k, interpret) -> list[str]:
   rng = np.random.default_rng(0)
   shape = (FLAGS.batch, n, FLAGS.heads, FLAGS.head_dim)
@@ -67,21 +92,29 @@ def run_row(names, n, k, interpret) -> list[str]:
     jnp.asarray(rng.standard_normal((2 * k + 1, FLAGS.head_dim)) * 0.1, jnp.bfloat16)
     for _ in range(2)
   ]
+  weight = jnp.asarray(rng.standard_normal(shape), jnp.float32)
   args = (q, key, v, *rel)
-  fns = kernels(names, n, interpret)
-  want = np.asarray(kernels(['xla'], n, False)['xla'](*args), np.float32)
+  fns = with_backward(kernels(names, n, interpret), weight)
+
+  def as_f32(x):
+    return jax.tree.map(lambda a: np.asarray(a, np.float32), jax.block_until_ready(x))
+
+  reference = with_backward(kernels(['xla'], n, False), weight)
+  wants = {name: as_f32(fn(*args)) for name, fn in reference.items()}
   lines = []
   for name, fn in list(fns.items()):
+    want = wants['xla+bwd' if name.endswith('+bwd') else 'xla']
     start = time.perf_counter()
     try:
-      got = np.asarray(jax.block_until_ready(fn(*args)), np.float32)
-    except Exception as error:  # one kernel failing to compile or run leaves out only itself
-      lines.append(f'n={n} k={k} {name}: failed: {type(error).__name__}: {error}'.split('\n')[0])
+      got = as_f32(fn(*args))
+    except Exception as exc:  # one kernel failing to compile or run leaves out only itself
+      lines.append(f'n={n} k={k} {name}: failed: {type(exc).__name__}: {exc}'.split('\n')[0])
       del fns[name]
       continue
     first = time.perf_counter() - start
-    error = float(np.abs(got - want).max() / np.abs(want).max())
-    lines.append(f'n={n} k={k} {name}: error vs xla {error:.2e}, first call {first:.1f} s')
+    lines.append(
+      f'n={n} k={k} {name}: error vs xla {error(got, want):.2e}, first call {first:.1f} s'
+    )
   if interpret or not fns:
     return lines
   seconds = interleaved_median_seconds(
@@ -90,12 +123,12 @@ def run_row(names, n, k, interpret) -> list[str]:
     repeats=FLAGS.repeats,
   )
   flops = 2 * FLAGS.batch * FLAGS.heads * n * n * FLAGS.head_dim
-  base = seconds.get('cudnn') or seconds.get('xla')
   for name, s in seconds.items():
-    lines.append(
-      f'n={n} k={k} {name}: {s * 1e3:.3f} ms, {flops / s / 1e12:.1f} TFLOP/s, '
-      f'{s / base:.2f}x {"cudnn" if "cudnn" in seconds else "xla"}'
-    )
+    suffix = '+bwd' if name.endswith('+bwd') else ''
+    base_name = next((b + suffix for b in ('cudnn', 'xla') if b + suffix in seconds), None)
+    ratio = f', {s / seconds[base_name]:.2f}x {base_name}' if base_name else ''
+    work = flops * (2.5 if suffix else 1.0)
+    lines.append(f'n={n} k={k} {name}: {s * 1e3:.3f} ms, {work / s / 1e12:.1f} TFLOP/s{ratio}')
   return lines
 
 
@@ -114,7 +147,7 @@ def main(argv):
     names = [name for name in names if name.startswith('mosaic')]
   print(
     f'device: {jax.devices()[0].device_kind}; batch {FLAGS.batch}, heads {FLAGS.heads}, '
-    f'head_dim {FLAGS.head_dim}, bf16, causal, forward'
+    f'head_dim {FLAGS.head_dim}, bf16, causal, forward and forward+backward'
   )
   for n in map(int, FLAGS.lengths):
     for k in map(int, FLAGS.distances):

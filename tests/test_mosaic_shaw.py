@@ -1,5 +1,6 @@
-"""relpos.attention.mosaic_shaw: the Mosaic GPU (Hopper) causal Shaw forward kernel, run in
-Mosaic GPU's interpreter on the CPU against the float64 reference, and lowered for CUDA through
+"""relpos.attention.mosaic_shaw: the Mosaic GPU (Hopper) causal Shaw kernels, run in Mosaic GPU's
+interpreter on the CPU (the forward against the float64 reference, gradients through the forward
+and backward kernels against the XLA implementation's in float32), and lowered for CUDA through
 jax.export (no GPU needed: the Mosaic GPU custom call is built, not compiled to PTX).
 
 Each interpret case runs the whole grid in Python callbacks (a few seconds at these shapes), so
@@ -7,7 +8,10 @@ the cases are few and small; between them they cover far tiles (plain flash atte
 tiles, tiles before the sequence start (all masked), k = 0, k below and above a tile, k >= the
 length, block_q = 2·block_kv, several batches and heads, bf16 and f16, for the one-warpgroup
 kernel; the warp-specialised one (3 interpreted threads, slower) has two cases in the default
-run and two more marked slow.
+run and two more marked slow. The gradient cases (forward plus two backward kernels, jitted:
+5 to 7 s each) are five in the default run (k below a tile with the lse in the loss, k above a
+tile with far tiles, k = 0, k >= the length, f16 with block_q = 2·block_kv) and two more marked
+slow (several batches and heads; the warp-specialised forward, 11 s).
 """
 
 import math
@@ -22,6 +26,7 @@ import pytest
 import reference
 from helpers import REPO
 
+from relpos import attention
 from relpos.attention import mosaic_shaw
 from relpos.attention.mosaic_shaw import shaw_attention_mosaic
 
@@ -111,20 +116,93 @@ def test_interpret_matches_reference(
   assert np.abs(_f64(lse) - want_lse).max() < 2e-2 * np.abs(want_lse).max()
 
 
+def _logsumexp_f32(q, k, rel_k):
+  """_logsumexp in float32 JAX (differentiable): the reference for a loss that uses the lse."""
+  length, head_dim = q.shape[1], q.shape[3]
+  max_distance = (rel_k.shape[0] - 1) // 2
+  offsets = np.arange(length)[None, :] - np.arange(length)[:, None]  # j - i
+  buckets = np.clip(offsets, -max_distance, max_distance) + max_distance
+  table = jnp.einsum('bihd,rd->bhir', q, rel_k)[:, :, np.arange(length)[:, None], buckets]
+  logits = jnp.einsum('bihd,bjhd->bhij', q, k) + table
+  logits = jnp.where(offsets <= 0, logits / math.sqrt(head_dim), -jnp.inf)
+  return jax.nn.logsumexp(logits, axis=-1)
+
+
+GRAD_CASES = [
+  # (batch, length, heads, k, block_q, dtype, warp_specialized, loss uses the lse)
+  pytest.param(1, 192, 1, 3, 64, jnp.bfloat16, False, True, id='far-and-band-lse'),
+  pytest.param(1, 256, 1, 70, 64, jnp.bfloat16, False, False, id='k-above-tile'),
+  pytest.param(1, 128, 1, 0, 64, jnp.bfloat16, False, False, id='k0'),
+  pytest.param(1, 128, 1, 200, 64, jnp.bfloat16, False, True, id='k-above-length'),
+  pytest.param(
+    2, 128, 2, 1, 64, jnp.bfloat16, False, False, id='batch-heads', marks=pytest.mark.slow
+  ),
+  pytest.param(1, 256, 1, 3, 128, jnp.float16, False, False, id='f16-block_q-128'),
+  pytest.param(1, 256, 1, 3, 64, jnp.bfloat16, WS, True, id='ws-lse', marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize(
+  'batch, length, heads, max_distance, block_q, dtype, warp_specialized, use_lse', GRAD_CASES
+)
+def test_interpret_gradients_match_xla(
+  fresh_interpreter, batch, length, heads, max_distance, block_q, dtype, warp_specialized, use_lse
+):
+  """Gradients of a scalar loss (a random weighting of z, plus one of the lse) w.r.t. all five
+  inputs against `shaw_attention(implementation='xla')` in float32 on the same 16-bit inputs.
+  Error: max |mosaic - xla| over max(max |xla|, 1) (the floor: for k = 0 the rel_key gradient
+  is 0 up to rounding, softmax being blind to a per-row constant)."""
+  args = _inputs(batch, length, heads, 64, max_distance, dtype)
+  rng = np.random.default_rng(1)
+  weight = jnp.asarray(rng.standard_normal(args[0].shape), jnp.float32)
+  weight_lse = jnp.asarray(rng.standard_normal((batch, heads, length)), jnp.float32)
+
+  def loss_mosaic(*args):
+    z, lse = shaw_attention_mosaic(
+      *args, block_q=block_q, warp_specialized=warp_specialized, interpret=True, return_lse=True
+    )
+    loss = jnp.sum(z.astype(jnp.float32) * weight)
+    return loss + jnp.sum(lse * weight_lse) if use_lse else loss
+
+  causal = attention.causal_mask(length, length)
+
+  def loss_xla(*args):
+    args = [x.astype(jnp.float32) for x in args]
+    loss = jnp.sum(attention.shaw_attention(*args, mask=causal, implementation='xla') * weight)
+    return (
+      loss + jnp.sum(_logsumexp_f32(args[0], args[1], args[3]) * weight_lse) if use_lse else loss
+    )
+
+  got = jax.jit(jax.grad(loss_mosaic, argnums=range(5)))(*args)
+  want = jax.jit(jax.grad(loss_xla, argnums=range(5)))(*args)
+  errors = {}
+  for name, g, w in zip(('query', 'key', 'value', 'rel_key', 'rel_value'), got, want, strict=True):
+    assert g.dtype == dtype and g.shape == w.shape, name
+    g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+    errors[name] = float(np.abs(g - w).max() / max(np.abs(w).max(), 1.0))
+  assert max(errors.values()) < 3e-2, errors
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize('warp_specialized', [False, True])
-def test_interpreter_finds_no_races(fresh_interpreter, warp_specialized):
+@pytest.mark.parametrize('warp_specialized, backward', [(False, False), (True, False), (WS, True)])
+def test_interpreter_finds_no_races(fresh_interpreter, warp_specialized, backward):
   """The interpreter's race detector (shared memory accesses by different threads unordered by
-  barriers) on both kernels. Its copies are synchronous, so it cannot see TMA races."""
+  barriers) on both forward kernels, and on the gradient (the backward kernels have one thread:
+  little for it to see). Its copies are synchronous, so it cannot see TMA races."""
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
 
-  q, k, v, rel_k, rel_v = _inputs(1, 256, 1, 64, 3, jnp.bfloat16)
+  args = _inputs(1, 256, 1, 64, 3, jnp.bfloat16)
   params = InterpretGPUParams(detect_races=True)
-  z = shaw_attention_mosaic(
-    q, k, v, rel_k, rel_v, warp_specialized=warp_specialized, interpret=params
-  )
-  z.block_until_ready()
+
+  def forward(*args):
+    return shaw_attention_mosaic(*args, warp_specialized=warp_specialized, interpret=params)
+
+  def loss(*args):
+    return forward(*args).astype(jnp.float32).sum()
+
+  f = jax.jit(jax.grad(loss, argnums=range(5))) if backward else forward
+  jax.block_until_ready(f(*args))
   assert not gpu_callbacks.get_races().races_found
 
 
@@ -165,6 +243,42 @@ def test_lowers_for_cuda(length, head_dim, max_distance, block_q, dtype, warp_sp
 
 
 @pytest.mark.parametrize(
+  'length, head_dim, max_distance, block_q, warp_specialized',
+  [(1024, 64, 64, 64, False), (512, 128, 3, 128, False), (512, 64, 300, 64, True)],
+)
+def test_gradient_lowers_for_cuda(length, head_dim, max_distance, block_q, warp_specialized):
+  """jax.grad of a loss through the kernel: the forward, dq and dk/dv kernels all lower."""
+  shapes = [jax.ShapeDtypeStruct((2, length, 3, head_dim), jnp.bfloat16)] * 3
+  shapes += [jax.ShapeDtypeStruct((2 * max_distance + 1, head_dim), jnp.bfloat16)] * 2
+
+  def loss(*args):
+    z, lse = shaw_attention_mosaic(
+      *args, block_q=block_q, warp_specialized=warp_specialized, return_lse=True
+    )
+    return jnp.sum(z.astype(jnp.float32) ** 2) + jnp.sum(lse)
+
+  exported = jax.export.export(jax.jit(jax.grad(loss, argnums=range(5))), platforms=['cuda'])(
+    *shapes
+  )
+  assert [a.shape for a in exported.out_avals] == [s.shape for s in shapes]
+  assert exported.mlir_module().count('stablehlo.custom_call @mosaic_gpu') == 3
+
+
+def test_backward_refuses_too_much_shared_memory():
+  """head_dim=192: the forward fits, the backward kernels' two slots of three key tiles and two
+  float32 bias tiles do not."""
+  q = jax.ShapeDtypeStruct((1, 128, 1, 192), jnp.bfloat16)
+  rel = jax.ShapeDtypeStruct((7, 192), jnp.bfloat16)
+
+  def loss(*args):
+    return shaw_attention_mosaic(*args).astype(jnp.float32).sum()
+
+  jax.eval_shape(loss, q, q, q, rel, rel)
+  with pytest.raises(ValueError, match='the backward kernels with block_kv=64, head_dim=192 need'):
+    jax.eval_shape(jax.grad(loss), q, q, q, rel, rel)
+
+
+@pytest.mark.parametrize(
   'shape, table, kwargs, message',
   [
     ((1, 128, 1, 32), 3, {}, 'head_dim must be a multiple of 64, got 32'),
@@ -194,7 +308,8 @@ def test_refuses_float32():
 
 @pytest.mark.slow
 def test_gpu_check_script_runs_interpreted():
-  """benchmarks/mosaic_shaw.py (the GPU session's check and timing) end to end, interpreted."""
+  """benchmarks/mosaic_shaw.py (the GPU session's check and timing) end to end, interpreted:
+  forward and gradient errors for both Mosaic kernels."""
   command = [
     sys.executable,
     str(REPO / 'benchmarks' / 'mosaic_shaw.py'),
@@ -206,6 +321,7 @@ def test_gpu_check_script_runs_interpreted():
   ]
   result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
-  errors = re.findall(r'(mosaic\w*): error vs xla (\S+),', result.stdout)
-  assert [name for name, _ in errors] == ['mosaic', 'mosaic_ws'], result.stdout
+  errors = re.findall(r'(mosaic[\w+]*): error vs xla (\S+),', result.stdout)
+  names = ['mosaic', 'mosaic+bwd', 'mosaic_ws', 'mosaic_ws+bwd']
+  assert [name for name, _ in errors] == names, result.stdout
   assert all(float(error) < 2e-2 for _, error in errors), result.stdout

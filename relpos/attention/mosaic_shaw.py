@@ -1,12 +1,13 @@
-"""Causal Shaw et al. (2018) attention, forward only, as a Pallas Mosaic GPU kernel (prototype).
+"""Causal Shaw et al. (2018) attention as Pallas Mosaic GPU kernels, forward and backward
+(prototype).
 
     e_ij = (q_i·k_j + q_i·w^K[r_ij]) / sqrt(d)      z_i = Σ_j p_ij (v_j + w^V[r_ij])
     r_ij = clip(j - i, -k, k) + k                   causal: j <= i (q_len == kv_len)
 
 A flash-attention kernel on Hopper's tensor cores (`plgpu.wgmma`, operands in shared memory
 loaded by TMA), with XLA doing the per-bucket work before and after it, because Mosaic GPU has no
-gathers or scatters inside a kernel. Forward pass only: no custom_vjp (the backward kernel will
-need the logsumexp, which this kernel already returns).
+gathers or scatters inside a kernel. Differentiable: a `jax.custom_vjp` around the kernel alone,
+whose backward is two more kernels (below); JAX differentiates XLA's parts before and after.
 
 Why band tiles. With causal masking, query i sees keys j <= i. Every key with j - i <= -k falls in
 bucket 0, so its bias is q_i·w^K[0]/sqrt(d) =: c_i, one constant per row. A key tile whose every
@@ -58,24 +59,83 @@ Cost beyond flash attention: the band tiles' bias read and logits write (nb·blo
 row each way) and the one-hot fold (n·nb·block_kv·(k'+1) multiply-adds per head): O(n·k) memory,
 and for k >= n (every tile in the band) this degenerates to a materialised [n, n] bias.
 
+The backward. The custom_vjp wraps K(q, k, v, band bias) -> (z, lse', f, band logits e'), where
+z_i = Σ_j p_ij v_j (the value term), f_i = Σ_{j far} p_ij, p_ij = exp(e'_ij - lse'_i), e'_ij =
+q_i·k_j/sqrt(d) + b_ij (b = 0 on far tiles; the band bias, -inf where masked, on band tiles).
+With g_z, g_lse, g_f, g_band the cotangents of its four outputs (custom_vjp materialises symbolic
+zeros), and dp_ik/de'_ij = p_ik (δ_jk - p_ij):
+
+    dL/de'_ij = dS_ij = p_ij (dP_ij - D_i) + g_band_ij [j in a band tile]
+    dP_ij = g_z_i·v_j + g_f_i [j in a far tile]
+    D_i = Σ_k p_ik dP_ik - g_lse_i = g_z_i·z_i + g_f_i·f_i - g_lse_i
+    dq_i = Σ_j dS_ij k_j / sqrt(d)   dk_j = Σ_i dS_ij q_i / sqrt(d)   dv_j = Σ_i p_ij g_z_i
+    d band bias = dS on the band tiles (0 where masked: p = 0 there and so is g_band, the
+    gradient of exp(e' - lse') at e' = -inf)
+
+So far tiles are flash-attention backward with D_i - g_f_i in place of D_i, and band tiles add
+the bias to the recomputed logits and g_band to dS. XLA computes D (from the kernel's z, saved
+in the input dtype, as flash attention does), then (FA2's split, as JAX's `attention_mgpu.py`
+`_attention_bwd`; no atomics, so no fused kernel):
+- the dq kernel, a program per 64 query rows (a sub-tile of the forward's tile, whose band and
+  far tiles it walks in the forward's order, band tiles statically): S = q·kᵀ (kᵀ as in the
+  forward), + the TMA-loaded bias on band tiles, p = exp(S - lse'), dP = g_z·vᵀ (vᵀ transposed
+  by XLA), dS as above (the TMA-loaded g_band tile added and dS TMA-stored, float32, on band
+  tiles), dq += dS·k (dS through shared memory, 16-bit);
+- XLA: the band p = exp(e' - lse') from the saved band logits and the dq kernel's band dS,
+  each transposed per forward tile to [B, H, tiles, nb·block_kv, tile_q], 16-bit;
+- the dk/dv kernel, a program per key tile: for the 64-row query sub-tiles whose forward tile
+  has it in the band (a dynamic loop), dv += pᵀ·g_z and dk += dSᵀ·q straight from those
+  TMA-loaded transposed tiles (two matmuls, no recomputation); for those for which it is far,
+  Sᵀ = k·qᵀ and dPᵀ = v·g_zᵀ (qᵀ and g_zᵀ transposed by XLA), pᵀ = exp(Sᵀ - lse'),
+  dSᵀ = pᵀ (dPᵀ - (D - g_f)), then the same two matmuls (pᵀ and dSᵀ through shared memory).
+Both kernels have one warpgroup that copies and computes, two slots, the next step's TMA copies
+issued before this step's matmuls, as the forward. A far tile pair costs 7 tile matmuls (dq 3,
+dk/dv 4, as FA2), a band pair 5. The transposed copies (kᵀ, vᵀ, qᵀ, g_zᵀ) are there because the
+interpreter has no `transpose_ref` (below); on a GPU, transposed views would do.
+
+Memory. Saved for the backward: q, k, v, the band bias and band logits (float32, [B, H, n,
+nb·block_kv] each), z (the kernel's value term), lse' and f. During it: D and three row
+statistics, g_band, the band dS (float32) and the 16-bit transposed band p and dS, the four
+transposed 16-bit inputs: O(n·d + n·nb·block_kv) per head, no [n, n] array (but for k >= n,
+where the band is every tile). Shared memory: the dq kernel holds per slot three 16-bit key
+tiles and two float32 [64, block_kv] tiles, so the backward fits an H100's 227 KiB for
+block_kv = 64 and head_dim <= 128 only (`_bwd_smem_bytes`; a larger one raises ValueError when
+the gradient is traced). The forward's block_q and warp specialisation only set the band
+structure the backward follows (its query steps are always 64 rows).
+
 Interpret mode (`interpret=True`, CPU): Mosaic GPU's interpreter (jax 0.10) runs a subset of the
-language, and the kernel keeps to it, so that the program it checks is the one that lowers:
+language, and the kernels keep to it, so that the program it checks is the one that lowers:
 - no `pl.run_state`: each matmul gets a fresh `pl.run_scoped(..., plgpu.ACC)` accumulator whose
   value is added to a register carry (acc = alpha·acc + P·V, one [block_q, d] add more per tile);
 - wgmma operands are shared-memory refs without a transpose transform: P goes through shared
   memory (no register A operand) and K is transposed by XLA (no `plgpu.transpose_ref`);
 - shared memory is read without dynamic slices (the band tiles are a Python loop; a dynamic
-  integer index, a slot or a warpgroup, is fine);
+  integer index, a slot or a warpgroup, is fine; the dk/dv kernel's dynamic band loop reads
+  whole slots);
 - the two layout-only calls the interpreter lacks, `plgpu.layout_cast` and `plgpu.load(...,
   layout=)`, are replaced by the identity and a plain read when interpreting (see `layout` and
   `load` in the kernel): the one difference between the interpreted and the lowered program;
 - a thread must observe every phase of a barrier it waits on before the barrier is freed: the
   copying warpgroup waits for the compute warpgroups' last releases too (harmless on a GPU).
+What the interpreter cannot check: that the layouts given by `layout_cast` and `plgpu.load`
+(row vectors, WGMMA.reduce(1), in the forward and dq kernels; column vectors, WGMMA.reduce(0),
+broadcast along rows in the dk/dv kernel) compile and are right; asynchrony (its TMA copies and
+wgmma are synchronous, so a missing wait, e.g. before a slot or the band dS tile is reused,
+goes unseen; its race detector sees only threads, and the backward kernels have one); register
+pressure and spills (the dq kernel holds dq [64, d] and four [64, block_kv] float32 tiles, the
+dk/dv kernel two [block_kv, d] accumulators and four [block_kv, 64] tiles); the real shared
+memory size against `_smem_bytes`/`_bwd_smem_bytes`; approx_math's exp2; speed. `jax.export`
+checks that all three kernels lower to the Mosaic GPU custom call, not that the PTX runs. What
+it does check beyond the arithmetic: it fills buffers with NaN and raises on out-of-bounds
+reads, so a tile read before it was copied, or an output tile never written (e.g. a band dS
+block), shows in the tests.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -369,6 +429,432 @@ def _forward_kernel(
   )(q, key_t, v, band_bias)
 
 
+_BWD_BLOCK_Q = 64  # query rows per step of both backward kernels (a sub-tile of the forward's)
+
+
+def _bwd_smem_bytes(head_dim: int, block_kv: int) -> int:
+  """Shared memory of the larger backward kernel. dq: 16-bit q and g_z, three row statistics;
+  per slot (two) 16-bit kᵀ, vᵀ and k and float32 band bias and g_band; a 16-bit and a float32
+  dS. dk/dv: 16-bit k and v; per slot q, g_z, qᵀ, g_zᵀ, the band pair's Pᵀ and dSᵀ (16-bit) and
+  two row statistics; 16-bit Pᵀ and dSᵀ. Plus 4 KiB for barriers and alignment."""
+  bq, bk, d = _BWD_BLOCK_Q, block_kv, head_dim
+  dq = 2 * 2 * bq * d + 4 * 3 * bq + 2 * (3 * 2 * d * bk + 2 * 4 * bq * bk) + 2 * bq * bk
+  dq += 4 * bq * bk
+  dkv = 2 * 2 * bk * d + 2 * (4 * 2 * bq * d + 2 * 2 * bk * bq + 4 * 2 * bq) + 2 * 2 * bk * bq
+  return max(dq, dkv) + 4096
+
+
+def _div(x, n: int):
+  """x // n for a non-negative traced integer (lax.div truncates, which Mosaic GPU lowers)."""
+  return lax.div(x, jnp.asarray(n, x.dtype))
+
+
+def _matmuls(*pairs):
+  """acc = a @ b for each (a, b, shape) of shared-memory operands, one scoped accumulator each
+  (a fresh accumulator per call: the interpreter has no pl.run_state)."""
+
+  def body(*accs):
+    for acc, (a, b, _) in zip(accs, pairs, strict=True):
+      plgpu.wgmma(acc, a, b)
+    return tuple(acc[...] for acc in accs)
+
+  out = pl.run_scoped(body, *(plgpu.ACC(shape, jnp.float32) for _, _, shape in pairs))
+  return out if len(pairs) > 1 else out[0]
+
+
+def _dq_kernel(
+  q, g_z, key_t, value_t, key, stats, bias, g_band, *, tile_q, block_kv, num_band, interpret
+):
+  """dq and the band tiles' dS (see the module docstring). One warpgroup per program, a program
+  per _BWD_BLOCK_Q query rows (a sub-tile of the forward's tile_q-row tile, whose band it
+  walks, like the forward: band tiles from the diagonal down, then the far tiles). key_t and
+  value_t are [B, H, d, n]; stats [B, H, 3, n] holds lse', D and D - g_f. Returns dq (input
+  dtype) and dS on the band [B, H, n, num_band·block_kv] (float32)."""
+  batch, length, heads, head_dim = q.shape
+  dtype = q.dtype
+  bq = _BWD_BLOCK_Q
+  subtiles = tile_q // bq
+  kv_per_q = tile_q // block_kv
+  band_width = num_band * block_kv
+  scale = 1.0 / math.sqrt(head_dim)
+  slots = 2
+
+  def layout(x, layout):
+    return x if interpret else plgpu.layout_cast(x, layout)
+
+  def load(ref, layout):
+    return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
+
+  def kernel(
+    q_ref,
+    gz_ref,
+    kt_ref,
+    vt_ref,
+    k_ref,
+    stats_ref,
+    bias_ref,
+    gband_ref,
+    dq_ref,
+    ds_ref,
+    smem,
+    barriers,
+  ):
+    q_smem, gz_smem, stat_smem, kt_smem, vt_smem, k_smem, bias_smem, gband_smem = smem[:8]
+    ds_smem, ds_out_smem = smem[8:]
+    row_barrier, kv_barriers, band_barriers = barriers
+    b = lax.axis_index('batch')
+    h = lax.axis_index('heads')
+    u = lax.axis_index('q_seq')
+    rows = pl.ds(u * bq, bq)
+    kv_end = (_div(u, subtiles) + 1) * kv_per_q  # the forward tile's: one past the diagonal
+    num_far = jnp.maximum(kv_end - num_band, 0)
+    num_steps = num_band + num_far
+
+    def issue(step):
+      band = isinstance(step, int) and step < num_band
+      slot = step % slots if isinstance(step, int) else lax.rem(step, slots)
+      tile = jnp.maximum(kv_end - 1 - step, 0) if band else step - num_band
+      cols = pl.ds(tile * block_kv, block_kv)
+      plgpu.copy_gmem_to_smem(kt_ref.at[b, h, :, cols], kt_smem.at[slot], kv_barriers.at[slot])
+      plgpu.copy_gmem_to_smem(vt_ref.at[b, h, :, cols], vt_smem.at[slot], kv_barriers.at[slot])
+      plgpu.copy_gmem_to_smem(k_ref.at[b, cols, h], k_smem.at[slot], kv_barriers.at[slot])
+      if band:
+        band_cols = pl.ds((num_band - 1 - step) * block_kv, block_kv)
+        for src, dst in ((bias_ref, bias_smem), (gband_ref, gband_smem)):
+          plgpu.copy_gmem_to_smem(
+            src.at[b, h, rows, band_cols], dst.at[slot], band_barriers.at[slot]
+          )
+
+    plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem, row_barrier.at[0])
+    plgpu.copy_gmem_to_smem(gz_ref.at[b, rows, h], gz_smem, row_barrier.at[0])
+    plgpu.copy_gmem_to_smem(stats_ref.at[b, h, :, rows], stat_smem, row_barrier.at[0])
+    issue(0)
+    plgpu.barrier_wait(row_barrier.at[0])
+    row = plgpu.Layout.WGMMA.reduce(1)
+    lse = load(stat_smem.at[0], row) * _LOG2E
+    delta_band = load(stat_smem.at[1], row)
+    delta_far = load(stat_smem.at[2], row)
+
+    def step_body(step, dq_acc):
+      band = isinstance(step, int)
+      slot = step % slots if band else lax.rem(step, slots)
+      if band and step + 1 < num_band:
+        issue(step + 1)
+      else:
+        pl.when(step + 1 < num_steps)(lambda: issue(step + 1))
+      plgpu.barrier_wait(kv_barriers.at[slot])
+      shape = (bq, block_kv)
+      s, dp = _matmuls((q_smem, kt_smem.at[slot], shape), (gz_smem, vt_smem.at[slot], shape))
+      s = s * scale
+      if band:
+        plgpu.barrier_wait(band_barriers.at[slot])
+        s = s + load(bias_smem.at[slot], plgpu.Layout.WGMMA)
+      p = jnp.exp2(s * _LOG2E - lax.broadcast_in_dim(lse, shape, [0]))
+      if band:
+        ds = p * (dp - lax.broadcast_in_dim(delta_band, shape, [0]))
+        ds = ds + load(gband_smem.at[slot], plgpu.Layout.WGMMA)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last band dS left SMEM
+        ds_out_smem[...] = ds
+      else:
+        ds = p * (dp - lax.broadcast_in_dim(delta_far, shape, [0]))
+      ds_smem[...] = ds.astype(dtype)
+      plgpu.commit_smem()
+      if band:
+        band_cols = pl.ds((num_band - 1 - step) * block_kv, block_kv)
+        plgpu.copy_smem_to_gmem(ds_out_smem, ds_ref.at[b, h, rows, band_cols])
+      return dq_acc + _matmuls((ds_smem, k_smem.at[slot], (bq, head_dim)))
+
+    dq_acc = layout(jnp.zeros((bq, head_dim), jnp.float32), plgpu.Layout.WGMMA)
+    for step in range(num_band):
+      dq_acc = step_body(step, dq_acc)
+    dq_acc = lax.fori_loop(num_band, num_steps, step_body, dq_acc)
+    q_smem[...] = (dq_acc * scale).astype(dtype)  # q is done
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[b, rows, h])
+    plgpu.wait_smem_to_gmem(0)
+
+  tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+  tiled32 = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
+  smem = [
+    plgpu.SMEM((bq, head_dim), dtype, transforms=tiled),  # q, then dq
+    plgpu.SMEM((bq, head_dim), dtype, transforms=tiled),  # g_z
+    plgpu.SMEM((3, bq), jnp.float32),  # lse', D, D - g_f
+    plgpu.SMEM((slots, head_dim, block_kv), dtype, transforms=tiled),  # kᵀ
+    plgpu.SMEM((slots, head_dim, block_kv), dtype, transforms=tiled),  # vᵀ
+    plgpu.SMEM((slots, block_kv, head_dim), dtype, transforms=tiled),  # k
+    plgpu.SMEM((slots, bq, block_kv), jnp.float32, transforms=tiled32),  # band bias
+    plgpu.SMEM((slots, bq, block_kv), jnp.float32, transforms=tiled32),  # g_band
+    plgpu.SMEM((bq, block_kv), dtype, transforms=tiled),  # dS, the dq matmul's operand
+    plgpu.SMEM((bq, block_kv), jnp.float32, transforms=tiled32),  # band dS, written out
+  ]
+  barriers = (
+    plgpu.Barrier(num_arrivals=3),  # q, g_z, statistics
+    plgpu.Barrier(num_arrivals=3, num_barriers=slots),  # kᵀ, vᵀ, k
+    plgpu.Barrier(num_arrivals=2, num_barriers=slots),  # band bias, g_band
+  )
+  out_type = (
+    jax.ShapeDtypeStruct(q.shape, dtype),
+    jax.ShapeDtypeStruct((batch, heads, length, band_width), jnp.float32),
+  )
+  return plgpu.kernel(
+    kernel,
+    out_type=out_type,
+    scratch_types=[smem, barriers],
+    grid=(heads, length // bq, batch),
+    grid_names=('heads', 'q_seq', 'batch'),
+    compiler_params=plgpu.CompilerParams(approx_math=True),
+    interpret=interpret or False,
+  )(q, g_z, key_t, value_t, key, stats, bias, g_band)
+
+
+def _dkv_kernel(
+  q, q_t, g_z, g_z_t, key, value, stats, p_t, ds_t, *, tile_q, block_kv, num_band, interpret
+):
+  """dk and dv (see the module docstring). One warpgroup per program, a program per key tile,
+  walking the _BWD_BLOCK_Q-row query sub-tiles that see it: first those whose forward tile has
+  it in the band (their Pᵀ and dSᵀ tiles read from p_t and ds_t, [B, H, tiles, band_width,
+  tile_q], 16-bit: two matmuls), then those for which it is far (recomputed in transposed form,
+  Sᵀ = k·qᵀ: four matmuls). q_t and g_z_t are [B, H, d, n]; stats [B, H, 2, n] holds lse' and
+  D - g_f."""
+  batch, length, heads, head_dim = q.shape
+  dtype = q.dtype
+  bq = _BWD_BLOCK_Q
+  subtiles = tile_q // bq
+  kv_per_q = tile_q // block_kv
+  num_sub = length // bq
+  scale = 1.0 / math.sqrt(head_dim)
+  slots = 2
+
+  def layout(x, layout):
+    return x if interpret else plgpu.layout_cast(x, layout)
+
+  def load(ref, layout):
+    return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
+
+  def kernel(
+    q_ref,
+    qt_ref,
+    gz_ref,
+    gzt_ref,
+    k_ref,
+    v_ref,
+    stats_ref,
+    pt_ref,
+    dst_ref,
+    dk_ref,
+    dv_ref,
+    smem,
+    barriers,
+  ):
+    k_smem, v_smem, q_smem, gz_smem, qt_smem, gzt_smem, stat_smem = smem[:7]
+    pt_smem, dst_smem, p_smem, ds_smem = smem[7:]
+    kv_barrier, row_barriers, band_barriers, far_barriers = barriers
+    b = lax.axis_index('batch')
+    h = lax.axis_index('heads')
+    j = lax.axis_index('kv_seq')
+    kv_cols = pl.ds(j * block_kv, block_kv)
+    plgpu.copy_gmem_to_smem(k_ref.at[b, kv_cols, h], k_smem, kv_barrier.at[0])
+    plgpu.copy_gmem_to_smem(v_ref.at[b, kv_cols, h], v_smem, kv_barrier.at[0])
+    # Query sub-tiles u >= first see key tile j (their tile's diagonal is at or after it); it is
+    # in their tile's band for u < far (j >= kv_end - num_band), far after.
+    first = _div(j, kv_per_q) * subtiles
+    far = jnp.minimum(_div(j + num_band, kv_per_q) * subtiles, num_sub)
+    num_band_steps = far - first
+    num_steps = num_sub - first
+
+    def issue(step):
+      u = first + step
+      slot = lax.rem(step, slots)
+      rows = pl.ds(u * bq, bq)
+      plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[slot], row_barriers.at[slot])
+      plgpu.copy_gmem_to_smem(gz_ref.at[b, rows, h], gz_smem.at[slot], row_barriers.at[slot])
+
+      @pl.when(step < num_band_steps)
+      def _():
+        t = _div(u, subtiles)
+        band_rows = pl.ds((num_band - (t + 1) * kv_per_q + j) * block_kv, block_kv)
+        cols = pl.ds(lax.rem(u, subtiles) * bq, bq)
+        for src, dst in ((pt_ref, pt_smem), (dst_ref, dst_smem)):
+          plgpu.copy_gmem_to_smem(
+            src.at[b, h, t, band_rows, cols], dst.at[slot], band_barriers.at[slot]
+          )
+
+      @pl.when(step >= num_band_steps)
+      def _():
+        for src, dst in ((qt_ref, qt_smem), (gzt_ref, gzt_smem), (stats_ref, stat_smem)):
+          plgpu.copy_gmem_to_smem(src.at[b, h, :, rows], dst.at[slot], far_barriers.at[slot])
+
+    issue(0)
+    plgpu.barrier_wait(kv_barrier.at[0])
+    out_shape = (block_kv, head_dim)
+
+    def prologue(step):
+      pl.when(step + 1 < num_steps)(lambda: issue(step + 1))
+      slot = lax.rem(step, slots)
+      plgpu.barrier_wait(row_barriers.at[slot])
+      return slot
+
+    def band_body(step, carry):
+      dk_acc, dv_acc = carry
+      slot = prologue(step)
+      plgpu.barrier_wait(band_barriers.at[slot])
+      dk, dv = _matmuls(
+        (dst_smem.at[slot], q_smem.at[slot], out_shape),
+        (pt_smem.at[slot], gz_smem.at[slot], out_shape),
+      )
+      return dk_acc + dk, dv_acc + dv
+
+    def far_body(step, carry):
+      dk_acc, dv_acc = carry
+      slot = prologue(step)
+      plgpu.barrier_wait(far_barriers.at[slot])
+      shape = (block_kv, bq)
+      s_t, dp_t = _matmuls((k_smem, qt_smem.at[slot], shape), (v_smem, gzt_smem.at[slot], shape))
+      column = plgpu.Layout.WGMMA.reduce(0)
+      lse = load(stat_smem.at[slot, 0], column) * _LOG2E
+      delta_far = load(stat_smem.at[slot, 1], column)
+      p_t = jnp.exp2(s_t * (scale * _LOG2E) - lax.broadcast_in_dim(lse, shape, [1]))
+      ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta_far, shape, [1]))
+      p_smem[...] = p_t.astype(dtype)
+      ds_smem[...] = ds_t.astype(dtype)
+      plgpu.commit_smem()
+      dk, dv = _matmuls(
+        (ds_smem, q_smem.at[slot], out_shape), (p_smem, gz_smem.at[slot], out_shape)
+      )
+      return dk_acc + dk, dv_acc + dv
+
+    zeros = layout(jnp.zeros(out_shape, jnp.float32), plgpu.Layout.WGMMA)
+    carry = lax.fori_loop(0, num_band_steps, band_body, (zeros, zeros))
+    dk_acc, dv_acc = lax.fori_loop(num_band_steps, num_steps, far_body, carry)
+    k_smem[...] = (dk_acc * scale).astype(dtype)  # k and v are done
+    v_smem[...] = dv_acc.astype(dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[b, kv_cols, h])
+    plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[b, kv_cols, h])
+    plgpu.wait_smem_to_gmem(0)
+
+  tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+  smem = [
+    plgpu.SMEM((block_kv, head_dim), dtype, transforms=tiled),  # k, then dk
+    plgpu.SMEM((block_kv, head_dim), dtype, transforms=tiled),  # v, then dv
+    plgpu.SMEM((slots, bq, head_dim), dtype, transforms=tiled),  # q
+    plgpu.SMEM((slots, bq, head_dim), dtype, transforms=tiled),  # g_z
+    plgpu.SMEM((slots, head_dim, bq), dtype, transforms=tiled),  # qᵀ
+    plgpu.SMEM((slots, head_dim, bq), dtype, transforms=tiled),  # g_zᵀ
+    plgpu.SMEM((slots, 2, bq), jnp.float32),  # lse', D - g_f
+    plgpu.SMEM((slots, block_kv, bq), dtype, transforms=tiled),  # band Pᵀ
+    plgpu.SMEM((slots, block_kv, bq), dtype, transforms=tiled),  # band dSᵀ
+    plgpu.SMEM((block_kv, bq), dtype, transforms=tiled),  # far Pᵀ
+    plgpu.SMEM((block_kv, bq), dtype, transforms=tiled),  # far dSᵀ
+  ]
+  barriers = (
+    plgpu.Barrier(num_arrivals=2),  # k, v
+    plgpu.Barrier(num_arrivals=2, num_barriers=slots),  # q, g_z
+    plgpu.Barrier(num_arrivals=2, num_barriers=slots),  # band Pᵀ, dSᵀ
+    plgpu.Barrier(num_arrivals=3, num_barriers=slots),  # qᵀ, g_zᵀ, statistics
+  )
+  out_type = (jax.ShapeDtypeStruct(q.shape, dtype), jax.ShapeDtypeStruct(q.shape, dtype))
+  return plgpu.kernel(
+    kernel,
+    out_type=out_type,
+    scratch_types=[smem, barriers],
+    grid=(heads, length // block_kv, batch),
+    grid_names=('heads', 'kv_seq', 'batch'),
+    compiler_params=plgpu.CompilerParams(approx_math=True),
+    interpret=interpret or False,
+  )(q, q_t, g_z, g_z_t, key, value, stats, p_t, ds_t)
+
+
+class _Config(NamedTuple):
+  """The kernels' static arguments (hashable: a custom_vjp nondiff argument)."""
+
+  block_q: int
+  block_kv: int
+  num_band: int
+  warp_specialized: bool
+  interpret: object  # False or an InterpretGPUParams
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _kernel(config, query, key, value, bias):
+  """K(q, k, v, band bias) -> (z, lse', far mass, band logits): the forward kernel, with the
+  backward kernels as its VJP."""
+  return _forward_kernel(
+    query,
+    key.transpose(0, 2, 3, 1),
+    value,
+    bias,
+    block_q=config.block_q,
+    block_kv=config.block_kv,
+    num_band=config.num_band,
+    warp_specialized=config.warp_specialized,
+    interpret=config.interpret,
+  )
+
+
+def _kernel_fwd(config, query, key, value, bias):
+  out = _kernel(config, query, key, value, bias)
+  z, lse, far, logits = out
+  return out, (query, key, value, bias, z, lse, far, logits)
+
+
+def _kernel_bwd(config, residuals, cotangents):
+  """The module docstring's backward: D by XLA, then the dq kernel (dq, band dS), XLA's
+  transposed band Pᵀ and dSᵀ, then the dk/dv kernel."""
+  query, key, value, bias, z, lse, far, logits = residuals
+  g_z, g_lse, g_far, g_band = cotangents
+  batch, length, heads, head_dim = query.shape
+  dtype = query.dtype
+  if (smem := _bwd_smem_bytes(head_dim, config.block_kv)) > _SMEM_BYTES:
+    raise ValueError(
+      f'the backward kernels with block_kv={config.block_kv}, head_dim={head_dim} need {smem} '
+      f'bytes of shared memory, more than the {_SMEM_BYTES} of an H100'
+    )
+  tile_q = 2 * config.block_q if config.warp_specialized else config.block_q
+  tiles = length // tile_q
+  g_z = g_z.astype(dtype)
+  g_z32 = g_z.astype(jnp.float32)
+  delta = jnp.einsum('bnhd,bnhd->bhn', g_z32, z.astype(jnp.float32)) + g_far * far - g_lse
+  kernel_args = {
+    'tile_q': tile_q,
+    'block_kv': config.block_kv,
+    'num_band': config.num_band,
+    'interpret': config.interpret,
+  }
+  d_query, d_bias = _dq_kernel(
+    query,
+    g_z,
+    key.transpose(0, 2, 3, 1),
+    value.transpose(0, 2, 3, 1),
+    key,
+    jnp.stack([lse, delta, delta - g_far], axis=2),
+    bias,
+    g_band.astype(jnp.float32),
+    **kernel_args,
+  )
+
+  def by_key(x):  # [B, H, n, band_width] -> [B, H, tiles, band_width, tile_q], 16-bit
+    x = x.reshape(batch, heads, tiles, tile_q, -1)
+    return x.swapaxes(-1, -2).astype(dtype)
+
+  d_key, d_value = _dkv_kernel(
+    query,
+    query.transpose(0, 2, 3, 1),
+    g_z,
+    g_z.transpose(0, 2, 3, 1),
+    key,
+    value,
+    jnp.stack([lse, delta - g_far], axis=2),
+    by_key(jnp.exp(logits - lse[..., None])),
+    by_key(d_bias),
+    **kernel_args,
+  )
+  return d_query, d_key, d_value, d_bias
+
+
+_kernel.defvjp(_kernel_fwd, _kernel_bwd)
+
+
 def shaw_attention_mosaic(
   query,
   key,
@@ -382,7 +868,7 @@ def shaw_attention_mosaic(
   interpret=False,
   return_lse=False,
 ):
-  """Causal Shaw attention, forward, with a Mosaic GPU kernel; see the module docstring.
+  """Causal Shaw attention with Mosaic GPU kernels (differentiable); see the module docstring.
 
   query, key, value: [batch, len, heads, head_dim], bf16 or f16, head_dim a multiple of 64, len a
   multiple of block_q (2·block_q when warp_specialized; block_q a multiple of block_kv, both
@@ -391,7 +877,8 @@ def shaw_attention_mosaic(
   row's logits [batch, heads, len] (float32). warp_specialized picks the FA3-style kernel (see
   the module docstring); interpret=True runs Mosaic GPU's interpreter (CPU), as does an
   `InterpretGPUParams` (e.g. with detect_races=True). Raises ValueError (one line) for shapes,
-  dtypes or tiles it does not support.
+  dtypes or tiles it does not support; the gradient's trace raises ValueError where the backward
+  kernels would not fit in shared memory (block_kv > 64 or head_dim > 128).
   """
   _check(query, key, value, rel_key, rel_value, block_q, block_kv, warp_specialized)
   batch, length, heads, head_dim = query.shape
@@ -424,17 +911,8 @@ def shaw_attention_mosaic(
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
 
     interpret = InterpretGPUParams()
-  out, lse, far, logits = _forward_kernel(
-    query,
-    key.transpose(0, 2, 3, 1),
-    value,
-    bias,
-    block_q=block_q,
-    block_kv=block_kv,
-    num_band=num_band,
-    warp_specialized=warp_specialized,
-    interpret=interpret,
-  )
+  config = _Config(block_q, block_kv, num_band, warp_specialized, interpret)
+  out, lse, far, logits = _kernel(config, query, key, value, bias)
 
   # After: band probabilities folded into buckets (constant one-hot), plus the far mass.
   p_band = jnp.exp(logits - lse[..., None]).reshape(batch, heads, tiles, tile_q, -1)
