@@ -7,11 +7,15 @@ Each interpret case runs the whole grid in Python callbacks (a few seconds at th
 the cases are few and small; between them they cover far tiles (plain flash attention), band
 tiles, tiles before the sequence start (all masked), k = 0, k below and above a tile, k >= the
 length, block_q = 2·block_kv, several batches and heads, bf16 and f16, for the one-warpgroup
-kernel; the warp-specialised one (3 interpreted threads, slower) has two cases in the default
-run and two more marked slow. The gradient cases (forward plus two backward kernels, jitted:
-5 to 7 s each) are five in the default run (k below a tile with the lse in the loss, k above a
-tile with far tiles, k = 0, k >= the length, f16 with block_q = 2·block_kv) and two more marked
-slow (several batches and heads; the warp-specialised forward, 11 s).
+kernel, and the warp-specialised one (3 interpreted threads, slower). The gradient cases
+(forward plus two backward kernels, jitted: 5 to 7 s each) cover k below a tile with the lse in
+the loss, k above a tile with far tiles, k = 0, k >= the length, f16 with block_q =
+2·block_kv, several batches and heads, and the warp-specialised forward. The default run (README
+command (2), under 10 minutes on 2 cores) keeps one case of each kind that no other default
+case covers: forward far-and-band, k = 0, k >= the length, f16 with block_q = 128, the
+warp-specialised form at k = 0; gradients far-and-band with the lse, k above a tile, k >= the
+length; one forward and one gradient export per form. The rest are marked slow
+(`pytest -m slow`).
 """
 
 import math
@@ -72,15 +76,16 @@ def _logsumexp(q, k, rel_k):
 
 
 WS = True  # warp_specialized: two compute warpgroups and a TMA one (3 interpreted threads)
+SLOW = pytest.mark.slow
 CASES = [
   # (batch, length, heads, head_dim, k, block_q, dtype, warp_specialized)
   pytest.param(1, 256, 1, 64, 3, 64, jnp.bfloat16, False, id='far-and-band'),
-  pytest.param(2, 128, 2, 64, 1, 64, jnp.bfloat16, False, id='k1-batch-heads'),
+  pytest.param(2, 128, 2, 64, 1, 64, jnp.bfloat16, False, id='k1-batch-heads', marks=SLOW),
   pytest.param(1, 128, 1, 64, 0, 64, jnp.bfloat16, False, id='k0'),
-  pytest.param(1, 192, 1, 64, 70, 64, jnp.bfloat16, False, id='k-above-tile'),
+  pytest.param(1, 192, 1, 64, 70, 64, jnp.bfloat16, False, id='k-above-tile', marks=SLOW),
   pytest.param(1, 128, 1, 64, 200, 64, jnp.bfloat16, False, id='k-above-length'),
   pytest.param(1, 256, 1, 64, 3, 128, jnp.float16, False, id='f16-block_q-128'),
-  pytest.param(1, 256, 1, 64, 3, 64, jnp.bfloat16, WS, id='ws-far-and-band'),
+  pytest.param(1, 256, 1, 64, 3, 64, jnp.bfloat16, WS, id='ws-far-and-band', marks=SLOW),
   pytest.param(1, 128, 1, 64, 0, 64, jnp.bfloat16, WS, id='ws-k0'),
   pytest.param(
     1, 256, 1, 64, 70, 64, jnp.float16, WS, id='ws-k-above-tile', marks=pytest.mark.slow
@@ -132,12 +137,12 @@ GRAD_CASES = [
   # (batch, length, heads, k, block_q, dtype, warp_specialized, loss uses the lse)
   pytest.param(1, 192, 1, 3, 64, jnp.bfloat16, False, True, id='far-and-band-lse'),
   pytest.param(1, 256, 1, 70, 64, jnp.bfloat16, False, False, id='k-above-tile'),
-  pytest.param(1, 128, 1, 0, 64, jnp.bfloat16, False, False, id='k0'),
+  pytest.param(1, 128, 1, 0, 64, jnp.bfloat16, False, False, id='k0', marks=SLOW),
   pytest.param(1, 128, 1, 200, 64, jnp.bfloat16, False, True, id='k-above-length'),
   pytest.param(
     2, 128, 2, 1, 64, jnp.bfloat16, False, False, id='batch-heads', marks=pytest.mark.slow
   ),
-  pytest.param(1, 256, 1, 3, 128, jnp.float16, False, False, id='f16-block_q-128'),
+  pytest.param(1, 256, 1, 3, 128, jnp.float16, False, False, id='f16-block_q-128', marks=SLOW),
   pytest.param(1, 256, 1, 3, 64, jnp.bfloat16, WS, True, id='ws-lse', marks=pytest.mark.slow),
 ]
 
@@ -223,7 +228,7 @@ def test_band_tiles():
   'length, head_dim, max_distance, block_q, dtype, warp_specialized',
   [
     (1024, 64, 64, 64, jnp.bfloat16, False),
-    (512, 128, 1, 128, jnp.float16, False),
+    pytest.param(512, 128, 1, 128, jnp.float16, False, marks=SLOW),
     (1024, 64, 64, 64, jnp.bfloat16, True),
     (512, 128, 300, 64, jnp.float16, True),
   ],
@@ -244,7 +249,11 @@ def test_lowers_for_cuda(length, head_dim, max_distance, block_q, dtype, warp_sp
 
 @pytest.mark.parametrize(
   'length, head_dim, max_distance, block_q, warp_specialized',
-  [(1024, 64, 64, 64, False), (512, 128, 3, 128, False), (512, 64, 300, 64, True)],
+  [
+    (1024, 64, 64, 64, False),
+    pytest.param(512, 128, 3, 128, False, marks=SLOW),
+    pytest.param(512, 64, 300, 64, True, marks=SLOW),
+  ],
 )
 def test_gradient_lowers_for_cuda(length, head_dim, max_distance, block_q, warp_specialized):
   """jax.grad of a loss through the kernel: the forward, dq and dk/dv kernels all lower."""
