@@ -13,8 +13,8 @@ the loss, k above a tile with far tiles, k = 0, k >= the length, f16 with block_
 2·block_kv, several batches and heads, and the warp-specialised forward. The default run (README
 command (2), under 10 minutes on 2 cores) keeps one case of each kind that no other default
 case covers: forward far-and-band, k = 0, k >= the length, f16 with block_q = 128, the
-warp-specialised form at k = 0; gradients far-and-band with the lse, k above a tile, k >= the
-length; one forward and one gradient export per form. The rest are marked slow
+warp-specialised form at k = 0; gradients far-and-band with the lse; one forward export per
+form and one gradient export. The rest are marked slow
 (`pytest -m slow`).
 """
 
@@ -136,9 +136,9 @@ def _logsumexp_f32(q, k, rel_k):
 GRAD_CASES = [
   # (batch, length, heads, k, block_q, dtype, warp_specialized, loss uses the lse)
   pytest.param(1, 192, 1, 3, 64, jnp.bfloat16, False, True, id='far-and-band-lse'),
-  pytest.param(1, 256, 1, 70, 64, jnp.bfloat16, False, False, id='k-above-tile'),
+  pytest.param(1, 256, 1, 70, 64, jnp.bfloat16, False, False, id='k-above-tile', marks=SLOW),
   pytest.param(1, 128, 1, 0, 64, jnp.bfloat16, False, False, id='k0', marks=SLOW),
-  pytest.param(1, 128, 1, 200, 64, jnp.bfloat16, False, True, id='k-above-length'),
+  pytest.param(1, 128, 1, 200, 64, jnp.bfloat16, False, True, id='k-above-length', marks=SLOW),
   pytest.param(
     2, 128, 2, 1, 64, jnp.bfloat16, False, False, id='batch-heads', marks=pytest.mark.slow
   ),

@@ -83,8 +83,8 @@ Cost. The first trace of a new signature pays one compile of a fwd+bwd kernel pa
 `TARGET_SECONDS` of runs per candidate: at most 5 candidates ('xla', 3 tilings, XL's
 'cudnn'), so at most five compiles (three of them Triton's) and about 1 s of runs; fewer where
 tilings are skipped (short lengths) and two or three with given tiles. enwik8_base has one
-signature; wmt_base two per padded length (encoder and decoder). Later traces, processes and runs on the
-same device read the decision from memory or disk.
+signature; wmt_base two per padded length (encoder and decoder). Later traces, processes and
+runs on the same device read the decision from memory or disk.
 
 `python -m relpos.attention.autotune --config=configs/enwik8_base.py` traces the config's
 train step (which tunes every call site) and prints a table of the decisions: signature, xla
