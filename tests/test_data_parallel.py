@@ -137,7 +137,8 @@ def _one_big_batch_step(task: str) -> dict:
 # these in-process steps, and both sides of each comparison are compiled alike.
 @pytest.mark.usefixtures('attention_test_config')
 @pytest.mark.parametrize(
-  ('task', 'micro_batches'), [('char_lm', 2), ('char_lm', 4), ('translate', 2)]
+  ('task', 'micro_batches'),
+  [('char_lm', 2), pytest.param('char_lm', 4, marks=pytest.mark.slow), ('translate', 2)],
 )
 def test_gradient_accumulation_equals_one_big_batch(task, micro_batches):
   """grad_accum_steps splits the rows into micro-batches, computed one after another: the

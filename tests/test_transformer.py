@@ -118,7 +118,11 @@ def max_diff(a, b):
 # 1. Cached decoding (relative positions from the traced step) equals teacher forcing.
 
 
-@pytest.mark.parametrize('variant', VARIANTS)
+@pytest.mark.parametrize(
+  'variant',
+  # learned: absolute's path with a table instead of sinusoids (slow tier)
+  [pytest.param(v, marks=pytest.mark.slow) if v == 'learned' else v for v in VARIANTS],
+)
 def test_cached_decoding_matches_teacher_forcing(variant):
   model = make_model(**VARIANTS[variant])
   tgt_in_BT = TGT_IN.at[0, 3].set(PAD)  # a PAD key inside a row must stay masked too
@@ -226,7 +230,7 @@ def test_shaw_tables_are_used(layer, table):
   assert max_diff(forward(model, SRC, TGT_IN), base) > 1e-3
 
 
-@pytest.mark.parametrize('scan_layers', (False, True))
+@pytest.mark.parametrize('scan_layers', (pytest.param(False, marks=pytest.mark.slow), True))
 def test_clipped_tables_see_distances_beyond_k_as_k(scan_layers):
   """clip_shaw_tables(model, k') keeps each table's rows -k'..k': nothing changes at the
   trained k, nor at k' = 2 for inputs of 3 positions (no distance beyond 2), which a slice off
@@ -382,7 +386,7 @@ def test_bfloat16_close_to_float32(position):
   assert max_diff(stepped, reference) < 0.1 * float(np.abs(np.asarray(reference)).max())
 
 
-@pytest.mark.parametrize('remat', ['full', 'dots_no_batch'])
+@pytest.mark.parametrize('remat', ['full', pytest.param('dots_no_batch', marks=pytest.mark.slow)])
 def test_remat_keeps_the_gradients(remat):
   """Rematerialising each layer recomputes its activations in the backward pass: the
   gradients stay those of the plain model (dropout off, so both draw nothing)."""

@@ -345,7 +345,7 @@ def test_no_gradient_through_memory(mode):
   assert all(np.all(np.asarray(g) == 0.0) for g in jax.tree.leaves(new_memory_grads))
 
 
-@pytest.mark.parametrize('remat', ['full', 'dots'])
+@pytest.mark.parametrize('remat', [pytest.param('full', marks=pytest.mark.slow), 'dots'])
 def test_remat_keeps_the_gradients(remat):
   """Rematerialised layers give the plain model's parameter gradients (no dropout)."""
   tokens = random_tokens(8, seed=1)
@@ -358,7 +358,10 @@ def test_remat_keeps_the_gradients(remat):
     assert_allclose(actual, expected, atol=1e-6)
 
 
-@pytest.mark.parametrize('overrides', [dict(position='xl', untie_r=False), dict(position='t5')])
+@pytest.mark.parametrize(
+  'overrides',
+  [dict(position='xl', untie_r=False), pytest.param(dict(position='t5'), marks=pytest.mark.slow)],
+)
 def test_scanned_layers_equal_the_loop(overrides):
   """scan_layers: the same parameters, logits, memory and gradients as the Python loop."""
   tokens = random_tokens(8, seed=3)
