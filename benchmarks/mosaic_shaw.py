@@ -3,6 +3,7 @@
     python benchmarks/mosaic_shaw.py                                  # H100/H200: check, time
     python benchmarks/mosaic_shaw.py --lengths=1024,4096 --distances=16,64 --head_dim=128
     python benchmarks/mosaic_shaw.py --interpret --lengths=128 --distances=3 --kernels=mosaic
+    python benchmarks/mosaic_shaw.py --batch=22 --lengths=512 --memory=512 --distances=64  # enwik8
 
 Causal self-attention, bf16, forward and forward+backward. For each (n, k) every kernel is
 compiled, checked against `shaw_attention(implementation='xla')` on the same inputs (error: max
@@ -14,9 +15,13 @@ mosaic and mosaic_ws (`shaw_attention_mosaic`, one warpgroup / warp-specialised)
 Triton kernel, `implementation='pallas'`), xla, and cudnn (`jax.nn.dot_product_attention`,
 plain causal flash attention without the relative terms: the speed to aim for; NVIDIA only).
 TFLOP/s counts plain causal attention's 2·B·H·n²·d for every kernel forward, 2.5 times that
-for forward+backward (FlashAttention's convention). `--interpret` runs the
-Mosaic kernels in Mosaic GPU's interpreter (CPU, slow: tiny sizes only) and times nothing. A
-kernel that fails to compile or run prints one 'failed' line and is left out of the timing.
+for forward+backward (FlashAttention's convention). `--memory=m` puts m keys before the n
+queries (Transformer-XL: n queries over m + n keys, query i at position m + i, key j visible iff
+j <= m + i; enwik8_base is n = m = 512); then the count is 2·B·H·n·d·(n + 2m), and cudnn, whose
+is_causal is aligned top-left, gets that mask as an additive bias instead (no tile skipping).
+`--interpret` runs the Mosaic kernels in Mosaic GPU's interpreter (CPU, slow: tiny sizes only)
+and times nothing. A kernel that fails to compile or run prints one 'failed' line and is left
+out of the timing.
 """
 
 import time
@@ -35,6 +40,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list('lengths', ['1024', '4096'], 'sequence lengths n')
 flags.DEFINE_list('distances', ['16', '64'], 'clipping distances k')
 flags.DEFINE_list('kernels', list(KERNELS), f'any of {KERNELS}')
+flags.DEFINE_integer('memory', 0, 'keys before the queries: n queries over memory + n keys')
 flags.DEFINE_integer('batch', 4, 'batch size')
 flags.DEFINE_integer('heads', 8, 'heads')
 flags.DEFINE_integer('head_dim', 64, 'head_dim (a multiple of 64)')
@@ -45,9 +51,20 @@ flags.DEFINE_integer('repeats', 10, 'calls per timing')
 flags.DEFINE_bool('interpret', False, "Mosaic GPU's interpreter (CPU): check only, no timing")
 
 
+def cudnn(q, k, v, *_):
+  """Plain causal flash attention by cuDNN (no relative terms). Over a memory, the causal mask
+  (queries aligned bottom-right) as a bias: cuDNN's is_causal aligns them top-left."""
+  if q.shape[1] == k.shape[1]:
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation='cudnn')
+  mask = attention.causal_mask(q.shape[1], k.shape[1])
+  bias = jnp.where(mask, 0.0, -(2.0**41)).astype(q.dtype)[None, None]
+  return jax.nn.dot_product_attention(q, k, v, bias=bias, implementation='cudnn')
+
+
 def kernels(names, n, interpret):
-  """name -> jitted f(q, k, v, rel_key, rel_value) -> [batch, n, heads, head_dim]."""
-  mask = attention.causal_mask(n, n)
+  """name -> jitted f(q, k, v, rel_key, rel_value) -> [batch, n, heads, head_dim]; keys and
+  values have FLAGS.memory + n positions."""
+  mask = attention.causal_mask(n, n + FLAGS.memory)
   blocks = {'block_q': FLAGS.block_q, 'block_kv': FLAGS.block_kv, 'interpret': interpret}
   shaw = attention.shaw_attention
   table = {
@@ -55,9 +72,7 @@ def kernels(names, n, interpret):
     'mosaic_ws': lambda *a: shaw_attention_mosaic(*a, warp_specialized=True, **blocks),
     'pallas': lambda *a: shaw(*a, mask=mask, implementation='pallas'),
     'xla': lambda *a: shaw(*a, mask=mask, implementation='xla'),
-    'cudnn': lambda q, k, v, *_: jax.nn.dot_product_attention(
-      q, k, v, is_causal=True, implementation='cudnn'
-    ),
+    'cudnn': cudnn,
   }
   return {name: jax.jit(table[name]) for name in names}
 
@@ -87,7 +102,10 @@ def error(got, want) -> float:
 def run_row(names, n, k, interpret) -> list[str]:
   rng = np.random.default_rng(0)
   shape = (FLAGS.batch, n, FLAGS.heads, FLAGS.head_dim)
-  q, key, v = (jnp.asarray(rng.standard_normal(shape), jnp.bfloat16) for _ in range(3))
+  kv_shape = (FLAGS.batch, FLAGS.memory + n, FLAGS.heads, FLAGS.head_dim)
+  q, key, v = (
+    jnp.asarray(rng.standard_normal(s), jnp.bfloat16) for s in (shape, kv_shape, kv_shape)
+  )
   rel = [
     jnp.asarray(rng.standard_normal((2 * k + 1, FLAGS.head_dim)) * 0.1, jnp.bfloat16)
     for _ in range(2)
@@ -122,7 +140,7 @@ def run_row(names, n, k, interpret) -> list[str]:
     rounds=FLAGS.rounds,
     repeats=FLAGS.repeats,
   )
-  flops = 2 * FLAGS.batch * FLAGS.heads * n * n * FLAGS.head_dim
+  flops = 2 * FLAGS.batch * FLAGS.heads * n * (n + 2 * FLAGS.memory) * FLAGS.head_dim
   for name, s in seconds.items():
     suffix = '+bwd' if name.endswith('+bwd') else ''
     base_name = next((b + suffix for b in ('cudnn', 'xla') if b + suffix in seconds), None)
@@ -148,6 +166,7 @@ def main(argv):
   print(
     f'device: {jax.devices()[0].device_kind}; batch {FLAGS.batch}, heads {FLAGS.heads}, '
     f'head_dim {FLAGS.head_dim}, bf16, causal, forward and forward+backward'
+    + (f', {FLAGS.memory} keys of memory before the n queries' if FLAGS.memory else '')
   )
   for n in map(int, FLAGS.lengths):
     for k in map(int, FLAGS.distances):

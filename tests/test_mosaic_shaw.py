@@ -14,7 +14,9 @@ the loss, k above a tile with far tiles, k = 0, k >= the length, f16 with block_
 command (2), under 10 minutes on 2 cores) keeps one case of each kind that no other default
 case covers: forward far-and-band, k = 0, k >= the length, f16 with block_q = 128, the
 warp-specialised form at k = 0; gradients far-and-band with the lse; one forward export per
-form and one gradient export. The rest are marked slow
+form and one gradient export. Queries over a memory (kv_len > q_len, Transformer-XL): forward
+at k below a tile and k >= kv_len, gradients at k below a tile with the lse, and the forward
+and gradient exports at enwik8_base's 512 queries over 1,024 keys. The rest are marked slow
 (`pytest -m slow`).
 """
 
@@ -47,10 +49,11 @@ def fresh_interpreter():
   reset_gpu_interpret_mode_state()
 
 
-def _inputs(batch, length, heads, head_dim, max_distance, dtype, seed=0):
+def _inputs(batch, length, heads, head_dim, max_distance, dtype, seed=0, memory=0):
+  """query [batch, length, ...], key and value [batch, memory + length, ...], the tables."""
   rng = np.random.default_rng(seed)
-  shape = (batch, length, heads, head_dim)
-  q, k, v = (jnp.asarray(rng.standard_normal(shape), dtype) for _ in range(3))
+  shapes = [(batch, length + extra, heads, head_dim) for extra in (0, memory, memory)]
+  q, k, v = (jnp.asarray(rng.standard_normal(shape), dtype) for shape in shapes)
   rows = (2 * max_distance + 1, head_dim)
   rel_k, rel_v = (jnp.asarray(rng.standard_normal(rows), dtype) for _ in range(2))
   return q, k, v, rel_k, rel_v
@@ -60,12 +63,18 @@ def _f64(x):
   return np.asarray(jnp.asarray(x, jnp.float32), np.float64)
 
 
+def _offsets(q_len, kv_len):
+  """j - pos_i [q_len, kv_len], pos_i = kv_len - q_len + i."""
+  return np.arange(kv_len)[None, :] - (kv_len - q_len + np.arange(q_len)[:, None])
+
+
 def _logsumexp(q, k, rel_k):
-  """float64 logsumexp over j <= i of (q_i·k_j + q_i·w^K[r_ij]) / sqrt(d), [batch, heads, n]."""
+  """float64 logsumexp over j <= pos_i of (q_i·k_j + q_i·w^K[r_ij]) / sqrt(d), [batch, heads,
+  q_len]."""
   q, k, rel_k = _f64(q), _f64(k), _f64(rel_k)
   length, head_dim = q.shape[1], q.shape[3]
   max_distance = (rel_k.shape[0] - 1) // 2
-  offsets = np.arange(length)[None, :] - np.arange(length)[:, None]  # j - i
+  offsets = _offsets(length, k.shape[1])  # j - pos_i
   buckets = np.clip(offsets, -max_distance, max_distance) + max_distance
   # a^K logits q_i·w^K[r_ij]: the [i, r] products read at r = buckets[i, j].
   table = np.einsum('bihd,rd->bhir', q, rel_k)[:, :, np.arange(length)[:, None], buckets]
@@ -125,7 +134,7 @@ def _logsumexp_f32(q, k, rel_k):
   """_logsumexp in float32 JAX (differentiable): the reference for a loss that uses the lse."""
   length, head_dim = q.shape[1], q.shape[3]
   max_distance = (rel_k.shape[0] - 1) // 2
-  offsets = np.arange(length)[None, :] - np.arange(length)[:, None]  # j - i
+  offsets = _offsets(length, k.shape[1])  # j - pos_i
   buckets = np.clip(offsets, -max_distance, max_distance) + max_distance
   table = jnp.einsum('bihd,rd->bhir', q, rel_k)[:, :, np.arange(length)[:, None], buckets]
   logits = jnp.einsum('bihd,bjhd->bhij', q, k) + table
@@ -157,7 +166,36 @@ def test_interpret_gradients_match_xla(
   inputs against `shaw_attention(implementation='xla')` in float32 on the same 16-bit inputs.
   Error: max |mosaic - xla| over max(max |xla|, 1) (the floor: for k = 0 the rel_key gradient
   is 0 up to rounding, softmax being blind to a per-row constant)."""
-  args = _inputs(batch, length, heads, 64, max_distance, dtype)
+  _check_gradients(batch, length, heads, max_distance, block_q, dtype, warp_specialized, use_lse)
+
+
+MEMORY_GRAD_CASES = [
+  # (q_len, kv_len, k, block_q, warp_specialized, loss uses the lse)
+  pytest.param(64, 192, 3, 64, False, True, id='64-over-192-k3-lse'),
+  pytest.param(128, 256, 70, 64, False, False, id='128-over-256-k-above-tile', marks=SLOW),
+  pytest.param(64, 192, 300, 64, False, True, id='64-over-192-k-above-kv_len', marks=SLOW),
+  pytest.param(128, 384, 1, 128, False, True, id='128-over-384-block_q-128', marks=SLOW),
+  pytest.param(128, 256, 3, 64, WS, False, id='ws-128-over-256-k3', marks=SLOW),
+]
+
+
+@pytest.mark.parametrize(
+  'q_len, kv_len, max_distance, block_q, warp_specialized, use_lse', MEMORY_GRAD_CASES
+)
+def test_memory_gradients_match_xla(
+  fresh_interpreter, q_len, kv_len, max_distance, block_q, warp_specialized, use_lse
+):
+  """As above, queries over a memory: against the XLA implementation with its default
+  query_offset kv_len - q_len and a causal [q_len, kv_len] mask."""
+  _check_gradients(
+    1, q_len, 1, max_distance, block_q, jnp.bfloat16, warp_specialized, use_lse, kv_len - q_len
+  )
+
+
+def _check_gradients(
+  batch, length, heads, max_distance, block_q, dtype, warp_specialized, use_lse, memory=0
+):
+  args = _inputs(batch, length, heads, 64, max_distance, dtype, memory=memory)
   rng = np.random.default_rng(1)
   weight = jnp.asarray(rng.standard_normal(args[0].shape), jnp.float32)
   weight_lse = jnp.asarray(rng.standard_normal((batch, heads, length)), jnp.float32)
@@ -169,7 +207,7 @@ def test_interpret_gradients_match_xla(
     loss = jnp.sum(z.astype(jnp.float32) * weight)
     return loss + jnp.sum(lse * weight_lse) if use_lse else loss
 
-  causal = attention.causal_mask(length, length)
+  causal = attention.causal_mask(length, length + memory)
 
   def loss_xla(*args):
     args = [x.astype(jnp.float32) for x in args]
@@ -182,7 +220,7 @@ def test_interpret_gradients_match_xla(
   want = jax.jit(jax.grad(loss_xla, argnums=range(5)))(*args)
   errors = {}
   for name, g, w in zip(('query', 'key', 'value', 'rel_key', 'rel_value'), got, want, strict=True):
-    assert g.dtype == dtype and g.shape == w.shape, name
+    assert g.dtype == dtype and g.shape == w.shape == args[len(errors)].shape, name
     g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
     errors[name] = float(np.abs(g - w).max() / max(np.abs(w).max(), 1.0))
   assert max(errors.values()) < 3e-2, errors
@@ -211,6 +249,45 @@ def test_interpreter_finds_no_races(fresh_interpreter, warp_specialized, backwar
   assert not gpu_callbacks.get_races().races_found
 
 
+MEMORY_CASES = [
+  # (q_len, kv_len, k, block_q, warp_specialized): queries at positions kv_len - q_len + i
+  pytest.param(128, 256, 3, 64, False, id='128-over-256-k3'),
+  pytest.param(64, 192, 300, 64, False, id='64-over-192-k-above-kv_len'),
+  pytest.param(64, 192, 70, 64, False, id='64-over-192-k-above-tile', marks=SLOW),
+  pytest.param(128, 256, 1, 128, False, id='128-over-256-block_q-128', marks=SLOW),
+  pytest.param(128, 384, 70, 64, False, id='128-over-384-k-above-tile', marks=SLOW),
+  pytest.param(128, 256, 3, 64, WS, id='ws-128-over-256-k3', marks=SLOW),
+]
+
+
+@pytest.mark.parametrize('q_len, kv_len, max_distance, block_q, warp_specialized', MEMORY_CASES)
+def test_memory_matches_reference(
+  fresh_interpreter, q_len, kv_len, max_distance, block_q, warp_specialized
+):
+  """Queries over a memory (Transformer-XL): key/value longer than the query, query i at
+  position kv_len - q_len + i, key j visible iff j <= pos_i."""
+  q, k, v, rel_k, rel_v = _inputs(
+    1, q_len, 1, 64, max_distance, jnp.bfloat16, memory=kv_len - q_len
+  )
+  z, lse = shaw_attention_mosaic(
+    q,
+    k,
+    v,
+    rel_k,
+    rel_v,
+    block_q=block_q,
+    warp_specialized=warp_specialized,
+    interpret=True,
+    return_lse=True,
+  )
+  assert z.shape == q.shape and lse.shape == (1, 1, q_len)
+  causal = _offsets(q_len, kv_len) <= 0
+  want = reference.shaw(_f64(q), _f64(k), _f64(v), _f64(rel_k), _f64(rel_v), causal, kv_len - q_len)
+  assert np.abs(_f64(z) - want).max() / np.abs(want).max() < 2e-2
+  want_lse = _logsumexp(q, k, rel_k)
+  assert np.abs(_f64(lse) - want_lse).max() < 2e-2 * np.abs(want_lse).max()
+
+
 def test_band_tiles():
   """The band holds the tiles with some pair -k < j - i <= 0: the diagonal's alone for k <= 1,
   one more per started block_kv of k, every tile for k >= the length."""
@@ -222,6 +299,11 @@ def test_band_tiles():
   assert mosaic_shaw._band_tiles(1024, 1, 128, 64) == 2
   assert mosaic_shaw._band_tiles(1024, 3, 128, 64) == 3
   assert mosaic_shaw._band_tiles(256, 5000, 64, 64) == 4
+  # Over a memory (offset = kv_len - q_len, a multiple of block_kv) the pattern is the same, but
+  # for k >= the length every tile up to the last diagonal, memory included, is band.
+  assert mosaic_shaw._band_tiles(512, 64, 64, 64, offset=512) == 2
+  assert mosaic_shaw._band_tiles(512, 1, 128, 64, offset=512) == 2
+  assert mosaic_shaw._band_tiles(64, 5000, 64, 64, offset=128) == 3
 
 
 @pytest.mark.parametrize(
@@ -273,6 +355,31 @@ def test_gradient_lowers_for_cuda(length, head_dim, max_distance, block_q, warp_
   assert exported.mlir_module().count('stablehlo.custom_call @mosaic_gpu') == 3
 
 
+@pytest.mark.parametrize('warp_specialized', [False, pytest.param(True, marks=SLOW)])
+def test_memory_lowers_for_cuda(warp_specialized):
+  """enwik8_base's attention: 512 queries over 1,024 keys (a 512-position memory first), k = 64;
+  the forward and jax.grad (three kernels) lower."""
+  query = jax.ShapeDtypeStruct((2, 512, 8, 64), jnp.bfloat16)
+  key = jax.ShapeDtypeStruct((2, 1024, 8, 64), jnp.bfloat16)
+  rel = jax.ShapeDtypeStruct((129, 64), jnp.bfloat16)
+  shapes = [query, key, key, rel, rel]
+
+  def f(*args):
+    return shaw_attention_mosaic(*args, warp_specialized=warp_specialized)
+
+  def loss(*args):
+    z, lse = shaw_attention_mosaic(*args, warp_specialized=warp_specialized, return_lse=True)
+    return jnp.sum(z.astype(jnp.float32) ** 2) + jnp.sum(lse)
+
+  exported = jax.export.export(jax.jit(f), platforms=['cuda'])(*shapes)
+  assert exported.out_avals[0].shape == query.shape
+  assert exported.mlir_module().count('stablehlo.custom_call @mosaic_gpu') == 1
+  grad = jax.jit(jax.grad(loss, argnums=range(5)))
+  exported = jax.export.export(grad, platforms=['cuda'])(*shapes)
+  assert [a.shape for a in exported.out_avals] == [s.shape for s in shapes]
+  assert exported.mlir_module().count('stablehlo.custom_call @mosaic_gpu') == 3
+
+
 def test_backward_refuses_too_much_shared_memory():
   """head_dim=192: the forward fits, the backward kernels' two slots of three key tiles and two
   float32 bias tiles do not."""
@@ -298,13 +405,20 @@ def test_backward_refuses_too_much_shared_memory():
     ((1, 256, 1, 256), 3, {'warp_specialized': True}, 'bytes of shared memory'),
     ((1, 192, 1, 64), 3, {'warp_specialized': True}, 'multiple of 2·block_q=128, got 192'),
     ((1, 128, 1, 64), 4, {}, 'rel_key, rel_value must share one [2k+1, head_dim] shape'),
+    ((1, 128, 1, 64), 3, {'kv_len': 160}, 'multiple of block_kv=64, got 160 - 128'),
+    ((1, 128, 1, 64), 3, {'kv_len': 64}, 'non-negative multiple of block_kv=64, got 64 - 128'),
+    ((1, 128, 1, 64), 3, {'kv_heads': 2}, 'must agree, got (1, 128, 1, 64), (1, 256, 2, 64)'),
   ],
 )
 def test_refusals(shape, table, kwargs, message):
   q = jnp.zeros(shape, jnp.bfloat16)
+  kv_shape = (shape[0], kwargs.pop('kv_len', shape[1]), kwargs.pop('kv_heads', shape[2]), shape[3])
+  if kv_shape[2] != shape[2]:
+    kv_shape = (shape[0], 256) + kv_shape[2:]
+  kv = jnp.zeros(kv_shape, jnp.bfloat16)
   rel = jnp.zeros((table, shape[-1]), jnp.bfloat16)
   with pytest.raises(ValueError) as error:
-    shaw_attention_mosaic(q, q, q, rel, rel, **kwargs)
+    shaw_attention_mosaic(q, kv, kv, rel, rel, **kwargs)
   assert message in str(error.value) and '\n' not in str(error.value)
 
 

@@ -2,7 +2,10 @@
 (prototype).
 
     e_ij = (q_i·k_j + q_i·w^K[r_ij]) / sqrt(d)      z_i = Σ_j p_ij (v_j + w^V[r_ij])
-    r_ij = clip(j - i, -k, k) + k                   causal: j <= i (q_len == kv_len)
+    r_ij = clip(j - pos_i, -k, k) + k               causal: j <= pos_i = kv_len - q_len + i
+
+Below, n is q_len and i stands for pos_i, and everything is as written for q_len == kv_len
+(offset 0) but for the last paragraph before "The backward": queries over a memory.
 
 A flash-attention kernel on Hopper's tensor cores (`plgpu.wgmma`, operands in shared memory
 loaded by TMA), with XLA doing the per-bucket work before and after it, because Mosaic GPU has no
@@ -54,6 +57,19 @@ constant one-hot [block_q, nb·block_kv, k'+1] einsum (causal attention uses onl
 table rows for j - i = -k' .. 0, k' = min(k, n - 1)), plus the far mass in bucket 0, gives
 P_ir = Σ_{j: r_ij = r} p_ij; z = Σ_j p_ij v_j + P·w^V. The logsumexp returned is that of the
 true logits e (lse' + c_i), for a backward kernel.
+
+Queries over a memory (Transformer-XL: enwik8_base attends 512 queries over 1,024 keys, the
+previous segment's 512 first). Key and value may be longer than the query, [B, kv_len, H, d],
+with memory = kv_len - q_len a multiple of block_kv (so that every query tile's band is whole
+key tiles: its tile pattern of j - pos_i, `_band_offsets`, is the offset-0 one), query i at
+position pos_i = memory + i (`shaw_attention`'s default query_offset). Query tile t's diagonal
+key tile moves right by m = memory / block_kv tiles: kv_end = m + (t + 1)·tile_q/block_kv in
+all three kernels (the band, `_band_tiles(..., offset=memory)`, is the nb tiles before kv_end,
+every tile before them is far: the whole memory when k <= block_kv; no tile at or after kv_end
+is visited), and the dk/dv kernel's key tile j is seen by the query tiles t >= (j - m)/kv_per_q
+(all of them for j < m) and in the band of those with (t + 1)·kv_per_q <= j - m + nb. XLA's
+bias masks j < 0 with j = pos_i + (j - pos_i), and the table is cut at k' = min(k, kv_len - 1).
+The outputs keep the query's rows; dk and dv the key's. memory = 0 is the case above.
 
 Cost beyond flash attention: the band tiles' bias read and logits write (nb·block_kv floats per
 row each way) and the one-hot fold (n·nb·block_kv·(k'+1) multiply-adds per head): O(n·k) memory,
@@ -148,17 +164,20 @@ _LOG2E = math.log2(math.e)
 _SMEM_BYTES = 227 * 1024  # an H100's shared memory per block
 
 
-def _band_tiles(length: int, max_distance: int, block_q: int, block_kv: int) -> int:
+def _band_tiles(
+  length: int, max_distance: int, block_q: int, block_kv: int, offset: int = 0
+) -> int:
   """How many key tiles, ending at the one holding the diagonal, some query tile must treat as
-  band (full bias) tiles. The others, "far", have every pair visible (j <= i) and in bucket 0
-  (j - i <= -k)."""
+  band (full bias) tiles, for `length` queries at positions offset + i over offset + length
+  keys. The others, "far", have every pair visible (j <= pos_i) and in bucket 0
+  (j - pos_i <= -k)."""
   num = 1
   for t in range(length // block_q):
-    end = (t + 1) * block_q // block_kv  # one past the last key tile with some j <= i
-    # Far tiles kt < far: (kt + 1)·block_kv - 1 - t·block_q <= -k (all j - i <= -k, or <= 0).
-    far = max(0, (t * block_q - max_distance + 1) // block_kv)
+    end = (offset + (t + 1) * block_q) // block_kv  # one past the last key tile with j <= pos_i
+    # Far tiles kt < far: (kt + 1)·block_kv - 1 - (offset + t·block_q) <= -k.
+    far = max(0, (offset + t * block_q - max_distance + 1) // block_kv)
     num = max(num, end - far)
-  return min(num, length // block_kv)
+  return min(num, (offset + length) // block_kv)
 
 
 def _band_offsets(block_q: int, block_kv: int, num_band: int) -> np.ndarray:
@@ -169,10 +188,16 @@ def _band_offsets(block_q: int, block_kv: int, num_band: int) -> np.ndarray:
 
 
 def _check(query, key, value, rel_key, rel_value, block_q, block_kv, warp_specialized):
-  if not (query.shape == key.shape == value.shape) or query.ndim != 4:
+  if (
+    query.ndim != 4
+    or key.shape != value.shape
+    or key.ndim != 4
+    or query.shape[::2] != key.shape[::2]
+    or query.shape[3] != key.shape[3]
+  ):
     raise ValueError(
-      f'query, key, value must share one [batch, len, heads, head_dim] shape, got '
-      f'{query.shape}, {key.shape}, {value.shape}'
+      f'query [batch, q_len, heads, head_dim] and key, value [batch, kv_len, heads, head_dim] '
+      f'must agree, got {query.shape}, {key.shape}, {value.shape}'
     )
   dtypes = {jnp.dtype(x.dtype) for x in (query, key, value)}
   if len(dtypes) != 1 or dtypes.pop() not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
@@ -189,6 +214,12 @@ def _check(query, key, value, rel_key, rel_value, block_q, block_kv, warp_specia
   if length % tile_q:
     what = '2·block_q' if warp_specialized else 'block_q'
     raise ValueError(f'length must be a multiple of {what}={tile_q}, got {length}')
+  memory = key.shape[1] - length
+  if memory < 0 or memory % block_kv:
+    raise ValueError(
+      f'kv_len - q_len (the memory before the queries) must be a non-negative multiple of '
+      f'block_kv={block_kv}, got {key.shape[1]} - {length}'
+    )
   if rel_key.ndim != 2 or rel_key.shape != rel_value.shape or rel_key.shape[0] % 2 != 1:
     raise ValueError(
       f'rel_key, rel_value must share one [2k+1, head_dim] shape, got {rel_key.shape}, '
@@ -227,6 +258,7 @@ def _forward_kernel(
   batch, length, heads, head_dim = q.shape
   dtype = q.dtype
   band_width = num_band * block_kv
+  memory_tiles = (key_t.shape[3] - length) // block_kv  # key tiles before query 0's position
   scale = 1.0 / math.sqrt(head_dim)
   compute_wgs = 2 if warp_specialized else 1
   tile_q = compute_wgs * block_q  # query rows per program
@@ -251,7 +283,7 @@ def _forward_kernel(
     b = lax.axis_index('batch')
     h = lax.axis_index('heads')
     t = lax.axis_index('q_seq')
-    kv_end = (t + 1) * kv_per_q  # one past the diagonal's key tile
+    kv_end = memory_tiles + (t + 1) * kv_per_q  # one past the diagonal's key tile
     # Steps 0 .. num_band - 1: band tiles kv_end - 1 - step (diagonal first; below 0 they load
     # tile 0, all -inf in the bias). Steps num_band .. num_steps - 1: far tiles step - num_band.
     num_far = jnp.maximum(kv_end - num_band, 0)
@@ -476,6 +508,7 @@ def _dq_kernel(
   subtiles = tile_q // bq
   kv_per_q = tile_q // block_kv
   band_width = num_band * block_kv
+  memory_tiles = (key.shape[1] - length) // block_kv
   scale = 1.0 / math.sqrt(head_dim)
   slots = 2
 
@@ -506,7 +539,8 @@ def _dq_kernel(
     h = lax.axis_index('heads')
     u = lax.axis_index('q_seq')
     rows = pl.ds(u * bq, bq)
-    kv_end = (_div(u, subtiles) + 1) * kv_per_q  # the forward tile's: one past the diagonal
+    # The forward tile's: one past the diagonal.
+    kv_end = memory_tiles + (_div(u, subtiles) + 1) * kv_per_q
     num_far = jnp.maximum(kv_end - num_band, 0)
     num_steps = num_band + num_far
 
@@ -622,6 +656,7 @@ def _dkv_kernel(
   subtiles = tile_q // bq
   kv_per_q = tile_q // block_kv
   num_sub = length // bq
+  memory_tiles = (key.shape[1] - length) // block_kv
   scale = 1.0 / math.sqrt(head_dim)
   slots = 2
 
@@ -655,10 +690,12 @@ def _dkv_kernel(
     kv_cols = pl.ds(j * block_kv, block_kv)
     plgpu.copy_gmem_to_smem(k_ref.at[b, kv_cols, h], k_smem, kv_barrier.at[0])
     plgpu.copy_gmem_to_smem(v_ref.at[b, kv_cols, h], v_smem, kv_barrier.at[0])
-    # Query sub-tiles u >= first see key tile j (their tile's diagonal is at or after it); it is
-    # in their tile's band for u < far (j >= kv_end - num_band), far after.
-    first = _div(j, kv_per_q) * subtiles
-    far = jnp.minimum(_div(j + num_band, kv_per_q) * subtiles, num_sub)
+    # Query sub-tiles u >= first see key tile j (their tile's diagonal is at or after it: all of
+    # them for a memory tile, j < memory_tiles); it is in their tile's band for u < far
+    # (j >= kv_end - num_band), far after.
+    first = _div(jnp.maximum(j - memory_tiles, 0), kv_per_q) * subtiles
+    far = _div(jnp.maximum(j + num_band - memory_tiles, 0), kv_per_q) * subtiles
+    far = jnp.minimum(far, num_sub)
     num_band_steps = far - first
     num_steps = num_sub - first
 
@@ -672,7 +709,7 @@ def _dkv_kernel(
       @pl.when(step < num_band_steps)
       def _():
         t = _div(u, subtiles)
-        band_rows = pl.ds((num_band - (t + 1) * kv_per_q + j) * block_kv, block_kv)
+        band_rows = pl.ds((num_band - memory_tiles - (t + 1) * kv_per_q + j) * block_kv, block_kv)
         cols = pl.ds(lax.rem(u, subtiles) * bq, bq)
         for src, dst in ((pt_ref, pt_smem), (dst_ref, dst_smem)):
           plgpu.copy_gmem_to_smem(
@@ -753,12 +790,12 @@ def _dkv_kernel(
     plgpu.Barrier(num_arrivals=2, num_barriers=slots),  # band Pᵀ, dSᵀ
     plgpu.Barrier(num_arrivals=3, num_barriers=slots),  # qᵀ, g_zᵀ, statistics
   )
-  out_type = (jax.ShapeDtypeStruct(q.shape, dtype), jax.ShapeDtypeStruct(q.shape, dtype))
+  out_type = (jax.ShapeDtypeStruct(key.shape, dtype), jax.ShapeDtypeStruct(key.shape, dtype))
   return plgpu.kernel(
     kernel,
     out_type=out_type,
     scratch_types=[smem, barriers],
-    grid=(heads, length // block_kv, batch),
+    grid=(heads, key.shape[1] // block_kv, batch),
     grid_names=('heads', 'kv_seq', 'batch'),
     compiler_params=plgpu.CompilerParams(approx_math=True),
     interpret=interpret or False,
@@ -870,8 +907,10 @@ def shaw_attention_mosaic(
 ):
   """Causal Shaw attention with Mosaic GPU kernels (differentiable); see the module docstring.
 
-  query, key, value: [batch, len, heads, head_dim], bf16 or f16, head_dim a multiple of 64, len a
-  multiple of block_q (2·block_q when warp_specialized; block_q a multiple of block_kv, both
+  query: [batch, len, heads, head_dim]; key, value: [batch, kv_len, heads, head_dim], kv_len =
+  len + a memory of a multiple of block_kv positions before the queries (query i at position
+  kv_len - len + i; kv_len = len for self-attention); bf16 or f16, head_dim a multiple of 64, len
+  a multiple of block_q (2·block_q when warp_specialized; block_q a multiple of block_kv, both
   multiples of 64). rel_key, rel_value: [2k+1, head_dim], shared by all heads. Returns z [batch,
   len, heads, head_dim] in the input dtype, and with return_lse=True also the logsumexp of each
   row's logits [batch, heads, len] (float32). warp_specialized picks the FA3-style kernel (see
@@ -882,13 +921,15 @@ def shaw_attention_mosaic(
   """
   _check(query, key, value, rel_key, rel_value, block_q, block_kv, warp_specialized)
   batch, length, heads, head_dim = query.shape
+  kv_len = key.shape[1]
+  memory = kv_len - length  # query i sits at position memory + i
   max_distance = (rel_key.shape[0] - 1) // 2
   tile_q = 2 * block_q if warp_specialized else block_q  # query rows per program
-  num_band = _band_tiles(length, max_distance, tile_q, block_kv)
-  offsets = _band_offsets(tile_q, block_kv, num_band)  # j - i, [block_q, band_width]
-  # Causal attention uses only table rows first..k (j - i from -min(k, len - 1) to 0): the
-  # tables are cut to those and the buckets counted from `first`.
-  first = max(0, max_distance - (length - 1))
+  num_band = _band_tiles(length, max_distance, tile_q, block_kv, memory)
+  offsets = _band_offsets(tile_q, block_kv, num_band)  # j - pos_i, [block_q, band_width]
+  # Causal attention uses only table rows first..k (j - pos_i from -min(k, kv_len - 1) to 0):
+  # the tables are cut to those and the buckets counted from `first`.
+  first = max(0, max_distance - (kv_len - 1))
   buckets = np.clip(offsets, -max_distance, 0) + max_distance - first
   rel_key, rel_value = rel_key[first : max_distance + 1], rel_value[first : max_distance + 1]
   tiles = length // tile_q
@@ -902,8 +943,9 @@ def shaw_attention_mosaic(
   shifted = (qw - qw[..., :1]).reshape(batch, heads, tiles, tile_q, -1)
   index = jnp.broadcast_to(jnp.asarray(buckets), (batch, heads, tiles) + buckets.shape)
   bias = jnp.take_along_axis(shifted, index, axis=-1)
-  # Keys j = i + offset: masked where j > i or j < 0 (band tiles before the sequence start).
-  key_pos = np.arange(tiles)[:, None, None] * tile_q + np.arange(tile_q)[:, None] + offsets
+  # Keys j = pos_i + offset: masked where j > pos_i or j < 0 (band tiles before key 0).
+  query_pos = memory + np.arange(tiles)[:, None, None] * tile_q + np.arange(tile_q)[:, None]
+  key_pos = query_pos + offsets
   visible = (offsets <= 0)[None] & (key_pos >= 0)
   bias = jnp.where(visible, bias, -jnp.inf).reshape(batch, heads, length, -1)
 
