@@ -3,7 +3,7 @@
     python benchmarks/mosaic_shaw.py                                  # H100/H200: check, time
     python benchmarks/mosaic_shaw.py --lengths=1024,4096 --distances=16,64 --head_dim=128
     python benchmarks/mosaic_shaw.py --interpret --lengths=128 --distances=3 --kernels=mosaic
-    python benchmarks/mosaic_shaw.py --batch=22 --lengths=512 --memory=512 --distances=64  # enwik8
+    python benchmarks/mosaic_shaw.py --batch=22 --lengths=512 --memory=512 --distances=16  # enwik8
 
 Causal self-attention, bf16, forward and forward+backward. For each (n, k) every kernel is
 compiled, checked against `shaw_attention(implementation='xla')` on the same inputs (error: max

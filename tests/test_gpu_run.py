@@ -52,6 +52,7 @@ def test_dry_run_lists_every_part_with_its_commands(tmp_path):
   assert '--variants=xl,xl_xla,xl_pallas,xl_cudnn,xl_nodropout,shaw,shaw_xla,shaw_pallas' in log
   assert 'cudnn_native' in log
   assert 'benchmarks/mosaic_shaw.py --lengths=2048 --distances=16,64 --batch=16' in log
+  assert '--lengths=512 --memory=512 --distances=16 --batch=22' in log
   assert '--config.model.dtype=bfloat16' in log and '--profile_steps=2' in log
   assert 'resume --config=configs/enwik8_base.py' in log and '--kill_after=130' in log
   assert 'configs/translate_tiny.py:shaw' in log and 'tatoeba_ende/train.en.gz' in log

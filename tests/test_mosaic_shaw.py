@@ -12,11 +12,11 @@ kernel, and the warp-specialised one (3 interpreted threads, slower). The gradie
 the loss, k above a tile with far tiles, k = 0, k >= the length, f16 with block_q =
 2·block_kv, several batches and heads, and the warp-specialised forward. The default run (README
 command (2), under 10 minutes on 2 cores) keeps one case of each kind that no other default
-case covers: forward far-and-band, k = 0, k >= the length, f16 with block_q = 128, the
+case covers: forward far-and-band, k >= the length, f16 with block_q = 128, the
 warp-specialised form at k = 0; gradients far-and-band with the lse; one forward export per
 form and one gradient export. Queries over a memory (kv_len > q_len, Transformer-XL): forward
-at k below a tile and k >= kv_len, gradients at k below a tile with the lse, and the forward
-and gradient exports at enwik8_base's 512 queries over 1,024 keys. The rest are marked slow
+at k below a tile, gradients at k below a tile with the lse, and the forward and gradient
+exports at enwik8_base's 512 queries over 1,024 keys. The rest are marked slow
 (`pytest -m slow`).
 """
 
@@ -90,7 +90,7 @@ CASES = [
   # (batch, length, heads, head_dim, k, block_q, dtype, warp_specialized)
   pytest.param(1, 256, 1, 64, 3, 64, jnp.bfloat16, False, id='far-and-band'),
   pytest.param(2, 128, 2, 64, 1, 64, jnp.bfloat16, False, id='k1-batch-heads', marks=SLOW),
-  pytest.param(1, 128, 1, 64, 0, 64, jnp.bfloat16, False, id='k0'),
+  pytest.param(1, 128, 1, 64, 0, 64, jnp.bfloat16, False, id='k0', marks=SLOW),
   pytest.param(1, 192, 1, 64, 70, 64, jnp.bfloat16, False, id='k-above-tile', marks=SLOW),
   pytest.param(1, 128, 1, 64, 200, 64, jnp.bfloat16, False, id='k-above-length'),
   pytest.param(1, 256, 1, 64, 3, 128, jnp.float16, False, id='f16-block_q-128'),
@@ -252,7 +252,7 @@ def test_interpreter_finds_no_races(fresh_interpreter, warp_specialized, backwar
 MEMORY_CASES = [
   # (q_len, kv_len, k, block_q, warp_specialized): queries at positions kv_len - q_len + i
   pytest.param(128, 256, 3, 64, False, id='128-over-256-k3'),
-  pytest.param(64, 192, 300, 64, False, id='64-over-192-k-above-kv_len'),
+  pytest.param(64, 192, 300, 64, False, id='64-over-192-k-above-kv_len', marks=SLOW),
   pytest.param(64, 192, 70, 64, False, id='64-over-192-k-above-tile', marks=SLOW),
   pytest.param(128, 256, 1, 128, False, id='128-over-256-block_q-128', marks=SLOW),
   pytest.param(128, 384, 70, 64, False, id='128-over-384-k-above-tile', marks=SLOW),
