@@ -41,6 +41,7 @@ def char_run(tmp_path_factory):
   return workdir, config
 
 
+@pytest.mark.slow  # trains two tiny runs (about 40 s of compiling), end to end
 def test_translate_gives_what_evaluation_wrote(translation_run):
   workdir, config, result = translation_run
   sources = Path(config.data.eval_src).read_text().splitlines()
@@ -48,6 +49,7 @@ def test_translate_gives_what_evaluation_wrote(translation_run):
   assert translate.translate_lines(workdir, sources[:3], beam_size=1) == written[:3]
 
 
+@pytest.mark.slow  # trains two tiny runs (about 40 s of compiling), end to end
 def test_sample_continues_with_the_model_greedily_and_reproducibly(char_run):
   workdir, config = char_run
   prompt = b'the cat'
@@ -81,6 +83,7 @@ def _tool(commands, module, *args):
   return commands.run(['-m', f'relpos.{module}', *args], input='a red cat\n')
 
 
+@pytest.mark.slow  # trains two tiny runs (about 40 s of compiling), end to end
 def test_command_lines(commands, translation_run, char_run):
   done = _tool(commands, 'translate', f'--workdir={translation_run[0]}', '--beam_size=1')
   assert done.returncode == 0 and len(done.stdout.splitlines()) == 1, done.stderr

@@ -350,6 +350,7 @@ def test_char_lm_sweep_of_k_end_to_end_with_bpc_p_values(tmp_path, run_compilati
     assert sum(results['position_tokens']) == results['tokens']
 
 
+@pytest.mark.slow
 def test_an_eval_field_sweep_trains_once_per_seed_and_scores_every_value(
   tmp_path, run_compilation_cache
 ):
