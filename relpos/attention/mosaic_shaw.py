@@ -164,6 +164,21 @@ _LOG2E = math.log2(math.e)
 _SMEM_BYTES = 227 * 1024  # an H100's shared memory per block
 
 
+def _register_ops(interpret: bool):
+  """(layout, load) for a kernel body: `layout(x, L)` places a value in register layout L and
+  `load(ref, L)` reads a shared-memory ref into it, for the compiler; the interpreter has
+  neither `plgpu.layout_cast` nor `plgpu.load`, so there they are the identity and a plain
+  read (the one difference between the interpreted and the lowered program)."""
+
+  def layout(x, register_layout):
+    return x if interpret else plgpu.layout_cast(x, register_layout)
+
+  def load(ref, register_layout):
+    return ref[...] if interpret else plgpu.load(ref, (), layout=register_layout)
+
+  return layout, load
+
+
 def _band_tiles(
   length: int, max_distance: int, block_q: int, block_kv: int, offset: int = 0
 ) -> int:
@@ -265,13 +280,7 @@ def _forward_kernel(
   kv_per_q = tile_q // block_kv
   slots = 2
 
-  def layout(x, layout):
-    # Layouts place values in registers for the compiler; the interpreter has no layout_cast.
-    return x if interpret else plgpu.layout_cast(x, layout)
-
-  def load(ref, layout):
-    # A register load in a given layout; the interpreter has no plgpu.load.
-    return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
+  layout, load = _register_ops(interpret)
 
   def slot_of(step):
     return step % slots if isinstance(step, int) else lax.rem(step, slots)
@@ -512,11 +521,7 @@ def _dq_kernel(
   scale = 1.0 / math.sqrt(head_dim)
   slots = 2
 
-  def layout(x, layout):
-    return x if interpret else plgpu.layout_cast(x, layout)
-
-  def load(ref, layout):
-    return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
+  layout, load = _register_ops(interpret)
 
   def kernel(
     q_ref,
@@ -660,11 +665,7 @@ def _dkv_kernel(
   scale = 1.0 / math.sqrt(head_dim)
   slots = 2
 
-  def layout(x, layout):
-    return x if interpret else plgpu.layout_cast(x, layout)
-
-  def load(ref, layout):
-    return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
+  layout, load = _register_ops(interpret)
 
   def kernel(
     q_ref,
