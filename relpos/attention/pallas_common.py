@@ -71,10 +71,10 @@ from jax.experimental.pallas import triton as pallas_triton
 
 from relpos.attention.masking import accumulation_dtype
 
-IMPLEMENTATIONS = ('auto', 'xla', 'pallas', 'cudnn')
-# Which kernels each implementation serves: 'cudnn' is cuDNN's flash attention with an additive
-# bias, which XL's position term is and Shaw's a^V term is not (`relpos.attention.xl`).
+# The implementation names and the kernels each serves: 'cudnn' is cuDNN's flash attention with
+# an additive bias, which XL's position term is and Shaw's a^V term is not (`relpos.attention.xl`).
 SERVES = {'auto': ('shaw', 'xl'), 'xla': ('shaw', 'xl'), 'pallas': ('shaw', 'xl'), 'cudnn': ('xl',)}
+IMPLEMENTATIONS = tuple(SERVES)
 
 # Finite "minus infinity" for masked logits (as masking._MASKED_LOGIT): exp underflows to 0.
 MASKED_LOGIT = -1e30

@@ -60,6 +60,20 @@ def _position_logits(query_BQHD, rel_key_THD):
   return jnp.transpose(position_HBQT, (1, 0, 2, 3)) * query_BQHD.shape[-1] ** -0.5
 
 
+def _position_term(query_BQHD, rel_key_THD, position_bias_HD):
+  """`(q_i + v)·W_kR R_{pos_i - j} / sqrt(d)` in key coordinates, [batch, heads, q_len,
+  kv_len] in (at least) float32, entries with j > pos_i unspecified: the term 'xla' adds to the
+  content logits and 'cudnn' hands to cuDNN as its bias."""
+  biased = query_BQHD + position_bias_HD.astype(query_BQHD.dtype)
+  return relative_shift(_position_logits(biased, rel_key_THD))
+
+
+def _allowed(q_len: int, kv_len: int, mask):
+  """XL's causal mask (query i at key position kv_len - q_len + i) and the caller's `mask`."""
+  allowed = causal_mask(q_len, kv_len)
+  return allowed if mask is None else allowed & mask
+
+
 # What `xl_attention_cudnn` asks of jax.nn.dot_product_attention: cuDNN on a GPU. Tests on a
 # CPU set 'xla', JAX's own implementation of the same call, to check what relpos builds.
 CUDNN_IMPLEMENTATION = 'cudnn'
@@ -76,11 +90,8 @@ def xl_attention_cudnn(query, key, value, rel_key, content_bias, position_bias, 
       f"implementation='cudnn' takes bfloat16 or float16 inputs (cuDNN's flash attention); "
       f"these are {jnp.dtype(query.dtype).name}: use 'xla' or 'pallas'"
     )
-  q_len, kv_len = query.shape[1], key.shape[1]
-  allowed = causal_mask(q_len, kv_len)
-  if mask is not None:
-    allowed = allowed & mask
-  position = relative_shift(_position_logits(query + position_bias.astype(query.dtype), rel_key))
+  allowed = _allowed(query.shape[1], key.shape[1], mask)
+  position = _position_term(query, rel_key, position_bias)
   # Finite and moderate, as JAX's own cuDNN masks (cuDNN subtracts such numbers from each other).
   lowest = -(2.0**41) if query.dtype == jnp.bfloat16 else -(2.0**15)
   bias = jnp.where(allowed, position, lowest).astype(query.dtype)
@@ -189,11 +200,7 @@ def xl_attention(
       block_sizes=block_sizes,
     )
   content = content_logits(query + content_bias.astype(query.dtype), key)
-  logits = content + relative_shift(
-    _position_logits(query + position_bias.astype(query.dtype), rel_key)
-  )
-  allowed = causal_mask(q_len, kv_len)
-  if mask is not None:
-    allowed = allowed & mask
+  logits = content + _position_term(query, rel_key, position_bias)
+  allowed = _allowed(q_len, kv_len, mask)
   probs = attention_dropout(masked_softmax(logits, allowed), dropout_rate, dropout_rng)
   return attend(probs, value).astype(value.dtype)
