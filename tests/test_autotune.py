@@ -235,6 +235,23 @@ def _xl_inputs(rng, q_len=Q, kv_len=K):
   return q, k, v, rel, u, w
 
 
+def _spy_on_pallas(name, monkeypatch) -> list:
+  """Replaces `name`'s ('shaw' or 'xl') Pallas kernel with a spy that records each call's
+  block_sizes in the returned list and computes with XLA's kernel (an interpreted Pallas
+  compile takes a minute on this CPU)."""
+  attend = {'shaw': shaw_attention, 'xl': xl_attention}[name]
+  calls = []
+
+  def spy(*args, block_sizes=None, **kwargs):
+    calls.append(block_sizes)
+    return attend(*args, implementation='xla', **kwargs)
+
+  monkeypatch.setattr(
+    importlib.import_module(f'relpos.attention.{name}'), f'{name}_attention_pallas', spy
+  )
+  return calls
+
+
 @pytest.mark.parametrize('name', ['shaw', 'xl'])
 def test_kernels_use_the_choice_under_jit_of_grad(name, monkeypatch):
   """'auto' resolved inside jax.jit(jax.grad(...)) at the call's shapes (with a mask): the
@@ -243,14 +260,7 @@ def test_kernels_use_the_choice_under_jit_of_grad(name, monkeypatch):
   computes with XLA's kernel: an interpreted Pallas compile takes a minute on this CPU)."""
   attend = {'shaw': shaw_attention, 'xl': xl_attention}[name]
   inputs = {'shaw': _shaw_inputs, 'xl': _xl_inputs}[name](np.random.default_rng(0))
-  module = importlib.import_module(f'relpos.attention.{name}')
-  pallas_calls = []
-
-  def spy(*args, block_sizes=None, **kwargs):
-    pallas_calls.append(block_sizes)
-    return attend(*args, implementation='xla', **kwargs)
-
-  monkeypatch.setattr(module, f'{name}_attention_pallas', spy)
+  pallas_calls = _spy_on_pallas(name, monkeypatch)
   mask = np.tril(np.ones((Q, K), bool), K - Q)
 
   def grads(implementation):
@@ -414,14 +424,7 @@ def test_the_kernel_is_called_with_the_tuned_or_given_tiles_under_jit_of_grad(
   'pallas' at them is tuned."""
   attend = {'shaw': shaw_attention, 'xl': xl_attention}[name]
   inputs = {'shaw': _shaw_inputs, 'xl': _xl_inputs}[name](np.random.default_rng(6), TQ, TK)
-  module = importlib.import_module(f'relpos.attention.{name}')
-  pallas_calls = []
-
-  def spy(*args, block_sizes=None, **kwargs):
-    pallas_calls.append(block_sizes)
-    return attend(*args, implementation='xla', **kwargs)
-
-  monkeypatch.setattr(module, f'{name}_attention_pallas', spy)
+  pallas_calls = _spy_on_pallas(name, monkeypatch)
   loss = lambda x: jnp.sum(attend(*x, block_sizes=given) ** 2)  # noqa: E731
   calls = []
   tiles_ms = {'pallas@32x32': 1.0, 'pallas@32x64': 1.2, 'pallas@64x32': 1.1, 'pallas@16x32': 1.0}
@@ -448,15 +451,7 @@ def test_an_old_cache_entry_pallas_means_the_default_tiles(tmp_path, monkeypatch
   q, k, v, rel_key, rel_value = _shaw_inputs(np.random.default_rng(7), TQ, TK)
   signature = autotune.shaw_signature(q, k, rel_key, rel_value, None, 0.0)
   path = _old_or_odd_cache(tmp_path, signature, 'pallas')
-  pallas_calls = []
-
-  def spy(*args, block_sizes=None, **kwargs):
-    pallas_calls.append(block_sizes)
-    return shaw_attention(*args, implementation='xla', **kwargs)
-
-  monkeypatch.setattr(
-    importlib.import_module('relpos.attention.shaw'), 'shaw_attention_pallas', spy
-  )
+  pallas_calls = _spy_on_pallas('shaw', monkeypatch)
   with autotune.tuning(timer=_failing_timer, cache_path=path) as tuner:
     jax.jit(shaw_attention)(q, k, v, rel_key, rel_value)
   assert [(d.choice, d.source) for d in tuner.decisions] == [('pallas', 'disk')]

@@ -68,18 +68,22 @@ def _offsets(q_len, kv_len):
   return np.arange(kv_len)[None, :] - (kv_len - q_len + np.arange(q_len)[:, None])
 
 
-def _logsumexp(q, k, rel_k):
-  """float64 logsumexp over j <= pos_i of (q_i·k_j + q_i·w^K[r_ij]) / sqrt(d), [batch, heads,
-  q_len]."""
-  q, k, rel_k = _f64(q), _f64(k), _f64(rel_k)
+def _logsumexp(q, k, rel_k, xp=np):
+  """logsumexp over j <= pos_i of (q_i·k_j + q_i·w^K[r_ij]) / sqrt(d), [batch, heads, q_len]:
+  in float64 NumPy (`xp=np`, the reference) or in float32 JAX (`xp=jnp`, differentiable, for a
+  loss that uses the lse)."""
+  if xp is np:
+    q, k, rel_k = _f64(q), _f64(k), _f64(rel_k)
   length, head_dim = q.shape[1], q.shape[3]
   max_distance = (rel_k.shape[0] - 1) // 2
   offsets = _offsets(length, k.shape[1])  # j - pos_i
   buckets = np.clip(offsets, -max_distance, max_distance) + max_distance
   # a^K logits q_i·w^K[r_ij]: the [i, r] products read at r = buckets[i, j].
-  table = np.einsum('bihd,rd->bhir', q, rel_k)[:, :, np.arange(length)[:, None], buckets]
-  logits = np.einsum('bihd,bjhd->bhij', q, k) + table
-  logits = np.where(offsets <= 0, logits / math.sqrt(head_dim), -np.inf)
+  table = xp.einsum('bihd,rd->bhir', q, rel_k)[:, :, np.arange(length)[:, None], buckets]
+  logits = xp.einsum('bihd,bjhd->bhij', q, k) + table
+  logits = xp.where(offsets <= 0, logits / math.sqrt(head_dim), -np.inf)
+  if xp is not np:
+    return jax.nn.logsumexp(logits, axis=-1)
   top = logits.max(-1, keepdims=True)
   return (top + np.log(np.exp(logits - top).sum(-1, keepdims=True)))[..., 0]
 
@@ -109,37 +113,26 @@ CASES = [
 def test_interpret_matches_reference(
   fresh_interpreter, batch, length, heads, head_dim, max_distance, block_q, dtype, warp_specialized
 ):
-  q, k, v, rel_k, rel_v = _inputs(batch, length, heads, head_dim, max_distance, dtype)
+  args = _inputs(batch, length, heads, head_dim, max_distance, dtype)
+  z, _ = _check_forward(args, block_q, warp_specialized)
+  assert z.dtype == dtype and z.shape == args[0].shape
+
+
+def _check_forward(args, block_q, warp_specialized):
+  """The interpreted kernel's z and lse on `args` (query over a memory where key is longer)
+  against the float64 reference and logsumexp: max error under 2e-2 of the largest value.
+  Returns (z, lse)."""
+  q, k, v, rel_k, rel_v = args
+  q_len, kv_len = q.shape[1], k.shape[1]
   z, lse = shaw_attention_mosaic(
-    q,
-    k,
-    v,
-    rel_k,
-    rel_v,
-    block_q=block_q,
-    warp_specialized=warp_specialized,
-    interpret=True,
-    return_lse=True,
+    *args, block_q=block_q, warp_specialized=warp_specialized, interpret=True, return_lse=True
   )
-  assert z.dtype == dtype and z.shape == q.shape
-  causal = np.tril(np.ones((length, length), bool))
-  want = reference.shaw(_f64(q), _f64(k), _f64(v), _f64(rel_k), _f64(rel_v), causal, 0)
-  got = _f64(z)
-  assert np.abs(got - want).max() / np.abs(want).max() < 2e-2
+  causal = _offsets(q_len, kv_len) <= 0
+  want = reference.shaw(*(_f64(x) for x in args), causal, kv_len - q_len)
+  assert np.abs(_f64(z) - want).max() / np.abs(want).max() < 2e-2
   want_lse = _logsumexp(q, k, rel_k)
   assert np.abs(_f64(lse) - want_lse).max() < 2e-2 * np.abs(want_lse).max()
-
-
-def _logsumexp_f32(q, k, rel_k):
-  """_logsumexp in float32 JAX (differentiable): the reference for a loss that uses the lse."""
-  length, head_dim = q.shape[1], q.shape[3]
-  max_distance = (rel_k.shape[0] - 1) // 2
-  offsets = _offsets(length, k.shape[1])  # j - pos_i
-  buckets = np.clip(offsets, -max_distance, max_distance) + max_distance
-  table = jnp.einsum('bihd,rd->bhir', q, rel_k)[:, :, np.arange(length)[:, None], buckets]
-  logits = jnp.einsum('bihd,bjhd->bhij', q, k) + table
-  logits = jnp.where(offsets <= 0, logits / math.sqrt(head_dim), -jnp.inf)
-  return jax.nn.logsumexp(logits, axis=-1)
+  return z, lse
 
 
 GRAD_CASES = [
@@ -213,7 +206,9 @@ def _check_gradients(
     args = [x.astype(jnp.float32) for x in args]
     loss = jnp.sum(attention.shaw_attention(*args, mask=causal, implementation='xla') * weight)
     return (
-      loss + jnp.sum(_logsumexp_f32(args[0], args[1], args[3]) * weight_lse) if use_lse else loss
+      loss + jnp.sum(_logsumexp(args[0], args[1], args[3], xp=jnp) * weight_lse)
+      if use_lse
+      else loss
     )
 
   got = jax.jit(jax.grad(loss_mosaic, argnums=range(5)))(*args)
@@ -266,26 +261,9 @@ def test_memory_matches_reference(
 ):
   """Queries over a memory (Transformer-XL): key/value longer than the query, query i at
   position kv_len - q_len + i, key j visible iff j <= pos_i."""
-  q, k, v, rel_k, rel_v = _inputs(
-    1, q_len, 1, 64, max_distance, jnp.bfloat16, memory=kv_len - q_len
-  )
-  z, lse = shaw_attention_mosaic(
-    q,
-    k,
-    v,
-    rel_k,
-    rel_v,
-    block_q=block_q,
-    warp_specialized=warp_specialized,
-    interpret=True,
-    return_lse=True,
-  )
-  assert z.shape == q.shape and lse.shape == (1, 1, q_len)
-  causal = _offsets(q_len, kv_len) <= 0
-  want = reference.shaw(_f64(q), _f64(k), _f64(v), _f64(rel_k), _f64(rel_v), causal, kv_len - q_len)
-  assert np.abs(_f64(z) - want).max() / np.abs(want).max() < 2e-2
-  want_lse = _logsumexp(q, k, rel_k)
-  assert np.abs(_f64(lse) - want_lse).max() < 2e-2 * np.abs(want_lse).max()
+  args = _inputs(1, q_len, 1, 64, max_distance, jnp.bfloat16, memory=kv_len - q_len)
+  z, lse = _check_forward(args, block_q, warp_specialized)
+  assert z.shape == args[0].shape and lse.shape == (1, 1, q_len)
 
 
 def test_band_tiles():

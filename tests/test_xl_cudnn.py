@@ -4,6 +4,8 @@ attention. On a CPU, jax.nn.dot_product_attention's own XLA implementation stand
 the mask, the scale, dead rows, the gradients); on a GPU the `cudnn_native` test runs cuDNN
 itself (benchmarks/gpu_run.sh's native part selects it)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,21 +87,13 @@ def test_cudnn_refuses_float32_and_dropout():
 
 
 def test_cudnn_is_a_candidate_for_xl_in_bf16_without_dropout_on_a_gpu(monkeypatch):
+  # enwik8_base's XL call in bf16: 512 queries over 1,024 keys, 8 heads of 64
+  query = jax.ShapeDtypeStruct((2, 512, 8, 64), jnp.bfloat16)
+  key = jax.ShapeDtypeStruct((2, 1024, 8, 64), jnp.bfloat16)
+  base = autotune.xl_signature(query, key, None, 0.0)
+
   def signature(**changes):
-    fields = dict(
-      kernel='xl',
-      batch=2,
-      q_len=512,
-      kv_len=1024,
-      heads=8,
-      head_dim=64,
-      dtype='bfloat16',
-      mask=None,
-      max_distance=None,
-      tables='',
-      dropout=0.0,
-    )
-    return autotune.Signature(**{**fields, **changes})
+    return dataclasses.replace(base, **changes)
 
   assert 'cudnn' not in autotune.candidate_names(signature())  # not on this CPU
   monkeypatch.setattr(autotune.jax, 'default_backend', lambda: 'gpu')
