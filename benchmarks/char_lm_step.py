@@ -13,7 +13,8 @@ checked against the faster of the two).
 
 Builds the config's model once per `config.model.position` mode (xl, shaw, absolute, none;
 the xl row also without memory, and without dropout (what its random bits and masks cost);
-xl and shaw also with each kernel named instead of 'auto', xl also with cuDNN's, in bf16),
+xl and shaw also with each kernel named instead of 'auto', in bf16 xl also with cuDNN's and
+shaw with the Mosaic GPU kernel),
 times the jitted train step (forward, backward, Adam update)
 on a fixed random batch with the modes interleaved round by round, and prints ms/step,
 tokens/s and the ratio to 'xl', then each step's model FLOPs (`relpos.flops.char_lm_flops`, a
@@ -63,6 +64,11 @@ _VARIANTS = {
   'xl_cudnn': (
     'xl, cudnn kernels',
     {'model': {'position': 'xl', 'attention_implementation': 'cudnn'}},
+  ),
+  # Shaw's causal Mosaic GPU kernel (bf16 configs only; Hopper GPUs).
+  'shaw_mosaic': (
+    'shaw, mosaic kernels',
+    {'model': {'position': 'shaw', 'attention_implementation': 'mosaic'}},
   ),
   # What dropout (its random bits and masks) costs in the step.
   'xl_nodropout': (
@@ -155,7 +161,8 @@ def main(argv):
       + step_cells(model_flops[name], xla_counts[name], s, peak)
     )
   for position in ('xl', 'shaw'):  # 'auto' against each kernel named, where xla and pallas ran
-    kernels = {k: seconds.get(f'{position}, {k} kernels') for k in ('xla', 'pallas', 'cudnn')}
+    named_kernels = ('xla', 'pallas', 'cudnn', 'mosaic')
+    kernels = {k: seconds.get(f'{position}, {k} kernels') for k in named_kernels}
     if position in seconds and None not in (kernels['xla'], kernels['pallas']):
       named = {k: s for k, s in kernels.items() if s is not None}
       print(autotune.auto_line(position, seconds[position], named))

@@ -23,8 +23,8 @@
 #                   'auto', 'xla' and 'pallas' ('auto check' lines), absolute             (120)
 #   translate_step  benchmarks/translate_step.py at wmt_base shapes (Tatoeba), shaw with
 #                   'auto', 'xla' and 'pallas', each profiled                              (80)
-#   steps_bf16      as steps_f32 in bf16, without absolute, with xl through 'cudnn' and xl
-#                   without dropout; each variant profiled (where the step's time goes)   (160)
+#   steps_bf16      as steps_f32 in bf16, without absolute, with xl through 'cudnn', shaw
+#                   through 'mosaic' and xl without dropout; each variant profiled        (160)
 #   xl_official     the official Transformer-XL step (PyTorch) at the same shapes          (70)
 #   oom             train.py with an oversized batch: its exit status and last line        (60)
 #   kernels         benchmarks/attention.py bf16 fwd+bwd n = 2048, k = 16 and 64: vanilla,
@@ -173,9 +173,9 @@ p_steps_f32() { variants=xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,absolute 
 # bf16 also profiles each variant: 2 traced steps, their time by op category and pass
 # (benchmarks/step_profile.py); each variant's headline goes into the markdown log.
 p_steps_bf16() {
-  local cudnn=xl_cudnn, # cuDNN's kernels: NVIDIA GPUs only
-  ((smoke)) && cudnn=''
-  variants=xl,xl_xla,xl_pallas,${cudnn}xl_nodropout,shaw,shaw_xla,shaw_pallas char_steps \
+  local cudnn=xl_cudnn, mosaic=,shaw_mosaic # cuDNN's and Mosaic GPU's kernels: NVIDIA GPUs only
+  ((smoke)) && cudnn='' mosaic=''
+  variants=xl,xl_xla,xl_pallas,${cudnn}xl_nodropout,shaw,shaw_xla,shaw_pallas${mosaic} char_steps \
     --config.model.dtype=bfloat16 --profile_steps=2 | tee "$logs/steps_bf16.profile"
   local status=${PIPESTATUS[0]}
   profile_results "$logs/steps_bf16.profile"

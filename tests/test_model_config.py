@@ -111,6 +111,24 @@ BAD_VALUES = [
     dict(position='xl', attention_implementation='cudnn', dtype='bfloat16', attention_dropout=0.1),
     'config.model.attention_dropout must be 0, got 0.1',
   ),
+  # the Mosaic GPU kernel: Shaw, bfloat16, no dropout
+  (
+    'char_lm',
+    dict(position='xl', attention_implementation='mosaic', dtype='bfloat16'),
+    "config.model.attention_implementation='mosaic' serves Shaw's positions",
+  ),
+  (
+    'translate',
+    dict(position='shaw', attention_implementation='mosaic', attention_dropout=0.0),
+    "attention_implementation='mosaic' needs config.model.dtype='bfloat16', got 'float32'",
+  ),
+  (
+    'char_lm',
+    dict(
+      position='shaw', attention_implementation='mosaic', dtype='bfloat16', attention_dropout=0.1
+    ),
+    'config.model.attention_dropout must be 0, got 0.1',
+  ),
 ]
 
 

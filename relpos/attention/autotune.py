@@ -36,8 +36,11 @@ stack the layer is traced before it is differentiated), so they are timed the sa
   128x128 is over an H100's shared memory. XL 32x64 (within 6% of 32x32 at n = 512) and 64x32 (not
   measured, the other half-step; its float32 kernels spill 0.3-1.7 KB); 16x16 was 1.5x slower and
   64x64 is over the shared memory. Last, for XL in bf16/fp16 without attention dropout on a GPU,
-  'cudnn' (`xl.xl_attention_cudnn`: the position term as a bias of cuDNN's flash attention). At
-  most 5 candidates. Every process builds the same list from the signature.
+  'cudnn' (`xl.xl_attention_cudnn`: the position term as a bias of cuDNN's flash attention);
+  for Shaw on a GPU where `shaw.mosaic_serves` (bf16/fp16, no dropout, a mask with a query axis,
+  timed causal, a memory of whole 64-key tiles, head_dim 64 or 128), 'mosaic' (the causal
+  Mosaic GPU kernel). At most 5 candidates. Every process builds the same list from the
+  signature.
 - Given tiles. A caller that passes `block_sizes` with 'auto' keeps its tiles: the signature
   records them (`tiles=QxK` in its text) and the candidates are 'xla' and 'pallas@QxK' at
   those tiles, so only the implementation is tuned.
@@ -246,6 +249,7 @@ def candidate_names(signature: Signature) -> tuple[str, ...]:
   the signature, so every process lists the same names in the same order."""
   s = signature
   cudnn = ['cudnn'] if cudnn_serves(s) else []
+  cudnn += ['mosaic'] if mosaic_serves(s) else []
   if s.tiles is not None:
     return ('xla', tiles_name(s.tiles), *cudnn)
   default = Tiling.make(s.q_len, s.kv_len, None, DEFAULT_BLOCKS[s.kernel])
@@ -264,6 +268,18 @@ def cudnn_serves(signature: Signature) -> bool:
   s = signature
   gpu = jax.default_backend() == 'gpu'
   return gpu and s.kernel == 'xl' and s.dtype in CUDNN_DTYPES and s.dropout == 0.0
+
+
+def mosaic_serves(signature: Signature) -> bool:
+  """Whether 'mosaic' is a candidate at `signature`: Shaw on a GPU where `shaw.mosaic_serves`
+  says the Mosaic GPU kernel runs for the timed (causal) mask; its default query offset, as
+  timed. On a GPU without Hopper's wgmma it fails, is timed as failed and never chosen."""
+  s = signature
+  if jax.default_backend() != 'gpu' or s.kernel != 'shaw' or s.mask is None:
+    return False
+  from relpos.attention import shaw  # shaw imports this module when it tunes
+
+  return shaw.mosaic_serves(s.q_len, s.kv_len, s.dtype, s.head_dim, s.mask, s.dropout)
 
 
 # ------------------------------------------------------------------------------------------

@@ -72,8 +72,16 @@ from jax.experimental.pallas import triton as pallas_triton
 from relpos.attention.masking import accumulation_dtype
 
 # The implementation names and the kernels each serves: 'cudnn' is cuDNN's flash attention with
-# an additive bias, which XL's position term is and Shaw's a^V term is not (`relpos.attention.xl`).
-SERVES = {'auto': ('shaw', 'xl'), 'xla': ('shaw', 'xl'), 'pallas': ('shaw', 'xl'), 'cudnn': ('xl',)}
+# an additive bias, which XL's position term is and Shaw's a^V term is not (`relpos.attention.xl`);
+# 'mosaic' is the causal Shaw kernel in Pallas Mosaic GPU (`relpos.attention.mosaic_shaw`, where
+# it applies: `relpos.attention.shaw.mosaic_serves`).
+SERVES = {
+  'auto': ('shaw', 'xl'),
+  'xla': ('shaw', 'xl'),
+  'pallas': ('shaw', 'xl'),
+  'cudnn': ('xl',),
+  'mosaic': ('shaw',),
+}
 IMPLEMENTATIONS = tuple(SERVES)
 
 # Finite "minus infinity" for masked logits (as masking._MASKED_LOGIT): exp underflows to 0.
@@ -98,20 +106,23 @@ def tiles_name(block_sizes=None) -> str:
 
 
 def parse_choice(name: str) -> tuple[str, tuple[int, int] | None]:
-  """(implementation, block_sizes) for 'xla', 'cudnn', 'pallas' or 'pallas@QxK'
+  """(implementation, block_sizes) for 'xla', 'cudnn', 'mosaic', 'pallas' or 'pallas@QxK'
   (`tiles_name`'s); block_sizes None but for 'pallas@QxK' ('pallas': the default tiles).
   Raises ValueError for other names."""
   implementation, at, tiles = name.partition('@')
-  if implementation not in ('xla', 'pallas', 'cudnn') or (at and implementation != 'pallas'):
-    raise ValueError(f"not 'xla', 'cudnn', 'pallas' or 'pallas@QxK': {name!r}")
+  unknown = f"not 'xla', 'cudnn', 'mosaic', 'pallas' or 'pallas@QxK': {name!r}"
+  if implementation not in IMPLEMENTATIONS or implementation == 'auto':
+    raise ValueError(unknown)
+  if at and implementation != 'pallas':
+    raise ValueError(unknown)
   if not at:
     return implementation, None
   try:
     block_q, block_k = (int(size) for size in tiles.split('x'))
   except ValueError:
-    raise ValueError(f"not 'xla', 'cudnn', 'pallas' or 'pallas@QxK': {name!r}") from None
+    raise ValueError(unknown) from None
   if tiles_name((block_q, block_k)) != name or min(block_q, block_k) < 1:
-    raise ValueError(f"not 'xla', 'cudnn', 'pallas' or 'pallas@QxK': {name!r}")
+    raise ValueError(unknown)
   return implementation, (block_q, block_k)
 
 

@@ -105,8 +105,9 @@ class ModelConfig:
     'auto',
     checks.one_of(*IMPLEMENTATIONS),
     "Shaw's and XL's kernels: 'auto' (on a GPU the fastest, timed at each call's shapes: "
-    "relpos.attention.autotune; XLA elsewhere), 'xla', 'pallas' or (XL, bfloat16, no "
-    "attention dropout) 'cudnn'",
+    "relpos.attention.autotune; XLA elsewhere), 'xla', 'pallas', (XL, bfloat16, no "
+    "attention dropout) 'cudnn' or (Shaw, bfloat16, no attention dropout; causal calls, "
+    "'xla' at the others) 'mosaic'",
     read_by=(*_SHAW, 'xl'),
   )
   dtype: str = field(
@@ -151,22 +152,29 @@ class ModelConfig:
         f"config.model.position='rope' rotates pairs of features: the head dimension must be "
         f'even, got {self.head_dim}'
       )
-    if self.attention_implementation == 'cudnn':
-      self._check_cudnn()
+    if self.attention_implementation in ('cudnn', 'mosaic'):
+      self._check_fused(self.attention_implementation)
     if self.position == 't5' and self.t5_max_distance <= self.t5_num_buckets // 2:
       raise ValueError(
         f'config.model.t5_max_distance={self.t5_max_distance} must exceed '
         f'config.model.t5_num_buckets // 2 = {self.t5_num_buckets // 2}, the exact distances'
       )
 
-  def _check_cudnn(self):
-    """attention_implementation='cudnn' is XL's position term as cuDNN's bias
-    (`relpos.attention.xl.xl_attention_cudnn`): XL only, bfloat16, no attention dropout."""
-    where = "config.model.attention_implementation='cudnn'"
-    if self.position != 'xl':
+  def _check_fused(self, implementation: str):
+    """'cudnn' is XL's position term as cuDNN's bias (`relpos.attention.xl.xl_attention_cudnn`):
+    XL only. 'mosaic' is Shaw's causal Mosaic GPU kernel (`relpos.attention.mosaic_shaw`):
+    Shaw only, at its causal calls ('xla' at the others: `relpos.attention.shaw.mosaic_serves`).
+    Both: bfloat16, no attention dropout."""
+    where = f'config.model.attention_implementation={implementation!r}'
+    if implementation == 'cudnn' and self.position != 'xl':
       raise ValueError(
         f"{where} serves position='xl' only (Shaw's a^V term is no additive bias); "
         f'this config has position={self.position!r}'
+      )
+    if implementation == 'mosaic' and self.position not in self.SHAW_POSITIONS:
+      raise ValueError(
+        f"{where} serves Shaw's positions {self.SHAW_POSITIONS} only; this config has "
+        f'position={self.position!r}'
       )
     if self.dtype != 'bfloat16':
       raise ValueError(f"{where} needs config.model.dtype='bfloat16', got {self.dtype!r}")
