@@ -79,7 +79,9 @@ next to the [bq, d] accumulator), the real shared-memory size against `_smem_byt
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -93,9 +95,11 @@ _BANK_PAD = 8  # extra float32 per row of the skew buffer: rows start 8 banks ap
 
 
 def _skew_ops(interpret: bool, block_q: int, block_kv: int):
-  """(store, load) of the relative shift through the flat shared buffer B [block_q·S] (see the
-  module docstring): `store(B, p)` writes P' [block_q, W'] at B[a·S + c]; `load(B)` returns
-  out[a, b] = B[(block_q - 1) + a·(S - 1) + b], [block_q, block_kv], in the WGMMA layout."""
+  """The relative shift through a flat float32 shared buffer B [block_q·S] (module docstring):
+  `store(B, p)` writes P' [block_q, W'] at B[a·S + c]; `load(B)` returns out[a, b] =
+  B[(block_q - 1) + a·(S - 1) + b], [block_q, block_kv], WGMMA layout. And its inverse, for the
+  backward: `unstore(B, ds)` writes ds [block_q, block_kv] at those skewed addresses and
+  `unload(B)` reads the [block_q, W'] rows back (zero where no ds landed, B being zeroed once)."""
   window = block_q + block_kv
   stride = window + _BANK_PAD
   start, length = block_q - 1, block_q * (stride - 1)
@@ -107,15 +111,32 @@ def _skew_ops(interpret: bool, block_q: int, block_kv: int):
     else:
       flat_ref.reshape(block_q, stride).at[:, :window][...] = p
 
+  def skewed_view(flat_ref):
+    return flat_ref.at[pl.ds(start, length)].reshape(block_q, stride - 1).at[:, :block_kv]
+
   def load(flat_ref):
     if interpret:
       return flat_ref[pl.ds(start, length)].reshape(block_q, stride - 1)[:, :block_kv]
-    view = flat_ref.at[pl.ds(start, length)].reshape(block_q, stride - 1).at[:, :block_kv]
     # One float per access (the odd stride rules out WGMMA's pairs), then repacked as WGMMA.
-    skewed = plgpu.load(view, (), layout=plgpu.Layout._WGMMA_ACC_32BIT, optimized=False)
+    skewed = plgpu.load(
+      skewed_view(flat_ref), (), layout=plgpu.Layout._WGMMA_ACC_32BIT, optimized=False
+    )
     return plgpu.layout_cast(skewed, plgpu.Layout.WGMMA)
 
-  return store, load
+  def unstore(flat_ref, ds):
+    if interpret:  # read-modify-write of the contiguous range the skewed view spans
+      region = flat_ref[pl.ds(start, length)].reshape(block_q, stride - 1)
+      flat_ref[pl.ds(start, length)] = region.at[:, :block_kv].set(ds).reshape(-1)
+    else:
+      skewed_view(flat_ref)[...] = plgpu.layout_cast(ds, plgpu.Layout._WGMMA_ACC_32BIT)
+
+  def unload(flat_ref):
+    if interpret:
+      return flat_ref[...].reshape(block_q, stride)[:, :window]
+    view = flat_ref.reshape(block_q, stride).at[:, :window]
+    return plgpu.load(view, (), layout=plgpu.Layout.WGMMA, optimized=False)
+
+  return store, load, unstore, unload
 
 
 def _smem_bytes(head_dim: int, block_q: int, block_kv: int) -> int:
@@ -197,7 +218,7 @@ def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block_q, block_kv, interpr
   slots = 2
 
   layout, load = _register_ops(interpret)
-  skew_store, skew_load = _skew_ops(interpret, block_q, block_kv)
+  skew_store, skew_load, _, _ = _skew_ops(interpret, block_q, block_kv)
 
   def iota(dimension):
     shape = (block_q, block_kv)
@@ -313,6 +334,331 @@ def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block_q, block_kv, interpr
   )(q_u, q_v, key_t, value, rel_t)
 
 
+_MODES = ('dq', 'dkv', 'drel')
+
+
+def _bwd_smem_bytes(head_dim: int, block: int) -> int:
+  """Shared memory of the largest backward kernel (one slot each; 16-bit tiles of block rows
+  or columns and head_dim, the [d, 2·block] window of R, float32 skew buffers). dq: q + u,
+  q + v, g_z, kᵀ, vᵀ, k, dS; the window of Rᵀ and of R; two skew buffers; dP' (16-bit). dk/dv:
+  kᵀ, vᵀ, q + u, q + v, g_z, (q + u)ᵀ, g_zᵀ, p, dS; Rᵀ's window; one skew buffer. d rel: Rᵀ's
+  window, q + u, q + v, g_z, (q + v)ᵀ, kᵀ, vᵀ; two skew buffers; dP' (16-bit); the float32
+  [d, 2·block] output. Plus row statistics and 4 KiB (barriers, alignment)."""
+  tile, window = 2 * block * head_dim, 2 * head_dim * 2 * block
+  skew = 4 * block * (2 * block + _BANK_PAD)
+  dp = 2 * block * 2 * block
+  dq = 7 * tile + 2 * window + 2 * skew + dp
+  dkv = 9 * tile + window + skew
+  drel = 7 * tile + window + 2 * skew + dp + 4 * head_dim * 2 * block
+  return max(dq, dkv, drel) + 8 * block + 4096
+
+
+def _backward_kernel(mode, operands, *, q_len, block, interpret):
+  """One of the three backward kernels (module docstring), each walking (query tile t, key
+  tile kt) pairs with j <= pos_i somewhere and recomputing, per pair, s, p = exp(s - lse),
+  dP = g_z·vᵀ and dS = p (dP - D) with the forward's skew:
+  - 'dq': a program per query tile, kt = 0 .. diagonal: d(q + u) += dS·k and, with dP' the
+    inverse skew of dS, d(q + v) += dP'·Rwin;
+  - 'dkv': a program per key tile, t = first seeing it .. last: dkᵀ += (q + u)ᵀ·dS and
+    dvᵀ += g_zᵀ·p (transposed accumulators, so no transposed operand is needed);
+  - 'drel': a program per R window (windows depend on kt - t only, block_q = block_kv), the
+    pairs on that diagonal: d(Rwinᵀ) += (q + v)ᵀ·dP', [d, 2·block] float32 per window, the
+    overlapping windows summed by XLA.
+  One slot, no prefetch (a prototype: each step copies, waits, computes), one warpgroup.
+  `operands` is a dict of the arrays (see `_kernel_bwd`)."""
+  batch, _, heads, head_dim = operands['q_u'].shape
+  dtype = operands['q_u'].dtype
+  kv_len = operands['k'].shape[1]
+  bq = bk = block
+  window = 2 * block
+  q_tiles = q_len // bq
+  memory_tiles = (kv_len - q_len) // bk
+  scale = 1.0 / math.sqrt(head_dim)
+  layout, load = _register_ops(interpret)
+  skew_store, skew_load, unskew_store, unskew_load = _skew_ops(interpret, bq, bk)
+  names = tuple(operands)
+  row = plgpu.Layout.WGMMA.reduce(1)
+
+  def iota(dimension):
+    shape = (bq, bk)
+    if interpret:
+      return lax.broadcasted_iota(jnp.int32, shape, dimension)
+    return plgpu.broadcasted_iota(jnp.int32, shape, dimension, layout=plgpu.Layout.WGMMA)
+
+  # Which tiles each mode copies once per program ('fixed') and once per step.
+  fixed = {'dq': ('q_u', 'q_v', 'g_z', 'stats'), 'dkv': ('k_t', 'v_t'), 'drel': ('r_t',)}[mode]
+  per_step = {
+    'dq': ('k_t', 'v_t', 'k', 'r_t', 'r_rows'),
+    'dkv': ('q_u', 'q_v', 'g_z', 'q_u_t', 'g_z_t', 'stats', 'r_t'),
+    'drel': ('q_u', 'q_v', 'g_z', 'q_v_t', 'k_t', 'v_t', 'stats'),
+  }[mode]
+  tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+  tiled32 = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
+  shapes = {
+    'q_u': (bq, head_dim),
+    'q_v': (bq, head_dim),
+    'g_z': (bq, head_dim),
+    'q_u_t': (head_dim, bq),
+    'q_v_t': (head_dim, bq),
+    'g_z_t': (head_dim, bq),
+    'k': (bk, head_dim),
+    'k_t': (head_dim, bk),
+    'v_t': (head_dim, bk),
+    'r_t': (head_dim, window),
+    'r_rows': (window, head_dim),
+  }
+
+  def spec(name):
+    if name == 'stats':
+      return plgpu.SMEM((2, bq), jnp.float32)
+    return plgpu.SMEM(shapes[name], dtype, transforms=tiled)
+
+  smem = {name: spec(name) for name in fixed + per_step}
+  smem['skew'] = plgpu.SMEM((bq * (window + _BANK_PAD),), jnp.float32)
+  if mode in ('dq', 'drel'):
+    smem['unskew'] = plgpu.SMEM((bq * (window + _BANK_PAD),), jnp.float32)
+    smem['dp_window'] = plgpu.SMEM((bq, window), dtype, transforms=tiled)  # dP', 16-bit
+  if mode in ('dq', 'dkv'):
+    smem['ds'] = plgpu.SMEM((bq, bk), dtype, transforms=tiled)
+  if mode == 'dkv':
+    smem['p'] = plgpu.SMEM((bq, bk), dtype, transforms=tiled)
+  if mode == 'drel':
+    smem['d_r_t'] = plgpu.SMEM((head_dim, window), jnp.float32, transforms=tiled32)
+  barriers = (
+    plgpu.Barrier(num_arrivals=len(fixed)),
+    plgpu.Barrier(num_arrivals=len(per_step)),
+  )
+
+  def kernel(*refs):
+    ins = dict(zip(names, refs[: len(names)], strict=True))
+    outs = refs[len(names) : -2]
+    sm, (fixed_barrier, step_barrier) = refs[-2:]
+    b = lax.axis_index('batch')
+    h = lax.axis_index('heads')
+    p_id = lax.axis_index('program')
+    if mode == 'dq':  # t fixed, kt = step
+      first, num_steps = 0, memory_tiles + p_id + 1
+    elif mode == 'dkv':  # kt fixed, t = first + step
+      first = jnp.maximum(p_id - memory_tiles, 0)
+      num_steps = q_tiles - first
+    else:  # window w = kt - t + q_tiles - 1 fixed, t = first + step
+      first = jnp.maximum(q_tiles - 1 - p_id, 0)
+      num_steps = q_tiles - first
+
+    def pair(step):
+      if mode == 'dq':
+        return p_id, step
+      if mode == 'dkv':
+        return first + step, p_id
+      return first + step, first + step + p_id - (q_tiles - 1)
+
+    def copy(names, t, kt, barrier):
+      rows, cols = pl.ds(t * bq, bq), pl.ds(kt * bk, bk)
+      start = q_len - (t + 1) * bq + kt * bk  # the R window's first column (row of r_rows)
+      sources = {
+        'q_u': lambda r: r.at[b, rows, h],
+        'q_v': lambda r: r.at[b, rows, h],
+        'g_z': lambda r: r.at[b, rows, h],
+        'q_u_t': lambda r: r.at[b, h, :, rows],
+        'q_v_t': lambda r: r.at[b, h, :, rows],
+        'g_z_t': lambda r: r.at[b, h, :, rows],
+        'stats': lambda r: r.at[b, h, :, rows],
+        'k': lambda r: r.at[b, cols, h],
+        'k_t': lambda r: r.at[b, h, :, cols],
+        'v_t': lambda r: r.at[b, h, :, cols],
+        'r_t': lambda r: r.at[h, :, pl.ds(start, window)],
+        'r_rows': lambda r: r.at[h, pl.ds(start, window), :],
+      }
+      for name in names:
+        plgpu.copy_gmem_to_smem(sources[name](ins[name]), sm[name], barrier)
+
+    t0, kt0 = pair(0)
+    copy(fixed, t0, kt0, fixed_barrier.at[0])
+    plgpu.barrier_wait(fixed_barrier.at[0])
+    if mode in ('dq', 'drel'):
+      sm['unskew'][...] = jnp.zeros(sm['unskew'].shape, jnp.float32)  # dP' is 0 off the band
+    offsets = iota(1) - iota(0)  # b - a
+
+    def stats():
+      lse = load(sm['stats'].at[0], row) * _LOG2E
+      return lse, load(sm['stats'].at[1], row)
+
+    fixed_stats = stats() if mode == 'dq' else None
+
+    def step_body(step, accs):
+      t, kt = pair(step)
+      copy(per_step, t, kt, step_barrier.at[0])
+      plgpu.barrier_wait(step_barrier.at[0])
+      s, position, dp = _matmuls(
+        (sm['q_u'], sm['k_t'], (bq, bk)),
+        (sm['q_v'], sm['r_t'], (bq, window)),
+        (sm['g_z'], sm['v_t'], (bq, bk)),
+      )
+      lse, delta = fixed_stats or stats()
+      skew_store(sm['skew'], position)
+      s = (s + skew_load(sm['skew'])) * scale
+      # Key kt·bk + b is visible from query position memory + t·bq + a iff b - a <= limit.
+      s = jnp.where(offsets <= (memory_tiles + t - kt) * bk, s, -jnp.inf)
+      p = jnp.exp2(s * _LOG2E - lax.broadcast_in_dim(lse, s.shape, [0]))
+      ds = p * (dp - lax.broadcast_in_dim(delta, s.shape, [0]))
+      if mode in ('dq', 'drel'):
+        unskew_store(sm['unskew'], ds)
+        sm['dp_window'][...] = unskew_load(sm['unskew']).astype(dtype)
+      if mode in ('dq', 'dkv'):
+        sm['ds'][...] = ds.astype(dtype)
+      if mode == 'dkv':
+        sm['p'][...] = p.astype(dtype)
+      plgpu.commit_smem()
+      if mode == 'dq':
+        out = _matmuls(
+          (sm['ds'], sm['k'], (bq, head_dim)), (sm['dp_window'], sm['r_rows'], (bq, head_dim))
+        )
+      elif mode == 'dkv':
+        out = _matmuls(
+          (sm['q_u_t'], sm['ds'], (head_dim, bk)), (sm['g_z_t'], sm['p'], (head_dim, bk))
+        )
+      else:
+        out = (_matmuls((sm['q_v_t'], sm['dp_window'], (head_dim, window))),)
+      return tuple(acc + x for acc, x in zip(accs, out, strict=True))
+
+    def zeros(shape):
+      return layout(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA)
+
+    if mode == 'dq':
+      accs = (zeros((bq, head_dim)), zeros((bq, head_dim)))
+    elif mode == 'dkv':
+      accs = (zeros((head_dim, bk)), zeros((head_dim, bk)))
+    else:
+      accs = (zeros((head_dim, window)),)
+    accs = lax.fori_loop(0, num_steps, step_body, accs)
+    t, kt = pair(0)
+    rows, cols = pl.ds(t * bq, bq), pl.ds(kt * bk, bk)
+    if mode == 'dq':  # q + u and q + v are done: their buffers stage d(q + u), d(q + v)
+      staging = (sm['q_u'], sm['q_v'])
+      targets = tuple(out.at[b, rows, h] for out in outs)
+    elif mode == 'dkv':  # kᵀ and vᵀ are done
+      staging = (sm['k_t'], sm['v_t'])
+      targets = tuple(out.at[b, h, :, cols] for out in outs)
+    else:
+      staging = (sm['d_r_t'],)
+      targets = (outs[0].at[b, h, p_id],)
+    factors = {'dq': (scale, scale), 'dkv': (scale, 1.0), 'drel': (scale,)}[mode]
+    for acc, buffer, factor in zip(accs, staging, factors, strict=True):
+      buffer[...] = (acc * factor).astype(buffer.dtype)
+    plgpu.commit_smem()
+    for buffer, target in zip(staging, targets, strict=True):
+      plgpu.copy_smem_to_gmem(buffer, target)
+    plgpu.wait_smem_to_gmem(0)
+
+  q_shape = operands['q_u'].shape
+  kt_shape = operands['k_t'].shape
+  out_type, programs = {
+    'dq': ((jax.ShapeDtypeStruct(q_shape, dtype),) * 2, q_tiles),
+    'dkv': ((jax.ShapeDtypeStruct(kt_shape, dtype),) * 2, kv_len // bk),
+    'drel': (
+      (
+        jax.ShapeDtypeStruct((batch, heads, q_tiles + memory_tiles, head_dim, window), jnp.float32),
+      ),
+      q_tiles + memory_tiles,
+    ),
+  }[mode]
+  return plgpu.kernel(
+    kernel,
+    out_type=out_type,
+    scratch_types=[smem, barriers],
+    grid=(heads, programs, batch),
+    grid_names=('heads', 'program', 'batch'),
+    compiler_params=plgpu.CompilerParams(approx_math=True),
+    interpret=interpret or False,
+  )(*operands.values())
+
+
+class _Config(NamedTuple):
+  """The kernels' static arguments (hashable: a custom_vjp nondiff argument)."""
+
+  block_q: int
+  block_kv: int
+  interpret: object  # False or an InterpretGPUParams
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _kernel(config, q_u, q_v, key, value, rel_t):
+  """K(q + u, q + v, k, v, Rrevᵀ) -> (z, lse): the forward kernel, the backward kernels as its
+  VJP (JAX differentiates the XLA ops around it: the biases, the reversal and padding of R)."""
+  return _forward_kernel(
+    q_u,
+    q_v,
+    key.transpose(0, 2, 3, 1),
+    value,
+    rel_t,
+    block_q=config.block_q,
+    block_kv=config.block_kv,
+    interpret=config.interpret,
+  )
+
+
+def _kernel_fwd(config, q_u, q_v, key, value, rel_t):
+  z, lse = _kernel(config, q_u, q_v, key, value, rel_t)
+  return (z, lse), (q_u, q_v, key, value, rel_t, z, lse)
+
+
+def _kernel_bwd(config, residuals, cotangents):
+  """D_i = g_z_i·z_i - g_lse_i by XLA, then the three backward kernels; XLA transposes dkᵀ and
+  dvᵀ back and sums the overlapping d(Rwinᵀ) windows into d Rrevᵀ."""
+  q_u, q_v, key, value, rel_t, z, lse = residuals
+  g_z, g_lse = cotangents
+  _, q_len, _, head_dim = q_u.shape
+  dtype = q_u.dtype
+  block = config.block_q
+  if config.block_kv != block:
+    raise ValueError(
+      f'the backward kernels need block_q == block_kv, got {block}, {config.block_kv}'
+    )
+  if (smem := _bwd_smem_bytes(head_dim, block)) > _SMEM_BYTES:
+    raise ValueError(
+      f'the backward kernels with block={block}, head_dim={head_dim} need {smem} bytes of '
+      f'shared memory, more than the {_SMEM_BYTES} of an H100'
+    )
+  g_z = g_z.astype(dtype)
+  delta = jnp.einsum('bnhd,bnhd->bhn', g_z.astype(jnp.float32), z.astype(jnp.float32)) - g_lse
+  transposed = lambda x: x.transpose(0, 2, 3, 1)  # noqa: E731  [B, n, H, d] -> [B, H, d, n]
+  operands = {
+    'q_u': q_u,
+    'q_v': q_v,
+    'g_z': g_z,
+    'q_u_t': transposed(q_u),
+    'q_v_t': transposed(q_v),
+    'g_z_t': transposed(g_z),
+    'k': key,
+    'k_t': transposed(key),
+    'v_t': transposed(value),
+    'r_t': rel_t,
+    'r_rows': rel_t.transpose(0, 2, 1),
+    'stats': jnp.stack([lse, delta], axis=2),
+  }
+  run = functools.partial(
+    _backward_kernel, operands=operands, q_len=q_len, block=block, interpret=config.interpret
+  )
+  d_q_u, d_q_v = run('dq')
+  d_key_t, d_value_t = run('dkv')
+  (d_windows,) = run('drel')  # [B, H, windows, d, 2·block]: columns w·block .. (w + 2)·block
+  batch, heads, windows = d_windows.shape[:3]
+  halves = d_windows.reshape(batch, heads, windows, head_dim, 2, block).sum(0)
+  first = jnp.pad(halves[:, :, :, 0], ((0, 0), (0, 1), (0, 0), (0, 0)))
+  second = jnp.pad(halves[:, :, :, 1], ((0, 0), (1, 0), (0, 0), (0, 0)))
+  d_rel_t = (first + second).transpose(0, 2, 1, 3).reshape(rel_t.shape)
+  return (
+    d_q_u,
+    d_q_v,
+    d_key_t.transpose(0, 3, 1, 2),
+    d_value_t.transpose(0, 3, 1, 2),
+    d_rel_t.astype(rel_t.dtype),
+  )
+
+
+_kernel.defvjp(_kernel_fwd, _kernel_bwd)
+
+
 def xl_attention_mosaic(
   query,
   key,
@@ -345,14 +691,12 @@ def xl_attention_mosaic(
 
     interpret = InterpretGPUParams()
   dtype = query.dtype
-  z, lse = _forward_kernel(
+  z, lse = _kernel(
+    _Config(block_q, block_kv, interpret),
     query + u.astype(dtype),
     query + v.astype(dtype),
-    key.transpose(0, 2, 3, 1),
+    key,
     value,
     _reversed_table(rel_key, block_q, dtype),
-    block_q=block_q,
-    block_kv=block_kv,
-    interpret=interpret,
   )
   return (z, lse) if return_lse else z
