@@ -5,7 +5,9 @@ jax.export (no GPU needed: the Mosaic GPU custom call is built, not compiled to 
 
 Each interpret case runs the whole grid in Python callbacks (about 3 s per case at these
 shapes), so the default cases are few: a memory of one tile (bf16), no memory over several query
-tiles (f16), the race detector (2 s); batch and heads > 1 with a two-tile memory is slow.
+tiles (f16), the race detector (2 s), and gradients through the four kernels with a memory of
+one tile (6 s); batch and heads > 1 with a two-tile memory, forward and gradients, and f16
+gradients without memory are slow (45 s together).
 
 Tolerances: every 16-bit input is exactly representable in float64, so the errors are the
 kernel's own roundings, bf16's 8 significant bits (f16's 11) on q + u, q + v (as 'xla' rounds
@@ -14,7 +16,9 @@ them too), p before the P·V matmul and z, plus exp2 with approx_math: about 0.5
 broken kernel fails them (checked by breaking it on purpose): the skew read one distance early
 reads the NaN padding (NaN), one late gives errors of 2 (largest |z| 1.4), R shifted by one
 distance 2, the window one tile late an out-of-bounds read (raises), no causal mask 0.8, and the
-logsumexp off by 0.05 fails its 2e-2 bound.
+logsumexp off by 0.05 fails its 2e-2 bound. The gradient bound, 3e-2: the inverse skew written
+one column late gives 1.5, the d rel windows summed one block off 1.0, dk without its 1/sqrt(d)
+7, the backward without its causal mask 0.4.
 """
 
 import math
@@ -113,6 +117,53 @@ def test_interpreter_finds_no_races(fresh_interpreter):
   assert not gpu_callbacks.get_races().races_found
 
 
+GRAD_CASES = [
+  # (batch, q_len, kv_len, heads, dtype)
+  pytest.param(1, 64, 128, 1, jnp.bfloat16, id='memory-one-tile-bf16'),
+  pytest.param(1, 128, 128, 1, jnp.float16, id='no-memory-f16', marks=SLOW),
+  pytest.param(2, 128, 256, 2, jnp.bfloat16, id='batch-heads-memory', marks=SLOW),
+]
+
+
+@pytest.mark.parametrize('batch, q_len, kv_len, heads, dtype', GRAD_CASES)
+def test_interpret_gradients_match_xla(fresh_interpreter, batch, q_len, kv_len, heads, dtype):
+  """Gradients of a scalar loss (a random weighting of z plus one of the logsumexp) w.r.t. all
+  six inputs, through the forward and the three backward kernels (interpreted), against 'xla'
+  (and a float32 JAX logsumexp) in float32 on the same 16-bit inputs. Error: max |mosaic - xla|
+  over max(max |xla|, 1); measured at most 1.5e-2 (u and R, sums of many 16-bit terms: dS and
+  dP' are rounded to 16 bits before their matmuls, as flash attention does)."""
+  args = _inputs(batch, q_len, kv_len, heads, 64, dtype)
+  rng = np.random.default_rng(1)
+  weight = jnp.asarray(rng.standard_normal(args[0].shape), jnp.float32)
+  weight_lse = jnp.asarray(rng.standard_normal((batch, heads, q_len)), jnp.float32)
+
+  def loss_mosaic(*args):
+    z, lse = xl_attention_mosaic(*args, interpret=True, return_lse=True)
+    return jnp.sum(z.astype(jnp.float32) * weight) + jnp.sum(lse * weight_lse)
+
+  def loss_xla(*args):
+    query, key, value, rel_key, u, v = (x.astype(jnp.float32) for x in args)
+    z = xl_attention(query, key, value, rel_key, u, v, implementation='xla')
+    distance = (kv_len - q_len + np.arange(q_len))[:, None] - np.arange(kv_len)[None, :]
+    content = jnp.einsum('bihd,bjhd->bhij', query + u, key)
+    by_distance = jnp.einsum('bihd,thd->bhit', query + v, rel_key)
+    index = np.broadcast_to(np.maximum(distance, 0), (batch, heads) + distance.shape)
+    position = jnp.take_along_axis(by_distance, index, axis=-1)
+    logits = jnp.where(distance >= 0, (content + position) / 8.0, -jnp.inf)  # head_dim 64
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    return jnp.sum(z * weight) + jnp.sum(lse * weight_lse)
+
+  got = jax.jit(jax.grad(loss_mosaic, argnums=range(6)))(*args)
+  want = jax.jit(jax.grad(loss_xla, argnums=range(6)))(*args)
+  errors = {}
+  names = ('query', 'key', 'value', 'rel_key', 'u', 'v')
+  for name, g, w, x in zip(names, got, want, args, strict=True):
+    assert g.dtype == x.dtype and g.shape == x.shape, name
+    g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+    errors[name] = float(np.abs(g - w).max() / max(np.abs(w).max(), 1.0))
+  assert max(errors.values()) < 3e-2, errors
+
+
 def _shapes(batch, q_len, kv_len, heads, head_dim, dtype):
   S = jax.ShapeDtypeStruct
   kv = S((batch, kv_len, heads, head_dim), dtype)
@@ -139,6 +190,34 @@ def test_lowers_for_cuda(batch, q_len, kv_len, heads, head_dim, dtype):
   exported = jax.export.export(jax.jit(f), platforms=['cuda'])(*shapes)
   assert [a.shape for a in exported.out_avals] == [shapes[0].shape, (batch, heads, q_len)]
   assert exported.mlir_module().count('stablehlo.custom_call @mosaic_gpu') == 1
+
+
+def test_gradient_lowers_for_cuda():
+  """jax.grad at enwik8_base's shape: the forward and the three backward kernels lower (four
+  Mosaic GPU custom calls), the unskew's store into the odd-strided view included."""
+  shapes = _shapes(2, 512, 1024, 8, 64, jnp.bfloat16)
+
+  def loss(*args):
+    z, lse = xl_attention_mosaic(*args, return_lse=True)
+    return jnp.sum(z.astype(jnp.float32) ** 2) + jnp.sum(lse)
+
+  grad = jax.jit(jax.grad(loss, argnums=range(6)))
+  exported = jax.export.export(grad, platforms=['cuda'])(*shapes)
+  assert [a.shape for a in exported.out_avals] == [s.shape for s in shapes]
+  assert exported.mlir_module().count('stablehlo.custom_call @mosaic_gpu') == 4
+
+
+def test_backward_refuses_too_much_shared_memory():
+  """head_dim=128: the forward fits, the backward kernels (one slot, two skew buffers, R's
+  window in two orientations) do not."""
+  shapes = _shapes(1, 128, 128, 1, 128, jnp.bfloat16)
+
+  def loss(*args):
+    return xl_attention_mosaic(*args).astype(jnp.float32).sum()
+
+  jax.eval_shape(loss, *shapes)
+  with pytest.raises(ValueError, match='the backward kernels with block=64, head_dim=128 need'):
+    jax.eval_shape(jax.grad(loss), *shapes)
 
 
 def test_lowering_refuses_wgmma_pairs_on_the_skewed_view():
@@ -198,3 +277,4 @@ def test_shared_memory_estimate():
   assert mosaic_xl._smem_bytes(64, 64, 64) < mosaic_xl._SMEM_BYTES
   assert mosaic_xl._smem_bytes(128, 64, 64) < mosaic_xl._SMEM_BYTES
   assert mosaic_xl._smem_bytes(64, 128, 64) > mosaic_xl._SMEM_BYTES
+  assert mosaic_xl._bwd_smem_bytes(64, 64) < mosaic_xl._SMEM_BYTES
