@@ -1,4 +1,4 @@
-"""Causal Transformer-XL attention as a Pallas Mosaic GPU kernel (prototype, forward only).
+"""Causal Transformer-XL attention as Pallas Mosaic GPU kernels, forward and backward (prototype).
 
     score_ij = ((q_i + u)·k_j + (q_i + v)·R[pos_i - j]) / sqrt(d)    causal: j <= pos_i
     pos_i = kv_len - q_len + i,  R = rel_key [kv_len, heads, d],  u, v [heads, d]
@@ -50,6 +50,9 @@ What the lowering accepts and refuses (jax 0.10.2, checked by `jax.export(..., p
   synthesize a transfer pattern that avoids bank conflicts").
 - TMA cannot do the skew (global strides and addresses must be multiples of 16 bytes: one
   float is 4).
+- the backward's inverse: storing a [bq, bk] register array (cast to `_WGMMA_ACC_32BIT`) into
+  the odd-strided view, then reading the even-strided [bq, W'] view in the WGMMA layout
+  (`optimized=False`): accepted.
 
 Interpret mode (`interpret=True`, CPU, Mosaic GPU's interpreter). The interpreter accepts only
 static slices of refs (no `reshape` transform: "Unsupported transform: ReshapeTransform"), so
@@ -68,13 +71,43 @@ a static loop and masked with an iota comparison; the tiles before them are full
 dynamic loop, no mask); none after them is visited.
 
 Cost beyond flash attention, per (query tile, key tile): the [bq, d] × [d, bq + bk] window wgmma
-(3 tile matmuls' worth for bq = bk, against the 2 of flash attention), the window's TMA copy,
+(2 tile matmuls' worth for bq = bk: 4 per tile pair against flash attention's 2), its TMA copy,
 and the skew: bq·(bq + bk) float32 stored and bq·bk loaded through shared memory (bank
 conflicts not measured). No [q_len, kv_len] array exists anywhere.
 
-Not verified without a GPU: that the PTX runs and is right (the odd-strided scalar loads of
-the skew in particular), speed, register pressure (P' is [bq, bq + bk] float32 in registers
-next to the [bq, d] accumulator), the real shared-memory size against `_smem_bytes`.
+Tiles. Only block_q = block_kv = 64 fits in shared memory (`_smem_bytes`: block_q = 128 needs a
+[d, 192] window per slot and a [128, 200] float32 skew buffer, 238 KB at head_dim 64); the
+forward takes head_dim 64 or 128, the backward 64 (`_bwd_smem_bytes`, checked when the gradient
+is traced). block_q > block_kv is written for (several masked diagonal tiles) but refused.
+
+The backward. A `jax.custom_vjp` around the kernel K(q + u, q + v, k, v, Rrevᵀ) -> (z, lse);
+JAX differentiates the XLA ops around it (the two bias adds, R's reversal, padding and
+transposition). With D_i = g_z_i·z_i - g_lse_i (XLA), each kernel recomputes, per (query tile,
+key tile) pair, s (content + skewed position term, masked), p = exp(s - lse), dP = g_z·vᵀ and
+dS = p (dP - D), then: the position term's gradient needs dS back in (query, distance)
+coordinates, dP'[a, c] = dS[a, c - (bq - 1 - a)] (zero outside the band), the same flat buffer
+in reverse: dS stored into the skewed view of a second buffer zeroed once per program (the
+addresses it writes are the same every step, so the rest stays zero), the [bq, W'] rows read
+back. The gradients accumulate along three different index orders, so there are three kernels,
+each with its own register accumulators and no atomics:
+- dq (a program per query tile, over its key tiles): d(q + u) += dS·k, d(q + v) += dP'·Rwin
+  (R's window also in [W', d] orientation, a second XLA copy of the table);
+- dk/dv (a program per key tile, over the query tiles that see it): dkᵀ += (q + u)ᵀ·dS and
+  dvᵀ += g_zᵀ·p, accumulated transposed ([d, bk]) so that no wgmma operand is transposed (the
+  interpreter has no `transpose_ref`); (q + u)ᵀ and g_zᵀ are transposed by XLA;
+- d rel (a program per R window: with block_q = block_kv the window depends on kt - t only, so
+  a program walks one diagonal of tile pairs): d(Rwinᵀ) += (q + v)ᵀ·dP', [d, 2·bk] float32 per
+  window; adjacent windows overlap by bk columns and XLA adds the halves.
+So a tile pair costs, in tile-matmuls' worth, 4 recomputing (s, the double-width P', dP) in each
+kernel, plus 3 (dq), 2 (dk/dv) and 2 (d rel): 19 against flash attention's 7 (FA2's split),
+and three skews and two inverse skews. Memory stays O(n·d) per head (plus [windows, d, 2·bk]
+float32 for d rel): no [q_len, kv_len] array. Each backward kernel has one slot and no
+prefetch (copy, wait, compute), to keep within shared memory and keep the prototype simple.
+
+Not verified without a GPU: that the PTX runs and is right (the odd-strided scalar loads and
+stores of the skew in particular), speed, register pressure (P' is [bq, bq + bk] float32 in
+registers next to the [bq, d] accumulator), bank conflicts, the real shared-memory size against
+`_smem_bytes`/`_bwd_smem_bytes`, and that `_WGMMA_ACC_32BIT` (private) stays available.
 """
 
 from __future__ import annotations
