@@ -17,6 +17,9 @@ so the table compares kernels, not machines. Kernels (`config.kernels`):
   on CPU: slow);
 - xl, xl_pallas, xl_cudnn: `xl_attention` with `implementation='xla'`, `'pallas'` and
   `'cudnn'` (its position term as the bias of cuDNN's flash attention; bf16/fp16, GPU only);
+- shaw_mosaic, xl_mosaic: `implementation='mosaic'`, the causal Mosaic GPU kernels
+  (`relpos.attention.mosaic_shaw`, `mosaic_xl`: wgmma and TMA, Hopper; bf16/fp16, GPU only;
+  'xla' at shapes they do not serve, `relpos.attention.mosaic_dispatch`);
 - a Pallas kernel with `@QxK`, e.g. shaw_pallas@128x64: that kernel with `block_sizes=(Q, K)`
   instead of its default tiles, so that one run can compare tilings;
 - flash_pallas, flash_mosaic: JAX's own Pallas flash attention, without relative terms, as
@@ -79,11 +82,14 @@ KERNELS = (
   'xl',
   'xl_pallas',
   'xl_cudnn',
+  'shaw_mosaic',
+  'xl_mosaic',
 )
-# Kernels that run only on an NVIDIA GPU (left out elsewhere, with a line saying so).
-GPU_ONLY = ('cudnn', 'flash_mosaic', 'xl_cudnn')
+# Kernels that run only on an NVIDIA GPU (left out elsewhere, with a line saying so; the Mosaic
+# GPU kernels interpret on a CPU, too slowly for a table: benchmarks/mosaic_*.py --interpret).
+GPU_ONLY = ('cudnn', 'flash_mosaic', 'xl_cudnn', 'shaw_mosaic', 'xl_mosaic')
 # The kernels whose inputs depend on the clipping distance k (the others are lowered once per n).
-USES_K = ('shaw', 'banded', 'dense', 'shaw_pallas')
+USES_K = ('shaw', 'banded', 'dense', 'shaw_pallas', 'shaw_mosaic')
 # relpos's Pallas kernels (they take tiles) and their XLA implementations.
 XLA_OF_PALLAS = {'shaw_pallas': 'shaw', 'xl_pallas': 'xl'}
 # What each Pallas kernel's outputs and gradients are checked against ("error vs xla").
@@ -92,6 +98,8 @@ CHECKED_AGAINST = {
   'flash_pallas': 'vanilla',
   'flash_mosaic': 'vanilla',
   'xl_cudnn': 'xl',
+  'shaw_mosaic': 'shaw',
+  'xl_mosaic': 'xl',
 }
 
 
@@ -145,6 +153,11 @@ def _kernels(names, n, k, heads, head_dim, dtype):
     ),
     'xl': (lambda q, key, v, p: xl(q, key, v, *p, implementation='xla'), xl_params),
     'xl_cudnn': (lambda q, key, v, p: xl(q, key, v, *p, implementation='cudnn'), xl_params),
+    'shaw_mosaic': (
+      lambda q, key, v, p: shaw(q, key, v, *p, mask=mask, implementation='mosaic'),
+      shaw_tables,
+    ),
+    'xl_mosaic': (lambda q, key, v, p: xl(q, key, v, *p, implementation='mosaic'), xl_params),
   }
 
   def pallas(name, blocks):

@@ -13,8 +13,8 @@ checked against the faster of the two).
 
 Builds the config's model once per `config.model.position` mode (xl, shaw, absolute, none;
 the xl row also without memory, and without dropout (what its random bits and masks cost);
-xl and shaw also with each kernel named instead of 'auto', in bf16 xl also with cuDNN's and
-shaw with the Mosaic GPU kernel),
+xl and shaw also with each kernel named instead of 'auto', in bf16 xl also with cuDNN's, and
+both with the Mosaic GPU kernels),
 times the jitted train step (forward, backward, Adam update)
 on a fixed random batch with the modes interleaved round by round, and prints ms/step,
 tokens/s and the ratio to 'xl', then each step's model FLOPs (`relpos.flops.char_lm_flops`, a
@@ -65,11 +65,14 @@ _VARIANTS = {
     'xl, cudnn kernels',
     {'model': {'position': 'xl', 'attention_implementation': 'cudnn'}},
   ),
-  # Shaw's causal Mosaic GPU kernel (bf16 configs only; Hopper GPUs).
-  'shaw_mosaic': (
-    'shaw, mosaic kernels',
-    {'model': {'position': 'shaw', 'attention_implementation': 'mosaic'}},
-  ),
+  # The causal Mosaic GPU kernels (bf16 configs only; Hopper GPUs).
+  **{
+    f'{position}_mosaic': (
+      f'{position}, mosaic kernels',
+      {'model': {'position': position, 'attention_implementation': 'mosaic'}},
+    )
+    for position in ('xl', 'shaw')
+  },
   # What dropout (its random bits and masks) costs in the step.
   'xl_nodropout': (
     'xl, no dropout',

@@ -23,18 +23,19 @@
 #                   'auto', 'xla' and 'pallas' ('auto check' lines), absolute             (120)
 #   translate_step  benchmarks/translate_step.py at wmt_base shapes (Tatoeba), shaw with
 #                   'auto', 'xla' and 'pallas', each profiled                              (80)
-#   steps_bf16      as steps_f32 in bf16, without absolute, with xl through 'cudnn', shaw
+#   steps_bf16      as steps_f32 in bf16, without absolute, with xl through 'cudnn', both
 #                   through 'mosaic' and xl without dropout; each variant profiled        (160)
 #   xl_official     the official Transformer-XL step (PyTorch) at the same shapes          (70)
 #   oom             train.py with an oversized batch: its exit status and last line        (60)
 #   kernels         benchmarks/attention.py bf16 fwd+bwd n = 2048, k = 16 and 64: vanilla,
-#                   cuDNN, JAX's Pallas flash (Triton, Mosaic GPU), shaw/xl (xla and pallas,
-#                   xl also cudnn); then the peers' torch SDPA and
+#                   cuDNN, JAX's Pallas flash (Triton, Mosaic GPU), shaw/xl (xla, pallas and
+#                   mosaic, xl also cudnn); then the peers' torch SDPA and
 #                   FlexAttention forms at k = 16 and 64 (issue 39's table)               (170)
 #   mosaic          benchmarks/mosaic_shaw.py at n = 2048, k = 16 and 64, batch 16, then at
 #                   enwik8_base's 512 queries over 1,024 keys, k = 16, batch 22: the Mosaic
 #                   GPU Shaw kernels (one warpgroup, warp-specialised) checked against XLA
-#                   and timed beside the Triton kernel, XLA and cuDNN                     (150)
+#                   and timed beside the Triton kernel, XLA and cuDNN; benchmarks/mosaic_xl.py
+#                   at enwik8_base's shape the same way                                   (150)
 #   long_context    the largest n = tgt_len = mem_len that trains, xl and shaw, pallas and
 #                   xla, doubling from 4096 (batch 1, enwik8_base width)                  (180)
 # Environment: OUT (default ./gpu_out) gets gpu_run.md (the log: device, date, versions,
@@ -111,6 +112,7 @@ if ((smoke)); then
   torch_lengths=64 long=("${tiny[@]}") long_start=32 long_max=128
   mosaic=(--interpret --lengths=128 --distances=3 --kernels=mosaic --batch=1 --heads=1)
   mosaic_memory=("${mosaic[@]}" --memory=64 --lengths=64)
+  mosaic_xl=(--interpret --lengths=64 --memory=64 --batch=1 --heads=1)
 else
   tiny=()
   train_sizes=(--config.train.steps=200 --config.train.checkpoint_every=50
@@ -126,6 +128,7 @@ else
   torch_lengths=2048 long=(--config.model.scan_layers=True) long_start=4096 long_max=131072
   mosaic=(--lengths=2048 --distances=16,64 --batch=16 --heads=8 --head_dim=64)
   mosaic_memory=(--lengths=512 --memory=512 --distances=16 --batch=22 --heads=8 --head_dim=64)
+  mosaic_xl=(--lengths=512 --memory=512 --batch=22 --heads=8 --head_dim=64)
 fi
 cuda_torch() { "$py" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; }
 export PYTHONPATH=$PYTHONPATH:$work/site
@@ -173,7 +176,7 @@ p_steps_f32() { variants=xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,absolute 
 # bf16 also profiles each variant: 2 traced steps, their time by op category and pass
 # (benchmarks/step_profile.py); each variant's headline goes into the markdown log.
 p_steps_bf16() {
-  local cudnn=xl_cudnn, mosaic=,shaw_mosaic # cuDNN's and Mosaic GPU's kernels: NVIDIA GPUs only
+  local cudnn=xl_cudnn, mosaic=,xl_mosaic,shaw_mosaic # cuDNN's, Mosaic GPU's: NVIDIA GPUs only
   ((smoke)) && cudnn='' mosaic=''
   variants=xl,xl_xla,xl_pallas,${cudnn}xl_nodropout,shaw,shaw_xla,shaw_pallas${mosaic} char_steps \
     --config.model.dtype=bfloat16 --profile_steps=2 | tee "$logs/steps_bf16.profile"
@@ -240,6 +243,7 @@ p_mosaic() {
   "$py" benchmarks/mosaic_shaw.py "${mosaic[@]}" || status=1
   # enwik8_base's own shape: 512 queries over 1,024 keys (the memory first), k = 16
   "$py" benchmarks/mosaic_shaw.py "${mosaic_memory[@]}" || status=1
+  "$py" benchmarks/mosaic_xl.py "${mosaic_xl[@]}" || status=1
   return $status
 }
 p_long_context() {

@@ -111,11 +111,11 @@ BAD_VALUES = [
     dict(position='xl', attention_implementation='cudnn', dtype='bfloat16', attention_dropout=0.1),
     'config.model.attention_dropout must be 0, got 0.1',
   ),
-  # the Mosaic GPU kernel: Shaw, bfloat16, no dropout
+  # the Mosaic GPU kernels: Shaw and XL, bfloat16, no dropout
   (
     'char_lm',
-    dict(position='xl', attention_implementation='mosaic', dtype='bfloat16'),
-    "config.model.attention_implementation='mosaic' serves Shaw's positions",
+    dict(position='rope', attention_implementation='mosaic', dtype='bfloat16'),
+    "config.model.attention_implementation='mosaic' serves Shaw's and XL's positions",
   ),
   (
     'translate',

@@ -37,10 +37,10 @@ stack the layer is traced before it is differentiated), so they are timed the sa
   measured, the other half-step; its float32 kernels spill 0.3-1.7 KB); 16x16 was 1.5x slower and
   64x64 is over the shared memory. Last, for XL in bf16/fp16 without attention dropout on a GPU,
   'cudnn' (`xl.xl_attention_cudnn`: the position term as a bias of cuDNN's flash attention);
-  for Shaw on a GPU where `shaw.mosaic_serves` (bf16/fp16, no dropout, a mask with a query axis,
-  timed causal, a memory of whole 64-key tiles, head_dim 64 or 128), 'mosaic' (the causal
-  Mosaic GPU kernel). At most 5 candidates. Every process builds the same list from the
-  signature.
+  on a GPU where the scheme's causal Mosaic GPU kernel serves the signature
+  (`mosaic_dispatch.serves`: bf16/fp16, no dropout, a memory of whole 64-key tiles, head_dim
+  64 (Shaw also 128); Shaw's mask with a query axis, timed causal), 'mosaic'. At most 6
+  candidates. Every process builds the same list from the signature.
 - Given tiles. A caller that passes `block_sizes` with 'auto' keeps its tiles: the signature
   records them (`tiles=QxK` in its text) and the candidates are 'xla' and 'pallas@QxK' at
   those tiles, so only the implementation is tuned.
@@ -83,11 +83,11 @@ in the same order, so each calls the broadcast the same number of times (once pe
 signature; memory hits need none).
 
 Cost. The first trace of a new signature pays one compile of a fwd+bwd kernel pass and about
-`TARGET_SECONDS` of runs per candidate: at most 5 candidates ('xla', 3 tilings, XL's
-'cudnn'), so at most five compiles (three of them Triton's) and about 1 s of runs; fewer where
-tilings are skipped (short lengths) and two or three with given tiles. enwik8_base has one
-signature; wmt_base two per padded length (encoder and decoder). Later traces, processes and
-runs on the same device read the decision from memory or disk.
+`TARGET_SECONDS` of runs per candidate: at most 6 candidates ('xla', 3 tilings, XL's
+'cudnn', 'mosaic'), so at most six compiles (three of them Triton's) and about 1.5 s of runs;
+fewer where tilings are skipped (short lengths) and two to four with given tiles.
+enwik8_base has one signature; wmt_base two per padded length (encoder and decoder). Later
+traces, processes and runs on the same device read the decision from memory or disk.
 
 `python -m relpos.attention.autotune --config=configs/enwik8_base.py` traces the config's
 train step (which tunes every call site) and prints a table of the decisions: signature, xla
@@ -120,6 +120,7 @@ import numpy as np
 from absl import logging
 
 from relpos import runtime
+from relpos.attention import mosaic_dispatch
 from relpos.attention.pallas_common import (
   DEFAULT_BLOCK,
   Tiling,
@@ -271,15 +272,14 @@ def cudnn_serves(signature: Signature) -> bool:
 
 
 def mosaic_serves(signature: Signature) -> bool:
-  """Whether 'mosaic' is a candidate at `signature`: Shaw on a GPU where `shaw.mosaic_serves`
-  says the Mosaic GPU kernel runs for the timed (causal) mask; its default query offset, as
-  timed. On a GPU without Hopper's wgmma it fails, is timed as failed and never chosen."""
+  """Whether 'mosaic' is a candidate at `signature`: on a GPU where the kernel's Mosaic GPU
+  kernel serves the call (`mosaic_dispatch.serves`; Shaw at its default query offset, as
+  timed, and the timed mask causal). On a GPU without Hopper's wgmma it fails, is timed as
+  failed and never chosen."""
   s = signature
-  if jax.default_backend() != 'gpu' or s.kernel != 'shaw' or s.mask is None:
+  if jax.default_backend() != 'gpu':
     return False
-  from relpos.attention import shaw  # shaw imports this module when it tunes
-
-  return shaw.mosaic_serves(s.q_len, s.kv_len, s.dtype, s.head_dim, s.mask, s.dropout)
+  return mosaic_dispatch.serves(s.kernel, s.q_len, s.kv_len, s.dtype, s.head_dim, s.mask, s.dropout)
 
 
 # ------------------------------------------------------------------------------------------

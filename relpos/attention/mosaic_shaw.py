@@ -249,24 +249,6 @@ def _check(query, key, value, rel_key, rel_value, block_q, block_kv, warp_specia
     )
 
 
-# The tiles `shaw_attention(..., implementation='mosaic')` calls the kernels with (the defaults).
-BLOCK = 64
-DTYPES = ('bfloat16', 'float16')
-
-
-def supports(dtype, head_dim: int, memory: int) -> bool:
-  """Whether `shaw_attention_mosaic` at its default tiles, forward and backward, takes inputs of
-  `dtype` and `head_dim` with `memory` key positions before the queries (the query length is
-  padded to whole tiles by the caller: `relpos.attention.shaw`)."""
-  return (
-    jnp.dtype(dtype).name in DTYPES
-    and head_dim % 64 == 0
-    and head_dim <= 128
-    and memory >= 0
-    and memory % BLOCK == 0
-  )
-
-
 def _smem_bytes(head_dim: int, block_q: int, block_kv: int, warp_specialized: bool) -> int:
   """Shared memory the kernel allocates: per compute warpgroup 16-bit q and p, float32 band bias
   (two slots), band logits and two row statistics; 16-bit kᵀ and v (two slots); plus 4 KiB for

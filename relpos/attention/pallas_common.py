@@ -73,14 +73,14 @@ from relpos.attention.masking import accumulation_dtype
 
 # The implementation names and the kernels each serves: 'cudnn' is cuDNN's flash attention with
 # an additive bias, which XL's position term is and Shaw's a^V term is not (`relpos.attention.xl`);
-# 'mosaic' is the causal Shaw kernel in Pallas Mosaic GPU (`relpos.attention.mosaic_shaw`, where
-# it applies: `relpos.attention.shaw.mosaic_serves`).
+# 'mosaic' is their causal kernels in Pallas Mosaic GPU (`relpos.attention.mosaic_shaw`,
+# `mosaic_xl`), where they serve ('xla' elsewhere: `relpos.attention.mosaic_dispatch`).
 SERVES = {
   'auto': ('shaw', 'xl'),
   'xla': ('shaw', 'xl'),
   'pallas': ('shaw', 'xl'),
   'cudnn': ('xl',),
-  'mosaic': ('shaw',),
+  'mosaic': ('shaw', 'xl'),
 }
 IMPLEMENTATIONS = tuple(SERVES)
 

@@ -38,9 +38,8 @@ import operator
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from relpos.attention import mosaic_shaw
+from relpos.attention import mosaic_dispatch, mosaic_shaw
 from relpos.attention.dot_product import attend, check_qkv, content_logits
 from relpos.attention.masking import (
   accumulation_dtype,
@@ -373,43 +372,29 @@ def xla_form(kv_len: int) -> str:
   return 'dense' if kv_len <= DENSE_MAX_KV_LEN else 'banded'
 
 
-def mosaic_serves(
-  q_len: int, kv_len: int, dtype, head_dim: int, mask_shape, dropout_rate: float, query_offset=None
-) -> bool:
-  """Whether `implementation='mosaic'` runs the Mosaic GPU kernel for a call with these shapes
-  (what is known while tracing; whether the mask is causal is decided at run time): a mask
-  with a query axis (the kernel is causal; a key-padding mask or None is not), the queries the
-  last q_len keys with a memory of whole tiles before them, a dtype and head_dim the kernel
-  takes, no dropout. Elsewhere 'mosaic' is 'xla'."""
-  memory = kv_len - q_len
-  offset = memory if query_offset is None else _static_int(query_offset)
-  return (
-    mask_shape is not None
-    and len(mask_shape) >= 2
-    and mask_shape[-2] == q_len
-    and offset == memory
-    and dropout_rate == 0.0
-    and mosaic_shaw.supports(dtype, head_dim, memory)
+def _mosaic_serves(query, key, value, mask, query_offset, dropout_rate) -> bool:
+  """`mosaic_dispatch.serves` for this call: one dtype for query, key and value, and the rest."""
+  if len({jnp.dtype(x.dtype) for x in (query, key, value)}) != 1:
+    return False
+  offset = None if query_offset is None else _static_int(query_offset)
+  if query_offset is not None and offset is None:  # a traced offset (decoding)
+    return False
+  return mosaic_dispatch.serves(
+    'shaw',
+    query.shape[1],
+    key.shape[1],
+    query.dtype,
+    query.shape[-1],
+    None if mask is None else mask.shape,
+    dropout_rate,
+    offset,
   )
 
 
 def _shaw_mosaic(query, key, value, rel_key, rel_value, mask, xla_attention):
-  """'mosaic': `mosaic_shaw.shaw_attention_mosaic` where `mask` is exactly causal, else
-  `xla_attention`, chosen at run time by `lax.cond` (checked by `mosaic_serves` first).
-
-  The kernel knows one mask, causal with the queries last. A model's mask is traced (the
-  character LM's also drops memory slots not yet filled, the decoder's PAD keys), so which
-  one it is is known only when the step runs; the cond compares it with the causal mask (a
-  [q_len, kv_len] comparison) and runs the kernel or the 'xla' form. The 'xla' branch is
-  rematerialised (`jax.checkpoint`): a cond keeps the residuals of both branches (the untaken
-  one's as zeros), and 'xla''s would be [batch, heads, q_len, kv_len] probabilities; so it
-  keeps only its inputs and recomputes its forward in the backward, when it ran.
-
-  Lengths that are not whole tiles are padded at the end, queries and keys alike: a padded
-  query sees every real key and a padded key is after every real query, so under the causal
-  mask the real rows are unchanged and the padding gets no gradient. A missing table is a zero
-  table (adds nothing). On a CPU the kernels run in Mosaic GPU's interpreter (tests).
-  """
+  """'mosaic': `mosaic_shaw.shaw_attention_mosaic` where `mask` is exactly the causal mask
+  when the step runs, else `xla_attention` (`relpos.attention.mosaic_dispatch`; checked by
+  its `serves` first). A missing table is a zero table (adds nothing)."""
   q_len, kv_len = query.shape[1], key.shape[1]
   causal_QK = query_key_distance(q_len, kv_len, kv_len - q_len) <= 0
 
@@ -417,26 +402,21 @@ def _shaw_mosaic(query, key, value, rel_key, rel_value, mask, xla_attention):
     del mask
     table = rel_key if rel_key is not None else rel_value
     rel_key, rel_value = (jnp.zeros_like(table) if t is None else t for t in (rel_key, rel_value))
-    pad = -q_len % mosaic_shaw.BLOCK
-    ends = [(0, 0), (0, pad), (0, 0), (0, 0)]
-    query, key, value = (jnp.pad(x, ends) for x in (query, key, value))
     out = mosaic_shaw.shaw_attention_mosaic(
-      query,
-      key,
-      value,
+      *mosaic_dispatch.pad_to_tiles(q_len, query, key, value),
       rel_key.astype(query.dtype),
       rel_value.astype(query.dtype),
-      block_q=mosaic_shaw.BLOCK,
-      block_kv=mosaic_shaw.BLOCK,
-      interpret=jax.default_backend() != 'gpu',
+      block_q=mosaic_dispatch.BLOCK,
+      block_kv=mosaic_dispatch.BLOCK,
+      interpret=mosaic_dispatch.interpret(),
     )
     return out[:, :q_len].astype(value.dtype)
 
   def xla(query, key, value, rel_key, rel_value, mask):
     return xla_attention(query, key, value, rel_key, rel_value, mask=mask).astype(value.dtype)
 
-  operands = (query, key, value, rel_key, rel_value, mask)
-  return lax.cond(jnp.all(mask == causal_QK), kernel, jax.checkpoint(xla), *operands)
+  use_kernel = jnp.all(mask == causal_QK)
+  return mosaic_dispatch.run(use_kernel, kernel, xla, query, key, value, rel_key, rel_value, mask)
 
 
 def _tuned(query, key, rel_key, rel_value, mask, dropout_rate, block_sizes) -> str:
@@ -484,8 +464,9 @@ def shaw_attention(
       where the band's bookkeeping costs more than the dense one-hot matmuls it replaces, and
       `shaw_attention_banded` above; both draw the same dropout bits), 'pallas' (the fused,
       tiled kernels of `relpos.attention.pallas_shaw`; interpreted on CPU, Triton on GPU) or
-      'mosaic' (the causal Mosaic GPU kernel, `relpos.attention.mosaic_shaw`, where
-      `mosaic_serves` and the mask, at run time, is causal; 'xla' elsewhere: `_shaw_mosaic`)
+      'mosaic' (the causal Mosaic GPU kernel, `relpos.attention.mosaic_shaw`, where it
+      serves and the mask, when the step runs, is causal; 'xla' elsewhere:
+      `relpos.attention.mosaic_dispatch`)
       or 'auto' (the default): on a GPU the fastest of 'xla', 'pallas' at a few tilings and
       (where it serves) 'mosaic', timed forward and backward at this call's shapes on first
       use and cached (`relpos.attention.autotune`); 'xla' elsewhere. With dropout, 'pallas'
@@ -508,12 +489,10 @@ def shaw_attention(
   )
   dense = xla_form(key.shape[1]) == 'dense'
   kernel = shaw_attention_materialized if dense else shaw_attention_banded
-  if implementation == 'mosaic':
-    one_dtype = len({jnp.dtype(x.dtype) for x in (query, key, value)}) == 1
-    shapes = (query.shape[1], key.shape[1], query.dtype, query.shape[-1])
-    mask_shape = None if mask is None else mask.shape
-    if one_dtype and mosaic_serves(*shapes, mask_shape, dropout_rate, query_offset):
-      return _shaw_mosaic(query, key, value, rel_key, rel_value, mask, kernel)
+  if implementation == 'mosaic' and _mosaic_serves(
+    query, key, value, mask, query_offset, dropout_rate
+  ):
+    return _shaw_mosaic(query, key, value, rel_key, rel_value, mask, kernel)
   if implementation == 'pallas':
     return shaw_attention_pallas(
       query,

@@ -18,6 +18,7 @@ bf16/fp16 inputs and no attention dropout here, and runs on NVIDIA GPUs only.
 import jax
 import jax.numpy as jnp
 
+from relpos.attention import mosaic_dispatch, mosaic_xl
 from relpos.attention.dot_product import attend, check_qkv, content_logits
 from relpos.attention.masking import (
   accumulation_dtype,
@@ -108,6 +109,35 @@ def xl_attention_cudnn(query, key, value, rel_key, content_bias, position_bias, 
   return jnp.where(jnp.transpose(any_allowed, (0, 2, 1))[..., None], out, 0).astype(value.dtype)
 
 
+def _xl_mosaic(query, key, value, rel_key, content_bias, position_bias, mask):
+  """'mosaic': `mosaic_xl.xl_attention_mosaic` where `mask` (on top of XL's causal one) allows
+  every causal pair when the step runs, else 'xla' (`relpos.attention.mosaic_dispatch`; checked
+  by its `serves` first). rel_key is padded with zero rows as the keys are: the extra
+  distances reach padded queries only."""
+  q_len, kv_len = query.shape[1], key.shape[1]
+
+  def kernel(query, key, value, rel_key, content_bias, position_bias, mask):
+    del mask
+    (rel_key_1THD,) = mosaic_dispatch.pad_to_tiles(q_len, rel_key[None])
+    out = mosaic_xl.xl_attention_mosaic(
+      *mosaic_dispatch.pad_to_tiles(q_len, query, key, value),
+      rel_key_1THD[0],
+      content_bias,
+      position_bias,
+      block_q=mosaic_dispatch.BLOCK,
+      block_kv=mosaic_dispatch.BLOCK,
+      interpret=mosaic_dispatch.interpret(),
+    )
+    return out[:, :q_len].astype(value.dtype)
+
+  def xla(*operands):
+    return xl_attention(*operands[:-1], mask=operands[-1], implementation='xla')
+
+  use_kernel = True if mask is None else jnp.all(mask | ~causal_mask(q_len, kv_len))
+  operands = (query, key, value, rel_key, content_bias, position_bias, mask)
+  return mosaic_dispatch.run(use_kernel, kernel, xla, *operands)
+
+
 def _tuned(query, key, mask, dropout_rate, block_sizes) -> str:
   """'auto' for this call: the autotuner's choice at its shapes and the caller's tiles
   ('xla', 'pallas' or 'pallas@QxK'; `relpos.attention.autotune`, imported here so that
@@ -148,10 +178,12 @@ def xl_attention(
       `relpos.attention.masking.attention_dropout`; rate 0 (the default) needs no rng.
     implementation: 'xla' (this module's kernel), 'pallas' (the fused, tiled kernels of
       `relpos.attention.pallas_xl`; interpreted on CPU, Triton on GPU; no TPU lowering),
-      'cudnn' (`xl_attention_cudnn`: NVIDIA GPUs, bf16/fp16, no dropout) or
-      'auto' (the default): on a GPU the fastest of 'xla', 'pallas' at a few tilings and
-      (bf16/fp16 without dropout) 'cudnn', timed forward and backward at this call's shapes
-      on first use and cached
+      'cudnn' (`xl_attention_cudnn`: NVIDIA GPUs, bf16/fp16, no dropout), 'mosaic' (the
+      Mosaic GPU kernel, `relpos.attention.mosaic_xl`, where it serves and the mask, when the
+      step runs, allows every causal pair; 'xla' elsewhere: `relpos.attention.mosaic_dispatch`)
+      or 'auto' (the default): on a GPU the fastest of 'xla', 'pallas' at a few tilings and
+      (bf16/fp16 without dropout) 'cudnn' and, where it serves, 'mosaic', timed forward and
+      backward at this call's shapes on first use and cached
       (`relpos.attention.autotune`); 'xla' elsewhere. With dropout, 'pallas' draws its keep
       mask from a hash (`pallas_common.dropout_keep_hashed`): same distribution, different
       bits than 'xla'.
@@ -186,6 +218,17 @@ def xl_attention(
         "use 'xla' or 'pallas'"
       )
     return xl_attention_cudnn(query, key, value, rel_key, content_bias, position_bias, mask=mask)
+  if implementation == 'mosaic' and mosaic_dispatch.serves(
+    'xl',
+    q_len,
+    kv_len,
+    query.dtype,
+    query.shape[-1],
+    None if mask is None else mask.shape,
+    dropout_rate,
+  ):
+    if len({jnp.dtype(x.dtype) for x in (query, key, value)}) == 1:
+      return _xl_mosaic(query, key, value, rel_key, content_bias, position_bias, mask)
   if implementation == 'pallas':
     return xl_attention_pallas(
       query,

@@ -106,8 +106,8 @@ class ModelConfig:
     checks.one_of(*IMPLEMENTATIONS),
     "Shaw's and XL's kernels: 'auto' (on a GPU the fastest, timed at each call's shapes: "
     "relpos.attention.autotune; XLA elsewhere), 'xla', 'pallas', (XL, bfloat16, no "
-    "attention dropout) 'cudnn' or (Shaw, bfloat16, no attention dropout; causal calls, "
-    "'xla' at the others) 'mosaic'",
+    "attention dropout) 'cudnn' or (Shaw and XL, bfloat16, no attention dropout; causal "
+    "calls, 'xla' at the others) 'mosaic'",
     read_by=(*_SHAW, 'xl'),
   )
   dtype: str = field(
@@ -162,19 +162,19 @@ class ModelConfig:
 
   def _check_fused(self, implementation: str):
     """'cudnn' is XL's position term as cuDNN's bias (`relpos.attention.xl.xl_attention_cudnn`):
-    XL only. 'mosaic' is Shaw's causal Mosaic GPU kernel (`relpos.attention.mosaic_shaw`):
-    Shaw only, at its causal calls ('xla' at the others: `relpos.attention.shaw.mosaic_serves`).
-    Both: bfloat16, no attention dropout."""
+    XL only. 'mosaic' is Shaw's and XL's causal Mosaic GPU kernels (`relpos.attention.
+    mosaic_shaw`, `mosaic_xl`) at the calls they serve ('xla' at the others:
+    `relpos.attention.mosaic_dispatch`). Both: bfloat16, no attention dropout."""
     where = f'config.model.attention_implementation={implementation!r}'
     if implementation == 'cudnn' and self.position != 'xl':
       raise ValueError(
         f"{where} serves position='xl' only (Shaw's a^V term is no additive bias); "
         f'this config has position={self.position!r}'
       )
-    if implementation == 'mosaic' and self.position not in self.SHAW_POSITIONS:
+    if implementation == 'mosaic' and self.position not in (*self.SHAW_POSITIONS, 'xl'):
       raise ValueError(
-        f"{where} serves Shaw's positions {self.SHAW_POSITIONS} only; this config has "
-        f'position={self.position!r}'
+        f"{where} serves Shaw's and XL's positions {(*self.SHAW_POSITIONS, 'xl')} only; this "
+        f'config has position={self.position!r}'
       )
     if self.dtype != 'bfloat16':
       raise ValueError(f"{where} needs config.model.dtype='bfloat16', got {self.dtype!r}")

@@ -1,0 +1,81 @@
+"""Where `implementation='mosaic'` runs a causal Mosaic GPU kernel, and how it falls back.
+
+Shaw's and XL's Mosaic GPU kernels (`mosaic_shaw`, `mosaic_xl`) know one mask: causal, with
+the queries the last q_len keys. A model's mask is traced (the character LM's also drops the
+memory slots not yet filled; a decoder's, the PAD keys of its batch), so whether a call's mask
+is one the kernel computes is known only when the step runs. `implementation='mosaic'`
+therefore means: the kernel where it can serve, the 'xla' form elsewhere, decided in two steps.
+
+- While tracing, from shapes (`serves`): bf16/fp16, no attention dropout, a memory of whole
+  kernel tiles before the queries, a head_dim the kernel's backward fits in shared memory
+  (Shaw 64 or 128, XL 64); for Shaw a mask with a query axis (Shaw's mask is its only mask: a
+  key-padding mask or None is not causal) and the default query offset. Where these fail,
+  'mosaic' is 'xla' at no cost.
+- When the step runs (`run`): a `lax.cond` on the caller's predicate, which compares the mask
+  with the causal one (a [q_len, kv_len] comparison): Shaw's must equal it, XL's (on top of
+  which XL adds the causal mask itself) must allow every causal pair. The 'xla' branch is
+  rematerialised (`jax.checkpoint`): under differentiation a cond keeps the residuals of both
+  branches (the untaken one's as zeros), and 'xla''s would be [batch, heads, q_len, kv_len]
+  probabilities, so it keeps its inputs only and recomputes its forward in the backward, when
+  it ran. XL without a mask needs no cond.
+
+Ragged lengths (`pad_to_tiles`): queries and keys are padded at the end by the same number of
+rows, so the memory before the queries is unchanged; a padded query comes after every real key
+and a padded key after every real query, so under the causal mask the real rows are unchanged
+and the padding gets no gradient. On a CPU the kernels run in Mosaic GPU's interpreter (tests).
+"""
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+BLOCK = 64  # the tiles the kernels are called with, both axes (their defaults)
+DTYPES = ('bfloat16', 'float16')
+HEAD_DIMS = {'shaw': (64, 128), 'xl': (64,)}  # what each kernel's backward fits (shared memory)
+
+
+def serves(
+  kernel: str,
+  q_len: int,
+  kv_len: int,
+  dtype,
+  head_dim: int,
+  mask_shape,
+  dropout_rate: float,
+  query_offset=None,
+) -> bool:
+  """Whether `kernel`'s ('shaw' or 'xl') Mosaic GPU kernel can serve a call of these shapes
+  (module docstring); `query_offset` is Shaw's, None or a static int (a traced one: no)."""
+  memory = kv_len - q_len
+  if kernel == 'shaw':
+    has_query_axis = mask_shape is not None and len(mask_shape) >= 2 and mask_shape[-2] == q_len
+    if not has_query_axis or (query_offset is not None and query_offset != memory):
+      return False
+  return (
+    jnp.dtype(dtype).name in DTYPES
+    and head_dim in HEAD_DIMS[kernel]
+    and dropout_rate == 0.0
+    and memory >= 0
+    and memory % BLOCK == 0
+  )
+
+
+def interpret() -> bool:
+  """The kernels compile on a GPU and run in Mosaic GPU's interpreter elsewhere."""
+  return jax.default_backend() != 'gpu'
+
+
+def pad_to_tiles(q_len: int, *arrays):
+  """`arrays` [batch, length, ...] padded with zeros at the end of axis 1 to make q_len whole
+  tiles (module docstring): the same number of rows for queries and keys."""
+  pad = -q_len % BLOCK
+  return tuple(jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)) for x in arrays)
+
+
+def run(use_kernel, kernel, xla, *operands):
+  """`kernel(*operands)` where `use_kernel` (a bool, or a traced scalar decided when the step
+  runs), else `xla(*operands)`, rematerialised (module docstring). Both return the same
+  shape and dtype."""
+  if use_kernel is True:
+    return kernel(*operands)
+  return lax.cond(use_kernel, kernel, jax.checkpoint(xla), *operands)

@@ -1,0 +1,234 @@
+"""`implementation='mosaic'` of `shaw_attention` and `xl_attention`: the causal Mosaic GPU
+kernels where they serve and the mask allows (`relpos.attention.mosaic_dispatch`), the 'xla'
+form elsewhere, and 'mosaic' as an 'auto' candidate on a GPU.
+
+Which branch runs is decided at run time from the traced mask, so the dispatch tests replace
+the kernel by a stand-in whose output cannot be mistaken (the queries, 1 + q): what comes out
+says which branch ran, inside jit and grad, at no interpreter cost. One forward per kernel runs
+the real kernel in Mosaic GPU's interpreter at a ragged length (padding to whole tiles) against
+'xla'; their gradients are in the slow tier (the kernels' own float64 tests are
+tests/test_mosaic_shaw.py and tests/test_mosaic_xl.py).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from relpos.attention import autotune, mosaic_shaw, mosaic_xl
+from relpos.attention.masking import causal_mask
+from relpos.attention.shaw import shaw_attention
+from relpos.attention.xl import xl_attention
+
+Q, MEMORY, HEADS, HEAD_DIM, K = 40, 64, 2, 64, 3  # 40 queries (padded to 64) over 104 keys
+
+
+def _normal(rng, dtype):
+  return lambda *shape: jnp.asarray(rng.standard_normal(shape) * 0.5, dtype)
+
+
+def _shaw_inputs(dtype=jnp.bfloat16, memory=MEMORY, tables='kv', seed=0):
+  normal = _normal(np.random.default_rng(seed), dtype)
+  kv_len = Q + memory
+  q, k, v = (
+    normal(2, Q, HEADS, HEAD_DIM),
+    normal(2, kv_len, HEADS, HEAD_DIM),
+    normal(2, kv_len, HEADS, HEAD_DIM),
+  )
+  rel_key, rel_value = (normal(2 * K + 1, HEAD_DIM) if t in tables else None for t in 'kv')
+  return q, k, v, rel_key, rel_value
+
+
+def _xl_inputs(dtype=jnp.bfloat16, memory=MEMORY, head_dim=HEAD_DIM, seed=0):
+  normal = _normal(np.random.default_rng(seed), dtype)
+  kv_len = Q + memory
+  q = normal(2, Q, HEADS, head_dim)
+  k, v = normal(2, kv_len, HEADS, head_dim), normal(2, kv_len, HEADS, head_dim)
+  rel_key = normal(kv_len, HEADS, head_dim)
+  return q, k, v, rel_key, normal(HEADS, head_dim), normal(HEADS, head_dim)
+
+
+ATTENTION = {'shaw': shaw_attention, 'xl': xl_attention}
+INPUTS = {'shaw': _shaw_inputs, 'xl': _xl_inputs}
+MODULES = {'shaw': (mosaic_shaw, 'shaw_attention_mosaic'), 'xl': (mosaic_xl, 'xl_attention_mosaic')}
+
+
+def _stand_in(monkeypatch, kernel):
+  """Replaces `kernel`'s Mosaic kernel by `1 + q` (padded rows included); records each call."""
+  calls = []
+
+  def fake(query, key, value, *tables, **kwargs):
+    calls.append((query.shape, key.shape, [t.shape for t in tables], kwargs))
+    return 1 + query
+
+  monkeypatch.setattr(*MODULES[kernel], fake)
+  return calls
+
+
+def _mosaic(kernel, args, mask, **kwargs):
+  def call(*a):
+    return ATTENTION[kernel](*a, mask=mask, implementation='mosaic', **kwargs)
+
+  return jax.jit(call)(*args)
+
+
+CAUSAL = causal_mask(Q, Q + MEMORY)
+
+
+@pytest.mark.parametrize(
+  ('kernel', 'mask'), [('shaw', CAUSAL), ('xl', None), ('xl', CAUSAL), ('xl', CAUSAL[None, None])]
+)
+def test_a_causal_call_runs_the_kernel_padded_to_whole_tiles(monkeypatch, kernel, mask):
+  calls = _stand_in(monkeypatch, kernel)
+  args = INPUTS[kernel]()
+  np.testing.assert_array_equal(_mosaic(kernel, args, mask), 1 + args[0])
+  (q_shape, k_shape, tables, kwargs), *_ = calls
+  assert (q_shape, k_shape) == ((2, 64, HEADS, HEAD_DIM), (2, 128, HEADS, HEAD_DIM))
+  if kernel == 'xl':  # R padded as the keys are
+    assert tables == [(128, HEADS, HEAD_DIM), (HEADS, HEAD_DIM), (HEADS, HEAD_DIM)]
+  assert kwargs['interpret'] is True  # on this CPU
+
+
+@pytest.mark.parametrize('tables', ['k', 'v'])
+def test_a_missing_shaw_table_reaches_the_kernel_as_zeros(monkeypatch, tables):
+  def fake(query, key, value, rel_key, rel_value, **kwargs):
+    missing = rel_value if tables == 'k' else rel_key
+    return 1 + query + jnp.sum(jnp.abs(missing))  # 1 + q only if the missing table is zeros
+
+  monkeypatch.setattr(mosaic_shaw, 'shaw_attention_mosaic', fake)
+  args = _shaw_inputs(tables=tables)
+  np.testing.assert_array_equal(_mosaic('shaw', args, CAUSAL), 1 + args[0])
+
+
+UNFILLED = CAUSAL & (jnp.arange(Q + MEMORY) >= 5)  # the LM's first segment: memory slots empty
+PADDED = CAUSAL[None, None] & (jnp.arange(2)[:, None, None, None] == 0)  # batch row 1 all PAD
+
+
+FULL = jnp.ones((Q, Q + MEMORY), bool)  # bidirectional: more than causal (Shaw's only mask)
+
+
+@pytest.mark.parametrize(
+  ('kernel', 'mask'), [('shaw', UNFILLED), ('shaw', PADDED), ('shaw', FULL), ('xl', PADDED)]
+)
+def test_any_other_mask_runs_xla(monkeypatch, kernel, mask):
+  """Not a mask the kernel computes, so the 'xla' form runs, equal to implementation='xla' to
+  the bit, although the kernel branch is traced too (Shaw's mask must equal the causal one;
+  XL's must allow every causal pair)."""
+  _stand_in(monkeypatch, kernel)
+  args = INPUTS[kernel]()
+  want = ATTENTION[kernel](*args, mask=mask, implementation='xla')
+  np.testing.assert_array_equal(_mosaic(kernel, args, mask), want)
+
+
+@pytest.mark.parametrize('kernel', ['shaw', 'xl'])
+def test_the_xla_branch_has_the_xla_gradients(monkeypatch, kernel):
+  """Rematerialised inside the cond, up to bf16 rounding (a different fusion may round the
+  last bit differently)."""
+  _stand_in(monkeypatch, kernel)
+  args = INPUTS[kernel]()
+
+  def loss(implementation, *a):
+    out = ATTENTION[kernel](*a, mask=UNFILLED, implementation=implementation)
+    return jnp.sum(out.astype(jnp.float32) ** 2)
+
+  grads, want_grads = (
+    jax.jit(jax.grad(lambda *a, i=i: loss(i, *a), argnums=range(len(args))))(*args)
+    for i in ('mosaic', 'xla')
+  )
+  for got, wanted in zip(grads, want_grads, strict=True):
+    got, wanted = np.float32(got), np.float32(wanted)
+    assert np.max(np.abs(got - wanted)) <= 2**-8 * np.max(np.abs(wanted))
+
+
+SHAW_REFUSALS = [
+  ({'mask': None}, 'no mask: full attention, not causal'),
+  ({'mask': jnp.ones((2, 1, 1, Q + MEMORY), bool)}, 'key padding only: not causal'),
+  ({'query_offset': 3}, 'queries not the last keys'),
+  ({'dropout_rate': 0.1, 'dropout_rng': jax.random.key(0)}, 'dropout'),
+  ({'dtype': jnp.float32}, 'float32'),
+  ({'memory': 32}, 'a memory of part of a tile'),
+]
+XL_REFUSALS = [
+  ({'dropout_rate': 0.1, 'dropout_rng': jax.random.key(0)}, 'dropout'),
+  ({'dtype': jnp.float32}, 'float32'),
+  ({'memory': 32}, 'a memory of part of a tile'),
+  ({'head_dim': 128}, "over the backward's shared memory"),
+]
+
+
+@pytest.mark.parametrize(
+  ('kernel', 'change', 'why'),
+  [('shaw', *case) for case in SHAW_REFUSALS] + [('xl', *case) for case in XL_REFUSALS],
+)
+def test_where_the_kernel_cannot_serve_mosaic_is_xla(monkeypatch, kernel, change, why):
+  calls = _stand_in(monkeypatch, kernel)
+  change = dict(change)
+  shapes = {name: change.pop(name) for name in ('dtype', 'memory', 'head_dim') if name in change}
+  args = INPUTS[kernel](**shapes)
+  kwargs = {'mask': causal_mask(Q, args[1].shape[1]), **change}
+  want = ATTENTION[kernel](*args, implementation='xla', **kwargs)
+  np.testing.assert_array_equal(ATTENTION[kernel](*args, implementation='mosaic', **kwargs), want)
+  assert not calls, why
+
+
+def _signature(kernel):
+  # enwik8_base's call in bf16: 512 queries over 1,024 keys, 8 heads of 64 (Shaw: k = 16)
+  query = jax.ShapeDtypeStruct((2, 512, 8, 64), jnp.bfloat16)
+  key = jax.ShapeDtypeStruct((2, 1024, 8, 64), jnp.bfloat16)
+  mask = jax.ShapeDtypeStruct((512, 1024), bool)
+  if kernel == 'xl':
+    return autotune.xl_signature(query, key, mask, 0.0)
+  table = jax.ShapeDtypeStruct((33, 64), jnp.bfloat16)
+  return autotune.shaw_signature(query, key, table, table, mask, 0.0)
+
+
+@pytest.mark.parametrize('kernel', ['shaw', 'xl'])
+def test_mosaic_is_an_auto_candidate_on_a_gpu_where_it_serves(monkeypatch, kernel):
+  base = _signature(kernel)
+
+  def names(**changes):
+    return autotune.candidate_names(dataclasses.replace(base, **changes))
+
+  assert 'mosaic' not in names()  # not on this CPU
+  monkeypatch.setattr(autotune.jax, 'default_backend', lambda: 'gpu')
+  assert names()[-1] == 'mosaic'
+  given_tiles = names(tiles=(64, 64))
+  assert given_tiles[:2] == ('xla', 'pallas@64x64') and given_tiles[-1] == 'mosaic'
+  refused = [{'dtype': 'float32'}, {'dropout': 0.1}, {'kv_len': 1000}, {'head_dim': 32}]
+  if kernel == 'shaw':
+    refused += [{'mask': None}, {'mask': (2, 1, 1, 1024)}]
+  else:
+    assert names(mask=None)[-1] == 'mosaic'  # XL adds the causal mask itself
+  for changes in refused:
+    assert 'mosaic' not in names(**changes), changes
+
+
+def _causal_loss(kernel, implementation, *args):
+  kv_len = args[1].shape[1]
+  out = ATTENTION[kernel](*args, mask=causal_mask(Q, kv_len), implementation=implementation)
+  return jnp.sum(out.astype(jnp.float32) * jnp.cos(jnp.arange(out.size).reshape(out.shape)))
+
+
+@pytest.mark.parametrize('kernel', ['shaw', 'xl'])
+def test_interpreted_kernel_equals_xla_at_a_ragged_length(kernel):
+  """The real kernel (interpreted): 40 queries padded to 64 over a memory of 64 keys, bf16."""
+  args = INPUTS[kernel](seed=1)
+  got = _mosaic(kernel, args, CAUSAL).astype(jnp.float32)
+  want = ATTENTION[kernel](*args, mask=CAUSAL, implementation='xla').astype(jnp.float32)
+  assert float(jnp.max(jnp.abs(got - want))) < 2e-2  # bf16 outputs of size ~1: a few ulps
+  assert float(jnp.max(jnp.abs(got - want))) > 0  # a different program ran
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('kernel', ['shaw', 'xl'])
+def test_interpreted_kernel_gradients_equal_xla_at_a_ragged_length(kernel):
+  args = INPUTS[kernel](seed=2)
+  argnums = range(len(args))
+  got = jax.jit(jax.grad(lambda *a: _causal_loss(kernel, 'mosaic', *a), argnums=argnums))(*args)
+  want = jax.grad(lambda *a: _causal_loss(kernel, 'xla', *a), argnums=argnums)(*args)
+  for i, g, w in zip(argnums, got, want, strict=True):
+    g, w = (np.asarray(x, np.float32) for x in (g, w))
+    error = np.max(np.abs(g - w)) / np.max(np.abs(w))
+    assert error < 3e-2, (i, error)
