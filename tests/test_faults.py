@@ -499,13 +499,14 @@ def small_disk(tmp_path):
 
 
 def _fill(directory):
-  """Writes zeros into directory/filler until the disk is full; returns the file."""
+  """Writes zeros into directory/filler until the disk is full; returns the file. Unbuffered:
+  a buffered file would try to flush the bytes the failing write left behind when it closes,
+  and fail again (ENOSPC raised out of the `with`, before the file is returned)."""
   filler = directory / 'filler'
-  with open(filler, 'wb') as out:
+  with open(filler, 'wb', buffering=0) as out:
     try:
       while True:
         out.write(b'\0' * (1 << 16))
-        out.flush()
     except OSError as error:
       assert error.errno == errno.ENOSPC, error
   return filler

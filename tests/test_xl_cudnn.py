@@ -97,8 +97,9 @@ def test_cudnn_is_a_candidate_for_xl_in_bf16_without_dropout_on_a_gpu(monkeypatc
 
   assert 'cudnn' not in autotune.candidate_names(signature())  # not on this CPU
   monkeypatch.setattr(autotune.jax, 'default_backend', lambda: 'gpu')
-  assert autotune.candidate_names(signature())[-1] == 'cudnn'
-  assert autotune.candidate_names(signature(tiles=(32, 32))) == ('xla', 'pallas@32x32', 'cudnn')
+  assert 'cudnn' in autotune.candidate_names(signature())
+  given_tiles = autotune.candidate_names(signature(tiles=(32, 32)))
+  assert given_tiles[:3] == ('xla', 'pallas@32x32', 'cudnn')
   for changes in ({'dtype': 'float32'}, {'dropout': 0.1}):
     assert 'cudnn' not in autotune.candidate_names(signature(**changes))
   shaw = signature(kernel='shaw', max_distance=16, tables='kv')
