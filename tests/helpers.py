@@ -23,6 +23,22 @@ FWD_TOL = 2e-6
 GRAD_TOL = 4e-6
 
 
+def slow_where(values, slow, ids=None, *, unpack=False):
+  """`values` for `pytest.mark.parametrize`, those whose id (`ids[i]`, else the value itself)
+  is in `slow` marked slow: the cases that repeat a path other cases cover go to the slow tier,
+  which keeps the default run under its 10 minutes on 2 cores. `unpack`: each value is the
+  tuple of several argnames."""
+  import pytest
+
+  ids = [str(v) for v in values] if ids is None else list(ids)
+  unknown = set(slow) - set(ids)
+  assert not unknown, f'no such cases: {sorted(unknown)}'
+  return [
+    pytest.param(*(v if unpack else (v,)), marks=[pytest.mark.slow] if i in slow else [], id=i)
+    for v, i in zip(values, ids, strict=True)
+  ]
+
+
 def randn(rng, *shape, scale=1.0):
   """Standard-normal float64 array, with no exact zeros."""
   x = rng.standard_normal(shape) * scale

@@ -138,7 +138,11 @@ def _one_big_batch_step(task: str) -> dict:
 @pytest.mark.usefixtures('attention_test_config')
 @pytest.mark.parametrize(
   ('task', 'micro_batches'),
-  [('char_lm', 2), pytest.param('char_lm', 4, marks=pytest.mark.slow), ('translate', 2)],
+  [
+    ('char_lm', 2),
+    pytest.param('char_lm', 4, marks=pytest.mark.slow),
+    pytest.param('translate', 2, marks=pytest.mark.slow),  # the same loop, another task
+  ],
 )
 def test_gradient_accumulation_equals_one_big_batch(task, micro_batches):
   """grad_accum_steps splits the rows into micro-batches, computed one after another: the

@@ -97,7 +97,7 @@ CASES = [
   pytest.param(1, 128, 1, 64, 0, 64, jnp.bfloat16, False, id='k0', marks=SLOW),
   pytest.param(1, 192, 1, 64, 70, 64, jnp.bfloat16, False, id='k-above-tile', marks=SLOW),
   pytest.param(1, 128, 1, 64, 200, 64, jnp.bfloat16, False, id='k-above-length'),
-  pytest.param(1, 256, 1, 64, 3, 128, jnp.float16, False, id='f16-block_q-128'),
+  pytest.param(1, 256, 1, 64, 3, 128, jnp.float16, False, id='f16-block_q-128', marks=SLOW),
   pytest.param(1, 256, 1, 64, 3, 64, jnp.bfloat16, WS, id='ws-far-and-band', marks=SLOW),
   pytest.param(1, 128, 1, 64, 0, 64, jnp.bfloat16, WS, id='ws-k0'),
   pytest.param(

@@ -11,6 +11,7 @@ import pytest
 from flax import nnx
 from helpers import tiny_char_config, tiny_translate_config, write_pair_corpus
 
+from relpos.config.recorded import record_config
 from relpos.data.char_corpus import CharVocab
 from relpos.models.transformer_xl import TransformerXL
 from relpos.tools import sample, translate
@@ -91,31 +92,46 @@ def test_command_lines(commands, translation_run, char_run):
   assert done.returncode == 0 and done.stdout.startswith('the '), done.stderr
 
 
-def _unusable(tmp_path, other_run, trained_config):
+def _recorded_runs(root):
+  """(translation workdir, char-LM workdir), each holding only the config a run records first
+  (no checkpoint): all a tool reads before it refuses a workdir."""
+  runs = []
+  for name, config in (
+    ('translation', tiny_translate_config(write_pair_corpus(root / 'corpus'), steps=2)),
+    ('char', tiny_char_config(root / 'text.txt', steps=2)),
+  ):
+    workdir = root / name
+    workdir.mkdir(parents=True)
+    record_config(config, workdir, allow_change=False)
+    runs.append(workdir)
+  return runs
+
+
+def _unusable(tmp_path, other_run, untrained_run):
   """(workdir, message) of workdirs a tool cannot use: absent, not a run, a run of the other
   task, a run with no checkpoint yet."""
-  untrained = tmp_path / 'untrained'
-  untrained.mkdir(parents=True)
-  (untrained / 'config.json').write_text((trained_config / 'config.json').read_text())
   return [
     (tmp_path / 'absent', 'is not a directory'),
     (tmp_path, 'holds no relpos run'),
     (other_run, 'run, not a'),
-    (untrained, 'no checkpoint'),
+    (untrained_run, 'no checkpoint'),
   ]
 
 
-def test_unusable_workdirs_are_named(tmp_path, translation_run, char_run):
-  for workdir, message in _unusable(tmp_path / 't', char_run[0], translation_run[0]):
+def test_unusable_workdirs_are_named(tmp_path):
+  translation, char = _recorded_runs(tmp_path / 'runs')
+  (tmp_path / 't').mkdir()
+  for workdir, message in _unusable(tmp_path / 't', char, translation):
     with pytest.raises((FileNotFoundError, ValueError), match=message):
       translate.translate_lines(workdir, ['a red cat'])
-  for workdir, message in _unusable(tmp_path / 's', translation_run[0], char_run[0]):
+  (tmp_path / 's').mkdir()
+  for workdir, message in _unusable(tmp_path / 's', translation, char):
     with pytest.raises((FileNotFoundError, ValueError), match=message):
       sample.sample(workdir, b'the', 3)
   with pytest.raises(ValueError, match='--temperature=0'):
-    sample.sample(char_run[0], b'the', 3, temperature=0)
+    sample.sample(char, b'the', 3, temperature=0)
   with pytest.raises(ValueError, match='--prompt is empty'):
-    sample.sample(char_run[0], b'', 3)
+    sample.sample(char, b'', 3)
 
 
 @pytest.mark.parametrize('module', ['translate', 'sample'])

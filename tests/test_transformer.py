@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import slow_where
 
 from relpos.config.translation_defaults import translate_config
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID, TRANSLATE_POSITIONS
@@ -120,8 +121,10 @@ def max_diff(a, b):
 
 @pytest.mark.parametrize(
   'variant',
-  # learned: absolute's path with a table instead of sinusoids (slow tier)
-  [pytest.param(v, marks=pytest.mark.slow) if v == 'learned' else v for v in VARIANTS],
+  # Slow tier: learned (absolute's path with a table instead of sinusoids), absolute and none
+  # (the plain path shaw_absolute and t5 take too), alibi (a bias like t5's), keys-only Shaw
+  # (values-only drops the other table).
+  slow_where(list(VARIANTS), {'learned', 'absolute', 'none', 'alibi', 'shaw-keys_only'}),
 )
 def test_cached_decoding_matches_teacher_forcing(variant):
   model = make_model(**VARIANTS[variant])
@@ -373,7 +376,9 @@ def test_attention_dropout_only_in_training():
   assert max_diff(first, clean) > 1e-3 and max_diff(second, first) > 1e-3
 
 
-@pytest.mark.parametrize('position', ('shaw_absolute', 't5', 'alibi', 'rope'))
+@pytest.mark.parametrize(
+  'position', slow_where(['shaw_absolute', 't5', 'alibi', 'rope'], {'t5', 'alibi'})
+)
 def test_bfloat16_close_to_float32(position):
   reference = forward(make_model(position=position), SRC, TGT_IN)
   model = make_model(position=position, dtype='bfloat16')

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import reference as ref
 from flax import nnx
+from helpers import slow_where
 
 from relpos import attention
 from relpos.models import transformer_xl as txl
@@ -332,7 +333,7 @@ def memory_gradients(model, tokens_BT, memory):
   return tuple(nnx.grad(f, argnums=(0, 1))(model, memory.hidden) for f in (loss, new_memory_sum))
 
 
-@pytest.mark.parametrize('mode', KERNEL_MODES)
+@pytest.mark.parametrize('mode', slow_where(KERNEL_MODES, {'shaw'}))
 def test_no_gradient_through_memory(mode):
   model = make_model(position=mode)
   tokens = random_tokens(8, seed=1)
@@ -481,7 +482,7 @@ def test_clamp_len():
 # 4. Eval segment length and memory length may differ from training (tgt_len=4, mem_len=12).
 
 
-@pytest.mark.parametrize('mode', ('xl', 'shaw'))
+@pytest.mark.parametrize('mode', slow_where(['xl', 'shaw'], {'shaw'}))
 def test_other_segment_lengths_and_mem_len(mode):
   model = make_model(position=mode)
   tokens = random_tokens(26, seed=5)
@@ -542,7 +543,9 @@ def test_no_memory():
 # 6. bfloat16 compute.
 
 
-@pytest.mark.parametrize('mode', ('xl', 'shaw', 'absolute', 't5', 'alibi', 'rope'))
+@pytest.mark.parametrize(
+  'mode', slow_where(['xl', 'shaw', 'absolute', 't5', 'alibi', 'rope'], {'t5', 'alibi'})
+)
 def test_bfloat16_close_to_float32(mode):
   tokens = random_tokens(8, seed=9)
   reference, _ = run_segments(make_model(position=mode), tokens, [4, 4])
@@ -662,7 +665,7 @@ def train_logits_and_grads(model, tokens_BT, memory, targets_BT):
   return logits, grads
 
 
-@pytest.mark.parametrize('mode', KERNEL_MODES)
+@pytest.mark.parametrize('mode', slow_where(KERNEL_MODES, {'shaw', 'none'}))
 def test_attention_dropout_only_when_not_deterministic(mode):
   """attention_dropout (other dropout off): a fresh mask per training call, none in eval."""
   model = make_model(position=mode, dropout=0.0, attention_dropout=0.3)
