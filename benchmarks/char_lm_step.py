@@ -26,6 +26,9 @@ attention pair counted and with only the causally visible ones. `--profile_steps
 three steps of each variant and prints where the time goes (benchmarks/step_profile.py).
 """
 
+import time
+
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -35,6 +38,7 @@ from ml_collections import config_flags
 from timing import (
   CONVENTION_LINE,
   STEP_COLUMNS,
+  build_within,
   interleaved_median_seconds,
   peak_memory_line,
   peak_rate,
@@ -93,6 +97,14 @@ _NAMES = flags.DEFINE_list(
   ['xl', 'xl_mem0', 'shaw', 'absolute', 'none'],
   f'Variants to time, xl among them: {", ".join(_VARIANTS)}.',
 )
+_SECONDS = flags.DEFINE_float(
+  'seconds',
+  0.0,
+  'Time budget (0: none), for a run under a time limit: the variants are built (compiled and '
+  'run once) in the order given, xl first, while they fit 60% of it (timing.build_within); the '
+  'rest are left out with a line naming them, and the profiles are skipped once 80% of it is '
+  'spent, so that the table prints.',
+)
 flags.register_validator(
   'variants',
   lambda names: 'xl' in names and set(names) <= set(_VARIANTS),
@@ -125,6 +137,7 @@ def step_call(config, overrides, inputs, targets, mesh):
     carried['state'], sums = train_step(carried['state'], (inputs, targets))
     return sums['loss']
 
+  jax.block_until_ready(call())  # compiled here (and 'auto' tuned), within the build's time
   return call, model_flops, xla_count, text
 
 
@@ -135,13 +148,19 @@ def main(argv):
   tokens = np.random.default_rng(0).integers(0, _VOCAB_SIZE, (batch, length + 1))
   inputs, targets = jnp.asarray(tokens[:, :-1]), jnp.asarray(tokens[:, 1:])
   mesh = data_mesh()
+  start = time.perf_counter()
+  names = ['xl'] + [name for name in _NAMES.value if name != 'xl']  # xl first: the ratios' base
+  built, left_out = build_within(
+    names,
+    lambda name: step_call(config, _VARIANTS[name][1], inputs, targets, mesh),
+    _SECONDS.value,
+  )
   calls, model_flops, xla_counts, texts = {}, {}, {}, {}
-  for name in _NAMES.value:
-    table_name, overrides = _VARIANTS[name]
-    calls[table_name], model_flops[table_name], xla_counts[table_name], texts[table_name] = (
-      step_call(config, overrides, inputs, targets, mesh)
-    )
-  seconds = interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=2)
+  for name, (call, flops, xla_count, text) in built.items():
+    table_name = _VARIANTS[name][0]
+    calls[table_name], model_flops[table_name], xla_counts[table_name] = call, flops, xla_count
+    texts[table_name] = text
+  seconds = interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=1)
   m = config.model
   rows = batch * length
   peak, peak_line = peak_rate(
@@ -171,7 +190,12 @@ def main(argv):
       print(autotune.auto_line(position, seconds[position], named))
   if memory := peak_memory_line():
     print(memory)
-  if step_profile.PROFILE_STEPS.value:
+  if left_out:
+    print(left_out)
+  spent = time.perf_counter() - start
+  if step_profile.PROFILE_STEPS.value and _SECONDS.value and spent > 0.8 * _SECONDS.value:
+    print(f'time budget: profiles skipped ({spent:.0f} s of --seconds={_SECONDS.value:g} spent)')
+  elif step_profile.PROFILE_STEPS.value:
     step_profile.print_profiles(
       calls, texts, steps=step_profile.PROFILE_STEPS.value, trace_dir=step_profile.PROFILE_DIR.value
     )

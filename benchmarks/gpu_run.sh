@@ -170,15 +170,17 @@ p_translate_bleu() {
 # One run per dtype: 'auto' is checked against each kernel named in the same run ('auto check').
 char_steps() {
   "$py" benchmarks/char_lm_step.py --config="$char" "${tiny[@]}" --rounds=$rounds "$@" \
-    --variants="$variants"
+    --variants="$variants" --seconds="$((${GPU_RUN_LIMIT:-160} - 20))"
 }
 p_steps_f32() { variants=xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,absolute char_steps; }
 # bf16 also profiles each variant: 2 traced steps, their time by op category and pass
 # (benchmarks/step_profile.py); each variant's headline goes into the markdown log.
 p_steps_bf16() {
-  local cudnn=xl_cudnn, mosaic=,xl_mosaic,shaw_mosaic # cuDNN's, Mosaic GPU's: NVIDIA GPUs only
-  ((smoke)) && cudnn='' mosaic=''
-  variants=xl,xl_xla,xl_pallas,${cudnn}xl_nodropout,shaw,shaw_xla,shaw_pallas${mosaic} char_steps \
+  local fused=xl_cudnn,xl_mosaic,shaw_mosaic, # cuDNN's and Mosaic GPU's: NVIDIA GPUs only
+  ((smoke)) && fused=''
+  # In order of need, since a part cut short by its time limit leaves the last out: 'auto'
+  # against both kernels named, then the fused alternatives, then what dropout costs.
+  variants=xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,${fused}xl_nodropout char_steps \
     --config.model.dtype=bfloat16 --profile_steps=2 | tee "$logs/steps_bf16.profile"
   local status=${PIPESTATUS[0]}
   profile_results "$logs/steps_bf16.profile"

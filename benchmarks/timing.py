@@ -23,6 +23,33 @@ def peak_memory_line() -> str:
   )
 
 
+def build_within(names, build, seconds: float, *, share: float = 0.6, clock=time.perf_counter):
+  """{name: build(name)} for `names` in order, as many as fit a time budget, and a line naming
+  those left out ('' where none were).
+
+  For a run under a time limit (benchmarks/gpu_run.sh gives each part one): `build` compiles
+  (a variant's step, say), which dominates, and what is built is timed afterwards. The next
+  name is built only while the time spent so far, plus as long again as the average build,
+  stays within `share` of `seconds`, so the rest of the budget is left for timing and
+  printing; the first name is always built. `seconds` 0 means no budget. Each build prints a
+  line with its time, so a log of a run that was cut short still says how far it got.
+  """
+  start = clock()
+  built, left_out = {}, ''
+  for index, name in enumerate(names):
+    spent = clock() - start
+    if seconds and built and spent * (len(built) + 1) / len(built) > share * seconds:
+      left_out = (
+        f'time budget: left out {", ".join(names[index:])} (building {len(built)} took '
+        f'{spent:.0f} s of --seconds={seconds:g})'
+      )
+      print(left_out, flush=True)
+      break
+    built[name] = build(name)
+    print(f'built {name} in {clock() - start - spent:.1f} s', flush=True)
+  return built, left_out
+
+
 def interleaved_median_seconds(
   candidates: dict, *, rounds: int, warmup: int = 1, repeats: int = 1
 ) -> dict:

@@ -48,11 +48,13 @@ def test_dry_run_lists_every_part_with_its_commands(tmp_path):
   assert (tmp_path / 'out' / 'raw_logs.tar.gz').exists()
   assert sorted(p.name for p in (tmp_path / 'out').iterdir()) == ['gpu_run.md', 'raw_logs.tar.gz']
   # The commands each part would run, as the GPU will get them.
-  assert '--variants=xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,absolute' in log
-  assert '--variants=xl,xl_xla,xl_pallas,xl_cudnn,xl_nodropout,shaw,shaw_xla,shaw_pallas' in log
+  assert '--variants=xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,absolute --seconds=100' in log
+  bf16 = 'xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,xl_cudnn,xl_mosaic,shaw_mosaic,xl_nodropout'
+  assert f'--variants={bf16} --seconds=140' in log  # in order of need, under the part's limit
   assert 'cudnn_native' in log
   assert 'benchmarks/mosaic_shaw.py --lengths=2048 --distances=16,64 --batch=16' in log
   assert '--lengths=512 --memory=512 --distances=16 --batch=22' in log
+  assert 'benchmarks/mosaic_xl.py --lengths=512 --memory=512 --batch=22' in log
   assert '--config.model.dtype=bfloat16' in log and '--profile_steps=2' in log
   assert 'resume --config=configs/enwik8_base.py' in log and '--kill_after=130' in log
   assert 'configs/translate_tiny.py:shaw' in log and 'tatoeba_ende/train.en.gz' in log

@@ -196,3 +196,28 @@ print(rate.gflops, rate.shape)
   assert counted.split() == ['2', str(float(2 * 64 * 16 * 8))]
   gflops, shape = rate.split(maxsplit=1)
   assert float(gflops) > 0 and shape in ('(64, 16, 8)', '(32, 8, 16)')  # 33 rows: 32 split evenly
+
+
+def test_build_within_a_budget_leaves_the_last_out_and_says_so(capsys):
+  """Builds of 10 s each (a fake clock) under 100 s, 60% of it for building: after five, the
+  sixth is expected to end at 60 s (within), after six the seventh at 70 s (over): six built."""
+  now = [0.0]
+
+  def build(name):
+    now[0] += 10.0
+    return name.upper()
+
+  names = [f'v{i}' for i in range(9)]
+  built, left_out = timing.build_within(names, build, 100.0, clock=lambda: now[0])
+  assert built == {name: name.upper() for name in names[:6]}
+  assert left_out == 'time budget: left out v6, v7, v8 (building 6 took 60 s of --seconds=100)'
+  printed = capsys.readouterr().out.splitlines()
+  assert printed[:6] == [f'built v{i} in 10.0 s' for i in range(6)] and printed[6] == left_out
+  now[0] = 0.0
+  assert timing.build_within(names, build, 0.0, clock=lambda: now[0]) == (
+    {name: name.upper() for name in names},
+    '',
+  )
+  now[0] = 0.0
+  slow = timing.build_within(names, lambda name: now.__setitem__(0, 1e3), 1.0, clock=lambda: now[0])
+  assert list(slow[0]) == ['v0']  # the first is always built

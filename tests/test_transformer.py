@@ -162,7 +162,11 @@ def test_cache_rows_follow_a_batch_reordering():
 # 2. Padding: PAD keys are masked, and real tokens keep their positions.
 
 
-@pytest.mark.parametrize('position', TRANSLATE_POSITIONS)
+@pytest.mark.parametrize(
+  'position',
+  # Slow tier: the paths absolute, shaw and t5 (a bias) already take, and alibi (a bias too).
+  slow_where(list(TRANSLATE_POSITIONS), {'none', 'learned', 'shaw_absolute', 'alibi'}),
+)
 def test_source_padding(position):
   """PAD appended to the source changes nothing. PAD prepended shifts every source position by 3:
   relative and position-free models cannot see that (PAD keys are masked); models with absolute
@@ -180,7 +184,7 @@ def test_source_padding(position):
 # 3. Causality.
 
 
-@pytest.mark.parametrize('position', ('shaw', 'absolute'))
+@pytest.mark.parametrize('position', slow_where(['shaw', 'absolute'], {'absolute'}))
 def test_decoder_is_causal(position):
   model = make_model(position=position)
   base = forward(model, SRC, TGT_IN)
@@ -333,12 +337,15 @@ def train_grads(model, src_BS, tgt_in_BT):
 
 @pytest.mark.parametrize(
   'overrides',
-  [
-    dict(position='shaw'),
-    dict(position='shaw', relative_table_init='zeros'),
-    dict(position='learned', pre_layer_norm=True),
-  ],
-  ids=['shaw-post_ln', 'shaw_zero_tables-post_ln', 'learned-pre_ln'],
+  slow_where(
+    [
+      dict(position='shaw'),
+      dict(position='shaw', relative_table_init='zeros'),
+      dict(position='learned', pre_layer_norm=True),
+    ],
+    {'learned-pre_ln'},
+    ['shaw-post_ln', 'shaw_zero_tables-post_ln', 'learned-pre_ln'],
+  ),
 )
 def test_gradients_reach_every_parameter(overrides):
   model = make_model(**overrides)
