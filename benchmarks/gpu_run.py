@@ -209,7 +209,10 @@ def long_context(args, overrides) -> int:
   combos = [(p, i) for p in args.positions.split(',') for i in args.implementations.split(',')]
   end = time.time() + args.seconds
   model = config.model
-  print(f'{jax.devices()[0].device_kind}; {model.num_layers} layers, d_model {model.d_model}')
+  print(
+    f'{jax.devices()[0].device_kind}; {model.num_layers} layers, d_model {model.d_model}, '
+    f'{model.dtype}'
+  )
   print('| position | implementation | n = tgt_len = mem_len | ms / step | temp GiB | result |')
   print('|---|---|---|---|---|---|', flush=True)
   largest, stops = {}, {}

@@ -36,8 +36,8 @@
 #                   GPU Shaw kernels (one warpgroup, warp-specialised) checked against XLA
 #                   and timed beside the Triton kernel, XLA and cuDNN; benchmarks/mosaic_xl.py
 #                   at enwik8_base's shape the same way                                   (150)
-#   long_context    the largest n = tgt_len = mem_len that trains, xl and shaw, pallas and
-#                   xla, doubling from 4096 (batch 1, enwik8_base width)                  (180)
+#   long_context    the largest n = tgt_len = mem_len that trains, xl and shaw, mosaic,
+#                   pallas and xla, bf16, doubling from 4096 (batch 1, enwik8_base width) (180)
 # Environment: OUT (default ./gpu_out) gets gpu_run.md (the log: device, date, versions,
 # commit, a table of the parts, each part's result lines and log tail) and raw_logs.tar.gz
 # (every part's whole log); the runs' workdirs go to a temporary folder (GPU_RUN_WORK), never
@@ -109,7 +109,7 @@ if ((smoke)); then
   oom_sizes=("${tiny[@]}" --config.train.batch_size=3) oom_expect='multiple of'
   attention=(--config=configs/attention_benchmark.py:quick --config.lengths=64 --config.distances=16
     "--config.kernels=('vanilla','shaw','xl')")
-  torch_lengths=64 long=("${tiny[@]}") long_start=32 long_max=128
+  torch_lengths=64 long=("${tiny[@]}") long_start=32 long_max=128 long_impls=pallas,xla
   mosaic=(--interpret --lengths=128 --distances=3 --kernels=mosaic --batch=1 --heads=1)
   mosaic_memory=("${mosaic[@]}" --memory=64 --lengths=64)
   mosaic_xl=(--interpret --lengths=64 --memory=64 --batch=1 --heads=1)
@@ -125,7 +125,9 @@ else
   oom_expect='memory|RESOURCE_EXHAUSTED'
   attention=(--config=configs/attention_benchmark.py:gpu --config.lengths=2048)
   # One scanned layer body to compile per size (the step is the same): more sizes in the time.
-  torch_lengths=2048 long=(--config.model.scan_layers=True) long_start=4096 long_max=131072
+  # bf16, which the Mosaic kernels need; 'mosaic' first: where it fails, it fails at once.
+  torch_lengths=2048 long=(--config.model.scan_layers=True --config.model.dtype=bfloat16)
+  long_start=4096 long_max=131072 long_impls=mosaic,pallas,xla
   mosaic=(--lengths=2048 --distances=16,64 --batch=16 --heads=8 --head_dim=64)
   mosaic_memory=(--lengths=512 --memory=512 --distances=16 --batch=22 --heads=8 --head_dim=64)
   mosaic_xl=(--lengths=512 --memory=512 --batch=22 --heads=8 --head_dim=64)
@@ -250,7 +252,8 @@ p_mosaic() {
 }
 p_long_context() {
   XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$py" benchmarks/gpu_run.py long_context --config="$char" \
-    --seconds="$((${GPU_RUN_LIMIT:-180} - 15))" --start=$long_start --max=$long_max -- "${long[@]}"
+    --seconds="$((${GPU_RUN_LIMIT:-180} - 15))" --start=$long_start --max=$long_max \
+    --implementations=$long_impls -- "${long[@]}"
 }
 if [[ $body ]]; then
   set -x

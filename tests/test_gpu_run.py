@@ -61,6 +61,8 @@ def test_dry_run_lists_every_part_with_its_commands(tmp_path):
   assert '--attention_implementations=auto,xla,pallas' in log
   assert 'torch_attention.py 2048 64' in log and 'xl_official_step.py' in log
   assert 'long_context --config=configs/enwik8_base.py' in log and '--start=4096' in log
+  assert '--implementations=mosaic,pallas,xla -- --config.model.scan_layers=True' in log
+  assert '--config.model.dtype=bfloat16' in log
 
 
 @needs_bash

@@ -17,7 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from relpos.attention import autotune, mosaic_shaw, mosaic_xl
+from relpos.attention import autotune, mosaic_dispatch, mosaic_shaw, mosaic_xl
+from relpos.attention import shaw as shaw_module
+from relpos.attention import xl as xl_module
 from relpos.attention.masking import causal_mask
 from relpos.attention.shaw import shaw_attention
 from relpos.attention.xl import xl_attention
@@ -232,3 +234,27 @@ def test_interpreted_kernel_gradients_equal_xla_at_a_ragged_length(kernel):
     g, w = (np.asarray(x, np.float32) for x in (g, w))
     error = np.max(np.abs(g - w)) / np.max(np.abs(w))
     assert error < 3e-2, (i, error)
+
+
+@pytest.mark.parametrize('kernel', ['shaw', 'xl'])
+def test_the_other_branch_is_pallas_at_long_context_on_a_gpu(monkeypatch, kernel):
+  """XLA keeps every branch's buffers: from LONG_KV_LEN keys on a GPU the branch that runs
+  where the kernel does not is the Pallas kernel (O(length) memory), not 'xla'."""
+  assert mosaic_dispatch.fallback(mosaic_dispatch.LONG_KV_LEN) == 'xla'  # not on this CPU
+  monkeypatch.setattr(mosaic_dispatch.jax, 'default_backend', lambda: 'gpu')
+  assert mosaic_dispatch.fallback(mosaic_dispatch.LONG_KV_LEN - 1) == 'xla'
+  assert mosaic_dispatch.fallback(mosaic_dispatch.LONG_KV_LEN) == 'pallas'
+  _stand_in(monkeypatch, kernel)
+  monkeypatch.setattr(mosaic_dispatch, 'LONG_KV_LEN', Q + MEMORY)  # these inputs count as long
+  monkeypatch.setattr(mosaic_dispatch, 'interpret', lambda: True)
+  chosen = []
+  real = ATTENTION[kernel]
+
+  def spy(*args, implementation, **kwargs):
+    chosen.append(implementation)
+    return real(*args, implementation=implementation, **kwargs)
+
+  module = shaw_module if kernel == 'shaw' else xl_module
+  monkeypatch.setattr(module, f'{kernel}_attention', spy)
+  jax.eval_shape(lambda *a: real(*a, mask=UNFILLED, implementation='mosaic'), *INPUTS[kernel]())
+  assert chosen == ['pallas']

@@ -18,6 +18,12 @@ therefore means: the kernel where it can serve, the 'xla' form elsewhere, decide
   branches (the untaken one's as zeros), and 'xla''s would be [batch, heads, q_len, kv_len]
   probabilities, so it keeps its inputs only and recomputes its forward in the backward, when
   it ran. XL without a mask needs no cond.
+- Which form the other branch is (`fallback`): XLA allocates every branch's buffers whether or
+  not it runs (their peak, not their sum), so an 'xla' branch would put its [q_len, kv_len]
+  logits and probabilities back into the step's peak memory, the very thing the kernels avoid
+  at long context. From `LONG_KV_LEN` keys on a GPU the other branch is therefore the fused
+  Pallas kernel (exact with any mask, O(length) memory); below, and off GPUs (where Pallas
+  interprets), it is 'xla'.
 
 Ragged lengths (`pad_to_tiles`): queries and keys are padded at the end by the same number of
 rows, so the memory before the queries is unchanged; a padded query comes after every real key
@@ -32,6 +38,9 @@ from jax import lax
 BLOCK = 64  # the tiles the kernels are called with, both axes (their defaults)
 DTYPES = ('bfloat16', 'float16')
 HEAD_DIMS = {'shaw': (64, 128), 'xl': (64,)}  # what each kernel's backward fits (shared memory)
+# From this many keys the other branch is the Pallas kernel on a GPU (`fallback`): enwik8_base's
+# 1,024 keys keep 'xla' (whose [q, kv] buffers are a few hundred MB there), long context does not.
+LONG_KV_LEN = 4096
 
 
 def serves(
@@ -60,6 +69,11 @@ def serves(
   )
 
 
+def fallback(kv_len: int) -> str:
+  """The implementation of the branch that runs where the kernel does not (module docstring)."""
+  return 'pallas' if jax.default_backend() == 'gpu' and kv_len >= LONG_KV_LEN else 'xla'
+
+
 def interpret() -> bool:
   """The kernels compile on a GPU and run in Mosaic GPU's interpreter elsewhere."""
   return jax.default_backend() != 'gpu'
@@ -72,10 +86,10 @@ def pad_to_tiles(q_len: int, *arrays):
   return tuple(jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)) for x in arrays)
 
 
-def run(use_kernel, kernel, xla, *operands):
+def run(use_kernel, kernel, other, *operands):
   """`kernel(*operands)` where `use_kernel` (a bool, or a traced scalar decided when the step
-  runs), else `xla(*operands)`, rematerialised (module docstring). Both return the same
-  shape and dtype."""
+  runs), else `other(*operands)` (the `fallback` form), rematerialised (module docstring).
+  Both return the same shape and dtype."""
   if use_kernel is True:
     return kernel(*operands)
-  return lax.cond(use_kernel, kernel, jax.checkpoint(xla), *operands)
+  return lax.cond(use_kernel, kernel, jax.checkpoint(other), *operands)

@@ -391,10 +391,11 @@ def _mosaic_serves(query, key, value, mask, query_offset, dropout_rate) -> bool:
   )
 
 
-def _shaw_mosaic(query, key, value, rel_key, rel_value, mask, xla_attention):
+def _shaw_mosaic(query, key, value, rel_key, rel_value, mask):
   """'mosaic': `mosaic_shaw.shaw_attention_mosaic` where `mask` is exactly the causal mask
-  when the step runs, else `xla_attention` (`relpos.attention.mosaic_dispatch`; checked by
-  its `serves` first). A missing table is a zero table (adds nothing)."""
+  when the step runs, else `shaw_attention` with `mosaic_dispatch.fallback`'s implementation
+  (`relpos.attention.mosaic_dispatch`; checked by its `serves` first). A missing table is a
+  zero table (adds nothing)."""
   q_len, kv_len = query.shape[1], key.shape[1]
   causal_QK = query_key_distance(q_len, kv_len, kv_len - q_len) <= 0
 
@@ -412,11 +413,16 @@ def _shaw_mosaic(query, key, value, rel_key, rel_value, mask, xla_attention):
     )
     return out[:, :q_len].astype(value.dtype)
 
-  def xla(query, key, value, rel_key, rel_value, mask):
-    return xla_attention(query, key, value, rel_key, rel_value, mask=mask).astype(value.dtype)
+  def other(query, key, value, rel_key, rel_value, mask):
+    implementation = mosaic_dispatch.fallback(kv_len)
+    out = shaw_attention(
+      query, key, value, rel_key, rel_value, mask=mask, implementation=implementation
+    )
+    return out.astype(value.dtype)
 
   use_kernel = jnp.all(mask == causal_QK)
-  return mosaic_dispatch.run(use_kernel, kernel, xla, query, key, value, rel_key, rel_value, mask)
+  operands = (query, key, value, rel_key, rel_value, mask)
+  return mosaic_dispatch.run(use_kernel, kernel, other, *operands)
 
 
 def _tuned(query, key, rel_key, rel_value, mask, dropout_rate, block_sizes) -> str:
@@ -487,12 +493,10 @@ def shaw_attention(
     lambda: _tuned(query, key, rel_key, rel_value, mask, dropout_rate, block_sizes),
     kernel='shaw',
   )
-  dense = xla_form(key.shape[1]) == 'dense'
-  kernel = shaw_attention_materialized if dense else shaw_attention_banded
   if implementation == 'mosaic' and _mosaic_serves(
     query, key, value, mask, query_offset, dropout_rate
   ):
-    return _shaw_mosaic(query, key, value, rel_key, rel_value, mask, kernel)
+    return _shaw_mosaic(query, key, value, rel_key, rel_value, mask)
   if implementation == 'pallas':
     return shaw_attention_pallas(
       query,
@@ -506,6 +510,8 @@ def shaw_attention(
       dropout_rng=dropout_rng,
       block_sizes=block_sizes,
     )
+  dense = xla_form(key.shape[1]) == 'dense'
+  kernel = shaw_attention_materialized if dense else shaw_attention_banded
   return kernel(
     query,
     key,

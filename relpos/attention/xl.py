@@ -111,9 +111,9 @@ def xl_attention_cudnn(query, key, value, rel_key, content_bias, position_bias, 
 
 def _xl_mosaic(query, key, value, rel_key, content_bias, position_bias, mask):
   """'mosaic': `mosaic_xl.xl_attention_mosaic` where `mask` (on top of XL's causal one) allows
-  every causal pair when the step runs, else 'xla' (`relpos.attention.mosaic_dispatch`; checked
-  by its `serves` first). rel_key is padded with zero rows as the keys are: the extra
-  distances reach padded queries only."""
+  every causal pair when the step runs, else `mosaic_dispatch.fallback`'s implementation
+  (`relpos.attention.mosaic_dispatch`; checked by its `serves` first). rel_key is padded with
+  zero rows as the keys are: the extra distances reach padded queries only."""
   q_len, kv_len = query.shape[1], key.shape[1]
 
   def kernel(query, key, value, rel_key, content_bias, position_bias, mask):
@@ -130,12 +130,13 @@ def _xl_mosaic(query, key, value, rel_key, content_bias, position_bias, mask):
     )
     return out[:, :q_len].astype(value.dtype)
 
-  def xla(*operands):
-    return xl_attention(*operands[:-1], mask=operands[-1], implementation='xla')
+  def other(*operands):
+    implementation = mosaic_dispatch.fallback(kv_len)
+    return xl_attention(*operands[:-1], mask=operands[-1], implementation=implementation)
 
   use_kernel = True if mask is None else jnp.all(mask | ~causal_mask(q_len, kv_len))
   operands = (query, key, value, rel_key, content_bias, position_bias, mask)
-  return mosaic_dispatch.run(use_kernel, kernel, xla, *operands)
+  return mosaic_dispatch.run(use_kernel, kernel, other, *operands)
 
 
 def _tuned(query, key, mask, dropout_rate, block_sizes) -> str:
