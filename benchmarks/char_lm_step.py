@@ -182,11 +182,11 @@ def main(argv):
       f'| {name} | {s * 1e3:.1f} | {batch * length / s:.0f} | {s / seconds["xl"]:.2f} |'
       + step_cells(model_flops[name], xla_counts[name], s, peak)
     )
-  for position in ('xl', 'shaw'):  # 'auto' against each kernel named, where xla and pallas ran
+  for position in ('xl', 'shaw'):  # 'auto' against each kernel named, where xla and another ran
     named_kernels = ('xla', 'pallas', 'cudnn', 'mosaic')
     kernels = {k: seconds.get(f'{position}, {k} kernels') for k in named_kernels}
-    if position in seconds and None not in (kernels['xla'], kernels['pallas']):
-      named = {k: s for k, s in kernels.items() if s is not None}
+    named = {k: s for k, s in kernels.items() if s is not None}
+    if position in seconds and 'xla' in named and len(named) > 1:
       print(autotune.auto_line(position, seconds[position], named))
   if memory := peak_memory_line():
     print(memory)

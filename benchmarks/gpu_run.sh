@@ -23,19 +23,21 @@
 #                   'auto', 'xla' and 'pallas' ('auto check' lines), absolute             (120)
 #   translate_step  benchmarks/translate_step.py at wmt_base shapes (Tatoeba), shaw with
 #                   'auto', 'xla' and 'pallas', each profiled                              (80)
-#   steps_bf16      as steps_f32 in bf16, without absolute, with xl through 'cudnn', both
-#                   through 'mosaic' and xl without dropout; each variant profiled        (160)
+#   steps_bf16      as steps_f32 in bf16, without absolute, with xl through 'cudnn' and xl
+#                   without dropout; each variant profiled                                (160)
 #   xl_official     the official Transformer-XL step (PyTorch) at the same shapes          (70)
 #   oom             train.py with an oversized batch: its exit status and last line        (60)
 #   kernels         benchmarks/attention.py bf16 fwd+bwd n = 2048, k = 16 and 64: vanilla,
-#                   cuDNN, JAX's Pallas flash (Triton, Mosaic GPU), shaw/xl (xla, pallas and
-#                   mosaic, xl also cudnn); then the peers' torch SDPA and
+#                   cuDNN, JAX's Pallas flash (Triton, Mosaic GPU), shaw/xl (xla and pallas,
+#                   xl also cudnn); then the peers' torch SDPA and
 #                   FlexAttention forms at k = 16 and 64 (issue 39's table)               (170)
 #   mosaic          benchmarks/mosaic_shaw.py at n = 2048, k = 16 and 64, batch 16, then at
 #                   enwik8_base's 512 queries over 1,024 keys, k = 16, batch 22: the Mosaic
 #                   GPU Shaw kernels (one warpgroup, warp-specialised) checked against XLA
 #                   and timed beside the Triton kernel, XLA and cuDNN; benchmarks/mosaic_xl.py
 #                   at enwik8_base's shape the same way                                   (150)
+#   steps_mosaic    char_lm_step.py bf16: xl and shaw with 'auto' (Mosaic among its candidates),
+#                   'xla' and 'mosaic'                                                    (120)
 #   long_context    the largest n = tgt_len = mem_len that trains, xl and shaw, mosaic,
 #                   pallas and xla, bf16, doubling from 4096 (batch 1, enwik8_base width) (180)
 # Environment: OUT (default ./gpu_out) gets gpu_run.md (the log: device, date, versions,
@@ -64,7 +66,7 @@ md=$out/gpu_run.md
 dry=0
 [[ $(basename "$py") == echo ]] && dry=1
 all_parts=(env native resume translate_bleu autotune steps_f32 translate_step steps_bf16
-  xl_official oom kernels mosaic long_context)
+  xl_official oom kernels mosaic steps_mosaic long_context)
 body=''
 [[ ${1:-} == --body ]] && body=${2:?} && set -- "$2"
 if (($#)); then parts=("$@"); else parts=("${all_parts[@]}"); fi
@@ -178,15 +180,24 @@ p_steps_f32() { variants=xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,absolute 
 # bf16 also profiles each variant: 2 traced steps, their time by op category and pass
 # (benchmarks/step_profile.py); each variant's headline goes into the markdown log.
 p_steps_bf16() {
-  local fused=xl_cudnn,xl_mosaic,shaw_mosaic, # cuDNN's and Mosaic GPU's: NVIDIA GPUs only
-  ((smoke)) && fused=''
+  local cudnn=xl_cudnn, # cuDNN's kernels: NVIDIA GPUs only
+  ((smoke)) && cudnn=''
   # In order of need, since a part cut short by its time limit leaves the last out: 'auto'
-  # against both kernels named, then the fused alternatives, then what dropout costs.
-  variants=xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,${fused}xl_nodropout char_steps \
+  # against both kernels named, then cuDNN's, then what dropout costs.
+  variants=xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,${cudnn}xl_nodropout char_steps \
     --config.model.dtype=bfloat16 --profile_steps=2 | tee "$logs/steps_bf16.profile"
   local status=${PIPESTATUS[0]}
   profile_results "$logs/steps_bf16.profile"
   return $status
+}
+# The Mosaic GPU kernels inside the bf16 step, in a process of their own (a kernel that hangs
+# or faults on its first GPU run takes only this part), 'auto' with them as candidates
+# (RELPOS_AUTOTUNE_MOSAIC=1), against 'xla'.
+p_steps_mosaic() {
+  local names=xl_mosaic,shaw_mosaic # Mosaic GPU: NVIDIA GPUs only
+  ((smoke)) && names=xl_pallas,shaw_pallas
+  RELPOS_AUTOTUNE_MOSAIC=1 RELPOS_AUTOTUNE_CACHE=$work/autotune_mosaic.json \
+    variants=xl,xl_xla,shaw,shaw_xla,$names char_steps --config.model.dtype=bfloat16
 }
 # RESULT lines of a step benchmark's profiles: each variant's busy/idle line and top categories,
 # named by the benchmark run they come from.
@@ -356,6 +367,7 @@ part oom 60
 part kernels 170
 report
 part mosaic 150
+part steps_mosaic 120 # the Mosaic kernels in the step, after their own part ran them alone
 report
 part long_context 180
 echo "log: $md; every part's log: $out/raw_logs.tar.gz"

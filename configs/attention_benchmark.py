@@ -51,7 +51,5 @@ def get_config(preset: str = 'full') -> ml_collections.ConfigDict:
       'xl',
       'xl_pallas',
       'xl_cudnn',
-      'shaw_mosaic',
-      'xl_mosaic',
     )
   return config

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / 'benchmarks' / 'gpu_run.sh'
 PARTS = (
   'env native resume translate_bleu autotune steps_f32 translate_step steps_bf16 xl_official oom '
-  'kernels mosaic long_context'
+  'kernels mosaic steps_mosaic long_context'
 ).split()
 
 needs_bash = pytest.mark.skipif(
@@ -49,8 +49,13 @@ def test_dry_run_lists_every_part_with_its_commands(tmp_path):
   assert sorted(p.name for p in (tmp_path / 'out').iterdir()) == ['gpu_run.md', 'raw_logs.tar.gz']
   # The commands each part would run, as the GPU will get them.
   assert '--variants=xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,absolute --seconds=100' in log
-  bf16 = 'xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,xl_cudnn,xl_mosaic,shaw_mosaic,xl_nodropout'
+  bf16 = 'xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,xl_cudnn,xl_nodropout'
   assert f'--variants={bf16} --seconds=140' in log  # in order of need, under the part's limit
+  # The Mosaic kernels, never run on a GPU, only in the last parts and processes of their own.
+  assert '--variants=xl,xl_xla,shaw,shaw_xla,xl_mosaic,shaw_mosaic --seconds=100' in log
+  for name in ('autotune', 'steps_f32', 'translate_step', 'steps_bf16', 'kernels'):
+    section = log.split(f'## {name}\n')[1].split('\n## ')[0]
+    assert '_mosaic' not in section and 'AUTOTUNE_MOSAIC' not in section, name
   assert 'cudnn_native' in log
   assert 'benchmarks/mosaic_shaw.py --lengths=2048 --distances=16,64 --batch=16' in log
   assert '--lengths=512 --memory=512 --distances=16 --batch=22' in log

@@ -187,7 +187,7 @@ def _signature(kernel):
 
 
 @pytest.mark.parametrize('kernel', ['shaw', 'xl'])
-def test_mosaic_is_an_auto_candidate_on_a_gpu_where_it_serves(monkeypatch, kernel):
+def test_mosaic_is_an_auto_candidate_on_a_gpu_where_it_serves_when_opted_in(monkeypatch, kernel):
   base = _signature(kernel)
 
   def names(**changes):
@@ -195,6 +195,8 @@ def test_mosaic_is_an_auto_candidate_on_a_gpu_where_it_serves(monkeypatch, kerne
 
   assert 'mosaic' not in names()  # not on this CPU
   monkeypatch.setattr(autotune.jax, 'default_backend', lambda: 'gpu')
+  assert 'mosaic' not in names()  # not without the opt-in (its kernels never ran on a GPU)
+  monkeypatch.setenv(autotune.MOSAIC_OPT_IN, '1')
   assert names()[-1] == 'mosaic'
   given_tiles = names(tiles=(64, 64))
   assert given_tiles[:2] == ('xla', 'pallas@64x64') and given_tiles[-1] == 'mosaic'

@@ -39,7 +39,8 @@ stack the layer is traced before it is differentiated), so they are timed the sa
   'cudnn' (`xl.xl_attention_cudnn`: the position term as a bias of cuDNN's flash attention);
   on a GPU where the scheme's causal Mosaic GPU kernel serves the signature
   (`mosaic_dispatch.serves`: bf16/fp16, no dropout, a memory of whole 64-key tiles, head_dim
-  64 (Shaw also 128); Shaw's mask with a query axis, timed causal), 'mosaic'. At most 6
+  64 (Shaw also 128); Shaw's mask with a query axis, timed causal), 'mosaic', for now only
+  with RELPOS_AUTOTUNE_MOSAIC=1 (`MOSAIC_OPT_IN`: until its kernels have run on a GPU). At most 6
   candidates. Every process builds the same list from the signature.
 - Given tiles. A caller that passes `block_sizes` with 'auto' keeps its tiles: the signature
   records them (`tiles=QxK` in its text) and the candidates are 'xla' and 'pallas@QxK' at
@@ -271,13 +272,19 @@ def cudnn_serves(signature: Signature) -> bool:
   return gpu and s.kernel == 'xl' and s.dtype in CUDNN_DTYPES and s.dropout == 0.0
 
 
+# 'mosaic' is an 'auto' candidate only where this is '1': its kernels have not run on a GPU yet,
+# and one that hangs (a barrier never released) or corrupts the device would take the whole
+# step with it, which a failed compile (timed as failed) does not.
+MOSAIC_OPT_IN = 'RELPOS_AUTOTUNE_MOSAIC'
+
+
 def mosaic_serves(signature: Signature) -> bool:
-  """Whether 'mosaic' is a candidate at `signature`: on a GPU where the kernel's Mosaic GPU
-  kernel serves the call (`mosaic_dispatch.serves`; Shaw at its default query offset, as
-  timed, and the timed mask causal). On a GPU without Hopper's wgmma it fails, is timed as
-  failed and never chosen."""
+  """Whether 'mosaic' is a candidate at `signature`: with RELPOS_AUTOTUNE_MOSAIC=1
+  (`MOSAIC_OPT_IN`), on a GPU where the kernel's Mosaic GPU kernel serves the call
+  (`mosaic_dispatch.serves`; Shaw at its default query offset, as timed, and the timed mask
+  causal). On a GPU without Hopper's wgmma it fails, is timed as failed and never chosen."""
   s = signature
-  if jax.default_backend() != 'gpu':
+  if jax.default_backend() != 'gpu' or os.environ.get(MOSAIC_OPT_IN) != '1':
     return False
   return mosaic_dispatch.serves(s.kernel, s.q_len, s.kv_len, s.dtype, s.head_dim, s.mask, s.dropout)
 
