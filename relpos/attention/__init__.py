@@ -5,12 +5,15 @@ query [batch, q_len, heads, head_dim] and key/value [batch, kv_len, heads, head_
 optional bool mask broadcastable to [batch, heads, q_len, kv_len] (True = may attend), and
 return [batch, q_len, heads, head_dim]. Softmax and matmul sums run in float32 (float64 for
 float64 inputs); bf16 inputs stay bf16 in the matmuls. Shaw's and Transformer-XL's kernels take
-`implementation='auto' | 'xla' | 'pallas'` (XL also 'cudnn'): 'pallas' is a fused, tiled
-flash-attention style kernel (`pallas_shaw`, `pallas_xl`, shared parts in `pallas_common`),
-interpreted on CPU; XL's 'cudnn' is its position term as the bias of cuDNN's flash attention
-(`xl.xl_attention_cudnn`: bf16/fp16, no dropout, NVIDIA GPUs); 'auto' is, on a GPU, whichever
-of 'xla', 'pallas' at a few tilings and (XL in bf16) 'cudnn' ran fastest forward and backward
-at the shapes of the call, timed on first use and cached (`autotune`), and 'xla' elsewhere.
+`implementation='auto' | 'xla' | 'pallas' | 'mosaic'` (XL also 'cudnn'): 'pallas' is a fused,
+tiled flash-attention style kernel in Pallas's Triton backend (`pallas_shaw`, `pallas_xl`,
+shared parts in `pallas_common`), interpreted on CPU; 'mosaic' a causal one in Pallas Mosaic GPU
+(`mosaic_shaw`, `mosaic_xl`; Hopper, bf16/fp16), used where the mask is causal and 'xla' or
+'pallas' elsewhere (`mosaic_dispatch`); XL's 'cudnn' is its position term as the bias of
+cuDNN's flash attention (`xl.xl_attention_cudnn`: bf16/fp16, no dropout, NVIDIA GPUs); 'auto'
+is, on a GPU, whichever of 'xla', 'pallas' at a few tilings, (XL in bf16) 'cudnn' and (opted
+in) 'mosaic' ran fastest forward and backward at the shapes of the call, timed on first use
+and cached (`autotune`), and 'xla' elsewhere.
 
 Position schemes that feed vanilla attention: T5's bucketed relative bias
 (`t5_relative_bias`) and ALiBi's linear bias (`alibi_bias`), both [heads, q_len, kv_len]
