@@ -23,6 +23,9 @@ from relpos.attention import xl as xl_module
 from relpos.attention.masking import causal_mask
 from relpos.attention.shaw import shaw_attention
 from relpos.attention.xl import xl_attention
+from relpos.config.char_lm_defaults import char_lm_config
+from relpos.training import char_lm_task
+from relpos.training.mesh import data_mesh
 
 Q, MEMORY, HEADS, HEAD_DIM, K = 40, 64, 2, 64, 3  # 40 queries (padded to 64) over 104 keys
 
@@ -260,3 +263,58 @@ def test_the_other_branch_is_pallas_at_long_context_on_a_gpu(monkeypatch, kernel
   monkeypatch.setattr(module, f'{kernel}_attention', spy)
   jax.eval_shape(lambda *a: real(*a, mask=UNFILLED, implementation='mosaic'), *INPUTS[kernel]())
   assert chosen == ['pallas']
+
+
+def _char_lm(position, *, scan: bool, tgt_len: int, implementation='mosaic'):
+  config = char_lm_config()
+  config.model.update(
+    position=position,
+    num_layers=2,
+    d_model=128,
+    num_heads=2,
+    head_dim=64,
+    d_ff=64,
+    max_relative_position=3,
+    dtype='bfloat16',
+    attention_implementation=implementation,
+    dropout=0.0,
+    attention_dropout=0.0,
+    scan_layers=scan,
+    remat='full' if scan else 'none',
+  )
+  config.train.update(batch_size=1, tgt_len=tgt_len, mem_len=64)
+  mesh = data_mesh()
+  _, graphdef, state = char_lm_task.build(config, 256, mesh)
+  return config, state, char_lm_task.train_step_fn(config, graphdef, mesh)
+
+
+@pytest.mark.parametrize(('position', 'calls'), [('xl', 5), ('shaw', 4)])
+def test_the_char_lm_step_with_mosaic_lowers_for_cuda(monkeypatch, position, calls):
+  """The whole training step, layers scanned and rematerialised, with the kernels as a GPU
+  compiles them (not interpreted): one forward custom call in the scan, its rematerialised
+  forward and the backward kernels (XL 3, Shaw 2), and a cond per pass."""
+  monkeypatch.setattr(mosaic_dispatch, 'interpret', lambda: False)
+  _, state, step = _char_lm(position, scan=True, tgt_len=64)
+  tokens = jax.ShapeDtypeStruct((1, 64), jnp.int32)
+  shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  module = jax.export.export(step, platforms=['cuda'])(shapes, (tokens, tokens)).mlir_module()
+  assert module.count('stablehlo.custom_call @mosaic_gpu') == calls
+
+
+@pytest.mark.slow
+def test_the_char_lm_runs_mosaic_once_its_memory_is_full():
+  """Three 40-token segments over a 64-slot memory, interpreted: the first two (memory empty,
+  then 40 of 64 slots) take the 'xla' branch and give 'xla''s losses to the bit, the third
+  (memory full) the kernel, within bf16 rounding. (Not with remat: the interpreter's callbacks
+  are effects that `jax.checkpoint` does not take; the GPU lowering above does.)"""
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (1, 121)))
+  losses = {}
+  for implementation in ('xla', 'mosaic'):
+    _, state, step = _char_lm('xl', scan=False, tgt_len=40, implementation=implementation)
+    losses[implementation] = []
+    for start in (0, 40, 80):
+      state, sums = step(state, (tokens[:, start : start + 40], tokens[:, start + 1 : start + 41]))
+      losses[implementation].append(float(sums['loss']))
+  (xla, mosaic) = losses.values()
+  assert mosaic[:2] == xla[:2]
+  assert mosaic[2] != xla[2] and abs(mosaic[2] - xla[2]) < 1e-3 * abs(xla[2])
