@@ -4,7 +4,8 @@ Shaw's and XL's Mosaic GPU kernels (`mosaic_shaw`, `mosaic_xl`) know one mask: c
 the queries the last q_len keys. A model's mask is traced (the character LM's also drops the
 memory slots not yet filled; a decoder's, the PAD keys of its batch), so whether a call's mask
 is one the kernel computes is known only when the step runs. `implementation='mosaic'`
-therefore means: the kernel where it can serve, the 'xla' form elsewhere, decided in two steps.
+therefore means: the kernel where it can serve, another form elsewhere ('xla'; at long context
+on a GPU the Pallas kernel), decided in two steps.
 
 - While tracing, from shapes (`serves`): bf16/fp16, no attention dropout, a memory of whole
   kernel tiles before the queries, a head_dim the kernel's backward fits in shared memory
@@ -13,7 +14,7 @@ therefore means: the kernel where it can serve, the 'xla' form elsewhere, decide
   'mosaic' is 'xla' at no cost.
 - When the step runs (`run`): a `lax.cond` on the caller's predicate, which compares the mask
   with the causal one (a [q_len, kv_len] comparison): Shaw's must equal it, XL's (on top of
-  which XL adds the causal mask itself) must allow every causal pair. The 'xla' branch is
+  which XL adds the causal mask itself) must allow every causal pair. The other branch is
   rematerialised (`jax.checkpoint`): under differentiation a cond keeps the residuals of both
   branches (the untaken one's as zeros), and 'xla''s would be [batch, heads, q_len, kv_len]
   probabilities, so it keeps its inputs only and recomputes its forward in the backward, when
