@@ -301,6 +301,64 @@ def report(length, head_dim, distances, dtype, *, batch, heads, gpu='H100 SXM') 
   return lines
 
 
+# Tile-matmuls (bq x d by d x bk, 2·64·64·d FLOPs at 64 x 64 tiles) per visited tile pair of the
+# Mosaic GPU kernels, counted from their structure (their module docstrings): their lowered
+# programs are Mosaic GPU custom calls whose loops this reader does not parse. Flash attention is
+# FA2's count (forward S and P·V; backward dq 3, dk/dv 4), which cuDNN's kernels also do.
+MOSAIC_TILE_MATMULS = {
+  'flash (FA2)': {'far': (2, 7)},
+  'mosaic shaw': {'far': (2, 7), 'band': (2, 5)},  # band: no recomputation of the band p, dS
+  'mosaic xl': {'far': (4, 19)},  # the position window is 2 wide; each backward kernel recomputes
+}
+
+
+def mosaic_tile_matmuls(scheme: str, length: int, memory: int, k: int = 0, block: int = 64):
+  """(forward, backward) tile-matmuls per batch and head of `scheme` (a key of
+  MOSAIC_TILE_MATMULS) for `length` causal queries over `memory` + `length` keys: every visited
+  tile pair's count, and for Shaw its band tiles' (the `num_band` tiles ending at each query
+  tile's diagonal, `mosaic_shaw._band_tiles`) instead of the far tiles'."""
+  from relpos.attention.mosaic_shaw import _band_tiles
+
+  kv_len = memory + length
+  counts = MOSAIC_TILE_MATMULS[scheme]
+  pairs = causal_tile_pairs(length, kv_len, block, block)
+  band = 0
+  if 'band' in counts:
+    num_band = _band_tiles(length, k, block, block, memory)
+    visible = [(memory + (t + 1) * block) // block for t in range(length // block)]
+    band = sum(min(num_band, v) for v in visible)
+  (far_fwd, far_bwd), (band_fwd, band_bwd) = counts['far'], counts.get('band', counts['far'])
+  far = pairs - band
+  return far * far_fwd + band * band_fwd, far * far_bwd + band * band_bwd
+
+
+def mosaic_report(length, memory, head_dim, distances, *, batch, heads, gpu='H100 SXM'):
+  """Markdown lines: the Mosaic GPU kernels' tensor work against flash attention's, forward
+  and backward, and its time at the GPU's dense bf16 peak."""
+  tflops, _ = GPUS[gpu]
+  matmul = 2 * 64 * 64 * head_dim * batch * heads
+  rows = [('flash (FA2)', 0), *(('mosaic shaw', k) for k in distances), ('mosaic xl', 0)]
+  flash = sum(mosaic_tile_matmuls('flash (FA2)', length, memory))
+  lines = [
+    f'Mosaic GPU kernels, from their structure: causal, n = {length} over {memory} + {length} '
+    f'keys, 64 x 64 tiles, batch {batch}, {heads} heads, head_dim {head_dim}; {gpu} '
+    f"{tflops:g} TFLOP/s dense bf16 (XLA's work before and after the kernels not counted)",
+    '',
+    '| kernel | tile-matmuls fwd / bwd per batch and head | tensor GFLOP fwd+bwd | / flash | '
+    'ms at peak |',
+    '|---|---|---|---|---|',
+  ]
+  for scheme, k in rows:
+    forward, backward = mosaic_tile_matmuls(scheme, length, memory, k)
+    name = f'{scheme}, k = {k}' if scheme == 'mosaic shaw' else scheme
+    gflop = (forward + backward) * matmul / 1e9
+    lines.append(
+      f'| {name} | {forward} / {backward} | {gflop:.1f} | {(forward + backward) / flash:.2f} | '
+      f'{gflop / tflops:.3f} |'
+    )
+  return lines
+
+
 def main(argv):
   del argv
   f = flags.FLAGS
@@ -312,6 +370,8 @@ def main(argv):
     batch=f.batch,
     heads=f.heads,
   )
+  distances = [int(k) for k in f.distances]
+  lines += ['', *mosaic_report(f.length, 0, f.head_dim, distances, batch=f.batch, heads=f.heads)]
   print('\n'.join(lines))
 
 

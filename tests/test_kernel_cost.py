@@ -83,3 +83,22 @@ def test_the_report_puts_shaw_at_flash_work_and_xl_above_it():
   assert ratios['flash (jax.experimental.pallas.ops.gpu.attention)'] == 1.0
   assert 0.8 < ratios['shaw, k = 4'] < 1.3
   assert ratios['xl'] > 1.5
+
+
+def test_mosaic_tile_matmuls_by_hand():
+  """n = 128 over no memory: query tile 0 sees key tile 0, tile 1 sees tiles 0 and 1, 3 pairs.
+  Flash: 2 and 7 each. XL: 4 and 19 each. Shaw at k = 3: both of tile 1's tiles are in its
+  band (the far tile must have every pair at distance <= -3; tile 0's last key is 63, tile 1's
+  first query 64: distance -1), so all 3 pairs are band pairs, 2 and 5 each. Shaw at k = 3 with
+  a memory of 256: each query tile sees 5 or 6 tiles, 2 of them band, the rest far."""
+  assert kernel_cost.mosaic_tile_matmuls('flash (FA2)', 128, 0) == (6, 21)
+  assert kernel_cost.mosaic_tile_matmuls('mosaic xl', 128, 0) == (12, 57)
+  assert kernel_cost.mosaic_tile_matmuls('mosaic shaw', 128, 0, 3) == (6, 15)
+  far, band = 5 + 6 - 2 * 2, 2 * 2
+  assert kernel_cost.mosaic_tile_matmuls('mosaic shaw', 128, 256, 3) == (
+    2 * (far + band),
+    7 * far + 5 * band,
+  )
+  lines = kernel_cost.mosaic_report(2048, 0, 64, [16], batch=16, heads=8)
+  xl_row = next(line for line in lines if line.startswith('| mosaic xl |'))
+  assert xl_row.split('|')[4].strip() == f'{23 / 9:.2f}'  # (4 + 19) / (2 + 7) of flash's work
