@@ -303,10 +303,13 @@ def report(length, head_dim, distances, dtype, *, batch, heads, gpu='H100 SXM') 
 
 # Tile-matmuls (bq x d by d x bk, 2·64·64·d FLOPs at 64 x 64 tiles) per visited tile pair of the
 # Mosaic GPU kernels, counted from their structure (their module docstrings): their lowered
-# programs are Mosaic GPU custom calls whose loops this reader does not parse. Flash attention is
-# FA2's count (forward S and P·V; backward dq 3, dk/dv 4), which cuDNN's kernels also do.
+# programs are Mosaic GPU custom calls whose loops this reader does not parse. Flash attention:
+# forward S and P·V; backward as one kernel with atomic dq (FA2's: S, dP, dV, dK, dQ: 5) or split
+# into a dq and a dk/dv kernel without atomics (3 + 4 = 7: JAX's attention_mgpu, and the split
+# relpos's Mosaic kernels use).
 MOSAIC_TILE_MATMULS = {
-  'flash (FA2)': {'far': (2, 7)},
+  'flash (FA2, one backward kernel)': {'far': (2, 5)},
+  'flash (split backward)': {'far': (2, 7)},
   'mosaic shaw': {'far': (2, 7), 'band': (2, 5)},  # band: no recomputation of the band p, dS
   'mosaic xl': {'far': (4, 19)},  # the position window is 2 wide; each backward kernel recomputes
 }
@@ -337,14 +340,16 @@ def mosaic_report(length, memory, head_dim, distances, *, batch, heads, gpu='H10
   and backward, and its time at the GPU's dense bf16 peak."""
   tflops, _ = GPUS[gpu]
   matmul = 2 * 64 * 64 * head_dim * batch * heads
-  rows = [('flash (FA2)', 0), *(('mosaic shaw', k) for k in distances), ('mosaic xl', 0)]
-  flash = sum(mosaic_tile_matmuls('flash (FA2)', length, memory))
+  flashes = [name for name in MOSAIC_TILE_MATMULS if name.startswith('flash')]
+  rows = [*((name, 0) for name in flashes), *(('mosaic shaw', k) for k in distances)]
+  rows.append(('mosaic xl', 0))
+  flash = sum(mosaic_tile_matmuls(flashes[0], length, memory))
   lines = [
     f'Mosaic GPU kernels, from their structure: causal, n = {length} over {memory} + {length} '
     f'keys, 64 x 64 tiles, batch {batch}, {heads} heads, head_dim {head_dim}; {gpu} '
     f"{tflops:g} TFLOP/s dense bf16 (XLA's work before and after the kernels not counted)",
     '',
-    '| kernel | tile-matmuls fwd / bwd per batch and head | tensor GFLOP fwd+bwd | / flash | '
+    '| kernel | tile-matmuls fwd / bwd per batch and head | tensor GFLOP fwd+bwd | / FA2 | '
     'ms at peak |',
     '|---|---|---|---|---|',
   ]
