@@ -326,21 +326,9 @@ def test_a_workdir_of_the_other_task_is_named_by_every_command(straight, tmp_pat
   assert not (tmp_path / 'c.png').exists()
 
 
-def test_eval_py_on_a_workdir_of_the_other_task_is_one_line(straight):
+def test_eval_py_on_a_workdir_of_the_other_task_is_one_line(commands, straight):
   before = _state(straight)
-  result = subprocess.run(
-    [
-      sys.executable,
-      'eval.py',
-      '--config=configs/translate_tiny.py',
-      f'--workdir={straight}',
-    ],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=300,
-    env={**os.environ, 'RELPOS_CPU_DEVICES': '1', 'RELPOS_ALLOCATOR': 'default'},
-  )
+  result = commands.run(['eval.py', '--config=configs/translate_tiny.py', f'--workdir={straight}'])
   errors = [line for line in result.stderr.splitlines() if line.startswith('error')]
   assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr[-2000:]
   assert errors == [result.stderr.strip().splitlines()[-1]], result.stderr[-2000:]

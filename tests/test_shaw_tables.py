@@ -3,8 +3,6 @@ drift
 of a trained run is checked in test_translate_training, which trains one)."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -66,13 +64,10 @@ def test_a_workdir_it_cannot_read_is_one_line(tmp_path, config, message):
   assert not code.startswith('error: --workdir'), code  # its workdirs are positional
 
 
-def test_the_command_exits_1_with_its_error_line_and_no_traceback(tmp_path):
-  """The real `python -m relpos.studies.shaw_tables` process (the cases above call its main)."""
-  result = subprocess.run(
-    [sys.executable, '-m', 'relpos.studies.shaw_tables', str(tmp_path / 'run')],
-    capture_output=True,
-    text=True,
-  )
+def test_the_command_exits_1_with_its_error_line_and_no_traceback(commands, tmp_path):
+  """A real `python -m relpos.studies.shaw_tables` process (the cases above call its main),
+  forked from the command server (conftest's `commands`)."""
+  result = commands.run(['-m', 'relpos.studies.shaw_tables', str(tmp_path / 'run')])
   assert result.returncode == 1 and 'Traceback' not in result.stderr
   last = result.stderr.strip().splitlines()[-1]
   assert last.startswith('error: ') and 'run is not a directory: give the workdir' in last, last

@@ -106,18 +106,13 @@ def test_char_lm_step_times_the_variants_asked_for(tmp_path):
   assert all(0 < float(cells[7]) < float(cells[6]) for cells in rows.values())  # MFU
 
 
-def test_char_lm_step_refuses_variants_without_xl():
-  done = subprocess.run(
+def test_char_lm_step_refuses_variants_without_xl(commands):
+  done = commands.run(
     [
-      sys.executable,
       str(REPO / 'benchmarks' / 'char_lm_step.py'),
       '--config=configs/char_tiny.py',
       '--variants=shaw',
-    ],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=120,
+    ]
   )
   assert done.returncode != 0
   assert '--variants must include xl and choose from: xl, xl_mem0, shaw' in done.stderr

@@ -3,8 +3,6 @@ the whole train -> evaluate -> tabulate loop at tiny sizes."""
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -225,22 +223,18 @@ def test_command_line_errors_are_one_line_before_training(tmp_path, monkeypatch,
   assert not list(tmp_path.iterdir())  # nothing trained
 
 
-def test_a_refused_command_exits_1_with_its_error_line_and_no_traceback(tmp_path):
-  """The real `python -m relpos.studies.sweep` process (the in-process cases above share its
-  flag parser and main): exit status 1, the error as stderr's last line, nothing trained."""
-  result = subprocess.run(
+def test_a_refused_command_exits_1_with_its_error_line_and_no_traceback(commands, tmp_path):
+  """A real `python -m relpos.studies.sweep` process, forked from the command server
+  (conftest's `commands`; the in-process cases above share its flag parser and main): exit
+  status 1, the error as stderr's last line, nothing trained."""
+  result = commands.run(
     [
-      sys.executable,
       '-m',
       'relpos.studies.sweep',
       f'--workdir={tmp_path}',
       '--config=configs/translate_tiny.py:absolute',
       '--values=0,4',
-    ],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=600,
+    ]
   )
   assert result.returncode == 1 and 'Traceback' not in result.stderr
   last = result.stderr.strip().splitlines()[-1]
