@@ -24,13 +24,11 @@ and times nothing. A kernel that fails to compile or run prints one 'failed' lin
 out of the timing.
 """
 
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
-from timing import interleaved_median_seconds
+from timing import check_then_time
 
 from relpos import attention
 from relpos.attention.mosaic_shaw import shaw_attention_mosaic
@@ -77,28 +75,6 @@ def kernels(names, n, interpret):
   return {name: jax.jit(table[name]) for name in names}
 
 
-def with_backward(fns, weight):
-  """name -> f, and name+bwd -> jax.grad of sum(f(...)·weight) w.r.t. all five inputs."""
-  out = {}
-  for name, fn in fns.items():
-
-    def loss(*args, fn=fn):
-      return jnp.sum(fn(*args).astype(jnp.float32) * weight)
-
-    out[name] = fn
-    out[f'{name}+bwd'] = jax.jit(jax.grad(loss, argnums=range(5)))
-  return out
-
-
-def error(got, want) -> float:
-  """max |got - want| / max |want| (gradients: the largest over the inputs, max |want| >= 1)."""
-  if isinstance(want, tuple):
-    return max(
-      float(np.abs(g - w).max() / max(np.abs(w).max(), 1.0)) for g, w in zip(got, want, strict=True)
-    )
-  return float(np.abs(got - want).max() / np.abs(want).max())
-
-
 def run_row(names, n, k, interpret) -> list[str]:
   rng = np.random.default_rng(0)
   shape = (FLAGS.batch, n, FLAGS.heads, FLAGS.head_dim)
@@ -111,43 +87,17 @@ def run_row(names, n, k, interpret) -> list[str]:
     for _ in range(2)
   ]
   weight = jnp.asarray(rng.standard_normal(shape), jnp.float32)
-  args = (q, key, v, *rel)
-  fns = with_backward(kernels(names, n, interpret), weight)
-
-  def as_f32(x):
-    return jax.tree.map(lambda a: np.asarray(a, np.float32), jax.block_until_ready(x))
-
-  reference = with_backward(kernels(['xla'], n, False), weight)
-  wants = {name: as_f32(fn(*args)) for name, fn in reference.items()}
-  lines = []
-  for name, fn in list(fns.items()):
-    want = wants['xla+bwd' if name.endswith('+bwd') else 'xla']
-    start = time.perf_counter()
-    try:
-      got = as_f32(fn(*args))
-    except Exception as exc:  # one kernel failing to compile or run leaves out only itself
-      lines.append(f'n={n} k={k} {name}: failed: {type(exc).__name__}: {exc}'.split('\n')[0])
-      del fns[name]
-      continue
-    first = time.perf_counter() - start
-    lines.append(
-      f'n={n} k={k} {name}: error vs xla {error(got, want):.2e}, first call {first:.1f} s'
-    )
-  if interpret or not fns:
-    return lines
-  seconds = interleaved_median_seconds(
-    {name: (lambda fn=fn: fn(*args)) for name, fn in fns.items()},
+  return check_then_time(
+    kernels(names, n, interpret),
+    kernels(['xla'], n, False)['xla'],
+    (q, key, v, *rel),
+    weight,
+    label=f'n={n} k={k}',
+    flops=2 * FLAGS.batch * FLAGS.heads * n * (n + 2 * FLAGS.memory) * FLAGS.head_dim,
+    check_only=interpret,
     rounds=FLAGS.rounds,
     repeats=FLAGS.repeats,
   )
-  flops = 2 * FLAGS.batch * FLAGS.heads * n * (n + 2 * FLAGS.memory) * FLAGS.head_dim
-  for name, s in seconds.items():
-    suffix = '+bwd' if name.endswith('+bwd') else ''
-    base_name = next((b + suffix for b in ('cudnn', 'xla') if b + suffix in seconds), None)
-    ratio = f', {s / seconds[base_name]:.2f}x {base_name}' if base_name else ''
-    work = flops * (2.5 if suffix else 1.0)
-    lines.append(f'n={n} k={k} {name}: {s * 1e3:.3f} ms, {work / s / 1e12:.1f} TFLOP/s{ratio}')
-  return lines
 
 
 def main(argv):

@@ -18,13 +18,11 @@ times that for forward+backward (the position term's matmuls are extra work not 
 and times nothing. A kernel that fails to compile or run prints one 'failed' line.
 """
 
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
-from timing import interleaved_median_seconds
+from timing import check_then_time
 
 from relpos.attention.mosaic_xl import xl_attention_mosaic
 from relpos.attention.xl import xl_attention
@@ -43,32 +41,12 @@ flags.DEFINE_bool('interpret', False, "Mosaic GPU's interpreter (CPU): check onl
 
 
 def kernels(names, interpret):
-  """name -> jitted f(q, k, v, rel_key, u, v) and name+bwd -> the gradient of sum(f·w)."""
+  """name -> f(q, k, v, rel_key, u, v), the kernel `name` (KERNELS)."""
   table = {
     'mosaic': lambda *a: xl_attention_mosaic(*a, interpret=interpret),
     **{name: (lambda *a, name=name: xl_attention(*a, implementation=name)) for name in KERNELS[1:]},
   }
   return {name: table[name] for name in names}
-
-
-def with_backward(fns, weight):
-  out = {}
-  for name, fn in fns.items():
-
-    def loss(*args, fn=fn):
-      return jnp.sum(fn(*args).astype(jnp.float32) * weight)
-
-    out[name] = jax.jit(fn)
-    out[f'{name}+bwd'] = jax.jit(jax.grad(loss, argnums=range(6)))
-  return out
-
-
-def error(got, want) -> float:
-  if isinstance(want, tuple):
-    return max(
-      float(np.abs(g - w).max() / max(np.abs(w).max(), 1.0)) for g, w in zip(got, want, strict=True)
-    )
-  return float(np.abs(got - want).max() / np.abs(want).max())
 
 
 def run_row(names, n, interpret) -> list[str]:
@@ -77,40 +55,17 @@ def run_row(names, n, interpret) -> list[str]:
   shapes = [(b, n, h, d), (b, m + n, h, d), (b, m + n, h, d), (m + n, h, d), (h, d), (h, d)]
   args = [jnp.asarray(rng.standard_normal(s), jnp.bfloat16) for s in shapes]
   weight = jnp.asarray(rng.standard_normal(shapes[0]), jnp.float32)
-  fns = with_backward(kernels(names, interpret), weight)
-
-  def as_f32(x):
-    return jax.tree.map(lambda a: np.asarray(a, np.float32), jax.block_until_ready(x))
-
-  reference = with_backward(kernels(['xla'], False), weight)
-  wants = {name: as_f32(fn(*args)) for name, fn in reference.items()}
-  lines = []
-  for name, fn in list(fns.items()):
-    want = wants['xla+bwd' if name.endswith('+bwd') else 'xla']
-    start = time.perf_counter()
-    try:
-      got = as_f32(fn(*args))
-    except Exception as exc:  # one kernel failing leaves out only itself
-      lines.append(f'n={n} {name}: failed: {type(exc).__name__}: {exc}'.split('\n')[0])
-      del fns[name]
-      continue
-    first = time.perf_counter() - start
-    lines.append(f'n={n} {name}: error vs xla {error(got, want):.2e}, first call {first:.1f} s')
-  if interpret or not fns:
-    return lines
-  seconds = interleaved_median_seconds(
-    {name: (lambda fn=fn: fn(*args)) for name, fn in fns.items()},
+  return check_then_time(
+    kernels(names, interpret),
+    kernels(['xla'], False)['xla'],
+    args,
+    weight,
+    label=f'n={n}',
+    flops=2 * b * h * n * (n + 2 * m) * d,
+    check_only=interpret,
     rounds=FLAGS.rounds,
     repeats=FLAGS.repeats,
   )
-  flops = 2 * b * h * n * (n + 2 * m) * d
-  for name, s in seconds.items():
-    suffix = '+bwd' if name.endswith('+bwd') else ''
-    base = next((k + suffix for k in ('cudnn', 'xla') if k + suffix in seconds), None)
-    ratio = f', {s / seconds[base]:.2f}x {base}' if base else ''
-    work = flops * (2.5 if suffix else 1.0)
-    lines.append(f'n={n} {name}: {s * 1e3:.3f} ms, {work / s / 1e12:.1f} TFLOP/s{ratio}')
-  return lines
 
 
 def main(argv):

@@ -50,6 +50,74 @@ def build_within(names, build, seconds: float, *, share: float = 0.6, clock=time
   return built, left_out
 
 
+def with_backward(fns: dict, weight, num_inputs: int) -> dict:
+  """name -> jitted f, and 'name+bwd' -> the jitted gradient of sum(f(...)·weight) with respect
+  to its first `num_inputs` arguments: a kernel's forward and forward+backward passes."""
+  out = {}
+  for name, fn in fns.items():
+
+    def loss(*args, fn=fn):
+      return jnp.sum(fn(*args).astype(jnp.float32) * weight)
+
+    out[name] = jax.jit(fn)
+    out[f'{name}+bwd'] = jax.jit(jax.grad(loss, argnums=range(num_inputs)))
+  return out
+
+
+def relative_error(got, want) -> float:
+  """max |got - want| / max |want| of float32 NumPy values; for gradients (tuples) the largest
+  over the inputs, each with max |want| floored at 1."""
+  if isinstance(want, tuple):
+    return max(
+      float(np.abs(g - w).max() / max(np.abs(w).max(), 1.0)) for g, w in zip(got, want, strict=True)
+    )
+  return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def check_then_time(
+  fns: dict, reference, args, weight, *, label: str, flops: float, check_only: bool, **timing
+) -> list[str]:
+  """Lines checking each kernel of `fns` (name -> f(*args)), forward and forward+backward
+  (`with_backward`), against `reference` (the same call through XLA) on `args`, then, unless
+  `check_only`, timing them interleaved (`interleaved_median_seconds(**timing)`): ms, TFLOP/s
+  at `flops` forward (2.5 times that with the backward) and the ratio to cuDNN's (else XLA's)
+  time of the same pass where it ran. Each line starts with `label`. A kernel that fails to
+  compile or run gets one 'failed' line and is left out; the rest go on."""
+
+  def as_f32(x):
+    return jax.tree.map(lambda a: np.asarray(a, np.float32), jax.block_until_ready(x))
+
+  fns = with_backward(fns, weight, len(args))
+  wants = {
+    name: as_f32(fn(*args))
+    for name, fn in with_backward({'xla': reference}, weight, len(args)).items()
+  }
+  lines = []
+  for name, fn in list(fns.items()):
+    want = wants['xla+bwd' if name.endswith('+bwd') else 'xla']
+    start = time.perf_counter()
+    try:
+      got = as_f32(fn(*args))
+    except Exception as exc:  # one kernel failing to compile or run leaves out only itself
+      lines.append(f'{label} {name}: failed: {type(exc).__name__}: {exc}'.split('\n')[0])
+      del fns[name]
+      continue
+    first = time.perf_counter() - start
+    error = relative_error(got, want)
+    lines.append(f'{label} {name}: error vs xla {error:.2e}, first call {first:.1f} s')
+  if check_only or not fns:
+    return lines
+  calls = {name: (lambda fn=fn: fn(*args)) for name, fn in fns.items()}
+  seconds = interleaved_median_seconds(calls, **timing)
+  for name, s in seconds.items():
+    suffix = '+bwd' if name.endswith('+bwd') else ''
+    base = next((b + suffix for b in ('cudnn', 'xla') if b + suffix in seconds), None)
+    ratio = f', {s / seconds[base]:.2f}x {base}' if base else ''
+    work = flops * (2.5 if suffix else 1.0)
+    lines.append(f'{label} {name}: {s * 1e3:.3f} ms, {work / s / 1e12:.1f} TFLOP/s{ratio}')
+  return lines
+
+
 def interleaved_median_seconds(
   candidates: dict, *, rounds: int, warmup: int = 1, repeats: int = 1
 ) -> dict:

@@ -99,6 +99,19 @@ def compilation_cache(tmp_path):
     yield
 
 
+@pytest.fixture
+def fresh_interpreter():
+  """Mosaic GPU's interpreter (the Mosaic kernels' tests) with its global state reset before
+  and after: a kernel that raised leaves it inconsistent."""
+  from jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call import (
+    reset_gpu_interpret_mode_state,
+  )
+
+  reset_gpu_interpret_mode_state()
+  yield
+  reset_gpu_interpret_mode_state()
+
+
 @pytest.fixture(scope='session')
 def commands():
   """`commands.run([...])`: subprocess.run for `python train.py ...`-style command lines, each

@@ -37,18 +37,6 @@ from relpos.attention import mosaic_shaw
 from relpos.attention.mosaic_shaw import shaw_attention_mosaic
 
 
-@pytest.fixture
-def fresh_interpreter():
-  """The interpreter's global state is left inconsistent by a kernel that raised; reset it."""
-  from jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call import (
-    reset_gpu_interpret_mode_state,
-  )
-
-  reset_gpu_interpret_mode_state()
-  yield
-  reset_gpu_interpret_mode_state()
-
-
 def _inputs(batch, length, heads, head_dim, max_distance, dtype, seed=0, memory=0):
   """query [batch, length, ...], key and value [batch, memory + length, ...], the tables."""
   rng = np.random.default_rng(seed)

@@ -36,18 +36,6 @@ from relpos.attention.xl import xl_attention
 SLOW = pytest.mark.slow
 
 
-@pytest.fixture
-def fresh_interpreter():
-  """The interpreter's global state is left inconsistent by a kernel that raised; reset it."""
-  from jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call import (
-    reset_gpu_interpret_mode_state,
-  )
-
-  reset_gpu_interpret_mode_state()
-  yield
-  reset_gpu_interpret_mode_state()
-
-
 def _inputs(batch, q_len, kv_len, heads, head_dim, dtype, seed=0):
   """query, key, value, rel_key, u, v: standard normal, rounded to `dtype`."""
   rng = np.random.default_rng(seed)

@@ -216,3 +216,34 @@ def test_build_within_a_budget_leaves_the_last_out_and_says_so(capsys):
   now[0] = 0.0
   slow = timing.build_within(names, lambda name: now.__setitem__(0, 1e3), 1.0, clock=lambda: now[0])
   assert list(slow[0]) == ['v0']  # the first is always built
+
+
+def test_check_then_time_checks_times_and_leaves_out_a_failing_kernel():
+  """The Mosaic benchmarks' loop (timing.check_then_time) on toy kernels: each kernel's error
+  against the reference, forward and backward, then ms, TFLOP/s and the ratio to 'xla' of the
+  same pass; a kernel that raises gets one 'failed' line and is not timed."""
+  import jax.numpy as jnp
+
+  def reference(x, y):
+    return jnp.tanh(x) * y
+
+  def broken(x, y):
+    raise RuntimeError('no kernel here\nsecond line')
+
+  x, y = jnp.linspace(-1, 1, 8), jnp.linspace(1, 2, 8)
+  fns = {'xla': reference, 'scaled': lambda x, y: reference(x, y) * 1.5, 'broken': broken}
+  lines = timing.check_then_time(
+    fns, reference, (x, y), jnp.ones(8), label='n=8', flops=1e6, check_only=False, rounds=2
+  )
+  assert 'n=8 xla: error vs xla 0.00e+00, first call' in lines[0]
+  assert lines[2].startswith('n=8 scaled: error vs xla 5.00e-01')  # 1.5x the reference
+  assert 'n=8 broken: failed: RuntimeError: no kernel here' in lines
+  timed = [line for line in lines if ' ms, ' in line]
+  assert [line.split(':')[0] for line in timed] == ['n=8 xla', 'n=8 xla+bwd', 'n=8 scaled'] + [
+    'n=8 scaled+bwd'
+  ]
+  assert timed[0].endswith('1.00x xla') and timed[3].endswith('x xla+bwd')
+  checked = timing.check_then_time(
+    fns, reference, (x, y), jnp.ones(8), label='n=8', flops=1e6, check_only=True
+  )
+  assert not [line for line in checked if ' ms, ' in line]
