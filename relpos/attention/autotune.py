@@ -250,17 +250,17 @@ def candidate_names(signature: Signature) -> tuple[str, ...]:
   the padded lengths; with given tiles, 'xla' and 'pallas@QxK' at them. A pure function of
   the signature, so every process lists the same names in the same order."""
   s = signature
-  cudnn = ['cudnn'] if cudnn_serves(s) else []
-  cudnn += ['mosaic'] if mosaic_serves(s) else []
+  fused = ['cudnn'] if cudnn_serves(s) else []  # the other kernels: cuDNN's, Mosaic GPU's
+  fused += ['mosaic'] if mosaic_serves(s) else []
   if s.tiles is not None:
-    return ('xla', tiles_name(s.tiles), *cudnn)
+    return ('xla', tiles_name(s.tiles), *fused)
   default = Tiling.make(s.q_len, s.kv_len, None, DEFAULT_BLOCKS[s.kernel])
   names = ['xla', 'pallas']
   for block_q, block_k in TILINGS[s.kernel]:
     fits = block_q <= triton_size(s.q_len) and block_k <= triton_size(s.kv_len)
     if fits and (block_q, block_k) != (default.block_q, default.block_k):
       names.append(tiles_name((block_q, block_k)))
-  return (*names, *cudnn)
+  return (*names, *fused)
 
 
 def cudnn_serves(signature: Signature) -> bool:

@@ -1,5 +1,7 @@
 """Masks, the masked softmax and attention-probability dropout shared by every kernel."""
 
+import operator
+
 import jax
 import jax.numpy as jnp
 
@@ -10,6 +12,14 @@ _MASKED_LOGIT = -1e30
 def accumulation_dtype(dtype):
   """float32 for bf16/fp16/fp32 inputs, float64 for float64 ones: softmax and matmul sums."""
   return jnp.promote_types(dtype, jnp.float32)
+
+
+def static_query_offset(query_offset):
+  """`query_offset` as a Python int when it is concrete, else None (a traced decoding step)."""
+  try:
+    return operator.index(query_offset)
+  except TypeError:
+    return None
 
 
 def default_query_offset(q_len: int, kv_len: int) -> int:

@@ -36,6 +36,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from relpos.attention.masking import static_query_offset
+
 BLOCK = 64  # the tiles the kernels are called with, both axes (their defaults)
 DTYPES = ('bfloat16', 'float16')
 HEAD_DIMS = {'shaw': (64, 128), 'xl': (64,)}  # what each kernel's backward fits (shared memory)
@@ -68,6 +70,19 @@ def serves(
     and memory >= 0
     and memory % BLOCK == 0
   )
+
+
+def serves_call(kernel: str, query, key, value, mask, dropout_rate: float, query_offset=None):
+  """`serves` for a call's arrays: query, key and value of one dtype, and (Shaw) a query offset
+  known while tracing (a traced one, a decoding step's, is never served)."""
+  if len({jnp.dtype(x.dtype) for x in (query, key, value)}) != 1:
+    return False
+  offset = None if query_offset is None else static_query_offset(query_offset)
+  if query_offset is not None and offset is None:
+    return False
+  mask_shape = None if mask is None else mask.shape
+  shapes = (query.shape[1], key.shape[1], query.dtype, query.shape[-1])
+  return serves(kernel, *shapes, mask_shape, dropout_rate, offset)
 
 
 def fallback(kv_len: int) -> str:

@@ -34,7 +34,6 @@ the diagonals of its inputs instead. The block prefix sums take `blocks` extra m
 
 import functools
 import math
-import operator
 
 import jax
 import jax.numpy as jnp
@@ -44,12 +43,14 @@ from relpos.attention.dot_product import attend, check_qkv, content_logits
 from relpos.attention.masking import (
   accumulation_dtype,
   attention_dropout,
+  causal_mask,
   check_dropout,
   default_query_offset,
   drop,
   dropout_keep,
   masked_softmax,
   query_key_distance,
+  static_query_offset,
 )
 from relpos.attention.pallas_common import resolve_implementation
 from relpos.attention.pallas_shaw import shaw_attention_pallas
@@ -64,14 +65,6 @@ def relative_buckets(q_len: int, kv_len: int, max_distance: int, *, query_offset
     query_offset = default_query_offset(q_len, kv_len)
   distance = query_key_distance(q_len, kv_len, query_offset)
   return jnp.clip(distance, -max_distance, max_distance) + max_distance
-
-
-def _static_int(value):
-  """`value` as a Python int when it is concrete, else None (a traced decoding step)."""
-  try:
-    return operator.index(value)
-  except TypeError:
-    return None
 
 
 def _prefix_block_size(kv_len: int) -> int:
@@ -101,7 +94,7 @@ class _Band:
     self.rows = 2 * k + 1
     # Past these offsets every pair is an edge either way: clipping keeps the buckets exact.
     lowest, highest = -(q_len - 1) - k, kv_len - 1 + k
-    static_offset = _static_int(query_offset)
+    static_offset = static_query_offset(query_offset)
     if static_offset is None:
       self.offset = jnp.clip(jnp.asarray(query_offset, jnp.int32), lowest, highest)
     else:
@@ -372,32 +365,12 @@ def xla_form(kv_len: int) -> str:
   return 'dense' if kv_len <= DENSE_MAX_KV_LEN else 'banded'
 
 
-def _mosaic_serves(query, key, value, mask, query_offset, dropout_rate) -> bool:
-  """`mosaic_dispatch.serves` for this call: one dtype for query, key and value, and the rest."""
-  if len({jnp.dtype(x.dtype) for x in (query, key, value)}) != 1:
-    return False
-  offset = None if query_offset is None else _static_int(query_offset)
-  if query_offset is not None and offset is None:  # a traced offset (decoding)
-    return False
-  return mosaic_dispatch.serves(
-    'shaw',
-    query.shape[1],
-    key.shape[1],
-    query.dtype,
-    query.shape[-1],
-    None if mask is None else mask.shape,
-    dropout_rate,
-    offset,
-  )
-
-
 def _shaw_mosaic(query, key, value, rel_key, rel_value, mask):
   """'mosaic': `mosaic_shaw.shaw_attention_mosaic` where `mask` is exactly the causal mask
   when the step runs, else `shaw_attention` with `mosaic_dispatch.fallback`'s implementation
-  (`relpos.attention.mosaic_dispatch`; checked by its `serves` first). A missing table is a
+  (`relpos.attention.mosaic_dispatch`; checked by its `serves_call` first). A missing table is a
   zero table (adds nothing)."""
   q_len, kv_len = query.shape[1], key.shape[1]
-  causal_QK = query_key_distance(q_len, kv_len, kv_len - q_len) <= 0
 
   def kernel(query, key, value, rel_key, rel_value, mask):
     del mask
@@ -420,7 +393,7 @@ def _shaw_mosaic(query, key, value, rel_key, rel_value, mask):
     )
     return out.astype(value.dtype)
 
-  use_kernel = jnp.all(mask == causal_QK)
+  use_kernel = jnp.all(mask == causal_mask(q_len, kv_len))
   operands = (query, key, value, rel_key, rel_value, mask)
   return mosaic_dispatch.run(use_kernel, kernel, other, *operands)
 
@@ -493,8 +466,8 @@ def shaw_attention(
     lambda: _tuned(query, key, rel_key, rel_value, mask, dropout_rate, block_sizes),
     kernel='shaw',
   )
-  if implementation == 'mosaic' and _mosaic_serves(
-    query, key, value, mask, query_offset, dropout_rate
+  if implementation == 'mosaic' and mosaic_dispatch.serves_call(
+    'shaw', query, key, value, mask, dropout_rate, query_offset
   ):
     return _shaw_mosaic(query, key, value, rel_key, rel_value, mask)
   if implementation == 'pallas':
@@ -543,7 +516,7 @@ def shaw_attention_banded(
   rng = dropout_rng if dropout_rate > 0.0 else None
   if query_offset is None:
     query_offset = default_query_offset(query.shape[1], key.shape[1])
-  static_offset = _static_int(query_offset)
+  static_offset = static_query_offset(query_offset)
   traced_offset = None if static_offset is not None else jnp.asarray(query_offset, jnp.int32)
   return _shaw(
     static_offset, dropout_rate, query, key, value, rel_key, rel_value, mask, traced_offset, rng

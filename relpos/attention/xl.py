@@ -112,7 +112,7 @@ def xl_attention_cudnn(query, key, value, rel_key, content_bias, position_bias, 
 def _xl_mosaic(query, key, value, rel_key, content_bias, position_bias, mask):
   """'mosaic': `mosaic_xl.xl_attention_mosaic` where `mask` (on top of XL's causal one) allows
   every causal pair when the step runs, else `mosaic_dispatch.fallback`'s implementation
-  (`relpos.attention.mosaic_dispatch`; checked by its `serves` first). rel_key is padded with
+  (`relpos.attention.mosaic_dispatch`; checked by its `serves_call` first). rel_key is padded with
   zero rows as the keys are: the extra distances reach padded queries only."""
   q_len, kv_len = query.shape[1], key.shape[1]
 
@@ -219,17 +219,10 @@ def xl_attention(
         "use 'xla' or 'pallas'"
       )
     return xl_attention_cudnn(query, key, value, rel_key, content_bias, position_bias, mask=mask)
-  if implementation == 'mosaic' and mosaic_dispatch.serves(
-    'xl',
-    q_len,
-    kv_len,
-    query.dtype,
-    query.shape[-1],
-    None if mask is None else mask.shape,
-    dropout_rate,
+  if implementation == 'mosaic' and mosaic_dispatch.serves_call(
+    'xl', query, key, value, mask, dropout_rate
   ):
-    if len({jnp.dtype(x.dtype) for x in (query, key, value)}) == 1:
-      return _xl_mosaic(query, key, value, rel_key, content_bias, position_bias, mask)
+    return _xl_mosaic(query, key, value, rel_key, content_bias, position_bias, mask)
   if implementation == 'pallas':
     return xl_attention_pallas(
       query,
