@@ -15,6 +15,7 @@ kilobytes per thread runs slowly; none spilling does not make one fast, which on
 show (docs/gpu.md). Without `--triton_python` the IR is only written out (`--out`).
 """
 
+import contextlib
 import json
 import subprocess
 import tempfile
@@ -93,6 +94,21 @@ def _attention(name, length, head_dim, k, dtype, block_sizes):
   return attend, [*qkv, *extra, mask]
 
 
+def cuda_target():
+  """A context for lowering Pallas Triton kernels for 'cuda' on a machine without a GPU: jax
+  0.11's Triton backend reads the target's compute capability from the device (jax 0.10's did
+  not), so where none is attached an abstract H100 (sm_90, the GPUs relpos has run on) stands
+  in. On a GPU, nothing changes."""
+  if any(device.platform == 'gpu' for device in jax.devices()):
+    return contextlib.nullcontext()
+  h100 = jax.sharding.AbstractDevice(
+    device_kind='NVIDIA H100 80GB HBM3', num_cores=None, platform='gpu'
+  )
+  return jax.sharding.use_abstract_mesh(
+    jax.sharding.AbstractMesh((1,), ('device',), abstract_device=h100)
+  )
+
+
 def triton_kernels(fn, avals, *, with_grid: bool = False):
   """[(name, num_warps, num_stages, Triton IR as MLIR text)] of every pallas_call in `fn`
   lowered for 'cuda'; with_grid: [(name, grid (x, y, z), Triton IR)] instead."""
@@ -100,11 +116,12 @@ def triton_kernels(fn, avals, *, with_grid: bool = False):
   from jax._src.lib.mlir import ir
   from jax._src.pallas.triton.lowering import _new_ir_context
 
-  exported = jax.export.export(
-    jax.jit(fn),
-    platforms=['cuda'],
-    disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(TRITON_CALL)],
-  )(*avals)
+  with cuda_target():
+    exported = jax.export.export(
+      jax.jit(fn),
+      platforms=['cuda'],
+      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(TRITON_CALL)],
+    )(*avals)
   calls = []
   with mlir.make_ir_context():
     module = ir.Module.parse(exported.mlir_module())

@@ -150,6 +150,7 @@ block), shows in the tests.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from typing import NamedTuple
 
@@ -162,6 +163,24 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 _LOG2E = math.log2(math.e)
 _SMEM_BYTES = 227 * 1024  # an H100's shared memory per block
+# The kernels are written in Pallas Mosaic GPU's Lane semantics (per-thread layouts chosen with
+# `plgpu.load(layout=)`, `plgpu.layout_cast`, `broadcasted_iota(layout=)`): jax 0.10's default.
+# jax 0.11 made Warpgroup semantics (layouts inferred by a constraint solver) the default, under
+# which the XL kernel's odd-strided read of the skew buffer is refused ("Failed to infer a
+# possible set of layouts"). So every kernel names its semantics instead of taking the default.
+_COMPILER_PARAMS = plgpu.CompilerParams(
+  approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Lane
+)
+# `plgpu.load`'s index argument: required in jax 0.10, deprecated in 0.11 (index the ref instead).
+_LOAD_TAKES_INDEX = (
+  inspect.signature(plgpu.load).parameters['idx'].default is inspect.Parameter.empty
+)
+
+
+def _smem_load(ref, register_layout, *, optimized: bool = True):
+  """`plgpu.load` of a whole shared-memory ref into `register_layout`, on jax 0.10 and 0.11."""
+  index = ((),) if _LOAD_TAKES_INDEX else ()
+  return plgpu.load(ref, *index, layout=register_layout, optimized=optimized)
 
 
 def _register_ops(interpret: bool):
@@ -174,7 +193,7 @@ def _register_ops(interpret: bool):
     return x if interpret else plgpu.layout_cast(x, register_layout)
 
   def load(ref, register_layout):
-    return ref[...] if interpret else plgpu.load(ref, (), layout=register_layout)
+    return ref[...] if interpret else _smem_load(ref, register_layout)
 
   return layout, load
 
@@ -464,7 +483,7 @@ def _forward_kernel(
     out_type=out_type,
     grid=(heads, length // tile_q, batch),
     grid_names=('heads', 'q_seq', 'batch'),
-    compiler_params=plgpu.CompilerParams(approx_math=True),
+    compiler_params=_COMPILER_PARAMS,
     interpret=interpret or False,
     **threads,
   )(q, key_t, v, band_bias)
@@ -627,7 +646,7 @@ def _dq_kernel(
     plgpu.SMEM((bq, block_kv), jnp.float32, transforms=tiled32),  # band dS, written out
   ]
   barriers = (
-    plgpu.Barrier(num_arrivals=3),  # q, g_z, statistics
+    plgpu.Barrier(num_arrivals=3, num_barriers=1),  # q, g_z, statistics
     plgpu.Barrier(num_arrivals=3, num_barriers=slots),  # kᵀ, vᵀ, k
     plgpu.Barrier(num_arrivals=2, num_barriers=slots),  # band bias, g_band
   )
@@ -641,7 +660,7 @@ def _dq_kernel(
     scratch_types=[smem, barriers],
     grid=(heads, length // bq, batch),
     grid_names=('heads', 'q_seq', 'batch'),
-    compiler_params=plgpu.CompilerParams(approx_math=True),
+    compiler_params=_COMPILER_PARAMS,
     interpret=interpret or False,
   )(q, g_z, key_t, value_t, key, stats, bias, g_band)
 
@@ -786,7 +805,7 @@ def _dkv_kernel(
     plgpu.SMEM((block_kv, bq), dtype, transforms=tiled),  # far dSᵀ
   ]
   barriers = (
-    plgpu.Barrier(num_arrivals=2),  # k, v
+    plgpu.Barrier(num_arrivals=2, num_barriers=1),  # k, v
     plgpu.Barrier(num_arrivals=2, num_barriers=slots),  # q, g_z
     plgpu.Barrier(num_arrivals=2, num_barriers=slots),  # band Pᵀ, dSᵀ
     plgpu.Barrier(num_arrivals=3, num_barriers=slots),  # qᵀ, g_zᵀ, statistics
@@ -798,7 +817,7 @@ def _dkv_kernel(
     scratch_types=[smem, barriers],
     grid=(heads, key.shape[1] // block_kv, batch),
     grid_names=('heads', 'kv_seq', 'batch'),
-    compiler_params=plgpu.CompilerParams(approx_math=True),
+    compiler_params=_COMPILER_PARAMS,
     interpret=interpret or False,
   )(q, q_t, g_z, g_z_t, key, value, stats, p_t, ds_t)
 

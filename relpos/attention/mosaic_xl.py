@@ -122,7 +122,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from relpos.attention.mosaic_shaw import _LOG2E, _SMEM_BYTES, _matmuls, _register_ops
+from relpos.attention.mosaic_shaw import (
+  _COMPILER_PARAMS,
+  _LOG2E,
+  _SMEM_BYTES,
+  _matmuls,
+  _register_ops,
+  _smem_load,
+)
 
 _BANK_PAD = 8  # extra float32 per row of the skew buffer: rows start 8 banks apart
 
@@ -151,9 +158,7 @@ def _skew_ops(interpret: bool, block_q: int, block_kv: int):
     if interpret:
       return flat_ref[pl.ds(start, length)].reshape(block_q, stride - 1)[:, :block_kv]
     # One float per access (the odd stride rules out WGMMA's pairs), then repacked as WGMMA.
-    skewed = plgpu.load(
-      skewed_view(flat_ref), (), layout=plgpu.Layout._WGMMA_ACC_32BIT, optimized=False
-    )
+    skewed = _smem_load(skewed_view(flat_ref), plgpu.Layout._WGMMA_ACC_32BIT, optimized=False)
     return plgpu.layout_cast(skewed, plgpu.Layout.WGMMA)
 
   def unstore(flat_ref, ds):
@@ -167,7 +172,7 @@ def _skew_ops(interpret: bool, block_q: int, block_kv: int):
     if interpret:
       return flat_ref[...].reshape(block_q, stride)[:, :window]
     view = flat_ref.reshape(block_q, stride).at[:, :window]
-    return plgpu.load(view, (), layout=plgpu.Layout.WGMMA, optimized=False)
+    return _smem_load(view, plgpu.Layout.WGMMA, optimized=False)
 
   return store, load, unstore, unload
 
@@ -349,7 +354,7 @@ def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block_q, block_kv, interpr
     plgpu.SMEM((block_q,), jnp.float32),  # logsumexp
   ]
   barriers = (
-    plgpu.Barrier(num_arrivals=2),  # q + u, q + v
+    plgpu.Barrier(num_arrivals=2, num_barriers=1),  # q + u, q + v
     plgpu.Barrier(num_arrivals=3, num_barriers=slots),  # kᵀ, v, R window
   )
   out_type = (
@@ -362,7 +367,7 @@ def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block_q, block_kv, interpr
     scratch_types=[smem, barriers],
     grid=(heads, q_len // block_q, batch),
     grid_names=('heads', 'q_seq', 'batch'),
-    compiler_params=plgpu.CompilerParams(approx_math=True),
+    compiler_params=_COMPILER_PARAMS,
     interpret=interpret or False,
   )(q_u, q_v, key_t, value, rel_t)
 
@@ -458,8 +463,8 @@ def _backward_kernel(mode, operands, *, q_len, block, interpret):
   if mode == 'drel':
     smem['d_r_t'] = plgpu.SMEM((head_dim, window), jnp.float32, transforms=tiled32)
   barriers = (
-    plgpu.Barrier(num_arrivals=len(fixed)),
-    plgpu.Barrier(num_arrivals=len(per_step)),
+    plgpu.Barrier(num_arrivals=len(fixed), num_barriers=1),
+    plgpu.Barrier(num_arrivals=len(per_step), num_barriers=1),
   )
 
   def kernel(*refs):
@@ -601,7 +606,7 @@ def _backward_kernel(mode, operands, *, q_len, block, interpret):
     scratch_types=[smem, barriers],
     grid=(heads, programs, batch),
     grid_names=('heads', 'program', 'batch'),
-    compiler_params=plgpu.CompilerParams(approx_math=True),
+    compiler_params=_COMPILER_PARAMS,
     interpret=interpret or False,
   )(*operands.values())
 
