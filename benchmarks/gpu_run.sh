@@ -8,11 +8,15 @@
 # Before it, here: `bash benchmarks/gpu_prepare.sh` (fills gpu_carry/, which the device call
 # carries). Parts, most valuable first (limits in seconds on a GPU; the budget cuts the last):
 #   env             carried wheels installed (pip --no-index), GPU, versions, devices      (60)
-#   native | resume | translate_bleu   run at the same time (untimed checks, no preallocation):
+#   native | mosaic_native | resume | translate_bleu   run at the same time (untimed checks,
+#                   no preallocation):
 #     native        the Pallas kernels through Triton against float64 references, the char
 #                   LM with Pallas kernels against XLA's, XL through cuDNN against XLA (pytest
 #                   -k 'pallas_native or pallas_attention_equals or cudnn_native', 4 workers)
 #                                                                                         (150)
+#     mosaic_native the Mosaic GPU kernels compiled, every reference and gradient case of
+#                   their tests (the 'native' variants) and through implementation='mosaic'
+#                   at a ragged length (pytest -k 'native or ragged_length', 4 workers)    (120)
 #     resume        train.py at enwik8_base width on the bundled text, 200 steps, checkpoints
 #                   every 50, killed (SIGKILL) after step 130 and resumed; its losses against
 #                   an uninterrupted run's, step for step (deterministic XLA ops); eval.py bpc (200)
@@ -65,8 +69,8 @@ mkdir -p "$logs"
 md=$out/gpu_run.md
 dry=0
 [[ $(basename "$py") == echo ]] && dry=1
-all_parts=(env native resume translate_bleu autotune steps_f32 translate_step steps_bf16
-  xl_official oom kernels mosaic steps_mosaic long_context)
+all_parts=(env native mosaic_native resume translate_bleu autotune steps_f32 translate_step
+  steps_bf16 xl_official oom kernels mosaic steps_mosaic long_context)
 body=''
 [[ ${1:-} == --body ]] && body=${2:?} && set -- "$2"
 if (($#)); then parts=("$@"); else parts=("${all_parts[@]}"); fi
@@ -95,7 +99,7 @@ if ((smoke)); then
   train_sizes=("${tiny[@]}" --config.data.max_bytes=100000 --config.train.steps=40
     --config.train.checkpoint_every=10 --config.train.log_every=5 --config.eval.batch_size=2
     --config.eval.tgt_len=32 --config.eval.mem_len=32 --config.eval.clamp_len=-1)
-  kill_after=25 rounds=1 native_k=pallas_native
+  kill_after=25 rounds=1 native_k=pallas_native mosaic_native_k=ragged_length
   translate_tiny=(--config.train.steps=20 --config.train.checkpoint_every=10
     --config.model.encoder_layers=1 --config.model.decoder_layers=1 --config.model.d_model=32
     --config.model.d_ff=64 --config.data.max_train_examples=2000 --config.data.vocab_size=500
@@ -120,6 +124,7 @@ else
   train_sizes=(--config.train.steps=200 --config.train.checkpoint_every=50
     --config.train.log_every=10 --config.train.eval_every=0)
   kill_after=130 rounds=10 native_k='pallas_native or pallas_attention_equals or cudnn_native'
+  mosaic_native_k='native or ragged_length'
   translate_tiny=()
   wmt=(--config.data.vocab_size=8000) wmt_sizes=()
   oom_sizes=(--config.train.batch_size=64 --config.train.tgt_len=4096 --config.train.mem_len=4096
@@ -149,6 +154,13 @@ p_env() {
 p_native() {
   XLA_PYTHON_CLIENT_PREALLOCATE=false "$py" -m pytest tests/test_pallas.py tests/test_transformer_xl.py tests/test_xl_cudnn.py \
     -k "$native_k" -m 'slow or not slow' -n "$((smoke ? 0 : 4))" -rA -q -p no:cacheprovider
+}
+p_mosaic_native() {
+  # Apart from `native`, under its own limit: a kernel never run on hardware that hangs (a
+  # barrier never arrived at) must not cost the Triton kernels' results.
+  XLA_PYTHON_CLIENT_PREALLOCATE=false "$py" -m pytest tests/test_mosaic_shaw.py tests/test_mosaic_xl.py \
+    tests/test_mosaic_implementation.py -k "$mosaic_native_k" -m 'slow or not slow' \
+    -n "$((smoke ? 0 : 4))" -rA -q -p no:cacheprovider
 }
 p_resume() {
   # Deterministic GPU reductions, so that a resumed run can match bit for bit; a jaxlib that no
@@ -352,6 +364,7 @@ if wanted env; then
 fi
 # Untimed checks, at the same time (no preallocation): native tests, kill + resume, BLEU.
 part native 150 &
+part mosaic_native 120 &
 part resume 200 &
 part translate_bleu 200 &
 wait

@@ -99,6 +99,29 @@ def compilation_cache(tmp_path):
     yield
 
 
+def _on_hopper() -> bool:
+  """A Hopper GPU (compute capability 9.x): what the Mosaic GPU kernels compile for (wgmma, TMA)."""
+  if jax.default_backend() != 'gpu':
+    return False
+  return str(getattr(jax.devices()[0], 'compute_capability', '')).startswith('9')
+
+
+@pytest.fixture(
+  params=[
+    'interpret',
+    pytest.param(
+      'native', marks=pytest.mark.skipif(not _on_hopper(), reason='a Mosaic GPU kernel natively')
+    ),
+  ]
+)
+def mosaic_interpret(request, fresh_interpreter):
+  """The `interpret=` a Mosaic kernel test passes: each such test runs twice, in Mosaic GPU's
+  interpreter (True; everywhere) and compiled ('native', False; on a Hopper GPU only, where
+  `pytest -k native -m 'slow or not slow'` runs every case; benchmarks/gpu_run.sh's
+  mosaic_native part)."""
+  return request.param == 'interpret'
+
+
 @pytest.fixture
 def fresh_interpreter():
   """Mosaic GPU's interpreter (the Mosaic kernels' tests) with its global state reset before

@@ -13,8 +13,8 @@ from gpu_run import compare_losses, main
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / 'benchmarks' / 'gpu_run.sh'
 PARTS = (
-  'env native resume translate_bleu autotune steps_f32 translate_step steps_bf16 xl_official oom '
-  'kernels mosaic steps_mosaic long_context'
+  'env native mosaic_native resume translate_bleu autotune steps_f32 translate_step steps_bf16 '
+  'xl_official oom kernels mosaic steps_mosaic long_context'
 ).split()
 
 needs_bash = pytest.mark.skipif(

@@ -219,8 +219,9 @@ def _causal_loss(kernel, implementation, *args):
 
 
 @pytest.mark.parametrize('kernel', ['shaw', 'xl'])
-def test_interpreted_kernel_equals_xla_at_a_ragged_length(kernel):
-  """The real kernel (interpreted): 40 queries padded to 64 over a memory of 64 keys, bf16."""
+def test_kernel_equals_xla_at_a_ragged_length(kernel):
+  """The real kernel (interpreted off a GPU, compiled on one): 40 queries padded to 64 over a
+  memory of 64 keys, bf16."""
   args = INPUTS[kernel](seed=1)
   got = _mosaic(kernel, args, CAUSAL).astype(jnp.float32)
   want = ATTENTION[kernel](*args, mask=CAUSAL, implementation='xla').astype(jnp.float32)
@@ -230,7 +231,7 @@ def test_interpreted_kernel_equals_xla_at_a_ragged_length(kernel):
 
 @pytest.mark.slow
 @pytest.mark.parametrize('kernel', ['shaw', 'xl'])
-def test_interpreted_kernel_gradients_equal_xla_at_a_ragged_length(kernel):
+def test_kernel_gradients_equal_xla_at_a_ragged_length(kernel):
   args = INPUTS[kernel](seed=2)
   argnums = range(len(args))
   got = jax.jit(jax.grad(lambda *a: _causal_loss(kernel, 'mosaic', *a), argnums=argnums))(*args)

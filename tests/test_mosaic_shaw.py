@@ -2,6 +2,8 @@
 interpreter on the CPU (the forward against the float64 reference, gradients through the forward
 and backward kernels against the XLA implementation's in float32), and lowered for CUDA through
 jax.export (no GPU needed: the Mosaic GPU custom call is built, not compiled to PTX).
+On a Hopper GPU the same reference and gradient cases also run compiled (the `mosaic_interpret`
+fixture's 'native' variant; `pytest -k native -m 'slow or not slow'`).
 
 Each interpret case runs the whole grid in Python callbacks (a few seconds at these shapes), so
 the cases are few and small; between them they cover far tiles (plain flash attention), band
@@ -98,22 +100,26 @@ CASES = [
 @pytest.mark.parametrize(
   'batch, length, heads, head_dim, max_distance, block_q, dtype, warp_specialized', CASES
 )
-def test_interpret_matches_reference(
-  fresh_interpreter, batch, length, heads, head_dim, max_distance, block_q, dtype, warp_specialized
+def test_matches_reference(
+  mosaic_interpret, batch, length, heads, head_dim, max_distance, block_q, dtype, warp_specialized
 ):
   args = _inputs(batch, length, heads, head_dim, max_distance, dtype)
-  z, _ = _check_forward(args, block_q, warp_specialized)
+  z, _ = _check_forward(args, block_q, warp_specialized, mosaic_interpret)
   assert z.dtype == dtype and z.shape == args[0].shape
 
 
-def _check_forward(args, block_q, warp_specialized):
-  """The interpreted kernel's z and lse on `args` (query over a memory where key is longer)
+def _check_forward(args, block_q, warp_specialized, interpret):
+  """The kernel's z and lse on `args` (query over a memory where key is longer)
   against the float64 reference and logsumexp: max error under 2e-2 of the largest value.
   Returns (z, lse)."""
   q, k, v, rel_k, rel_v = args
   q_len, kv_len = q.shape[1], k.shape[1]
   z, lse = shaw_attention_mosaic(
-    *args, block_q=block_q, warp_specialized=warp_specialized, interpret=True, return_lse=True
+    *args,
+    block_q=block_q,
+    warp_specialized=warp_specialized,
+    interpret=interpret,
+    return_lse=True,
   )
   causal = _offsets(q_len, kv_len) <= 0
   want = reference.shaw(*(_f64(x) for x in args), causal, kv_len - q_len)
@@ -140,14 +146,16 @@ GRAD_CASES = [
 @pytest.mark.parametrize(
   'batch, length, heads, max_distance, block_q, dtype, warp_specialized, use_lse', GRAD_CASES
 )
-def test_interpret_gradients_match_xla(
-  fresh_interpreter, batch, length, heads, max_distance, block_q, dtype, warp_specialized, use_lse
+def test_gradients_match_xla(
+  mosaic_interpret, batch, length, heads, max_distance, block_q, dtype, warp_specialized, use_lse
 ):
   """Gradients of a scalar loss (a random weighting of z, plus one of the lse) w.r.t. all five
   inputs against `shaw_attention(implementation='xla')` in float32 on the same 16-bit inputs.
   Error: max |mosaic - xla| over max(max |xla|, 1) (the floor: for k = 0 the rel_key gradient
   is 0 up to rounding, softmax being blind to a per-row constant)."""
-  _check_gradients(batch, length, heads, max_distance, block_q, dtype, warp_specialized, use_lse)
+  _check_gradients(
+    mosaic_interpret, batch, length, heads, max_distance, block_q, dtype, warp_specialized, use_lse
+  )
 
 
 MEMORY_GRAD_CASES = [
@@ -164,17 +172,26 @@ MEMORY_GRAD_CASES = [
   'q_len, kv_len, max_distance, block_q, warp_specialized, use_lse', MEMORY_GRAD_CASES
 )
 def test_memory_gradients_match_xla(
-  fresh_interpreter, q_len, kv_len, max_distance, block_q, warp_specialized, use_lse
+  mosaic_interpret, q_len, kv_len, max_distance, block_q, warp_specialized, use_lse
 ):
   """As above, queries over a memory: against the XLA implementation with its default
   query_offset kv_len - q_len and a causal [q_len, kv_len] mask."""
   _check_gradients(
-    1, q_len, 1, max_distance, block_q, jnp.bfloat16, warp_specialized, use_lse, kv_len - q_len
+    mosaic_interpret,
+    1,
+    q_len,
+    1,
+    max_distance,
+    block_q,
+    jnp.bfloat16,
+    warp_specialized,
+    use_lse,
+    kv_len - q_len,
   )
 
 
 def _check_gradients(
-  batch, length, heads, max_distance, block_q, dtype, warp_specialized, use_lse, memory=0
+  interpret, batch, length, heads, max_distance, block_q, dtype, warp_specialized, use_lse, memory=0
 ):
   args = _inputs(batch, length, heads, 64, max_distance, dtype, memory=memory)
   rng = np.random.default_rng(1)
@@ -183,7 +200,11 @@ def _check_gradients(
 
   def loss_mosaic(*args):
     z, lse = shaw_attention_mosaic(
-      *args, block_q=block_q, warp_specialized=warp_specialized, interpret=True, return_lse=True
+      *args,
+      block_q=block_q,
+      warp_specialized=warp_specialized,
+      interpret=interpret,
+      return_lse=True,
     )
     loss = jnp.sum(z.astype(jnp.float32) * weight)
     return loss + jnp.sum(lse * weight_lse) if use_lse else loss
@@ -245,12 +266,12 @@ MEMORY_CASES = [
 
 @pytest.mark.parametrize('q_len, kv_len, max_distance, block_q, warp_specialized', MEMORY_CASES)
 def test_memory_matches_reference(
-  fresh_interpreter, q_len, kv_len, max_distance, block_q, warp_specialized
+  mosaic_interpret, q_len, kv_len, max_distance, block_q, warp_specialized
 ):
   """Queries over a memory (Transformer-XL): key/value longer than the query, query i at
   position kv_len - q_len + i, key j visible iff j <= pos_i."""
   args = _inputs(1, q_len, 1, 64, max_distance, jnp.bfloat16, memory=kv_len - q_len)
-  z, lse = _check_forward(args, block_q, warp_specialized)
+  z, lse = _check_forward(args, block_q, warp_specialized, mosaic_interpret)
   assert z.shape == args[0].shape and lse.shape == (1, 1, q_len)
 
 

@@ -2,6 +2,8 @@
 GPU's interpreter on the CPU against float64 NumPy (`reference.xl`, and the logsumexp of the same
 logits) and against `xl_attention(implementation='xla')`, and lowered for CUDA through
 jax.export (no GPU needed: the Mosaic GPU custom call is built, not compiled to PTX).
+On a Hopper GPU the same reference and gradient cases also run compiled (the `mosaic_interpret`
+fixture's 'native' variant; `pytest -k native -m 'slow or not slow'`).
 
 Each interpret case runs the whole grid in Python callbacks (about 3 s per case at these
 shapes), so the default cases are few: a memory of one tile (bf16), no memory over several query
@@ -77,11 +79,11 @@ CASES = [
 
 
 @pytest.mark.parametrize('batch, q_len, kv_len, heads, dtype', CASES)
-def test_interpret_matches_reference(fresh_interpreter, batch, q_len, kv_len, heads, dtype):
+def test_matches_reference(mosaic_interpret, batch, q_len, kv_len, heads, dtype):
   """z against float64 `reference.xl` and against 'xla' on the same inputs, the logsumexp against
   float64 (absolute: it is of order log kv_len)."""
   args = _inputs(batch, q_len, kv_len, heads, 64, dtype)
-  z, lse = xl_attention_mosaic(*args, interpret=True, return_lse=True)
+  z, lse = xl_attention_mosaic(*args, interpret=mosaic_interpret, return_lse=True)
   assert z.dtype == dtype and z.shape == args[0].shape and lse.shape == (batch, heads, q_len)
   bound = 2e-2 if dtype == jnp.bfloat16 else 5e-3
   want = reference.xl(*(_f64(x) for x in args))
@@ -114,9 +116,9 @@ GRAD_CASES = [
 
 
 @pytest.mark.parametrize('batch, q_len, kv_len, heads, dtype', GRAD_CASES)
-def test_interpret_gradients_match_xla(fresh_interpreter, batch, q_len, kv_len, heads, dtype):
+def test_gradients_match_xla(mosaic_interpret, batch, q_len, kv_len, heads, dtype):
   """Gradients of a scalar loss (a random weighting of z plus one of the logsumexp) w.r.t. all
-  six inputs, through the forward and the three backward kernels (interpreted), against 'xla'
+  six inputs, through the forward and the three backward kernels, against 'xla'
   (and a float32 JAX logsumexp) in float32 on the same 16-bit inputs. Error: max |mosaic - xla|
   over max(max |xla|, 1); measured at most 1.5e-2 (u and R, sums of many 16-bit terms: dS and
   dP' are rounded to 16 bits before their matmuls, as flash attention does)."""
@@ -126,7 +128,7 @@ def test_interpret_gradients_match_xla(fresh_interpreter, batch, q_len, kv_len, 
   weight_lse = jnp.asarray(rng.standard_normal((batch, heads, q_len)), jnp.float32)
 
   def loss_mosaic(*args):
-    z, lse = xl_attention_mosaic(*args, interpret=True, return_lse=True)
+    z, lse = xl_attention_mosaic(*args, interpret=mosaic_interpret, return_lse=True)
     return jnp.sum(z.astype(jnp.float32) * weight) + jnp.sum(lse * weight_lse)
 
   def loss_xla(*args):

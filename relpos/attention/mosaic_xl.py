@@ -32,8 +32,10 @@ B[a·S + c], and then out[a, b] = B[(bq - 1) + a·(S - 1) + b]: the [bq, bk] cor
 B[bq - 1 : bq - 1 + bq·(S - 1)].reshape(bq, S - 1), read back into registers. No index array,
 no gather: a ref reshape and two slices, which Mosaic GPU lowers to a strided memref.
 
-What the lowering accepts and refuses (jax 0.10.2, checked by `jax.export(..., platforms=
-['cuda'])`, which runs the Pallas → Mosaic GPU lowering in Python):
+What the lowering accepts and refuses (jax 0.10.2 and 0.11.2, the GPU's, in Lane semantics;
+checked by `jax.export(..., platforms=['cuda'])`, which runs the Pallas → Mosaic GPU lowering in
+Python; 0.11's default Warpgroup semantics, whose layout solver refuses the cast below, is why
+every kernel names Lane, `mosaic_shaw._COMPILER_PARAMS`):
 - the store of the wgmma accumulator, WGMMA layout, into a 2-D view of the flat ref (row stride
   S even): accepted;
 - reading the skewed view (row stride S - 1, odd; offset bq - 1, odd) in the WGMMA layout:
@@ -41,8 +43,8 @@ What the lowering accepts and refuses (jax 0.10.2, checked by `jax.export(..., p
   dimension" (the WGMMA layout moves two float32 per access, and an odd stride would misalign
   them);
 - reading it in the WGMMA layout with a vector length of 1 (`plgpu.Layout._WGMMA_ACC_32BIT`,
-  a private member "temporarily exposed" in jax 0.10; the same thread ownership as WGMMA, one
-  float per access) with `optimized=False`, then `plgpu.layout_cast` to WGMMA (a register
+  a private member "temporarily exposed" in jax 0.10 and 0.11; the same thread ownership as
+  WGMMA, one float per access) with `optimized=False`, then `plgpu.layout_cast` to WGMMA (a register
   repacking Mosaic GPU implements): accepted. That is what the kernel does;
 - also accepted, one more shared-memory round trip: reading it in `WG_STRIDED(vec_size=1)`,
   storing that into a contiguous [bq, bk] buffer and reading the buffer in the WGMMA layout, the
