@@ -177,6 +177,13 @@ _LOAD_TAKES_INDEX = (
 )
 
 
+def _named(body, name: str):
+  """`body`, renamed `name`: a kernel's name in its Mosaic GPU module, hence in ptxas's report and
+  a profiler's kernel list (benchmarks/gpu_compile.py tells the kernels apart by it)."""
+  body.__name__ = body.__qualname__ = name
+  return body
+
+
 def _smem_load(ref, register_layout, *, optimized: bool = True):
   """`plgpu.load` of a whole shared-memory ref into `register_layout`, on jax 0.10 and 0.11."""
   index = ((),) if _LOAD_TAKES_INDEX else ()
@@ -479,7 +486,7 @@ def _forward_kernel(
   )
   threads = {'num_threads': compute_wgs + 1, 'thread_name': 'wg'} if warp_specialized else {}
   return plgpu.kernel(
-    entry,
+    _named(entry, 'relpos_shaw_forward'),
     out_type=out_type,
     grid=(heads, length // tile_q, batch),
     grid_names=('heads', 'q_seq', 'batch'),
@@ -655,7 +662,7 @@ def _dq_kernel(
     jax.ShapeDtypeStruct((batch, heads, length, band_width), jnp.float32),
   )
   return plgpu.kernel(
-    kernel,
+    _named(kernel, 'relpos_shaw_backward_dq'),
     out_type=out_type,
     scratch_types=[smem, barriers],
     grid=(heads, length // bq, batch),
@@ -812,7 +819,7 @@ def _dkv_kernel(
   )
   out_type = (jax.ShapeDtypeStruct(key.shape, dtype), jax.ShapeDtypeStruct(key.shape, dtype))
   return plgpu.kernel(
-    kernel,
+    _named(kernel, 'relpos_shaw_backward_dkv'),
     out_type=out_type,
     scratch_types=[smem, barriers],
     grid=(heads, key.shape[1] // block_kv, batch),

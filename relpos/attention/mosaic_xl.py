@@ -129,6 +129,7 @@ from relpos.attention.mosaic_shaw import (
   _LOG2E,
   _SMEM_BYTES,
   _matmuls,
+  _named,
   _register_ops,
   _smem_load,
 )
@@ -364,7 +365,7 @@ def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block_q, block_kv, interpr
     jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32),
   )
   return plgpu.kernel(
-    kernel,
+    _named(kernel, 'relpos_xl_forward'),
     out_type=out_type,
     scratch_types=[smem, barriers],
     grid=(heads, q_len // block_q, batch),
@@ -603,7 +604,7 @@ def _backward_kernel(mode, operands, *, q_len, block, interpret):
     ),
   }[mode]
   return plgpu.kernel(
-    kernel,
+    _named(kernel, f'relpos_xl_backward_{mode}'),
     out_type=out_type,
     scratch_types=[smem, barriers],
     grid=(heads, programs, batch),

@@ -1,0 +1,384 @@
+"""Compiling for an NVIDIA H100 without one: what the compiler says before a GPU is lent.
+
+    python benchmarks/gpu_compile.py kernels
+    python benchmarks/gpu_compile.py step --config=configs/enwik8_base.py [-- OVERRIDES]
+    python benchmarks/gpu_compile.py long_context --config=configs/enwik8_base.py [-- OVERRIDES]
+
+JAX compiles for a GPU it does not have when the CUDA plugin is installed: a compile-only H100
+(`jax.experimental.topologies.get_topology_desc(platform='cuda', target_config=...)`, described
+by `h100_target.txtpb` beside this file: data-sheet figures) takes a jitted function through
+XLA's GPU pipeline, ptxas included, on a CPU. Nothing runs, so there are no timings, but three
+things a GPU session would otherwise spend minutes finding out are answered here:
+
+- `kernels`: the Mosaic GPU kernels (relpos.attention.mosaic_shaw, mosaic_xl) compiled to SASS
+  for sm_90a, forward and backward, at issue 39's shapes (n = 2048, batch 16, 8 heads of 64)
+  and enwik8_base's (512 queries over 1,024 keys, batch 22): each kernel's registers per thread
+  and spilled bytes, from ptxas's own report (`MOSAIC_GPU_DUMP_PTXAS=1`). A kernel that does
+  not compile fails here, not on the GPU.
+- `step`: the char LM's training step compiled per implementation: XLA's memory analysis
+  (arguments, temporaries) and the compiled module's census (kernels launched per step:
+  fusions and custom calls, of which matmuls and layout copies, and the custom-call targets).
+- `long_context`: the same step at batch 1, tgt_len = mem_len = n doubling from --start:
+  its memory (arguments + outputs + temporaries) against the device's 80 GB, which predicts the
+  longest segment that trains on one H100, per position and implementation (what gpu_run.sh's
+  long_context part then measures).
+
+Needs the GPU's software: Python >= 3.12 with `jax[cuda13]==0.11.2` (README, Development); on
+a machine without it the tool says so in one line. XLA's GEMMs are not autotuned without a
+device (untuned Triton tiles), and `cost_analysis()` is None: compile-time facts only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TARGET = Path(__file__).with_name('h100_target.txtpb')
+H100_BYTES = 80 * 10**9  # the data sheet's 80 GB (HBM3)
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+?)(?:_mosaic_gpu_kernel)?' for '(\w+)'")
+_PTXAS_SPILLS = re.compile(r'(\d+) bytes spill stores, (\d+) bytes spill loads')
+_PTXAS_USED = re.compile(r'Used (\d+) registers')
+
+
+def parse_ptxas(text: str) -> dict[str, dict]:
+  """{kernel: {'arch', 'registers', 'spill_stores', 'spill_loads'}} from ptxas's verbose report
+  (one 'Compiling entry function' block per kernel; a kernel compiled twice keeps its last)."""
+  kernels, name = {}, None
+  for line in text.splitlines():
+    if match := _PTXAS_ENTRY.search(line):
+      name = match.group(1)
+      kernels[name] = {'arch': match.group(2)}
+    elif name and (match := _PTXAS_SPILLS.search(line)) and 'warning' not in line:
+      kernels[name].update(spill_stores=int(match.group(1)), spill_loads=int(match.group(2)))
+    elif name and (match := _PTXAS_USED.search(line)):
+      kernels[name]['registers'] = int(match.group(1))
+  return kernels
+
+
+_HEADER = re.compile(r'^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$')
+_CALLED = re.compile(r'(?:body|condition|to_apply|true_computation|false_computation)=%?([\w.\-]+)')
+_BRANCHES = re.compile(r'branch_computations=\{([^}]*)\}')
+_LAUNCH = re.compile(r'\s(fusion|custom-call|copy|transpose)\(')
+_COPY_BODY = re.compile(r'calls=%?(?:fused|wrapped)_(?:copy|transpose)')
+
+
+def census(hlo_text: str) -> dict:
+  """Counts in a compiled (optimized) HLO module's text, over the computations that launch
+  kernels (the entry and what its while loops, calls and conditionals run, each counted once,
+  so a scanned layer once): 'kernels' (fusions, custom calls and unfused copies or transposes:
+  one launch each), 'matmuls' (GEMM fusions and cuBLAS calls among them), 'copies' (layout
+  copies and transposes among them) and 'custom_calls' {target: count}."""
+  computations, entry, name = {}, None, None
+  for line in hlo_text.splitlines():
+    if line and not line[0].isspace() and (header := _HEADER.match(line)):
+      name = header.group(1)
+      computations[name] = []
+      if line.startswith('ENTRY'):
+        entry = name
+    elif name is not None and line.strip() and line.strip() != '}':
+      computations[name].append(line.strip())
+  counts = {'kernels': 0, 'matmuls': 0, 'copies': 0, 'custom_calls': {}}
+  seen, pending = set(), [entry] if entry else []
+  while pending:
+    name = pending.pop()
+    if name in seen or name not in computations:
+      continue
+    seen.add(name)
+    for op in computations[name]:
+      launch = _LAUNCH.search(op)
+      if not launch:
+        called = _CALLED.findall(op)
+        for branches in _BRANCHES.findall(op):
+          called += [b.strip().lstrip('%') for b in branches.split(',')]
+        if ' call(' in op:
+          called += re.findall(r'calls=%?([\w.\-]+)', op)
+        pending.extend(called)
+        continue
+      kind = launch.group(1)
+      counts['kernels'] += 1
+      if kind in ('copy', 'transpose') or _COPY_BODY.search(op):
+        counts['copies'] += 1
+      if 'calls=%gemm_fusion' in op or 'calls=gemm_fusion' in op or '__cublas' in op:
+        counts['matmuls'] += 1
+      if kind == 'custom-call':
+        target = re.search(r'custom_call_target="([^"]+)"', op)
+        key = target.group(1) if target else '?'
+        counts['custom_calls'][key] = counts['custom_calls'].get(key, 0) + 1
+  return counts
+
+
+@contextlib.contextmanager
+def captured_output():
+  """Yields a list that holds, after the block, what the process wrote to its file descriptors
+  1 and 2 inside it (ptxas's report comes from C++, past sys.stdout)."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  saved = [os.dup(1), os.dup(2)]
+  text = []
+  with tempfile.TemporaryFile(mode='w+b') as sink:
+    os.dup2(sink.fileno(), 1)
+    os.dup2(sink.fileno(), 2)
+    try:
+      yield text
+    finally:
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os.dup2(saved[0], 1)
+      os.dup2(saved[1], 2)
+      for fd in saved:
+        os.close(fd)
+      sink.seek(0)
+      text.append(sink.read().decode(errors='replace'))
+
+
+def h100():
+  """A compile-only H100 device, or SystemExit with one line saying what is missing."""
+  os.environ.setdefault('JAX_PLATFORMS', 'cpu')  # the plugin loads; no CUDA client is made
+  import jax
+  from jax.experimental import topologies
+
+  try:
+    topology = topologies.get_topology_desc(
+      platform='cuda', topology_name='h100', target_config=TARGET.read_text(), topology='1x1x1'
+    )
+  except Exception as error:  # no CUDA plugin, most often
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+    raise SystemExit(
+      f'gpu_compile: cannot compile for an H100 here ({first}); it needs jax[cuda13]==0.11.2 '
+      f'on Python >= 3.12 (this is jax {jax.__version__}): README, Development'
+    ) from None
+  return topology.devices[0]
+
+
+def _abstract(device, shapes_dtypes):
+  import jax
+  from jax.sharding import SingleDeviceSharding
+
+  sharding = SingleDeviceSharding(device)
+  return [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes_dtypes]
+
+
+KERNEL_SHAPES = {
+  # name: (batch, q_len, kv_len, heads): head_dim 64, bf16, causal
+  'n2048': (16, 2048, 2048, 8),
+  'enwik8_base': (22, 512, 1024, 8),
+}
+
+
+def kernels(args) -> int:
+  os.environ['MOSAIC_GPU_DUMP_PTXAS'] = '1'
+  device = h100()
+  import jax
+  import jax.numpy as jnp
+
+  from relpos.attention.mosaic_shaw import shaw_attention_mosaic
+  from relpos.attention.mosaic_xl import xl_attention_mosaic
+
+  bf16 = jnp.bfloat16
+  print('| kernel | shape | registers | spilled bytes (stores / loads) | compile s (fwd+bwd) |')
+  print('|---|---|---|---|---|')
+  failed = 0
+  for shape_name, (batch, q_len, kv_len, heads) in KERNEL_SHAPES.items():
+    for scheme in ('shaw', 'shaw_ws', 'xl'):
+      qkv = [((batch, q_len, heads, 64), bf16)] + [((batch, kv_len, heads, 64), bf16)] * 2
+      if scheme == 'xl':
+        tables = [((kv_len, heads, 64), bf16), ((heads, 64), bf16), ((heads, 64), bf16)]
+
+        def attend(*xs):
+          return xl_attention_mosaic(*xs, interpret=False)
+      else:
+        tables = [((2 * args.max_distance + 1, 64), bf16)] * 2
+
+        def attend(*xs, ws=scheme == 'shaw_ws'):
+          return shaw_attention_mosaic(*xs, warp_specialized=ws, interpret=False)
+
+      operands = _abstract(device, qkv + tables)
+      grad = jax.grad(
+        lambda *xs, f=attend: f(*xs).astype(jnp.float32).sum(), argnums=range(len(operands))
+      )
+      started = time.perf_counter()
+      try:
+        with captured_output() as output:
+          jax.jit(grad).lower(*operands).compile()
+      except Exception as error:
+        failed += 1
+        message = (str(error).strip().splitlines() or [''])[0][:200]
+        print(f'| {scheme} | {shape_name} | | | failed: {type(error).__name__}: {message} |')
+        continue
+      seconds = time.perf_counter() - started
+      report = parse_ptxas(output[0])
+      if not report:
+        failed += 1
+        print(f'| {scheme} | {shape_name} | | | no ptxas report |')
+      for name, info in sorted(report.items()):
+        spills = f'{info.get("spill_stores", 0)} / {info.get("spill_loads", 0)}'
+        print(
+          f'| {name} ({scheme}) | {shape_name} | {info.get("registers", "")} | {spills} | '
+          f'{seconds:.1f} |',
+          flush=True,
+        )
+  return 1 if failed else 0
+
+
+def _step(config, device):
+  """(lowered-and-compiled step, its seconds to compile) for `config` on the compile-only device:
+  the state is built on the CPU (real shapes), then described to the device."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  from relpos.training.char_lm_task import build, train_step_fn
+  from relpos.training.mesh import DATA_AXIS, data_mesh
+
+  cpu_mesh, gpu_mesh = data_mesh(jax.devices('cpu')[:1]), data_mesh([device])
+  _, graphdef, state = build(config, 256, cpu_mesh)
+
+  def describe(x):
+    spec = x.sharding.spec if isinstance(x.sharding, NamedSharding) else PartitionSpec()
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(gpu_mesh, spec))
+
+  state = jax.tree.map(describe, state)
+  rows = NamedSharding(gpu_mesh, PartitionSpec(DATA_AXIS))
+  shape = (config.train.batch_size, config.train.tgt_len)
+  batch = (jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rows),) * 2
+  started = time.perf_counter()
+  compiled = train_step_fn(config, graphdef, gpu_mesh).lower(state, batch).compile()
+  return compiled, time.perf_counter() - started
+
+
+def _config(args, overrides):
+  from absl import flags
+  from ml_collections import config_flags
+
+  config_flag = config_flags.DEFINE_config_file('config', None, 'A character-LM config.')
+  flags.FLAGS([sys.argv[0], f'--config={args.config}', *overrides])
+  return config_flag.value
+
+
+def _variant(config, **model):
+  import ml_collections
+
+  variant = ml_collections.ConfigDict(config.to_dict())
+  variant.model.update(**model)
+  return variant
+
+
+def step(args, overrides) -> int:
+  device = h100()
+  config = _config(args, overrides)
+  print(
+    f'{config.model.num_layers} layers, d_model {config.model.d_model}, {config.model.dtype}; '
+    f'batch {config.train.batch_size}, tgt_len {config.train.tgt_len}, mem_len '
+    f'{config.train.mem_len}; compiled for {device.device_kind} (nothing runs)'
+  )
+  print(
+    '| position | implementation | arguments GiB | temporaries GiB | kernels | matmuls | '
+    'layout copies | custom calls | compile s |'
+  )
+  print('|---|---|---|---|---|---|---|---|---|')
+  failed = 0
+  for position in args.positions.split(','):
+    for implementation in args.implementations.split(','):
+      variant = _variant(config, position=position, attention_implementation=implementation)
+      try:
+        compiled, seconds = _step(variant, device)
+      except Exception as error:
+        failed += 1
+        message = (str(error).strip().splitlines() or [''])[0][:200]
+        print(f'| {position} | {implementation} | | | | | | {type(error).__name__}: {message} | |')
+        continue
+      memory = compiled.memory_analysis()
+      counts = census(compiled.as_text())
+      calls = ', '.join(f'{k} {v}' for k, v in sorted(counts['custom_calls'].items())) or 'none'
+      print(
+        f'| {position} | {implementation} | {memory.argument_size_in_bytes / 2**30:.3f} | '
+        f'{memory.temp_size_in_bytes / 2**30:.3f} | {counts["kernels"]} | {counts["matmuls"]} | '
+        f'{counts["copies"]} | '
+        f'{calls} | {seconds:.0f} |',
+        flush=True,
+      )
+  return 1 if failed else 0
+
+
+def long_context(args, overrides) -> int:
+  device = h100()
+  config = _config(args, overrides)
+  limit = H100_BYTES * args.memory_fraction
+  print(
+    f'{config.model.num_layers} layers, d_model {config.model.d_model}, {config.model.dtype}, '
+    f'batch 1; fits: arguments + outputs + temporaries <= {args.memory_fraction} x 80 GB'
+  )
+  print(
+    '| position | implementation | n = tgt_len = mem_len | arguments GiB | temporaries GiB | '
+    'total GiB | fits |'
+  )
+  print('|---|---|---|---|---|---|---|')
+  results = []
+  for position in args.positions.split(','):
+    for implementation in args.implementations.split(','):
+      n, largest = args.start, None
+      while n <= args.max:
+        variant = _variant(config, position=position, attention_implementation=implementation)
+        variant.train.update(batch_size=1, tgt_len=n, mem_len=n)
+        try:
+          compiled, _ = _step(variant, device)
+        except Exception as error:
+          message = (str(error).strip().splitlines() or [''])[0][:160]
+          print(
+            f'| {position} | {implementation} | {n} | | | | {type(error).__name__}: {message} |'
+          )
+          break
+        memory = compiled.memory_analysis()
+        total = (
+          memory.argument_size_in_bytes
+          + memory.output_size_in_bytes
+          + memory.temp_size_in_bytes
+          - memory.alias_size_in_bytes
+        )
+        fits = total <= limit
+        print(
+          f'| {position} | {implementation} | {n} | {memory.argument_size_in_bytes / 2**30:.2f} '
+          f'| {memory.temp_size_in_bytes / 2**30:.2f} | {total / 2**30:.2f} | '
+          f'{"yes" if fits else "no"} |',
+          flush=True,
+        )
+        if not fits:
+          break
+        largest, n = n, 2 * n
+      results.append(f'RESULT: {position} {implementation}: predicted to train at n = {largest}')
+  print('\n'.join(results))
+  return 0
+
+
+def main(argv) -> int:
+  overrides = []
+  if '--' in argv:
+    argv, overrides = argv[: argv.index('--')], argv[argv.index('--') + 1 :]
+  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  commands = parser.add_subparsers(dest='command', required=True)
+  kernel_command = commands.add_parser('kernels')
+  kernel_command.add_argument('--max_distance', type=int, default=16)
+  for name in ('step', 'long_context'):
+    command = commands.add_parser(name)
+    command.add_argument('--config', required=True)
+    command.add_argument('--positions', default='xl,shaw')
+    command.add_argument(
+      '--implementations', default='xla,pallas,mosaic' if name == 'step' else 'mosaic,pallas,xla'
+    )
+    command.add_argument('--start', type=int, default=4096)
+    command.add_argument('--max', type=int, default=131072)
+    command.add_argument('--memory_fraction', type=float, default=0.95)
+  args = parser.parse_args(argv)
+  if args.command == 'kernels':
+    return kernels(args)
+  return {'step': step, 'long_context': long_context}[args.command](args, overrides)
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv[1:]))
