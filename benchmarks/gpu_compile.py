@@ -248,7 +248,10 @@ def _step(config, device):
   shape = (config.train.batch_size, config.train.tgt_len)
   batch = (jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rows),) * 2
   started = time.perf_counter()
-  compiled = train_step_fn(config, graphdef, gpu_mesh).lower(state, batch).compile()
+  # The device as the default one: Pallas's Triton lowering reads the target GPU from it, and
+  # relpos's Mosaic dispatch compiles its kernels (instead of interpreting them) for it.
+  with jax.default_device(device):
+    compiled = train_step_fn(config, graphdef, gpu_mesh).lower(state, batch).compile()
   return compiled, time.perf_counter() - started
 
 

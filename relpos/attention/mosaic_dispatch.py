@@ -85,14 +85,21 @@ def serves_call(kernel: str, query, key, value, mask, dropout_rate: float, query
   return serves(kernel, *shapes, mask_shape, dropout_rate, offset)
 
 
+def _platform() -> str:
+  """The platform the kernels are compiled for: the default device's where one is set
+  (`jax.default_device(d)`; benchmarks/gpu_compile.py sets its compile-only H100 so on a CPU
+  host), else JAX's default backend."""
+  return getattr(jax.config.jax_default_device, 'platform', None) or jax.default_backend()
+
+
 def fallback(kv_len: int) -> str:
   """The implementation of the branch that runs where the kernel does not (module docstring)."""
-  return 'pallas' if jax.default_backend() == 'gpu' and kv_len >= LONG_KV_LEN else 'xla'
+  return 'pallas' if _platform() == 'gpu' and kv_len >= LONG_KV_LEN else 'xla'
 
 
 def interpret() -> bool:
   """The kernels compile on a GPU and run in Mosaic GPU's interpreter elsewhere."""
-  return jax.default_backend() != 'gpu'
+  return _platform() != 'gpu'
 
 
 def pad_to_tiles(q_len: int, *arrays):
