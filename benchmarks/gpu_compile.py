@@ -18,10 +18,10 @@ things a GPU session would otherwise spend minutes finding out are answered here
 - `step`: the char LM's training step compiled per implementation: XLA's memory analysis
   (arguments, temporaries) and the compiled module's census (kernels launched per step:
   fusions and custom calls, of which matmuls and layout copies, and the custom-call targets).
-- `long_context`: the same step at batch 1, tgt_len = mem_len = n doubling from --start:
-  its memory (arguments + outputs + temporaries) against the device's 80 GB, which predicts the
-  longest segment that trains on one H100, per position and implementation (what gpu_run.sh's
-  long_context part then measures).
+- `long_context`: the same step at batch 1, tgt_len = mem_len = n doubling from --start (or
+  the --sizes given) up to the first that does not fit: its memory (arguments + outputs +
+  temporaries) against the device's 80 GB, which predicts the longest segment that trains on
+  one H100, per position and implementation (what gpu_run.sh's long_context part measures).
 
 Needs the GPU's software: Python >= 3.12 with `jax[cuda13]==0.11.2` (README, Development); on
 a machine without it the tool says so in one line. XLA's GEMMs are not autotuned without a
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import re
 import sys
@@ -66,6 +67,8 @@ _CALLED = re.compile(r'(?:body|condition|to_apply|true_computation|false_computa
 _BRANCHES = re.compile(r'branch_computations=\{([^}]*)\}')
 _LAUNCH = re.compile(r'\s(fusion|custom-call|copy|transpose)\(')
 _COPY_BODY = re.compile(r'calls=%?(?:fused|wrapped)_(?:copy|transpose)')
+_RESULT = re.compile(r'=\s*(\w+)\[([\d,]*)\]')
+_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 'bf16': 2, 'f16': 2, 's16': 2, 'u16': 2, 'f32': 4, 's32': 4}
 
 
 def census(hlo_text: str) -> dict:
@@ -73,7 +76,8 @@ def census(hlo_text: str) -> dict:
   kernels (the entry and what its while loops, calls and conditionals run, each counted once,
   so a scanned layer once): 'kernels' (fusions, custom calls and unfused copies or transposes:
   one launch each), 'matmuls' (GEMM fusions and cuBLAS calls among them), 'copies' (layout
-  copies and transposes among them) and 'custom_calls' {target: count}."""
+  copies and transposes among them), 'copy_bytes' (what they read and write: twice their
+  results' bytes) and 'custom_calls' {target: count}."""
   computations, entry, name = {}, None, None
   for line in hlo_text.splitlines():
     if line and not line[0].isspace() and (header := _HEADER.match(line)):
@@ -83,7 +87,7 @@ def census(hlo_text: str) -> dict:
         entry = name
     elif name is not None and line.strip() and line.strip() != '}':
       computations[name].append(line.strip())
-  counts = {'kernels': 0, 'matmuls': 0, 'copies': 0, 'custom_calls': {}}
+  counts = {'kernels': 0, 'matmuls': 0, 'copies': 0, 'copy_bytes': 0, 'custom_calls': {}}
   seen, pending = set(), [entry] if entry else []
   while pending:
     name = pending.pop()
@@ -104,6 +108,9 @@ def census(hlo_text: str) -> dict:
       counts['kernels'] += 1
       if kind in ('copy', 'transpose') or _COPY_BODY.search(op):
         counts['copies'] += 1
+        if result := _RESULT.search(op):
+          elements = math.prod(int(d) for d in result.group(2).split(',') if d)
+          counts['copy_bytes'] += 2 * elements * _BYTES.get(result.group(1), 4)
       if 'calls=%gemm_fusion' in op or 'calls=gemm_fusion' in op or '__cublas' in op:
         counts['matmuls'] += 1
       if kind == 'custom-call':
@@ -294,7 +301,9 @@ def step(args, overrides) -> int:
       except Exception as error:
         failed += 1
         message = (str(error).strip().splitlines() or [''])[0][:200]
-        print(f'| {position} | {implementation} | | | | | | {type(error).__name__}: {message} | |')
+        print(
+          f'| {position} | {implementation} | | | | | | | {type(error).__name__}: {message} | |'
+        )
         continue
       memory = compiled.memory_analysis()
       counts = census(compiled.as_text())
@@ -302,7 +311,7 @@ def step(args, overrides) -> int:
       print(
         f'| {position} | {implementation} | {memory.argument_size_in_bytes / 2**30:.3f} | '
         f'{memory.temp_size_in_bytes / 2**30:.3f} | {counts["kernels"]} | {counts["matmuls"]} | '
-        f'{counts["copies"]} | '
+        f'{counts["copies"]} | {counts["copy_bytes"] / 1e9:.1f} | '
         f'{calls} | {seconds:.0f} |',
         flush=True,
       )
@@ -323,10 +332,15 @@ def long_context(args, overrides) -> int:
   )
   print('|---|---|---|---|---|---|---|')
   results = []
+  sizes = [int(n) for n in args.sizes.split(',')] if args.sizes else []
+  if not sizes:
+    sizes = [args.start]
+    while 2 * sizes[-1] <= args.max:
+      sizes.append(2 * sizes[-1])
   for position in args.positions.split(','):
     for implementation in args.implementations.split(','):
-      n, largest = args.start, None
-      while n <= args.max:
+      largest = None
+      for n in sizes:
         variant = _variant(config, position=position, attention_implementation=implementation)
         variant.train.update(batch_size=1, tgt_len=n, mem_len=n)
         try:
@@ -353,7 +367,7 @@ def long_context(args, overrides) -> int:
         )
         if not fits:
           break
-        largest, n = n, 2 * n
+        largest = n
       results.append(f'RESULT: {position} {implementation}: predicted to train at n = {largest}')
   print('\n'.join(results))
   return 0
@@ -377,6 +391,9 @@ def main(argv) -> int:
     command.add_argument('--start', type=int, default=4096)
     command.add_argument('--max', type=int, default=131072)
     command.add_argument('--memory_fraction', type=float, default=0.95)
+    command.add_argument(
+      '--sizes', default='', help='long_context: the n to try, comma-separated (default: doubling)'
+    )
   args = parser.parse_args(argv)
   if args.command == 'kernels':
     return kernels(args)

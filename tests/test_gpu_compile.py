@@ -88,6 +88,7 @@ def test_census_counts_launches_once_per_computation():
     'kernels': 5,  # gemm, AllocateBuffer, copy; the loop body's fusion and custom call
     'matmuls': 1,
     'copies': 2,  # the unfused copy and the transpose fusion; the transpose inside it is not one
+    'copy_bytes': 2 * (16 * 2 + 6 * 4),  # each read and written: bf16[4,4] and f32[3,2]
     'custom_calls': {'mosaic_gpu_v2': 1, 'AllocateBuffer': 1},
   }
 
