@@ -289,9 +289,9 @@ def step(args, overrides) -> int:
   )
   print(
     '| position | implementation | arguments GiB | temporaries GiB | kernels | matmuls | '
-    'layout copies | custom calls | compile s |'
+    'layout copies | their GB moved | custom calls | compile s |'
   )
-  print('|---|---|---|---|---|---|---|---|---|')
+  print('|---|---|---|---|---|---|---|---|---|---|')
   failed = 0
   for position in args.positions.split(','):
     for implementation in args.implementations.split(','):
