@@ -279,6 +279,22 @@ def _variant(config, **model):
   return variant
 
 
+STEP_HEADER = (
+  '| position | implementation | arguments GiB | temporaries GiB | kernels | matmuls | '
+  'layout copies | their GB moved | custom calls | compile s |'
+)
+
+
+def step_row(position, implementation, memory, counts, seconds) -> str:
+  """One row of `step`'s table (STEP_HEADER): XLA's memory analysis and `census` counts."""
+  calls = ', '.join(f'{k} {v}' for k, v in sorted(counts['custom_calls'].items())) or 'none'
+  return (
+    f'| {position} | {implementation} | {memory.argument_size_in_bytes / 2**30:.3f} | '
+    f'{memory.temp_size_in_bytes / 2**30:.3f} | {counts["kernels"]} | {counts["matmuls"]} | '
+    f'{counts["copies"]} | {counts["copy_bytes"] / 1e9:.1f} | {calls} | {seconds:.0f} |'
+  )
+
+
 def step(args, overrides) -> int:
   device = h100()
   config = _config(args, overrides)
@@ -287,11 +303,8 @@ def step(args, overrides) -> int:
     f'batch {config.train.batch_size}, tgt_len {config.train.tgt_len}, mem_len '
     f'{config.train.mem_len}; compiled for {device.device_kind} (nothing runs)'
   )
-  print(
-    '| position | implementation | arguments GiB | temporaries GiB | kernels | matmuls | '
-    'layout copies | their GB moved | custom calls | compile s |'
-  )
-  print('|---|---|---|---|---|---|---|---|---|---|')
+  print(STEP_HEADER)
+  print('|---' * STEP_HEADER.count(' | ') + '|---|')
   failed = 0
   for position in args.positions.split(','):
     for implementation in args.implementations.split(','):
@@ -306,15 +319,8 @@ def step(args, overrides) -> int:
         )
         continue
       memory = compiled.memory_analysis()
-      counts = census(compiled.as_text())
-      calls = ', '.join(f'{k} {v}' for k, v in sorted(counts['custom_calls'].items())) or 'none'
-      print(
-        f'| {position} | {implementation} | {memory.argument_size_in_bytes / 2**30:.3f} | '
-        f'{memory.temp_size_in_bytes / 2**30:.3f} | {counts["kernels"]} | {counts["matmuls"]} | '
-        f'{counts["copies"]} | {counts["copy_bytes"] / 1e9:.1f} | '
-        f'{calls} | {seconds:.0f} |',
-        flush=True,
-      )
+      row = step_row(position, implementation, memory, census(compiled.as_text()), seconds)
+      print(row, flush=True)
   return 1 if failed else 0
 
 

@@ -1,11 +1,12 @@
 """benchmarks/gpu_compile.py: its readers of ptxas's report and of a compiled HLO module, on
 recorded and hand-written text, and its one-line refusal where JAX has no CUDA plugin (the
-compiling itself needs jax[cuda13] on Python >= 3.12: run by hand, figures in docs/kernels.md)."""
+compiling itself needs jax[cuda13] on Python >= 3.12: run by hand, figures in docs/gpu.md)."""
 
 import importlib.util
+import types
 
 import pytest
-from gpu_compile import census, main, parse_ptxas
+from gpu_compile import STEP_HEADER, census, main, parse_ptxas, step_row
 
 # Recorded from `MOSAIC_GPU_DUMP_PTXAS=1` while compiling mosaic_xl's gradient (jax 0.11.2):
 # the forward twice (the gradient recomputes it), one backward kernel with a spill warning.
@@ -110,3 +111,10 @@ def test_refuses_in_one_line_without_the_cuda_plugin():
   assert '\n' not in message
   assert message.startswith('gpu_compile: cannot compile for an H100 here')
   assert 'jax[cuda13]==0.11.2' in message
+
+
+def test_step_rows_fill_the_header():
+  memory = types.SimpleNamespace(argument_size_in_bytes=2**30, temp_size_in_bytes=3 * 2**29)
+  row = step_row('xl', 'mosaic', memory, census(HLO), 12.3)
+  assert row.count('|') == STEP_HEADER.count('|')
+  assert row.startswith('| xl | mosaic | 1.000 | 1.500 | 5 | 1 | 2 | 0.0 | AllocateBuffer 1, ')
