@@ -20,7 +20,7 @@ things a GPU session would otherwise spend minutes finding out are answered here
   fusions and custom calls, of which matmuls and layout copies, and the custom-call targets).
 - `long_context`: the same step at batch 1, tgt_len = mem_len = n doubling from --start (or
   the --sizes given) up to the first that does not fit: its memory (arguments + outputs +
-  temporaries) against the device's 80 GB, which predicts the longest segment that trains on
+  temporaries) against 95% of the device's memory, which predicts the longest segment that trains on
   one H100, per position and implementation (what gpu_run.sh's long_context part measures).
 
 Needs the GPU's software: Python >= 3.12 with `jax[cuda13]==0.11.2` (README, Development); on
@@ -41,7 +41,9 @@ import time
 from pathlib import Path
 
 TARGET = Path(__file__).with_name('h100_target.txtpb')
-H100_BYTES = 80 * 10**9  # the data sheet's 80 GB (HBM3)
+# An H100 80GB HBM3's memory as nvidia-smi reports it (81,559 MiB: the 80 GiB of HBM3 less what
+# the driver keeps), as in h100_target.txtpb.
+H100_BYTES = 81559 * 2**20
 _PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+?)(?:_mosaic_gpu_kernel)?' for '(\w+)'")
 _PTXAS_SPILLS = re.compile(r'(\d+) bytes spill stores, (\d+) bytes spill loads')
 _PTXAS_USED = re.compile(r'Used (\d+) registers')
@@ -330,7 +332,7 @@ def long_context(args, overrides) -> int:
   limit = H100_BYTES * args.memory_fraction
   print(
     f'{config.model.num_layers} layers, d_model {config.model.d_model}, {config.model.dtype}, '
-    f'batch 1; fits: arguments + outputs + temporaries <= {args.memory_fraction} x 80 GB'
+    f'batch 1; fits: arguments + outputs + temporaries <= {args.memory_fraction} x 81,559 MiB'
   )
   print(
     '| position | implementation | n = tgt_len = mem_len | arguments GiB | temporaries GiB | '
