@@ -20,8 +20,9 @@ things a GPU session would otherwise spend minutes finding out are answered here
   fusions and custom calls, of which matmuls and layout copies, and the custom-call targets).
 - `long_context`: the same step at batch 1, tgt_len = mem_len = n doubling from --start (or
   the --sizes given) up to the first that does not fit: its memory (arguments + outputs +
-  temporaries) against 95% of the device's memory, which predicts the longest segment that trains on
-  one H100, per position and implementation (what gpu_run.sh's long_context part measures).
+  temporaries) against 95% of the device's memory, which predicts the longest segment that
+  trains on one H100, per position and implementation (what gpu_run.sh's long_context part
+  measures).
 
 Needs the GPU's software: Python >= 3.12 with `jax[cuda13]==0.11.2` (README, Development); on
 a machine without it the tool says so in one line. XLA's GEMMs are not autotuned without a
