@@ -19,7 +19,8 @@ lines (gpu_run.sh copies them into its markdown log) and exits non-zero when its
   lines of stderr (relpos's allocator line and a hint line fit in the default 3).
 - `long_context`: the largest segment that trains: for each position and implementation, one
   train step of the config at batch = device count and tgt_len = mem_len = n, n doubling from
-  --start until a failure (out of memory) or the time share runs out; a table row per n.
+  --start (or the implementation's --starts entry) until a failure (out of memory) or the time
+  share runs out; a table row per n.
 """
 
 import argparse
@@ -191,6 +192,18 @@ def _temp_gib(compiled) -> str:
     return ''
 
 
+def parse_starts(text: str) -> dict[str, int]:
+  """`--starts`: 'implementation:n,...' (e.g. 'xla:4096,pallas:65536'), the n each
+  implementation's doubling begins at instead of --start."""
+  starts = {}
+  for item in filter(None, text.split(',')):
+    name, _, n = item.partition(':')
+    if not n.isdigit():
+      raise SystemExit(f'gpu_run: --starts takes implementation:n pairs, got {item!r}')
+    starts[name.strip()] = int(n)
+  return starts
+
+
 def long_context(args, overrides) -> int:
   import jax
   import jax.numpy as jnp
@@ -207,6 +220,7 @@ def long_context(args, overrides) -> int:
   config = config_flag.value
   mesh = data_mesh()
   combos = [(p, i) for p in args.positions.split(',') for i in args.implementations.split(',')]
+  starts = parse_starts(args.starts)
   end = time.time() + args.seconds
   model = config.model
   print(
@@ -218,7 +232,7 @@ def long_context(args, overrides) -> int:
   largest, stops = {}, {}
   for index, (position, implementation) in enumerate(combos):
     share_end = time.time() + (end - time.time()) / (len(combos) - index)
-    n, last_seconds, compiled = args.start, 0.0, None
+    n, last_seconds, compiled = starts.get(implementation, args.start), 0.0, None
     while True:
       if n > args.max:
         stops[position, implementation] = f'{n} not tried (--max={args.max})'
@@ -289,6 +303,7 @@ def main(argv) -> int:
     command.add_argument('--positions', default='xl,shaw')
     command.add_argument('--implementations', default='pallas,xla')
     command.add_argument('--start', type=int, default=4096)
+    command.add_argument('--starts', default='')
     command.add_argument('--max', type=int, default=131072)
   args = parser.parse_args(argv)
   if args.command == 'losses':

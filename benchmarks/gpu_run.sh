@@ -43,7 +43,8 @@
 #   steps_mosaic    char_lm_step.py bf16: xl and shaw with 'auto' (Mosaic among its candidates),
 #                   'xla' and 'mosaic'                                                    (120)
 #   long_context    the largest n = tgt_len = mem_len that trains, xl and shaw, mosaic,
-#                   pallas and xla, bf16, doubling from 4096 (batch 1, enwik8_base width) (180)
+#                   pallas and xla, bf16, doubling from just below gpu_compile.py's predicted
+#                   limit (xla 4096, the kernels 65536; batch 1, enwik8_base width)      (180)
 # Environment: OUT (default ./gpu_out) gets gpu_run.md (the log: device, date, versions,
 # commit, a table of the parts, each part's result lines and log tail) and raw_logs.tar.gz
 # (every part's whole log); the runs' workdirs go to a temporary folder (GPU_RUN_WORK), never
@@ -116,6 +117,7 @@ if ((smoke)); then
   attention=(--config=configs/attention_benchmark.py:quick --config.lengths=64 --config.distances=16
     "--config.kernels=('vanilla','shaw','xl')")
   torch_lengths=64 long=("${tiny[@]}") long_start=32 long_max=128 long_impls=pallas,xla
+  long_starts=pallas:64
   mosaic=(--interpret --lengths=128 --distances=3 --kernels=mosaic --batch=1 --heads=1)
   mosaic_memory=("${mosaic[@]}" --memory=64 --lengths=64)
   mosaic_xl=(--interpret --lengths=64 --memory=64 --batch=1 --heads=1)
@@ -134,7 +136,10 @@ else
   # One scanned layer body to compile per size (the step is the same): more sizes in the time.
   # bf16, which the Mosaic kernels need; 'mosaic' first: where it fails, it fails at once.
   torch_lengths=2048 long=(--config.model.scan_layers=True --config.model.dtype=bfloat16)
+  # From just below the boundary benchmarks/gpu_compile.py predicts (docs/gpu.md: XL and Shaw
+  # at 4,096 to 8,192 with 'xla', 65,536 with either kernel): two sizes each, fit and fail.
   long_start=4096 long_max=131072 long_impls=mosaic,pallas,xla
+  long_starts=xla:4096,pallas:65536,mosaic:65536
   mosaic=(--lengths=2048 --distances=16,64 --batch=16 --heads=8 --head_dim=64)
   mosaic_memory=(--lengths=512 --memory=512 --distances=16 --batch=22 --heads=8 --head_dim=64)
   mosaic_xl=(--lengths=512 --memory=512 --batch=22 --heads=8 --head_dim=64)
@@ -275,7 +280,7 @@ p_mosaic() {
 }
 p_long_context() {
   XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 "$py" benchmarks/gpu_run.py long_context --config="$char" \
-    --seconds="$((${GPU_RUN_LIMIT:-180} - 15))" --start=$long_start --max=$long_max \
+    --seconds="$((${GPU_RUN_LIMIT:-180} - 15))" --start=$long_start --starts=$long_starts --max=$long_max \
     --implementations=$long_impls -- "${long[@]}"
 }
 if [[ $body ]]; then

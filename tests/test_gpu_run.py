@@ -66,6 +66,7 @@ def test_dry_run_lists_every_part_with_its_commands(tmp_path):
   assert '--attention_implementations=auto,xla,pallas' in log
   assert 'torch_attention.py 2048 64' in log and 'xl_official_step.py' in log
   assert 'long_context --config=configs/enwik8_base.py' in log and '--start=4096' in log
+  assert '--starts=xla:4096,pallas:65536,mosaic:65536' in log
   assert '--implementations=mosaic,pallas,xla -- --config.model.scan_layers=True' in log
   assert '--config.model.dtype=bfloat16' in log
 
@@ -99,3 +100,12 @@ def test_losses_checker(tmp_path, capsys):
   assert not compare_losses(reference, short)[0]
   assert main(['losses', str(reference), str(resumed), '--after=20']) == 0
   assert 'RESULT: PASS' in capsys.readouterr().out
+
+
+def test_long_context_starts():
+  from gpu_run import parse_starts
+
+  assert parse_starts('xla:4096,pallas:65536') == {'xla': 4096, 'pallas': 65536}
+  assert parse_starts('') == {}
+  with pytest.raises(SystemExit, match='implementation:n pairs'):
+    parse_starts('xla=4096')
