@@ -41,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpu_run import char_config
+
 TARGET = Path(__file__).with_name('h100_target.txtpb')
 # An H100 80GB HBM3's memory as nvidia-smi reports it (81,559 MiB: the 80 GiB of HBM3 less what
 # the driver keeps), as in h100_target.txtpb.
@@ -265,15 +267,6 @@ def _step(config, device):
   return compiled, time.perf_counter() - started
 
 
-def _config(args, overrides):
-  from absl import flags
-  from ml_collections import config_flags
-
-  config_flag = config_flags.DEFINE_config_file('config', None, 'A character-LM config.')
-  flags.FLAGS([sys.argv[0], f'--config={args.config}', *overrides])
-  return config_flag.value
-
-
 def _variant(config, **model):
   import ml_collections
 
@@ -300,7 +293,7 @@ def step_row(position, implementation, memory, counts, seconds) -> str:
 
 def step(args, overrides) -> int:
   device = h100()
-  config = _config(args, overrides)
+  config = char_config(args.config, overrides)
   print(
     f'{config.model.num_layers} layers, d_model {config.model.d_model}, {config.model.dtype}; '
     f'batch {config.train.batch_size}, tgt_len {config.train.tgt_len}, mem_len '
@@ -329,7 +322,7 @@ def step(args, overrides) -> int:
 
 def long_context(args, overrides) -> int:
   device = h100()
-  config = _config(args, overrides)
+  config = char_config(args.config, overrides)
   limit = H100_BYTES * args.memory_fraction
   print(
     f'{config.model.num_layers} layers, d_model {config.model.d_model}, {config.model.dtype}, '

@@ -204,20 +204,27 @@ def parse_starts(text: str) -> dict[str, int]:
   return starts
 
 
+def char_config(path: str, overrides):
+  """The character-LM config file at `path` with `--config.FIELD=VALUE` overrides applied, as
+  ml_collections' config flag (train.py's) reads them; once per process (it defines the flag)."""
+  from absl import flags
+  from ml_collections import config_flags
+
+  config_flag = config_flags.DEFINE_config_file('config', None, 'A character-LM config.')
+  flags.FLAGS([sys.argv[0], f'--config={path}', *overrides])
+  return config_flag.value
+
+
 def long_context(args, overrides) -> int:
   import jax
   import jax.numpy as jnp
   import ml_collections
   import numpy as np
-  from absl import flags
-  from ml_collections import config_flags
 
   from relpos.training.char_lm_task import build, train_step_fn
   from relpos.training.mesh import data_mesh
 
-  config_flag = config_flags.DEFINE_config_file('config', None, 'A character-LM config.')
-  flags.FLAGS([sys.argv[0], f'--config={args.config}', *overrides])
-  config = config_flag.value
+  config = char_config(args.config, overrides)
   mesh = data_mesh()
   combos = [(p, i) for p in args.positions.split(',') for i in args.implementations.split(',')]
   starts = parse_starts(args.starts)
