@@ -210,8 +210,13 @@ def char_config(path: str, overrides):
   from absl import flags
   from ml_collections import config_flags
 
-  config_flag = config_flags.DEFINE_config_file('config', None, 'A character-LM config.')
-  flags.FLAGS([sys.argv[0], f'--config={path}', *overrides])
+  # sys_argv: the config flag finds its --config.FIELD overrides in the arguments given here,
+  # not in sys.argv (its default), so that a caller's own arguments are what count.
+  argv = [sys.argv[0], f'--config={path}', *overrides]
+  config_flag = config_flags.DEFINE_config_file(
+    'config', None, 'A character-LM config.', sys_argv=argv
+  )
+  flags.FLAGS(argv)
   return config_flag.value
 
 

@@ -3,8 +3,10 @@ its commands) writes a markdown log listing every part, the budget skips parts, 
 benchmarks/gpu_run.py's loss checker compares a resumed run with a reference."""
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,23 @@ def test_long_context_starts():
   assert parse_starts('') == {}
   with pytest.raises(SystemExit, match='implementation:n pairs'):
     parse_starts('xla=4096')
+
+
+def test_char_config_applies_the_overrides_it_is_given():
+  """The overrides passed in count, not the process's own sys.argv (a caller's arguments): a
+  process of its own, since the config flag is defined once per process."""
+  code = (
+    'import sys; from gpu_run import char_config; '
+    "config = char_config('configs/enwik8_base.py', ['--config.model.dtype=bfloat16', "
+    "'--config.train.mem_len=64']); print(config.model.dtype, config.train.mem_len)"
+  )
+  result = subprocess.run(
+    [sys.executable, '-c', code],
+    cwd=ROOT,
+    env={**os.environ, 'PYTHONPATH': str(ROOT / 'benchmarks')},
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.split() == ['bfloat16', '64']
