@@ -16,8 +16,11 @@ things a GPU session would otherwise spend minutes finding out are answered here
   and spilled bytes, from ptxas's own report (`MOSAIC_GPU_DUMP_PTXAS=1`). A kernel that does
   not compile fails here, not on the GPU.
 - `step`: the char LM's training step compiled per implementation: XLA's memory analysis
-  (arguments, temporaries) and the compiled module's census (kernels launched per step:
-  fusions and custom calls, of which matmuls and layout copies, and the custom-call targets).
+  (arguments, temporaries), the compiled module's census (kernels launched per step: fusions
+  and custom calls, of which matmuls and layout copies, and the custom-call targets), and its
+  floor on an H100 and an H200 (hlo_cost.py: every launch at the longer of its matmuls at the
+  peak and its bytes at the bandwidth), with the MFU that floor allows and the JAX operations
+  that take most of it.
 - `long_context`: the same step at batch 1, tgt_len = mem_len = n doubling from --start (or
   the --sizes given) up to the first that does not fit: its memory (arguments + outputs +
   temporaries) against 95% of the device's memory, which predicts the longest segment that
@@ -33,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import re
 import sys
@@ -41,12 +43,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import hlo_cost
 from gpu_run import char_config
 
 TARGET = Path(__file__).with_name('h100_target.txtpb')
 # An H100 80GB HBM3's memory as nvidia-smi reports it (81,559 MiB: the 80 GiB of HBM3 less what
 # the driver keeps), as in h100_target.txtpb.
 H100_BYTES = 81559 * 2**20
+VOCAB_SIZE = 256  # the char LM's byte vocabulary, as the steps are built here
 _PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+?)(?:_mosaic_gpu_kernel)?' for '(\w+)'")
 _PTXAS_SPILLS = re.compile(r'(\d+) bytes spill stores, (\d+) bytes spill loads')
 _PTXAS_USED = re.compile(r'Used (\d+) registers')
@@ -65,64 +69,6 @@ def parse_ptxas(text: str) -> dict[str, dict]:
     elif name and (match := _PTXAS_USED.search(line)):
       kernels[name]['registers'] = int(match.group(1))
   return kernels
-
-
-_HEADER = re.compile(r'^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$')
-_CALLED = re.compile(r'(?:body|condition|to_apply|true_computation|false_computation)=%?([\w.\-]+)')
-_BRANCHES = re.compile(r'branch_computations=\{([^}]*)\}')
-_LAUNCH = re.compile(r'\s(fusion|custom-call|copy|transpose)\(')
-_COPY_BODY = re.compile(r'calls=%?(?:fused|wrapped)_(?:copy|transpose)')
-_RESULT = re.compile(r'=\s*(\w+)\[([\d,]*)\]')
-_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 'bf16': 2, 'f16': 2, 's16': 2, 'u16': 2, 'f32': 4, 's32': 4}
-
-
-def census(hlo_text: str) -> dict:
-  """Counts in a compiled (optimized) HLO module's text, over the computations that launch
-  kernels (the entry and what its while loops, calls and conditionals run, each counted once,
-  so a scanned layer once): 'kernels' (fusions, custom calls and unfused copies or transposes:
-  one launch each), 'matmuls' (GEMM fusions and cuBLAS calls among them), 'copies' (layout
-  copies and transposes among them), 'copy_bytes' (what they read and write: twice their
-  results' bytes) and 'custom_calls' {target: count}."""
-  computations, entry, name = {}, None, None
-  for line in hlo_text.splitlines():
-    if line and not line[0].isspace() and (header := _HEADER.match(line)):
-      name = header.group(1)
-      computations[name] = []
-      if line.startswith('ENTRY'):
-        entry = name
-    elif name is not None and line.strip() and line.strip() != '}':
-      computations[name].append(line.strip())
-  counts = {'kernels': 0, 'matmuls': 0, 'copies': 0, 'copy_bytes': 0, 'custom_calls': {}}
-  seen, pending = set(), [entry] if entry else []
-  while pending:
-    name = pending.pop()
-    if name in seen or name not in computations:
-      continue
-    seen.add(name)
-    for op in computations[name]:
-      launch = _LAUNCH.search(op)
-      if not launch:
-        called = _CALLED.findall(op)
-        for branches in _BRANCHES.findall(op):
-          called += [b.strip().lstrip('%') for b in branches.split(',')]
-        if ' call(' in op:
-          called += re.findall(r'calls=%?([\w.\-]+)', op)
-        pending.extend(called)
-        continue
-      kind = launch.group(1)
-      counts['kernels'] += 1
-      if kind in ('copy', 'transpose') or _COPY_BODY.search(op):
-        counts['copies'] += 1
-        if result := _RESULT.search(op):
-          elements = math.prod(int(d) for d in result.group(2).split(',') if d)
-          counts['copy_bytes'] += 2 * elements * _BYTES.get(result.group(1), 4)
-      if 'calls=%gemm_fusion' in op or 'calls=gemm_fusion' in op or '__cublas' in op:
-        counts['matmuls'] += 1
-      if kind == 'custom-call':
-        target = re.search(r'custom_call_target="([^"]+)"', op)
-        key = target.group(1) if target else '?'
-        counts['custom_calls'][key] = counts['custom_calls'].get(key, 0) + 1
-  return counts
 
 
 @contextlib.contextmanager
@@ -249,7 +195,7 @@ def _step(config, device):
   from relpos.training.mesh import DATA_AXIS, data_mesh
 
   cpu_mesh, gpu_mesh = data_mesh(jax.devices('cpu')[:1]), data_mesh([device])
-  _, graphdef, state = build(config, 256, cpu_mesh)
+  _, graphdef, state = build(config, VOCAB_SIZE, cpu_mesh)
 
   def describe(x):
     spec = x.sharding.spec if isinstance(x.sharding, NamedSharding) else PartitionSpec()
@@ -291,6 +237,87 @@ def step_row(position, implementation, memory, counts, seconds) -> str:
   )
 
 
+FLOOR_HEADER = (
+  '| position | implementation | launches | matmul TFLOP | GB moved: matmuls / memory-bound / '
+  "layout copies / custom calls | floor ms H100 / H200 | kernels' attention at peak, ms | "
+  'MFU ceiling H100 / H200 |'
+)
+# FlashAttention's count of a fused kernel's work: the forward's matmuls, and a backward of 2.5
+# times them (the recomputed logits, dV, dP, dQ and dK against the forward's two).
+KERNEL_PASSES = 3.5
+# relpos.flops's names of the matmuls inside an attention kernel (the projections are outside).
+ATTENTION_PARTS = (
+  'attention q·k',
+  'attention p·v',
+  'xl position logits',
+  'shaw q·w^K',
+  'shaw p·w^V',
+)
+
+
+def kernel_attention_flops(config) -> float:
+  """The matmul FLOPs a step's fused attention kernels do: the attention and position matmuls
+  of relpos.flops.char_lm_flops over the visible (causal) pairs only, as the kernels skip masked
+  tiles, times KERNEL_PASSES. Custom calls carry no FLOPs in hlo_cost's floor; this is their
+  part."""
+  from relpos import flops
+
+  train = config.train
+  kv_len = train.tgt_len + train.mem_len
+  visible = flops.visible_pairs(train.tgt_len, kv_len, causal=True) / (train.tgt_len * kv_len)
+  parts = _model_flops(config).parts
+  kernel = sum(v for name, v in parts.items() if name.startswith(ATTENTION_PARTS))
+  return KERNEL_PASSES * kernel * visible
+
+
+def _model_flops(config):
+  from relpos import flops
+
+  train = config.train
+  return flops.char_lm_flops(
+    config.model,
+    batch=train.batch_size,
+    tgt_len=train.tgt_len,
+    mem_len=train.mem_len,
+    vocab_size=VOCAB_SIZE,
+  )
+
+
+def floor_row(position, implementation, floors, kernel_flops, train_flops) -> str:
+  """One row of FLOOR_HEADER from {'H100': Roofline, 'H200': Roofline} (hlo_cost.DEVICES);
+  `kernel_flops` counts where the module launches custom calls other than GEMMs."""
+  h100_floor, h200_floor = floors['H100'], floors['H200']
+  kinds = h200_floor.kinds
+  moved = ' / '.join(f'{kinds[name][2] / 1e9:.1f}' for name in hlo_cost.KINDS)
+  has_kernels = kinds['custom call'][0] > 0
+  extra = kernel_flops / h200_floor.device.bf16_flops if has_kernels else 0.0
+  ceilings = [
+    train_flops / (floor.seconds + extra) / floor.device.bf16_flops
+    for floor in (h100_floor, h200_floor)
+  ]
+  return (
+    f'| {position} | {implementation} | {h200_floor.launches} | {kinds["matmul"][1] / 1e12:.2f} | '
+    f'{moved} | {h100_floor.seconds * 1e3:.1f} / {h200_floor.seconds * 1e3:.1f} | '
+    f'{f"{extra * 1e3:.1f}" if has_kernels else "none"} | '
+    f'{ceilings[0]:.0%} / {ceilings[1]:.0%} |'
+  )
+
+
+def top_operations(roofline, count: int) -> list[str]:
+  """The `count` JAX operations (metadata op_name, per launch kind) with the most floor time,
+  summed over their launches: markdown list lines."""
+  totals = {}
+  for seconds, launch_kind, _, op_name, times in roofline.top:
+    key = (launch_kind, op_name or '(no op_name)')
+    launches, total = totals.get(key, (0, 0.0))
+    totals[key] = (launches + times, total + seconds)
+  ranked = sorted(totals.items(), key=lambda item: -item[1][1])[:count]
+  return [
+    f'- {total * 1e3:.2f} ms, {launches} launches, {launch_kind}: `{op_name}`'
+    for (launch_kind, op_name), (launches, total) in ranked
+  ]
+
+
 def step(args, overrides) -> int:
   device = h100()
   config = char_config(args.config, overrides)
@@ -301,7 +328,7 @@ def step(args, overrides) -> int:
   )
   print(STEP_HEADER)
   print('|---' * STEP_HEADER.count(' | ') + '|---|')
-  failed = 0
+  failed, floors = 0, []
   for position in args.positions.split(','):
     for implementation in args.implementations.split(','):
       variant = _variant(config, position=position, attention_implementation=implementation)
@@ -314,9 +341,41 @@ def step(args, overrides) -> int:
           f'| {position} | {implementation} | | | | | | | {type(error).__name__}: {message} | |'
         )
         continue
+      module = hlo_cost.parse(compiled.as_text())
       memory = compiled.memory_analysis()
-      row = step_row(position, implementation, memory, census(compiled.as_text()), seconds)
-      print(row, flush=True)
+      print(
+        step_row(position, implementation, memory, hlo_cost.census(module), seconds), flush=True
+      )
+      rooflines = {name: hlo_cost.roofline(module, d) for name, d in hlo_cost.DEVICES.items()}
+      model_flops = _model_flops(variant)
+      floors.append(
+        (
+          position,
+          implementation,
+          floor_row(
+            position,
+            implementation,
+            rooflines,
+            kernel_attention_flops(variant),
+            model_flops.train_step(),
+          ),
+          top_operations(rooflines['H200'], args.top),
+        )
+      )
+  if floors:
+    print(
+      '\nThe floor (benchmarks/hlo_cost.py): each launch at the longer of its matmuls at the '
+      'bf16/TF32 peak and its bytes at the memory bandwidth, summed; the MFU ceiling is the '
+      "model's FLOPs (relpos.flops) over that floor, plus the fused kernels' attention FLOPs at "
+      'the peak where the step calls them.\n'
+    )
+    print(FLOOR_HEADER)
+    print('|---' * FLOOR_HEADER.count(' | ') + '|---|')
+    for _, _, row, _ in floors:
+      print(row)
+    for position, implementation, _, top in floors:
+      print(f'\nWhere the H200 floor goes, {position} {implementation}:')
+      print('\n'.join(top))
   return 1 if failed else 0
 
 
@@ -395,6 +454,9 @@ def main(argv) -> int:
     command.add_argument('--memory_fraction', type=float, default=0.95)
     command.add_argument(
       '--sizes', default='', help='long_context: the n to try, comma-separated (default: doubling)'
+    )
+    command.add_argument(
+      '--top', type=int, default=8, help='step: the JAX operations listed with the most floor'
     )
   args = parser.parse_args(argv)
   if args.command == 'kernels':

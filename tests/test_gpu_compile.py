@@ -5,8 +5,20 @@ compiling itself needs jax[cuda13] on Python >= 3.12: run by hand, figures in do
 import importlib.util
 import types
 
+import hlo_cost
 import pytest
-from gpu_compile import STEP_HEADER, census, main, parse_ptxas, step_row
+from gpu_compile import (
+  FLOOR_HEADER,
+  KERNEL_PASSES,
+  STEP_HEADER,
+  floor_row,
+  kernel_attention_flops,
+  main,
+  parse_ptxas,
+  step_row,
+  top_operations,
+)
+from test_hlo_cost import MODULE
 
 # Recorded from `MOSAIC_GPU_DUMP_PTXAS=1` while compiling mosaic_xl's gradient (jax 0.11.2):
 # the forward twice (the gradient recomputes it), one backward kernel with a spill warning.
@@ -42,58 +54,6 @@ def test_parse_ptxas():
   assert parse_ptxas('nothing compiled') == {}
 
 
-# A compiled module's shape: fusion bodies (never launched themselves), a while loop whose body
-# launches a fusion and a custom call, a GEMM fusion and an unfused copy in the entry.
-HLO = """\
-HloModule jit_step, entry_computation_layout={(bf16[4,4]{1,0})->bf16[4,4]{0,1}}
-
-%fused_transpose.1 (param_0: f32[2,3]) -> f32[3,2] {
-  %param_0 = f32[2,3]{1,0} parameter(0)
-  ROOT %transpose.9 = f32[3,2]{1,0} transpose(%param_0), dimensions={1,0}
-}
-
-%gemm_fusion.2 (p0: bf16[4,4], p1: bf16[4,4]) -> bf16[4,4] {
-  %p0 = bf16[4,4]{1,0} parameter(0)
-  %p1 = bf16[4,4]{1,0} parameter(1)
-  ROOT %dot.1 = bf16[4,4]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-}
-
-%region_0.3 (arg: (s32[], f32[2,3])) -> (s32[], f32[2,3]) {
-  %arg = (s32[], f32[2,3]) parameter(0)
-  %x = f32[2,3]{1,0} get-tuple-element(%arg), index=1
-  %loop_transpose_fusion = f32[3,2]{1,0} fusion(%x), kind=kLoop, calls=%fused_transpose.1
-  %kernel = f32[2,3]{1,0} custom-call(%loop_transpose_fusion), custom_call_target="mosaic_gpu_v2"
-  %i = s32[] get-tuple-element(%arg), index=0
-  ROOT %tuple = (s32[], f32[2,3]) tuple(%i, %kernel)
-}
-
-%region_1.4 (arg: (s32[], f32[2,3])) -> pred[] {
-  %arg = (s32[], f32[2,3]) parameter(0)
-  %i = s32[] get-tuple-element(%arg), index=0
-  %n = s32[] constant(12)
-  ROOT %lt = pred[] compare(%i, %n), direction=LT
-}
-
-ENTRY %main.5 (a: bf16[4,4]) -> bf16[4,4] {
-  %a = bf16[4,4]{1,0} parameter(0)
-  %gemm = bf16[4,4]{1,0} fusion(%a, %a), kind=kCustom, calls=%gemm_fusion.2
-  %init = (s32[], f32[2,3]) custom-call(), custom_call_target="AllocateBuffer"
-  %loop = (s32[], f32[2,3]) while(%init), condition=%region_1.4, body=%region_0.3
-  ROOT %copy.7 = bf16[4,4]{0,1} copy(%gemm)
-}
-"""
-
-
-def test_census_counts_launches_once_per_computation():
-  assert census(HLO) == {
-    'kernels': 5,  # gemm, AllocateBuffer, copy; the loop body's fusion and custom call
-    'matmuls': 1,
-    'copies': 2,  # the unfused copy and the transpose fusion; the transpose inside it is not one
-    'copy_bytes': 2 * (16 * 2 + 6 * 4),  # each read and written: bf16[4,4] and f32[3,2]
-    'custom_calls': {'mosaic_gpu_v2': 1, 'AllocateBuffer': 1},
-  }
-
-
 def _has_cuda_plugin() -> bool:
   try:
     return importlib.util.find_spec('jax_plugins.xla_cuda13') is not None
@@ -115,6 +75,34 @@ def test_refuses_in_one_line_without_the_cuda_plugin():
 
 def test_step_rows_fill_the_header():
   memory = types.SimpleNamespace(argument_size_in_bytes=2**30, temp_size_in_bytes=3 * 2**29)
-  row = step_row('xl', 'mosaic', memory, census(HLO), 12.3)
+  row = step_row('xl', 'mosaic', memory, hlo_cost.census(MODULE), 12.3)
   assert row.count('|') == STEP_HEADER.count('|')
-  assert row.startswith('| xl | mosaic | 1.000 | 1.500 | 5 | 1 | 2 | 0.0 | AllocateBuffer 1, ')
+  assert row.startswith('| xl | mosaic | 1.000 | 1.500 | 7 | 1 | 1 | 0.0 | mosaic_gpu_v2 1 | 12 |')
+
+
+def test_floor_rows_fill_the_header_and_add_the_kernels_arithmetic():
+  floors = {name: hlo_cost.roofline(MODULE, device) for name, device in hlo_cost.DEVICES.items()}
+  peak = hlo_cost.DEVICES['H200'].bf16_flops
+  # The module launches a custom call, so the kernels' FLOPs join the floor: 1 ms of them.
+  row = floor_row('xl', 'mosaic', floors, kernel_flops=peak * 1e-3, train_flops=peak * 1e-3)
+  assert row.count('|') == FLOOR_HEADER.count('|')
+  cells = [cell.strip() for cell in row.strip('|').split('|')]
+  assert cells[:3] == ['xl', 'mosaic', '8']
+  assert cells[5] == '0.0 / 0.0' and cells[6] == '1.0'
+  # Model FLOPs worth 1 ms at the peak over 1 ms of kernels plus a floor of microseconds.
+  assert cells[7] == '100% / 100%'
+  # At an H200's bandwidth the custom call's 270 kB outweigh the GEMM's 8 kFLOP and 1.8 kB.
+  assert top_operations(floors['H200'], 1) == ['- 0.00 ms, 1 launches, custom call: `(no op_name)`']
+
+
+def test_kernel_attention_flops_by_hand():
+  """XL, one layer, batch 1, 2 heads of 4, 4 queries over 4 + 4 keys: q·k, p·v and the
+  position logits are each 2·2·4·8·4 FLOPs over the rectangle; the causal share visible is
+  (5 + 6 + 7 + 8) / 32 pairs."""
+  from relpos.config.char_lm_defaults import char_lm_config
+
+  config = char_lm_config()
+  config.model.update(num_layers=1, num_heads=2, head_dim=4, d_model=8, d_ff=16, position='xl')
+  config.train.update(batch_size=1, tgt_len=4, mem_len=4)
+  rectangle = 2 * 2 * 4 * 8 * 4
+  assert kernel_attention_flops(config) == pytest.approx(KERNEL_PASSES * 3 * rectangle * 26 / 32)
