@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_compile.py kernels
     python benchmarks/gpu_compile.py step --config=configs/enwik8_base.py [-- OVERRIDES]
+    python benchmarks/gpu_compile.py step --config=configs/wmt_base.py:shaw --positions=shaw
     python benchmarks/gpu_compile.py long_context --config=configs/enwik8_base.py [-- OVERRIDES]
 
 JAX compiles for a GPU it does not have when the CUDA plugin is installed: a compile-only H100
@@ -15,7 +16,8 @@ things a GPU session would otherwise spend minutes finding out are answered here
   and enwik8_base's (512 queries over 1,024 keys, batch 22): each kernel's registers per thread
   and spilled bytes, from ptxas's own report (`MOSAIC_GPU_DUMP_PTXAS=1`). A kernel that does
   not compile fails here, not on the GPU.
-- `step`: the char LM's training step compiled per implementation: XLA's memory analysis
+- `step`: a training step compiled per implementation (the char LM's at its config's shape;
+  translation's at max_tokens in sentences of --length pieces): XLA's memory analysis
   (arguments, temporaries), the compiled module's census (kernels launched per step: fusions
   and custom calls, of which matmuls and layout copies, and the custom-call targets), and its
   floor on an H100 and an H200 (hlo_cost.py: every launch at the longer of its matmuls at the
@@ -184,33 +186,51 @@ def kernels(args) -> int:
   return 1 if failed else 0
 
 
-def _step(config, device):
-  """(lowered-and-compiled step, its seconds to compile) for `config` on the compile-only device:
-  the state is built on the CPU (real shapes), then described to the device."""
+def _step(config, device, shape):
+  """(compiled step, its seconds to compile) for `config` on the compile-only device, at `shape`
+  (the char LM: (batch, tgt_len); translation: (rows, src_len, tgt_len)): the state is built
+  on the CPU (real shapes), then described to the device."""
   import jax
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec
 
-  from relpos.training.char_lm_task import build, train_step_fn
+  from relpos.training import char_lm_task, translation_task
   from relpos.training.mesh import DATA_AXIS, data_mesh
 
   cpu_mesh, gpu_mesh = data_mesh(jax.devices('cpu')[:1]), data_mesh([device])
-  _, graphdef, state = build(config, VOCAB_SIZE, cpu_mesh)
+  rows = NamedSharding(gpu_mesh, PartitionSpec(DATA_AXIS))
+  if config.task == 'translate':
+    graphdef, state = translation_task.build(config, config.data.vocab_size, cpu_mesh)
+    step_fn = translation_task.train_step_fn
+    batch_rows, src_len, tgt_len = shape
+    batch = {
+      name: jax.ShapeDtypeStruct((batch_rows, length), jnp.int32, sharding=rows)
+      for name, length in (('src', src_len), ('tgt_in', tgt_len), ('tgt_out', tgt_len))
+    }
+  else:
+    _, graphdef, state = char_lm_task.build(config, VOCAB_SIZE, cpu_mesh)
+    step_fn = char_lm_task.train_step_fn
+    batch = (jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rows),) * 2
 
   def describe(x):
     spec = x.sharding.spec if isinstance(x.sharding, NamedSharding) else PartitionSpec()
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(gpu_mesh, spec))
 
   state = jax.tree.map(describe, state)
-  rows = NamedSharding(gpu_mesh, PartitionSpec(DATA_AXIS))
-  shape = (config.train.batch_size, config.train.tgt_len)
-  batch = (jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rows),) * 2
   started = time.perf_counter()
   # The device as the default one: Pallas's Triton lowering reads the target GPU from it, and
   # relpos's Mosaic dispatch compiles its kernels (instead of interpreting them) for it.
   with jax.default_device(device):
-    compiled = train_step_fn(config, graphdef, gpu_mesh).lower(state, batch).compile()
+    compiled = step_fn(config, graphdef, gpu_mesh).lower(state, batch).compile()
   return compiled, time.perf_counter() - started
+
+
+def step_shape(config, length: int):
+  """The batch shape `step` compiles: the char LM's (batch_size, tgt_len); translation's
+  (max_tokens // length rows, length, length), sentences of `length` pieces on both sides."""
+  if config.task == 'translate':
+    return (max(1, config.data.max_tokens // length), length, length)
+  return (config.train.batch_size, config.train.tgt_len)
 
 
 def _variant(config, **model):
@@ -245,40 +265,53 @@ FLOOR_HEADER = (
 # FlashAttention's count of a fused kernel's work: the forward's matmuls, and a backward of 2.5
 # times them (the recomputed logits, dV, dP, dQ and dK against the forward's two).
 KERNEL_PASSES = 3.5
-# relpos.flops's names of the matmuls inside an attention kernel (the projections are outside).
-ATTENTION_PARTS = (
-  'attention q·k',
-  'attention p·v',
-  'xl position logits',
-  'shaw q·w^K',
-  'shaw p·w^V',
-)
 
 
-def kernel_attention_flops(config) -> float:
-  """The matmul FLOPs a step's fused attention kernels do: the attention and position matmuls
-  of relpos.flops.char_lm_flops over the visible (causal) pairs only, as the kernels skip masked
-  tiles, times KERNEL_PASSES. Custom calls carry no FLOPs in hlo_cost's floor; this is their
-  part."""
+def kernel_attention_flops(config, shape) -> float:
+  """The matmul FLOPs a step's fused relative-attention kernels do at batch `shape`
+  (step_shape): per self-attention call, q·k and p·v (and XL's position logits) over the pairs
+  a query may see (the kernels skip masked tiles; Shaw's per-query table products, a few
+  percent, are left out), times KERNEL_PASSES. Custom calls carry no FLOPs in hlo_cost's
+  floor; this is their part. Encoder-decoder attention has no position work: its matmuls are
+  XLA's, in the floor."""
   from relpos import flops
 
-  train = config.train
-  kv_len = train.tgt_len + train.mem_len
-  visible = flops.visible_pairs(train.tgt_len, kv_len, causal=True) / (train.tgt_len * kv_len)
-  parts = _model_flops(config).parts
-  kernel = sum(v for name, v in parts.items() if name.startswith(ATTENTION_PARTS))
-  return KERNEL_PASSES * kernel * visible
+  model = config.model
+  head_dim = model.head_dim if 'head_dim' in model else model.d_model // model.num_heads
+  rectangles = 3 if model.position == 'xl' else 2
+  if config.task == 'translate':
+    rows, src_len, tgt_len = shape
+    calls = [(model.encoder_layers, src_len, src_len, False)]
+    calls.append((model.decoder_layers, tgt_len, tgt_len, True))
+  else:
+    rows, tgt_len = shape
+    calls = [(model.num_layers, tgt_len, tgt_len + config.train.mem_len, True)]
+  total = 0.0
+  for layers, q_len, kv_len, causal in calls:
+    pairs = flops.visible_pairs(q_len, kv_len, causal=causal)
+    total += layers * rectangles * flops.matmul(pairs, head_dim, 1, rows * model.num_heads)
+  return KERNEL_PASSES * total
 
 
-def _model_flops(config):
+def model_flops(config, shape):
+  """relpos.flops's forward count of the model at batch `shape` (step_shape)."""
   from relpos import flops
 
-  train = config.train
+  if config.task == 'translate':
+    rows, src_len, tgt_len = shape
+    return flops.translation_flops(
+      config.model,
+      rows=rows,
+      src_len=src_len,
+      tgt_len=tgt_len,
+      vocab_size=config.data.vocab_size,
+    )
+  batch, tgt_len = shape
   return flops.char_lm_flops(
     config.model,
-    batch=train.batch_size,
-    tgt_len=train.tgt_len,
-    mem_len=train.mem_len,
+    batch=batch,
+    tgt_len=tgt_len,
+    mem_len=config.train.mem_len,
     vocab_size=VOCAB_SIZE,
   )
 
@@ -321,10 +354,17 @@ def top_operations(roofline, count: int) -> list[str]:
 def step(args, overrides) -> int:
   device = h100()
   config = char_config(args.config, overrides)
+  shape = step_shape(config, args.length)
+  model = config.model
+  if config.task == 'translate':
+    layers = f'{model.encoder_layers} + {model.decoder_layers} layers'
+    batch = f'{shape[0]} pairs of {shape[1]} source and {shape[2]} target pieces'
+  else:
+    layers = f'{model.num_layers} layers'
+    batch = f'batch {shape[0]}, tgt_len {shape[1]}, mem_len {config.train.mem_len}'
   print(
-    f'{config.model.num_layers} layers, d_model {config.model.d_model}, {config.model.dtype}; '
-    f'batch {config.train.batch_size}, tgt_len {config.train.tgt_len}, mem_len '
-    f'{config.train.mem_len}; compiled for {device.device_kind} (nothing runs)'
+    f'{config.task}: {layers}, d_model {model.d_model}, {model.dtype}; {batch}; compiled for '
+    f'{device.device_kind} (nothing runs)'
   )
   print(STEP_HEADER)
   print('|---' * STEP_HEADER.count(' | ') + '|---|')
@@ -333,7 +373,7 @@ def step(args, overrides) -> int:
     for implementation in args.implementations.split(','):
       variant = _variant(config, position=position, attention_implementation=implementation)
       try:
-        compiled, seconds = _step(variant, device)
+        compiled, seconds = _step(variant, device, shape)
       except Exception as error:
         failed += 1
         message = (str(error).strip().splitlines() or [''])[0][:200]
@@ -347,7 +387,7 @@ def step(args, overrides) -> int:
         step_row(position, implementation, memory, hlo_cost.census(module), seconds), flush=True
       )
       rooflines = {name: hlo_cost.roofline(module, d) for name, d in hlo_cost.DEVICES.items()}
-      model_flops = _model_flops(variant)
+      train_flops = model_flops(variant, shape).train_step()
       floors.append(
         (
           position,
@@ -356,8 +396,8 @@ def step(args, overrides) -> int:
             position,
             implementation,
             rooflines,
-            kernel_attention_flops(variant),
-            model_flops.train_step(),
+            kernel_attention_flops(variant, shape),
+            train_flops,
           ),
           top_operations(rooflines['H200'], args.top),
         )
@@ -405,7 +445,7 @@ def long_context(args, overrides) -> int:
         variant = _variant(config, position=position, attention_implementation=implementation)
         variant.train.update(batch_size=1, tgt_len=n, mem_len=n)
         try:
-          compiled, _ = _step(variant, device)
+          compiled, _ = _step(variant, device, step_shape(variant, args.length))
         except Exception as error:
           message = (str(error).strip().splitlines() or [''])[0][:160]
           print(
@@ -457,6 +497,9 @@ def main(argv) -> int:
     )
     command.add_argument(
       '--top', type=int, default=8, help='step: the JAX operations listed with the most floor'
+    )
+    command.add_argument(
+      '--length', type=int, default=32, help='step, translation: pieces per sentence, each side'
     )
   args = parser.parse_args(argv)
   if args.command == 'kernels':

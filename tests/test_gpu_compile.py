@@ -16,6 +16,7 @@ from gpu_compile import (
   main,
   parse_ptxas,
   step_row,
+  step_shape,
   top_operations,
 )
 from test_hlo_cost import MODULE
@@ -97,12 +98,20 @@ def test_floor_rows_fill_the_header_and_add_the_kernels_arithmetic():
 
 def test_kernel_attention_flops_by_hand():
   """XL, one layer, batch 1, 2 heads of 4, 4 queries over 4 + 4 keys: q·k, p·v and the
-  position logits are each 2·2·4·8·4 FLOPs over the rectangle; the causal share visible is
-  (5 + 6 + 7 + 8) / 32 pairs."""
+  position logits are each 2·4 FLOPs per head and visible pair, of which causally
+  5 + 6 + 7 + 8 = 26. Shaw translation, one encoder and one decoder layer, sentences of 3: q·k
+  and p·v over the encoder's 9 pairs and the decoder's 6 visible ones."""
   from relpos.config.char_lm_defaults import char_lm_config
+  from relpos.config.translation_defaults import translate_config
 
   config = char_lm_config()
   config.model.update(num_layers=1, num_heads=2, head_dim=4, d_model=8, d_ff=16, position='xl')
   config.train.update(batch_size=1, tgt_len=4, mem_len=4)
-  rectangle = 2 * 2 * 4 * 8 * 4
-  assert kernel_attention_flops(config) == pytest.approx(KERNEL_PASSES * 3 * rectangle * 26 / 32)
+  assert step_shape(config, 99) == (1, 4)
+  assert kernel_attention_flops(config, (1, 4)) == KERNEL_PASSES * 3 * (2 * 4) * 2 * 26
+  translation = translate_config()
+  translation.model.update(encoder_layers=1, decoder_layers=1, num_heads=2, d_model=8)
+  translation.model.position = 'shaw'
+  translation.data.max_tokens = 12
+  assert step_shape(translation, 3) == (4, 3, 3)
+  assert kernel_attention_flops(translation, (1, 3, 3)) == KERNEL_PASSES * 2 * (2 * 4) * 2 * (9 + 6)
