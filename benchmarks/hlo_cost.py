@@ -21,7 +21,8 @@ How each launch is counted (`launch_cost`):
   operands' and results' bytes and no FLOPs: their floor is a lower bound that knows nothing of
   their arithmetic (kernel_cost.py models the kernels themselves).
 - Loops: a while loop's body counts its known trip count times (XLA's `known_trip_count`), once
-  where none is recorded. A conditional counts its most expensive branch.
+  where none is recorded. A conditional counts its most expensive branch (or, asked, its
+  cheapest).
 
 What a floor leaves out, so a real step is slower: launch gaps (`launches` says how many), caches
 (an operand that stays in L2 is read from memory here), kernels below their roofline (small
@@ -175,6 +176,14 @@ class Launch:
   branch: tuple[tuple[str, int], ...] = ()
 
 
+def branch_names(conditional: Instruction) -> list[str]:
+  """A conditional's branch computations, in order (true then false for a predicate)."""
+  names = _TRUE_FALSE.findall(conditional.attributes)
+  for listed in _BRANCHES.findall(conditional.attributes):
+    names += [b.strip().lstrip('%') for b in listed.split(',') if b.strip()]
+  return names
+
+
 def launches(module: Module) -> Iterator[Launch]:
   """Every launching instruction reachable from the entry: fusions, custom calls and unfused
   operations, through while loops (times their known trip count), calls and conditionals."""
@@ -189,10 +198,7 @@ def launches(module: Module) -> Iterator[Launch]:
         for part in _LOOP_PARTS.findall(instruction.attributes):
           yield from walk(part, count, branch)
       elif instruction.opcode == 'conditional':
-        names = _TRUE_FALSE.findall(instruction.attributes)
-        for listed in _BRANCHES.findall(instruction.attributes):
-          names += [b.strip().lstrip('%') for b in listed.split(',') if b.strip()]
-        for index, name in enumerate(names):
+        for index, name in enumerate(branch_names(instruction)):
           yield from walk(name, times, branch + ((instruction.name, index),))
       elif instruction.opcode == 'call':
         for name in instruction.called:
@@ -363,22 +369,33 @@ class Roofline:
     return int(sum(row[0] for row in self.kinds.values()))
 
 
-def roofline(module: Module, device: Device) -> Roofline:
-  """The floor of one run of `module` on `device`: every launch's, times its trip count, each
-  conditional's most expensive branch only."""
+def roofline(module: Module, device: Device, *, branches: str = 'dearest') -> Roofline:
+  """The floor of one run of `module` on `device`: every launch's, times its trip count, and
+  of each conditional one branch: its most expensive ('dearest', a floor whichever runs) or its
+  cheapest ('cheapest': where the caller knows the cheap branch is the one that runs, e.g.
+  relpos's Mosaic kernels once the char LM's memory is full, against the 'xla' form beside
+  them)."""
+  if branches not in ('dearest', 'cheapest'):
+    raise ValueError(f"branches must be 'dearest' or 'cheapest', got {branches!r}")
+  pick = max if branches == 'dearest' else min
   costed = []
   for launch in launches(module):
     cost = launch_cost(launch.instruction, module)
     costed.append((launch, cost, launch.times * cost.seconds(device)))
-  # A conditional counts its most expensive branch: per conditional (outermost), the branch
-  # whose launches sum to the most; launches inside the others are dropped.
+  # Per conditional (outermost), the branch whose launches sum to the most (or least); launches
+  # inside the others are dropped. A branch that launches nothing costs nothing.
   totals: dict[str, dict[int, float]] = {}
   for launch, _, seconds in costed:
     if launch.branch:
       name, index = launch.branch[0]
       totals.setdefault(name, {}).setdefault(index, 0.0)
       totals[name][index] += seconds
-  taken = {name: max(branches, key=branches.get) for name, branches in totals.items()}
+  for computation in module.computations.values():  # a branch that launches nothing costs 0
+    for instruction in computation:
+      if instruction.name in totals:
+        for index in range(len(branch_names(instruction))):
+          totals[instruction.name].setdefault(index, 0.0)
+  taken = {name: pick(costs, key=costs.get) for name, costs in totals.items()}
   kinds = {name: [0, 0.0, 0.0, 0.0] for name in KINDS}
   top = []
   for launch, cost, seconds in costed:

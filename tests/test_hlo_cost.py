@@ -150,6 +150,28 @@ def test_the_floor_sums_each_launch_at_its_bound_and_the_dearer_branch():
   assert faster.kinds['layout copy'][3] == pytest.approx(expected['layout copy'] / 2)
 
 
+def test_the_cheapest_branch_where_asked():
+  device = Device('test', bf16_flops=1e6, float32_flops=5e5, bandwidth=1e9)
+  cheapest = roofline(MODULE, device, branches='cheapest')
+  assert cheapest.kinds['custom call'][0] == 0
+  dearest = roofline(MODULE, device)
+  assert dearest.kinds['memory-bound'][3] - cheapest.kinds['memory-bound'][3] == pytest.approx(
+    -2 * 4096 / 1e9
+  )
+  with pytest.raises(ValueError, match='branches'):
+    roofline(MODULE, device, branches='first')
+  # A branch that launches nothing is the cheapest.
+  empty = parse(
+    HLO.replace(
+      'ROOT %cheap_add = f32[1024]{0} fusion(%c0), kind=kLoop, calls=%fused_add',
+      'ROOT %cheap_add = f32[1024]{0} bitcast(%c0)',
+    )
+  )
+  assert roofline(empty, device, branches='cheapest').seconds == pytest.approx(
+    cheapest.seconds - 2 * 4096 / 1e9
+  )
+
+
 def test_census_counts_each_launching_instruction_once():
   assert census(MODULE) == {
     'kernels': 7,  # gemm, layer, stored, the loop's add, both branches' launches, copy
