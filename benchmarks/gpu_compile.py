@@ -414,7 +414,7 @@ def step(args, overrides) -> int:
       'bf16/TF32 peak and its bytes at the memory bandwidth, summed; the MFU ceiling is the '
       "model's FLOPs (relpos.flops) over that floor, plus the fused kernels' attention FLOPs at "
       "the peak where the step calls them; 'mosaic' rows count the kernel's branch of their "
-      "lax.cond, the others a conditional's dearest branch.\n'
+      "lax.cond, the others a conditional's dearest branch.\n"
     )
     print(FLOOR_HEADER)
     print('|---' * FLOOR_HEADER.count(' | ') + '|---|')
