@@ -325,6 +325,15 @@ DEVICES = {
 }
 
 
+def device_for(device_kind: str) -> Device | None:
+  """DEVICES' entry for a JAX device_kind ('NVIDIA H100 80GB HBM3', 'NVIDIA H200'), or None
+  (other devices, and the PCIe and NVL parts, whose bandwidths differ)."""
+  words = device_kind.lower().replace('-', ' ').split()
+  if 'pcie' in words or 'nvl' in words:
+    return None
+  return next((device for key, device in DEVICES.items() if key.lower() in words), None)
+
+
 @dataclasses.dataclass(frozen=True)
 class Cost:
   """One launch: its KINDS entry, matmul FLOPs (and their peak's dtype), bytes moved."""

@@ -34,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import hlo_cost
 import jax
 from absl import flags
 
@@ -62,10 +63,6 @@ PASSES = ('forward', 'backward', 'rest (loss, update)')
 _COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'collective-permute', 'all-to-all')
 _KERNEL_TARGETS = ('triton', 'mosaic', 'cudnn$fmha', 'tpu_custom_call')
 _MATMUL_TARGETS = ('gemm', 'cublas', 'matmul')
-_INSTRUCTION = re.compile(
-  r'^\s*(?P<root>ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*.*?\s(?P<opcode>[a-z][\w\-]*)\((?P<rest>.*)$'
-)
-_COMPUTATION = re.compile(r'^\s*(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,27 +84,21 @@ def _attribute(text: str, key: str) -> str:
 
 def parse_hlo(text: str) -> tuple[dict[str, Instruction], dict[str, list[str]]]:
   """({instruction name: Instruction}, {computation name: its instructions' opcodes}) of a
-  compiled HLO module's text."""
-  instructions, computations, current = {}, collections.defaultdict(list), None
-  for line in text.splitlines():
-    if line.rstrip().endswith('{') and '=' not in line.split('(', 1)[0]:
-      match = _COMPUTATION.match(line)
-      current = match['name'] if match else None
-      continue
-    match = _INSTRUCTION.match(line)
-    if not match:
-      continue
-    rest = match['rest']
-    instructions[match['name']] = Instruction(
-      opcode=match['opcode'],
-      kind=_attribute(rest, 'kind'),
-      calls=_attribute(rest, 'calls'),
-      target=_attribute(rest, 'custom_call_target'),
-      op_name=_attribute(rest, 'op_name'),
-    )
-    if current is not None:
-      computations[current].append(match['opcode'])
-  return instructions, dict(computations)
+  compiled HLO module's text (read by hlo_cost.parse)."""
+  module = hlo_cost.parse(text)
+  instructions, computations = {}, {}
+  for computation, body in module.computations.items():
+    computations[computation] = [instruction.opcode for instruction in body]
+    for instruction in body:
+      attributes = instruction.attributes
+      instructions[instruction.name] = Instruction(
+        opcode=instruction.opcode,
+        kind=_attribute(attributes, 'kind'),
+        calls=_attribute(attributes, 'calls'),
+        target=_attribute(attributes, 'custom_call_target'),
+        op_name=_attribute(attributes, 'op_name'),
+      )
+  return instructions, computations
 
 
 def category(instruction: Instruction | None, computations: dict[str, list[str]]) -> str:
@@ -360,7 +351,27 @@ def print_profiles(calls: dict, texts: dict, *, steps: int, trace_dir=None) -> N
     text = '\n'.join(dict.fromkeys(f() for f in functions))
     where = None if trace_dir is None else Path(trace_dir) / re.sub(r'[^\w.=-]+', '_', name)
     print(f'\n### profile: {name}\n')
-    print(profile(call, text, steps=steps, trace_dir=where).table())
+    summary = profile(call, text, steps=steps, trace_dir=where)
+    print(summary.table())
+    if line := floor_line(text, name, summary.wall_s, jax.devices()[0].device_kind):
+      print(line)
+
+
+def floor_line(hlo_text: str, name: str, step_seconds: float, device_kind: str) -> str | None:
+  """The step's floor on this device (hlo_cost.roofline of its one compiled module) beside its
+  measured time; None where hlo_cost has no figures for the device or the call ran several
+  modules. A variant named 'mosaic' counts its lax.cond's kernel branch (mosaic_dispatch)."""
+  device = hlo_cost.device_for(device_kind)
+  if device is None or hlo_text.count('\nENTRY ') + hlo_text.startswith('ENTRY ') != 1:
+    return None
+  branches = 'cheapest' if 'mosaic' in name else 'dearest'
+  floor = hlo_cost.roofline(hlo_cost.parse(hlo_text), device, branches=branches)
+  return (
+    f'floor on the {device.name} (benchmarks/hlo_cost.py: each kernel at the longer of its '
+    "matmuls at the data-sheet peak and its bytes at the bandwidth; custom calls' arithmetic "
+    f'not counted): {floor.seconds * 1e3:.2f} ms a step; this step took '
+    f'{step_seconds * 1e3:.2f} ms, {step_seconds / floor.seconds:.2f}x its floor'
+  )
 
 
 def profile(call, hlo_text: str, *, steps: int, trace_dir: str | Path | None = None) -> Profile:

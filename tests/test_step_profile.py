@@ -171,3 +171,24 @@ def test_a_device_event_without_an_hlo_op_stat_is_named_by_its_annotation_or_ker
     'something_else': 'other',
   }
   assert {name: step_profile.category_of_name(name) for name in named} == named
+
+
+def test_floor_line_on_a_known_gpu_only():
+  import hlo_cost
+  from step_profile import floor_line
+  from test_hlo_cost import HLO
+
+  floor = hlo_cost.roofline(hlo_cost.parse(HLO), hlo_cost.DEVICES['H200']).seconds
+  line = floor_line(HLO, 'xl', 2e-3, 'NVIDIA H200')
+  assert line.startswith('floor on the H200 SXM (benchmarks/hlo_cost.py')
+  assert line.endswith(f'this step took 2.00 ms, {2e-3 / floor:.2f}x its floor')
+  # 'mosaic' counts the cheap branch (the test module's conditional: a fusion, not the kernel).
+  cheap = hlo_cost.roofline(hlo_cost.parse(HLO), hlo_cost.DEVICES['H200'], branches='cheapest')
+  assert floor_line(HLO, 'xl, mosaic kernels', 2e-3, 'NVIDIA H200').endswith(
+    f'{2e-3 / cheap.seconds:.2f}x its floor'
+  )
+  assert cheap.seconds < floor
+  assert floor_line(HLO, 'xl', 2e-3, 'NVIDIA H100 80GB HBM3').startswith('floor on the H100 SXM')
+  assert floor_line(HLO, 'xl', 2e-3, 'cpu') is None
+  assert floor_line(HLO, 'xl', 2e-3, 'NVIDIA H100 PCIe') is None
+  assert floor_line(HLO + HLO, 'xl', 2e-3, 'NVIDIA H200') is None  # two modules
