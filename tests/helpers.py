@@ -131,6 +131,8 @@ def make_mask(kind, rng, batch, heads, q_len, kv_len, query_offset=None):
   if kind == 'padding':
     lengths = [kv_len] + [max(1, kv_len - 3 - 2 * n) for n in range(batch - 1)]
     return padding_np(lengths, kv_len)
+  if kind == 'filling':  # keys only: a memory whose first slots are not filled yet (char LM)
+    return np.arange(kv_len) >= min(kv_len - 1, kv_len - q_len + 2)
   if kind == 'dead_rows':
     base = random_mask_np(rng, batch, heads, q_len, kv_len, p=0.8)
     return with_dead_rows(rng, base, batch, heads, q_len, kv_len)

@@ -562,7 +562,8 @@ def test_cache_path_rules():
 @pytest.mark.parametrize('scan_layers', [False, True])
 def test_pretuning_a_config_tunes_the_models_own_call_shapes(scan_layers):
   """`trace_train_step` lowers char_tiny's train step: the XL layers' one call shape (queries
-  tgt_len, keys mem_len + tgt_len, the causal mask) is tuned once, stacked or scanned."""
+  tgt_len, keys mem_len + tgt_len, the memory's one-row key mask) is tuned once, stacked or
+  scanned."""
   config = load_config_file(Path(__file__).parent.parent / 'configs/char_tiny.py')
   config.model.scan_layers = scan_layers
   calls = []
@@ -581,7 +582,7 @@ def test_pretuning_a_config_tunes_the_models_own_call_shapes(scan_layers):
   assert (s.heads, s.head_dim, s.mask) == (
     model.num_heads,
     model.head_dim,
-    (1, 1, train.tgt_len, train.mem_len + train.tgt_len),
+    (1, 1, 1, train.mem_len + train.tgt_len),  # keys only: XL adds the causal mask itself
   )
   assert calls == ['xla', 'pallas', 'pallas@32x64', 'pallas@64x32']  # 32x32 is XL's default
   table = autotune.decision_table(tuner.decisions)

@@ -272,6 +272,9 @@ XL_CASES = [
   ('memory_dead_rows', (2, 5, 6, 4, 6), 'dead_rows', (2, 3)),
   ('no_memory_padding', (2, 9, 9, 2, 8), 'padding', (4, 4)),
   ('one_query_default_tiles', (1, 1, 11, 3, 4), 'random', None),
+  # A [kv_len] mask (one row in the kernels): its first 8 keys, beyond the memory's 6, unfilled,
+  # so the first two queries see no key.
+  ('keys_only_dead_rows', (2, 5, 11, 3, 4), 'filling', (4, 4)),
 ]
 
 

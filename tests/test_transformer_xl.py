@@ -441,6 +441,14 @@ def test_mask_matches_original(qlen, mlen, mem_len, same_length):
   np.testing.assert_array_equal(
     ours[:, mem_len - mlen :], ~original_dec_attn_mask(qlen, mlen, mem_len, same_length)
   )
+  # XL's kernels add the causal mask themselves: keys only, one row without same_length, and
+  # the same pairs once combined with the causal mask.
+  keys = np.asarray(
+    txl.attention_mask(qlen, mem_len, mlen, same_length=same_length, keys_only=True)
+  )
+  assert keys.shape == (qlen if same_length else 1, mem_len + qlen)
+  causal = np.asarray(attention.causal_mask(qlen, mem_len + qlen))
+  np.testing.assert_array_equal(keys & causal, ours)
 
 
 def test_same_length_hides_keys_beyond_the_window():

@@ -30,7 +30,11 @@ the VJP; and the layout changes around the kernels (transpose to [B, H, L, D], p
 
 Layout: key, value, mask and R are padded on the left by `_XLSpec.pad` and on the right up to
 `_XLSpec.extended` (whole key tiles) so every window and key run of the kernels is in bounds;
-pads are zeros, and masked. head_dim is padded with zeros to a power of two >= 16.
+pads are zeros, and masked. A mask with no query axis (or one of size 1: keys only, as the
+character LM's, whose causal part XL adds itself) stays one row, [.., 1, keys], read by every
+query tile (`kernel_mask(keys_only=True)`, `mask_rows`): O(length) memory at long context, where
+a [q_len, kv_len] mask would take more than the kernels. head_dim is padded with zeros to a
+power of two >= 16.
 
 Native lowering (see `pallas_common` for what was checked): the skews lower to Triton's
 register gather `tt.gather` (`pallas_gather`; Mosaic has no rule for it, so these kernels do not
@@ -67,6 +71,7 @@ from relpos.attention.pallas_common import (
   init_softmax,
   kernel_mask,
   kernel_scalars,
+  mask_rows,
   online_softmax_step,
   pad_to,
   positions,
@@ -226,7 +231,7 @@ def _forward_kernel(refs, *, spec):
     key_start = key_tile * block_k
     rows = _key_rows(spec, key_start, block_k)
     value = refs.value[rows, :]
-    mask = None if refs.mask is None else refs.mask[:, rows]
+    mask = None if refs.mask is None else mask_rows(refs.mask, slice(None), rows)
     logits, allowed, keep_scale, _ = _tile(
       spec, refs, seed, b, h, q_content, q_position, query_start, key_start, refs.key[rows, :], mask
     )
@@ -277,7 +282,7 @@ def _d_query_kernel(refs, *, spec):
     key_start = key_tile * block_k
     rows = _key_rows(spec, key_start, block_k)
     key = refs.key[rows, :]
-    mask = None if refs.mask is None else refs.mask[:, rows]
+    mask = None if refs.mask is None else mask_rows(refs.mask, slice(None), rows)
     rel_window, _, d_logits = _tile_grads(
       spec, refs, seed, b, h, query_side, key_start, key, refs.value[rows, :], mask
     )
@@ -311,7 +316,7 @@ def _d_key_value_kernel(refs, *, spec):
     rows = pl.ds(query_start, block_q)
     query_side = (query_start, *_load_query_side(refs, (rows, slice(None))))
     _, q_content, _, d_output = query_side[:4]
-    mask = None if refs.mask is None else refs.mask[rows, :]
+    mask = None if refs.mask is None else mask_rows(refs.mask, rows)
     _, dropped, d_logits = _tile_grads(
       spec, refs, seed, b, h, query_side, key_start, key, value, mask
     )
@@ -349,7 +354,8 @@ def _d_rel_key_kernel(refs, *, spec):
     keys = _key_rows(spec, run_start, run)
     mask = None
     if refs.mask is not None:
-      mask = take_columns(refs.mask[rows, keys].astype(jnp.int32), run_column)
+      mask = mask_rows(refs.mask, rows, keys).astype(jnp.int32)
+      mask = take_columns(jnp.broadcast_to(mask, (block_q, run)), run_column)
     content = take_columns(dot(q_content, refs.key[keys, :], transpose_b=True), run_column)
     logits = (content + dot(q_position, rel_block, transpose_b=True)) * spec.scale
     allowed, keep_scale = _pairs(spec, seed, b, h, query_start, run_start + run_column, mask)
@@ -554,7 +560,15 @@ def xl_attention_pallas(
     content_bias=pad_to(content_bias[:, None, :], bias_shape),
     position_bias=pad_to(position_bias[:, None, :], bias_shape),
     mask=kernel_mask(
-      mask, batch, heads, q_len, kv_len, spec.tiling.q_padded, spec.extended, spec.pad
+      mask,
+      batch,
+      heads,
+      q_len,
+      kv_len,
+      spec.tiling.q_padded,
+      spec.extended,
+      spec.pad,
+      keys_only=True,
     ),
     scalars=kernel_scalars(0, seed),
   )

@@ -81,14 +81,24 @@ def same_length_mask(q_len: int, mem_len: int) -> jax.Array:
   return ~(jnp.triu(ones, 1 + mem_len) | jnp.tril(ones, -mask_shift_len))
 
 
-def attention_mask(q_len: int, mem_len: int, length, *, same_length: bool) -> jax.Array:
+def attention_mask(
+  q_len: int, mem_len: int, length, *, same_length: bool, keys_only: bool = False
+) -> jax.Array:
   """Keys a query may attend over [memory; segment]: bool [q_len, mem_len + q_len].
 
   Causal, only the trailing `length` (int or traced int32 scalar) of the mem_len memory slots,
   and with `same_length` the original's same-length window.
+
+  keys_only: for a kernel that adds the causal mask itself (XL's, every implementation), the
+  unfilled memory slots alone, one row [1, mem_len + q_len] (with `same_length` the window
+  still needs its [q_len, mem_len + q_len]). At long context this keeps the step's memory
+  O(length): the full mask is a byte per query and key, 32 GiB at a 131,072-token segment over
+  as long a memory, and the fused kernels read one row of it for every query tile.
   """
   kv_len = mem_len + q_len
   valid_K = jnp.arange(kv_len) >= mem_len - length
+  if keys_only and not same_length:
+    return valid_K[None, :]
   mask_QK = attention.causal_mask(q_len, kv_len) & valid_K[None, :]
   if same_length:
     if mem_len == 0:
@@ -120,7 +130,8 @@ class DecoderLayer(nnx.Module):
     Args:
       x_BQD: [batch, q_len, d_model], the layer input for the current segment.
       memory_BMD: [batch, mem_len, d_model], the layer input at the memory positions.
-      mask_QK: bool [q_len, mem_len + q_len], True = may attend.
+      mask_QK: bool [q_len, mem_len + q_len] (or [1, ..], keys only, under XL's attention,
+        which adds the causal mask itself: `attention_mask`), True = may attend.
       xl_terms: 'xl' only (else None): (R [mem_len + q_len, d_model] of distances, u, v).
       bias_HQK: 't5', 'alibi' only (else None): the model's relative bias
         [heads, q_len, mem_len + q_len].
@@ -234,8 +245,11 @@ class TransformerXL(nnx.Module):
       )
     memory_LBMD = jax.lax.stop_gradient(memory.hidden).astype(self.dtype)
     mem_len = memory_LBMD.shape[2]
-    mask_QK = attention_mask(q_len, mem_len, memory.length, same_length=same_length)
     r_KD, u_LHD, v_LHD = self._xl_terms(mem_len + q_len, clamp_len, deterministic=deterministic)
+    # XL's attention adds the causal mask itself: its mask is the memory's unfilled slots only.
+    mask_QK = attention_mask(
+      q_len, mem_len, memory.length, same_length=same_length, keys_only=r_KD is not None
+    )
     bias_HQK = None if self.relative_bias is None else self.relative_bias(q_len, mem_len + q_len)
     x_BQD = self._embed(tokens_BT, deterministic=deterministic)
 
