@@ -75,7 +75,6 @@ FREE_OPCODES = frozenset(
     'add-dependency',
   }
 )
-CONTROL_OPCODES = frozenset({'while', 'conditional', 'call'})
 KINDS = ('matmul', 'memory-bound', 'layout copy', 'custom call')
 
 _HEADER = re.compile(r'^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$')
