@@ -37,6 +37,8 @@ Tiles the mask rules out: before the kernels, XLA reads the mask once per tile a
 program the first and one past the last tile of the other axis that the mask allows some pair
 of (`_tile_ranges`); the loops run over that range only, so a causal mask's future tiles are
 never read, and the per-row table entries of skipped keys are masked by position afterwards.
+A mask without a query axis (a key-padding mask: an encoder's) stays one row for every query
+tile (`pallas_common.kernel_mask(keys_only=True)`, `mask_rows`).
 
 Memory beyond flash attention: per (batch, head), four per-row tables of `rows` floats (qw,
 do·w^Vᵀ, P', ds_bucket: rows = 2k+1 padded to a power of two); saved for the backward pass:
@@ -78,6 +80,7 @@ from relpos.attention.pallas_common import (
   kernel_mask,
   kernel_scalars,
   mask_index_map,
+  mask_rows,
   online_softmax_step,
   pad_to,
   positions,
@@ -264,7 +267,9 @@ def _forward_kernel(refs, *, spec):
     max_Q1, norm_Q1, out_QD, left_Q1, right_Q1 = carry
     key_start = key_tile * block_k
     value = refs.value[pl.ds(key_start, block_k), :]
-    mask = None if refs.mask is None else refs.mask[:, pl.ds(key_start, block_k)]
+    mask = (
+      None if refs.mask is None else mask_rows(refs.mask, slice(None), pl.ds(key_start, block_k))
+    )
     logits, allowed, keep_scale, band = _tile(
       spec,
       seed,
@@ -322,7 +327,7 @@ def _d_query_kernel(refs, *, spec):
     key_start = key_tile * block_k
     keys = pl.ds(key_start, block_k)
     key = refs.key[keys, :]
-    mask = None if refs.mask is None else refs.mask[:, keys]
+    mask = None if refs.mask is None else mask_rows(refs.mask, slice(None), keys)
     band, _, d_logits = _tile_grads(
       spec,
       seed,
@@ -368,7 +373,7 @@ def _d_key_value_kernel(refs, *, spec):
     rows = (pl.ds(query_start, block_q), slice(None))
     query = refs.query[rows]
     d_output, lse, delta = query_residuals(refs, rows)
-    mask = None if refs.mask is None else refs.mask[rows[0], :]
+    mask = None if refs.mask is None else mask_rows(refs.mask, rows[0])
     _, dropped, d_logits = _tile_grads(
       spec,
       seed,
@@ -410,9 +415,13 @@ def _tile_ranges(mask, tiling):
   Tiles outside the range are never read: under a causal mask, the tiles wholly in a query
   tile's future (about half). Tiles the mask masks whole inside the range are still visited.
   """
-  batch, heads = mask.shape[:2]
-  tile_shape = (tiling.num_q_tiles, tiling.block_q, tiling.num_k_tiles, tiling.block_k)
+  batch, heads, query_rows = mask.shape[:3]
+  if query_rows == 1:  # one row for every query (kernel_mask(keys_only=True))
+    tile_shape = (1, 1, tiling.num_k_tiles, tiling.block_k)
+  else:
+    tile_shape = (tiling.num_q_tiles, tiling.block_q, tiling.num_k_tiles, tiling.block_k)
   allows_QK = jnp.max(mask.reshape(batch, heads, *tile_shape), axis=(3, 5)) != 0
+  allows_QK = jnp.broadcast_to(allows_QK, (batch, heads, tiling.num_q_tiles, tiling.num_k_tiles))
 
   def ranges(allows):  # [..., tiles] -> [..., 2]
     index = jnp.arange(allows.shape[-1], dtype=jnp.int32)
@@ -532,7 +541,7 @@ def _forward(spec, inputs, tile_ranges):
 def _shaw_pallas(spec, inputs):
   """Shaw attention on `_Inputs` in kernel layout: query [B, H, Qp, D], key/value
   [B, H, Kp, D] (padded to whole tiles, D to `triton_size`), tables [`table_rows`, D] or None,
-  int8 mask [B|1, H|1, Qp, Kp] or None, int32 scalars [2] (query offset, dropout seed).
+  int8 mask [B|1, H|1, Qp or 1, Kp] or None, int32 scalars [2] (query offset, dropout seed).
   Returns [B, H, Qp, D]."""
   output, _, _ = _forward(spec, inputs, _mask_tile_ranges(spec, inputs))
   return output
@@ -646,7 +655,9 @@ def shaw_attention_pallas(
     value=to_kernel_layout(value, tiling.kv_padded),
     rel_key=None if rel_key is None else pad_to(rel_key, table_shape),
     rel_value=None if rel_value is None else pad_to(rel_value, table_shape),
-    mask=kernel_mask(mask, batch, heads, q_len, kv_len, tiling.q_padded, tiling.kv_padded),
+    mask=kernel_mask(
+      mask, batch, heads, q_len, kv_len, tiling.q_padded, tiling.kv_padded, keys_only=True
+    ),
     scalars=kernel_scalars(query_offset, seed),
   )
   output = _shaw_pallas(spec, inputs)
