@@ -348,29 +348,38 @@ def print_profiles(calls: dict, texts: dict, *, steps: int, trace_dir=None) -> N
   kept under `trace_dir`/name when given."""
   for name, call in calls.items():
     functions = texts[name] if isinstance(texts[name], (list, tuple)) else [texts[name]]
-    text = '\n'.join(dict.fromkeys(f() for f in functions))
+    modules = {function: function() for function in dict.fromkeys(functions)}  # each once
+    text = '\n'.join(dict.fromkeys(modules.values()))
     where = None if trace_dir is None else Path(trace_dir) / re.sub(r'[^\w.=-]+', '_', name)
     print(f'\n### profile: {name}\n')
     summary = profile(call, text, steps=steps, trace_dir=where)
     print(summary.table())
-    if line := floor_line(text, name, summary.wall_s, jax.devices()[0].device_kind):
+    run = [modules[function] for function in functions]  # as often as the call runs each
+    if line := floor_line(run, name, summary.wall_s, jax.devices()[0].device_kind):
       print(line)
 
 
-def floor_line(hlo_text: str, name: str, step_seconds: float, device_kind: str) -> str | None:
-  """The step's floor on this device (hlo_cost.roofline of its one compiled module) beside its
-  measured time; None where hlo_cost has no figures for the device or the call ran several
-  modules. A variant named 'mosaic' counts its lax.cond's kernel branch (mosaic_dispatch)."""
+def floor_line(hlo_texts, name: str, step_seconds: float, device_kind: str) -> str | None:
+  """The call's floor on this device beside its measured time: hlo_cost.roofline of each
+  compiled module it runs (`hlo_texts`: one module's text, or a list with a text per module
+  run, a translation pass's per batch), summed; None where hlo_cost has no figures for the
+  device. A variant named 'mosaic' counts its lax.cond's kernel branch (mosaic_dispatch)."""
   device = hlo_cost.device_for(device_kind)
-  if device is None or hlo_text.count('\nENTRY ') + hlo_text.startswith('ENTRY ') != 1:
+  texts = [hlo_texts] if isinstance(hlo_texts, str) else list(hlo_texts)
+  if device is None or not texts:
     return None
   branches = 'cheapest' if 'mosaic' in name else 'dearest'
-  floor = hlo_cost.roofline(hlo_cost.parse(hlo_text), device, branches=branches)
+  floors = {
+    text: hlo_cost.roofline(hlo_cost.parse(text), device, branches=branches).seconds
+    for text in dict.fromkeys(texts)
+  }
+  floor = sum(floors[text] for text in texts)
+  modules = '' if len(texts) == 1 else f' over its {len(texts)} module runs'
   return (
     f'floor on the {device.name} (benchmarks/hlo_cost.py: each kernel at the longer of its '
     "matmuls at the data-sheet peak and its bytes at the bandwidth; custom calls' arithmetic "
-    f'not counted): {floor.seconds * 1e3:.2f} ms a step; this step took '
-    f'{step_seconds * 1e3:.2f} ms, {step_seconds / floor.seconds:.2f}x its floor'
+    f'not counted){modules}: {floor * 1e3:.2f} ms a step; this step took '
+    f'{step_seconds * 1e3:.2f} ms, {step_seconds / floor:.2f}x its floor'
   )
 
 

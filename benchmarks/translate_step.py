@@ -98,8 +98,9 @@ flags.mark_flags_as_required(['config'])
 def pass_call(config, position, vocab_size, batches, mesh, implementation=None):
   """A zero-argument call running the train step of `position` (with the attention
   `implementation`, None: the config's) over `batches` (state kept), the model's forward FLOPs
-  of that pass (`relpos.flops.Flops`), XLA's FLOP count of it (None where XLA has none) and a
-  function per batch shape giving its compiled module's text (`step_profile.compiled_text`)."""
+  of that pass (`relpos.flops.Flops`), XLA's FLOP count of it (None where XLA has none) and,
+  per batch, a function giving its compiled module's text (`step_profile.compiled_text`; one
+  function per shape)."""
   variant = ml_collections.ConfigDict(config.to_dict())
   variant.model.position = position
   if implementation is not None:
@@ -132,7 +133,10 @@ def pass_call(config, position, vocab_size, batches, mesh, implementation=None):
       carried['state'], sums = train_step(carried['state'], batch)
     return sums['loss']
 
-  return call, model_flops, xla_count, list(texts.values())
+  # One text function per batch, in the order the pass runs them (a shape's function once per
+  # batch of that shape): the floor of a pass counts each batch (step_profile.floor_line).
+  per_batch = [texts[tuple(x.shape for x in batch.values())] for batch in batches]
+  return call, model_flops, xla_count, per_batch
 
 
 def main(argv):

@@ -191,4 +191,6 @@ def test_floor_line_on_a_known_gpu_only():
   assert floor_line(HLO, 'xl', 2e-3, 'NVIDIA H100 80GB HBM3').startswith('floor on the H100 SXM')
   assert floor_line(HLO, 'xl', 2e-3, 'cpu') is None
   assert floor_line(HLO, 'xl', 2e-3, 'NVIDIA H100 PCIe') is None
-  assert floor_line(HLO + HLO, 'xl', 2e-3, 'NVIDIA H200') is None  # two modules
+  # Several module runs (a translation pass, a text per batch): their floors summed.
+  twice = floor_line([HLO, HLO], 'xl', 2e-3, 'NVIDIA H200')
+  assert 'over its 2 module runs' in twice and twice.endswith(f'{1e-3 / floor:.2f}x its floor')
