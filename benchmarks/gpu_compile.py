@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 import hlo_cost
-from gpu_run import char_config
+from gpu_run import char_config, split_overrides
 
 TARGET = Path(__file__).with_name('h100_target.txtpb')
 # An H100 80GB HBM3's memory as nvidia-smi reports it (81,559 MiB: the 80 GiB of HBM3 less what
@@ -277,7 +277,7 @@ def kernel_attention_flops(config, shape) -> float:
   from relpos import flops
 
   model = config.model
-  head_dim = model.head_dim if 'head_dim' in model else model.d_model // model.num_heads
+  head_dim = flops.model_head_dim(model)
   rectangles = 3 if model.position == 'xl' else 2
   if config.task == 'translate':
     rows, src_len, tgt_len = shape
@@ -323,15 +323,18 @@ def floor_row(position, implementation, floors, kernel_flops, train_flops) -> st
   kinds = h200_floor.kinds
   moved = ' / '.join(f'{kinds[name][2] / 1e9:.1f}' for name in hlo_cost.KINDS)
   has_kernels = kinds['custom call'][0] > 0
-  extra = kernel_flops / h200_floor.device.bf16_flops if has_kernels else 0.0
+
+  def kernels_seconds(floor):  # the kernels' attention FLOPs at that device's peak
+    return kernel_flops / floor.device.bf16_flops if has_kernels else 0.0
+
   ceilings = [
-    train_flops / (floor.seconds + extra) / floor.device.bf16_flops
+    train_flops / (floor.seconds + kernels_seconds(floor)) / floor.device.bf16_flops
     for floor in (h100_floor, h200_floor)
   ]
   return (
     f'| {position} | {implementation} | {h200_floor.launches} | {kinds["matmul"][1] / 1e12:.2f} | '
     f'{moved} | {h100_floor.seconds * 1e3:.1f} / {h200_floor.seconds * 1e3:.1f} | '
-    f'{f"{extra * 1e3:.1f}" if has_kernels else "none"} | '
+    f'{f"{kernels_seconds(h200_floor) * 1e3:.1f}" if has_kernels else "none"} | '
     f'{ceilings[0]:.0%} / {ceilings[1]:.0%} |'
   )
 
@@ -482,9 +485,7 @@ def long_context(args, overrides) -> int:
 
 
 def main(argv) -> int:
-  overrides = []
-  if '--' in argv:
-    argv, overrides = argv[: argv.index('--')], argv[argv.index('--') + 1 :]
+  argv, overrides = split_overrides(argv)
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   commands = parser.add_subparsers(dest='command', required=True)
   kernel_command = commands.add_parser('kernels')

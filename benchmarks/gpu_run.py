@@ -204,6 +204,13 @@ def parse_starts(text: str) -> dict[str, int]:
   return starts
 
 
+def split_overrides(argv):
+  """(the tool's own arguments, the `--config.FIELD=VALUE` overrides after a `--`)."""
+  if '--' not in argv:
+    return argv, []
+  return argv[: argv.index('--')], argv[argv.index('--') + 1 :]
+
+
 def char_config(path: str, overrides):
   """The character-LM config file at `path` with `--config.FIELD=VALUE` overrides applied, as
   ml_collections' config flag (train.py's) reads them; once per process (it defines the flag)."""
@@ -292,9 +299,7 @@ def long_context(args, overrides) -> int:
 
 
 def main(argv) -> int:
-  overrides = []
-  if '--' in argv:
-    argv, overrides = argv[: argv.index('--')], argv[argv.index('--') + 1 :]
+  argv, overrides = split_overrides(argv)
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   commands = parser.add_subparsers(dest='command', required=True)
   losses = commands.add_parser('losses')

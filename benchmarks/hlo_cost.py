@@ -37,6 +37,8 @@ import math
 import re
 from collections.abc import Iterator
 
+from relpos.flops import PEAK_DTYPES, device_peak
+
 # Bytes per element of HLO's element types; an unknown one counts 4.
 ELEMENT_BYTES = {
   'pred': 1,
@@ -211,7 +213,11 @@ def launches(module: Module) -> Iterator[Launch]:
 
 def kind(instruction: Instruction, module: Module) -> str:
   """One of KINDS: a GEMM, a layout copy or transpose, another custom call, or memory-bound."""
-  if _matmul_flops(instruction, module)[0]:
+  return _kind(instruction, _matmul_flops(instruction, module)[0])
+
+
+def _kind(instruction: Instruction, matmul_flops: float) -> str:
+  if matmul_flops:
     return 'matmul'
   if instruction.opcode in ('copy', 'transpose') or _COPY_BODY.search(instruction.attributes):
     return 'layout copy'
@@ -232,22 +238,22 @@ def _computation_instructions(module: Module, name: str, seen=None) -> Iterator[
       yield from _computation_instructions(module, called, seen)
 
 
-def _dot_flops(dot: Instruction, module: Module) -> float:
+def _dot_flops(dot: Instruction, module: Module) -> tuple[float, str]:
+  """(2·m·n·k FLOPs, the lhs element type) of one `dot`; (0, '') where its shapes are unread."""
   contracting = _CONTRACTING.search(dot.attributes)
   lhs = arrays(module.shapes.get(dot.operands[0], '')) if dot.operands else []
   result = arrays(dot.shape)
   if not contracting or not lhs or not result:
-    return 0.0
+    return 0.0, ''
   dims = lhs[0][1]
   k = math.prod(dims[int(i)] for i in contracting.group(1).split(',') if i)
-  return 2.0 * math.prod(result[0][1]) * k
+  return 2.0 * math.prod(result[0][1]) * k, lhs[0][0]
 
 
 def _matmul_flops(instruction: Instruction, module: Module) -> tuple[float, str]:
   """(FLOPs, the lhs element type) of the matmuls a launch does; (0, '') for none."""
   if instruction.opcode == 'dot':
-    lhs = arrays(module.shapes.get(instruction.operands[0], ''))
-    return _dot_flops(instruction, module), lhs[0][0] if lhs else ''
+    return _dot_flops(instruction, module)
   if instruction.opcode == 'custom-call':
     target = _TARGET.search(instruction.attributes)
     contracting = _GEMM_CONTRACTING.search(instruction.attributes)
@@ -264,9 +270,9 @@ def _matmul_flops(instruction: Instruction, module: Module) -> tuple[float, str]
   for called in instruction.called:
     for inner in _computation_instructions(module, called):
       if inner.opcode == 'dot':
-        flops += _dot_flops(inner, module)
-        lhs = arrays(module.shapes.get(inner.operands[0], ''))
-        element = element or (lhs[0][0] if lhs else '')
+        dot_flops, dot_element = _dot_flops(inner, module)
+        flops += dot_flops
+        element = element or dot_element
   return flops, element
 
 
@@ -316,12 +322,14 @@ class Device:
   bandwidth: float
 
 
-# Data-sheet figures (relpos.flops.PEAKS for the tensor rates): H100 SXM 3.35 TB/s of HBM3,
-# H200 SXM 4.8 TB/s of HBM3e; both 989.4 TFLOP/s dense bf16 and 494.7 TF32.
-DEVICES = {
-  'H100': Device('H100 SXM', 989.4e12, 494.7e12, 3.35e12),
-  'H200': Device('H200 SXM', 989.4e12, 494.7e12, 4.8e12),
-}
+def _device(name: str, bandwidth: float) -> Device:
+  """A Device with relpos.flops's data-sheet tensor peaks for `name` and its bandwidth."""
+  bf16, float32 = (device_peak(name, dtype).tflops * 1e12 for dtype in PEAK_DTYPES)
+  return Device(f'{name} SXM', bf16, float32, bandwidth)
+
+
+# Data-sheet memory bandwidths: H100 SXM 3.35 TB/s of HBM3, H200 SXM 4.8 TB/s of HBM3e.
+DEVICES = {'H100': _device('H100', 3.35e12), 'H200': _device('H200', 4.8e12)}
 
 
 def device_for(device_kind: str) -> Device | None:
@@ -356,7 +364,7 @@ def launch_cost(instruction: Instruction, module: Module) -> Cost:
   else:
     operands = sum(shape_bytes(module.shapes.get(name, '')) for name in instruction.operands)
     moved = operands + shape_bytes(instruction.shape)
-  return Cost(kind(instruction, module), flops, element in HALF_PRECISION, moved)
+  return Cost(_kind(instruction, flops), flops, element in HALF_PRECISION, moved)
 
 
 @dataclasses.dataclass

@@ -161,7 +161,7 @@ def _self_attention_kind(position: str) -> str:
   return position if position in ('xl', 'rope') else 'none'
 
 
-def _head_dim(model: ml_collections.ConfigDict) -> int:
+def model_head_dim(model: ml_collections.ConfigDict) -> int:
   """config.model's head_dim (the character LM's own field; translation's d_model / heads)."""
   return model.head_dim if 'head_dim' in model else model.d_model // model.num_heads
 
@@ -171,7 +171,7 @@ def _layer_flops(
 ) -> Flops:
   """One attention sublayer: projections of q_len queries and kv_inputs key/value inputs
   (which attend as kv_len keys), and the kernel."""
-  width = model.num_heads * _head_dim(model)
+  width = model.num_heads * model_head_dim(model)
   projections = 2 * matmul(batch * q_len, model.d_model, width)  # queries and output
   projections += 2 * matmul(batch * kv_inputs, model.d_model, width)  # keys and values
   table_rows = 2 * model.max_relative_position + 1
@@ -179,7 +179,7 @@ def _layer_flops(
     kind,
     batch=batch,
     heads=model.num_heads,
-    head_dim=_head_dim(model),
+    head_dim=model_head_dim(model),
     q_len=q_len,
     kv_len=kv_len,
     causal=causal,
@@ -201,7 +201,7 @@ def _softmax_layer_flops(model, rows: int, vocab_size: int) -> Flops:
 def xl_r_projection_flops(model, kv_len: int) -> Flops:
   """XL's W_kR R of one layer: the sinusoids of kv_len distances projected, [kv_len, d_model] x
   [d_model, heads·head_dim], once per call (not per row)."""
-  width = model.num_heads * _head_dim(model)
+  width = model.num_heads * model_head_dim(model)
   return Flops({'xl R projection': matmul(kv_len, model.d_model, width)})
 
 
