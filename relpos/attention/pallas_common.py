@@ -236,31 +236,18 @@ def from_kernel_layout(x_BHLD, length: int, head_dim: int, left: int = 0):
   return jnp.transpose(x_BHLD[:, :, left : left + length, :head_dim], (0, 2, 1, 3))
 
 
-def kernel_mask(
-  mask,
-  batch: int,
-  heads: int,
-  q_len: int,
-  kv_len: int,
-  q_total,
-  kv_total,
-  left=0,
-  *,
-  keys_only: bool = False,
-):
+def kernel_mask(mask, batch: int, heads: int, q_len: int, kv_len: int, q_total, kv_total, left=0):
   """The bool mask (broadcastable to [batch, heads, q_len, kv_len]) as int8
-  [batch or 1, heads or 1, q_total, kv_total], False (0) in the padding, with `left` padded
-  keys first. None stays None. Batch and head axes of size 1 stay 1 (`mask_index_map`).
-
-  keys_only: a kernel that reads a one-row mask (`mask_rows`) keeps a mask without a query
-  axis (or with one of size 1, e.g. [kv_len], a key-padding [batch, 1, 1, kv_len]) as one row,
-  [.., 1, kv_total]: O(kv_len) memory instead of a [q_len, kv_len] copy per batch and head.
-  """
+  [batch or 1, heads or 1, q_total or 1, kv_total], False (0) in the padding, with `left`
+  padded keys first. None stays None. Batch and head axes of size 1 stay 1 (`mask_index_map`),
+  and so does a missing or size-1 query axis (keys only, e.g. [kv_len], a key-padding
+  [batch, 1, 1, kv_len]): one row that every query tile reads (`mask_rows`), O(kv_len) memory
+  instead of a [q_len, kv_len] copy per batch and head."""
   if mask is None:
     return None
   mask = jnp.asarray(mask, jnp.bool_)
   mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-  one_row = keys_only and mask.shape[2] == 1
+  one_row = mask.shape[2] == 1
   mask = jnp.broadcast_to(mask, mask.shape[:2] + (1 if one_row else q_len, kv_len))
   if mask.shape[0] not in (1, batch) or mask.shape[1] not in (1, heads):
     raise ValueError(f'mask {mask.shape} does not broadcast to {(batch, heads, q_len, kv_len)}')
@@ -271,7 +258,7 @@ def kernel_mask(
 
 def mask_rows(mask_ref, rows, columns=slice(None)):
   """The mask tile of query `rows` (and key `columns`) from a kernel's mask block: a one-row
-  mask (`kernel_mask(keys_only=True)`) gives its one row, [1, columns], which broadcasts
+  mask (`kernel_mask`, keys only) gives its one row, [1, columns], which broadcasts
   against the tile."""
   if mask_ref.shape[0] == 1:
     return mask_ref[pl.ds(0, 1), columns]
@@ -392,7 +379,7 @@ def add_sequence_inputs(
   for name, array in (('key', key), ('value', value)):
     call.input(name, array, (None, None, blocking.key_block, head_dim), rows(blocking.key_index))
   if mask is not None:
-    if mask.shape[2] == 1:  # one row for every query (`kernel_mask(keys_only=True)`)
+    if mask.shape[2] == 1:  # one row for every query (`kernel_mask`, keys only)
       index = lambda b, h, i: (b, h, 0, blocking.key_index(i))  # noqa: E731
       block = (None, None, 1, blocking.key_block)
     else:

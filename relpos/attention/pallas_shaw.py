@@ -38,7 +38,7 @@ program the first and one past the last tile of the other axis that the mask all
 of (`_tile_ranges`); the loops run over that range only, so a causal mask's future tiles are
 never read, and the per-row table entries of skipped keys are masked by position afterwards.
 A mask without a query axis (a key-padding mask: an encoder's) stays one row for every query
-tile (`pallas_common.kernel_mask(keys_only=True)`, `mask_rows`).
+tile (`pallas_common.kernel_mask`, `mask_rows`).
 
 Memory beyond flash attention: per (batch, head), four per-row tables of `rows` floats (qw,
 do·w^Vᵀ, P', ds_bucket: rows = 2k+1 padded to a power of two); saved for the backward pass:
@@ -416,7 +416,7 @@ def _tile_ranges(mask, tiling):
   tile's future (about half). Tiles the mask masks whole inside the range are still visited.
   """
   batch, heads, query_rows = mask.shape[:3]
-  if query_rows == 1:  # one row for every query (kernel_mask(keys_only=True))
+  if query_rows == 1:  # one row for every query (kernel_mask, keys only)
     tile_shape = (1, 1, tiling.num_k_tiles, tiling.block_k)
   else:
     tile_shape = (tiling.num_q_tiles, tiling.block_q, tiling.num_k_tiles, tiling.block_k)
@@ -655,9 +655,7 @@ def shaw_attention_pallas(
     value=to_kernel_layout(value, tiling.kv_padded),
     rel_key=None if rel_key is None else pad_to(rel_key, table_shape),
     rel_value=None if rel_value is None else pad_to(rel_value, table_shape),
-    mask=kernel_mask(
-      mask, batch, heads, q_len, kv_len, tiling.q_padded, tiling.kv_padded, keys_only=True
-    ),
+    mask=kernel_mask(mask, batch, heads, q_len, kv_len, tiling.q_padded, tiling.kv_padded),
     scalars=kernel_scalars(query_offset, seed),
   )
   output = _shaw_pallas(spec, inputs)

@@ -32,7 +32,7 @@ Layout: key, value, mask and R are padded on the left by `_XLSpec.pad` and on th
 `_XLSpec.extended` (whole key tiles) so every window and key run of the kernels is in bounds;
 pads are zeros, and masked. A mask with no query axis (or one of size 1: keys only, as the
 character LM's, whose causal part XL adds itself) stays one row, [.., 1, keys], read by every
-query tile (`kernel_mask(keys_only=True)`, `mask_rows`): O(length) memory at long context, where
+query tile (`kernel_mask`, `mask_rows`): O(length) memory at long context, where
 a [q_len, kv_len] mask would take more than the kernels. head_dim is padded with zeros to a
 power of two >= 16.
 
@@ -568,7 +568,6 @@ def xl_attention_pallas(
       spec.tiling.q_padded,
       spec.extended,
       spec.pad,
-      keys_only=True,
     ),
     scalars=kernel_scalars(0, seed),
   )
