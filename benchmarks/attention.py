@@ -142,7 +142,9 @@ def _kernels(names, n, k, heads, head_dim, dtype):
       (),
     ),
     'flash_mosaic': (lambda q, key, v, p: _jax_flash_mosaic(q, key, v), ()),
-    'shaw': (lambda q, key, v, p: shaw(q, key, v, *p, mask=mask), shaw_tables),
+    # Shaw's public kernel as the models call it: causal=True, no mask array (the fused
+    # kernels bound their loops by the causal mask as cuDNN's is_causal does).
+    'shaw': (lambda q, key, v, p: shaw(q, key, v, *p, causal=True), shaw_tables),
     'banded': (
       lambda q, key, v, p: attention.shaw_attention_banded(q, key, v, *p, mask=mask),
       shaw_tables,
@@ -154,7 +156,7 @@ def _kernels(names, n, k, heads, head_dim, dtype):
     'xl': (lambda q, key, v, p: xl(q, key, v, *p, implementation='xla'), xl_params),
     'xl_cudnn': (lambda q, key, v, p: xl(q, key, v, *p, implementation='cudnn'), xl_params),
     'shaw_mosaic': (
-      lambda q, key, v, p: shaw(q, key, v, *p, mask=mask, implementation='mosaic'),
+      lambda q, key, v, p: shaw(q, key, v, *p, causal=True, implementation='mosaic'),
       shaw_tables,
     ),
     'xl_mosaic': (lambda q, key, v, p: xl(q, key, v, *p, implementation='mosaic'), xl_params),
@@ -162,7 +164,7 @@ def _kernels(names, n, k, heads, head_dim, dtype):
 
   def pallas(name, blocks):
     if name == 'shaw_pallas':
-      fn = functools.partial(shaw, mask=mask, implementation='pallas', block_sizes=blocks)
+      fn = functools.partial(shaw, causal=True, implementation='pallas', block_sizes=blocks)
       return lambda q, key, v, p: fn(q, key, v, *p), shaw_tables
     fn = functools.partial(xl, implementation='pallas', block_sizes=blocks)
     return lambda q, key, v, p: fn(q, key, v, *p), xl_params

@@ -213,7 +213,6 @@ def schemes(length: int, head_dim: int, distances, dtype, *, batch: int, heads: 
 
   sds = jax.ShapeDtypeStruct
   qkv = [sds((batch, length, heads, head_dim), dtype)] * 3
-  causal = jnp.tril(jnp.ones((length, length), bool))[None, None]
 
   def flash_attention(q, k, v):
     return flash.mha(q, k, v, None, sm_scale=head_dim**-0.5, causal=True)
@@ -225,13 +224,13 @@ def schemes(length: int, head_dim: int, distances, dtype, *, batch: int, heads: 
   for k in distances:
 
     def shaw(q, key, v, wk, wv):
-      return shaw_attention(q, key, v, wk, wv, mask=causal, implementation='pallas')
+      return shaw_attention(q, key, v, wk, wv, causal=True, implementation='pallas')
 
     tables = [sds((2 * k + 1, head_dim), dtype)] * 2
     out[f'shaw, k = {k}'] = (shaw, [*qkv, *tables], shaw_blocks, k)
 
   def xl(q, key, v, r, u, bias_v):
-    return xl_attention(q, key, v, r, u, bias_v, mask=causal, implementation='pallas')
+    return xl_attention(q, key, v, r, u, bias_v, implementation='pallas')
 
   xl_inputs = [sds((length, heads, head_dim), dtype)] + [sds((heads, head_dim), dtype)] * 2
   out['xl'] = (xl, [*qkv, *xl_inputs], {'': (min(DEFAULT_XL_BLOCK, length),) * 2}, 0)

@@ -117,13 +117,31 @@ def test_distinct_signatures_get_distinct_entries(tmp_path):
     _signature(dropout=0.1),
     _signature(kernel='shaw', max_distance=2, tables='kv'),
     _signature(kernel='shaw', max_distance=2, tables='k'),
+    _signature(kernel='shaw', max_distance=2, tables='k', causal=True),
   ]
+  assert signatures[-1].text().endswith('k=2 k causal dropout=0 fwd+bwd')
   with autotune.tuning(timer=_times(1.0, 2.0, calls), cache_path=path) as tuner:
     for signature in signatures + signatures:
       tuner.choose(signature, NO_RUN)
   assert len(calls) == 2 * len(signatures)  # each timed once
   assert len(json.loads(path.read_text())) == len(signatures)
   assert len({s.text() for s in signatures}) == len(signatures)
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_a_causal_shaw_signature_times_causal_candidates(causal):
+  """The candidates of a Shaw signature recorded causal are called with causal=True (and the
+  others without it, which XL's kernel does not take)."""
+  seen = []
+
+  def spy(*args, **kwargs):
+    seen.append(kwargs.get('causal', False))
+    return args[0]
+
+  signature = _signature(kernel='shaw', max_distance=2, tables='kv', causal=causal)
+  candidates = autotune.fwd_bwd_candidates(spy, signature)
+  jax.block_until_ready(candidates['xla']())
+  assert seen == [causal]
 
 
 @pytest.mark.parametrize(
@@ -646,14 +664,16 @@ def test_native_auto_times_both_kernels_and_keeps_the_faster(tmp_path):
 
 def test_pretuning_a_translation_config_tunes_encoder_and_decoder_shapes():
   """translate_tiny at one padded length: the encoder's self-attention (key padding mask) and
-  the decoder's (causal mask) are two signatures; cross-attention is not Shaw's."""
+  the decoder's (key padding mask, causal) are two signatures; cross-attention is not
+  Shaw's."""
   config = load_config_file(Path(__file__).parent.parent / 'configs/translate_tiny.py', 'shaw')
   config.data.max_tokens, config.data.vocab_size = 64, 40
   config.model.update(encoder_layers=1, decoder_layers=1, d_model=32, num_heads=2, d_ff=64)
   with autotune.tuning(timer=_times(1.0, 2.0)) as tuner:
     autotune.trace_train_step(config, [8])
   rows = autotune.timed_batch(8)
-  assert [(d.signature.q_len, d.signature.kv_len, d.signature.mask) for d in tuner.decisions] == [
-    (8, 8, (rows, 1, 1, 8)),
-    (8, 8, (rows, 1, 8, 8)),
+  signatures = [d.signature for d in tuner.decisions]
+  assert [(s.q_len, s.kv_len, s.mask, s.causal) for s in signatures] == [
+    (8, 8, (rows, 1, 1, 8), False),
+    (8, 8, (rows, 1, 1, 8), True),
   ]

@@ -60,6 +60,16 @@ def test_causal_mask(q_len, kv_len, k, off):
   np.testing.assert_array_equal(np.asarray(got), want)
 
 
+def test_with_causal_adds_the_causal_mask_to_a_keys_only_mask():
+  causal = np.arange(6)[None, :] <= 2 + np.arange(4)[:, None]
+  np.testing.assert_array_equal(attention.with_causal(None, 4, 6), causal)
+  keys_B11K = np.arange(6)[None, None, None, :] >= np.array([0, 3])[:, None, None, None]
+  got = attention.with_causal(jnp.asarray(keys_B11K), 4, 6, query_offset=2)
+  assert got.shape == (2, 1, 4, 6)
+  np.testing.assert_array_equal(got, causal & keys_B11K)
+  assert not np.asarray(got)[1, 0, 0].any()  # query 0 of row 1 sees keys 0-2, all masked
+
+
 def test_buckets_and_causal_mask_with_traced_offset():
   traces = []
 

@@ -82,13 +82,27 @@ def _mosaic(kernel, args, mask, **kwargs):
 CAUSAL = causal_mask(Q, Q + MEMORY)
 
 
+KEYS = jnp.ones((2, 1, 1, Q + MEMORY), bool)  # keys only: a full memory, no PAD
+
+
 @pytest.mark.parametrize(
-  ('kernel', 'mask'), [('shaw', CAUSAL), ('xl', None), ('xl', CAUSAL), ('xl', CAUSAL[None, None])]
+  ('kernel', 'mask', 'causal'),
+  [
+    ('shaw', CAUSAL, False),
+    ('shaw', None, True),
+    ('shaw', KEYS, True),
+    ('shaw', CAUSAL, True),
+    ('xl', None, False),
+    ('xl', CAUSAL, False),
+    ('xl', CAUSAL[None, None], False),
+    ('xl', KEYS, False),
+  ],
 )
-def test_a_causal_call_runs_the_kernel_padded_to_whole_tiles(monkeypatch, kernel, mask):
+def test_a_causal_call_runs_the_kernel_padded_to_whole_tiles(monkeypatch, kernel, mask, causal):
   calls = _stand_in(monkeypatch, kernel)
   args = INPUTS[kernel]()
-  np.testing.assert_array_equal(_mosaic(kernel, args, mask), 1 + args[0])
+  kwargs = {'causal': True} if causal else {}
+  np.testing.assert_array_equal(_mosaic(kernel, args, mask, **kwargs), 1 + args[0])
   (q_shape, k_shape, tables, kwargs), *_ = calls
   assert (q_shape, k_shape) == ((2, 64, HEADS, HEAD_DIM), (2, 128, HEADS, HEAD_DIM))
   if kernel == 'xl':  # R padded as the keys are
@@ -114,17 +128,30 @@ PADDED = CAUSAL[None, None] & (jnp.arange(2)[:, None, None, None] == 0)  # batch
 FULL = jnp.ones((Q, Q + MEMORY), bool)  # bidirectional: more than causal (Shaw's only mask)
 
 
+UNFILLED_KEYS = jnp.arange(Q + MEMORY) >= 5  # the same, keys only (the LM with causal=True)
+
+
 @pytest.mark.parametrize(
-  ('kernel', 'mask'), [('shaw', UNFILLED), ('shaw', PADDED), ('shaw', FULL), ('xl', PADDED)]
+  ('kernel', 'mask', 'causal'),
+  [
+    ('shaw', UNFILLED, False),
+    ('shaw', PADDED, False),
+    ('shaw', FULL, False),
+    ('shaw', UNFILLED_KEYS, True),
+    ('shaw', PADDED, True),
+    ('xl', PADDED, False),
+    ('xl', UNFILLED_KEYS, False),
+  ],
 )
-def test_any_other_mask_runs_xla(monkeypatch, kernel, mask):
+def test_any_other_mask_runs_xla(monkeypatch, kernel, mask, causal):
   """Not a mask the kernel computes, so the 'xla' form runs, equal to implementation='xla' to
-  the bit, although the kernel branch is traced too (Shaw's mask must equal the causal one;
-  XL's must allow every causal pair)."""
+  the bit, although the kernel branch is traced too (Shaw's mask without `causal` must equal
+  the causal one; with it, and XL's, must allow every causal pair)."""
   _stand_in(monkeypatch, kernel)
   args = INPUTS[kernel]()
-  want = ATTENTION[kernel](*args, mask=mask, implementation='xla')
-  np.testing.assert_array_equal(_mosaic(kernel, args, mask), want)
+  kwargs = {'causal': True} if causal else {}
+  want = ATTENTION[kernel](*args, mask=mask, implementation='xla', **kwargs)
+  np.testing.assert_array_equal(_mosaic(kernel, args, mask, **kwargs), want)
 
 
 @pytest.mark.parametrize('kernel', ['shaw', 'xl'])
@@ -206,6 +233,8 @@ def test_mosaic_is_an_auto_candidate_on_a_gpu_where_it_serves_when_opted_in(monk
   refused = [{'dtype': 'float32'}, {'dropout': 0.1}, {'kv_len': 1000}, {'head_dim': 32}]
   if kernel == 'shaw':
     refused += [{'mask': None}, {'mask': (2, 1, 1, 1024)}]
+    for mask in (None, (2, 1, 1, 1024)):  # the kernel's own causal bound: any mask
+      assert names(mask=mask, causal=True)[-1] == 'mosaic'
   else:
     assert names(mask=None)[-1] == 'mosaic'  # XL adds the causal mask itself
   for changes in refused:

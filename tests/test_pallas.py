@@ -100,7 +100,7 @@ KERNELS = {'shaw': attention.shaw_attention, 'xl': attention.xl_attention}
 @functools.partial(
   jax.jit,
   static_argnums=0,
-  static_argnames=('query_offset', 'dropout_rate', 'block_sizes'),
+  static_argnames=('query_offset', 'dropout_rate', 'block_sizes', 'causal'),
 )
 def output_and_grads(
   name,
@@ -111,10 +111,14 @@ def output_and_grads(
   dropout_rate=0.0,
   dropout_rng=None,
   block_sizes=BLOCKS,
+  causal=False,
 ):
   """KERNELS[name](*args, implementation='pallas') and the gradients of <output, cotangent>
-  w.r.t. every arg (None for None args). query_offset (Shaw only) None means the default."""
+  w.r.t. every arg (None for None args). query_offset and causal (Shaw only): None means the
+  default offset; causal=True asks the kernel for its own causal bound."""
   kwargs = {} if query_offset is None else {'query_offset': query_offset}
+  if causal:
+    kwargs['causal'] = True
 
   def fn(*xs):
     return KERNELS[name](
@@ -233,6 +237,44 @@ def test_shaw_pallas_vs_reference(kmax, mask_kind, offset, drop, blocks):
   _check_grads(grads, want_grads, SHAW_NAMES)
 
 
+# causal=True: the kernels' own causal bound over a keys-only mask (id, k, mask kind, offset).
+SHAW_CAUSAL_CASES = [
+  # The char LM's: a memory whose first slots are unfilled; the first queries see no key.
+  ('memory_filling', 3, 'filling', None),
+  # Queries before most keys, some rows without a key, ragged key padding per batch row.
+  ('k0_padding_before_keys', 0, 'padding', -2),
+  ('k_ge_n_no_mask', 20, 'none', None),  # the causal bound alone; every pair in the band
+]
+
+
+@pytest.mark.parametrize(
+  'kmax,mask_kind,offset',
+  slow_where(
+    [c[1:] for c in SHAW_CAUSAL_CASES],
+    {'k_ge_n_no_mask'},
+    [c[0] for c in SHAW_CAUSAL_CASES],
+    unpack=True,
+  ),
+)
+def test_shaw_pallas_causal_flag_vs_reference(kmax, mask_kind, offset):
+  """causal=True with a mask without a query axis equals the reference under the causal mask
+  and that mask, fully masked rows zero."""
+  batch, q_len, kv_len, heads, dim = S
+  rng = np.random.default_rng(1300 + kmax + (offset or 0))
+  args = _shaw_args(rng, S, kmax)
+  mask = make_mask(mask_kind, rng, batch, heads, q_len, kv_len)
+  assert mask is None or mask.ndim == 1 or mask.shape[-2] == 1  # keys only
+  cot = f32(randn(rng, batch, q_len, heads, dim))
+  output, grads = output_and_grads('shaw', cot, *args, mask=mask, query_offset=offset, causal=True)
+  full = causal_np(q_len, kv_len, offset) & (True if mask is None else mask)
+  assert_close(output, reference.shaw(*_numpy(args), mask=full, query_offset=offset), FWD_TOL)
+  dead = dead_rows(full, batch, heads, q_len, kv_len)
+  assert dead.any() == (mask_kind != 'none')
+  assert np.all(np.asarray(output)[dead] == 0.0), 'fully masked rows must be exactly zero'
+  _, want_grads = dense_output_and_grads('shaw', cot, *args, mask=full, query_offset=offset)
+  _check_grads(grads, want_grads, SHAW_NAMES)
+
+
 def test_shaw_pallas_traced_query_offset():
   """query_offset traced under jit: one compilation for offsets before, inside and after."""
   batch, q_len, kv_len, heads, dim, kmax = 1, 5, 11, 2, 4, 2
@@ -241,26 +283,35 @@ def test_shaw_pallas_traced_query_offset():
   cot = f32(randn(rng, batch, q_len, heads, dim))
   traces = []
 
-  @jax.jit
-  def step(offset, *xs):
-    traces.append(1)
-    mask = jnp.arange(kv_len)[None, :] <= offset + jnp.arange(q_len)[:, None]
+  @functools.partial(jax.jit, static_argnums=0)
+  def step(causal, offset, *xs):
+    traces.append(causal)
+    # The causal mask as an array, or (causal=True) the kernels' own bound and no mask.
+    mask = None if causal else jnp.arange(kv_len)[None, :] <= offset + jnp.arange(q_len)[:, None]
 
     def fn(*ys):
       return attention.shaw_attention(
-        *ys, mask=mask, query_offset=offset, implementation='pallas', block_sizes=(4, 4)
+        *ys,
+        mask=mask,
+        causal=causal,
+        query_offset=offset,
+        implementation='pallas',
+        block_sizes=(4, 4),
       )
 
     output, vjp = jax.vjp(fn, *xs)
     return output, vjp(cot)
 
-  for offset in (-6, 3, 11):
-    output, grads = step(jnp.int32(offset), *args)
-    mask = causal_np(q_len, kv_len, offset)
-    assert_close(output, reference.shaw(*_numpy(args), mask=mask, query_offset=offset), FWD_TOL)
-    _, want = dense_output_and_grads('shaw', cot, *args, mask=mask, query_offset=offset)
-    _check_grads(grads, want, SHAW_NAMES)
-  assert len(traces) == 1
+  # -6 and -7: every key after every query, so every row is fully masked.
+  for causal, offsets in ((False, (-6, 3, 11)), (True, (-7, 3))):
+    for offset in offsets:
+      output, grads = step(causal, jnp.int32(offset), *args)
+      mask = causal_np(q_len, kv_len, offset)
+      want = reference.shaw(*_numpy(args), mask=mask, query_offset=offset)
+      assert_close(output, want, FWD_TOL)
+      _, want = dense_output_and_grads('shaw', cot, *args, mask=mask, query_offset=offset)
+      _check_grads(grads, want, SHAW_NAMES)
+  assert traces == [False, True]
 
 
 # --------------------------------------------------------------------------------------------

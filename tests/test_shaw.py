@@ -291,3 +291,34 @@ def test_shaw_attention_picks_the_dense_form_for_short_keys(kv_len):
   out = jax.jit(attention.shaw_attention)(*args)
   for fn in (attention.shaw_attention_banded, attention.shaw_attention_materialized):
     assert_close(out, jax.jit(fn)(*args), err_msg=fn.__name__)
+
+
+@pytest.mark.parametrize(
+  'kv_len,offset',
+  [(13, None), (13, -3), (attention.shaw.DENSE_MAX_KV_LEN + 6, 40)],
+  ids=['dense-default', 'dense-before-keys', 'banded-inside'],
+)
+def test_shaw_causal_flag_is_the_causal_mask(kv_len, offset):
+  """causal=True with a keys-only mask (a memory's filled slots) is the causal mask and that
+  mask, for 'xla' in both its forms, with a static or traced query offset."""
+  batch, q_len, heads, dim, kmax = 2, 5, 2, 4, 3
+  rng = np.random.default_rng(300 + kv_len)
+  q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
+  wk, wv = _tables(rng, kmax, dim)
+  args = [f32(x) for x in (q, k, v, wk, wv)]
+  keys = np.arange(kv_len) >= 4
+  full = causal_np(q_len, kv_len, offset) & keys
+  want = reference.shaw(*(f32_np(x) for x in (q, k, v, wk, wv)), mask=full, query_offset=offset)
+  out = jax.jit(
+    lambda *a: attention.shaw_attention(
+      *a, mask=keys, causal=True, query_offset=offset, implementation='xla'
+    )
+  )(*args)
+  assert_close(out, want)
+  if offset is not None:
+    traced = jax.jit(
+      lambda off, *a: attention.shaw_attention(
+        *a, mask=keys, causal=True, query_offset=off, implementation='xla'
+      )
+    )(jnp.int32(offset), *args)
+    assert_close(traced, want)

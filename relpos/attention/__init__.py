@@ -23,7 +23,7 @@ rotates queries and keys by their absolute positions before the dot product.
 
 from relpos.attention.alibi import alibi_bias, alibi_slopes
 from relpos.attention.dot_product import dot_product_attention
-from relpos.attention.masking import causal_mask
+from relpos.attention.masking import causal_mask, with_causal
 from relpos.attention.rope import apply_rope
 from relpos.attention.shaw import (
   relative_buckets,
@@ -51,4 +51,5 @@ __all__ = [
   't5_relative_buckets',
   'xl_attention',
   'xl_relative_encoding',
+  'with_causal',
 ]

@@ -24,7 +24,10 @@ stack the layer is traced before it is differentiated), so they are timed the sa
   [.., q_len, kv_len]) is timed as causal, one without (key padding, [.., 1, kv_len]) as all
   True. In relpos's models every mask with a query axis is causal (with padding), and the
   causal structure matters: the Pallas kernels skip tiles the mask rules out. XL is causal
-  itself. Shaw is timed at its default query offset (queries are the last q_len keys).
+  itself, and so is a Shaw call with `causal=True` (the character LM's: its mask is the
+  memory's filled slots, [.., 1, kv_len]), which the signature records (`causal` in its text)
+  and the candidates are called with. Shaw is timed at its default query offset (queries are
+  the last q_len keys).
 - The candidates, in this order: 'xla'; 'pallas', the Pallas kernel at its default tiles (Shaw
   64x64, XL 32x32, each axis capped at its length rounded up to a power of two >= 16:
   `pallas_common.Tiling.make`); then 'pallas@QxK' for each of `TILINGS[kernel]` that is not the
@@ -39,7 +42,8 @@ stack the layer is traced before it is differentiated), so they are timed the sa
   'cudnn' (`xl.xl_attention_cudnn`: the position term as a bias of cuDNN's flash attention);
   on a GPU where the scheme's causal Mosaic GPU kernel serves the signature
   (`mosaic_dispatch.serves`: bf16/fp16, no dropout, a memory of whole 64-key tiles, head_dim
-  64 (Shaw also 128); Shaw's mask with a query axis, timed causal), 'mosaic', for now only
+  64 (Shaw also 128); Shaw causal or with a mask with a query axis, timed causal), 'mosaic',
+  for now only
   with RELPOS_AUTOTUNE_MOSAIC=1 (`MOSAIC_OPT_IN`: until its kernels have run on a GPU). At most 6
   candidates. Every process builds the same list from the signature.
 - Given tiles. A caller that passes `block_sizes` with 'auto' keeps its tiles: the signature
@@ -149,7 +153,9 @@ class Signature:
 
   `batch` is the timed (per-device) batch; `mask` the mask's shape as 4 axes [B|1, H|1, Q|1, K]
   or None; `max_distance` and `tables` ('kv', 'k' or 'v') are Shaw's k and which of w^K, w^V
-  it has (None and '' for XL); `tiles` the caller's block_sizes (None: tilings are tuned).
+  it has (None and '' for XL); `tiles` the caller's block_sizes (None: tilings are tuned);
+  `causal` whether a Shaw call was asked to be causal (`shaw_attention(causal=True)`; False
+  for XL, which always is).
   """
 
   kernel: str
@@ -164,6 +170,7 @@ class Signature:
   tables: str
   dropout: float
   tiles: tuple[int, int] | None = None
+  causal: bool = False
 
   def text(self) -> str:
     """One line, the cache key's and the log's: e.g. `shaw B=22 Q=512 K=1024 H=8 D=64
@@ -177,6 +184,8 @@ class Signature:
     ]
     if self.kernel == 'shaw':
       words.append(f'k={self.max_distance} {self.tables}')
+      if self.causal:
+        words.append('causal')
     words.append(f'dropout={self.dropout:g}')
     if self.tiles is not None:
       words.append('tiles={}x{}'.format(*self.tiles))
@@ -223,7 +232,7 @@ def _signature(
 
 
 def shaw_signature(
-  query, key, rel_key, rel_value, mask, dropout_rate: float, block_sizes=None
+  query, key, rel_key, rel_value, mask, dropout_rate: float, block_sizes=None, *, causal=False
 ) -> Signature:
   """The `Signature` of a `shaw_attention` call (arguments already checked)."""
   table = rel_key if rel_key is not None else rel_value
@@ -236,6 +245,7 @@ def shaw_signature(
     block_sizes,
     max_distance=(table.shape[0] - 1) // 2,
     tables=('k' if rel_key is not None else '') + ('v' if rel_value is not None else ''),
+    causal=bool(causal),
   )
 
 
@@ -286,7 +296,8 @@ def mosaic_serves(signature: Signature) -> bool:
   s = signature
   if jax.default_backend() != 'gpu' or os.environ.get(MOSAIC_OPT_IN) != '1':
     return False
-  return mosaic_dispatch.serves(s.kernel, s.q_len, s.kv_len, s.dtype, s.head_dim, s.mask, s.dropout)
+  shapes = (s.q_len, s.kv_len, s.dtype, s.head_dim, s.mask, s.dropout)
+  return mosaic_dispatch.serves(s.kernel, *shapes, causal=s.causal)
 
 
 # ------------------------------------------------------------------------------------------
@@ -334,6 +345,7 @@ def fwd_bwd_candidates(attention: Callable, signature: Signature) -> dict[str, C
   inputs of `signature`'s shapes (built on first use, shared by the candidates), for each of
   `candidate_names(signature)` ('pallas@QxK': implementation 'pallas', block_sizes (Q, K))."""
   inputs = functools.cache(lambda: _dummy_inputs(signature))
+  causal = {'causal': True} if signature.causal else {}
 
   def candidate(name):
     implementation, block_sizes = parse_choice(name)
@@ -342,6 +354,7 @@ def fwd_bwd_candidates(attention: Callable, signature: Signature) -> dict[str, C
       output = attention(
         *floats,
         mask=mask,
+        **causal,
         dropout_rate=signature.dropout,
         dropout_rng=dropout_rng,
         implementation=implementation,

@@ -46,6 +46,14 @@ def causal_mask(q_len: int, kv_len: int, *, query_offset=None) -> jax.Array:
   return query_key_distance(q_len, kv_len, query_offset) <= 0
 
 
+def with_causal(mask, q_len: int, kv_len: int, *, query_offset=None) -> jax.Array:
+  """`causal_mask` and `mask` (None, or bool broadcastable to [batch, heads, q_len, kv_len]):
+  the array mask of a kernel asked to be causal (`causal=True`) that takes no causal flag of
+  its own. The caller's mask may then be keys only ([.., 1, kv_len]), O(length)."""
+  allowed = causal_mask(q_len, kv_len, query_offset=query_offset)
+  return allowed if mask is None else allowed & mask
+
+
 def masked_softmax(logits_BHQK, mask):
   """Softmax over the last axis in (at least) float32; masked entries and empty rows get 0.
 

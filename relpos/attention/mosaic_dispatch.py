@@ -9,12 +9,13 @@ on a GPU the Pallas kernel), decided in two steps.
 
 - While tracing, from shapes (`serves`): bf16/fp16, no attention dropout, a memory of whole
   kernel tiles before the queries, a head_dim the kernel's backward fits in shared memory
-  (Shaw 64 or 128, XL 64); for Shaw a mask with a query axis (Shaw's mask is its only mask: a
-  key-padding mask or None is not causal) and the default query offset. Where these fail,
-  'mosaic' is 'xla' at no cost.
-- When the step runs (`run`): a `lax.cond` on the caller's predicate, which compares the mask
-  with the causal one (a [q_len, kv_len] comparison): Shaw's must equal it, XL's (on top of
-  which XL adds the causal mask itself) must allow every causal pair. The other branch is
+  (Shaw 64 or 128, XL 64); for Shaw the default query offset, and a call asked to be causal
+  (`causal=True`) or a mask with a query axis (then the mask is Shaw's only causal mask: a
+  key-padding mask or None is not causal). Where these fail, 'mosaic' is 'xla' at no cost.
+- When the step runs (`run`): a `lax.cond` on the caller's predicate. Where the kernel adds
+  the causal mask itself (XL always, Shaw with `causal=True`) the mask must allow every causal
+  pair (`allows_causal`: of a keys-only mask, every key); Shaw's mask without `causal` must
+  equal the causal mask (a [q_len, kv_len] comparison). The other branch is
   rematerialised (`jax.checkpoint`): under differentiation a cond keeps the residuals of both
   branches (the untaken one's as zeros), and 'xla''s would be [batch, heads, q_len, kv_len]
   probabilities, so it keeps its inputs only and recomputes its forward in the backward, when
@@ -36,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from relpos.attention.masking import static_query_offset
+from relpos.attention.masking import causal_mask, static_query_offset
 
 BLOCK = 64  # the tiles the kernels are called with, both axes (their defaults)
 DTYPES = ('bfloat16', 'float16')
@@ -55,13 +56,16 @@ def serves(
   mask_shape,
   dropout_rate: float,
   query_offset=None,
+  *,
+  causal: bool = False,
 ) -> bool:
   """Whether `kernel`'s ('shaw' or 'xl') Mosaic GPU kernel can serve a call of these shapes
-  (module docstring); `query_offset` is Shaw's, None or a static int (a traced one: no)."""
+  (module docstring); `query_offset` and `causal` are Shaw's (XL's kernel is always causal),
+  the offset None or a static int (a traced one: no)."""
   memory = kv_len - q_len
   if kernel == 'shaw':
     has_query_axis = mask_shape is not None and len(mask_shape) >= 2 and mask_shape[-2] == q_len
-    if not has_query_axis or (query_offset is not None and query_offset != memory):
+    if not (causal or has_query_axis) or (query_offset is not None and query_offset != memory):
       return False
   return (
     jnp.dtype(dtype).name in DTYPES
@@ -72,7 +76,9 @@ def serves(
   )
 
 
-def serves_call(kernel: str, query, key, value, mask, dropout_rate: float, query_offset=None):
+def serves_call(
+  kernel: str, query, key, value, mask, dropout_rate: float, query_offset=None, *, causal=False
+):
   """`serves` for a call's arrays: query, key and value of one dtype, and (Shaw) a query offset
   known while tracing (a traced one, a decoding step's, is never served)."""
   if len({jnp.dtype(x.dtype) for x in (query, key, value)}) != 1:
@@ -82,7 +88,16 @@ def serves_call(kernel: str, query, key, value, mask, dropout_rate: float, query
     return False
   mask_shape = None if mask is None else mask.shape
   shapes = (query.shape[1], key.shape[1], query.dtype, query.shape[-1])
-  return serves(kernel, *shapes, mask_shape, dropout_rate, offset)
+  return serves(kernel, *shapes, mask_shape, dropout_rate, offset, causal=causal)
+
+
+def allows_causal(mask, q_len: int, kv_len: int):
+  """Whether `mask` (None, or bool broadcastable to [.., q_len, kv_len]) allows every pair
+  the causal mask allows (queries the last q_len keys): True for None, else a traced bool,
+  reduced where it is computed (no [q_len, kv_len] array is kept)."""
+  if mask is None:
+    return True
+  return jnp.all(mask | ~causal_mask(q_len, kv_len))
 
 
 def _platform() -> str:

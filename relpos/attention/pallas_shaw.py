@@ -38,7 +38,9 @@ program the first and one past the last tile of the other axis that the mask all
 of (`_tile_ranges`); the loops run over that range only, so a causal mask's future tiles are
 never read, and the per-row table entries of skipped keys are masked by position afterwards.
 A mask without a query axis (a key-padding mask: an encoder's) stays one row for every query
-tile (`pallas_common.kernel_mask`, `mask_rows`).
+tile (`pallas_common.kernel_mask`, `mask_rows`). A causal call (`causal=True`) masks j > pos_i
+in the kernels and narrows the same ranges by the causal bound, so causal attention over a
+keys-only mask (a memory's filled slots) needs no [q_len, kv_len] array at all.
 
 Memory beyond flash attention: per (batch, head), four per-row tables of `rows` floats (qw,
 do·w^Vᵀ, P', ds_bucket: rows = 2k+1 padded to a power of two); saved for the backward pass:
@@ -110,6 +112,7 @@ class _ShawSpec:
   max_distance: int
   dropout_rate: float
   scale: float  # 1/sqrt(d) of the real head_dim (the kernels see it padded)
+  causal: bool = False  # key j > pos_i masked by the kernels themselves
 
   @property
   def table_rows(self) -> int:
@@ -214,16 +217,13 @@ def _tile(spec, seed, b, h, offset, query_QD, query_start, key_start, key_KD, ma
   logits = dot(query_QD, key_KD, transpose_b=True) * spec.scale
   if refs.query_rows is not None:
     logits = logits + band.spread(refs.query_rows)
+  query_index = positions(query_start, tiling.block_q, 0)
+  key_index = positions(key_start, tiling.block_k, 1)
   allowed, keep_scale = tile_pairs(
-    tiling,
-    spec.dropout_rate,
-    seed,
-    b,
-    h,
-    positions(query_start, tiling.block_q, 0),
-    positions(key_start, tiling.block_k, 1),
-    mask_QK,
+    tiling, spec.dropout_rate, seed, b, h, query_index, key_index, mask_QK
   )
+  if spec.causal:
+    allowed = allowed & (key_index <= offset + query_index)
   return logits, allowed, keep_scale, band
 
 
@@ -247,7 +247,8 @@ def _tile_grads(spec, seed, b, h, offset, query_tile, key_tile, mask_QK, refs, r
 
 def _tile_loop(refs, num_tiles):
   """(first, stop) of a kernel's loop over the other axis's tiles: those some pair of which the
-  mask allows (`refs.tile_range`, `_tile_ranges`), or all without a mask."""
+  mask and the causal bound allow (`refs.tile_range`, `_tile_ranges`), or all without
+  either."""
   if refs.tile_range is None:
     return 0, num_tiles
   return refs.tile_range[0], refs.tile_range[1]
@@ -408,20 +409,29 @@ class _Inputs(NamedTuple):
   scalars: jax.Array
 
 
-def _tile_ranges(mask, tiling):
+def _tile_ranges(mask, tiling, causal_offset=None):
   """Which tiles the kernels visit: per query tile, the first and one past the last key tile
-  that the mask allows some pair of, and per key tile the same range of query tiles, int32
-  [B|1, H|1, num_q_tiles, 2] and [B|1, H|1, num_k_tiles, 2] ([0, 0) where it allows none).
-  Tiles outside the range are never read: under a causal mask, the tiles wholly in a query
-  tile's future (about half). Tiles the mask masks whole inside the range are still visited.
+  that the mask (None: every pair) and, given `causal_offset` (the query offset of a causal
+  call), the causal bound allow some pair of; per key tile the same range of query tiles.
+  int32 [B|1, H|1, num_q_tiles, 2] and [B|1, H|1, num_k_tiles, 2] ([0, 0) where none is
+  allowed). Tiles outside the range are never read: under a causal mask, the tiles wholly in a
+  query tile's future (about half). Tiles masked whole inside the range are still visited.
   """
-  batch, heads, query_rows = mask.shape[:3]
-  if query_rows == 1:  # one row for every query (kernel_mask, keys only)
-    tile_shape = (1, 1, tiling.num_k_tiles, tiling.block_k)
+  if mask is None:
+    allows_QK = jnp.ones((1, 1, tiling.num_q_tiles, tiling.num_k_tiles), bool)
   else:
-    tile_shape = (tiling.num_q_tiles, tiling.block_q, tiling.num_k_tiles, tiling.block_k)
-  allows_QK = jnp.max(mask.reshape(batch, heads, *tile_shape), axis=(3, 5)) != 0
-  allows_QK = jnp.broadcast_to(allows_QK, (batch, heads, tiling.num_q_tiles, tiling.num_k_tiles))
+    batch, heads, query_rows = mask.shape[:3]
+    if query_rows == 1:  # one row for every query (kernel_mask, keys only)
+      tile_shape = (1, 1, tiling.num_k_tiles, tiling.block_k)
+    else:
+      tile_shape = (tiling.num_q_tiles, tiling.block_q, tiling.num_k_tiles, tiling.block_k)
+    allows_QK = jnp.max(mask.reshape(batch, heads, *tile_shape), axis=(3, 5)) != 0
+  if causal_offset is not None:  # a tile's first key at or before its last query's position
+    last_query = (jnp.arange(tiling.num_q_tiles, dtype=jnp.int32) + 1) * tiling.block_q - 1
+    first_key = jnp.arange(tiling.num_k_tiles, dtype=jnp.int32) * tiling.block_k
+    allows_QK = allows_QK & (first_key[None, :] <= causal_offset + last_query[:, None])
+  shape = (*allows_QK.shape[:2], tiling.num_q_tiles, tiling.num_k_tiles)
+  allows_QK = jnp.broadcast_to(allows_QK, shape)
 
   def ranges(allows):  # [..., tiles] -> [..., 2]
     index = jnp.arange(allows.shape[-1], dtype=jnp.int32)
@@ -548,9 +558,12 @@ def _shaw_pallas(spec, inputs):
 
 
 def _mask_tile_ranges(spec, inputs):
-  """`_tile_ranges` of the inputs' mask (None without one): one read of the mask per call,
-  its result saved for the backward pass."""
-  return None if inputs.mask is None else _tile_ranges(inputs.mask, spec.tiling)
+  """`_tile_ranges` of the inputs' mask and causal bound (None without either): one read of
+  the mask per call, its result saved for the backward pass."""
+  if inputs.mask is None and not spec.causal:
+    return None
+  causal_offset = inputs.scalars[0] if spec.causal else None
+  return _tile_ranges(inputs.mask, spec.tiling, causal_offset)
 
 
 def _shaw_pallas_fwd(spec, inputs):
@@ -621,6 +634,7 @@ def shaw_attention_pallas(
   rel_value,
   *,
   mask=None,
+  causal: bool = False,
   query_offset=None,
   dropout_rate: float = 0.0,
   dropout_rng=None,
@@ -637,13 +651,14 @@ def shaw_attention_pallas(
   table = rel_key if rel_key is not None else rel_value
   max_distance = (table.shape[0] - 1) // 2
   tiling = Tiling.make(q_len, kv_len, block_sizes)
-  spec = _ShawSpec(tiling, max_distance, float(dropout_rate), head_dim**-0.5)
+  spec = _ShawSpec(tiling, max_distance, float(dropout_rate), head_dim**-0.5, bool(causal))
   table_shape = (spec.table_rows, triton_size(head_dim))
   if query_offset is None:
     query_offset = kv_len - q_len
-  # Past these offsets every pair is on one edge either way: clipping keeps the buckets exact
-  # and the int32 arithmetic in the kernels far from overflow.
-  lowest, highest = -(tiling.q_padded - 1) - max_distance, kv_len - 1 + max_distance
+  # Past these offsets every pair is on one edge either way, and every key is in every query's
+  # future (or past): clipping keeps the buckets and the causal bound exact and the int32
+  # arithmetic in the kernels far from overflow.
+  lowest, highest = -tiling.q_padded - max_distance, kv_len - 1 + max_distance
   try:
     query_offset = min(max(operator.index(query_offset), lowest), highest)
   except TypeError:  # traced

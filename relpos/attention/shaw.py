@@ -51,6 +51,7 @@ from relpos.attention.masking import (
   masked_softmax,
   query_key_distance,
   static_query_offset,
+  with_causal,
 )
 from relpos.attention.pallas_common import resolve_implementation
 from relpos.attention.pallas_shaw import shaw_attention_pallas
@@ -365,11 +366,12 @@ def xla_form(kv_len: int) -> str:
   return 'dense' if kv_len <= DENSE_MAX_KV_LEN else 'banded'
 
 
-def _shaw_mosaic(query, key, value, rel_key, rel_value, mask):
-  """'mosaic': `mosaic_shaw.shaw_attention_mosaic` where `mask` is exactly the causal mask
-  when the step runs, else `shaw_attention` with `mosaic_dispatch.fallback`'s implementation
-  (`relpos.attention.mosaic_dispatch`; checked by its `serves_call` first). A missing table is a
-  zero table (adds nothing)."""
+def _shaw_mosaic(query, key, value, rel_key, rel_value, mask, causal):
+  """'mosaic': `mosaic_shaw.shaw_attention_mosaic` where the call is causal when the step
+  runs, else `shaw_attention` with `mosaic_dispatch.fallback`'s implementation
+  (`relpos.attention.mosaic_dispatch`; checked by its `serves_call` first). Causal means: with
+  `causal`, a `mask` that allows every causal pair (None, or e.g. a memory's filled slots);
+  without, a `mask` equal to the causal mask. A missing table is a zero table (adds nothing)."""
   q_len, kv_len = query.shape[1], key.shape[1]
 
   def kernel(query, key, value, rel_key, rel_value, mask):
@@ -389,16 +391,26 @@ def _shaw_mosaic(query, key, value, rel_key, rel_value, mask):
   def other(query, key, value, rel_key, rel_value, mask):
     implementation = mosaic_dispatch.fallback(kv_len)
     out = shaw_attention(
-      query, key, value, rel_key, rel_value, mask=mask, implementation=implementation
+      query,
+      key,
+      value,
+      rel_key,
+      rel_value,
+      mask=mask,
+      causal=causal,
+      implementation=implementation,
     )
     return out.astype(value.dtype)
 
-  use_kernel = jnp.all(mask == causal_mask(q_len, kv_len))
+  if causal:
+    use_kernel = mosaic_dispatch.allows_causal(mask, q_len, kv_len)
+  else:
+    use_kernel = jnp.all(mask == causal_mask(q_len, kv_len))
   operands = (query, key, value, rel_key, rel_value, mask)
   return mosaic_dispatch.run(use_kernel, kernel, other, *operands)
 
 
-def _tuned(query, key, rel_key, rel_value, mask, dropout_rate, block_sizes) -> str:
+def _tuned(query, key, rel_key, rel_value, mask, causal, dropout_rate, block_sizes) -> str:
   """'auto' for this call: the autotuner's choice at its shapes and the caller's tiles
   ('xla', 'pallas' or 'pallas@QxK'; `relpos.attention.autotune`, imported here so that
   `python -m relpos.attention.autotune` loads that module only once)."""
@@ -406,7 +418,7 @@ def _tuned(query, key, rel_key, rel_value, mask, dropout_rate, block_sizes) -> s
 
   return autotune.choose(
     lambda: autotune.shaw_signature(
-      query, key, rel_key, rel_value, mask, dropout_rate, block_sizes
+      query, key, rel_key, rel_value, mask, dropout_rate, block_sizes, causal=causal
     ),
     lambda signature: autotune.fwd_bwd_candidates(shaw_attention, signature),
   )
@@ -420,6 +432,7 @@ def shaw_attention(
   rel_value,
   *,
   mask=None,
+  causal: bool = False,
   query_offset=None,
   dropout_rate: float = 0.0,
   dropout_rng=None,
@@ -434,6 +447,10 @@ def shaw_attention(
     rel_key, rel_value: [2k+1, head_dim] tables w^K, w^V shared by all heads; either may be
       None (keys-only / values-only ablation).
     mask: None or bool broadcastable to [batch, heads, q_len, kv_len]; True = may attend.
+    causal: also mask every key after its query (key position j > pos_i), as the kernel's
+      own bound: the fused kernels then skip the future's tiles without a [q_len, kv_len]
+      mask, so with a keys-only `mask` ([.., 1, kv_len]: padding, a memory's unfilled slots)
+      the call needs O(length) memory ('xla' builds the causal mask as an array).
     query_offset: absolute position of query 0 (int or traced int scalar); keys sit at
       0..kv_len-1. Default kv_len - q_len: queries are the last positions (cache or memory).
     dropout_rate, dropout_rng: attention-probability dropout, see
@@ -444,7 +461,8 @@ def shaw_attention(
       `shaw_attention_banded` above; both draw the same dropout bits), 'pallas' (the fused,
       tiled kernels of `relpos.attention.pallas_shaw`; interpreted on CPU, Triton on GPU) or
       'mosaic' (the causal Mosaic GPU kernel, `relpos.attention.mosaic_shaw`, where it
-      serves and the mask, when the step runs, is causal; 'xla' elsewhere:
+      serves and the call, when the step runs, is causal: `causal` with a mask that allows
+      every causal pair, or a mask equal to the causal one; 'xla' elsewhere:
       `relpos.attention.mosaic_dispatch`)
       or 'auto' (the default): on a GPU the fastest of 'xla', 'pallas' at a few tilings and
       (where it serves) 'mosaic', timed forward and backward at this call's shapes on first
@@ -463,13 +481,13 @@ def shaw_attention(
   implementation, block_sizes = resolve_implementation(
     implementation,
     block_sizes,
-    lambda: _tuned(query, key, rel_key, rel_value, mask, dropout_rate, block_sizes),
+    lambda: _tuned(query, key, rel_key, rel_value, mask, causal, dropout_rate, block_sizes),
     kernel='shaw',
   )
   if implementation == 'mosaic' and mosaic_dispatch.serves_call(
-    'shaw', query, key, value, mask, dropout_rate, query_offset
+    'shaw', query, key, value, mask, dropout_rate, query_offset, causal=causal
   ):
-    return _shaw_mosaic(query, key, value, rel_key, rel_value, mask)
+    return _shaw_mosaic(query, key, value, rel_key, rel_value, mask, causal)
   if implementation == 'pallas':
     return shaw_attention_pallas(
       query,
@@ -478,11 +496,14 @@ def shaw_attention(
       rel_key,
       rel_value,
       mask=mask,
+      causal=causal,
       query_offset=query_offset,
       dropout_rate=dropout_rate,
       dropout_rng=dropout_rng,
       block_sizes=block_sizes,
     )
+  if causal:
+    mask = with_causal(mask, query.shape[1], key.shape[1], query_offset=query_offset)
   dense = xla_form(key.shape[1]) == 'dense'
   kernel = shaw_attention_materialized if dense else shaw_attention_banded
   return kernel(

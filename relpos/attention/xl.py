@@ -134,7 +134,7 @@ def _xl_mosaic(query, key, value, rel_key, content_bias, position_bias, mask):
     implementation = mosaic_dispatch.fallback(kv_len)
     return xl_attention(*operands[:-1], mask=operands[-1], implementation=implementation)
 
-  use_kernel = True if mask is None else jnp.all(mask | ~causal_mask(q_len, kv_len))
+  use_kernel = mosaic_dispatch.allows_causal(mask, q_len, kv_len)
   operands = (query, key, value, rel_key, content_bias, position_bias, mask)
   return mosaic_dispatch.run(use_kernel, kernel, other, *operands)
 

@@ -114,15 +114,26 @@ class MultiHeadAttention(nnx.Module):
     return k_BKHD, self._heads(self.value(x_BKD))
 
   def __call__(
-    self, x_BQD, mask, *, deterministic: bool, kv=None, query_offset=None, xl_terms=None, bias=None
+    self,
+    x_BQD,
+    mask,
+    *,
+    deterministic: bool,
+    causal: bool = False,
+    kv=None,
+    query_offset=None,
+    xl_terms=None,
+    bias=None,
   ) -> jax.Array:
     """Attention of the queries from x over keys and values.
 
     Args:
       x_BQD: [batch, q_len, d_model], the query inputs.
-      mask: bool broadcastable to [batch, heads, q_len, kv_len], True = may attend ('xl' adds
-        its causal mask itself).
+      mask: None or bool broadcastable to [batch, heads, q_len, kv_len], True = may attend.
       deterministic: disables attention dropout.
+      causal: also mask every key after its query (at `query_offset`). 'xl' is causal whatever
+        this says and 'shaw' hands it to its kernel, so for both a keys-only `mask`
+        ([.., 1, kv_len]) keeps the call O(length); the others get the causal mask as an array.
       kv: (keys, values) [batch, kv_len, heads, head_dim] from `keys_values` of another
         context (a decoding cache, a memory before x, the encoder output); None: self-attention,
         those of x.
@@ -142,6 +153,10 @@ class MultiHeadAttention(nnx.Module):
       if query_offset is None:
         query_offset = default_query_offset(q_len, kv_len)
       q_BQHD = self._rotate(q_BQHD, jnp.arange(q_len) + query_offset)
+    if causal and self.relative not in ('xl', 'shaw'):
+      mask = attention.with_causal(
+        mask, q_BQHD.shape[1], k_BKHD.shape[1], query_offset=query_offset
+      )
     kwargs = {'mask': mask}
     if self.attention_dropout > 0 and not deterministic:
       kwargs.update(dropout_rate=self.attention_dropout, dropout_rng=self.dropout_rngs())
@@ -157,7 +172,14 @@ class MultiHeadAttention(nnx.Module):
         None if t is None else t[...].astype(self.dtype) for t in (self.rel_key, self.rel_value)
       )
       heads_BQHD = attention.shaw_attention(
-        q_BQHD, k_BKHD, v_BKHD, rel_key, rel_value, query_offset=query_offset, **kwargs
+        q_BQHD,
+        k_BKHD,
+        v_BKHD,
+        rel_key,
+        rel_value,
+        causal=causal,
+        query_offset=query_offset,
+        **kwargs,
       )
     else:
       heads_BQHD = attention.dot_product_attention(q_BQHD, k_BKHD, v_BKHD, bias=bias, **kwargs)

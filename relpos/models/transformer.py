@@ -42,8 +42,10 @@ same
   decoder outputs, as in tensor2tensor v2.
 
 Masks: source PAD keys are masked out of encoder self-attention and encoder-decoder attention.
-Decoder self-attention is causal and also masks target PAD keys. The decoding cache records
-which positions held PAD, so cached decoding masks exactly the same keys.
+Decoder self-attention is causal and also masks target PAD keys: its mask is the PAD keys
+alone, [batch, 1, 1, tgt_len], and the attention is asked to be causal (Shaw's kernels bound
+their loops by it; the others build the causal mask). The decoding cache records which
+positions held PAD, so cached decoding masks exactly the same keys.
 """
 
 import functools
@@ -153,20 +155,25 @@ class DecoderLayer(nnx.Module):
     x_BTD = _sublayer(self, 'cross', x_BTD, deterministic, mask=cross_mask_B11S, kv=cross_kv)
     return self.ff(x_BTD, deterministic=deterministic)
 
-  def __call__(self, x_BTD, enc_BSD, self_mask, cross_mask_B11S, bias_HTT, *, deterministic: bool):
+  def __call__(
+    self, x_BTD, enc_BSD, self_mask_B11T, cross_mask_B11S, bias_HTT, *, deterministic: bool
+  ):
     """Teacher forcing.
 
     Args:
       x_BTD: [batch, tgt_len, d_model], the layer input.
       enc_BSD: [batch, src_len, d_model], the encoder output.
-      self_mask: bool [batch, 1, tgt_len, tgt_len], causal and non-PAD target keys.
+      self_mask_B11T: bool [batch, 1, 1, tgt_len], the non-PAD target keys (the
+        self-attention is causal itself: `MultiHeadAttention(..., causal=True)`).
       cross_mask_B11S: bool [batch, 1, 1, src_len], non-PAD source keys.
       bias_HTT: the decoder stack's relative bias [heads, tgt_len, tgt_len], or None.
       deterministic: disables dropout.
     Returns:
       [batch, tgt_len, d_model].
     """
-    x_BTD = _sublayer(self, 'self', x_BTD, deterministic, mask=self_mask, bias=bias_HTT)
+    x_BTD = _sublayer(
+      self, 'self', x_BTD, deterministic, mask=self_mask_B11T, causal=True, bias=bias_HTT
+    )
     cross_kv = self.cross_keys_values(enc_BSD)
     return self._cross_and_ff(x_BTD, cross_kv, cross_mask_B11S, deterministic=deterministic)
 
@@ -306,13 +313,13 @@ class Transformer(nnx.Module):
     """
     tgt_len = tgt_in_BT.shape[1]
     self._check_length(tgt_len, 'target')
-    self_mask_B1TT = attention.causal_mask(tgt_len, tgt_len)[None, None] & _key_mask(tgt_in_BT)
+    self_mask_B11T = _key_mask(tgt_in_BT)
     cross_mask_B11S = _key_mask(src_BS)
     x_BTD = self._embed(tgt_in_BT, jnp.arange(tgt_len), deterministic=deterministic)
     bias_HTT = self._bias(self.decoder_bias, tgt_len, tgt_len)
 
     def call(layer, x_BTD, _):
-      masks = (self_mask_B1TT, cross_mask_B11S)
+      masks = (self_mask_B11T, cross_mask_B11S)
       return layer(x_BTD, enc_BSD, *masks, bias_HTT, deterministic=deterministic)
 
     x_BTD = layers.run_stack(

@@ -89,11 +89,12 @@ def attention_mask(
   Causal, only the trailing `length` (int or traced int32 scalar) of the mem_len memory slots,
   and with `same_length` the original's same-length window.
 
-  keys_only: for a kernel that adds the causal mask itself (XL's, every implementation), the
-  unfilled memory slots alone, one row [1, mem_len + q_len] (with `same_length` the window
-  still needs its [q_len, mem_len + q_len]). At long context this keeps the step's memory
-  O(length): the full mask is a byte per query and key, 32 GiB at a 131,072-token segment over
-  as long a memory, and the fused kernels read one row of it for every query tile.
+  keys_only: for attention asked to be causal (`MultiHeadAttention(..., causal=True)`, which
+  the model's layers are), the unfilled memory slots alone, one row [1, mem_len + q_len] (with
+  `same_length` the window still needs its [q_len, mem_len + q_len]). At long context this
+  keeps the step's memory O(length) under XL's and Shaw's kernels, which add the causal mask
+  themselves: the full mask is a byte per query and key, 32 GiB at a 131,072-token segment
+  over as long a memory, and the fused kernels read one row of it for every query tile.
   """
   kv_len = mem_len + q_len
   valid_K = jnp.arange(kv_len) >= mem_len - length
@@ -130,8 +131,9 @@ class DecoderLayer(nnx.Module):
     Args:
       x_BQD: [batch, q_len, d_model], the layer input for the current segment.
       memory_BMD: [batch, mem_len, d_model], the layer input at the memory positions.
-      mask_QK: bool [q_len, mem_len + q_len] (or [1, ..], keys only, under XL's attention,
-        which adds the causal mask itself: `attention_mask`), True = may attend.
+      mask_QK: bool [1, mem_len + q_len], the memory's filled slots (`attention_mask`, keys
+        only: the attention is causal itself), or [q_len, ..] with same_length; True = may
+        attend.
       xl_terms: 'xl' only (else None): (R [mem_len + q_len, d_model] of distances, u, v).
       bias_HQK: 't5', 'alibi' only (else None): the model's relative bias
         [heads, q_len, mem_len + q_len].
@@ -144,7 +146,13 @@ class DecoderLayer(nnx.Module):
       context_BKD = jnp.concatenate([self.attention_residual.inputs(memory_BMD), h_BQD], axis=1)
       kv = self.attention.keys_values(context_BKD)
       return self.attention(
-        h_BQD, mask_QK, deterministic=deterministic, kv=kv, xl_terms=xl_terms, bias=bias_HQK
+        h_BQD,
+        mask_QK,
+        deterministic=deterministic,
+        causal=True,
+        kv=kv,
+        xl_terms=xl_terms,
+        bias=bias_HQK,
       )
 
     x_BQD = self.attention_residual(x_BQD, attend, deterministic=deterministic)
@@ -246,10 +254,8 @@ class TransformerXL(nnx.Module):
     memory_LBMD = jax.lax.stop_gradient(memory.hidden).astype(self.dtype)
     mem_len = memory_LBMD.shape[2]
     r_KD, u_LHD, v_LHD = self._xl_terms(mem_len + q_len, clamp_len, deterministic=deterministic)
-    # XL's attention adds the causal mask itself: its mask is the memory's unfilled slots only.
-    mask_QK = attention_mask(
-      q_len, mem_len, memory.length, same_length=same_length, keys_only=r_KD is not None
-    )
+    # The layers' attention is causal itself: its mask is the memory's unfilled slots only.
+    mask_QK = attention_mask(q_len, mem_len, memory.length, same_length=same_length, keys_only=True)
     bias_HQK = None if self.relative_bias is None else self.relative_bias(q_len, mem_len + q_len)
     x_BQD = self._embed(tokens_BT, deterministic=deterministic)
 
