@@ -471,7 +471,7 @@ def test_resolve_implementation_keeps_names_and_asks_the_tuner_for_auto():
 TRITON_CALL = '__gpu$xla.gpu.triton'
 # pallas_calls in the lowered forward pass and gradient: Shaw's backward is dq and dk/dv, XL's
 # also d rel_key.
-KERNEL_CALLS = {'shaw': (1, 3), 'xl': (1, 4)}
+KERNEL_CALLS = {'shaw': (1, 3), 'shaw_causal': (1, 3), 'xl': (1, 4)}
 # (id, length, memory, head_dim, k): realistic power-of-two sizes, and ragged ones (padded
 # tiles, head_dim padded to 64, a few buckets).
 EXPORT_CASES = [('len256_mem64_d64_k16', 256, 64, 64, 16), ('len200_mem37_d40_k3', 200, 37, 40, 3)]
@@ -510,13 +510,14 @@ def _why_no_cuda_export():
 
 
 @pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
-@pytest.mark.parametrize('name', ['shaw', 'xl'])
+@pytest.mark.parametrize('name', ['shaw', 'shaw_causal', 'xl'])
 @pytest.mark.parametrize(
   'length,memory,head_dim,kmax', [c[1:] for c in EXPORT_CASES], ids=[c[0] for c in EXPORT_CASES]
 )
 def test_pallas_lowers_for_cuda_with_triton(name, dtype, length, memory, head_dim, kmax):
   """Forward and gradient (of a sum) with mask, dropout and memory (Shaw: query offset) lower
-  for 'cuda' with every pallas_call through Triton; nothing runs or compiles for a GPU."""
+  for 'cuda' with every pallas_call through Triton; nothing runs or compiles for a GPU.
+  'shaw_causal': causal=True over a keys-only mask, as the models call it."""
   if (reason := _why_no_cuda_export()) is not None:
     pytest.skip(reason)
   batch, heads, kv_len = 2, 4, length + memory
@@ -524,18 +525,21 @@ def test_pallas_lowers_for_cuda_with_triton(name, dtype, length, memory, head_di
   sds = jax.ShapeDtypeStruct
   qkv_avals = [sds((batch, length, heads, head_dim), dtype)]
   qkv_avals += [sds((batch, kv_len, heads, head_dim), dtype)] * 2
-  if name == 'shaw':
+  if name.startswith('shaw'):
     extra = [sds((2 * kmax + 1, head_dim), dtype)] * 2
   else:
     extra = [sds((kv_len, heads, head_dim), dtype)] + [sds((heads, head_dim), dtype)] * 2
   avals = qkv_avals + extra
-  mask = sds((batch, 1, length, kv_len), jnp.bool_)
+  causal = name == 'shaw_causal'
+  mask = sds((batch, 1, 1 if causal else length, kv_len), jnp.bool_)
   dropout_rng = jax.eval_shape(lambda: jax.random.key(0))
-  kwargs = {'query_offset': memory} if name == 'shaw' else {}
+  kwargs = {'query_offset': memory} if name.startswith('shaw') else {}
+  if causal:
+    kwargs['causal'] = True
 
   def forward(*xs_mask_rng):
     *xs, mask, rng = xs_mask_rng
-    return KERNELS[name](
+    return KERNELS[name.removesuffix('_causal')](
       *xs, mask=mask, dropout_rate=0.1, dropout_rng=rng, implementation='pallas', **kwargs
     )
 
@@ -569,6 +573,17 @@ NATIVE_CASES = [
   ('shaw_k_ge_n_dead_rows', 'shaw', (2, 40, 40, 2, 32), 45, 'dead_rows', None, 0.0, 'float32'),
   ('shaw_k3_dropout', 'shaw', (2, 100, 100, 3, 64), 3, 'random', None, 0.1, 'float32'),
   ('shaw_k16_bf16', 'shaw', (2, 100, 137, 3, 64), 16, 'padding', 37, 0.0, 'bfloat16'),
+  # causal=True over a keys-only mask (the char LM's call: unfilled memory slots).
+  (
+    'shaw_k16_causal_flag',
+    'shaw_causal',
+    (2, 100, 164, 3, 64),
+    16,
+    'filling',
+    None,
+    0.0,
+    'bfloat16',
+  ),
   ('xl_memory_dead_rows', 'xl', (2, 100, 137, 3, 40), None, 'dead_rows', None, 0.0, 'float32'),
   ('xl_dropout', 'xl', (2, 100, 100, 3, 64), None, 'none', None, 0.1, 'float32'),
   ('xl_bf16', 'xl', (2, 100, 137, 3, 64), None, 'padding', None, 0.0, 'bfloat16'),
@@ -586,6 +601,8 @@ NATIVE_CASES = [
 def test_pallas_native_vs_reference(name, shape, kmax, mask_kind, offset, rate, dtype):
   batch, q_len, kv_len, heads, dim = shape
   rng = np.random.default_rng(1800 + q_len + kv_len + (kmax or 0))
+  causal = name == 'shaw_causal'
+  name = name.removesuffix('_causal')
   args = _shaw_args(rng, shape, kmax) if name == 'shaw' else _xl_args(rng, shape)
   args = [a.astype(dtype) for a in args]
   mask = make_mask(mask_kind, rng, batch, heads, q_len, kv_len, query_offset=offset)
@@ -600,7 +617,10 @@ def test_pallas_native_vs_reference(name, shape, kmax, mask_kind, offset, rate, 
     dropout_rate=rate,
     dropout_rng=rng_key,
     block_sizes=None,
+    causal=causal,
   )
+  if causal:  # the reference takes the causal mask as an array
+    mask = causal_np(q_len, kv_len, offset) & mask
   keep = _kernel_keep(rng_key, batch, heads, q_len, kv_len, rate) if rate else None
   kwargs = {'query_offset': offset} if name == 'shaw' else {}
   want, want_grads = dense_output_and_grads(
