@@ -509,10 +509,31 @@ def _why_no_cuda_export():
   return None
 
 
-@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
-@pytest.mark.parametrize('name', ['shaw', 'shaw_causal', 'xl'])
+# Every (case, kernel, dtype); the default tier lowers each kernel, each dtype and each case at
+# least once (EXPORT_DEFAULT), the slow tier the rest.
+EXPORT_COMBOS = [
+  (f'{case[0]}-{name}-{dtype}', (name, dtype, *case[1:]))
+  for case in EXPORT_CASES
+  for name in ('shaw', 'shaw_causal', 'xl')
+  for dtype in ('float32', 'bfloat16')
+]
+EXPORT_DEFAULT = {
+  'len256_mem64_d64_k16-shaw-float32',
+  'len256_mem64_d64_k16-xl-bfloat16',
+  'len200_mem37_d40_k3-shaw-bfloat16',
+  'len200_mem37_d40_k3-xl-float32',
+  'len200_mem37_d40_k3-shaw_causal-bfloat16',
+}
+
+
 @pytest.mark.parametrize(
-  'length,memory,head_dim,kmax', [c[1:] for c in EXPORT_CASES], ids=[c[0] for c in EXPORT_CASES]
+  'name,dtype,length,memory,head_dim,kmax',
+  slow_where(
+    [combo for _, combo in EXPORT_COMBOS],
+    {i for i, _ in EXPORT_COMBOS} - EXPORT_DEFAULT,
+    [i for i, _ in EXPORT_COMBOS],
+    unpack=True,
+  ),
 )
 def test_pallas_lowers_for_cuda_with_triton(name, dtype, length, memory, head_dim, kmax):
   """Forward and gradient (of a sum) with mask, dropout and memory (Shaw: query offset) lower
