@@ -7,9 +7,8 @@ never a [q_len, kv_len] array in memory. This module holds the parts both use, o
 
 - checking and resolving the implementation argument and its tiles (`resolve_implementation`,
   `tiles_name`; what 'auto' measures is `relpos.attention.autotune`'s);
-- the tiling of the sequence axes (`Tiling`), the kernel layout [batch, heads, length, dim]
-  padded to whole tiles and dim to a power of two (`to_kernel_layout`, `triton_size`), and the
-  mask as int8 tiles (`kernel_mask`);
+- the tiling of the sequence axes (`Tiling`), the kernel layout (`to_kernel_layout`,
+  `triton_size`), and the mask as int8 tiles (`kernel_mask`);
 - a small kernel-call builder that names refs (`KernelCall`), so kernels read `refs.query`,
   and runs them as each platform needs (Triton on GPU, Mosaic on TPU, interpreted elsewhere),
   and the blocking of the inputs both kernels share (`Blocking`, `add_sequence_inputs`);
@@ -27,6 +26,14 @@ evaluated on each tile inside the kernels and, materialised, by `dropout_keep_ha
 and references). Semantics are `masking.attention_dropout`'s: p' = p·keep/(1 - rate) with keep
 probability 1 - rate (up to the 2^-32 rounding of the threshold), but the bits differ from the
 'xla' implementation's `jax.random.bernoulli` draw: same distribution, different masks.
+
+Layout. The kernels read queries, keys, values, outputs and their gradients in the models'
+own layout, [batch, length, heads, dim]: a program's block is (None, rows, None, dim), one
+head's rows, which Triton loads with a stride of heads·dim between rows (as JAX's own Pallas
+flash attention does). The wrappers only pad: the length to whole tiles and dim to a power of
+two, where they are not already (XL also pads its keys and distances on the left), so at the
+models' usual shapes no transpose into or out of the kernels is left for XLA to copy. Per-row
+values (the logsumexp, Shaw's per-row tables) are [batch, heads, length, .], made by XLA.
 
 Native lowering. On a GPU the kernels compile through Triton and run. `KernelCall` picks the
 lowering per platform with `lax.platform_dependent` (at lowering time, so `jax.export` for
@@ -223,17 +230,21 @@ def pad_to(x, shape):
 
 
 def to_kernel_layout(x_BLHD, total_len: int, left: int = 0):
-  """[batch, len, heads, dim] -> [batch, heads, total_len, triton_size(dim)]: `left` zero rows,
-  then x, then zeros up to total_len; dim padded with zeros."""
-  x_BHLD = jnp.transpose(x_BLHD, (0, 2, 1, 3))
-  right = total_len - left - x_BHLD.shape[2]
-  extra_dims = triton_size(x_BHLD.shape[3]) - x_BHLD.shape[3]
-  return jnp.pad(x_BHLD, ((0, 0), (0, 0), (left, right), (0, extra_dims)))
+  """[batch, len, heads, dim] -> [batch, total_len, heads, triton_size(dim)]: `left` zero rows,
+  then x, then zeros up to total_len; dim padded with zeros (module docstring, Layout). No
+  copy where nothing is padded."""
+  right = total_len - left - x_BLHD.shape[1]
+  extra_dims = triton_size(x_BLHD.shape[3]) - x_BLHD.shape[3]
+  if left == right == extra_dims == 0:
+    return x_BLHD
+  return jnp.pad(x_BLHD, ((0, 0), (left, right), (0, 0), (0, extra_dims)))
 
 
-def from_kernel_layout(x_BHLD, length: int, head_dim: int, left: int = 0):
+def from_kernel_layout(x_BLHD, length: int, head_dim: int, left: int = 0):
   """Inverse of `to_kernel_layout`: [batch, length, heads, head_dim]."""
-  return jnp.transpose(x_BHLD[:, :, left : left + length, :head_dim], (0, 2, 1, 3))
+  if left == 0 and x_BLHD.shape[1] == length and x_BLHD.shape[3] == head_dim:
+    return x_BLHD
+  return x_BLHD[:, left : left + length, :, :head_dim]
 
 
 def kernel_mask(mask, batch: int, heads: int, q_len: int, kv_len: int, q_total, kv_total, left=0):
@@ -368,16 +379,19 @@ def add_sequence_inputs(
   value by key rows; the mask by both. None inputs are left out."""
   head_dim = query.shape[-1]
 
-  def rows(index):  # [B, H, L, .] arrays: rows index(tile) of batch b, head h
+  def rows(index):  # [B, L, H, D] arrays: rows index(tile) of batch b, head h
+    return lambda b, h, i: (b, index(i), h, 0)
+
+  def head_rows(index):  # [B, H, L, .] arrays (per-row values)
     return lambda b, h, i: (b, h, index(i), 0)
 
   call.input('scalars', scalars, *SCALARS_BLOCK)
   query_rows = rows(blocking.query_index)
   for name, array in (('query', query), ('output', output), ('d_output', d_output)):
-    call.input(name, array, (None, None, blocking.query_block, head_dim), query_rows)
-  call.input('lse', lse, (None, None, blocking.query_block, 1), query_rows)
+    call.input(name, array, sequence_block(blocking.query_block, head_dim), query_rows)
+  call.input('lse', lse, (None, None, blocking.query_block, 1), head_rows(blocking.query_index))
   for name, array in (('key', key), ('value', value)):
-    call.input(name, array, (None, None, blocking.key_block, head_dim), rows(blocking.key_index))
+    call.input(name, array, sequence_block(blocking.key_block, head_dim), rows(blocking.key_index))
   if mask is not None:
     if mask.shape[2] == 1:  # one row for every query (`kernel_mask`, keys only)
       index = lambda b, h, i: (b, h, 0, blocking.key_index(i))  # noqa: E731
@@ -462,25 +476,38 @@ def finish_softmax(max_Q1, norm_Q1):
   return jnp.where(alive, 1.0 / safe, 0.0), jnp.where(alive, max_Q1 + jnp.log(safe), 0.0)
 
 
+def sequence_block(rows: int, head_dim: int):
+  """Block shape of a [B, L, H, D] array read by one (batch, head) program: `rows` rows of one
+  head (module docstring, Layout)."""
+  return (None, rows, None, head_dim)
+
+
 def sequence_tile_map(b, h, i):
-  """Index map of a [B, H, L, D] array blocked (None, None, tile, D) by grid (b, h, tile i)."""
+  """Index map of a [B, L, H, D] array blocked `sequence_block(tile, D)` by grid (b, h, tile
+  i)."""
+  return (b, i, h, 0)
+
+
+def head_tile_map(b, h, i):
+  """Index map of a [B, H, L, .] array (per-row values) blocked (None, None, tile, .) by grid
+  (b, h, tile i)."""
   return (b, h, i, 0)
 
 
-def add_forward_outputs(call, query_BHQD, value_dtype, block_q: int) -> None:
-  """Declares the two outputs of a forward kernel over query tiles: `output` [B, H, Qp, D] in
+def add_forward_outputs(call, query_BQHD, value_dtype, block_q: int) -> None:
+  """Declares the two outputs of a forward kernel over query tiles: `output` [B, Qp, H, D] in
   the value's dtype and the per-row logsumexp `lse` [B, H, Qp, 1] (at least float32), the
   residuals the backward kernels read."""
-  batch, heads, q_padded, head_dim = query_BHQD.shape
+  batch, q_padded, heads, head_dim = query_BQHD.shape
   call.output(
-    'output', query_BHQD.shape, value_dtype, (None, None, block_q, head_dim), sequence_tile_map
+    'output', query_BQHD.shape, value_dtype, sequence_block(block_q, head_dim), sequence_tile_map
   )
   call.output(
     'lse',
     (batch, heads, q_padded, 1),
     jnp.promote_types(value_dtype, jnp.float32),
     (None, None, block_q, 1),
-    sequence_tile_map,
+    head_tile_map,
   )
 
 

@@ -88,6 +88,7 @@ from relpos.attention.pallas_common import (
   positions,
   query_residuals,
   read_scalars,
+  sequence_block,
   sequence_tile_map,
   softmax_grads,
   tile_index,
@@ -484,13 +485,13 @@ def _query_tiles(tiling):
 
 
 def _table_dot(x_BHQR, table_RD, acc_dtype):
-  """x·table [B, H, Qp, D] in `acc_dtype` (XLA, outside the kernels)."""
-  return jnp.einsum('bhqr,rd->bhqd', x_BHQR, table_RD, preferred_element_type=acc_dtype)
+  """x·table [B, Qp, H, D] (kernel layout) in `acc_dtype` (XLA, outside the kernels)."""
+  return jnp.einsum('bhqr,rd->bqhd', x_BHQR, table_RD, preferred_element_type=acc_dtype)
 
 
-def _row_table(x_BHQD, table_RD, acc_dtype):
+def _row_table(x_BQHD, table_RD, acc_dtype):
   """x·tableᵀ [B, H, Qp, rows] in `acc_dtype`: qw (times 1/sqrt(d)) and do·w^Vᵀ."""
-  return jnp.einsum('bhqd,rd->bhqr', x_BHQD, table_RD, preferred_element_type=acc_dtype)
+  return jnp.einsum('bqhd,rd->bhqr', x_BQHD, table_RD, preferred_element_type=acc_dtype)
 
 
 def _row_tables(spec, inputs, acc_dtype, d_output=None) -> dict:
@@ -521,10 +522,10 @@ def _written(spec, query_offset, key_tiles):
 
 
 def _forward(spec, inputs, tile_ranges):
-  """Output [B, H, Qp, D], logsumexp [B, H, Qp, 1] and the a^V term's bucket weights P'
+  """Output [B, Qp, H, D], logsumexp [B, H, Qp, 1] and the a^V term's bucket weights P'
   [B, H, Qp, rows] (None without w^V). `tile_ranges`: `_tile_ranges` of the mask, or None."""
   tiling = spec.tiling
-  batch, heads = inputs.query.shape[:2]
+  batch, _, heads, _ = inputs.query.shape
   acc_dtype = jnp.promote_types(inputs.value.dtype, jnp.float32)
   key_tiles = None if tile_ranges is None else tile_ranges[0]
   query_tiles = _query_tiles(tiling)
@@ -549,10 +550,10 @@ def _forward(spec, inputs, tile_ranges):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _shaw_pallas(spec, inputs):
-  """Shaw attention on `_Inputs` in kernel layout: query [B, H, Qp, D], key/value
-  [B, H, Kp, D] (padded to whole tiles, D to `triton_size`), tables [`table_rows`, D] or None,
+  """Shaw attention on `_Inputs` in kernel layout: query [B, Qp, H, D], key/value
+  [B, Kp, H, D] (padded to whole tiles, D to `triton_size`), tables [`table_rows`, D] or None,
   int8 mask [B|1, H|1, Qp or 1, Kp] or None, int32 scalars [2] (query offset, dropout seed).
-  Returns [B, H, Qp, D]."""
+  Returns [B, Qp, H, D]."""
   output, _, _ = _forward(spec, inputs, _mask_tile_ranges(spec, inputs))
   return output
 
@@ -575,7 +576,7 @@ def _shaw_pallas_fwd(spec, inputs):
 def _shaw_pallas_bwd(spec, residuals, d_output):
   inputs, output, lse, bucket_probs, tile_ranges = residuals
   tiling = spec.tiling
-  batch, heads, _, head_dim = inputs.query.shape
+  batch, _, heads, head_dim = inputs.query.shape
   block_k = tiling.block_k
   acc_dtype = jnp.promote_types(inputs.value.dtype, jnp.float32)
   d_output = d_output.astype(inputs.value.dtype)
@@ -591,7 +592,7 @@ def _shaw_pallas_bwd(spec, residuals, d_output):
     'd_query',
     inputs.query.shape,
     acc_dtype if with_keys else inputs.query.dtype,
-    (None, None, tiling.block_q, head_dim),
+    sequence_block(tiling.block_q, head_dim),
     sequence_tile_map,
   )
   if with_keys:
@@ -605,19 +606,19 @@ def _shaw_pallas_bwd(spec, residuals, d_output):
     d_query = d_query + _table_dot(bucket_ds, inputs.rel_key, acc_dtype) * spec.scale
     d_query = d_query.astype(inputs.query.dtype)
     d_rel_key = jnp.einsum(
-      'bhqr,bhqd->rd', bucket_ds, inputs.query, preferred_element_type=acc_dtype
+      'bhqr,bqhd->rd', bucket_ds, inputs.query, preferred_element_type=acc_dtype
     )
     d_rel_key = (d_rel_key * spec.scale).astype(inputs.rel_key.dtype)
   if bucket_probs is not None:
     d_rel_value = jnp.einsum(
-      'bhqr,bhqd->rd', bucket_probs, d_output, preferred_element_type=acc_dtype
+      'bhqr,bqhd->rd', bucket_probs, d_output, preferred_element_type=acc_dtype
     ).astype(inputs.rel_value.dtype)
 
   # dk, dv: grid over key tiles, whole query sequence per program.
   blocking = Blocking(tiling.q_padded, whole_axis, block_k, tile_index)
   call = _kernel_call(spec, inputs, blocking, row_tables, query_tile_range, **residuals)
   for name, like in (('d_key', inputs.key), ('d_value', inputs.value)):
-    call.output(name, like.shape, like.dtype, (None, None, block_k, head_dim), sequence_tile_map)
+    call.output(name, like.shape, like.dtype, sequence_block(block_k, head_dim), sequence_tile_map)
   grid = (batch, heads, tiling.num_k_tiles)
   d_key, d_value = call(_d_key_value_kernel, grid, name='shaw_backward_dkv', spec=spec)
   return (_Inputs(d_query, d_key, d_value, d_rel_key, d_rel_value, None, None),)

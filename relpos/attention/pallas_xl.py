@@ -24,9 +24,10 @@ and delta_i = do_i·o_i per query tile):
   block_q + block_k - 1 keys (read as `window` keys), so the content logits and do·vᵀ are
   matmuls on that run, skewed to [block_q, distances]; the position logits need just R's own
   block. dR[t] = Σ ds (q + v) /
-  sqrt(d), per batch a partial [batch, heads, distances, d].
+  sqrt(d), per batch a partial [batch, distances, heads, d].
 The steps outside Pallas: summing those partials over batch (and query tiles), by `jnp.sum` in
-the VJP; and the layout changes around the kernels (transpose to [B, H, L, D], padding).
+the VJP; and the padding around the kernels (`pallas_common`, Layout: the kernels read the
+models' [B, L, H, D] layout).
 
 Layout: key, value, mask and R are padded on the left by `_XLSpec.pad` and on the right up to
 `_XLSpec.extended` (whole key tiles) so every window and key run of the kernels is in bounds;
@@ -77,6 +78,7 @@ from relpos.attention.pallas_common import (
   positions,
   query_residuals,
   read_scalars,
+  sequence_block,
   sequence_tile_map,
   softmax_grads,
   tile_index,
@@ -392,7 +394,7 @@ def _kernel_call(spec, inputs, blocking, rel_blocking, **residuals):
   head_dim = inputs.query.shape[-1]
   rel_rows, rel_index = rel_blocking
   call.input(
-    'rel_key', inputs.rel_key, (None, rel_rows, head_dim), lambda b, h, i: (h, rel_index(i), 0)
+    'rel_key', inputs.rel_key, (rel_rows, None, head_dim), lambda b, h, i: (rel_index(i), h, 0)
   )
   for name, bias in (
     ('content_bias', inputs.content_bias),
@@ -419,9 +421,9 @@ def _query_tiles(spec):
 
 
 def _forward(spec, inputs):
-  """Output [B, H, Qp, D] and logsumexp [B, H, Qp, 1]."""
+  """Output [B, Qp, H, D] and logsumexp [B, H, Qp, 1]."""
   tiling = spec.tiling
-  batch, heads = inputs.query.shape[:2]
+  batch, _, heads, _ = inputs.query.shape
   call = _kernel_call(spec, inputs, *_query_tiles(spec))
   add_forward_outputs(call, inputs.query, inputs.value.dtype, tiling.block_q)
   grid = (batch, heads, tiling.num_q_tiles)
@@ -431,10 +433,10 @@ def _forward(spec, inputs):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _xl_pallas(spec, inputs):
   """Transformer-XL attention on `_Inputs` in kernel layout (D padded to `triton_size`):
-  query [B, H, Qp, D]; key, value
-  [B, H, E, D] and rel_key [H, E, D] with `spec.pad` rows of left padding (E = `spec.extended`);
+  query [B, Qp, H, D]; key, value
+  [B, E, H, D] and rel_key [E, H, D] with `spec.pad` rows of left padding (E = `spec.extended`);
   biases [H, 1, D]; int8 mask [B|1, H|1, Qp, E] or None; int32 scalars [2]. Returns
-  [B, H, Qp, D]."""
+  [B, Qp, H, D]."""
   output, _ = _forward(spec, inputs)
   return output
 
@@ -445,16 +447,17 @@ def _xl_pallas_fwd(spec, inputs):
 
 
 def _extend_keys(spec, x):
-  """Pads axis -2 from kv_padded keys (distances) to the extended layout of the inputs."""
+  """Pads axis -3 (of [.., L, H, D]) from kv_padded keys (distances) to the extended layout of
+  the inputs."""
   right = spec.extended - spec.pad - spec.tiling.kv_padded
-  return jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(spec.pad, right), (0, 0)])
+  return jnp.pad(x, [(0, 0)] * (x.ndim - 3) + [(spec.pad, right), (0, 0), (0, 0)])
 
 
 def _xl_pallas_bwd(spec, residuals, d_output):
   inputs, output, lse = residuals
   tiling = spec.tiling
   block_q, block_k = tiling.block_q, tiling.block_k
-  batch, heads, q_padded, head_dim = inputs.query.shape
+  batch, q_padded, heads, head_dim = inputs.query.shape
   acc_dtype = jnp.promote_types(inputs.key.dtype, jnp.float32)
   residuals = dict(output=output, lse=lse, d_output=d_output.astype(inputs.value.dtype))
   pad_tiles = spec.pad // block_k
@@ -468,7 +471,7 @@ def _xl_pallas_bwd(spec, residuals, d_output):
     'd_query',
     inputs.query.shape,
     inputs.query.dtype,
-    (None, None, block_q, head_dim),
+    sequence_block(block_q, head_dim),
     sequence_tile_map,
   )
   for name in ('d_content_bias', 'd_position_bias'):
@@ -488,8 +491,8 @@ def _xl_pallas_bwd(spec, residuals, d_output):
   blocking = Blocking(q_padded, whole_axis, block_k, padded_tile)
   call = _kernel_call(spec, inputs, blocking, (spec.extended, whole_axis), **residuals)
   for name, like in (('d_key', inputs.key), ('d_value', inputs.value)):
-    shape = (batch, heads, tiling.kv_padded, head_dim)
-    call.output(name, shape, like.dtype, (None, None, block_k, head_dim), sequence_tile_map)
+    shape = (batch, tiling.kv_padded, heads, head_dim)
+    call.output(name, shape, like.dtype, sequence_block(block_k, head_dim), sequence_tile_map)
   grid = (batch, heads, tiling.num_k_tiles)
   d_key, d_value = call(_d_key_value_kernel, grid, name='xl_backward_dkv', spec=spec)
 
@@ -498,9 +501,9 @@ def _xl_pallas_bwd(spec, residuals, d_output):
   call = _kernel_call(spec, inputs, blocking, (block_k, padded_tile), **residuals)
   call.output(
     'd_rel_key',
-    (batch, heads, tiling.kv_padded, head_dim),
+    (batch, tiling.kv_padded, heads, head_dim),
     acc_dtype,
-    (None, None, block_k, head_dim),
+    sequence_block(block_k, head_dim),
     sequence_tile_map,
   )
   grid = (batch, heads, tiling.num_k_tiles)  # distances 0 .. kv_padded - 1, block_k a tile
