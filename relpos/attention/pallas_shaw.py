@@ -10,7 +10,7 @@ read and write the per-row tables in memory at computed addresses (Triton gather
 through pointers), so their tiles are flash attention's (64 x 64 by default).
 
 Forward (grid batch × heads × query tiles; loop over key tiles, online softmax):
-- XLA first computes qw = q·w^Kᵀ/sqrt(d) [B, H, q_len, rows]; the kernel adds qw[i, r_ij] to
+- XLA first computes qw = q·w^Kᵀ/sqrt(d) [B, q_len, H, rows]; the kernel adds qw[i, r_ij] to
   each logit. A key tile entirely at distance <= -k (>= k) from its queries sees one table row,
   the left (right) edge, so it adds one column of qw to every key (a rank-1 add); only the few
   tiles that cross the band |j - pos_i| < k read qw at each (i, j)'s bucket (a gather).
@@ -27,7 +27,7 @@ Forward (grid batch × heads × query tiles; loop over key tiles, online softmax
 Backward (flash-attention-2 style; both kernels recompute p = exp(s - logsumexp) tile by tile,
 with delta_i = do_i·o_i from the saved output, and read qw and do·w^Vᵀ like the forward):
 - dq kernel, grid over query tiles, loop over key tiles: dq from the keys, and the logit
-  gradient ds summed per bucket, `bucket_ds` [B, H, q_len, rows], written as the forward writes
+  gradient ds summed per bucket, `bucket_ds` [B, q_len, H, rows], written as the forward writes
   `bucket_lse` (interior entries scattered, edge sums at the end);
 - dk/dv kernel, grid over key tiles, loop over query tiles: dk, dv.
 XLA then adds the table terms: dq += ds_bucket·w^K/sqrt(d), d w^K = Σ ds_bucketᵀ·q/sqrt(d),
@@ -445,7 +445,7 @@ def _tile_ranges(mask, tiling, causal_offset=None):
 
 def _kernel_call(spec, inputs, blocking, row_tables, tile_range=None, **residuals):
   """A `KernelCall` with every input (and the backward pass's residuals) blocked as
-  `blocking` says, per-row tables (`row_tables`: name -> [B, H, Qp, rows] or None) by query
+  `blocking` says, per-row tables (`row_tables`: name -> [B, Qp, H, rows] or None) by query
   rows like the query, and `tile_range` (one of `_tile_ranges`, or None) by the program's
   tile."""
   call = KernelCall(
@@ -471,11 +471,12 @@ def _kernel_call(spec, inputs, blocking, row_tables, tile_range=None, **residual
 
 
 def _row_table_block(spec, blocking):
-  """Block shape and index map of a per-row table [B, H, Qp, rows] read by `blocking`'s
-  query rows."""
+  """Block shape and index map of a per-row table [B, Qp, H, rows] read by `blocking`'s
+  query rows: in the layout of the queries (`pallas_common`, Layout), so that XLA makes and
+  reads the tables with plain matmuls against w^K and w^V, no transpose."""
   return (
-    (None, None, blocking.query_block, spec.table_rows),
-    lambda b, h, i: (b, h, blocking.query_index(i), 0),
+    sequence_block(blocking.query_block, spec.table_rows),
+    lambda b, h, i: (b, blocking.query_index(i), h, 0),
   )
 
 
@@ -484,14 +485,14 @@ def _query_tiles(tiling):
   return Blocking(tiling.block_q, tile_index, tiling.kv_padded, whole_axis)
 
 
-def _table_dot(x_BHQR, table_RD, acc_dtype):
-  """x·table [B, Qp, H, D] (kernel layout) in `acc_dtype` (XLA, outside the kernels)."""
-  return jnp.einsum('bhqr,rd->bqhd', x_BHQR, table_RD, preferred_element_type=acc_dtype)
+def _table_dot(x_BQHR, table_RD, acc_dtype):
+  """x·table [B, Qp, H, D] in `acc_dtype` (XLA, outside the kernels)."""
+  return jnp.einsum('bqhr,rd->bqhd', x_BQHR, table_RD, preferred_element_type=acc_dtype)
 
 
 def _row_table(x_BQHD, table_RD, acc_dtype):
-  """x·tableᵀ [B, H, Qp, rows] in `acc_dtype`: qw (times 1/sqrt(d)) and do·w^Vᵀ."""
-  return jnp.einsum('bqhd,rd->bhqr', x_BQHD, table_RD, preferred_element_type=acc_dtype)
+  """x·tableᵀ [B, Qp, H, rows] in `acc_dtype`: qw (times 1/sqrt(d)) and do·w^Vᵀ."""
+  return jnp.einsum('bqhd,rd->bqhr', x_BQHD, table_RD, preferred_element_type=acc_dtype)
 
 
 def _row_tables(spec, inputs, acc_dtype, d_output=None) -> dict:
@@ -506,7 +507,7 @@ def _row_tables(spec, inputs, acc_dtype, d_output=None) -> dict:
 
 
 def _written(spec, query_offset, key_tiles):
-  """bool [B|1, H|1, Qp, rows]: the per-row table entries the kernels write. Interior bucket r
+  """bool [B|1, Qp, H|1, rows]: the per-row table entries the kernels write. Interior bucket r
   of row i is key j = pos_i + r - k, written when 0 <= j < kv_len and j's tile is in the row's
   range of visited key tiles (`key_tiles`, or all if None); the edge buckets always."""
   tiling, k = spec.tiling, spec.max_distance
@@ -514,16 +515,22 @@ def _written(spec, query_offset, key_tiles):
   bucket = jnp.arange(spec.table_rows, dtype=jnp.int32)[None, :]
   key = query_offset + row + bucket - k
   interior = (bucket > 0) & (bucket < 2 * k) & (key >= 0) & (key < tiling.kv_len)
-  if key_tiles is not None:  # [B|1, H|1, q tiles, 2] -> per row [B|1, H|1, Qp, 1]
-    first, stop = (jnp.repeat(key_tiles[..., end, None], tiling.block_q, axis=2) for end in (0, 1))
-    key_tile = key // tiling.block_k
-    interior = interior & (key_tile >= first) & (key_tile < stop)
+  if key_tiles is not None:  # [B|1, H|1, q tiles, 2] -> per row [B|1, Qp, H|1, 1]
+    first, stop = (
+      jnp.swapaxes(jnp.repeat(key_tiles[..., end, None], tiling.block_q, axis=2), 1, 2)
+      for end in (0, 1)
+    )
+    key_tile = (key // tiling.block_k)[:, None, :]  # [Qp, 1, rows]
+    interior = interior[:, None, :] & (key_tile >= first) & (key_tile < stop)
+    bucket = bucket[:, None, :]
+  else:
+    interior, bucket = interior[:, None, :], bucket[:, None, :]
   return interior | (bucket == 0) | (bucket == 2 * k)
 
 
 def _forward(spec, inputs, tile_ranges):
   """Output [B, Qp, H, D], logsumexp [B, H, Qp, 1] and the a^V term's bucket weights P'
-  [B, H, Qp, rows] (None without w^V). `tile_ranges`: `_tile_ranges` of the mask, or None."""
+  [B, Qp, H, rows] (None without w^V). `tile_ranges`: `_tile_ranges` of the mask, or None."""
   tiling = spec.tiling
   batch, _, heads, _ = inputs.query.shape
   acc_dtype = jnp.promote_types(inputs.value.dtype, jnp.float32)
@@ -536,14 +543,14 @@ def _forward(spec, inputs, tile_ranges):
     call, inputs.query, acc_dtype if with_values else inputs.value.dtype, tiling.block_q
   )
   if with_values:
-    shape = (batch, heads, tiling.q_padded, spec.table_rows)
+    shape = (batch, tiling.q_padded, heads, spec.table_rows)
     call.output('bucket_lse', shape, acc_dtype, *_row_table_block(spec, query_tiles))
   grid = (batch, heads, tiling.num_q_tiles)
   output, lse, *bucket_lse = call(_forward_kernel, grid, name='shaw_forward', spec=spec)
   if not with_values:
     return output, lse, None
   written = _written(spec, inputs.scalars[0], key_tiles)
-  bucket_probs = jnp.where(written, jnp.exp(bucket_lse[0] - lse), 0.0)
+  bucket_probs = jnp.where(written, jnp.exp(bucket_lse[0] - jnp.swapaxes(lse, 1, 2)), 0.0)
   output = output + _table_dot(bucket_probs, inputs.rel_value, acc_dtype)
   return output.astype(inputs.value.dtype), lse, bucket_probs
 
@@ -596,7 +603,7 @@ def _shaw_pallas_bwd(spec, residuals, d_output):
     sequence_tile_map,
   )
   if with_keys:
-    shape = (batch, heads, tiling.q_padded, spec.table_rows)
+    shape = (batch, tiling.q_padded, heads, spec.table_rows)
     call.output('bucket_ds', shape, acc_dtype, *_row_table_block(spec, query_tiles))
   grid = (batch, heads, tiling.num_q_tiles)
   d_query, *bucket_ds = call(_d_query_kernel, grid, name='shaw_backward_dq', spec=spec)
@@ -606,12 +613,12 @@ def _shaw_pallas_bwd(spec, residuals, d_output):
     d_query = d_query + _table_dot(bucket_ds, inputs.rel_key, acc_dtype) * spec.scale
     d_query = d_query.astype(inputs.query.dtype)
     d_rel_key = jnp.einsum(
-      'bhqr,bqhd->rd', bucket_ds, inputs.query, preferred_element_type=acc_dtype
+      'bqhr,bqhd->rd', bucket_ds, inputs.query, preferred_element_type=acc_dtype
     )
     d_rel_key = (d_rel_key * spec.scale).astype(inputs.rel_key.dtype)
   if bucket_probs is not None:
     d_rel_value = jnp.einsum(
-      'bhqr,bqhd->rd', bucket_probs, d_output, preferred_element_type=acc_dtype
+      'bqhr,bqhd->rd', bucket_probs, d_output, preferred_element_type=acc_dtype
     ).astype(inputs.rel_value.dtype)
 
   # dk, dv: grid over key tiles, whole query sequence per program.
