@@ -91,11 +91,11 @@ KEYS = jnp.ones((2, 1, 1, Q + MEMORY), bool)  # keys only: a full memory, no PAD
     ('shaw', CAUSAL, False),
     ('shaw', None, True),
     ('shaw', KEYS, True),
-    ('shaw', CAUSAL, True),
+    pytest.param('shaw', CAUSAL, True, marks=pytest.mark.slow),
     ('xl', None, False),
     ('xl', CAUSAL, False),
     ('xl', CAUSAL[None, None], False),
-    ('xl', KEYS, False),
+    pytest.param('xl', KEYS, False, marks=pytest.mark.slow),
   ],
 )
 def test_a_causal_call_runs_the_kernel_padded_to_whole_tiles(monkeypatch, kernel, mask, causal):
@@ -138,9 +138,9 @@ UNFILLED_KEYS = jnp.arange(Q + MEMORY) >= 5  # the same, keys only (the LM with 
     ('shaw', PADDED, False),
     ('shaw', FULL, False),
     ('shaw', UNFILLED_KEYS, True),
-    ('shaw', PADDED, True),
+    pytest.param('shaw', PADDED, True, marks=pytest.mark.slow),
     ('xl', PADDED, False),
-    ('xl', UNFILLED_KEYS, False),
+    pytest.param('xl', UNFILLED_KEYS, False, marks=pytest.mark.slow),
   ],
 )
 def test_any_other_mask_runs_xla(monkeypatch, kernel, mask, causal):

@@ -251,7 +251,7 @@ SHAW_CAUSAL_CASES = [
   'kmax,mask_kind,offset',
   slow_where(
     [c[1:] for c in SHAW_CAUSAL_CASES],
-    {'k_ge_n_no_mask'},
+    {'k_ge_n_no_mask', 'k0_padding_before_keys'},
     [c[0] for c in SHAW_CAUSAL_CASES],
     unpack=True,
   ),
@@ -275,7 +275,13 @@ def test_shaw_pallas_causal_flag_vs_reference(kmax, mask_kind, offset):
   _check_grads(grads, want_grads, SHAW_NAMES)
 
 
-def test_shaw_pallas_traced_query_offset():
+# (causal, offsets): the causal mask as an array, or (slow tier) causal=True and no mask; -6 and
+# -7 put every key after every query, so every row is fully masked.
+TRACED_OFFSETS = [(False, (-6, 3, 11)), pytest.param(True, (-7, 3), marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize('causal,offsets', TRACED_OFFSETS, ids=['mask', 'causal_flag'])
+def test_shaw_pallas_traced_query_offset(causal, offsets):
   """query_offset traced under jit: one compilation for offsets before, inside and after."""
   batch, q_len, kv_len, heads, dim, kmax = 1, 5, 11, 2, 4, 2
   rng = np.random.default_rng(1100)
@@ -302,16 +308,14 @@ def test_shaw_pallas_traced_query_offset():
     output, vjp = jax.vjp(fn, *xs)
     return output, vjp(cot)
 
-  # -6 and -7: every key after every query, so every row is fully masked.
-  for causal, offsets in ((False, (-6, 3, 11)), (True, (-7, 3))):
-    for offset in offsets:
-      output, grads = step(causal, jnp.int32(offset), *args)
-      mask = causal_np(q_len, kv_len, offset)
-      want = reference.shaw(*_numpy(args), mask=mask, query_offset=offset)
-      assert_close(output, want, FWD_TOL)
-      _, want = dense_output_and_grads('shaw', cot, *args, mask=mask, query_offset=offset)
-      _check_grads(grads, want, SHAW_NAMES)
-  assert traces == [False, True]
+  for offset in offsets:
+    output, grads = step(causal, jnp.int32(offset), *args)
+    mask = causal_np(q_len, kv_len, offset)
+    want = reference.shaw(*_numpy(args), mask=mask, query_offset=offset)
+    assert_close(output, want, FWD_TOL)
+    _, want = dense_output_and_grads('shaw', cot, *args, mask=mask, query_offset=offset)
+    _check_grads(grads, want, SHAW_NAMES)
+  assert traces == [causal]
 
 
 # --------------------------------------------------------------------------------------------
