@@ -196,80 +196,60 @@ def _numpy(args):
 # --------------------------------------------------------------------------------------------
 # Shaw et al.
 
-# (id, k, mask kind, query_offset, dropped table, block_sizes)
+# (id, k, mask kind, query_offset, dropped table, block_sizes, causal): causal=True is the
+# kernels' own causal bound over a keys-only mask, the reference's mask its causal mask and that.
 SHAW_CASES = [
-  ('k3_dead_rows', 3, 'dead_rows', None, None, BLOCKS),  # band-crossing and edge tiles
-  ('k0_random', 0, 'random', 2, None, BLOCKS),
-  ('k_ge_n_padding', 20, 'padding', None, None, (8, 4)),
-  ('keys_only_causal', 2, 'causal', 2, 'rel_value', BLOCKS),
+  ('k3_dead_rows', 3, 'dead_rows', None, None, BLOCKS, False),  # band-crossing and edge tiles
+  ('k0_random', 0, 'random', 2, None, BLOCKS, False),
+  ('k_ge_n_padding', 20, 'padding', None, None, (8, 4), False),
+  ('keys_only_causal', 2, 'causal', 2, 'rel_value', BLOCKS, False),
   # Tiles the causal mask masks whole are skipped, band-crossing ones among them (k = 3, keys
   # 4-7 of queries 0-3).
-  ('causal_masked_band_tiles', 3, 'causal', 0, None, BLOCKS),
-  ('values_only_before_keys', 2, 'none', -3, 'rel_key', (4, 8)),
-  ('after_keys_default_tiles', 1, 'none', 16, None, None),  # one tile each, all on the edge
+  ('causal_masked_band_tiles', 3, 'causal', 0, None, BLOCKS, False),
+  ('values_only_before_keys', 2, 'none', -3, 'rel_key', (4, 8), False),
+  ('after_keys_default_tiles', 1, 'none', 16, None, None, False),  # one tile each, all on the edge
+  # The char LM's: a memory whose first slots are unfilled; the first queries see no key.
+  ('causal_flag_memory_filling', 3, 'filling', None, None, BLOCKS, True),
+  # Queries before most keys, some rows without a key, ragged key padding per batch row.
+  ('causal_flag_k0_padding_before_keys', 0, 'padding', -2, None, BLOCKS, True),
+  # The causal bound alone; every pair in the band.
+  ('causal_flag_k_ge_n_no_mask', 20, 'none', None, None, BLOCKS, True),
 ]
 
 
 @pytest.mark.parametrize(
-  'kmax,mask_kind,offset,drop,blocks',
+  'kmax,mask_kind,offset,drop,blocks,causal',
   slow_where(
     [c[1:] for c in SHAW_CASES],
-    {'after_keys_default_tiles', 'keys_only_causal'},
+    {
+      'after_keys_default_tiles',
+      'keys_only_causal',
+      'causal_flag_k0_padding_before_keys',
+      'causal_flag_k_ge_n_no_mask',
+    },
     [c[0] for c in SHAW_CASES],
     unpack=True,
   ),
 )
-def test_shaw_pallas_vs_reference(kmax, mask_kind, offset, drop, blocks):
+def test_shaw_pallas_vs_reference(kmax, mask_kind, offset, drop, blocks, causal):
   batch, q_len, kv_len, heads, dim = S
-  rng = np.random.default_rng(1000 + kmax + 7 * (offset or 0))
+  rng = np.random.default_rng(1000 + kmax + 7 * (offset or 0) + 300 * causal)
   args = _shaw_args(rng, S, kmax, drop)
   mask = make_mask(mask_kind, rng, batch, heads, q_len, kv_len, query_offset=offset)
   cot = f32(randn(rng, batch, q_len, heads, dim))
   output, grads = output_and_grads(
-    'shaw', cot, *args, mask=mask, query_offset=offset, block_sizes=blocks
+    'shaw', cot, *args, mask=mask, query_offset=offset, block_sizes=blocks, causal=causal
   )
   assert output.shape == (batch, q_len, heads, dim) and output.dtype == jnp.float32
-  want = reference.shaw(*_numpy(args), mask=mask, query_offset=offset)
+  full = mask
+  if causal:
+    assert mask is None or mask.ndim == 1 or mask.shape[-2] == 1  # keys only
+    full = causal_np(q_len, kv_len, offset) & (True if mask is None else mask)
+  want = reference.shaw(*_numpy(args), mask=full, query_offset=offset)
   assert_close(output, want, tol=FWD_TOL)
-  dead = dead_rows(mask, batch, heads, q_len, kv_len)
-  assert np.all(np.asarray(output)[dead] == 0.0), 'fully masked rows must be exactly zero'
-  _, want_grads = dense_output_and_grads('shaw', cot, *args, mask=mask, query_offset=offset)
-  _check_grads(grads, want_grads, SHAW_NAMES)
-
-
-# causal=True: the kernels' own causal bound over a keys-only mask (id, k, mask kind, offset).
-SHAW_CAUSAL_CASES = [
-  # The char LM's: a memory whose first slots are unfilled; the first queries see no key.
-  ('memory_filling', 3, 'filling', None),
-  # Queries before most keys, some rows without a key, ragged key padding per batch row.
-  ('k0_padding_before_keys', 0, 'padding', -2),
-  ('k_ge_n_no_mask', 20, 'none', None),  # the causal bound alone; every pair in the band
-]
-
-
-@pytest.mark.parametrize(
-  'kmax,mask_kind,offset',
-  slow_where(
-    [c[1:] for c in SHAW_CAUSAL_CASES],
-    {'k_ge_n_no_mask', 'k0_padding_before_keys'},
-    [c[0] for c in SHAW_CAUSAL_CASES],
-    unpack=True,
-  ),
-)
-def test_shaw_pallas_causal_flag_vs_reference(kmax, mask_kind, offset):
-  """causal=True with a mask without a query axis equals the reference under the causal mask
-  and that mask, fully masked rows zero."""
-  batch, q_len, kv_len, heads, dim = S
-  rng = np.random.default_rng(1300 + kmax + (offset or 0))
-  args = _shaw_args(rng, S, kmax)
-  mask = make_mask(mask_kind, rng, batch, heads, q_len, kv_len)
-  assert mask is None or mask.ndim == 1 or mask.shape[-2] == 1  # keys only
-  cot = f32(randn(rng, batch, q_len, heads, dim))
-  output, grads = output_and_grads('shaw', cot, *args, mask=mask, query_offset=offset, causal=True)
-  full = causal_np(q_len, kv_len, offset) & (True if mask is None else mask)
-  assert_close(output, reference.shaw(*_numpy(args), mask=full, query_offset=offset), FWD_TOL)
   dead = dead_rows(full, batch, heads, q_len, kv_len)
-  assert dead.any() == (mask_kind != 'none')
+  if causal:
+    assert dead.any() == (mask_kind != 'none')
   assert np.all(np.asarray(output)[dead] == 0.0), 'fully masked rows must be exactly zero'
   _, want_grads = dense_output_and_grads('shaw', cot, *args, mask=full, query_offset=offset)
   _check_grads(grads, want_grads, SHAW_NAMES)
