@@ -32,8 +32,9 @@ own layout, [batch, length, heads, dim]: a program's block is (None, rows, None,
 head's rows, which Triton loads with a stride of heads·dim between rows (as JAX's own Pallas
 flash attention does). The wrappers only pad: the length to whole tiles and dim to a power of
 two, where they are not already (XL also pads its keys and distances on the left), so at the
-models' usual shapes no transpose into or out of the kernels is left for XLA to copy. Per-row
-values (the logsumexp, Shaw's per-row tables) are [batch, heads, length, .], made by XLA.
+models' usual shapes no transpose into or out of the kernels is left for XLA to copy. The
+logsumexp is [batch, heads, length, 1]; Shaw's per-row tables are in the queries' layout,
+[batch, length, heads, rows] (`pallas_shaw`).
 
 Native lowering. On a GPU the kernels compile through Triton and run. `KernelCall` picks the
 lowering per platform with `lax.platform_dependent` (at lowering time, so `jax.export` for

@@ -511,8 +511,8 @@ def _written(spec, query_offset, key_tiles):
   of row i is key j = pos_i + r - k, written when 0 <= j < kv_len and j's tile is in the row's
   range of visited key tiles (`key_tiles`, or all if None); the edge buckets always."""
   tiling, k = spec.tiling, spec.max_distance
-  row = jnp.arange(tiling.q_padded, dtype=jnp.int32)[:, None]
-  bucket = jnp.arange(spec.table_rows, dtype=jnp.int32)[None, :]
+  row = jnp.arange(tiling.q_padded, dtype=jnp.int32)[:, None, None]  # [Qp, 1, 1]
+  bucket = jnp.arange(spec.table_rows, dtype=jnp.int32)[None, None, :]  # [1, 1, rows]
   key = query_offset + row + bucket - k
   interior = (bucket > 0) & (bucket < 2 * k) & (key >= 0) & (key < tiling.kv_len)
   if key_tiles is not None:  # [B|1, H|1, q tiles, 2] -> per row [B|1, Qp, H|1, 1]
@@ -520,11 +520,8 @@ def _written(spec, query_offset, key_tiles):
       jnp.swapaxes(jnp.repeat(key_tiles[..., end, None], tiling.block_q, axis=2), 1, 2)
       for end in (0, 1)
     )
-    key_tile = (key // tiling.block_k)[:, None, :]  # [Qp, 1, rows]
-    interior = interior[:, None, :] & (key_tile >= first) & (key_tile < stop)
-    bucket = bucket[:, None, :]
-  else:
-    interior, bucket = interior[:, None, :], bucket[:, None, :]
+    key_tile = key // tiling.block_k
+    interior = interior & (key_tile >= first) & (key_tile < stop)
   return interior | (bucket == 0) | (bucket == 2 * k)
 
 
