@@ -43,14 +43,15 @@ in the kernels and narrows the same ranges by the causal bound, so causal attent
 keys-only mask (a memory's filled slots) needs no [q_len, kv_len] array at all.
 
 Memory beyond flash attention: per (batch, head), four per-row tables of `rows` floats (qw,
-do·w^Vᵀ, P', ds_bucket: rows = 2k+1 padded to a power of two); saved for the backward pass:
+do·w^Vᵀ, P', ds_bucket: rows = 2k+1 rounded up to a multiple of 8); saved for the backward pass:
 the output, the per-row logsumexp and P'. Overall O(n·(d + k)), no [q_len, kv_len] array.
 
-Native lowering: on a GPU through Triton (see `pallas_common`), whose block shapes must be
-powers of two: the per-row tables have `_table_rows(k)` columns (2k+1 padded with columns no
-bucket reaches) and head_dim is padded. The gathers and scatters are Triton loads and masked
-stores at computed pointers (`jax.experimental.pallas.triton.store`), which Mosaic (TPU)
-does not lower.
+Native lowering: on a GPU through Triton (see `pallas_common`), whose arrays in registers must
+have power-of-two shapes: head_dim is padded to one. The per-row tables need not be, as no
+kernel loads a whole row of them: they have `_table_rows(k)` columns, 2k+1 rounded up to a
+multiple of 8 (the extra columns no bucket reaches). The gathers and scatters are Triton loads
+and masked stores at computed pointers (`jax.experimental.pallas.triton.store`), which Mosaic
+(TPU) does not lower.
 """
 
 from __future__ import annotations
@@ -98,11 +99,19 @@ from relpos.attention.pallas_common import (
   whole_axis,
 )
 
+# Per-row tables' width is rounded up to a multiple of this: 32-byte rows in float32, so XLA's
+# matmuls that make and read the tables keep aligned rows.
+TABLE_ROW_MULTIPLE = 8
+
 
 def _table_rows(max_distance: int) -> int:
   """Columns of every per-row table (qw, do·w^Vᵀ, bucket_lse, bucket_ds) and rows of the
-  padded w^K, w^V: the 2k+1 buckets, padded to `triton_size` (buckets 0 .. 2k are real)."""
-  return triton_size(2 * max_distance + 1)
+  padded w^K, w^V: the 2k+1 buckets, rounded up to TABLE_ROW_MULTIPLE (buckets 0 .. 2k are
+  real). Not a power of two: the kernels never hold a whole table row, only the per-pair
+  entries they gather and scatter through pointers and the two edge columns, so Triton's
+  power-of-two rule (for arrays in registers) does not apply. A power of two, as before, made
+  k = 16's tables 64 wide instead of 40 and k = 64's 256 instead of 136."""
+  return -(-(2 * max_distance + 1) // TABLE_ROW_MULTIPLE) * TABLE_ROW_MULTIPLE
 
 
 @dataclasses.dataclass(frozen=True)
