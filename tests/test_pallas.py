@@ -310,6 +310,9 @@ XL_CASES = [
   # A [kv_len] mask (one row in the kernels): its first 8 keys, beyond the memory's 6, unfilled,
   # so the first two queries see no key.
   ('keys_only_dead_rows', (2, 5, 11, 3, 4), 'filling', (4, 4)),
+  # Keys two windows long (16 rows: 4 + 8 - 1 padded), ragged (28 of 32): R's windows and the
+  # dR kernel's key runs are clamped into the axis at the causal diagonal and at its end.
+  ('clamped_windows', (1, 13, 28, 1, 4), 'random', (4, 8)),
 ]
 
 
@@ -336,6 +339,27 @@ def test_xl_pallas_vs_reference(shape, mask_kind, blocks):
   assert np.all(np.asarray(output)[dead] == 0.0)
   _, want_grads = dense_output_and_grads('xl', cot, *args, mask=mask)
   _check_grads(grads, want_grads, XL_NAMES)
+
+
+def test_xl_windows_are_clamped_into_the_key_axis():
+  """Every window of R (and run of keys) the XL kernels read lies inside the unpadded axis,
+  the last row included, and its shift maps the wanted rows onto it: what the interpreter
+  cannot show, since it pads a read past the end where Triton would read out of bounds."""
+  from relpos.attention.pallas_common import Tiling
+  from relpos.attention.pallas_xl import _clamped_rows, _XLSpec
+
+  for q_len, kv_len, blocks in [(21, 44, (4, 8)), (512, 1024, (32, 32)), (5, 6, (2, 3))]:
+    spec = _XLSpec(Tiling.make(q_len, kv_len, blocks, 32), 0.0, 1.0)
+    assert spec.extended == max(spec.tiling.kv_padded, spec.window)
+    lowest = -(spec.tiling.block_q + spec.tiling.block_k)
+    for first in range(lowest, spec.extended + spec.window):
+      rows, shift = _clamped_rows(spec, jnp.int32(first))
+      start = int(rows.start)
+      assert 0 <= start and start + spec.window <= spec.extended
+      assert start + int(shift) == first
+      # the rows a real pair needs, [first, first + span) within the axis, are all read
+      wanted = range(max(first, 0), min(first + spec.span, spec.extended))
+      assert all(start <= row < start + spec.window for row in wanted)
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,13 +29,16 @@ The steps outside Pallas: summing those partials over batch (and query tiles), b
 the VJP; and the padding around the kernels (`pallas_common`, Layout: the kernels read the
 models' [B, L, H, D] layout).
 
-Layout: key, value, mask and R are padded on the left by `_XLSpec.pad` and on the right up to
-`_XLSpec.extended` (whole key tiles) so every window and key run of the kernels is in bounds;
-pads are zeros, and masked. A mask with no query axis (or one of size 1: keys only, as the
-character LM's, whose causal part XL adds itself) stays one row, [.., 1, keys], read by every
-query tile (`kernel_mask`, `mask_rows`): O(length) memory at long context, where
-a [q_len, kv_len] mask would take more than the kernels. head_dim is padded with zeros to a
-power of two >= 16.
+Layout: key, value, mask and R are used as they are, padded on the right only where kv_len is
+not whole key tiles (or shorter than one window: `_XLSpec.extended`). A window of R or run of
+keys that would start before row 0 or end past the last row is clamped into the axis, and the
+gathers that read it shift their columns by as much (`_clamped_rows`): the rows left out belong
+to masked pairs. (The kernels used to pad keys, values and R on the left and right instead:
+three copies a layer, 0.36 ms of the bf16 enwik8_base step's floor on an H100.) A mask with no
+query axis (or one of size 1: keys only, as the character LM's, whose causal part XL adds
+itself) stays one row, [.., 1, keys], read by every query tile (`kernel_mask`, `mask_rows`):
+O(length) memory at long context, where a [q_len, kv_len] mask would take more than the kernels.
+head_dim is padded with zeros to a power of two >= 16.
 
 Native lowering (see `pallas_common` for what was checked): the skews lower to Triton's
 register gather `tt.gather` (`pallas_gather`; Mosaic has no rule for it, so these kernels do not
@@ -118,19 +121,10 @@ class _XLSpec:
     return self.tiling.kv_len - self.tiling.q_len
 
   @property
-  def pad(self) -> int:
-    """Left padding of the key and distance axes: windows reach block_q + block_k - 2 rows
-    before 0; rounded up to whole key tiles so blocks stay aligned."""
-    block_k = self.tiling.block_k
-    return -(-(self.tiling.block_q + block_k - 2) // block_k) * block_k
-
-  @property
   def extended(self) -> int:
-    """Length of the padded key and distance axes: the windows of padded queries reach
-    base + q_padded - 1, and `window` - `span` rows past that."""
-    block_k, tiling = self.tiling.block_k, self.tiling
-    right = max(tiling.kv_padded, self.base + tiling.q_padded + self.window - self.span)
-    return self.pad + -(-right // block_k) * block_k
+    """Length of the key and distance axes in the kernels: whole key tiles, and at least one
+    `window`, so that a window clamped into the axis (`_clamped_rows`) fits."""
+    return max(self.tiling.kv_padded, self.window)
 
   @property
   def span(self) -> int:
@@ -172,21 +166,44 @@ def _skew_index(tiling, columns=None):
   )
 
 
-def _unskew(d_logits_QK, spec):
-  """The transpose of the forward skew, [block_q, window]: column c of query i' gets the
-  logit gradient of key i' + block_k - 1 - c of the tile, or 0 where that key is outside the
-  tile. Each window column of a row holds at most one key, so this is a gather too."""
-  key_column = _skew_index(spec.tiling, spec.window)
+def _unskew(d_logits_QK, spec, shift):
+  """The transpose of the forward skew, [block_q, window]: column c of query i' (of a window
+  moved by `shift`, `_clamped_rows`) gets the logit gradient of key
+  i' + block_k - 1 - c + shift of the tile, or 0 where that key is outside the tile. Each
+  window column of a row holds at most one key, so this is a gather too."""
+  key_column = _skew_index(spec.tiling, spec.window) + shift
   inside = (key_column >= 0) & (key_column < spec.tiling.block_k)
   gathered = take_columns(d_logits_QK, jnp.clip(key_column, 0, spec.tiling.block_k - 1))
   return jnp.where(inside, gathered, 0)
 
 
+def _clamped_rows(spec, first):
+  """(rows, shift): the `window` rows of the key / distance axis from `first`, moved into
+  [0, extended) (`pl.ds`), and how far they moved: row first + c is row c + shift of them.
+
+  A window may start before row 0 (the tiles at the causal diagonal: distances below 0, keys
+  before the first) or end past the last row (the last query tile's distances). Those rows
+  belong to pairs the kernels mask, so instead of padding keys, values and R with zeros on
+  both sides (a copy of each per layer), the window is clamped into the axis and the column
+  gathers that read it shift their indices by `shift` (`_shifted`). Every row a real pair
+  needs stays inside: the pair's span is `span` < `window` rows of [0, extended)."""
+  start = jnp.clip(first, 0, spec.extended - spec.window)
+  return pl.ds(start, spec.window), first - start
+
+
+def _shifted(column_QC, shift, size):
+  """Gather columns `column + shift`, clipped into [0, size): a clipped column belongs to a
+  masked pair (`_clamped_rows`), whose value is never used."""
+  return jnp.clip(column_QC + shift, 0, size - 1)
+
+
 def _rel_window(spec, refs, query_start, key_start):
-  """Rows of R for distances pos_0' - key_start - (block_k - 1) .. + window - 1 of the tile
-  [window, D] (the first `span` are the tile's)."""
+  """R's window for the tile: rows for distances pos_0' - key_start - (block_k - 1) .. +
+  window - 1 [window, D] (the first `span` are the tile's), clamped (`_clamped_rows`), and the
+  window's shift."""
   first = spec.base + query_start - key_start - (spec.tiling.block_k - 1)
-  return refs.rel_key[pl.ds(spec.pad + first, spec.window), :]
+  rows, shift = _clamped_rows(spec, first)
+  return refs.rel_key[rows, :], shift
 
 
 def _pairs(spec, seed, b, h, query_start, key_index, mask):
@@ -200,23 +217,20 @@ def _pairs(spec, seed, b, h, query_start, key_index, mask):
 
 def _tile(spec, refs, seed, b, h, q_content, q_position, query_start, key_start, key, mask):
   """Logits [block_q, block_k], allowed pairs, dropout factor and the R window of one tile."""
-  rel_window = _rel_window(spec, refs, query_start, key_start)
+  rel_window, shift = _rel_window(spec, refs, query_start, key_start)
   content = dot(q_content, key, transpose_b=True)
-  position = take_columns(dot(q_position, rel_window, transpose_b=True), _skew_index(spec.tiling))
+  column = _shifted(_skew_index(spec.tiling), shift, spec.window)
+  position = take_columns(dot(q_position, rel_window, transpose_b=True), column)
   logits = (content + position) * spec.scale
   key_index = positions(key_start, spec.tiling.block_k, 1)
   allowed, keep_scale = _pairs(spec, seed, b, h, query_start, key_index, mask)
-  return logits, allowed, keep_scale, rel_window
+  return logits, allowed, keep_scale, (rel_window, shift)
 
 
 def _visible_key_tiles(spec, query_start):
   """Key tiles with a key some query of the tile may see: the causal loop bound."""
   last_position = spec.base + query_start + spec.tiling.block_q - 1
   return jnp.clip(last_position // spec.tiling.block_k + 1, 0, spec.tiling.num_k_tiles)
-
-
-def _key_rows(spec, key_start, size):
-  return pl.ds(spec.pad + key_start, size)
 
 
 def _forward_kernel(refs, *, spec):
@@ -231,7 +245,7 @@ def _forward_kernel(refs, *, spec):
   def body(key_tile, carry):
     max_Q1, norm_Q1, out_QD = carry
     key_start = key_tile * block_k
-    rows = _key_rows(spec, key_start, block_k)
+    rows = pl.ds(key_start, block_k)
     value = refs.value[rows, :]
     mask = None if refs.mask is None else mask_rows(refs.mask, slice(None), rows)
     logits, allowed, keep_scale, _ = _tile(
@@ -258,8 +272,9 @@ def _load_query_side(refs, rows):
 
 
 def _tile_grads(spec, refs, seed, b, h, query_side, key_start, key_KD, value_KD, mask_QK):
-  """The backward pass of one tile: (its R window, dropped probabilities p', logit gradient
-  ds). query_side: (query_start, q + u, q + v, do, logsumexp, delta) of the query tile."""
+  """The backward pass of one tile: (its R window and the window's shift, dropped
+  probabilities p', logit gradient ds). query_side: (query_start, q + u, q + v, do,
+  logsumexp, delta) of the query tile."""
   query_start, q_content, q_position, d_output, lse, delta = query_side
   logits, allowed, keep_scale, rel_window = _tile(
     spec, refs, seed, b, h, q_content, q_position, query_start, key_start, key_KD, mask_QK
@@ -282,14 +297,14 @@ def _d_query_kernel(refs, *, spec):
   def body(key_tile, carry):
     d_content_QD, d_position_QD = carry
     key_start = key_tile * block_k
-    rows = _key_rows(spec, key_start, block_k)
+    rows = pl.ds(key_start, block_k)
     key = refs.key[rows, :]
     mask = None if refs.mask is None else mask_rows(refs.mask, slice(None), rows)
-    rel_window, _, d_logits = _tile_grads(
+    (rel_window, shift), _, d_logits = _tile_grads(
       spec, refs, seed, b, h, query_side, key_start, key, refs.value[rows, :], mask
     )
     d_content_QD = d_content_QD + dot(d_logits.astype(key.dtype), key)
-    d_window = _unskew(d_logits, spec).astype(rel_window.dtype)
+    d_window = _unskew(d_logits, spec, shift).astype(rel_window.dtype)
     d_position_QD = d_position_QD + dot(d_window, rel_window)
     return d_content_QD, d_position_QD
 
@@ -353,15 +368,16 @@ def _d_rel_key_kernel(refs, *, spec):
     rows = pl.ds(query_start, block_q)
     q_content, q_position, d_output, lse, delta = _load_query_side(refs, (rows, slice(None)))
     run_start = spec.base + query_start - first_distance - (block_k - 1)
-    keys = _key_rows(spec, run_start, run)
+    keys, shift = _clamped_rows(spec, run_start)
+    column = _shifted(run_column, shift, run)
     mask = None
     if refs.mask is not None:
       mask = mask_rows(refs.mask, rows, keys).astype(jnp.int32)
-      mask = take_columns(jnp.broadcast_to(mask, (block_q, run)), run_column)
-    content = take_columns(dot(q_content, refs.key[keys, :], transpose_b=True), run_column)
+      mask = take_columns(jnp.broadcast_to(mask, (block_q, run)), column)
+    content = take_columns(dot(q_content, refs.key[keys, :], transpose_b=True), column)
     logits = (content + dot(q_position, rel_block, transpose_b=True)) * spec.scale
     allowed, keep_scale = _pairs(spec, seed, b, h, query_start, run_start + run_column, mask)
-    d_dropped = take_columns(dot(d_output, refs.value[keys, :], transpose_b=True), run_column)
+    d_dropped = take_columns(dot(d_output, refs.value[keys, :], transpose_b=True), column)
     _, d_logits = softmax_grads(logits, allowed, lse, d_dropped, delta, keep_scale)
     return d_rel_CD + dot(d_logits.astype(q_position.dtype), q_position, transpose_a=True)
 
@@ -434,7 +450,7 @@ def _forward(spec, inputs):
 def _xl_pallas(spec, inputs):
   """Transformer-XL attention on `_Inputs` in kernel layout (D padded to `triton_size`):
   query [B, Qp, H, D]; key, value
-  [B, E, H, D] and rel_key [E, H, D] with `spec.pad` rows of left padding (E = `spec.extended`);
+  [B, E, H, D] and rel_key [E, H, D] (E = `spec.extended`: kv_len padded on the right);
   biases [H, 1, D]; int8 mask [B|1, H|1, Qp, E] or None; int32 scalars [2]. Returns
   [B, Qp, H, D]."""
   output, _ = _forward(spec, inputs)
@@ -447,10 +463,12 @@ def _xl_pallas_fwd(spec, inputs):
 
 
 def _extend_keys(spec, x):
-  """Pads axis -3 (of [.., L, H, D]) from kv_padded keys (distances) to the extended layout of
-  the inputs."""
-  right = spec.extended - spec.pad - spec.tiling.kv_padded
-  return jnp.pad(x, [(0, 0)] * (x.ndim - 3) + [(spec.pad, right), (0, 0), (0, 0)])
+  """Pads axis -3 (of [.., L, H, D]) from kv_padded keys (distances) to the inputs' `extended`
+  (no copy where they are the same: every length of at least one window)."""
+  right = spec.extended - spec.tiling.kv_padded
+  if right == 0:
+    return x
+  return jnp.pad(x, [(0, 0)] * (x.ndim - 3) + [(0, right), (0, 0), (0, 0)])
 
 
 def _xl_pallas_bwd(spec, residuals, d_output):
@@ -460,11 +478,6 @@ def _xl_pallas_bwd(spec, residuals, d_output):
   batch, q_padded, heads, head_dim = inputs.query.shape
   acc_dtype = jnp.promote_types(inputs.key.dtype, jnp.float32)
   residuals = dict(output=output, lse=lse, d_output=d_output.astype(inputs.value.dtype))
-  pad_tiles = spec.pad // block_k
-
-  def padded_tile(tile):  # key and distance tiles sit after the left padding
-    return pad_tiles + tile
-
   # dq, and per-query-tile partials of d u and d v: grid over query tiles.
   call = _kernel_call(spec, inputs, *_query_tiles(spec), **residuals)
   call.output(
@@ -488,7 +501,7 @@ def _xl_pallas_bwd(spec, residuals, d_output):
   )
 
   # dk, dv: grid over key tiles.
-  blocking = Blocking(q_padded, whole_axis, block_k, padded_tile)
+  blocking = Blocking(q_padded, whole_axis, block_k, tile_index)
   call = _kernel_call(spec, inputs, blocking, (spec.extended, whole_axis), **residuals)
   for name, like in (('d_key', inputs.key), ('d_value', inputs.value)):
     shape = (batch, tiling.kv_padded, heads, head_dim)
@@ -498,7 +511,7 @@ def _xl_pallas_bwd(spec, residuals, d_output):
 
   # dR: grid over tiles of distances, per batch element (summed over batch below).
   blocking = Blocking(q_padded, whole_axis, spec.extended, whole_axis)
-  call = _kernel_call(spec, inputs, blocking, (block_k, padded_tile), **residuals)
+  call = _kernel_call(spec, inputs, blocking, (block_k, tile_index), **residuals)
   call.output(
     'd_rel_key',
     (batch, tiling.kv_padded, heads, head_dim),
@@ -554,7 +567,7 @@ def xl_attention_pallas(
   spec = _XLSpec(tiling, float(dropout_rate), head_dim**-0.5)
   bias_shape = (heads, 1, triton_size(head_dim))
   seed = dropout_seed(dropout_rng) if spec.dropout_rate > 0.0 else None
-  extended = functools.partial(to_kernel_layout, total_len=spec.extended, left=spec.pad)
+  extended = functools.partial(to_kernel_layout, total_len=spec.extended)
   inputs = _Inputs(
     query=to_kernel_layout(query, spec.tiling.q_padded),
     key=extended(key),
@@ -570,7 +583,6 @@ def xl_attention_pallas(
       kv_len,
       spec.tiling.q_padded,
       spec.extended,
-      spec.pad,
     ),
     scalars=kernel_scalars(0, seed),
   )
