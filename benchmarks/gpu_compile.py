@@ -100,6 +100,10 @@ def captured_output():
 def h100():
   """A compile-only H100 device, or SystemExit with one line saying what is missing."""
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')  # the plugin loads; no CUDA client is made
+  from relpos import runtime
+
+  # The XLA flags relpos sets on a GPU (runtime.GPU_FLAGS), so the module is what a GPU runs.
+  os.environ.update(runtime.gpu_flags_environment(os.environ, on_gpu=True))
   import jax
   from jax.experimental import topologies
 

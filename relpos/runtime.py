@@ -1,5 +1,5 @@
 """The process defaults relpos applies itself, before JAX starts: the allocator, the number of
-CPU devices and the persistent compilation cache.
+CPU devices, an XLA flag on a GPU and the persistent compilation cache.
 
 Every program of relpos (train.py, eval.py, `python -m relpos.<tool>`, the benchmarks) calls
 `apply_defaults()` first, so a user gets the fast settings without touching their shell, and
@@ -32,6 +32,15 @@ imports JAX, and does nothing that a variable the user set already decides.
   says so), so the count changes float rounding, not the model being trained.
   docs/performance-cpu.md gives
   the measured effect.
+- **Dot merging off** (JAX on an NVIDIA or AMD GPU). XLA:GPU merges two matmuls that share
+  an operand into one (its DotMerger pass): the key and value projections of one input, and
+  XL's R projections of every layer. A fused attention kernel (Pallas, Mosaic, cuDNN: a custom
+  call) cannot read its keys or values out of the merged result, whose rows interleave them, so
+  XLA copies each out: 36 copies a step in the bf16 enwik8_base XL step. relpos sets
+  `--xla_gpu_dot_merger_threshold_mb=0` (no merging; first in XLA_FLAGS, as the device count
+  above), unless XLA_FLAGS already names that flag or `RELPOS_GPU_FLAGS=off`. Compiled for an
+  H100 (docs/gpu.md, the floor under a step), it lowers the floor of every step measured, with
+  the fused kernels and with XLA's attention (`GPU_FLAGS`).
 - **Compilation cache.** JAX's persistent compilation cache, so that a second run of a config
   (a rerun, a resume, the next seed of a sweep, eval.py after train.py) loads its compiled
   steps instead of compiling them again. It lives in `RELPOS_COMPILATION_CACHE` (default
@@ -61,6 +70,9 @@ AUTOTUNE_CACHE_NAME = 'relpos-autotune.json'  # inside the compilation cache dir
 DEFAULT_AUTOTUNE_CACHE = Path.home() / '.cache' / 'relpos' / 'autotune.json'
 _REEXECUTED = 'RELPOS_REEXECUTED'  # set in the re-executed process: never loop
 DEVICES_FLAG = '--xla_force_host_platform_device_count'
+# XLA flags relpos adds on a GPU (module docstring), each unless XLA_FLAGS names it.
+GPU_FLAGS = ('--xla_gpu_dot_merger_threshold_mb=0',)
+_GPU_PLUGINS = ('jax_cuda12_plugin', 'jax_cuda13_plugin', 'jax_rocm60_plugin')
 
 # Compiles shorter than this are not worth a disk entry (JAX's default is 1 s; a char_tiny
 # step compiles in about 2 s, each decoding shape of beam search in under 1 s).
@@ -77,6 +89,31 @@ def _on_cpu(environ) -> bool:
 
   plugins = ('jax_cuda12_plugin', 'jax_cuda13_plugin', 'jax_rocm60_plugin', 'libtpu')
   return not any(importlib.util.find_spec(name) for name in plugins)
+
+
+def _on_gpu(environ) -> bool:
+  """Whether JAX will run on a GPU: JAX_PLATFORMS says so, or, with none named, a CUDA or ROCm
+  plugin is installed."""
+  platforms = environ.get('JAX_PLATFORMS', '')
+  if platforms:
+    return platforms.split(',')[0].strip() in ('cuda', 'gpu', 'rocm')
+  import importlib.util
+
+  return any(importlib.util.find_spec(name) for name in _GPU_PLUGINS)
+
+
+def gpu_flags_environment(environ, on_gpu: bool | None = None) -> dict:
+  """{'XLA_FLAGS': ...} with GPU_FLAGS first, those the flags do not already name, or {} when
+  there are none to add, RELPOS_GPU_FLAGS=off, or JAX is not on a GPU (`on_gpu`: given, as
+  by a tool that compiles for a GPU it does not have; None: `_on_gpu`)."""
+  flags = environ.get('XLA_FLAGS', '')
+  missing = [flag for flag in GPU_FLAGS if flag.split('=', 1)[0] not in flags]
+  if on_gpu is None:
+    on_gpu = _on_gpu(environ)
+  if not missing or environ.get('RELPOS_GPU_FLAGS') == 'off' or not on_gpu:
+    return {}
+  # First: XLA stops reading XLA_FLAGS at a word that does not start with '--'.
+  return {'XLA_FLAGS': ' '.join([*missing, flags]).strip()}
 
 
 def allocator_environment(environ) -> dict | None:
@@ -174,6 +211,8 @@ def apply_defaults() -> None:
   except ValueError as error:
     sys.exit(f'error: {error}')
   os.environ.update(devices)
+  gpu_flags = gpu_flags_environment(os.environ)
+  os.environ.update(gpu_flags)
   os.environ.update(cache_environment(os.environ))
   environ = allocator_environment(os.environ)
   applied = [f'XLA_FLAGS={devices["XLA_FLAGS"]}'] if devices else []
@@ -184,6 +223,13 @@ def apply_defaults() -> None:
     print(
       f'relpos: warning: XLA reads no flag of XLA_FLAGS from {ignored[0]!r} on (not a --flag): '
       f'{" ".join(ignored)}',
+      file=sys.stderr,
+      flush=True,
+    )
+  if gpu_flags:
+    print(
+      f'relpos: GPU defaults XLA_FLAGS={gpu_flags["XLA_FLAGS"]}; RELPOS_GPU_FLAGS=off turns '
+      'them off',
       file=sys.stderr,
       flush=True,
     )

@@ -116,6 +116,23 @@ def test_cpu_devices_default_to_two_and_respect_the_user():
     runtime.devices_environment({'JAX_PLATFORMS': 'cpu', 'RELPOS_CPU_DEVICES': 'two'})
 
 
+def test_gpu_flags_go_first_on_a_gpu_and_respect_the_user():
+  flag = '--xla_gpu_dot_merger_threshold_mb=0'
+  assert runtime.gpu_flags_environment({'JAX_PLATFORMS': 'cuda'}) == {'XLA_FLAGS': flag}
+  mine = {'JAX_PLATFORMS': 'cuda', 'XLA_FLAGS': '--xla_gpu_autotune_level=0 word'}
+  assert runtime.gpu_flags_environment(mine) == {
+    'XLA_FLAGS': f'{flag} --xla_gpu_autotune_level=0 word'
+  }
+  # The user's own value of the flag, the opt-out, and any other platform: nothing added.
+  own = {'JAX_PLATFORMS': 'cuda', 'XLA_FLAGS': '--xla_gpu_dot_merger_threshold_mb=32'}
+  assert runtime.gpu_flags_environment(own) == {}
+  assert runtime.gpu_flags_environment({'JAX_PLATFORMS': 'cuda', 'RELPOS_GPU_FLAGS': 'off'}) == {}
+  for platform in ('cpu', 'tpu'):
+    assert runtime.gpu_flags_environment({'JAX_PLATFORMS': platform}) == {}
+  # A tool that compiles for a GPU it does not have (gpu_compile.py) says so.
+  assert runtime.gpu_flags_environment({'JAX_PLATFORMS': 'cpu'}, on_gpu=True) == {'XLA_FLAGS': flag}
+
+
 def test_words_xla_does_not_read_are_found():
   assert runtime.ignored_xla_flags('--a=1 --b=2') == []
   assert runtime.ignored_xla_flags('--a=1 threads=2 --b=2') == ['threads=2', '--b=2']
