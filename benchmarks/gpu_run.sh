@@ -35,6 +35,8 @@
 #                   cuDNN, JAX's Pallas flash (Triton, Mosaic GPU), shaw/xl (xla and pallas,
 #                   xl also cudnn); then the peers' torch SDPA and
 #                   FlexAttention forms at k = 16 and 64 (issue 39's table)               (170)
+#   flags_off       steps_bf16's xl and shaw 'pallas' variants again with RELPOS_GPU_FLAGS=off
+#                   (XLA's dot merging back on): what relpos's GPU flag is worth in time     (80)
 #   mosaic          benchmarks/mosaic_shaw.py at n = 2048, k = 16 and 64, batch 16, then at
 #                   enwik8_base's 512 queries over 1,024 keys, k = 16, batch 22: the Mosaic
 #                   GPU Shaw kernels (one warpgroup, warp-specialised) checked against XLA
@@ -71,7 +73,7 @@ md=$out/gpu_run.md
 dry=0
 [[ $(basename "$py") == echo ]] && dry=1
 all_parts=(env native mosaic_native resume translate_bleu autotune steps_f32 translate_step
-  steps_bf16 xl_official oom kernels mosaic steps_mosaic long_context)
+  steps_bf16 xl_official oom kernels flags_off mosaic steps_mosaic long_context)
 body=''
 [[ ${1:-} == --body ]] && body=${2:?} && set -- "$2"
 if (($#)); then parts=("$@"); else parts=("${all_parts[@]}"); fi
@@ -206,6 +208,11 @@ p_steps_bf16() {
   local status=${PIPESTATUS[0]}
   profile_results "$logs/steps_bf16.profile"
   return $status
+}
+# relpos.runtime's GPU flags off in this process only, against steps_bf16's rows of the same
+# variants (same machine and call; docs/gpu.md, "Three cuts to the fused-kernel steps' floor").
+p_flags_off() {
+  RELPOS_GPU_FLAGS=off variants=xl_pallas,shaw_pallas char_steps --config.model.dtype=bfloat16
 }
 # The Mosaic GPU kernels inside the bf16 step, in a process of their own (a kernel that hangs
 # or faults on its first GPU run takes only this part), 'auto' with them as candidates
@@ -383,6 +390,7 @@ part xl_official 70
 report
 part oom 60
 part kernels 170
+part flags_off 80
 report
 part mosaic 150
 part steps_mosaic 120 # the Mosaic kernels in the step, after their own part ran them alone
