@@ -101,6 +101,10 @@ def test_cache_file_is_written_and_read_by_a_fresh_tuner_without_timing(tmp_path
   key = autotune.cache_key(_signature())
   assert entries == {key: {'choice': 'pallas', 'ms': {'xla': 3.0, 'pallas': 1.5}}}
   assert jax.devices()[0].device_kind in key and f'jax {jax.__version__}' in key
+  # Another XLA_FLAGS (relpos.runtime's GPU flags on or off) is another entry.
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv('XLA_FLAGS', '--xla_gpu_dot_merger_threshold_mb=0')
+    assert autotune.cache_key(_signature()) != key
   with autotune.tuning(timer=_failing_timer, cache_path=path) as fresh:
     assert fresh.choose(_signature(), NO_RUN) == 'pallas'
   assert [d.source for d in fresh.decisions] == ['disk']

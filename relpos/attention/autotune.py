@@ -71,14 +71,13 @@ Caches. Decisions are kept per process in memory (one tuning per signature per p
 disk in a JSON file (`runtime.autotune_cache_path`: RELPOS_AUTOTUNE_CACHE, 'off' for none, else
 relpos-autotune.json inside JAX's persistent compilation cache directory, else
 ~/.cache/relpos/autotune.json), keyed by device kind, jax version, a hash of the attention
-kernels' source (`kernel_version`: an edited kernel is timed again) and the signature; an
-entry is {'choice': name, 'ms': {name: ms or None}}. Each new decision is logged once (absl),
-naming the signature, the choice and every candidate's time. An entry whose choice is not
-one of the signature's candidates (a tiling since dropped, a name from another version) is
-ignored with a warning and timed again; 'pallas' always names the default tiles, as it did
+kernels' source (`kernel_version`: an edited kernel is timed again), XLA_FLAGS and the
+signature; an entry is {'choice': name, 'ms': {name: ms or None}}. Each new decision is logged
+once (absl), naming the signature, the choice and every candidate's time. An entry whose choice
+is not one of the signature's candidates (a tiling since dropped, a name from another version)
+is ignored with a warning and timed again; 'pallas' always names the default tiles, as it did
 before tilings were tuned. A corrupt or unreadable file is ignored with one warning and
-rewritten; writes go through a temporary file and a rename, so a reader never sees half a
-file.
+rewritten; writes go through a temporary file and a rename, so a reader never sees half a file.
 
 Several processes. Every process must compile the same program. In a multi-process run only
 process 0 reads the disk cache and times; its choice is broadcast
@@ -408,9 +407,15 @@ def kernel_version() -> str:
 
 
 def cache_key(signature: Signature) -> str:
-  """The disk cache's key: device kind, jax version, kernel version and signature."""
+  """The disk cache's key: device kind, jax version, kernel version, XLA's flags (XLA_FLAGS,
+  as this process started with them: relpos.runtime's GPU flags change the steps XLA
+  compiles, and so which candidate wins) and signature."""
   device = jax.devices()[0].device_kind
-  return f'{device} | jax {jax.__version__} | kernels {kernel_version()} | {signature.text()}'
+  flags = ' '.join(os.environ.get('XLA_FLAGS', '').split()) or 'none'
+  return (
+    f'{device} | jax {jax.__version__} | kernels {kernel_version()} | XLA_FLAGS {flags} | '
+    f'{signature.text()}'
+  )
 
 
 def read_cache(path: Path | None) -> dict:
