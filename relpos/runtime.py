@@ -40,7 +40,9 @@ imports JAX, and does nothing that a variable the user set already decides.
   `--xla_gpu_dot_merger_threshold_mb=0` (no merging; first in XLA_FLAGS, as the device count
   above), unless XLA_FLAGS already names that flag or `RELPOS_GPU_FLAGS=off`. Compiled for an
   H100 (docs/gpu.md, the floor under a step), it lowers the floor of every step measured, with
-  the fused kernels and with XLA's attention (`GPU_FLAGS`).
+  the fused kernels and with XLA's attention (`GPU_FLAGS`). XLA stops at start on a flag it
+  does not know: should a later jaxlib drop this one, the line relpos prints just before names
+  the way out, `RELPOS_GPU_FLAGS=off`.
 - **Compilation cache.** JAX's persistent compilation cache, so that a second run of a config
   (a rerun, a resume, the next seed of a sweep, eval.py after train.py) loads its compiled
   steps instead of compiling them again. It lives in `RELPOS_COMPILATION_CACHE` (default
