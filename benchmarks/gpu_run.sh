@@ -35,7 +35,7 @@
 #                   cuDNN, JAX's Pallas flash (Triton, Mosaic GPU), shaw/xl (xla and pallas,
 #                   xl also cudnn); then the peers' torch SDPA and
 #                   FlexAttention forms at k = 16 and 64 (issue 39's table)               (170)
-#   flags_off       steps_bf16's xl and shaw 'pallas' variants again with RELPOS_GPU_FLAGS=off
+#   flags_off       steps_bf16's xl and shaw Pallas steps again with RELPOS_GPU_FLAGS=off
 #                   (XLA's dot merging back on): what relpos's GPU flag is worth in time     (80)
 #   mosaic          benchmarks/mosaic_shaw.py at n = 2048, k = 16 and 64, batch 16, then at
 #                   enwik8_base's 512 queries over 1,024 keys, k = 16, batch 22: the Mosaic
@@ -209,10 +209,13 @@ p_steps_bf16() {
   profile_results "$logs/steps_bf16.profile"
   return $status
 }
-# relpos.runtime's GPU flags off in this process only, against steps_bf16's rows of the same
-# variants (same machine and call; docs/gpu.md, "Three cuts to the fused-kernel steps' floor").
+# relpos.runtime's GPU flags off in this process only, against steps_bf16's xl_pallas and
+# shaw_pallas rows (same machine and call; docs/gpu.md, "Three cuts to the fused-kernel steps'
+# floor"). char_lm_step.py's base row 'xl' is here XL with the Pallas kernels: 'auto' would
+# tune again, its decisions being keyed by XLA_FLAGS.
 p_flags_off() {
-  RELPOS_GPU_FLAGS=off variants=xl_pallas,shaw_pallas char_steps --config.model.dtype=bfloat16
+  RELPOS_GPU_FLAGS=off variants=xl,shaw_pallas char_steps --config.model.dtype=bfloat16 \
+    --config.model.attention_implementation=pallas
 }
 # The Mosaic GPU kernels inside the bf16 step, in a process of their own (a kernel that hangs
 # or faults on its first GPU run takes only this part), 'auto' with them as candidates

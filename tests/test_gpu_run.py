@@ -54,7 +54,8 @@ def test_dry_run_lists_every_part_with_its_commands(tmp_path):
   bf16 = 'xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,xl_cudnn,xl_nodropout'
   assert f'--variants={bf16} --seconds=140' in log  # in order of need, under the part's limit
   flags_off = log.split('## flags_off\n')[1].split('\n## ')[0]
-  assert '--variants=xl_pallas,shaw_pallas --seconds=60' in flags_off
+  assert '--config.model.attention_implementation=pallas' in flags_off
+  assert '--variants=xl,shaw_pallas --seconds=60' in flags_off
   # The Mosaic kernels, never run on a GPU, only in the last parts and processes of their own.
   assert '--variants=xl,xl_xla,shaw,shaw_xla,xl_mosaic,shaw_mosaic --seconds=100' in log
   for name in ('autotune', 'steps_f32', 'translate_step', 'steps_bf16', 'kernels'):
