@@ -30,8 +30,8 @@ probability 1 - rate (up to the 2^-32 rounding of the threshold), but the bits d
 Layout. The kernels read queries, keys, values, outputs and their gradients in the models'
 own layout, [batch, length, heads, dim]: a program's block is (None, rows, None, dim), one
 head's rows, which Triton loads with a stride of heads·dim between rows (as JAX's own Pallas
-flash attention does). The wrappers only pad: the length to whole tiles and dim to a power of
-two, where they are not already (XL also pads its keys and distances on the left), so at the
+flash attention does). The wrappers only pad, on the right: the length to whole tiles and dim
+to a power of two, where they are not already (XL: to at least one window), so at the
 models' usual shapes no transpose into or out of the kernels is left for XLA to copy. The
 logsumexp is [batch, heads, length, 1]; Shaw's per-row tables are in the queries' layout,
 [batch, length, heads, rows] (`pallas_shaw`).
@@ -230,31 +230,30 @@ def pad_to(x, shape):
   return jnp.pad(x, [(0, size - n) for n, size in zip(x.shape, shape, strict=True)])
 
 
-def to_kernel_layout(x_BLHD, total_len: int, left: int = 0):
-  """[batch, len, heads, dim] -> [batch, total_len, heads, triton_size(dim)]: `left` zero rows,
-  then x, then zeros up to total_len; dim padded with zeros (module docstring, Layout). No
-  copy where nothing is padded."""
-  right = total_len - left - x_BLHD.shape[1]
+def to_kernel_layout(x_BLHD, total_len: int):
+  """[batch, len, heads, dim] -> [batch, total_len, heads, triton_size(dim)]: x, then zeros up
+  to total_len; dim padded with zeros (module docstring, Layout). No copy where nothing is
+  padded."""
+  right = total_len - x_BLHD.shape[1]
   extra_dims = triton_size(x_BLHD.shape[3]) - x_BLHD.shape[3]
-  if left == right == extra_dims == 0:
+  if right == extra_dims == 0:
     return x_BLHD
-  return jnp.pad(x_BLHD, ((0, 0), (left, right), (0, 0), (0, extra_dims)))
+  return jnp.pad(x_BLHD, ((0, 0), (0, right), (0, 0), (0, extra_dims)))
 
 
-def from_kernel_layout(x_BLHD, length: int, head_dim: int, left: int = 0):
+def from_kernel_layout(x_BLHD, length: int, head_dim: int):
   """Inverse of `to_kernel_layout`: [batch, length, heads, head_dim]."""
-  if left == 0 and x_BLHD.shape[1] == length and x_BLHD.shape[3] == head_dim:
+  if x_BLHD.shape[1] == length and x_BLHD.shape[3] == head_dim:
     return x_BLHD
-  return x_BLHD[:, left : left + length, :, :head_dim]
+  return x_BLHD[:, :length, :, :head_dim]
 
 
-def kernel_mask(mask, batch: int, heads: int, q_len: int, kv_len: int, q_total, kv_total, left=0):
-  """The bool mask (broadcastable to [batch, heads, q_len, kv_len]) as int8
-  [batch or 1, heads or 1, q_total or 1, kv_total], False (0) in the padding, with `left`
-  padded keys first. None stays None. Batch and head axes of size 1 stay 1 (`mask_index_map`),
-  and so does a missing or size-1 query axis (keys only, e.g. [kv_len], a key-padding
-  [batch, 1, 1, kv_len]): one row that every query tile reads (`mask_rows`), O(kv_len) memory
-  instead of a [q_len, kv_len] copy per batch and head."""
+def kernel_mask(mask, batch: int, heads: int, q_len: int, kv_len: int, q_total, kv_total):
+  """The bool mask (broadcastable to [batch, heads, q_len, kv_len]) as int8 [batch or 1, heads
+  or 1, q_total or 1, kv_total], False (0) in the padding. None stays None. Batch and head axes
+  of size 1 stay 1 (`mask_index_map`), and so does a missing or size-1 query axis (keys only,
+  e.g. [kv_len], a key-padding [batch, 1, 1, kv_len]): one row that every query tile reads
+  (`mask_rows`), O(kv_len) memory instead of a [q_len, kv_len] copy per batch and head."""
   if mask is None:
     return None
   mask = jnp.asarray(mask, jnp.bool_)
@@ -264,7 +263,7 @@ def kernel_mask(mask, batch: int, heads: int, q_len: int, kv_len: int, q_total, 
   if mask.shape[0] not in (1, batch) or mask.shape[1] not in (1, heads):
     raise ValueError(f'mask {mask.shape} does not broadcast to {(batch, heads, q_len, kv_len)}')
   query_pad = 0 if one_row else q_total - q_len
-  mask = jnp.pad(mask, ((0, 0), (0, 0), (0, query_pad), (left, kv_total - left - kv_len)))
+  mask = jnp.pad(mask, ((0, 0), (0, 0), (0, query_pad), (0, kv_total - kv_len)))
   return mask.astype(jnp.int8)
 
 
