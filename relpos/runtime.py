@@ -89,8 +89,7 @@ def _on_cpu(environ) -> bool:
     return platforms.split(',')[0].strip() == 'cpu'
   import importlib.util
 
-  plugins = ('jax_cuda12_plugin', 'jax_cuda13_plugin', 'jax_rocm60_plugin', 'libtpu')
-  return not any(importlib.util.find_spec(name) for name in plugins)
+  return not any(importlib.util.find_spec(name) for name in (*_GPU_PLUGINS, 'libtpu'))
 
 
 def _on_gpu(environ) -> bool:
