@@ -48,7 +48,9 @@ relative kernel's extra work therefore shows as a lower rate. "% of peak" divide
 device's data-sheet dense peak in the benchmark's dtype where relpos knows it
 (`relpos.flops.PEAKS`: bf16/fp16, or TF32 for float32 on NVIDIA GPUs), or `config.peak_tflops`.
 `--config.plot=ratios.png` also draws time / vanilla against n, a panel per pass and a line per
-kernel and k.
+kernel and k. `--config.profile="('xl_pallas',)"` then traces each named kernel's fwd+bwd at
+every (n, k) (`step_profile.profile`, 3 calls) and prints where its time goes, op by op: a
+Pallas kernel's custom call with the kernel's own name (forward, dq, dk/dv, d rel).
 """
 
 import concurrent.futures
@@ -60,6 +62,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import step_profile
 from absl import app
 from ml_collections import config_flags
 from timing import interleaved_median_seconds
@@ -418,6 +421,15 @@ def main(config):
           f'| {"—" if error is None else f"{error:.1e}"} |',
           flush=True,
         )
+  for n, k, _ in rows:
+    for name in config.profile:
+      row = _row(compiled, n, k)
+      if (name, 'fwd+bwd') not in row:
+        continue
+      fn, args = row[name, 'fwd+bwd'], _row(arguments, n, k)[name, 'fwd+bwd']
+      print(f'\n### profile: {name} fwd+bwd at n = {n}, k = {k}\n')
+      summary = step_profile.profile(functools.partial(fn, *args), fn.as_text(), steps=3)
+      print(summary.table(), flush=True)
   if config.plot:
     print(f'plot: {plot_ratios(ratios, config.plot)}')
 

@@ -11,19 +11,18 @@ kernels at the model's own shapes on first use and keeps the faster, relpos.atte
 the xl and shaw rows are 'auto', the _xla and _pallas rows name each kernel, so 'auto' can be
 checked against the faster of the two).
 
-Builds the config's model once per `config.model.position` mode (xl, shaw, absolute, none;
-the xl row also without memory, and without dropout (what its random bits and masks cost);
-xl and shaw also with each kernel named instead of 'auto', in bf16 xl also with cuDNN's, and
-both with the Mosaic GPU kernels),
-times the jitted train step (forward, backward, Adam update)
-on a fixed random batch with the modes interleaved round by round, and prints ms/step,
-tokens/s and the ratio to 'xl', then each step's model FLOPs (`relpos.flops.char_lm_flops`, a
-training step counted as 3 x the forward pass), XLA's count beside it ("n/a" where XLA has no
-cost analysis, e.g. on a GPU without a compiled one), the model FLOP rate and MFU against the
-devices' peak (`timing.peak_rate`: a GPU's or TPU's data-sheet peak in config.model.dtype; on a
-CPU the float32 matmul rate timed in the same run on the model's own shapes), with every
-attention pair counted and with only the causally visible ones. `--profile_steps=3` then traces
-three steps of each variant and prints where the time goes (benchmarks/step_profile.py).
+Builds the config's model once per `config.model.position` mode (xl, shaw, absolute, none; the xl
+row also without memory, and without dropout (what its random bits and masks cost); xl and shaw also
+with each kernel named instead of 'auto', in bf16 xl also with cuDNN's, and both with the Mosaic GPU
+kernels), times the jitted train step (forward, backward, Adam update) on a fixed random batch with
+the modes interleaved round by round, and prints ms/step, tokens/s and the ratio to the first
+variant named, then each step's model FLOPs (`relpos.flops.char_lm_flops`, a training step counted
+as 3 x the forward pass), XLA's count beside it ("n/a" where XLA has no cost analysis, e.g. on a GPU
+without a compiled one), the model FLOP rate and MFU against the devices' peak (`timing.peak_rate`:
+a GPU's or TPU's data-sheet peak in config.model.dtype; on a CPU the float32 matmul rate timed in
+the same run on the model's own shapes), with every attention pair counted and with only the
+causally visible ones. `--profile_steps=3` then traces three steps of each variant and prints where
+the time goes (benchmarks/step_profile.py).
 """
 
 import time
@@ -95,20 +94,21 @@ _VARIANTS = {
 _NAMES = flags.DEFINE_list(
   'variants',
   ['xl', 'xl_mem0', 'shaw', 'absolute', 'none'],
-  f'Variants to time, xl among them: {", ".join(_VARIANTS)}.',
+  f"Variants to time, the first the ratios' base: {', '.join(_VARIANTS)}.",
 )
 _SECONDS = flags.DEFINE_float(
   'seconds',
   0.0,
   'Time budget (0: none), for a run under a time limit: the variants are built (compiled and '
-  'run once) in the order given, xl first, while they fit 60% of it (timing.build_within); the '
-  'rest are left out with a line naming them, and the profiles are skipped once 80% of it is '
-  'spent, so that the table prints.',
+  'run once) in the order given while they fit 60% of it with --profile_steps, else 85% '
+  '(timing.build_within: the timing itself takes seconds); the rest are left out with a line '
+  'naming them, and the profiles are skipped once 80% of it is spent, so that the table '
+  'prints.',
 )
 flags.register_validator(
   'variants',
-  lambda names: 'xl' in names and set(names) <= set(_VARIANTS),
-  message=f'--variants must include xl and choose from: {", ".join(_VARIANTS)}',
+  lambda names: bool(names) and set(names) <= set(_VARIANTS),
+  message=f'--variants: one or more of {", ".join(_VARIANTS)}',
 )
 
 
@@ -149,11 +149,12 @@ def main(argv):
   inputs, targets = jnp.asarray(tokens[:, :-1]), jnp.asarray(tokens[:, 1:])
   mesh = data_mesh()
   start = time.perf_counter()
-  names = ['xl'] + [name for name in _NAMES.value if name != 'xl']  # xl first: the ratios' base
+  names = list(dict.fromkeys(_NAMES.value))  # the first is the ratios' base
   built, left_out = build_within(
     names,
     lambda name: step_call(config, _VARIANTS[name][1], inputs, targets, mesh),
     _SECONDS.value,
+    share=0.6 if step_profile.PROFILE_STEPS.value else 0.85,
   )
   calls, model_flops, xla_counts, texts = {}, {}, {}, {}
   for name, (call, flops, xla_count, text) in built.items():
@@ -175,11 +176,12 @@ def main(argv):
   )
   print(peak_line)
   print(CONVENTION_LINE)
-  print(f'| position | ms / step | tokens/s | step time / xl |{STEP_COLUMNS}')
+  base = next(iter(seconds))
+  print(f'| position | ms / step | tokens/s | step time / {base} |{STEP_COLUMNS}')
   print('|---|---|---|---|---|---|---|---|---|')
   for name, s in seconds.items():
     print(
-      f'| {name} | {s * 1e3:.1f} | {batch * length / s:.0f} | {s / seconds["xl"]:.2f} |'
+      f'| {name} | {s * 1e3:.1f} | {batch * length / s:.0f} | {s / seconds[base]:.2f} |'
       + step_cells(model_flops[name], xla_counts[name], s, peak)
     )
   for position in ('xl', 'shaw'):  # 'auto' against each kernel named, where xla and another ran

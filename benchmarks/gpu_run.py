@@ -6,10 +6,14 @@ lines (gpu_run.sh copies them into its markdown log) and exits non-zero when its
     python benchmarks/gpu_run.py oom --config=C [-- OVERRIDES]
     python benchmarks/gpu_run.py long_context --config=C --seconds=150 [-- OVERRIDES]
 
-- `resume`: train.py twice at once from scratch, into DIR/reference and DIR/interrupted; the
-  second is killed with SIGKILL once it logs step --kill_after, then train.py runs again on its
-  workdir (it resumes from the latest checkpoint). The losses both runs logged must match step
-  for step (`losses`), and eval.py then scores the resumed workdir (its last line, bpc=...).
+- `resume`: train.py from scratch into DIR/run, killed with SIGKILL once it logs step
+  --kill_after, then run again on that workdir (it resumes from the latest checkpoint, before
+  the kill) to the end. The steps between that checkpoint and the kill are trained twice, and
+  their losses, logged before the kill and again after the resume, must match step for step
+  (`split_runs`, `compare_losses`): what an uninterrupted run would have logged is what the
+  first run did log. eval.py then scores the workdir (its last line, bpc=...). One run at a
+  time, so that the part shares the GPU with the other parts run beside it and with nothing
+  of its own.
 - `losses`: compares the 'train/loss' of two metrics.jsonl files at every step of the first;
   where the second holds a step twice (logged before the kill and again after the resume), the
   later line counts. --tolerance (default 0: bit-identical).
@@ -42,30 +46,41 @@ def _last_line(text: str) -> str:
   return lines[-1].strip() if lines else '(no output)'
 
 
+def split_runs(path) -> list[dict]:
+  """{step: train/loss} of each run that wrote to a metrics.jsonl, in order: a resumed run
+  appends from its checkpoint's step, so a new run begins where a logged loss's step is not
+  after the one before it."""
+  runs, last = [], None
+  for line in Path(path).read_text().splitlines():
+    record = json.loads(line) if line.strip() else {}
+    if 'train/loss' not in record:
+      continue
+    step = int(record['step'])
+    if last is None or step <= last:
+      runs.append({})
+    runs[-1][step], last = float(record['train/loss']), step
+  return runs
+
+
 def read_losses(path) -> dict:
   """{step: train/loss} of a metrics.jsonl; a step logged twice keeps its later value."""
-  losses = {}
-  for line in Path(path).read_text().splitlines():
-    if not line.strip():
-      continue
-    record = json.loads(line)
-    if 'train/loss' in record:
-      losses[int(record['step'])] = float(record['train/loss'])
-  return losses
+  return {step: loss for run in split_runs(path) for step, loss in run.items()}
 
 
-def compare_losses(reference, resumed, tolerance=0.0, after=0) -> tuple[bool, list[str]]:
-  """(passed, report lines) for the losses of two metrics.jsonl files."""
-  want, got = read_losses(reference), read_losses(resumed)
+def compare_losses(
+  want: dict, got: dict, tolerance=0.0, after=0, names=('reference', 'resumed')
+) -> tuple[bool, list[str]]:
+  """(passed, report lines): `got` ({step: loss}) against `want` at every step of `want` after
+  `after`; `names` head the two columns."""
   if not want:
-    return False, [f'RESULT: FAIL no train/loss in {reference}']
+    return False, [f'RESULT: FAIL no {names[0]} losses to compare']
   missing = sorted(set(want) - set(got))
   if missing:
-    return False, [f'RESULT: FAIL {resumed} lacks the losses of steps {missing[:5]}']
+    return False, [f'RESULT: FAIL the {names[1]} losses lack steps {missing[:5]}']
   diffs = {step: abs(got[step] - want[step]) for step in want}
   worst = max(diffs, key=diffs.get)
   checked = [step for step in sorted(want) if step > after]
-  lines = ['| step | reference loss | resumed loss |', '|---|---|---|']
+  lines = [f'| step | {names[0]} loss | {names[1]} loss |', '|---|---|---|']
   lines += [f'| {s} | {want[s]:.8f} | {got[s]:.8f} |' for s in checked]
   passed = diffs[worst] <= tolerance and bool(checked)
   verdict = 'identical' if diffs[worst] == 0 else f'max |diff| {diffs[worst]:.3g} at step {worst}'
@@ -103,63 +118,66 @@ def resume(args, overrides) -> int:
       [*train, f'--workdir={workdir}'], stdout=handle, stderr=subprocess.STDOUT
     ), logs / f'resume_{name}.log'
 
-  reference, _ = start('reference', work / 'reference')
-  victim, victim_log = start('interrupted', work / 'interrupted')
+  run = work / 'run'
+  victim, victim_log = start('interrupted', run)
   killed_at = _wait_for_step(victim_log, victim, args.kill_after, deadline)
   if not killed_at:
     victim.kill()
-    reference.kill()
     print(f'RESULT: FAIL the run to interrupt never logged step {args.kill_after}')
     print(_last_line(victim_log.read_text()))
     return 1
   os.kill(victim.pid, signal.SIGKILL)
   victim.wait()
-  print(f'killed (SIGKILL) the interrupted run after it logged step {killed_at}', flush=True)
-  resumed, resumed_log = start('resumed', work / 'interrupted')
+  print(f'killed (SIGKILL) the run after it logged step {killed_at}', flush=True)
+  resumed, resumed_log = start('resumed', run)
   try:
     status = resumed.wait(timeout=max(1, deadline - time.time()))
-    reference_status = reference.wait(timeout=max(1, deadline - time.time()))
   except subprocess.TimeoutExpired:
     resumed.kill()
-    reference.kill()
-    print(f'RESULT: FAIL out of time ({args.seconds:.0f} s) before both runs finished')
-    return 1
-  if status or reference_status:
-    print(f'RESULT: FAIL train.py exited {reference_status} (reference), {status} (resumed)')
+    print(f'RESULT: FAIL out of time ({args.seconds:.0f} s) before the resumed run finished')
     print(_last_line(resumed_log.read_text()))
     return 1
-  found = _RESUMED_LINE.findall(resumed_log.read_text())
+  resumed_text = resumed_log.read_text()
+  if status:
+    print(f'RESULT: FAIL the resumed train.py exited {status}')
+    print(_last_line(resumed_text))
+    return 1
+  found = _RESUMED_LINE.findall(resumed_text)
   if not found:
     print('RESULT: FAIL the second run did not say "resumed from ..."')
     return 1
   after = int(found[-1])
+  runs = split_runs(run / 'metrics.jsonl')
+  twice = {step: loss for step, loss in runs[0].items() if step > after} if runs else {}
   passed, lines = compare_losses(
-    work / 'reference/metrics.jsonl',
-    work / 'interrupted/metrics.jsonl',
+    twice,
+    runs[-1] if len(runs) > 1 else {},
     tolerance=args.tolerance,
     after=after,
+    names=('before the kill', 'after the resume'),
   )
   print('\n'.join(lines), flush=True)
-  reference_log = (logs / 'resume_reference.log').read_text()
-  reference_metric = _last_line(reference_log)
-  print(f'RESULT: reference run final metric: {reference_metric}', flush=True)
-  steps = [line for line in reference_log.splitlines() if _STEP_LINE.match(line)]
+  final_metric = _last_line(resumed_text)
+  print(f"RESULT: the resumed run's final evaluation: {final_metric}", flush=True)
+  steps = [line for line in resumed_text.splitlines() if _STEP_LINE.match(line)]
   if steps:  # throughput, MFU (where the GPU's peak is known) and ETA of train.py itself
-    print(f'RESULT: reference run last progress line: {steps[-1].strip()}', flush=True)
+    print(f"RESULT: the resumed run's last progress line: {steps[-1].strip()}", flush=True)
   if time.time() > deadline - 5:
     print('RESULT: FAIL no time left for eval.py')
     return 1
   evaluation = subprocess.run(
-    [sys.executable, 'eval.py', f'--config={args.config}', *overrides]
-    + [f'--workdir={work}/interrupted'],
+    [sys.executable, 'eval.py', f'--config={args.config}', *overrides, f'--workdir={run}'],
     capture_output=True,
     text=True,
     timeout=max(1, deadline - time.time()),
   )
   (logs / 'resume_eval.log').write_text(evaluation.stdout + evaluation.stderr)
   metric = _last_line(evaluation.stdout)
-  same = 'identical to the reference' if metric == reference_metric else 'reference differs'
-  print(f'RESULT: eval.py on the resumed workdir (exit {evaluation.returncode}): {metric} ({same})')
+  same = 'the same' if metric == final_metric else 'differs'
+  print(
+    f'RESULT: eval.py on the workdir (exit {evaluation.returncode}): {metric} ({same} as the '
+    "resumed run's own)"
+  )
   return 0 if passed and evaluation.returncode == 0 else 1
 
 
@@ -324,7 +342,9 @@ def main(argv) -> int:
     command.add_argument('--max', type=int, default=131072)
   args = parser.parse_args(argv)
   if args.command == 'losses':
-    passed, lines = compare_losses(args.reference, args.resumed, args.tolerance, args.after)
+    passed, lines = compare_losses(
+      read_losses(args.reference), read_losses(args.resumed), args.tolerance, args.after
+    )
     print('\n'.join(lines))
     return 0 if passed else 1
   return {'resume': resume, 'oom': oom, 'long_context': long_context}[args.command](args, overrides)

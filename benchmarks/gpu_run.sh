@@ -6,7 +6,10 @@
 #     bash benchmarks/gpu_run.sh [PART...]          # default: every part, in the order below
 #
 # Before it, here: `bash benchmarks/gpu_prepare.sh` (fills gpu_carry/, which the device call
-# carries). Parts, most valuable first (limits in seconds on a GPU; the budget cuts the last):
+# carries). Parts, most valuable first (limits in seconds on a GPU; the budget cuts the last).
+# On an H200 a step variant at enwik8_base's size took 45 to 60 s to build (compile, and the
+# attention autotuning of an 'auto' variant), so the step parts name few variants each
+# (docs/gpu.md, "One NVIDIA H200, 2026-11-27 evening"):
 #   env             carried wheels installed (pip --no-index), GPU, versions, devices      (60)
 #   native | mosaic_native | resume | translate_bleu   run at the same time (untimed checks,
 #                   no preallocation):
@@ -16,27 +19,31 @@
 #                                                                                         (150)
 #     mosaic_native the Mosaic GPU kernels compiled, every reference and gradient case of
 #                   their tests (the 'native' variants) and through implementation='mosaic'
-#                   at a ragged length (pytest -k 'native or ragged_length', 4 workers)    (120)
+#                   at a ragged length (pytest -v -k 'native or ragged_length', 4 workers:
+#                   each test named as it ends, so a timeout shows which did not)     (120)
 #     resume        train.py at enwik8_base width on the bundled text, 200 steps, checkpoints
-#                   every 50, killed (SIGKILL) after step 130 and resumed; its losses against
-#                   an uninterrupted run's, step for step (deterministic XLA ops); eval.py bpc (200)
-#     translate_bleu  translate_tiny (Shaw) on the carried Tatoeba to a BLEU                (200)
-#   autotune        python -m relpos.attention.autotune's tables for enwik8_base and wmt_base,
-#                   where that module exists (its disk cache then serves the steps' 'auto') (120)
-#   steps_f32       benchmarks/char_lm_step.py at enwik8_base, one run: xl and shaw with
-#                   'auto', 'xla' and 'pallas' ('auto check' lines), absolute             (120)
+#                   every 50, killed (SIGKILL) after step 130 and resumed from step 100; the
+#                   losses of steps 110 to 130, logged before the kill and again after the
+#                   resume, step for step (deterministic XLA ops); eval.py bpc             (200)
+#     translate_bleu  translate_tiny (Shaw) on the carried Tatoeba to a BLEU, XLA's kernels
+#                   and 3 length buckets (the pipeline; 'auto' is timed by the parts below) (200)
+#   steps_xl        benchmarks/char_lm_step.py at enwik8_base in float32: xl with 'auto',
+#                   'xla' and 'pallas' (its 'auto check' line)                            (170)
+#   steps_shaw      the same for shaw                                                     (170)
 #   translate_step  benchmarks/translate_step.py at wmt_base shapes (Tatoeba), shaw with
-#                   'auto', 'xla' and 'pallas', each profiled                              (80)
-#   steps_bf16      as steps_f32 in bf16, without absolute, with xl through 'cudnn' and xl
-#                   without dropout; each variant profiled                                (160)
-#   xl_official     the official Transformer-XL step (PyTorch) at the same shapes          (70)
+#                   'auto', 'xla' and 'pallas', each profiled                             (200)
+#   steps_bf16      steps_xl in bf16 with xl through 'cudnn' too, then xl without dropout;
+#                   each variant profiled                                                 (270)
+#   steps_bf16_shaw steps_shaw in bf16, each variant profiled                             (180)
+#   flags_off       the bf16 xl and shaw Pallas steps again with RELPOS_GPU_FLAGS=off (XLA's
+#                   dot merging back on): what relpos's GPU flag is worth in time         (130)
 #   oom             train.py with an oversized batch: its exit status and last line        (60)
 #   kernels         benchmarks/attention.py bf16 fwd+bwd n = 2048, k = 16 and 64: vanilla,
 #                   cuDNN, JAX's Pallas flash (Triton, Mosaic GPU), shaw/xl (xla and pallas,
 #                   xl also cudnn); then the peers' torch SDPA and
-#                   FlexAttention forms at k = 16 and 64 (issue 39's table)               (170)
-#   flags_off       steps_bf16's xl and shaw Pallas steps again with RELPOS_GPU_FLAGS=off
-#                   (XLA's dot merging back on): what relpos's GPU flag is worth in time     (80)
+#                   FlexAttention forms at k = 16 and 64 (issue 39's table); XL's and
+#                   Shaw's Pallas fwd+bwd traced, kernel by kernel                        (190)
+#   xl_official     the official Transformer-XL step (PyTorch) at the same shapes          (70)
 #   mosaic          benchmarks/mosaic_shaw.py at n = 2048, k = 16 and 64, batch 16, then at
 #                   enwik8_base's 512 queries over 1,024 keys, k = 16, batch 22: the Mosaic
 #                   GPU Shaw kernels (one warpgroup, warp-specialised) checked against XLA
@@ -47,6 +54,8 @@
 #   long_context    the largest n = tgt_len = mem_len that trains, xl and shaw, mosaic,
 #                   pallas and xla, bf16, doubling from just below gpu_compile.py's predicted
 #                   limit (xla 4096, the kernels 65536; batch 1, enwik8_base width)      (180)
+#   autotune        python -m relpos.attention.autotune's tables for enwik8_base and wmt_base
+#                   (the decisions the parts above logged, in one table each)             (120)
 # Environment: OUT (default ./gpu_out) gets gpu_run.md (the log: device, date, versions,
 # commit, a table of the parts, each part's result lines and log tail) and raw_logs.tar.gz
 # (every part's whole log); the runs' workdirs go to a temporary folder (GPU_RUN_WORK), never
@@ -72,8 +81,9 @@ mkdir -p "$logs"
 md=$out/gpu_run.md
 dry=0
 [[ $(basename "$py") == echo ]] && dry=1
-all_parts=(env native mosaic_native resume translate_bleu autotune steps_f32 translate_step
-  steps_bf16 xl_official oom kernels flags_off mosaic steps_mosaic long_context)
+all_parts=(env native mosaic_native resume translate_bleu steps_xl steps_shaw translate_step
+  steps_bf16 steps_bf16_shaw flags_off oom kernels xl_official mosaic steps_mosaic long_context
+  autotune)
 body=''
 [[ ${1:-} == --body ]] && body=${2:?} && set -- "$2"
 if (($#)); then parts=("$@"); else parts=("${all_parts[@]}"); fi
@@ -167,7 +177,7 @@ p_mosaic_native() {
   # barrier never arrived at) must not cost the Triton kernels' results.
   XLA_PYTHON_CLIENT_PREALLOCATE=false "$py" -m pytest tests/test_mosaic_shaw.py tests/test_mosaic_xl.py \
     tests/test_mosaic_implementation.py -k "$mosaic_native_k" -m 'slow or not slow' \
-    -n "$((smoke ? 0 : 4))" -rA -q -p no:cacheprovider
+    -n "$((smoke ? 0 : 4))" -rA -v -p no:cacheprovider
 }
 p_resume() {
   # Deterministic GPU reductions, so that a resumed run can match bit for bit; a jaxlib that no
@@ -181,41 +191,51 @@ p_resume() {
 }
 p_translate_bleu() {
   local status
+  # XLA's kernels and 3 length buckets: on an H200, 'auto' timing each bucket's calls and six
+  # step compiles held the first run to 8 steps in 200 s beside three other parts.
   XLA_PYTHON_CLIENT_PREALLOCATE=false "$py" train.py --config=configs/translate_tiny.py:shaw \
     --workdir="$work/translate_tiny" "${translate_data[@]}" "${translate_tiny[@]}" \
+    --config.model.attention_implementation=xla --config.data.length_buckets=3 \
     >"$logs/translate_bleu_train.log" 2>&1
   status=$?
   tail -n 30 "$logs/translate_bleu_train.log"
   echo "RESULT: train.py exit $status; $(grep -E '^(bleu|step [0-9]+/)' "$logs/translate_bleu_train.log" | tail -n 2 | tr '\n' ' ')"
   return $status
 }
-# char_lm_step twice: 'auto' and 'xla' (and absolute), then 'pallas' named for xl and shaw.
-# One run per dtype: 'auto' is checked against each kernel named in the same run ('auto check').
+# char_lm_step.py at enwik8_base: 'auto' first (the ratios' base), then each kernel it chose
+# between, in one run ('auto check': 'auto' against the faster kernel named).
 char_steps() {
   "$py" benchmarks/char_lm_step.py --config="$char" "${tiny[@]}" --rounds=$rounds "$@" \
     --variants="$variants" --seconds="$((${GPU_RUN_LIMIT:-160} - 20))"
 }
-p_steps_f32() { variants=xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,absolute char_steps; }
+p_steps_xl() { variants=xl,xl_xla,xl_pallas char_steps; }
+p_steps_shaw() { variants=shaw,shaw_xla,shaw_pallas char_steps; }
 # bf16 also profiles each variant: 2 traced steps, their time by op category and pass
 # (benchmarks/step_profile.py); each variant's headline goes into the markdown log.
 p_steps_bf16() {
   local cudnn=xl_cudnn, # cuDNN's kernels: NVIDIA GPUs only
   ((smoke)) && cudnn=''
   # In order of need, since a part cut short by its time limit leaves the last out: 'auto'
-  # against both kernels named, then cuDNN's, then what dropout costs.
-  variants=xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,${cudnn}xl_nodropout char_steps \
+  # (cuDNN's kernels, on the H200) against each kernel named, then what dropout costs.
+  variants=xl,${cudnn}xl_xla,xl_pallas,xl_nodropout char_steps \
     --config.model.dtype=bfloat16 --profile_steps=2 | tee "$logs/steps_bf16.profile"
   local status=${PIPESTATUS[0]}
   profile_results "$logs/steps_bf16.profile"
   return $status
 }
-# relpos.runtime's GPU flags off in this process only, against steps_bf16's xl_pallas and
-# shaw_pallas rows (same machine and call; docs/gpu.md, "Three cuts to the fused-kernel steps'
-# floor"). char_lm_step.py's base row 'xl' is here XL with the Pallas kernels: 'auto' would
-# tune again, its decisions being keyed by XLA_FLAGS.
+p_steps_bf16_shaw() {
+  variants=shaw,shaw_xla,shaw_pallas char_steps --config.model.dtype=bfloat16 --profile_steps=2 |
+    tee "$logs/steps_bf16_shaw.profile"
+  local status=${PIPESTATUS[0]}
+  profile_results "$logs/steps_bf16_shaw.profile"
+  return $status
+}
+# relpos.runtime's GPU flags off in this process only, against the xl_pallas and shaw_pallas
+# rows of steps_bf16 and steps_bf16_shaw (same machine and call; docs/gpu.md, "Three cuts to
+# the fused-kernel steps' floor"). The kernels named: 'auto' would tune again, its decisions
+# being keyed by XLA_FLAGS.
 p_flags_off() {
-  RELPOS_GPU_FLAGS=off variants=xl,shaw_pallas char_steps --config.model.dtype=bfloat16 \
-    --config.model.attention_implementation=pallas
+  RELPOS_GPU_FLAGS=off variants=xl_pallas,shaw_pallas char_steps --config.model.dtype=bfloat16
 }
 # The Mosaic GPU kernels inside the bf16 step, in a process of their own (a kernel that hangs
 # or faults on its first GPU run takes only this part), 'auto' with them as candidates
@@ -229,6 +249,7 @@ p_steps_mosaic() {
 # RESULT lines of a step benchmark's profiles: each variant's busy/idle line and top categories,
 # named by the benchmark run they come from.
 profile_results() {
+  { set +x; } 2>/dev/null # the body's trace would copy this program into the markdown log
   awk '/^(num_layers=|[0-9]+\+[0-9]+ layers)/{run++}
     /^### profile: /{name="run " run ", " substr($0, 14)}
     /^profile of /{print "RESULT: profile " name ": " $0}
@@ -385,18 +406,21 @@ part translate_bleu 200 &
 wait
 report
 # Timed, one at a time.
-part autotune 120 # first: its decisions, cached on disk, are the 'auto' rows of the steps below
-part steps_f32 120
-part translate_step 80 # with steps_f32, issue 36's 'auto check' lines; then issue 39's
-part steps_bf16 160
-part xl_official 70
+part steps_xl 170 # with steps_shaw and translate_step, issue 36's 'auto check' lines
+part steps_shaw 170
+part translate_step 200
+report
+part steps_bf16 270 # issue 39's steps, where their time goes, and what the GPU flag is worth
+part steps_bf16_shaw 180
+part flags_off 130
 report
 part oom 60
-part kernels 170
-part flags_off 80
+part kernels 190
+part xl_official 70
 report
 part mosaic 150
 part steps_mosaic 120 # the Mosaic kernels in the step, after their own part ran them alone
 report
 part long_context 180
+part autotune 120
 echo "log: $md; every part's log: $out/raw_logs.tar.gz"

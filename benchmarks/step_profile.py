@@ -142,11 +142,14 @@ def pass_of(instruction: Instruction | None) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Event:
-  """One op's run in the trace: its HLO instruction (or the event's own name), start, length."""
+  """One op's run in the trace: its HLO instruction (or the event's own name), start, length,
+  and the event's own name where it differs from the op (the CUDA kernel a custom call
+  launched: a Pallas kernel's name, which its instruction name does not say)."""
 
   op: str
   start_ns: float
   duration_ns: float
+  kernel: str = ''
 
 
 _HLO_OP_IN_TEXT = re.compile(r'hlo_op=([^,#\s]+)')
@@ -220,7 +223,8 @@ def device_events(trace_dir: str | Path) -> tuple[list[Event], list[str]]:
         if not plane.name.startswith('/device:') and 'hlo_op' not in stats:
           continue  # a CPU thread's bookkeeping, not an XLA op
         op = _op_of(event.name, stats)
-        events.append(Event(op, float(event.start_ns), float(event.duration_ns)))
+        kernel = event.name if event.name != op else ''
+        events.append(Event(op, float(event.start_ns), float(event.duration_ns), kernel))
         found += 1
       if found:
         lines.append(f'{plane.name} {line.name}')
@@ -261,6 +265,7 @@ class Profile:
   by_pass: dict[str, float]
   by_op: list[tuple[str, str, float]]  # (op, category, seconds per step), longest first
   lines: list[str]
+  kernels: dict[str, str] = dataclasses.field(default_factory=dict)  # op -> its kernel's name
 
   def table(self, *, top: int = 8) -> str:
     """Markdown: the categories and passes with ms per step and % of the step's wall time,
@@ -287,7 +292,8 @@ class Profile:
       f'| longest ops (of {len(self.by_op)}) | category | ms / step | % of step |',
       '|---|---|---|---|',
       *(
-        f'| {op} | {cat} | {s * 1e3:.3f} | {100 * s * 1e3 / per_step:.1f} |'
+        f'| {op}{f" ({self.kernels[op][:80]})" if self.kernels.get(op) else ""} | {cat} '
+        f'| {s * 1e3:.3f} | {100 * s * 1e3 / per_step:.1f} |'
         for op, cat, s in self.by_op[:top]
       ),
       '',
@@ -302,9 +308,11 @@ def summarize(
   """A Profile of traced `events` of `steps` steps taking `wall_s` seconds in all, classified
   with the compiled module's `hlo_text`."""
   instructions, computations = parse_hlo(hlo_text)
-  by_op = collections.Counter()
+  by_op, kernels = collections.Counter(), {}
   for event in events:
     by_op[event.op] += event.duration_ns * 1e-9 / steps
+    if event.kernel:
+      kernels.setdefault(event.op, event.kernel)
   by_category = dict.fromkeys(CATEGORIES, 0.0)
   by_pass = dict.fromkeys(PASSES, 0.0)
   rows = []
@@ -322,6 +330,7 @@ def summarize(
     by_pass=by_pass,
     by_op=rows,
     lines=list(lines),
+    kernels=kernels,
   )
 
 

@@ -31,6 +31,9 @@ def get_config(preset: str = 'full') -> ml_collections.ConfigDict:
   config.kernels = ('vanilla', 'shaw', 'banded', 'dense', 'xl')
   config.peak_tflops = 0.0  # 0: the device's data-sheet bf16 peak where known, else none
   config.plot = ''  # a .png path: time / vanilla against n, drawn after the table
+  # Kernels whose fwd+bwd is then traced (benchmarks/step_profile.py) at every (n, k): where
+  # the time goes, each Pallas kernel (forward, dq, dk/dv, d rel) by its name.
+  config.profile = ()
   if preset == 'gpu':
     config.tokens = 32768
     config.lengths = (512, 2048, 8192)
@@ -52,4 +55,6 @@ def get_config(preset: str = 'full') -> ml_collections.ConfigDict:
       'xl_pallas',
       'xl_cudnn',
     )
+    # XL's backward took 5.3x its forward on an H200 (docs/gpu.md): which of its kernels.
+    config.profile = ('xl_pallas', 'shaw_pallas')
   return config

@@ -338,12 +338,21 @@ def test_auto_resolves_once_inside_a_scan_over_layers():
 TQ = TK = 64  # lengths at which both kernels have tilings besides the default
 
 
-def test_candidates_are_xla_and_pallas_at_the_tilings_that_fit():
-  """'xla', the default tiles ('pallas'), then each of TILINGS that fits the padded lengths and
-  is not the default's tiles; with given tiles, 'xla' and those."""
+@pytest.fixture
+def tilings(monkeypatch):
+  """The extra tilings timed too (RELPOS_AUTOTUNE_TILINGS=1; by default only the default's)."""
+  monkeypatch.setenv(autotune.TILINGS_OPT_IN, '1')
+
+
+def test_candidates_are_xla_and_pallas_at_the_tilings_that_fit(monkeypatch):
+  """'xla' and the default tiles ('pallas'); with RELPOS_AUTOTUNE_TILINGS=1 then each of
+  TILINGS that fits the padded lengths and is not the default's tiles; with given tiles, 'xla'
+  and those."""
   names = autotune.candidate_names
   enwik8 = dict(batch=22, q_len=512, kv_len=1024, heads=8, head_dim=64)
   shaw = dict(kernel='shaw', max_distance=16, tables='kv')
+  assert names(_signature(**enwik8, **shaw)) == names(_signature(**enwik8)) == ('xla', 'pallas')
+  monkeypatch.setenv(autotune.TILINGS_OPT_IN, '1')
   assert names(_signature(**enwik8, **shaw)) == ('xla', 'pallas', 'pallas@128x64', 'pallas@32x32')
   assert names(_signature(**enwik8)) == ('xla', 'pallas', 'pallas@32x64', 'pallas@64x32')
   # Shaw at 64: 128x64 is longer than the queries; at 33 (padded 64) 32x32 stays.
@@ -413,6 +422,7 @@ def _pallas_grids(jaxpr) -> set:
   return grids
 
 
+@pytest.mark.usefixtures('tilings')
 @pytest.mark.parametrize(('name', 'tiles'), [('shaw', (32, 32)), ('xl', (64, 32))])
 def test_a_winning_tiling_reaches_the_pallas_kernel_with_its_block_sizes(name, tiles):
   """'auto' resolved to 'pallas@QxK' traces the Pallas kernels (forward and backward) with
@@ -436,6 +446,7 @@ def test_a_winning_tiling_reaches_the_pallas_kernel_with_its_block_sizes(name, t
   assert grids(implementation='xla') == set()
 
 
+@pytest.mark.usefixtures('tilings')
 @pytest.mark.parametrize('name', ['shaw', 'xl'])
 @pytest.mark.parametrize('given', [None, (16, 32)])
 def test_the_kernel_is_called_with_the_tuned_or_given_tiles_under_jit_of_grad(
@@ -480,6 +491,7 @@ def test_an_old_cache_entry_pallas_means_the_default_tiles(tmp_path, monkeypatch
   assert pallas_calls == [None]
 
 
+@pytest.mark.usefixtures('tilings')
 @pytest.mark.parametrize('choice', ['cudnn', 'pallas@256x256', 'pallas@16x32'])
 def test_a_cached_choice_that_is_not_a_candidate_is_ignored_and_timed_again(
   tmp_path, caplog, choice
@@ -589,8 +601,7 @@ def test_pretuning_a_config_tunes_the_models_own_call_shapes(scan_layers):
   config = load_config_file(Path(__file__).parent.parent / 'configs/char_tiny.py')
   config.model.scan_layers = scan_layers
   calls = []
-  tiles_ms = {'pallas@32x64': 3.0, 'pallas@64x32': 4.0}
-  with autotune.tuning(timer=_times(1.0, 2.0, calls, tiles_ms=tiles_ms)) as tuner:
+  with autotune.tuning(timer=_times(1.0, 2.0, calls)) as tuner:
     autotune.trace_train_step(config)
   train, model = config.train, config.model
   (decision,) = tuner.decisions
@@ -606,12 +617,10 @@ def test_pretuning_a_config_tunes_the_models_own_call_shapes(scan_layers):
     model.head_dim,
     (1, 1, 1, train.mem_len + train.tgt_len),  # keys only: XL adds the causal mask itself
   )
-  assert calls == ['xla', 'pallas', 'pallas@32x64', 'pallas@64x32']  # 32x32 is XL's default
+  assert calls == ['xla', 'pallas']  # the default tiles only (RELPOS_AUTOTUNE_TILINGS unset)
   table = autotune.decision_table(tuner.decisions)
-  assert table[0] == (
-    '| call | xla ms | pallas ms | pallas@32x64 ms | pallas@64x32 ms | choice | source |'
-  )
-  assert table[2] == f'| {s.text()} | 1.000 | 2.000 | 3.000 | 4.000 | xla | timed |'
+  assert table[0] == '| call | xla ms | pallas ms | choice | source |'
+  assert table[2] == f'| {s.text()} | 1.000 | 2.000 | xla | timed |'
 
 
 def test_timed_inputs_follow_the_signature():

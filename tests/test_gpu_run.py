@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpu_run import compare_losses, main
+from gpu_run import compare_losses, main, read_losses, split_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / 'benchmarks' / 'gpu_run.sh'
 PARTS = (
-  'env native mosaic_native resume translate_bleu autotune steps_f32 translate_step steps_bf16 '
-  'xl_official oom kernels flags_off mosaic steps_mosaic long_context'
+  'env native mosaic_native resume translate_bleu steps_xl steps_shaw translate_step steps_bf16 '
+  'steps_bf16_shaw flags_off oom kernels xl_official mosaic steps_mosaic long_context autotune'
 ).split()
 
 needs_bash = pytest.mark.skipif(
@@ -50,15 +50,21 @@ def test_dry_run_lists_every_part_with_its_commands(tmp_path):
   assert (tmp_path / 'out' / 'raw_logs.tar.gz').exists()
   assert sorted(p.name for p in (tmp_path / 'out').iterdir()) == ['gpu_run.md', 'raw_logs.tar.gz']
   # The commands each part would run, as the GPU will get them.
-  assert '--variants=xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,absolute --seconds=100' in log
-  bf16 = 'xl,xl_xla,xl_pallas,shaw,shaw_xla,shaw_pallas,xl_cudnn,xl_nodropout'
-  assert f'--variants={bf16} --seconds=140' in log  # in order of need, under the part's limit
+  # 'auto' first, then the kernels it chose between, one position a part (builds take ~50 s).
+  assert '--variants=xl,xl_xla,xl_pallas --seconds=150' in log
+  assert '--variants=shaw,shaw_xla,shaw_pallas --seconds=150' in log
+  bf16 = 'xl,xl_cudnn,xl_xla,xl_pallas,xl_nodropout'
+  assert f'--variants={bf16} --seconds=250' in log  # in order of need, under the part's limit
+  assert '--profile_steps=2 --variants=shaw,shaw_xla,shaw_pallas --seconds=160' in log
   flags_off = log.split('## flags_off\n')[1].split('\n## ')[0]
-  assert '--config.model.attention_implementation=pallas' in flags_off
-  assert '--variants=xl,shaw_pallas --seconds=60' in flags_off
+  assert '--variants=xl_pallas,shaw_pallas --seconds=110' in flags_off
+  # The translation pipeline with XLA's kernels and 3 buckets, the Mosaic tests named verbosely.
+  bleu = log.split('## translate_bleu\n')[1].split('\n## ')[0]
+  assert '--config.model.attention_implementation=xla --config.data.length_buckets=3' in bleu
+  assert '-k native or ragged_length -m slow or not slow -n 4 -rA -v' in log
   # The Mosaic kernels, never run on a GPU, only in the last parts and processes of their own.
   assert '--variants=xl,xl_xla,shaw,shaw_xla,xl_mosaic,shaw_mosaic --seconds=100' in log
-  for name in ('autotune', 'steps_f32', 'translate_step', 'steps_bf16', 'kernels'):
+  for name in ('autotune', 'steps_xl', 'steps_shaw', 'translate_step', 'steps_bf16', 'kernels'):
     section = log.split(f'## {name}\n')[1].split('\n## ')[0]
     assert '_mosaic' not in section and 'AUTOTUNE_MOSAIC' not in section, name
   assert 'cudnn_native' in log
@@ -92,19 +98,44 @@ def _metrics(path, rows):
 
 
 def test_losses_checker(tmp_path, capsys):
-  reference = _metrics(tmp_path / 'ref.jsonl', [(10, 3.0), (20, 2.5), (30, 2.0)])
+  reference = read_losses(_metrics(tmp_path / 'ref.jsonl', [(10, 3.0), (20, 2.5), (30, 2.0)]))
   # Step 30 logged before the kill (2.9), then again after the resume at 20: the later counts.
-  resumed = _metrics(tmp_path / 'resumed.jsonl', [(10, 3.0), (20, 2.5), (30, 2.9), (30, 2.0)])
+  resumed_path = _metrics(tmp_path / 'resumed.jsonl', [(10, 3.0), (20, 2.5), (30, 2.9), (30, 2.0)])
+  resumed = read_losses(resumed_path)
   passed, lines = compare_losses(reference, resumed, after=20)
   assert passed and 'identical' in lines[-1] and '| 30 | 2.00000000 | 2.00000000 |' in lines
-  off = _metrics(tmp_path / 'off.jsonl', [(10, 3.0), (20, 2.5), (30, 2.0 + 1e-6)])
+  off = read_losses(_metrics(tmp_path / 'off.jsonl', [(10, 3.0), (20, 2.5), (30, 2.0 + 1e-6)]))
   passed, lines = compare_losses(reference, off, after=20)
   assert not passed and 'at step 30' in lines[-1]
   assert compare_losses(reference, off, tolerance=1e-5, after=20)[0]
-  short = _metrics(tmp_path / 'short.jsonl', [(10, 3.0)])
-  assert not compare_losses(reference, short)[0]
-  assert main(['losses', str(reference), str(resumed), '--after=20']) == 0
+  assert not compare_losses(reference, {10: 3.0})[0]
+  assert not compare_losses({}, resumed)[0]
+  assert main(['losses', str(tmp_path / 'ref.jsonl'), str(resumed_path), '--after=20']) == 0
   assert 'RESULT: PASS' in capsys.readouterr().out
+
+
+def test_split_runs_finds_the_resumed_run_in_one_metrics_file(tmp_path):
+  """A run killed after step 40 and resumed from its step-20 checkpoint appends steps 30 and
+  40 again: two runs, whose common steps are what the resume check compares. Records without
+  a train/loss (evaluations) neither start nor end a run."""
+  path = tmp_path / 'metrics.jsonl'
+  rows = [(10, 3.0), (20, 2.5), (30, 2.2), (40, 2.0), (30, 2.2), (40, 2.0), (50, 1.9)]
+  _metrics(path, rows)
+  with path.open('a') as handle:
+    handle.write(json.dumps({'step': 50, 'eval/bpc': 2.7}) + '\n\n')
+  first, second = split_runs(path)
+  assert first == {10: 3.0, 20: 2.5, 30: 2.2, 40: 2.0}
+  assert second == {30: 2.2, 40: 2.0, 50: 1.9}
+  twice = {step: loss for step, loss in first.items() if step > 20}
+  passed, lines = compare_losses(twice, second, after=20, names=('before', 'after'))
+  assert (
+    passed and lines[0] == '| step | before loss | after loss |' and '2 logged steps' in lines[-1]
+  )
+  second[40] = 2.01
+  assert not compare_losses(twice, second, after=20)[0]
+  assert split_runs(_metrics(tmp_path / 'one.jsonl', [(10, 3.0), (20, 2.0)])) == [
+    {10: 3.0, 20: 2.0}
+  ]
 
 
 def test_long_context_starts():

@@ -83,7 +83,7 @@ def test_summary_adds_per_step_and_the_busy_time_is_the_union_of_intervals():
   events = [
     Event('custom-call.2', 0, 10 * ns),
     Event('custom-call.2', 5 * ns, 10 * ns),  # overlaps the first (another stream)
-    Event('loop_add_fusion', 20 * ns, 5 * ns),
+    Event('loop_add_fusion', 20 * ns, 5 * ns, kernel='loop_add_fusion_kernel'),
     Event('MemcpyH2D', 30 * ns, 2 * ns),
     Event('not-in-module', 40 * ns, 1 * ns),
   ]
@@ -100,6 +100,8 @@ def test_summary_adds_per_step_and_the_busy_time_is_the_union_of_intervals():
   assert 'wall 50.00 ms/step; device busy 11.50 ms/step (23.0%)' in table
   assert '| matmuls | 10.00 | 20.0 |' in table
   assert '| custom-call.2 | matmuls | 10.000 | 20.0 |' in table
+  # An op's kernel, where the trace names one (a Pallas kernel behind its custom call).
+  assert '| loop_add_fusion (loop_add_fusion_kernel) | elementwise fusions | 2.500 |' in table
   assert 'not-in-module' not in table  # only the top 2 ops are listed
 
 

@@ -30,22 +30,25 @@ stack the layer is traced before it is differentiated), so they are timed the sa
   the last q_len keys).
 - The candidates, in this order: 'xla'; 'pallas', the Pallas kernel at its default tiles (Shaw
   64x64, XL 32x32, each axis capped at its length rounded up to a power of two >= 16:
-  `pallas_common.Tiling.make`); then 'pallas@QxK' for each of `TILINGS[kernel]` that is not the
-  default's tiles and no larger than the padded lengths (a tile longer than its axis is only
-  padding). The tilings, from the H100 figures (docs/results/gpu_h100.md, "Tiles") and the Triton
-  compiles (docs/gpu.md): Shaw 128x64 (8 warps; at n = 2048 within 5% of 64x64 forward and 19%
-  slower fwd+bwd, the closest measured) and 32x32 (short sentences: wmt_base's padded lengths up to
-  ~128 have one or two 64-tiles per axis and pad ragged lengths more); 64x128 was 1.7x slower and
-  128x128 is over an H100's shared memory. XL 32x64 (within 6% of 32x32 at n = 512) and 64x32 (not
-  measured, the other half-step; its float32 kernels spill 0.3-1.7 KB); 16x16 was 1.5x slower and
-  64x64 is over the shared memory. Last, for XL in bf16/fp16 without attention dropout on a GPU,
-  'cudnn' (`xl.xl_attention_cudnn`: the position term as a bias of cuDNN's flash attention);
-  on a GPU where the scheme's causal Mosaic GPU kernel serves the signature
-  (`mosaic_dispatch.serves`: bf16/fp16, no dropout, a memory of whole 64-key tiles, head_dim
-  64 (Shaw also 128); Shaw causal or with a mask with a query axis, timed causal), 'mosaic',
-  for now only
-  with RELPOS_AUTOTUNE_MOSAIC=1 (`MOSAIC_OPT_IN`: until its kernels have run on a GPU). At most 6
-  candidates. Every process builds the same list from the signature.
+  `pallas_common.Tiling.make`); then, only with RELPOS_AUTOTUNE_TILINGS=1 (`TILINGS_OPT_IN`),
+  'pallas@QxK' for each of `TILINGS[kernel]` that is not the default's tiles and no larger than the
+  padded lengths (a tile longer than its axis is only padding). Opt-in since an H200 run (2026-11-27
+  evening, docs/gpu.md): in the 9 of its decisions that timed other tilings, at enwik8_base's and
+  wmt_base's shapes and at n = 2048, none beat the default tiles (the closest was 0.2% slower; the
+  over-sized ones failed over the shared memory), as none had in the H100's tile figures, while each
+  one timed is another compile, about 3 to 6 s, at every new signature. The tilings, from the H100
+  figures (docs/results/gpu_h100.md, "Tiles") and the Triton compiles (docs/gpu.md): Shaw 128x64 (8
+  warps; at n = 2048 within 5% of 64x64 forward and 19% slower fwd+bwd, the closest measured) and
+  32x32 (short sentences: wmt_base's padded lengths up to ~128 have one or two 64-tiles per axis and
+  pad ragged lengths more); 64x128 was 1.7x slower and 128x128 is over an H100's shared memory. XL
+  32x64 (within 6% of 32x32 at n = 512) and 64x32 (not measured, the other half-step; its float32
+  kernels spill 0.3-1.7 KB); 16x16 was 1.5x slower and 64x64 is over the shared memory. Last, for XL
+  in bf16/fp16 without attention dropout on a GPU, 'cudnn' (`xl.xl_attention_cudnn`: the position
+  term as a bias of cuDNN's flash attention); on a GPU where the scheme's causal Mosaic GPU kernel
+  serves the signature (`mosaic_dispatch.serves`: bf16/fp16, no dropout, a memory of whole 64-key
+  tiles, head_dim 64 (Shaw also 128); Shaw causal or with a mask with a query axis, timed causal),
+  'mosaic', for now only with RELPOS_AUTOTUNE_MOSAIC=1 (`MOSAIC_OPT_IN`: until its kernels have run
+  on a GPU). At most 6 candidates. Every process builds the same list from the signature.
 - Given tiles. A caller that passes `block_sizes` with 'auto' keeps its tiles: the signature
   records them (`tiles=QxK` in its text) and the candidates are 'xla' and 'pallas@QxK' at
   those tiles, so only the implementation is tuned.
@@ -87,9 +90,9 @@ in the same order, so each calls the broadcast the same number of times (once pe
 signature; memory hits need none).
 
 Cost. The first trace of a new signature pays one compile of a fwd+bwd kernel pass and about
-`TARGET_SECONDS` of runs per candidate: at most 6 candidates ('xla', 3 tilings, XL's
-'cudnn', 'mosaic'), so at most six compiles (three of them Triton's) and about 1.5 s of runs;
-fewer where tilings are skipped (short lengths) and two to four with given tiles.
+`TARGET_SECONDS` of runs per candidate: 'xla' and 'pallas', XL's 'cudnn' in bf16, so two
+or three compiles (at enwik8_base's shapes on an H200, 20 to 25 s with the two extra tilings
+then timed too); with RELPOS_AUTOTUNE_TILINGS=1 and 'mosaic', at most 6 candidates.
 enwik8_base has one signature; wmt_base two per padded length (encoder and decoder). Later
 traces, processes and runs on the same device read the decision from memory or disk.
 
@@ -138,6 +141,7 @@ from relpos.attention.xl import CUDNN_DTYPES
 # (block_q, block_k) timed besides each kernel's default tiles (module docstring, The
 # candidates): at most 3 Pallas candidates per signature.
 TILINGS = {'shaw': ((128, 64), (32, 32)), 'xl': ((32, 64), (64, 32))}
+TILINGS_OPT_IN = 'RELPOS_AUTOTUNE_TILINGS'  # '1': TILINGS are candidates too (module docstring)
 DEFAULT_BLOCKS = {'shaw': DEFAULT_BLOCK, 'xl': DEFAULT_XL_BLOCK}
 TIE_MARGIN = 0.02  # a 'pallas' variant must be this much faster than 'xla' to be chosen
 TARGET_SECONDS = 0.25  # timed runs per candidate add up to about this
@@ -255,9 +259,11 @@ def xl_signature(query, key, mask, dropout_rate: float, block_sizes=None) -> Sig
 
 def candidate_names(signature: Signature) -> tuple[str, ...]:
   """What is timed at `signature` (module docstring, The candidates): 'xla', 'pallas' (default
-  tiles) and 'pallas@QxK' for each of `TILINGS` that differs from the default tiles and fits
-  the padded lengths; with given tiles, 'xla' and 'pallas@QxK' at them. A pure function of
-  the signature, so every process lists the same names in the same order."""
+  tiles) and, with RELPOS_AUTOTUNE_TILINGS=1, 'pallas@QxK' for each of `TILINGS` that differs
+  from the default tiles and fits the padded lengths; with given tiles, 'xla' and 'pallas@QxK'
+  at them; then 'cudnn' and 'mosaic' where they serve. A pure function of the signature
+  and the environment (the same in every process of a run), so every process lists the same
+  names in the same order."""
   s = signature
   fused = ['cudnn'] if cudnn_serves(s) else []  # the other kernels: cuDNN's, Mosaic GPU's
   fused += ['mosaic'] if mosaic_serves(s) else []
@@ -265,7 +271,7 @@ def candidate_names(signature: Signature) -> tuple[str, ...]:
     return ('xla', tiles_name(s.tiles), *fused)
   default = Tiling.make(s.q_len, s.kv_len, None, DEFAULT_BLOCKS[s.kernel])
   names = ['xla', 'pallas']
-  for block_q, block_k in TILINGS[s.kernel]:
+  for block_q, block_k in TILINGS[s.kernel] if os.environ.get(TILINGS_OPT_IN) == '1' else ():
     fits = block_q <= triton_size(s.q_len) and block_k <= triton_size(s.kv_len)
     if fits and (block_q, block_k) != (default.block_q, default.block_k):
       names.append(tiles_name((block_q, block_k)))
