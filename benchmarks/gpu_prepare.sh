@@ -14,7 +14,10 @@
 #               tarball and xl-modern-torch.patch (the layout run_gpu.sh expects);
 #   COMMIT      the commit checked out (gpu_run.sh's log names it where .git did not travel);
 #   tatoeba_ende/  the prepared Tatoeba en-de corpus ({train,dev,test}.{en,de}.gz), as
-#               `python -m relpos.data.prepare tatoeba --out=data/` lays it out.
+#               `python -m relpos.data.prepare tatoeba --out=data/` lays it out;
+#   jax_cache.tar  where gpu_cache/jax_cache.tar (git-ignored) holds the compilation cache an
+#               earlier gpu_run.sh brought back: its compiles and 'auto' decisions, reused on
+#               the same kind of GPU and software (JAX's and relpos's cache keys say which).
 # It stops with one line when a source is missing or the folder grows past 32 MiB (the device
 # tool carries 64 MiB in all, the repository's tracked files included).
 set -euo pipefail
@@ -48,6 +51,7 @@ cp "$shared"/peers/gpu/*.py "$shared"/peers/gpu/*.sh "$shared"/peers/gpu/README.
 cp "$shared/peers/transformer-xl-pytorch-44781ed.tar.gz" "$shared/peers/xl-modern-torch.patch" \
   "$carry/peers/"
 cp "$shared"/data/tatoeba_ende/{train,dev,test}.{en,de}.gz "$carry/tatoeba_ende/"
+[[ -f gpu_cache/jax_cache.tar ]] && cp gpu_cache/jax_cache.tar "$carry/"
 chmod -R u+w "$carry"
 # The device's copy of the tree may lack .git: gpu_run.sh's log names this commit then.
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' with local changes')" >"$carry/COMMIT"

@@ -5,6 +5,7 @@ lines (gpu_run.sh copies them into its markdown log) and exits non-zero when its
     python benchmarks/gpu_run.py losses REFERENCE/metrics.jsonl RESUMED/metrics.jsonl
     python benchmarks/gpu_run.py oom --config=C [-- OVERRIDES]
     python benchmarks/gpu_run.py long_context --config=C --seconds=150 [-- OVERRIDES]
+    python benchmarks/gpu_run.py pack_cache --cache=DIR --out=FILE.tar [--max_mib=15]
 
 - `resume`: train.py from scratch into DIR/run, killed with SIGKILL once it logs step
   --kill_after, then run again on that workdir (it resumes from the latest checkpoint, before
@@ -25,6 +26,12 @@ lines (gpu_run.sh copies them into its markdown log) and exits non-zero when its
   train step of the config at batch = device count and tgt_len = mem_len = n, n doubling from
   --start (or the implementation's --starts entry) until a failure (out of memory) or the time
   share runs out; a table row per n.
+- `pack_cache`: the run's compilation cache folder (JAX's executables, XLA's GEMM autotuning
+  results, relpos's `'auto'` decisions) as one tar of at most --max_mib MiB for the device tool
+  to bring back (16 MiB a file), so that the next session on the same kind of GPU starts from
+  it (gpu_prepare.sh carries it): a build took 45 to 60 s on an H200, most of a session's
+  minutes. The small files that save the most go first (the decisions, XLA's autotuning),
+  then executables, smallest first, while they fit.
 """
 
 import argparse
@@ -34,6 +41,7 @@ import re
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -316,6 +324,34 @@ def long_context(args, overrides) -> int:
   return 0 if largest else 1
 
 
+def pack_cache(args, overrides) -> int:
+  del overrides
+  cache, out = Path(args.cache), Path(args.out)
+  files = sorted(p for p in cache.rglob('*') if p.is_file()) if cache.is_dir() else []
+
+  def rank(path):  # the decisions and XLA's autotuning first, then the smaller executables
+    small = path.suffix == '.json' or 'autotune' in str(path.relative_to(cache))
+    return (not small, path.stat().st_size)
+
+  chosen, total = [], 0
+  for path in sorted(files, key=rank):
+    size = path.stat().st_size
+    if total + size <= args.max_mib * 2**20:
+      chosen.append(path)
+      total += size
+  out.parent.mkdir(parents=True, exist_ok=True)
+  partial = out.with_name(out.name + '.partial')
+  with tarfile.open(partial, 'w') as tar:
+    for path in chosen:
+      tar.add(path, arcname=str(path.relative_to(cache)))
+  partial.replace(out)
+  print(
+    f'compilation cache: {len(chosen)} of {len(files)} files ({total / 2**20:.1f} MiB) in '
+    f'{out.name}'
+  )
+  return 0
+
+
 def main(argv) -> int:
   argv, overrides = split_overrides(argv)
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
@@ -325,6 +361,10 @@ def main(argv) -> int:
   losses.add_argument('resumed')
   losses.add_argument('--tolerance', type=float, default=0.0)
   losses.add_argument('--after', type=int, default=0)
+  pack = commands.add_parser('pack_cache')
+  pack.add_argument('--cache', required=True)
+  pack.add_argument('--out', required=True)
+  pack.add_argument('--max_mib', type=float, default=15)
   for name in ('resume', 'oom', 'long_context'):
     command = commands.add_parser(name)
     command.add_argument('--config', required=True)
@@ -347,7 +387,8 @@ def main(argv) -> int:
     )
     print('\n'.join(lines))
     return 0 if passed else 1
-  return {'resume': resume, 'oom': oom, 'long_context': long_context}[args.command](args, overrides)
+  commands = {'resume': resume, 'oom': oom, 'long_context': long_context, 'pack_cache': pack_cache}
+  return commands[args.command](args, overrides)
 
 
 if __name__ == '__main__':

@@ -57,9 +57,10 @@
 #   autotune        python -m relpos.attention.autotune's tables for enwik8_base and wmt_base
 #                   (the decisions the parts above logged, in one table each)             (120)
 # Environment: OUT (default ./gpu_out) gets gpu_run.md (the log: device, date, versions,
-# commit, a table of the parts, each part's result lines and log tail) and raw_logs.tar.gz
-# (every part's whole log); the runs' workdirs go to a temporary folder (GPU_RUN_WORK), never
-# to OUT. GPU_RUN_BUDGET (default 480 s): all parts together; a part gets what is left of it
+# commit, a table of the parts, each part's result lines and log tail), raw_logs.tar.gz
+# (every part's whole log) and jax_cache.tar (the compilation cache, at most 15 MiB: keep it as
+# gpu_cache/jax_cache.tar, and gpu_prepare.sh carries it to the next run); the runs' workdirs go
+# to a temporary folder (GPU_RUN_WORK), never to OUT. GPU_RUN_BUDGET (default 480 s): all parts together; a part gets what is left of it
 # at most, and none starts with under 20 s left (the log lists it as skipped). PYTHON (default
 # python3). GPU_RUN_SLOW (default 1; 3 with GPU_RUN_SMOKE) multiplies each part's limit.
 # GPU_CARRY (default gpu_carry). GPU_RUN_SMOKE=1: every part at tiny sizes on the
@@ -158,12 +159,21 @@ else
 fi
 cuda_torch() { "$py" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; }
 export PYTHONPATH=$PYTHONPATH:$work/site
+# The run's compilation cache (relpos.runtime: JAX's executables, XLA's GEMM autotuning and the
+# 'auto' decisions): restored from gpu_carry/jax_cache.tar where an earlier run brought one back
+# (gpu_prepare.sh), and packed into OUT/jax_cache.tar after each phase for the next run.
+export RELPOS_COMPILATION_CACHE=${RELPOS_COMPILATION_CACHE:-$work/jax_cache}
 
 # --- the parts' bodies: each runs in its own `bash gpu_run.sh --body NAME` under `timeout` ----
 p_env() {
   if ! "$py" -c 'import ml_collections, tensorboardX, sacremoses' 2>/dev/null; then
     "${x[@]}" "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
       --target "$work/site" "$carry"/wheels/*.whl || return 1
+  fi
+  if [[ -f $carry/jax_cache.tar ]]; then
+    mkdir -p "$RELPOS_COMPILATION_CACHE" &&
+      "${x[@]}" tar -xf "$carry/jax_cache.tar" -C "$RELPOS_COMPILATION_CACHE" &&
+      echo "RESULT: compilation cache carried in: $(tar -tf "$carry/jax_cache.tar" | wc -l) files"
   fi
   "${x[@]}" nvidia-smi -L 2>/dev/null || echo 'nvidia-smi: none here'
   "$py" -c 'import jax, jaxlib, flax; print(jax.__version__, jaxlib.__version__, flax.__version__, jax.devices())'
@@ -362,6 +372,7 @@ report() {
       echo "- commit: $(cat "$carry/COMMIT" 2>/dev/null || echo unknown) (when gpu_prepare.sh ran)"
     fi
     echo "- parts: ${parts[*]}; budget $budget s; smoke $smoke; $((SECONDS - start)) s so far"
+    [[ -f $logs/cache.txt ]] && echo "- $(tail -n 1 "$logs/cache.txt") (at the last report)"
     sed 's/^/- /' "$logs/env.txt" 2>/dev/null
     echo
     echo '| part | result | exit | seconds | limit |'
@@ -386,6 +397,8 @@ report() {
     done
   } >"$md.tmp" && mv "$md.tmp" "$md"
   tar -czf "$out/raw_logs.tar.gz" -C "$work" logs 2>/dev/null
+  ((dry)) || "$py" "$root/benchmarks/gpu_run.py" pack_cache --cache="$RELPOS_COMPILATION_CACHE" \
+    --out="$out/jax_cache.tar" >"$logs/cache.txt" 2>&1
 }
 trap report EXIT
 

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -136,6 +137,30 @@ def test_split_runs_finds_the_resumed_run_in_one_metrics_file(tmp_path):
   assert split_runs(_metrics(tmp_path / 'one.jsonl', [(10, 3.0), (20, 2.0)])) == [
     {10: 3.0, 20: 2.0}
   ]
+
+
+def test_pack_cache_keeps_the_decisions_and_autotuning_first_then_small_executables(tmp_path):
+  """Under the size cap: relpos's decisions and XLA's autotuning whatever their size, then
+  JAX's executables smallest first; what does not fit is left out, and the tar unpacks to the
+  cache folder's own layout."""
+  cache = tmp_path / 'cache'
+  (cache / 'xla_gpu_per_fusion_autotune_cache_dir').mkdir(parents=True)
+  (cache / 'relpos-autotune.json').write_text('{}')
+  (cache / 'xla_gpu_per_fusion_autotune_cache_dir' / 'fusion.textproto').write_bytes(b'a' * 600_000)
+  (cache / 'jit_step-big-cache').write_bytes(b'b' * 600_000)
+  (cache / 'jit_kernel-small-cache').write_bytes(b'c' * 1_000)
+  out = tmp_path / 'out' / 'jax_cache.tar'
+  assert main(['pack_cache', f'--cache={cache}', f'--out={out}', '--max_mib=1']) == 0
+  with tarfile.open(out) as tar:
+    names = tar.getnames()
+  assert sorted(names) == [
+    'jit_kernel-small-cache',
+    'relpos-autotune.json',
+    'xla_gpu_per_fusion_autotune_cache_dir/fusion.textproto',
+  ]
+  assert main(['pack_cache', f'--cache={tmp_path / "none"}', f'--out={out}']) == 0  # no cache
+  with tarfile.open(out) as tar:
+    assert tar.getnames() == []
 
 
 def test_long_context_starts():
