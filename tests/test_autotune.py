@@ -10,6 +10,7 @@ is checked without timing anything real; one test runs the real timer. Shapes ar
 import importlib
 import json
 import logging
+import threading
 from pathlib import Path
 
 import jax
@@ -690,3 +691,58 @@ def test_pretuning_a_translation_config_tunes_encoder_and_decoder_shapes():
     (8, 8, (rows, 1, 1, 8), False),
     (8, 8, (rows, 1, 1, 8), True),
   ]
+
+
+# ------------------------------------------------------------------------------------------
+# Compiling a signature's candidates at once, before timing them.
+
+
+class _Compiling:
+  """A candidate that records its compile and its runs; its compile waits at `barrier` (so
+  two of them finish compiling only if they compile at the same time) or fails."""
+
+  def __init__(self, name, events, barrier=None, fail=False):
+    self.name, self.events, self.barrier, self.fail = name, events, barrier, fail
+
+  def compile(self):
+    self.events.append(('compile', self.name))
+    if self.fail:
+      raise RuntimeError(f'{self.name} does not compile')
+    self.barrier.wait()
+
+  def __call__(self):
+    self.events.append(('run', self.name))
+    return jnp.zeros(())
+
+
+def test_candidates_compile_at_once_then_are_timed_and_a_failed_compile_is_never_timed(caplog):
+  """With compile_ahead (the default tuner's), every candidate with a compile() compiles in a
+  thread of its own before any is timed: the two here pass their barrier only if their
+  compiles overlap. One whose compile failed is logged, timed as failed and never run."""
+  events, calls = [], []
+  barrier = threading.Barrier(2, timeout=30)
+  candidates = {
+    'xla': _Compiling('xla', events, barrier),
+    'pallas': _Compiling('pallas', events, barrier),
+    'cudnn': _Compiling('cudnn', events, fail=True),
+  }
+  timer = _times(2.0, 1.0, calls, run=True)
+  with autotune.tuning(timer=timer, compile_ahead=True) as tuner:
+    with caplog.at_level(logging.WARNING, logger='absl'):
+      assert tuner.choose(_signature(), candidates) == 'pallas'
+  assert not barrier.broken
+  assert sorted(events[:3]) == [('compile', 'cudnn'), ('compile', 'pallas'), ('compile', 'xla')]
+  assert events[3:] == [('run', 'xla'), ('run', 'pallas')] and calls == ['xla', 'pallas']
+  assert tuner.decisions[0].ms == {'xla': 2.0, 'pallas': 1.0, 'cudnn': None}
+  assert any('cudnn failed' in r.getMessage() for r in caplog.records)
+
+
+def test_a_real_candidate_compiled_ahead_gives_the_gradients_of_one_jitted_call():
+  """`fwd_bwd_candidates`' candidates compile ahead (`Candidate.compile`) and then run that
+  executable: the same gradients as calling before compiling."""
+  signature = _signature(kernel='shaw', max_distance=2, tables='kv')
+  first = autotune.fwd_bwd_candidates(shaw_attention, signature)['xla']
+  ahead = autotune.fwd_bwd_candidates(shaw_attention, signature)['xla']
+  assert autotune.compile_concurrently({'xla': ahead}) == {}
+  for got, want in zip(jax.tree.leaves(ahead()), jax.tree.leaves(first()), strict=True):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -56,7 +56,9 @@ stack the layer is traced before it is differentiated), so they are timed the sa
   which each of the `jax.device_count()` devices holds a share of: the timed batch is
   batch / device_count where that divides. Inside `shard_map` the trace already sees a
   device's share and it is timed as it is.
-- The default timer (`measure`) runs a candidate twice to compile and warm up, then times
+- The candidates are compiled first, all at once in threads (`compile_concurrently`: XLA
+  releases the GIL while it compiles), then timed one at a time. The default timer
+  (`measure`) runs a candidate twice to warm up (and to compile one that was not), then times
   enough runs for about `TARGET_SECONDS` (at least `MIN_REPEATS`) and takes the median. A
   candidate that fails (e.g. a Triton kernel over its shared memory) counts as infinitely
   slow, with a warning. Where 'xla' or the first Pallas candidate (the default or given
@@ -91,8 +93,9 @@ signature; memory hits need none).
 
 Cost. The first trace of a new signature pays one compile of a fwd+bwd kernel pass and about
 `TARGET_SECONDS` of runs per candidate: 'xla' and 'pallas', XL's 'cudnn' in bf16, so two
-or three compiles (at enwik8_base's shapes on an H200, 20 to 25 s with the two extra tilings
-then timed too); with RELPOS_AUTOTUNE_TILINGS=1 and 'mosaic', at most 6 candidates.
+or three compiles, made at the same time (at enwik8_base's shapes on an H200, 20 to 25 s with
+the two extra tilings then timed too, one compile after another); with
+RELPOS_AUTOTUNE_TILINGS=1 and 'mosaic', at most 6 candidates.
 enwik8_base has one signature; wmt_base two per padded length (encoder and decoder). Later
 traces, processes and runs on the same device read the decision from memory or disk.
 
@@ -116,6 +119,7 @@ import json
 import math
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -344,12 +348,18 @@ def _dummy_inputs(signature: Signature):
   return tuple(floats), None if mask is None else jnp.asarray(mask), dropout_rng, cotangent
 
 
-def fwd_bwd_candidates(attention: Callable, signature: Signature) -> dict[str, Callable]:
-  """name -> a zero-argument call running one jitted forward and backward pass of
+def fwd_bwd_candidates(attention: Callable, signature: Signature) -> dict[str, Candidate]:
+  """name -> a `Candidate`: a zero-argument call running one jitted forward and backward pass of
   `attention(*floats, mask=, dropout_rate=, dropout_rng=, implementation=, block_sizes=)` on
   inputs of `signature`'s shapes (built on first use, shared by the candidates), for each of
   `candidate_names(signature)` ('pallas@QxK': implementation 'pallas', block_sizes (Q, K))."""
-  inputs = functools.cache(lambda: _dummy_inputs(signature))
+  made = functools.cache(lambda: _dummy_inputs(signature))
+  lock = threading.Lock()  # the candidates compile in threads (`compile_concurrently`)
+
+  def inputs():
+    with lock:
+      return made()
+
   causal = {'causal': True} if signature.causal else {}
 
   def candidate(name):
@@ -367,10 +377,49 @@ def fwd_bwd_candidates(attention: Callable, signature: Signature) -> dict[str, C
       )
       return jnp.sum(output.astype(jnp.float32) * cotangent)
 
-    step = jax.jit(jax.grad(loss))
-    return lambda: step(*inputs())
+    return Candidate(jax.jit(jax.grad(loss)), inputs)
 
   return {name: candidate(name) for name in candidate_names(signature)}
+
+
+class Candidate:
+  """One candidate's jitted forward and backward pass on the signature's dummy inputs: a call
+  runs it; `compile()` compiles it ahead of the first call, so that the tuner can compile all
+  of a signature's candidates at once (`compile_concurrently`)."""
+
+  def __init__(self, step, inputs: Callable[[], tuple]):
+    self._step, self._inputs, self._compiled = step, inputs, None
+
+  def compile(self) -> None:
+    self._compiled = self._step.lower(*self._inputs()).compile()
+
+  def __call__(self):
+    return (self._compiled or self._step)(*self._inputs())
+
+
+def compile_concurrently(candidates: Mapping[str, Any]) -> dict[str, Exception]:
+  """Compiles the candidates that can be compiled ahead (those with a `compile()` method, as
+  `Candidate`) all at once, one thread each: XLA releases the GIL while it compiles, so a
+  signature's two or three compiles overlap instead of following one another (on an H200 a
+  candidate's compile at enwik8_base's shapes took 3 to 6 s, its timed runs well under one).
+  Only compiles: nothing runs on the device here, so no candidate's memory competes with
+  another's. Returns {name: exception} of those that failed to compile; a candidate that
+  fails when it runs (a Triton kernel over its shared memory) fails in the timer instead."""
+  ahead = {name: run for name, run in candidates.items() if callable(getattr(run, 'compile', None))}
+  if not ahead:
+    return {}
+
+  def attempt(run):
+    try:
+      run.compile()
+    except Exception as error:  # noqa: BLE001 - reported as that candidate's failure
+      return error
+    return None
+
+  threads = len(ahead)
+  with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix='relpos-compile') as pool:
+    errors = dict(zip(ahead, pool.map(attempt, ahead.values()), strict=True))
+  return {name: error for name, error in errors.items() if error is not None}
 
 
 def measure(name: str, run: Callable[[], Any]) -> float:
@@ -484,7 +533,8 @@ class Decision:
 
 class Tuner:
   """Decides among a `Signature`'s candidates ('xla', 'pallas', 'pallas@QxK'), caching in
-  memory and in the file `path`."""
+  memory and in the file `path`; with `compile_ahead`, compiles a signature's candidates at
+  once before timing them (`compile_concurrently`)."""
 
   def __init__(
     self,
@@ -493,8 +543,10 @@ class Tuner:
     timer: Timer = measure,
     force: bool = False,
     agree: Callable[[str, tuple[str, ...]], str] = agree_across_processes,
+    compile_ahead: bool = True,
   ):
     self.path, self.timer, self.force, self.agree = path, timer, force, agree
+    self.compile_ahead = compile_ahead
     self.memory: dict[Signature, str] = {}
     self.decisions: list[Decision] = []  # every decision taken or read, in order
 
@@ -540,10 +592,14 @@ class Tuner:
     return choice
 
   def _time(self, signature: Signature, candidates) -> dict:
-    """{'choice', 'ms': name -> ms or None if it failed}, logged in one line."""
-    seconds = {}
+    """{'choice', 'ms': name -> ms or None if it failed}, logged in one line. The candidates
+    are compiled first, all at once (`compile_concurrently`, with `compile_ahead`), then
+    timed one by one."""
+    seconds, failed = {}, compile_concurrently(candidates) if self.compile_ahead else {}
     for name, run in candidates.items():
       try:
+        if name in failed:
+          raise failed[name]
         seconds[name] = float(self.timer(name, run))
       except Exception as error:  # noqa: BLE001 - a kernel that fails is never chosen
         logging.warning('relpos autotune: %s failed at %s: %r', name, signature.text(), error)
@@ -587,11 +643,16 @@ def tuning(
   cache_path: Path | None = None,
   force: bool = True,
   agree: Callable[[str, tuple[str, ...]], str] = agree_across_processes,
+  compile_ahead: bool = False,
 ) -> Iterator[Tuner]:
   """A fresh tuner for the block (empty memory; `cache_path`, None for no file), tuning on any
-  backend when `force`: how tests run the mechanism on a CPU with an injected `timer`."""
+  backend when `force`: how tests run the mechanism on a CPU with an injected `timer` (which
+  need not run a candidate, so nothing is compiled ahead unless `compile_ahead`)."""
   global _TUNER
-  saved, _TUNER = _TUNER, Tuner(cache_path, timer=timer, force=force, agree=agree)
+  saved, _TUNER = (
+    _TUNER,
+    Tuner(cache_path, timer=timer, force=force, agree=agree, compile_ahead=compile_ahead),
+  )
   try:
     yield _TUNER
   finally:
