@@ -66,9 +66,16 @@ def test_kernel_names_put_vanilla_first_and_refuse_unknown_ones():
     bench.kernel_names(_config('full', kernels=('vanilla', 'flash')), 'cpu')
 
 
-def test_pallas_kernels_take_tiles():
+def test_kernel_names_take_tiles():
   assert bench.split_tiles('shaw_pallas@128x64') == ('shaw_pallas', (128, 64))
   assert bench.split_tiles('xl') == ('xl', None)
+  for bad, message in (('xl@64', 'tiles must be QxK'), ('vanilla@64x64', 'only shaw_pallas')):
+    with pytest.raises(SystemExit, match=message):
+      bench.kernel_names(_config('full', kernels=(bad,)), 'cpu')
+
+
+@pytest.mark.slow  # tilings are opt-in for 'auto' since none won on an H200 (docs/gpu.md)
+def test_pallas_kernels_run_at_odd_tiles():
   config = _config('full', kernels=('vanilla', 'shaw', 'shaw_pallas@8x4'))
   names = bench.kernel_names(config, 'cpu')
   lowered, arguments = bench.lower_row(
@@ -78,9 +85,19 @@ def test_pallas_kernels_take_tiles():
   assert not failed
   _, _, errors = bench.measure_row(compiled, arguments, rounds=1)
   assert max(errors.values()) < 1e-5  # odd tiles, checked against the XLA implementation
-  for bad, message in (('xl@64', 'tiles must be QxK'), ('vanilla@64x64', 'only shaw_pallas')):
-    with pytest.raises(SystemExit, match=message):
-      bench.kernel_names(_config('full', kernels=(bad,)), 'cpu')
+
+
+def test_profile_traces_the_named_kernels_fwd_and_bwd(capsys):
+  """`config.profile` traces each named kernel's fwd+bwd after the table, at every (n, k), and
+  prints where its time went; kernels not named are not traced."""
+  config = _config(
+    'quick', lengths=(16,), distances=(2,), kernels=('vanilla', 'xl'), profile=('xl',), rounds=1
+  )
+  bench.main(config)
+  out = capsys.readouterr().out
+  assert '### profile: xl fwd+bwd at n = 16, k = 2' in out
+  assert out.count('### profile:') == 1 and '| longest ops (of ' in out
+  assert '| backward |' in out  # the pass table: the gradient's ops are the backward
 
 
 def test_flops_and_peaks():
