@@ -147,3 +147,39 @@ def test_cudnn_native_equals_xla():
   for g, w in zip(got, want, strict=True):
     g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
     assert np.abs(g - w).max() < 3e-2 * np.abs(w).max()
+
+
+def _equations(jaxpr):
+  """Every equation of a jaxpr and of the jaxprs nested in its equations' parameters."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (list, tuple)) else [param]:
+        inner = getattr(sub, 'jaxpr', sub)
+        if isinstance(inner, jax.extend.core.Jaxpr):
+          yield from _equations(inner)
+
+
+def test_the_bias_leaves_its_matmul_in_the_input_dtype(stand_in):
+  """The position logits, [heads, batch, q_len, kv_len], come out of their matmul in bf16
+  (the tensor cores still accumulate in float32), forward and backward: the bias is rounded to
+  bf16 anyway, and at enwik8_base's shapes the float32 logits, their shift and their gradient
+  were 19% of the bf16 step's floor on an H200 (docs/gpu.md). 'xla' keeps them in float32."""
+  batch, q_len, kv_len, heads, dim = 2, 7, 13, 3, 64
+  args = _inputs(5, batch, q_len, kv_len, heads, dim)
+
+  def logits_dtypes(implementation):
+    def loss(*xs):
+      return xl_attention(*xs, implementation=implementation).astype(jnp.float32).sum()
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 3)))(*args).jaxpr
+    return {
+      str(out.aval.dtype)
+      for eqn in _equations(jaxpr)
+      if eqn.primitive.name == 'dot_general'
+      for out in eqn.outvars
+      if out.aval.shape == (heads, batch, q_len, kv_len)
+    }
+
+  assert logits_dtypes('cudnn') == {'bfloat16'}
+  assert logits_dtypes('xla') == {'float32'}

@@ -45,8 +45,9 @@ def relative_shift(x_BHQT):
   return relative_to_absolute(jnp.flip(x_BHQT, axis=-1), q_len - 1, kv_len)
 
 
-def _position_logits(query_BQHD, rel_key_THD):
-  """`q_i·rel_key_t / sqrt(d)` for every distance t: [batch, heads, q_len, kv_len].
+def _position_logits(query_BQHD, rel_key_THD, dtype=None):
+  """`q_i·rel_key_t / sqrt(d)` for every distance t: [batch, heads, q_len, kv_len], in `dtype`
+  (default: the accumulation dtype, at least float32).
 
   Computed as [heads, batch·q_len, t] and then transposed, so that the relative shift, which
   walks t for each query, reads rows of it; in XLA's own choice of layout, [heads, t,
@@ -56,17 +57,17 @@ def _position_logits(query_BQHD, rel_key_THD):
     'bqhd,thd->hbqt',
     query_BQHD,
     rel_key_THD.astype(query_BQHD.dtype),
-    preferred_element_type=accumulation_dtype(query_BQHD.dtype),
+    preferred_element_type=dtype or accumulation_dtype(query_BQHD.dtype),
   )
   return jnp.transpose(position_HBQT, (1, 0, 2, 3)) * query_BQHD.shape[-1] ** -0.5
 
 
-def _position_term(query_BQHD, rel_key_THD, position_bias_HD):
+def _position_term(query_BQHD, rel_key_THD, position_bias_HD, dtype=None):
   """`(q_i + v)·W_kR R_{pos_i - j} / sqrt(d)` in key coordinates, [batch, heads, q_len,
-  kv_len] in (at least) float32, entries with j > pos_i unspecified: the term 'xla' adds to the
-  content logits and 'cudnn' hands to cuDNN as its bias."""
+  kv_len] in `dtype` (default: at least float32), entries with j > pos_i unspecified: the term
+  'xla' adds to the content logits and 'cudnn' hands to cuDNN as its bias."""
   biased = query_BQHD + position_bias_HD.astype(query_BQHD.dtype)
-  return relative_shift(_position_logits(biased, rel_key_THD))
+  return relative_shift(_position_logits(biased, rel_key_THD, dtype))
 
 
 def _allowed(q_len: int, kv_len: int, mask):
@@ -83,7 +84,7 @@ CUDNN_DTYPES = ('bfloat16', 'float16')
 
 def xl_attention_cudnn(query, key, value, rel_key, content_bias, position_bias, *, mask=None):
   """XL attention through cuDNN's flash attention: `softmax((q + u)·kᵀ/sqrt(d) + bias) v` with
-  bias = the relative-shifted position term (as 'xla' computes it, rounded to the input dtype)
+  bias = the relative-shifted position term (as 'xla' computes it, in the input dtype)
   where a key may be attended, and a large negative number elsewhere. Rows with no key allowed
   are zeros, as in 'xla'. Arguments as `xl_attention`'s; bf16/fp16 inputs, no dropout."""
   if jnp.dtype(query.dtype).name not in CUDNN_DTYPES:
@@ -92,7 +93,11 @@ def xl_attention_cudnn(query, key, value, rel_key, content_bias, position_bias, 
       f"these are {jnp.dtype(query.dtype).name}: use 'xla' or 'pallas'"
     )
   allowed = _allowed(query.shape[1], key.shape[1], mask)
-  position = _position_term(query, rel_key, position_bias)
+  # In the input dtype from the matmul on (the tensor cores still accumulate in float32): the
+  # bias is rounded to it anyway, and the [batch, heads, q_len, kv_len] logits, their relative
+  # shift and their gradient's then cross memory at half float32's bytes. The 1/sqrt(d) scale
+  # after the rounding is exact where d is a power of 4 (64: 1/8), else rounds once more.
+  position = _position_term(query, rel_key, position_bias, dtype=query.dtype)
   # Finite and moderate, as JAX's own cuDNN masks (cuDNN subtracts such numbers from each other).
   lowest = -(2.0**41) if query.dtype == jnp.bfloat16 else -(2.0**15)
   bias = jnp.where(allowed, position, lowest).astype(query.dtype)
