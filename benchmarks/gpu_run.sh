@@ -128,7 +128,7 @@ if ((smoke)); then
   # CPU: no real out-of-memory; a config error stands in, to check the part's plumbing.
   oom_sizes=("${tiny[@]}" --config.train.batch_size=3) oom_expect='multiple of'
   attention=(--config=configs/attention_benchmark.py:quick --config.lengths=64 --config.distances=16
-    "--config.kernels=('vanilla','shaw','xl')")
+    "--config.kernels=('vanilla','shaw','xl')" "--config.profile=('xl',)")
   torch_lengths=64 long=("${tiny[@]}") long_start=32 long_max=128 long_impls=pallas,xla
   long_starts=pallas:64
   mosaic=(--interpret --lengths=128 --distances=3 --kernels=mosaic --batch=1 --heads=1)
