@@ -227,18 +227,12 @@ p_steps_bf16() {
   ((smoke)) && cudnn=''
   # In order of need, since a part cut short by its time limit leaves the last out: 'auto'
   # (cuDNN's kernels, on the H200) against each kernel named, then what dropout costs.
-  variants=xl,${cudnn}xl_xla,xl_pallas,xl_nodropout char_steps \
-    --config.model.dtype=bfloat16 --profile_steps=2 | tee "$logs/steps_bf16.profile"
-  local status=${PIPESTATUS[0]}
-  profile_results "$logs/steps_bf16.profile"
-  return $status
+  variants=xl,${cudnn}xl_xla,xl_pallas,xl_nodropout profiled char_steps \
+    --config.model.dtype=bfloat16 --profile_steps=2
 }
 p_steps_bf16_shaw() {
-  variants=shaw,shaw_xla,shaw_pallas char_steps --config.model.dtype=bfloat16 --profile_steps=2 |
-    tee "$logs/steps_bf16_shaw.profile"
-  local status=${PIPESTATUS[0]}
-  profile_results "$logs/steps_bf16_shaw.profile"
-  return $status
+  variants=shaw,shaw_xla,shaw_pallas profiled char_steps --config.model.dtype=bfloat16 \
+    --profile_steps=2
 }
 # relpos.runtime's GPU flags off in this process only, against the xl_pallas and shaw_pallas
 # rows of steps_bf16 and steps_bf16_shaw (same machine and call; docs/gpu.md, "Three cuts to
@@ -258,6 +252,14 @@ p_steps_mosaic() {
 }
 # RESULT lines of a step benchmark's profiles: each variant's busy/idle line and top categories,
 # named by the benchmark run they come from.
+# A part's command that profiles: its output also to $logs/PART.profile, whose headlines then
+# become RESULT lines (`profile_results`); the command's exit status.
+profiled() {
+  "$@" | tee "$logs/$body.profile"
+  local status=${PIPESTATUS[0]}
+  profile_results "$logs/$body.profile"
+  return $status
+}
 profile_results() {
   { set +x; } 2>/dev/null # the body's trace would copy this program into the markdown log
   awk '/^(num_layers=|[0-9]+\+[0-9]+ layers)/{run++}
@@ -267,12 +269,9 @@ profile_results() {
       print "RESULT: profile " name ": " $0}' "$1"
 }
 p_translate_step() {
-  "$py" benchmarks/translate_step.py --config=configs/wmt_base.py:shaw --config.data.kind=text \
-    "${translate_data[@]}" "${wmt[@]}" --positions=shaw --attention_implementations=auto,xla,pallas \
-    --batches=2 --rounds=$rounds --profile_steps=1 | tee "$logs/translate_step.profile"
-  local status=${PIPESTATUS[0]}
-  profile_results "$logs/translate_step.profile"
-  return $status
+  profiled "$py" benchmarks/translate_step.py --config=configs/wmt_base.py:shaw \
+    --config.data.kind=text "${translate_data[@]}" "${wmt[@]}" --positions=shaw \
+    --attention_implementations=auto,xla,pallas --batches=2 --rounds=$rounds --profile_steps=1
 }
 p_xl_official() {
   local xl=$work/xl_official
