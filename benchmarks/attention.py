@@ -422,11 +422,11 @@ def main(config):
           flush=True,
         )
   for n, k, _ in rows:
+    row, row_arguments = _row(compiled, n, k), _row(arguments, n, k)
     for name in config.profile:
-      row = _row(compiled, n, k)
-      if (name, 'fwd+bwd') not in row:
+      if (name, 'fwd+bwd') not in row:  # did not compile
         continue
-      fn, args = row[name, 'fwd+bwd'], _row(arguments, n, k)[name, 'fwd+bwd']
+      fn, args = row[name, 'fwd+bwd'], row_arguments[name, 'fwd+bwd']
       print(f'\n### profile: {name} fwd+bwd at n = {n}, k = {k}\n')
       summary = step_profile.profile(functools.partial(fn, *args), fn.as_text(), steps=3)
       print(summary.table(), flush=True)

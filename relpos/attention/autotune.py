@@ -142,8 +142,8 @@ from relpos.attention.pallas_common import (
 from relpos.attention.pallas_xl import DEFAULT_XL_BLOCK
 from relpos.attention.xl import CUDNN_DTYPES
 
-# (block_q, block_k) timed besides each kernel's default tiles (module docstring, The
-# candidates): at most 3 Pallas candidates per signature.
+# (block_q, block_k) timed besides each kernel's default tiles with RELPOS_AUTOTUNE_TILINGS=1
+# (module docstring, The candidates): then at most 3 Pallas candidates per signature.
 TILINGS = {'shaw': ((128, 64), (32, 32)), 'xl': ((32, 64), (64, 32))}
 TILINGS_OPT_IN = 'RELPOS_AUTOTUNE_TILINGS'  # '1': TILINGS are candidates too (module docstring)
 DEFAULT_BLOCKS = {'shaw': DEFAULT_BLOCK, 'xl': DEFAULT_XL_BLOCK}

@@ -216,7 +216,8 @@ def _pairs(spec, seed, b, h, query_start, key_index, mask):
 
 
 def _tile(spec, refs, seed, b, h, q_content, q_position, query_start, key_start, key, mask):
-  """Logits [block_q, block_k], allowed pairs, dropout factor and the R window of one tile."""
+  """Logits [block_q, block_k], allowed pairs, dropout factor and (the R window, its shift:
+  `_rel_window`) of one tile."""
   rel_window, shift = _rel_window(spec, refs, query_start, key_start)
   content = dot(q_content, key, transpose_b=True)
   column = _shifted(_skew_index(spec.tiling), shift, spec.window)
@@ -276,12 +277,12 @@ def _tile_grads(spec, refs, seed, b, h, query_side, key_start, key_KD, value_KD,
   probabilities p', logit gradient ds). query_side: (query_start, q + u, q + v, do,
   logsumexp, delta) of the query tile."""
   query_start, q_content, q_position, d_output, lse, delta = query_side
-  logits, allowed, keep_scale, rel_window = _tile(
+  logits, allowed, keep_scale, window_and_shift = _tile(
     spec, refs, seed, b, h, q_content, q_position, query_start, key_start, key_KD, mask_QK
   )
   d_dropped = dot(d_output, value_KD, transpose_b=True)
   dropped, d_logits = softmax_grads(logits, allowed, lse, d_dropped, delta, keep_scale)
-  return rel_window, dropped, d_logits
+  return window_and_shift, dropped, d_logits
 
 
 def _d_query_kernel(refs, *, spec):
