@@ -7,6 +7,31 @@ import os
 import jax
 import pytest
 
+# XLA:CPU's fusion emitters off for the whole run: in this process (XLA reads XLA_FLAGS when its
+# CPU client starts, after this; collection creates no arrays before it) and, through the
+# environment, in every process a test starts. With them on (XLA's default) a tiny model's
+# train step takes about twice as long to compile (test_data_parallel's two steps: 5.9 s of CPU
+# against 3.1 s), and compiling is most of the suite's time: the whole suite took 352 s instead
+# of 560 on 2 cores. Like `fewer_xla_optimizations_everywhere` below, this changes how XLA
+# generates code, not what it computes: results differ by float rounding at most, and every
+# comparison is of one setting against itself or to a tolerance above it. The flag is jaxlib
+# 0.10's (the CPU pin, requirements.txt); 0.11 has none of that name and XLA aborts at a flag
+# it does not know, so with another jaxlib (the GPU pin) the suite runs without it. A process
+# started with an XLA_FLAGS of its own goes without it too.
+FAST_COMPILE_FLAGS = {'0.10.': '--xla_cpu_use_fusion_emitters=false'}
+
+
+def _fast_compile_flag() -> str | None:
+  """This jaxlib's flag of FAST_COMPILE_FLAGS, or None."""
+  from importlib.metadata import version
+
+  jaxlib = version('jaxlib')
+  return next((flag for line, flag in FAST_COMPILE_FLAGS.items() if jaxlib.startswith(line)), None)
+
+
+if (_flag := _fast_compile_flag()) and _flag not in os.environ.get('XLA_FLAGS', ''):
+  os.environ['XLA_FLAGS'] = f'{os.environ.get("XLA_FLAGS", "")} {_flag}'.strip()
+
 
 @pytest.fixture(scope='session', autouse=True)
 def fewer_xla_optimizations_everywhere():
