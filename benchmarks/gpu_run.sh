@@ -28,7 +28,9 @@
 #     translate_bleu  translate_tiny (Shaw) on the carried Tatoeba to a BLEU, XLA's kernels
 #                   and 3 length buckets (the pipeline; 'auto' is timed by the parts below) (200)
 #   steps_xl        benchmarks/char_lm_step.py at enwik8_base in float32: xl with 'auto',
-#                   'xla' and 'pallas' (its 'auto check' line)                            (170)
+#                   'xla' and 'pallas' (its 'auto check' line; the kernels 'auto' chose at
+#                   every call are its own program, not built again: two builds, not three)
+#                                                                                         (170)
 #   steps_shaw      the same for shaw                                                     (170)
 #   translate_step  benchmarks/translate_step.py at wmt_base shapes (Tatoeba), shaw with
 #                   'auto', 'xla' and 'pallas', each profiled                             (200)

@@ -81,36 +81,29 @@ _GPU_PLUGINS = ('jax_cuda12_plugin', 'jax_cuda13_plugin', 'jax_rocm60_plugin')
 _MIN_COMPILE_SECONDS = '0.3'
 
 
-def _on_cpu(environ) -> bool:
-  """Whether JAX will run on the host CPU: JAX_PLATFORMS says so, or no accelerator plugin
-  (CUDA, ROCm, TPU) is installed."""
+def _platform(environ) -> str:
+  """Where JAX will run, told without starting it: the first of JAX_PLATFORMS ('cuda', 'gpu'
+  and 'rocm' read as 'gpu'), else 'gpu' where a CUDA or ROCm plugin is installed, 'tpu' where
+  libtpu is, and 'cpu' where none is."""
   platforms = environ.get('JAX_PLATFORMS', '')
   if platforms:
-    return platforms.split(',')[0].strip() == 'cpu'
+    first = platforms.split(',')[0].strip()
+    return 'gpu' if first in ('cuda', 'gpu', 'rocm') else first
   import importlib.util
 
-  return not any(importlib.util.find_spec(name) for name in (*_GPU_PLUGINS, 'libtpu'))
-
-
-def _on_gpu(environ) -> bool:
-  """Whether JAX will run on a GPU: JAX_PLATFORMS says so, or, with none named, a CUDA or ROCm
-  plugin is installed."""
-  platforms = environ.get('JAX_PLATFORMS', '')
-  if platforms:
-    return platforms.split(',')[0].strip() in ('cuda', 'gpu', 'rocm')
-  import importlib.util
-
-  return any(importlib.util.find_spec(name) for name in _GPU_PLUGINS)
+  if any(importlib.util.find_spec(name) for name in _GPU_PLUGINS):
+    return 'gpu'
+  return 'tpu' if importlib.util.find_spec('libtpu') else 'cpu'
 
 
 def gpu_flags_environment(environ, on_gpu: bool | None = None) -> dict:
   """{'XLA_FLAGS': ...} with GPU_FLAGS first, those the flags do not already name, or {} when
   there are none to add, RELPOS_GPU_FLAGS=off, or JAX is not on a GPU (`on_gpu`: given, as
-  by a tool that compiles for a GPU it does not have; None: `_on_gpu`)."""
+  by a tool that compiles for a GPU it does not have; None: `_platform`)."""
   flags = environ.get('XLA_FLAGS', '')
   missing = [flag for flag in GPU_FLAGS if flag.split('=', 1)[0] not in flags]
   if on_gpu is None:
-    on_gpu = _on_gpu(environ)
+    on_gpu = _platform(environ) == 'gpu'
   if not missing or environ.get('RELPOS_GPU_FLAGS') == 'off' or not on_gpu:
     return {}
   # First: XLA stops reading XLA_FLAGS at a word that does not start with '--'.
@@ -129,7 +122,7 @@ def allocator_environment(environ) -> dict | None:
     or environ.get('RELPOS_ALLOCATOR', 'relpos') == 'default'
     or _REEXECUTED in environ
     or not missing
-    or not _on_cpu(environ)
+    or _platform(environ) != 'cpu'
   ):
     return None
   return {
@@ -153,7 +146,7 @@ def devices_environment(environ) -> dict:
     ValueError: RELPOS_CPU_DEVICES is not a positive integer.
   """
   flags = environ.get('XLA_FLAGS', '')
-  if DEVICES_FLAG in flags or not _on_cpu(environ):
+  if DEVICES_FLAG in flags or _platform(environ) != 'cpu':
     return {}
   wanted = environ.get('RELPOS_CPU_DEVICES', '')
   if wanted and not (wanted.isdigit() and int(wanted) > 0):

@@ -624,6 +624,27 @@ def test_pretuning_a_config_tunes_the_models_own_call_shapes(scan_layers):
   assert table[2] == f'| {s.text()} | 1.000 | 2.000 | xla | timed |'
 
 
+@pytest.mark.parametrize('winner', ['xla', 'pallas'])
+def test_a_step_whose_calls_all_chose_one_kernel_is_the_step_naming_it(winner):
+  """`recorded_choices` lists what each traced 'auto' call resolved to. Where every call chose
+  one name, the step is, text for text, the step with that name given: the premise on which
+  the step benchmarks time such a variant once, as 'auto' (benchmarks/char_lm_step.py)."""
+  config = load_config_file(Path(__file__).parent.parent / 'configs/char_tiny.py')
+  config.model.num_layers = 2
+  xla_ms, pallas_ms = (1.0, 2.0) if winner == 'xla' else (2.0, 1.0)
+  with autotune.tuning(timer=_times(xla_ms, pallas_ms)):
+    with autotune.recorded_choices() as choices:
+      (auto,) = autotune.trace_train_step(config)
+  assert choices == [winner] * config.model.num_layers  # one per layer; the second from memory
+  config.model.attention_implementation = winner
+  (named,) = autotune.trace_train_step(config)
+  assert auto.as_text() == named.as_text()
+  with autotune.recorded_choices() as untuned:  # tuning off (a CPU): 'auto' is 'xla'
+    config.model.attention_implementation = 'auto'
+    autotune.trace_train_step(config)
+  assert set(untuned) == {'xla'}
+
+
 def test_timed_inputs_follow_the_signature():
   """Shaw keys-only in bf16 with dropout: bf16 q, k, v and w^K, no w^V, a dropout key, and
   the mask's batch axis at the timed batch."""

@@ -668,11 +668,31 @@ def choose(
   needed."""
   current = tuner()
   if not current.enabled():
-    return 'xla'
-  signature = signature_fn()
-  if signature in current.memory:
-    return current.memory[signature]
-  return current.choose(signature, candidates_fn(signature))
+    choice = 'xla'
+  else:
+    signature = signature_fn()
+    choice = current.memory.get(signature) or current.choose(signature, candidates_fn(signature))
+  for choices in _RECORDERS:
+    choices.append(choice)
+  return choice
+
+
+_RECORDERS: list[list[str]] = []
+
+
+@contextlib.contextmanager
+def recorded_choices() -> Iterator[list[str]]:
+  """A list of what every 'auto' traced inside the block resolved to ('xla', 'pallas',
+  'pallas@QxK', 'cudnn' or 'mosaic': one entry per call traced, from memory, disk or timed
+  now, and 'xla' where tuning is off). `resolve_implementation` turns a choice into the same
+  implementation and tiles as naming it would, so a step whose every call chose one name is the
+  program that naming it builds: the step benchmarks use this not to build that twice."""
+  choices: list[str] = []
+  _RECORDERS.append(choices)
+  try:
+    yield choices
+  finally:
+    _RECORDERS.remove(choices)
 
 
 # ------------------------------------------------------------------------------------------
@@ -717,10 +737,11 @@ def decision_table(decisions) -> list[str]:
   return rows
 
 
-def trace_train_step(config, lengths=()) -> None:
+def trace_train_step(config, lengths=()) -> list:
   """Traces (lowers, never runs) the train step of `config` at its training shapes, which
-  resolves every 'auto' attention call in it. Char LM: [batch_size, tgt_len] (and its memory);
-  translation: one batch of rows = max_tokens // L per padded length L of `lengths`."""
+  resolves every 'auto' attention call in it, and returns the lowered steps (`jax.stages.
+  Lowered`). Char LM: one, [batch_size, tgt_len] (and its memory); translation: one batch of
+  rows = max_tokens // L per padded length L of `lengths`."""
   from relpos.training import tasks
   from relpos.training.mesh import data_mesh
 
@@ -732,18 +753,19 @@ def trace_train_step(config, lengths=()) -> None:
     step = char_lm_task.train_step_fn(config, graphdef, mesh)
     shape = (config.train.batch_size, config.train.tgt_len)
     tokens = jnp.zeros(shape, jnp.int32)
-    step.lower(state, (tokens, tokens))
-    return
+    return [step.lower(state, (tokens, tokens))]
   tasks.get(config)  # validates config.task
   from relpos.training import translation_task
 
   vocab_size = config.data.vocab_size
   graphdef, state = translation_task.build(config, vocab_size, mesh)
   step = translation_task.train_step_fn(config, graphdef, mesh)
+  lowered = []
   for length in lengths:
     rows = max(mesh.size, config.data.max_tokens // length // mesh.size * mesh.size)
     tokens = jnp.ones((rows, length), jnp.int32)
-    step.lower(state, {'src': tokens, 'tgt_in': tokens, 'tgt_out': tokens})
+    lowered.append(step.lower(state, {'src': tokens, 'tgt_in': tokens, 'tgt_out': tokens}))
+  return lowered
 
 
 def _main() -> None:
