@@ -75,3 +75,24 @@ def test_xl_jax_transcription_matches_reference():
     mask = make_mask(mask_kind, rng, batch, heads, q_len, kv_len)
     got = run('xl_jax_transcription', *(f32(a) for a in args), mask=mask)
     assert_close(got, reference.xl(*(f32_np(a) for a in args), mask=mask))
+
+
+@pytest.mark.parametrize('layout', ['heads_major', 'batched'])
+def test_position_logits_in_either_layout_match_float64_with_gradients(layout):
+  """`_position_logits` lays its matmul out per platform (heads-major on a CPU, batched over
+  batch and heads elsewhere): each layout's logits and gradients against float64 einsums, and
+  on this CPU the dispatch takes the heads-major one."""
+  import jax
+
+  from relpos.attention import xl as xl_module
+
+  rng = np.random.default_rng(11)
+  q, r, w = randn(rng, 2, 7, 3, 5), randn(rng, 13, 3, 5), randn(rng, 2, 3, 7, 13)
+  logits = getattr(xl_module, f'_position_logits_{layout}')
+  scale = 5**-0.5
+  assert_close(logits(f32(q), f32(r)), np.einsum('bqhd,thd->bhqt', q, r) * scale)
+  dq, dr = jax.grad(lambda q, r: (logits(q, r) * f32(w)).sum(), argnums=(0, 1))(f32(q), f32(r))
+  assert_close(dq, np.einsum('bhqt,thd->bqhd', w, r) * scale)
+  assert_close(dr, np.einsum('bhqt,bqhd->thd', w, q) * scale)
+  on_cpu = jax.jit(xl_module._position_logits)(f32(q), f32(r))
+  np.testing.assert_array_equal(on_cpu, xl_module._position_logits_heads_major(f32(q), f32(r)))

@@ -15,8 +15,11 @@ memory is O(q_len·kv_len) like 'xla''s, in the input dtype instead of float32; 
 bf16/fp16 inputs and no attention dropout here, and runs on NVIDIA GPUs only.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from relpos.attention import mosaic_dispatch, mosaic_xl
 from relpos.attention.dot_product import attend, check_qkv, content_logits
@@ -47,12 +50,23 @@ def relative_shift(x_BHQT):
 
 def _position_logits(query_BQHD, rel_key_THD, dtype=None):
   """`q_i·rel_key_t / sqrt(d)` for every distance t: [batch, heads, q_len, kv_len], in `dtype`
-  (default: the accumulation dtype, at least float32).
+  (default: the accumulation dtype, at least float32), by one matmul laid out for the platform
+  it is lowered for (`lax.platform_dependent`): `_position_logits_heads_major` on a CPU,
+  `_position_logits_batched` elsewhere. They differ in layout only (float rounding aside)."""
+  return lax.platform_dependent(
+    query_BQHD,
+    rel_key_THD,
+    cpu=functools.partial(_position_logits_heads_major, dtype=dtype),
+    default=functools.partial(_position_logits_batched, dtype=dtype),
+  )
 
-  Computed as [heads, batch·q_len, t] and then transposed, so that the relative shift, which
-  walks t for each query, reads rows of it; in XLA's own choice of layout, [heads, t,
-  batch·q_len], it strides across memory (docs/kernels.md has the measurements).
-  """
+
+def _position_logits_heads_major(query_BQHD, rel_key_THD, dtype=None):
+  """`_position_logits` as [heads, batch·q_len, t], then transposed, so that the relative
+  shift, which walks t for each query, reads rows of it; in XLA:CPU's own choice of layout,
+  [heads, t, batch·q_len], it strides across memory (docs/kernels.md has the measurements).
+  On a CPU the attention's fwd+bwd at char_tiny's shapes takes 19.0 ms this way against 22.0
+  for `_position_logits_batched` (2026-11-27)."""
   position_HBQT = jnp.einsum(
     'bqhd,thd->hbqt',
     query_BQHD,
@@ -60,6 +74,28 @@ def _position_logits(query_BQHD, rel_key_THD, dtype=None):
     preferred_element_type=dtype or accumulation_dtype(query_BQHD.dtype),
   )
   return jnp.transpose(position_HBQT, (1, 0, 2, 3)) * query_BQHD.shape[-1] ** -0.5
+
+
+def _position_logits_batched(query_BQHD, rel_key_THD, dtype=None):
+  """`_position_logits` as a matmul batched over batch and heads, R broadcast over the batch
+  (a [batch, kv_len, heads, d] operand, small beside the logits): its output is [batch, heads,
+  q_len, t] as the relative shift and cuDNN's bias want it, and its gradient comes back in that
+  layout too. With heads the only batch axis (`_position_logits_heads_major`), XLA:GPU
+  transposed each layer's [batch, heads, q_len, kv_len] logits gradient to [heads, ...] for
+  the two backward matmuls. Compiled for an H100 (benchmarks/gpu_compile.py step,
+  enwik8_base, bf16), the step's layout copies fell from 8.9 to 0.6 GB and its floor from
+  16.2 / 12.0 ms (H100 / H200) to 15.2 / 11.3 through cuDNN, 35.0 / 25.1 to 33.0 / 23.7 with
+  'xla' (docs/gpu.md)."""
+  rel_key_BTHD = jnp.broadcast_to(
+    rel_key_THD.astype(query_BQHD.dtype), (query_BQHD.shape[0], *rel_key_THD.shape)
+  )
+  position_BHQT = jnp.einsum(
+    'bqhd,bthd->bhqt',
+    query_BQHD,
+    rel_key_BTHD,
+    preferred_element_type=dtype or accumulation_dtype(query_BQHD.dtype),
+  )
+  return position_BHQT * query_BQHD.shape[-1] ** -0.5
 
 
 def _position_term(query_BQHD, rel_key_THD, position_bias_HD, dtype=None):
