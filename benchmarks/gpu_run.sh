@@ -163,8 +163,13 @@ cuda_torch() { "$py" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/
 export PYTHONPATH=$PYTHONPATH:$work/site
 # The run's compilation cache (relpos.runtime: JAX's executables, XLA's GEMM autotuning and the
 # 'auto' decisions): restored from gpu_carry/jax_cache.tar where an earlier run brought one back
-# (gpu_prepare.sh), and packed into OUT/jax_cache.tar after each phase for the next run.
-export RELPOS_COMPILATION_CACHE=${RELPOS_COMPILATION_CACHE:-$work/jax_cache}
+# (gpu_prepare.sh), and packed into OUT/jax_cache.tar after each phase for the next run. It sits
+# outside the call's temporary folder, so that a second call to the still-warm machine (the
+# parts the first call's budget left out) reads what the first compiled and decided instead of
+# compiling and tuning again; a fresh machine starts it empty. Entries are keyed by program,
+# device, versions and flags (and the decisions by the kernels' source), so an older entry is
+# never misread, only not found.
+export RELPOS_COMPILATION_CACHE=${RELPOS_COMPILATION_CACHE:-${TMPDIR:-/tmp}/relpos-gpu-run-cache}
 
 # --- the parts' bodies: each runs in its own `bash gpu_run.sh --body NAME` under `timeout` ----
 p_env() {

@@ -142,7 +142,10 @@ def test_launchers_print_bleu_last(commands, corpus, tmp_path):
 @pytest.mark.slow
 def test_overfits_a_tiny_corpus_to_high_bleu(corpus, tmp_path):
   """Decode, detokenise and BLEU fit together: a model that learned its pairs scores ~100."""
-  config = _config(corpus, steps=400, position='absolute')
+  # 600 steps: 400 memorised the pairs (BLEU 93-100) in 11 of 12 runs (seeds 0-5, XLA:CPU's
+  # fusion emitters on and off: conftest.py) and reached 79 in one, whose rounding took another
+  # path; 600 gave 100 in all 6 runs tried (seeds 0-2, both settings; 2026-11-27).
+  config = _config(corpus, steps=600, position='absolute')
   config.data.update(eval_src=config.data.train_src, eval_tgt=config.data.train_tgt)
   config.data.update(max_train_examples=40, max_eval_examples=40, max_length=24)
   config.model.update(dropout=0.0, d_model=64, d_ff=128)
