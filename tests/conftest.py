@@ -22,10 +22,13 @@ FAST_COMPILE_FLAGS = {'0.10.': '--xla_cpu_use_fusion_emitters=false'}
 
 
 def _fast_compile_flag() -> str | None:
-  """This jaxlib's flag of FAST_COMPILE_FLAGS, or None."""
-  from importlib.metadata import version
+  """This jaxlib's flag of FAST_COMPILE_FLAGS, or None (also where its version is unknown)."""
+  from importlib.metadata import PackageNotFoundError, version
 
-  jaxlib = version('jaxlib')
+  try:
+    jaxlib = version('jaxlib')
+  except PackageNotFoundError:
+    return None
   return next((flag for line, flag in FAST_COMPILE_FLAGS.items() if jaxlib.startswith(line)), None)
 
 
