@@ -198,9 +198,13 @@ def test_translation_bias_and_rope_by_hand():
 
 def _dot_flops(jaxpr) -> float:
   """2·(output size)·(contracted size) of every dot_general JAX traced, nested jaxprs (jit,
-  custom_vjp) included."""
+  custom_vjp) included; of a `cond`'s branches, of which one runs, the dearest (XL's position
+  matmul has one per layout: `lax.platform_dependent`)."""
   total = 0.0
   for eqn in jaxpr.eqns:
+    if eqn.primitive.name == 'cond':
+      total += max(_dot_flops(branch.jaxpr) for branch in eqn.params['branches'])
+      continue
     if eqn.primitive.name == 'dot_general':
       (contracted, _), _ = eqn.params['dimension_numbers']
       lhs_shape = eqn.invars[0].aval.shape

@@ -161,10 +161,11 @@ def _equations(jaxpr):
 
 
 def test_the_bias_leaves_its_matmul_in_the_input_dtype(stand_in):
-  """The position logits, [heads, batch, q_len, kv_len], come out of their matmul in bf16
-  (the tensor cores still accumulate in float32), forward and backward: the bias is rounded to
-  bf16 anyway, and at enwik8_base's shapes the float32 logits, their shift and their gradient
-  were 19% of the bf16 step's floor on an H200 (docs/gpu.md). 'xla' keeps them in float32."""
+  """The position logits, [heads, batch, q_len, kv_len] on a CPU and [batch, heads, q_len,
+  kv_len] elsewhere, come out of their matmul in bf16 (the tensor cores still accumulate in
+  float32): the bias is rounded to bf16 anyway, and at enwik8_base's shapes the float32 logits,
+  their shift and their gradient were 19% of the bf16 step's floor on an H200 (docs/gpu.md).
+  'xla' keeps them in float32."""
   batch, q_len, kv_len, heads, dim = 2, 7, 13, 3, 64
   args = _inputs(5, batch, q_len, kv_len, heads, dim)
 
@@ -172,14 +173,22 @@ def test_the_bias_leaves_its_matmul_in_the_input_dtype(stand_in):
     def loss(*xs):
       return xl_attention(*xs, implementation=implementation).astype(jnp.float32).sum()
 
+    # The position matmul sits in a `lax.platform_dependent` (a cond): one branch per layout,
+    # [heads, batch, ...] on a CPU and [batch, heads, ...] elsewhere; both are checked.
     jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 3)))(*args).jaxpr
-    return {
-      str(out.aval.dtype)
-      for eqn in _equations(jaxpr)
+    layouts = {(heads, batch, q_len, kv_len), (batch, heads, q_len, kv_len)}
+    found = {
+      (out.aval.shape, str(out.aval.dtype))
+      for cond in _equations(jaxpr)
+      if cond.primitive.name == 'cond'
+      for branch in cond.params['branches']
+      for eqn in _equations(branch.jaxpr)
       if eqn.primitive.name == 'dot_general'
       for out in eqn.outvars
-      if out.aval.shape == (heads, batch, q_len, kv_len)
+      if out.aval.shape in layouts
     }
+    assert {shape for shape, _ in found} == layouts
+    return {dtype for _, dtype in found}
 
   assert logits_dtypes('cudnn') == {'bfloat16'}
   assert logits_dtypes('xla') == {'float32'}
