@@ -41,8 +41,10 @@ from timing import (
   interleaved_median_seconds,
   peak_memory_line,
   peak_rate,
+  repeated_row_line,
   step_cells,
   step_flops,
+  with_repeated_rows,
 )
 
 from relpos import flops as flops_lib
@@ -159,7 +161,7 @@ def main(argv):
     if named is not None and chosen.get(position) == {named}:
       # 'auto' chose these kernels at every call, and `resolve_implementation` gives a chosen
       # name the implementation and tiles naming it gives: the same program (compared in
-      # tests/test_step_benchmarks.py), not built twice (45 to 60 s at enwik8_base's size on
+      # tests/test_autotune.py), not built twice (45 to 60 s at enwik8_base's size on
       # an H200, of a step part's few minutes). A str: the table name whose time it shares.
       return _VARIANTS[position][0]
     with autotune.recorded_choices() as choices:
@@ -180,13 +182,13 @@ def main(argv):
     call, flops, xla_count, text = variant
     calls[table_name], model_flops[table_name], xla_counts[table_name] = call, flops, xla_count
     texts[table_name] = text
-  seconds = interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=1)
-  seconds = {
-    _VARIANTS[name][0]: seconds[repeats.get(_VARIANTS[name][0], _VARIANTS[name][0])]
-    for name in built
-  }
-  for table_name, auto_name in repeats.items():
-    model_flops[table_name], xla_counts[table_name] = model_flops[auto_name], xla_counts[auto_name]
+  seconds = with_repeated_rows(
+    interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=1),
+    repeats,
+    [_VARIANTS[name][0] for name in built],
+    model_flops,
+    xla_counts,
+  )
   m = config.model
   rows = batch * length
   peak, peak_line = peak_rate(
@@ -210,10 +212,7 @@ def main(argv):
       + step_cells(model_flops[name], xla_counts[name], s, peak)
     )
   for table_name, auto_name in repeats.items():
-    print(
-      f"{table_name}: not built again: every attention call of '{auto_name}' chose these "
-      f"kernels, so its step is this program (the row repeats '{auto_name}''s time)"
-    )
+    print(repeated_row_line(table_name, auto_name))
   for position in ('xl', 'shaw'):  # 'auto' against each kernel named, where xla and another ran
     named_kernels = ('xla', 'pallas', 'cudnn', 'mosaic')
     kernels = {k: seconds.get(f'{position}, {k} kernels') for k in named_kernels}

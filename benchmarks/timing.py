@@ -142,6 +142,25 @@ def interleaved_median_seconds(
   return {name: float(np.median(ts)) for name, ts in times.items()}
 
 
+def with_repeated_rows(seconds: dict, repeats: dict, order, *tables: dict) -> dict:
+  """`seconds` of every variant of `order`, where `repeats` maps a variant that was not built
+  to the 'auto' variant whose program it is (every attention call of 'auto' chose its kernels:
+  `relpos.attention.autotune.recorded_choices`), which lends it its time; each of `tables`
+  ({variant: value}) gets the same entries, in place."""
+  for table in tables:
+    for variant, auto_variant in repeats.items():
+      table[variant] = table[auto_variant]
+  return {variant: seconds[repeats.get(variant, variant)] for variant in order}
+
+
+def repeated_row_line(variant: str, auto_variant: str) -> str:
+  """The line saying that `variant`'s row repeats `auto_variant`'s (`with_repeated_rows`)."""
+  return (
+    f"{variant}: not built again: every attention call of '{auto_variant}' chose these "
+    f"kernels, so it is the same program (the row repeats '{auto_variant}''s time)"
+  )
+
+
 def xla_flops(cost_analysis) -> float | None:
   """The 'flops' of an XLA cost analysis, or None where there is none.
 

@@ -45,8 +45,10 @@ from timing import (
   interleaved_median_seconds,
   peak_memory_line,
   peak_rate,
+  repeated_row_line,
   step_cells,
   step_flops,
+  with_repeated_rows,
 )
 
 from relpos import flops as flops_lib
@@ -190,10 +192,13 @@ def main(argv):
             chosen[variant] = set(choices)
           shaw.DENSE_MAX_KV_LEN = default_dense_max
   threefry_lowering.unroll_on_cpu()
-  seconds = interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=1)
-  seconds = {variant: seconds[repeats.get(variant, variant)] for variant in order}
-  for variant, auto_variant in repeats.items():
-    model_flops[variant], xla_counts[variant] = model_flops[auto_variant], xla_counts[auto_variant]
+  seconds = with_repeated_rows(
+    interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=1),
+    repeats,
+    order,
+    model_flops,
+    xla_counts,
+  )
   m = config.model
   tokens = config.data.max_tokens
   peak, peak_line = peak_rate(
@@ -222,10 +227,7 @@ def main(argv):
       + step_cells(per_batch, xla_per_batch, step, peak)
     )
   for variant, auto_variant in repeats.items():
-    print(
-      f"{variant}: not built again: every attention call of '{auto_variant}' chose these "
-      f"kernels, so its pass is these programs (the row repeats '{auto_variant}''s time)"
-    )
+    print(repeated_row_line(variant, auto_variant))
   for name in seconds:  # 'auto' against each kernel named, where all three ran
     if name.endswith(', auto kernels'):
       stem = name.removesuffix(', auto kernels')

@@ -109,6 +109,15 @@ def test_char_lm_step_times_the_variants_asked_for(tmp_path):
   assert all(0 < float(cells[7]) < float(cells[6]) for cells in rows.values())  # MFU
 
 
+def test_a_repeated_row_takes_its_auto_variants_time_and_counts_in_the_order_named():
+  model_flops = {'auto': 7.0, 'pallas': 9.0}
+  seconds = timing.with_repeated_rows(
+    {'auto': 1.0, 'pallas': 2.0}, {'xla': 'auto'}, ['auto', 'xla', 'pallas'], model_flops
+  )
+  assert list(seconds.items()) == [('auto', 1.0), ('xla', 1.0), ('pallas', 2.0)]
+  assert model_flops == {'auto': 7.0, 'pallas': 9.0, 'xla': 7.0}
+
+
 def test_char_lm_step_refuses_unknown_variants(commands):
   done = commands.run(
     [
