@@ -7,6 +7,7 @@ is checked without timing anything real; one test runs the real timer. Shapes ar
 'pallas' candidates run interpreted here.
 """
 
+import dataclasses
 import importlib
 import json
 import logging
@@ -144,7 +145,7 @@ def test_a_causal_shaw_signature_times_causal_candidates(causal):
     return args[0]
 
   signature = _signature(kernel='shaw', max_distance=2, tables='kv', causal=causal)
-  candidates = autotune.fwd_bwd_candidates(spy, signature)
+  candidates = autotune.timed_candidates(spy, signature)
   jax.block_until_ready(candidates['xla']())
   assert seen == [causal]
 
@@ -331,6 +332,80 @@ def test_auto_resolves_once_inside_a_scan_over_layers():
   assert calls == ['xla', 'pallas'] and [d.choice for d in tuner.decisions] == ['xla']
   with autotune.tuning(force=False):
     np.testing.assert_array_equal(auto, jax.jit(jax.grad(loss))(q))
+
+
+@pytest.mark.parametrize('name', ['shaw', 'xl'])
+def test_a_call_inside_forward_only_is_tuned_as_a_forward_pass_apart_from_training(name):
+  """`forward_only()` around a traced eval call: its signature ends in 'fwd', and its
+  candidates run the forward alone (the 'xla' candidate returns the attention output, not
+  gradients); the same shapes under jit(grad) are another signature, 'fwd+bwd', tuned apart,
+  so the two passes may choose differently."""
+  attend = {'shaw': shaw_attention, 'xl': xl_attention}[name]
+  inputs = {'shaw': _shaw_inputs, 'xl': _xl_inputs}[name](np.random.default_rng(5))
+  outputs = []
+
+  def timer(candidate, run):
+    if candidate == 'xla':
+      outputs.append(jax.block_until_ready(run()))
+    return {'xla': 1e-3, 'pallas': 2e-3}[candidate]
+
+  @jax.jit
+  def evaluate(inputs):
+    with autotune.forward_only():
+      return attend(*inputs)
+
+  def train(inputs):
+    return jax.jit(jax.grad(lambda x: jnp.sum(attend(*x) ** 2)))(inputs)
+
+  with autotune.tuning(timer=timer) as tuner:
+    evaluate(inputs)
+    train(inputs)
+    evaluate(inputs)  # the forward's decision from memory
+  forward, training = (d.signature for d in tuner.decisions)
+  assert forward.text().endswith(' fwd') and training.text().endswith(' fwd+bwd')
+  assert forward == dataclasses.replace(training, backward=False)
+  assert autotune.cache_key(forward) != autotune.cache_key(training)
+  assert [o.shape for o in outputs[:1]] == [(B, Q, H, D)]  # the forward alone
+  assert isinstance(outputs[1], tuple)  # the training candidate: gradients of every input
+  assert not autotune._FORWARD_ONLY  # the block closed
+
+
+def test_eval_and_decoding_steps_tune_forward_passes_and_the_train_step_fwd_bwd():
+  """The library's eval code enters `forward_only()`: the char LM's bits per char (with its
+  memory) and translation's eval loss and beam search tune 'fwd' signatures, while their
+  train steps tune 'fwd+bwd' (char_tiny and translate_tiny, shrunk)."""
+  from flax import nnx
+
+  from relpos.data.token_batches import TokenBatches
+  from relpos.training import char_lm_task, translation_task
+
+  root = Path(__file__).parent.parent
+  config = load_config_file(root / 'configs/char_tiny.py')
+  config.model.num_layers = 1
+  with autotune.tuning(timer=_times(1.0, 2.0)) as tuner:
+    autotune.trace_train_step(config)
+    model = char_lm_task.TransformerXL(char_lm_task.model_config(config, 256), rngs=nnx.Rngs(0))
+    tokens = np.arange(3 * config.eval.tgt_len * 2 + 1, dtype=np.int32) % 256
+    char_lm_task.bits_per_char(model, tokens, config.eval, batch_size=2, max_segments=2)
+  passes = [d.signature.text().rsplit(' ', 1)[1] for d in tuner.decisions]
+  assert passes[0] == 'fwd+bwd' and set(passes[1:]) == {'fwd'} and len(passes) >= 2
+
+  config = load_config_file(root / 'configs/translate_tiny.py', 'shaw')
+  config.data.max_tokens, config.data.vocab_size = 64, 40
+  config.model.update(encoder_layers=1, decoder_layers=1, d_model=32, num_heads=2, d_ff=64)
+  with autotune.tuning(timer=_times(1.0, 2.0)) as tuner:
+    autotune.trace_train_step(config, [8])
+    model = translation_task.Transformer(
+      translation_task.model_config(config, 40), rngs=nnx.Rngs(0)
+    )
+    pairs = [([5, 6, 7], [8, 9]), ([5, 6], [7, 8, 9, 10])]
+    batches = TokenBatches(pairs, max_length=7, rows=2, boundaries=[8])
+    translation_task.eval_loss(model, batches)
+    translate = translation_task.make_translator(model, config.eval, max_len=8)
+    translate(np.array([[5, 6, 7, 2]], np.int32))
+  passes = [d.signature.text().rsplit(' ', 1)[1] for d in tuner.decisions]
+  assert passes[:2] == ['fwd+bwd', 'fwd+bwd'] and set(passes[2:]) == {'fwd'}
+  assert len(passes) > 2
 
 
 # ------------------------------------------------------------------------------------------
@@ -759,11 +834,11 @@ def test_candidates_compile_at_once_then_are_timed_and_a_failed_compile_is_never
 
 
 def test_a_real_candidate_compiled_ahead_gives_the_gradients_of_one_jitted_call():
-  """`fwd_bwd_candidates`' candidates compile ahead (`Candidate.compile`) and then run that
+  """`timed_candidates`' candidates compile ahead (`Candidate.compile`) and then run that
   executable: the same gradients as calling before compiling."""
   signature = _signature(kernel='shaw', max_distance=2, tables='kv')
-  first = autotune.fwd_bwd_candidates(shaw_attention, signature)['xla']
-  ahead = autotune.fwd_bwd_candidates(shaw_attention, signature)['xla']
+  first = autotune.timed_candidates(shaw_attention, signature)['xla']
+  ahead = autotune.timed_candidates(shaw_attention, signature)['xla']
   assert autotune.compile_concurrently({'xla': ahead}) == {}
   for got, want in zip(jax.tree.leaves(ahead()), jax.tree.leaves(first()), strict=True):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -18,8 +18,15 @@ so there the candidates compile and run on the device as at top level although t
 traced. (`jax.ensure_compile_time_eval()` does not do: it also evaluates the interpreted Pallas
 kernel bodies eagerly, which fails on `program_id`.) JAX's thread-local settings (e.g. a
 `jax.default_matmul_precision` block) do not reach that thread: the candidates are timed at the
-global settings. Eval-only calls cannot be told from training ones inside a trace (under a scanned
-stack the layer is traced before it is differentiated), so they are timed the same way.
+global settings.
+- Forward only, where nothing is differentiated. Inside a trace an eval call cannot be told from a
+  training one (under a scanned stack the layer is traced before it is differentiated), so the
+  code that builds an eval or decoding step says so: its traced body runs inside
+  `forward_only()` (`char_lm_task`'s bits per char, `translation_task`'s eval loss and beam
+  search, `tools/sample.py`). Such a call's signature ends in 'fwd' instead of 'fwd+bwd' and its
+  candidates are timed as a jitted forward pass alone: a kernel whose backward is slow (XL's
+  Pallas backward is 5x its forward on an H200) can win the forward it is asked for. The
+  same shapes are then tuned once per pass, each kept under its own key.
 - The mask's contents are traced, so they are not known: a mask with a query axis (shape
   [.., q_len, kv_len]) is timed as causal, one without (key padding, [.., 1, kv_len]) as all
   True. In relpos's models every mask with a query axis is causal (with padding), and the
@@ -178,10 +185,11 @@ class Signature:
   dropout: float
   tiles: tuple[int, int] | None = None
   causal: bool = False
+  backward: bool = True  # timed as training uses it; False inside `forward_only()`
 
   def text(self) -> str:
     """One line, the cache key's and the log's: e.g. `shaw B=22 Q=512 K=1024 H=8 D=64
-    bfloat16 mask=1x1x512x1024 k=16 kv dropout=0.1 fwd+bwd`."""
+    bfloat16 mask=1x1x512x1024 k=16 kv dropout=0.1 fwd+bwd` ('fwd' for a forward-only call)."""
     mask = 'none' if self.mask is None else 'x'.join(map(str, self.mask))
     words = [
       self.kernel,
@@ -196,7 +204,7 @@ class Signature:
     words.append(f'dropout={self.dropout:g}')
     if self.tiles is not None:
       words.append('tiles={}x{}'.format(*self.tiles))
-    words.append('fwd+bwd')
+    words.append('fwd+bwd' if self.backward else 'fwd')
     return ' '.join(words)
 
 
@@ -234,8 +242,24 @@ def _signature(
     mask=_mask_shape(mask, batch, timed),
     dropout=float(dropout_rate),
     tiles=None if block_sizes is None else tuple(int(b) for b in block_sizes),
+    backward=not _FORWARD_ONLY,
     **position,
   )
+
+
+_FORWARD_ONLY: list[None] = []  # one entry per `forward_only()` block open
+
+
+@contextlib.contextmanager
+def forward_only() -> Iterator[None]:
+  """Within the block, 'auto' calls traced are tuned as a forward pass alone (module
+  docstring, Forward only). Enter it inside the function a jit traces (its body runs at trace
+  time), around code that is never differentiated: an eval or decoding step."""
+  _FORWARD_ONLY.append(None)
+  try:
+    yield
+  finally:
+    _FORWARD_ONLY.pop()
 
 
 def shaw_signature(
@@ -310,7 +334,8 @@ def mosaic_serves(signature: Signature) -> bool:
 
 
 # ------------------------------------------------------------------------------------------
-# What is timed: a jitted forward and backward pass of each candidate on dummy inputs.
+# What is timed: a jitted forward and backward pass (or forward pass) of each candidate on dummy
+# inputs.
 
 
 def dummy_mask(signature: Signature) -> np.ndarray | None:
@@ -348,10 +373,11 @@ def _dummy_inputs(signature: Signature):
   return tuple(floats), None if mask is None else jnp.asarray(mask), dropout_rng, cotangent
 
 
-def fwd_bwd_candidates(attention: Callable, signature: Signature) -> dict[str, Candidate]:
-  """name -> a `Candidate`: a zero-argument call running one jitted forward and backward pass of
-  `attention(*floats, mask=, dropout_rate=, dropout_rng=, implementation=, block_sizes=)` on
-  inputs of `signature`'s shapes (built on first use, shared by the candidates), for each of
+def timed_candidates(attention: Callable, signature: Signature) -> dict[str, Candidate]:
+  """name -> a `Candidate`: a zero-argument call running one jitted forward and backward pass
+  (the forward pass alone where `signature.backward` is False) of `attention(*floats, mask=,
+  dropout_rate=, dropout_rng=, implementation=, block_sizes=)` on inputs of `signature`'s
+  shapes (built on first use, shared by the candidates), for each of
   `candidate_names(signature)` ('pallas@QxK': implementation 'pallas', block_sizes (Q, K))."""
   made = functools.cache(lambda: _dummy_inputs(signature))
   lock = threading.Lock()  # the candidates compile in threads (`compile_concurrently`)
@@ -365,8 +391,8 @@ def fwd_bwd_candidates(attention: Callable, signature: Signature) -> dict[str, C
   def candidate(name):
     implementation, block_sizes = parse_choice(name)
 
-    def loss(floats, mask, dropout_rng, cotangent):
-      output = attention(
+    def forward(floats, mask, dropout_rng):
+      return attention(
         *floats,
         mask=mask,
         **causal,
@@ -375,15 +401,20 @@ def fwd_bwd_candidates(attention: Callable, signature: Signature) -> dict[str, C
         implementation=implementation,
         block_sizes=block_sizes,
       )
+
+    def loss(floats, mask, dropout_rng, cotangent):
+      output = forward(floats, mask, dropout_rng)
       return jnp.sum(output.astype(jnp.float32) * cotangent)
 
+    if not signature.backward:
+      return Candidate(jax.jit(forward), lambda: inputs()[:3])
     return Candidate(jax.jit(jax.grad(loss)), inputs)
 
   return {name: candidate(name) for name in candidate_names(signature)}
 
 
 class Candidate:
-  """One candidate's jitted forward and backward pass on the signature's dummy inputs: a call
+  """One candidate's jitted pass (fwd+bwd, or fwd) on the signature's dummy inputs: a call
   runs it; `compile()` compiles it ahead of the first call, so that the tuner can compile all
   of a signature's candidates at once (`compile_concurrently`)."""
 

@@ -420,7 +420,7 @@ def _tuned(query, key, rel_key, rel_value, mask, causal, dropout_rate, block_siz
     lambda: autotune.shaw_signature(
       query, key, rel_key, rel_value, mask, dropout_rate, block_sizes, causal=causal
     ),
-    lambda signature: autotune.fwd_bwd_candidates(shaw_attention, signature),
+    lambda signature: autotune.timed_candidates(shaw_attention, signature),
   )
 
 

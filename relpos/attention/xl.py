@@ -188,7 +188,7 @@ def _tuned(query, key, mask, dropout_rate, block_sizes) -> str:
 
   return autotune.choose(
     lambda: autotune.xl_signature(query, key, mask, dropout_rate, block_sizes),
-    lambda signature: autotune.fwd_bwd_candidates(xl_attention, signature),
+    lambda signature: autotune.timed_candidates(xl_attention, signature),
   )
 
 

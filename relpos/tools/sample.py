@@ -53,6 +53,7 @@ def sample(workdir, prompt: bytes, length: int, *, temperature=1.0, top_k=0, top
   import jax.numpy as jnp
   from flax import nnx
 
+  from relpos.attention import autotune
   from relpos.data.char_corpus import CharVocab
   from relpos.models.transformer_xl import TransformerXL
   from relpos.training import char_lm_task as char_lm
@@ -75,6 +76,7 @@ def sample(workdir, prompt: bytes, length: int, *, temperature=1.0, top_k=0, top
   graphdef, state = nnx.split(model)
 
   @jax.jit
+  @autotune.forward_only()
   def run(state, tokens_1T, memory):
     logits, memory = nnx.merge(graphdef, state)(
       tokens_1T, memory, deterministic=True, clamp_len=span.clamp_len

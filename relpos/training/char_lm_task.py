@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 
 from relpos import flops as flops_lib
+from relpos.attention import autotune
 from relpos.config import shared
 from relpos.config.char_lm_defaults import CharLMConfig
 from relpos.data.char_corpus import CharVocab, load_char_splits
@@ -125,9 +126,10 @@ def _segment_nats(graphdef, state, memory, inputs, targets, clamp_len, same_leng
   once per model structure, segment shape and settings, so periodic validation does not
   recompile."""
   model = nnx.merge(graphdef, state)
-  logits, memory = model(
-    inputs, memory, deterministic=True, clamp_len=clamp_len, same_length=same_length
-  )
+  with autotune.forward_only():
+    logits, memory = model(
+      inputs, memory, deterministic=True, clamp_len=clamp_len, same_length=same_length
+    )
   return jnp.sum(nats_per_token(logits, targets), axis=0), memory
 
 

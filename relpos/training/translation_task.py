@@ -23,6 +23,7 @@ from flax import nnx
 
 from relpos import decode, scoring
 from relpos import flops as flops_lib
+from relpos.attention import autotune
 from relpos.config import shared
 from relpos.config.translation_defaults import TranslationConfig
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID
@@ -91,7 +92,8 @@ def eval_loss(model, batches: TokenBatches) -> dict:
 
   @jax.jit
   def batch_nll(state, batch):
-    logits = nnx.merge(graphdef, state)(batch['src'], batch['tgt_in'], deterministic=True)
+    with autotune.forward_only():
+      logits = nnx.merge(graphdef, state)(batch['src'], batch['tgt_in'], deterministic=True)
     return jnp.sum(token_losses(logits, batch['tgt_out'], 0.0)[1])
 
   total_nll, total_tokens = 0.0, 0
@@ -137,6 +139,7 @@ def make_translator(model, eval_config, *, max_len: int):
   beam_size, extra = eval_config.beam_size, eval_config.max_decode_extra
 
   @functools.partial(jax.jit, static_argnums=(2,))
+  @autotune.forward_only()
   def search(state, src_BS, decode_len):
     model = nnx.merge(graphdef, state)
     batch_size = src_BS.shape[0]
