@@ -50,7 +50,7 @@
 #                   enwik8_base's 512 queries over 1,024 keys, k = 16, batch 22: the Mosaic
 #                   GPU Shaw kernels (one warpgroup, warp-specialised) checked against XLA
 #                   and timed beside the Triton kernel, XLA and cuDNN; benchmarks/mosaic_xl.py
-#                   at enwik8_base's shape the same way                                   (150)
+#                   at enwik8_base's shape the same way, then XL through cuDNN taken apart (170)
 #   steps_mosaic    char_lm_step.py bf16: xl and shaw with 'auto' (Mosaic among its candidates),
 #                   'xla' and 'mosaic'                                                    (120)
 #   long_context    the largest n = tgt_len = mem_len that trains, xl and shaw, mosaic,
@@ -437,7 +437,7 @@ part oom 60
 part kernels 190
 part xl_official 70
 report
-part mosaic 150
+part mosaic 170
 part steps_mosaic 120 # the Mosaic kernels in the step, after their own part ran them alone
 report
 part long_context 180

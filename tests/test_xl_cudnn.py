@@ -5,13 +5,16 @@ the mask, the scale, dead rows, the gradients); on a GPU the `cudnn_native` test
 itself (benchmarks/gpu_run.sh's native part selects it)."""
 
 import dataclasses
+import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
-from helpers import make_mask, qkv, randn, slow_where
+from helpers import REPO, make_mask, qkv, randn, slow_where
 
 from relpos.attention import autotune, xl
 from relpos.attention.xl import xl_attention
@@ -192,3 +195,26 @@ def test_the_bias_leaves_its_matmul_in_the_input_dtype(stand_in):
 
   assert logits_dtypes('cudnn') == {'bfloat16'}
   assert logits_dtypes('xla') == {'float32'}
+
+
+def test_the_gpu_scripts_cudnn_anatomy_times_four_forms_beside_xl_through_cudnn():
+  """benchmarks/mosaic_xl.py's `cudnn_part_rows` (where XL through cuDNN spends its time, on a
+  GPU), run with JAX's XLA implementation standing in for cuDNN: a forward and a backward row
+  for each form, each with its share of the whole XL call's time of the same pass."""
+  code = (
+    'import sys; sys.path.insert(0, "benchmarks"); import mosaic_xl\n'
+    'rows = mosaic_xl.cudnn_part_rows(16, 16, 1, 2, 16, implementation="xla", rounds=1, '
+    'repeats=1)\n'
+    'print("\\n".join(rows))\n'
+  )
+  result = subprocess.run(
+    [sys.executable, '-c', code], capture_output=True, text=True, cwd=REPO, timeout=300
+  )
+  assert result.returncode == 0, result.stderr[-2000:]
+  rows = re.findall(r'^n=16 cudnn part (\S+): ([\d.]+) ms, ([\d.]+) of (\S+)$', result.stdout, re.M)
+  forms = ['flash', 'flash_mask', 'flash_dbias', 'xl_cudnn']
+  assert [name for name, *_ in rows] == [f + p for f in forms for p in ('', '+bwd')], result.stdout
+  for name, _, share, whole in rows:
+    assert whole == 'xl_cudnn' + ('+bwd' if name.endswith('+bwd') else '')
+    if name.startswith('xl_cudnn'):
+      assert float(share) == 1.0
