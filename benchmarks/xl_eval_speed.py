@@ -29,6 +29,7 @@ from ml_collections import config_flags
 from timing import interleaved_median_seconds
 
 from relpos import runtime
+from relpos.attention import autotune
 from relpos.config.char_lm_defaults import char_lm_config
 from relpos.models.transformer_xl import TransformerXL, TransformerXLConfig, nats_per_token
 
@@ -73,12 +74,14 @@ def make_steps(xl_model, vanilla_model, length: int, batch: int):
   vanilla_graphdef, vanilla_state = nnx.split(vanilla_model)
 
   @jax.jit
+  @autotune.forward_only()
   def xl_step(state, memory, stream, start):
     chunk_BT = jax.lax.dynamic_slice_in_dim(stream, start, length + 1, axis=1)
     logits_BTV, memory = nnx.merge(xl_graphdef, state)(chunk_BT[:, :-1], memory, deterministic=True)
     return nats_per_token(logits_BTV, chunk_BT[:, 1:]), memory
 
   @jax.jit
+  @autotune.forward_only()
   def vanilla_step(state, stream, start):
     model = nnx.merge(vanilla_graphdef, state)
     window_BT = jax.lax.dynamic_slice_in_dim(stream, start, length + 1, axis=1)
