@@ -20,6 +20,8 @@ How each launch is counted (`launch_cost`):
 - Custom calls other than GEMMs (Pallas/Triton and Mosaic kernels, cuDNN attention) count their
   operands' and results' bytes and no FLOPs: their floor is a lower bound that knows nothing of
   their arithmetic (kernel_cost.py models the kernels themselves).
+- Asynchronous fusions: a `fusion-start` is costed as the fusion it wraps (its result, the
+  tuple's second element), and its `fusion-done` launches nothing.
 - Loops: a while loop's body counts its known trip count times (XLA's `known_trip_count`), once
   where none is recorded. A conditional counts its most expensive branch (or, asked, its
   cheapest).
@@ -75,6 +77,9 @@ FREE_OPCODES = frozenset(
     'replica-id',
     'opt-barrier',
     'add-dependency',
+    # The second half of an asynchronous fusion: it waits for the `fusion-start`, whose launch
+    # carries the work (`launch_cost`).
+    'fusion-done',
   }
 )
 KINDS = ('matmul', 'memory-bound', 'layout copy', 'custom call')
@@ -213,6 +218,7 @@ def launches(module: Module) -> Iterator[Launch]:
 
 def kind(instruction: Instruction, module: Module) -> str:
   """One of KINDS: a GEMM, a layout copy or transpose, another custom call, or memory-bound."""
+  instruction = _as_fusion(instruction)
   return _kind(instruction, _matmul_flops(instruction, module)[0])
 
 
@@ -356,8 +362,40 @@ class Cost:
     return max(self.flops / peak, self.bytes / device.bandwidth)
 
 
+def tuple_elements(shape: str) -> list[str]:
+  """The top-level elements of a tuple shape's text ('(A, (B, C), D)' -> ['A', '(B, C)',
+  'D']); a shape that is not a tuple is its own one element."""
+  text = shape.strip()
+  if not text.startswith('('):
+    return [text]
+  elements, depth, start = [], 0, 1
+  for index, char in enumerate(text[1:-1], start=1):
+    if char in '([{':
+      depth += 1
+    elif char in ')]}':
+      depth -= 1
+    elif char == ',' and depth == 0:
+      elements.append(text[start:index].strip())
+      start = index + 1
+  elements.append(text[start:-1].strip())
+  return elements
+
+
+def _as_fusion(instruction: Instruction) -> Instruction:
+  """An asynchronous fusion's start (`fusion-start`, shape ((operands...), result, context))
+  as the fusion it runs: XLA:GPU wraps some fusions so, e.g. a scanned layer's
+  dynamic-update-slice into a stacked [layers, ...] buffer, which writes in place as the plain
+  fusion does. Other instructions are returned as they are."""
+  if instruction.opcode != 'fusion-start':
+    return instruction
+  elements = tuple_elements(instruction.shape)
+  result = elements[1] if len(elements) > 1 else instruction.shape
+  return dataclasses.replace(instruction, opcode='fusion', shape=result)
+
+
 def launch_cost(instruction: Instruction, module: Module) -> Cost:
   """The FLOPs and bytes of one launch (module docstring)."""
+  instruction = _as_fusion(instruction)
   flops, element = _matmul_flops(instruction, module)
   if instruction.opcode == 'fusion':
     moved = _fusion_bytes(instruction, module)

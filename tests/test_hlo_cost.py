@@ -185,3 +185,47 @@ def test_census_counts_each_launching_instruction_once():
 def test_devices_are_the_data_sheet_figures():
   assert DEVICES['H100'].bandwidth == 3.35e12 and DEVICES['H200'].bandwidth == 4.8e12
   assert DEVICES['H200'].bf16_flops == DEVICES['H100'].bf16_flops == 989.4e12
+
+
+# XLA:GPU's asynchronous form of a fusion, as it wraps a scanned layer's write into a stacked
+# buffer: a fusion-start (shape: its operands, its result, a context) and a fusion-done.
+ASYNC_HLO = """\
+HloModule jit_async
+
+%fused_update (u0: f32[4,8,16], u1: f32[1,8,16], u2: s32[]) -> f32[4,8,16] {
+  %u1 = f32[1,8,16]{2,1,0} parameter(1)
+  %u0 = f32[4,8,16]{2,1,0} parameter(0)
+  %u2 = s32[] parameter(2)
+  %zero.1 = s32[] constant(0)
+  ROOT %dus = f32[4,8,16]{2,1,0} dynamic-update-slice(%u0, %u1, %u2, %zero.1, %zero.1)
+}
+
+ENTRY %main (w: f32[4,8,16], u: f32[1,8,16], j: s32[]) -> f32[4,8,16] {
+  %w = f32[4,8,16]{2,1,0} parameter(0)
+  %u = f32[1,8,16]{2,1,0} parameter(1)
+  %j = s32[] parameter(2)
+  %start = ((f32[4,8,16]{2,1,0}, f32[1,8,16]{2,1,0}, s32[]), f32[4,8,16]{2,1,0}, u32[]) fusion-start(%w, %u, %j), kind=kLoop, calls=%fused_update
+  ROOT %done = f32[4,8,16]{2,1,0} fusion-done(%start)
+}
+"""  # noqa: E501
+
+
+def test_an_asynchronous_fusion_is_one_launch_costed_as_the_fusion_it_wraps():
+  """The start is the launch, in place like the plain fusion (the update read and written, the
+  stacked buffer neither); the done launches nothing. Counted whole, start and done each read
+  and wrote the buffer: a scanned enwik8_base step's floor read 113 ms instead of 11."""
+  module = parse(ASYNC_HLO)
+  (launch,) = launches(module)
+  assert launch.instruction.name == 'start'
+  cost = launch_cost(launch.instruction, module)
+  assert cost.kind == 'memory-bound'
+  assert cost.bytes == 8 * 16 * 4 + 4 + 8 * 16 * 4
+  assert census(module)['kernels'] == 1
+
+
+def test_tuple_elements_split_at_the_top_level_only():
+  from hlo_cost import tuple_elements
+
+  shape = '((f32[4,8]{1,0}, s32[]), bf16[2,3]{1,0}, u32[])'
+  assert tuple_elements(shape) == ['(f32[4,8]{1,0}, s32[])', 'bf16[2,3]{1,0}', 'u32[]']
+  assert tuple_elements('f32[4]{0}') == ['f32[4]{0}']

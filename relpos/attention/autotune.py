@@ -23,10 +23,11 @@ global settings.
   training one (under a scanned stack the layer is traced before it is differentiated), so the
   code that builds an eval or decoding step says so: its traced body runs inside
   `forward_only()` (`char_lm_task`'s bits per char, `translation_task`'s eval loss and beam
-  search, `tools/sample.py`, `benchmarks/xl_eval_speed.py`). Such a call's signature ends in 'fwd' instead of 'fwd+bwd' and its
-  candidates are timed as a jitted forward pass alone: a kernel whose backward is slow (XL's
-  Pallas backward is 5x its forward on an H200) can win the forward it is asked for. The
-  same shapes are then tuned once per pass, each kept under its own key.
+  search, `tools/sample.py`, `benchmarks/xl_eval_speed.py`). Such a call's signature ends in
+  'fwd' instead of 'fwd+bwd' and its candidates are timed as a jitted forward pass alone: a
+  kernel whose backward is slow (XL's Pallas backward is 5x its forward on an H200) can win the
+  forward it is asked for. The same shapes are then tuned once per pass, each kept under its
+  own key.
 - The mask's contents are traced, so they are not known: a mask with a query axis (shape
   [.., q_len, kv_len]) is timed as causal, one without (key padding, [.., 1, kv_len]) as all
   True. In relpos's models every mask with a query axis is causal (with padding), and the
