@@ -56,7 +56,7 @@
 #   long_context    the largest n = tgt_len = mem_len that trains, xl and shaw, mosaic,
 #                   pallas and xla, bf16, doubling from just below gpu_compile.py's predicted
 #                   limit (xla 4096, the kernels 65536; batch 1, enwik8_base width)      (180)
-#   autotune        python -m relpos.attention.autotune's tables for enwik8_base and wmt_base
+#   autotune        python -m relpos.tools.pretune's tables for enwik8_base and wmt_base
 #                   (the decisions the parts above logged, in one table each)             (120)
 # Environment: OUT (default ./gpu_out) gets gpu_run.md (the log: device, date, versions,
 # commit, a table of the parts, each part's result lines and log tail), raw_logs.tar.gz
@@ -292,13 +292,13 @@ p_xl_official() {
   "$py" "$carry/peers/gpu/xl_official_step.py" "$xl/pytorch"
 }
 p_autotune() {
-  if ! "$py" -c 'import importlib.util as u, sys; sys.exit(not u.find_spec("relpos.attention.autotune"))'; then
-    echo 'RESULT: skipped: this checkout has no relpos.attention.autotune'
+  if ! "$py" -c 'import importlib.util as u, sys; sys.exit(not u.find_spec("relpos.tools.pretune"))'; then
+    echo 'RESULT: skipped: this checkout has no relpos.tools.pretune'
     return 0
   fi
   local status=0
-  "$py" -m relpos.attention.autotune --config="$char" "${tiny[@]}" || status=1
-  "$py" -m relpos.attention.autotune --config=configs/wmt_base.py:shaw "${wmt_sizes[@]}" || status=1
+  "$py" -m relpos.tools.pretune --config="$char" "${tiny[@]}" || status=1
+  "$py" -m relpos.tools.pretune --config=configs/wmt_base.py:shaw "${wmt_sizes[@]}" || status=1
   return $status
 }
 p_oom() {

@@ -23,6 +23,7 @@ from relpos import runtime
 from relpos.attention import autotune, shaw_attention, xl_attention
 from relpos.attention.pallas_common import parse_choice, tiles_name
 from relpos.config import load_config_file
+from relpos.tools import pretune
 
 B, Q, K, H, D = 2, 8, 12, 2, 16  # batch, q_len, kv_len, heads, head_dim
 
@@ -383,7 +384,7 @@ def test_eval_and_decoding_steps_tune_forward_passes_and_the_train_step_fwd_bwd(
   config = load_config_file(root / 'configs/char_tiny.py')
   config.model.num_layers = 1
   with autotune.tuning(timer=_times(1.0, 2.0)) as tuner:
-    autotune.trace_train_step(config)
+    pretune.trace_train_step(config)
     model = char_lm_task.TransformerXL(char_lm_task.model_config(config, 256), rngs=nnx.Rngs(0))
     tokens = np.arange(3 * config.eval.tgt_len * 2 + 1, dtype=np.int32) % 256
     char_lm_task.bits_per_char(model, tokens, config.eval, batch_size=2, max_segments=2)
@@ -394,7 +395,7 @@ def test_eval_and_decoding_steps_tune_forward_passes_and_the_train_step_fwd_bwd(
   config.data.max_tokens, config.data.vocab_size = 64, 40
   config.model.update(encoder_layers=1, decoder_layers=1, d_model=32, num_heads=2, d_ff=64)
   with autotune.tuning(timer=_times(1.0, 2.0)) as tuner:
-    autotune.trace_train_step(config, [8])
+    pretune.trace_train_step(config, [8])
     model = translation_task.Transformer(
       translation_task.model_config(config, 40), rngs=nnx.Rngs(0)
     )
@@ -645,7 +646,7 @@ def test_decision_table_shows_the_variants():
     ),
     autotune.Decision(_signature(q_len=4), 'pallas@32x64', {}, 'process 0'),
   ]
-  assert autotune.decision_table(decisions) == [
+  assert pretune.decision_table(decisions) == [
     '| call | xla ms | pallas ms | pallas@128x64 ms | pallas@32x32 ms | pallas@32x64 ms | choice '
     '| source |',
     '|---|---|---|---|---|---|---|---|',
@@ -678,7 +679,7 @@ def test_pretuning_a_config_tunes_the_models_own_call_shapes(scan_layers):
   config.model.scan_layers = scan_layers
   calls = []
   with autotune.tuning(timer=_times(1.0, 2.0, calls)) as tuner:
-    autotune.trace_train_step(config)
+    pretune.trace_train_step(config)
   train, model = config.train, config.model
   (decision,) = tuner.decisions
   s = decision.signature
@@ -694,7 +695,7 @@ def test_pretuning_a_config_tunes_the_models_own_call_shapes(scan_layers):
     (1, 1, 1, train.mem_len + train.tgt_len),  # keys only: XL adds the causal mask itself
   )
   assert calls == ['xla', 'pallas']  # the default tiles only (RELPOS_AUTOTUNE_TILINGS unset)
-  table = autotune.decision_table(tuner.decisions)
+  table = pretune.decision_table(tuner.decisions)
   assert table[0] == '| call | xla ms | pallas ms | choice | source |'
   assert table[2] == f'| {s.text()} | 1.000 | 2.000 | xla | timed |'
 
@@ -709,14 +710,14 @@ def test_a_step_whose_calls_all_chose_one_kernel_is_the_step_naming_it(winner):
   xla_ms, pallas_ms = (1.0, 2.0) if winner == 'xla' else (2.0, 1.0)
   with autotune.tuning(timer=_times(xla_ms, pallas_ms)):
     with autotune.recorded_choices() as choices:
-      (auto,) = autotune.trace_train_step(config)
+      (auto,) = pretune.trace_train_step(config)
   assert choices == [winner] * config.model.num_layers  # one per layer; the second from memory
   config.model.attention_implementation = winner
-  (named,) = autotune.trace_train_step(config)
+  (named,) = pretune.trace_train_step(config)
   assert auto.as_text() == named.as_text()
   with autotune.recorded_choices() as untuned:  # tuning off (a CPU): 'auto' is 'xla'
     config.model.attention_implementation = 'auto'
-    autotune.trace_train_step(config)
+    pretune.trace_train_step(config)
   assert set(untuned) == {'xla'}
 
 
@@ -780,7 +781,7 @@ def test_pretuning_a_translation_config_tunes_encoder_and_decoder_shapes():
   config.data.max_tokens, config.data.vocab_size = 64, 40
   config.model.update(encoder_layers=1, decoder_layers=1, d_model=32, num_heads=2, d_ff=64)
   with autotune.tuning(timer=_times(1.0, 2.0)) as tuner:
-    autotune.trace_train_step(config, [8])
+    pretune.trace_train_step(config, [8])
   rows = autotune.timed_batch(8)
   signatures = [d.signature for d in tuner.decisions]
   assert [(s.q_len, s.kv_len, s.mask, s.causal) for s in signatures] == [

@@ -107,13 +107,8 @@ RELPOS_AUTOTUNE_TILINGS=1 and 'mosaic', at most 6 candidates.
 enwik8_base has one signature; wmt_base two per padded length (encoder and decoder). Later
 traces, processes and runs on the same device read the decision from memory or disk.
 
-`python -m relpos.attention.autotune --config=configs/enwik8_base.py` traces the config's
-train step (which tunes every call site) and prints a table of the decisions: signature, xla
-ms, pallas ms (default tiles), one column per other tiling timed ('pallas@QxK ms'; blank where
-it was not a candidate, 'failed' where it failed), choice (and whether it was timed now or
-read from the cache). Translation configs are traced at one batch per padded length of
-`--lengths` (their buckets are fitted to the data); `--force` tunes on a CPU too (Pallas
-interpreted: a check of the command).
+`python -m relpos.tools.pretune --config=configs/enwik8_base.py` tunes a config's call sites
+ahead of a run and prints the decisions (`relpos.tools.pretune`).
 """
 
 from __future__ import annotations
@@ -728,7 +723,7 @@ def recorded_choices() -> Iterator[list[str]]:
 
 
 # ------------------------------------------------------------------------------------------
-# Pre-tuning a config (python -m relpos.attention.autotune --config=...) and checking 'auto'.
+# Checking 'auto' in the step benchmarks (pre-tuning a config: relpos.tools.pretune).
 
 GUARANTEE = 0.03  # issue 36: 'auto' within 3% of the faster kernel
 
@@ -745,100 +740,3 @@ def auto_line(name: str, auto_seconds: float, kernel_seconds: Mapping[str, float
     f'auto check {name}: auto {auto_seconds * 1e3:.1f} ms, {kernels}; auto / faster '
     f'{ratio:.3f} (within {GUARANTEE:.0%}: {verdict})'
   )
-
-
-def decision_table(decisions) -> list[str]:
-  """Markdown rows: call signature, xla ms, pallas ms (default tiles), a column per other
-  tiling any decision timed ('pallas@QxK ms', in order of appearance), choice, source. A cell
-  is 'failed' for a candidate that failed, blank for one not timed at that signature (or
-  timed by process 0)."""
-  names = ['xla', 'pallas']
-  for d in decisions:
-    names += [name for name in d.ms if name not in names]
-
-  def cell(d, name):
-    if name not in d.ms:
-      return ''
-    return 'failed' if d.ms[name] is None else f'{d.ms[name]:.3f}'
-
-  header = ' | '.join(f'{name} ms' for name in names)
-  rows = [f'| call | {header} | choice | source |', '|---' * (len(names) + 3) + '|']
-  for d in decisions:
-    cells = ' | '.join(cell(d, name) for name in names)
-    rows.append(f'| {d.signature.text()} | {cells} | {d.choice} | {d.source} |')
-  return rows
-
-
-def trace_train_step(config, lengths=()) -> list:
-  """Traces (lowers, never runs) the train step of `config` at its training shapes, which
-  resolves every 'auto' attention call in it, and returns the lowered steps (`jax.stages.
-  Lowered`). Char LM: one, [batch_size, tgt_len] (and its memory); translation: one batch of
-  rows = max_tokens // L per padded length L of `lengths`."""
-  from relpos.training import tasks
-  from relpos.training.mesh import data_mesh
-
-  mesh = data_mesh()
-  if config.task == 'char_lm':
-    from relpos.training import char_lm_task
-
-    _, graphdef, state = char_lm_task.build(config, 256, mesh)
-    step = char_lm_task.train_step_fn(config, graphdef, mesh)
-    shape = (config.train.batch_size, config.train.tgt_len)
-    tokens = jnp.zeros(shape, jnp.int32)
-    return [step.lower(state, (tokens, tokens))]
-  tasks.get(config)  # validates config.task
-  from relpos.training import translation_task
-
-  vocab_size = config.data.vocab_size
-  graphdef, state = translation_task.build(config, vocab_size, mesh)
-  step = translation_task.train_step_fn(config, graphdef, mesh)
-  lowered = []
-  for length in lengths:
-    rows = max(mesh.size, config.data.max_tokens // length // mesh.size * mesh.size)
-    tokens = jnp.ones((rows, length), jnp.int32)
-    lowered.append(step.lower(state, {'src': tokens, 'tgt_in': tokens, 'tgt_out': tokens}))
-  return lowered
-
-
-def _main() -> None:
-  """The command line (module docstring)."""
-  from absl import app, flags
-  from ml_collections import config_flags
-
-  config_flag = config_flags.DEFINE_config_file('config', None, 'A char_lm or translate config.')
-  lengths_flag = flags.DEFINE_list(
-    'lengths',
-    ['32', '64', '128', '256'],
-    'Translation only: padded sentence lengths to tune (one batch of max_tokens // L rows each).',
-  )
-  force_flag = flags.DEFINE_bool(
-    'force', False, "Tune where 'auto' is 'xla' untimed (a CPU: Pallas interpreted), to check."
-  )
-  flags.mark_flags_as_required(['config'])
-
-  def main(argv):
-    del argv
-    if os.environ.get('JAX_COMPILATION_CACHE_DIR'):
-      jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
-    current = tuner()
-    current.path, current.force = default_cache_path(), force_flag.value
-    trace_train_step(config_flag.value, [int(n) for n in lengths_flag.value])
-    print(
-      f'device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}'
-    )
-    print(f'cache: {current.path}')
-    if not current.enabled():
-      print("tuning is off on this backend: 'auto' is 'xla' here")
-    for row in decision_table(current.decisions):
-      print(row)
-
-  app.run(main)
-
-
-if __name__ == '__main__':
-  runtime.apply_defaults()
-  # The kernels import relpos.attention.autotune (a module apart from this __main__) and
-  # consult its tuner: run the command there.
-  from relpos.attention import autotune as imported
-
-  imported._main()

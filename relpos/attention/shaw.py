@@ -412,8 +412,8 @@ def _shaw_mosaic(query, key, value, rel_key, rel_value, mask, causal):
 
 def _tuned(query, key, rel_key, rel_value, mask, causal, dropout_rate, block_sizes) -> str:
   """'auto' for this call: the autotuner's choice at its shapes and the caller's tiles
-  ('xla', 'pallas' or 'pallas@QxK'; `relpos.attention.autotune`, imported here so that
-  `python -m relpos.attention.autotune` loads that module only once)."""
+  ('xla', 'pallas' or 'pallas@QxK'; `relpos.attention.autotune`, imported here: it imports
+  this module)."""
   from relpos.attention import autotune
 
   return autotune.choose(

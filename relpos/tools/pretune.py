@@ -1,0 +1,109 @@
+"""Tunes a config's attention calls ahead of a run and prints what `'auto'` chose at each.
+
+    python -m relpos.tools.pretune --config=configs/enwik8_base.py
+    python -m relpos.tools.pretune --config=configs/wmt_base.py:shaw --lengths=32,64,128,256
+    python -m relpos.tools.pretune --config=configs/char_tiny.py --force   # a CPU: a check
+
+Traces (lowers, never runs) the config's train step at its training shapes, which resolves every
+`attention_implementation='auto'` call in it through `relpos.attention.autotune` (timed on a
+GPU, read from its cache where decided before), then prints the device, the decision cache and
+a table of the decisions: call signature, xla ms, pallas ms (default tiles), one column per
+other candidate timed ('pallas@QxK', 'cudnn', 'mosaic'; blank where it was not a candidate,
+'failed' where it failed), choice, and whether it was timed now or read from the cache. A run
+started afterwards on the same device reads the decisions instead of timing them at its first
+step. Translation configs are traced at one batch per padded length of `--lengths` (their
+buckets are fitted to the data); `--force` tunes on a CPU too (Pallas interpreted: a check of
+the command). Config overrides as train.py takes them (`--config.model.dtype=bfloat16`).
+"""
+
+import os
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from relpos import runtime
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'A char_lm or translate config.')
+_LENGTHS = flags.DEFINE_list(
+  'lengths',
+  ['32', '64', '128', '256'],
+  'Translation only: padded sentence lengths to tune (one batch of max_tokens // L rows each).',
+)
+_FORCE = flags.DEFINE_bool(
+  'force', False, "Tune where 'auto' is 'xla' untimed (a CPU: Pallas interpreted), to check."
+)
+flags.mark_flags_as_required(['config'])
+
+
+def decision_table(decisions) -> list[str]:
+  """Markdown rows: call signature, xla ms, pallas ms (default tiles), a column per other
+  candidate any decision timed (in order of appearance), choice, source. A cell is 'failed' for
+  a candidate that failed, blank for one not timed at that signature (or timed by process 0)."""
+  names = ['xla', 'pallas']
+  for d in decisions:
+    names += [name for name in d.ms if name not in names]
+
+  def cell(d, name):
+    if name not in d.ms:
+      return ''
+    return 'failed' if d.ms[name] is None else f'{d.ms[name]:.3f}'
+
+  header = ' | '.join(f'{name} ms' for name in names)
+  rows = [f'| call | {header} | choice | source |', '|---' * (len(names) + 3) + '|']
+  for d in decisions:
+    cells = ' | '.join(cell(d, name) for name in names)
+    rows.append(f'| {d.signature.text()} | {cells} | {d.choice} | {d.source} |')
+  return rows
+
+
+def trace_train_step(config, lengths=()) -> list:
+  """Traces (lowers, never runs) the train step of `config` at its training shapes, which
+  resolves every 'auto' attention call in it, and returns the lowered steps (`jax.stages.
+  Lowered`). Char LM: one, [batch_size, tgt_len] (and its memory); translation: one batch of
+  rows = max_tokens // L per padded length L of `lengths`."""
+  import jax.numpy as jnp
+
+  from relpos.training import char_lm_task, tasks, translation_task
+  from relpos.training.mesh import data_mesh
+
+  mesh = data_mesh()
+  if config.task == 'char_lm':
+    _, graphdef, state = char_lm_task.build(config, 256, mesh)
+    step = char_lm_task.train_step_fn(config, graphdef, mesh)
+    shape = (config.train.batch_size, config.train.tgt_len)
+    tokens = jnp.zeros(shape, jnp.int32)
+    return [step.lower(state, (tokens, tokens))]
+  tasks.get(config)  # validates config.task
+  vocab_size = config.data.vocab_size
+  graphdef, state = translation_task.build(config, vocab_size, mesh)
+  step = translation_task.train_step_fn(config, graphdef, mesh)
+  lowered = []
+  for length in lengths:
+    rows = max(mesh.size, config.data.max_tokens // length // mesh.size * mesh.size)
+    tokens = jnp.ones((rows, length), jnp.int32)
+    lowered.append(step.lower(state, {'src': tokens, 'tgt_in': tokens, 'tgt_out': tokens}))
+  return lowered
+
+
+def main(argv) -> None:
+  del argv
+  import jax
+
+  from relpos.attention import autotune
+
+  if os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+    jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
+  current = autotune.tuner()
+  current.path, current.force = autotune.default_cache_path(), _FORCE.value
+  trace_train_step(_CONFIG.value, [int(n) for n in _LENGTHS.value])
+  print(f'device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}')
+  print(f'cache: {current.path}')
+  if not current.enabled():
+    print("tuning is off on this backend: 'auto' is 'xla' here")
+  for row in decision_table(current.decisions):
+    print(row)
+
+
+if __name__ == '__main__':
+  runtime.apply_defaults()
+  app.run(main)
