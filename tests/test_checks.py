@@ -3,6 +3,7 @@ before any data is read; the launchers print it without a traceback."""
 
 import types
 
+import numpy as np
 import pytest
 from helpers import load_config
 
@@ -11,6 +12,18 @@ from relpos.training import char_lm_task as char_lm
 from relpos.training import translation_task as translate
 
 FOUR_DEVICES = types.SimpleNamespace(size=4)
+
+
+def _devices_of(platform: str, size: int = 1):
+  """A stand-in mesh of `size` devices of `platform` (what check_config reads of a mesh)."""
+  devices = np.array([types.SimpleNamespace(platform=platform)] * size)
+  return types.SimpleNamespace(size=size, devices=devices)
+
+
+CPU = _devices_of('cpu')
+TPU = _devices_of('tpu')
+GPU = _devices_of('gpu')
+BF16_XL = {'model.dtype': 'bfloat16', 'model.attention_dropout': 0.0}
 
 # (task, preset, {field: value}, devices, the start of the error). One row per class of field.
 BAD_CONFIGS = [
@@ -51,6 +64,10 @@ BAD_CONFIGS = [
   ('translate', 'shaw', {'eval.max_relative_position': -2}, None, 'must be >= -1'),
   ('translate', 'shaw', {'eval.max_relative_position': 17}, None, 'must be <= the trained'),
   ('char_lm', 'xl', {'eval.max_relative_position': 2}, None, "clips Shaw's tables, but"),
+  # an attention implementation the devices' platform has not (JAX would fail at the compile)
+  ('char_lm', 'xl', {'model.attention_implementation': 'cudnn', **BF16_XL}, CPU, 'runs on gpu'),
+  ('char_lm', 'xl', {'model.attention_implementation': 'pallas'}, TPU, 'not lower for a TPU'),
+  ('translate', 'shaw', {'model.attention_implementation': 'mosaic', **BF16_XL}, TPU, 'on cpu'),
 ]
 TASKS = {'char_lm': (char_lm, 'char_tiny'), 'translate': (translate, 'translate_tiny')}
 
@@ -149,3 +166,20 @@ def test_the_launcher_prints_one_line_and_exits_1(commands, tmp_path, config, fl
   assert 'Traceback' not in result.stderr, result.stderr
   errors = [line for line in result.stderr.splitlines() if line.startswith('error: ')]
   assert len(errors) == 1 and message in errors[0], result.stderr
+
+
+@pytest.mark.parametrize('implementation', ['auto', 'xla', 'pallas', 'cudnn', 'mosaic'])
+def test_every_implementation_passes_on_a_gpu(implementation):
+  config = _with(load_config('char_tiny', 'xl'), BF16_XL)
+  config.model.attention_implementation = implementation
+  char_lm.TASK.check_config(config, GPU)
+
+
+def test_evaluating_a_cudnn_run_off_a_gpu_is_one_line(tmp_path):
+  """A run trained with 'cudnn' on a GPU, scored on a CPU: one line naming the field, before
+  any checkpoint is read (any other implementation gives the same scores)."""
+  config = _with(load_config('char_tiny', 'xl'), BF16_XL)
+  config.model.attention_implementation = 'cudnn'
+  with pytest.raises(ValueError, match="attention_implementation='cudnn' runs on gpu") as error:
+    char_lm.TASK.evaluate(config, tmp_path)
+  assert '\n' not in str(error.value)

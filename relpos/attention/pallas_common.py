@@ -91,6 +91,32 @@ SERVES = {
   'mosaic': ('shaw', 'xl'),
 }
 IMPLEMENTATIONS = tuple(SERVES)
+# The platforms (JAX's device.platform) each implementation runs on, and why not the others.
+RUNS_ON = {
+  'auto': ('cpu', 'gpu', 'tpu'),
+  'xla': ('cpu', 'gpu', 'tpu'),
+  'pallas': ('cpu', 'gpu'),
+  'cudnn': ('gpu',),
+  'mosaic': ('cpu', 'gpu'),
+}
+_WHY = {
+  'pallas': 'Triton kernels, interpreted on a CPU; they do not lower for a TPU',
+  'cudnn': "cuDNN's flash attention, on NVIDIA GPUs",
+  'mosaic': 'Mosaic GPU kernels for Hopper GPUs, interpreted on a CPU',
+}
+
+
+def check_runs_on(implementation: str, platform: str, *, where: str = 'implementation') -> None:
+  """ValueError of one line, naming `where`, if `implementation` does not run on devices of
+  `platform` ('cpu', 'gpu', 'tpu'): e.g. 'cudnn' on a CPU, which JAX would refuse only when
+  the step compiles, with a traceback."""
+  runs_on = RUNS_ON.get(implementation, (platform,))
+  if platform not in runs_on:
+    raise ValueError(
+      f'{where}={implementation!r} runs on {" and ".join(runs_on)} devices only '
+      f"({_WHY[implementation]}); this run's devices are {platform}: use 'auto' or 'xla'"
+    )
+
 
 # Finite "minus infinity" for masked logits (as masking._MASKED_LOGIT): exp underflows to 0.
 MASKED_LOGIT = -1e30

@@ -107,7 +107,8 @@ class ModelConfig:
     "Shaw's and XL's kernels: 'auto' (on a GPU the fastest, timed at each call's shapes: "
     "relpos.attention.autotune; XLA elsewhere), 'xla', 'pallas', (XL, bfloat16, no "
     "attention dropout) 'cudnn' or (Shaw and XL, bfloat16, no attention dropout; causal "
-    "calls, 'xla' at the others) 'mosaic'",
+    "calls, 'xla' at the others) 'mosaic'; 'cudnn' runs on NVIDIA GPUs only, 'pallas' and "
+    "'mosaic' on GPUs (interpreted on a CPU), checked against the devices before a run",
     read_by=(*_SHAW, 'xl'),
   )
   dtype: str = field(

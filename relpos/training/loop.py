@@ -43,6 +43,7 @@ import numpy as np
 from flax import nnx
 
 from relpos import flops as flops_lib
+from relpos.attention.pallas_common import check_runs_on
 from relpos.config import checks, fields
 from relpos.config.recorded import record_config
 from relpos.models.multihead_attention import clip_shaw_tables
@@ -91,6 +92,15 @@ class Training:
   step_flops: Callable[[Any], float] | None = None
 
 
+def check_platform(config, platform: str) -> None:
+  """ValueError of one line if config.model.attention_implementation does not run on devices
+  of `platform` (`pallas_common.check_runs_on`): e.g. a run trained with 'cudnn' on a GPU and
+  evaluated on a CPU, where any other implementation gives the same scores."""
+  if 'attention_implementation' in config.model:
+    where = 'config.model.attention_implementation'
+    check_runs_on(config.model.attention_implementation, platform, where=where)
+
+
 class Task(abc.ABC):
   """A task train.py and eval.py run; `config.task` names it (`relpos.training.tasks`)."""
 
@@ -102,9 +112,12 @@ class Task(abc.ABC):
   def check_config(self, config: ml_collections.ConfigDict, mesh=None) -> None:
     """Raises ValueError naming the field for any config the run cannot honour: every field's
     rule, the model's typed config, and the rules across fields (with `mesh`, those of the
-    batch against the devices)."""
+    batch against the devices, and the attention implementation against their platform)."""
     checks.check(config, fields.rules(self.declaration, skip=('model',)))
     self.check_combinations(config, mesh)
+    devices = getattr(mesh, 'devices', None)
+    if devices is not None:
+      check_platform(config, devices.flat[0].platform)
 
   @abc.abstractmethod
   def check_combinations(self, config: ml_collections.ConfigDict, mesh) -> None:
@@ -138,6 +151,7 @@ class Task(abc.ABC):
     workdir = Path(workdir)
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     self.check_config(config)
+    check_platform(config, jax.default_backend())
     output_dir = workdir if output_dir is None else Path(output_dir)
     check_trained(workdir).close()
     try:
