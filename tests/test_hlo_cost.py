@@ -8,6 +8,15 @@ from hlo_cost import DEVICES, Device, census, launch_cost, launches, parse, roof
 # stacked [4,8,16] f32 weight through a dynamic slice, a fusion that writes a [1,8,16] update
 # into a [4,8,16] buffer in place, a loop (trip count 3) whose body launches one elementwise
 # fusion, a conditional with a cheap and a dear branch, and an unfused layout copy.
+FUSED_UPDATE = """\
+%fused_update (u0: f32[4,8,16], u1: f32[1,8,16], u2: s32[]) -> f32[4,8,16] {
+  %u1 = f32[1,8,16]{2,1,0} parameter(1)
+  %u0 = f32[4,8,16]{2,1,0} parameter(0)
+  %u2 = s32[] parameter(2)
+  %zero.1 = s32[] constant(0)
+  ROOT %dus = f32[4,8,16]{2,1,0} dynamic-update-slice(%u0, %u1, %u2, %zero.1, %zero.1)
+}
+"""
 HLO = """\
 HloModule jit_step, entry_computation_layout={(bf16[8,16]{1,0})->f32[32,8]{0,1}}
 
@@ -25,13 +34,7 @@ HloModule jit_step, entry_computation_layout={(bf16[8,16]{1,0})->f32[32,8]{0,1}}
   ROOT %neg = f32[1,8,16]{2,1,0} negate(%ds)
 }
 
-%fused_update (u0: f32[4,8,16], u1: f32[1,8,16], u2: s32[]) -> f32[4,8,16] {
-  %u1 = f32[1,8,16]{2,1,0} parameter(1)
-  %u0 = f32[4,8,16]{2,1,0} parameter(0)
-  %u2 = s32[] parameter(2)
-  %zero.1 = s32[] constant(0)
-  ROOT %dus = f32[4,8,16]{2,1,0} dynamic-update-slice(%u0, %u1, %u2, %zero.1, %zero.1)
-}
+@FUSED_UPDATE@
 
 %fused_add (a0: f32[1024]) -> f32[1024] {
   %a0 = f32[1024]{0} parameter(0)
@@ -77,7 +80,7 @@ ENTRY %main (a: bf16[8,16], b: bf16[16,32], w: f32[4,8,16], v: f32[1024], j: s32
   %branch = f32[1024]{0} conditional(%p, %v, %v), true_computation=%cheap, false_computation=%dear
   ROOT %copy = f32[32,8]{0,1} copy(%gemm)
 }
-"""  # noqa: E501
+""".replace('@FUSED_UPDATE@\n', FUSED_UPDATE)  # noqa: E501
 MODULE = parse(HLO)
 
 
@@ -192,13 +195,7 @@ def test_devices_are_the_data_sheet_figures():
 ASYNC_HLO = """\
 HloModule jit_async
 
-%fused_update (u0: f32[4,8,16], u1: f32[1,8,16], u2: s32[]) -> f32[4,8,16] {
-  %u1 = f32[1,8,16]{2,1,0} parameter(1)
-  %u0 = f32[4,8,16]{2,1,0} parameter(0)
-  %u2 = s32[] parameter(2)
-  %zero.1 = s32[] constant(0)
-  ROOT %dus = f32[4,8,16]{2,1,0} dynamic-update-slice(%u0, %u1, %u2, %zero.1, %zero.1)
-}
+@FUSED_UPDATE@
 
 ENTRY %main (w: f32[4,8,16], u: f32[1,8,16], j: s32[]) -> f32[4,8,16] {
   %w = f32[4,8,16]{2,1,0} parameter(0)
@@ -207,7 +204,7 @@ ENTRY %main (w: f32[4,8,16], u: f32[1,8,16], j: s32[]) -> f32[4,8,16] {
   %start = ((f32[4,8,16]{2,1,0}, f32[1,8,16]{2,1,0}, s32[]), f32[4,8,16]{2,1,0}, u32[]) fusion-start(%w, %u, %j), kind=kLoop, calls=%fused_update
   ROOT %done = f32[4,8,16]{2,1,0} fusion-done(%start)
 }
-"""  # noqa: E501
+""".replace('@FUSED_UPDATE@\n', FUSED_UPDATE)  # noqa: E501
 
 
 def test_an_asynchronous_fusion_is_one_launch_costed_as_the_fusion_it_wraps():
