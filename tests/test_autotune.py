@@ -11,6 +11,9 @@ import dataclasses
 import importlib
 import json
 import logging
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -18,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import REPO
 
 from relpos import runtime
 from relpos.attention import autotune, shaw_attention, xl_attention
@@ -843,3 +847,18 @@ def test_a_real_candidate_compiled_ahead_gives_the_gradients_of_one_jitted_call(
   assert autotune.compile_concurrently({'xla': ahead}) == {}
   for got, want in zip(jax.tree.leaves(ahead()), jax.tree.leaves(first()), strict=True):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_the_pretune_command_prints_the_device_the_cache_and_a_table(tmp_path):
+  """`python -m relpos.tools.pretune --config=...` on a CPU: tuning is off, so 'auto' is 'xla'
+  and the table is empty; the command's flags are its own (defined when it runs)."""
+  env = {**os.environ, 'RELPOS_AUTOTUNE_CACHE': str(tmp_path / 'autotune.json')}
+  command = [sys.executable, '-m', 'relpos.tools.pretune', '--config=configs/char_tiny.py']
+  result = subprocess.run(
+    command, capture_output=True, text=True, cwd=REPO, env=env, timeout=300, check=False
+  )
+  assert result.returncode == 0, result.stderr[-2000:]
+  lines = result.stdout.splitlines()
+  assert lines[0].startswith('device: ') and lines[1] == f'cache: {tmp_path / "autotune.json"}'
+  assert "tuning is off on this backend: 'auto' is 'xla' here" in lines
+  assert lines[-2:] == ['| call | xla ms | pallas ms | choice | source |', '|---|---|---|---|---|']

@@ -23,17 +23,6 @@ from ml_collections import config_flags
 
 from relpos import runtime
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'A char_lm or translate config.')
-_LENGTHS = flags.DEFINE_list(
-  'lengths',
-  ['32', '64', '128', '256'],
-  'Translation only: padded sentence lengths to tune (one batch of max_tokens // L rows each).',
-)
-_FORCE = flags.DEFINE_bool(
-  'force', False, "Tune where 'auto' is 'xla' untimed (a CPU: Pallas interpreted), to check."
-)
-flags.mark_flags_as_required(['config'])
-
 
 def decision_table(decisions) -> list[str]:
   """Markdown rows: call signature, xla ms, pallas ms (default tiles), a column per other
@@ -85,17 +74,33 @@ def trace_train_step(config, lengths=()) -> list:
   return lowered
 
 
+def define_flags() -> None:
+  """The command line's flags: defined when it runs, not on import (tests import this module
+  beside others that define a --config)."""
+  config_flags.DEFINE_config_file('config', None, 'A char_lm or translate config.')
+  flags.DEFINE_list(
+    'lengths',
+    ['32', '64', '128', '256'],
+    'Translation only: padded sentence lengths to tune (one batch of max_tokens // L rows each).',
+  )
+  flags.DEFINE_bool(
+    'force', False, "Tune where 'auto' is 'xla' untimed (a CPU: Pallas interpreted), to check."
+  )
+  flags.mark_flags_as_required(['config'])
+
+
 def main(argv) -> None:
   del argv
   import jax
 
   from relpos.attention import autotune
 
+  options = flags.FLAGS
   if os.environ.get('JAX_COMPILATION_CACHE_DIR'):
     jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
   current = autotune.tuner()
-  current.path, current.force = autotune.default_cache_path(), _FORCE.value
-  trace_train_step(_CONFIG.value, [int(n) for n in _LENGTHS.value])
+  current.path, current.force = autotune.default_cache_path(), options.force
+  trace_train_step(options.config, [int(n) for n in options.lengths])
   print(f'device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}')
   print(f'cache: {current.path}')
   if not current.enabled():
@@ -106,4 +111,5 @@ def main(argv) -> None:
 
 if __name__ == '__main__':
   runtime.apply_defaults()
+  define_flags()
   app.run(main)
