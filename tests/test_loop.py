@@ -4,6 +4,7 @@ regression): the cadence, resume, the NaN stop and SIGTERM come from the loop al
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 
@@ -19,6 +20,7 @@ from relpos.config.fields import field, section, subsection
 from relpos.config.shared import EvalConfig, OptimConfig, RunFields, TrainConfig
 from relpos.training import loop
 from relpos.training import mesh as mesh_lib
+from relpos.training import progress as loop_progress
 from relpos.training.preemption import PreemptedError
 
 _TRUE_WEIGHTS = np.array([[1.5], [-2.0], [0.5]], np.float32)
@@ -137,8 +139,10 @@ def test_the_progress_line_gives_mfu_where_the_devices_peak_is_known(tmp_path, c
   monkeypatch.setattr(Regression, 'step_flops', staticmethod(lambda batch: flops_per_step))
   monkeypatch.setattr(loop.flops_lib, 'devices_peak', lambda devices, dtype: 1e6)
   TASK.train_and_evaluate(_config(), tmp_path / 'run')
-  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('step ')]
+  out = capsys.readouterr().out.splitlines()
+  lines = [line for line in out if re.match(r'step \d+/', line)]
   assert len(lines) == 4 and all(' | MFU ' in line and '% | ETA ' in line for line in lines)
+  assert re.match(r'step 1: [\d.]+ s, compiling the step and running it once$', out[0])
   records = [r for r in _records(tmp_path / 'run') if 'train/loss' in r]
   assert all(0 < r['train/mfu'] for r in records)
   for record in records:  # MFU = FLOPs per second / peak; tokens per second = 32 rows per step
@@ -234,3 +238,21 @@ def test_with_one_step_in_flight_each_step_waits_for_the_previous(tmp_path, monk
   # log_every=2: steps 1, 3, 5, 7 are waited for by the next dispatch, 2, 4, 6, 8 by the log.
   assert len(dispatched) == 8
   assert [any(w is d for w in waited) for d in dispatched] == [True, False] * 4
+
+
+def test_a_step_timed_apart_stays_out_of_the_next_reports_rate(monkeypatch):
+  """`Progress.restart` after a first step that compiled: the next report's tokens/s, MFU and
+  ETA count the steps after it only (its tokens and FLOPs left out)."""
+  from relpos.training.progress import Progress
+
+  clock = iter([0.0, 30.0, 34.0])  # start; the first step took 30 s; steps 2 to 5 took 4 s
+  monkeypatch.setattr(loop_progress.time, 'perf_counter', lambda: next(clock))
+  progress = Progress(total_steps=9, peak_flops=100.0)
+  progress.count(5.0)  # the first step's FLOPs
+  assert progress.restart(1, uncounted_tokens=10) == 30.0
+  for _ in range(4):
+    progress.count(5.0)
+  tokens_per_second, text = progress.report(5, tokens=50)  # 5 steps' tokens, 4 timed
+  assert tokens_per_second == 40 / 4
+  assert progress.mfu == 20.0 / 4 / 100.0
+  assert text.endswith('| ETA 0m04s')  # 1 s a step, 4 steps left

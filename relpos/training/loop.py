@@ -572,6 +572,12 @@ def _train(task: Task, config, workdir: Path, preemption, allow_config_change, r
       if run.step_flops is not None and progress.peak_flops:
         progress.count(run.step_flops(batch))
       done = step + 1
+      if step == start_step and done % train_config.log_every and done < train_config.steps:
+        # This process's first step compiled the step (and tuned 'auto'): timed apart, so that
+        # the first report's tokens/s, MFU and ETA are the training's, not the compile's.
+        tokens = int(jax.device_get(sums['tokens']))
+        seconds = progress.restart(done, uncounted_tokens=tokens)
+        print(f'step {done}: {seconds:.1f} s, compiling the step and running it once', flush=True)
       if done % train_config.log_every == 0 or done == train_config.steps:
         log(done)
       reached['step'] = done

@@ -18,7 +18,18 @@ class Progress:
   def __init__(self, total_steps: int, start_step: int = 0, peak_flops: float | None = None):
     self.total_steps, self.peak_flops = total_steps, peak_flops
     self._step, self._time, self._flops = start_step, time.perf_counter(), 0.0
+    self._uncounted_tokens = 0  # of a step timed apart (`restart`), in the report's tokens
     self.mfu = None  # of the last report, or None
+
+  def restart(self, step: int, *, uncounted_tokens: int = 0) -> float:
+    """Starts the interval again at `step`, after a step that compiled (and tuned 'auto'), and
+    returns that step's seconds: its time and FLOPs stay out of the throughput, MFU and ETA,
+    and `uncounted_tokens`, its tokens, out of the next report's count."""
+    now = time.perf_counter()
+    seconds = now - self._time
+    self._step, self._time, self._flops = step, now, 0.0
+    self._uncounted_tokens = uncounted_tokens
+    return seconds
 
   def count(self, flops: float) -> None:
     """Adds a step's model FLOPs to the interval's (only worth calling with a peak)."""
@@ -31,6 +42,7 @@ class Progress:
     seconds = now - self._time
     seconds_per_step = seconds / max(1, step - self._step)
     self._step, self._time = step, now
+    tokens, self._uncounted_tokens = tokens - self._uncounted_tokens, 0
     tokens_per_second = tokens / seconds
     eta = _duration(seconds_per_step * max(0, self.total_steps - step))
     flops, self._flops = self._flops, 0.0
