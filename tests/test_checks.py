@@ -183,3 +183,13 @@ def test_evaluating_a_cudnn_run_off_a_gpu_is_one_line(tmp_path):
   with pytest.raises(ValueError, match="attention_implementation='cudnn' runs on gpu") as error:
     char_lm.TASK.evaluate(config, tmp_path)
   assert '\n' not in str(error.value)
+
+
+def test_a_run_refused_by_its_devices_writes_nothing(tmp_path):
+  """The devices' checks (here 'cudnn' on a CPU) run before the workdir is made: nothing is
+  left behind to mistake for a run."""
+  config = _with(load_config('char_tiny', 'xl'), BF16_XL)
+  config.model.attention_implementation = 'cudnn'
+  with pytest.raises(ValueError, match="'cudnn' runs on gpu devices only"):
+    char_lm.TASK.train_model(config, tmp_path / 'run')
+  assert not (tmp_path / 'run').exists()

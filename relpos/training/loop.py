@@ -480,6 +480,8 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   """
   workdir = Path(workdir)
   check_task(workdir, config.get('task'))  # before anything else: the workdir's run
+  mesh = mesh_lib.data_mesh()
+  task.check_config(config, mesh)  # before writing, reading data or compiling anything
   prepare_workdir(workdir)
   reached = {'step': 0, 'checkpoints': None}
 
@@ -488,7 +490,7 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
     return checkpoints.last_good() if checkpoints else last_good_in(workdir)
 
   try:
-    _train(task, config, workdir, preemption, allow_config_change, reached)
+    _train(task, config, workdir, mesh, preemption, allow_config_change, reached)
   except OSError as error:
     path = Path(error.filename) if error.filename else None
     inside = path is not None and workdir.resolve() in (path.resolve(), *path.resolve().parents)
@@ -503,10 +505,9 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
     raise out_of_memory_fault(config, reached['step'] + 1, last_good()) from error
 
 
-def _train(task: Task, config, workdir: Path, preemption, allow_config_change, reached: dict):
-  """`train`'s run; `reached` keeps the step reached and the checkpoints, for its faults."""
-  mesh = mesh_lib.data_mesh()
-  task.check_config(config, mesh)  # before reading data or compiling anything
+def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_change, reached: dict):
+  """`train`'s run over `mesh` (its config checked); `reached` keeps the step reached and the
+  checkpoints, for its faults."""
   if mesh_lib.is_writer():
     record_config(config, workdir, allow_change=allow_config_change)
   run = task.training(config, workdir, mesh)
