@@ -197,3 +197,26 @@ def test_token_losses_equal_smoothed_cross_entropy_and_its_gradient():
   # d loss / d z = softmax(z) - smoothed target, on real tokens only
   want_grad = (np.exp(log_p) - smoothed) * real[..., None]
   np.testing.assert_allclose(np.asarray(jax.grad(total_loss)(logits)), want_grad, atol=1e-6)
+
+
+def test_validation_compiles_its_loss_once_per_batch_shape(monkeypatch):
+  """`eval_loss`, which training calls at every validation, traces its jitted loss once per
+  model and batch shape: a second call with new parameters of the same model reuses it."""
+  from relpos.config import load_config_file
+  from relpos.data.token_batches import TokenBatches
+
+  config = load_config_file(Path(__file__).parent.parent / 'configs/translate_tiny.py', 'shaw')
+  config.model.update(encoder_layers=1, decoder_layers=1, d_model=32, num_heads=2, d_ff=64)
+  model = Transformer(translate.model_config(config, 40), rngs=nnx.Rngs(0))
+  batches = TokenBatches(
+    [([5, 6, 7], [8, 9]), ([5, 6], [7, 8, 9])], max_length=7, rows=2, boundaries=[8]
+  )
+  traced = []
+  real = translate.token_losses
+  monkeypatch.setattr(translate, 'token_losses', lambda *args: traced.append(1) or real(*args))
+  first = translate.eval_loss(model, batches)
+  graphdef, state = nnx.split(model)
+  moved = jax.tree.map(lambda x: x * 1.01 if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+  second = translate.eval_loss(nnx.merge(graphdef, moved), batches)
+  assert len(traced) == 1
+  assert first['tokens'] == second['tokens'] and first['nll'] != second['nll']
