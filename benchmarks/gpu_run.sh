@@ -56,7 +56,8 @@
 #   long_context    the largest n = tgt_len = mem_len that trains, xl and shaw, mosaic,
 #                   pallas and xla, bf16, doubling from just below gpu_compile.py's predicted
 #                   limit (xla 4096, the kernels 65536; batch 1, enwik8_base width)      (180)
-#   autotune        python -m relpos.tools.pretune's tables for enwik8_base and wmt_base
+#   autotune        python -m relpos.tools.pretune's tables for enwik8_base and wmt_base, train
+#                   steps and (forward passes alone) evaluations
 #                   (the decisions the parts above logged, in one table each)             (120)
 # Environment: OUT (default ./gpu_out) gets gpu_run.md (the log: device, date, versions,
 # commit, a table of the parts, each part's result lines and log tail), raw_logs.tar.gz

@@ -862,3 +862,31 @@ def test_the_pretune_command_prints_the_device_the_cache_and_a_table(tmp_path):
   assert lines[0].startswith('device: ') and lines[1] == f'cache: {tmp_path / "autotune.json"}'
   assert "tuning is off on this backend: 'auto' is 'xla' here" in lines
   assert lines[-2:] == ['| call | xla ms | pallas ms | choice | source |', '|---|---|---|---|---|']
+
+
+def test_pretuning_traces_the_evaluation_at_its_shapes_as_forward_passes():
+  """`trace_eval_step`: the char LM's bits-per-char segment at config.eval's batch, tgt_len and
+  mem_len, and translation's eval loss per padded length, tuned as forward passes ('fwd')."""
+  root = Path(__file__).parent.parent
+  config = load_config_file(root / 'configs/char_tiny.py')
+  config.model.num_layers = 1
+  with autotune.tuning(timer=_times(1.0, 2.0)) as tuner:
+    pretune.trace_eval_step(config)
+  (decision,) = tuner.decisions
+  s, span = decision.signature, config.eval
+  assert (s.batch, s.q_len, s.kv_len, s.backward) == (
+    autotune.timed_batch(span.batch_size),
+    span.tgt_len,
+    span.mem_len + span.tgt_len,
+    False,
+  )
+  config = load_config_file(root / 'configs/translate_tiny.py', 'shaw')
+  config.data.max_tokens, config.data.vocab_size = 64, 40
+  config.model.update(encoder_layers=1, decoder_layers=1, d_model=32, num_heads=2, d_ff=64)
+  with autotune.tuning(timer=_times(1.0, 2.0)) as tuner:
+    pretune.trace_eval_step(config, [8])
+  signatures = [d.signature for d in tuner.decisions]
+  assert [(s.q_len, s.causal, s.backward) for s in signatures] == [
+    (8, False, False),
+    (8, True, False),
+  ]

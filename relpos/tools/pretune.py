@@ -4,16 +4,18 @@
     python -m relpos.tools.pretune --config=configs/wmt_base.py:shaw --lengths=32,64,128,256
     python -m relpos.tools.pretune --config=configs/char_tiny.py --force   # a CPU: a check
 
-Traces (lowers, never runs) the config's train step at its training shapes, which resolves every
-`attention_implementation='auto'` call in it through `relpos.attention.autotune` (timed on a
-GPU, read from its cache where decided before), then prints the device, the decision cache and
-a table of the decisions: call signature, xla ms, pallas ms (default tiles), one column per
-other candidate timed ('pallas@QxK', 'cudnn', 'mosaic'; blank where it was not a candidate,
-'failed' where it failed), choice, and whether it was timed now or read from the cache. A run
-started afterwards on the same device reads the decisions instead of timing them at its first
-step. Translation configs are traced at one batch per padded length of `--lengths` (their
-buckets are fitted to the data); `--force` tunes on a CPU too (Pallas interpreted: a check of
-the command). Config overrides as train.py takes them (`--config.model.dtype=bfloat16`).
+Traces (lowers, never runs) the config's train step at its training shapes and its evaluation
+at its eval shapes, which resolves every `attention_implementation='auto'` call in them through
+`relpos.attention.autotune` (timed on a GPU, read from its cache where decided before: the
+train step's calls forward and backward, the evaluation's forward only), then prints the
+device, the decision cache and a table of the decisions: call signature, xla ms, pallas ms
+(default tiles), one column per other candidate timed ('pallas@QxK', 'cudnn', 'mosaic'; blank
+where it was not a candidate, 'failed' where it failed), choice, and whether it was timed now
+or read from the cache. A run started afterwards on the same device reads the decisions
+instead of timing them at its first step. Translation configs are traced at one batch per
+padded length of `--lengths` (their buckets are fitted to the data); `--force` tunes on a CPU
+too (Pallas interpreted: a check of the command). Config overrides as train.py takes them
+(`--config.model.dtype=bfloat16`).
 """
 
 import os
@@ -89,6 +91,41 @@ def define_flags() -> None:
   flags.mark_flags_as_required(['config'])
 
 
+def trace_eval_step(config, lengths=()) -> list:
+  """Traces (lowers, never runs) the evaluation of `config` at its eval shapes, which resolves
+  its 'auto' calls as forward passes ('fwd' signatures: `autotune.forward_only`), and returns
+  the lowered functions. Char LM: one segment of [eval.batch_size, eval.tgt_len] over
+  eval.mem_len of memory (`char_lm_task.score_segment`, bits per char); translation: the eval
+  loss (`translation_task.batch_nll`) at one batch of max_tokens // L rows per padded length L
+  of `lengths`. (Beam search, whose calls grow a step at a time, is not traced.)"""
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from relpos.training import char_lm_task, tasks, translation_task
+
+  if config.task == 'char_lm':
+    model = char_lm_task.TransformerXL(
+      char_lm_task.model_config(config, 256), rngs=nnx.Rngs(config.seed)
+    )
+    graphdef, state = nnx.split(model)
+    span = config.eval
+    memory = model.init_memory(span.batch_size, span.mem_len)
+    tokens = jnp.zeros((span.batch_size, span.tgt_len), jnp.int32)
+    args = (memory, tokens, tokens, span.clamp_len, span.same_length)
+    return [char_lm_task.score_segment.lower(graphdef, state, *args)]
+  tasks.get(config)  # validates config.task
+  model = translation_task.Transformer(
+    translation_task.model_config(config, config.data.vocab_size), rngs=nnx.Rngs(config.seed)
+  )
+  graphdef, state = nnx.split(model)
+  lowered = []
+  for length in lengths:
+    tokens = jnp.ones((max(1, config.data.max_tokens // length), length), jnp.int32)
+    batch = {'src': tokens, 'tgt_in': tokens, 'tgt_out': tokens}
+    lowered.append(translation_task.batch_nll.lower(graphdef, state, batch))
+  return lowered
+
+
 def main(argv) -> None:
   del argv
   import jax
@@ -100,7 +137,9 @@ def main(argv) -> None:
     jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
   current = autotune.tuner()
   current.path, current.force = autotune.default_cache_path(), options.force
-  trace_train_step(options.config, [int(n) for n in options.lengths])
+  lengths = [int(n) for n in options.lengths]
+  trace_train_step(options.config, lengths)
+  trace_eval_step(options.config, lengths)
   print(f'device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}')
   print(f'cache: {current.path}')
   if not current.enabled():

@@ -121,7 +121,7 @@ def train_step_fn(config, graphdef, mesh):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5, 6))
-def _segment_nats(graphdef, state, memory, inputs, targets, clamp_len, same_length):
+def score_segment(graphdef, state, memory, inputs, targets, clamp_len, same_length):
   """(nats of one segment summed over its rows, per position [L]; the next memory); compiled
   once per model structure, segment shape and settings, so periodic validation does not
   recompile."""
@@ -151,7 +151,7 @@ def bits_per_char(model, tokens, span, *, batch_size: int, max_segments: int = 0
   for segment, inputs, targets in batches.iterate():
     if max_segments and segment >= max_segments:
       break
-    nats, memory = _segment_nats(
+    nats, memory = score_segment(
       graphdef,
       state,
       memory,

@@ -87,7 +87,7 @@ def train_step_fn(config, graphdef, mesh):
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _batch_nll(graphdef, state, batch):
+def batch_nll(graphdef, state, batch):
   """Summed unsmoothed nats of a batch's real target tokens; compiled once per model structure
   and batch shape, so periodic validation does not compile again (a function jitted inside
   `eval_loss` was a new function, traced and compiled anew, at every validation)."""
@@ -102,7 +102,7 @@ def eval_loss(model, batches: TokenBatches) -> dict:
   total_nll, total_tokens = 0.0, 0
   for batch in batches.iterate_once():
     arrays = {name: jnp.asarray(batch[name]) for name in ('src', 'tgt_in', 'tgt_out')}
-    total_nll += float(_batch_nll(graphdef, state, arrays))
+    total_nll += float(batch_nll(graphdef, state, arrays))
     total_tokens += int(np.sum(batch['tgt_out'] != PAD_ID))
   nll = total_nll / max(total_tokens, 1)
   return {'nll': nll, 'perplexity': scoring.perplexity(nll), 'tokens': total_tokens}
