@@ -136,6 +136,7 @@ from absl import logging
 from relpos import runtime
 from relpos.attention import mosaic_dispatch
 from relpos.attention.pallas_common import (
+  CUDNN_DTYPES,
   DEFAULT_BLOCK,
   Tiling,
   parse_choice,
@@ -143,7 +144,6 @@ from relpos.attention.pallas_common import (
   triton_size,
 )
 from relpos.attention.pallas_xl import DEFAULT_XL_BLOCK
-from relpos.attention.xl import CUDNN_DTYPES
 
 # (block_q, block_k) timed besides each kernel's default tiles with RELPOS_AUTOTUNE_TILINGS=1
 # (module docstring, The candidates): then at most 3 Pallas candidates per signature.

@@ -91,6 +91,7 @@ SERVES = {
   'mosaic': ('shaw', 'xl'),
 }
 IMPLEMENTATIONS = tuple(SERVES)
+CUDNN_DTYPES = ('bfloat16', 'float16')  # what 'cudnn' (cuDNN's flash attention) takes
 # The platforms (JAX's device.platform) each implementation runs on, and why not the others.
 RUNS_ON = {
   'auto': ('cpu', 'gpu', 'tpu'),

@@ -38,7 +38,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from relpos.attention import mosaic_dispatch, mosaic_shaw
+from relpos.attention import autotune, mosaic_dispatch, mosaic_shaw
 from relpos.attention.dot_product import attend, check_qkv, content_logits
 from relpos.attention.masking import (
   accumulation_dtype,
@@ -412,10 +412,7 @@ def _shaw_mosaic(query, key, value, rel_key, rel_value, mask, causal):
 
 def _tuned(query, key, rel_key, rel_value, mask, causal, dropout_rate, block_sizes) -> str:
   """'auto' for this call: the autotuner's choice at its shapes and the caller's tiles
-  ('xla', 'pallas' or 'pallas@QxK'; `relpos.attention.autotune`, imported here: it imports
-  this module)."""
-  from relpos.attention import autotune
-
+  ('xla', 'pallas' or 'pallas@QxK'; `relpos.attention.autotune`)."""
   return autotune.choose(
     lambda: autotune.shaw_signature(
       query, key, rel_key, rel_value, mask, dropout_rate, block_sizes, causal=causal

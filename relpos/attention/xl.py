@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from relpos.attention import mosaic_dispatch, mosaic_xl
+from relpos.attention import autotune, mosaic_dispatch, mosaic_xl
 from relpos.attention.dot_product import attend, check_qkv, content_logits
 from relpos.attention.masking import (
   accumulation_dtype,
@@ -30,7 +30,7 @@ from relpos.attention.masking import (
   check_dropout,
   masked_softmax,
 )
-from relpos.attention.pallas_common import resolve_implementation
+from relpos.attention.pallas_common import CUDNN_DTYPES, resolve_implementation
 from relpos.attention.pallas_xl import xl_attention_pallas
 from relpos.attention.skew import relative_to_absolute
 
@@ -115,7 +115,6 @@ def _allowed(q_len: int, kv_len: int, mask):
 # What `xl_attention_cudnn` asks of jax.nn.dot_product_attention: cuDNN on a GPU. Tests on a
 # CPU set 'xla', JAX's own implementation of the same call, to check what relpos builds.
 CUDNN_IMPLEMENTATION = 'cudnn'
-CUDNN_DTYPES = ('bfloat16', 'float16')
 
 
 def xl_attention_cudnn(query, key, value, rel_key, content_bias, position_bias, *, mask=None):
@@ -182,10 +181,7 @@ def _xl_mosaic(query, key, value, rel_key, content_bias, position_bias, mask):
 
 def _tuned(query, key, mask, dropout_rate, block_sizes) -> str:
   """'auto' for this call: the autotuner's choice at its shapes and the caller's tiles
-  ('xla', 'pallas' or 'pallas@QxK'; `relpos.attention.autotune`, imported here: it imports
-  this module)."""
-  from relpos.attention import autotune
-
+  ('xla', 'pallas' or 'pallas@QxK'; `relpos.attention.autotune`)."""
   return autotune.choose(
     lambda: autotune.xl_signature(query, key, mask, dropout_rate, block_sizes),
     lambda signature: autotune.timed_candidates(xl_attention, signature),
