@@ -256,3 +256,19 @@ def test_a_step_timed_apart_stays_out_of_the_next_reports_rate(monkeypatch):
   assert tokens_per_second == 40 / 4
   assert progress.mfu == 20.0 / 4 / 100.0
   assert text.endswith('| ETA 0m04s')  # 1 s a step, 4 steps left
+
+
+def test_a_step_compiled_for_a_new_batch_shape_is_timed_apart(tmp_path, capsys, monkeypatch):
+  """Translation's length buckets compile the step again at each new batch shape: that step
+  gets its own line too, and its interval stays out of the next report's rate."""
+  rows = Regression._rows
+  monkeypatch.setattr(
+    Regression, '_rows', staticmethod(lambda step, size: rows(step, 16 if step >= 4 else size))
+  )
+  TASK.train_and_evaluate(_config(), tmp_path / 'run')
+  out = capsys.readouterr().out.splitlines()
+  compiles = [line for line in out if 'compiling' in line]
+  assert len(compiles) == 2 and compiles[0].startswith('step 1: ')
+  assert re.match(r'step 5: [\d.]+ s, compiling the step for batch shape \(16, 3\)', compiles[1])
+  records = {r['step']: r for r in _records(tmp_path / 'run') if 'train/loss' in r}
+  assert sorted(records) == [2, 4, 6, 8] and all(r['train/tok_per_s'] > 0 for r in records.values())

@@ -563,6 +563,7 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
     warning = step_memory_warning(run.step, state, lambda: run.batch(start_step))
     if warning:
       print(warning, flush=True)
+  batch_shapes = set()  # those the step has been compiled for in this process
   try:
     for step in range(start_step, train_config.steps):
       batch = run.batch(step)
@@ -573,12 +574,16 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
       if run.step_flops is not None and progress.peak_flops:
         progress.count(run.step_flops(batch))
       done = step + 1
-      if step == start_step and done % train_config.log_every and done < train_config.steps:
-        # This process's first step compiled the step (and tuned 'auto'): timed apart, so that
-        # the first report's tokens/s, MFU and ETA are the training's, not the compile's.
-        tokens = int(jax.device_get(sums['tokens']))
+      shape = tuple(np.shape(leaf) for leaf in jax.tree.leaves(batch))
+      compiled = shape not in batch_shapes
+      batch_shapes.add(shape)
+      if compiled and done % train_config.log_every and done < train_config.steps:
+        # The step was compiled (and 'auto' tuned) for this batch shape: the interval so far
+        # is timed apart, so that the next report's tokens/s, MFU and ETA are the training's.
+        tokens = int(sum(jax.device_get([sums['tokens'] for sums in interval_sums])))
         seconds = progress.restart(done, uncounted_tokens=tokens)
-        print(f'step {done}: {seconds:.1f} s, compiling the step and running it once', flush=True)
+        new = 'the step' if step == start_step else f'the step for batch shape {shape[0]}'
+        print(f'step {done}: {seconds:.1f} s, compiling {new} and running it once', flush=True)
       if done % train_config.log_every == 0 or done == train_config.steps:
         log(done)
       reached['step'] = done

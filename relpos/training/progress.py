@@ -23,8 +23,9 @@ class Progress:
 
   def restart(self, step: int, *, uncounted_tokens: int = 0) -> float:
     """Starts the interval again at `step`, after a step that compiled (and tuned 'auto'), and
-    returns that step's seconds: its time and FLOPs stay out of the throughput, MFU and ETA,
-    and `uncounted_tokens`, its tokens, out of the next report's count."""
+    returns the seconds since the interval began: that time and the FLOPs counted in it stay
+    out of the throughput, MFU and ETA, and `uncounted_tokens`, the tokens of its steps, out of
+    the next report's count."""
     now = time.perf_counter()
     seconds = now - self._time
     self._step, self._time, self._flops = step, now, 0.0
