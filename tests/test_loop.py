@@ -216,7 +216,8 @@ def test_one_step_in_flight_on_a_multi_device_cpu_only():
 
 def test_with_one_step_in_flight_each_step_waits_for_the_previous(tmp_path, monkeypatch):
   """The loop blocks on step N - 1's sums before it dispatches step N (not before the first
-  step, nor after a log line, which has waited for every step already)."""
+  step, nor after a log line, which has waited for every step already), and on a step's sums
+  before validating after it (validation is off the training's clock)."""
   dispatched, waited = [], []
   monkeypatch.setattr(loop, 'one_step_in_flight', lambda mesh: True)
   real_wait = jax.block_until_ready
@@ -235,27 +236,49 @@ def test_with_one_step_in_flight_each_step_waits_for_the_previous(tmp_path, monk
 
   monkeypatch.setattr(Regression, 'training', training)
   TASK.train_and_evaluate(_config(steps=8), tmp_path / 'run')
-  # log_every=2: steps 1, 3, 5, 7 are waited for by the next dispatch, 2, 4, 6, 8 by the log.
+  # log_every=2: steps 1, 3, 5, 7 are waited for by the next dispatch, 2, 4, 6, 8 by the log,
+  # and step 4 by the validation after it (eval_every=4) too.
   assert len(dispatched) == 8
-  assert [any(w is d for w in waited) for d in dispatched] == [True, False] * 4
+  waits = [any(w is d for w in waited) for d in dispatched]
+  assert waits == [True, False, True, True, True, False, True, False]
 
 
-def test_a_step_timed_apart_stays_out_of_the_next_reports_rate(monkeypatch):
-  """`Progress.restart` after a first step that compiled: the next report's tokens/s, MFU and
-  ETA count the steps after it only (its tokens and FLOPs left out)."""
+def test_what_is_off_the_clock_stays_out_of_the_next_reports_rate(monkeypatch):
+  """`Progress`: a step done with the clock stopped (a compile) and validation are left out of
+  the report's tokens/s, MFU and ETA; the steps before and after them are in."""
   from relpos.training.progress import Progress
 
-  clock = iter([0.0, 30.0, 34.0])  # start; the first step took 30 s; steps 2 to 5 took 4 s
+  # start; step 1 (5 s); stop; the compiling step 2 (30 s); start; steps 3, 4 (2 s); stop;
+  # validation (10 s); start; step 5 (1 s); report.
+  clock = iter([0.0, 5.0, 35.0, 37.0, 47.0, 48.0])
   monkeypatch.setattr(loop_progress.time, 'perf_counter', lambda: next(clock))
-  progress = Progress(total_steps=9, peak_flops=100.0)
-  progress.count(5.0)  # the first step's FLOPs
-  assert progress.restart(1, uncounted_tokens=10) == 30.0
-  for _ in range(4):
-    progress.count(5.0)
-  tokens_per_second, text = progress.report(5, tokens=50)  # 5 steps' tokens, 4 timed
-  assert tokens_per_second == 40 / 4
-  assert progress.mfu == 20.0 / 4 / 100.0
-  assert text.endswith('| ETA 0m04s')  # 1 s a step, 4 steps left
+  progress = Progress(total_steps=13, peak_flops=100.0)
+  progress.count(8.0)  # step 1
+  progress.stop_clock()
+  progress.exclude_step(10)  # step 2: its tokens; its FLOPs are not counted
+  assert progress.start_clock() == 30.0
+  progress.count(8.0)  # steps 3 to 5
+  progress.count(8.0)
+  progress.stop_clock()
+  assert progress.start_clock() == 10.0  # validation
+  progress.count(8.0)
+  tokens_per_second, text = progress.report(5, tokens=50)  # 5 steps' tokens, 10 each
+  assert tokens_per_second == 40 / 8  # 4 steps timed in 5 + 2 + 1 s
+  assert progress.mfu == 32.0 / 8 / 100.0
+  assert text.endswith('| ETA 0m16s')  # 2 s a step, 8 steps left
+
+
+def test_an_interval_of_only_excluded_steps_reports_them(monkeypatch):
+  from relpos.training.progress import Progress
+
+  clock = iter([0.0, 0.0, 4.0, 4.0])
+  monkeypatch.setattr(loop_progress.time, 'perf_counter', lambda: next(clock))
+  progress = Progress(total_steps=3)
+  progress.stop_clock()
+  progress.exclude_step(20)
+  progress.start_clock()
+  tokens_per_second, text = progress.report(1, tokens=20)
+  assert tokens_per_second == 5.0 and text.endswith('| ETA 0m08s')
 
 
 def test_a_step_compiled_for_a_new_batch_shape_is_timed_apart(tmp_path, capsys, monkeypatch):

@@ -567,29 +567,32 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   try:
     for step in range(start_step, train_config.steps):
       batch = run.batch(step)
-      if wait_for_previous and interval_sums:
+      shape = tuple(np.shape(leaf) for leaf in jax.tree.leaves(batch))
+      compiles = shape not in batch_shapes  # and, on a GPU, tunes 'auto' at new shapes
+      batch_shapes.add(shape)
+      if (wait_for_previous or compiles) and interval_sums:
         jax.block_until_ready(interval_sums[-1])
+      if compiles:
+        progress.stop_clock()
       state, sums = run.step(state, batch)
       interval_sums.append(sums)
-      if run.step_flops is not None and progress.peak_flops:
-        progress.count(run.step_flops(batch))
       done = step + 1
-      shape = tuple(np.shape(leaf) for leaf in jax.tree.leaves(batch))
-      compiled = shape not in batch_shapes
-      batch_shapes.add(shape)
-      if compiled and done % train_config.log_every and done < train_config.steps:
-        # The step was compiled (and 'auto' tuned) for this batch shape: the interval so far
-        # is timed apart, so that the next report's tokens/s, MFU and ETA are the training's.
-        tokens = int(sum(jax.device_get([sums['tokens'] for sums in interval_sums])))
-        seconds = progress.restart(done, uncounted_tokens=tokens)
+      if compiles:
+        progress.exclude_step(int(jax.device_get(sums['tokens'])))  # waits for the step
+        seconds = progress.start_clock()
         new = 'the step' if step == start_step else f'the step for batch shape {shape[0]}'
         print(f'step {done}: {seconds:.1f} s, compiling {new} and running it once', flush=True)
+      elif run.step_flops is not None and progress.peak_flops:
+        progress.count(run.step_flops(batch))
       if done % train_config.log_every == 0 or done == train_config.steps:
         log(done)
       reached['step'] = done
       if train_config.eval_every and done % train_config.eval_every == 0:
-        if done < train_config.steps:
+        if done < train_config.steps:  # off the training's clock
+          jax.block_until_ready(sums)
+          progress.stop_clock()
           writer.write(done, run.validate(eval_model(run.graphdef, state), done))
+          progress.start_clock()
       if train_config.checkpoint_every and done % train_config.checkpoint_every == 0:
         save(done)
       if mesh_lib.any_process(preemption.requested):

@@ -13,24 +13,42 @@ def _duration(seconds: float) -> str:
 class Progress:
   """Measures tokens/s between reports, the ETA of the remaining steps and, where the devices'
   peak is known (`relpos.flops.devices_peak`: a GPU's or TPU's data sheet), the model FLOPs
-  utilisation of the interval."""
+  utilisation of the interval.
+
+  What is not training is kept off the clock: a step that compiles (the first of a process,
+  the first of a new batch shape, and on a GPU the timing of 'auto''s kernels with it), and
+  validation. The caller stops the clock with the device idle (`stop_clock`), does that work,
+  waits for it, and starts the clock again (`start_clock`, which returns the seconds it was
+  stopped); a step done meanwhile is named with `exclude_step` so that its tokens stay out of
+  the report's count too. An interval whose every step was excluded reports them anyway."""
 
   def __init__(self, total_steps: int, start_step: int = 0, peak_flops: float | None = None):
     self.total_steps, self.peak_flops = total_steps, peak_flops
-    self._step, self._time, self._flops = start_step, time.perf_counter(), 0.0
-    self._uncounted_tokens = 0  # of a step timed apart (`restart`), in the report's tokens
+    self._step, self._flops = start_step, 0.0
+    self._time = self._stopped = time.perf_counter()  # the timed stretch's start; the stop
+    self._seconds = 0.0  # timed in the interval before that stretch
+    self._excluded = [0, 0, 0.0]  # steps, tokens and seconds off the clock in the interval
     self.mfu = None  # of the last report, or None
 
-  def restart(self, step: int, *, uncounted_tokens: int = 0) -> float:
-    """Starts the interval again at `step`, after a step that compiled (and tuned 'auto'), and
-    returns the seconds since the interval began: that time and the FLOPs counted in it stay
-    out of the throughput, MFU and ETA, and `uncounted_tokens`, the tokens of its steps, out of
-    the next report's count."""
+  def stop_clock(self) -> None:
+    """Stops timing the interval (call with the device done with the steps before)."""
     now = time.perf_counter()
-    seconds = now - self._time
-    self._step, self._time, self._flops = step, now, 0.0
-    self._uncounted_tokens = uncounted_tokens
+    self._seconds += now - self._time
+    self._time, self._stopped = now, now
+
+  def start_clock(self) -> float:
+    """Times the interval again (call once the work done meanwhile is finished); returns the
+    seconds the clock was stopped."""
+    now = time.perf_counter()
+    seconds = now - self._stopped
+    self._excluded[2] += seconds
+    self._time = now
     return seconds
+
+  def exclude_step(self, tokens: int) -> None:
+    """The step done while the clock was stopped, with its tokens (its FLOPs are not counted)."""
+    self._excluded[0] += 1
+    self._excluded[1] += tokens
 
   def count(self, flops: float) -> None:
     """Adds a step's model FLOPs to the interval's (only worth calling with a peak)."""
@@ -40,12 +58,16 @@ class Progress:
     """(tokens per second, 'tok/s | MFU | ETA' text) at `step`, `tokens` processed since the
     last report (MFU only where FLOPs were counted and the peak is known)."""
     now = time.perf_counter()
-    seconds = now - self._time
-    seconds_per_step = seconds / max(1, step - self._step)
-    self._step, self._time = step, now
-    tokens, self._uncounted_tokens = tokens - self._uncounted_tokens, 0
+    seconds = self._seconds + now - self._time
+    excluded_steps, excluded_tokens, excluded_seconds = self._excluded
+    steps = step - self._step - excluded_steps
+    if steps > 0:
+      tokens -= excluded_tokens
+    else:  # every step of the interval was off the clock: their own rate is all there is
+      steps, seconds = step - self._step, seconds + excluded_seconds
+    self._step, self._time, self._seconds, self._excluded = step, now, 0.0, [0, 0, 0.0]
     tokens_per_second = tokens / seconds
-    eta = _duration(seconds_per_step * max(0, self.total_steps - step))
+    eta = _duration(seconds / max(1, steps) * max(0, self.total_steps - step))
     flops, self._flops = self._flops, 0.0
     self.mfu = flops / seconds / self.peak_flops if flops and self.peak_flops else None
     utilisation = '' if self.mfu is None else f' | MFU {100 * self.mfu:.1f}%'
