@@ -54,7 +54,6 @@ flags.DEFINE_integer('rounds', 20, 'timing rounds')
 flags.DEFINE_integer('repeats', 10, 'calls per timing')
 flags.DEFINE_bool('interpret', False, "Mosaic GPU's interpreter (CPU): check only, no timing")
 flags.DEFINE_bool('anatomy', True, "then time XL-through-cuDNN's parts (cudnn_parts); GPU only")
-CUDNN_PARTS = ('flash', 'flash_bias', 'flash_dbias', 'xl_cudnn')
 
 
 def kernels(names, interpret):
@@ -87,9 +86,9 @@ def run_row(names, n, interpret) -> list[str]:
 
 def cudnn_parts(implementation='cudnn'):
   """name -> (f(q, k, v, rel_key, u, v, bias) -> attention output, the arguments its backward
-    differentiates): the four forms of the module docstring ('flash_mask' masks where the bias
+  differentiates): the four forms of the module docstring ('flash_mask' masks where the bias
   argument is not positive: about half the pairs, at random). `implementation` is
-    jax.nn.dot_product_attention's ('xla' on a CPU, to test the plumbing)."""
+  jax.nn.dot_product_attention's ('xla' on a CPU, to test the plumbing)."""
 
   def flash(q, k, v, rel_key, u, w, bias, *, use=None):
     del rel_key, u, w

@@ -76,21 +76,6 @@ def trace_train_step(config, lengths=()) -> list:
   return lowered
 
 
-def define_flags() -> None:
-  """The command line's flags: defined when it runs, not on import (tests import this module
-  beside others that define a --config)."""
-  config_flags.DEFINE_config_file('config', None, 'A char_lm or translate config.')
-  flags.DEFINE_list(
-    'lengths',
-    ['32', '64', '128', '256'],
-    'Translation only: padded sentence lengths to tune (one batch of max_tokens // L rows each).',
-  )
-  flags.DEFINE_bool(
-    'force', False, "Tune where 'auto' is 'xla' untimed (a CPU: Pallas interpreted), to check."
-  )
-  flags.mark_flags_as_required(['config'])
-
-
 def trace_eval_step(config, lengths=()) -> list:
   """Traces (lowers, never runs) the evaluation of `config` at its eval shapes, which resolves
   its 'auto' calls as forward passes ('fwd' signatures: `autotune.forward_only`), and returns
@@ -124,6 +109,21 @@ def trace_eval_step(config, lengths=()) -> list:
     batch = {'src': tokens, 'tgt_in': tokens, 'tgt_out': tokens}
     lowered.append(translation_task.batch_nll.lower(graphdef, state, batch))
   return lowered
+
+
+def define_flags() -> None:
+  """The command line's flags: defined when it runs, not on import (tests import this module
+  beside others that define a --config)."""
+  config_flags.DEFINE_config_file('config', None, 'A char_lm or translate config.')
+  flags.DEFINE_list(
+    'lengths',
+    ['32', '64', '128', '256'],
+    'Translation only: padded sentence lengths to tune (one batch of max_tokens // L rows each).',
+  )
+  flags.DEFINE_bool(
+    'force', False, "Tune where 'auto' is 'xla' untimed (a CPU: Pallas interpreted), to check."
+  )
+  flags.mark_flags_as_required(['config'])
 
 
 def main(argv) -> None:
