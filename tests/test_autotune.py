@@ -67,6 +67,14 @@ def _times(xla_ms, pallas_ms, calls=None, run=False, tiles_ms=None):
   return timer
 
 
+def _tiny_translate_config():
+  """translate_tiny (Shaw) shrunk to one 2-head layer a side, 64 tokens a batch, 40 pieces."""
+  config = load_config_file(Path(__file__).parent.parent / 'configs/translate_tiny.py', 'shaw')
+  config.data.max_tokens, config.data.vocab_size = 64, 40
+  config.model.update(encoder_layers=1, decoder_layers=1, d_model=32, num_heads=2, d_ff=64)
+  return config
+
+
 def _unused():
   raise AssertionError('a candidate was run although the decision was cached')
 
@@ -395,9 +403,7 @@ def test_eval_and_decoding_steps_tune_forward_passes_and_the_train_step_fwd_bwd(
   passes = [d.signature.text().rsplit(' ', 1)[1] for d in tuner.decisions]
   assert passes[0] == 'fwd+bwd' and set(passes[1:]) == {'fwd'} and len(passes) >= 2
 
-  config = load_config_file(root / 'configs/translate_tiny.py', 'shaw')
-  config.data.max_tokens, config.data.vocab_size = 64, 40
-  config.model.update(encoder_layers=1, decoder_layers=1, d_model=32, num_heads=2, d_ff=64)
+  config = _tiny_translate_config()
   with autotune.tuning(timer=_times(1.0, 2.0)) as tuner:
     pretune.trace_train_step(config, [8])
     model = translation_task.Transformer(
@@ -781,9 +787,7 @@ def test_pretuning_a_translation_config_tunes_encoder_and_decoder_shapes():
   """translate_tiny at one padded length: the encoder's self-attention (key padding mask) and
   the decoder's (key padding mask, causal) are two signatures; cross-attention is not
   Shaw's."""
-  config = load_config_file(Path(__file__).parent.parent / 'configs/translate_tiny.py', 'shaw')
-  config.data.max_tokens, config.data.vocab_size = 64, 40
-  config.model.update(encoder_layers=1, decoder_layers=1, d_model=32, num_heads=2, d_ff=64)
+  config = _tiny_translate_config()
   with autotune.tuning(timer=_times(1.0, 2.0)) as tuner:
     pretune.trace_train_step(config, [8])
   rows = autotune.timed_batch(8)
@@ -880,9 +884,7 @@ def test_pretuning_traces_the_evaluation_at_its_shapes_as_forward_passes():
     span.mem_len + span.tgt_len,
     False,
   )
-  config = load_config_file(root / 'configs/translate_tiny.py', 'shaw')
-  config.data.max_tokens, config.data.vocab_size = 64, 40
-  config.model.update(encoder_layers=1, decoder_layers=1, d_model=32, num_heads=2, d_ff=64)
+  config = _tiny_translate_config()
   with autotune.tuning(timer=_times(1.0, 2.0)) as tuner:
     pretune.trace_eval_step(config, [8])
   signatures = [d.signature for d in tuner.decisions]
