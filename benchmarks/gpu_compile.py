@@ -20,9 +20,9 @@ things a GPU session would otherwise spend minutes finding out are answered here
   translation's at max_tokens in sentences of --length pieces): XLA's memory analysis
   (arguments, temporaries), the compiled module's census (kernels launched per step: fusions
   and custom calls, of which matmuls and layout copies, and the custom-call targets), and its
-  floor on an H100 and an H200 (hlo_cost.py: every launch at the longer of its matmuls at the
-  peak and its bytes at the bandwidth), with the MFU that floor allows and the JAX operations
-  that take most of it.
+  floor on an H100 and an H200 (hlo_cost.py: every launch at the longest of its matmuls at the
+  peak, its bytes at the bandwidth and its elementwise operations at the SMs' issue rate), with
+  the MFU that floor allows and the JAX operations that take most of it.
 - `long_context`: the same step at batch 1, tgt_len = mem_len = n doubling from --start (or
   the --sizes given) up to the first that does not fit: its memory (arguments + outputs +
   temporaries) against 95% of the device's memory, which predicts the longest segment that
@@ -263,8 +263,8 @@ def step_row(position, implementation, memory, counts, seconds) -> str:
 
 FLOOR_HEADER = (
   '| position | implementation | launches | matmul TFLOP | GB moved: matmuls / memory-bound / '
-  "layout copies / custom calls | floor ms H100 / H200 | kernels' attention at peak, ms | "
-  'MFU ceiling H100 / H200 |'
+  "ALU-bound / layout copies / custom calls | floor ms H100 / H200 | kernels' attention at peak, "
+  'ms | MFU ceiling H100 / H200 |'
 )
 # FlashAttention's count of a fused kernel's work: the forward's matmuls, and a backward of 2.5
 # times them (the recomputed logits, dV, dP, dQ and dK against the forward's two).
@@ -417,8 +417,9 @@ def step(args, overrides) -> int:
       )
   if floors:
     print(
-      '\nThe floor (benchmarks/hlo_cost.py): each launch at the longer of its matmuls at the '
-      'bf16/TF32 peak and its bytes at the memory bandwidth, summed; the MFU ceiling is the '
+      '\nThe floor (benchmarks/hlo_cost.py): each launch at the longest of its matmuls at the '
+      'bf16/TF32 peak, its bytes at the memory bandwidth and its elementwise operations at the '
+      "SMs' issue rate (ALU-bound: dropout's random bits), summed; the MFU ceiling is the "
       "model's FLOPs (relpos.flops) over that floor, plus the fused kernels' attention FLOPs at "
       "the peak where the step calls them; 'mosaic' rows count the kernel's branch of their "
       "lax.cond, the others a conditional's dearest branch.\n"

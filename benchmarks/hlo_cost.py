@@ -5,8 +5,10 @@ A GPU runs a compiled XLA module as a sequence of kernels (fusions, custom calls
 copies). None can take less than the longer of its arithmetic at the tensor cores' peak and its
 memory traffic at the memory's bandwidth, so the sum of those over a step is a floor under the
 step's time, and its breakdown says where a step must spend it (matmuls, memory-bound fusions,
-layout copies) before anything is measured. `benchmarks/gpu_compile.py step` prints it for the
-char LM's step compiled for a compile-only H100.
+layout copies) before anything is measured. A third term, a fusion's elementwise operations at
+the SMs' issue rate, is an estimate rather than a bound (below): it puts dropout's random bits,
+otherwise free beside their few bytes, into the floor. `benchmarks/gpu_compile.py step` prints
+the floor for the char LM's step compiled for a compile-only H100.
 
 How each launch is counted (`launch_cost`):
 
@@ -15,8 +17,17 @@ How each launch is counted (`launch_cost`):
   those slices, and a fusion whose root is a dynamic-update-slice writes in place (the buffer it
   updates is neither read nor rewritten: only the update is written).
 - FLOPs: the matmuls only, 2·m·n·k each (`dot`s inside a fusion, cuBLAS GEMM custom calls),
-  at the bf16 peak for 16-bit operands and the float32 (TF32) peak otherwise. Elementwise work is
-  taken as free beside its bytes, so a fusion's floor is its bytes.
+  at the bf16 peak for 16-bit operands and the float32 (TF32) peak otherwise.
+- Elementwise operations (since 2026-11-28): each elementwise instruction of a fused
+  computation once per element of its result, a reduction once per element it reads, a
+  transcendental (exp, log, tanh, rsqrt, divide, ...) `TRANSCENDENTAL_COST` times (Hopper's
+  special-function units issue 16 a clock per SM against 128 for the rest), at the SMs' issue
+  rate (`Device.elementwise_ops`). Most fusions are far below it, so their floor stays their
+  bytes; the ones above it (`ALU-bound`) are dropout's random bits: threefry2x32 is about 130
+  integer operations per random word, and a step of enwik8_base draws 0.4 G words. It is an
+  estimate, not a bound: the compiler folds some operations together (a rotation's two shifts
+  and an or are one funnel shift, chained logic ops one LOP3), while integer ops issue at half
+  the rate on Hopper (64 INT32 lanes per SM).
 - Custom calls other than GEMMs (Pallas/Triton and Mosaic kernels, cuDNN attention) count their
   operands' and results' bytes and no FLOPs: their floor is a lower bound that knows nothing of
   their arithmetic (kernel_cost.py models the kernels themselves).
@@ -82,7 +93,61 @@ FREE_OPCODES = frozenset(
     'fusion-done',
   }
 )
-KINDS = ('matmul', 'memory-bound', 'layout copy', 'custom call')
+KINDS = ('matmul', 'memory-bound', 'ALU-bound', 'layout copy', 'custom call')
+# Elementwise opcodes, counted once per element of their result (module docstring); the
+# transcendental ones TRANSCENDENTAL_COST times.
+TRANSCENDENTAL_OPCODES = frozenset(
+  {
+    'exponential',
+    'exponential-minus-one',
+    'log',
+    'log-plus-one',
+    'logistic',
+    'tanh',
+    'rsqrt',
+    'sqrt',
+    'cbrt',
+    'sine',
+    'cosine',
+    'tan',
+    'atan2',
+    'power',
+    'divide',
+    'remainder',
+    'erf',
+  }
+)
+ELEMENTWISE_OPCODES = TRANSCENDENTAL_OPCODES | frozenset(
+  {
+    'add',
+    'subtract',
+    'multiply',
+    'negate',
+    'abs',
+    'sign',
+    'maximum',
+    'minimum',
+    'clamp',
+    'compare',
+    'select',
+    'convert',
+    'and',
+    'or',
+    'xor',
+    'not',
+    'shift-left',
+    'shift-right-logical',
+    'shift-right-arithmetic',
+    'popcnt',
+    'count-leading-zeros',
+    'floor',
+    'ceil',
+    'round-nearest-afz',
+    'round-nearest-even',
+    'is-finite',
+  }
+)
+TRANSCENDENTAL_COST = 8
 
 _HEADER = re.compile(r'^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$')
 _INSTRUCTION = re.compile(r'^(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\((.*)$')
@@ -217,7 +282,8 @@ def launches(module: Module) -> Iterator[Launch]:
 
 
 def kind(instruction: Instruction, module: Module) -> str:
-  """One of KINDS: a GEMM, a layout copy or transpose, another custom call, or memory-bound."""
+  """A GEMM, a layout copy or transpose, another custom call, or memory-bound: its KINDS entry
+  before a device is known (`Cost.kind_on` tells 'ALU-bound' launches from memory-bound ones)."""
   instruction = _as_fusion(instruction)
   return _kind(instruction, _matmul_flops(instruction, module)[0])
 
@@ -282,6 +348,29 @@ def _matmul_flops(instruction: Instruction, module: Module) -> tuple[float, str]
   return flops, element
 
 
+def _elements(shape: str) -> int:
+  return sum(math.prod(dims) for _, dims in arrays(shape))
+
+
+def _elementwise_ops(instruction: Instruction, module: Module) -> float:
+  """The elementwise operations a launch does (module docstring): those of the computations a
+  fusion calls, nested ones included; an unfused elementwise instruction's own."""
+  if instruction.opcode == 'fusion':
+    inner = (i for called in instruction.called for i in _computation_instructions(module, called))
+  elif instruction.opcode in ELEMENTWISE_OPCODES or instruction.opcode == 'reduce':
+    inner = iter((instruction,))
+  else:
+    return 0.0
+  ops = 0.0
+  for op in inner:
+    if op.opcode in ELEMENTWISE_OPCODES:
+      weight = TRANSCENDENTAL_COST if op.opcode in TRANSCENDENTAL_OPCODES else 1
+      ops += weight * _elements(op.shape)
+    elif op.opcode == 'reduce' and op.operands:
+      ops += _elements(module.shapes.get(op.operands[0], ''))
+  return ops
+
+
 def _fusion_bytes(instruction: Instruction, module: Module) -> float:
   """Bytes a fusion reads and writes, refined by its fused computation (module docstring)."""
   operand_bytes = [shape_bytes(module.shapes.get(name, '')) for name in instruction.operands]
@@ -320,22 +409,32 @@ def _fusion_bytes(instruction: Instruction, module: Module) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Device:
-  """What a floor needs of a device: dense tensor peaks (FLOP/s) and memory bandwidth (B/s)."""
+  """What a floor needs of a device: dense tensor peaks (FLOP/s), memory bandwidth (B/s) and
+  the rate of elementwise operations (per second; unbounded unless given)."""
 
   name: str
   bf16_flops: float
   float32_flops: float
   bandwidth: float
+  elementwise_ops: float = math.inf
 
 
-def _device(name: str, bandwidth: float) -> Device:
-  """A Device with relpos.flops's data-sheet tensor peaks for `name` and its bandwidth."""
+def _device(name: str, bandwidth: float, elementwise_ops: float) -> Device:
+  """A Device with relpos.flops's data-sheet tensor peaks for `name`, its bandwidth and its
+  elementwise rate."""
   bf16, float32 = (device_peak(name, dtype).tflops * 1e12 for dtype in PEAK_DTYPES)
-  return Device(f'{name} SXM', bf16, float32, bandwidth)
+  return Device(f'{name} SXM', bf16, float32, bandwidth, elementwise_ops)
 
 
-# Data-sheet memory bandwidths: H100 SXM 3.35 TB/s of HBM3, H200 SXM 4.8 TB/s of HBM3e.
-DEVICES = {'H100': _device('H100', 3.35e12), 'H200': _device('H200', 4.8e12)}
+# Data-sheet memory bandwidths: H100 SXM 3.35 TB/s of HBM3, H200 SXM 4.8 TB/s of HBM3e. Both
+# have 132 SMs at a 1,980 MHz boost clock, each issuing one instruction a clock for each of its
+# 4 schedulers' 32 lanes: 33.5 T elementwise operations/s (the data sheet's 67 TFLOP/s of FP32
+# counts an FMA as two).
+HOPPER_ISSUE_RATE = 132 * 128 * 1.98e9
+DEVICES = {
+  'H100': _device('H100', 3.35e12, HOPPER_ISSUE_RATE),
+  'H200': _device('H200', 4.8e12, HOPPER_ISSUE_RATE),
+}
 
 
 def device_for(device_kind: str) -> Device | None:
@@ -349,17 +448,31 @@ def device_for(device_kind: str) -> Device | None:
 
 @dataclasses.dataclass(frozen=True)
 class Cost:
-  """One launch: its KINDS entry, matmul FLOPs (and their peak's dtype), bytes moved."""
+  """One launch: its KINDS entry, matmul FLOPs (and their peak's dtype), bytes moved and
+  elementwise operations."""
 
   kind: str
   flops: float
   half_precision: bool
   bytes: float
+  elementwise: float = 0.0
 
   def seconds(self, device: Device) -> float:
-    """Its floor: the longer of its matmuls at the peak and its bytes at the bandwidth."""
+    """Its floor: the longest of its matmuls at the peak, its bytes at the bandwidth and its
+    elementwise operations at the device's rate."""
     peak = device.bf16_flops if self.half_precision else device.float32_flops
-    return max(self.flops / peak, self.bytes / device.bandwidth)
+    return max(
+      self.flops / peak, self.bytes / device.bandwidth, self.elementwise / device.elementwise_ops
+    )
+
+  def kind_on(self, device: Device) -> str:
+    """Its KINDS entry on `device`: a memory-bound launch whose elementwise operations outlast
+    its bytes there is 'ALU-bound'."""
+    if self.kind == 'memory-bound' and (
+      self.elementwise / device.elementwise_ops > self.bytes / device.bandwidth
+    ):
+      return 'ALU-bound'
+    return self.kind
 
 
 def tuple_elements(shape: str) -> list[str]:
@@ -402,7 +515,13 @@ def launch_cost(instruction: Instruction, module: Module) -> Cost:
   else:
     operands = sum(shape_bytes(module.shapes.get(name, '')) for name in instruction.operands)
     moved = operands + shape_bytes(instruction.shape)
-  return Cost(_kind(instruction, flops), flops, element in HALF_PRECISION, moved)
+  return Cost(
+    _kind(instruction, flops),
+    flops,
+    element in HALF_PRECISION,
+    moved,
+    _elementwise_ops(instruction, module) if not flops else 0.0,
+  )
 
 
 @dataclasses.dataclass
@@ -455,13 +574,14 @@ def roofline(module: Module, device: Device, *, branches: str = 'dearest') -> Ro
   for launch, cost, seconds in costed:
     if launch.branch and taken[launch.branch[0][0]] != launch.branch[0][1]:
       continue
-    row = kinds[cost.kind]
+    launch_kind = cost.kind_on(device)
+    row = kinds[launch_kind]
     row[0] += launch.times
     row[1] += launch.times * cost.flops
     row[2] += launch.times * cost.bytes
     row[3] += seconds
     instruction = launch.instruction
-    top.append((seconds, cost.kind, instruction.name, instruction.op_name, launch.times))
+    top.append((seconds, launch_kind, instruction.name, instruction.op_name, launch.times))
   top.sort(key=lambda item: -item[0])
   return Roofline(device, kinds, top)
 

@@ -385,8 +385,9 @@ def floor_line(hlo_texts, name: str, step_seconds: float, device_kind: str) -> s
   floor = sum(floors[text] for text in texts)
   modules = '' if len(texts) == 1 else f' over its {len(texts)} module runs'
   return (
-    f'floor on the {device.name} (benchmarks/hlo_cost.py: each kernel at the longer of its '
-    "matmuls at the data-sheet peak and its bytes at the bandwidth; custom calls' arithmetic "
+    f'floor on the {device.name} (benchmarks/hlo_cost.py: each kernel at the longest of its '
+    'matmuls at the data-sheet peak, its bytes at the bandwidth and its elementwise operations '
+    "at the SMs' issue rate; custom calls' arithmetic "
     f'not counted){modules}: {floor * 1e3:.2f} ms a step; this step took '
     f'{step_seconds * 1e3:.2f} ms, {step_seconds / floor:.2f}x its floor'
   )

@@ -226,3 +226,80 @@ def test_tuple_elements_split_at_the_top_level_only():
   shape = '((f32[4,8]{1,0}, s32[]), bf16[2,3]{1,0}, u32[])'
   assert tuple_elements(shape) == ['(f32[4,8]{1,0}, s32[])', 'bf16[2,3]{1,0}', 'u32[]']
   assert tuple_elements('f32[4]{0}') == ['f32[4]{0}']
+
+
+# Dropout's shape of work: a fusion hashing a u32 counter into random bits (integer ops, a
+# nested fusion among them), turning them into a float (a divide, transcendental-priced), and
+# a plain elementwise fusion beside it; both write few bytes per element.
+RANDOM_HLO = """\
+HloModule jit_random
+
+%inner_hash (h0: u32[4096]) -> u32[4096] {
+  %h0 = u32[4096]{0} parameter(0)
+  %c13 = u32[4096]{0} constant({...})
+  %left = u32[4096]{0} shift-left(%h0, %c13)
+  %right = u32[4096]{0} shift-right-logical(%h0, %c13)
+  ROOT %rot = u32[4096]{0} or(%left, %right)
+}
+
+%fused_bits (b0: u32[4096], b1: f32[4096]) -> pred[4096] {
+  %b0 = u32[4096]{0} parameter(0)
+  %b1 = f32[4096]{0} parameter(1)
+  %mixed = u32[4096]{0} add(%b0, %b0)
+  %rotated = u32[4096]{0} fusion(%mixed), kind=kLoop, calls=%inner_hash
+  %bits = u32[4096]{0} xor(%rotated, %mixed)
+  %as_float = f32[4096]{0} convert(%bits)
+  %unit = f32[4096]{0} divide(%as_float, %b1)
+  %total = f32[] reduce(%unit, %b1), dimensions={0}, to_apply=%inner_hash
+  ROOT %keep = pred[4096]{0} compare(%unit, %b1), direction=LT
+}
+
+%fused_scale (s0: f32[4096]) -> f32[4096] {
+  %s0 = f32[4096]{0} parameter(0)
+  ROOT %twice = f32[4096]{0} multiply(%s0, %s0)
+}
+
+ENTRY %main (counter: u32[4096], threshold: f32[4096]) -> pred[4096] {
+  %counter = u32[4096]{0} parameter(0)
+  %threshold = f32[4096]{0} parameter(1)
+  %scaled = f32[4096]{0} fusion(%threshold), kind=kLoop, calls=%fused_scale
+  ROOT %keep_mask = pred[4096]{0} fusion(%counter, %scaled), kind=kLoop, calls=%fused_bits
+}
+"""
+
+
+def test_elementwise_operations_are_counted_per_element_and_can_bound_a_launch():
+  module = parse(RANDOM_HLO)
+  costs = {
+    launch.instruction.name: launch_cost(launch.instruction, module) for launch in launches(module)
+  }
+  n = 4096
+  # add, the nested fusion's shift, shift and or, xor, convert, compare: 7 per element; the
+  # divide 8 (TRANSCENDENTAL_COST); the reduce once per element read. The nested fusion is
+  # counted in place, not launched.
+  assert costs['keep_mask'].elementwise == (7 + 8 + 1) * n
+  assert costs['keep_mask'].bytes == n * 4 + n * 4 + n * 1
+  assert costs['scaled'].elementwise == n
+  assert costs['keep_mask'].kind == costs['scaled'].kind == 'memory-bound'
+  # At 1e9 B/s and 1e9 operations/s, the random bits outlast their bytes; the scale does not.
+  device = Device('test', 1e6, 5e5, bandwidth=1e9, elementwise_ops=1e9)
+  assert costs['keep_mask'].kind_on(device) == 'ALU-bound'
+  assert costs['keep_mask'].seconds(device) == pytest.approx(16 * n / 1e9)
+  assert costs['scaled'].kind_on(device) == 'memory-bound'
+  floor = roofline(module, device)
+  assert floor.kinds['ALU-bound'][:1] == [1]
+  assert floor.kinds['ALU-bound'][3] == pytest.approx(16 * n / 1e9)
+  assert floor.kinds['memory-bound'][3] == pytest.approx(2 * n * 4 / 1e9)
+  # Without an elementwise rate (the default), they are free beside their bytes.
+  unbounded = roofline(module, Device('test', 1e6, 5e5, bandwidth=1e9))
+  assert unbounded.kinds['ALU-bound'][0] == 0
+  assert unbounded.seconds == pytest.approx((2 * n * 4 + 2 * n * 4 + n) / 1e9)
+  # A matmul's elementwise epilogue is left to its matmul bound.
+  assert _cost('gemm').elementwise == 0.0
+
+
+def test_hopper_issues_33_5_t_elementwise_operations_a_second():
+  # 132 SMs x 4 schedulers x 32 lanes at 1.98 GHz: half the data sheet's 67 TFLOP/s of FP32
+  # (an FMA counted as two).
+  for name in ('H100', 'H200'):
+    assert DEVICES[name].elementwise_ops == pytest.approx(33.45e12, rel=1e-3)
