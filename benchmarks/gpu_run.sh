@@ -37,6 +37,7 @@
 #   steps_bf16      steps_xl in bf16 with xl through 'cudnn' too, then xl without dropout;
 #                   each variant profiled                                                 (270)
 #   steps_bf16_shaw steps_shaw in bf16, each variant profiled                             (180)
+#   translate_step_bf16  translate_step in bf16 (wmt_base's 40% MFU target)               (200)
 #   flags_off       the bf16 xl and shaw Pallas steps again with RELPOS_GPU_FLAGS=off (XLA's
 #                   dot merging back on): what relpos's GPU flag is worth in time         (130)
 #   oom             train.py with an oversized batch: its exit status and last line        (60)
@@ -86,8 +87,8 @@ md=$out/gpu_run.md
 dry=0
 [[ $(basename "$py") == echo ]] && dry=1
 all_parts=(env native mosaic_native resume translate_bleu steps_xl steps_shaw translate_step
-  steps_bf16 steps_bf16_shaw flags_off oom kernels xl_official mosaic steps_mosaic long_context
-  autotune)
+  steps_bf16 steps_bf16_shaw translate_step_bf16 flags_off oom kernels xl_official mosaic
+  steps_mosaic long_context autotune)
 body=''
 [[ ${1:-} == --body ]] && body=${2:?} && set -- "$2"
 if (($#)); then parts=("$@"); else parts=("${all_parts[@]}"); fi
@@ -279,8 +280,10 @@ profile_results() {
 p_translate_step() {
   profiled "$py" benchmarks/translate_step.py --config=configs/wmt_base.py:shaw \
     --config.data.kind=text "${translate_data[@]}" "${wmt[@]}" --positions=shaw \
-    --attention_implementations=auto,xla,pallas --batches=2 --rounds=$rounds --profile_steps=1
+    --attention_implementations=auto,xla,pallas --batches=2 --rounds=$rounds --profile_steps=1 "$@"
 }
+# wmt_base's step in bf16: issue 39's 40% MFU target for translation, and where its time goes.
+p_translate_step_bf16() { p_translate_step --config.model.dtype=bfloat16; }
 p_xl_official() {
   local xl=$work/xl_official
   rm -rf "$xl" && mkdir -p "$xl" &&
@@ -432,6 +435,7 @@ part translate_step 200
 report
 part steps_bf16 270 # issue 39's steps, where their time goes, and what the GPU flag is worth
 part steps_bf16_shaw 180
+part translate_step_bf16 200
 part flags_off 130
 report
 part oom 60

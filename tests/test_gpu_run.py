@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / 'benchmarks' / 'gpu_run.sh'
 PARTS = (
   'env native mosaic_native resume translate_bleu steps_xl steps_shaw translate_step steps_bf16 '
-  'steps_bf16_shaw flags_off oom kernels xl_official mosaic steps_mosaic long_context autotune'
+  'steps_bf16_shaw translate_step_bf16 flags_off oom kernels xl_official mosaic steps_mosaic '
+  'long_context autotune'
 ).split()
 
 needs_bash = pytest.mark.skipif(
@@ -76,6 +77,10 @@ def test_dry_run_lists_every_part_with_its_commands(tmp_path):
   assert 'resume --config=configs/enwik8_base.py' in log and '--kill_after=130' in log
   assert 'configs/translate_tiny.py:shaw' in log and 'tatoeba_ende/train.en.gz' in log
   assert '--attention_implementations=auto,xla,pallas' in log
+  translate_bf16 = log.split('## translate_step_bf16\n')[1].split('\n## ')[0]
+  assert 'configs/wmt_base.py:shaw' in translate_bf16
+  assert '--profile_steps=1 --config.model.dtype=bfloat16' in translate_bf16
+  assert 'bfloat16' not in log.split('## translate_step\n')[1].split('\n## ')[0]
   assert 'torch_attention.py 2048 64' in log and 'xl_official_step.py' in log
   assert 'long_context --config=configs/enwik8_base.py' in log and '--start=4096' in log
   assert '--starts=xla:4096,pallas:65536,mosaic:65536' in log
