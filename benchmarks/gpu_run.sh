@@ -274,7 +274,7 @@ profile_results() {
   awk '/^(num_layers=|[0-9]+\+[0-9]+ layers)/{run++}
     /^### profile: /{name="run " run ", " substr($0, 14)}
     /^profile of /{print "RESULT: profile " name ": " $0}
-    /^\| (matmuls|attention kernels|layout copies|elementwise fusions|reductions|gather)/{
+    /^\| (matmuls|attention kernels|random bits|layout copies|elementwise fusions|reductions|gather)/{
       print "RESULT: profile " name ": " $0}' "$1"
 }
 p_translate_step() {

@@ -35,6 +35,18 @@ GPU_HLO = """HloModule jit_step, entry_computation_layout={(bf16[64,64]{1,0})->f
   ROOT %gather.1 = f32[64,64]{1,0} gather(%param_0.2, %param_1.2), offset_dims={1}
 }
 
+%fused_bits (param_0.4: u32[64], param_1.4: f32[64]) -> f32[64] {
+  %param_0.4 = u32[64]{0} parameter(0)
+  %param_1.4 = f32[64]{0} parameter(1)
+  %constant_13 = u32[64]{0} constant({...})
+  %shift-left.1 = u32[64]{0} shift-left(%param_0.4, %constant_13)
+  %shift-right-logical.1 = u32[64]{0} shift-right-logical(%param_0.4, %constant_13)
+  %or.1 = u32[64]{0} or(%shift-left.1, %shift-right-logical.1)
+  %xor.1 = u32[64]{0} xor(%or.1, %param_0.4)
+  %compare.1 = pred[64]{0} compare(%xor.1, %param_0.4), direction=LT
+  ROOT %select.1 = f32[64]{0} select(%compare.1, %param_1.4, %param_1.4)
+}
+
 %fused_add (param_0.3: f32[64]) -> f32[64] {
   %param_0.3 = f32[64]{0} parameter(0)
   ROOT %add.9 = f32[64]{0} add(%param_0.3, %param_0.3)
@@ -49,6 +61,7 @@ ENTRY %main.10 (Arg_0.1: bf16[64,64]) -> f32[] {
   %input_reduce_fusion = f32[64]{0} fusion(%Arg_0.1), kind=kInput, calls=%fused_reduce, metadata={op_name="jit(step)/jvp(loss)/reduce_sum"}
   %loop_gather_fusion = f32[64,64]{1,0} fusion(%Arg_0.1), kind=kLoop, calls=%fused_gather
   %loop_add_fusion = f32[64]{0} fusion(%Arg_0.1), kind=kLoop, calls=%fused_add, metadata={op_name="jit(step)/add"}
+  %loop_select_fusion = f32[64]{0} fusion(%Arg_0.1, %Arg_0.1), kind=kLoop, calls=%fused_bits, metadata={op_name="jit(step)/jvp()/select_n"}
   %all-reduce-start.1 = f32[64]{0} all-reduce-start(%loop_add_fusion), replica_groups={}, to_apply=%add
   ROOT %copy.7 = f32[] copy(%Arg_0.1)
 }
@@ -68,6 +81,7 @@ def test_a_gpu_modules_ops_are_classified_by_what_they_are_and_their_pass():
     'input_reduce_fusion': ('reductions', 'forward'),
     'loop_gather_fusion': ('gather, scatter', 'rest (loss, update)'),
     'loop_add_fusion': ('elementwise fusions', 'rest (loss, update)'),
+    'loop_select_fusion': ('random bits (dropout)', 'forward'),
     'all-reduce-start.1': ('collectives', 'rest (loss, update)'),
     'copy.7': ('layout copies, transposes', 'rest (loss, update)'),
   }
