@@ -387,17 +387,20 @@ def floor_line(hlo_texts, name: str, step_seconds: float, device_kind: str) -> s
   if device is None or not texts:
     return None
   branches = 'cheapest' if 'mosaic' in name else 'dearest'
-  floors = {
-    text: hlo_cost.roofline(hlo_cost.parse(text), device, branches=branches).seconds
+  rooflines = {
+    text: hlo_cost.roofline(hlo_cost.parse(text), device, branches=branches)
     for text in dict.fromkeys(texts)
   }
-  floor = sum(floors[text] for text in texts)
+  floor = sum(rooflines[text].seconds for text in texts)
+  # The ALU-bound launches: dropout's random bits, beside the profile's category of them.
+  bits = sum(rooflines[text].kinds['ALU-bound'][3] for text in texts)
   modules = '' if len(texts) == 1 else f' over its {len(texts)} module runs'
+  of_which = f' (ALU-bound, random bits: {bits * 1e3:.2f} ms)' if bits else ''
   return (
     f'floor on the {device.name} (benchmarks/hlo_cost.py: each kernel at the longest of its '
     'matmuls at the data-sheet peak, its bytes at the bandwidth and its elementwise operations '
     "at the SMs' issue rate; custom calls' arithmetic "
-    f'not counted){modules}: {floor * 1e3:.2f} ms a step; this step took '
+    f'not counted){modules}: {floor * 1e3:.2f} ms a step{of_which}; this step took '
     f'{step_seconds * 1e3:.2f} ms, {step_seconds / floor:.2f}x its floor'
   )
 

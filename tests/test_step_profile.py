@@ -210,3 +210,25 @@ def test_floor_line_on_a_known_gpu_only():
   # Several module runs (a translation pass, a text per batch): their floors summed.
   twice = floor_line([HLO, HLO], 'xl', 2e-3, 'NVIDIA H200')
   assert 'over its 2 module runs' in twice and twice.endswith(f'{1e-3 / floor:.2f}x its floor')
+  assert 'random bits' not in line  # no ALU-bound launch in that module
+
+
+def test_floor_line_names_the_random_bits_part_of_the_floor(monkeypatch):
+  import dataclasses
+
+  import hlo_cost
+  from step_profile import floor_line
+  from test_hlo_cost import RANDOM_HLO
+
+  # An H200 whose SMs issue slowly enough that the test module's hashing (16 operations against
+  # 9 bytes an element) outlasts its bytes, and its plain scaling (1 against 8) does not.
+  slow = dataclasses.replace(hlo_cost.DEVICES['H200'], elementwise_ops=2e12)
+  monkeypatch.setitem(hlo_cost.DEVICES, 'H200', slow)
+  roofline = hlo_cost.roofline(hlo_cost.parse(RANDOM_HLO), slow)
+  bits = roofline.kinds['ALU-bound'][3]
+  assert bits == pytest.approx(16 * 4096 / 2e12)
+  line = floor_line(RANDOM_HLO, 'xl', 2e-3, 'NVIDIA H200')
+  assert (
+    f'{roofline.seconds * 1e3:.2f} ms a step (ALU-bound, random bits: {bits * 1e3:.2f} ms)'
+    in (line)
+  )
