@@ -12,7 +12,8 @@ the xl and shaw rows are 'auto', the _xla and _pallas rows name each kernel, so 
 checked against the faster of the two).
 
 Builds the config's model once per `config.model.position` mode (xl, shaw, absolute, none; the xl
-row also without memory, and without dropout (what its random bits and masks cost); xl and shaw also
+row also without memory, without dropout (what its random bits and masks cost) and with dropout's
+bits from relpos.counter_hash; xl and shaw also
 with each kernel named instead of 'auto', in bf16 xl also with cuDNN's, and both with the Mosaic GPU
 kernels), times the jitted train step (forward, backward, Adam update) on a fixed random batch with
 the modes interleaved round by round, and prints ms/step, tokens/s and the ratio to the first
@@ -78,10 +79,14 @@ _VARIANTS = {
     )
     for position in ('xl', 'shaw')
   },
-  # What dropout (its random bits and masks) costs in the step.
+  # What dropout (its random bits and masks) costs in the step, and its bits from a hash.
   'xl_nodropout': (
     'xl, no dropout',
     {'model': {'position': 'xl', 'dropout': 0.0, 'attention_dropout': 0.0}},
+  ),
+  'xl_hash_dropout': (
+    'xl, hashed dropout bits',
+    {'model': {'position': 'xl', 'dropout_bits': 'hash'}},
   ),
   # Each kernel named, against 'auto' (on a GPU the faster of the two: relpos.attention.autotune).
   **{

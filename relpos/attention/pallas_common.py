@@ -20,7 +20,8 @@ never a [q_len, kv_len] array in memory. This module holds the parts both use, o
 
 Dropout. Every kept/dropped decision is `hash(seed, b, h, i, j) >= rate·2^32` for batch b, head
 h, query i and key j (global indices), where the hash chains the murmur3 32-bit finaliser over
-the four indices (uint32 multiply, xor and shift only, so it runs in any kernel language) and
+the four indices (`relpos.counter_hash`: uint32 multiply, xor and shift only, so it runs in any
+kernel language) and
 the seed is 32 random bits drawn from `dropout_rng` (`dropout_seed`). The same function is
 evaluated on each tile inside the kernels and, materialised, by `dropout_keep_hashed` (for tests
 and references). Semantics are `masking.attention_dropout`'s: p' = p·keep/(1 - rate) with keep
@@ -77,6 +78,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pallas_triton
 
+from relpos import counter_hash
 from relpos.attention.masking import accumulation_dtype
 
 # The implementation names and the kernels each serves: 'cudnn' is cuDNN's flash attention with
@@ -565,36 +567,20 @@ def softmax_grads(logits_QK, allowed_QK, lse_Q1, d_dropped_QK, delta_Q1, keep_sc
 # ------------------------------------------------------------------------------------------
 # Dropout from a counter-based hash.
 
-_GOLDEN = 0x9E3779B9  # odd: x -> x·GOLDEN is a bijection of uint32
-
-
-def _fmix32(h):
-  """murmur3's 32-bit finaliser: a bijection of uint32 with full avalanche."""
-  h = h ^ (h >> 16)
-  h = h * jnp.uint32(0x85EBCA6B)
-  h = h ^ (h >> 13)
-  h = h * jnp.uint32(0xC2B2AE35)
-  return h ^ (h >> 16)
-
 
 def dropout_bits(seed, batch_index, head_index, query_index, key_index):
-  """uint32 hash of (seed, b, h, i, j), broadcasting the (int) indices against each other."""
+  """uint32 hash of (seed, b, h, i, j), broadcasting the (int) indices against each other
+  (`relpos.counter_hash.chain`, one round per index)."""
   bits = jnp.asarray(seed).astype(jnp.uint32)
   for index in (batch_index, head_index, query_index, key_index):
-    index = jnp.asarray(index).astype(jnp.uint32)
-    bits = _fmix32(bits + (index + jnp.uint32(1)) * jnp.uint32(_GOLDEN))
+    bits = counter_hash.chain(bits, index)
   return bits
-
-
-def _keep_threshold(rate: float):
-  """uint32 t with P(bits >= t) = 1 - rate for uniform bits (to 2^-32)."""
-  return jnp.uint32(min(int(round(rate * 2.0**32)), 2**32 - 1))
 
 
 def dropout_keep_scale(seed, batch_index, head_index, query_index, key_index, rate: float):
   """keep/(1 - rate) as float32 for one tile (global indices, broadcast to the tile)."""
   bits = dropout_bits(seed, batch_index, head_index, query_index, key_index)
-  return jnp.where(bits >= _keep_threshold(rate), jnp.float32(1.0 / (1.0 - rate)), 0.0)
+  return jnp.where(bits >= counter_hash.keep_threshold(rate), jnp.float32(1.0 / (1.0 - rate)), 0.0)
 
 
 def dropout_keep_hashed(seed, batch: int, heads: int, q_len: int, kv_len: int, rate: float):
@@ -607,7 +593,7 @@ def dropout_keep_hashed(seed, batch: int, heads: int, q_len: int, kv_len: int, r
     np.arange(n).reshape([-1 if axis == a else 1 for a in range(4)])
     for axis, n in enumerate((batch, heads, q_len, kv_len))
   ]
-  return dropout_bits(seed, *index) >= _keep_threshold(rate)
+  return dropout_bits(seed, *index) >= counter_hash.keep_threshold(rate)
 
 
 def dropout_seed(dropout_rng):

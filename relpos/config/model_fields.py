@@ -24,6 +24,8 @@ from relpos.config.fields import declared, field, section
 from relpos.constants import CHAR_LM_POSITIONS, TRANSLATE_POSITIONS
 
 COMPUTE_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+# Where dropout's random bits come from (`relpos.models.layers.Dropout`).
+DROPOUT_BITS = ('threefry2x32', 'hash')
 # How Shaw's tables start (`relpos.models.multihead_attention.MultiHeadAttention`).
 RELATIVE_TABLE_INITS = ('kernel', 'zeros')
 # config.model.remat -> what a layer keeps for the backward pass (jax.checkpoint policies):
@@ -61,6 +63,14 @@ class ModelConfig:
   dropout: float = field(0.1, checks.fraction(), 'on embeddings and sublayer outputs')
   attention_dropout: float = field(
     0.0, checks.fraction(), "on the attention probabilities (the original XL's dropatt)"
+  )
+  dropout_bits: str = field(
+    'threefry2x32',
+    checks.one_of(*DROPOUT_BITS),
+    "where `dropout`'s random bits come from: 'threefry2x32' (JAX's jax.random, as "
+    "nnx.Dropout; about 130 integer operations an element) or 'hash' (murmur3's finaliser "
+    "over a per-call seed and each element's index, relpos.counter_hash: about 20; other "
+    "masks, the same keep rate). Attention dropout keeps its kernels' own bits",
   )
   pre_layer_norm: bool = field(False, checks.FLAG, 'False: post-LN, as the original papers')
   max_relative_position: int = field(16, checks.integer(0), "Shaw's k", read_by=_SHAW)

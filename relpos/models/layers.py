@@ -7,7 +7,9 @@ is declared in `relpos.config.model_fields`.
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax import lax
 
+from relpos import counter_hash
 from relpos.config.model_fields import REMAT_POLICIES, ModelConfig
 
 
@@ -61,6 +63,25 @@ def linear(in_features, out_features, dtype, rngs, *, kernel_init, use_bias=True
   )
 
 
+class Dropout(nnx.Dropout):
+  """nnx.Dropout with a choice of random bits (`config.model.dropout_bits`): 'threefry2x32' is
+  nnx.Dropout itself (JAX's jax.random.bernoulli, bit for bit); 'hash' keeps an element where
+  `relpos.counter_hash.hashed_keep` says, from the same rng stream's key, at about a sixth of
+  threefry's integer work. The state (the rng stream) is nnx.Dropout's either way, so a
+  checkpoint restores under both."""
+
+  def __init__(self, rate: float, *, bits: str = 'threefry2x32', rngs: nnx.Rngs):
+    super().__init__(rate, rngs=rngs)
+    self.bits = bits
+
+  def __call__(self, inputs, *, deterministic: bool):
+    if self.bits == 'threefry2x32' or deterministic or self.rate in (0.0, 1.0):
+      return super().__call__(inputs, deterministic=deterministic)
+    keep_prob = 1.0 - self.rate
+    keep = counter_hash.hashed_keep(self.rngs(), inputs.shape, self.rate)
+    return lax.select(keep, inputs / keep_prob, jnp.zeros_like(inputs))
+
+
 class Residual(nnx.Module):
   """LayerNorm and dropout around one sublayer f: post-LN LN(x + drop(f(x))) or pre-LN
   x + drop(f(LN(x))). `residual(x, f)` applies it; a sublayer that needs f's input apart (the
@@ -71,7 +92,7 @@ class Residual(nnx.Module):
     self.pre_layer_norm = config.pre_layer_norm
     dtype = config.compute_dtype
     self.norm = nnx.LayerNorm(config.d_model, epsilon=epsilon, dtype=dtype, rngs=rngs)
-    self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+    self.dropout = Dropout(config.dropout, bits=config.dropout_bits, rngs=rngs)
 
   def inputs(self, x_BTD):
     return self.norm(x_BTD) if self.pre_layer_norm else x_BTD
@@ -95,7 +116,7 @@ class FeedForward(nnx.Module):
     dtype = config.compute_dtype
     self.inner = linear(config.d_model, config.d_ff, dtype, rngs, kernel_init=kernel_init)
     self.outer = linear(config.d_ff, config.d_model, dtype, rngs, kernel_init=kernel_init)
-    self.dropout = nnx.Dropout(inner_dropout, rngs=rngs)
+    self.dropout = Dropout(inner_dropout, bits=config.dropout_bits, rngs=rngs)
     self.residual = Residual(config, epsilon=epsilon, rngs=rngs)
 
   def __call__(self, x_BTD, *, deterministic: bool) -> jax.Array:

@@ -241,7 +241,7 @@ class Transformer(nnx.Module):
     self.position_table = (
       nnx.Param(embedding_init(rngs.params(), table_shape)) if self.position == 'learned' else None
     )
-    self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+    self.dropout = layers.Dropout(config.dropout, bits=config.dropout_bits, rngs=rngs)
     self.encoder_layers = nnx.List(
       [EncoderLayer(config, rngs=rngs) for _ in range(config.encoder_layers)]
     )

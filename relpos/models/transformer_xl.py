@@ -181,7 +181,7 @@ class TransformerXL(nnx.Module):
       config.vocab_size, config.d_model, dtype=self.dtype, embedding_init=_INIT, rngs=rngs
     )
     self.output_bias = nnx.Param(jnp.zeros((config.vocab_size,), jnp.float32))
-    self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+    self.dropout = layers.Dropout(config.dropout, bits=config.dropout_bits, rngs=rngs)
     self.layers = nnx.List([DecoderLayer(config, rngs=rngs) for _ in range(config.num_layers)])
     if self.position == 'xl':
       per_layer = (config.num_layers,) if config.untie_r else ()
