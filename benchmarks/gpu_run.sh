@@ -34,8 +34,8 @@
 #   steps_shaw      the same for shaw                                                     (170)
 #   translate_step  benchmarks/translate_step.py at wmt_base shapes (Tatoeba), shaw with
 #                   'auto', 'xla' and 'pallas', each profiled                             (200)
-#   steps_bf16      steps_xl in bf16 with xl through 'cudnn' too, then xl without dropout;
-#                   each variant profiled                                                 (270)
+#   steps_bf16      steps_xl in bf16 with xl through 'cudnn' too, then xl without dropout and
+#                   with dropout_bits='hash'; each variant profiled                       (270)
 #   steps_bf16_shaw steps_shaw in bf16, each variant profiled                             (180)
 #   translate_step_bf16  translate_step in bf16 (wmt_base's 40% MFU target)               (200)
 #   flags_off       the bf16 xl and shaw Pallas steps again with RELPOS_GPU_FLAGS=off (XLA's
@@ -235,8 +235,9 @@ p_steps_bf16() {
   local cudnn=xl_cudnn, # cuDNN's kernels: NVIDIA GPUs only
   ((smoke)) && cudnn=''
   # In order of need, since a part cut short by its time limit leaves the last out: 'auto'
-  # (cuDNN's kernels, on the H200) against each kernel named, then what dropout costs.
-  variants=xl,${cudnn}xl_xla,xl_pallas,xl_nodropout profiled char_steps \
+  # (cuDNN's kernels, on the H200) against each kernel named, then what dropout costs, and what
+  # its bits cost from relpos.counter_hash instead of threefry.
+  variants=xl,${cudnn}xl_xla,xl_pallas,xl_nodropout,xl_hash_dropout profiled char_steps \
     --config.model.dtype=bfloat16 --profile_steps=2
 }
 p_steps_bf16_shaw() {

@@ -55,7 +55,7 @@ def test_dry_run_lists_every_part_with_its_commands(tmp_path):
   # 'auto' first, then the kernels it chose between, one position a part (builds take ~50 s).
   assert '--variants=xl,xl_xla,xl_pallas --seconds=150' in log
   assert '--variants=shaw,shaw_xla,shaw_pallas --seconds=150' in log
-  bf16 = 'xl,xl_cudnn,xl_xla,xl_pallas,xl_nodropout'
+  bf16 = 'xl,xl_cudnn,xl_xla,xl_pallas,xl_nodropout,xl_hash_dropout'
   assert f'--variants={bf16} --seconds=250' in log  # in order of need, under the part's limit
   assert '--profile_steps=2 --variants=shaw,shaw_xla,shaw_pallas --seconds=160' in log
   flags_off = log.split('## flags_off\n')[1].split('\n## ')[0]
