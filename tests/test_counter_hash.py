@@ -146,3 +146,39 @@ def test_dropout_threefry_is_nnx_dropout_and_hash_keeps_its_state():
   assert ((second != 0) != kept).any()  # a fresh mask per call
   np.testing.assert_array_equal(np.asarray(hashed(x, deterministic=True)), np.asarray(x))
   assert not np.asarray(Dropout(1.0, bits='hash', rngs=nnx.Rngs(0))(x, deterministic=False)).any()
+
+
+def test_both_models_take_hashed_dropout_bits_with_the_same_parameters():
+  """dropout_bits changes only the training masks: the same initial parameters (the rng stream
+  is forked alike), the same deterministic outputs, other training outputs."""
+  import test_transformer as translation
+  import test_transformer_xl as char_lm
+
+  def params(model):
+    return jax.tree.leaves(nnx.state(model, nnx.Param))
+
+  # The translation Transformer.
+  plain, hashed = translation.make_model(), translation.make_model(dropout_bits='hash')
+  for a, b in zip(params(plain), params(hashed), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  src, tgt = translation.SRC, translation.TGT_IN
+  np.testing.assert_array_equal(
+    np.asarray(translation.forward(plain, src, tgt)),
+    np.asarray(translation.forward(hashed, src, tgt)),
+  )
+  train = nnx.jit(lambda model: model(src, tgt, deterministic=False))
+  trained, evaluated = np.asarray(train(hashed)), np.asarray(translation.forward(hashed, src, tgt))
+  assert np.isfinite(trained).all() and not np.allclose(trained, evaluated)
+  assert not np.allclose(trained, np.asarray(train(plain)))
+  # Transformer-XL.
+  plain, hashed = char_lm.make_model(), char_lm.make_model(dropout_bits='hash')
+  for a, b in zip(params(plain.model), params(hashed.model), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 11, (2, 6)), jnp.int32)
+  memory = hashed.init_memory(2)
+  logits, _ = char_lm.forward(hashed, tokens, memory)
+  np.testing.assert_array_equal(np.asarray(char_lm.forward(plain, tokens, memory)[0]), logits)
+  trained, _ = char_lm._apply(
+    hashed.model, tokens, memory, deterministic=False, **hashed.settings()
+  )
+  assert np.isfinite(np.asarray(trained)).all() and not np.allclose(trained, logits)
