@@ -13,8 +13,9 @@ How an op is classified: the trace names each device op by its HLO instruction (
 `hlo_op` stat, or the `hlo_op=` of its annotation; else the event keeps its own name, a CUDA
 kernel's, and is classified by that name: `category_of_name`); the compiled module's text
 (`compiled.as_text()`) says what that instruction is: its opcode, a fusion's kind and the ops of
-its fused computation (a fusion with threefry's shifts and xors draws random bits: dropout's
-masks, and whatever the fusion computes beside them), a custom call's target
+its fused computation (a fusion with xors and logical right shifts, threefry's or
+relpos.counter_hash's, draws random bits: dropout's masks, and whatever the fusion computes
+beside them), a custom call's target
 (`__gpu$xla.gpu.triton` and Mosaic GPU for Pallas kernels, cuDNN's fused attention, cuBLAS
 GEMMs), and its `op_name` metadata, where JAX writes
 `transpose(jvp(...))` for the backward pass and `jvp(...)` for the forward pass of a
@@ -66,10 +67,11 @@ PASSES = ('forward', 'backward', 'rest (loss, update)')
 _COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'collective-permute', 'all-to-all')
 _KERNEL_TARGETS = ('triton', 'mosaic', 'cudnn$fmha', 'tpu_custom_call')
 _MATMUL_TARGETS = ('gemm', 'cublas', 'matmul')
-# The opcodes of threefry2x32's rounds (add, rotate as two shifts and an or, xor): a fusion
-# holding them hashes counters into random bits, dropout's masks in a training step (their
-# floor: docs/gpu.md, "Dropout's random bits in the floor").
-_RANDOM_BITS_OPCODES = frozenset({'xor', 'shift-left', 'shift-right-logical'})
+# What threefry2x32's rounds (add, a rotation's two shifts and or, xor) and murmur3's finaliser
+# (xor-shifts and multiplies: relpos.counter_hash) share: a fusion holding both hashes counters
+# into random bits, dropout's masks in a training step (their floor: docs/gpu.md, "Dropout's
+# random bits in the floor").
+_RANDOM_BITS_OPCODES = frozenset({'xor', 'shift-right-logical'})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,10 +39,8 @@ GPU_HLO = """HloModule jit_step, entry_computation_layout={(bf16[64,64]{1,0})->f
   %param_0.4 = u32[64]{0} parameter(0)
   %param_1.4 = f32[64]{0} parameter(1)
   %constant_13 = u32[64]{0} constant({...})
-  %shift-left.1 = u32[64]{0} shift-left(%param_0.4, %constant_13)
   %shift-right-logical.1 = u32[64]{0} shift-right-logical(%param_0.4, %constant_13)
-  %or.1 = u32[64]{0} or(%shift-left.1, %shift-right-logical.1)
-  %xor.1 = u32[64]{0} xor(%or.1, %param_0.4)
+  %xor.1 = u32[64]{0} xor(%shift-right-logical.1, %param_0.4)
   %compare.1 = pred[64]{0} compare(%xor.1, %param_0.4), direction=LT
   ROOT %select.1 = f32[64]{0} select(%compare.1, %param_1.4, %param_1.4)
 }
