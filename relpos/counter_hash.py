@@ -54,12 +54,14 @@ def keep_threshold(rate: float):
 def hashed_keep(key, shape, rate: float) -> jax.Array:
   """bool `shape`: True with probability 1 - rate, each element's from its flat index.
 
-  The call's seed is two uint32 drawn from `key` (a jax.random key); the first round chains the
-  second word into the first (a scalar, once per call), the second the element's flat index, so
-  two calls' masks are not shifts of one another. Shapes beyond 2^32 elements chain every axis'
-  index instead of the flat one.
+  The call's seed is the key's own first two words (`jax.random.key_data`: a key from a stream
+  or a split is already the output of a hash, and reading it launches nothing, where drawing
+  bits from it would be a threefry call per site); the first round chains the second word into
+  the first (a scalar, once per call), the second the element's flat index, so two calls' masks
+  are not shifts of one another. Shapes beyond 2^32 elements chain every axis' index instead of
+  the flat one.
   """
-  seed = jax.random.bits(key, (2,), jnp.uint32)
+  seed = jax.random.key_data(key).reshape(-1)[:2]
   bits = chain(seed[0], seed[1])
   size = int(np.prod(shape, dtype=np.int64))
   if size < 2**32:

@@ -36,7 +36,7 @@ def _chain_np(bits, index):
 
 
 def _keep_np(key, shape, rate):
-  seed = np.asarray(jax.random.bits(key, (2,), jnp.uint32), np.uint64)
+  seed = np.asarray(jax.random.key_data(key), np.uint64)
   bits = _chain_np(_chain_np(seed[0], seed[1]), np.arange(np.prod(shape)).reshape(shape))
   return bits >= round(rate * 2.0**32)
 
@@ -90,7 +90,7 @@ def test_the_masks_keep_at_the_rate_with_no_correlation_between_neighbours_rows_
 
 
 def test_the_bits_are_uniform():
-  seed = jax.random.bits(jax.random.key(5), (2,), jnp.uint32)
+  seed = jax.random.key_data(jax.random.key(5))
   bits = counter_hash.chain(
     counter_hash.chain(seed[0], seed[1]), jnp.arange(2**20, dtype=jnp.uint32)
   )
