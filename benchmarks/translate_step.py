@@ -26,10 +26,12 @@ lowering (relpos.threefry_lowering), for relpos's default on and off in one run.
 that threshold was chosen. `--attention_implementations=auto,xla,pallas` times the Shaw modes
 once per `config.model.attention_implementation` (on a GPU 'auto' times both kernels at each
 batch shape's calls on first use and keeps the faster, relpos.attention.autotune; this shows it
-against each kernel named).
+against each kernel named). `--dropout_bits=threefry2x32,hash` times each mode once per
+`config.model.dropout_bits`.
 """
 
 import functools
+import itertools
 import operator
 import tempfile
 from pathlib import Path
@@ -55,6 +57,7 @@ from relpos import flops as flops_lib
 from relpos import runtime, threefry_lowering
 from relpos.attention import autotune, shaw
 from relpos.attention.pallas_common import IMPLEMENTATIONS
+from relpos.config.model_fields import DROPOUT_BITS
 from relpos.constants import PAD_ID
 from relpos.data.translation import load_translation_data
 from relpos.training import translation_task as translate
@@ -94,12 +97,23 @@ flags.register_validator(
   lambda values: set(values) <= set(IMPLEMENTATIONS),
   message=f'--attention_implementations takes {", ".join(IMPLEMENTATIONS)}',
 )
+_DROPOUT_BITS = flags.DEFINE_list(
+  'dropout_bits',
+  [],
+  "Values of config.model.dropout_bits to time each mode with (default: the config's own).",
+)
+flags.register_validator(
+  'dropout_bits',
+  lambda values: set(values) <= set(DROPOUT_BITS),
+  message=f'--dropout_bits takes {", ".join(DROPOUT_BITS)}',
+)
 flags.mark_flags_as_required(['config'])
 
 
-def pass_call(config, position, vocab_size, batches, mesh, implementation=None):
+def pass_call(config, position, vocab_size, batches, mesh, implementation=None, dropout_bits=None):
   """A zero-argument call running the train step of `position` (with the attention
-  `implementation`, None: the config's) over `batches` (state kept), the model's forward FLOPs
+  `implementation` and `dropout_bits`, None: the config's) over `batches` (state kept), the
+  model's forward FLOPs
   of that pass (`relpos.flops.Flops`), XLA's FLOP count of it (None where XLA has none) and,
   per batch, a function giving its compiled module's text (`step_profile.compiled_text`; one
   function per shape)."""
@@ -107,6 +121,8 @@ def pass_call(config, position, vocab_size, batches, mesh, implementation=None):
   variant.model.position = position
   if implementation is not None:
     variant.model.attention_implementation = implementation
+  if dropout_bits is not None:
+    variant.model.dropout_bits = dropout_bits
   graphdef, state = translate.build(variant, vocab_size, mesh)
   train_step = translate.train_step_fn(variant, graphdef, mesh)
   carried = {'state': state}
@@ -169,28 +185,32 @@ def main(argv):
       name = position if _THREEFRY.value == ['unrolled'] else f'{position}, {lowering}'
       thresholds = _DENSE_MAX.value if 'shaw' in position else []
       implementations = _IMPLEMENTATIONS.value if 'shaw' in position else []
-      for threshold in thresholds or [None]:
-        for implementation in implementations or [None]:
-          variant = name if threshold is None else f'{name}, dense ≤ {threshold} keys'
-          auto_variant = variant + ', auto kernels'
-          if implementation is not None:
-            variant += f', {implementation} kernels'
-          order.append(variant)
-          if chosen.get(auto_variant) == {implementation}:
-            # Every call of the 'auto' pass chose these kernels: the same programs
-            # (autotune.recorded_choices), timed once, as 'auto'.
-            repeats[variant] = auto_variant
-            continue
-          if threshold is not None:
-            shaw.DENSE_MAX_KV_LEN = int(threshold)
-          with autotune.recorded_choices() as choices:
-            calls[variant], model_flops[variant], xla_counts[variant], texts[variant] = pass_call(
-              config, position, vocab_size, batches, mesh, implementation
-            )
-            calls[variant]()  # compiles now, with this lowering and threshold
-          if implementation == 'auto':
-            chosen[variant] = set(choices)
-          shaw.DENSE_MAX_KV_LEN = default_dense_max
+      for threshold, implementation, bits in itertools.product(
+        thresholds or [None], implementations or [None], _DROPOUT_BITS.value or [None]
+      ):
+        variant = name if threshold is None else f'{name}, dense ≤ {threshold} keys'
+        auto_variant = variant + ', auto kernels'
+        if implementation is not None:
+          variant += f', {implementation} kernels'
+        if bits is not None:
+          auto_variant += f', {bits} dropout bits'
+          variant += f', {bits} dropout bits'
+        order.append(variant)
+        if chosen.get(auto_variant) == {implementation}:
+          # Every call of the 'auto' pass chose these kernels: the same programs
+          # (autotune.recorded_choices), timed once, as 'auto'.
+          repeats[variant] = auto_variant
+          continue
+        if threshold is not None:
+          shaw.DENSE_MAX_KV_LEN = int(threshold)
+        with autotune.recorded_choices() as choices:
+          calls[variant], model_flops[variant], xla_counts[variant], texts[variant] = pass_call(
+            config, position, vocab_size, batches, mesh, implementation, bits
+          )
+          calls[variant]()  # compiles now, with this lowering and threshold
+        if implementation == 'auto':
+          chosen[variant] = set(choices)
+        shaw.DENSE_MAX_KV_LEN = default_dense_max
   threefry_lowering.unroll_on_cpu()
   seconds = with_repeated_rows(
     interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=1),

@@ -66,15 +66,17 @@ def test_translate_step_times_split_batches_with_prng_lowerings_shaw_thresholds_
     '--threefry=unrolled,rolled',
     '--shaw_dense_max_kv_len=0,64',  # the banded kernel, then the dense form (≤ 17 keys)
     '--attention_implementations=xla',
+    '--dropout_bits=hash',
   )
   rows = _table_rows(stdout)
   names = {
-    f'shaw, {lowering}, dense ≤ {threshold} keys, xla kernels'
+    f'shaw, {lowering}, dense ≤ {threshold} keys, xla kernels, hash dropout bits'
     for lowering in ('unrolled', 'rolled')
     for threshold in (0, 64)
   }
   assert set(rows) == names, stdout
-  assert float(rows['shaw, unrolled, dense ≤ 0 keys, xla kernels'][2]) == 1.0  # / the first
+  first = 'shaw, unrolled, dense ≤ 0 keys, xla kernels, hash dropout bits'
+  assert float(rows[first][2]) == 1.0  # / the first
   assert all(float(cells[1]) > 0 for cells in rows.values())  # target tokens/s
   assert 'peak: the float32 matmul rate on these 2 CPU device(s), ' in stdout
   for cells in rows.values():  # model and XLA GFLOP / step, model GFLOP/s, MFU (all, visible)
@@ -94,10 +96,16 @@ def test_char_lm_step_times_the_variants_asked_for(tmp_path):
     *TINY_CHAR_LM_FLAGS,
     '--config.train.batch_size=4',
     '--rounds=1',
-    '--variants=none,xl,xl_mem0,xl_xla',
+    '--variants=none,xl,xl_mem0,xl_xla,xl_hash_dropout',
   )
   rows = _table_rows(stdout)
-  assert set(rows) == {'xl', 'xl, mem_len=0', 'none', 'xl, xla kernels'}, stdout
+  assert set(rows) == {
+    'xl',
+    'xl, mem_len=0',
+    'none',
+    'xl, xla kernels',
+    'xl, hashed dropout bits',
+  }, stdout
   assert '| step time / none |' in stdout and float(rows['none'][2]) == 1.0  # the first named
   # Model and XLA FLOP counts: memory adds attention work, so xl without memory counts fewer.
   for column in (3, 4):
@@ -105,7 +113,15 @@ def test_char_lm_step_times_the_variants_asked_for(tmp_path):
   # On a CPU 'auto' is 'xla' at every call: the same program, built and timed once.
   assert "xl, xla kernels: not built again: every attention call of 'xl' chose" in stdout
   assert rows['xl, xla kernels'][:5] == rows['xl'][:5]
-  assert list(rows) == ['none', 'xl', 'xl, mem_len=0', 'xl, xla kernels']  # as named
+  assert list(rows) == [  # as named
+    'none',
+    'xl',
+    'xl, mem_len=0',
+    'xl, xla kernels',
+    'xl, hashed dropout bits',
+  ]
+  # The hashed bits: the same model's FLOPs, another program.
+  assert rows['xl, hashed dropout bits'][3] == rows['xl'][3]
   assert all(0 < float(cells[7]) < float(cells[6]) for cells in rows.values())  # MFU
 
 
