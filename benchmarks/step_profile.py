@@ -15,9 +15,8 @@ kernel's, and is classified by that name: `category_of_name`); the compiled modu
 (`compiled.as_text()`) says what that instruction is: its opcode, a fusion's kind and the ops of
 its fused computation (a fusion with xors and logical right shifts, threefry's or
 relpos.counter_hash's, draws random bits: dropout's masks, and whatever the fusion computes
-beside them), a custom call's target
-(`__gpu$xla.gpu.triton` and Mosaic GPU for Pallas kernels, cuDNN's fused attention, cuBLAS
-GEMMs), and its `op_name` metadata, where JAX writes
+beside them), a custom call's target (`__gpu$xla.gpu.triton` and Mosaic GPU for Pallas kernels,
+cuDNN's fused attention, cuBLAS GEMMs), and its `op_name` metadata, where JAX writes
 `transpose(jvp(...))` for the backward pass and `jvp(...)` for the forward pass of a
 differentiated function.
 

@@ -24,9 +24,10 @@ construction, which fails the largest statistical batteries eventually; the test
 dropout needs (the keep rate, no correlation between neighbours, rows or calls).
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 GOLDEN = 0x9E3779B9  # odd: x -> x·GOLDEN is a bijection of uint32
 
@@ -63,10 +64,9 @@ def hashed_keep(key, shape, rate: float) -> jax.Array:
   """
   seed = jax.random.key_data(key).reshape(-1)[:2]
   bits = chain(seed[0], seed[1])
-  size = int(np.prod(shape, dtype=np.int64))
+  size = math.prod(shape)
   if size < 2**32:
-    flat = jax.lax.iota(jnp.uint32, size).reshape(shape) if size else jnp.zeros(shape, jnp.uint32)
-    return chain(bits, flat) >= keep_threshold(rate)
+    return chain(bits, jax.lax.iota(jnp.uint32, size).reshape(shape)) >= keep_threshold(rate)
   for axis in range(len(shape)):
     bits = chain(bits, jax.lax.broadcasted_iota(jnp.uint32, shape, axis))
   return bits >= keep_threshold(rate)

@@ -21,12 +21,12 @@ never a [q_len, kv_len] array in memory. This module holds the parts both use, o
 Dropout. Every kept/dropped decision is `hash(seed, b, h, i, j) >= rate·2^32` for batch b, head
 h, query i and key j (global indices), where the hash chains the murmur3 32-bit finaliser over
 the four indices (`relpos.counter_hash`: uint32 multiply, xor and shift only, so it runs in any
-kernel language) and
-the seed is 32 random bits drawn from `dropout_rng` (`dropout_seed`). The same function is
-evaluated on each tile inside the kernels and, materialised, by `dropout_keep_hashed` (for tests
-and references). Semantics are `masking.attention_dropout`'s: p' = p·keep/(1 - rate) with keep
-probability 1 - rate (up to the 2^-32 rounding of the threshold), but the bits differ from the
-'xla' implementation's `jax.random.bernoulli` draw: same distribution, different masks.
+kernel language) and the seed is 32 random bits drawn from `dropout_rng` (`dropout_seed`). The
+same function is evaluated on each tile inside the kernels and, materialised, by
+`dropout_keep_hashed` (for tests and references). Semantics are `masking.attention_dropout`'s:
+p' = p·keep/(1 - rate) with keep probability 1 - rate (up to the 2^-32 rounding of the
+threshold), but the bits differ from the 'xla' implementation's `jax.random.bernoulli` draw:
+same distribution, different masks.
 
 Layout. The kernels read queries, keys, values, outputs and their gradients in the models'
 own layout, [batch, length, heads, dim]: a program's block is (None, rows, None, dim), one
