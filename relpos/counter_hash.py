@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 GOLDEN = 0x9E3779B9  # odd: x -> x·GOLDEN is a bijection of uint32
+FLAT_INDEX_LIMIT = 2**32  # masks this large chain each axis' index: a flat uint32 index would wrap
 
 
 def fmix32(h):
@@ -59,13 +60,13 @@ def hashed_keep(key, shape, rate: float) -> jax.Array:
   or a split is already the output of a hash, and reading it launches nothing, where drawing
   bits from it would be a threefry call per site); the first round chains the second word into
   the first (a scalar, once per call), the second the element's flat index, so two calls' masks
-  are not shifts of one another. Shapes beyond 2^32 elements chain every axis' index instead of
-  the flat one.
+  are not shifts of one another. Shapes of `FLAT_INDEX_LIMIT` (2^32) elements or more chain
+  every axis' index instead of the flat one, which would wrap.
   """
   seed = jax.random.key_data(key).reshape(-1)[:2]
   bits = chain(seed[0], seed[1])
   size = math.prod(shape)
-  if size < 2**32:
+  if size < FLAT_INDEX_LIMIT:
     return chain(bits, jax.lax.iota(jnp.uint32, size).reshape(shape)) >= keep_threshold(rate)
   for axis in range(len(shape)):
     bits = chain(bits, jax.lax.broadcasted_iota(jnp.uint32, shape, axis))

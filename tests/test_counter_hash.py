@@ -89,6 +89,25 @@ def test_the_masks_keep_at_the_rate_with_no_correlation_between_neighbours_rows_
   assert _masks(3, (4, 4), 0.0).all()
 
 
+def test_masks_past_the_flat_index_limit_chain_every_axis(monkeypatch):
+  # A mask of 2^32 elements or more cannot be built here, so the limit is lowered: the branch
+  # for such masks then serves (64, 128, 256), and is checked as the flat one is above.
+  monkeypatch.setattr(counter_hash, 'FLAT_INDEX_LIMIT', 1000)
+  key, shape = jax.random.key(5), (64, 128, 256)
+  seed = np.asarray(jax.random.key_data(key), np.uint64)
+  want = _chain_np(seed[0], seed[1])
+  for axis, size in enumerate(shape):
+    index = np.arange(size).reshape([size if a == axis else 1 for a in range(len(shape))])
+    want = _chain_np(want, index)
+  keep = np.asarray(counter_hash.hashed_keep(key, shape, 0.1))
+  np.testing.assert_array_equal(keep, want >= round(0.1 * 2.0**32))
+  assert keep.mean() == pytest.approx(0.9, abs=1e-3)
+  x = keep.astype(np.float64)
+  for a, b in [(x[:, :, 1:], x[:, :, :-1]), (x[:, 1:], x[:, :-1]), (x[1:], x[:-1])]:
+    assert abs(np.corrcoef(a.ravel(), b.ravel())[0, 1]) < 0.005
+  assert (keep != _keep_np(key, shape, 0.1)).any()  # not the flat index's bits
+
+
 def test_the_bits_are_uniform():
   seed = jax.random.key_data(jax.random.key(5))
   bits = counter_hash.chain(
