@@ -156,16 +156,47 @@ FLAG_ERRORS = [
   ('configs/char_tiny.py:bogus', [], "unknown char_tiny preset 'bogus'"),
   ('configs/translate_tiny.py', ['--config.train.steps=abc'], '--config.train.steps=abc'),
   ('configs/translate_tiny.py', ['--config.model.num_heads=3'], 'config.model.num_heads'),
+  # A field misspelled after a valid override: the misspelled one is named, not the first.
+  (
+    'configs/char_tiny.py',
+    ['--config.train.steps=20', '--config.model.postion=shaw'],
+    '--config.model.postion: the config has no field model.postion',
+  ),
+  ('configs/char_tiny.py:bogus', ['--config.train.steps=3'], "unknown char_tiny preset 'bogus'"),
+  ('configs/nope.py', [], '--config=configs/nope.py: configs/nope.py does not exist'),
+  ('configs', [], '--config=configs: configs is a directory, not a config file'),
 ]
 
 
 @pytest.mark.parametrize('config, flags, message', FLAG_ERRORS)
 def test_the_launcher_prints_one_line_and_exits_1(commands, tmp_path, config, flags, message):
   result = commands.run(['eval.py', f'--config={config}', *flags, f'--workdir={tmp_path}'])
+  assert message in _one_error_line(result), result.stderr
+
+
+def _one_error_line(result) -> str:
   assert result.returncode == 1, result.stderr
   assert 'Traceback' not in result.stderr, result.stderr
-  errors = [line for line in result.stderr.splitlines() if line.startswith('error: ')]
-  assert len(errors) == 1 and message in errors[0], result.stderr
+  said = [line for line in result.stderr.splitlines() if not line.startswith('relpos: CPU')]
+  assert len(said) == 1 and said[0].startswith('error: '), result.stderr
+  return said[0]
+
+
+# Config files that do not load: one line naming the file and what is wrong with it.
+BAD_CONFIG_FILES = [
+  ('def get_config(:\n', 'line 1: SyntaxError'),
+  ('def get_config():\n  return undefined_name\n', 'raised NameError at line 2'),
+  ('CONFIG = 1\n', 'defines no get_config() returning a ConfigDict'),
+]
+
+
+@pytest.mark.parametrize('text, message', BAD_CONFIG_FILES)
+def test_a_config_file_that_does_not_load_is_one_line(commands, tmp_path, text, message):
+  path = tmp_path / 'my_config.py'
+  path.write_text(text)
+  result = commands.run(['eval.py', '--config', str(path), f'--workdir={tmp_path}'])
+  line = _one_error_line(result)
+  assert f'--config={path}: {path}' in line and message in line, line
 
 
 @pytest.mark.parametrize('implementation', ['auto', 'xla', 'pallas', 'cudnn', 'mosaic'])

@@ -3,6 +3,7 @@
 import importlib
 import os
 import sys
+import traceback
 
 import jax
 import ml_collections
@@ -88,13 +89,72 @@ def _define_distributed_flags():
   return initialize
 
 
-def _config_flag_problem(argv: list[str]) -> str | None:
-  """The first --config.<field> override of `argv` naming a renamed field or no field at all
-  of the loaded config, as one line; None if there is none."""
+def config_arg(argv: list[str]) -> str | None:
+  """The value of `--config=VALUE` (or `--config VALUE`) in `argv`, None if absent."""
+  for i, arg in enumerate(argv):
+    if arg.startswith('--config='):
+      return arg.removeprefix('--config=')
+    if arg == '--config' and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def config_overrides(argv: list[str]) -> list[str]:
+  """The `--config.<field>=<value>` overrides of `argv`, each as one text, also where the value
+  was given as the next argument (`--config.<field> <value>`)."""
+  overrides = []
+  for i, arg in enumerate(argv):
+    if not arg.startswith('--config.'):
+      continue
+    if '=' not in arg and i + 1 < len(argv) and not argv[i + 1].startswith('--'):
+      arg = f'{arg}={argv[i + 1]}'
+    overrides.append(arg)
+  return overrides
+
+
+def _root_cause(error: BaseException) -> BaseException:
+  """The innermost exception of `error`'s chain (ml_collections wraps a config file's own
+  error in an OSError saying "an earlier failure to load")."""
+  while error.__cause__ is not None or error.__context__ is not None:
+    error = error.__cause__ or error.__context__
+  return error
+
+
+def _config_file_problem(argv: list[str]) -> tuple[str | None, ml_collections.ConfigDict | None]:
+  """(one line, None) if --config's file (with its preset after ':') does not load on its own,
+  else (None, the config it gives, before any --config.<field> override)."""
+  value = config_arg(argv)
+  if value is None:
+    return None, None
+  path = value.split(':')[0]
+  if not os.path.isfile(path):
+    what = 'is a directory, not a config file' if os.path.isdir(path) else 'does not exist'
+    return f'--config={value}: {path} {what}', None
+  alone, alone_argv = flags.FlagValues(), [argv[0], f'--config={value}']
+  # sys_argv: ml_collections takes the overrides from sys.argv, not from the parsed list.
+  config_flags.DEFINE_config_file('config', None, '', flag_values=alone, sys_argv=alone_argv)
   try:
-    config = flags.FLAGS['config'].value
-  except (KeyError, AttributeError):
-    config = None
+    alone(alone_argv)
+    config = alone['config'].value
+    if not isinstance(config, ml_collections.ConfigDict):
+      config.get('task')  # a stand-in for a file that did not load: it raises its error
+  except Exception as error:  # noqa: BLE001 (whatever the file raised, reported as one line)
+    cause = _root_cause(error)
+    if isinstance(cause, SyntaxError):
+      return f'--config={value}: {path} line {cause.lineno}: SyntaxError: {cause.msg}', None
+    if isinstance(cause, AttributeError) and 'get_config' in str(cause):
+      return f'--config={value}: {path} defines no get_config() returning a ConfigDict', None
+    frames = traceback.extract_tb(cause.__traceback__)
+    lines = [f.lineno for f in frames if os.path.abspath(f.filename) == os.path.abspath(path)]
+    where = f' at line {lines[-1]}' if lines else ''
+    line = _flag_error(cause).removeprefix(f'flag --config={value}: ')
+    return f'--config={value}: {path} raised {type(cause).__name__}{where}: {line}', None
+  return None, config
+
+
+def _config_flag_problem(argv: list[str], config) -> str | None:
+  """The first --config.<field> override of `argv` naming a renamed field or no field at all
+  of `config` (the file's config before overrides), as one line; None if there is none."""
   for arg in argv:
     if not arg.startswith('--config.'):
       continue
@@ -109,7 +169,7 @@ def _config_flag_problem(argv: list[str]) -> str | None:
   return None
 
 
-def _flag_error(error: Exception) -> str:
+def _flag_error(error: BaseException) -> str:
   """One line for an error raised while parsing flags: a config file (or preset) that raised,
   a value of the wrong type, anything else absl reports."""
   lines = [line.strip() for line in str(error).splitlines() if line.strip()]
@@ -119,12 +179,24 @@ def _flag_error(error: Exception) -> str:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, each error one line (exit 1) instead of a traceback: an unknown or
-  renamed config field, a config file or preset that raised, a value of the wrong type."""
+  """absl's flag parsing, each error one line (exit 1) instead of a traceback: a config file
+  that is missing, does not parse or raises, an unknown or renamed config field, a preset
+  that raised, a value of the wrong type.
+
+  On an error the config file is loaded again on its own, so that a fault of the file is told
+  from a fault of an override (ml_collections leaves the flag unset after either, and names
+  only the field's last part)."""
   try:
-    return flags.FLAGS(argv)
-  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as error:
-    sys.exit(f'error: {_config_flag_problem(argv) or _flag_error(error)}')
+    rest = flags.FLAGS(argv)
+    config = flags.FLAGS['config'].value if 'config' in flags.FLAGS else None
+    if config is not None and not isinstance(config, ml_collections.ConfigDict):
+      # A file that does not load gives a stand-in that raises at its first use, later.
+      sys.exit(f'error: {_config_file_problem(argv)[0] or "--config: the config did not load"}')
+    return rest
+  except Exception as error:  # noqa: BLE001 (the one line below; --traceback is not parsed yet)
+    file_problem, config = _config_file_problem(argv)
+    line = file_problem or (config is not None and _config_flag_problem(argv, config))
+    sys.exit(f'error: {line or _flag_error(error)}')
 
 
 def launch(action: str):
@@ -139,7 +211,9 @@ def launch(action: str):
   """
   config = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
   workdir = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and metrics.')
-  traceback = flags.DEFINE_bool('traceback', False, 'Show the traceback of config/data errors.')
+  show_traceback = flags.DEFINE_bool(
+    'traceback', False, 'Show the traceback of config/data errors.'
+  )
   initialize_distributed = _define_distributed_flags()
   kwargs = {}
   if action == 'train_and_evaluate':
@@ -169,7 +243,7 @@ def launch(action: str):
       print(stopped, file=sys.stderr)
       sys.exit(PREEMPTED_EXIT_CODE)
     except FAULTS as fault:
-      if traceback.value:
+      if show_traceback.value:
         raise
       code, line = fault_exit(fault)
       print(line, file=sys.stderr, flush=True)
@@ -177,9 +251,9 @@ def launch(action: str):
         _silence_stderr()  # (TensorBoard's, at exit) would fail again, with tracebacks
       sys.exit(code)
     except USER_ERRORS as error:
-      if traceback.value:
+      if show_traceback.value:
         raise
-      sys.exit(f'error: {error}\n(--traceback shows where it was raised)')
+      sys.exit(f'error: {error}')  # one line; --traceback (docs/faults.md) shows where
     print('\n'.join(task.result_lines(result)))
 
   app.run(main, flags_parser=parse_flags)
