@@ -211,6 +211,30 @@ def test_print_only_sweeps_presets_of_the_config_file(tmp_path, monkeypatch, cap
       ['--config=configs/translate_tiny.py:shaw', '--by_source_length=6,4'],
       '--by_source_length must be increasing positive integers',
     ),
+    (['--config=configs/char_tiny.py:shaw', '--values='], '--values is empty'),
+    (['--config=configs/char_tiny.py:shaw', '--values=2,4,2'], '--values gives 2 more than once'),
+    (['--config=configs/char_tiny.py:shaw', '--seeds=0,a'], '--seeds=0,a: seeds are integers'),
+    (['--config=configs/char_tiny.py:shaw', '--seeds=1,1'], 'gives a seed more than once'),
+    (
+      ['--config=configs/char_tiny.py:shaw', '--field=train.same_length', '--values=True,Flase'],
+      "--values: 'Flase' is not a bool",
+    ),
+    (
+      ['--config=configs/char_tiny.py:shaw', '--field=model.max_relative_positon'],
+      '--field=model.max_relative_positon: the config has no field',
+    ),
+    (
+      ['--config=configs/char_tiny.py:shaw', '--evaluations=tgt_len=abc'],
+      "--evaluations=tgt_len=abc: 'abc' is not a int",
+    ),
+    (
+      ['--config=configs/char_tiny.py:shaw', '--evaluations=tgt_lenn=64'],
+      '--evaluations=tgt_lenn=64: the config has no field eval.tgt_lenn',
+    ),
+    (
+      ['--config=configs/char_tiny.py:shaw', '--config.train.steps=5', '--config.model.postion=x'],
+      '--config.model.postion: the config has no field',
+    ),
   ],
 )
 def test_command_line_errors_are_one_line_before_training(tmp_path, monkeypatch, args, message):
@@ -221,6 +245,30 @@ def test_command_line_errors_are_one_line_before_training(tmp_path, monkeypatch,
   assert isinstance(code, str) and code.startswith('error: ') and message in code
   assert code.strip().splitlines() == [code.strip()]
   assert not list(tmp_path.iterdir())  # nothing trained
+
+
+def test_print_only_takes_config_and_overrides_given_with_a_space(tmp_path, monkeypatch, capsys):
+  code = run_sweep_main(
+    monkeypatch,
+    f'--workdir={tmp_path}',
+    '--config',
+    'configs/char_tiny.py:shaw',
+    '--config.train.steps',
+    '5',
+    '--values=4',
+    '--print_only',
+  )
+  assert code is None
+  assert capsys.readouterr().out.splitlines()[0] == (
+    'python train.py --config=configs/char_tiny.py:shaw --config.train.steps=5 '
+    f'--config.model.max_relative_position=4 --config.seed=0 '
+    f'--workdir={tmp_path}/max_relative_position=4/seed=0'
+  )
+
+
+def test_a_missing_workdir_is_one_line(monkeypatch):
+  code = run_sweep_main(monkeypatch, '--config=configs/char_tiny.py:shaw', '--print_only')
+  assert code.startswith('error: --workdir is required') and '\n' not in code
 
 
 def test_a_refused_command_exits_1_with_its_error_line_and_no_traceback(commands, tmp_path):

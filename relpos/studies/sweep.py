@@ -85,29 +85,42 @@ def preset_variants(path, overrides: list[str]):
     config = load_config_file(Path(path), preset)
     for override in overrides:
       name, text = override.removeprefix('--config.').split('=', 1)
-      config = with_value(config, name, parse_value(config, name, text))
+      config = with_value(config, name, parse_value(config, name, text, flag=override))
     return config
 
   return variant
 
 
-def parse_value(config: ml_collections.ConfigDict, field: str, text: str):
-  """`text` converted to the type of config.<field>; unknown fields raise ValueError."""
+TRUE_TEXTS, FALSE_TEXTS = ('1', 'true', 'yes'), ('0', 'false', 'no')
+
+
+def field_type(config: ml_collections.ConfigDict, field: str, flag: str) -> type:
+  """The type of config.<field>; ValueError naming `flag` (the option that named the field)
+  when the config has no such field."""
   node = config
   *parents, leaf = field.split('.')
   for name in parents:
     node = node.get(name)
     if not isinstance(node, ml_collections.ConfigDict):
-      raise ValueError(f'--field={field}: the config has no section {name!r}')
+      raise ValueError(f'{flag}: the config has no section {name!r} (no field {field})')
   if leaf not in node:
-    raise ValueError(f'--field={field}: the config has no field {leaf!r}')
-  kind = type(node[leaf])
+    raise ValueError(f'{flag}: the config has no field {field}')
+  return type(node[leaf])
+
+
+def parse_value(config: ml_collections.ConfigDict, field: str, text: str, flag: str = '--values'):
+  """`text` converted to the type of config.<field>; ValueError naming `flag`, the option the
+  text came from, for an unknown field or a text that is not of the field's type (a bool is
+  one of 1/true/yes or 0/false/no)."""
+  kind = field_type(config, field, flag)
   if kind is bool:
-    return text.lower() in ('1', 'true', 'yes')
+    if text.lower() not in TRUE_TEXTS + FALSE_TEXTS:
+      raise ValueError(f'{flag}: {text!r} is not a bool, as {field} is (true or false)')
+    return text.lower() in TRUE_TEXTS
   try:
     return kind(text)
   except ValueError:
-    raise ValueError(f'--values: {text!r} is not a {kind.__name__}, as {field} is') from None
+    raise ValueError(f'{flag}: {text!r} is not a {kind.__name__}, as {field} is') from None
 
 
 def with_value(config: ml_collections.ConfigDict, field: str, value) -> ml_collections.ConfigDict:
@@ -133,9 +146,29 @@ def parse_evaluations(config, texts) -> dict[str, dict]:
       if not equals:
         raise ValueError(f'--evaluations: {text!r} is not field=value[+field=value...]')
       field = EVAL_SECTION + name.removeprefix(EVAL_SECTION)
-      overrides[field] = parse_value(config, field, value)
+      overrides[field] = parse_value(config, field, value, flag=f'--evaluations={text}')
     settings[text] = overrides
   return settings
+
+
+def check_values(values: list) -> None:
+  """ValueError for an empty --values or one holding a value twice (a run would repeat)."""
+  if not values:
+    raise ValueError('--values is empty: give the values to sweep, comma-separated')
+  repeated = sorted({str(v) for v in values if values.count(v) > 1})
+  if repeated:
+    raise ValueError(f'--values gives {", ".join(repeated)} more than once')
+
+
+def parse_seeds(texts: list[str]) -> list[int]:
+  """The integer seeds of --seeds; ValueError naming the flag for a text that is not one."""
+  try:
+    seeds = [int(text) for text in texts]
+  except ValueError:
+    raise ValueError(f'--seeds={",".join(texts)}: seeds are integers, comma-separated') from None
+  if len(set(seeds)) < len(seeds):
+    raise ValueError(f'--seeds={",".join(texts)} gives a seed more than once')
+  return seeds
 
 
 def check_evaluations(field: str, evaluations: dict) -> None:
@@ -595,15 +628,13 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   args = flags.FLAGS
   if not args.workdir:
-    raise app.UsageError('--workdir is required')
+    sys.exit('error: --workdir is required: the root directory of the sweep (a folder per run)')
   if not args['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   config, field, root = args.config, args.field, Path(args.workdir)
-  config_arg = next(arg for arg in sys.argv if arg.startswith('--config=')).split('=', 1)[1]
+  config_arg = tasks.config_arg(sys.argv)
   overrides = [
-    arg
-    for arg in sys.argv[1:]
-    if arg.startswith('--config.') and not arg.startswith('--config.seed=')
+    arg for arg in tasks.config_overrides(sys.argv) if not arg.startswith('--config.seed=')
   ]
   try:
     task = tasks.get(config)
@@ -613,9 +644,13 @@ def main(argv):
       values, baseline = list(args.values), args.baseline
     else:
       variant_of = None
+      field_type(config, field, f'--field={field}')
       values = [parse_value(config, field, text) for text in args.values]
-      baseline = None if args.baseline is None else parse_value(config, field, args.baseline)
-    seeds = [int(seed) for seed in args.seeds]
+      baseline = (
+        None if args.baseline is None else parse_value(config, field, args.baseline, '--baseline')
+      )
+    check_values(values)
+    seeds = parse_seeds(args.seeds)
     baseline = values[0] if baseline is None else baseline
     if baseline not in values:
       raise ValueError(f'--baseline={args.baseline} is not one of --values')
