@@ -362,5 +362,5 @@ def test_ordered_batches_errors():
     ordered.OrderedBatches(np.arange(7, dtype=np.int32), 0, 3)
   short = ordered.OrderedBatches(np.arange(N, dtype=np.int32), B, 30)
   assert short.num_segments == 1
-  with pytest.raises(ValueError, match='no full segment of tgt_len 30'):
+  with pytest.raises(ValueError, match='no full segment of tgt_len=30'):
     next(short.training_stream())
