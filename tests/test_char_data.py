@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from relpos.data import char_corpus, enwik8, ordered, text
+from relpos.data import char_corpus, download, enwik8, ordered, text
 
 # A tiny enwik8 look-alike: XML-ish text with newlines and a few non-ASCII bytes.
 CORPUS = (b'<page>\n  <title>Caf\xc3\xa9</title>\n  <text>[[A]] b &amp; c.</text>\n</page>\n') * 20
@@ -105,6 +105,15 @@ def test_download_enwik8_rejects_bad_file_and_leaves_nothing(tmp_path, enwik8_zi
   out = tmp_path / 'out'
   with pytest.raises(ValueError, match='the download of file://.* failed its check'):
     enwik8.download_enwik8(out, url=enwik8_zip.as_uri(), expected_bytes=3, expected_md5='0')
+  assert list(out.iterdir()) == []
+
+
+def test_a_failed_download_names_its_url_and_leaves_nothing(tmp_path):
+  """Without a network the error was urllib's alone, `<urlopen error ...>` (P8)."""
+  out = tmp_path / 'out'
+  url = (tmp_path / 'absent.zip').as_uri()
+  with pytest.raises(download.DownloadError, match=rf'cannot download {url} \('):
+    enwik8.download_enwik8(out, url=url, **CHECK)
   assert list(out.iterdir()) == []
 
 

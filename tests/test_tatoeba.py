@@ -165,6 +165,28 @@ def test_prepare_command_line(tmp_path):
   assert 'Traceback' not in failed.stderr
 
 
+def test_prepare_command_line_names_out_and_the_url(tmp_path):
+  """--out naming a file gave `[Errno 17] File exists` (P7); no network gave urllib's
+  `<urlopen error ...>` with no URL and no other way (P8). The download is refused here by a
+  proxy that is not there."""
+  (tmp_path / 'afile').write_text('')
+  command = [sys.executable, '-m', 'relpos.data.prepare', 'tatoeba']
+  env = {**os.environ, 'https_proxy': 'http://127.0.0.1:9', 'no_proxy': ''}
+  lines = {}
+  for name, out in (('file', tmp_path / 'afile'), ('offline', tmp_path / 'd')):
+    done = subprocess.run(
+      [*command, f'--out={out}'], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60
+    )
+    assert done.returncode == 1 and 'Traceback' not in done.stderr
+    lines[name] = done.stderr.strip().splitlines()[-1]
+  assert lines['file'] == f'error: --out={tmp_path / "afile"} is a file, not a directory; ' + (
+    'give a directory (a new one is made)'
+  )
+  assert lines['offline'].startswith(f'error: cannot download {tatoeba.URL} (')
+  assert lines['offline'].endswith('pass the file as --zip=<deu-eng.zip>')
+  assert sorted(p.name for p in (tmp_path / 'd').iterdir()) == []
+
+
 def test_a_config_without_the_prepared_corpus_names_the_prepare_command(tmp_path):
   config = load_config('translate_tiny', 'shaw')
   train_src, train_tgt = tatoeba.split_files(tmp_path / 'tatoeba_ende', 'train')
