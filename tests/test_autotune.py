@@ -399,7 +399,8 @@ def test_eval_and_decoding_steps_tune_forward_passes_and_the_train_step_fwd_bwd(
     pretune.trace_train_step(config)
     model = char_lm_task.TransformerXL(char_lm_task.model_config(config, 256), rngs=nnx.Rngs(0))
     tokens = np.arange(3 * config.eval.tgt_len * 2 + 1, dtype=np.int32) % 256
-    char_lm_task.bits_per_char(model, tokens, config.eval, batch_size=2, max_segments=2)
+    batches = char_lm_task.OrderedBatches(tokens, 2, config.eval.tgt_len)
+    char_lm_task.bits_per_char(model, batches, config.eval, max_segments=2)
   passes = [d.signature.text().rsplit(' ', 1)[1] for d in tuner.decisions]
   assert passes[0] == 'fwd+bwd' and set(passes[1:]) == {'fwd'} and len(passes) >= 2
 

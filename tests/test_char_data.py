@@ -4,15 +4,18 @@ Everything runs on small generated files (no network, no downloaded corpus): an 
 corpus is checked against its own size and md5 through the `expected_*` parameters.
 """
 
+import bz2
 import functools
+import gzip
 import hashlib
+import lzma
 import zipfile
 
 import ml_collections
 import numpy as np
 import pytest
 
-from relpos.data import char_corpus, enwik8, ordered, text
+from relpos.data import char_corpus, download, enwik8, ordered, text
 
 # A tiny enwik8 look-alike: XML-ish text with newlines and a few non-ASCII bytes.
 CORPUS = (b'<page>\n  <title>Caf\xc3\xa9</title>\n  <text>[[A]] b &amp; c.</text>\n</page>\n') * 20
@@ -105,6 +108,15 @@ def test_download_enwik8_rejects_bad_file_and_leaves_nothing(tmp_path, enwik8_zi
   assert list(out.iterdir()) == []
 
 
+def test_a_failed_download_names_its_url_and_leaves_nothing(tmp_path):
+  """Without a network the error was urllib's alone, `<urlopen error ...>` (P8)."""
+  out = tmp_path / 'out'
+  url = (tmp_path / 'absent.zip').as_uri()
+  with pytest.raises(download.DownloadError, match=rf'cannot download {url} \('):
+    enwik8.download_enwik8(out, url=url, **CHECK)
+  assert list(out.iterdir()) == []
+
+
 def test_enwik8_splits_at_90_and_95_percent():
   data = bytes(range(200))
   splits = enwik8.enwik8_splits(data)
@@ -123,6 +135,42 @@ def test_read_text_bytes(tmp_path):
   (tmp_path / 'empty.txt').write_bytes(b'')
   with pytest.raises(ValueError, match='empty.txt is empty'):
     text.read_text_bytes(tmp_path / 'empty.txt')
+
+
+# Compressed files under names that do not say so: read by their first bytes (C11).
+COMPRESSED = {
+  'gzip': gzip.compress,
+  'bzip2': bz2.compress,
+  'xz': lzma.compress,
+  'zip': lambda data: data,  # _write_zip compresses
+}
+
+
+@pytest.mark.parametrize('kind', sorted(COMPRESSED))
+def test_read_text_bytes_decompresses_by_content_not_name(tmp_path, kind):
+  path = tmp_path / 'corpus.txt'
+  if kind == 'zip':
+    _write_zip(path, member='inner/corpus.txt')
+  else:
+    path.write_bytes(COMPRESSED[kind](CORPUS))
+  assert text.read_text_bytes(path) == CORPUS
+  # The same bytes as the start of a plain text are text, a truncated file is named.
+  path.write_bytes(COMPRESSED[kind](CORPUS)[:-20] if kind != 'zip' else path.read_bytes()[:40])
+  with pytest.raises(ValueError, match=rf'corpus\.txt is a {kind} file but not a complete one'):
+    text.read_text_bytes(path)
+
+
+def test_read_text_bytes_refuses_a_zip_of_several_files(tmp_path):
+  path = _write_zip(tmp_path / 'texts.zip', member='a.txt')
+  with zipfile.ZipFile(path, 'a') as archive:
+    archive.writestr('sub/', b'')  # a directory is not a file
+    archive.writestr('sub/b.txt', b'more')
+  with pytest.raises(
+    ValueError, match=r'texts\.zip is a zip holding 2 files \(a\.txt, sub/b\.txt\)'
+  ):
+    text.read_text_bytes(path)
+  path.write_bytes(b'BZh9 is how this plain text starts, not bzip2\n')
+  assert text.read_text_bytes(path).startswith(b'BZh9 is')
 
 
 def test_contiguous_splits():
@@ -323,5 +371,5 @@ def test_ordered_batches_errors():
     ordered.OrderedBatches(np.arange(7, dtype=np.int32), 0, 3)
   short = ordered.OrderedBatches(np.arange(N, dtype=np.int32), B, 30)
   assert short.num_segments == 1
-  with pytest.raises(ValueError, match='no full segment of tgt_len 30'):
+  with pytest.raises(ValueError, match='no full segment of tgt_len=30'):
     next(short.training_stream())

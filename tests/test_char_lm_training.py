@@ -145,3 +145,37 @@ def test_missing_and_empty_text_for_the_char_lm(tmp_path):
   config.data.path = str(tmp_path / 'empty.txt')
   with pytest.raises(ValueError, match='empty.txt'):
     char_lm.TASK.train_and_evaluate(config, tmp_path / 'run2')
+
+
+@pytest.mark.parametrize(
+  'fields,message',
+  [
+    (  # C6: the training split is shorter than one segment
+      {'train.tgt_len': 64},
+      r'the train split of \S*short\.txt \(config\.data\.path\): 4 rows '
+      r'\(config\.train\.batch_size=4\) of 45 tokens hold no full segment of '
+      r'config\.train\.tgt_len=64 targets; use a smaller config\.train\.batch_size or '
+      r'config\.train\.tgt_len',
+    ),
+    (  # C8: the valid split is too short for the eval batch, found once training was over
+      {'eval.batch_size': 8},
+      r'the valid split of \S*short\.txt \(config\.data\.path\): 10 tokens give rows of 1 for '
+      r'config\.eval\.batch_size=8; .* use a smaller config\.eval\.batch_size or more data',
+    ),
+    (  # the test split: 16 bytes, 14 of them newlines that vocab='original' drops
+      {'eval.batch_size': 8, 'data.path': 'short_test.txt', 'data.vocab': 'original'},
+      r'the test split of \S*short_test\.txt \(config\.data\.path\): 2 tokens give rows of 0 '
+      r'for config\.eval\.batch_size=8',
+    ),
+  ],
+)
+def test_splits_too_short_are_refused_before_training(tmp_path, monkeypatch, fields, message):
+  (tmp_path / 'short.txt').write_text('the cat sat on a mat. ' * 9 + 'xy')  # 200 bytes: 180/10/10
+  (tmp_path / 'short_test.txt').write_text(('the cat sat on a mat. ' * 14)[:304] + 'at' + '\n' * 14)
+  config = _config(tmp_path / 'short.txt', steps=2)
+  for name, value in fields.items():
+    section, field = name.split('.')
+    config[section][field] = str(tmp_path / value) if field == 'path' else value
+  monkeypatch.setattr(char_lm, 'build', lambda *args: pytest.fail('the model was built'))
+  with pytest.raises(ValueError, match=message):
+    char_lm.TASK.train_and_evaluate(config, tmp_path / 'run')

@@ -3,6 +3,8 @@
 import gzip
 import hashlib
 import json
+import os
+import stat
 import subprocess
 import sys
 import zipfile
@@ -109,6 +111,45 @@ def test_prepare_refuses_what_is_not_an_export(tmp_path):
   assert not (tmp_path / 'data' / 'tatoeba_ende').exists()
 
 
+def test_prepare_refuses_an_export_too_small_for_dev_and_test(tmp_path):
+  """Three pairs gave dev 0 and test 0 pairs, and the first training run failed (P5)."""
+  lines = ['Hi.\tHallo!', 'Run!\tLauf!', 'Wow!\tPotzdonner!']
+  with pytest.raises(
+    ValueError, match=r'gives no dev and no test pairs \(train 3, dev 0, test 0\)'
+  ):
+    tatoeba.prepare(_zip(tmp_path, lines), tmp_path / 'data')
+  assert not (tmp_path / 'data' / 'tatoeba_ende').exists()
+
+
+def test_prepare_reads_bom_and_crlf_and_names_a_file_not_utf8(tmp_path):
+  """A BOM was kept in the first English sentence (P6); Latin-1 gave Python's codec message
+  with no file named (P4)."""
+  lines = _export_lines()
+  path = tmp_path / 'deu-eng.zip'
+  with zipfile.ZipFile(path, 'w') as archive:
+    archive.writestr(tatoeba.MEMBER, ('\ufeff' + '\r\n'.join(lines) + '\r\n').encode())
+  directory = tatoeba.prepare(path, tmp_path / 'data')
+  kept = [line for name in tatoeba.SPLITS for line in _read(directory / f'{name}.en.gz')]
+  kept += [line for name in tatoeba.SPLITS for line in _read(directory / f'{name}.de.gz')]
+  assert 'Sentence number 0 is here.' in kept
+  assert not [line for line in kept if '\ufeff' in line or '\r' in line]
+  with zipfile.ZipFile(path, 'w') as archive:
+    archive.writestr(tatoeba.MEMBER, 'Hello.\tHallo.\nGood.\tGr\u00fc\u00dfe.\n'.encode('latin-1'))
+  with pytest.raises(ValueError, match=r'deu\.txt in \S*deu-eng\.zip line 2 is not valid UTF-8'):
+    tatoeba.prepare(path, tmp_path / 'data')
+
+
+def test_the_prepared_directory_follows_the_umask(tmp_path):
+  """tempfile.mkdtemp's 0700 stayed on the prepared directory: others on a shared data
+  directory could not read it."""
+  old = os.umask(0o022)
+  try:
+    directory = tatoeba.prepare(_zip(tmp_path, _export_lines()), tmp_path / 'data')
+  finally:
+    os.umask(old)
+  assert stat.S_IMODE(directory.stat().st_mode) == 0o755
+
+
 def test_prepare_command_line(tmp_path):
   zip_path = _zip(tmp_path, _export_lines())
   command = [sys.executable, '-m', 'relpos.data.prepare', 'tatoeba', f'--out={tmp_path / "d"}']
@@ -122,6 +163,28 @@ def test_prepare_command_line(tmp_path):
   )
   assert failed.returncode == 1 and failed.stderr.strip().startswith('error: --zip=')
   assert 'Traceback' not in failed.stderr
+
+
+def test_prepare_command_line_names_out_and_the_url(tmp_path):
+  """--out naming a file gave `[Errno 17] File exists` (P7); no network gave urllib's
+  `<urlopen error ...>` with no URL and no other way (P8). The download is refused here by a
+  proxy that is not there."""
+  (tmp_path / 'afile').write_text('')
+  command = [sys.executable, '-m', 'relpos.data.prepare', 'tatoeba']
+  env = {**os.environ, 'https_proxy': 'http://127.0.0.1:9', 'no_proxy': ''}
+  lines = {}
+  for name, out in (('file', tmp_path / 'afile'), ('offline', tmp_path / 'd')):
+    done = subprocess.run(
+      [*command, f'--out={out}'], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60
+    )
+    assert done.returncode == 1 and 'Traceback' not in done.stderr
+    lines[name] = done.stderr.strip().splitlines()[-1]
+  assert lines['file'] == f'error: --out={tmp_path / "afile"} is a file, not a directory; ' + (
+    'give a directory (a new one is made)'
+  )
+  assert lines['offline'].startswith(f'error: cannot download {tatoeba.URL} (')
+  assert lines['offline'].endswith('pass the file as --zip=<deu-eng.zip>')
+  assert sorted(p.name for p in (tmp_path / 'd').iterdir()) == []
 
 
 def test_a_config_without_the_prepared_corpus_names_the_prepare_command(tmp_path):

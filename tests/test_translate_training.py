@@ -220,3 +220,38 @@ def test_validation_compiles_its_loss_once_per_batch_shape(monkeypatch):
   second = translate.eval_loss(nnx.merge(graphdef, moved), batches)
   assert len(traced) == 1
   assert first['tokens'] == second['tokens'] and first['nll'] != second['nll']
+
+
+class _WordLengthTokenizer:
+  """A stand-in tokenizer: one piece per word (its length), decoded as the pieces' numbers."""
+
+  def encode(self, text):
+    return [4 + len(word) % 30 for word in text.split()]
+
+  def decode(self, ids):
+    return ' '.join(map(str, ids))
+
+
+def test_sources_longer_than_max_len_are_cut_with_one_warning(capsys):
+  """Decoding cut a source past config.model.max_len - 1 pieces without a word (T5, X5); the
+  cut source (19 pieces + EOS) is padded to max_len=20 rows, not 32, which a learned position
+  table of 20 rows would refuse."""
+  from relpos.config.translation_defaults import translate_config
+
+  config = translate_config()
+  config.model.update(
+    position='learned', max_len=20, encoder_layers=1, decoder_layers=1, d_model=16, d_ff=32
+  )
+  config.model.num_heads = 2
+  model = Transformer(translate.model_config(config, 40), rngs=nnx.Rngs(0))
+  config.eval.update(beam_size=1, max_decode_extra=2, batch_size=2)
+  sources = ['a bb ccc ' * 10, 'a bb', 'dddd ' * 19]  # 30, 2 and 19 pieces
+  translations = translate.translate_sentences(
+    model, _WordLengthTokenizer(), sources, config.eval, max_len=20
+  )
+  assert len(translations) == 3
+  warnings = capsys.readouterr().out.strip().split('\n')
+  assert len(warnings) == 1 and warnings[0].startswith(
+    'warning: 1 of 3 sources are longer than 19 pieces and were cut to their first 19 for '
+    'decoding (config.model.max_len=20'
+  )

@@ -5,11 +5,13 @@ made-up words, a ~100-piece vocabulary, and a tensorflow-datasets copy of `wmt14
 written here in the array_record format without TensorFlow.
 """
 
+import bz2
 import gzip
 import itertools
 import logging
 import sys
 import threading
+import zipfile
 
 import ml_collections
 import numpy as np
@@ -74,8 +76,44 @@ def test_read_lines_errors(tmp_path):
     parallel_text.read_lines(bad)
   truncated = tmp_path / 'cut.txt.gz'
   truncated.write_bytes(gzip.compress(b'a\nb\n' * 100)[:-10])
-  with pytest.raises(ValueError, match=r'cut\.txt\.gz ends in \.gz but is not a complete gzip'):
+  with pytest.raises(ValueError, match=r'cut\.txt\.gz is a gzip file but not a complete one'):
     parallel_text.read_lines(truncated)
+  several = tmp_path / 'sides.zip'
+  with zipfile.ZipFile(several, 'w') as archive:
+    archive.writestr('src.txt', 'a\n')
+    archive.writestr('tgt.txt', 'A\n')
+  with pytest.raises(
+    ValueError, match=r'sides\.zip is a zip holding 2 files \(src\.txt, tgt\.txt\)'
+  ):
+    parallel_text.read_lines(several)
+
+
+@pytest.mark.parametrize('name', ['renamed_gzip.txt', 'lines.txt.bz2'])
+def test_read_lines_decompresses_by_content_not_name(tmp_path, name):
+  """A gzip file without `.gz` and a bzip2 file were read raw: 'not valid UTF-8' (T12)."""
+  data = 'Eins\nZwei ä\n'.encode()
+  path = tmp_path / name
+  path.write_bytes(bz2.compress(data) if name.endswith('.bz2') else gzip.compress(data))
+  assert parallel_text.read_lines(path) == ['Eins', 'Zwei ä']
+
+
+def test_read_lines_warns_once_about_tab_separated_pairs(tmp_path, capsys):
+  """A Tatoeba-style TSV given as one side trained on 'en<TAB>de' lines silently (T7, T8)."""
+  pairs = _write(
+    tmp_path / 'pairs.tsv', [f'{s}\t{t}' for s, t in zip(SOURCES, TARGETS, strict=True)] + ['']
+  )
+  lines = parallel_text.read_lines(pairs, field='config.data.train_src')
+  assert len(lines) == len(SOURCES) + 1
+  warnings = capsys.readouterr().out.strip().split('\n')
+  assert len(warnings) == 1 and warnings[0].startswith('warning: ')
+  assert (
+    'pairs.tsv (config.data.train_src): 300 of its 300 non-empty lines hold a tab' in warnings[0]
+  )
+  assert 'one sentence per line' in warnings[0] and 'relpos.data.prepare tatoeba' in warnings[0]
+  # A few tabs inside sentences are not a TSV.
+  some = _write(tmp_path / 'some.txt', ['a\tb', 'c', 'd\te', 'f'])
+  assert parallel_text.read_lines(some) == ['a\tb', 'c', 'd\te', 'f']
+  assert capsys.readouterr().out == ''
 
 
 def test_read_parallel_drops_empty_pairs_and_logs(tmp_path, caplog):

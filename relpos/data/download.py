@@ -4,8 +4,14 @@ import os
 import pathlib
 import shutil
 import tempfile
+import urllib.error
 import urllib.request
 from collections.abc import Callable
+
+
+class DownloadError(OSError):
+  """A download that did not arrive (no network, a refused connection, an HTTP error); the
+  message names the URL. Callers add where else the file can come from."""
 
 
 def fetch(url: str, target, *, check: Callable[[pathlib.Path], object] | None = None):
@@ -15,7 +21,7 @@ def fetch(url: str, target, *, check: Callable[[pathlib.Path], object] | None = 
   and raises ValueError if it is not what was expected; only then is it renamed to `target`.
 
   Raises:
-    urllib.error.URLError: the download failed.
+    DownloadError: the download failed (`target` is left as it was).
     ValueError: `check` refused the download (`target` is left as it was).
   """
   target = pathlib.Path(target)
@@ -24,8 +30,12 @@ def fetch(url: str, target, *, check: Callable[[pathlib.Path], object] | None = 
     partial = pathlib.Path(tmp.name)
   try:
     request = urllib.request.Request(url, headers={'User-Agent': 'relpos'})
-    with urllib.request.urlopen(request, timeout=60) as response, partial.open('wb') as out:
-      shutil.copyfileobj(response, out)
+    try:
+      with urllib.request.urlopen(request, timeout=60) as response, partial.open('wb') as out:
+        shutil.copyfileobj(response, out)
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+      reason = getattr(error, 'reason', error)
+      raise DownloadError(f'cannot download {url} ({reason})') from None
     if check is not None:
       try:
         check(partial)

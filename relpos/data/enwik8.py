@@ -78,7 +78,7 @@ def download_enwik8(
   place (`relpos.data.download.fetch`), and returns that path.
 
   Raises:
-    urllib.error.URLError: the download failed.
+    relpos.data.download.DownloadError: the download failed.
     ValueError: the downloaded zip fails `read_enwik8`'s checks.
   """
 

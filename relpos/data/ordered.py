@@ -22,13 +22,27 @@ class OrderedBatches:
   state, so resuming from a step reproduces the batches exactly.
   """
 
-  def __init__(self, tokens, batch_size: int, tgt_len: int, *, rows: slice = slice(None)):
+  def __init__(
+    self,
+    tokens,
+    batch_size: int,
+    tgt_len: int,
+    *,
+    rows: slice = slice(None),
+    name: str = '',
+    fields: tuple[str, str] = ('batch_size', 'tgt_len'),
+  ):
     """
     Args:
       tokens: int32 [N].
       batch_size, tgt_len: positive ints, N >= 2 * batch_size.
       rows: keep only these of the batch_size rows (a data-parallel process's part of the
         global batch); segments then hold only them.
+      name: what the tokens are, for messages (e.g. 'the valid split of data/x.txt').
+      fields: what set batch_size and tgt_len, for messages (e.g. the config fields); this
+        module knows nothing of configs.
+    Raises:
+      ValueError: the rows would hold fewer than 2 tokens.
     """
     tokens = np.asarray(tokens, dtype=np.int32)
     if tokens.ndim != 1 or batch_size < 1 or tgt_len < 1:
@@ -37,14 +51,17 @@ class OrderedBatches:
         f'{tokens.shape}, batch_size {batch_size}, tgt_len {tgt_len}'
       )
     self.n_step = len(tokens) // batch_size
-    if self.n_step < 2:
-      raise ValueError(
-        f'{len(tokens)} tokens give rows of {self.n_step} for batch_size {batch_size}; '
-        'each row needs at least 2 tokens (an input and its target)'
-      )
-    self.rows_BN = tokens[: batch_size * self.n_step].reshape(batch_size, self.n_step)[rows]
     self.batch_size = batch_size
     self.tgt_len = tgt_len
+    self._prefix = f'{name}: ' if name else ''
+    self._batch_field, self._tgt_field = fields
+    if self.n_step < 2:
+      raise ValueError(
+        f'{self._prefix}{len(tokens)} tokens give rows of {self.n_step} for '
+        f'{self._batch_field}={batch_size}; each row needs at least 2 tokens (an input and its '
+        f'target): use a smaller {self._batch_field} or more data'
+      )
+    self.rows_BN = tokens[: batch_size * self.n_step].reshape(batch_size, self.n_step)[rows]
 
   @property
   def num_segments(self) -> int:
@@ -73,18 +90,27 @@ class OrderedBatches:
     """`iterate()`: one evaluation pass, last short segment included."""
     return self.iterate()
 
+  def check_training(self) -> None:
+    """Raises ValueError unless the rows hold a full segment, as training needs; called by
+    `training_batch`, and before a run starts by those who would rather know then."""
+    if self.num_full_segments == 0:
+      raise ValueError(
+        f'{self._prefix}{self.batch_size} rows ({self._batch_field}={self.batch_size}) of '
+        f'{self.n_step} tokens hold no full segment of {self._tgt_field}={self.tgt_len} targets; '
+        f'use a smaller {self._batch_field} or {self._tgt_field}, or more data'
+      )
+
   def training_batch(self, step: int) -> tuple[np.ndarray, np.ndarray, bool]:
     """(inputs, targets [B, tgt_len], new_epoch) of training step `step`.
 
     Step t reads full segment `t % num_full_segments`; the short last segment is skipped
     so shapes stay static under jit. new_epoch is True where an epoch starts (segment 0),
     where the caller must reset the memory since the rows start over.
+
+    Raises:
+      ValueError: no full segment (`check_training`).
     """
-    if self.num_full_segments == 0:
-      raise ValueError(
-        f'rows of {self.n_step} tokens hold no full segment of tgt_len {self.tgt_len}; '
-        'use a smaller batch_size or tgt_len'
-      )
+    self.check_training()
     s = step % self.num_full_segments
     return (*self.segment(s), s == 0)
 

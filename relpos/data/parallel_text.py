@@ -1,54 +1,61 @@
-"""Parallel text: one sentence per line in a source file and a target file, `.gz` accepted.
+"""Parallel text: one sentence per line in a source file and a target file, either possibly
+compressed (gzip, bzip2, xz, a zip of one file; recognised by content, not name).
 
 Lines are split on '\\n' only (a trailing '\\r' is removed), never on the other line breaks
 Unicode knows, so a U+2028 inside a sentence cannot shift one side against the other. A pair
 with an empty or whitespace-only side is dropped, and the number dropped is logged.
 """
 
-import gzip
 import pathlib
 from collections.abc import Iterable, Sequence
 
 from absl import logging
 from sacremoses import MosesDetokenizer
 
+from relpos.data.data_file import decode_utf8, read_data_file
 from relpos.data.shard import ONE_PROCESS, Shard
 
 
 def read_lines(path, *, field: str | None = None) -> list[str]:
-  """The UTF-8 lines of the text file at `path` (gzip-compressed if it ends in `.gz`).
+  """The UTF-8 lines of the text file at `path`, decompressed if it is compressed (gzip,
+  bzip2, xz or a zip of one file, whatever its name: `relpos.data.data_file.read_data_file`).
+
+  Prints a warning if most of its non-empty lines hold a tab (`warn_if_tab_separated`).
 
   Args:
     path: str or Path.
     field: the config field that named `path` (e.g. 'config.data.train_src'), for messages.
   Raises:
     FileNotFoundError: `path` is not a file.
-    ValueError: the file is not valid gzip or not valid UTF-8 (the message has the line).
+    ValueError: the file is a truncated or corrupt compressed file, a zip of several files,
+      or not valid UTF-8 (the message has the line).
   """
   path = pathlib.Path(path)
   if not path.is_file():
     named = f'{field} = ' if field else ''
     raise FileNotFoundError(f'{named}{str(path)!r} is not a file; set it to a text file')
-  if path.suffix == '.gz':
-    try:
-      with gzip.open(path, 'rb') as f:
-        data = f.read()
-    except (gzip.BadGzipFile, EOFError) as e:
-      raise ValueError(f'{path} ends in .gz but is not a complete gzip file ({e})') from None
-  else:
-    data = path.read_bytes()
-  try:
-    text = data.decode('utf-8')
-  except UnicodeDecodeError as e:
-    line = data.count(b'\n', 0, e.start) + 1
-    raise ValueError(
-      f'{path} line {line} is not valid UTF-8 ({e.reason} at byte {e.start}); '
-      're-encode the file as UTF-8'
-    ) from None
-  lines = text.removeprefix('\ufeff').split('\n')
+  lines = decode_utf8(read_data_file(path), path).split('\n')
   if lines[-1] == '':
     lines.pop()
-  return [line.removesuffix('\r') for line in lines]
+  lines = [line.removesuffix('\r') for line in lines]
+  warn_if_tab_separated(lines, path, field)
+  return lines
+
+
+def warn_if_tab_separated(lines: Sequence[str], path, field: str | None = None) -> None:
+  """Prints one warning line if more than half of the non-empty `lines` of `path` hold a tab:
+  a file of tab-separated pairs (such as Tatoeba's export) given as one side, which would
+  otherwise train on 'English<TAB>German' sentences without a word."""
+  nonempty = [line for line in lines if line.strip()]
+  tabbed = sum('\t' in line for line in nonempty)
+  if tabbed * 2 > len(nonempty):
+    named = f' ({field})' if field else ''
+    print(
+      f'warning: {path}{named}: {tabbed} of its {len(nonempty)} non-empty lines hold a tab; '
+      'each side must be a plain text file with one sentence per line (a Tatoeba export of '
+      'tab-separated pairs goes through `python -m relpos.data.prepare tatoeba --zip=...`)',
+      flush=True,
+    )
 
 
 def keep_nonempty(
@@ -87,14 +94,15 @@ def read_parallel(
   """(source lines, target lines) of two line-aligned files, pairs with an empty side dropped.
 
   Args:
-    src_path, tgt_path: str or Path; `.gz` files are decompressed.
+    src_path, tgt_path: str or Path; compressed files are decompressed (`read_lines`).
     fields: the config fields that named the two paths, for messages.
     limit: keep only the first `limit` non-empty pairs (0: all); a shard keeps its part,
       `shard.limit(limit)`, of its own lines.
     shard: keep only this process's lines (every line is still read, to check alignment).
   Raises:
     FileNotFoundError: a path is not a file.
-    ValueError: a file is not valid UTF-8 or gzip, or the files differ in line count.
+    ValueError: a file is not valid UTF-8, or a broken compressed file, or the files differ
+      in line count.
   """
   src_field, tgt_field = fields or (None, None)
   sources = read_lines(src_path, field=src_field)

@@ -12,11 +12,13 @@ variable is set (`relpos.data.data_directory`, also `--out`'s default). `enwik8`
 for configs/enwik8_*.py's `--config.data.path=data/enwik8.zip`.
 """
 
+import pathlib
 import sys
 
 from absl import app, flags
 
 from relpos.data import data_directory, enwik8, tatoeba
+from relpos.data.download import DownloadError
 
 _OUT = flags.DEFINE_string(
   'out', str(data_directory()), 'Directory the corpus directory is written under.'
@@ -40,14 +42,36 @@ def _enwik8(out: str) -> None:
   print(f'prepared {enwik8.download_enwik8(out)}')
 
 
+def _elsewhere(corpus: str, out: str) -> str:
+  """Where `corpus` can come from when this machine cannot download it."""
+  if corpus == 'tatoeba':
+    return 'download it on a machine that can and pass the file as --zip=<deu-eng.zip>'
+  return f'download it on a machine that can and put it at {out}/enwik8.zip'
+
+
+def _check_out(out: str) -> None:
+  """Makes the --out directory; exits with one line if it cannot be one."""
+  path = pathlib.Path(out)
+  if path.exists() and not path.is_dir():
+    sys.exit(f'error: --out={out} is a file, not a directory; give a directory (a new one is made)')
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as error:
+    sys.exit(f'error: cannot make --out={out} ({error.strerror}); give a writable directory')
+
+
 def main(argv):
   if len(argv) != 2 or argv[1] not in CORPORA:
     sys.exit(
       f'error: name the corpus to prepare ({" or ".join(CORPORA)}): '
       'python -m relpos.data.prepare tatoeba --out=DIR'
     )
+  corpus, out = argv[1], _OUT.value
+  _check_out(out)
   try:
-    (_tatoeba if argv[1] == 'tatoeba' else _enwik8)(_OUT.value)
+    (_tatoeba if corpus == 'tatoeba' else _enwik8)(out)
+  except DownloadError as error:
+    sys.exit(f'error: {error}; check the network, or {_elsewhere(corpus, out)}')
   except (OSError, ValueError) as error:
     sys.exit(f'error: {error}')
 

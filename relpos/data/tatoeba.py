@@ -22,6 +22,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import pathlib
 import shutil
 import tempfile
@@ -29,6 +30,7 @@ import zipfile
 
 from absl import logging
 
+from relpos.data.data_file import decode_utf8
 from relpos.data.download import fetch
 
 URL = 'https://www.manythings.org/anki/deu-eng.zip'
@@ -74,6 +76,25 @@ def split_pairs(pairs: list[tuple[str, str]]) -> dict[str, list[tuple[str, str]]
   return splits
 
 
+def _check_splits(zip_path, splits: dict[str, list]) -> None:
+  """Raises ValueError if a split is empty: training or its evaluation would fail on it later."""
+  empty = [name for name, split in splits.items() if not split]
+  if empty:
+    counts = ', '.join(f'{name} {len(split)}' for name, split in splits.items())
+    raise ValueError(
+      f'{zip_path}: its {MEMBER} gives no {" and no ".join(empty)} pairs ({counts}): too few '
+      f'sentences for the 2% dev and test splits; use the full export, {URL}'
+    )
+
+
+def _readable_directory(path: pathlib.Path) -> None:
+  """Gives `path` (made by tempfile.mkdtemp, mode 0700) the mode a new directory gets under
+  the umask, so others on a shared data directory can read the corpus."""
+  umask = os.umask(0)
+  os.umask(umask)
+  path.chmod(0o777 & ~umask)
+
+
 def _write_gzip(path: pathlib.Path, lines: list[str]) -> None:
   with open(path, 'wb') as raw, gzip.GzipFile(fileobj=raw, mode='wb', mtime=0, filename='') as f:
     f.write(''.join(line + '\n' for line in lines).encode('utf-8'))
@@ -84,9 +105,12 @@ def prepare(zip_path, out) -> pathlib.Path:
   that directory. The files are written to a temporary directory first and moved into place
   together, so a prepared directory is never partial.
 
+  deu.txt is read as UTF-8, a byte order mark removed (and '\r' at line ends).
+
   Raises:
     FileNotFoundError: no file at `zip_path`.
-    ValueError: it is not a zip holding deu.txt, or deu.txt has no pairs.
+    ValueError: it is not a zip holding deu.txt, deu.txt is not UTF-8, it has no pairs, or
+      a split would be empty.
   """
   zip_path = pathlib.Path(zip_path)
   if not zip_path.is_file():
@@ -95,10 +119,10 @@ def prepare(zip_path, out) -> pathlib.Path:
   md5 = hashlib.md5(data).hexdigest()
   try:
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
-      text = archive.read(MEMBER).decode('utf-8')
+      member = archive.read(MEMBER)
   except (zipfile.BadZipFile, KeyError) as error:
     raise ValueError(f'{zip_path} is not a Tatoeba export with {MEMBER} ({error})') from None
-  pairs = read_pairs(text)
+  pairs = read_pairs(decode_utf8(member, f'{MEMBER} in {zip_path}'))
   if not pairs:
     raise ValueError(f'{zip_path}: {MEMBER} holds no tab-separated English/German pairs')
   if md5 != REFERENCE_ZIP_MD5:
@@ -110,10 +134,12 @@ def prepare(zip_path, out) -> pathlib.Path:
       REFERENCE_ZIP_MD5,
     )
   splits = split_pairs(pairs)
+  _check_splits(zip_path, splits)
   target = pathlib.Path(out) / DIRECTORY
   target.parent.mkdir(parents=True, exist_ok=True)
   staging = pathlib.Path(tempfile.mkdtemp(dir=target.parent, prefix=f'.{DIRECTORY}.'))
   try:
+    _readable_directory(staging)
     for name, split in splits.items():
       for index, lang in enumerate(LANGS):
         _write_gzip(staging / f'{name}.{lang}.gz', [pair[index] for pair in split])

@@ -4,20 +4,24 @@ import pathlib
 
 import numpy as np
 
+from relpos.data.data_file import read_data_file
+
 SPLITS = ('train', 'valid', 'test')
 
 
 def read_text_bytes(path) -> bytes:
-  """The raw bytes of the file at `path`.
+  """The bytes of the file at `path`, decompressed if it is compressed (gzip, bzip2, xz or a
+  zip of one file: `relpos.data.data_file.read_data_file`).
 
   Raises:
     FileNotFoundError: `path` is not a file.
-    ValueError: the file is empty.
+    ValueError: the file (or what it decompresses to) is empty, or it is a truncated or
+      corrupt compressed file, or a zip of several files.
   """
   path = pathlib.Path(path)
   if not path.is_file():
     raise FileNotFoundError(f'no text file at {path}; set data.path to an existing file')
-  data = path.read_bytes()
+  data = read_data_file(path)
   if not data:
     raise ValueError(f'{path} is empty; a character corpus needs at least a few bytes')
   return data

@@ -133,20 +133,34 @@ def score_segment(graphdef, state, memory, inputs, targets, clamp_len, same_leng
   return jnp.sum(nats_per_token(logits, targets), axis=0), memory
 
 
-def bits_per_char(model, tokens, span, *, batch_size: int, max_segments: int = 0) -> dict:
-  """Mean nats / ln 2 over a split, walked in order with memory (the whole split by default).
+def split_batches(config, split: str, tokens, *, rows_of: str, segments_of: str, **kwargs):
+  """`OrderedBatches` of the `split` split's `tokens`: config.<rows_of>.batch_size rows,
+  segments of config.<segments_of>.tgt_len; its errors name the split, config.data.path and
+  those fields. `kwargs` go to `OrderedBatches` (rows=...)."""
+  return OrderedBatches(
+    tokens,
+    config[rows_of].batch_size,
+    config[segments_of].tgt_len,
+    name=f'the {split} split of {config.data.path} (config.data.path)',
+    fields=(f'config.{rows_of}.batch_size', f'config.{segments_of}.tgt_len'),
+    **kwargs,
+  )
 
-  `span` is the config section (config.train or config.eval) whose tgt_len, mem_len,
-  clamp_len and same_length apply. Returns {'bpc', 'nats', 'tokens', 'segment_nats',
-  'segment_tokens', 'position_bpc', 'position_tokens'}: segment_* per segment (the items of
-  `relpos.studies.significance`'s paired test), position_* per position within a segment (0 to
-  tgt_len - 1, pooled over segments and rows: how the loss falls as the segment gives more
-  context of its own; `relpos.studies.breakdown`). `max_segments` > 0 scores only the first
-  segments.
+
+def bits_per_char(model, batches: OrderedBatches, span, *, max_segments: int = 0) -> dict:
+  """Mean nats / ln 2 over a split's `batches`, walked in order with memory (the whole split by
+  default).
+
+  `span` is the config section (config.train or config.eval) whose tgt_len (that of
+  `batches`), mem_len, clamp_len and same_length apply. Returns {'bpc', 'nats', 'tokens',
+  'segment_nats', 'segment_tokens', 'position_bpc', 'position_tokens'}: segment_* per segment
+  (the items of `relpos.studies.significance`'s paired test), position_* per position within a
+  segment (0 to tgt_len - 1, pooled over segments and rows: how the loss falls as the segment
+  gives more context of its own; `relpos.studies.breakdown`). `max_segments` > 0 scores only
+  the first segments.
   """
   graphdef, state = nnx.split(model)
-  batches = OrderedBatches(tokens, batch_size, span.tgt_len)
-  memory = model.init_memory(batch_size, span.mem_len)
+  memory = model.init_memory(batches.batch_size, span.mem_len)
   segment_position_nats, segment_tokens = [], []  # [L] nats on the device, per segment
   for segment, inputs, targets in batches.iterate():
     if max_segments and segment >= max_segments:
@@ -184,16 +198,12 @@ def bits_per_char(model, tokens, span, *, batch_size: int, max_segments: int = 0
   }
 
 
-def _validate(config, tokens, model, step: int) -> dict:
+def _validate(config, batches: OrderedBatches, model, step: int) -> dict:
   """The validation during training (`loop.Training.validate`, bound to the config and the
-  valid split): bits-per-char with config.train's segments, over the first
+  valid split's batches): bits-per-char with config.train's segments, over the first
   config.eval.max_segments_during_training segments, printed and returned as scalars to log."""
   result = bits_per_char(
-    model,
-    tokens,
-    config.train,
-    batch_size=config.eval.batch_size,
-    max_segments=config.eval.max_segments_during_training,
+    model, batches, config.train, max_segments=config.eval.max_segments_during_training
   )
   print(f'step {step}: valid bpc {result["bpc"]:.4f} ({result["tokens"]} chars)', flush=True)
   return {'valid/bpc': result['bpc']}
@@ -225,11 +235,23 @@ class CharLM(loop.Task):
 
   def training(self, config, workdir, mesh) -> loop.Training:
     """The data first (the vocabulary comes from it), then the model, its optimizer and the
-    step."""
+    step.
+
+    Every split is batched (or checked) here, before anything is trained: a training split
+    with no full segment, or a valid/test split too short for config.eval.batch_size rows,
+    is refused now, not after the training it would have ended.
+    """
     train = config.train
     rows = mesh_lib.process_rows(train.batch_size, mesh)  # only the rows this process feeds
     splits, vocab = _vocab_for_run(config, workdir)
-    batches = OrderedBatches(splits['train'], train.batch_size, train.tgt_len, rows=rows)
+    batches = split_batches(
+      config, 'train', splits['train'], rows_of='train', segments_of='train', rows=rows
+    )
+    batches.check_training()
+    valid_batches = split_batches(
+      config, 'valid', splits['valid'], rows_of='eval', segments_of='train'
+    )
+    split_batches(config, 'test', splits['test'], rows_of='eval', segments_of='eval')
     model, graphdef, state = build(config, vocab.size, mesh)
     train_step = train_step_fn(config, graphdef, mesh)
 
@@ -243,7 +265,7 @@ class CharLM(loop.Task):
       inputs, targets, new_epoch = batches.training_batch(s)
       return (*mesh_lib.global_batch((inputs, targets), mesh), new_epoch)
 
-    validate = functools.partial(_validate, config, splits['valid'])
+    validate = functools.partial(_validate, config, valid_batches)
     meta = {'epoch_segments': batches.num_segments}
     step_flops = flops_lib.char_lm_flops(
       config.model,
@@ -273,7 +295,8 @@ class CharLM(loop.Task):
     model = TransformerXL(model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))
     model, steps, checkpoint = loop.restore_model(model, config.eval, workdir)
     split = config.eval.split
-    result = bits_per_char(model, splits[split], config.eval, batch_size=config.eval.batch_size)
+    batches = split_batches(config, split, splits[split], rows_of='eval', segments_of='eval')
+    result = bits_per_char(model, batches, config.eval)
     return result | {
       'split': split,
       'step': steps[-1],

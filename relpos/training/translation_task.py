@@ -116,17 +116,21 @@ def _validate(batches: TokenBatches, model, step: int) -> dict:
   return {'eval/nll': result['nll'], 'eval/perplexity': result['perplexity']}
 
 
-def _padded_length(length: int) -> int:
-  return max(_MIN_SOURCE_PADDING, 1 << (length - 1).bit_length())
+def _padded_length(length: int, max_len: int) -> int:
+  """A power of two >= `length` (at least _MIN_SOURCE_PADDING), but never past `max_len`: a
+  learned position table has no row beyond it."""
+  return min(max(_MIN_SOURCE_PADDING, 1 << (length - 1).bit_length()), max_len)
 
 
-def _source_batches(encoded: list[list[int]], batch_size: int):
-  """Yields (indices, src [batch_size, padded_len] int32 with EOS) in order of source length."""
+def _source_batches(encoded: list[list[int]], batch_size: int, max_len: int):
+  """Yields (indices, src [batch_size, padded_len] int32 with EOS) in order of source length;
+  each source must be shorter than `max_len`."""
   order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
   for start in range(0, len(order), batch_size):
     indices = order[start : start + batch_size]
     rows = [encoded[i] + [EOS_ID] for i in indices]
-    src_BS = np.full((batch_size, _padded_length(max(map(len, rows)))), PAD_ID, np.int32)
+    padded_len = _padded_length(max(map(len, rows)), max_len)
+    src_BS = np.full((batch_size, padded_len), PAD_ID, np.int32)
     for row, ids in enumerate(rows):
       src_BS[row, : len(ids)] = ids
     yield indices, src_BS
@@ -174,11 +178,27 @@ def make_translator(model, eval_config, *, max_len: int):
 
 
 def translate_sentences(model, tokenizer, sources: list[str], eval_config, *, max_len) -> list:
-  """Detokenised translations of `sources`, in their order."""
+  """Detokenised translations of `sources`, in their order.
+
+  A source of more than `max_len` - 1 pieces (config.model.max_len, less one for EOS) is cut
+  to its first `max_len` - 1, so that every source is translated (the model takes no longer
+  sequence: a learned position table has `max_len` rows); one warning line says how many
+  were cut.
+  """
   translate = make_translator(model, eval_config, max_len=max_len)
-  encoded = [tokenizer.encode(text)[: max_len - 1] for text in sources]
+  encoded = [tokenizer.encode(text) for text in sources]
+  longest = max_len - 1
+  cut = sum(len(ids) > longest for ids in encoded)
+  if cut:
+    print(
+      f'warning: {cut} of {len(sources)} sources are longer than {longest} pieces and were cut '
+      f'to their first {longest} for decoding (config.model.max_len={max_len}, less one for '
+      'EOS; the model takes no longer sequence): their translations miss the rest',
+      flush=True,
+    )
+  encoded = [ids[:longest] for ids in encoded]
   translations = [''] * len(sources)
-  for indices, src_BS in _source_batches(encoded, eval_config.batch_size):
+  for indices, src_BS in _source_batches(encoded, eval_config.batch_size, max_len):
     for index, ids in zip(indices, translate(src_BS), strict=False):
       translations[index] = tokenizer.decode(ids.tolist())
   return translations

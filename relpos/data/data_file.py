@@ -1,0 +1,96 @@
+"""Reading a data file whatever it is stored as: compressed files are recognised by their first
+bytes, never by their names, and decompressed.
+
+The character LM's text file (`relpos.data.text`) and the translation sides
+(`relpos.data.parallel_text`) are read here, so both take the same files: plain, gzip, bzip2,
+xz, or a zip holding one file (read as that file). A name says little: `corpus.txt` may be a
+gzip file someone renamed, and a `.gz` suffix alone once decided whether a file was
+decompressed, so a renamed gzip or a `.bz2` file was read as raw bytes (a character LM trained
+on compressed noise, a translation refused as "not valid UTF-8"). enwik8's reader keeps its own
+zip handling: it names the member it expects and checks the md5 of the full file.
+"""
+
+import bz2
+import gzip
+import io
+import lzma
+import pathlib
+import zipfile
+import zlib
+
+# The formats, by the bytes their files start with.
+_GZIP, _BZIP2, _XZ, _ZIP = b'\x1f\x8b', b'BZh', b'\xfd7zXZ\x00', b'PK\x03\x04'
+# What follows bzip2's 'BZh' and its block size digit: a block's magic (the digits of pi) or,
+# in a file of no data, the end of the stream's (those of sqrt(pi)).
+_BZIP2_NEXT = (b'1AY&SY', b'\x17rE8P\x90')
+
+
+def compression(data: bytes) -> str | None:
+  """'gzip', 'bzip2', 'xz' or 'zip' by the first bytes of `data`; None for anything else.
+
+  bzip2's 'BZh' must be followed by its block size digit (1-9) and a block's magic, so a
+  text starting 'BZh9' is still text.
+  """
+  if data.startswith(_GZIP):
+    return 'gzip'
+  if data.startswith(_BZIP2) and data[3:4] in b'123456789' and data[4:10] in _BZIP2_NEXT:
+    return 'bzip2'
+  if data.startswith(_XZ):
+    return 'xz'
+  if data.startswith(_ZIP):
+    return 'zip'
+  return None
+
+
+_DECOMPRESS = {'gzip': gzip.decompress, 'bzip2': bz2.decompress, 'xz': lzma.decompress}
+
+
+def read_data_file(path) -> bytes:
+  """The bytes of the file at `path`, decompressed if it is gzip, bzip2, xz or a zip of one
+  file (`compression`; the name does not matter). A zip's directories are not files.
+
+  Raises:
+    ValueError: a compressed file is truncated or corrupt, or a zip holds other than one file
+      (the message lists them).
+    OSError: the file cannot be read.
+  """
+  path = pathlib.Path(path)
+  data = path.read_bytes()
+  kind = compression(data)
+  if kind is None:
+    return data
+  try:
+    if kind != 'zip':
+      return _DECOMPRESS[kind](data)
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+      members = [info.filename for info in archive.infolist() if not info.is_dir()]
+      if len(members) == 1:
+        return archive.read(members[0])
+  except (EOFError, OSError, ValueError, lzma.LZMAError, zlib.error, zipfile.BadZipFile) as error:
+    raise ValueError(
+      f'{path} is a {kind} file but not a complete one ({error}): it is truncated or corrupt; '
+      'compress or download it again'
+    ) from None
+  held = f'{len(members)} files ({", ".join(members)})' if members else 'no file'
+  raise ValueError(
+    f'{path} is a zip holding {held}; a data file may be a zip of one file only: extract the '
+    'one you mean and give its path'
+  )
+
+
+def decode_utf8(data: bytes, name) -> str:
+  """`data` decoded as UTF-8, a leading byte order mark removed.
+
+  Args:
+    name: the file the bytes are from, for the message.
+  Raises:
+    ValueError: `data` is not valid UTF-8 (the message names `name` and the line).
+  """
+  try:
+    return data.decode('utf-8').removeprefix('\ufeff')
+  except UnicodeDecodeError as error:
+    line = data.count(b'\n', 0, error.start) + 1
+    raise ValueError(
+      f'{name} line {line} is not valid UTF-8 ({error.reason} at byte {error.start}); '
+      're-encode the file as UTF-8'
+    ) from None
