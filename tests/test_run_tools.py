@@ -80,6 +80,15 @@ def test_filtered_logits_keep_the_top_k_and_the_nucleus():
   assert jax.device_get(scaled).shape == (5,)
 
 
+def test_a_prompt_is_checked_against_the_runs_vocabulary():
+  original = CharVocab(tuple(b'abc '))  # as enwik8's 'original' vocabulary: no line break
+  assert sample.prompt_tokens(original, None) == [0]  # its first symbol, not a line break
+  assert sample.prompt_tokens(CharVocab.bytes(), None) == [ord('\n')]
+  assert sample.prompt_tokens(original, b'ca b') == [2, 0, 3, 1]
+  with pytest.raises(ValueError, match=r"--prompt: byte 122 \(b'z'\) at position 1 is not"):
+    sample.prompt_tokens(original, b'az')
+
+
 def _tool(commands, module, *args):
   return commands.run(['-m', f'relpos.{module}', *args], input='a red cat\n')
 
@@ -140,3 +149,17 @@ def test_command_line_errors_are_one_line(commands, module, tmp_path):
   last = done.stderr.strip().splitlines()[-1]
   assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr
   assert last.startswith('error: --workdir=') and 'is not a directory' in last, last
+  assert not [line for line in done.stderr.splitlines() if line.startswith('I')], done.stderr
+
+
+@pytest.mark.parametrize(
+  ('args', 'message'),
+  [
+    (['--text=', '--text=  '], 'error: nothing to translate'),
+    (['--text=a red cat', '--beam_size=-2'], '--beam_size'),
+  ],
+)
+def test_translate_refuses_no_sentence_and_a_beam_below_1(commands, tmp_path, args, message):
+  done = _tool(commands, 'translate', f'--workdir={tmp_path}', *args)
+  assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr
+  assert message in done.stderr.strip().splitlines()[-1], done.stderr

@@ -39,8 +39,28 @@ def filtered_logits(logits_V, *, temperature: float, top_k: int, top_p: float):
   return logits_V
 
 
-def sample(workdir, prompt: bytes, length: int, *, temperature=1.0, top_k=0, top_p=1.0, seed=0):
-  """`length` sampled bytes continuing `prompt`, from the run in `workdir`.
+def prompt_tokens(vocab, prompt: bytes | None) -> list[int]:
+  """The ids of `prompt` in `vocab` (a `CharVocab`); None is a line break where the vocabulary
+  has one, else its first symbol (enwik8's 'original' vocabulary drops line breaks).
+
+  Raises:
+    ValueError: a byte of the prompt is not in the vocabulary (the message names --prompt).
+  """
+  from relpos.data.char_corpus import NEWLINE
+
+  if prompt is None:
+    prompt = bytes([NEWLINE if NEWLINE in vocab.symbols else vocab.symbols[0]])
+  try:
+    return [int(i) for i in vocab.encode(prompt)]
+  except ValueError as error:
+    raise ValueError(f"--prompt: {error} of the run's vocab.json") from None
+
+
+def sample(
+  workdir, prompt: bytes | None, length: int, *, temperature=1.0, top_k=0, top_p=1.0, seed=0
+):
+  """`length` sampled bytes continuing `prompt` (None: a line break, or the vocabulary's first
+  symbol where it has no line break), from the run in `workdir`.
 
   Raises:
     FileNotFoundError: no run or no checkpoint in `workdir`.
@@ -64,7 +84,7 @@ def sample(workdir, prompt: bytes, length: int, *, temperature=1.0, top_k=0, top
     raise ValueError(f'--temperature={temperature} must be > 0')
   if not 0 < top_p <= 1:
     raise ValueError(f'--top_p={top_p} must be in (0, 1]')
-  if not prompt:
+  if prompt is not None and not prompt:
     raise ValueError('--prompt is empty: give at least one character')
   config = read_config(workdir)
   check_task(workdir, 'char_lm', needs='relpos.tools.sample reads character-LM runs')
@@ -85,7 +105,7 @@ def sample(workdir, prompt: bytes, length: int, *, temperature=1.0, top_k=0, top
 
   segment_len = span.tgt_len
   memory = model.init_memory(1, span.mem_len)
-  tokens = [int(i) for i in vocab.encode(prompt)]
+  tokens = prompt_tokens(vocab, prompt)
   start = 0  # tokens[start:] is the segment being written; those before are in the memory
   key = jax.random.key(seed)
   for _ in range(length):
@@ -106,11 +126,14 @@ def sample(workdir, prompt: bytes, length: int, *, temperature=1.0, top_k=0, top
 def main(argv):
   if len(argv) > 1:
     sys.exit(f'error: unexpected arguments {argv[1:]}')
+  from relpos.training.tasks import quiet_logging
+
+  quiet_logging()
   args = flags.FLAGS
   try:
     text = sample(
       args.workdir,
-      args.prompt.encode('utf-8'),
+      None if args.prompt is None else args.prompt.encode('utf-8'),
       args.length,
       temperature=args.temperature,
       top_k=args.top_k,
@@ -119,13 +142,18 @@ def main(argv):
     )
   except (FileNotFoundError, ValueError) as error:
     sys.exit(f'error: {error}')
-  sys.stdout.write(args.prompt + text.decode('utf-8', errors='replace') + '\n')
+  sys.stdout.write((args.prompt or '') + text.decode('utf-8', errors='replace') + '\n')
 
 
 def define_flags():
   """The command-line flags (defined only when run as a program, so importing is free)."""
   flags.DEFINE_string('workdir', None, 'The workdir of a character-LM run.')
-  flags.DEFINE_string('prompt', '\n', 'Text to continue (bytes of the vocabulary).')
+  flags.DEFINE_string(
+    'prompt',
+    None,
+    "Text to continue (bytes of the run's vocabulary; default: a line break, or the "
+    "vocabulary's first symbol where it has none).",
+  )
   flags.DEFINE_integer('length', 200, 'Characters to sample.', lower_bound=1)
   flags.DEFINE_float('temperature', 1.0, 'Softmax temperature (> 0).')
   flags.DEFINE_integer('top_k', 0, 'Sample among the k most likely (0: all).', lower_bound=0)
@@ -137,4 +165,6 @@ def define_flags():
 if __name__ == '__main__':
   runtime.apply_defaults()
   define_flags()
-  app.run(main)
+  from relpos.training.tasks import parse_flags  # after the defaults: it imports jax
+
+  app.run(main, flags_parser=parse_flags)

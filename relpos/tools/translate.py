@@ -6,7 +6,8 @@
 
 Reads the run's config.json, spm.model and newest checkpoint (config.eval.step and
 average_checkpoints apply, as in eval.py), then prints one translation per input line, in
-order: each `--text`, or else every line of stdin. A workdir that does not exist, is not a
+order: each `--text`, or else every line of stdin (an empty line gives an empty line; no
+sentence at all is refused). A workdir that does not exist, is not a
 translation run or has no checkpoint yet is one line, exit 1.
 """
 
@@ -50,8 +51,13 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
 def main(argv):
   if len(argv) > 1:
     sys.exit(f'error: unexpected arguments {argv[1:]}: pass sentences with --text or stdin')
+  from relpos.training.tasks import quiet_logging
+
+  quiet_logging()
   args = flags.FLAGS
   lines = args.text or [line.rstrip('\n') for line in sys.stdin]
+  if not any(line.strip() for line in lines):
+    sys.exit('error: nothing to translate: give sentences with --text or one a line on stdin')
   try:
     translations = translate_lines(args.workdir, lines, beam_size=args.beam_size)
   except (FileNotFoundError, ValueError) as error:
@@ -63,11 +69,15 @@ def define_flags():
   """The command-line flags (defined only when run as a program, so importing is free)."""
   flags.DEFINE_string('workdir', None, 'The workdir of a translation run.')
   flags.DEFINE_multi_string('text', None, 'A sentence to translate (repeatable).')
-  flags.DEFINE_integer('beam_size', None, "Beam width (default: the run's config.eval).")
+  flags.DEFINE_integer(
+    'beam_size', None, "Beam width (default: the run's config.eval).", lower_bound=1
+  )
   flags.mark_flag_as_required('workdir')
 
 
 if __name__ == '__main__':
   runtime.apply_defaults()
   define_flags()
-  app.run(main)
+  from relpos.training.tasks import parse_flags  # after the defaults: it imports jax
+
+  app.run(main, flags_parser=parse_flags)

@@ -199,6 +199,13 @@ def parse_flags(argv: list[str]) -> list[str]:
     sys.exit(f'error: {line or _flag_error(error)}')
 
 
+def quiet_logging() -> None:
+  """absl logging at WARNING unless --verbosity was given: orbax logs many INFO lines per
+  checkpoint read or written, which would bury a command's own lines."""
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+
+
 def launch(action: str):
   """Parses --config and --workdir, runs the config's task `action`, prints the result.
 
@@ -229,8 +236,7 @@ def launch(action: str):
   def main(argv):
     if len(argv) > 1:
       raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-    if not flags.FLAGS['verbosity'].present:  # orbax logs many INFO lines per checkpoint
-      logging.set_verbosity(logging.WARNING)
+    quiet_logging()
     initialize_distributed()
     if action == 'train_and_evaluate':
       kwargs['allow_config_change'] = allow_change.value
