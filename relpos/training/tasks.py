@@ -32,8 +32,10 @@ def get(config: ml_collections.ConfigDict) -> Task:
 
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: the checkpoint is saved, rerun to resume
-# What bad configs, data and workdirs raise: the launchers print these as one line.
-USER_ERRORS = (ValueError, FileNotFoundError, FloatingPointError)
+# What bad configs, data and workdirs raise: the launchers print these as one line (a data file
+# that cannot be read raises PermissionError, which names it; the workdir's own faults are
+# `FAULTS`, below).
+USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, FloatingPointError)
 # Faults around a run (docs/faults.md): one line each, their own exit status (RunFaultError's
 # exit_code; 1 for a workdir of another task).
 FAULTS = (RunFaultError, TaskMismatchError)
