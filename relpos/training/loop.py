@@ -59,7 +59,7 @@ from relpos.training.checkpoints import (
 from relpos.training.metric_writer import MetricWriter
 from relpos.training.preemption import PreemptedError, PreemptionSignal, RunFaultError
 from relpos.training.progress import Progress
-from relpos.training.run_config import check_task
+from relpos.training.run_config import check_task, not_a_workdir
 
 
 @dataclasses.dataclass
@@ -621,8 +621,12 @@ def _mean_of_floats(*leaves):
 
 
 def check_trained(workdir) -> Checkpoints:
-  """The workdir's checkpoints; FileNotFoundError if there is none (evaluation checks this
-  before reading anything else)."""
+  """The workdir's checkpoints, opened as a reader (nothing in the workdir is made or
+  changed); FileNotFoundError if the workdir is no directory or holds no checkpoint
+  (evaluation and the tools check this before reading anything else)."""
+  workdir = Path(workdir)
+  if workdir.exists() and not workdir.is_dir():
+    raise not_a_workdir(workdir)
   checkpoints = Checkpoints(workdir)
   if checkpoints.latest_step() is None:
     checkpoints.close()
@@ -645,6 +649,7 @@ def restore_model(model: nnx.Module, eval_config, workdir) -> tuple[nnx.Module, 
 
   Raises:
     FileNotFoundError: no checkpoint, or no checkpoint eval_config.step.
+    ValueError: a checkpoint it needs is unreadable (`UnreadableCheckpointError`).
   """
   checkpoints = check_trained(workdir)
   try:

@@ -11,6 +11,13 @@ import ml_collections
 from relpos.config.recorded import CONFIG_FILE, read_recorded
 
 
+def not_a_workdir(workdir, flag: str | None = '--workdir') -> FileNotFoundError:
+  """The error of a workdir that is no directory (missing, or a file), for the commands that
+  read a run: `flag` as in `read_config`."""
+  given = f'{flag}={workdir}' if flag else str(workdir)
+  return FileNotFoundError(f'{given} is not a directory: give the workdir of a training run')
+
+
 def read_config(workdir, flag: str | None = '--workdir') -> ml_collections.ConfigDict:
   """The config a run recorded in workdir/config.json (what the tools that read a finished run
   start from). `flag` names the command-line flag that gave workdir, for the error (None: a
@@ -21,8 +28,7 @@ def read_config(workdir, flag: str | None = '--workdir') -> ml_collections.Confi
   """
   workdir = Path(workdir)
   if not workdir.is_dir():
-    given = f'{flag}={workdir}' if flag else str(workdir)
-    raise FileNotFoundError(f'{given} is not a directory: give the workdir of a run')
+    raise not_a_workdir(workdir, flag)
   path = workdir / CONFIG_FILE
   if not path.is_file():
     raise FileNotFoundError(f'{path} does not exist: {workdir} holds no relpos run (train first)')
