@@ -286,6 +286,25 @@ def test_evaluation_refuses_non_finite_parameters(tmp_path, monkeypatch):
   )
 
 
+def test_evaluation_refuses_a_config_of_another_model(tmp_path):
+  """eval.py with other config.model fields than the run trained: one error naming each, with
+  both values; evaluation settings and how the model is computed may differ."""
+  workdir = tmp_path / 'run'
+  TASK.train_model(_config(), workdir)
+  config = _config()
+  config.eval.average_checkpoints = 2
+  config.train.steps = 99  # not evaluation's concern
+  assert TASK.evaluate(config, workdir)['step'] == 8
+  config.model.d_model = 4
+  with pytest.raises(ValueError) as caught:
+    TASK.evaluate(config, workdir)
+  assert str(caught.value) == (
+    f'--workdir={workdir} holds a run of another model than the config builds '
+    f'(model.d_model: trained 3, given 4): give the config it was trained with '
+    f'({workdir}/config.json records it)'
+  )
+
+
 def test_one_step_in_flight_on_a_multi_device_cpu_only():
   one_device = mesh_lib.data_mesh(jax.devices()[:1])
   assert not loop.one_step_in_flight(one_device)

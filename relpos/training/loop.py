@@ -60,7 +60,7 @@ from relpos.training.checkpoints import (
 from relpos.training.metric_writer import MetricWriter
 from relpos.training.preemption import PreemptedError, PreemptionSignal, RunFaultError
 from relpos.training.progress import Progress
-from relpos.training.run_config import check_task, not_a_workdir
+from relpos.training.run_config import check_model, check_task, not_a_workdir
 
 
 @dataclasses.dataclass
@@ -148,9 +148,11 @@ class Task(abc.ABC):
     """`score` after the config check, with config.eval added; process 0 writes it to
     `output_dir`/eval_results.json (default: the workdir, which evaluating it with other
     config.eval settings then overwrites). A workdir with no checkpoint is a
-    FileNotFoundError before anything else is read."""
+    FileNotFoundError, and a config of another model than the run's a ValueError
+    (`check_model`), before anything else is read."""
     workdir = Path(workdir)
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
+    check_model(workdir, config)
     self.check_config(config)
     check_platform(config, jax.default_backend())
     output_dir = workdir if output_dir is None else Path(output_dir)
