@@ -249,6 +249,15 @@ def load_module(path: Path, name: str) -> types.ModuleType:
   return module
 
 
+def damage_checkpoint(checkpoint_dir: Path):
+  """Truncates the data files of a checkpoint's 'model' arrays to 50 bytes (as a failing disk
+  might), leaving its metadata readable: orbax starts reading and fails part way."""
+  files = [p for p in (checkpoint_dir / 'model').glob('ocdbt.process_*/d/*') if p.is_file()]
+  assert files
+  for path in files:
+    path.write_bytes(path.read_bytes()[:50])
+
+
 def write_word_corpus(path, *, words=6000, seed=0):
   """Writes `words` random words of a small vocabulary (with newlines) to `path`."""
   rng = np.random.default_rng(seed)

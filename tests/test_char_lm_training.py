@@ -69,7 +69,9 @@ def test_train_then_evaluate_writes_results(text_file, tmp_path):
   # fix, and the checkpoints stay where they are.
   other_model = _config(text_file, steps=8)
   other_model.model.num_layers = 3
-  with pytest.raises(ValueError, match=r'no readable checkpoint .*use its original config'):
+  with pytest.raises(
+    ValueError, match=r'\(model.num_layers: trained 2, given 3\): give the config'
+  ):
     char_lm.TASK.evaluate(other_model, workdir)
   other_vocab = _config(text_file, steps=8)
   other_vocab.data.vocab = 'original'

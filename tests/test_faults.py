@@ -23,7 +23,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import REPO, TINY_CHAR_LM_FLAGS, tiny_char_config, write_word_corpus
+from helpers import (
+  REPO,
+  TINY_CHAR_LM_FLAGS,
+  damage_checkpoint,
+  tiny_char_config,
+  write_word_corpus,
+)
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
 from relpos.studies import plot, shaw_tables, sweep
@@ -577,3 +583,128 @@ def test_a_checkpoint_of_another_model_is_refused_before_orbax_reads_it(tmp_path
       reader.restore_latest(other)
   gc.collect()
   assert not unraisable
+
+
+def test_a_damaged_checkpoint_is_named_with_its_cause_and_readers_leave_it(
+  tmp_path, monkeypatch, capsys
+):
+  """A checkpoint whose files are truncated: restoring it names it and tensorstore's cause in
+  one line (not orbax's wrapper with its TensorStore spec); a reader falls back to the older
+  one with one warning line and moves nothing (only training sets checkpoints aside)."""
+  import gc
+
+  from relpos.training.checkpoints import Checkpoints, UnreadableCheckpointError
+
+  unraisable = []
+  monkeypatch.setattr(sys, 'unraisablehook', unraisable.append)
+  keys = jax.random.split(jax.random.key(0), 8)  # random: arrays big enough for data files
+  state = {'model': {'layers': [{'w': jax.random.normal(key, (64, 32))} for key in keys]}}
+  writer = Checkpoints(tmp_path, writer=True)
+  for step in (2, 4):
+    writer.save(step, state, {'step': step})
+  writer.close()
+  damage_checkpoint(tmp_path / 'checkpoints' / '4')
+  files = sorted(tmp_path.rglob('*'))
+  reader = Checkpoints(tmp_path)
+  with pytest.raises(UnreadableCheckpointError) as caught:
+    reader.restore(4, state)
+  message = str(caught.value)
+  assert message.startswith(f'checkpoint {tmp_path.resolve()}/checkpoints/4 is unreadable: ')
+  assert 'is not valid for value of size 50' in message, message
+  assert '\n' not in message and 'TensorStore' not in message, message
+  step, restored, _ = reader.restore_latest(state)
+  assert step == 2 and restored['model']['layers'][0]['w'].shape == (64, 32)
+  warnings = capsys.readouterr().out.splitlines()
+  assert len(warnings) == 1 and warnings[0].startswith(
+    f'warning: checkpoint {tmp_path.resolve()}/checkpoints/4 is unreadable (OUT_OF_RANGE: '
+  ), warnings
+  assert warnings[0].endswith('); trying an older one'), warnings
+  assert sorted(tmp_path.rglob('*')) == files, 'a reader changed the workdir'
+  reader.close()
+  gc.collect()
+  assert not unraisable
+
+
+def test_a_reader_makes_no_directory_and_names_a_file_given_as_workdir(tmp_path):
+  """eval.py and the tools (`check_trained`) on a workdir that does not exist, or is a file:
+  one line each, saying what to give, and nothing made."""
+  from relpos.training import loop
+
+  missing = tmp_path / 'missing'
+  with pytest.raises(FileNotFoundError, match=f'no checkpoint in {missing}/checkpoints: train'):
+    loop.check_trained(missing)
+  assert not missing.exists()
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  with pytest.raises(FileNotFoundError, match='no checkpoint in'):
+    loop.check_trained(empty)
+  assert not list(empty.iterdir())
+  a_file = tmp_path / 'a_file'
+  a_file.write_text('')
+  with pytest.raises(FileNotFoundError) as caught:
+    loop.check_trained(a_file)
+  assert str(caught.value) == (
+    f'--workdir={a_file} is not a directory: give the workdir of a training run'
+  )
+
+
+def test_train_py_with_every_checkpoint_damaged_is_one_line(commands, straight, tmp_path):
+  """End to end: orbax's other reads of a failed restore fail too, and what they leave
+  ("Exception ignored in: <coroutine ...>" at exit, futures whose error nobody retrieved) is
+  kept off stderr: one error line naming the checkpoints, their causes and what to do."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  for step in (2, 4, 6):
+    damage_checkpoint(workdir / 'checkpoints' / str(step))
+  result = commands.run(
+    [
+      'train.py',
+      '--config=configs/char_tiny.py',
+      f'--workdir={workdir}',
+      f'--config.data.path={read_config(workdir).data.path}',
+      *TINY_CHAR_LM_FLAGS,
+      *(f'--config.{name}={value}' for name, value in _FLAGS_OF_CONFIG.items()),
+    ]
+  )
+  lines = [line for line in result.stderr.splitlines() if not line.startswith('relpos: CPU')]
+  assert result.returncode == 1, result.stderr[-3000:]
+  assert lines[0].startswith(f'error: no readable checkpoint in {workdir}/checkpoints (step 6: ')
+  assert lines[1:] == ['(--traceback shows where it was raised)'], result.stderr[-3000:]
+  assert lines[0].endswith(
+    'their files are damaged: restore them from a copy, or give a new --workdir'
+  )
+
+
+def test_what_a_failed_restore_leaves_is_kept_off_stderr(tmp_path):
+  """Orbax's other reads of a failed restore fail too, and what they leave is reported when
+  collected, at random (as late as the interpreter's exit): coroutines closed half way
+  ("Exception ignored in: <coroutine object _read_array_index_and_device_put>") and futures
+  holding tensorstore's error, which names the checkpoint's file but no orbax source. Both are
+  dropped; the same from elsewhere is not."""
+  import logging as std_logging
+
+  from relpos.training import checkpoints as checkpoints_lib
+
+  passed_on = []
+  hook = checkpoints_lib._quiet_closed_loops(passed_on.append)
+  coroutines = {}
+  for where in (f'{os.sep}site-packages{os.sep}orbax{os.sep}serialization.py', 'mine.py'):
+    namespace = {}
+    exec(compile('async def read(): pass', where, 'exec'), namespace)  # noqa: S102
+    coroutines[where] = namespace['read']()
+  for coroutine in coroutines.values():
+    hook(type('Unraisable', (), {'exc_value': Exception('read failed'), 'object': coroutine}))
+    coroutine.close()
+  assert [u.object for u in passed_on] == [coroutines['mine.py']]
+
+  checkpoints_lib.Checkpoints(tmp_path / 'run', writer=True).close()
+  directory = tmp_path.resolve() / 'run' / 'checkpoints'
+
+  def never_retrieved(path):
+    message = (
+      f'Future exception was never retrieved\nfuture: <Future exception=ValueError({path!r})>'
+    )
+    return std_logging.LogRecord('asyncio', std_logging.ERROR, 'x.py', 1, message, (), None)
+
+  assert not checkpoints_lib._FILTER.filter(never_retrieved(f'{directory}/4/model/'))
+  assert checkpoints_lib._FILTER.filter(never_retrieved('/elsewhere/model/'))

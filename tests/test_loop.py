@@ -207,6 +207,104 @@ def test_checkpoints_hold_the_model_apart_from_the_optimizer(tmp_path):
   assert jax.tree.leaves(weights)
 
 
+def test_a_checkpoint_evaluation_cannot_use_is_one_line_naming_it(tmp_path):
+  """config.eval.step at a damaged checkpoint, or averaging over one, names it and the cause;
+  averaging more checkpoints than there are names the field and what to set."""
+  workdir = tmp_path / 'run'
+  TASK.train_model(_config(), workdir)  # checkpoints 4 and 8
+  for path in (workdir / 'checkpoints' / '4' / 'model').rglob('*'):
+    if path.is_file():
+      path.write_bytes(b'')  # the arrays are too small for data files of their own
+  model = TASK._model(_config())
+  for step, average in ((4, 1), (8, 2)):
+    eval_config = ml_collections.ConfigDict({'step': step, 'average_checkpoints': average})
+    with pytest.raises(ValueError, match=f'^checkpoint {workdir}/checkpoints/4 is unreadable: '):
+      loop.restore_model(model, eval_config, workdir)
+  eval_config = ml_collections.ConfigDict({'step': 0, 'average_checkpoints': 3})
+  with pytest.raises(ValueError) as caught:
+    loop.restore_model(model, eval_config, workdir)
+  assert str(caught.value) == (
+    f'config.eval.average_checkpoints=3: {workdir}/checkpoints holds 2 checkpoint(s) up to '
+    'step 8 ([4, 8]): set it to 2 or less'
+  )
+
+
+def _diverging_from(step: int, monkeypatch):
+  """Makes TASK's run diverge at `step`: from its update on, the parameters and losses are
+  NaN."""
+  training = TASK.training
+
+  def diverging(*args):
+    run = training(*args)
+    real_step = run.step
+
+    def step_fn(state, batch):
+      state, sums = real_step(state, batch)
+      if int(state['optimizer']['step'][...]) >= step:
+        state = {**state, 'model': jax.tree.map(lambda x: x * jnp.nan, state['model'])}
+        sums = {**sums, 'loss': sums['loss'] * jnp.nan}
+      return state, sums
+
+    return dataclasses.replace(run, step=step_fn)
+
+  monkeypatch.setattr(TASK, 'training', diverging)
+
+
+def test_a_diverged_state_is_never_saved_and_the_error_names_the_last_good_one(
+  tmp_path, monkeypatch
+):
+  """The loss is checked at each progress line and before each save (checkpoints in between
+  would hold NaN), and the error names the last good checkpoint."""
+  config = _config()
+  config.train.update(log_every=8, checkpoint_every=2, eval_every=0)
+  _diverging_from(5, monkeypatch)
+  workdir = tmp_path / 'run'
+  with pytest.raises(FloatingPointError) as caught:
+    TASK.train_model(config, workdir)
+  assert str(caught.value).startswith(
+    f'loss is nan at step 6: the run diverged; the last good checkpoint is '
+    f'{workdir}/checkpoints/4 (step 4), intact; a lower config.optim.learning_rate'
+  ), caught.value
+  assert sorted(int(p.name) for p in (workdir / 'checkpoints').iterdir()) == [2, 4]
+
+
+def test_evaluation_refuses_non_finite_parameters(tmp_path, monkeypatch):
+  """A checkpoint of NaN parameters (as runs before the check at saves could write) is one
+  error naming it, not a NaN metric."""
+  workdir = tmp_path / 'run'
+  TASK.train_model(_config(), workdir)
+  checkpoints = loop.Checkpoints(workdir, writer=True)
+  _, state = nnx.split(TASK._model(_config()))
+  nan = jax.tree.map(lambda x: x * jnp.nan, nnx.to_pure_dict(state))
+  checkpoints.save(9, {'model': nan}, {'step': 9})
+  checkpoints.close()
+  with pytest.raises(FloatingPointError) as caught:
+    TASK.evaluate(_config(), workdir)
+  assert str(caught.value) == (
+    f'checkpoint {workdir}/checkpoints/9 holds non-finite parameters (its run diverged): '
+    'evaluate an earlier one, config.eval.step in [4, 8]'
+  )
+
+
+def test_evaluation_refuses_a_config_of_another_model(tmp_path):
+  """eval.py with other config.model fields than the run trained: one error naming each, with
+  both values; evaluation settings and how the model is computed may differ."""
+  workdir = tmp_path / 'run'
+  TASK.train_model(_config(), workdir)
+  config = _config()
+  config.eval.average_checkpoints = 2
+  config.train.steps = 99  # not evaluation's concern
+  assert TASK.evaluate(config, workdir)['step'] == 8
+  config.model.d_model = 4
+  with pytest.raises(ValueError) as caught:
+    TASK.evaluate(config, workdir)
+  assert str(caught.value) == (
+    f'--workdir={workdir} holds a run of another model than the config builds '
+    f'(model.d_model: trained 3, given 4): give the config it was trained with '
+    f'({workdir}/config.json records it)'
+  )
+
+
 def test_one_step_in_flight_on_a_multi_device_cpu_only():
   one_device = mesh_lib.data_mesh(jax.devices()[:1])
   assert not loop.one_step_in_flight(one_device)

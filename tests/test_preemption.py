@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import TINY_CHAR_LM_FLAGS, tiny_char_config, write_word_corpus
+from helpers import TINY_CHAR_LM_FLAGS, damage_checkpoint, tiny_char_config, write_word_corpus
 
 from relpos.training import char_lm_task as char_lm
 from relpos.training.preemption import PreemptedError
@@ -132,14 +132,6 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(text_file, tmp_path):
   assert saved and 5 <= saved[0] <= max(_logged_steps(workdir))
 
 
-def _damage(checkpoint_dir: Path):
-  """Truncates every data file of a checkpoint's arrays (as a failing disk might)."""
-  files = [p for p in (checkpoint_dir / 'model').rglob('*') if p.is_file()]
-  assert files
-  for path in files:
-    path.write_bytes(b'')
-
-
 def _config(text_file, steps):
   """The in-process runs: the tiny char LM with checkpoints every 2 steps (for 6 steps, the
   config of test_faults.py's runs, whose compiled step the run's shared cache then holds)."""
@@ -163,7 +155,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(
   workdir = tmp_path / 'run'
   shutil.copytree(six_steps, workdir)
   expected = _losses_by_step(workdir)
-  _damage(workdir / 'checkpoints' / '6')
+  damage_checkpoint(workdir / 'checkpoints' / '6')
   os.remove(workdir / 'metrics.jsonl')
   char_lm.TASK.train_and_evaluate(_config(text_file, 6), workdir)
   out = capsys.readouterr().out
@@ -179,9 +171,15 @@ def test_no_readable_checkpoint_is_an_error_not_a_fresh_start(text_file, six_ste
   checkpoints = [p for p in (workdir / 'checkpoints').iterdir() if p.name.isdigit()]
   assert sorted(int(p.name) for p in checkpoints) == [2, 4, 6]
   for checkpoint in checkpoints:
-    _damage(checkpoint)
-  with pytest.raises(ValueError, match='no readable checkpoint'):
+    damage_checkpoint(checkpoint)
+  with pytest.raises(ValueError, match='no readable checkpoint') as caught:
     char_lm.TASK.train_and_evaluate(_config(text_file, 6), workdir)
+  message = str(caught.value)  # each step's cause, tensorstore's first line; what to do
+  assert '\n' not in message and 'TensorStore' not in message, message
+  assert message.count('is not valid for value of size 50') == 3, message
+  assert message.endswith(
+    'their files are damaged: restore them from a copy, or give a new --workdir'
+  )
 
 
 def test_sigterm_during_setup_stops_after_the_first_step(text_file, tmp_path, monkeypatch):

@@ -84,3 +84,27 @@ def test_a_recorded_old_name_is_not_backfilled_under_its_new_name(tmp_path):
     f"config.model.n_head: {config.model.num_heads} -> '<absent>'",
     f"config.model.num_heads: '<absent>' -> {config.model.num_heads}",
   ]
+
+
+def test_evaluation_checks_the_model_fields_against_the_run(tmp_path):
+  """`check_model`: any config.model field that defines the function (the position scheme,
+  widths) must be the run's; how it is trained or computed, the other sections and a workdir
+  without config.json (an older run) are not checked."""
+  run_config.check_model(tmp_path, load_config('char_tiny', 'none'))  # no config.json
+  recording.record_config(load_config('char_tiny', 'absolute'), tmp_path, allow_change=False)
+  config = load_config('char_tiny', 'absolute')
+  config.model.update(attention_implementation='xla', dtype='bfloat16', dropout=0.0, remat='full')
+  config.eval.update(mem_len=64, max_relative_position=2)
+  config.data.path = str(tmp_path / 'other.txt')
+  config.train.steps = 1
+  run_config.check_model(tmp_path, config)
+  config = load_config('char_tiny', 'none')
+  config.model.num_heads += 1
+  with pytest.raises(ValueError) as caught:
+    run_config.check_model(tmp_path, config)
+  assert str(caught.value) == (
+    f'--workdir={tmp_path} holds a run of another model than the config builds '
+    f'(model.num_heads: trained {config.model.num_heads - 1}, given {config.model.num_heads}; '
+    f"model.position: trained 'absolute', given 'none'): give the config it was trained with "
+    f'({tmp_path}/config.json records it)'
+  )

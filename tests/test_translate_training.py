@@ -101,7 +101,7 @@ def test_checkpoint_averaging_uses_the_last_checkpoints(corpus, trained, tmp_pat
     translate.TASK.evaluate(config, workdir, output_dir=tmp_path / 'vocab')
   config.data.vocab_size = 40
   config.model.d_ff = 32
-  with pytest.raises(ValueError, match=r'no readable checkpoint .*use its original config'):
+  with pytest.raises(ValueError, match=r'another model .*\(model.d_ff: trained \d+, given 32\)'):
     translate.TASK.evaluate(config, workdir, output_dir=tmp_path / 'model')
   assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['4', '8']
 

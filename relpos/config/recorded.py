@@ -46,28 +46,55 @@ def read_recorded(path: Path, current: dict | None = None) -> dict:
   return with_added(json.loads(path.read_text()), current)
 
 
-def config_changes(old: dict, new: dict, prefix: str = 'config') -> list[str]:
-  """'field: old -> new' for every leaf that differs (added and removed fields included)."""
+def config_changes(
+  old: dict, new: dict, prefix: str = 'config', change: str = '{field}: {before!r} -> {after!r}'
+) -> list[str]:
+  """'field: old -> new' for every leaf that differs (added and removed fields included);
+  `change` formats each line from `field`, `before` and `after`."""
   changes = []
   for name in sorted(set(old) | set(new)):
     field = f'{prefix}.{name}'
     before, after = old.get(name, '<absent>'), new.get(name, '<absent>')
     if isinstance(before, dict) and isinstance(after, dict):
-      changes += config_changes(before, after, field)
+      changes += config_changes(before, after, field, change)
     elif before != after:
-      changes.append(f'{field}: {before!r} -> {after!r}')
+      changes.append(change.format(field=field, before=before, after=after))
   return changes
+
+
+def _recorded_and_current(config: ml_collections.ConfigDict, workdir) -> tuple[dict, dict]:
+  """(the config recorded in workdir, `with_added` the fields of `config`; `config`), as
+  dicts; the first is None when none is recorded."""
+  path = Path(workdir) / CONFIG_FILE
+  current = json.loads(config.to_json())
+  return (read_recorded(path, current) if path.is_file() else None), current
 
 
 def changes_from_recorded(config: ml_collections.ConfigDict, workdir) -> list[str]:
   """`config_changes` from the config recorded in workdir to `config`, outside the sections
   that may change between runs (eval); [] when none is recorded."""
-  path = Path(workdir) / CONFIG_FILE
-  if not path.exists():
+  recorded, current = _recorded_and_current(config, workdir)
+  if recorded is None:
     return []
   free = {name: None for name in _FREE_SECTIONS}
-  current = json.loads(config.to_json())
-  return config_changes(read_recorded(path, current) | free, current | free)
+  return config_changes(recorded | free, current | free)
+
+
+def model_changes_from_recorded(
+  config: ml_collections.ConfigDict, workdir, free: tuple[str, ...] = ()
+) -> list[str]:
+  """ "model.<field>: trained <old>, given <new>" for every config.model field outside `free`
+  that differs from the run recorded in workdir; [] when none is recorded."""
+  recorded, current = _recorded_and_current(config, workdir)
+  if recorded is None:
+    return []
+  ignored = {name: None for name in free}
+  return config_changes(
+    recorded.get('model', {}) | ignored,
+    current.get('model', {}) | ignored,
+    'model',
+    '{field}: trained {before!r}, given {after!r}',
+  )
 
 
 def record_config(config: ml_collections.ConfigDict, workdir: Path, *, allow_change: bool):

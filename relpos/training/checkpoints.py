@@ -8,8 +8,13 @@ process its own shards); arrays are restored with the shardings of the `like` tr
 
 Saves are atomic (orbax writes to a temporary directory and renames it), so an interrupted save
 never shows up as the latest step. A finished checkpoint that cannot be read back (damaged
-files, or arrays of other shapes than the config builds) is skipped with a warning by
-`restore_latest`, which falls back to the newest readable one.
+files, or arrays of other shapes than the config builds) is skipped with a one-line warning by
+`restore_latest`, which falls back to the newest readable one; a training run (`writer`) moves
+it to workdir/unreadable_checkpoints/, a reader (eval.py, the tools) leaves the workdir as it
+is. A damaged checkpoint is an `UnreadableCheckpointError` naming it and the first line of the
+real cause (tensorstore's, not orbax's wrapper with its TensorStore spec); orbax's other reads
+of that restore fail too, and what they leave (coroutines closed half way, futures whose
+error nobody retrieved) is filtered out as a failed save's is.
 
 Faults of the filesystem (docs/faults.md) end a run with one line (`FilesystemFaultError`):
 - Orbax commits a save in a background thread; an error there (a full disk, a workdir gone
@@ -80,10 +85,21 @@ def error_errno(error: BaseException) -> int | None:
   return None
 
 
-def _first_line(error: BaseException) -> str:
+def _first_line(error: BaseException, limit: int = 200) -> str:
   if isinstance(error, OSError) and error.strerror:
     return error.strerror
-  return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+  return (str(error).strip().splitlines() or [type(error).__name__])[0][:limit]
+
+
+def _read_cause(error: BaseException) -> str:
+  """The first line of the innermost cause of a failed restore: orbax wraps tensorstore's error
+  ('OUT_OF_RANGE: Error reading ... Requested byte range ... is not valid') in an Exception
+  whose text is a pybind repr of the whole TensorStore spec."""
+  seen = set()
+  while error.__cause__ is not None and id(error.__cause__) not in seen:
+    seen.add(id(error))
+    error = error.__cause__
+  return _first_line(error, limit=400).split(' See full TensorStore details')[0]
 
 
 def filesystem_fault(
@@ -121,35 +137,55 @@ def _path_names(path) -> tuple[str, ...]:
   )
 
 
-class _OrbaxSaveErrors(std_logging.Filter):
+_ORBAX_SOURCE = f'{os.sep}orbax{os.sep}'
+
+
+class _OrbaxErrors(std_logging.Filter):
   """Drops orbax's ERROR records (with tracebacks) of a failed background save, and asyncio's
   "Task/Future exception was never retrieved" of its tasks (orbax gathers them and
-  stops at the first error; on a full disk the others fail too): `Checkpoints` reports the
-  failure as one line, with the cause chained for --traceback."""
+  stops at the first error; on a full disk, or reading a damaged checkpoint, the others fail
+  too): `Checkpoints` reports the failure as one line, with the cause chained for
+  --traceback. A read's future holds tensorstore's error alone, which names no orbax source
+  but the file it read: records naming one of `directories` (those `Checkpoints` opened) go
+  too."""
+
+  def __init__(self):
+    super().__init__()
+    self.directories = set()
 
   def filter(self, record):
     if record.levelno != std_logging.ERROR:
       return True
-    orbax = f'{os.sep}orbax{os.sep}'
     if record.name == 'asyncio':
       if 'never retrieved' not in str(record.msg):
         return True
       frames = traceback.extract_tb(record.exc_info[2]) if record.exc_info else []
-      return not ('orbax' in record.getMessage() or any(orbax in f.filename for f in frames))
-    return orbax not in record.pathname
+      message = record.getMessage()
+      return not (
+        'orbax' in message
+        or any(_ORBAX_SOURCE in f.filename for f in frames)
+        or any(directory in message for directory in self.directories)
+      )
+    return _ORBAX_SOURCE not in record.pathname
 
 
-_FILTER = _OrbaxSaveErrors()
+_FILTER = _OrbaxErrors()
 
 
 def _quiet_closed_loops(previous):
-  """A sys.unraisablehook that drops "RuntimeError: Event loop is closed" (tensorstore
-  finishing the writes of a failed save after orbax closed the event loop that awaited them)
-  and hands anything else to `previous`."""
+  """A sys.unraisablehook that drops what orbax's abandoned asynchronous work raises when it
+  is collected, and hands anything else to `previous`: "RuntimeError: Event loop is closed"
+  (tensorstore finishing the writes of a failed save after orbax closed the event loop that
+  awaited them), and the error of an orbax coroutine closed half way ("Exception ignored in:
+  <coroutine object _read_array_index_and_device_put>": the other reads of a restore that
+  failed, collected as late as the interpreter's exit)."""
 
   def hook(unraisable):
     error = unraisable.exc_value
     if isinstance(error, RuntimeError) and str(error) == 'Event loop is closed':
+      return
+    code = getattr(unraisable.object, 'cr_code', None)  # a coroutine's
+    if code is not None and _ORBAX_SOURCE in code.co_filename:
       return
     previous(unraisable)
 
@@ -157,15 +193,25 @@ def _quiet_closed_loops(previous):
   return hook
 
 
+class UnreadableCheckpointError(ValueError):
+  """A finished checkpoint whose files cannot be read back (damaged, truncated)."""
+
+  def __init__(self, path: Path, cause: str):
+    super().__init__(f'checkpoint {path} is unreadable: {cause}')
+    self.cause = cause
+
+
 class Checkpoints:
   """`workdir/checkpoints/<step>/{<item>...,meta}`, keeping the newest `keep` steps."""
 
   def __init__(self, workdir, *, keep: int = 3, writer: bool = False):
-    """`writer`: a training run's, which removes half-written checkpoints it finds (a reader,
-    such as eval.py on a run in progress, leaves them to the run writing them)."""
+    """`writer`: a training run's, which makes the directory, removes half-written checkpoints
+    it finds and sets unreadable ones aside; a reader (eval.py, the tools, possibly on a run in
+    progress) changes nothing in the workdir."""
     self.directory = Path(workdir).resolve() / 'checkpoints'
     for logger in ('absl', 'asyncio'):
       std_logging.getLogger(logger).addFilter(_FILTER)  # once: a logger's filters are a set
+    _FILTER.directories.add(str(self.directory))
     if not getattr(sys.unraisablehook, 'quiet_closed_loops', False):
       sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
     self._pending = None  # the step of a save whose commit nobody has checked yet
@@ -173,7 +219,7 @@ class Checkpoints:
     try:
       self._manager = ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=writer),
       )
     except OSError as error:
       raise filesystem_fault(
@@ -275,15 +321,24 @@ class Checkpoints:
 
     The arrays' shapes are compared with the checkpoint's metadata first: a checkpoint of
     another model raises a ValueError naming the first array that differs, before orbax starts
-    reading (a read it abandons half way leaves coroutines that were never awaited)."""
+    reading (a read it abandons half way leaves coroutines that were never awaited).
+
+    Raises:
+      ValueError: the shapes differ.
+      UnreadableCheckpointError: orbax could not read it.
+    """
     self._check_shapes(step, like)
     args = {
       name: ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, tree))
       for name, tree in like.items()
     }
-    restored = self._manager.restore(
-      step, args=ocp.args.Composite(**args, meta=ocp.args.JsonRestore())
-    )
+    try:
+      restored = self._manager.restore(
+        step, args=ocp.args.Composite(**args, meta=ocp.args.JsonRestore())
+      )
+    except Exception as error:  # noqa: BLE001 (orbax raises a bare Exception, among others)
+      logging.info('checkpoint %s: %s', step, error)  # the whole of it, for --verbosity=0
+      raise UnreadableCheckpointError(self.directory / str(step), _read_cause(error)) from error
     return {name: restored[name] for name in like}, restored.meta
 
   def _check_shapes(self, step: int, like: dict) -> None:
@@ -311,30 +366,38 @@ class Checkpoints:
           )
 
   def restore_latest(self, like: dict):
-    """(step, items, meta) of the newest readable checkpoint, or None if there is none.
+    """(step, items, meta) of the newest readable checkpoint, or None if there is none. Each
+    one skipped is a warning line; a writer sets them aside (`_set_aside`).
 
     Raises:
-      ValueError: checkpoints exist but none can be read (e.g. the config changed the model).
+      ValueError: checkpoints exist but none can be read (damaged, or the config changed the
+        model).
     """
-    failures, unreadable = [], []
+    failures, unreadable, damaged = [], [], True
     for step in reversed(self.all_steps()):
       try:
         found = (step, *self.restore(step, like))
       except Exception as error:  # noqa: BLE001 (orbax raises many kinds; each is reported)
-        first_line = (str(error).strip().splitlines() or [''])[0][:200]
-        failures.append(f'step {step}: {type(error).__name__}: {first_line}')
+        cause = getattr(error, 'cause', None) or _first_line(error)
+        damaged = damaged and isinstance(error, UnreadableCheckpointError)
+        failures.append(f'step {step}: {cause}')
         unreadable.append(step)
-        logging.warning('checkpoint %s is unreadable, trying an older one: %s', step, error)
         print(
-          f'warning: checkpoint {self.directory / str(step)} is unreadable; trying an older one'
+          f'warning: checkpoint {self.directory / str(step)} is unreadable ({cause}); trying '
+          'an older one'
         )
         continue
-      self._set_aside(unreadable)  # kept for inspection; training can save those steps again
+      if self._writer:
+        self._set_aside(unreadable)  # kept for inspection; training can save those steps again
       return found
     if failures:
+      todo = (
+        'their files are damaged: restore them from a copy, or give a new --workdir'
+        if damaged
+        else 'if the config changed the model, use its original config or a new --workdir'
+      )
       raise ValueError(
-        f'no readable checkpoint in {self.directory} ({"; ".join(failures)}). If the config '
-        'changed the model, use its original config or a new --workdir'
+        f'no readable checkpoint in {self.directory} ({"; ".join(failures)}): {todo}'
       )
     return None
 

@@ -12,7 +12,8 @@ same for every task:
   runs follow the uninterrupted trajectory exactly);
 - progress lines with throughput, MFU (where the devices' peak is known) and ETA,
   metrics.jsonl and TensorBoard;
-- a stop on a non-finite loss, periodic validation and checkpoints;
+- a stop on a non-finite loss (checked before each save too: no checkpoint holds one),
+  periodic validation and checkpoints;
 - SIGTERM, agreed across processes, which saves the reached step and stops;
 - faults around the run (a full disk, a bad workdir or one of another task, a checkpoint that
   does not commit, XLA out of memory) as one line naming the step, the last good checkpoint
@@ -59,7 +60,7 @@ from relpos.training.checkpoints import (
 from relpos.training.metric_writer import MetricWriter
 from relpos.training.preemption import PreemptedError, PreemptionSignal, RunFaultError
 from relpos.training.progress import Progress
-from relpos.training.run_config import check_task
+from relpos.training.run_config import check_model, check_task, not_a_workdir
 
 
 @dataclasses.dataclass
@@ -147,9 +148,11 @@ class Task(abc.ABC):
     """`score` after the config check, with config.eval added; process 0 writes it to
     `output_dir`/eval_results.json (default: the workdir, which evaluating it with other
     config.eval settings then overwrites). A workdir with no checkpoint is a
-    FileNotFoundError before anything else is read."""
+    FileNotFoundError, and a config of another model than the run's a ValueError
+    (`check_model`), before anything else is read."""
     workdir = Path(workdir)
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
+    check_model(workdir, config)
     self.check_config(config)
     check_platform(config, jax.default_backend())
     output_dir = workdir if output_dir is None else Path(output_dir)
@@ -530,19 +533,42 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   )
   interval_sums = []
 
+  def diverged(what: str) -> FloatingPointError:
+    """The error of a run that diverged, naming the last good checkpoint (`save` writes no
+    other: each save is checked first; the one in flight, already checked, is committed so
+    that it can be named)."""
+    checkpoints.commit()
+    return FloatingPointError(
+      f'{what}: the run diverged; {checkpoints.last_good()}; a lower '
+      'config.optim.learning_rate or a config.optim.clip_norm may help (--allow_config_change '
+      'continues this run with them)'
+    )
+
+  def interval_totals(done: int) -> tuple[dict, float]:
+    """(the sums of the steps since the last progress line, their mean loss), a device sync.
+
+    Raises:
+      FloatingPointError: the loss is not finite.
+    """
+    totals = jax.tree.map(lambda *xs: float(np.sum(xs)), *jax.device_get(interval_sums))
+    loss = totals['loss'] / max(totals['tokens'], 1)
+    if not math.isfinite(loss):
+      raise diverged(f'loss is {loss} at step {done}')
+    return totals, loss
+
   def save(step):
+    """Saves the state reached at `step`, refusing a non-finite one: the losses since the last
+    progress line (checked there only, so a save in between syncs for them) and the
+    parameters (the update of the last step may be the first to overflow)."""
+    if interval_sums:
+      interval_totals(step)
+    if not all_finite(state['model']):
+      raise diverged(f'the parameters are not finite at step {step}')
     checkpoints.save(step, state, {'step': step, **run.checkpoint_meta})
 
   def log(done):
-    totals = jax.tree.map(lambda *xs: float(np.sum(xs)), *jax.device_get(interval_sums))
+    totals, loss = interval_totals(done)
     interval_sums.clear()
-    tokens = max(totals['tokens'], 1)
-    loss = totals['loss'] / tokens
-    if not math.isfinite(loss):
-      raise FloatingPointError(
-        f'loss is {loss} at step {done}; the last good checkpoint is kept in '
-        f'{checkpoints.directory}'
-      )
     tokens_per_second, speed = progress.report(done, int(totals['tokens']))
     scalars = {
       'train/loss': loss,
@@ -615,14 +641,28 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
 
 def _mean_of_floats(*leaves):
   """The mean of float leaves (parameters); the last of others (RNG keys and counts)."""
-  if jnp.issubdtype(leaves[-1].dtype, jnp.floating):
+  if _is_float(leaves[-1]):
     return sum(leaves) / len(leaves)
   return leaves[-1]
 
 
+def all_finite(tree) -> bool:
+  """Whether every float leaf of `tree` is finite (a reduction per leaf, one sync)."""
+  finite = [jnp.isfinite(leaf).all() for leaf in jax.tree.leaves(tree) if _is_float(leaf)]
+  return bool(jnp.stack(finite).all()) if finite else True
+
+
+def _is_float(leaf) -> bool:
+  return jnp.issubdtype(leaf.dtype, jnp.floating)
+
+
 def check_trained(workdir) -> Checkpoints:
-  """The workdir's checkpoints; FileNotFoundError if there is none (evaluation checks this
-  before reading anything else)."""
+  """The workdir's checkpoints, opened as a reader (nothing in the workdir is made or
+  changed); FileNotFoundError if the workdir is no directory or holds no checkpoint
+  (evaluation and the tools check this before reading anything else)."""
+  workdir = Path(workdir)
+  if workdir.exists() and not workdir.is_dir():
+    raise not_a_workdir(workdir)
   checkpoints = Checkpoints(workdir)
   if checkpoints.latest_step() is None:
     checkpoints.close()
@@ -645,6 +685,9 @@ def restore_model(model: nnx.Module, eval_config, workdir) -> tuple[nnx.Module, 
 
   Raises:
     FileNotFoundError: no checkpoint, or no checkpoint eval_config.step.
+    ValueError: a checkpoint it needs is unreadable (`UnreadableCheckpointError`), or fewer
+      than N checkpoints are there to average.
+    FloatingPointError: a checkpoint it needs holds non-finite parameters (a diverged run).
   """
   checkpoints = check_trained(workdir)
   try:
@@ -652,21 +695,38 @@ def restore_model(model: nnx.Module, eval_config, workdir) -> tuple[nnx.Module, 
     # Replicated like training's state, so every process of a run can read it back.
     state = mesh_lib.distribute(state, mesh_lib.replicated(mesh_lib.data_mesh()))
     like = {'model': nnx.to_pure_dict(state)}
+    have = checkpoints.all_steps()
     if eval_config.step:
       step = eval_config.step
-      if step not in checkpoints.all_steps():
+      if step not in have:
         raise FileNotFoundError(
-          f'config.eval.step={step}: no such checkpoint in {checkpoints.directory} '
-          f'(have {checkpoints.all_steps()})'
+          f'config.eval.step={step}: no such checkpoint in {checkpoints.directory} (have {have})'
         )
       newest = checkpoints.restore(step, like)[0]['model']
     else:
       step, restored, _ = checkpoints.restore_latest(like)
       newest = restored['model']
-    steps = [s for s in checkpoints.all_steps() if s <= step][-eval_config.average_checkpoints :]
+    average = eval_config.average_checkpoints
+    steps = [s for s in have if s <= step][-average:]
+    if len(steps) < average:
+      raise ValueError(
+        f'config.eval.average_checkpoints={average}: {checkpoints.directory} holds '
+        f'{len(steps)} checkpoint(s) up to step {step} ({steps}): set it to {len(steps)} or '
+        'less'
+      )
     trees = [checkpoints.restore(s, like)[0]['model'] for s in steps[:-1]] + [newest]
   finally:
     checkpoints.close()
+  for at, tree in zip(steps, trees, strict=True):
+    if not all_finite(tree):
+      earlier = [s for s in have if s < at]
+      raise FloatingPointError(
+        f'checkpoint {checkpoints.directory / str(at)} holds non-finite parameters (its run '
+        'diverged): '
+        + (
+          f'evaluate an earlier one, config.eval.step in {earlier}' if earlier else 'no earlier one'
+        )
+      )
   nnx.replace_by_pure_dict(state, jax.tree.map(_mean_of_floats, *trees))
   model = nnx.merge(graphdef, mesh_lib.local_copy(state))
   clipped = eval_config.get('max_relative_position', -1)

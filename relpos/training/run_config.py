@@ -1,14 +1,23 @@
 """The config a run recorded in its workdir, read back for the tools that start from it
 (`read_config`), and the check every command that takes a workdir makes first: that the run
-there is of the command's task (`check_task`). Recording the config, and the check that a
-rerun matches it, is `relpos.config.recorded`.
+there is of the command's task (`check_task`); eval.py, which takes a config, also checks that
+it builds the model the run trained (`check_model`). Recording the config, and the check that
+a rerun matches it, is `relpos.config.recorded`.
 """
 
 from pathlib import Path
 
 import ml_collections
 
-from relpos.config.recorded import CONFIG_FILE, read_recorded
+from relpos.config.model_fields import EVALUATION_FREE_FIELDS
+from relpos.config.recorded import CONFIG_FILE, model_changes_from_recorded, read_recorded
+
+
+def not_a_workdir(workdir, flag: str | None = '--workdir') -> FileNotFoundError:
+  """The error of a workdir that is no directory (missing, or a file), for the commands that
+  read a run: `flag` as in `read_config`."""
+  given = f'{flag}={workdir}' if flag else str(workdir)
+  return FileNotFoundError(f'{given} is not a directory: give the workdir of a training run')
 
 
 def read_config(workdir, flag: str | None = '--workdir') -> ml_collections.ConfigDict:
@@ -21,8 +30,7 @@ def read_config(workdir, flag: str | None = '--workdir') -> ml_collections.Confi
   """
   workdir = Path(workdir)
   if not workdir.is_dir():
-    given = f'{flag}={workdir}' if flag else str(workdir)
-    raise FileNotFoundError(f'{given} is not a directory: give the workdir of a run')
+    raise not_a_workdir(workdir, flag)
   path = workdir / CONFIG_FILE
   if not path.is_file():
     raise FileNotFoundError(f'{path} does not exist: {workdir} holds no relpos run (train first)')
@@ -68,3 +76,22 @@ def check_task(
     )
     raise TaskMismatchError(f'{given} holds a {kind} run, not a {noun} run {todo}')
   return recorded
+
+
+def check_model(workdir, config: ml_collections.ConfigDict) -> None:
+  """Checks that `config` builds the model the run in `workdir` trained (its config.json; a
+  workdir without one, of an older run, is not checked): a checkpoint restored into another
+  model is scored as a model it never was when the parameters' shapes happen to agree (e.g.
+  'absolute' read as 'none'). Fields that only say how the model is trained or computed
+  (`EVALUATION_FREE_FIELDS`) and the sections outside config.model may differ.
+
+  Raises:
+    ValueError: naming each field that differs, with both values.
+  """
+  changes = model_changes_from_recorded(config, workdir, free=EVALUATION_FREE_FIELDS)
+  if changes:
+    raise ValueError(
+      f'--workdir={workdir} holds a run of another model than the config builds '
+      f'({"; ".join(changes)}): give the config it was trained with '
+      f'({Path(workdir) / CONFIG_FILE} records it)'
+    )
