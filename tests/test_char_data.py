@@ -294,10 +294,16 @@ def test_load_char_splits_enwik8_checks_full_file(tmp_path, monkeypatch):
       ValueError,
       r"valid split of .*byte 122 \(b'z'\)",
     ),
+    (
+      {'path': 'one.txt'},
+      ValueError,
+      r'^config.data.path=.*one.txt: the valid split of 1 bytes .* is empty; give more text',
+    ),
   ],
 )
 def test_load_char_splits_errors(tmp_path, fields, error, message):
   (tmp_path / 'empty.txt').write_bytes(b'')
+  (tmp_path / 'one.txt').write_bytes(b'a')
   (tmp_path / 'unseen.txt').write_bytes(b'ab\n' * 30 + b'zab\nab\nab')  # z at 90: first valid byte
   fields = {'path': 'empty.txt', **fields}
   fields['path'] = str(tmp_path / fields['path'])

@@ -165,6 +165,8 @@ FLAG_ERRORS = [
   ('configs/char_tiny.py:bogus', ['--config.train.steps=3'], "unknown char_tiny preset 'bogus'"),
   ('configs/nope.py', [], '--config=configs/nope.py: configs/nope.py does not exist'),
   ('configs', [], '--config=configs: configs is a directory, not a config file'),
+  ('configs/char_tiny.py', ['extra'], "unexpected arguments ['extra']"),
+  ('configs/char_tiny.py', ['--num_processes=2'], 'only with --distributed=explicit'),
 ]
 
 

@@ -216,10 +216,19 @@ def test_a_checkpoint_evaluation_cannot_use_is_one_line_naming_it(tmp_path):
     if path.is_file():
       path.write_bytes(b'')  # the arrays are too small for data files of their own
   model = TASK._model(_config())
-  for step, average in ((4, 1), (8, 2)):
+  for step, average, asked in (
+    (4, 1, 'config.eval.step'),
+    (8, 2, 'config.eval.average_checkpoints (or config.eval.step)'),
+  ):
     eval_config = ml_collections.ConfigDict({'step': step, 'average_checkpoints': average})
     with pytest.raises(ValueError, match=f'^checkpoint {workdir}/checkpoints/4 is unreadable: '):
       loop.restore_model(model, eval_config, workdir)
+    with pytest.raises(ValueError) as caught:
+      loop.restore_model(model, eval_config, workdir)
+    assert str(caught.value).endswith(
+      f'its files are damaged: restore them from a copy, or set {asked} to leave it out '
+      '(other checkpoints: [8])'
+    )
   eval_config = ml_collections.ConfigDict({'step': 0, 'average_checkpoints': 3})
   with pytest.raises(ValueError) as caught:
     loop.restore_model(model, eval_config, workdir)

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import ml_collections
-from absl import logging
 
 from relpos.config import checks, declaration, fields
 
@@ -113,5 +112,5 @@ def record_config(config: ml_collections.ConfigDict, workdir: Path, *, allow_cha
   if changes:
     previous = 1 + sum(1 for _ in path.parent.glob('config.*.json'))
     path.rename(path.parent / f'config.{previous}.json')
-    logging.warning('config changed (%s); the old one is config.%d.json', changes, previous)
+    print(f'warning: config changed ({"; ".join(changes)}); the old one is config.{previous}.json')
   path.write_text(config.to_json(indent=2))

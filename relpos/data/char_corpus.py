@@ -121,10 +121,11 @@ def load_char_splits(data_config) -> tuple[dict[str, np.ndarray], CharVocab]:
   else:
     data = text.read_text_bytes(data_config.path)
   data = data[: data_config.get('max_bytes')]
-  if data_config.kind == 'enwik8':
-    splits = enwik8.enwik8_splits(data)
-  else:
-    splits = text.contiguous_splits(data)
+  split = enwik8.enwik8_splits if data_config.kind == 'enwik8' else text.contiguous_splits
+  try:
+    splits = split(data)
+  except ValueError as e:
+    raise ValueError(f'config.data.path={data_config.path}: {e}') from None
   if data_config.vocab == 'bytes':
     vocab = CharVocab.bytes()
   else:

@@ -9,7 +9,6 @@ with an empty or whitespace-only side is dropped, and the number dropped is logg
 import pathlib
 from collections.abc import Iterable, Sequence
 
-from absl import logging
 from sacremoses import MosesDetokenizer
 
 from relpos.data.data_file import decode_utf8, read_data_file
@@ -79,7 +78,7 @@ def keep_nonempty(
     else:
       dropped += 1
   if dropped:
-    logging.warning('%s: dropped %d pairs with an empty side', name, dropped)
+    print(f'warning: {name}: dropped {dropped} pairs with an empty side')
   return sources, targets
 
 

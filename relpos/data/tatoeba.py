@@ -28,8 +28,6 @@ import shutil
 import tempfile
 import zipfile
 
-from absl import logging
-
 from relpos.data.data_file import decode_utf8
 from relpos.data.download import fetch
 
@@ -126,12 +124,9 @@ def prepare(zip_path, out) -> pathlib.Path:
   if not pairs:
     raise ValueError(f'{zip_path}: {MEMBER} holds no tab-separated English/German pairs')
   if md5 != REFERENCE_ZIP_MD5:
-    logging.warning(
-      '%s has md5 %s, not the 2018-05-13 export (%s) that the docs/ figures used: the splits '
-      'differ, and so do the scores',
-      zip_path,
-      md5,
-      REFERENCE_ZIP_MD5,
+    print(
+      f'warning: {zip_path} has md5 {md5}, not the 2018-05-13 export ({REFERENCE_ZIP_MD5}) that '
+      'the docs/ figures used: the splits differ, and so do the scores'
     )
   splits = split_pairs(pairs)
   _check_splits(zip_path, splits)

@@ -38,8 +38,8 @@ def split_at(data: bytes, boundaries) -> dict[str, np.ndarray]:
   for name, piece in zip(SPLITS, pieces, strict=True):
     if not piece.size:
       raise ValueError(
-        f'the {name} split of {len(data)} bytes cut at {tuple(boundaries)} is empty; '
-        'use more data (data.max_bytes) or other split fractions'
+        f'the {name} split of {len(data)} bytes cut at {tuple(boundaries)} is empty; give '
+        'more text (config.data.max_bytes, where set, keeps only the first bytes)'
       )
   return dict(zip(SPLITS, pieces, strict=True))
 

@@ -191,11 +191,9 @@ class TokenBatches:
     src_len, tgt_len = self.pairs.src.lengths, self.pairs.tgt.lengths
     fits = (src_len <= max_length) & (tgt_len <= max_length)
     if not fits.all():
-      logging.warning(
-        'dropped %d of %d pairs with a side longer than max_length=%d pieces',
-        np.sum(~fits),
-        len(fits),
-        max_length,
+      print(
+        f'warning: dropped {np.sum(~fits)} of {len(fits)} pairs with a side longer than '
+        f'max_length={max_length} pieces'
       )
     self.kept = np.flatnonzero(fits)
     if not len(self.kept):

@@ -95,7 +95,7 @@ def train_model(sentences: Sequence[str], vocab_size: int) -> bytes:
       model_type='unigram',
       character_coverage=1.0,
       input_sentence_size=0,  # sample_sentences has sampled already
-      minloglevel=1,
+      minloglevel=2,  # errors only: relpos's own lines say what is dropped
       **_SPECIAL_IDS,
     )
   except RuntimeError as e:
@@ -148,7 +148,7 @@ def load_tokenizer(model_path, vocab_size: int, *, missing: str = '') -> Tokeniz
   if tokenizer.vocab_size != vocab_size:
     raise ValueError(
       f'{model_path} has {tokenizer.vocab_size} pieces but config.data.vocab_size is '
-      f'{vocab_size}: the workdir was made with another config.data.vocab_size; use a new '
-      '--workdir'
+      f'{vocab_size}: the workdir was made with config.data.vocab_size='
+      f'{tokenizer.vocab_size}; pass that (the config its run recorded), or use a new --workdir'
     )
   return tokenizer

@@ -306,7 +306,7 @@ def collect(
     for seed in seeds:
       results_path = run_dir(root, field, value, seed, evaluation) / 'eval_results.json'
       if not results_path.exists():
-        logging.warning('no results for %s=%s seed %d (%s)', field, value, seed, results_path)
+        print(f'warning: no results for {field}={value} seed {seed} ({results_path})')
         continue
       results = json.loads(results_path.read_text())
       if metric not in results:
@@ -625,7 +625,7 @@ def write_breakdown_files(root: Path, kind, summary, per_run, field: str, baseli
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    sys.exit(f'error: unexpected arguments {argv[1:]}: every option is a flag, --name=value')
   args = flags.FLAGS
   if not args.workdir:
     sys.exit('error: --workdir is required: the root directory of the sweep (a folder per run)')

@@ -53,6 +53,7 @@ from relpos.training import optim
 from relpos.training.checkpoints import (
   Checkpoints,
   FilesystemFaultError,
+  UnreadableCheckpointError,
   error_errno,
   filesystem_fault,
   last_good_in,
@@ -696,13 +697,25 @@ def restore_model(model: nnx.Module, eval_config, workdir) -> tuple[nnx.Module, 
     state = mesh_lib.distribute(state, mesh_lib.replicated(mesh_lib.data_mesh()))
     like = {'model': nnx.to_pure_dict(state)}
     have = checkpoints.all_steps()
+
+    def restore(step: int, asked: str) -> dict:
+      """The 'model' item of checkpoint `step`, which `asked` (the config field) names."""
+      try:
+        return checkpoints.restore(step, like)[0]['model']
+      except UnreadableCheckpointError as error:
+        others = [s for s in have if s != step]
+        raise ValueError(
+          f'{error}; its files are damaged: restore them from a copy, or set {asked} to '
+          f'leave it out (other checkpoints: {others})'
+        ) from None
+
     if eval_config.step:
       step = eval_config.step
       if step not in have:
         raise FileNotFoundError(
           f'config.eval.step={step}: no such checkpoint in {checkpoints.directory} (have {have})'
         )
-      newest = checkpoints.restore(step, like)[0]['model']
+      newest = restore(step, 'config.eval.step')
     else:
       step, restored, _ = checkpoints.restore_latest(like)
       newest = restored['model']
@@ -714,7 +727,8 @@ def restore_model(model: nnx.Module, eval_config, workdir) -> tuple[nnx.Module, 
         f'{len(steps)} checkpoint(s) up to step {step} ({steps}): set it to {len(steps)} or '
         'less'
       )
-    trees = [checkpoints.restore(s, like)[0]['model'] for s in steps[:-1]] + [newest]
+    asked = 'config.eval.average_checkpoints (or config.eval.step)'
+    trees = [restore(s, asked) for s in steps[:-1]] + [newest]
   finally:
     checkpoints.close()
   for at, tree in zip(steps, trees, strict=True):

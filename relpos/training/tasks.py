@@ -79,12 +79,13 @@ def _define_distributed_flags():
     given = sorted(f'--{name}' for name, value in explicit.items() if value is not None)
     if mode.value == 'explicit':
       if len(given) < len(explicit):
-        raise app.UsageError(
-          '--distributed=explicit needs --coordinator_address, --num_processes and --process_id'
+        sys.exit(
+          'error: --distributed=explicit needs --coordinator_address, --num_processes and '
+          '--process_id'
         )
       jax.distributed.initialize(**explicit)
     elif given:
-      raise app.UsageError(f'{", ".join(given)}: only with --distributed=explicit')
+      sys.exit(f'error: {", ".join(given)}: only with --distributed=explicit')
     elif mode.value == 'auto':
       jax.distributed.initialize()
 
@@ -237,7 +238,7 @@ def launch(action: str):
 
   def main(argv):
     if len(argv) > 1:
-      raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+      sys.exit(f'error: unexpected arguments {argv[1:]}: every option is a flag, --name=value')
     quiet_logging()
     initialize_distributed()
     if action == 'train_and_evaluate':
