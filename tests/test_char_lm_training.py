@@ -5,6 +5,7 @@ import json
 import math
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -53,7 +54,7 @@ def _logged_steps(workdir):
   return [r['step'] for r in map(json.loads, lines) if 'train/loss' in r]
 
 
-def test_train_then_evaluate_writes_results(text_file, tmp_path):
+def test_train_then_evaluate_writes_results(text_file, tmp_path, capsys):
   workdir = tmp_path / 'run'
   result = char_lm.TASK.train_and_evaluate(_config(text_file, steps=8), workdir)
   assert math.isfinite(result['bpc']) and 0 < result['bpc'] < 8
@@ -65,6 +66,20 @@ def test_train_then_evaluate_writes_results(text_file, tmp_path):
   # eval.py path: the same checkpoint gives the same number.
   again = char_lm.TASK.evaluate(_config(text_file, steps=8), workdir)
   assert again['bpc'] == pytest.approx(result['bpc'], rel=1e-6)
+  assert again['data'] == _config(text_file, steps=8).data.to_dict()
+  assert 'warning: scoring other data' not in capsys.readouterr().out
+  # Other data is scored, with a warning naming it, and the results record it.
+  other_text = tmp_path / 'other.txt'
+  other_text.write_bytes(Path(text_file).read_bytes()[::-1])
+  other_data = _config(text_file, steps=8)
+  other_data.data.path = str(other_text)
+  assert char_lm.TASK.evaluate(other_data, workdir, output_dir=tmp_path / 'o')['data'] == (
+    other_data.data.to_dict()
+  )
+  assert (
+    f'warning: scoring other data than the run trained with (data.path: trained '
+    f"'{text_file}', given '{other_text}')"
+  ) in capsys.readouterr().out
   # Evaluating with another model or vocabulary than the checkpoint's is an error naming the
   # fix, and the checkpoints stay where they are.
   other_model = _config(text_file, steps=8)

@@ -79,19 +79,19 @@ def changes_from_recorded(config: ml_collections.ConfigDict, workdir) -> list[st
   return config_changes(recorded | free, current | free)
 
 
-def model_changes_from_recorded(
-  config: ml_collections.ConfigDict, workdir, free: tuple[str, ...] = ()
+def section_changes_from_recorded(
+  config: ml_collections.ConfigDict, workdir, section: str, free: tuple[str, ...] = ()
 ) -> list[str]:
-  """ "model.<field>: trained <old>, given <new>" for every config.model field outside `free`
-  that differs from the run recorded in workdir; [] when none is recorded."""
+  """ "<section>.<field>: trained <old>, given <new>" for every field of config.<section>
+  outside `free` that differs from the run recorded in workdir; [] when none is recorded."""
   recorded, current = _recorded_and_current(config, workdir)
   if recorded is None:
     return []
   ignored = {name: None for name in free}
   return config_changes(
-    recorded.get('model', {}) | ignored,
-    current.get('model', {}) | ignored,
-    'model',
+    recorded.get(section, {}) | ignored,
+    current.get(section, {}) | ignored,
+    section,
     '{field}: trained {before!r}, given {after!r}',
   )
 

@@ -61,7 +61,7 @@ from relpos.training.checkpoints import (
 from relpos.training.metric_writer import MetricWriter
 from relpos.training.preemption import PreemptedError, PreemptionSignal, RunFaultError
 from relpos.training.progress import Progress
-from relpos.training.run_config import check_model, check_task, not_a_workdir
+from relpos.training.run_config import check_model, check_task, data_changes, not_a_workdir
 
 
 @dataclasses.dataclass
@@ -150,10 +150,14 @@ class Task(abc.ABC):
     `output_dir`/eval_results.json (default: the workdir, which evaluating it with other
     config.eval settings then overwrites). A workdir with no checkpoint is a
     FileNotFoundError, and a config of another model than the run's a ValueError
-    (`check_model`), before anything else is read."""
+    (`check_model`), before anything else is read. Other data than the run's is scored with a
+    warning line, and the result records config.data beside config.eval."""
     workdir = Path(workdir)
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     check_model(workdir, config)
+    other_data = data_changes(workdir, config)
+    if other_data:
+      print(f'warning: scoring other data than the run trained with ({"; ".join(other_data)})')
     self.check_config(config)
     check_platform(config, jax.default_backend())
     output_dir = workdir if output_dir is None else Path(output_dir)
@@ -162,6 +166,8 @@ class Task(abc.ABC):
       if mesh_lib.is_writer():
         output_dir.mkdir(parents=True, exist_ok=True)  # `score` may write files there
       result = {**self.score(config, workdir, output_dir), 'eval': config.eval.to_dict()}
+      if 'data' in config:  # what was scored: eval.py may be given other data
+        result['data'] = config.data.to_dict()
       if mesh_lib.is_writer():
         (output_dir / 'eval_results.json').write_text(json.dumps(result, indent=2))
     except OSError as error:

@@ -10,7 +10,7 @@ from pathlib import Path
 import ml_collections
 
 from relpos.config.model_fields import EVALUATION_FREE_FIELDS
-from relpos.config.recorded import CONFIG_FILE, model_changes_from_recorded, read_recorded
+from relpos.config.recorded import CONFIG_FILE, read_recorded, section_changes_from_recorded
 
 
 def not_a_workdir(workdir, flag: str | None = '--workdir') -> FileNotFoundError:
@@ -78,6 +78,12 @@ def check_task(
   return recorded
 
 
+def data_changes(workdir, config: ml_collections.ConfigDict) -> list[str]:
+  """The config.data fields that differ from the run's in `workdir` (each 'data.<field>:
+  trained <old>, given <new>'): an evaluation may score other data, but should say so."""
+  return section_changes_from_recorded(config, workdir, 'data')
+
+
 def check_model(workdir, config: ml_collections.ConfigDict) -> None:
   """Checks that `config` builds the model the run in `workdir` trained (its config.json; a
   workdir without one, of an older run, is not checked): a checkpoint restored into another
@@ -88,7 +94,7 @@ def check_model(workdir, config: ml_collections.ConfigDict) -> None:
   Raises:
     ValueError: naming each field that differs, with both values.
   """
-  changes = model_changes_from_recorded(config, workdir, free=EVALUATION_FREE_FIELDS)
+  changes = section_changes_from_recorded(config, workdir, 'model', EVALUATION_FREE_FIELDS)
   if changes:
     raise ValueError(
       f'--workdir={workdir} holds a run of another model than the config builds '
