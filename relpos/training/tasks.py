@@ -209,6 +209,21 @@ def quiet_logging() -> None:
     logging.set_verbosity(logging.WARNING)
 
 
+def run_main(main) -> None:
+  """`app.run(main)` for relpos's other commands (benchmarks, tools, studies), with the
+  launchers' manners: flags parsed by `parse_flags` (a config file, field or value that is wrong
+  is one line) and a `USER_ERRORS` exception from `main` one `error:` line with exit status 1,
+  not a traceback."""
+
+  def guarded(argv):
+    try:
+      return main(argv)
+    except USER_ERRORS as error:
+      sys.exit(f'error: {error}')
+
+  app.run(guarded, flags_parser=parse_flags)
+
+
 def launch(action: str):
   """Parses --config and --workdir, runs the config's task `action`, prints the result.
 
