@@ -893,3 +893,24 @@ def test_pretuning_traces_the_evaluation_at_its_shapes_as_forward_passes():
     (8, False, False),
     (8, True, False),
   ]
+
+
+@pytest.mark.parametrize(
+  ('args', 'message'),
+  [
+    (['--config=configs/translate_tiny.py', '--lengths=abc'], '--lengths=abc: give positive'),
+    (['--config=configs/translate_tiny.py', '--lengths=0'], '--lengths=0: give positive'),
+    (['--config=configs/char_tiny.py', '--config.model.position=bogus'], 'config.model.position'),
+    (['--config=configs/char_tiny.py', '--config.train.batch_size=3'], 'a multiple of 2'),
+    (['--config=configs/attention_benchmark.py'], 'config.task=None'),
+    (['--config=configs/char_tiny.py', '--config.model.postion=xl'], 'no field model.postion'),
+    (['--config=configs/char_tiny.py', 'extra'], "unexpected arguments ['extra']"),
+  ],
+)
+def test_pretune_command_line_errors_are_one_line(commands, args, message):
+  """`python -m relpos.tools.pretune` with a bad flag, config or argument: one error line,
+  exit 1, before anything is traced (`tasks.run_main`)."""
+  result = commands.run(['-m', 'relpos.tools.pretune', *args])
+  said = [line for line in result.stderr.splitlines() if not line.startswith('relpos: CPU')]
+  assert result.returncode == 1 and len(said) == 1, result.stderr
+  assert said[0].startswith('error: ') and message in said[0], result.stderr

@@ -20,7 +20,7 @@ too (Pallas interpreted: a check of the command). Config overrides as train.py t
 
 import os
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from relpos import runtime
@@ -126,18 +126,36 @@ def define_flags() -> None:
   flags.mark_flags_as_required(['config'])
 
 
+def parse_lengths(texts: list[str]) -> list[int]:
+  """The padded lengths of --lengths: positive integers; ValueError naming the flag."""
+  try:
+    lengths = [int(text) for text in texts]
+  except ValueError:
+    lengths = []
+  if not lengths or min(lengths) < 1:
+    raise ValueError(
+      f'--lengths={",".join(texts)}: give positive integers, comma-separated (padded sentence '
+      'lengths of the translation batches to tune)'
+    )
+  return lengths
+
+
 def main(argv) -> None:
-  del argv
+  if len(argv) > 1:
+    raise ValueError(f'unexpected arguments {argv[1:]}: every option is a flag, --name=value')
   import jax
 
   from relpos.attention import autotune
+  from relpos.training import tasks
+  from relpos.training.mesh import data_mesh
 
   options = flags.FLAGS
+  tasks.get(options.config).check_config(options.config, data_mesh())
   if os.environ.get('JAX_COMPILATION_CACHE_DIR'):
     jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
   current = autotune.tuner()
   current.path, current.force = autotune.default_cache_path(), options.force
-  lengths = [int(n) for n in options.lengths]
+  lengths = parse_lengths(options.lengths) if options.config.task == 'translate' else []
   trace_train_step(options.config, lengths)
   trace_eval_step(options.config, lengths)
   print(f'device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}')
@@ -151,4 +169,6 @@ def main(argv) -> None:
 if __name__ == '__main__':
   runtime.apply_defaults()
   define_flags()
-  app.run(main)
+  from relpos.training.tasks import run_main  # after the defaults: it imports jax
+
+  run_main(main)
