@@ -56,12 +56,20 @@ def test_command_line(tmp_path):
   assert done.returncode == 0 and out.exists(), done.stderr
 
 
+def _bad_config(workdir: Path) -> Path:
+  (workdir / 'config.json').write_text('{task: char_lm')  # damaged by hand
+  return workdir
+
+
 @pytest.mark.parametrize(
   ('make', 'message'),
   [
     (lambda root: root / 'absent', 'is not a directory'),
     (lambda root: root.joinpath('empty').mkdir() or root / 'empty', 'has not logged a step'),
     (lambda root: _run(root / 'no_scalars', [{'step': 1}]), 'holds no scalars'),
+    (lambda root: _run(root / 'no_step', [{'loss': 1.0}]), 'is not a metrics record'),
+    (lambda root: _run(root / 'a_list', [{'step': 1, 'loss': 1.0}], '[1, 2]\n'), 'not a metrics'),
+    (lambda root: _bad_config(_run(root / 'bad', [{'step': 1, 'loss': 1.0}])), 'is not valid JSON'),
   ],
 )
 def test_missing_or_unstarted_workdirs_are_one_line(tmp_path, make, message):

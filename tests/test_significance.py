@@ -93,6 +93,11 @@ def test_seed_table_errors_name_the_file_or_flag(tmp_path):
   other.write_text('value,n,mean,std,p_value\na,3,1.0,0.1,\n')
   with pytest.raises(ValueError, match='summary.csv: not a sweep_seeds.csv'):
     significance.seed_table(other, 'a')
+  for line in ('b,0,abc', 'b,0'):  # a metric that is no number, a row cut short
+    bad = tmp_path / 'bad.csv'
+    bad.write_text(f'value,seed,bleu\na,0,1.0\n{line}\n')
+    with pytest.raises(ValueError, match=r'bad.csv line 3: seed .* are not an integer and a'):
+      significance.seed_table(bad, 'a')
 
 
 def test_command_line(tmp_path):
@@ -104,7 +109,7 @@ def test_command_line(tmp_path):
 
   result = run(str(seeds), '--baseline=a')
   assert result.returncode == 0, result.stderr
-  assert '| b | 1 | 2.000 | 0.000 | – |' in result.stdout
+  assert '| b | 1 | 2.000 | – | – |' in result.stdout  # one seed: no std, no test
   for args, named in [((str(tmp_path / 'nope.csv'),), 'nope.csv'), ((), '0 arguments')]:
     failed = run(*args, '--baseline=a')
     assert failed.returncode == 1 and 'Traceback' not in failed.stderr

@@ -41,8 +41,20 @@ def with_added(recorded: dict, current: dict | None = None) -> dict:
 
 
 def read_recorded(path: Path, current: dict | None = None) -> dict:
-  """The config recorded at path, `with_added` fields."""
-  return with_added(json.loads(path.read_text()), current)
+  """The config recorded at path, `with_added` fields.
+
+  Raises:
+    ValueError: the file is not a JSON object (damaged or edited by hand), naming it.
+  """
+  try:
+    recorded = json.loads(path.read_text())
+  except json.JSONDecodeError as error:
+    raise ValueError(
+      f'{path} is not valid JSON ({error}): restore it from config.*.json or a copy'
+    ) from None
+  if not isinstance(recorded, dict):
+    raise ValueError(f'{path} holds no config (a JSON object): restore it from a copy')
+  return with_added(recorded, current)
 
 
 def config_changes(

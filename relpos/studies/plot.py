@@ -41,6 +41,10 @@ def read_curves(workdir) -> dict[str, dict[int, float]]:
       record = json.loads(line)
     except json.JSONDecodeError:
       continue  # a line cut by a kill
+    if not isinstance(record, dict) or not isinstance(record.get('step'), int):
+      raise ValueError(
+        f'{path}: {line[:80]!r} is not a metrics record (an object with an integer "step")'
+      )
     for name, value in record.items():
       if name not in _SKIPPED and isinstance(value, int | float) and math.isfinite(value):
         curves.setdefault(name, {})[int(record['step'])] = float(value)

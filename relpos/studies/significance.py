@@ -125,8 +125,14 @@ def seed_table(seeds_csv, baseline: str) -> str:
   if metric is None or not rows or list(rows[0])[:2] != ['value', 'seed']:
     raise ValueError(f'{seeds_csv}: not a sweep_seeds.csv (columns value, seed, metric, ...)')
   scores = {}
-  for row in rows:
-    scores.setdefault(row['value'], {})[int(row['seed'])] = float(row[metric])
+  for number, row in enumerate(rows, start=2):  # line 1 is the header
+    try:
+      scores.setdefault(row['value'], {})[int(row['seed'])] = float(row[metric])
+    except (TypeError, ValueError):
+      raise ValueError(
+        f'{seeds_csv} line {number}: seed {row["seed"]!r} and {metric} {row[metric]!r} are not '
+        'an integer and a number'
+      ) from None
   if baseline not in scores:
     raise ValueError(f'--baseline={baseline} is not a value of {seeds_csv}: {list(scores)}')
   lines = [
@@ -139,7 +145,8 @@ def seed_table(seeds_csv, baseline: str) -> str:
   for value, per_seed in scores.items():
     mean, std = mean_and_std(per_seed.values())
     p_cell = '(baseline)' if value == baseline else p_text(seed_p_value(scores[baseline], per_seed))
-    lines.append(f'| {value} | {len(per_seed)} | {mean:.3f} | {std:.3f} | {p_cell} |')
+    std_cell = f'{std:.3f}' if len(per_seed) > 1 else '–'  # no spread from one seed
+    lines.append(f'| {value} | {len(per_seed)} | {mean:.3f} | {std_cell} | {p_cell} |')
   return '\n'.join(lines) + '\n'
 
 
