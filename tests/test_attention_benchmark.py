@@ -154,12 +154,12 @@ def test_jax_flash_ceilings_run_or_are_left_out_with_their_reason(capsys):
     ({'distances': (-4,)}, 'config.distances: each entry must be >= 0, got -4'),
     ({'dtype': 'bogus'}, "config.dtype must be one of ('float32', 'bfloat16', 'float16')"),
     ({'kernels': ('bogus',)}, "config.kernels: unknown ['bogus']; choose from vanilla"),
-    ({'profile': ('xl_pallas',)}, "config.profile: ['xl_pallas'] are not in config.kernels"),
+    ({'profile': ('xl_palas',)}, "config.profile: unknown ['xl_palas']; choose from vanilla"),
   ],
 )
 def test_a_config_it_cannot_run_is_refused_naming_the_field(overrides, message):
   bench.check_config(_config('quick'))  # the presets pass
-  bench.check_config(_config('gpu'))
+  bench.check_config(_config('gpu', kernels=('vanilla', 'shaw_pallas@128x64')))  # gpu_figures.sh
   with pytest.raises(ValueError, match=re.escape(message)):
     bench.check_config(_config('quick', **overrides))
 
@@ -174,6 +174,7 @@ QUICK = '--config=configs/attention_benchmark.py:quick'
     ([QUICK, '--config.rounds=0'], 'config.rounds must be >= 1, got 0'),
     ([QUICK, '--config.dtype=bogus'], 'config.dtype must be one of'),
     ([QUICK, '--config.roundz=1'], '--config.roundz: the config has no field roundz'),
+    (['--config=configs/nope.py'], '--config=configs/nope.py: configs/nope.py does not exist'),
   ],
 )
 def test_the_command_refuses_a_bad_config_in_one_line(commands, args, message):
