@@ -63,12 +63,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import step_profile
-from absl import app
 from ml_collections import config_flags
 from timing import interleaved_median_seconds
 
 from relpos import attention, runtime
 from relpos.attention.shaw import xla_form
+from relpos.config import checks
 from relpos.flops import device_peak
 from relpos.studies.figures import pyplot as plt
 from relpos.studies.figures import save as save_figure
@@ -297,16 +297,58 @@ def peak_tflops(config, device_kind: str) -> float:
   return 0.0 if peak is None else peak.tflops
 
 
-def kernel_names(config, platform: str) -> list:
-  """config.kernels, checked, with vanilla first; GPU-only kernels dropped (and said) off
-  NVIDIA GPUs."""
-  names = list(config.kernels)
+# The rules of configs/attention_benchmark.py's fields (`relpos.config.checks`), and of its
+# lists, which must not be empty (no row, or no Shaw kernel's row, would be timed).
+RULES = {
+  'heads': checks.integer(1),
+  'head_dim': checks.integer(1),
+  'tokens': checks.integer(1),
+  'rounds': checks.integer(1),
+  'repeats': checks.integer(1),
+  'compile_threads': checks.integer(0),
+  'dtype': checks.one_of('float32', 'bfloat16', 'float16'),
+  'peak_tflops': checks.number(0.0),
+  'plot': checks.TEXT,
+  'kernels': checks.Rule(tuple),
+  'profile': checks.Rule(tuple),
+}
+LISTS = {'lengths': checks.integer(1), 'distances': checks.integer(0)}
+
+
+def check_config(config) -> None:
+  """Raises ValueError naming the field for a config this benchmark cannot run, before
+  anything is built: another kind of config (--config), a value out of range, an empty list,
+  an unknown kernel (to time or to profile)."""
+  missing = [field for field in (*RULES, *LISTS) if field not in config]
+  if missing:
+    raise ValueError(
+      f'--config: config.{missing[0]} is missing: this benchmark reads a config of '
+      'configs/attention_benchmark.py (heads, lengths, kernels, ...)'
+    )
+  checks.check(config, RULES)
+  checks.check_sequences(config, LISTS)
+  # A profiled kernel need not be timed (a preset's profile outlives a narrower kernels
+  # override: it is skipped), but must be a kernel: a misspelt name would be skipped too.
+  for field in ('kernels', 'profile'):
+    check_kernel_names(config[field], field)
+
+
+def check_kernel_names(names, field: str) -> None:
+  """Raises ValueError naming config.<field> for a name that is not a kernel (`KERNELS`, with
+  tiles where `split_tiles` takes them)."""
   try:
     unknown = sorted(name for name in names if split_tiles(name)[0] not in KERNELS)
   except ValueError as error:
-    raise SystemExit(f'config.kernels: {error}') from None
+    raise ValueError(f'config.{field}: {error}') from None
   if unknown:
-    raise SystemExit(f'config.kernels: unknown {unknown}; choose from {", ".join(KERNELS)}')
+    raise ValueError(f'config.{field}: unknown {unknown}; choose from {", ".join(KERNELS)}')
+
+
+def kernel_names(config, platform: str) -> list:
+  """config.kernels, checked (ValueError naming an unknown one), with vanilla first; GPU-only
+  kernels dropped (and said) off NVIDIA GPUs."""
+  names = list(config.kernels)
+  check_kernel_names(names, 'kernels')
   for name in GPU_ONLY:
     if name in names and platform != 'gpu':
       print(f'{name}: skipped, it needs an NVIDIA GPU (this is {platform})')
@@ -357,6 +399,7 @@ def define_config_flag():
 
 
 def main(config):
+  check_config(config)
   device = jax.devices()[0]
   names = kernel_names(config, device.platform)
   dtype = jnp.dtype(config.dtype)
@@ -437,4 +480,6 @@ def main(config):
 if __name__ == '__main__':
   runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
   config_flag = define_config_flag()
-  app.run(lambda argv: main(config_flag.value))
+  from relpos.training import tasks  # after apply_defaults, as train.py imports it
+
+  tasks.run_main(lambda argv: main(config_flag.value))

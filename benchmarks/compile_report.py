@@ -2,10 +2,13 @@
 
     python benchmarks/compile_report.py
     python benchmarks/compile_report.py --configs=enwik8_base --variants=loop,scan+full
+    python benchmarks/compile_report.py --configs=char_tiny:shaw   # a preset of a config
 
-For every config (configs/<name>.py) and variant (`config.model.scan_layers`, `config.model
-.remat`), lowers and compiles the jitted train step (forward, backward, Adam update) of the
-config's own global batch on one device, from abstract arrays: nothing is allocated or run.
+For every config (configs/<name>.py, or <name>:<preset>) and variant (`config.model
+.scan_layers`, `config.model.remat`), lowers and compiles the jitted train step (forward,
+backward, Adam update) of the config's own global batch on one device, from abstract arrays:
+nothing is allocated or run. Every entry is loaded and checked (the task's `check_config`)
+before the table starts.
 Reports the compile time and XLA's `memory_analysis()`: argument bytes (parameters, Adam's
 moments, the batch, the char LM's memory), temporary bytes (activations kept for the backward
 pass and scratch) and output bytes. Translation batches are those of the longest length
@@ -26,13 +29,16 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from relpos import runtime
 from relpos.config import load_config_file
 from relpos.training import char_lm_task as char_lm
 from relpos.training import mesh as mesh_lib
+from relpos.training import tasks
 from relpos.training import translation_task as translate
+
+CONFIGS_DIR = Path(__file__).resolve().parent.parent / 'configs'
 
 
 def define_flags():
@@ -44,6 +50,9 @@ def define_flags():
     'variants', 'loop,loop+full,scan,scan+full', 'loop|scan, optionally +<remat policy>.'
   )
   flags.DEFINE_float('device_gib', 80.0, 'Accelerator memory for the estimate.')
+  for name in ('configs', 'variants'):
+    flags.register_validator(name, bool, message='must name at least one')
+  flags.register_validator('device_gib', lambda gib: gib > 0, message='must be > 0')
 
 
 TABLE_HEADER = (
@@ -60,6 +69,43 @@ def variant_config(config, variant: str) -> ml_collections.ConfigDict:
   copy = ml_collections.ConfigDict(config.to_dict())
   copy.model.update(scan_layers=layout == 'scan', remat=remat or 'none')
   return copy
+
+
+def load(name: str) -> ml_collections.ConfigDict:
+  """The config --configs names: configs/<name>.py, or <name>:<preset> for a preset of it;
+  ValueError naming the entry for a file that is not there or not a training config."""
+  file, _, preset = name.partition(':')
+  path = CONFIGS_DIR / f'{file}.py'
+  if not path.is_file():
+    raise ValueError(f'--configs={name}: no config file {path}')
+  try:
+    config = load_config_file(path, preset or None)
+  except ValueError as error:
+    raise ValueError(f'--configs={name}: {error}') from None
+  if config.get('task') not in ('char_lm', 'translate'):
+    raise ValueError(
+      f'--configs={name}: not a training config (config.task {config.get("task")!r}); '
+      'this report compiles the train step of char_lm and translate configs'
+    )
+  return config
+
+
+def planned_rows(names, variants) -> list[tuple[str, str, ml_collections.ConfigDict]]:
+  """(name, variant, config) of every row, each config loaded and checked as train.py checks
+  it (the task's `check_config`, on one device) before any row is compiled or printed, so a
+  bad entry is one line, not a table cut short."""
+  mesh = mesh_lib.data_mesh(jax.devices()[:1])
+  rows = []
+  for name in names:
+    base = load(name)
+    for variant in variants:
+      config = variant_config(base, variant)
+      try:
+        tasks.get(config).check_config(config, mesh)
+      except ValueError as error:
+        raise ValueError(f'--configs={name} --variants={variant}: {error}') from None
+      rows.append((name, variant, config))
+  return rows
 
 
 def _abstract(tree):
@@ -124,25 +170,24 @@ def devices_needed(arguments: int, temporaries: int, device_bytes: float) -> str
 
 def main(argv):
   del argv
+  tasks.quiet_logging()  # as train.py: absl's INFO lines (JAX's backends) would bury the error
   args, gib = flags.FLAGS, 2.0**30
-  configs_dir = Path(__file__).resolve().parent.parent / 'configs'
+  rows = planned_rows(args.configs, args.variants)
   print(TABLE_HEADER.format(gib=args.device_gib))
   print('|---|---|---|---|---|---|---|---|')
-  for name in args.configs:
-    base = load_config_file(configs_dir / f'{name}.py')
-    for variant in args.variants:
-      row = measure(variant_config(base, variant))
-      needed = devices_needed(row['arguments'], row['temporaries'], args.device_gib * gib)
-      sizes = (row['arguments'], row['temporaries'], row['output'])
-      print(
-        f'| {name} | {variant} | {row["batch"]} | {row["compile_s"]:.1f} | '
-        + ' | '.join(f'{np.float64(size) / gib:.2f}' for size in sizes)
-        + f' | {needed} |',
-        flush=True,
-      )
+  for name, variant, config in rows:
+    row = measure(config)
+    needed = devices_needed(row['arguments'], row['temporaries'], args.device_gib * gib)
+    sizes = (row['arguments'], row['temporaries'], row['output'])
+    print(
+      f'| {name} | {variant} | {row["batch"]} | {row["compile_s"]:.1f} | '
+      + ' | '.join(f'{np.float64(size) / gib:.2f}' for size in sizes)
+      + f' | {needed} |',
+      flush=True,
+    )
 
 
 if __name__ == '__main__':
   runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
   define_flags()
-  app.run(main)
+  tasks.run_main(main)

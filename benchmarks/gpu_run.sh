@@ -73,6 +73,28 @@
 set -uo pipefail # not -e: a part that fails must not stop the others
 cd "$(dirname "$0")/.."
 root=$PWD
+all_parts=(env native mosaic_native resume translate_bleu steps_xl steps_shaw translate_step
+  steps_bf16 steps_bf16_shaw translate_step_bf16 flags_off oom kernels xl_official mosaic
+  steps_mosaic long_context autotune)
+# The command line and the numbers are checked before anything is made (OUT, the work
+# folder): a mistake is one line and exit 2, and leaves nothing behind.
+refuse() {
+  echo "gpu_run: $*" >&2
+  exit 2
+}
+body=''
+if [[ ${1:-} == --body ]]; then # internal: part() runs each part's body so
+  [[ ${2:-} ]] || refuse "--body needs a part name (part() passes it); parts: ${all_parts[*]}"
+  body=$2 && set -- "$2"
+fi
+if (($#)); then parts=("$@"); else parts=("${all_parts[@]}"); fi
+for name in "${parts[@]}"; do
+  [[ " ${all_parts[*]} " == *" $name "* ]] || refuse "no part $name; parts: ${all_parts[*]}"
+done
+for setting in GPU_RUN_SMOKE GPU_RUN_BUDGET GPU_RUN_SLOW; do
+  [[ ${!setting:-0} =~ ^[0-9]+$ ]] ||
+    refuse "$setting=${!setting}: must be a whole number"
+done
 out=${OUT:-$root/gpu_out}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 carry=${GPU_CARRY:-$root/gpu_carry}
@@ -86,18 +108,6 @@ mkdir -p "$logs"
 md=$out/gpu_run.md
 dry=0
 [[ $(basename "$py") == echo ]] && dry=1
-all_parts=(env native mosaic_native resume translate_bleu steps_xl steps_shaw translate_step
-  steps_bf16 steps_bf16_shaw translate_step_bf16 flags_off oom kernels xl_official mosaic
-  steps_mosaic long_context autotune)
-body=''
-[[ ${1:-} == --body ]] && body=${2:?} && set -- "$2"
-if (($#)); then parts=("$@"); else parts=("${all_parts[@]}"); fi
-for name in "${parts[@]}"; do
-  [[ " ${all_parts[*]} " == *" $name "* ]] || {
-    echo "gpu_run: no part $name; parts: ${all_parts[*]}" >&2
-    exit 2
-  }
-done
 wanted() { [[ " ${parts[*]} " == *" $1 "* ]]; }
 # Commands other than python: run for real, except in the dry run, where they are printed.
 x=()

@@ -38,7 +38,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 
 from relpos import flops as flops_lib
 from relpos import runtime
@@ -364,7 +364,8 @@ def mosaic_report(length, memory, head_dim, distances, *, batch, heads, gpu='H10
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise ValueError(f'unexpected arguments {argv[1:]}: every option is a flag, --name=value')
   f = flags.FLAGS
   lines = report(
     f.length,
@@ -379,17 +380,40 @@ def main(argv):
   print('\n'.join(lines))
 
 
+def _check_length(n: int) -> bool:
+  """Whether the kernels lower at length n: the Triton lowering takes power-of-two tiles (each
+  kernel's default, or n below it), and JAX's flash forward 128-row tiles above 128."""
+  if n & (n - 1) and n % FLASH_BLOCKS['forward'][0]:
+    raise flags.ValidationError('must be a power of two or a multiple of 128 (the tiles)')
+  return True
+
+
+def _check_distances(distances: list[str]) -> bool:
+  """Whether --distances is a non-empty list of whole numbers >= 1 (k = 0 would read as "no
+  band" in `kernel_costs`; no k would leave Shaw out of the table)."""
+  if not distances:
+    raise flags.ValidationError("must name Shaw's clipping distances, e.g. --distances=16,64")
+  for k in distances:
+    if not k.isdigit() or int(k) < 1:
+      raise flags.ValidationError(f'{k!r} is not a whole number >= 1')
+  return True
+
+
 def define_flags():
-  flags.DEFINE_integer('length', 2048, 'Query and key length n.')
-  flags.DEFINE_integer('head_dim', 64, 'Head dimension.')
-  flags.DEFINE_integer('batch', 16, 'Batch size.')
-  flags.DEFINE_integer('heads', 8, 'Heads.')
+  flags.DEFINE_integer('length', 2048, 'Query and key length n.', lower_bound=1)
+  flags.DEFINE_integer('head_dim', 64, 'Head dimension.', lower_bound=1)
+  flags.DEFINE_integer('batch', 16, 'Batch size.', lower_bound=1)
+  flags.DEFINE_integer('heads', 8, 'Heads.', lower_bound=1)
   flags.DEFINE_list('distances', '16,64', "Shaw's clipping distances k.")
-  flags.DEFINE_string('dtype', 'bfloat16', 'Input dtype.')
+  flags.DEFINE_enum('dtype', 'bfloat16', ['bfloat16', 'float16', 'float32'], 'Input dtype.')
+  flags.register_validator('length', _check_length)
+  flags.register_validator('distances', _check_distances)
 
 
 if __name__ == '__main__':
   sys.setrecursionlimit(10_000)
   runtime.apply_defaults()
   define_flags()
-  app.run(main)
+  from relpos.training import tasks  # after apply_defaults, as train.py imports it
+
+  tasks.run_main(main)

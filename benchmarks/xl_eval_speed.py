@@ -23,13 +23,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app
 from flax import nnx
 from ml_collections import config_flags
 from timing import interleaved_median_seconds
 
 from relpos import runtime
 from relpos.attention import autotune
+from relpos.config import checks
 from relpos.config.char_lm_defaults import char_lm_config
 from relpos.models.transformer_xl import TransformerXL, TransformerXLConfig, nats_per_token
 
@@ -56,6 +56,40 @@ def model_config(config, *, position: str) -> TransformerXLConfig:
     position=position,
   )
   return TransformerXLConfig.from_section(model, vocab_size=config.vocab_size)
+
+
+# The rules of configs/xl_eval_speed.py's fields (`relpos.config.checks`); config.lengths must
+# be a non-empty list (no length, no row).
+RULES = {
+  'vocab_size': checks.integer(1),
+  'num_layers': checks.integer(1),
+  'd_model': checks.integer(1),
+  'num_heads': checks.integer(1),
+  'head_dim': checks.integer(1),
+  'd_ff': checks.integer(1),
+  'dtype': checks.one_of('float32', 'bfloat16'),
+  'batch': checks.integer(1),
+  'tokens_per_row': checks.integer(1),
+  'rounds': checks.integer(1),
+  'seed': checks.integer(),
+}
+LISTS = {'lengths': checks.integer(1)}
+
+
+def check_config(config) -> None:
+  """Raises ValueError naming the field for a config this benchmark cannot run, before any
+  model is built: another kind of config (--config), a value out of range, no lengths; then
+  the two models' own checks (`TransformerXLConfig`)."""
+  missing = [field for field in (*RULES, *LISTS) if field not in config]
+  if missing:
+    raise ValueError(
+      f'--config: config.{missing[0]} is missing: this benchmark reads a config of '
+      'configs/xl_eval_speed.py (num_layers, lengths, batch, ...)'
+    )
+  checks.check(config, RULES)
+  checks.check_sequences(config, LISTS)
+  for position in ('xl', 'absolute'):
+    model_config(config, position=position)
 
 
 def parameter_count(model) -> int:
@@ -172,10 +206,13 @@ def table_lines(config):
 
 def main(argv):
   del argv
+  check_config(_CONFIG.value)
   for line in table_lines(_CONFIG.value):
     print(line, flush=True)
 
 
 if __name__ == '__main__':
   runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
-  app.run(main)
+  from relpos.training import tasks  # after apply_defaults, as train.py imports it
+
+  tasks.run_main(main)

@@ -378,3 +378,14 @@ def run_sweep_main(monkeypatch, *args: str):
   argv = ['sweep.py', *args]
   monkeypatch.setattr(sys, 'argv', argv)  # main reads --config's text and overrides there
   return call_absl_main(sweep.define_flags, sweep.main, argv, tasks.parse_flags)
+
+
+def one_error_line(result) -> str:
+  """The one `error: ...` line a refused command (a subprocess.CompletedProcess) printed, after
+  asserting that it exited 1 without a traceback and said nothing else on stderr (but relpos's
+  note on its CPU defaults)."""
+  assert result.returncode == 1, result.stderr
+  assert 'Traceback' not in result.stderr, result.stderr
+  said = [line for line in result.stderr.splitlines() if not line.startswith('relpos: CPU')]
+  assert len(said) == 1 and said[0].startswith('error: '), result.stderr
+  return said[0]

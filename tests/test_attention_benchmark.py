@@ -2,11 +2,12 @@
 interpreted) and the Pallas ones agree with XLA, the kernel list is checked, and the FLOP
 count and peak lookup are what the docstring says."""
 
+import re
 import warnings
 
 import jax.numpy as jnp
 import pytest
-from helpers import REPO, load_config, load_module
+from helpers import REPO, load_config, load_module, one_error_line
 
 with warnings.catch_warnings():
   warnings.simplefilter('ignore', DeprecationWarning)
@@ -62,7 +63,7 @@ def test_relative_error_is_the_largest_difference_over_the_largest_reference():
 
 def test_kernel_names_put_vanilla_first_and_refuse_unknown_ones():
   assert bench.kernel_names(_config('full', kernels=('xl', 'vanilla')), 'cpu') == ['vanilla', 'xl']
-  with pytest.raises(SystemExit, match=r"unknown \['flash'\]"):
+  with pytest.raises(ValueError, match=r"unknown \['flash'\]"):
     bench.kernel_names(_config('full', kernels=('vanilla', 'flash')), 'cpu')
 
 
@@ -70,7 +71,7 @@ def test_kernel_names_take_tiles():
   assert bench.split_tiles('shaw_pallas@128x64') == ('shaw_pallas', (128, 64))
   assert bench.split_tiles('xl') == ('xl', None)
   for bad, message in (('xl@64', 'tiles must be QxK'), ('vanilla@64x64', 'only shaw_pallas')):
-    with pytest.raises(SystemExit, match=message):
+    with pytest.raises(ValueError, match=message):
       bench.kernel_names(_config('full', kernels=(bad,)), 'cpu')
 
 
@@ -141,3 +142,41 @@ def test_jax_flash_ceilings_run_or_are_left_out_with_their_reason(capsys):
   assert set(seconds) == {(name, mode) for name in names for mode in ('fwd', 'fwd+bwd')}
   assert set(errors) == {('flash_pallas', 'fwd'), ('flash_pallas', 'fwd+bwd')}
   assert all(e < 1e-4 for e in errors.values()), errors
+
+
+@pytest.mark.parametrize(
+  'overrides, message',
+  [
+    ({'rounds': 0}, 'config.rounds must be >= 1, got 0'),
+    ({'lengths': ()}, 'config.lengths must be a non-empty list, got ()'),
+    ({'lengths': (0,)}, 'config.lengths: each entry must be >= 1, got 0'),
+    ({'distances': ()}, 'config.distances must be a non-empty list'),
+    ({'distances': (-4,)}, 'config.distances: each entry must be >= 0, got -4'),
+    ({'dtype': 'bogus'}, "config.dtype must be one of ('float32', 'bfloat16', 'float16')"),
+    ({'kernels': ('bogus',)}, "config.kernels: unknown ['bogus']; choose from vanilla"),
+    ({'profile': ('xl_palas',)}, "config.profile: unknown ['xl_palas']; choose from vanilla"),
+  ],
+)
+def test_a_config_it_cannot_run_is_refused_naming_the_field(overrides, message):
+  bench.check_config(_config('quick'))  # the presets pass
+  bench.check_config(_config('gpu', kernels=('vanilla', 'shaw_pallas@128x64')))  # gpu_figures.sh
+  with pytest.raises(ValueError, match=re.escape(message)):
+    bench.check_config(_config('quick', **overrides))
+
+
+QUICK = '--config=configs/attention_benchmark.py:quick'
+
+
+@pytest.mark.parametrize(
+  'args, message',
+  [
+    (['--config=configs/char_tiny.py'], '--config: config.heads is missing: this benchmark reads'),
+    ([QUICK, '--config.rounds=0'], 'config.rounds must be >= 1, got 0'),
+    ([QUICK, '--config.dtype=bogus'], 'config.dtype must be one of'),
+    ([QUICK, '--config.roundz=1'], '--config.roundz: the config has no field roundz'),
+    (['--config=configs/nope.py'], '--config=configs/nope.py: configs/nope.py does not exist'),
+  ],
+)
+def test_the_command_refuses_a_bad_config_in_one_line(commands, args, message):
+  result = commands.run(['benchmarks/attention.py', *args], timeout=120)
+  assert message in one_error_line(result)

@@ -5,7 +5,7 @@ import types
 
 import numpy as np
 import pytest
-from helpers import load_config
+from helpers import load_config, one_error_line
 
 from relpos.config import checks, fields
 from relpos.training import char_lm_task as char_lm
@@ -173,15 +173,7 @@ FLAG_ERRORS = [
 @pytest.mark.parametrize('config, flags, message', FLAG_ERRORS)
 def test_the_launcher_prints_one_line_and_exits_1(commands, tmp_path, config, flags, message):
   result = commands.run(['eval.py', f'--config={config}', *flags, f'--workdir={tmp_path}'])
-  assert message in _one_error_line(result), result.stderr
-
-
-def _one_error_line(result) -> str:
-  assert result.returncode == 1, result.stderr
-  assert 'Traceback' not in result.stderr, result.stderr
-  said = [line for line in result.stderr.splitlines() if not line.startswith('relpos: CPU')]
-  assert len(said) == 1 and said[0].startswith('error: '), result.stderr
-  return said[0]
+  assert message in one_error_line(result), result.stderr
 
 
 # Config files that do not load: one line naming the file and what is wrong with it.
@@ -197,7 +189,7 @@ def test_a_config_file_that_does_not_load_is_one_line(commands, tmp_path, text, 
   path = tmp_path / 'my_config.py'
   path.write_text(text)
   result = commands.run(['eval.py', '--config', str(path), f'--workdir={tmp_path}'])
-  line = _one_error_line(result)
+  line = one_error_line(result)
   assert f'--config={path}: {path}' in line and message in line, line
 
 

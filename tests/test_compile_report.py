@@ -5,7 +5,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from helpers import TINY_CHAR_LM, load_config, load_module
+from helpers import TINY_CHAR_LM, load_config, load_module, one_error_line
 
 # Memory and compile reports are of XLA's optimised programs.
 pytestmark = pytest.mark.xla_optimizations
@@ -48,3 +48,32 @@ def test_devices_needed_and_variant_names():
   assert (config.model.scan_layers, config.model.remat) == (True, 'dots')
   with pytest.raises(ValueError, match="'unrolled' must start with loop or scan"):
     bench.variant_config(load_config('char_tiny'), 'unrolled')
+
+
+def test_every_default_row_and_a_preset_pass_the_checks():
+  names = ['enwik8_base', 'enwik8_large', 'wmt_base', 'wmt_big', 'char_tiny:shaw']
+  rows = bench.planned_rows(names, ['loop', 'scan+full'])
+  assert [(name, variant) for name, variant, _ in rows][-2:] == [
+    ('char_tiny:shaw', 'loop'),
+    ('char_tiny:shaw', 'scan+full'),
+  ]
+  assert rows[-1][2].model.position == 'shaw' and rows[-1][2].model.remat == 'full'
+
+
+@pytest.mark.parametrize(
+  'args, message',
+  [
+    (['--configs=nope'], 'error: --configs=nope: no config file '),
+    (['--configs=char_tiny:bogus'], "--configs=char_tiny:bogus: unknown char_tiny preset 'bogus'"),
+    (['--configs=attention_benchmark'], '--configs=attention_benchmark: not a training config'),
+    (['--variants=bogus'], "--variants: 'bogus' must start with loop or scan"),
+    (['--variants=loop+bogus'], '--variants=loop+bogus: config.model.remat must be one of'),
+    (['--variants='], 'flag --variants=[]: must name at least one'),
+    (['--configs='], 'flag --configs=[]: must name at least one'),
+    (['--device_gib=-1'], 'flag --device_gib=-1.0: must be > 0'),
+  ],
+)
+def test_a_bad_flag_is_one_error_line_before_the_table(commands, args, message):
+  result = commands.run(['benchmarks/compile_report.py', '--configs=char_tiny', *args])
+  assert message in one_error_line(result)
+  assert result.stdout == ''  # not even the table's header

@@ -26,7 +26,7 @@ needs_bash = pytest.mark.skipif(
 )
 
 
-def dry_run(tmp_path, *parts, budget=480):
+def dry_run(tmp_path, *parts, budget=480, **settings):
   environ = {
     'PATH': '/usr/bin:/bin',
     'PYTHON': 'echo',
@@ -34,6 +34,7 @@ def dry_run(tmp_path, *parts, budget=480):
     'GPU_RUN_WORK': str(tmp_path / 'work'),
     'GPU_CARRY': str(tmp_path / 'carry'),
     'GPU_RUN_BUDGET': str(budget),
+    **settings,
   }
   result = subprocess.run(
     ['bash', str(SCRIPT), *parts], env=environ, capture_output=True, text=True, timeout=60
@@ -96,6 +97,24 @@ def test_budget_skips_parts_and_unknown_parts_stop(tmp_path):
   assert '| env |' not in log
   result, _ = dry_run(tmp_path / 'again', 'nonsense')
   assert result.returncode == 2 and 'no part nonsense' in result.stderr
+
+
+@needs_bash
+@pytest.mark.parametrize(
+  'parts, settings, message',
+  [
+    (('nonsense',), {}, 'gpu_run: no part nonsense; parts: env native'),
+    (('--body',), {}, 'gpu_run: --body needs a part name'),
+    (('--body', 'nonsense'), {}, 'gpu_run: no part nonsense'),
+    (('env',), {'GPU_RUN_BUDGET': 'abc'}, 'gpu_run: GPU_RUN_BUDGET=abc: must be a whole number'),
+    (('env',), {'GPU_RUN_SLOW': '1.5'}, 'gpu_run: GPU_RUN_SLOW=1.5: must be a whole number'),
+  ],
+)
+def test_a_wrong_command_line_is_one_line_and_leaves_no_folders(tmp_path, parts, settings, message):
+  result, _ = dry_run(tmp_path, *parts, **settings)
+  assert result.returncode == 2 and result.stderr.splitlines() == [result.stderr.strip()]
+  assert result.stderr.startswith(message), result.stderr
+  assert not (tmp_path / 'out').exists() and not (tmp_path / 'work').exists()
 
 
 def _metrics(path, rows):

@@ -7,6 +7,7 @@ import itertools
 import jax.numpy as jnp
 import kernel_cost
 import pytest
+from helpers import one_error_line
 from kernel_cost import Work, causal_tile_pairs, read_ir
 
 IR = """module {
@@ -104,3 +105,22 @@ def test_mosaic_tile_matmuls_by_hand():
   lines = kernel_cost.mosaic_report(2048, 0, 64, [16], batch=16, heads=8)
   xl_row = next(line for line in lines if line.startswith('| mosaic xl |'))
   assert xl_row.split('|')[4].strip() == f'{23 / 7:.2f}'  # (4 + 19) / (2 + 5): FA2's work
+
+
+@pytest.mark.parametrize(
+  'args, message',
+  [
+    (['--length=0'], 'flag --length=0: 0 is not a positive integer'),
+    (['--length=-128'], 'flag --length=-128: -128 is not a positive integer'),
+    (['--length=100'], 'flag --length=100: must be a power of two or a multiple of 128'),
+    (['--distances=-4'], "flag --distances=['-4']: '-4' is not a whole number >= 1"),
+    (['--distances=abc'], "'abc' is not a whole number >= 1"),
+    (['--distances='], "flag --distances=[]: must name Shaw's clipping distances"),
+    (['--dtype=bogus'], 'flag --dtype=bogus: value should be one of'),
+    (['--heads=0'], 'flag --heads=0: 0 is not a positive integer'),
+    (['stray'], "unexpected arguments ['stray']: every option is a flag"),
+  ],
+)
+def test_a_bad_flag_is_one_error_line(commands, args, message):
+  result = commands.run(['benchmarks/kernel_cost.py', '--length=128', '--batch=1', *args])
+  assert message in one_error_line(result)

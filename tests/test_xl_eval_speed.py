@@ -1,5 +1,6 @@
 """benchmarks/xl_eval_speed.py at a tiny size: what each timed call computes, and the table."""
 
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -8,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import load_config, load_module
+from helpers import load_config, load_module, one_error_line
 
 from relpos.models.transformer_xl import TransformerXL, nats_per_token
 
@@ -82,3 +83,39 @@ def test_table_has_one_row_per_length_with_positive_rates():
     xl_rate, vanilla_rate, speed_up = float(xl_rate), float(vanilla_rate), float(speed_up)
     assert xl_rate > 0 and vanilla_rate > 0
     np.testing.assert_allclose(speed_up, xl_rate / vanilla_rate, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize(
+  'overrides, message',
+  [
+    ({'lengths': ()}, 'config.lengths must be a non-empty list, got ()'),
+    ({'lengths': (0,)}, 'config.lengths: each entry must be >= 1, got 0'),
+    ({'lengths': (-16,)}, 'config.lengths: each entry must be >= 1, got -16'),
+    ({'batch': 0}, 'config.batch must be >= 1, got 0'),
+    ({'rounds': 0}, 'config.rounds must be >= 1, got 0'),
+    ({'dtype': 'bogus'}, "config.dtype must be one of ('float32', 'bfloat16'), got 'bogus'"),
+  ],
+)
+def test_a_config_it_cannot_run_is_refused_naming_the_field(overrides, message):
+  bench.check_config(tiny_config())
+  config = tiny_config()
+  config.update(overrides)
+  with pytest.raises(ValueError, match=re.escape(message)):
+    bench.check_config(config)
+
+
+QUICK = '--config=configs/xl_eval_speed.py:quick'
+
+
+@pytest.mark.parametrize(
+  'args, message',
+  [
+    (['--config=configs/char_tiny.py'], '--config: config.vocab_size is missing: this benchmark'),
+    ([QUICK, '--config.lengths=()'], 'config.lengths must be a non-empty list'),
+    ([QUICK, '--config.batch=0'], 'config.batch must be >= 1, got 0'),
+    ([QUICK, '--config.lenghts=16,'], '--config.lenghts: the config has no field lenghts'),
+  ],
+)
+def test_the_command_refuses_a_bad_config_in_one_line(commands, args, message):
+  result = commands.run(['benchmarks/xl_eval_speed.py', *args], timeout=120)
+  assert message in one_error_line(result)

@@ -102,3 +102,20 @@ def check(config: Mapping, rules: Mapping[str, Rule], prefix: str = 'config') ->
     problem = rule.problem(node)
     if problem:
       raise ValueError(f'{prefix}.{path} {problem}')
+
+
+def check_sequences(config: Mapping, rules: Mapping[str, Rule], prefix: str = 'config') -> None:
+  """`check` for list fields (a benchmark's lengths, say): raises ValueError naming the first
+  field of `rules` that is missing, not a non-empty list or tuple, or has an entry that breaks
+  its rule (a table of no rows is no answer)."""
+  for path, rule in rules.items():
+    node = config
+    for name in path.split('.'):
+      if name not in node:
+        raise ValueError(f'{prefix}.{path} is missing from the config')
+      node = node[name]
+    if not isinstance(node, list | tuple) or not node:
+      raise ValueError(f'{prefix}.{path} must be a non-empty list, got {node!r}')
+    for entry in node:
+      if problem := rule.problem(entry):
+        raise ValueError(f'{prefix}.{path}: each entry {problem}')
