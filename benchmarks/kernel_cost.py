@@ -364,8 +364,7 @@ def mosaic_report(length, memory, head_dim, distances, *, batch, heads, gpu='H10
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise ValueError(f'unexpected arguments {argv[1:]}: every option is a flag, --name=value')
+  del argv  # none: `tasks.run_main` refuses positional arguments
   f = flags.FLAGS
   lines = report(
     f.length,

@@ -141,8 +141,7 @@ def parse_lengths(texts: list[str]) -> list[int]:
 
 
 def main(argv) -> None:
-  if len(argv) > 1:
-    raise ValueError(f'unexpected arguments {argv[1:]}: every option is a flag, --name=value')
+  del argv  # none: `run_main` refuses positional arguments
   import jax
 
   from relpos.attention import autotune

@@ -212,10 +212,13 @@ def quiet_logging() -> None:
 def run_main(main) -> None:
   """`app.run(main)` for relpos's other commands (benchmarks, tools, studies), with the
   launchers' manners: flags parsed by `parse_flags` (a config file, field or value that is wrong
-  is one line), absl logging at WARNING (`quiet_logging`), and a `USER_ERRORS` exception from
-  `main` one `error:` line with exit status 1, not a traceback."""
+  is one line), a stray argument one line (every option is a flag), absl logging at WARNING
+  (`quiet_logging`), and a `USER_ERRORS` exception from `main` one `error:` line with exit
+  status 1, not a traceback."""
 
   def guarded(argv):
+    if len(argv) > 1:
+      sys.exit(f'error: unexpected arguments {argv[1:]}: every option is a flag, --name=value')
     quiet_logging()
     try:
       return main(argv)
