@@ -212,10 +212,12 @@ def quiet_logging() -> None:
 def run_main(main) -> None:
   """`app.run(main)` for relpos's other commands (benchmarks, tools, studies), with the
   launchers' manners: flags parsed by `parse_flags` (a config file, field or value that is wrong
-  is one line) and a `USER_ERRORS` exception from `main` one `error:` line with exit status 1,
-  not a traceback."""
+  is one line), absl logging at WARNING (`quiet_logging`: JAX's INFO lines would come before
+  that one line) and a `USER_ERRORS` exception from `main` one `error:` line with exit status
+  1, not a traceback."""
 
   def guarded(argv):
+    quiet_logging()
     try:
       return main(argv)
     except USER_ERRORS as error:
