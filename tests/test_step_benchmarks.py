@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import timing  # benchmarks/timing.py, on pytest's pythonpath
-from helpers import REPO, TINY_CHAR_LM_FLAGS, write_pair_corpus, write_word_corpus
+from helpers import REPO, TINY_CHAR_LM_FLAGS, refusal, write_pair_corpus, write_word_corpus
 
 pytestmark = pytest.mark.usefixtures('attention_test_config')
 
@@ -277,15 +277,6 @@ def test_check_then_time_checks_times_and_leaves_out_a_failing_kernel():
   assert not [line for line in checked if ' ms, ' in line]
 
 
-def _refusal(commands, script: str, *flags: str) -> str:
-  """The one stderr line of `script` refusing `flags` (exit status 1, no traceback)."""
-  done = commands.run([str(REPO / 'benchmarks' / script), *flags])
-  lines = done.stderr.strip().splitlines()
-  assert done.returncode == 1 and len(lines) == 1, done.stderr[-3000:]
-  assert lines[0].startswith('error: '), lines
-  return lines[0]
-
-
 _CHAR = ('--config=configs/char_tiny.py', '--variants=none')
 _TRANSLATE = (
   '--config=configs/translate_tiny.py',
@@ -341,4 +332,4 @@ def test_step_benchmarks_refuse_bad_flags_and_configs_in_one_line(commands, scri
   """A bad count, list, folder, config value or config of the other task: one `error:` line
   before anything is built or read (translate_tiny's Tatoeba files need not exist), not a
   traceback, a `nan` table or a row timed with another setting than its label."""
-  assert message in _refusal(commands, script, *flags)
+  assert message in refusal(commands, REPO / 'benchmarks' / script, *flags)
