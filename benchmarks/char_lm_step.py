@@ -33,12 +33,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import step_profile
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 from timing import (
   CONVENTION_LINE,
   STEP_COLUMNS,
   build_within,
+  check_task_config,
   interleaved_median_seconds,
   peak_memory_line,
   peak_rate,
@@ -51,11 +52,14 @@ from timing import (
 from relpos import flops as flops_lib
 from relpos import runtime
 from relpos.attention import autotune
+from relpos.training import tasks
 from relpos.training.char_lm_task import build, train_step_fn
 from relpos.training.mesh import data_mesh
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A character-LM config.')
-_ROUNDS = flags.DEFINE_integer('rounds', 10, 'Interleaved timing rounds (median reported).')
+_ROUNDS = flags.DEFINE_integer(
+  'rounds', 10, 'Interleaved timing rounds (median reported).', lower_bound=1
+)
 flags.mark_flags_as_required(['config'])
 _VOCAB_SIZE = 256  # bytes
 
@@ -111,6 +115,7 @@ _SECONDS = flags.DEFINE_float(
   '(timing.build_within: the timing itself takes seconds); the rest are left out with a line '
   'naming them, and the profiles are skipped once 80% of it is spent, so that the table '
   'prints.',
+  lower_bound=0,
 )
 flags.register_validator(
   'variants',
@@ -119,13 +124,19 @@ flags.register_validator(
 )
 
 
+def variant_config(config, overrides):
+  """A copy of `config` with a variant's overrides (`_VARIANTS`)."""
+  variant = ml_collections.ConfigDict(config.to_dict())
+  variant.model.update(overrides.get('model', {}))
+  variant.train.update(overrides.get('train', {}))
+  return variant
+
+
 def step_call(config, overrides, inputs, targets, mesh):
   """A zero-argument call running one training step of the variant (state carried along), the
   model's forward FLOPs (`relpos.flops.Flops`), XLA's FLOP count of that step (or None) and a
   function giving its compiled module's text (`step_profile.compiled_text`)."""
-  variant = ml_collections.ConfigDict(config.to_dict())
-  variant.model.update(overrides.get('model', {}))
-  variant.train.update(overrides.get('train', {}))
+  variant = variant_config(config, overrides)
   _, graphdef, state = build(variant, _VOCAB_SIZE, mesh)
   train_step = train_step_fn(variant, graphdef, mesh)
   carried = {'state': state}
@@ -151,12 +162,18 @@ def step_call(config, overrides, inputs, targets, mesh):
 def main(argv):
   del argv
   config = _CONFIG.value
+  mesh = data_mesh()
+  names = list(dict.fromkeys(_NAMES.value))  # the first is the ratios' base
+  # Every variant's config passes train.py's checks before the first is built.
+  check_task_config(config, ('char_lm',), mesh)
+  for name in names:
+    check_task_config(
+      variant_config(config, _VARIANTS[name][1]), ('char_lm',), mesh, variant=f'--variants={name}'
+    )
   batch, length = config.train.batch_size, config.train.tgt_len
   tokens = np.random.default_rng(0).integers(0, _VOCAB_SIZE, (batch, length + 1))
   inputs, targets = jnp.asarray(tokens[:, :-1]), jnp.asarray(tokens[:, 1:])
-  mesh = data_mesh()
   start = time.perf_counter()
-  names = list(dict.fromkeys(_NAMES.value))  # the first is the ratios' base
   chosen = {}  # 'xl'/'shaw' -> the kernels its 'auto' variant's calls resolved to
 
   def build(name):
@@ -239,4 +256,4 @@ def main(argv):
 
 if __name__ == '__main__':
   runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
-  app.run(main)
+  tasks.run_main(main)

@@ -11,6 +11,11 @@ random [batch_size, tgt_len] batch, translation on the first `--batches` real tr
 ms per step, tokens per second and the loss after the timed steps, which should agree across
 device counts. Forced host devices share the machine's cores: on a small CPU machine this shows
 that the step runs and stays correct, not that it scales.
+
+The config is checked as train.py checks it (`timing.check_task_config`) before any worker
+starts, and again in each worker against its devices (a char-LM batch that does not split
+across one of the counts); a worker's `error:` line is the parent's. A worker that runs past
+`--worker_timeout` is killed and named: a benchmark never waits without end.
 """
 
 import json
@@ -22,22 +27,41 @@ import time
 from pathlib import Path
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
+from timing import check_task_config
 
 from relpos import runtime
 from relpos.constants import PAD_ID
 from relpos.data.translation import load_translation_data
 from relpos.training import char_lm_task as char_lm
 from relpos.training import mesh as mesh_lib
+from relpos.training import tasks
 from relpos.training import translation_task as translate
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A char_lm or translate config.')
 _COUNTS = flags.DEFINE_list('device_counts', '1,2,4', 'Numbers of forced host devices.')
-_STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps (char LM) or passes (translation).')
-_BATCHES = flags.DEFINE_integer('batches', 4, 'Translation: real training batches per pass.')
-_WORKER = flags.DEFINE_integer('worker_devices', 0, 'Internal: time on this many devices.')
+flags.register_validator(
+  'device_counts',
+  lambda counts: bool(counts) and all(count.isdigit() and int(count) >= 1 for count in counts),
+  message='--device_counts takes one or more device counts >= 1, e.g. 1,2,4',
+)
+_STEPS = flags.DEFINE_integer(
+  'steps', 10, 'Timed steps (char LM) or passes (translation).', lower_bound=1
+)
+_BATCHES = flags.DEFINE_integer(
+  'batches', 4, 'Translation: real training batches per pass.', lower_bound=1
+)
+_TIMEOUT = flags.DEFINE_float(
+  'worker_timeout', 1800.0, 'Seconds each device count may take before it is killed.', lower_bound=1
+)
+# None in the parent: the workers get a count >= 1 (a count of 0 used to mean "not a worker",
+# so --device_counts=0 started the whole benchmark again in every worker, without end).
+_WORKER = flags.DEFINE_integer(
+  'worker_devices', None, 'Internal: time on this many devices.', lower_bound=1
+)
 flags.mark_flags_as_required(['config'])
+_TASKS = ('char_lm', 'translate')
 
 
 def _median_seconds(call, steps: int) -> tuple[float, float]:
@@ -96,27 +120,50 @@ def _time_translate(config, mesh, row_multiple: int) -> dict:
 
 def _worker(config) -> dict:
   mesh = mesh_lib.data_mesh()
+  check_task_config(config, _TASKS, mesh)
   if config.task == 'char_lm':
     return _time_char_lm(config, mesh)
   return _time_translate(config, mesh, max(map(int, _COUNTS.value)))
 
 
+def _run_worker(command: list[str], env: dict, count: int) -> dict:
+  """The result line of the worker `command` timing `count` devices. Its `error:` line (a
+  config it refused) is raised as this process's own; another failure ends the run with the
+  end of its stderr; one that runs past --worker_timeout is killed."""
+  try:
+    done = subprocess.run(
+      command, env=env, capture_output=True, text=True, check=False, timeout=_TIMEOUT.value
+    )
+  except subprocess.TimeoutExpired as expired:
+    raise SystemExit(
+      f'error: the worker timing {count} devices ran past --worker_timeout={_TIMEOUT.value:g} '
+      's and was killed: give a smaller config, fewer --steps, or a longer --worker_timeout'
+    ) from expired
+  if done.returncode:
+    errors = [line for line in done.stderr.splitlines() if line.startswith('error: ')]
+    if errors:
+      raise SystemExit(errors[-1])
+    raise SystemExit(
+      f'error: the worker timing {count} devices failed (exit {done.returncode}); its '
+      f'stderr ends:\n{done.stderr[-3000:]}'
+    )
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
-  if _WORKER.value:
+  if _WORKER.value is not None:
     print(json.dumps({'devices': _WORKER.value, **_worker(config)}))
     return
+  check_task_config(config, _TASKS)
   if config.task == 'translate' and not Path(config.data.train_src).exists():
     raise SystemExit(f'skipped: {config.data.train_src} is absent (set --config.data.train_src)')
   results = []
   for count in map(int, _COUNTS.value):
     env = {**os.environ, 'XLA_FLAGS': f'--xla_force_host_platform_device_count={count}'}
     command = [sys.executable, __file__, *sys.argv[1:], f'--worker_devices={count}']
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    if done.returncode:
-      raise SystemExit(f'{count} devices failed:\n{done.stderr[-3000:]}')
-    results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    results.append(_run_worker(command, env, count))
   unit, tokens = ('step', 'tokens') if config.task == 'char_lm' else ('batch', 'target tokens')
   print(f'{config.task}, {os.cpu_count()} CPU cores, median of {_STEPS.value} timed passes')
   print(
@@ -133,4 +180,4 @@ def main(argv):
 
 if __name__ == '__main__':
   runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
-  app.run(main)
+  tasks.run_main(main)

@@ -15,17 +15,19 @@ that has learned to stop early decodes faster. Compare code versions on the same
 import statistics
 import time
 
-from absl import app, flags
+from absl import flags
 from flax import nnx
 
 from relpos import runtime, scoring
 from relpos.data.translation import load_eval_data
 from relpos.models.transformer import Transformer
-from relpos.training import loop, run_config
+from relpos.training import loop, run_config, tasks
 from relpos.training import translation_task as task
 
 flags.DEFINE_string('workdir', None, 'A finished translation run (train.py workdir).')
-flags.DEFINE_integer('sentences', 1000, 'How many eval-set sentences to translate (0: all).')
+flags.DEFINE_integer(
+  'sentences', 1000, 'How many eval-set sentences to translate (0: all).', lower_bound=0
+)
 flags.DEFINE_integer(
   'rounds', 2, 'Warm passes after the first; the median is reported.', lower_bound=1
 )
@@ -35,7 +37,13 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
+  # As relpos.tools.translate: the run's config, its task and a checkpoint, before anything is
+  # loaded (each refused as one line by tasks.run_main).
   config = run_config.read_config(FLAGS.workdir)
+  run_config.check_task(
+    FLAGS.workdir, 'translate', needs='benchmarks/decode_speed.py decodes translation runs'
+  )
+  loop.check_trained(FLAGS.workdir).close()
   data = load_eval_data(config.data, FLAGS.workdir)
   model = Transformer(
     task.model_config(config, data.tokenizer.vocab_size), rngs=nnx.Rngs(config.seed)
@@ -69,4 +77,4 @@ def main(argv):
 
 if __name__ == '__main__':
   runtime.apply_defaults()
-  app.run(main)
+  tasks.run_main(main)

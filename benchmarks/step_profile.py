@@ -31,6 +31,7 @@ xprof's profile plugin, or Perfetto, read them).
 
 import collections
 import dataclasses
+import os
 import re
 import tempfile
 import time
@@ -45,10 +46,38 @@ PROFILE_STEPS = flags.DEFINE_integer(
   0,
   'After the timings, trace this many steps of each variant and print where '
   'the time goes (benchmarks/step_profile.py); 0: no profile.',
+  lower_bound=0,
 )
 PROFILE_DIR = flags.DEFINE_string(
   'profile_dir', None, 'Keep the --profile_steps traces here, one folder per variant.'
 )
+
+
+def profile_dir_problem(steps: int, directory: str | None) -> str | None:
+  """What is wrong with --profile_dir for --profile_steps=`steps`, or None: it is checked
+  with the flags, not when the first trace is written after all the timings. A folder given
+  without --profile_steps would stay empty; one that cannot be made (a file in its path, a
+  parent this user may not write to) would fail in jax.profiler after the table."""
+  if directory is None:
+    return None
+  if not steps:
+    return f'--profile_dir={directory} keeps traces of --profile_steps: give --profile_steps=N'
+  path = Path(directory).absolute()
+  existing = next(p for p in (path, *path.parents) if p.exists())
+  if not existing.is_dir():
+    return f'--profile_dir={directory}: {existing} is not a folder'
+  if not os.access(existing, os.W_OK | os.X_OK):
+    return f'--profile_dir={directory}: {existing} is not writable'
+  return None
+
+
+def _check_profile_dir(values: dict) -> bool:
+  if problem := profile_dir_problem(values['profile_steps'], values['profile_dir']):
+    raise flags.ValidationError(problem)
+  return True
+
+
+flags.register_multi_flags_validator(['profile_steps', 'profile_dir'], _check_profile_dir)
 # A category per op, first match wins (`category`); the order of the printed table.
 CATEGORIES = (
   'attention kernels (Pallas, cuDNN)',

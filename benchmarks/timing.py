@@ -7,7 +7,27 @@ import jax.numpy as jnp
 import numpy as np
 
 from relpos import flops as flops_lib
+from relpos.training import tasks
 from relpos.training.mesh import row_sharded
+
+
+def check_task_config(config, expected: tuple[str, ...], mesh=None, *, variant: str = '') -> None:
+  """Raises ValueError, as one line for `tasks.run_main`, unless `config` is of a task in
+  `expected` and passes that task's own checks (`Task.check_config`, with `mesh`: the batch
+  against the devices), the checks train.py makes. A benchmark calls it before it loads data
+  or builds anything, so that a config train.py would refuse is refused here the same way, not
+  as a traceback minutes later; `variant` (e.g. '--variants=xl_mem0') names the benchmark's
+  own overrides when the config checked carries them."""
+  task = config.get('task')
+  if task not in expected:
+    raise ValueError(
+      f'--config: this benchmark takes a config of task {" or ".join(expected)}; the one given '
+      f'has config.task={task!r}'
+    )
+  try:
+    tasks.get(config).check_config(config, mesh)
+  except ValueError as error:
+    raise ValueError(f'{variant}: {error}' if variant else str(error)) from error
 
 
 def peak_memory_line() -> str:

@@ -39,11 +39,12 @@ from pathlib import Path
 import jax.numpy as jnp
 import ml_collections
 import step_profile
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 from timing import (
   CONVENTION_LINE,
   STEP_COLUMNS,
+  check_task_config,
   interleaved_median_seconds,
   peak_memory_line,
   peak_rate,
@@ -60,20 +61,34 @@ from relpos.attention.pallas_common import IMPLEMENTATIONS
 from relpos.config.model_fields import DROPOUT_BITS
 from relpos.constants import PAD_ID
 from relpos.data.translation import load_translation_data
+from relpos.training import tasks
 from relpos.training import translation_task as translate
 from relpos.training.mesh import data_mesh
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A translation config.')
-_BATCHES = flags.DEFINE_integer('batches', 12, 'Training batches per timed pass.')
-_ROUNDS = flags.DEFINE_integer('rounds', 5, 'Interleaved timing rounds (median reported).')
-_POSITIONS = flags.DEFINE_list(
-  'positions', 'absolute,shaw,shaw_absolute,learned,none', 'Position modes to time.'
+_BATCHES = flags.DEFINE_integer('batches', 12, 'Training batches per timed pass.', lower_bound=1)
+_ROUNDS = flags.DEFINE_integer(
+  'rounds', 5, 'Interleaved timing rounds (median reported).', lower_bound=1
 )
+_POSITIONS = flags.DEFINE_list(
+  'positions',
+  'absolute,shaw,shaw_absolute,learned,none',
+  'Position modes to time (config.model.position values, checked as train.py checks them).',
+)
+flags.register_validator(
+  'positions', bool, message='--positions takes one or more position modes, e.g. absolute,shaw'
+)
+_LOWERINGS = ('unrolled', 'rolled')
 _THREEFRY = flags.DEFINE_list(
   'threefry',
   'unrolled',
   'CPU lowerings of the PRNG to time each mode with: unrolled (relpos.threefry_lowering, the '
   "default) and/or rolled (jax 0.10.2's own loop).",
+)
+flags.register_validator(
+  'threefry',
+  lambda values: bool(values) and set(values) <= set(_LOWERINGS),
+  message=f'--threefry takes one or more of {", ".join(_LOWERINGS)}',
 )
 _DENSE_MAX = flags.DEFINE_list(
   'shaw_dense_max_kv_len',
@@ -110,6 +125,30 @@ flags.register_validator(
 flags.mark_flags_as_required(['config'])
 
 
+def variant_config(config, position, implementation=None, dropout_bits=None):
+  """A copy of `config` with `position` and the attention `implementation` and
+  `dropout_bits` (None: the config's)."""
+  variant = ml_collections.ConfigDict(config.to_dict())
+  variant.model.position = position
+  if implementation is not None:
+    variant.model.attention_implementation = implementation
+  if dropout_bits is not None:
+    variant.model.dropout_bits = dropout_bits
+  return variant
+
+
+def variants():
+  """(lowering, position, Shaw threshold, implementation, dropout bits) of every variant the
+  flags ask for, in the order they are timed (None: the config's or relpos's own)."""
+  for lowering, position in itertools.product(_THREEFRY.value, _POSITIONS.value):
+    thresholds = _DENSE_MAX.value if 'shaw' in position else []
+    implementations = _IMPLEMENTATIONS.value if 'shaw' in position else []
+    for threshold, implementation, bits in itertools.product(
+      thresholds or [None], implementations or [None], _DROPOUT_BITS.value or [None]
+    ):
+      yield lowering, position, threshold, implementation, bits
+
+
 def pass_call(config, position, vocab_size, batches, mesh, implementation=None, dropout_bits=None):
   """A zero-argument call running the train step of `position` (with the attention
   `implementation` and `dropout_bits`, None: the config's) over `batches` (state kept), the
@@ -117,12 +156,7 @@ def pass_call(config, position, vocab_size, batches, mesh, implementation=None, 
   of that pass (`relpos.flops.Flops`), XLA's FLOP count of it (None where XLA has none) and,
   per batch, a function giving its compiled module's text (`step_profile.compiled_text`; one
   function per shape)."""
-  variant = ml_collections.ConfigDict(config.to_dict())
-  variant.model.position = position
-  if implementation is not None:
-    variant.model.attention_implementation = implementation
-  if dropout_bits is not None:
-    variant.model.dropout_bits = dropout_bits
+  variant = variant_config(config, position, implementation, dropout_bits)
   graphdef, state = translate.build(variant, vocab_size, mesh)
   train_step = translate.train_step_fn(variant, graphdef, mesh)
   carried = {'state': state}
@@ -160,10 +194,22 @@ def pass_call(config, position, vocab_size, batches, mesh, implementation=None, 
 def main(argv):
   del argv
   config = _CONFIG.value
+  mesh = data_mesh()
+  # The config and each variant of it pass train.py's checks before the data is read.
+  check_task_config(config, ('translate',), mesh)
+  for _, position, _, implementation, bits in variants():
+    given = [f'--positions={position}']
+    given += [f'--attention_implementations={implementation}'] if implementation else []
+    given += [f'--dropout_bits={bits}'] if bits else []
+    check_task_config(
+      variant_config(config, position, implementation, bits),
+      ('translate',),
+      mesh,
+      variant=' '.join(given),
+    )
   data_path = config.data.train_src
   if config.data.kind == 'text' and not Path(data_path).exists():
     raise SystemExit(f'skipped: {data_path} is absent (set --config.data.train_src etc.)')
-  mesh = data_mesh()
   with tempfile.TemporaryDirectory() as workdir:
     # Rows a multiple of the device count, as train.py builds them (the batch splits evenly).
     data = load_translation_data(config.data, workdir, seed=config.seed, row_multiple=mesh.size)
@@ -178,39 +224,36 @@ def main(argv):
   chosen, repeats = {}, {}  # 'auto' variant -> its calls' choices; variant -> 'auto' variant
   order = []  # every variant, built or repeated, in the order named
   default_dense_max = shaw.DENSE_MAX_KV_LEN
-  for lowering in _THREEFRY.value:
-    if not threefry_lowering.set_cpu_lowering(unrolled=lowering == 'unrolled'):
-      raise SystemExit(f'--threefry={lowering}: this JAX lacks that lowering rule')
-    for position in _POSITIONS.value:
-      name = position if _THREEFRY.value == ['unrolled'] else f'{position}, {lowering}'
-      thresholds = _DENSE_MAX.value if 'shaw' in position else []
-      implementations = _IMPLEMENTATIONS.value if 'shaw' in position else []
-      for threshold, implementation, bits in itertools.product(
-        thresholds or [None], implementations or [None], _DROPOUT_BITS.value or [None]
-      ):
-        variant = name if threshold is None else f'{name}, dense ≤ {threshold} keys'
-        auto_variant = variant + ', auto kernels'
-        if implementation is not None:
-          variant += f', {implementation} kernels'
-        if bits is not None:
-          auto_variant += f', {bits} dropout bits'
-          variant += f', {bits} dropout bits'
-        order.append(variant)
-        if chosen.get(auto_variant) == {implementation}:
-          # Every call of the 'auto' pass chose these kernels: the same programs
-          # (autotune.recorded_choices), timed once, as 'auto'.
-          repeats[variant] = auto_variant
-          continue
-        if threshold is not None:
-          shaw.DENSE_MAX_KV_LEN = int(threshold)
-        with autotune.recorded_choices() as choices:
-          calls[variant], model_flops[variant], xla_counts[variant], texts[variant] = pass_call(
-            config, position, vocab_size, batches, mesh, implementation, bits
-          )
-          calls[variant]()  # compiles now, with this lowering and threshold
-        if implementation == 'auto':
-          chosen[variant] = set(choices)
-        shaw.DENSE_MAX_KV_LEN = default_dense_max
+  lowered_with = None  # the PRNG lowering set last
+  for lowering, position, threshold, implementation, bits in variants():
+    if lowering != lowered_with:
+      if not threefry_lowering.set_cpu_lowering(unrolled=lowering == 'unrolled'):
+        raise SystemExit(f'error: --threefry={lowering}: this JAX lacks that lowering rule')
+      lowered_with = lowering
+    name = position if _THREEFRY.value == ['unrolled'] else f'{position}, {lowering}'
+    variant = name if threshold is None else f'{name}, dense ≤ {threshold} keys'
+    auto_variant = variant + ', auto kernels'
+    if implementation is not None:
+      variant += f', {implementation} kernels'
+    if bits is not None:
+      auto_variant += f', {bits} dropout bits'
+      variant += f', {bits} dropout bits'
+    order.append(variant)
+    if chosen.get(auto_variant) == {implementation}:
+      # Every call of the 'auto' pass chose these kernels: the same programs
+      # (autotune.recorded_choices), timed once, as 'auto'.
+      repeats[variant] = auto_variant
+      continue
+    if threshold is not None:
+      shaw.DENSE_MAX_KV_LEN = int(threshold)
+    with autotune.recorded_choices() as choices:
+      calls[variant], model_flops[variant], xla_counts[variant], texts[variant] = pass_call(
+        config, position, vocab_size, batches, mesh, implementation, bits
+      )
+      calls[variant]()  # compiles now, with this lowering and threshold
+    if implementation == 'auto':
+      chosen[variant] = set(choices)
+    shaw.DENSE_MAX_KV_LEN = default_dense_max
   threefry_lowering.unroll_on_cpu()
   seconds = with_repeated_rows(
     interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=1),
@@ -264,4 +307,4 @@ def main(argv):
 
 if __name__ == '__main__':
   runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
-  app.run(main)
+  tasks.run_main(main)

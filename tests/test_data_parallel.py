@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import TINY_CHAR_LM_FLAGS, write_pairs, write_word_corpus
+from helpers import TINY_CHAR_LM_FLAGS, refusal, write_pairs, write_word_corpus
 
 from relpos.training import mesh as mesh_lib
 
@@ -351,6 +351,32 @@ def test_two_processes_train_the_translation_model_in_sync(tmp_path):
   assert all(output.strip().splitlines()[-1].startswith('bleu=') for output in outputs)
   assert (tmp_path / 'run' / 'spm.model').exists()
   assert len((tmp_path / 'run' / 'translations_step4.txt').read_text().splitlines()) == 8
+
+
+_CHAR_FLAGS = ('--config=configs/char_tiny.py', *TINY_CHAR_LM_FLAGS, '--config.train.batch_size=4')
+
+
+@pytest.mark.parametrize(
+  ('flags', 'message'),
+  [
+    # 0 was passed on as --worker_devices=0, "not a worker": each worker started the whole
+    # benchmark again, without end.
+    (('--device_counts=0',), '--device_counts takes one or more device counts >= 1'),
+    (('--device_counts=',), '--device_counts takes one or more device counts >= 1'),
+    (('--device_counts=x',), '--device_counts takes one or more device counts >= 1'),
+    (('--steps=0',), '--steps=0: 0 is not a positive integer'),
+    (('--batches=0',), '--batches=0: 0 is not a positive integer'),
+    (('--config.train.batchsize=4',), 'no field train.batchsize'),
+    (('--config.train.batch_size=0',), 'config.train.batch_size must be >= 1'),
+    # The worker's own check, against its 2 devices: its error line is the benchmark's.
+    (('--device_counts=2', '--config.train.batch_size=3'), 'split across 2 devices'),
+    # A worker is never waited on without end (this one is still importing JAX).
+    (('--device_counts=1', '--worker_timeout=1'), 'ran past --worker_timeout=1 s and was killed'),
+  ],
+)
+def test_data_parallel_benchmark_refuses_bad_flags_in_one_line(commands, flags, message):
+  script = REPO / 'benchmarks' / 'data_parallel.py'
+  assert message in refusal(commands, script, *_CHAR_FLAGS, *flags, timeout=120)
 
 
 if __name__ == '__main__':

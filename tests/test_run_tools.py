@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import tiny_char_config, tiny_translate_config, write_pair_corpus
+from helpers import REPO, refusal, tiny_char_config, tiny_translate_config, write_pair_corpus
 
 from relpos.config.recorded import record_config
 from relpos.data.char_corpus import CharVocab
@@ -141,6 +141,19 @@ def test_unusable_workdirs_are_named(tmp_path):
     sample.sample(char, b'the', 3, temperature=0)
   with pytest.raises(ValueError, match='--prompt is empty'):
     sample.sample(char, b'', 3)
+
+
+def test_decode_speed_refuses_what_it_cannot_time_in_one_line(commands, tmp_path):
+  """benchmarks/decode_speed.py reads a finished translation run as relpos.tools.translate
+  does: each unusable workdir, and a negative --sentences (it cut the eval set's end off), is
+  one error line."""
+  translation, char = _recorded_runs(tmp_path / 'runs')
+  (tmp_path / 'd').mkdir()
+  script = REPO / 'benchmarks' / 'decode_speed.py'
+  for workdir, message in _unusable(tmp_path / 'd', char, translation):
+    assert message in refusal(commands, script, f'--workdir={workdir}')
+  negative = refusal(commands, script, f'--workdir={translation}', '--sentences=-1')
+  assert '--sentences=-1: -1 is not a non-negative integer' in negative
 
 
 @pytest.mark.parametrize('module', ['translate', 'sample'])

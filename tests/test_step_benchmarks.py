@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import timing  # benchmarks/timing.py, on pytest's pythonpath
-from helpers import REPO, TINY_CHAR_LM_FLAGS, write_pair_corpus, write_word_corpus
+from helpers import REPO, TINY_CHAR_LM_FLAGS, refusal, write_pair_corpus, write_word_corpus
 
 pytestmark = pytest.mark.usefixtures('attention_test_config')
 
@@ -275,3 +275,61 @@ def test_check_then_time_checks_times_and_leaves_out_a_failing_kernel():
     fns, reference, (x, y), jnp.ones(8), label='n=8', flops=1e6, check_only=True
   )
   assert not [line for line in checked if ' ms, ' in line]
+
+
+_CHAR = ('--config=configs/char_tiny.py', '--variants=none')
+_TRANSLATE = (
+  '--config=configs/translate_tiny.py',
+  '--batches=1',
+  '--rounds=1',
+  '--positions=absolute',
+)
+_A_FILE = str(REPO / 'README.md')
+
+
+@pytest.mark.parametrize(
+  ('script', 'flags', 'message'),
+  [
+    ('char_lm_step.py', (*_CHAR, '--rounds=0'), '--rounds=0: 0 is not a positive integer'),
+    ('char_lm_step.py', (*_CHAR, '--rounds=-2'), '--rounds=-2: -2 is not a positive integer'),
+    ('char_lm_step.py', (*_CHAR, '--profile_steps=-1'), '-1 is not a non-negative integer'),
+    (
+      'char_lm_step.py',
+      (*_CHAR, '--profile_steps=1', f'--profile_dir={_A_FILE}/sub'),
+      f'{_A_FILE} is not a folder',
+    ),
+    ('char_lm_step.py', (*_CHAR, '--profile_dir=traces'), 'give --profile_steps=N'),
+    ('char_lm_step.py', (*_CHAR, '--seconds=-1'), '-1.0 is not a non-negative number'),
+    ('char_lm_step.py', (*_CHAR, '--config.train.batch_size=3'), 'make it a multiple of 2'),
+    ('char_lm_step.py', (*_CHAR, '--config.train.batch_size=0'), 'batch_size must be >= 1'),
+    (
+      'char_lm_step.py',
+      ('--config=configs/translate_tiny.py',),
+      "task char_lm; the one given has config.task='translate'",
+    ),
+    (
+      'char_lm_step.py',
+      ('--config=configs/char_tiny.py', '--variants=none,xl_cudnn'),
+      "--variants=xl_cudnn: config.model.attention_implementation='cudnn' needs",
+    ),
+    ('char_lm_step.py', ('--config=configs/nope.py',), 'configs/nope.py'),
+    ('char_lm_step.py', (*_CHAR, '--config.train.tgt_lenn=8'), 'no field train.tgt_lenn'),
+    ('translate_step.py', (*_TRANSLATE, '--threefry=bogus'), '--threefry takes one or more of'),
+    ('translate_step.py', (*_TRANSLATE, '--positions=bogus'), '--positions=bogus: config.model'),
+    ('translate_step.py', (*_TRANSLATE, '--positions='), '--positions takes one or more'),
+    ('translate_step.py', (*_TRANSLATE, '--batches=0'), '--batches=0: 0 is not a positive'),
+    ('translate_step.py', (*_TRANSLATE, '--batches=-1'), '--batches=-1: -1 is not a positive'),
+    ('translate_step.py', (*_TRANSLATE, '--rounds=0'), '--rounds=0: 0 is not a positive'),
+    ('translate_step.py', (*_TRANSLATE, '--profile_steps=-2'), '-2 is not a non-negative'),
+    (
+      'translate_step.py',
+      ('--config=configs/char_tiny.py',),
+      "task translate; the one given has config.task='char_lm'",
+    ),
+  ],
+)
+def test_step_benchmarks_refuse_bad_flags_and_configs_in_one_line(commands, script, flags, message):
+  """A bad count, list, folder, config value or config of the other task: one `error:` line
+  before anything is built or read (translate_tiny's Tatoeba files need not exist), not a
+  traceback, a `nan` table or a row timed with another setting than its label."""
+  assert message in refusal(commands, REPO / 'benchmarks' / script, *flags)
