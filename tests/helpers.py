@@ -238,11 +238,7 @@ REPO = Path(__file__).resolve().parent.parent
 def refusal(commands, *argv, timeout: float = 120) -> str:
   """The one stderr line of the command `python *argv` (run by conftest's `commands`) refusing
   its arguments: exit status 1, a single line starting `error: `, no traceback."""
-  done = commands.run(argv, timeout=timeout)
-  lines = done.stderr.strip().splitlines()
-  assert done.returncode == 1 and len(lines) == 1, done.stderr[-3000:]
-  assert lines[0].startswith('error: '), lines
-  return lines[0]
+  return one_error_line(commands.run(argv, timeout=timeout))
 
 
 def load_config(name: str, preset: str | None = None):
