@@ -138,7 +138,8 @@ if ((smoke)); then
     --config.data.vocab_train_sentences=2000 --config.data.max_tokens=256
     --config.data.max_length=48)
   wmt_sizes=(--config.model.encoder_layers=1 --config.model.decoder_layers=1
-    --config.model.d_model=32 --config.model.d_ff=64 --config.data.max_tokens=256)
+    --config.model.d_model=32 --config.model.d_ff=64 --config.data.max_tokens=256
+    --config.data.max_length=48)
   # CPU: no real out-of-memory; a config error stands in, to check the part's plumbing.
   oom_sizes=("${tiny[@]}" --config.train.batch_size=3) oom_expect='multiple of'
   attention=(--config=configs/attention_benchmark.py:quick --config.lengths=64 --config.distances=16
