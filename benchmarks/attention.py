@@ -319,12 +319,9 @@ def check_config(config) -> None:
   """Raises ValueError naming the field for a config this benchmark cannot run, before
   anything is built: another kind of config (--config), a value out of range, an empty list,
   an unknown kernel (to time or to profile)."""
-  missing = [field for field in (*RULES, *LISTS) if field not in config]
-  if missing:
-    raise ValueError(
-      f'--config: config.{missing[0]} is missing: this benchmark reads a config of '
-      'configs/attention_benchmark.py (heads, lengths, kernels, ...)'
-    )
+  checks.require_fields(
+    config, (*RULES, *LISTS), 'configs/attention_benchmark.py (heads, lengths, kernels, ...)'
+  )
   checks.check(config, RULES)
   checks.check_sequences(config, LISTS)
   # A profiled kernel need not be timed (a preset's profile outlives a narrower kernels

@@ -80,12 +80,9 @@ def check_config(config) -> None:
   """Raises ValueError naming the field for a config this benchmark cannot run, before any
   model is built: another kind of config (--config), a value out of range, no lengths; then
   the two models' own checks (`TransformerXLConfig`)."""
-  missing = [field for field in (*RULES, *LISTS) if field not in config]
-  if missing:
-    raise ValueError(
-      f'--config: config.{missing[0]} is missing: this benchmark reads a config of '
-      'configs/xl_eval_speed.py (num_layers, lengths, batch, ...)'
-    )
+  checks.require_fields(
+    config, (*RULES, *LISTS), 'configs/xl_eval_speed.py (num_layers, lengths, batch, ...)'
+  )
   checks.check(config, RULES)
   checks.check_sequences(config, LISTS)
   for position in ('xl', 'absolute'):

@@ -170,7 +170,7 @@ QUICK = '--config=configs/attention_benchmark.py:quick'
 @pytest.mark.parametrize(
   'args, message',
   [
-    (['--config=configs/char_tiny.py'], '--config: config.heads is missing: this benchmark reads'),
+    (['--config=configs/char_tiny.py'], '--config: config.heads is missing: this command reads'),
     ([QUICK, '--config.rounds=0'], 'config.rounds must be >= 1, got 0'),
     ([QUICK, '--config.dtype=bogus'], 'config.dtype must be one of'),
     ([QUICK, '--config.roundz=1'], '--config.roundz: the config has no field roundz'),

@@ -110,7 +110,7 @@ QUICK = '--config=configs/xl_eval_speed.py:quick'
 @pytest.mark.parametrize(
   'args, message',
   [
-    (['--config=configs/char_tiny.py'], '--config: config.vocab_size is missing: this benchmark'),
+    (['--config=configs/char_tiny.py'], '--config: config.vocab_size is missing: this command'),
     ([QUICK, '--config.lengths=()'], 'config.lengths must be a non-empty list'),
     ([QUICK, '--config.batch=0'], 'config.batch must be >= 1, got 0'),
     ([QUICK, '--config.lenghts=16,'], '--config.lenghts: the config has no field lenghts'),

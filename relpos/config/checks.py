@@ -89,16 +89,33 @@ TEXT = Rule(str)
 OPTIONAL_TEXT = Rule(str, optional=True)
 
 
+def _field(config: Mapping, path: str, prefix: str):
+  """config.<path> (dotted); ValueError naming `prefix`.<path> when it is missing."""
+  node = config
+  for name in path.split('.'):
+    if name not in node:
+      raise ValueError(f'{prefix}.{path} is missing from the config')
+    node = node[name]
+  return node
+
+
+def require_fields(config: Mapping, fields, kind: str) -> None:
+  """ValueError naming --config unless `config` has every top-level field of `fields`: a
+  command given a config of another kind (`kind` says which it reads) fails on its first
+  missing field instead of deep inside with a KeyError."""
+  missing = [field for field in fields if field not in config]
+  if missing:
+    raise ValueError(
+      f'--config: config.{missing[0]} is missing: this command reads a config of {kind}'
+    )
+
+
 def check(config: Mapping, rules: Mapping[str, Rule], prefix: str = 'config') -> None:
   """Raises ValueError('<prefix>.<field> must be ..., got ...') for the first field of
   `rules` (dotted paths into `config`) whose value breaks its rule; a missing field is an
   error too."""
   for path, rule in rules.items():
-    node = config
-    for name in path.split('.'):
-      if name not in node:
-        raise ValueError(f'{prefix}.{path} is missing from the config')
-      node = node[name]
+    node = _field(config, path, prefix)
     problem = rule.problem(node)
     if problem:
       raise ValueError(f'{prefix}.{path} {problem}')
@@ -109,11 +126,7 @@ def check_sequences(config: Mapping, rules: Mapping[str, Rule], prefix: str = 'c
   field of `rules` that is missing, not a non-empty list or tuple, or has an entry that breaks
   its rule (a table of no rows is no answer)."""
   for path, rule in rules.items():
-    node = config
-    for name in path.split('.'):
-      if name not in node:
-        raise ValueError(f'{prefix}.{path} is missing from the config')
-      node = node[name]
+    node = _field(config, path, prefix)
     if not isinstance(node, list | tuple) or not node:
       raise ValueError(f'{prefix}.{path} must be a non-empty list, got {node!r}')
     for entry in node:
