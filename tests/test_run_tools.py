@@ -85,7 +85,9 @@ def test_a_prompt_is_checked_against_the_runs_vocabulary():
   assert sample.prompt_tokens(original, None) == [0]  # its first symbol, not a line break
   assert sample.prompt_tokens(CharVocab.bytes(), None) == [ord('\n')]
   assert sample.prompt_tokens(original, b'ca b') == [2, 0, 3, 1]
-  with pytest.raises(ValueError, match=r"--prompt: byte 122 \(b'z'\) at position 1 is not"):
+  with pytest.raises(
+    ValueError, match=r"--prompt: byte 122 \(b'z'\) at position 1 is not.*; give a"
+  ):
     sample.prompt_tokens(original, b'az')
 
 

@@ -104,7 +104,7 @@ def test_prepare_refuses_what_is_not_an_export(tmp_path):
   with pytest.raises(FileNotFoundError, match='download https://www.manythings.org'):
     tatoeba.prepare(tmp_path / 'absent.zip', tmp_path / 'data')
   (tmp_path / 'text.zip').write_text('not a zip')
-  with pytest.raises(ValueError, match='not a Tatoeba export'):
+  with pytest.raises(ValueError, match='not a Tatoeba export.*; download https:'):
     tatoeba.prepare(tmp_path / 'text.zip', tmp_path / 'data')
   with pytest.raises(ValueError, match='no tab-separated'):
     tatoeba.prepare(_zip(tmp_path, ['no tabs at all'], 'empty.zip'), tmp_path / 'data')

@@ -119,10 +119,14 @@ def prepare(zip_path, out) -> pathlib.Path:
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
       member = archive.read(MEMBER)
   except (zipfile.BadZipFile, KeyError) as error:
-    raise ValueError(f'{zip_path} is not a Tatoeba export with {MEMBER} ({error})') from None
+    raise ValueError(
+      f'{zip_path} is not a Tatoeba export with {MEMBER} ({error}); download {URL}'
+    ) from None
   pairs = read_pairs(decode_utf8(member, f'{MEMBER} in {zip_path}'))
   if not pairs:
-    raise ValueError(f'{zip_path}: {MEMBER} holds no tab-separated English/German pairs')
+    raise ValueError(
+      f'{zip_path}: {MEMBER} holds no tab-separated English/German pairs; download {URL}'
+    )
   if md5 != REFERENCE_ZIP_MD5:
     print(
       f'warning: {zip_path} has md5 {md5}, not the 2018-05-13 export ({REFERENCE_ZIP_MD5}) that '

@@ -53,7 +53,9 @@ def prompt_tokens(vocab, prompt: bytes | None) -> list[int]:
   try:
     return [int(i) for i in vocab.encode(prompt)]
   except ValueError as error:
-    raise ValueError(f"--prompt: {error} of the run's vocab.json") from None
+    raise ValueError(
+      f"--prompt: {error} of the run's vocab.json; give a prompt of the text it was trained on"
+    ) from None
 
 
 def sample(
