@@ -170,7 +170,6 @@ def devices_needed(arguments: int, temporaries: int, device_bytes: float) -> str
 
 def main(argv):
   del argv
-  tasks.quiet_logging()  # as train.py: absl's INFO lines (JAX's backends) would bury the error
   args, gib = flags.FLAGS, 2.0**30
   rows = planned_rows(args.configs, args.variants)
   print(TABLE_HEADER.format(gib=args.device_gib))

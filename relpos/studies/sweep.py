@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 
 import ml_collections
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from relpos import runtime
@@ -624,13 +624,10 @@ def write_breakdown_files(root: Path, kind, summary, per_run, field: str, baseli
 
 
 def main(argv):
-  if len(argv) > 1:
-    sys.exit(f'error: unexpected arguments {argv[1:]}: every option is a flag, --name=value')
+  tasks.start_command(argv)
   args = flags.FLAGS
   if not args.workdir:
     sys.exit('error: --workdir is required: the root directory of the sweep (a folder per run)')
-  if not args['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)
   config, field, root = args.config, args.field, Path(args.workdir)
   config_arg = tasks.config_arg(sys.argv)
   overrides = [

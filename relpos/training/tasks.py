@@ -209,6 +209,15 @@ def quiet_logging() -> None:
     logging.set_verbosity(logging.WARNING)
 
 
+def start_command(argv: list[str]) -> None:
+  """What every relpos command does first with what absl left of its command line: a stray
+  argument is one error line (every option is a flag), and absl logging goes to WARNING
+  (`quiet_logging`)."""
+  if len(argv) > 1:
+    sys.exit(f'error: unexpected arguments {argv[1:]}: every option is a flag, --name=value')
+  quiet_logging()
+
+
 def run_main(main) -> None:
   """`app.run(main)` for relpos's other commands (benchmarks, tools, studies), with the
   launchers' manners: flags parsed by `parse_flags` (a config file, field or value that is wrong
@@ -217,9 +226,7 @@ def run_main(main) -> None:
   status 1, not a traceback."""
 
   def guarded(argv):
-    if len(argv) > 1:
-      sys.exit(f'error: unexpected arguments {argv[1:]}: every option is a flag, --name=value')
-    quiet_logging()
+    start_command(argv)
     try:
       return main(argv)
     except USER_ERRORS as error:
@@ -256,9 +263,7 @@ def launch(action: str):
   flags.mark_flags_as_required(['config', 'workdir'])
 
   def main(argv):
-    if len(argv) > 1:
-      sys.exit(f'error: unexpected arguments {argv[1:]}: every option is a flag, --name=value')
-    quiet_logging()
+    start_command(argv)
     initialize_distributed()
     if action == 'train_and_evaluate':
       kwargs['allow_config_change'] = allow_change.value
