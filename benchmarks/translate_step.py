@@ -152,10 +152,9 @@ def variants():
 def pass_call(config, position, vocab_size, batches, mesh, implementation=None, dropout_bits=None):
   """A zero-argument call running the train step of `position` (with the attention
   `implementation` and `dropout_bits`, None: the config's) over `batches` (state kept), the
-  model's forward FLOPs
-  of that pass (`relpos.flops.Flops`), XLA's FLOP count of it (None where XLA has none) and,
-  per batch, a function giving its compiled module's text (`step_profile.compiled_text`; one
-  function per shape)."""
+  model's forward FLOPs of that pass (`relpos.flops.Flops`), XLA's FLOP count of it (None where
+  XLA has none) and, per batch, a function giving its compiled module's text
+  (`step_profile.compiled_text`; one function per shape)."""
   variant = variant_config(config, position, implementation, dropout_bits)
   graphdef, state = translate.build(variant, vocab_size, mesh)
   train_step = translate.train_step_fn(variant, graphdef, mesh)
