@@ -67,7 +67,7 @@ def test_train_then_evaluate_writes_results(text_file, tmp_path, capsys):
   again = char_lm.TASK.evaluate(_config(text_file, steps=8), workdir)
   assert again['bpc'] == pytest.approx(result['bpc'], rel=1e-6)
   assert again['data'] == _config(text_file, steps=8).data.to_dict()
-  assert 'warning: scoring other data' not in capsys.readouterr().out
+  assert 'warning: scoring other data' not in capsys.readouterr().err
   # Other data is scored, with a warning naming it, and the results record it.
   other_text = tmp_path / 'other.txt'
   other_text.write_bytes(Path(text_file).read_bytes()[::-1])
@@ -79,7 +79,7 @@ def test_train_then_evaluate_writes_results(text_file, tmp_path, capsys):
   assert (
     f'warning: scoring other data than the run trained with (data.path: trained '
     f"'{text_file}', given '{other_text}')"
-  ) in capsys.readouterr().out
+  ) in capsys.readouterr().err
   # Evaluating with another model or vocabulary than the checkpoint's is an error naming the
   # fix, and the checkpoints stay where they are.
   other_model = _config(text_file, steps=8)

@@ -553,7 +553,7 @@ def test_the_step_memory_estimate_warns_before_training_when_it_will_not_fit():
   assert step_memory_warning(step, *args) is None  # XLA:CPU reports no limit: no estimate
   assert step_memory_warning(step, *args, device=_Device(1 << 30)) is None
   line = step_memory_warning(step, *args, device=_Device(1 << 10))
-  assert line.startswith('warning: the training step needs about 0.00 GiB per device') and (
+  assert line.startswith('the training step needs about 0.00 GiB per device') and (
     'small accelerator reports 0.00 GiB: it will likely run out of memory' in line
   ), line
 
@@ -614,7 +614,7 @@ def test_a_damaged_checkpoint_is_named_with_its_cause_and_readers_leave_it(
   assert '\n' not in message and 'TensorStore' not in message, message
   step, restored, _ = reader.restore_latest(state)
   assert step == 2 and restored['model']['layers'][0]['w'].shape == (64, 32)
-  warnings = capsys.readouterr().out.splitlines()
+  warnings = capsys.readouterr().err.splitlines()
   assert len(warnings) == 1 and warnings[0].startswith(
     f'warning: checkpoint {tmp_path.resolve()}/checkpoints/4 is unreadable (OUT_OF_RANGE: '
   ), warnings

@@ -149,6 +149,24 @@ def six_steps(text_file, tmp_path_factory):
   return workdir
 
 
+def test_an_allowed_config_change_the_checkpoints_refuse_leaves_config_json_the_runs(
+  text_file, six_steps, tmp_path
+):
+  """--allow_config_change with another model: the restore fails on the first shape that
+  differs, and config.json still records the run its checkpoints hold (written once the
+  restore took the config), so the original config still continues the run."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(six_steps, workdir)
+  recorded = (workdir / 'config.json').read_text()
+  wider = _config(text_file, 8)
+  wider.model.d_model *= 2
+  with pytest.raises(ValueError, match='no readable checkpoint.*has shape'):
+    char_lm.TASK.train_model(wider, workdir, allow_config_change=True)
+  assert (workdir / 'config.json').read_text() == recorded
+  assert not list(workdir.glob('config.*.json'))
+  char_lm.TASK.train_model(_config(text_file, 6), workdir)  # no change: no flag needed
+
+
 def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(
   text_file, six_steps, tmp_path, capsys
 ):
@@ -158,7 +176,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(
   damage_checkpoint(workdir / 'checkpoints' / '6')
   os.remove(workdir / 'metrics.jsonl')
   char_lm.TASK.train_and_evaluate(_config(text_file, 6), workdir)
-  out = capsys.readouterr().out
+  out = capsys.readouterr().err
   assert 'checkpoints/6 is unreadable' in out and 'moved unreadable checkpoint 6' in out
   assert len(list((workdir / 'unreadable_checkpoints').iterdir())) == 1
   assert _logged_steps(workdir) == [5, 6]  # resumed from step 4

@@ -250,7 +250,7 @@ def test_sources_longer_than_max_len_are_cut_with_one_warning(capsys):
     model, _WordLengthTokenizer(), sources, config.eval, max_len=20
   )
   assert len(translations) == 3
-  warnings = capsys.readouterr().out.strip().split('\n')
+  warnings = capsys.readouterr().err.strip().split('\n')
   assert len(warnings) == 1 and warnings[0].startswith(
     'warning: 1 of 3 sources are longer than 19 pieces and were cut to their first 19 for '
     'decoding (config.model.max_len=20'

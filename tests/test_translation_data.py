@@ -103,7 +103,7 @@ def test_read_lines_warns_once_about_tab_separated_pairs(tmp_path, capsys):
   )
   lines = parallel_text.read_lines(pairs, field='config.data.train_src')
   assert len(lines) == len(SOURCES) + 1
-  warnings = capsys.readouterr().out.strip().split('\n')
+  warnings = capsys.readouterr().err.strip().split('\n')
   assert len(warnings) == 1 and warnings[0].startswith('warning: ')
   assert (
     'pairs.tsv (config.data.train_src): 300 of its 300 non-empty lines hold a tab' in warnings[0]
@@ -119,7 +119,7 @@ def test_read_parallel_drops_empty_pairs_and_logs(tmp_path, capsys):
   src = _write(tmp_path / 'src.txt.gz', ['a', '', 'c', 'd', '  ', 'f'])
   tgt = _write(tmp_path / 'tgt.txt', ['A', 'B', ' ', 'D', 'E', 'F'])
   assert parallel_text.read_parallel(src, tgt) == (['a', 'd', 'f'], ['A', 'D', 'F'])
-  assert 'dropped 3 pairs with an empty side' in capsys.readouterr().out
+  assert 'dropped 3 pairs with an empty side' in capsys.readouterr().err
   assert parallel_text.read_parallel(src, tgt, limit=2) == (['a', 'd'], ['A', 'D'])
   # Process 1 of 2 keeps lines 1, 3, 5 (then drops the empty ones) and half the limit.
   assert parallel_text.read_parallel(src, tgt, shard=Shard(1, 2)) == (['d', 'f'], ['D', 'F'])
@@ -265,7 +265,7 @@ def test_read_tfds_pairs(tfds_dir, capsys):
   )
   expected = [(s, t) for i, (s, t) in enumerate(zip(SOURCES, TARGETS, strict=True)) if i != 5]
   assert list(zip(src, tgt, strict=True)) == expected
-  assert 'dropped 1 pairs with an empty side' in capsys.readouterr().out
+  assert 'dropped 1 pairs with an empty side' in capsys.readouterr().err
   src, tgt = wmt_tfds.read_tfds_pairs(
     TFDS_NAME, 'train', data_dir=tfds_dir, source_lang='de', target_lang='en', limit=7
   )
@@ -371,7 +371,7 @@ def test_epoch_covers_every_pair_once_with_fixed_shapes(capsys):
     PAIRS, max_tokens=256, num_buckets=4, max_length=25, seed=1, row_multiple=2
   )
   kept = [i for i, (s, t) in enumerate(PAIRS) if max(len(s), len(t)) <= 25]
-  assert f'dropped {len(PAIRS) - len(kept)} of 500 pairs' in capsys.readouterr().out
+  assert f'dropped {len(PAIRS) - len(kept)} of 500 pairs' in capsys.readouterr().err
   assert batches.num_examples == len(kept) and batches.boundaries[-1] == 26
   assert len(batches.boundaries) == 4
   for rows, length in zip(batches.rows, batches.boundaries, strict=True):

@@ -2,7 +2,8 @@
 
 It sits with the declarations because it is about them: a recorded config is read back with
 the fields it lacks filled from their declared defaults (`with_added`), and compared with the
-current one field by field. `relpos.training.loop` records the config before any data is read;
+current one field by field. `relpos.training.loop` checks a rerun's config before any data is
+read and records it once the latest checkpoint restored with it;
 the tools that start from a finished run read it (`relpos.training.run_config.read_config`).
 """
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import ml_collections
 
 from relpos.config import checks, declaration, fields
+from relpos.messages import warn
 
 CONFIG_FILE = 'config.json'
 # Sections that may change between runs on one workdir: evaluation settings do not touch what
@@ -108,21 +110,35 @@ def section_changes_from_recorded(
   )
 
 
-def record_config(config: ml_collections.ConfigDict, workdir: Path, *, allow_change: bool):
-  """Writes workdir/config.json, after checking a previous run there used the same config.
+def check_config_change(
+  config: ml_collections.ConfigDict, workdir: Path, *, allow_change: bool
+) -> list[str]:
+  """The changes from the config recorded in workdir to `config` (outside `eval`), checked
+  before a run writes or reads anything there.
 
-  A different config (outside `eval`) raises ValueError listing the changed fields, unless
-  `allow_change`: then the old file is kept as config.<n>.json and a warning is logged.
+  Raises:
+    ValueError: there are changes and not `allow_change`; the line lists them.
   """
-  path = Path(workdir) / CONFIG_FILE
   changes = changes_from_recorded(config, workdir)
   if changes and not allow_change:
     raise ValueError(
       f'{workdir} holds a run with another config ({"; ".join(changes)}): use a new '
       '--workdir, or pass --allow_config_change to continue this run with the new config'
     )
+  return changes
+
+
+def record_config(config: ml_collections.ConfigDict, workdir: Path, *, allow_change: bool):
+  """Writes workdir/config.json, after `check_config_change`.
+
+  A run calls it once its checkpoint restored with `config` (train), so that a change the
+  checkpoints refuse (another model's shapes) leaves config.json the run's own. A change
+  allowed keeps the old file as config.<n>.json, with a warning.
+  """
+  path = Path(workdir) / CONFIG_FILE
+  changes = check_config_change(config, workdir, allow_change=allow_change)
   if changes:
     previous = 1 + sum(1 for _ in path.parent.glob('config.*.json'))
     path.rename(path.parent / f'config.{previous}.json')
-    print(f'warning: config changed ({"; ".join(changes)}); the old one is config.{previous}.json')
+    warn(f'config changed ({"; ".join(changes)}); the old one is config.{previous}.json')
   path.write_text(config.to_json(indent=2))

@@ -13,6 +13,7 @@ from sacremoses import MosesDetokenizer
 
 from relpos.data.data_file import decode_utf8, read_data_file
 from relpos.data.shard import ONE_PROCESS, Shard
+from relpos.messages import warn
 
 
 def read_lines(path, *, field: str | None = None) -> list[str]:
@@ -49,11 +50,10 @@ def warn_if_tab_separated(lines: Sequence[str], path, field: str | None = None) 
   tabbed = sum('\t' in line for line in nonempty)
   if tabbed * 2 > len(nonempty):
     named = f' ({field})' if field else ''
-    print(
-      f'warning: {path}{named}: {tabbed} of its {len(nonempty)} non-empty lines hold a tab; '
+    warn(
+      f'{path}{named}: {tabbed} of its {len(nonempty)} non-empty lines hold a tab; '
       'each side must be a plain text file with one sentence per line (a Tatoeba export of '
       'tab-separated pairs goes through `python -m relpos.data.prepare tatoeba --zip=...`)',
-      flush=True,
     )
 
 
@@ -78,7 +78,7 @@ def keep_nonempty(
     else:
       dropped += 1
   if dropped:
-    print(f'warning: {name}: dropped {dropped} pairs with an empty side')
+    warn(f'{name}: dropped {dropped} pairs with an empty side')
   return sources, targets
 
 

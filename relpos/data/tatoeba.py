@@ -30,6 +30,7 @@ import zipfile
 
 from relpos.data.data_file import decode_utf8
 from relpos.data.download import fetch
+from relpos.messages import warn
 
 URL = 'https://www.manythings.org/anki/deu-eng.zip'
 REFERENCE_ZIP_MD5 = 'cc46c2911b1904233954ca7858ae9378'  # the 2018-05-13 export
@@ -128,8 +129,8 @@ def prepare(zip_path, out) -> pathlib.Path:
       f'{zip_path}: {MEMBER} holds no tab-separated English/German pairs; download {URL}'
     )
   if md5 != REFERENCE_ZIP_MD5:
-    print(
-      f'warning: {zip_path} has md5 {md5}, not the 2018-05-13 export ({REFERENCE_ZIP_MD5}) that '
+    warn(
+      f'{zip_path} has md5 {md5}, not the 2018-05-13 export ({REFERENCE_ZIP_MD5}) that '
       'the docs/ figures used: the splits differ, and so do the scores'
     )
   splits = split_pairs(pairs)

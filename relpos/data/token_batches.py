@@ -30,6 +30,7 @@ from absl import logging
 
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID
 from relpos.data.shard import ONE_PROCESS, Shard
+from relpos.messages import warn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,8 +192,8 @@ class TokenBatches:
     src_len, tgt_len = self.pairs.src.lengths, self.pairs.tgt.lengths
     fits = (src_len <= max_length) & (tgt_len <= max_length)
     if not fits.all():
-      print(
-        f'warning: dropped {np.sum(~fits)} of {len(fits)} pairs with a side longer than '
+      warn(
+        f'dropped {np.sum(~fits)} of {len(fits)} pairs with a side longer than '
         f'max_length={max_length} pieces'
       )
     self.kept = np.flatnonzero(fits)

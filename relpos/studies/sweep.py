@@ -66,6 +66,7 @@ from ml_collections import config_flags
 from relpos import runtime
 from relpos.config import load_config_file
 from relpos.config.recorded import changes_from_recorded, with_added
+from relpos.messages import warn
 from relpos.studies import breakdown, significance
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
@@ -306,7 +307,7 @@ def collect(
     for seed in seeds:
       results_path = run_dir(root, field, value, seed, evaluation) / 'eval_results.json'
       if not results_path.exists():
-        print(f'warning: no results for {field}={value} seed {seed} ({results_path})')
+        warn(f'no results for {field}={value} seed {seed} ({results_path})')
         continue
       results = json.loads(results_path.read_text())
       if metric not in results:

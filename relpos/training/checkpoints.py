@@ -44,6 +44,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
+from relpos.messages import warn
 from relpos.training import mesh as mesh_lib
 from relpos.training.preemption import RunFaultError
 
@@ -313,7 +314,7 @@ class Checkpoints:
     pattern = f'{"*" if step is None else step}{TMP_MARKER}*'
     for path in sorted(self.directory.glob(pattern)):
       if not quiet:
-        print(f'warning: removed {path}, a checkpoint whose save did not finish')
+        warn(f'removed {path}, a checkpoint whose save did not finish')
       shutil.rmtree(path, ignore_errors=True)
 
   def restore(self, step: int, like: dict):
@@ -382,9 +383,8 @@ class Checkpoints:
         damaged = damaged and isinstance(error, UnreadableCheckpointError)
         failures.append(f'step {step}: {cause}')
         unreadable.append(step)
-        print(
-          f'warning: checkpoint {self.directory / str(step)} is unreadable ({cause}); trying '
-          'an older one'
+        warn(
+          f'checkpoint {self.directory / str(step)} is unreadable ({cause}); trying an older one'
         )
         continue
       if self._writer:
@@ -411,7 +411,7 @@ class Checkpoints:
       aside.mkdir(exist_ok=True)
       for step in steps:
         (self.directory / str(step)).rename(aside / f'{step}-{time.strftime("%Y%m%d-%H%M%S")}')
-        print(f'warning: moved unreadable checkpoint {step} to {aside}')
+        warn(f'moved unreadable checkpoint {step} to {aside}')
     mesh_lib.barrier('checkpoints set aside')
     self._manager.reload()
 

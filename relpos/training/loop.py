@@ -46,7 +46,8 @@ from flax import nnx
 from relpos import flops as flops_lib
 from relpos.attention.pallas_common import check_runs_on
 from relpos.config import checks, fields
-from relpos.config.recorded import record_config
+from relpos.config.recorded import check_config_change, record_config
+from relpos.messages import warn
 from relpos.models.multihead_attention import clip_shaw_tables
 from relpos.training import mesh as mesh_lib
 from relpos.training import optim
@@ -157,7 +158,7 @@ class Task(abc.ABC):
     check_model(workdir, config)
     other_data = data_changes(workdir, config)
     if other_data:
-      print(f'warning: scoring other data than the run trained with ({"; ".join(other_data)})')
+      warn(f'scoring other data than the run trained with ({"; ".join(other_data)})')
     self.check_config(config)
     check_platform(config, jax.default_backend())
     output_dir = workdir if output_dir is None else Path(output_dir)
@@ -422,7 +423,7 @@ def out_of_memory_fault(config, step: int, last_good: str) -> DeviceMemoryError:
 
 
 def step_memory_warning(step, state, batch, device=None) -> str | None:
-  """A warning line when the compiled step's memory estimate (XLA's `memory_analysis()`: its
+  """A warning (for `warn`) when the compiled step's memory estimate (XLA's `memory_analysis()`: its
   arguments, outputs and temporaries, less the donated buffers it reuses) exceeds the memory
   `device` (default: this process's first) reports (`batch`: the step's batch, or a function
   that makes it, called only then); None when it fits, when the device reports
@@ -450,7 +451,7 @@ def step_memory_warning(step, state, batch, device=None) -> str | None:
   if needed <= limit:
     return None
   return (
-    f"warning: the training step needs about {needed / 2**30:.2f} GiB per device by XLA's "
+    f"the training step needs about {needed / 2**30:.2f} GiB per device by XLA's "
     f'estimate and {device.device_kind} reports {limit / 2**30:.2f} GiB: it will likely run out '
     'of memory (a smaller batch, train.grad_accum_steps, model.remat, model.scan_layers or '
     "model.dtype='bfloat16' would fit better; docs/faults.md)"
@@ -518,8 +519,7 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
 def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_change, reached: dict):
   """`train`'s run over `mesh` (its config checked); `reached` keeps the step reached and the
   checkpoints, for its faults."""
-  if mesh_lib.is_writer():
-    record_config(config, workdir, allow_change=allow_config_change)
+  check_config_change(config, workdir, allow_change=allow_config_change)  # before any write
   run = task.training(config, workdir, mesh)
   train_config = config.train
   state = run.state
@@ -532,6 +532,8 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
     start_step, state, _ = found
     print(f'resumed from {checkpoints.directory / str(start_step)}', flush=True)
   reached['step'] = start_step
+  if mesh_lib.is_writer():  # once the checkpoint took `config`: config.json stays the run's
+    record_config(config, workdir, allow_change=allow_config_change)
 
   writer = MetricWriter(workdir)
   dtype = config.model.get('dtype', 'float32')
@@ -595,7 +597,7 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   if start_step < train_config.steps:
     warning = step_memory_warning(run.step, state, lambda: run.batch(start_step))
     if warning:
-      print(warning, flush=True)
+      warn(warning)
   batch_shapes = set()  # those the step has been compiled for in this process
   try:
     for step in range(start_step, train_config.steps):

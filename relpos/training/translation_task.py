@@ -34,6 +34,7 @@ from relpos.data.translation import (
   load_eval_data,
   load_translation_data,
 )
+from relpos.messages import warn
 from relpos.models.transformer import Transformer, TransformerConfig
 from relpos.training import loop
 from relpos.training import mesh as mesh_lib
@@ -190,11 +191,10 @@ def translate_sentences(model, tokenizer, sources: list[str], eval_config, *, ma
   longest = max_len - 1
   cut = sum(len(ids) > longest for ids in encoded)
   if cut:
-    print(
-      f'warning: {cut} of {len(sources)} sources are longer than {longest} pieces and were cut '
+    warn(
+      f'{cut} of {len(sources)} sources are longer than {longest} pieces and were cut '
       f'to their first {longest} for decoding (config.model.max_len={max_len}, less one for '
       'EOS; the model takes no longer sequence): their translations miss the rest',
-      flush=True,
     )
   encoded = [ids[:longest] for ids in encoded]
   translations = [''] * len(sources)
@@ -250,7 +250,6 @@ class Translate(loop.Task):
     print(
       f'{len(data.eval_sources)} eval sentences, vocabulary {data.tokenizer.vocab_size}, '
       f'{data.train.batches_per_epoch} batches per epoch',
-      flush=True,
     )
 
     def batch(step):
