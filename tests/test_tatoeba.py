@@ -163,6 +163,16 @@ def test_prepare_command_line(tmp_path):
   )
   assert failed.returncode == 1 and failed.stderr.strip().startswith('error: --zip=')
   assert 'Traceback' not in failed.stderr
+  # A failed prepare into new directories leaves none of them; an existing --out stays.
+  new_out = tmp_path / 'new' / 'nested'
+  failed = subprocess.run(
+    [*command[:-1], f'--out={new_out}', f'--zip={tmp_path / "absent.zip"}'],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+  )
+  assert failed.returncode == 1 and not (tmp_path / 'new').exists()
+  assert (tmp_path / 'd' / 'tatoeba_ende').is_dir()
 
 
 def test_prepare_command_line_names_out_and_the_url(tmp_path):
@@ -184,7 +194,7 @@ def test_prepare_command_line_names_out_and_the_url(tmp_path):
   )
   assert lines['offline'].startswith(f'error: cannot download {tatoeba.URL} (')
   assert lines['offline'].endswith('pass the file as --zip=<deu-eng.zip>')
-  assert sorted(p.name for p in (tmp_path / 'd').iterdir()) == []
+  assert not (tmp_path / 'd').exists()  # the failed prepare removed the --out it made
 
 
 def test_a_config_without_the_prepared_corpus_names_the_prepare_command(tmp_path):

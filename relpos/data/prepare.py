@@ -49,15 +49,28 @@ def _elsewhere(corpus: str, out: str) -> str:
   return f'download it on a machine that can and put it at {out}/enwik8.zip'
 
 
-def _check_out(out: str) -> None:
-  """Makes the --out directory; exits with one line if it cannot be one."""
+def _check_out(out: str) -> list[pathlib.Path]:
+  """Makes the --out directory and returns the directories it made, innermost first (what a
+  failed prepare removes again, if still empty); exits with one line if it cannot be one."""
   path = pathlib.Path(out)
   if path.exists() and not path.is_dir():
     sys.exit(f'error: --out={out} is a file, not a directory; give a directory (a new one is made)')
+  made = [p for p in (path, *path.parents) if not p.exists()]
   try:
     path.mkdir(parents=True, exist_ok=True)
   except OSError as error:
     sys.exit(f'error: cannot make --out={out} ({error.strerror}); give a writable directory')
+  return made
+
+
+def _remove_if_empty(directories: list[pathlib.Path]) -> None:
+  """Removes each of `directories` (innermost first) that is empty: a failed prepare leaves no
+  directory it made."""
+  for directory in directories:
+    try:
+      directory.rmdir()
+    except OSError:
+      return
 
 
 def main(argv):
@@ -67,12 +80,14 @@ def main(argv):
       'python -m relpos.data.prepare tatoeba --out=DIR'
     )
   corpus, out = argv[1], _OUT.value
-  _check_out(out)
+  made = _check_out(out)
   try:
     (_tatoeba if corpus == 'tatoeba' else _enwik8)(out)
   except DownloadError as error:
+    _remove_if_empty(made)
     sys.exit(f'error: {error}; check the network, or {_elsewhere(corpus, out)}')
   except (OSError, ValueError) as error:
+    _remove_if_empty(made)
     sys.exit(f'error: {error}')
 
 
