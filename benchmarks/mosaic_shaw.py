@@ -27,10 +27,10 @@ out of the timing.
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
-from timing import check_then_time
+from absl import flags
+from timing import check_then_time, int_list
 
-from relpos import attention
+from relpos import attention, runtime
 from relpos.attention.mosaic_shaw import shaw_attention_mosaic
 
 KERNELS = ('mosaic', 'mosaic_ws', 'pallas', 'xla', 'cudnn')
@@ -38,14 +38,16 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list('lengths', ['1024', '4096'], 'sequence lengths n')
 flags.DEFINE_list('distances', ['16', '64'], 'clipping distances k')
 flags.DEFINE_list('kernels', list(KERNELS), f'any of {KERNELS}')
-flags.DEFINE_integer('memory', 0, 'keys before the queries: n queries over memory + n keys')
-flags.DEFINE_integer('batch', 4, 'batch size')
-flags.DEFINE_integer('heads', 8, 'heads')
-flags.DEFINE_integer('head_dim', 64, 'head_dim (a multiple of 64)')
-flags.DEFINE_integer('block_q', 64, 'block_q of the Mosaic kernels')
-flags.DEFINE_integer('block_kv', 64, 'block_kv of the Mosaic kernels')
-flags.DEFINE_integer('rounds', 20, 'timing rounds')
-flags.DEFINE_integer('repeats', 10, 'calls per timing')
+flags.DEFINE_integer(
+  'memory', 0, 'keys before the queries: n queries over memory + n keys', lower_bound=0
+)
+flags.DEFINE_integer('batch', 4, 'batch size', lower_bound=1)
+flags.DEFINE_integer('heads', 8, 'heads', lower_bound=1)
+flags.DEFINE_integer('head_dim', 64, 'head_dim (a multiple of 64)', lower_bound=1)
+flags.DEFINE_integer('block_q', 64, 'block_q of the Mosaic kernels', lower_bound=1)
+flags.DEFINE_integer('block_kv', 64, 'block_kv of the Mosaic kernels', lower_bound=1)
+flags.DEFINE_integer('rounds', 20, 'timing rounds', lower_bound=1)
+flags.DEFINE_integer('repeats', 10, 'calls per timing', lower_bound=1)
 flags.DEFINE_bool('interpret', False, "Mosaic GPU's interpreter (CPU): check only, no timing")
 
 
@@ -104,10 +106,12 @@ def main(argv):
   del argv
   names = [name for name in FLAGS.kernels if name in KERNELS]
   if unknown := set(FLAGS.kernels) - set(KERNELS):
-    raise app.UsageError(f'unknown kernels {sorted(unknown)}; known: {KERNELS}')
+    raise ValueError(f'--kernels: unknown {sorted(unknown)}; choose from {", ".join(KERNELS)}')
+  lengths = int_list('lengths', FLAGS.lengths)
+  distances = int_list('distances', FLAGS.distances, 0)
   platform = jax.default_backend()
   if platform != 'gpu' and not FLAGS.interpret:
-    raise app.UsageError(
+    raise ValueError(
       f'the Mosaic GPU kernels need an NVIDIA GPU (backend {platform}); '
       'pass --interpret to check them on the CPU'
     )
@@ -118,11 +122,14 @@ def main(argv):
     f'head_dim {FLAGS.head_dim}, bf16, causal, forward and forward+backward'
     + (f', {FLAGS.memory} keys of memory before the n queries' if FLAGS.memory else '')
   )
-  for n in map(int, FLAGS.lengths):
-    for k in map(int, FLAGS.distances):
+  for n in lengths:
+    for k in distances:
       for line in run_row(names, n, k, FLAGS.interpret):
         print(line, flush=True)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  runtime.apply_defaults()  # as every relpos program
+  from relpos.training import tasks  # after apply_defaults, as train.py imports it
+
+  tasks.run_main(main)

@@ -36,22 +36,23 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
-from timing import check_then_time, interleaved_median_seconds
+from absl import flags
+from timing import check_then_time, int_list, interleaved_median_seconds
 
+from relpos import runtime
 from relpos.attention.mosaic_xl import xl_attention_mosaic
 from relpos.attention.xl import xl_attention
 
 KERNELS = ('mosaic', 'pallas', 'cudnn', 'xla')
 FLAGS = flags.FLAGS
 flags.DEFINE_list('lengths', ['512'], 'query lengths n')
-flags.DEFINE_integer('memory', 512, 'keys before the queries (a multiple of 64)')
+flags.DEFINE_integer('memory', 512, 'keys before the queries (a multiple of 64)', lower_bound=0)
 flags.DEFINE_list('kernels', list(KERNELS), f'any of {KERNELS}')
-flags.DEFINE_integer('batch', 22, 'batch size')
-flags.DEFINE_integer('heads', 8, 'heads')
-flags.DEFINE_integer('head_dim', 64, 'head_dim (64; 128 forward only)')
-flags.DEFINE_integer('rounds', 20, 'timing rounds')
-flags.DEFINE_integer('repeats', 10, 'calls per timing')
+flags.DEFINE_integer('batch', 22, 'batch size', lower_bound=1)
+flags.DEFINE_integer('heads', 8, 'heads', lower_bound=1)
+flags.DEFINE_integer('head_dim', 64, 'head_dim (64; 128 forward only)', lower_bound=1)
+flags.DEFINE_integer('rounds', 20, 'timing rounds', lower_bound=1)
+flags.DEFINE_integer('repeats', 10, 'calls per timing', lower_bound=1)
 flags.DEFINE_bool('interpret', False, "Mosaic GPU's interpreter (CPU): check only, no timing")
 flags.DEFINE_bool('anatomy', True, "then time XL-through-cuDNN's parts (cudnn_parts); GPU only")
 
@@ -150,25 +151,29 @@ def cudnn_part_rows(n, m, b, h, d, *, implementation='cudnn', rounds, repeats) -
 def main(argv):
   del argv
   if unknown := set(FLAGS.kernels) - set(KERNELS):
-    raise app.UsageError(f'unknown kernels {sorted(unknown)}; known: {KERNELS}')
+    raise ValueError(f'--kernels: unknown {sorted(unknown)}; choose from {", ".join(KERNELS)}')
   names = list(FLAGS.kernels)
+  lengths = int_list('lengths', FLAGS.lengths)
   if jax.default_backend() != 'gpu' and not FLAGS.interpret:
-    raise app.UsageError('the Mosaic GPU kernel needs an NVIDIA GPU; pass --interpret on a CPU')
+    raise ValueError('the Mosaic GPU kernel needs an NVIDIA GPU; pass --interpret on a CPU')
   if FLAGS.interpret:
     names = [name for name in names if name == 'mosaic']
   print(
     f'device: {jax.devices()[0].device_kind}; batch {FLAGS.batch}, heads {FLAGS.heads}, '
     f'head_dim {FLAGS.head_dim}, bf16, causal over {FLAGS.memory} keys of memory'
   )
-  for n in map(int, FLAGS.lengths):
+  for n in lengths:
     for line in run_row(names, n, FLAGS.interpret):
       print(line, flush=True)
   if FLAGS.anatomy and not FLAGS.interpret:
-    for n in map(int, FLAGS.lengths):
+    for n in lengths:
       shape = (n, FLAGS.memory, FLAGS.batch, FLAGS.heads, FLAGS.head_dim)
       for line in cudnn_part_rows(*shape, rounds=FLAGS.rounds, repeats=FLAGS.repeats):
         print(line, flush=True)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  runtime.apply_defaults()  # as every relpos program
+  from relpos.training import tasks  # after apply_defaults, as train.py imports it
+
+  tasks.run_main(main)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
+from timing import int_list
 
 from relpos import runtime
 from relpos.attention import shaw_attention, xl_attention
@@ -59,8 +60,8 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], '*.ttir'))):
 def define_flags():
   """The command-line flags (defined only when run as a program, so tests can import this)."""
   flags.DEFINE_list('kernels', 'shaw,xl', 'shaw and/or xl.')
-  flags.DEFINE_integer('length', 2048, 'Query and key length n.')
-  flags.DEFINE_integer('head_dim', 64, 'Head dimension.')
+  flags.DEFINE_integer('length', 2048, 'Query and key length n.', lower_bound=1)
+  flags.DEFINE_integer('head_dim', 64, 'Head dimension.', lower_bound=1)
   flags.DEFINE_list('distances', '16', 'Shaw clipping distances k.')
   flags.DEFINE_list('dtypes', 'bfloat16,float32', 'Input dtypes.')
   flags.DEFINE_list('block_sizes', 'default', "Tilings: 'default' or QxK, e.g. 64x64.")
@@ -199,24 +200,26 @@ def _cases(kernels, distances, dtypes, block_sizes):
 
 
 def parse_block_sizes(texts):
-  """--block_sizes: None for 'default', (Q, K) for 'QxK'; SystemExit naming the flag else."""
+  """--block_sizes: None for 'default', (Q, K) for 'QxK'; ValueError naming the flag else."""
   try:
     return [None if text == 'default' else tuple(int(x) for x in text.split('x')) for text in texts]
   except ValueError:
-    raise SystemExit(f"--block_sizes: {texts}: each must be 'default' or QxK, e.g. 64x64") from None
+    raise ValueError(f"--block_sizes: {texts}: each must be 'default' or QxK, e.g. 64x64") from None
 
 
 def main(argv):
   del argv
   flags_ = flags.FLAGS
   if unknown := sorted(set(flags_.kernels) - {'shaw', 'xl'}):
-    raise SystemExit(f'--kernels: unknown {unknown}; choose from shaw, xl')
+    raise ValueError(f'--kernels: unknown {unknown}; choose from shaw, xl')
+  if unknown := sorted(set(flags_.dtypes) - {'bfloat16', 'float32', 'float16'}):
+    raise ValueError(f'--dtypes: unknown {unknown}; choose from bfloat16, float32, float16')
   block_sizes = parse_block_sizes(flags_.block_sizes)
   directory = Path(flags_.out or tempfile.mkdtemp(prefix='triton_ir_'))
   directory.mkdir(parents=True, exist_ok=True)
   cases = {}
   for name, k, dtype, blocks in _cases(
-    flags_.kernels, [int(k) for k in flags_.distances], flags_.dtypes, block_sizes
+    flags_.kernels, int_list('distances', flags_.distances, 0), flags_.dtypes, block_sizes
   ):
     fn, avals = _attention(name, flags_.length, flags_.head_dim, k, jnp.dtype(dtype), blocks)
     prefix = f'{name}_k{k}_{dtype}_{"x".join(map(str, blocks or ("default",)))}'
@@ -229,7 +232,7 @@ def main(argv):
   try:
     figures = compile_with_triton(flags_.triton_python, directory)
   except RuntimeError as error:
-    raise SystemExit(str(error)) from None
+    raise ValueError(f'--triton_python={flags_.triton_python}: {error}') from None
   print(
     f'\nn = {flags_.length}, head_dim {flags_.head_dim}, mask and dropout, sm_90a\n\n'
     '| kernel | k | dtype | tiles | pallas_call | registers | spill stores / loads (bytes) '
@@ -247,4 +250,6 @@ def main(argv):
 if __name__ == '__main__':
   runtime.apply_defaults()
   define_flags()
-  app.run(main)
+  from relpos.training import tasks  # after apply_defaults, as train.py imports it
+
+  tasks.run_main(main)

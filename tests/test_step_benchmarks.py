@@ -326,6 +326,17 @@ _A_FILE = str(REPO / 'README.md')
       ('--config=configs/char_tiny.py',),
       "task translate; the one given has config.task='char_lm'",
     ),
+    ('mosaic_xl.py', ('--lengths=0',), '--lengths=0: give integers of at least 1'),
+    ('mosaic_xl.py', ('--lengths=5x',), '--lengths=5x: each must be an integer'),
+    ('mosaic_xl.py', ('--kernels=flash',), "--kernels: unknown ['flash']; choose from mosaic"),
+    ('mosaic_xl.py', ('--batch=0',), '--batch=0: 0 is not a positive integer'),
+    ('mosaic_xl.py', (), 'needs an NVIDIA GPU; pass --interpret on a CPU'),
+    ('mosaic_shaw.py', ('--distances=-1',), '--distances=-1: give integers of at least 0'),
+    ('mosaic_shaw.py', ('--block_kv=0',), '--block_kv=0: 0 is not a positive integer'),
+    ('mosaic_shaw.py', ('stray',), "unexpected arguments ['stray']"),
+    ('triton_compile.py', ('--dtypes=int8',), "--dtypes: unknown ['int8']"),
+    ('triton_compile.py', ('--block_sizes=64by64',), '--block_sizes'),
+    ('triton_compile.py', ('--distances=k',), '--distances=k: each must be an integer'),
   ],
 )
 def test_step_benchmarks_refuse_bad_flags_and_configs_in_one_line(commands, script, flags, message):
