@@ -176,9 +176,9 @@ def test_a_half_written_checkpoint_is_never_resumed_from(text_file, straight, tm
   shutil.copytree(workdir / 'checkpoints' / '4', workdir / 'checkpoints' / f'6{TMP_MARKER}-1')
   before = _state(workdir)
   char_lm.TASK.train_model(_config(text_file), workdir)
-  out = capsys.readouterr().out
-  assert f'removed {workdir.resolve()}/checkpoints/6{TMP_MARKER}-1' in out
-  assert f'resumed from {workdir.resolve()}/checkpoints/4' in out
+  captured = capsys.readouterr()
+  assert f'warning: removed {workdir.resolve()}/checkpoints/6{TMP_MARKER}-1' in captured.err
+  assert f'resumed from {workdir.resolve()}/checkpoints/4' in captured.out
   assert not list((workdir / 'checkpoints').glob(f'*{TMP_MARKER}*'))
   _assert_nothing_lost(before, _state(workdir))
   assert _losses(workdir) == _losses(straight)
@@ -298,6 +298,51 @@ def test_a_workdir_removed_mid_run(text_file, tmp_path, monkeypatch):
     'no checkpoint is left there; restore it or give a new --workdir, then rerun',
   )
   assert not workdir.exists(), 'the checkpoint save made the removed workdir again'
+
+
+def test_a_workdir_where_another_run_trains_is_refused_until_it_dies(text_file, straight, tmp_path):
+  """A second run on a workdir whose lock another process holds (a train.py launched twice):
+  one line naming that process, exit 75, nothing touched (not even the holder's half-written
+  checkpoints, which a starting run removes as left over from a crash). Once the holder is
+  killed (-9: no cleanup), the kernel has dropped its lock and the run resumes."""
+  from relpos.training.workdir_lock import LOCK_FILE
+
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  shutil.rmtree(workdir / 'checkpoints' / '6')
+  half_written = workdir / 'checkpoints' / f'6{TMP_MARKER}1'
+  half_written.mkdir()  # the holder's save in flight
+  holder = subprocess.Popen(
+    [
+      sys.executable,
+      '-c',
+      'import sys; from relpos.training import workdir_lock\n'
+      f'with workdir_lock.hold({str(workdir)!r}):\n  print("held", flush=True); sys.stdin.read()',
+    ],
+    stdin=subprocess.PIPE,
+    stdout=subprocess.PIPE,
+    text=True,
+    cwd=REPO,
+  )
+  try:
+    assert holder.stdout.readline().strip() == 'held'
+    before = _state(workdir)
+    with pytest.raises(tasks.FAULTS) as caught:
+      char_lm.TASK.train_model(_config(text_file), workdir)
+    _fault(
+      caught.value,
+      75,
+      f'--workdir={workdir} is in use: process {holder.pid} on ',
+      f'trains there now (it holds {workdir / LOCK_FILE}); wait for it to end, or give another',
+    )
+    _assert_nothing_lost(before, _state(workdir))
+    assert half_written.is_dir()
+  finally:
+    holder.kill()
+    holder.wait()
+  char_lm.TASK.train_model(_config(text_file), workdir)
+  assert 6 in _state(workdir)[0] and not half_written.exists()
+  assert (workdir / LOCK_FILE).read_text() == ''  # the holder's line goes when its run ends
 
 
 def test_a_workdir_of_the_other_task_is_named_by_every_command(straight, tmp_path):
@@ -668,9 +713,13 @@ def test_train_py_with_every_checkpoint_damaged_is_one_line(commands, straight, 
   )
   lines = [line for line in result.stderr.splitlines() if not line.startswith('relpos: CPU')]
   assert result.returncode == 1, result.stderr[-3000:]
-  assert lines[0].startswith(f'error: no readable checkpoint in {workdir}/checkpoints (step 6: ')
-  assert lines[1:] == [], result.stderr[-3000:]  # one line: --traceback shows where
-  assert lines[0].endswith(
+  # A warning line as each checkpoint is skipped, newest first, then the one error line.
+  *warnings, error = lines
+  assert len(warnings) == 3, result.stderr[-3000:]  # nothing else: --traceback shows where
+  for line, step in zip(warnings, (6, 4, 2), strict=True):
+    assert line.startswith(f'warning: checkpoint {workdir}/checkpoints/{step} is unreadable (')
+  assert error.startswith(f'error: no readable checkpoint in {workdir}/checkpoints (step 6: ')
+  assert error.endswith(
     'their files are damaged: restore them from a copy, or give a new --workdir'
   )
 

@@ -27,6 +27,7 @@ config's declaration (`relpos.config.fields`) and an entry in `relpos.training.t
 """
 
 import abc
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -50,7 +51,7 @@ from relpos.config.recorded import check_config_change, record_config
 from relpos.messages import warn
 from relpos.models.multihead_attention import clip_shaw_tables
 from relpos.training import mesh as mesh_lib
-from relpos.training import optim
+from relpos.training import optim, workdir_lock
 from relpos.training.checkpoints import (
   Checkpoints,
   FilesystemFaultError,
@@ -487,7 +488,8 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   `FilesystemFaultError`, as is a checkpoint that does not commit (`Checkpoints`), and XLA's
   out-of-memory is a `DeviceMemoryError` with the step's shapes and what would fit. Each names
   the step reached and the last good checkpoint. A workdir of another task is a
-  `TaskMismatchError` before anything is written.
+  `TaskMismatchError` before anything is written, and one where another run trains now a
+  `WorkdirInUseError` (`workdir_lock`).
   """
   workdir = Path(workdir)
   check_task(workdir, config.get('task'))  # before anything else: the workdir's run
@@ -500,8 +502,10 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
     checkpoints = reached['checkpoints']
     return checkpoints.last_good() if checkpoints else last_good_in(workdir)
 
+  lock = workdir_lock.hold(workdir) if mesh_lib.is_writer() else contextlib.nullcontext()
   try:
-    _train(task, config, workdir, mesh, preemption, allow_config_change, reached)
+    with lock:  # one run at a time in a workdir
+      _train(task, config, workdir, mesh, preemption, allow_config_change, reached)
   except OSError as error:
     path = Path(error.filename) if error.filename else None
     inside = path is not None and workdir.resolve() in (path.resolve(), *path.resolve().parents)

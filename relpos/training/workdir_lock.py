@@ -1,0 +1,71 @@
+"""One training run at a time in a workdir: an advisory lock held for the run's whole life.
+
+Two train.py processes on one workdir (a command launched twice, a sweep and a hand-started
+run, a job restarted while its first copy still runs) would write the same checkpoints, and the
+second's start would remove the first's half-written one as left over from a crash. So
+`train` holds `fcntl.flock` on `<workdir>/.relpos.lock` from before it touches anything in the
+workdir until it returns, and a second run is refused in one line naming the holder's process,
+host and start time, which the holder writes into the file.
+
+The kernel drops a flock when its process dies, however it dies (kill -9, a lost node's
+process killed), so there is never a stale lock to remove by hand: a run resumed after a
+crash takes the lock at once. Only the writing process of a multi-process run (process 0)
+locks; the others write nothing in the workdir. Readers (eval.py, the tools) do not lock:
+they may read a run while it trains. A filesystem without flock (some network filesystems
+answer ENOLCK or EOPNOTSUPP) runs unlocked, with one warning.
+"""
+
+import contextlib
+import errno
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+
+from relpos.messages import warn
+from relpos.training.preemption import RunFaultError
+
+LOCK_FILE = '.relpos.lock'
+_UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+
+
+class WorkdirInUseError(RunFaultError):
+  """Another process holds the workdir's lock: a run trains there now."""
+
+  exit_code = 75  # sysexits.h EX_TEMPFAIL: try again later
+
+
+@contextlib.contextmanager
+def hold(workdir: Path):
+  """Holds the workdir's lock while the block runs (workdir exists).
+
+  Raises:
+    WorkdirInUseError: another process holds it; nothing in the workdir was touched.
+  """
+  path = Path(workdir) / LOCK_FILE
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      holder = os.pread(fd, 4096, 0).decode('utf-8', 'replace').strip() or 'a process'
+      raise WorkdirInUseError(
+        f'--workdir={workdir} is in use: {holder} trains there now (it holds {path}); '
+        'wait for it to end, or give another --workdir'
+      ) from None
+    except OSError as error:
+      if error.errno not in _UNSUPPORTED:
+        raise
+      warn(f'{path}: this filesystem takes no lock ({error.strerror}); nothing stops a second run')
+      yield
+      return
+    started = time.strftime('%Y-%m-%d %H:%M:%S %Z')
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f'process {os.getpid()} on {socket.gethostname()}, started {started}'.encode(), 0)
+    try:
+      yield
+    finally:
+      os.ftruncate(fd, 0)  # the holder's line goes with it; the lock itself with the close
+  finally:
+    os.close(fd)
