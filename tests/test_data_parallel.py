@@ -301,7 +301,7 @@ def test_two_processes_train_the_char_lm_in_sync_and_stop_together(tmp_path):
   # SIGTERM reaches process 1 only: both stop after the same step and save it together.
   outputs, codes = _run_two_processes(tmp_path, args, terminate=(1, 'step 3/120'))
   assert codes == [143, 143], outputs[1][-3000:]
-  stopped = [re.search(r'SIGTERM at step (\d+)', output).group(1) for output in outputs]
+  stopped = [re.search(r'at step (\d+): saved ', output).group(1) for output in outputs]
   assert stopped[0] == stopped[1] and 3 <= int(stopped[0]) < 120
   assert stopped[0] in [p.name for p in (tmp_path / 'run' / 'checkpoints').iterdir()]
 

@@ -18,10 +18,10 @@ from flax import nnx
 from relpos.config import checks, fields
 from relpos.config.fields import field, section, subsection
 from relpos.config.shared import EvalConfig, OptimConfig, RunFields, TrainConfig
-from relpos.training import loop
+from relpos.training import loop, tasks
 from relpos.training import mesh as mesh_lib
 from relpos.training import progress as loop_progress
-from relpos.training.preemption import PreemptedError
+from relpos.training.preemption import InterruptedRunError, PreemptedError
 
 _TRUE_WEIGHTS = np.array([[1.5], [-2.0], [0.5]], np.float32)
 
@@ -185,9 +185,51 @@ def test_sigterm_saves_the_reached_step_and_stops(tmp_path, monkeypatch):
     return run
 
   monkeypatch.setattr(TASK, 'training', training_then_sigterm)
-  with pytest.raises(PreemptedError, match=r'SIGTERM at step 1 '):
+  with pytest.raises(PreemptedError, match=r'^SIGTERM at step 1: saved '):
     TASK.train_and_evaluate(_config(), tmp_path / 'run')
   assert [p.name for p in (tmp_path / 'run' / 'checkpoints').iterdir()] == ['1']
+
+
+@pytest.mark.parametrize('presses', [1, 2])
+def test_ctrl_c_saves_and_stops_and_a_second_stops_at_once(tmp_path, monkeypatch, capfd, presses):
+  """Ctrl-C once: as SIGTERM (a checkpoint at the step reached, then stop), exit 130, with a
+  line saying so as it is pressed. Twice: stop at once, one line naming the last good
+  checkpoint (none here), exit 130; the handlers are the test session's again after."""
+  training = TASK.training
+  before = signal.getsignal(signal.SIGINT)
+
+  def training_then_ctrl_c(*args):
+    run = training(*args)
+    for _ in range(presses):
+      os.kill(os.getpid(), signal.SIGINT)  # as if pressed while compiling
+    return run
+
+  monkeypatch.setattr(TASK, 'training', training_then_ctrl_c)
+  workdir = tmp_path / 'run'
+  with pytest.raises((PreemptedError, InterruptedRunError)) as caught:
+    TASK.train_and_evaluate(_config(), workdir)
+  assert 'Ctrl-C: saving a checkpoint after this step, then stopping' in capfd.readouterr().err
+  code, line = tasks.fault_exit(caught.value)
+  assert caught.value.exit_code == 130 and signal.getsignal(signal.SIGINT) is before
+  if presses == 1:
+    assert str(caught.value).startswith('Ctrl-C (SIGINT) at step 1: saved ')
+    assert [p.name for p in (workdir / 'checkpoints').iterdir()] == ['1']
+  else:
+    assert (code, line) == (
+      130,
+      'error: stopped by Ctrl-C at step 0, without a save; no checkpoint was written yet; '
+      'rerun the same command to resume from it',
+    )
+    assert not list(workdir.glob('checkpoints/*'))
+
+
+def test_a_stop_signal_to_another_process_is_named_as_such():
+  stopped = PreemptedError.saved(7, 'w/checkpoints/7')
+  assert (str(stopped), stopped.exit_code) == (
+    'SIGTERM or Ctrl-C to another process of the run at step 7: saved w/checkpoints/7; rerun '
+    'the same command to resume',
+    143,
+  )
 
 
 def test_checkpoints_hold_the_model_apart_from_the_optimizer(tmp_path):
@@ -386,6 +428,26 @@ def test_an_interval_of_only_excluded_steps_reports_them(monkeypatch):
   progress.start_clock()
   tokens_per_second, text = progress.report(1, tokens=20)
   assert tokens_per_second == 5.0 and text.endswith('| ETA 0m08s')
+
+
+def test_a_long_pass_prints_progress_every_interval_from_the_first_items_end(capsys):
+  """`PassProgress`: nothing until `every` seconds after the first item (its compile off the
+  rate), then a line per interval with the rate since the first item and the ETA; a pending
+  device value is waited for before a line."""
+  from relpos.training.progress import PassProgress
+
+  times = iter([100.0, 110.0, 131.0, 131.0, 140.0, 170.0, 170.0])
+  progress = PassProgress('test bpc', 100, 'segments', every=30.0, clock=lambda: next(times))
+  progress.update(1)  # 100 s: the clock starts
+  progress.update(5)  # 110 s: within the interval
+  assert capsys.readouterr().out == ''
+  progress.update(22, pending=jnp.zeros(3))  # 131 s: 21 segments in 31 s
+  progress.update(30)  # 140 s: within the next interval
+  progress.update(71, pending=jnp.zeros(3))  # 170 s: 70 segments in 70 s, 29 left
+  assert capsys.readouterr().out.splitlines() == [
+    'test bpc: 22/100 segments | 0.7 segments/s | ETA 1m55s',
+    'test bpc: 71/100 segments | 1.0 segments/s | ETA 0m29s',
+  ]
 
 
 def test_a_step_compiled_for_a_new_batch_shape_is_timed_apart(tmp_path, capsys, monkeypatch):

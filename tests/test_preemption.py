@@ -69,11 +69,11 @@ def _wait_for_step(process, workdir, step, timeout=240):
     time.sleep(0.05)
 
 
-def _sigterm_after_step(process, workdir, step) -> str:
-  """SIGTERM once `workdir`'s run has logged `step`; its stderr after it exits."""
+def _sigterm_after_step(process, workdir, step, signum=signal.SIGTERM) -> str:
+  """SIGTERM (or `signum`) once `workdir`'s run has logged `step`; its stderr after it exits."""
   try:
     _wait_for_step(process, workdir, step)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signum)
     return process.communicate(timeout=120)[1]
   finally:
     if process.poll() is None:
@@ -116,20 +116,55 @@ def test_sigkill_then_rerun_continues_the_same_loss_trajectory(text_file, tmp_pa
   assert all(resumed[step] == expected[step] for step in resumed), 'loss trajectory changed'
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(text_file, tmp_path):
+@pytest.mark.parametrize(
+  ('signum', 'named'), [(signal.SIGTERM, 'SIGTERM'), (signal.SIGINT, 'Ctrl-C')]
+)
+def test_sigterm_or_ctrl_c_saves_a_checkpoint_and_exits_cleanly(text_file, tmp_path, signum, named):
   workdir = tmp_path / 'run'
+  # Ctrl-C as at a terminal, where SIGINT is not ignored: it is in a shell's background job,
+  # which the run would inherit from a test session started as one, and then leave ignored.
+  at_a_terminal = 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); '
+  at_a_terminal += 'os.execv(sys.argv[1], sys.argv[1:])'
   process = subprocess.Popen(
-    _train_command(text_file, workdir, steps=100_000, checkpoint_every=0),
+    [sys.executable, '-c', at_a_terminal]
+    + _train_command(text_file, workdir, steps=100_000, checkpoint_every=0),
     cwd=REPO,
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,
   )
-  stderr = _sigterm_after_step(process, workdir, 5)
-  assert process.returncode == 143, stderr[-2000:]
-  assert 'Traceback' not in stderr and 'rerun the same command to resume' in stderr
+  stderr = _sigterm_after_step(process, workdir, 5, signum)
+  assert process.returncode == 128 + signum, stderr[-2000:]
+  assert 'Traceback' not in stderr, stderr[-2000:]
+  assert f'\n{named}' in stderr and 'rerun the same command to resume' in stderr
   saved = [int(p.name) for p in (workdir / 'checkpoints').iterdir() if p.name.isdigit()]
   assert saved and 5 <= saved[0] <= max(_logged_steps(workdir))
+
+
+_CTRL_C_IN = """
+import sys
+from relpos.training import loop, tasks
+def pressed(*args, **kwargs):
+  raise KeyboardInterrupt
+if sys.argv[1] == 'eval.py':
+  loop.Task.evaluate = pressed
+  sys.argv[1:] = ['--config=configs/char_tiny.py', '--workdir=unused']
+  tasks.launch('evaluate')
+else:
+  sys.argv[1:] = []
+  tasks.run_main(pressed)
+"""
+
+
+@pytest.mark.parametrize('program', ['eval.py', 'a tool'])
+def test_ctrl_c_outside_training_is_one_line(program):
+  """eval.py (the launchers outside training) and every `run_main` program: Ctrl-C is one
+  line and exit 130, not a traceback."""
+  done = subprocess.run(
+    [sys.executable, '-c', _CTRL_C_IN, program], cwd=REPO, capture_output=True, text=True
+  )
+  lines = [line for line in done.stderr.splitlines() if not line.startswith('relpos: CPU')]
+  assert (done.returncode, lines) == (130, ['error: stopped by Ctrl-C']), done.stderr[-2000:]
 
 
 def _config(text_file, steps):
@@ -212,7 +247,7 @@ def test_sigterm_during_setup_stops_after_the_first_step(text_file, tmp_path, mo
 
   monkeypatch.setattr(char_lm, 'build', build_then_sigterm)
   workdir = tmp_path / 'run'
-  with pytest.raises(PreemptedError, match=r'SIGTERM at step 1 '):
+  with pytest.raises(PreemptedError, match=r'^SIGTERM at step 1: saved '):
     char_lm.TASK.train_and_evaluate(_config(text_file, 6), workdir)
   assert [p.name for p in (workdir / 'checkpoints').iterdir()] == ['1']
 

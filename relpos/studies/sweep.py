@@ -682,10 +682,14 @@ def main(argv):
       breakdowns=breakdowns,
       evaluations=evaluations,
     )
-  except PreemptedError as stopped:  # SIGTERM: the run in progress saved a checkpoint
+  except PreemptedError as stopped:  # SIGTERM, Ctrl-C: the run in progress saved a checkpoint
     print(f'{stopped} (the sweep command resumes it and skips finished runs)', file=sys.stderr)
-    sys.exit(tasks.PREEMPTED_EXIT_CODE)
-  except tasks.FAULTS as fault:  # a full disk, a workdir of another task, out of memory
+    sys.exit(stopped.exit_code)
+  except KeyboardInterrupt:  # Ctrl-C outside a run's training (its evaluation, the tables)
+    print('error: stopped by Ctrl-C (the sweep command resumes)', file=sys.stderr, flush=True)
+    sys.exit(tasks.INTERRUPTED_EXIT_CODE)
+  except tasks.FAULTS as fault:  # a full disk, a workdir of another task, out of memory, a
+    # second Ctrl-C during training
     code, line = tasks.fault_exit(fault)
     print(line, file=sys.stderr)
     sys.exit(code)

@@ -31,6 +31,7 @@ from relpos.data.ordered import OrderedBatches
 from relpos.models.transformer_xl import Memory, TransformerXL, TransformerXLConfig, nats_per_token
 from relpos.training import loop
 from relpos.training import mesh as mesh_lib
+from relpos.training.progress import PassProgress
 
 
 def model_config(config, vocab_size: int) -> TransformerXLConfig:
@@ -147,7 +148,9 @@ def split_batches(config, split: str, tokens, *, rows_of: str, segments_of: str,
   )
 
 
-def bits_per_char(model, batches: OrderedBatches, span, *, max_segments: int = 0) -> dict:
+def bits_per_char(
+  model, batches: OrderedBatches, span, *, max_segments: int = 0, what: str = 'bpc'
+) -> dict:
   """Mean nats / ln 2 over a split's `batches`, walked in order with memory (the whole split by
   default).
 
@@ -157,11 +160,13 @@ def bits_per_char(model, batches: OrderedBatches, span, *, max_segments: int = 0
   (the items of `relpos.studies.significance`'s paired test), position_* per position within a
   segment (0 to tgt_len - 1, pooled over segments and rows: how the loss falls as the segment
   gives more context of its own; `relpos.studies.breakdown`). `max_segments` > 0 scores only
-  the first segments.
+  the first segments. A pass of more than half a minute prints progress lines headed `what`.
   """
   graphdef, state = nnx.split(model)
   memory = model.init_memory(batches.batch_size, span.mem_len)
   segment_position_nats, segment_tokens = [], []  # [L] nats on the device, per segment
+  total = min(max_segments or batches.num_segments, batches.num_segments)
+  progress = PassProgress(what, total, 'segments')
   for segment, inputs, targets in batches.iterate():
     if max_segments and segment >= max_segments:
       break
@@ -176,6 +181,7 @@ def bits_per_char(model, batches: OrderedBatches, span, *, max_segments: int = 0
     )
     segment_position_nats.append(nats)
     segment_tokens.append(targets.size)
+    progress.update(segment + 1, pending=nats)
   position_nats, position_tokens = np.zeros(span.tgt_len), np.zeros(span.tgt_len)
   segment_nats = []
   # [L] per segment (the last may be short)
@@ -203,7 +209,11 @@ def _validate(config, batches: OrderedBatches, model, step: int) -> dict:
   valid split's batches): bits-per-char with config.train's segments, over the first
   config.eval.max_segments_during_training segments, printed and returned as scalars to log."""
   result = bits_per_char(
-    model, batches, config.train, max_segments=config.eval.max_segments_during_training
+    model,
+    batches,
+    config.train,
+    max_segments=config.eval.max_segments_during_training,
+    what=f'step {step}: valid bpc',
   )
   print(f'step {step}: valid bpc {result["bpc"]:.4f} ({result["tokens"]} chars)', flush=True)
   return {'valid/bpc': result['bpc']}
@@ -296,7 +306,7 @@ class CharLM(loop.Task):
     model, steps, checkpoint = loop.restore_model(model, config.eval, workdir)
     split = config.eval.split
     batches = split_batches(config, split, splits[split], rows_of='eval', segments_of='eval')
-    result = bits_per_char(model, batches, config.eval)
+    result = bits_per_char(model, batches, config.eval, what=f'{split} bpc')
     return result | {
       'split': split,
       'step': steps[-1],

@@ -61,7 +61,12 @@ from relpos.training.checkpoints import (
   last_good_in,
 )
 from relpos.training.metric_writer import MetricWriter
-from relpos.training.preemption import PreemptedError, PreemptionSignal, RunFaultError
+from relpos.training.preemption import (
+  InterruptedRunError,
+  PreemptedError,
+  PreemptionSignal,
+  RunFaultError,
+)
 from relpos.training.progress import Progress
 from relpos.training.run_config import check_model, check_task, data_changes, not_a_workdir
 
@@ -518,6 +523,11 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
     if not is_out_of_memory(error):
       raise
     raise out_of_memory_fault(config, reached['step'] + 1, last_good()) from error
+  except KeyboardInterrupt:  # a second Ctrl-C (the first saves and stops: PreemptionSignal)
+    raise InterruptedRunError(
+      f'stopped by Ctrl-C at step {reached["step"]}, without a save; {last_good()}; rerun the '
+      'same command to resume from it'
+    ) from None
 
 
 def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_change, reached: dict):
@@ -638,7 +648,7 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
         if checkpoints.latest_step() != done:
           save(done)
         checkpoints.commit()  # "saved" only once it is
-        raise PreemptedError.saved(done, checkpoints.directory / str(done))
+        raise PreemptedError.saved(done, checkpoints.directory / str(done), preemption.signum)
     if checkpoints.latest_step() != train_config.steps:
       save(train_config.steps)
   except BaseException:

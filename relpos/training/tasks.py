@@ -31,7 +31,7 @@ def get(config: ml_collections.ConfigDict) -> Task:
   return importlib.import_module(_TASKS[task]).TASK
 
 
-PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: the checkpoint is saved, rerun to resume
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: Ctrl-C outside training
 # What bad configs, data and workdirs raise: the launchers print these as one line (a data file
 # that cannot be read raises PermissionError, which names it; the workdir's own faults are
 # `FAULTS`, below).
@@ -222,8 +222,8 @@ def run_main(main) -> None:
   """`app.run(main)` for relpos's other commands (benchmarks, tools, studies), with the
   launchers' manners: flags parsed by `parse_flags` (a config file, field or value that is wrong
   is one line), a stray argument one line (every option is a flag), absl logging at WARNING
-  (`quiet_logging`), and a `USER_ERRORS` exception from `main` one `error:` line with exit
-  status 1, not a traceback."""
+  (`quiet_logging`), a `USER_ERRORS` exception from `main` one `error:` line with exit
+  status 1, not a traceback, and Ctrl-C one line with INTERRUPTED_EXIT_CODE."""
 
   def guarded(argv):
     start_command(argv)
@@ -231,6 +231,9 @@ def run_main(main) -> None:
       return main(argv)
     except USER_ERRORS as error:
       sys.exit(f'error: {error}')
+    except KeyboardInterrupt:
+      print('error: stopped by Ctrl-C', file=sys.stderr, flush=True)
+      sys.exit(INTERRUPTED_EXIT_CODE)
 
   app.run(guarded, flags_parser=parse_flags)
 
@@ -241,9 +244,11 @@ def launch(action: str):
   `action` is 'train_and_evaluate' (which also takes --allow_config_change) or 'evaluate'
   (which also takes --output_dir, where eval_results.json and translations go). A
   USER_ERRORS exception ends the run with `error: <message>` and exit code 1, without a
-  traceback unless --traceback is given; SIGTERM during training saves a checkpoint and exits
-  with PREEMPTED_EXIT_CODE. With --distributed, every process runs the same command (its own
-  --process_id) and jax.distributed is initialised before anything touches a device.
+  traceback unless --traceback is given; SIGTERM or a first Ctrl-C during training saves a
+  checkpoint and exits with 128 + the signal's number (`PreemptedError.exit_code`), a Ctrl-C
+  elsewhere is one line and INTERRUPTED_EXIT_CODE. With --distributed, every process runs the
+  same command (its own --process_id) and jax.distributed is initialised before anything
+  touches a device.
   """
   config = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
   workdir = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and metrics.')
@@ -274,7 +279,10 @@ def launch(action: str):
       result = getattr(task, action)(config.value, workdir.value, **kwargs)
     except PreemptedError as stopped:
       print(stopped, file=sys.stderr)
-      sys.exit(PREEMPTED_EXIT_CODE)
+      sys.exit(stopped.exit_code)
+    except KeyboardInterrupt:  # outside training (there: PreemptionSignal, InterruptedRunError)
+      print('error: stopped by Ctrl-C', file=sys.stderr, flush=True)
+      sys.exit(INTERRUPTED_EXIT_CODE)
     except FAULTS as fault:
       if show_traceback.value:
         raise

@@ -38,6 +38,7 @@ from relpos.messages import warn
 from relpos.models.transformer import Transformer, TransformerConfig
 from relpos.training import loop
 from relpos.training import mesh as mesh_lib
+from relpos.training.progress import PassProgress
 
 # Decoding pads sources to a power of two, at least this: each padded length compiles the beam
 # search once (tens of seconds on CPU), so few lengths beat tight padding.
@@ -179,7 +180,8 @@ def make_translator(model, eval_config, *, max_len: int):
 
 
 def translate_sentences(model, tokenizer, sources: list[str], eval_config, *, max_len) -> list:
-  """Detokenised translations of `sources`, in their order.
+  """Detokenised translations of `sources`, in their order (progress lines after half a
+  minute).
 
   A source of more than `max_len` - 1 pieces (config.model.max_len, less one for EOS) is cut
   to its first `max_len` - 1, so that every source is translated (the model takes no longer
@@ -198,9 +200,13 @@ def translate_sentences(model, tokenizer, sources: list[str], eval_config, *, ma
     )
   encoded = [ids[:longest] for ids in encoded]
   translations = [''] * len(sources)
+  progress = PassProgress('translating', len(sources), 'sentences')
+  done = 0
   for indices, src_BS in _source_batches(encoded, eval_config.batch_size, max_len):
     for index, ids in zip(indices, translate(src_BS), strict=False):
       translations[index] = tokenizer.decode(ids.tolist())
+    done += len(indices)
+    progress.update(done)
   return translations
 
 
