@@ -158,3 +158,36 @@ def test_the_device_count_holds_after_a_word_xla_does_not_read():
   assert done.returncode == 0, done.stderr
   assert done.stdout.split() == ['2']
   assert "XLA reads no flag of XLA_FLAGS from 'intra_op_parallelism_threads=2' on" in done.stderr
+
+
+# Programs that run no JAX computation of their own, so relpos's process defaults (a re-exec
+# for the allocator, the device count, the cache) would only cost them a restart.
+_WITHOUT_DEFAULTS = {
+  'relpos/studies/plot.py': 'reads metrics.jsonl and draws with matplotlib',
+  'relpos/studies/significance.py': 'statistics in NumPy over finished runs',
+  'relpos/data/prepare.py': 'downloads and writes data files',
+  'benchmarks/gpu_run.py': "gpu_run.sh's helper: parses and formats, runs nothing",
+  'benchmarks/gpu_compile.py': 'compiles for an H100 it does not have, with its own environment',
+}
+
+
+def test_every_program_that_runs_jax_applies_the_defaults_first():
+  """The module docstring's contract, "every program of relpos calls apply_defaults() first":
+  each file with a __main__ block calls it there, or is listed above with why it need not.
+  (relpos.tools.check_install did not, and so checked a process unlike a run's.)"""
+  programs = [
+    path
+    for pattern in ('*.py', 'relpos/**/*.py', 'benchmarks/*.py')
+    for path in ROOT.glob(pattern)
+    if "if __name__ == '__main__':" in path.read_text()
+  ]
+  names = {str(path.relative_to(ROOT)) for path in programs}
+  assert {'train.py', 'eval.py', 'relpos/tools/check_install.py'} <= names
+  assert set(_WITHOUT_DEFAULTS) <= names, 'a listed program is gone: take it off the list'
+  missing = [
+    name
+    for path, name in zip(programs, map(str, (p.relative_to(ROOT) for p in programs)), strict=True)
+    if name not in _WITHOUT_DEFAULTS
+    and 'runtime.apply_defaults()' not in path.read_text().split("if __name__ == '__main__':")[1]
+  ]
+  assert not missing, f'programs whose __main__ does not call runtime.apply_defaults(): {missing}'

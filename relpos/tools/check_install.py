@@ -7,6 +7,8 @@ Prints the jax, jaxlib and flax versions, the backend and its devices, then runs
 `shaw_attention` and `xl_attention` (forward and gradients) with XLA's kernels and, on a GPU (or
 with --pallas), with the fused Pallas kernels, and compares the two (float32, matmuls at full
 precision). The last line is `OK` or one line naming what failed; the exit status is 0 or 1.
+It runs with relpos's process defaults (`relpos.runtime`), as train.py does, so it checks what a
+run gets.
 """
 
 import sys
@@ -109,4 +111,7 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
+  from relpos import runtime
+
+  runtime.apply_defaults()  # what every relpos program runs with, checked as such
   sys.exit(main(sys.argv))
