@@ -2,8 +2,9 @@
 CPU devices, an XLA flag on a GPU and the persistent compilation cache.
 
 Every program of relpos that runs JAX (train.py, eval.py, `python -m relpos.<tool>`, the
-benchmarks; tests/test_runtime.py lists the few that run none) calls `apply_defaults()` first, so a user gets the fast settings without touching their shell, and
-the benchmarks measure what a user runs. It reads and sets environment variables only, never
+benchmarks; tests/test_runtime.py lists the few that run none) calls `apply_defaults()` first,
+so a user gets the fast settings without touching their shell, and the benchmarks measure what
+a user runs. It reads and sets environment variables only, never
 imports JAX, and does nothing that a variable the user set already decides.
 
 - **Allocator** (Linux, JAX on the CPU). XLA:CPU allocates its buffers with malloc at every
