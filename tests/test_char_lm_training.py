@@ -164,6 +164,31 @@ def test_missing_and_empty_text_for_the_char_lm(tmp_path):
     char_lm.TASK.train_and_evaluate(config, tmp_path / 'run2')
 
 
+def test_a_start_that_failed_before_training_binds_no_later_run(text_file, tmp_path):
+  """A first start that stops on its data (a split too short) leaves the vocabulary of that
+  data and no config.json; the rerun on other data, in the same workdir and without
+  --allow_config_change, trains with its own vocabulary. Once a run has trained, another
+  vocabulary is refused."""
+  (tmp_path / 'short.txt').write_text('xyz ' * 30)  # 3 symbols and a space: too short
+  config = _config(tmp_path / 'short.txt', steps=4)
+  config.data.vocab = 'original'
+  workdir = tmp_path / 'run'
+  with pytest.raises(ValueError, match=r'the valid split of \S*short\.txt'):
+    char_lm.TASK.train_model(config, workdir)
+  assert json.loads((workdir / 'vocab.json').read_text())['symbols'] == [32, 120, 121, 122]
+  assert not (workdir / 'config.json').exists()
+  config.data.path = str(text_file)
+  char_lm.TASK.train_model(config, workdir)
+  symbols = json.loads((workdir / 'vocab.json').read_text())['symbols']
+  assert symbols == sorted(set(text_file.read_bytes()) - {ord('\n')})
+  assert json.loads((workdir / 'config.json').read_text())['data']['path'] == str(text_file)
+  config.data.path = str(tmp_path / 'short.txt')
+  with pytest.raises(ValueError, match='holds a run with another config'):
+    char_lm.TASK.train_model(config, workdir)
+  with pytest.raises(ValueError, match=r'vocab\.json was written for other data'):
+    char_lm.TASK.train_model(config, workdir, allow_config_change=True)
+
+
 @pytest.mark.parametrize(
   'fields,message',
   [

@@ -110,9 +110,16 @@ def train_model(sentences: Sequence[str], vocab_size: int) -> bytes:
 
 
 def train_or_load(
-  model_path, sentences: Iterable[str], vocab_size: int, *, max_sentences: int, seed: int
+  model_path,
+  sentences: Iterable[str],
+  vocab_size: int,
+  *,
+  max_sentences: int,
+  seed: int,
+  reuse: bool = True,
 ) -> Tokenizer:
-  """The Tokenizer saved at `model_path`, trained there first if the file does not exist.
+  """The Tokenizer saved at `model_path`, trained there first if the file does not exist (or,
+  with `reuse` False, trained there over the file).
 
   Args:
     model_path: str or Path of the `.model` file, e.g. workdir/'spm.model'.
@@ -120,12 +127,13 @@ def train_or_load(
     vocab_size: number of pieces, the 4 special ids included.
     max_sentences: train on a seeded sample of this many sentences (0: all).
     seed: seed of that sample.
+    reuse: load an existing file rather than train.
   Raises:
     ValueError: an existing model has another vocab_size, or the text is too small for
       vocab_size (see train_model).
   """
   model_path = pathlib.Path(model_path)
-  if not model_path.exists():
+  if not (reuse and model_path.exists()):
     model = train_model(sample_sentences(sentences, max_sentences, seed), vocab_size)
     model_path.parent.mkdir(parents=True, exist_ok=True)
     partial = model_path.with_name(f'{model_path.name}.partial-{os.getpid()}')

@@ -32,6 +32,7 @@ from relpos.models.transformer_xl import Memory, TransformerXL, TransformerXLCon
 from relpos.training import loop
 from relpos.training import mesh as mesh_lib
 from relpos.training.progress import PassProgress
+from relpos.training.run_config import has_run
 
 
 def model_config(config, vocab_size: int) -> TransformerXLConfig:
@@ -40,22 +41,24 @@ def model_config(config, vocab_size: int) -> TransformerXLConfig:
   return TASK.declaration.model.from_section(config.model, vocab_size=vocab_size)
 
 
-def _vocab_for_run(config, workdir: Path):
-  """Splits and vocabulary; the vocabulary is saved on the first run and must match later.
-
-  Process 0 saves it; the other processes read it after process 0 is done.
+def _vocab_for_run(config, workdir: Path, *, training: bool):
+  """Splits and vocabulary; the vocabulary is saved by the first run that trains and must match
+  later. Training saves it (process 0; the others then read it) over one that a start which
+  never trained left, perhaps from other data (`run_config.has_run`); evaluation writes
+  nothing.
   """
 
   def load():
     splits, vocab = load_char_splits(config.data)
     saved = workdir / 'vocab.json'
-    if saved.exists():
+    writes = training and mesh_lib.is_writer() and not has_run(workdir)
+    if saved.exists() and not writes:
       if CharVocab.from_json(saved.read_text()) != vocab:
         raise ValueError(
           f'{saved} was written for other data (config.data.vocab / config.data.path changed); '
           'use a new --workdir'
         )
-    else:
+    elif training and mesh_lib.is_writer():
       saved.write_text(vocab.to_json())
     return splits, vocab
 
@@ -253,7 +256,7 @@ class CharLM(loop.Task):
     """
     train = config.train
     rows = mesh_lib.process_rows(train.batch_size, mesh)  # only the rows this process feeds
-    splits, vocab = _vocab_for_run(config, workdir)
+    splits, vocab = _vocab_for_run(config, workdir, training=True)
     batches = split_batches(
       config, 'train', splits['train'], rows_of='train', segments_of='train', rows=rows
     )
@@ -301,7 +304,7 @@ class CharLM(loop.Task):
     """Bits-per-char on config.eval.split, with config.eval's segment and memory settings
     (`output_dir` is unused: nothing but eval_results.json is written)."""
     del output_dir
-    splits, vocab = _vocab_for_run(config, workdir)
+    splits, vocab = _vocab_for_run(config, workdir, training=False)
     model = TransformerXL(model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))
     model, steps, checkpoint = loop.restore_model(model, config.eval, workdir)
     split = config.eval.split

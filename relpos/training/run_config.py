@@ -20,6 +20,14 @@ def not_a_workdir(workdir, flag: str | None = '--workdir') -> FileNotFoundError:
   return FileNotFoundError(f'{given} is not a directory: give the workdir of a training run')
 
 
+def has_run(workdir) -> bool:
+  """Whether a run has started training in `workdir`: it records its config once its checkpoint
+  (if any) restored, right before its first step (`relpos.training.loop`). What a start that
+  failed before that left behind (a vocabulary of other data) binds no later run: the tasks
+  make their vocabulary again unless a run trained with it."""
+  return (Path(workdir) / CONFIG_FILE).is_file()
+
+
 def read_config(workdir, flag: str | None = '--workdir') -> ml_collections.ConfigDict:
   """The config a run recorded in workdir/config.json (what the tools that read a finished run
   start from). `flag` names the command-line flag that gave workdir, for the error (None: a

@@ -39,6 +39,7 @@ from relpos.models.transformer import Transformer, TransformerConfig
 from relpos.training import loop
 from relpos.training import mesh as mesh_lib
 from relpos.training.progress import PassProgress
+from relpos.training.run_config import has_run
 
 # Decoding pads sources to a power of two, at least this: each padded length compiles the beam
 # search once (tens of seconds on CPU), so few lengths beat tight padding.
@@ -251,6 +252,7 @@ class Translate(loop.Task):
       seed=config.seed,
       row_multiple=mesh.size * config.train.grad_accum_steps,
       shard=mesh_lib.process_shard(),
+      reuse_vocabulary=has_run(workdir),  # not one a start that never trained left
     )
     validation = eval_batches(config.data, data, seed=config.seed)
     print(
