@@ -430,26 +430,6 @@ def test_an_interval_of_only_excluded_steps_reports_them(monkeypatch):
   assert tokens_per_second == 5.0 and text.endswith('| ETA 0m08s')
 
 
-def test_a_long_pass_prints_progress_every_interval_from_the_first_items_end(capsys):
-  """`PassProgress`: nothing until `every` seconds after the first item (its compile off the
-  rate), then a line per interval with the rate since the first item and the ETA; a pending
-  device value is waited for before a line."""
-  from relpos.training.progress import PassProgress
-
-  times = iter([100.0, 110.0, 131.0, 131.0, 140.0, 170.0, 170.0])
-  progress = PassProgress('test bpc', 100, 'segments', every=30.0, clock=lambda: next(times))
-  progress.update(1)  # 100 s: the clock starts
-  progress.update(5)  # 110 s: within the interval
-  assert capsys.readouterr().out == ''
-  progress.update(22, pending=jnp.zeros(3))  # 131 s: 21 segments in 31 s
-  progress.update(30)  # 140 s: within the next interval
-  progress.update(71, pending=jnp.zeros(3))  # 170 s: 70 segments in 70 s, 29 left
-  assert capsys.readouterr().out.splitlines() == [
-    'test bpc: 22/100 segments | 0.7 segments/s | ETA 1m55s',
-    'test bpc: 71/100 segments | 1.0 segments/s | ETA 0m29s',
-  ]
-
-
 def test_a_step_compiled_for_a_new_batch_shape_is_timed_apart(tmp_path, capsys, monkeypatch):
   """Translation's length buckets compile the step again at each new batch shape: that step
   gets its own line too, and its interval stays out of the next report's rate."""

@@ -2,16 +2,32 @@
 
 import os
 import pathlib
-import shutil
 import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 
+from relpos.messages import PassProgress
+
+_MIB = 1 << 20
+
 
 class DownloadError(OSError):
   """A download that did not arrive (no network, a refused connection, an HTTP error); the
   message names the URL. Callers add where else the file can come from."""
+
+
+def _copy_with_progress(response, out, url: str) -> None:
+  """Copies the response body to `out`, MiB by MiB, with a progress line every half minute (a
+  slow network, a large corpus): MiB done of the Content-Length, rate and ETA."""
+  length = response.headers.get('Content-Length')
+  total = -(-int(length) // _MIB) if length and length.isdigit() else None
+  progress = PassProgress(f'downloading {url}', total, 'MiB')
+  done = 0
+  while chunk := response.read(_MIB):
+    out.write(chunk)
+    done += len(chunk)
+    progress.update(done // _MIB)
 
 
 def fetch(url: str, target, *, check: Callable[[pathlib.Path], object] | None = None):
@@ -32,7 +48,7 @@ def fetch(url: str, target, *, check: Callable[[pathlib.Path], object] | None = 
     request = urllib.request.Request(url, headers={'User-Agent': 'relpos'})
     try:
       with urllib.request.urlopen(request, timeout=60) as response, partial.open('wb') as out:
-        shutil.copyfileobj(response, out)
+        _copy_with_progress(response, out, url)
     except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
       reason = getattr(error, 'reason', error)
       raise DownloadError(f'cannot download {url} ({reason})') from None

@@ -28,10 +28,10 @@ from relpos.config import shared
 from relpos.config.char_lm_defaults import CharLMConfig
 from relpos.data.char_corpus import CharVocab, load_char_splits
 from relpos.data.ordered import OrderedBatches
+from relpos.messages import PassProgress
 from relpos.models.transformer_xl import Memory, TransformerXL, TransformerXLConfig, nats_per_token
 from relpos.training import loop
 from relpos.training import mesh as mesh_lib
-from relpos.training.progress import PassProgress
 from relpos.training.run_config import has_run
 
 
@@ -299,6 +299,11 @@ class CharLM(loop.Task):
 
   def train_scalars(self, totals):
     return {'train/bpc': totals['loss'] / totals['tokens'] / math.log(2)}
+
+  def data_files(self, config):
+    if config.data.kind != 'text':
+      return {}  # enwik8: its size and md5 are checked as it is read (relpos.data.enwik8)
+    return {'config.data.path': Path(config.data.path)}
 
   def score(self, config, workdir, output_dir=None) -> dict:
     """Bits-per-char on config.eval.split, with config.eval's segment and memory settings

@@ -50,8 +50,8 @@ from relpos.config import checks, fields
 from relpos.config.recorded import check_config_change, record_config
 from relpos.messages import warn
 from relpos.models.multihead_attention import clip_shaw_tables
+from relpos.training import data_record, optim, workdir_lock
 from relpos.training import mesh as mesh_lib
-from relpos.training import optim, workdir_lock
 from relpos.training.checkpoints import (
   Checkpoints,
   FilesystemFaultError,
@@ -143,6 +143,12 @@ class Task(abc.ABC):
     del config
     return ()
 
+  def data_files(self, config: ml_collections.ConfigDict) -> dict[str, Path]:
+    """{'config.data.<field>': path} of the data files the config names, which a run records
+    and checks for changes (`data_record`); none by default (data pinned otherwise)."""
+    del config
+    return {}
+
   @abc.abstractmethod
   def training(self, config, workdir: Path, mesh) -> Training:
     """Reads the data, builds the model and optimizer (`init_state`): the run's `Training`."""
@@ -162,7 +168,9 @@ class Task(abc.ABC):
     workdir = Path(workdir)
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     check_model(workdir, config)
-    other_data = data_changes(workdir, config)
+    other_data = data_changes(workdir, config) + data_record.changes(
+      workdir, self.data_files(config)
+    )
     if other_data:
       warn(f'scoring other data than the run trained with ({"; ".join(other_data)})')
     self.check_config(config)
@@ -534,6 +542,16 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   """`train`'s run over `mesh` (its config checked); `reached` keeps the step reached and the
   checkpoints, for its faults."""
   check_config_change(config, workdir, allow_change=allow_config_change)  # before any write
+  data_files = task.data_files(config)
+  other_data = data_record.changes(workdir, data_files)
+  if other_data and not allow_config_change:
+    raise ValueError(
+      f'{workdir} holds a run trained on other data ({"; ".join(other_data)}): resumed, it '
+      'would read other text at its data position; use a new --workdir, or pass '
+      '--allow_config_change to continue this run on the data as it is now'
+    )
+  if other_data:
+    warn(f'continuing on other data than the run trained with ({"; ".join(other_data)})')
   run = task.training(config, workdir, mesh)
   train_config = config.train
   state = run.state
@@ -548,6 +566,7 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   reached['step'] = start_step
   if mesh_lib.is_writer():  # once the checkpoint took `config`: config.json stays the run's
     record_config(config, workdir, allow_change=allow_config_change)
+    data_record.record(workdir, data_files)
 
   writer = MetricWriter(workdir)
   dtype = config.model.get('dtype', 'float32')

@@ -2,12 +2,7 @@
 
 import time
 
-
-def _duration(seconds: float) -> str:
-  seconds = int(seconds)
-  hours, rest = divmod(seconds, 3600)
-  minutes, seconds = divmod(rest, 60)
-  return f'{hours}h{minutes:02d}m' if hours else f'{minutes}m{seconds:02d}s'
+from relpos.messages import duration
 
 
 class Progress:
@@ -67,49 +62,8 @@ class Progress:
       steps, seconds = step - self._step, seconds + excluded_seconds
     self._step, self._time, self._seconds, self._excluded = step, now, 0.0, [0, 0, 0.0]
     tokens_per_second = tokens / seconds
-    eta = _duration(seconds / max(1, steps) * max(0, self.total_steps - step))
+    eta = duration(seconds / max(1, steps) * max(0, self.total_steps - step))
     flops, self._flops = self._flops, 0.0
     self.mfu = flops / seconds / self.peak_flops if flops and self.peak_flops else None
     utilisation = '' if self.mfu is None else f' | MFU {100 * self.mfu:.1f}%'
     return tokens_per_second, f'{tokens_per_second / 1e3:.1f}k tok/s{utilisation} | ETA {eta}'
-
-
-class PassProgress:
-  """A progress line every `every` seconds of a long pass over a known number of items (an
-  evaluation's segments, the sentences a beam search translates): the items done, their rate
-  and an ETA. A pass that ends within `every` seconds prints nothing (validation during
-  training, a small test set).
-
-  The clock starts when the first item has been handed over (`update(1, ...)`): jax compiles
-  a function at its first call, so that item's compile is off the rate. `pending` (a device
-  array of the latest item, for work dispatched asynchronously) is waited for before a line is
-  printed, so that the count is what the device has done, not what the host queued.
-  """
-
-  def __init__(self, what: str, total: int, unit: str, *, every: float = 30.0, clock=None):
-    self.what, self.total, self.unit, self.every = what, total, unit, every
-    self._clock = clock or time.perf_counter
-    self._start = None  # (items, time) when the clock started
-    self._last = None  # when the last line was printed (or the clock started)
-
-  def update(self, done: int, pending=None) -> None:
-    """`done` items of `total` handed over; prints a line if `every` seconds have passed."""
-    now = self._clock()
-    if self._start is None:
-      self._start, self._last = (done, now), now
-      return
-    if now - self._last < self.every:
-      return
-    if pending is not None:
-      import jax  # noqa: PLC0415 (only here: the rest of the module needs no JAX)
-
-      jax.block_until_ready(pending)
-      now = self._clock()
-    self._last = now
-    items, since = self._start
-    rate = (done - items) / max(now - since, 1e-9)
-    eta = _duration((self.total - done) / rate) if rate > 0 else '?'
-    print(
-      f'{self.what}: {done}/{self.total} {self.unit} | {rate:.1f} {self.unit}/s | ETA {eta}',
-      flush=True,
-    )

@@ -34,11 +34,10 @@ from relpos.data.translation import (
   load_eval_data,
   load_translation_data,
 )
-from relpos.messages import warn
+from relpos.messages import PassProgress, warn
 from relpos.models.transformer import Transformer, TransformerConfig
 from relpos.training import loop
 from relpos.training import mesh as mesh_lib
-from relpos.training.progress import PassProgress
 from relpos.training.run_config import has_run
 
 # Decoding pads sources to a power of two, at least this: each padded length compiles the beam
@@ -240,6 +239,12 @@ class Translate(loop.Task):
 
   def unread_fields(self, config):
     return model_config(config, vocab_size=1).unread_fields()
+
+  def data_files(self, config):
+    if config.data.kind != 'text':
+      return {}  # tensorflow-datasets: prepared and versioned by tfds
+    fields = ('train_src', 'train_tgt', 'eval_src', 'eval_tgt')
+    return {f'config.data.{name}': Path(config.data[name]) for name in fields}
 
   def training(self, config, workdir, mesh) -> loop.Training:
     """The model and its optimizer first (they need the config alone: the vocabulary has

@@ -1,0 +1,67 @@
+"""relpos.training.data_record: the data files a run trained on, and a resume or evaluation on
+files changed since."""
+
+import json
+import os
+
+import pytest
+from helpers import tiny_char_config, write_word_corpus
+
+from relpos.training import char_lm_task as char_lm
+from relpos.training import data_record
+
+
+def test_a_change_is_named_by_size_or_content_and_a_touch_is_not_one(tmp_path):
+  text = tmp_path / 'a.txt'
+  text.write_text('abcdef')
+  files = {'config.data.path': text}
+  assert data_record.changes(tmp_path, files) == []  # nothing recorded: an older run
+  data_record.record(tmp_path, files)
+  entry = json.loads((tmp_path / data_record.DATA_FILES).read_text())['config.data.path']
+  assert (entry['path'], entry['bytes']) == (str(text), 6) and len(entry['sha256']) == 64
+  assert data_record.changes(tmp_path, files) == []
+  os.utime(text, ns=(1, 1))  # touched, or copied back: same bytes, other time
+  assert data_record.changes(tmp_path, files) == []
+  text.write_text('abcxyz')
+  assert data_record.changes(tmp_path, files) == [
+    f'config.data.path: {text} changed since the run trained on it (same size, other content)'
+  ]
+  text.write_text('abcdefgh')
+  assert data_record.changes(tmp_path, files) == [
+    f'config.data.path: {text} changed since the run trained on it (6 bytes then, 8 now)'
+  ]
+  # Another path for the field is a config change (config.json says so), and a file that is
+  # gone is the data reader's to name: neither is compared here.
+  assert data_record.changes(tmp_path, {'config.data.path': tmp_path / 'b.txt'}) == []
+  text.unlink()
+  assert data_record.changes(tmp_path, files) == []
+
+
+def test_recording_again_hashes_only_what_does_not_match(tmp_path, monkeypatch):
+  text = tmp_path / 'a.txt'
+  text.write_text('abcdef')
+  data_record.record(tmp_path, {'config.data.path': text})
+  monkeypatch.setattr(data_record, '_sha256', lambda path: pytest.fail(f'hashed {path}'))
+  data_record.record(tmp_path, {'config.data.path': text})  # size and time as recorded
+  assert data_record.changes(tmp_path, {'config.data.path': text}) == []
+
+
+def test_a_resume_on_changed_data_is_refused_unless_allowed_and_eval_warns(tmp_path, capsys):
+  text = write_word_corpus(tmp_path / 'corpus.txt', words=3000)
+  config = tiny_char_config(text, steps=2)
+  workdir = tmp_path / 'run'
+  char_lm.TASK.train_model(config, workdir)
+  assert set(json.loads((workdir / data_record.DATA_FILES).read_text())) == {'config.data.path'}
+  with open(text, 'a') as file:
+    file.write('the data regenerated, longer\n')
+  with pytest.raises(ValueError, match=r'holds a run trained on other data \(config\.data\.path'):
+    char_lm.TASK.train_model(config, workdir, allow_config_change=False)
+  assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['2']
+  capsys.readouterr()
+  char_lm.TASK.evaluate(config, workdir, output_dir=tmp_path / 'eval')
+  assert 'warning: scoring other data than the run trained with (config.data.path: ' in (
+    capsys.readouterr().err
+  )
+  char_lm.TASK.train_model(config, workdir, allow_config_change=True)
+  assert 'warning: continuing on other data than the run trained with' in capsys.readouterr().err
+  assert data_record.changes(workdir, char_lm.TASK.data_files(config)) == []  # recorded anew
