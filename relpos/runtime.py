@@ -1,10 +1,10 @@
 """The process defaults relpos applies itself, before JAX starts: the allocator, the number of
-CPU devices, an XLA flag on a GPU and the persistent compilation cache.
+CPU devices, an XLA flag on a GPU, the persistent compilation cache and what Ctrl-C does.
 
 Every program of relpos that runs JAX (train.py, eval.py, `python -m relpos.<tool>`, the
 benchmarks; tests/test_runtime.py lists the few that run none) calls `apply_defaults()` first,
 so a user gets the fast settings without touching their shell, and the benchmarks measure what
-a user runs. It reads and sets environment variables only, never
+a user runs. Besides Ctrl-C's handler it reads and sets environment variables only, never
 imports JAX, and does nothing that a variable the user set already decides.
 
 - **Allocator** (Linux, JAX on the CPU). XLA:CPU allocates its buffers with malloc at every
@@ -55,10 +55,15 @@ imports JAX, and does nothing that a variable the user set already decides.
   `*-cache` files there), or in `RELPOS_AUTOTUNE_CACHE` (a file; `off`: decisions are kept
   in memory only), or, with no local compilation cache, `~/.cache/relpos/autotune.json`
   (`autotune_cache_path`).
+- **Ctrl-C** ends the program at once with one line and exit status 130 (`stop_at_ctrl_c`),
+  from its first moment: no KeyboardInterrupt traceback through JAX's imports, and none that
+  Python swallows in a callback. Training takes SIGINT over while it runs, to save first.
 """
 
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 # glibc malloc tunables relpos adds on a Linux CPU (module docstring; docs/performance-cpu.md
@@ -197,10 +202,41 @@ def autotune_cache_path(environ, compilation_cache_dir: str | None) -> Path | No
   return DEFAULT_AUTOTUNE_CACHE
 
 
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT
+
+
+def _stop_at_ctrl_c(signum, frame) -> None:
+  del signum, frame
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except Exception:  # noqa: BLE001, S110 (a flush the signal interrupted: exiting anyway)
+      pass
+  os.write(2, b'\nerror: stopped by Ctrl-C\n')
+  os._exit(INTERRUPTED_EXIT_CODE)
+
+
+def stop_at_ctrl_c() -> None:
+  """Makes Ctrl-C end this program at once with one line, `error: stopped by Ctrl-C`, and exit
+  status 130, rather than a KeyboardInterrupt: raised wherever the program happens to be, that
+  prints a traceback through JAX's imports or kernels, and inside a garbage-collection callback
+  Python ignores it ("Exception ignored in: ...") and the program runs on. A program that must
+  save something on Ctrl-C takes SIGINT over while it can (training:
+  `relpos.training.preemption.PreemptionSignal`) and hands it back. An ignored SIGINT (nohup, a
+  shell's background job) stays ignored; outside the main thread nothing changes."""
+  if threading.current_thread() is not threading.main_thread():
+    return
+  if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+    signal.signal(signal.SIGINT, _stop_at_ctrl_c)
+
+
 def apply_defaults() -> None:
   """Sets the device and compilation cache variables, then re-executes this program with the
   fast allocator if it lacks it (the process keeps its pid), with one log line naming what it
-  applied. Call it before importing JAX; a bad RELPOS_* value ends the program with one line."""
+  applied, and makes Ctrl-C one line (`stop_at_ctrl_c`, first: start-up is when it is most
+  often pressed). Call it before importing JAX; a bad RELPOS_* value ends the program with one
+  line."""
+  stop_at_ctrl_c()
   try:
     devices = devices_environment(os.environ)
   except ValueError as error:

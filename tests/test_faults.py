@@ -345,6 +345,67 @@ def test_a_workdir_where_another_run_trains_is_refused_until_it_dies(text_file, 
   assert (workdir / LOCK_FILE).read_text() == ''  # the holder's line goes when its run ends
 
 
+def test_a_workdir_path_the_os_refuses_is_one_line(text_file, tmp_path):
+  """A loop of symbolic links, a name longer than the filesystem takes: one line naming the
+  flag, for train.py and the readers alike (they raised from Path.resolve or Path.stat, and the
+  fault's own handler raised again naming the last good checkpoint)."""
+  (tmp_path / 'a').symlink_to(tmp_path / 'b')
+  (tmp_path / 'b').symlink_to(tmp_path / 'a')
+  for workdir, reason in (
+    (tmp_path / 'a' / 'run', 'a loop of symbolic links'),
+    (tmp_path / ('x' * 300), 'File name too long'),
+  ):
+    with pytest.raises(ValueError, match=f'^--workdir={workdir}: {reason}; give another path$'):
+      char_lm.TASK.train_model(_config(text_file), workdir)
+    with pytest.raises(ValueError, match=f'^--workdir={workdir}: {reason}'):
+      read_config(workdir)
+    with pytest.raises(ValueError, match=f'^{workdir}: {reason}'):
+      plot.read_curves(workdir)
+
+
+@pytest.mark.parametrize('name', ['checkpoints', 'tensorboard'])
+def test_a_file_where_the_run_keeps_a_directory_is_refused_before_training(
+  text_file, straight, tmp_path, name
+):
+  """A file named checkpoints trained from step 0 and failed at the first save as "the
+  workdir is gone"; tensorboard's failed with advice about --workdir. Both are named now,
+  before anything is written."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  shutil.rmtree(workdir / name)
+  (workdir / name).write_text('x')
+  lines = (workdir / 'metrics.jsonl').read_text()
+  with pytest.raises(tasks.FAULTS) as caught:
+    char_lm.TASK.train_model(_config(text_file), workdir)
+  _fault(
+    caught.value,
+    FILESYSTEM_EXIT_CODE,
+    f'{workdir / name} is a file where the run keeps its {name} directory; nothing was written',
+  )
+  assert (workdir / 'metrics.jsonl').read_text() == lines
+  if name == 'checkpoints':
+    with pytest.raises(FileNotFoundError, match=f"{workdir / name} is a file, not the run's"):
+      char_lm.TASK.evaluate(_config(text_file), workdir, output_dir=tmp_path / 'eval')
+
+
+def test_damaged_run_files_are_named(text_file, straight, tmp_path):
+  """A vocab.json that is not JSON, a config.json without a whole section: named as damaged,
+  not as a JSON parser's words or as a config change to override."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  (workdir / 'vocab.json').write_text('not json')
+  with pytest.raises(ValueError, match=r'vocab\.json is damaged \(.*\); remove it and rerun'):
+    char_lm.TASK.train_model(_config(text_file), workdir)
+  shutil.copy(straight / 'vocab.json', workdir / 'vocab.json')
+  recorded = json.loads((workdir / 'config.json').read_text())
+  del recorded['model']
+  (workdir / 'config.json').write_text(json.dumps(recorded))
+  with pytest.raises(ValueError, match=r'config\.json has no config\.model section: it is damaged'):
+    char_lm.TASK.train_model(_config(text_file), workdir)
+  with pytest.raises(ValueError, match=r'config\.json has no config\.model section'):
+    char_lm.TASK.evaluate(_config(text_file), workdir, output_dir=tmp_path / 'eval')
+
+
 def test_a_workdir_of_the_other_task_is_named_by_every_command(straight, tmp_path):
   """The char-LM run in `straight` given to the translation commands, and a translation run's
   config to the char-LM ones: one line each, nothing written."""
@@ -668,6 +729,29 @@ def test_a_damaged_checkpoint_is_named_with_its_cause_and_readers_leave_it(
   reader.close()
   gc.collect()
   assert not unraisable
+
+
+def test_an_empty_checkpoint_directory_is_one_warning_line(tmp_path, capsys, caplog):
+  """A checkpoint directory left empty: the fallback's warning alone, not also orbax's absl
+  warnings that its metadata file does not exist (two W... lines before)."""
+  from relpos.training.checkpoints import Checkpoints
+
+  state = {'model': {'w': jnp.ones((4, 4))}}
+  writer = Checkpoints(tmp_path, writer=True)
+  writer.save(2, state, {'step': 2})
+  writer.close()
+  (tmp_path / 'checkpoints' / '50').mkdir()
+  reader = Checkpoints(tmp_path)
+  capsys.readouterr()
+  with caplog.at_level('WARNING'):
+    assert reader.restore_latest(state)[0] == 2
+  reader.close()
+  lines = capsys.readouterr().err.splitlines()
+  assert len(lines) == 1 and lines[0].startswith(
+    f'warning: checkpoint {tmp_path.resolve()}/checkpoints/50 is unreadable ('
+  ), lines
+  orbax_lines = [r.getMessage() for r in caplog.records if 'orbax' in r.pathname]
+  assert not [line for line in orbax_lines if 'does not exist' in line], orbax_lines
 
 
 def test_a_reader_makes_no_directory_and_names_a_file_given_as_workdir(tmp_path):

@@ -2,6 +2,7 @@
 (relpos.studies.plot has its
 own module), on tiny runs trained here, and their one-line errors."""
 
+import os
 from pathlib import Path
 
 import jax
@@ -178,3 +179,20 @@ def test_translate_refuses_no_sentence_and_a_beam_below_1(commands, tmp_path, ar
   done = _tool(commands, 'translate', f'--workdir={tmp_path}', *args)
   assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr
   assert message in done.stderr.strip().splitlines()[-1], done.stderr
+
+
+def test_a_path_flag_after_an_equals_sign_gets_its_home_expanded():
+  """`--workdir=~/runs/x`: the shell expands `~` only where a word starts with it, so absl got
+  a literal '~' and train.py made a directory named '~' in the working directory."""
+  from absl import flags
+
+  from relpos.training import tasks
+
+  registry = flags.FlagValues()
+  flags.DEFINE_string('workdir', None, '', flag_values=registry)
+  flags.DEFINE_string('out', None, '', flag_values=registry)
+  flags.DEFINE_string('prompt', None, '', flag_values=registry)
+  registry(['prog', '--workdir=~/runs/x', '--out=runs/~y', '--prompt=~/not a path'])
+  tasks._expand_home(registry)
+  assert registry.workdir == os.path.expanduser('~/runs/x') and not registry.workdir.startswith('~')
+  assert (registry.out, registry.prompt) == ('runs/~y', '~/not a path')

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import call_absl_main
+from helpers import call_absl_main, load_config
 
 from relpos.config.translation_defaults import translate_config
 from relpos.studies import shaw_tables
@@ -46,7 +46,7 @@ def test_runs_of_one_k_are_averaged_into_one_row_per_stack(monkeypatch, tmp_path
   'config, message',
   [
     (None, 'run is not a directory: give the workdir'),
-    ({'task': 'char_lm'}, 'holds a char_lm run, not a translation run'),
+    (load_config('char_tiny').to_dict(), 'holds a char_lm run, not a translation run'),
     (_translation('absolute'), "config.model.position='absolute' has no tables"),
     (_translation('shaw'), 'no checkpoint in'),
   ],

@@ -13,6 +13,7 @@ from pathlib import Path
 import ml_collections
 
 from relpos.config import checks, declaration, fields
+from relpos.files import write_atomically
 from relpos.messages import warn
 
 CONFIG_FILE = 'config.json'
@@ -46,7 +47,8 @@ def read_recorded(path: Path, current: dict | None = None) -> dict:
   """The config recorded at path, `with_added` fields.
 
   Raises:
-    ValueError: the file is not a JSON object (damaged or edited by hand), naming it.
+    ValueError: the file is not a JSON object, or lacks a whole section of its task's config
+      (damaged or edited by hand), naming it.
   """
   try:
     recorded = json.loads(path.read_text())
@@ -56,6 +58,18 @@ def read_recorded(path: Path, current: dict | None = None) -> dict:
     ) from None
   if not isinstance(recorded, dict):
     raise ValueError(f'{path} holds no config (a JSON object): restore it from a copy')
+  declared = declaration(recorded.get('task', (current or {}).get('task')))
+  if declared is not None:
+    lacking = [
+      section
+      for section, defaults in fields.defaults(declared).items()
+      if isinstance(defaults, dict) and not isinstance(recorded.get(section), dict)
+    ]
+    if lacking:  # a field may be missing (added since), a whole section only if damaged
+      raise ValueError(
+        f'{path} has no config.{lacking[0]} section: it is damaged or was edited by hand; '
+        'restore it from config.*.json or a copy'
+      )
   return with_added(recorded, current)
 
 
@@ -141,4 +155,4 @@ def record_config(config: ml_collections.ConfigDict, workdir: Path, *, allow_cha
     previous = 1 + sum(1 for _ in path.parent.glob('config.*.json'))
     path.rename(path.parent / f'config.{previous}.json')
     warn(f'config changed ({"; ".join(changes)}); the old one is config.{previous}.json')
-  path.write_text(config.to_json(indent=2))
+  write_atomically(path, config.to_json(indent=2))

@@ -8,7 +8,6 @@ would then disagree with the config.
 """
 
 import io
-import os
 import pathlib
 from collections.abc import Iterable, Sequence
 
@@ -16,6 +15,7 @@ import numpy as np
 import sentencepiece as spm
 
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from relpos.files import write_atomically
 
 _SPECIAL_IDS = {'pad_id': PAD_ID, 'eos_id': EOS_ID, 'bos_id': BOS_ID, 'unk_id': UNK_ID}
 
@@ -136,9 +136,7 @@ def train_or_load(
   if not (reuse and model_path.exists()):
     model = train_model(sample_sentences(sentences, max_sentences, seed), vocab_size)
     model_path.parent.mkdir(parents=True, exist_ok=True)
-    partial = model_path.with_name(f'{model_path.name}.partial-{os.getpid()}')
-    partial.write_bytes(model)
-    os.replace(partial, model_path)
+    write_atomically(model_path, model)
   return load_tokenizer(model_path, vocab_size)
 
 

@@ -17,7 +17,7 @@ from absl import app, flags
 
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
-from relpos.training.run_config import check_task
+from relpos.training.run_config import check_path, check_task
 
 _SKIPPED = ('step', 'time', 'train/tok_per_s')
 
@@ -27,8 +27,9 @@ def read_curves(workdir) -> dict[str, dict[int, float]]:
 
   Raises:
     FileNotFoundError: no such workdir, or no metrics.jsonl in it.
-    ValueError: the file holds no scalar.
+    ValueError: the file holds no scalar, or the OS refuses the path (`check_path`).
   """
+  check_path(workdir, flag=None)
   workdir = Path(workdir)
   if not workdir.is_dir():
     raise FileNotFoundError(f'{workdir} is not a directory: give the --workdir of a run')

@@ -685,9 +685,6 @@ def main(argv):
   except PreemptedError as stopped:  # SIGTERM, Ctrl-C: the run in progress saved a checkpoint
     print(f'{stopped} (the sweep command resumes it and skips finished runs)', file=sys.stderr)
     sys.exit(stopped.exit_code)
-  except KeyboardInterrupt:  # Ctrl-C outside a run's training (its evaluation, the tables)
-    print('error: stopped by Ctrl-C (the sweep command resumes)', file=sys.stderr, flush=True)
-    sys.exit(tasks.INTERRUPTED_EXIT_CODE)
   except tasks.FAULTS as fault:  # a full disk, a workdir of another task, out of memory, a
     # second Ctrl-C during training
     code, line = tasks.fault_exit(fault)

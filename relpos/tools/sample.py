@@ -15,7 +15,7 @@ A workdir that does not exist, is not a char-LM run or has no checkpoint is one 
 
 import sys
 
-from absl import app, flags
+from absl import flags
 
 from relpos import runtime
 
@@ -126,24 +126,17 @@ def sample(
 
 
 def main(argv):
-  if len(argv) > 1:
-    sys.exit(f'error: unexpected arguments {argv[1:]}')
-  from relpos.training.tasks import quiet_logging
-
-  quiet_logging()
+  del argv  # `tasks.run_main` refuses stray arguments
   args = flags.FLAGS
-  try:
-    text = sample(
-      args.workdir,
-      None if args.prompt is None else args.prompt.encode('utf-8'),
-      args.length,
-      temperature=args.temperature,
-      top_k=args.top_k,
-      top_p=args.top_p,
-      seed=args.seed,
-    )
-  except (FileNotFoundError, ValueError) as error:
-    sys.exit(f'error: {error}')
+  text = sample(
+    args.workdir,
+    None if args.prompt is None else args.prompt.encode('utf-8'),
+    args.length,
+    temperature=args.temperature,
+    top_k=args.top_k,
+    top_p=args.top_p,
+    seed=args.seed,
+  )
   sys.stdout.write((args.prompt or '') + text.decode('utf-8', errors='replace') + '\n')
 
 
@@ -167,6 +160,6 @@ def define_flags():
 if __name__ == '__main__':
   runtime.apply_defaults()
   define_flags()
-  from relpos.training.tasks import parse_flags  # after the defaults: it imports jax
+  from relpos.training import tasks  # after the defaults: it imports jax
 
-  app.run(main, flags_parser=parse_flags)
+  tasks.run_main(main)

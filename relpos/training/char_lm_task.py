@@ -28,6 +28,7 @@ from relpos.config import shared
 from relpos.config.char_lm_defaults import CharLMConfig
 from relpos.data.char_corpus import CharVocab, load_char_splits
 from relpos.data.ordered import OrderedBatches
+from relpos.files import write_atomically
 from relpos.messages import PassProgress
 from relpos.models.transformer_xl import Memory, TransformerXL, TransformerXLConfig, nats_per_token
 from relpos.training import loop
@@ -53,13 +54,20 @@ def _vocab_for_run(config, workdir: Path, *, training: bool):
     saved = workdir / 'vocab.json'
     writes = training and mesh_lib.is_writer() and not has_run(workdir)
     if saved.exists() and not writes:
-      if CharVocab.from_json(saved.read_text()) != vocab:
+      try:
+        recorded = CharVocab.from_json(saved.read_text())
+      except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(
+          f'{saved} is damaged ({error}); remove it and rerun: it is made again from '
+          'config.data (the same data, the same vocabulary)'
+        ) from None
+      if recorded != vocab:
         raise ValueError(
           f'{saved} was written for other data (config.data.vocab / config.data.path changed); '
           'use a new --workdir'
         )
     elif training and mesh_lib.is_writer():
-      saved.write_text(vocab.to_json())
+      write_atomically(saved, vocab.to_json())
     return splits, vocab
 
   return mesh_lib.writer_first(load, 'char_lm vocabulary')

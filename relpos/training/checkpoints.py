@@ -49,6 +49,7 @@ from relpos.training import mesh as mesh_lib
 from relpos.training.preemption import RunFaultError
 
 FILESYSTEM_EXIT_CODE = 74  # sysexits.h EX_IOERR
+CHECKPOINTS = 'checkpoints'  # the workdir's directory of them
 TMP_MARKER = '.orbax-checkpoint-tmp'
 # What to do about an OSError, by errno: (what it means, what to do).
 _REMEDIES = {
@@ -125,8 +126,11 @@ def _name_last_good(directory: Path, steps, none: str) -> str:
 def last_good_in(workdir) -> str:
   """`Checkpoints.last_good` of a workdir that cannot be opened (read from its directory names:
   orbax names finished steps by their number, unfinished ones with TMP_MARKER)."""
-  directory = Path(workdir).resolve() / 'checkpoints'
-  steps = [int(p.name) for p in directory.glob('*') if p.name.isdigit() and p.is_dir()]
+  try:
+    directory = Path(workdir).resolve() / CHECKPOINTS
+    steps = [int(p.name) for p in directory.glob('*') if p.name.isdigit() and p.is_dir()]
+  except (OSError, RuntimeError):  # a path that cannot be one (too long, a symlink loop)
+    return 'no checkpoint could be written there'
   return _name_last_good(directory, steps, 'no checkpoint was written yet')
 
 
@@ -148,13 +152,19 @@ class _OrbaxErrors(std_logging.Filter):
   too): `Checkpoints` reports the failure as one line, with the cause chained for
   --traceback. A read's future holds tensorstore's error alone, which names no orbax source
   but the file it read: records naming one of `directories` (those `Checkpoints` opened) go
-  too."""
+  too. So do orbax's warnings that a file of one of those checkpoints does not exist (an empty
+  or cut checkpoint directory, which the warning of its own names)."""
 
   def __init__(self):
     super().__init__()
     self.directories = set()
 
   def filter(self, record):
+    if record.levelno == std_logging.WARNING and _ORBAX_SOURCE in record.pathname:
+      # "Metadata file does not exist: <checkpoint>/_CHECKPOINT_METADATA": a checkpoint
+      # directory left empty or cut, which the unreadable checkpoint's own line names.
+      message = record.getMessage()
+      return not ('does not exist' in message and any(d in message for d in self.directories))
     if record.levelno != std_logging.ERROR:
       return True
     if record.name == 'asyncio':
@@ -209,7 +219,7 @@ class Checkpoints:
     """`writer`: a training run's, which makes the directory, removes half-written checkpoints
     it finds and sets unreadable ones aside; a reader (eval.py, the tools, possibly on a run in
     progress) changes nothing in the workdir."""
-    self.directory = Path(workdir).resolve() / 'checkpoints'
+    self.directory = Path(workdir).resolve() / CHECKPOINTS
     for logger in ('absl', 'asyncio'):
       std_logging.getLogger(logger).addFilter(_FILTER)  # once: a logger's filters are a set
     _FILTER.directories.add(str(self.directory))

@@ -19,8 +19,9 @@ file existed has no record and is not checked.
 
 import hashlib
 import json
-import os
 from pathlib import Path
+
+from relpos.files import write_atomically
 
 DATA_FILES = 'data_files.json'
 _CHUNK = 1 << 20
@@ -91,7 +92,4 @@ def record(workdir, files: dict[str, Path]) -> None:
       entries[field] = {**entry, **_stat(path)}
     else:
       entries[field] = {**_stat(path), 'sha256': _sha256(path)}
-  target = Path(workdir) / DATA_FILES
-  partial = target.with_name(f'{DATA_FILES}.partial-{os.getpid()}')
-  partial.write_text(json.dumps(entries, indent=2) + '\n')
-  os.replace(partial, target)
+  write_atomically(Path(workdir) / DATA_FILES, json.dumps(entries, indent=2) + '\n')

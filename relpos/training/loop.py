@@ -48,11 +48,13 @@ from relpos import flops as flops_lib
 from relpos.attention.pallas_common import check_runs_on
 from relpos.config import checks, fields
 from relpos.config.recorded import check_config_change, record_config
+from relpos.files import write_atomically
 from relpos.messages import warn
 from relpos.models.multihead_attention import clip_shaw_tables
 from relpos.training import data_record, optim, workdir_lock
 from relpos.training import mesh as mesh_lib
 from relpos.training.checkpoints import (
+  CHECKPOINTS,
   Checkpoints,
   FilesystemFaultError,
   UnreadableCheckpointError,
@@ -60,7 +62,7 @@ from relpos.training.checkpoints import (
   filesystem_fault,
   last_good_in,
 )
-from relpos.training.metric_writer import MetricWriter
+from relpos.training.metric_writer import TENSORBOARD, MetricWriter
 from relpos.training.preemption import (
   InterruptedRunError,
   PreemptedError,
@@ -184,7 +186,7 @@ class Task(abc.ABC):
       if 'data' in config:  # what was scored: eval.py may be given other data
         result['data'] = config.data.to_dict()
       if mesh_lib.is_writer():
-        (output_dir / 'eval_results.json').write_text(json.dumps(result, indent=2))
+        write_atomically(output_dir / 'eval_results.json', json.dumps(result, indent=2))
     except OSError as error:
       written = Path(error.filename or '/').resolve()
       if output_dir.resolve() not in (written, *written.parents):
@@ -483,6 +485,13 @@ def prepare_workdir(workdir: Path) -> None:
       f'--workdir={workdir} is a file, not a directory; nothing was written; give a directory '
       '(a new one is made), then rerun'
     )
+  for name in (CHECKPOINTS, TENSORBOARD):  # the directories a run writes into
+    inside = workdir / name
+    if inside.exists() and not inside.is_dir():
+      raise FilesystemFaultError(
+        f'{inside} is a file where the run keeps its {name} directory; nothing was written; '
+        'move it away, then rerun'
+      )
   try:
     workdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile(dir=workdir, prefix='.relpos-write-check-'):
@@ -705,6 +714,8 @@ def check_trained(workdir) -> Checkpoints:
   workdir = Path(workdir)
   if workdir.exists() and not workdir.is_dir():
     raise not_a_workdir(workdir)
+  if (workdir / CHECKPOINTS).exists() and not (workdir / CHECKPOINTS).is_dir():
+    raise FileNotFoundError(f"{workdir / CHECKPOINTS} is a file, not the run's checkpoints")
   checkpoints = Checkpoints(workdir)
   if checkpoints.latest_step() is None:
     checkpoints.close()

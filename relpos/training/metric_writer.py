@@ -7,6 +7,8 @@ from pathlib import Path
 import jax
 from tensorboardX import SummaryWriter
 
+TENSORBOARD = 'tensorboard'  # the workdir's directory of event files
+
 
 class MetricWriter:
   """Writes scalars to `workdir/metrics.jsonl` and `workdir/tensorboard/`, on process 0 only."""
@@ -19,7 +21,7 @@ class MetricWriter:
       self._jsonl = open(path, 'a')  # noqa: SIM115 (closed in close())
       if cut:  # the last line of a killed run: end it, so the next record stays readable
         self._jsonl.write('\n')
-      self._tensorboard = SummaryWriter(str(path.parent / 'tensorboard'))
+      self._tensorboard = SummaryWriter(str(path.parent / TENSORBOARD))
 
   def write(self, step: int, scalars: dict):
     if not self._active:

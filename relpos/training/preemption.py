@@ -58,7 +58,8 @@ class InterruptedRunError(RunFaultError):
 class PreemptionSignal:
   """Context manager: while active, SIGTERM and a first Ctrl-C set `requested` (and `signum`,
   the signal's number) instead of ending the process; a second Ctrl-C raises KeyboardInterrupt
-  as usual.
+  (which `train` turns into `InterruptedRunError`). On exit the handlers before it are back
+  (relpos's programs: Ctrl-C ends them at once, `relpos.runtime.stop_at_ctrl_c`).
 
   Outside the main thread (where Python cannot install handlers) it does nothing.
   """
@@ -70,9 +71,10 @@ class PreemptionSignal:
 
   def _handle(self, signum, frame):
     del frame
+    if signum == signal.SIGINT and self.signum == signal.SIGINT:  # again: stop at once
+      raise KeyboardInterrupt
     self.requested, self.signum = True, signum
-    if signum == signal.SIGINT:  # the next Ctrl-C stops at once
-      signal.signal(signal.SIGINT, self._previous[signal.SIGINT])
+    if signum == signal.SIGINT:
       os.write(  # not print: a handler may run inside a print of the loop's
         2,
         b'\nCtrl-C: saving a checkpoint after this step, then stopping (Ctrl-C again stops at '

@@ -5,6 +5,8 @@ it builds the model the run trained (`check_model`). Recording the config, and t
 a rerun matches it, is `relpos.config.recorded`.
 """
 
+import errno
+import os
 from pathlib import Path
 
 import ml_collections
@@ -18,6 +20,25 @@ def not_a_workdir(workdir, flag: str | None = '--workdir') -> FileNotFoundError:
   read a run: `flag` as in `read_config`."""
   given = f'{flag}={workdir}' if flag else str(workdir)
   return FileNotFoundError(f'{given} is not a directory: give the workdir of a training run')
+
+
+def check_path(workdir, flag: str | None = '--workdir') -> None:
+  """Raises ValueError naming `workdir` (given as `flag`) when the OS refuses the path itself,
+  not just its absence: a name too long, a loop of symbolic links, a file in the way of a
+  parent directory. Path's own tests (is_dir, is_file) raise on some of these and answer False
+  to others, so the commands would fail later with a traceback or a wrong reason."""
+  given = f'{flag}={workdir}' if flag else str(workdir)
+  try:
+    Path(workdir).resolve(strict=False)
+    os.stat(workdir)
+  except FileNotFoundError:
+    return  # not made yet: train.py makes it, a reader says it is not a directory
+  except RuntimeError:  # Path.resolve's "Symlink loop" (Python 3.11)
+    raise ValueError(f'{given}: a loop of symbolic links; give another path') from None
+  except OSError as error:
+    if error.errno == errno.ENOTDIR:
+      return  # a file in the way: train.py and the readers name it as such
+    raise ValueError(f'{given}: {error.strerror}; give another path') from None
 
 
 def has_run(workdir) -> bool:
@@ -36,6 +57,7 @@ def read_config(workdir, flag: str | None = '--workdir') -> ml_collections.Confi
   Raises:
     FileNotFoundError: no such directory, or no config.json in it.
   """
+  check_path(workdir, flag)
   workdir = Path(workdir)
   if not workdir.is_dir():
     raise not_a_workdir(workdir, flag)
@@ -67,7 +89,9 @@ def check_task(
 
   Raises:
     TaskMismatchError: the recorded run is of another task.
+    ValueError: `workdir` cannot be a directory's path (a name too long, a symlink loop).
   """
+  check_path(workdir, flag)
   path = Path(workdir) / CONFIG_FILE
   if not path.is_file():
     return None

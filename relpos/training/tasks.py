@@ -31,7 +31,6 @@ def get(config: ml_collections.ConfigDict) -> Task:
   return importlib.import_module(_TASKS[task]).TASK
 
 
-INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: Ctrl-C outside training
 # What bad configs, data and workdirs raise: the launchers print these as one line (a data file
 # that cannot be read raises PermissionError, which names it; the workdir's own faults are
 # `FAULTS`, below).
@@ -188,18 +187,35 @@ def parse_flags(argv: list[str]) -> list[str]:
 
   On an error the config file is loaded again on its own, so that a fault of the file is told
   from a fault of an override (ml_collections leaves the flag unset after either, and names
-  only the field's last part)."""
+  only the field's last part). A path flag given as `--workdir=~/runs/x` gets its `~`
+  expanded, as the shell does for `--workdir ~/runs/x` but not after an `=`
+  (`_expand_home`)."""
   try:
     rest = flags.FLAGS(argv)
     config = flags.FLAGS['config'].value if 'config' in flags.FLAGS else None
     if config is not None and not isinstance(config, ml_collections.ConfigDict):
       # A file that does not load gives a stand-in that raises at its first use, later.
       sys.exit(f'error: {_config_file_problem(argv)[0] or "--config: the config did not load"}')
+    _expand_home(flags.FLAGS)
     return rest
   except Exception as error:  # noqa: BLE001 (the one line below; --traceback is not parsed yet)
     file_problem, config = _config_file_problem(argv)
     line = file_problem or (config is not None and _config_flag_problem(argv, config))
     sys.exit(f'error: {line or _flag_error(error)}')
+
+
+# The flags that name a path (a workdir, a file written or read) in relpos's commands.
+PATH_FLAGS = ('workdir', 'output_dir', 'out', 'zip', 'profile_dir', 'plot')
+
+
+def _expand_home(registry) -> None:
+  """Expands a leading `~` or `~/` in the value of each of PATH_FLAGS that was given: a
+  literal directory named `~` in the working directory is never what was meant."""
+  for name in PATH_FLAGS:
+    if name in registry and registry[name].present:
+      value = registry[name].value
+      if isinstance(value, str) and (value == '~' or value.startswith('~/')):
+        registry[name].value = os.path.expanduser(value)
 
 
 def quiet_logging() -> None:
@@ -222,8 +238,8 @@ def run_main(main) -> None:
   """`app.run(main)` for relpos's other commands (benchmarks, tools, studies), with the
   launchers' manners: flags parsed by `parse_flags` (a config file, field or value that is wrong
   is one line), a stray argument one line (every option is a flag), absl logging at WARNING
-  (`quiet_logging`), a `USER_ERRORS` exception from `main` one `error:` line with exit
-  status 1, not a traceback, and Ctrl-C one line with INTERRUPTED_EXIT_CODE."""
+  (`quiet_logging`), and a `USER_ERRORS` exception from `main` one `error:` line with exit
+  status 1, not a traceback (Ctrl-C: `relpos.runtime.stop_at_ctrl_c`)."""
 
   def guarded(argv):
     start_command(argv)
@@ -231,9 +247,6 @@ def run_main(main) -> None:
       return main(argv)
     except USER_ERRORS as error:
       sys.exit(f'error: {error}')
-    except KeyboardInterrupt:
-      print('error: stopped by Ctrl-C', file=sys.stderr, flush=True)
-      sys.exit(INTERRUPTED_EXIT_CODE)
 
   app.run(guarded, flags_parser=parse_flags)
 
@@ -245,10 +258,10 @@ def launch(action: str):
   (which also takes --output_dir, where eval_results.json and translations go). A
   USER_ERRORS exception ends the run with `error: <message>` and exit code 1, without a
   traceback unless --traceback is given; SIGTERM or a first Ctrl-C during training saves a
-  checkpoint and exits with 128 + the signal's number (`PreemptedError.exit_code`), a Ctrl-C
-  elsewhere is one line and INTERRUPTED_EXIT_CODE. With --distributed, every process runs the
-  same command (its own --process_id) and jax.distributed is initialised before anything
-  touches a device.
+  checkpoint and exits with 128 + the signal's number (`PreemptedError.exit_code`); a Ctrl-C
+  elsewhere ends it at once in one line (`relpos.runtime.stop_at_ctrl_c`). With
+  --distributed, every process runs the same command (its own --process_id) and
+  jax.distributed is initialised before anything touches a device.
   """
   config = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
   workdir = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and metrics.')
@@ -280,9 +293,6 @@ def launch(action: str):
     except PreemptedError as stopped:
       print(stopped, file=sys.stderr)
       sys.exit(stopped.exit_code)
-    except KeyboardInterrupt:  # outside training (there: PreemptionSignal, InterruptedRunError)
-      print('error: stopped by Ctrl-C', file=sys.stderr, flush=True)
-      sys.exit(INTERRUPTED_EXIT_CODE)
     except FAULTS as fault:
       if show_traceback.value:
         raise
