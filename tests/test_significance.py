@@ -115,3 +115,15 @@ def test_command_line(tmp_path):
     assert failed.returncode == 1 and 'Traceback' not in failed.stderr
     assert failed.stderr.strip().splitlines() == [failed.stderr.strip()]  # one line
     assert failed.stderr.startswith('error: ') and named in failed.stderr
+
+
+def test_bleu_p_value_of_two_systems_with_the_same_bleu_is_one():
+  """sacreBLEU's bootstrap gives identical systems p = 1/(samples + 1), about 0.001 (every
+  resample ties, and it counts only those strictly above): read as significant. A real
+  difference still gets a small p, and the bpc test agrees on identical systems."""
+  references = [f'the {w} sat on the mat number {i}' for i, w in enumerate(['cat', 'dog'] * 30)]
+  good = list(references)
+  bad = [f'a {i} mat' for i in range(60)]
+  assert significance.bleu_p_value(good, good, references) == 1.0
+  assert significance.bleu_p_value(bad, good, references) < 0.01
+  assert significance.bpc_p_value([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [5, 5, 5]) == 1.0

@@ -46,7 +46,13 @@ SEED = 12345  # sacreBLEU's default seed (SACREBLEU_SEED)
 
 def bleu_p_value(baseline: list[str], system: list[str], references: list[str]) -> float:
   """sacreBLEU's paired bootstrap p-value of `system` against `baseline` (aligned lists of
-  translations of `references`)."""
+  translations of `references`).
+
+  Two systems with the same BLEU get p = 1. sacreBLEU (2.x) counts the resamples whose
+  centred difference is strictly above the observed one, so for an observed difference of
+  zero (identical translations, say) every resample ties and its p is 1/(samples + 1), about
+  0.001: a sweep's table read two identical systems as significantly different.
+  `bpc_p_value` counts ties, and gives 1 there by itself."""
   if not len(baseline) == len(system) == len(references):
     raise ValueError(
       f'paired test: {len(baseline)} baseline and {len(system)} system translations for '
@@ -61,7 +67,10 @@ def bleu_p_value(baseline: list[str], system: list[str], references: list[str]) 
     n_samples=SAMPLES,
   )
   _, results = test()
-  return float(results['BLEU'][1].p_value)
+  baseline_result, system_result = results['BLEU']
+  if system_result.score == baseline_result.score:
+    return 1.0
+  return float(system_result.p_value)
 
 
 def bpc_p_value(
