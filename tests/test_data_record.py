@@ -51,7 +51,10 @@ def test_a_resume_on_changed_data_is_refused_unless_allowed_and_eval_warns(tmp_p
   config = tiny_char_config(text, steps=2)
   workdir = tmp_path / 'run'
   char_lm.TASK.train_model(config, workdir)
-  assert set(json.loads((workdir / data_record.DATA_FILES).read_text())) == {'config.data.path'}
+  assert set(json.loads((workdir / data_record.DATA_FILES).read_text())) == {
+    'config.data.path',
+    'the vocabulary',
+  }
   with open(text, 'a') as file:
     file.write('the data regenerated, longer\n')
   with pytest.raises(ValueError, match=r'holds a run trained on other data \(config\.data\.path'):
@@ -64,4 +67,20 @@ def test_a_resume_on_changed_data_is_refused_unless_allowed_and_eval_warns(tmp_p
   )
   char_lm.TASK.train_model(config, workdir, allow_config_change=True)
   assert 'warning: continuing on other data than the run trained with' in capsys.readouterr().err
-  assert data_record.changes(workdir, char_lm.TASK.data_files(config)) == []  # recorded anew
+  assert (
+    data_record.changes(workdir, char_lm.TASK.data_files(config, workdir)) == []
+  )  # recorded anew
+
+
+def test_a_vocabulary_replaced_since_training_is_named(tmp_path):
+  """Another run's spm.model (or vocab.json) copied over the run's, same size of vocabulary:
+  resumed or evaluated, the run read other ids with nothing said."""
+  text = write_word_corpus(tmp_path / 'corpus.txt', words=3000)
+  config = tiny_char_config(text, steps=2)
+  workdir = tmp_path / 'run'
+  char_lm.TASK.train_model(config, workdir)
+  vocabulary = workdir / 'vocab.json'
+  symbols = json.loads(vocabulary.read_text())['symbols']
+  vocabulary.write_text(json.dumps({'symbols': symbols[::-1]}))
+  with pytest.raises(ValueError, match=r'\(the vocabulary: \S*vocab\.json changed since the run'):
+    char_lm.TASK.train_model(config, workdir)

@@ -396,6 +396,8 @@ def test_damaged_run_files_are_named(text_file, straight, tmp_path):
   (workdir / 'vocab.json').write_text('not json')
   with pytest.raises(ValueError, match=r'vocab\.json is damaged \(.*\); remove it and rerun'):
     char_lm.TASK.train_model(_config(text_file), workdir)
+  with pytest.raises(ValueError, match=r'vocab\.json is damaged \(.*\); remove it and rerun'):
+    sample.sample(workdir, None, 5)
   shutil.copy(straight / 'vocab.json', workdir / 'vocab.json')
   recorded = json.loads((workdir / 'config.json').read_text())
   del recorded['model']

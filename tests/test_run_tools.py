@@ -193,6 +193,6 @@ def test_a_path_flag_after_an_equals_sign_gets_its_home_expanded():
   flags.DEFINE_string('out', None, '', flag_values=registry)
   flags.DEFINE_string('prompt', None, '', flag_values=registry)
   registry(['prog', '--workdir=~/runs/x', '--out=runs/~y', '--prompt=~/not a path'])
-  tasks._expand_home(registry)
+  tasks.expand_home(registry)
   assert registry.workdir == os.path.expanduser('~/runs/x') and not registry.workdir.startswith('~')
   assert (registry.out, registry.prompt) == ('runs/~y', '~/not a path')

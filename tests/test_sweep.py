@@ -446,3 +446,19 @@ def test_progress_gives_the_run_count_and_an_eta(monkeypatch):
   assert sweep.progress(1, 2, started=100.0 + 2 * 1800 - 420) == (
     'run 2 of 2 to run, 7 min so far, about 7 min left'
   )
+
+
+def test_a_damaged_eval_results_is_scored_again_and_named_when_collected(tmp_path, capsys):
+  """An eval_results.json cut by a kill mid-write: `error: Unterminated string ...` with no
+  file named, and no rerun would score that run again; now the sweep does, with a warning,
+  and --collect_only names the file and what to run."""
+  results = tmp_path / 'eval_results.json'
+  results.write_text('{"bleu": 1.0, "translat')
+  config = load_config('translate_tiny', 'shaw')
+  assert not sweep.is_finished(tmp_path, config, tmp_path / 'trained')
+  assert capsys.readouterr().err == f'warning: {results} is damaged; scoring that run again\n'
+  with pytest.raises(ValueError, match=r'eval_results\.json is damaged \(Unterminated string'):
+    sweep.read_results(results)
+  results.write_text('[1, 2]')
+  with pytest.raises(ValueError, match='is damaged .not an object.; the sweep command without'):
+    sweep.read_results(results)

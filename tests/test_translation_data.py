@@ -621,3 +621,20 @@ def test_load_translation_data_errors(tmp_path):
     config = translate_config().data
     config.tfds_data_dir = str(tmp_path)
     translation.load_translation_data(config, tmp_path)
+
+
+@pytest.mark.parametrize('content', [b'', b'\x00garbage' * 200], ids=['empty', 'garbage'])
+def test_a_damaged_vocabulary_is_named_with_the_fix(tmp_path, content):
+  """spm.model cut or overwritten: SentencePiece's RuntimeError ("could not parse ModelProto",
+  "unk is not defined") was a traceback in train.py, eval.py and the translate tool."""
+  path = tmp_path / 'spm.model'
+  path.write_bytes(content)
+  with pytest.raises(ValueError, match=r'spm\.model is damaged \(.+\); remove it and rerun'):
+    tokenizer.load_tokenizer(path, VOCAB_SIZE)
+
+
+def test_a_corpus_of_lines_too_long_for_sentencepiece_is_named():
+  """A file that is one 5 MB line (no line breaks): SentencePiece skips every line over 4,192
+  bytes and fails on none left, which was a traceback."""
+  with pytest.raises(ValueError, match=r'longest line has 300,000 bytes .* one sentence per'):
+    tokenizer.train_model(['x' * 300_000], VOCAB_SIZE)

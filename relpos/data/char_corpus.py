@@ -10,6 +10,7 @@ Two vocabularies:
 
 import dataclasses
 import json
+import pathlib
 
 import numpy as np
 
@@ -77,6 +78,22 @@ class CharVocab:
   def from_json(cls, text: str) -> 'CharVocab':
     """The vocabulary written by `to_json`."""
     return cls(tuple(json.loads(text)['symbols']))
+
+  @classmethod
+  def read(cls, path) -> 'CharVocab':
+    """The vocabulary a run saved at `path` (its vocab.json).
+
+    Raises:
+      FileNotFoundError: no such file.
+      ValueError: the file is not one (damaged), naming it and the fix.
+    """
+    try:
+      return cls.from_json(pathlib.Path(path).read_text())
+    except (ValueError, KeyError, TypeError) as error:
+      raise ValueError(
+        f'{path} is damaged ({error}); remove it and rerun train.py: it is made again from '
+        'config.data (the same data, the same vocabulary)'
+      ) from None
 
   # Last in the class body, so that `bytes` in the annotations above is the builtin.
   @classmethod

@@ -28,12 +28,19 @@ class Tokenizer:
 
     Raises:
       FileNotFoundError: `path` is not a file.
-      ValueError: the model's special ids differ from PAD_ID, EOS_ID, BOS_ID, UNK_ID.
+      ValueError: the file is no SentencePiece model (damaged), or its special ids differ from
+        PAD_ID, EOS_ID, BOS_ID, UNK_ID.
     """
     self.path = pathlib.Path(path)
     if not self.path.is_file():
       raise FileNotFoundError(f'no SentencePiece model at {self.path}')
-    self.processor = spm.SentencePieceProcessor(model_file=str(self.path))
+    try:
+      self.processor = spm.SentencePieceProcessor(model_file=str(self.path))
+    except (RuntimeError, OSError) as error:  # SentencePiece's own: "could not parse ModelProto"
+      raise ValueError(
+        f'{self.path} is damaged ({str(error).splitlines()[0]}); remove it and rerun train.py, '
+        'which trains it again (the same data and seed give the same vocabulary)'
+      ) from None
     ids = {name: getattr(self.processor, name)() for name in _SPECIAL_IDS}
     if ids != _SPECIAL_IDS:
       raise ValueError(
@@ -79,12 +86,16 @@ def sample_sentences(sentences: Iterable[str], max_sentences: int, seed: int) ->
   return [sentences[i] for i in chosen]
 
 
+_MAX_SENTENCE_BYTES = 4192  # SentencePiece's max_sentence_length default
+
+
 def train_model(sentences: Sequence[str], vocab_size: int) -> bytes:
   """A serialized unigram SentencePiece model of exactly `vocab_size` pieces over `sentences`.
 
   Raises:
     ValueError: `sentences` cannot support `vocab_size` pieces (too few distinct pieces, or
-      fewer pieces asked for than the text has distinct characters).
+      fewer pieces asked for than the text has distinct characters), or SentencePiece could
+      not train on them at all (every line longer than it takes, say).
   """
   model = io.BytesIO()
   try:
@@ -99,12 +110,22 @@ def train_model(sentences: Sequence[str], vocab_size: int) -> bytes:
       **_SPECIAL_IDS,
     )
   except RuntimeError as e:
-    if 'Vocabulary size' not in str(e):
-      raise
+    if 'Vocabulary size' in str(e):
+      raise ValueError(
+        f'cannot train a SentencePiece vocabulary of config.data.vocab_size={vocab_size} on '
+        f'{len(sentences)} sentences; change config.data.vocab_size (or train on more text). '
+        f'SentencePiece said: {e}'
+      ) from None
+    longest = max((len(sentence.encode()) for sentence in sentences), default=0)
+    hint = (
+      f' (the longest line has {longest:,} bytes and SentencePiece skips lines over '
+      f'{_MAX_SENTENCE_BYTES:,}: is each file one sentence per line?)'
+      if longest > _MAX_SENTENCE_BYTES
+      else ''
+    )
     raise ValueError(
-      f'cannot train a SentencePiece vocabulary of config.data.vocab_size={vocab_size} on '
-      f'{len(sentences)} sentences; change config.data.vocab_size (or train on more text). '
-      f'SentencePiece said: {e}'
+      f'SentencePiece could not train a vocabulary on the {len(sentences)} training sentences '
+      f'of config.data.train_src/train_tgt{hint}; it said: {str(e).splitlines()[0]}'
     ) from None
   return model.getvalue()
 

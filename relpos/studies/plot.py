@@ -97,9 +97,13 @@ def main(argv):
     sys.exit(
       'error: name at least one workdir: python -m relpos.studies.plot W1 [W2 ...] --out=F.png'
     )
+  from relpos.training import tasks
+
+  tasks.quiet_logging()  # matplotlib's first run logs its font cache at INFO
+  tasks.expand_home(flags.FLAGS)  # --out=~/x.png; the shell expands the positional workdirs
   try:
     print(f'wrote {plot_runs(argv[1:], flags.FLAGS.out)}')
-  except (FileNotFoundError, ValueError) as error:
+  except (FileNotFoundError, ValueError, PermissionError) as error:
     sys.exit(f'error: {error}')
 
 

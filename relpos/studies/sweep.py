@@ -245,6 +245,20 @@ def check_sweep(config, field: str, values, seeds, metric: str, variant_of=None)
     )
 
 
+def read_results(path: Path) -> dict:
+  """A run's eval_results.json; ValueError naming it when it is not a JSON object."""
+  try:
+    results = json.loads(Path(path).read_text())
+  except json.JSONDecodeError as error:
+    results = error
+  if not isinstance(results, dict):
+    raise ValueError(
+      f'{path} is damaged ({results if isinstance(results, Exception) else "not an object"}); '
+      'the sweep command without --collect_only scores that run again'
+    )
+  return results
+
+
 def is_finished(results_dir: Path, config, trained_dir: Path) -> bool:
   """Whether the model in `trained_dir` was trained with `config` to the end and scored into
   `results_dir` with its config.eval (a run with another config is not: training it again
@@ -252,7 +266,11 @@ def is_finished(results_dir: Path, config, trained_dir: Path) -> bool:
   path = results_dir / 'eval_results.json'
   if not path.exists() or changes_from_recorded(config, trained_dir):
     return False
-  results = json.loads(path.read_text())
+  try:
+    results = read_results(path)
+  except ValueError:  # cut by a kill mid-write (before writes were atomic)
+    warn(f'{path} is damaged; scoring that run again')
+    return False
   current = config.eval.to_dict()
   recorded = {'task': config.task, 'eval': results.get('eval', {})}
   scored = with_added(recorded, {'eval': current})['eval']
@@ -309,7 +327,7 @@ def collect(
       if not results_path.exists():
         warn(f'no results for {field}={value} seed {seed} ({results_path})')
         continue
-      results = json.loads(results_path.read_text())
+      results = read_results(results_path)
       if metric not in results:
         raise ValueError(f'{results_path} has no {metric!r} (it has {sorted(results)})')
       rows.append(
@@ -328,7 +346,7 @@ def _pooled_items(config, metric: str, rows: list[dict]):
   """What the paired test of `metric` compares, per seed: {seed: items} of one value's rows."""
   items = {}
   for row in rows:
-    results = json.loads((Path(row['workdir']) / 'eval_results.json').read_text())
+    results = read_results(Path(row['workdir']) / 'eval_results.json')
     if metric == 'bleu':
       items[row['seed']] = Path(results['translations']).read_text().splitlines()
     else:
@@ -561,7 +579,7 @@ def write_evaluations(config, by_setting: dict, baseline, root: Path, field: str
       per_run.append(
         {'value': row['value'], 'seed': row['seed'], 'bucket': setting, metric: row[metric]}
       )
-      results = json.loads((Path(row['workdir']) / 'eval_results.json').read_text())
+      results = read_results(Path(row['workdir']) / 'eval_results.json')
       counts[setting] = results.get('tokens', results.get('sentences'))
 
   def p_items(value, seeds, setting):
@@ -601,10 +619,7 @@ def write_breakdown(config, rows, baseline, root: Path, field: str, kind, edges)
     )
   else:
     results = {
-      value: {
-        run['seed']: json.loads((Path(run['workdir']) / 'eval_results.json').read_text())
-        for run in runs
-      }
+      value: {run['seed']: read_results(Path(run['workdir']) / 'eval_results.json') for run in runs}
       for value, runs in by_value.items()
     }
     summary, per_run = breakdown.bpc_by_position(results, baseline, edges)

@@ -91,7 +91,7 @@ def sample(
   config = read_config(workdir)
   check_task(workdir, 'char_lm', needs='relpos.tools.sample reads character-LM runs')
   loop.check_trained(workdir).close()
-  vocab = CharVocab.from_json((Path(workdir) / 'vocab.json').read_text())
+  vocab = CharVocab.read(Path(workdir) / 'vocab.json')
   model = TransformerXL(char_lm.model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))
   model, _, _ = loop.restore_model(model, config.eval, workdir)
   span = config.eval

@@ -54,14 +54,7 @@ def _vocab_for_run(config, workdir: Path, *, training: bool):
     saved = workdir / 'vocab.json'
     writes = training and mesh_lib.is_writer() and not has_run(workdir)
     if saved.exists() and not writes:
-      try:
-        recorded = CharVocab.from_json(saved.read_text())
-      except (ValueError, KeyError, TypeError) as error:
-        raise ValueError(
-          f'{saved} is damaged ({error}); remove it and rerun: it is made again from '
-          'config.data (the same data, the same vocabulary)'
-        ) from None
-      if recorded != vocab:
+      if CharVocab.read(saved) != vocab:
         raise ValueError(
           f'{saved} was written for other data (config.data.vocab / config.data.path changed); '
           'use a new --workdir'
@@ -308,10 +301,11 @@ class CharLM(loop.Task):
   def train_scalars(self, totals):
     return {'train/bpc': totals['loss'] / totals['tokens'] / math.log(2)}
 
-  def data_files(self, config):
+  def data_files(self, config, workdir):
+    vocabulary = {'the vocabulary': Path(workdir) / 'vocab.json'}
     if config.data.kind != 'text':
-      return {}  # enwik8: its size and md5 are checked as it is read (relpos.data.enwik8)
-    return {'config.data.path': Path(config.data.path)}
+      return vocabulary  # enwik8: its size and md5 are checked as it is read (data.enwik8)
+    return {'config.data.path': Path(config.data.path), **vocabulary}
 
   def score(self, config, workdir, output_dir=None) -> dict:
     """Bits-per-char on config.eval.split, with config.eval's segment and memory settings

@@ -145,10 +145,11 @@ class Task(abc.ABC):
     del config
     return ()
 
-  def data_files(self, config: ml_collections.ConfigDict) -> dict[str, Path]:
-    """{'config.data.<field>': path} of the data files the config names, which a run records
-    and checks for changes (`data_record`); none by default (data pinned otherwise)."""
-    del config
+  def data_files(self, config: ml_collections.ConfigDict, workdir: Path) -> dict[str, Path]:
+    """{'config.data.<field>': path} of the data files the config names, and the vocabulary
+    the run makes of them in `workdir`, which a run records and checks for changes
+    (`data_record`); none by default."""
+    del config, workdir
     return {}
 
   @abc.abstractmethod
@@ -171,7 +172,7 @@ class Task(abc.ABC):
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     check_model(workdir, config)
     other_data = data_changes(workdir, config) + data_record.changes(
-      workdir, self.data_files(config)
+      workdir, self.data_files(config, workdir)
     )
     if other_data:
       warn(f'scoring other data than the run trained with ({"; ".join(other_data)})')
@@ -551,7 +552,7 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   """`train`'s run over `mesh` (its config checked); `reached` keeps the step reached and the
   checkpoints, for its faults."""
   check_config_change(config, workdir, allow_change=allow_config_change)  # before any write
-  data_files = task.data_files(config)
+  data_files = task.data_files(config, workdir)
   other_data = data_record.changes(workdir, data_files)
   if other_data and not allow_config_change:
     raise ValueError(

@@ -189,14 +189,14 @@ def parse_flags(argv: list[str]) -> list[str]:
   from a fault of an override (ml_collections leaves the flag unset after either, and names
   only the field's last part). A path flag given as `--workdir=~/runs/x` gets its `~`
   expanded, as the shell does for `--workdir ~/runs/x` but not after an `=`
-  (`_expand_home`)."""
+  (`expand_home`)."""
   try:
     rest = flags.FLAGS(argv)
     config = flags.FLAGS['config'].value if 'config' in flags.FLAGS else None
     if config is not None and not isinstance(config, ml_collections.ConfigDict):
       # A file that does not load gives a stand-in that raises at its first use, later.
       sys.exit(f'error: {_config_file_problem(argv)[0] or "--config: the config did not load"}')
-    _expand_home(flags.FLAGS)
+    expand_home(flags.FLAGS)
     return rest
   except Exception as error:  # noqa: BLE001 (the one line below; --traceback is not parsed yet)
     file_problem, config = _config_file_problem(argv)
@@ -208,7 +208,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 PATH_FLAGS = ('workdir', 'output_dir', 'out', 'zip', 'profile_dir', 'plot')
 
 
-def _expand_home(registry) -> None:
+def expand_home(registry) -> None:
   """Expands a leading `~` or `~/` in the value of each of PATH_FLAGS that was given: a
   literal directory named `~` in the working directory is never what was meant."""
   for name in PATH_FLAGS:

@@ -29,11 +29,13 @@ from relpos.config.translation_defaults import TranslationConfig
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID
 from relpos.data.token_batches import TokenBatches
 from relpos.data.translation import (
+  VOCAB_FILE,
   check_data_config,
   eval_batches,
   load_eval_data,
   load_translation_data,
 )
+from relpos.files import write_atomically
 from relpos.messages import PassProgress, warn
 from relpos.models.transformer import Transformer, TransformerConfig
 from relpos.training import loop
@@ -240,11 +242,12 @@ class Translate(loop.Task):
   def unread_fields(self, config):
     return model_config(config, vocab_size=1).unread_fields()
 
-  def data_files(self, config):
+  def data_files(self, config, workdir):
+    vocabulary = {'the vocabulary': Path(workdir) / VOCAB_FILE}
     if config.data.kind != 'text':
-      return {}  # tensorflow-datasets: prepared and versioned by tfds
+      return vocabulary  # tensorflow-datasets: prepared and versioned by tfds
     fields = ('train_src', 'train_tgt', 'eval_src', 'eval_tgt')
-    return {f'config.data.{name}': Path(config.data[name]) for name in fields}
+    return {**{f'config.data.{name}': Path(config.data[name]) for name in fields}, **vocabulary}
 
   def training(self, config, workdir, mesh) -> loop.Training:
     """The model and its optimizer first (they need the config alone: the vocabulary has
@@ -300,14 +303,15 @@ class Translate(loop.Task):
     data = load_eval_data(config.data, workdir)
     model = Transformer(model_config(config, data.tokenizer.vocab_size), rngs=nnx.Rngs(config.seed))
     model, steps, checkpoint = loop.restore_model(model, config.eval, workdir)
+    loss_batches = eval_batches(config.data, data, seed=config.seed)  # its faults first
     translations = translate_sentences(
       model, data.tokenizer, data.eval_sources, config.eval, max_len=config.model.max_len
     )
     output = Path(output_dir or workdir) / f'translations_step{steps[-1]}.txt'
     if mesh_lib.is_writer():
-      output.write_text(''.join(line + '\n' for line in translations))
+      write_atomically(output, ''.join(line + '\n' for line in translations))
     bleu = scoring.corpus_bleu(translations, data.eval_references)
-    loss = eval_loss(model, eval_batches(config.data, data, seed=config.seed))
+    loss = eval_loss(model, loss_batches)
     return {
       'bleu': bleu.score,
       'signature': bleu.signature,
