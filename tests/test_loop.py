@@ -223,6 +223,32 @@ def test_ctrl_c_saves_and_stops_and_a_second_stops_at_once(tmp_path, monkeypatch
     assert not list(workdir.glob('checkpoints/*'))
 
 
+def test_a_second_ctrl_c_during_the_save_leaves_no_part_of_it(tmp_path, monkeypatch):
+  """The second Ctrl-C lands in orbax's save of the first's checkpoint (pressed twice quickly):
+  an empty checkpoint directory was left, which the next run set aside with a warning. The
+  save is undone, and the line names the checkpoint before it."""
+  import orbax.checkpoint as ocp
+
+  training, real_save = TASK.training, ocp.CheckpointManager.save
+
+  def training_then_ctrl_c(*args):
+    run = training(*args)
+    os.kill(os.getpid(), signal.SIGINT)
+    return run
+
+  def save_then_ctrl_c(self, step, *args, **kwargs):
+    saved = real_save(self, step, *args, **kwargs)
+    os.kill(os.getpid(), signal.SIGINT)  # the second press, inside Checkpoints.save
+    return saved
+
+  monkeypatch.setattr(TASK, 'training', training_then_ctrl_c)
+  monkeypatch.setattr(ocp.CheckpointManager, 'save', save_then_ctrl_c)
+  workdir = tmp_path / 'run'
+  with pytest.raises(InterruptedRunError, match='at step 1, without a save; there is no earlier'):
+    TASK.train_and_evaluate(_config(), workdir)
+  assert not list(workdir.glob('checkpoints/*'))
+
+
 def test_a_stop_signal_to_another_process_is_named_as_such():
   stopped = PreemptedError.saved(7, 'w/checkpoints/7')
   assert (str(stopped), stopped.exit_code) == (
