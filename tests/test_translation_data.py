@@ -374,10 +374,13 @@ def _check_batch(batch, pairs):
 
 def test_epoch_covers_every_pair_once_with_fixed_shapes(capsys):
   batches = TokenBatches(
-    PAIRS, max_tokens=256, num_buckets=4, max_length=25, seed=1, row_multiple=2
+    PAIRS, max_tokens=256, num_buckets=4, max_length=25, seed=1, row_multiple=2, name='x pairs'
   )
   kept = [i for i, (s, t) in enumerate(PAIRS) if max(len(s), len(t)) <= 25]
-  assert f'dropped {len(PAIRS) - len(kept)} of 500 pairs' in capsys.readouterr().err
+  assert capsys.readouterr().err == (
+    f'warning: dropped {len(PAIRS) - len(kept)} of 500 x pairs with a side longer than '
+    'config.data.max_length=25 pieces\n'
+  )
   assert batches.num_examples == len(kept) and batches.boundaries[-1] == 26
   assert len(batches.boundaries) == 4
   for rows, length in zip(batches.rows, batches.boundaries, strict=True):

@@ -153,8 +153,10 @@ class TokenBatches:
     seed: int = 0,
     row_multiple: int = 1,
     shard: Shard = ONE_PROCESS,
+    name: str = 'pairs',
   ):
-    """Buckets `pairs`, dropping (and logging) those with a side longer than max_length.
+    """Buckets `pairs`, dropping (with a warning naming them `name`) those with a side longer
+    than max_length.
 
     Args:
       pairs: (source ids, target ids) without BOS/EOS, as EncodedPairs or int sequences.
@@ -193,8 +195,8 @@ class TokenBatches:
     fits = (src_len <= max_length) & (tgt_len <= max_length)
     if not fits.all():
       warn(
-        f'dropped {np.sum(~fits)} of {len(fits)} pairs with a side longer than '
-        f'max_length={max_length} pieces'
+        f'dropped {np.sum(~fits)} of {len(fits)} {name} with a side longer than '
+        f'config.data.max_length={max_length} pieces'
       )
     self.kept = np.flatnonzero(fits)
     if not len(self.kept):

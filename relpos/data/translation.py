@@ -193,6 +193,7 @@ def load_translation_data(
     seed=seed,
     row_multiple=row_multiple,
     shard=shard,
+    name='training pairs',
   )
   logging.info('training data ready in %.1fs', time.perf_counter() - start)
   return _with_eval_data(data_config, tokenizer, train)
@@ -214,6 +215,7 @@ def eval_batches(data_config, data: TranslationData, *, seed: int) -> TokenBatch
     boundaries=boundaries,
     num_buckets=None if boundaries else data_config.length_buckets,
     seed=seed,
+    name='evaluation pairs of the loss (BLEU scores every one)',
   )
 
 
