@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from absl import app, flags, logging
+from absl import app, flags
 
 from relpos import runtime
 from relpos.studies.figures import save as save_figure
@@ -142,8 +142,10 @@ def plot(by_k, out) -> Path:
 def main(argv):
   if len(argv) < 2:
     sys.exit('error: name at least one workdir: python -m relpos.studies.shaw_tables W1 [W2 ...]')
-  if not flags.FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
+  from relpos.training import tasks
+
+  tasks.quiet_logging()  # orbax logs every restore at INFO
+  tasks.expand_home(flags.FLAGS)  # --out=~/x.png; the shell expands the positional workdirs
   try:
     by_k = drift_by_k(argv[1:])
   except (FileNotFoundError, ValueError) as error:
