@@ -266,6 +266,7 @@ class Translate(loop.Task):
     print(
       f'{len(data.eval_sources)} eval sentences, vocabulary {data.tokenizer.vocab_size}, '
       f'{data.train.batches_per_epoch} batches per epoch',
+      flush=True,
     )
 
     def batch(step):
