@@ -17,6 +17,7 @@ import numpy as np
 from relpos.data import enwik8, text
 
 NEWLINE = ord('\n')
+VOCAB_FILE = 'vocab.json'  # where a run keeps its CharVocab (`CharVocab.read`)
 KINDS = ('enwik8', 'text')
 VOCABS = ('bytes', 'original')
 

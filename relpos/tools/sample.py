@@ -76,7 +76,7 @@ def sample(
   from flax import nnx
 
   from relpos.attention import autotune
-  from relpos.data.char_corpus import CharVocab
+  from relpos.data.char_corpus import VOCAB_FILE, CharVocab
   from relpos.models.transformer_xl import TransformerXL
   from relpos.training import char_lm_task as char_lm
   from relpos.training import loop
@@ -91,7 +91,7 @@ def sample(
   config = read_config(workdir)
   check_task(workdir, 'char_lm', needs='relpos.tools.sample reads character-LM runs')
   loop.check_trained(workdir).close()
-  vocab = CharVocab.read(Path(workdir) / 'vocab.json')
+  vocab = CharVocab.read(Path(workdir) / VOCAB_FILE)
   model = TransformerXL(char_lm.model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))
   model, _, _ = loop.restore_model(model, config.eval, workdir)
   span = config.eval

@@ -26,7 +26,7 @@ from relpos import flops as flops_lib
 from relpos.attention import autotune
 from relpos.config import shared
 from relpos.config.char_lm_defaults import CharLMConfig
-from relpos.data.char_corpus import CharVocab, load_char_splits
+from relpos.data.char_corpus import VOCAB_FILE, CharVocab, load_char_splits
 from relpos.data.ordered import OrderedBatches
 from relpos.files import write_atomically
 from relpos.messages import PassProgress
@@ -51,7 +51,7 @@ def _vocab_for_run(config, workdir: Path, *, training: bool):
 
   def load():
     splits, vocab = load_char_splits(config.data)
-    saved = workdir / 'vocab.json'
+    saved = workdir / VOCAB_FILE
     writes = training and mesh_lib.is_writer() and not has_run(workdir)
     if saved.exists() and not writes:
       if CharVocab.read(saved) != vocab:
@@ -302,7 +302,7 @@ class CharLM(loop.Task):
     return {'train/bpc': totals['loss'] / totals['tokens'] / math.log(2)}
 
   def data_files(self, config, workdir):
-    vocabulary = {'the vocabulary': Path(workdir) / 'vocab.json'}
+    vocabulary = {'the vocabulary': Path(workdir) / VOCAB_FILE}
     if config.data.kind != 'text':
       return vocabulary  # enwik8: its size and md5 are checked as it is read (data.enwik8)
     return {'config.data.path': Path(config.data.path), **vocabulary}
