@@ -310,7 +310,9 @@ MOSAIC_TILE_MATMULS = {
   'flash (FA2, one backward kernel)': {'far': (2, 5)},
   'flash (split backward)': {'far': (2, 7)},
   'mosaic shaw': {'far': (2, 7), 'band': (2, 5)},  # band: no recomputation of the band p, dS
-  'mosaic xl': {'far': (4, 19)},  # the position window is 2 wide; each backward kernel recomputes
+  # XL: the position window is 2 wide, but the forward carries its upper half from the last key
+  # tile (1, and 2 once per query tile: 'per_query_tile'); each backward kernel recomputes it.
+  'mosaic xl': {'far': (3, 19), 'per_query_tile': (1, 0)},
 }
 
 
@@ -318,7 +320,8 @@ def mosaic_tile_matmuls(scheme: str, length: int, memory: int, k: int = 0, block
   """(forward, backward) tile-matmuls per batch and head of `scheme` (a key of
   MOSAIC_TILE_MATMULS) for `length` causal queries over `memory` + `length` keys: every visited
   tile pair's count, and for Shaw its band tiles' (the `num_band` tiles ending at each query
-  tile's diagonal, `mosaic_shaw._band_tiles`) instead of the far tiles'."""
+  tile's diagonal, `mosaic_shaw._band_tiles`) instead of the far tiles', plus the scheme's
+  count per query tile."""
   from relpos.attention.mosaic_shaw import _band_tiles
 
   kv_len = memory + length
@@ -331,7 +334,12 @@ def mosaic_tile_matmuls(scheme: str, length: int, memory: int, k: int = 0, block
     band = sum(min(num_band, v) for v in visible)
   (far_fwd, far_bwd), (band_fwd, band_bwd) = counts['far'], counts.get('band', counts['far'])
   far = pairs - band
-  return far * far_fwd + band * band_fwd, far * far_bwd + band * band_bwd
+  first_fwd, first_bwd = counts.get('per_query_tile', (0, 0))
+  tiles = length // block
+  return (
+    far * far_fwd + band * band_fwd + tiles * first_fwd,
+    far * far_bwd + band * band_bwd + tiles * first_bwd,
+  )
 
 
 def mosaic_report(length, memory, head_dim, distances, *, batch, heads, gpu='H100 SXM'):

@@ -88,14 +88,15 @@ def test_the_report_puts_shaw_at_flash_work_and_xl_above_it():
 
 def test_mosaic_tile_matmuls_by_hand():
   """n = 128 over no memory: query tile 0 sees key tile 0, tile 1 sees tiles 0 and 1, 3 pairs.
-  Flash: 2 and 5 each (7 with a split backward). XL: 4 and 19 each. Shaw at k = 3: both of
+  Flash: 2 and 5 each (7 with a split backward). XL: 3 and 19 each, and 1 more forward per
+  query tile (the first key tile's upper window half, carried after it). Shaw at k = 3: both of
   tile 1's tiles are in its band (the far tile must have every pair at distance <= -3; tile
   0's last key is 63, tile 1's first query 64: distance -1), so all 3 pairs are band pairs, 2
   and 5 each. Shaw at k = 3 with
   a memory of 256: each query tile sees 5 or 6 tiles, 2 of them band, the rest far."""
   assert kernel_cost.mosaic_tile_matmuls('flash (FA2, one backward kernel)', 128, 0) == (6, 15)
   assert kernel_cost.mosaic_tile_matmuls('flash (split backward)', 128, 0) == (6, 21)
-  assert kernel_cost.mosaic_tile_matmuls('mosaic xl', 128, 0) == (12, 57)
+  assert kernel_cost.mosaic_tile_matmuls('mosaic xl', 128, 0) == (3 * 3 + 2, 57)
   assert kernel_cost.mosaic_tile_matmuls('mosaic shaw', 128, 0, 3) == (6, 15)
   far, band = 5 + 6 - 2 * 2, 2 * 2
   assert kernel_cost.mosaic_tile_matmuls('mosaic shaw', 128, 256, 3) == (
@@ -104,7 +105,9 @@ def test_mosaic_tile_matmuls_by_hand():
   )
   lines = kernel_cost.mosaic_report(2048, 0, 64, [16], batch=16, heads=8)
   xl_row = next(line for line in lines if line.startswith('| mosaic xl |'))
-  assert xl_row.split('|')[4].strip() == f'{23 / 7:.2f}'  # (4 + 19) / (2 + 5): FA2's work
+  pairs, tiles = 32 * 33 // 2, 32
+  xl = (3 + 19) * pairs + tiles  # against FA2's (2 + 5) per pair
+  assert xl_row.split('|')[4].strip() == f'{xl / (7 * pairs):.2f}'
 
 
 @pytest.mark.parametrize(

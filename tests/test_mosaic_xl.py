@@ -241,12 +241,12 @@ def test_lowering_refuses_wgmma_pairs_on_the_skewed_view():
   'q_len, kv_len, head_dim, dtype, kwargs, message',
   [
     (128, 128, 32, jnp.bfloat16, {}, 'head_dim must be a multiple of 64, got 32'),
-    (100, 100, 64, jnp.bfloat16, {}, 'q_len must be a multiple of block_q=64, got 100'),
-    (128, 160, 64, jnp.bfloat16, {}, 'multiple of block_kv=64, got 160 - 128'),
-    (128, 64, 64, jnp.bfloat16, {}, 'non-negative multiple of block_kv=64, got 64 - 128'),
-    (128, 128, 64, jnp.bfloat16, {'block_q': 96}, 'block_q and block_kv must be multiples'),
-    (128, 128, 64, jnp.bfloat16, {'block_kv': 128}, 'block_q a multiple of block_kv'),
-    (128, 128, 64, jnp.bfloat16, {'block_q': 128}, 'bytes of shared memory'),
+    (100, 100, 64, jnp.bfloat16, {}, 'q_len must be a multiple of block=64, got 100'),
+    (128, 160, 64, jnp.bfloat16, {}, 'multiple of block=64, got 160 - 128'),
+    (128, 64, 64, jnp.bfloat16, {}, 'non-negative multiple of block=64, got 64 - 128'),
+    (128, 128, 64, jnp.bfloat16, {'block': 96}, 'must be a multiple of 64, got 96'),
+    (128, 128, 64, jnp.bfloat16, {'block': 32}, 'must be a multiple of 64, got 32'),
+    (128, 128, 64, jnp.bfloat16, {'block': 128}, 'bytes of shared memory'),
     (128, 128, 256, jnp.bfloat16, {}, 'bytes of shared memory'),
     (128, 128, 64, jnp.float32, {}, 'bfloat16 or all float16, got float32'),
     (128, 128, 64, jnp.bfloat16, {'table_rows': 127}, 'rel_key must be [kv_len, heads'),
@@ -266,9 +266,9 @@ def test_refusals(q_len, kv_len, head_dim, dtype, kwargs, message):
 
 
 def test_shared_memory_estimate():
-  """block_q = block_kv = 64 fits for head_dim 64 and 128; block_q = 128 does not (two slots of
-  a [d, 192] window and a [128, 200] float32 skew buffer)."""
-  assert mosaic_xl._smem_bytes(64, 64, 64) < mosaic_xl._SMEM_BYTES
-  assert mosaic_xl._smem_bytes(128, 64, 64) < mosaic_xl._SMEM_BYTES
-  assert mosaic_xl._smem_bytes(64, 128, 64) > mosaic_xl._SMEM_BYTES
+  """Tiles of 64 fit for head_dim 64 and 128; tiles of 128 do not (the [128, 264] float32 skew
+  buffer alone is 135 KB)."""
+  assert mosaic_xl._smem_bytes(64, 64) < mosaic_xl._SMEM_BYTES
+  assert mosaic_xl._smem_bytes(128, 64) < mosaic_xl._SMEM_BYTES
+  assert mosaic_xl._smem_bytes(64, 128) > mosaic_xl._SMEM_BYTES
   assert mosaic_xl._bwd_smem_bytes(64, 64) < mosaic_xl._SMEM_BYTES

@@ -57,30 +57,41 @@ every kernel names Lane, `mosaic_shaw._COMPILER_PARAMS`):
   (`optimized=False`): accepted.
 
 Interpret mode (`interpret=True`, CPU, Mosaic GPU's interpreter). The interpreter accepts only
-static slices of refs (no `reshape` transform: "Unsupported transform: ReshapeTransform"), so
-there the skew's store writes P' padded to S columns with NaN as one flat value, and its load
-reads the contiguous range B[bq - 1 : bq - 1 + bq·(S - 1)] and reshapes the value: the same
-addresses as the lowered ref views (and a read of a padding column would put NaN in the
+static slices of refs (no `reshape` transform: "Unsupported transform: ReshapeTransform"), so there
+the skew's store writes P' (its two halves joined) padded to S columns with NaN as one flat value,
+and its load reads the contiguous range B[bq - 1 : bq - 1 + bq·(S - 1)] and reshapes the value: the
+same addresses as the lowered ref views (and a read of a padding column would put NaN in the
 output), but not the same program. With `mosaic_shaw`'s `layout_cast` and `plgpu.load(layout=)`
-replaced by the identity and plain reads, this is where the interpreted and lowered kernels
-differ; what the interpreter checks is the index arithmetic of the skew, the window offsets, the
-masking and the online softmax, against float64.
+replaced by the identity and plain reads, this is where the interpreted and lowered kernels differ;
+what the interpreter checks is the index arithmetic of the skew, the window offsets, the masking and
+the online softmax, against float64.
 
-Masking. With memory = kv_len - q_len a multiple of block_kv and block_q a multiple of block_kv,
-a query tile's last block_q / block_kv key tiles ("diagonal" tiles) hold every key with
-j > pos_i for some row, always with the same (j - pos_i) pattern, so those are visited first in
-a static loop and masked with an iota comparison; the tiles before them are fully visible (a
-dynamic loop, no mask); none after them is visited.
+Tiles are square, block = bq = bk = 64 (`_smem_bytes`: tiles of 128 need a [128, 264] float32
+skew buffer, 135 KB, and more than an H100's 227 KB in all); the forward takes head_dim 64 or
+128, the backward 64 (`_bwd_smem_bytes`, checked when the gradient is traced).
 
-Cost beyond flash attention, per (query tile, key tile): the [bq, d] × [d, bq + bk] window wgmma
-(2 tile matmuls' worth for bq = bk: 4 per tile pair against flash attention's 2), its TMA copy,
-and the skew: bq·(bq + bk) float32 stored and bq·bk loaded through shared memory (bank
-conflicts not measured). No [q_len, kv_len] array exists anywhere.
+Masking and order. With memory = kv_len - q_len a multiple of block, a query tile's last key
+tile (the diagonal) is the only one holding keys with j > pos_i, always with the same
+(j - pos_i) pattern; it is visited first and masked with an iota comparison, then the key tiles
+below it, from the diagonal down, fully visible (a dynamic loop, no mask); none after it.
 
-Tiles. Only block_q = block_kv = 64 fits in shared memory (`_smem_bytes`: block_q = 128 needs a
-[d, 192] window per slot and a [128, 200] float32 skew buffer, 238 KB at head_dim 64); the
-forward takes head_dim 64 or 128, the backward 64 (`_bwd_smem_bytes`, checked when the gradient
-is traced). block_q > block_kv is written for (several masked diagonal tiles) but refused.
+The carried window. Going down one key tile moves the window down by `block` columns of Rrev: a
+step's upper half [bq, block..2·block) is the last step's lower half [bq, 0..block), the same
+q + v against the same columns of R. So each step after the first multiplies only the lower
+half (one [bq, d] × [d, block] wgmma, against one [d, block] tile of R that TMA brings with the
+key tile) and carries its product to the next step in registers ([block, block] float32, 32
+registers a thread); step 0 also multiplies its upper half, copied with q. The skew buffer takes
+the two halves as two stores into its rows. Per tile pair the forward does 3 tile matmuls
+(content, the position half, P·V) against flash attention's 2, plus 1 per query tile. The
+backward does not carry: dk/dv's query tile, so q + v, changes every step, d rel's window is the
+same for every step, and dq, already at 255 registers a thread, spilled 344 to 424 bytes with
+its carried half (ptxas for sm_90a, `benchmarks/gpu_compile.py kernels`, 2026-11-28), while
+moving the half through shared memory (16 KB read and written a step) costs more than the
+64 × 64 × 64 wgmma it saves.
+
+Cost beyond flash attention, per (query tile, key tile): the window's new half (one tile
+matmul), its TMA copy, and the skew: bq·2·bk float32 stored and bq·bk loaded through shared
+memory (bank conflicts not measured). No [q_len, kv_len] array exists anywhere.
 
 The backward. A `jax.custom_vjp` around the kernel K(q + u, q + v, k, v, Rrevᵀ) -> (z, lse);
 JAX differentiates the XLA ops around it (the two bias adds, R's reversal, padding and
@@ -97,7 +108,7 @@ each with its own register accumulators and no atomics:
 - dk/dv (a program per key tile, over the query tiles that see it): dkᵀ += (q + u)ᵀ·dS and
   dvᵀ += g_zᵀ·p, accumulated transposed ([d, bk]) so that no wgmma operand is transposed (the
   interpreter has no `transpose_ref`); (q + u)ᵀ and g_zᵀ are transposed by XLA;
-- d rel (a program per R window: with block_q = block_kv the window depends on kt - t only, so
+- d rel (a program per R window: with square tiles the window depends on kt - t only, so
   a program walks one diagonal of tile pairs): d(Rwinᵀ) += (q + v)ᵀ·dP', [d, 2·bk] float32 per
   window; adjacent windows overlap by bk columns and XLA adds the halves.
 So a tile pair costs, in tile-matmuls' worth, 4 recomputing (s, the double-width P', dP) in each
@@ -107,8 +118,8 @@ float32 for d rel): no [q_len, kv_len] array. Each backward kernel has one slot 
 prefetch (copy, wait, compute), to keep within shared memory and keep the prototype simple.
 
 Not verified without a GPU: that the PTX runs and is right (the odd-strided scalar loads and
-stores of the skew in particular), speed, register pressure (P' is [bq, bq + bk] float32 in
-registers next to the [bq, d] accumulator), bank conflicts, the real shared-memory size against
+stores of the skew in particular), speed, bank conflicts (ptxas's register counts, without
+spills, are in docs/kernels.md), the real shared-memory size against
 `_smem_bytes`/`_bwd_smem_bytes`, and that `_WGMMA_ACC_32BIT` (private) stays available.
 """
 
@@ -137,60 +148,67 @@ from relpos.attention.mosaic_shaw import (
 _BANK_PAD = 8  # extra float32 per row of the skew buffer: rows start 8 banks apart
 
 
-def _skew_ops(interpret: bool, block_q: int, block_kv: int):
-  """The relative shift through a flat float32 shared buffer B [block_q·S] (module docstring):
-  `store(B, p)` writes P' [block_q, W'] at B[a·S + c]; `load(B)` returns out[a, b] =
-  B[(block_q - 1) + a·(S - 1) + b], [block_q, block_kv], WGMMA layout. And its inverse, for the
-  backward: `unstore(B, ds)` writes ds [block_q, block_kv] at those skewed addresses and
-  `unload(B)` reads the [block_q, W'] rows back (zero where no ds landed, B being zeroed once)."""
-  window = block_q + block_kv
+def _skew_ops(interpret: bool, block: int):
+  """The relative shift through a flat float32 shared buffer B [block·S] (module docstring), for
+  square tiles of `block` rows and columns (W' = 2·block): `store(B, p)` writes P' = p [block, W']
+  at B[a·S + c] (`store(B, lower, upper)`: P' = [lower | upper], in two halves); `load(B)`
+  returns out[a, b] = B[(block - 1) + a·(S - 1) + b], [block, block], WGMMA layout. And its
+  inverse, for the backward: `unstore(B, ds)` writes ds [block, block] at those skewed addresses
+  and `unload(B)` reads the [block, W'] rows back (zero where no ds landed, B being zeroed once)."""
+  window = 2 * block
   stride = window + _BANK_PAD
-  start, length = block_q - 1, block_q * (stride - 1)
+  start, length = block - 1, block * (stride - 1)
 
-  def store(flat_ref, p):
+  def store(flat_ref, p, upper=None):
     if interpret:  # no ref reshapes in the interpreter: one flat value, padding NaN
+      if upper is not None:
+        p = jnp.concatenate([p, upper], axis=1)
       padded = jnp.pad(p, ((0, 0), (0, stride - window)), constant_values=jnp.nan)
       flat_ref[...] = padded.reshape(-1)
+    elif upper is None:
+      flat_ref.reshape(block, stride).at[:, :window][...] = p
     else:
-      flat_ref.reshape(block_q, stride).at[:, :window][...] = p
+      rows = flat_ref.reshape(block, stride)
+      rows.at[:, :block][...] = p
+      rows.at[:, block:window][...] = upper
 
   def skewed_view(flat_ref):
-    return flat_ref.at[pl.ds(start, length)].reshape(block_q, stride - 1).at[:, :block_kv]
+    return flat_ref.at[pl.ds(start, length)].reshape(block, stride - 1).at[:, :block]
 
   def load(flat_ref):
     if interpret:
-      return flat_ref[pl.ds(start, length)].reshape(block_q, stride - 1)[:, :block_kv]
+      return flat_ref[pl.ds(start, length)].reshape(block, stride - 1)[:, :block]
     # One float per access (the odd stride rules out WGMMA's pairs), then repacked as WGMMA.
     skewed = _smem_load(skewed_view(flat_ref), plgpu.Layout._WGMMA_ACC_32BIT, optimized=False)
     return plgpu.layout_cast(skewed, plgpu.Layout.WGMMA)
 
   def unstore(flat_ref, ds):
     if interpret:  # read-modify-write of the contiguous range the skewed view spans
-      region = flat_ref[pl.ds(start, length)].reshape(block_q, stride - 1)
-      flat_ref[pl.ds(start, length)] = region.at[:, :block_kv].set(ds).reshape(-1)
+      region = flat_ref[pl.ds(start, length)].reshape(block, stride - 1)
+      flat_ref[pl.ds(start, length)] = region.at[:, :block].set(ds).reshape(-1)
     else:
       skewed_view(flat_ref)[...] = plgpu.layout_cast(ds, plgpu.Layout._WGMMA_ACC_32BIT)
 
   def unload(flat_ref):
     if interpret:
-      return flat_ref[...].reshape(block_q, stride)[:, :window]
-    view = flat_ref.reshape(block_q, stride).at[:, :window]
+      return flat_ref[...].reshape(block, stride)[:, :window]
+    view = flat_ref.reshape(block, stride).at[:, :window]
     return _smem_load(view, plgpu.Layout.WGMMA, optimized=False)
 
   return store, load, unstore, unload
 
 
-def _smem_bytes(head_dim: int, block_q: int, block_kv: int) -> int:
+def _smem_bytes(head_dim: int, block: int) -> int:
   """Shared memory the forward kernel allocates: 16-bit q + u, q + v and p; per slot (two)
-  16-bit kᵀ, v and the [d, bq + bk] window of R; the float32 skew buffer [bq, bq + bk + 8] and
-  the logsumexp row; plus 4 KiB for barriers and alignment (as `mosaic_shaw._smem_bytes`)."""
-  window = block_q + block_kv
-  buffers = 2 * (2 * block_q * head_dim + block_q * block_kv)
-  buffers += 2 * 2 * (2 * block_kv * head_dim + head_dim * window)
-  return buffers + 4 * (block_q * (window + _BANK_PAD) + block_q) + 4096
+  16-bit kᵀ, v and the lower half of the R window, [d, block]; step 0's upper half; the float32
+  skew buffer [block, 2·block + 8] and the logsumexp row; plus 4 KiB for barriers and alignment
+  (as `mosaic_shaw._smem_bytes`)."""
+  buffers = 2 * (2 * block * head_dim + block * block)
+  buffers += 2 * 2 * 3 * block * head_dim + 2 * head_dim * block
+  return buffers + 4 * (block * (2 * block + _BANK_PAD) + block) + 4096
 
 
-def _check(query, key, value, rel_key, content_bias, position_bias, block_q, block_kv):
+def _check(query, key, value, rel_key, content_bias, position_bias, block):
   if query.ndim != 4 or key.ndim != 4 or key.shape != value.shape:
     raise ValueError(
       f'query [batch, q_len, heads, head_dim] and key, value [batch, kv_len, heads, head_dim] '
@@ -218,103 +236,109 @@ def _check(query, key, value, rel_key, content_bias, position_bias, block_q, blo
     )
   if head_dim % 64:
     raise ValueError(f'head_dim must be a multiple of 64, got {head_dim}')
-  if block_q % 64 or block_kv % 64 or block_q % block_kv:
-    raise ValueError(
-      f'block_q and block_kv must be multiples of 64 and block_q a multiple of block_kv, got '
-      f'{block_q}, {block_kv}'
-    )
-  if q_len % block_q:
-    raise ValueError(f'q_len must be a multiple of block_q={block_q}, got {q_len}')
+  if block < 64 or block % 64:
+    raise ValueError(f"block (the tiles' rows and columns) must be a multiple of 64, got {block}")
+  if q_len % block:
+    raise ValueError(f'q_len must be a multiple of block={block}, got {q_len}')
   memory = kv_len - q_len
-  if memory < 0 or memory % block_kv:
+  if memory < 0 or memory % block:
     raise ValueError(
       f'kv_len - q_len (the memory before the queries) must be a non-negative multiple of '
-      f'block_kv={block_kv}, got {kv_len} - {q_len}'
+      f'block={block}, got {kv_len} - {q_len}'
     )
-  if (smem := _smem_bytes(head_dim, block_q, block_kv)) > _SMEM_BYTES:
+  if (smem := _smem_bytes(head_dim, block)) > _SMEM_BYTES:
     raise ValueError(
-      f'block_q={block_q}, block_kv={block_kv}, head_dim={head_dim} need {smem} bytes of shared '
-      f'memory, more than the {_SMEM_BYTES} of an H100'
+      f'block={block}, head_dim={head_dim} need {smem} bytes of shared memory, more than the '
+      f'{_SMEM_BYTES} of an H100'
     )
 
 
-def _reversed_table(rel_key, block_q, dtype):
-  """R reversed and transposed, [heads, d, kv_len + block_q]: column s is distance
+def _reversed_table(rel_key, block, dtype):
+  """R reversed and transposed, [heads, d, kv_len + block]: column s is distance
   kv_len - 1 - s, columns from kv_len on (negative distances, only ever masked) are zero."""
-  rel_rev = jnp.pad(rel_key[::-1].astype(dtype), ((0, block_q), (0, 0), (0, 0)))
+  rel_rev = jnp.pad(rel_key[::-1].astype(dtype), ((0, block), (0, 0), (0, 0)))
   return rel_rev.transpose(1, 2, 0)
 
 
-def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block_q, block_kv, interpret):
+def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block, interpret):
   """The forward kernel (module docstring). q_u = q + u and q_v = q + v [B, n, H, d], key_t
   [B, H, d, kv_len], value [B, kv_len, H, d], rel_t = `_reversed_table` [H, d, kv_len + bq].
-  Returns z [B, n, H, d] (input dtype) and the logsumexp [B, H, n] (float32, natural log)."""
+  Returns z [B, n, H, d] (input dtype) and the logsumexp [B, H, n] (float32, natural log).
+
+  Tiles are square (block queries, block keys), and the key tiles are visited from the diagonal
+  down, so that each step's window of R is the last one moved down by one tile: its upper half
+  is the last step's lower half, carried in registers, and only its lower half is a new wgmma
+  ([block, d] x [d, block], against one [d, block] tile of R that TMA brings with the keys)."""
   batch, q_len, heads, head_dim = q_u.shape
   dtype = q_u.dtype
   kv_len = key_t.shape[3]
-  memory_tiles = (kv_len - q_len) // block_kv
-  num_diag = block_q // block_kv  # key tiles per query tile that need the causal mask
-  window = block_q + block_kv
+  memory_tiles = (kv_len - q_len) // block
   scale = 1.0 / math.sqrt(head_dim)
   slots = 2
 
   layout, load = _register_ops(interpret)
-  skew_store, skew_load, _, _ = _skew_ops(interpret, block_q, block_kv)
+  skew_store, skew_load, _, _ = _skew_ops(interpret, block)
 
   def iota(dimension):
-    shape = (block_q, block_kv)
+    shape = (block, block)
     if interpret:
       return lax.broadcasted_iota(jnp.int32, shape, dimension)
     return plgpu.broadcasted_iota(jnp.int32, shape, dimension, layout=plgpu.Layout.WGMMA)
 
   def kernel(qu_ref, qv_ref, kt_ref, v_ref, rt_ref, out_ref, lse_ref, smem, barriers):
-    qu_smem, qv_smem, kt_smem, v_smem, rt_smem, p_smem, flat_smem, stat_smem = smem
+    qu_smem, qv_smem, kt_smem, v_smem, rt_smem, rt_upper, p_smem, flat_smem, stat_smem = smem
     q_barrier, kv_barriers = barriers
     b = lax.axis_index('batch')
     h = lax.axis_index('heads')
     t = lax.axis_index('q_seq')
-    rows = pl.ds(t * block_q, block_q)
-    kv_end = memory_tiles + (t + 1) * num_diag  # one past the diagonal's last key tile
-    # Steps 0 .. num_diag - 1 (static): the diagonal tiles kv_end - 1 - step, masked. Steps
-    # num_diag .. kv_end - 1 (dynamic): tiles step - num_diag, fully visible.
-    num_steps = kv_end
+    rows = pl.ds(t * block, block)
+    # Step `step` visits key tile memory_tiles + t - step: step 0 the diagonal (masked), the
+    # rest fully visible; none after the diagonal.
+    num_steps = memory_tiles + t + 1
+    # The window's first column for step `step` (a multiple of block): q_len - (t + 1)·block
+    # + tile·block, falling by one tile a step; the diagonal tile's is kv_len - block for every t.
+    first_column = kv_len - block
 
     def issue(step):
-      """TMA copies of step `step`'s kᵀ, v and R window into its slot."""
-      diagonal = isinstance(step, int) and step < num_diag
+      """TMA copies of step `step`'s kᵀ, v and the lower half of its R window into its slot."""
       slot = step % slots if isinstance(step, int) else lax.rem(step, slots)
-      tile = kv_end - 1 - step if diagonal else step - num_diag
-      cols = pl.ds(tile * block_kv, block_kv)
-      start = q_len - (t + 1) * block_q + tile * block_kv  # the window's first column
+      cols = pl.ds((memory_tiles + t - step) * block, block)
       barrier = kv_barriers.at[slot]
       plgpu.copy_gmem_to_smem(kt_ref.at[b, h, :, cols], kt_smem.at[slot], barrier)
       plgpu.copy_gmem_to_smem(v_ref.at[b, cols, h], v_smem.at[slot], barrier)
-      plgpu.copy_gmem_to_smem(rt_ref.at[h, :, pl.ds(start, window)], rt_smem.at[slot], barrier)
+      lower = pl.ds(first_column - step * block, block)
+      plgpu.copy_gmem_to_smem(rt_ref.at[h, :, lower], rt_smem.at[slot], barrier)
 
     plgpu.copy_gmem_to_smem(qu_ref.at[b, rows, h], qu_smem, q_barrier.at[0])
     plgpu.copy_gmem_to_smem(qv_ref.at[b, rows, h], qv_smem, q_barrier.at[0])
+    # Step 0's upper half, the only one no earlier step computes.
+    upper = pl.ds(first_column + block, block)
+    plgpu.copy_gmem_to_smem(rt_ref.at[h, :, upper], rt_upper, q_barrier.at[0])
     issue(0)
     plgpu.barrier_wait(q_barrier.at[0])
-    # j - pos_i on diagonal step `step` is (num_diag - 1 - step)·block_kv + b - a.
-    offsets = iota(1) - iota(0)
+    # On the diagonal tile, key j is visible from query row a iff j - pos_i = b - a <= 0.
+    visible = iota(1) <= iota(0)
 
     def step_body(step, carry):
-      acc, m_i, l_i = carry
-      diagonal = isinstance(step, int)
-      slot = step % slots if diagonal else lax.rem(step, slots)
-      if diagonal and step + 1 < num_diag:
-        issue(step + 1)
-      else:
-        pl.when(step + 1 < num_steps)(lambda: issue(step + 1))
+      acc, m_i, l_i, position_upper = carry
+      first = isinstance(step, int)
+      slot = 0 if first else lax.rem(step, slots)
+      pl.when(step + 1 < num_steps)(lambda: issue(step + 1))
       plgpu.barrier_wait(kv_barriers.at[slot])
-      content, position = _matmuls(
-        (qu_smem, kt_smem.at[slot], (block_q, block_kv)),
-        (qv_smem, rt_smem.at[slot], (block_q, window)),
-      )
-      skew_store(flat_smem, position)
+      if first:
+        content, position_lower, position_upper = _matmuls(
+          (qu_smem, kt_smem.at[slot], (block, block)),
+          (qv_smem, rt_smem.at[slot], (block, block)),
+          (qv_smem, rt_upper, (block, block)),
+        )
+      else:
+        content, position_lower = _matmuls(
+          (qu_smem, kt_smem.at[slot], (block, block)),
+          (qv_smem, rt_smem.at[slot], (block, block)),
+        )
+      skew_store(flat_smem, position_lower, position_upper)
       s = (content + skew_load(flat_smem)) * scale
-      if diagonal:
-        visible = offsets <= (step + 1 - num_diag) * block_kv
+      if first:
         s = jnp.where(visible, s, -jnp.inf)
       m_new = jnp.maximum(m_i, s.max(axis=1) * _LOG2E)
       alpha = jnp.exp2(m_i - m_new)
@@ -322,21 +346,21 @@ def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block_q, block_kv, interpr
       l_i = l_i * alpha + p.sum(axis=1)
       p_smem[...] = p.astype(dtype)
       plgpu.commit_smem()
-      pv = _matmuls((p_smem, v_smem.at[slot], (block_q, head_dim)))
+      pv = _matmuls((p_smem, v_smem.at[slot], (block, head_dim)))
       acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) + pv
-      return acc, m_new, l_i
+      return acc, m_new, l_i, position_lower  # the next step's upper half
 
     def vector(value):
-      return layout(jnp.full((block_q,), value, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+      return layout(jnp.full((block,), value, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
 
     carry = (
-      layout(jnp.zeros((block_q, head_dim), jnp.float32), plgpu.Layout.WGMMA),
+      layout(jnp.zeros((block, head_dim), jnp.float32), plgpu.Layout.WGMMA),
       vector(-1e30),  # finite: a row that has seen only masked keys rescales by 1
       vector(0.0),
+      None,  # step 0 computes its upper half
     )
-    for step in range(num_diag):
-      carry = step_body(step, carry)
-    acc, m_i, l_i = lax.fori_loop(num_diag, num_steps, step_body, carry)
+    carry = step_body(0, carry)
+    acc, m_i, l_i, _ = lax.fori_loop(1, num_steps, step_body, carry)
     qu_smem[...] = (acc / lax.broadcast_in_dim(l_i, acc.shape, [0])).astype(dtype)  # q is done
     stat_smem[...] = (m_i + jnp.log2(l_i)) / _LOG2E
     plgpu.commit_smem()
@@ -347,18 +371,19 @@ def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block_q, block_kv, interpr
   # 128-byte swizzled tiles (64 16-bit columns): wgmma operands and TMA boxes.
   tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
   smem = [
-    plgpu.SMEM((block_q, head_dim), dtype, transforms=tiled),  # q + u, then the output
-    plgpu.SMEM((block_q, head_dim), dtype, transforms=tiled),  # q + v
-    plgpu.SMEM((slots, head_dim, block_kv), dtype, transforms=tiled),  # kᵀ
-    plgpu.SMEM((slots, block_kv, head_dim), dtype, transforms=tiled),  # v
-    plgpu.SMEM((slots, head_dim, window), dtype, transforms=tiled),  # R window, reversed
-    plgpu.SMEM((block_q, block_kv), dtype, transforms=tiled),  # p
-    plgpu.SMEM((block_q * (window + _BANK_PAD),), jnp.float32),  # the skew buffer B
-    plgpu.SMEM((block_q,), jnp.float32),  # logsumexp
+    plgpu.SMEM((block, head_dim), dtype, transforms=tiled),  # q + u, then the output
+    plgpu.SMEM((block, head_dim), dtype, transforms=tiled),  # q + v
+    plgpu.SMEM((slots, head_dim, block), dtype, transforms=tiled),  # kᵀ
+    plgpu.SMEM((slots, block, head_dim), dtype, transforms=tiled),  # v
+    plgpu.SMEM((slots, head_dim, block), dtype, transforms=tiled),  # R window, lower half
+    plgpu.SMEM((head_dim, block), dtype, transforms=tiled),  # step 0's upper half
+    plgpu.SMEM((block, block), dtype, transforms=tiled),  # p
+    plgpu.SMEM((block * (2 * block + _BANK_PAD),), jnp.float32),  # the skew buffer B
+    plgpu.SMEM((block,), jnp.float32),  # logsumexp
   ]
   barriers = (
-    plgpu.Barrier(num_arrivals=2, num_barriers=1),  # q + u, q + v
-    plgpu.Barrier(num_arrivals=3, num_barriers=slots),  # kᵀ, v, R window
+    plgpu.Barrier(num_arrivals=3, num_barriers=1),  # q + u, q + v, step 0's upper half
+    plgpu.Barrier(num_arrivals=3, num_barriers=slots),  # kᵀ, v, R window's lower half
   )
   out_type = (
     jax.ShapeDtypeStruct((batch, q_len, heads, head_dim), dtype),
@@ -368,7 +393,7 @@ def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block_q, block_kv, interpr
     _named(kernel, 'relpos_xl_forward'),
     out_type=out_type,
     scratch_types=[smem, barriers],
-    grid=(heads, q_len // block_q, batch),
+    grid=(heads, q_len // block, batch),
     grid_names=('heads', 'q_seq', 'batch'),
     compiler_params=_COMPILER_PARAMS,
     interpret=interpret or False,
@@ -402,7 +427,7 @@ def _backward_kernel(mode, operands, *, q_len, block, interpret):
     inverse skew of dS, d(q + v) += dP'·Rwin;
   - 'dkv': a program per key tile, t = first seeing it .. last: dkᵀ += (q + u)ᵀ·dS and
     dvᵀ += g_zᵀ·p (transposed accumulators, so no transposed operand is needed);
-  - 'drel': a program per R window (windows depend on kt - t only, block_q = block_kv), the
+  - 'drel': a program per R window (windows depend on kt - t only, square tiles), the
     pairs on that diagonal: d(Rwinᵀ) += (q + v)ᵀ·dP', [d, 2·block] float32 per window, the
     overlapping windows summed by XLA.
   One slot, no prefetch (a prototype: each step copies, waits, computes), one warpgroup.
@@ -416,7 +441,7 @@ def _backward_kernel(mode, operands, *, q_len, block, interpret):
   memory_tiles = (kv_len - q_len) // bk
   scale = 1.0 / math.sqrt(head_dim)
   layout, load = _register_ops(interpret)
-  skew_store, skew_load, unskew_store, unskew_load = _skew_ops(interpret, bq, bk)
+  skew_store, skew_load, unskew_store, unskew_load = _skew_ops(interpret, block)
   names = tuple(operands)
   row = plgpu.Layout.WGMMA.reduce(1)
 
@@ -617,8 +642,7 @@ def _backward_kernel(mode, operands, *, q_len, block, interpret):
 class _Config(NamedTuple):
   """The kernels' static arguments (hashable: a custom_vjp nondiff argument)."""
 
-  block_q: int
-  block_kv: int
+  block: int
   interpret: object  # False or an InterpretGPUParams
 
 
@@ -632,8 +656,7 @@ def _kernel(config, q_u, q_v, key, value, rel_t):
     key.transpose(0, 2, 3, 1),
     value,
     rel_t,
-    block_q=config.block_q,
-    block_kv=config.block_kv,
+    block=config.block,
     interpret=config.interpret,
   )
 
@@ -650,11 +673,7 @@ def _kernel_bwd(config, residuals, cotangents):
   g_z, g_lse = cotangents
   _, q_len, _, head_dim = q_u.shape
   dtype = q_u.dtype
-  block = config.block_q
-  if config.block_kv != block:
-    raise ValueError(
-      f'the backward kernels need block_q == block_kv, got {block}, {config.block_kv}'
-    )
+  block = config.block
   if (smem := _bwd_smem_bytes(head_dim, block)) > _SMEM_BYTES:
     raise ValueError(
       f'the backward kernels with block={block}, head_dim={head_dim} need {smem} bytes of '
@@ -708,36 +727,35 @@ def xl_attention_mosaic(
   u,
   v,
   *,
-  block_q=64,
-  block_kv=64,
+  block=64,
   interpret=False,
   return_lse=False,
 ):
   """Causal Transformer-XL attention with a Mosaic GPU kernel (see the module docstring).
 
   query: [batch, q_len, heads, head_dim]; key, value: [batch, kv_len, heads, head_dim], the
-  memory (kv_len - q_len positions, a multiple of block_kv) first, query i at position
-  kv_len - q_len + i; bf16 or f16, head_dim a multiple of 64, q_len a multiple of block_q
-  (block_q a multiple of block_kv, both multiples of 64). rel_key: [kv_len, heads, head_dim],
-  row t for distance t; u, v: [heads, head_dim] (the content and position biases); these three
-  are cast to the query's dtype, as `xl_attention(implementation='xla')` does. Returns z
-  [batch, q_len, heads, head_dim] in the input dtype, and with return_lse=True also the
-  logsumexp of each row's logits [batch, heads, q_len] (float32). interpret=True runs Mosaic
-  GPU's interpreter (CPU), as does an `InterpretGPUParams` (e.g. with detect_races=True).
+  memory (kv_len - q_len positions, a multiple of block) first, query i at position
+  kv_len - q_len + i; bf16 or f16, head_dim a multiple of 64, q_len a multiple of block (the
+  tiles' rows and columns, a multiple of 64; only 64 fits in shared memory). rel_key: [kv_len,
+  heads, head_dim], row t for distance t; u, v: [heads, head_dim] (the content and position
+  biases); these three are cast to the query's dtype, as `xl_attention(implementation='xla')`
+  does. Returns z [batch, q_len, heads, head_dim] in the input dtype, and with return_lse=True
+  also the logsumexp of each row's logits [batch, heads, q_len] (float32). interpret=True runs
+  Mosaic GPU's interpreter (CPU), as does an `InterpretGPUParams` (e.g. with detect_races=True).
   Raises ValueError (one line) for shapes, dtypes or tiles it does not support.
   """
-  _check(query, key, value, rel_key, u, v, block_q, block_kv)
+  _check(query, key, value, rel_key, u, v, block)
   if interpret is True:
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
 
     interpret = InterpretGPUParams()
   dtype = query.dtype
   z, lse = _kernel(
-    _Config(block_q, block_kv, interpret),
+    _Config(block, interpret),
     query + u.astype(dtype),
     query + v.astype(dtype),
     key,
     value,
-    _reversed_table(rel_key, block_q, dtype),
+    _reversed_table(rel_key, block, dtype),
   )
   return (z, lse) if return_lse else z

@@ -164,8 +164,7 @@ def _xl_mosaic(query, key, value, rel_key, content_bias, position_bias, mask):
       rel_key_1THD[0],
       content_bias,
       position_bias,
-      block_q=mosaic_dispatch.BLOCK,
-      block_kv=mosaic_dispatch.BLOCK,
+      block=mosaic_dispatch.BLOCK,
       interpret=mosaic_dispatch.interpret(),
     )
     return out[:, :q_len].astype(value.dtype)
