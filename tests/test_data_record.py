@@ -46,6 +46,25 @@ def test_recording_again_hashes_only_what_does_not_match(tmp_path, monkeypatch):
   assert data_record.changes(tmp_path, {'config.data.path': text}) == []
 
 
+def test_a_touched_file_is_read_once_by_the_check_and_the_record_after_it(tmp_path, monkeypatch):
+  text = tmp_path / 'a.txt'
+  text.write_text('abcdef')
+  files = {'config.data.path': text}
+  data_record.record(tmp_path, files)
+  os.utime(text, ns=(1, 1))  # same bytes, other time: the check hashes it
+  opened = []
+  real_open = open
+  monkeypatch.setattr(
+    'builtins.open', lambda path, *a, **k: opened.append(str(path)) or real_open(path, *a, **k)
+  )
+  assert data_record.changes(tmp_path, files) == []
+  data_record.record(tmp_path, files)
+  monkeypatch.undo()
+  assert opened.count(str(text)) == 1
+  entry = json.loads((tmp_path / data_record.DATA_FILES).read_text())['config.data.path']
+  assert entry['mtime_ns'] == 1  # recorded with its new time: the next check only stats it
+
+
 def test_a_resume_on_changed_data_is_refused_unless_allowed_and_eval_warns(tmp_path, capsys):
   text = write_word_corpus(tmp_path / 'corpus.txt', words=3000)
   config = tiny_char_config(text, steps=2)

@@ -17,6 +17,7 @@ changed are config changes, reported as such, and not compared here; a run recor
 file existed has no record and is not checked.
 """
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -28,6 +29,15 @@ _CHUNK = 1 << 20
 
 
 def _sha256(path: Path) -> str:
+  """The file's SHA-256, read once per process for a file of a given size and mtime (a resume
+  that finds a file touched hashes it in `changes` and would again in `record`)."""
+  status = path.stat()
+  return _sha256_of(str(path), status.st_size, status.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
+  del size, mtime_ns  # the cache key: a file rewritten since has another
   digest = hashlib.sha256()
   with open(path, 'rb') as file:
     while chunk := file.read(_CHUNK):
