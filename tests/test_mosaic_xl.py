@@ -95,15 +95,21 @@ def test_matches_reference(mosaic_interpret, batch, q_len, kv_len, heads, dtype)
   assert np.abs(np.asarray(lse, np.float64) - _logsumexp64(query, key, rel_key, u, v)).max() < 2e-2
 
 
-def test_interpreter_finds_no_races(fresh_interpreter):
-  """The interpreter's race detector (one warpgroup: little to see, and its copies are
-  synchronous, so it cannot see TMA races)."""
+@pytest.mark.parametrize('backward', [False, True])
+def test_interpreter_finds_no_races(fresh_interpreter, backward):
+  """The interpreter's race detector, on the forward and on the three backward kernels (one
+  warpgroup: little to see, and its copies are synchronous, so it cannot see TMA races; a
+  memory of two tiles, so that the backward kernels' double-buffered slots both serve)."""
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
 
-  args = _inputs(1, 64, 128, 1, 64, jnp.bfloat16)
+  args = _inputs(1, 64, 192 if backward else 128, 1, 64, jnp.bfloat16)
   params = InterpretGPUParams(detect_races=True)
-  jax.block_until_ready(xl_attention_mosaic(*args, interpret=params))
+
+  def loss(*args):
+    return xl_attention_mosaic(*args, interpret=params).astype(jnp.float32).sum()
+
+  jax.block_until_ready(jax.grad(loss, argnums=range(6))(*args) if backward else loss(*args))
   assert not gpu_callbacks.get_races().races_found
 
 

@@ -99,10 +99,12 @@ transposition). With D_i = g_z_i·z_i - g_lse_i (XLA), each kernel recomputes, p
 key tile) pair, s (content + skewed position term, masked), p = exp(s - lse), dP = g_z·vᵀ and
 dS = p (dP - D), then: the position term's gradient needs dS back in (query, distance)
 coordinates, dP'[a, c] = dS[a, c - (bq - 1 - a)] (zero outside the band), the same flat buffer
-in reverse: dS stored into the skewed view of a second buffer zeroed once per program (the
-addresses it writes are the same every step, so the rest stays zero), the [bq, W'] rows read
-back. The gradients accumulate along three different index orders, so there are three kernels,
-each with its own register accumulators and no atomics:
+in reverse: once the skewed logits are read, the buffer's rows are zeroed (one constant store)
+and dS stored into its skewed view, then the [bq, W'] rows read back. (A second buffer, zeroed
+once per program, cost 34 KB of shared memory that the second slot below needs; masking the
+rows as read instead took two [bq, W'] index arrays in registers, and dq and d rel spilled
+about 300 bytes a thread with them.) The gradients accumulate along three different index
+orders, so there are three kernels, each with its own register accumulators and no atomics:
 - dq (a program per query tile, over its key tiles): d(q + u) += dS·k, d(q + v) += dP'·Rwin
   (R's window also in [W', d] orientation, a second XLA copy of the table);
 - dk/dv (a program per key tile, over the query tiles that see it): dkᵀ += (q + u)ᵀ·dS and
@@ -114,12 +116,14 @@ each with its own register accumulators and no atomics:
 So a tile pair costs, in tile-matmuls' worth, 4 recomputing (s, the double-width P', dP) in each
 kernel, plus 3 (dq), 2 (dk/dv) and 2 (d rel): 19 against flash attention's 7 (FA2's split),
 and three skews and two inverse skews. Memory stays O(n·d) per head (plus [windows, d, 2·bk]
-float32 for d rel): no [q_len, kv_len] array. Each backward kernel has one slot and no
-prefetch (copy, wait, compute), to keep within shared memory and keep the prototype simple.
+float32 for d rel): no [q_len, kv_len] array. Each backward kernel double-buffers the tiles it
+copies every step, as the forward does: step + 1's TMA copies are issued before step's
+matmuls, into the other slot (`_SLOTS`, `_bwd_buffers`: 183 to 200 KB of shared memory at
+head_dim 64 with both slots; the first version, with one slot, waited for every step's copies).
 
 Not verified without a GPU: that the PTX runs and is right (the odd-strided scalar loads and
-stores of the skew in particular), speed, bank conflicts (ptxas's register counts, without
-spills, are in docs/kernels.md), the real shared-memory size against
+stores of the skew in particular), speed, bank conflicts (ptxas's register counts and spills
+are in docs/kernels.md), the real shared-memory size against
 `_smem_bytes`/`_bwd_smem_bytes`, and that `_WGMMA_ACC_32BIT` (private) stays available.
 """
 
@@ -154,7 +158,8 @@ def _skew_ops(interpret: bool, block: int):
   at B[a·S + c] (`store(B, lower, upper)`: P' = [lower | upper], in two halves); `load(B)`
   returns out[a, b] = B[(block - 1) + a·(S - 1) + b], [block, block], WGMMA layout. And its
   inverse, for the backward: `unstore(B, ds)` writes ds [block, block] at those skewed addresses
-  and `unload(B)` reads the [block, W'] rows back (zero where no ds landed, B being zeroed once)."""
+  and `unload(B)` reads the [block, W'] rows back, zero off the band where no ds landed
+  (`unstore` zeroes the rows first: the backward reuses the forward skew's buffer)."""
   window = 2 * block
   stride = window + _BANK_PAD
   start, length = block - 1, block * (stride - 1)
@@ -183,10 +188,16 @@ def _skew_ops(interpret: bool, block: int):
     return plgpu.layout_cast(skewed, plgpu.Layout.WGMMA)
 
   def unstore(flat_ref, ds):
+    # The buffer holds the forward skew's P' (the backward reuses it): zero its rows first, so
+    # that the rows read back are zero off the band (a constant store: masking the read instead
+    # took two [block, 2·block] index arrays in registers, and dq and d rel spilled with them).
     if interpret:  # read-modify-write of the contiguous range the skewed view spans
+      flat_ref[...] = jnp.zeros(flat_ref.shape, jnp.float32)
       region = flat_ref[pl.ds(start, length)].reshape(block, stride - 1)
       flat_ref[pl.ds(start, length)] = region.at[:, :block].set(ds).reshape(-1)
     else:
+      zeros = plgpu.layout_cast(jnp.zeros((block, window), jnp.float32), plgpu.Layout.WGMMA)
+      flat_ref.reshape(block, stride).at[:, :window][...] = zeros
       skewed_view(flat_ref)[...] = plgpu.layout_cast(ds, plgpu.Layout._WGMMA_ACC_32BIT)
 
   def unload(flat_ref):
@@ -403,20 +414,65 @@ def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block, interpret):
 _MODES = ('dq', 'dkv', 'drel')
 
 
+_SLOTS = 2  # the backward kernels' per-step tiles are double-buffered: step + 1's copies
+# are issued before step's matmuls, as in the forward
+
+# Which tiles each backward kernel copies once per program ('fixed') and once per step.
+_FIXED = {'dq': ('q_u', 'q_v', 'g_z', 'stats'), 'dkv': ('k_t', 'v_t'), 'drel': ('r_t',)}
+_PER_STEP = {
+  'dq': ('k_t', 'v_t', 'k', 'r_t', 'r_rows'),
+  'dkv': ('q_u', 'q_v', 'g_z', 'q_u_t', 'g_z_t', 'stats', 'r_t'),
+  'drel': ('q_u', 'q_v', 'g_z', 'q_v_t', 'k_t', 'v_t', 'stats'),
+}
+
+
+def _bwd_buffers(mode: str, head_dim: int, block: int, dtype) -> dict:
+  """{name: (shape, dtype)} of a backward kernel's shared-memory buffers: the fixed tiles; the
+  per-step tiles, each with a leading slot axis; the float32 skew buffer (the forward's skew of
+  P' and, in dq and d rel, the inverse skew of dS, one after the other in the same buffer);
+  16-bit dS, p and dP' for the second matmuls; d rel's float32 [d, 2·block] output."""
+  window = 2 * block
+  shapes = {
+    'q_u': (block, head_dim),
+    'q_v': (block, head_dim),
+    'g_z': (block, head_dim),
+    'q_u_t': (head_dim, block),
+    'q_v_t': (head_dim, block),
+    'g_z_t': (head_dim, block),
+    'k': (block, head_dim),
+    'k_t': (head_dim, block),
+    'v_t': (head_dim, block),
+    'r_t': (head_dim, window),
+    'r_rows': (window, head_dim),
+  }
+
+  def tile(name):
+    return ((2, block), jnp.float32) if name == 'stats' else (shapes[name], dtype)
+
+  buffers = {name: tile(name) for name in _FIXED[mode]}
+  for name in _PER_STEP[mode]:
+    shape, kind = tile(name)
+    buffers[name] = ((_SLOTS, *shape), kind)
+  buffers['skew'] = ((block * (window + _BANK_PAD),), jnp.float32)
+  if mode in ('dq', 'drel'):
+    buffers['dp_window'] = ((block, window), dtype)  # dP', 16-bit
+  if mode in ('dq', 'dkv'):
+    buffers['ds'] = ((block, block), dtype)
+  if mode == 'dkv':
+    buffers['p'] = ((block, block), dtype)
+  if mode == 'drel':
+    buffers['d_r_t'] = ((head_dim, window), jnp.float32)
+  return buffers
+
+
 def _bwd_smem_bytes(head_dim: int, block: int) -> int:
-  """Shared memory of the largest backward kernel (one slot each; 16-bit tiles of block rows
-  or columns and head_dim, the [d, 2·block] window of R, float32 skew buffers). dq: q + u,
-  q + v, g_z, kᵀ, vᵀ, k, dS; the window of Rᵀ and of R; two skew buffers; dP' (16-bit). dk/dv:
-  kᵀ, vᵀ, q + u, q + v, g_z, (q + u)ᵀ, g_zᵀ, p, dS; Rᵀ's window; one skew buffer. d rel: Rᵀ's
-  window, q + u, q + v, g_z, (q + v)ᵀ, kᵀ, vᵀ; two skew buffers; dP' (16-bit); the float32
-  [d, 2·block] output. Plus row statistics and 4 KiB (barriers, alignment)."""
-  tile, window = 2 * block * head_dim, 2 * head_dim * 2 * block
-  skew = 4 * block * (2 * block + _BANK_PAD)
-  dp = 2 * block * 2 * block
-  dq = 7 * tile + 2 * window + 2 * skew + dp
-  dkv = 9 * tile + window + skew
-  drel = 7 * tile + window + 2 * skew + dp + 4 * head_dim * 2 * block
-  return max(dq, dkv, drel) + 8 * block + 4096
+  """Shared memory of the largest backward kernel (`_bwd_buffers`, 16-bit inputs), plus 4 KiB
+  for barriers and alignment."""
+  largest = 0
+  for mode in _MODES:
+    buffers = _bwd_buffers(mode, head_dim, block, jnp.bfloat16).values()
+    largest = max(largest, sum(math.prod(shape) * jnp.dtype(d).itemsize for shape, d in buffers))
+  return largest + 4096
 
 
 def _backward_kernel(mode, operands, *, q_len, block, interpret):
@@ -430,8 +486,8 @@ def _backward_kernel(mode, operands, *, q_len, block, interpret):
   - 'drel': a program per R window (windows depend on kt - t only, square tiles), the
     pairs on that diagonal: d(Rwinᵀ) += (q + v)ᵀ·dP', [d, 2·block] float32 per window, the
     overlapping windows summed by XLA.
-  One slot, no prefetch (a prototype: each step copies, waits, computes), one warpgroup.
-  `operands` is a dict of the arrays (see `_kernel_bwd`)."""
+  One warpgroup; the per-step tiles in two slots, the next step's copies issued before this
+  step's matmuls. `operands` is a dict of the arrays (see `_kernel_bwd`)."""
   batch, _, heads, head_dim = operands['q_u'].shape
   dtype = operands['q_u'].dtype
   kv_len = operands['k'].shape[1]
@@ -451,48 +507,20 @@ def _backward_kernel(mode, operands, *, q_len, block, interpret):
       return lax.broadcasted_iota(jnp.int32, shape, dimension)
     return plgpu.broadcasted_iota(jnp.int32, shape, dimension, layout=plgpu.Layout.WGMMA)
 
-  # Which tiles each mode copies once per program ('fixed') and once per step.
-  fixed = {'dq': ('q_u', 'q_v', 'g_z', 'stats'), 'dkv': ('k_t', 'v_t'), 'drel': ('r_t',)}[mode]
-  per_step = {
-    'dq': ('k_t', 'v_t', 'k', 'r_t', 'r_rows'),
-    'dkv': ('q_u', 'q_v', 'g_z', 'q_u_t', 'g_z_t', 'stats', 'r_t'),
-    'drel': ('q_u', 'q_v', 'g_z', 'q_v_t', 'k_t', 'v_t', 'stats'),
-  }[mode]
+  fixed, per_step = _FIXED[mode], _PER_STEP[mode]
   tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
   tiled32 = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
-  shapes = {
-    'q_u': (bq, head_dim),
-    'q_v': (bq, head_dim),
-    'g_z': (bq, head_dim),
-    'q_u_t': (head_dim, bq),
-    'q_v_t': (head_dim, bq),
-    'g_z_t': (head_dim, bq),
-    'k': (bk, head_dim),
-    'k_t': (head_dim, bk),
-    'v_t': (head_dim, bk),
-    'r_t': (head_dim, window),
-    'r_rows': (window, head_dim),
-  }
 
-  def spec(name):
-    if name == 'stats':
-      return plgpu.SMEM((2, bq), jnp.float32)
-    return plgpu.SMEM(shapes[name], dtype, transforms=tiled)
+  def spec(name, shape, kind):
+    if name in ('stats', 'skew'):
+      return plgpu.SMEM(shape, kind)
+    return plgpu.SMEM(shape, kind, transforms=tiled32 if kind == jnp.float32 else tiled)
 
-  smem = {name: spec(name) for name in fixed + per_step}
-  smem['skew'] = plgpu.SMEM((bq * (window + _BANK_PAD),), jnp.float32)
-  if mode in ('dq', 'drel'):
-    smem['unskew'] = plgpu.SMEM((bq * (window + _BANK_PAD),), jnp.float32)
-    smem['dp_window'] = plgpu.SMEM((bq, window), dtype, transforms=tiled)  # dP', 16-bit
-  if mode in ('dq', 'dkv'):
-    smem['ds'] = plgpu.SMEM((bq, bk), dtype, transforms=tiled)
-  if mode == 'dkv':
-    smem['p'] = plgpu.SMEM((bq, bk), dtype, transforms=tiled)
-  if mode == 'drel':
-    smem['d_r_t'] = plgpu.SMEM((head_dim, window), jnp.float32, transforms=tiled32)
+  buffers = _bwd_buffers(mode, head_dim, block, dtype)
+  smem = {name: spec(name, *buffer) for name, buffer in buffers.items()}
   barriers = (
     plgpu.Barrier(num_arrivals=len(fixed), num_barriers=1),
-    plgpu.Barrier(num_arrivals=len(per_step), num_barriers=1),
+    plgpu.Barrier(num_arrivals=len(per_step), num_barriers=_SLOTS),
   )
 
   def kernel(*refs):
@@ -518,7 +546,7 @@ def _backward_kernel(mode, operands, *, q_len, block, interpret):
         return first + step, p_id
       return first + step, first + step + p_id - (q_tiles - 1)
 
-    def copy(names, t, kt, barrier):
+    def copy(names, t, kt, barrier, slot=None):
       rows, cols = pl.ds(t * bq, bq), pl.ds(kt * bk, bk)
       start = q_len - (t + 1) * bq + kt * bk  # the R window's first column (row of r_rows)
       sources = {
@@ -536,40 +564,49 @@ def _backward_kernel(mode, operands, *, q_len, block, interpret):
         'r_rows': lambda r: r.at[h, pl.ds(start, window), :],
       }
       for name in names:
-        plgpu.copy_gmem_to_smem(sources[name](ins[name]), sm[name], barrier)
+        target = sm[name] if slot is None else sm[name].at[slot]
+        plgpu.copy_gmem_to_smem(sources[name](ins[name]), target, barrier)
+
+    def issue(step):
+      """Step `step`'s per-step copies into its slot."""
+      slot = lax.rem(step, _SLOTS)
+      copy(per_step, *pair(step), step_barrier.at[slot], slot)
 
     t0, kt0 = pair(0)
     copy(fixed, t0, kt0, fixed_barrier.at[0])
+    issue(0)
     plgpu.barrier_wait(fixed_barrier.at[0])
-    if mode in ('dq', 'drel'):
-      sm['unskew'][...] = jnp.zeros(sm['unskew'].shape, jnp.float32)  # dP' is 0 off the band
     offsets = iota(1) - iota(0)  # b - a
 
-    def stats():
-      lse = load(sm['stats'].at[0], row) * _LOG2E
-      return lse, load(sm['stats'].at[1], row)
+    def stats(ref):
+      lse = load(ref.at[0], row) * _LOG2E
+      return lse, load(ref.at[1], row)
 
-    fixed_stats = stats() if mode == 'dq' else None
+    fixed_stats = stats(sm['stats']) if mode == 'dq' else None
 
     def step_body(step, accs):
       t, kt = pair(step)
-      copy(per_step, t, kt, step_barrier.at[0])
-      plgpu.barrier_wait(step_barrier.at[0])
+      slot = lax.rem(step, _SLOTS)
+      pl.when(step + 1 < num_steps)(lambda: issue(step + 1))
+      plgpu.barrier_wait(step_barrier.at[slot])
+      # This step's tiles: the fixed ones, and the per-step ones in this step's slot.
+      tiles = {name: sm[name] for name in fixed}
+      tiles.update({name: sm[name].at[slot] for name in per_step})
       s, position, dp = _matmuls(
-        (sm['q_u'], sm['k_t'], (bq, bk)),
-        (sm['q_v'], sm['r_t'], (bq, window)),
-        (sm['g_z'], sm['v_t'], (bq, bk)),
+        (tiles['q_u'], tiles['k_t'], (bq, bk)),
+        (tiles['q_v'], tiles['r_t'], (bq, window)),
+        (tiles['g_z'], tiles['v_t'], (bq, bk)),
       )
-      lse, delta = fixed_stats or stats()
+      lse, delta = fixed_stats or stats(tiles['stats'])
       skew_store(sm['skew'], position)
       s = (s + skew_load(sm['skew'])) * scale
       # Key kt·bk + b is visible from query position memory + t·bq + a iff b - a <= limit.
       s = jnp.where(offsets <= (memory_tiles + t - kt) * bk, s, -jnp.inf)
       p = jnp.exp2(s * _LOG2E - lax.broadcast_in_dim(lse, s.shape, [0]))
       ds = p * (dp - lax.broadcast_in_dim(delta, s.shape, [0]))
-      if mode in ('dq', 'drel'):
-        unskew_store(sm['unskew'], ds)
-        sm['dp_window'][...] = unskew_load(sm['unskew']).astype(dtype)
+      if mode in ('dq', 'drel'):  # the skew buffer again: dS into the band, rows read back
+        unskew_store(sm['skew'], ds)
+        sm['dp_window'][...] = unskew_load(sm['skew']).astype(dtype)
       if mode in ('dq', 'dkv'):
         sm['ds'][...] = ds.astype(dtype)
       if mode == 'dkv':
@@ -577,14 +614,15 @@ def _backward_kernel(mode, operands, *, q_len, block, interpret):
       plgpu.commit_smem()
       if mode == 'dq':
         out = _matmuls(
-          (sm['ds'], sm['k'], (bq, head_dim)), (sm['dp_window'], sm['r_rows'], (bq, head_dim))
+          (sm['ds'], tiles['k'], (bq, head_dim)),
+          (sm['dp_window'], tiles['r_rows'], (bq, head_dim)),
         )
       elif mode == 'dkv':
         out = _matmuls(
-          (sm['q_u_t'], sm['ds'], (head_dim, bk)), (sm['g_z_t'], sm['p'], (head_dim, bk))
+          (tiles['q_u_t'], sm['ds'], (head_dim, bk)), (tiles['g_z_t'], sm['p'], (head_dim, bk))
         )
       else:
-        out = (_matmuls((sm['q_v_t'], sm['dp_window'], (head_dim, window))),)
+        out = (_matmuls((tiles['q_v_t'], sm['dp_window'], (head_dim, window))),)
       return tuple(acc + x for acc, x in zip(accs, out, strict=True))
 
     def zeros(shape):
