@@ -31,7 +31,7 @@ from absl import flags
 from ml_collections import config_flags
 from timing import check_task_config
 
-from relpos import runtime
+from relpos import flag_types, runtime
 from relpos.constants import PAD_ID
 from relpos.data.translation import load_translation_data
 from relpos.training import char_lm_task as char_lm
@@ -40,11 +40,8 @@ from relpos.training import tasks
 from relpos.training import translation_task as translate
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A char_lm or translate config.')
-_COUNTS = flags.DEFINE_list('device_counts', '1,2,4', 'Numbers of forced host devices.')
-flags.register_validator(
-  'device_counts',
-  lambda counts: bool(counts) and all(count.isdigit() and int(count) >= 1 for count in counts),
-  message='--device_counts takes one or more device counts >= 1, e.g. 1,2,4',
+_COUNTS = flag_types.define_int_list(
+  'device_counts', '1,2,4', 'Numbers of forced host devices.', minimum=1
 )
 _STEPS = flags.DEFINE_integer(
   'steps', 10, 'Timed steps (char LM) or passes (translation).', lower_bound=1
@@ -123,7 +120,7 @@ def _worker(config) -> dict:
   check_task_config(config, _TASKS, mesh)
   if config.task == 'char_lm':
     return _time_char_lm(config, mesh)
-  return _time_translate(config, mesh, max(map(int, _COUNTS.value)))
+  return _time_translate(config, mesh, max(_COUNTS.value))
 
 
 def _run_worker(command: list[str], env: dict, count: int) -> dict:
@@ -160,7 +157,7 @@ def main(argv):
   if config.task == 'translate' and not Path(config.data.train_src).exists():
     raise SystemExit(f'skipped: {config.data.train_src} is absent (set --config.data.train_src)')
   results = []
-  for count in map(int, _COUNTS.value):
+  for count in _COUNTS.value:
     env = {**os.environ, 'XLA_FLAGS': f'--xla_force_host_platform_device_count={count}'}
     command = [sys.executable, __file__, *sys.argv[1:], f'--worker_devices={count}']
     results.append(_run_worker(command, env, count))

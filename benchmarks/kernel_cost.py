@@ -40,8 +40,8 @@ import jax
 import jax.numpy as jnp
 from absl import flags
 
+from relpos import flag_types, runtime
 from relpos import flops as flops_lib
-from relpos import runtime
 from relpos.attention import shaw_attention, xl_attention
 from relpos.attention.pallas_common import DEFAULT_BLOCK
 from relpos.attention.pallas_xl import DEFAULT_XL_BLOCK
@@ -377,13 +377,12 @@ def main(argv):
   lines = report(
     f.length,
     f.head_dim,
-    [int(k) for k in f.distances],
+    f.distances,
     jnp.dtype(f.dtype),
     batch=f.batch,
     heads=f.heads,
   )
-  distances = [int(k) for k in f.distances]
-  lines += ['', *mosaic_report(f.length, 0, f.head_dim, distances, batch=f.batch, heads=f.heads)]
+  lines += ['', *mosaic_report(f.length, 0, f.head_dim, f.distances, batch=f.batch, heads=f.heads)]
   print('\n'.join(lines))
 
 
@@ -395,26 +394,15 @@ def _check_length(n: int) -> bool:
   return True
 
 
-def _check_distances(distances: list[str]) -> bool:
-  """Whether --distances is a non-empty list of whole numbers >= 1 (k = 0 would read as "no
-  band" in `kernel_costs`; no k would leave Shaw out of the table)."""
-  if not distances:
-    raise flags.ValidationError("must name Shaw's clipping distances, e.g. --distances=16,64")
-  for k in distances:
-    if not k.isdigit() or int(k) < 1:
-      raise flags.ValidationError(f'{k!r} is not a whole number >= 1')
-  return True
-
-
 def define_flags():
   flags.DEFINE_integer('length', 2048, 'Query and key length n.', lower_bound=1)
   flags.DEFINE_integer('head_dim', 64, 'Head dimension.', lower_bound=1)
   flags.DEFINE_integer('batch', 16, 'Batch size.', lower_bound=1)
   flags.DEFINE_integer('heads', 8, 'Heads.', lower_bound=1)
-  flags.DEFINE_list('distances', '16,64', "Shaw's clipping distances k.")
+  # k = 0 would read as "no band" in `kernel_costs`, and no k would leave Shaw out of the table.
+  flag_types.define_int_list('distances', '16,64', "Shaw's clipping distances k.", minimum=1)
   flags.DEFINE_enum('dtype', 'bfloat16', ['bfloat16', 'float16', 'float32'], 'Input dtype.')
   flags.register_validator('length', _check_length)
-  flags.register_validator('distances', _check_distances)
 
 
 if __name__ == '__main__':

@@ -28,15 +28,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
-from timing import check_then_time, int_list
+from timing import check_then_time
 
-from relpos import attention, runtime
+from relpos import attention, flag_types, runtime
 from relpos.attention.mosaic_shaw import shaw_attention_mosaic
 
 KERNELS = ('mosaic', 'mosaic_ws', 'pallas', 'xla', 'cudnn')
 FLAGS = flags.FLAGS
-flags.DEFINE_list('lengths', ['1024', '4096'], 'sequence lengths n')
-flags.DEFINE_list('distances', ['16', '64'], 'clipping distances k')
+flag_types.define_int_list('lengths', '1024,4096', 'sequence lengths n', minimum=1)
+flag_types.define_int_list('distances', '16,64', 'clipping distances k', minimum=0)
 flags.DEFINE_list('kernels', list(KERNELS), f'any of {KERNELS}')
 flags.DEFINE_integer(
   'memory', 0, 'keys before the queries: n queries over memory + n keys', lower_bound=0
@@ -107,8 +107,7 @@ def main(argv):
   names = [name for name in FLAGS.kernels if name in KERNELS]
   if unknown := set(FLAGS.kernels) - set(KERNELS):
     raise ValueError(f'--kernels: unknown {sorted(unknown)}; choose from {", ".join(KERNELS)}')
-  lengths = int_list('lengths', FLAGS.lengths)
-  distances = int_list('distances', FLAGS.distances, 0)
+  lengths, distances = FLAGS.lengths, FLAGS.distances
   platform = jax.default_backend()
   if platform != 'gpu' and not FLAGS.interpret:
     raise ValueError(

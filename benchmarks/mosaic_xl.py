@@ -37,15 +37,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
-from timing import check_then_time, int_list, interleaved_median_seconds
+from timing import check_then_time, interleaved_median_seconds
 
-from relpos import runtime
+from relpos import flag_types, runtime
 from relpos.attention.mosaic_xl import xl_attention_mosaic
 from relpos.attention.xl import xl_attention
 
 KERNELS = ('mosaic', 'pallas', 'cudnn', 'xla')
 FLAGS = flags.FLAGS
-flags.DEFINE_list('lengths', ['512'], 'query lengths n')
+flag_types.define_int_list('lengths', '512', 'query lengths n', minimum=1)
 flags.DEFINE_integer('memory', 512, 'keys before the queries (a multiple of 64)', lower_bound=0)
 flags.DEFINE_list('kernels', list(KERNELS), f'any of {KERNELS}')
 flags.DEFINE_integer('batch', 22, 'batch size', lower_bound=1)
@@ -153,7 +153,7 @@ def main(argv):
   if unknown := set(FLAGS.kernels) - set(KERNELS):
     raise ValueError(f'--kernels: unknown {sorted(unknown)}; choose from {", ".join(KERNELS)}')
   names = list(FLAGS.kernels)
-  lengths = int_list('lengths', FLAGS.lengths)
+  lengths = FLAGS.lengths
   if jax.default_backend() != 'gpu' and not FLAGS.interpret:
     raise ValueError('the Mosaic GPU kernel needs an NVIDIA GPU; pass --interpret on a CPU')
   if FLAGS.interpret:

@@ -30,18 +30,6 @@ def check_task_config(config, expected: tuple[str, ...], mesh=None, *, variant: 
     raise ValueError(f'{variant}: {error}' if variant else str(error)) from error
 
 
-def int_list(flag: str, texts, minimum: int = 1) -> list[int]:
-  """The integers of a list flag (`flags.DEFINE_list`), each at least `minimum`; ValueError
-  naming --`flag` and the value otherwise (one line for `tasks.run_main`)."""
-  try:
-    values = [int(text) for text in texts]
-  except ValueError:
-    raise ValueError(f'--{flag}={",".join(texts)}: each must be an integer') from None
-  if not values or min(values) < minimum:
-    raise ValueError(f'--{flag}={",".join(texts)}: give integers of at least {minimum}')
-  return values
-
-
 def peak_memory_line() -> str:
   """The process's peak device memory so far, from the devices' allocator statistics (GPU,
   TPU), as one line; '' where the backend keeps none (XLA:CPU)."""

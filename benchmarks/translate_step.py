@@ -54,8 +54,8 @@ from timing import (
   with_repeated_rows,
 )
 
+from relpos import flag_types, runtime, threefry_lowering
 from relpos import flops as flops_lib
-from relpos import runtime, threefry_lowering
 from relpos.attention import autotune, shaw
 from relpos.attention.pallas_common import IMPLEMENTATIONS
 from relpos.config.model_fields import DROPOUT_BITS
@@ -90,16 +90,13 @@ flags.register_validator(
   lambda values: bool(values) and set(values) <= set(_LOWERINGS),
   message=f'--threefry takes one or more of {", ".join(_LOWERINGS)}',
 )
-_DENSE_MAX = flags.DEFINE_list(
+_DENSE_MAX = flag_types.define_int_list(
   'shaw_dense_max_kv_len',
-  [],
+  '',
   'Values of relpos.attention.shaw.DENSE_MAX_KV_LEN to time the Shaw modes with (default: '
   "relpos's own).",
-)
-flags.register_validator(
-  'shaw_dense_max_kv_len',
-  lambda values: all(value.isdigit() for value in values),
-  message='--shaw_dense_max_kv_len takes key counts >= 0, e.g. 0,64',
+  minimum=0,
+  allow_empty=True,
 )
 _IMPLEMENTATIONS = flags.DEFINE_list(
   'attention_implementations',
@@ -244,7 +241,7 @@ def main(argv):
       repeats[variant] = auto_variant
       continue
     if threshold is not None:
-      shaw.DENSE_MAX_KV_LEN = int(threshold)
+      shaw.DENSE_MAX_KV_LEN = threshold
     with autotune.recorded_choices() as choices:
       calls[variant], model_flops[variant], xla_counts[variant], texts[variant] = pass_call(
         config, position, vocab_size, batches, mesh, implementation, bits

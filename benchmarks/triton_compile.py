@@ -24,9 +24,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 from absl import flags
-from timing import int_list
 
-from relpos import runtime
+from relpos import flag_types, runtime
 from relpos.attention import shaw_attention, xl_attention
 
 TRITON_CALL = '__gpu$xla.gpu.triton'
@@ -62,7 +61,7 @@ def define_flags():
   flags.DEFINE_list('kernels', 'shaw,xl', 'shaw and/or xl.')
   flags.DEFINE_integer('length', 2048, 'Query and key length n.', lower_bound=1)
   flags.DEFINE_integer('head_dim', 64, 'Head dimension.', lower_bound=1)
-  flags.DEFINE_list('distances', '16', 'Shaw clipping distances k.')
+  flag_types.define_int_list('distances', '16', 'Shaw clipping distances k.', minimum=0)
   flags.DEFINE_list('dtypes', 'bfloat16,float32', 'Input dtypes.')
   flags.DEFINE_list('block_sizes', 'default', "Tilings: 'default' or QxK, e.g. 64x64.")
   flags.DEFINE_string('triton_python', None, 'Python with Triton installed; None: IR only.')
@@ -219,7 +218,7 @@ def main(argv):
   directory.mkdir(parents=True, exist_ok=True)
   cases = {}
   for name, k, dtype, blocks in _cases(
-    flags_.kernels, int_list('distances', flags_.distances, 0), flags_.dtypes, block_sizes
+    flags_.kernels, flags_.distances, flags_.dtypes, block_sizes
   ):
     fn, avals = _attention(name, flags_.length, flags_.head_dim, k, jnp.dtype(dtype), blocks)
     prefix = f'{name}_k{k}_{dtype}_{"x".join(map(str, blocks or ("default",)))}'

@@ -898,8 +898,8 @@ def test_pretuning_traces_the_evaluation_at_its_shapes_as_forward_passes():
 @pytest.mark.parametrize(
   ('args', 'message'),
   [
-    (['--config=configs/translate_tiny.py', '--lengths=abc'], '--lengths=abc: give positive'),
-    (['--config=configs/translate_tiny.py', '--lengths=0'], '--lengths=0: give positive'),
+    (['--config=configs/translate_tiny.py', '--lengths=abc'], '--lengths=abc: give integers'),
+    (['--config=configs/translate_tiny.py', '--lengths=0'], '--lengths=0: each must be at least 1'),
     (['--config=configs/char_tiny.py', '--config.model.position=bogus'], 'config.model.position'),
     (['--config=configs/char_tiny.py', '--config.train.batch_size=3'], 'a multiple of 2'),
     (['--config=configs/attention_benchmark.py'], 'config.task=None'),

@@ -361,9 +361,9 @@ _CHAR_FLAGS = ('--config=configs/char_tiny.py', *TINY_CHAR_LM_FLAGS, '--config.t
   [
     # 0 was passed on as --worker_devices=0, "not a worker": each worker started the whole
     # benchmark again, without end.
-    (('--device_counts=0',), '--device_counts takes one or more device counts >= 1'),
-    (('--device_counts=',), '--device_counts takes one or more device counts >= 1'),
-    (('--device_counts=x',), '--device_counts takes one or more device counts >= 1'),
+    (('--device_counts=0',), '--device_counts=0: each must be at least 1'),
+    (('--device_counts=',), '--device_counts=: give one or more integers'),
+    (('--device_counts=x',), '--device_counts=x: give integers, comma-separated'),
     (('--steps=0',), '--steps=0: 0 is not a positive integer'),
     (('--batches=0',), '--batches=0: 0 is not a positive integer'),
     (('--config.train.batchsize=4',), 'no field train.batchsize'),

@@ -213,8 +213,11 @@ def test_print_only_sweeps_presets_of_the_config_file(tmp_path, monkeypatch, cap
     ),
     (['--config=configs/char_tiny.py:shaw', '--values='], '--values is empty'),
     (['--config=configs/char_tiny.py:shaw', '--values=2,4,2'], '--values gives 2 more than once'),
-    (['--config=configs/char_tiny.py:shaw', '--seeds=0,a'], '--seeds=0,a: seeds are integers'),
-    (['--config=configs/char_tiny.py:shaw', '--seeds=1,1'], 'gives a seed more than once'),
+    (['--config=configs/char_tiny.py:shaw', '--seeds=0,a'], '--seeds=0,a: give integers'),
+    (
+      ['--config=configs/char_tiny.py:shaw', '--seeds=1,1'],
+      '--seeds=1,1: a value is given more than once',
+    ),
     (
       ['--config=configs/char_tiny.py:shaw', '--field=train.same_length', '--values=True,Flase'],
       "--values: 'Flase' is not a bool",

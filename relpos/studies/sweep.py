@@ -63,7 +63,7 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from relpos import runtime
+from relpos import flag_types, runtime
 from relpos.config import load_config_file
 from relpos.config.recorded import changes_from_recorded, with_added
 from relpos.messages import warn
@@ -159,17 +159,6 @@ def check_values(values: list) -> None:
   repeated = sorted({str(v) for v in values if values.count(v) > 1})
   if repeated:
     raise ValueError(f'--values gives {", ".join(repeated)} more than once')
-
-
-def parse_seeds(texts: list[str]) -> list[int]:
-  """The integer seeds of --seeds; ValueError naming the flag for a text that is not one."""
-  try:
-    seeds = [int(text) for text in texts]
-  except ValueError:
-    raise ValueError(f'--seeds={",".join(texts)}: seeds are integers, comma-separated') from None
-  if len(set(seeds)) < len(seeds):
-    raise ValueError(f'--seeds={",".join(texts)} gives a seed more than once')
-  return seeds
 
 
 def check_evaluations(field: str, evaluations: dict) -> None:
@@ -663,7 +652,7 @@ def main(argv):
         None if args.baseline is None else parse_value(config, field, args.baseline, '--baseline')
       )
     check_values(values)
-    seeds = parse_seeds(args.seeds)
+    seeds = args.seeds
     baseline = values[0] if baseline is None else baseline
     if baseline not in values:
       raise ValueError(f'--baseline={args.baseline} is not one of --values')
@@ -717,7 +706,9 @@ def define_flags():
     'field', 'model.max_relative_position', "Config field to sweep, or 'preset' (the file's)."
   )
   flags.DEFINE_list('values', '0,1,2,4,16,64', 'Values of the field, comma-separated.')
-  flags.DEFINE_list('seeds', '0', 'Seeds (config.seed) to train each value with.')
+  flag_types.define_int_list(
+    'seeds', '0', 'Seeds (config.seed) to train each value with.', distinct=True
+  )
   flags.DEFINE_string('baseline', None, 'The value p-values are against (default: the first).')
   flags.DEFINE_string('metric', None, "Result to tabulate (default: the task's, bleu or bpc).")
   flags.DEFINE_bool('print_only', False, 'Print the commands, run nothing.')

@@ -23,7 +23,7 @@ import os
 from absl import flags
 from ml_collections import config_flags
 
-from relpos import runtime
+from relpos import flag_types, runtime
 
 
 def decision_table(decisions) -> list[str]:
@@ -115,29 +115,16 @@ def define_flags() -> None:
   """The command line's flags: defined when it runs, not on import (tests import this module
   beside others that define a --config)."""
   config_flags.DEFINE_config_file('config', None, 'A char_lm or translate config.')
-  flags.DEFINE_list(
+  flag_types.define_int_list(
     'lengths',
-    ['32', '64', '128', '256'],
+    '32,64,128,256',
     'Translation only: padded sentence lengths to tune (one batch of max_tokens // L rows each).',
+    minimum=1,
   )
   flags.DEFINE_bool(
     'force', False, "Tune where 'auto' is 'xla' untimed (a CPU: Pallas interpreted), to check."
   )
   flags.mark_flags_as_required(['config'])
-
-
-def parse_lengths(texts: list[str]) -> list[int]:
-  """The padded lengths of --lengths: positive integers; ValueError naming the flag."""
-  try:
-    lengths = [int(text) for text in texts]
-  except ValueError:
-    lengths = []
-  if not lengths or min(lengths) < 1:
-    raise ValueError(
-      f'--lengths={",".join(texts)}: give positive integers, comma-separated (padded sentence '
-      'lengths of the translation batches to tune)'
-    )
-  return lengths
 
 
 def main(argv) -> None:
@@ -154,7 +141,7 @@ def main(argv) -> None:
     jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
   current = autotune.tuner()
   current.path, current.force = autotune.default_cache_path(), options.force
-  lengths = parse_lengths(options.lengths) if options.config.task == 'translate' else []
+  lengths = options.lengths if options.config.task == 'translate' else []
   trace_train_step(options.config, lengths)
   trace_eval_step(options.config, lengths)
   print(f'device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}')

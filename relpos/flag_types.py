@@ -1,0 +1,63 @@
+"""absl flag types shared by relpos's commands: a comma-separated list of integers.
+
+Kept apart from `relpos.training.tasks` (which parses the launchers' flags and imports the
+training code) so that a benchmark or tool can define its flags at import time, before
+`relpos.runtime.apply_defaults` and the heavy imports.
+"""
+
+from absl import flags
+
+
+class _IntListParser(flags.ArgumentParser):
+  """Parses a comma-separated list of integers (`define_int_list`); a ValueError's text is what
+  absl's `flag --NAME=VALUE: ...` line says."""
+
+  syntactic_help = 'a comma-separated list of integers'
+
+  def __init__(self, minimum: int | None, distinct: bool, allow_empty: bool):
+    self.minimum, self.distinct, self.allow_empty = minimum, distinct, allow_empty
+
+  def parse(self, argument) -> list[int]:
+    texts = argument if isinstance(argument, list) else str(argument).split(',')
+    texts = [str(text).strip() for text in texts]
+    if self.allow_empty and not any(texts):
+      return []
+    try:
+      values = [int(text) for text in texts if text]
+    except ValueError:
+      raise ValueError('give integers, comma-separated') from None
+    if not values or len(values) < len(texts):
+      raise ValueError('give one or more integers, comma-separated, none empty')
+    if self.minimum is not None and min(values) < self.minimum:
+      raise ValueError(f'each must be at least {self.minimum}')
+    if self.distinct and len(set(values)) < len(values):
+      raise ValueError('a value is given more than once')
+    return values
+
+  def flag_type(self) -> str:
+    return 'int list'
+
+
+def define_int_list(
+  name: str,
+  default: str,
+  help: str,
+  *,
+  minimum: int | None = None,
+  distinct: bool = False,
+  allow_empty: bool = False,
+  flag_values=flags.FLAGS,
+):
+  """A flag holding a list of integers, given as `--NAME=1,2,4`: the value is list[int]; a text
+  that is not one, one below `minimum`, (with `distinct`) a repeat, or (without `allow_empty`)
+  no value is refused when flags are parsed, as one `error: flag --NAME=VALUE: ...` line
+  (`relpos.training.tasks.parse_flags`). The one parser of relpos's integer-list flags (sweep
+  seeds, benchmark lengths and distances, device counts)."""
+  return flags.DEFINE(
+    _IntListParser(minimum, distinct, allow_empty),
+    name,
+    default,
+    help,
+    flag_values,
+    serializer=flags.CsvListSerializer(','),
+  )

@@ -1,0 +1,42 @@
+"""relpos.flag_types.define_int_list: the one parser of relpos's integer-list flags (sweep seeds,
+benchmark lengths and distances, device counts), its values and its refusals."""
+
+import pytest
+from absl import flags
+
+from relpos import flag_types
+
+
+def _parse(argv, **kwargs):
+  registry = flags.FlagValues()
+  flag_types.define_int_list('counts', '1,2', 'counts', **kwargs, flag_values=registry)
+  registry(['program', *argv])
+  return registry.counts
+
+
+def test_values_are_integers_in_order():
+  assert _parse([]) == [1, 2]
+  assert _parse(['--counts=8,-3, 0']) == [8, -3, 0]
+  assert _parse(['--counts=4,4']) == [4, 4]  # repeats only refused with distinct=True
+  assert _parse(['--counts='], allow_empty=True) == []
+
+
+@pytest.mark.parametrize(
+  'argv, kwargs, message',
+  [
+    (['--counts=x'], {}, 'flag --counts=x: give integers, comma-separated'),
+    (['--counts=1.5'], {}, 'flag --counts=1.5: give integers, comma-separated'),
+    (['--counts='], {}, 'flag --counts=: give one or more integers, comma-separated, none empty'),
+    (['--counts=1,,2'], {}, 'flag --counts=1,,2: give one or more integers'),
+    (['--counts=0,2'], {'minimum': 1}, 'flag --counts=0,2: each must be at least 1'),
+    (
+      ['--counts=3,1,3'],
+      {'distinct': True},
+      'flag --counts=3,1,3: a value is given more than once',
+    ),
+  ],
+)
+def test_refusals_name_the_flag_and_its_value(argv, kwargs, message):
+  with pytest.raises(flags.IllegalFlagValueError) as error:
+    _parse(argv, **kwargs)
+  assert str(error.value) == message or str(error.value).startswith(message)
