@@ -211,11 +211,14 @@ def _skew_ops(interpret: bool, block: int):
 
 def _smem_bytes(head_dim: int, block: int) -> int:
   """Shared memory the forward kernel allocates: 16-bit q + u, q + v and p; per slot (two)
-  16-bit kᵀ, v and the lower half of the R window, [d, block]; step 0's upper half; the float32
-  skew buffer [block, 2·block + 8] and the logsumexp row; plus 4 KiB for barriers and alignment
-  (as `mosaic_shaw._smem_bytes`)."""
+  16-bit kᵀ, v and the lower half of the R window, [d, block]; step 0's upper half (in p's
+  buffer where head_dim = block); the float32 skew buffer [block, 2·block + 8] and the logsumexp
+  row; plus 4 KiB for barriers and alignment (as `mosaic_shaw._smem_bytes`). 113 KB at
+  head_dim = block = 64: two blocks fit an SM's 228 KB."""
   buffers = 2 * (2 * block * head_dim + block * block)
-  buffers += 2 * 2 * 3 * block * head_dim + 2 * head_dim * block
+  buffers += 2 * 2 * 3 * block * head_dim
+  if head_dim != block:
+    buffers += 2 * head_dim * block
   return buffers + 4 * (block * (2 * block + _BANK_PAD) + block) + 4096
 
 
@@ -297,7 +300,10 @@ def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block, interpret):
     return plgpu.broadcasted_iota(jnp.int32, shape, dimension, layout=plgpu.Layout.WGMMA)
 
   def kernel(qu_ref, qv_ref, kt_ref, v_ref, rt_ref, out_ref, lse_ref, smem, barriers):
-    qu_smem, qv_smem, kt_smem, v_smem, rt_smem, rt_upper, p_smem, flat_smem, stat_smem = smem
+    qu_smem, qv_smem, kt_smem, v_smem, rt_smem, p_smem, flat_smem, stat_smem, *upper_smem = smem
+    # Step 0's upper half shares p's buffer where their shapes agree: its wgmma is done (and
+    # waited for) before step 0 first writes p. That keeps the forward at two blocks per SM.
+    rt_upper = upper_smem[0] if upper_smem else p_smem
     q_barrier, kv_barriers = barriers
     b = lax.axis_index('batch')
     h = lax.axis_index('heads')
@@ -387,11 +393,12 @@ def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block, interpret):
     plgpu.SMEM((slots, head_dim, block), dtype, transforms=tiled),  # kᵀ
     plgpu.SMEM((slots, block, head_dim), dtype, transforms=tiled),  # v
     plgpu.SMEM((slots, head_dim, block), dtype, transforms=tiled),  # R window, lower half
-    plgpu.SMEM((head_dim, block), dtype, transforms=tiled),  # step 0's upper half
-    plgpu.SMEM((block, block), dtype, transforms=tiled),  # p
+    plgpu.SMEM((block, block), dtype, transforms=tiled),  # p (and step 0's upper half)
     plgpu.SMEM((block * (2 * block + _BANK_PAD),), jnp.float32),  # the skew buffer B
     plgpu.SMEM((block,), jnp.float32),  # logsumexp
   ]
+  if head_dim != block:
+    smem.append(plgpu.SMEM((head_dim, block), dtype, transforms=tiled))  # step 0's upper half
   barriers = (
     plgpu.Barrier(num_arrivals=3, num_barriers=1),  # q + u, q + v, step 0's upper half
     plgpu.Barrier(num_arrivals=3, num_barriers=slots),  # kᵀ, v, R window's lower half
