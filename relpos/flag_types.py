@@ -14,8 +14,9 @@ class _IntListParser(flags.ArgumentParser):
 
   syntactic_help = 'a comma-separated list of integers'
 
-  def __init__(self, minimum: int | None, distinct: bool, allow_empty: bool):
-    self.minimum, self.distinct, self.allow_empty = minimum, distinct, allow_empty
+  def __init__(self, minimum, maximum, distinct: bool, allow_empty: bool):
+    self.minimum, self.maximum = minimum, maximum
+    self.distinct, self.allow_empty = distinct, allow_empty
 
   def parse(self, argument) -> list[int]:
     texts = argument if isinstance(argument, list) else str(argument).split(',')
@@ -30,6 +31,8 @@ class _IntListParser(flags.ArgumentParser):
       raise ValueError('give one or more integers, comma-separated, none empty')
     if self.minimum is not None and min(values) < self.minimum:
       raise ValueError(f'each must be at least {self.minimum}')
+    if self.maximum is not None and max(values) > self.maximum:
+      raise ValueError(f'each must be at most {self.maximum}')
     if self.distinct and len(set(values)) < len(values):
       raise ValueError('a value is given more than once')
     return values
@@ -44,17 +47,18 @@ def define_int_list(
   help: str,
   *,
   minimum: int | None = None,
+  maximum: int | None = None,
   distinct: bool = False,
   allow_empty: bool = False,
   flag_values=flags.FLAGS,
 ):
   """A flag holding a list of integers, given as `--NAME=1,2,4`: the value is list[int]; a text
-  that is not one, one below `minimum`, (with `distinct`) a repeat, or (without `allow_empty`)
-  no value is refused when flags are parsed, as one `error: flag --NAME=VALUE: ...` line
-  (`relpos.training.tasks.parse_flags`). The one parser of relpos's integer-list flags (sweep
-  seeds, benchmark lengths and distances, device counts)."""
+  that is not one, one outside [`minimum`, `maximum`], (with `distinct`) a repeat, or (without
+  `allow_empty`) no value is refused when flags are parsed, as one `error: flag --NAME=VALUE:
+  ...` line (`relpos.training.tasks.parse_flags`). The one parser of relpos's integer-list
+  flags (sweep seeds, benchmark lengths and distances, device counts)."""
   return flags.DEFINE(
-    _IntListParser(minimum, distinct, allow_empty),
+    _IntListParser(minimum, maximum, distinct, allow_empty),
     name,
     default,
     help,

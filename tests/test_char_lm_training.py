@@ -189,6 +189,24 @@ def test_a_start_that_failed_before_training_binds_no_later_run(text_file, tmp_p
     char_lm.TASK.train_model(config, workdir, allow_config_change=True)
 
 
+def test_a_run_shortened_below_its_step_is_refused_and_left_as_it_was(text_file, tmp_path):
+  """config.train.steps lowered below the step a run reached, with --allow_config_change: one
+  line naming the steps and how to score an earlier checkpoint; no checkpoint is written
+  (the last save would have stored step 4's state as checkpoint 2, evicting a real one)."""
+  config = _config(text_file, steps=4)
+  config.train.checkpoint_every = 1
+  workdir = tmp_path / 'run'
+  char_lm.TASK.train_model(config, workdir)
+  saved = sorted(p.name for p in (workdir / 'checkpoints').iterdir())
+  config.train.steps = 2
+  with pytest.raises(ValueError) as error:
+    char_lm.TASK.train_model(config, workdir, allow_config_change=True)
+  assert str(error.value).startswith('config.train.steps=2: the run in ')
+  assert 'already at step 4' in str(error.value) and '--config.eval.step=N' in str(error.value)
+  assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == saved
+  assert json.loads((workdir / 'config.json').read_text())['train']['steps'] == 4
+
+
 @pytest.mark.parametrize(
   'fields,message',
   [

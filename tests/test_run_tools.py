@@ -7,6 +7,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
@@ -196,3 +197,30 @@ def test_a_path_flag_after_an_equals_sign_gets_its_home_expanded():
   tasks.expand_home(registry)
   assert registry.workdir == os.path.expanduser('~/runs/x') and not registry.workdir.startswith('~')
   assert (registry.out, registry.prompt) == ('runs/~y', '~/not a path')
+
+
+def test_blank_sources_translate_to_empty_lines_without_decoding(monkeypatch):
+  """An empty or blank source is an empty translation (relpos.tools.translate's docstring),
+  not whatever the model makes of EOS alone; the others are decoded in their order."""
+  decoded_rows = []
+
+  def make_translator(model, eval_config, *, max_len):
+    def translate(src_BS):
+      decoded_rows.extend(src_BS.tolist())
+      return src_BS[:, :1] + 100  # a "translation" naming its source's first piece
+
+    return translate
+
+  class Words:
+    def encode(self, text):
+      return [len(word) + 3 for word in text.split()]
+
+    def decode(self, ids):
+      return ' '.join(str(i) for i in ids)
+
+  monkeypatch.setattr(translate_task, 'make_translator', make_translator)
+  eval_config = ml_collections.ConfigDict({'batch_size': 2})
+  sources = ['ab c', '', '   ', 'abcd', '\t']
+  got = translate_task.translate_sentences(None, Words(), sources, eval_config, max_len=16)
+  assert got == ['105', '', '', '107', '']
+  assert len(decoded_rows) == 2 and all(row[0] != translate_task.EOS_ID for row in decoded_rows)

@@ -62,7 +62,15 @@ class Rule:
     return None
 
 
-def integer(minimum: int | None = None, maximum: int | None = None, *, optional=False) -> Rule:
+# The largest integer a config field may hold unless its rule says otherwise: JAX computes in
+# int32 (x64 off), so a larger size, length or count would overflow (an OverflowError deep in
+# a jitted call, or a silent wrap: a decode limit of 2**31 - 1 plus a length went negative).
+INT32_MAX = 2**31 - 1
+# Seeds: JAX's PRNG keys and nnx.Rngs keep 32 bits, so 2**32 + s would be seed s again.
+SEED_MAX = 2**32 - 1
+
+
+def integer(minimum: int | None = None, maximum: int | None = INT32_MAX, *, optional=False) -> Rule:
   return Rule(int, minimum, maximum, optional=optional)
 
 

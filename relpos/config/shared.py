@@ -18,7 +18,9 @@ class RunFields:
   """The top-level fields of every task's config."""
 
   task: str = field('', checks.TEXT, 'which relpos.training task train.py / eval.py run')
-  seed: int = field(0, checks.integer(0), 'seeds initialisation, dropout and data order')
+  seed: int = field(
+    0, checks.integer(0, checks.SEED_MAX), 'seeds initialisation, dropout and data order'
+  )
 
 
 @section

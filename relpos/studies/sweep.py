@@ -64,7 +64,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from relpos import flag_types, runtime
-from relpos.config import load_config_file
+from relpos.config import checks, load_config_file
 from relpos.config.recorded import changes_from_recorded, with_added
 from relpos.messages import warn
 from relpos.studies import breakdown, significance
@@ -707,7 +707,12 @@ def define_flags():
   )
   flags.DEFINE_list('values', '0,1,2,4,16,64', 'Values of the field, comma-separated.')
   flag_types.define_int_list(
-    'seeds', '0', 'Seeds (config.seed) to train each value with.', distinct=True
+    'seeds',
+    '0',
+    'Seeds (config.seed) to train each value with.',
+    minimum=0,
+    maximum=checks.SEED_MAX,
+    distinct=True,
   )
   flags.DEFINE_string('baseline', None, 'The value p-values are against (default: the first).')
   flags.DEFINE_string('metric', None, "Result to tabulate (default: the task's, bleu or bpc).")

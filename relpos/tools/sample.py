@@ -18,6 +18,7 @@ import sys
 from absl import flags
 
 from relpos import runtime
+from relpos.config import checks
 
 
 def filtered_logits(logits_V, *, temperature: float, top_k: int, top_p: float):
@@ -153,7 +154,9 @@ def define_flags():
   flags.DEFINE_float('temperature', 1.0, 'Softmax temperature (> 0).')
   flags.DEFINE_integer('top_k', 0, 'Sample among the k most likely (0: all).', lower_bound=0)
   flags.DEFINE_float('top_p', 1.0, 'Nucleus: smallest set of probability >= p.')
-  flags.DEFINE_integer('seed', 0, 'Sampling seed.')
+  flags.DEFINE_integer(
+    'seed', 0, 'Sampling seed (32 bits).', lower_bound=0, upper_bound=checks.SEED_MAX
+  )
   flags.mark_flag_as_required('workdir')
 
 

@@ -572,6 +572,13 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   found = checkpoints.restore_latest(state)  # every item of the state, pure dicts
   if found:
     start_step, state, _ = found
+    if start_step > train_config.steps:  # a shortened run: its last save would be misnamed
+      raise ValueError(
+        f'config.train.steps={train_config.steps}: the run in {workdir} is already at step '
+        f'{start_step} (checkpoints {checkpoints.all_steps()}); to score an earlier one, run '
+        'eval.py with --config.eval.step=N, or give config.train.steps of at least '
+        f'{start_step}'
+      )
     print(f'resumed from {checkpoints.directory / str(start_step)}', flush=True)
   reached['step'] = start_step
   if mesh_lib.is_writer():  # once the checkpoint took `config`: config.json stays the run's

@@ -147,7 +147,9 @@ def make_translator(model, eval_config, *, max_len: int):
   source length + eval_config.max_decode_extra pieces, and never past `max_len`.
   """
   graphdef, state = nnx.split(model)
-  beam_size, extra = eval_config.beam_size, eval_config.max_decode_extra
+  # No sentence runs past max_len, so a larger extra changes nothing (and source length +
+  # extra must stay within int32: 2**31 - 1, a natural "no limit", wrapped to negative).
+  beam_size, extra = eval_config.beam_size, min(eval_config.max_decode_extra, max_len)
 
   @functools.partial(jax.jit, static_argnums=(2,))
   @autotune.forward_only()
@@ -185,7 +187,8 @@ def translate_sentences(model, tokenizer, sources: list[str], eval_config, *, ma
   """Detokenised translations of `sources`, in their order (progress lines after half a
   minute).
 
-  A source of more than `max_len` - 1 pieces (config.model.max_len, less one for EOS) is cut
+  A source of no pieces (an empty or blank line) gives an empty translation, not decoded. A
+  source of more than `max_len` - 1 pieces (config.model.max_len, less one for EOS) is cut
   to its first `max_len` - 1, so that every source is translated (the model takes no longer
   sequence: a learned position table has `max_len` rows); one warning line says how many
   were cut.
@@ -201,10 +204,14 @@ def translate_sentences(model, tokenizer, sources: list[str], eval_config, *, ma
       'EOS; the model takes no longer sequence): their translations miss the rest',
     )
   encoded = [ids[:longest] for ids in encoded]
-  translations = [''] * len(sources)
+  translations = [''] * len(sources)  # an empty or blank source is translated as empty
   progress = PassProgress('translating', len(sources), 'sentences')
-  done = 0
-  for indices, src_BS in _source_batches(encoded, eval_config.batch_size, max_len):
+  done = len(sources) - sum(bool(ids) for ids in encoded)
+  kept = [index for index, ids in enumerate(encoded) if ids]
+  for batch_indices, src_BS in _source_batches(
+    [encoded[index] for index in kept], eval_config.batch_size, max_len
+  ):
+    indices = [kept[index] for index in batch_indices]
     for index, ids in zip(indices, translate(src_BS), strict=False):
       translations[index] = tokenizer.decode(ids.tolist())
     done += len(indices)
