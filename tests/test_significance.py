@@ -93,6 +93,10 @@ def test_seed_table_errors_name_the_file_or_flag(tmp_path):
   other.write_text('value,n,mean,std,p_value\na,3,1.0,0.1,\n')
   with pytest.raises(ValueError, match='summary.csv: not a sweep_seeds.csv'):
     significance.seed_table(other, 'a')
+  joined = tmp_path / 'joined.csv'  # two sweeps' files concatenated: a (value, seed) twice
+  joined.write_text('value,seed,bleu\na,0,1.0\nb,0,2.0\na,0,1.5\n')
+  with pytest.raises(ValueError, match=r'joined.csv line 4: value a seed 0 again \(first on line'):
+    significance.seed_table(joined, 'a')
   for line in ('b,0,abc', 'b,0'):  # a metric that is no number, a row cut short
     bad = tmp_path / 'bad.csv'
     bad.write_text(f'value,seed,bleu\na,0,1.0\n{line}\n')

@@ -51,6 +51,7 @@ def test_with_value_copies():
     ('char_tiny', 'shaw', 'model.untie_r', [True, False], 'bpc', 'does not read'),
     ('translate_tiny', 'shaw', 'model.num_heads', [4, 3], 'bleu', r'at 3: config\.model\.d_model'),
     ('translate_tiny', 'shaw', 'model.position', ['shaw', 'relative'], 'bleu', 'at .relative.'),
+    ('char_tiny', 'shaw', 'seed', [0, 1], 'bpc', '--field=seed: every run sets config.seed'),
   ],
 )
 def test_a_sweep_that_cannot_work_is_refused_before_training(
@@ -451,6 +452,27 @@ def test_progress_gives_the_run_count_and_an_eta(monkeypatch):
   )
 
 
+def test_a_run_scored_at_its_eval_step_is_finished(tmp_path):
+  """A sweep of config.eval.step scores checkpoint N: its result, at step N, is the finished
+  one (it was compared with config.train.steps and scored again at every rerun)."""
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps, config.eval.step = 4, 2
+  results = {'bpc': 1.0, 'step': 2, 'eval': config.eval.to_dict()}
+  (tmp_path / 'eval_results.json').write_text(json.dumps(results))
+  assert sweep.is_finished(tmp_path, config, tmp_path / 'trained')
+  config.eval.step = 0  # the newest: step 4 is what it would score
+  assert not sweep.is_finished(tmp_path, config, tmp_path / 'trained')
+
+
+def test_one_run_has_no_spread_in_the_table(tmp_path):
+  field = 'model.max_relative_position'
+  _fake_runs(tmp_path, field, {0: [2.0, 2.1], 4: [1.5]})
+  rows = sweep.collect(tmp_path, field, [0, 4], [0, 1], 'bpc')
+  summary = sweep.summarise(load_config('char_tiny', 'shaw'), rows, [0, 4], 'bpc', baseline=0)
+  markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
+  assert '| 4 | 1 | 1.500 | – | ' in markdown and '| 0 | 2 | 2.050 | 0.071 |' in markdown
+
+
 def test_a_damaged_eval_results_is_scored_again_and_named_when_collected(tmp_path, capsys):
   """An eval_results.json cut by a kill mid-write: `error: Unterminated string ...` with no
   file named, and no rerun would score that run again; now the sweep does, with a warning,
@@ -465,3 +487,13 @@ def test_a_damaged_eval_results_is_scored_again_and_named_when_collected(tmp_pat
   results.write_text('[1, 2]')
   with pytest.raises(ValueError, match='is damaged .not an object.; the sweep command without'):
     sweep.read_results(results)
+
+
+def test_a_char_lm_evaluation_table_counts_characters(tmp_path):
+  field = 'model.max_relative_position'
+  _fake_runs(tmp_path, field, {0: [2.0, 2.1], 4: [1.5, 1.6]})
+  rows = sweep.collect(tmp_path, field, [0, 4], [0, 1], 'bpc')
+  by_setting = {'eval.tgt_len=16': rows, 'eval.tgt_len=32': rows}
+  sweep.write_evaluations(load_config('char_tiny', 'shaw'), by_setting, 0, tmp_path, field, 'bpc')
+  markdown = (tmp_path / 'sweep_by_evaluation.md').read_text()
+  assert 'characters' in markdown and 'sentences' not in markdown

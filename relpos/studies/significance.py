@@ -133,10 +133,19 @@ def seed_table(seeds_csv, baseline: str) -> str:
     rows = list(reader)
   if metric is None or not rows or list(rows[0])[:2] != ['value', 'seed']:
     raise ValueError(f'{seeds_csv}: not a sweep_seeds.csv (columns value, seed, metric, ...)')
-  scores = {}
+  scores, lines_of = {}, {}
   for number, row in enumerate(rows, start=2):  # line 1 is the header
     try:
-      scores.setdefault(row['value'], {})[int(row['seed'])] = float(row[metric])
+      value, seed, score = row['value'], int(row['seed']), float(row[metric])
+      if (value, seed) in lines_of:  # two sweeps' files joined, say: which one is meant?
+        raise LookupError(
+          f'{seeds_csv} line {number}: value {value} seed {seed} again (first on line '
+          f'{lines_of[value, seed]}); keep one row per value and seed'
+        )
+      lines_of[value, seed] = number
+      scores.setdefault(value, {})[seed] = score
+    except LookupError as error:
+      raise ValueError(str(error)) from None
     except (TypeError, ValueError):
       raise ValueError(
         f'{seeds_csv} line {number}: seed {row["seed"]!r} and {metric} {row[metric]!r} are not '

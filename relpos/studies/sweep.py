@@ -217,6 +217,11 @@ def check_sweep(config, field: str, values, seeds, metric: str, variant_of=None)
     )
   if not seeds:
     raise ValueError('--seeds is empty: give at least one seed')
+  if field == 'seed':
+    raise ValueError(
+      '--field=seed: every run sets config.seed from --seeds, so each value would be the same '
+      'run; give the seeds as --seeds and sweep another field'
+    )
   read_somewhere = variant_of is not None
   for value in values:
     try:
@@ -263,7 +268,8 @@ def is_finished(results_dir: Path, config, trained_dir: Path) -> bool:
   current = config.eval.to_dict()
   recorded = {'task': config.task, 'eval': results.get('eval', {})}
   scored = with_added(recorded, {'eval': current})['eval']
-  return results.get('step') == config.train.steps and scored == current
+  step = config.eval.get('step') or config.train.steps  # eval.step 0: the newest checkpoint
+  return results.get('step') == step and scored == current
 
 
 def runs(config, field: str, values, seeds, variant_of=None):
@@ -434,7 +440,8 @@ def write_tables(summary, rows, root: Path, field: str, metric: str, baseline) -
     else:
       p_values = f'{significance.p_text(row["p_value"])} | {significance.p_text(row["p_seeds"])}'
     label = value_label(field, row['value'])
-    lines.append(f'| {label} | {row["n"]} | {row["mean"]:.3f} | {row["std"]:.3f} | {p_values} |')
+    std = f'{row["std"]:.3f}' if row['n'] > 1 else '–'  # no spread from one run (significance's)
+    lines.append(f'| {label} | {row["n"]} | {row["mean"]:.3f} | {std} | {p_values} |')
   lines += ['', f'| {field} | seed | {metric} | step |', '|---|---|---|---|']
   lines += [
     f'| {value_label(field, r["value"])} | {r["seed"]} | {r[metric]:.3f} | {r["step"]} |'
@@ -559,7 +566,7 @@ def write_evaluations(config, by_setting: dict, baseline, root: Path, field: str
     '--evaluations',
     'by_evaluation',
     'evaluation setting',
-    'characters' if config.task == 'char' else 'sentences',
+    'characters' if config.task == 'char_lm' else 'sentences',
     metric,
   )
   per_run, counts = [], {}
