@@ -189,6 +189,39 @@ def test_a_start_that_failed_before_training_binds_no_later_run(text_file, tmp_p
     char_lm.TASK.train_model(config, workdir, allow_config_change=True)
 
 
+@pytest.mark.parametrize(
+  ('fields', 'message'),
+  [
+    (
+      {'eval.step': 3},
+      'config.eval.step=3: the run will keep checkpoints [2, 4, 6] (config.train.checkpoint_every'
+      '=2, keep_checkpoints=3, steps=6); give one of them, or 0 for the newest',
+    ),
+    (
+      {'eval.average_checkpoints': 4},
+      'config.eval.average_checkpoints=4: the run will keep 3 checkpoint(s) up to step 6 ([2, 4, '
+      '6]; config.train.checkpoint_every=2, keep_checkpoints=3, steps=6); set it to 3 or less',
+    ),
+    (
+      {'eval.step': 4, 'eval.average_checkpoints': 3},
+      'config.eval.average_checkpoints=3: the run will keep 2 checkpoint(s) up to step 4',
+    ),
+  ],
+)
+def test_an_evaluation_the_checkpoints_cannot_serve_is_refused_before_training(
+  text_file, tmp_path, fields, message
+):
+  config = _config(text_file, steps=6)
+  config.train.checkpoint_every = 2
+  for path, value in fields.items():
+    section, name = path.split('.')
+    config[section][name] = value
+  with pytest.raises(ValueError) as error:
+    char_lm.TASK.train_and_evaluate(config, tmp_path / 'run')
+  assert str(error.value).startswith(message)
+  assert not (tmp_path / 'run' / 'checkpoints').exists()  # refused before training
+
+
 def test_a_run_shortened_below_its_step_is_refused_and_left_as_it_was(text_file, tmp_path):
   """config.train.steps lowered below the step a run reached, with --allow_config_change: one
   line naming the steps and how to score an earlier checkpoint; no checkpoint is written

@@ -42,6 +42,16 @@ BAD_CONFIGS = [
   ('translate', 'shaw', {'data.kind': 'csv'}, None, 'config.data.kind must be one of'),
   # a type the config dict cannot enforce (an optional field)
   ('char_lm', 'xl', {'data.max_bytes': 0}, None, 'config.data.max_bytes must be >= 1'),
+  # past int32 (JAX's integers), and a seed past 32 bits (it would repeat seed s - 2**32)
+  (
+    'char_lm',
+    'xl',
+    {'train.clamp_len': 2**31},
+    None,
+    'config.train.clamp_len must be <= 2147483647',
+  ),
+  ('translate', 'shaw', {'eval.max_decode_extra': 2**31}, None, 'must be <= 2147483647'),
+  ('char_lm', 'xl', {'seed': 2**32}, None, 'config.seed must be <= 4294967295, got 4294967296'),
   # the model section (the models' typed configs)
   ('translate', 'shaw', {'model.position': 'xl'}, None, 'config.model.position'),
   ('char_lm', 'xl', {'model.num_heads': 0}, None, 'config.model.num_heads'),
@@ -51,6 +61,7 @@ BAD_CONFIGS = [
   # across fields
   ('translate', 'shaw', {'model.num_heads': 3}, None, 'config.model.d_model=256'),
   ('char_lm', 'xl', {'train.same_length': True, 'train.mem_len': 0}, None, 'same_length needs'),
+  ('char_lm', 'shaw', {'train.clamp_len': 4}, None, 'config.train.clamp_len=4: only position xl'),
   (
     'translate',
     'shaw',

@@ -52,6 +52,7 @@ def test_with_value_copies():
     ('translate_tiny', 'shaw', 'model.num_heads', [4, 3], 'bleu', r'at 3: config\.model\.d_model'),
     ('translate_tiny', 'shaw', 'model.position', ['shaw', 'relative'], 'bleu', 'at .relative.'),
     ('char_tiny', 'shaw', 'seed', [0, 1], 'bpc', '--field=seed: every run sets config.seed'),
+    ('char_tiny', 'shaw', 'eval.clamp_len', [-1, 1], 'bpc', "position='shaw' does not read it"),
   ],
 )
 def test_a_sweep_that_cannot_work_is_refused_before_training(

@@ -230,7 +230,10 @@ def check_sweep(config, field: str, values, seeds, metric: str, variant_of=None)
     except ValueError as error:
       raise ValueError(f'--field={field} at {value!r}: {error}') from None
     leaf = field.removeprefix('model.')
-    read_somewhere |= not field.startswith('model.') or leaf not in task.unread_fields(variant)
+    if field.startswith('model.'):
+      read_somewhere |= leaf not in task.unread_fields(variant)
+    else:
+      read_somewhere |= field not in task.unread_run_fields(variant)
   if not read_somewhere:
     position = config.model.position
     raise ValueError(

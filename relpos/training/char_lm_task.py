@@ -233,6 +233,11 @@ class CharLM(loop.Task):
   def check_combinations(self, config, mesh):
     model_config(config, vocab_size=1)
     shared.check_eval_fields(config, self.unread_fields(config))
+    if config.train.clamp_len > 0 and config.model.position != 'xl':
+      raise ValueError(
+        f'config.train.clamp_len={config.train.clamp_len}: only position xl reads it '
+        f'(config.model.position={config.model.position!r}); leave it at -1'
+      )
     for phase in ('train', 'eval'):
       if config[phase].same_length and not config[phase].mem_len:
         raise ValueError(
@@ -246,6 +251,9 @@ class CharLM(loop.Task):
 
   def unread_fields(self, config):
     return model_config(config, vocab_size=1).unread_fields()
+
+  def unread_run_fields(self, config):
+    return () if config.model.position == 'xl' else ('train.clamp_len', 'eval.clamp_len')
 
   def training(self, config, workdir, mesh) -> loop.Training:
     """The data first (the vocabulary comes from it), then the model, its optimizer and the

@@ -145,6 +145,12 @@ class Task(abc.ABC):
     del config
     return ()
 
+  def unread_run_fields(self, config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """Fields outside config.model (dotted, e.g. 'eval.clamp_len') that the model of `config`
+    never reads, which a sweep refuses to vary too."""
+    del config
+    return ()
+
   def data_files(self, config: ml_collections.ConfigDict, workdir: Path) -> dict[str, Path]:
     """{'config.data.<field>': path} of the data files the config names, and the vocabulary
     the run makes of them in `workdir`, which a run records and checks for changes
@@ -220,9 +226,45 @@ class Task(abc.ABC):
       train(self, config, workdir, preemption, allow_config_change=allow_config_change)
 
   def train_and_evaluate(self, config, workdir, *, allow_config_change: bool = False) -> dict:
-    """`train_model`, then `evaluate`."""
+    """`train_model`, then `evaluate`; an evaluation the run's checkpoints cannot serve is
+    refused first (`check_evaluation_plan`), not after the training."""
+    check_evaluation_plan(config, workdir)
     self.train_model(config, workdir, allow_config_change=allow_config_change)
     return self.evaluate(config, workdir)
+
+
+def _steps_text(steps: list[int]) -> str:
+  return str(steps) if len(steps) <= 6 else f'[{steps[0]}, {steps[1]}, ..., {steps[-1]}]'
+
+
+def check_evaluation_plan(config, workdir) -> None:
+  """ValueError naming the field when the checkpoints a run will keep (config.train's
+  schedule: every checkpoint_every steps and the last, the newest keep_checkpoints of those and
+  of the workdir's own) cannot give config.eval.step or config.eval.average_checkpoints: a run
+  would train to the end and then fail to evaluate."""
+  train_config, eval_config = config.train, config.eval
+  every, last = train_config.checkpoint_every, train_config.steps
+  planned = set(range(every, last + 1, every)) if every else set()
+  directory = Path(workdir) / CHECKPOINTS
+  existing = {int(p.name) for p in directory.glob('*') if p.name.isdigit()}
+  kept = sorted(planned | {last} | existing)[-train_config.keep_checkpoints :]
+  schedule = (
+    f'config.train.checkpoint_every={every}, keep_checkpoints='
+    f'{train_config.keep_checkpoints}, steps={last}'
+  )
+  step = eval_config.step or kept[-1]
+  if step not in kept:
+    raise ValueError(
+      f'config.eval.step={step}: the run will keep checkpoints {_steps_text(kept)} ({schedule}); '
+      'give one of them, or 0 for the newest'
+    )
+  upto = [s for s in kept if s <= step]
+  if eval_config.average_checkpoints > len(upto):
+    raise ValueError(
+      f'config.eval.average_checkpoints={eval_config.average_checkpoints}: the run will keep '
+      f'{len(upto)} checkpoint(s) up to step {step} ({_steps_text(upto)}; {schedule}); set it '
+      f'to {len(upto)} or less, or keep more checkpoints'
+    )
 
 
 def init_state(model: nnx.Module, config, mesh, **carry) -> tuple[Any, dict]:
