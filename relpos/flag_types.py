@@ -1,11 +1,25 @@
-"""absl flag types shared by relpos's commands: a comma-separated list of integers.
+"""absl flag helpers shared by relpos's commands: a comma-separated list of integers, and flag
+errors as one line for the commands that take no config.
 
 Kept apart from `relpos.training.tasks` (which parses the launchers' flags and imports the
 training code) so that a benchmark or tool can define its flags at import time, before
 `relpos.runtime.apply_defaults` and the heavy imports.
 """
 
+import sys
+
 from absl import flags
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing for a command without --config (the studies' plot, significance and
+  shaw_tables): an unknown, missing or bad flag is one `error:` line and exit status 1, not
+  absl's two FATAL lines. (The launchers' `relpos.training.tasks.parse_flags` adds the config
+  file's faults.)"""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as error:
+    sys.exit(f'error: {str(error).splitlines()[0]}')
 
 
 class _IntListParser(flags.ArgumentParser):

@@ -44,7 +44,25 @@ def test_one_png_for_several_runs(tmp_path):
   assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
+def test_the_path_printed_is_the_file_written(tmp_path):
+  """--out without a suffix: matplotlib writes NAME.png, and the path returned (and printed)
+  says so; a directory is refused (matplotlib wrote a PNG named after it beside it)."""
+  run = _run(tmp_path / 'a', [{'step': 1, 'train/loss': 1.0}])
+  out = plot.plot_runs([run], tmp_path / 'curves')
+  assert out == tmp_path / 'curves.png' and out.read_bytes()[:4] == b'\x89PNG'
+  with pytest.raises(ValueError, match=r'is a directory: give a file name, e\.g\. .*figure\.png'):
+    plot.plot_runs([run], tmp_path)
+
+
 def test_command_line(tmp_path):
+  bad_flag = subprocess.run(
+    [sys.executable, '-m', 'relpos.studies.plot', 'W', '--outt=x.png'],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+  )
+  assert bad_flag.returncode == 1
+  assert bad_flag.stderr == "error: Unknown command line flag 'outt'. Did you mean: out ?\n"
   run = _run(tmp_path / 'a', [{'step': 1, 'train/loss': 1.0}])
   out = tmp_path / 'c.png'
   done = subprocess.run(

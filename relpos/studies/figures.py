@@ -30,10 +30,19 @@ def subplots(*args, **kwargs):
 
 
 def save(figure, path, dpi: int = 120) -> Path:
-  """Writes `figure` to `path` (its format from the suffix) after a tight layout, then closes
-  it; returns the path."""
-  figure.tight_layout()
+  """Writes `figure` to `path` (its format from the suffix; a PNG named path.png where it has
+  none, as matplotlib would) after a tight layout, then closes it; returns the path written.
+
+  Raises:
+    ValueError: `path` is a directory (matplotlib would write path.png beside it).
+  """
   path = Path(path)
+  if path.is_dir():
+    _pyplot().close(figure)
+    raise ValueError(f'{path} is a directory: give a file name, e.g. {path / "figure.png"}')
+  if not path.suffix:
+    path = path.with_name(path.name + '.png')
+  figure.tight_layout()
   figure.savefig(path, dpi=dpi)
   _pyplot().close(figure)
   return path

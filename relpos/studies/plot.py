@@ -15,6 +15,7 @@ from pathlib import Path
 
 from absl import app, flags
 
+from relpos import flag_types
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
 from relpos.training.run_config import check_path, check_task
@@ -109,4 +110,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.DEFINE_string('out', 'curves.png', 'The PNG to write.')
-  app.run(main)
+  app.run(main, flags_parser=flag_types.parse_flags)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from absl import app, flags
 
-from relpos import runtime
+from relpos import flag_types, runtime
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
 
@@ -158,4 +158,4 @@ def main(argv):
 if __name__ == '__main__':
   runtime.apply_defaults()
   flags.DEFINE_string('out', None, 'A PNG of drift against distance (default: none).')
-  app.run(main)
+  app.run(main, flags_parser=flag_types.parse_flags)

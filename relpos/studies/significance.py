@@ -40,6 +40,8 @@ from absl import app, flags
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
+from relpos import flag_types
+
 SAMPLES = 1000  # sacreBLEU's default number of bootstrap resamples
 SEED = 12345  # sacreBLEU's default seed (SACREBLEU_SEED)
 
@@ -183,4 +185,4 @@ def main(argv):
 if __name__ == '__main__':
   flags.DEFINE_string('baseline', None, 'The value the others are tested against.')
   flags.mark_flag_as_required('baseline')
-  app.run(main)
+  app.run(main, flags_parser=flag_types.parse_flags)
