@@ -8,6 +8,7 @@ read a trained run in `relpos.tools`. Their old top-level names still import and
 
 import importlib.abc
 import importlib.util
+import os
 import sys
 import warnings
 
@@ -20,6 +21,7 @@ MOVED = {
   **{f'relpos.{name}': f'relpos.tools.{name}' for name in ('translate', 'sample')},
   'relpos.metrics': 'relpos.scoring',
 }
+_WARNED = 'RELPOS_MOVED_MODULE_WARNED'
 
 
 class _MovedModules(importlib.abc.MetaPathFinder):
@@ -29,7 +31,11 @@ class _MovedModules(importlib.abc.MetaPathFinder):
   def find_spec(self, name, path=None, target=None):
     if name not in MOVED:
       return None
-    warnings.warn(f'{name} is now {MOVED[name]}', FutureWarning, stacklevel=2)
+    # Once per command: relpos.runtime.apply_defaults may re-execute the program, which finds
+    # the module again; the mark travels in the environment it passes on.
+    if os.environ.get(_WARNED) != name:
+      warnings.warn(f'{name} is now {MOVED[name]}', FutureWarning, stacklevel=2)
+      os.environ[_WARNED] = name
     return importlib.util.spec_from_file_location(
       name, importlib.util.find_spec(MOVED[name]).origin
     )

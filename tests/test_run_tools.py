@@ -3,6 +3,8 @@
 own module), on tiny runs trained here, and their one-line errors."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -224,3 +226,33 @@ def test_blank_sources_translate_to_empty_lines_without_decoding(monkeypatch):
   got = translate_task.translate_sentences(None, Words(), sources, eval_config, max_len=16)
   assert got == ['105', '', '', '107', '']
   assert len(decoded_rows) == 2 and all(row[0] != translate_task.EOS_ID for row in decoded_rows)
+
+
+def test_an_old_module_name_runs_with_one_warning_line():
+  """`python -m relpos.sweep` (now relpos.studies.sweep) warns once, though the CPU defaults
+  re-execute the program (which found the module again and warned twice)."""
+  done = subprocess.run(
+    [sys.executable, '-m', 'relpos.sweep', '--help'],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    env={k: v for k, v in os.environ.items() if k not in ('GLIBC_TUNABLES', 'XLA_FLAGS')},
+  )
+  assert 'Sweep one' in done.stdout, done.stderr  # absl's --help (exit status 1)
+  warnings = [line for line in done.stderr.splitlines() if 'FutureWarning' in line]
+  assert warnings == [
+    '<frozen importlib.util>:103: FutureWarning: relpos.sweep is now relpos.studies.sweep'
+  ]
+
+
+@pytest.mark.parametrize(
+  ('program', 'own_flag'), [('train.py', '--[no]allow_config_change'), ('eval.py', '--output_dir')]
+)
+def test_the_launchers_help_lists_their_flags(program, own_flag):
+  """`train.py --help` listed no flag (they are defined in relpos.training.tasks, and absl's
+  --help shows the program's own)."""
+  done = subprocess.run(
+    [sys.executable, program, '--help'], capture_output=True, text=True, cwd=REPO
+  )
+  for flag in ('--config:', '--workdir:', '--[no]traceback:', own_flag):
+    assert f'\n  {flag}' in done.stdout, done.stdout

@@ -279,6 +279,9 @@ def launch(action: str):
       'output_dir', None, 'Where eval_results.json (and translations) go; default --workdir.'
     )
   flags.mark_flags_as_required(['config', 'workdir'])
+  # `train.py --help` lists the key flags of the program (sys.argv[0]); these are defined here.
+  for flag in flags.FLAGS.flags_by_module_dict().get(__name__, []):
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
 
   def main(argv):
     start_command(argv)
