@@ -581,6 +581,17 @@ def test_a_read_only_output_dir_of_eval(text_file, straight, tmp_path, monkeypat
     f'the checkpoints in {straight} are unchanged',
   )
   assert not list(output.iterdir())
+  assert str(caught.value).endswith('give another --output_dir, then rerun')
+
+
+def test_a_file_in_place_of_eval_output_dir_names_that_flag(text_file, straight, tmp_path):
+  """The remedy names --output_dir, the flag at fault (it said '--workdir')."""
+  output = tmp_path / 'a_file'
+  output.write_text('')
+  with pytest.raises(tasks.FAULTS) as caught:
+    char_lm.TASK.evaluate(_config(text_file), straight, output_dir=output)
+  assert str(caught.value).startswith(f'cannot write the evaluation to {output}: File exists')
+  assert str(caught.value).endswith('give a directory as --output_dir, then rerun')
 
 
 @pytest.fixture

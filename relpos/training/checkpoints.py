@@ -105,11 +105,20 @@ def _read_cause(error: BaseException) -> str:
 
 
 def filesystem_fault(
-  error: BaseException, what: str, *, last_good: str, resume: bool = True
+  error: BaseException, what: str, *, last_good: str, resume: bool = True, flag: str = '--workdir'
 ) -> FilesystemFaultError:
   """The one-line fault of `error`: '<what>: <cause> (<meaning>); <last_good>; <what to do>'.
-  `resume`: whether rerunning the same command afterwards resumes the run."""
-  meaning, todo = _REMEDIES.get(error_errno(error), ('', 'fix the cause'))
+  `resume`: whether rerunning the same command afterwards resumes the run. `flag`: the flag
+  naming the directory written to (eval.py's --output_dir, say), which the remedy names."""
+  number = error_errno(error)
+  meaning, todo = _REMEDIES.get(number, ('', 'fix the cause'))
+  if flag != '--workdir':
+    todo = todo.replace('--workdir', flag)
+    if number == errno.ENOENT:
+      meaning, todo = (
+        'a directory on its path is missing and cannot be made',
+        f'give another {flag}',
+      )
   cause = _first_line(error) + (f' ({meaning})' if meaning else '')
   then = ', then rerun the same command to resume' if resume else ', then rerun'
   return FilesystemFaultError(f'{what}: {cause}; {last_good}; {todo}{then}')

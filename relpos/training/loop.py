@@ -203,6 +203,7 @@ class Task(abc.ABC):
         f'cannot write the evaluation to {output_dir}',
         last_good=f'the checkpoints in {workdir} are unchanged',
         resume=False,
+        flag='--output_dir' if output_dir != workdir else '--workdir',
       ) from error
     return result
 
