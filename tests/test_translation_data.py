@@ -372,6 +372,17 @@ def _check_batch(batch, pairs):
   return [int(i) for i in batch['index'] if i >= 0]
 
 
+def test_no_pair_within_max_length_is_one_error_and_no_warning(capsys):
+  """Every pair too long: one error naming the field (a warning that every pair was dropped,
+  then an error that did not name config.data.max_length, said it twice)."""
+  with pytest.raises(ValueError) as error:
+    TokenBatches(PAIRS, max_tokens=256, num_buckets=2, max_length=0, name='x pairs')
+  assert str(error.value) == (
+    'none of the 500 x pairs has both sides within config.data.max_length=0 pieces: raise it'
+  )
+  assert capsys.readouterr().err == ''
+
+
 def test_epoch_covers_every_pair_once_with_fixed_shapes(capsys):
   batches = TokenBatches(
     PAIRS, max_tokens=256, num_buckets=4, max_length=25, seed=1, row_multiple=2, name='x pairs'
@@ -509,7 +520,7 @@ def test_token_batches_errors():
     TokenBatches(PAIRS, max_tokens=60, num_buckets=2, max_length=30, row_multiple=2)
   with pytest.raises(ValueError, match='rows=6 must be a positive multiple of row_multiple=4'):
     TokenBatches(PAIRS, rows=6, num_buckets=2, max_length=30, row_multiple=4)
-  with pytest.raises(ValueError, match='none of 1 pairs'):
+  with pytest.raises(ValueError, match='none of the 1 pairs has both sides within config.data.max_length'):
     TokenBatches([([5] * 9, [5])], max_tokens=100, num_buckets=2, max_length=8)
 
 

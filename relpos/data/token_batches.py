@@ -193,14 +193,17 @@ class TokenBatches:
     self.seed, self.shard = seed, shard
     src_len, tgt_len = self.pairs.src.lengths, self.pairs.tgt.lengths
     fits = (src_len <= max_length) & (tgt_len <= max_length)
+    if not fits.any():
+      raise ValueError(
+        f'none of the {len(fits)} {name} has both sides within config.data.max_length='
+        f'{max_length} pieces: raise it'
+      )
     if not fits.all():
       warn(
         f'dropped {np.sum(~fits)} of {len(fits)} {name} with a side longer than '
         f'config.data.max_length={max_length} pieces'
       )
     self.kept = np.flatnonzero(fits)
-    if not len(self.kept):
-      raise ValueError(f'none of {len(fits)} pairs has both sides within max_length={max_length}')
     needed = np.maximum(src_len, tgt_len)[self.kept] + 1
     if boundaries is None:
       counts = shard.all_gather(np.bincount(needed, minlength=max_length + 2)).sum(axis=0)
