@@ -1,6 +1,7 @@
 """t5_relative_buckets and t5_relative_bias vs the float64 reference (T5's own bucket function)."""
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +20,7 @@ from helpers import (
 )
 
 from relpos import attention
+from relpos.attention import t5
 
 pytestmark = pytest.mark.usefixtures('attention_test_config')
 
@@ -216,3 +218,31 @@ def test_bias_in_attention_vs_reference():
 def test_bias_rejects_non_matrix_table():
   with pytest.raises(ValueError, match='num_buckets, heads'):
     attention.t5_relative_bias(jnp.ones((32,)), 2, 3, max_distance=20, bidirectional=True)
+
+
+def _dense_bucket_starts(side_buckets, max_distance):
+  """The bucket starts read off T5's float32 bucket of every distance (what `_log_bucket_starts`
+  computed until it bisected: an array of max_distance entries)."""
+  max_exact = side_buckets // 2
+  n = np.arange(max_exact, max_distance + 1)
+  ratio = n.astype(np.float32) / np.float32(max_exact)
+  log = np.log(ratio.astype(np.float64)).astype(np.float32)
+  scaled = (
+    log / np.float32(math.log(max_distance / max_exact)) * np.float32(side_buckets - max_exact)
+  )
+  large = np.minimum(max_exact + scaled.astype(np.int32), side_buckets - 1)
+  return tuple(int(s) for s in n[np.searchsorted(large, np.arange(max_exact + 1, side_buckets))])
+
+
+@pytest.mark.parametrize('side_buckets', [4, 16, 32, 128])
+@pytest.mark.parametrize('max_distance', [65, 128, 1000, 4097, 3_000_001])
+def test_bucket_starts_by_bisection_equal_the_dense_search(side_buckets, max_distance):
+  assert t5._log_bucket_starts(side_buckets, max_distance) == _dense_bucket_starts(
+    side_buckets, max_distance
+  )
+
+
+def test_a_huge_max_distance_costs_no_memory():
+  """t5_max_distance=1e9 built a 1e9-entry array (the run was killed for memory)."""
+  starts = t5._log_bucket_starts(32, 10**9)
+  assert len(starts) == 15 and starts[-1] <= 10**9 and list(starts) == sorted(starts)

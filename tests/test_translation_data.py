@@ -520,7 +520,9 @@ def test_token_batches_errors():
     TokenBatches(PAIRS, max_tokens=60, num_buckets=2, max_length=30, row_multiple=2)
   with pytest.raises(ValueError, match='rows=6 must be a positive multiple of row_multiple=4'):
     TokenBatches(PAIRS, rows=6, num_buckets=2, max_length=30, row_multiple=4)
-  with pytest.raises(ValueError, match='none of the 1 pairs has both sides within config.data.max_length'):
+  with pytest.raises(
+    ValueError, match='none of the 1 pairs has both sides within config.data.max_length'
+  ):
     TokenBatches([([5] * 9, [5])], max_tokens=100, num_buckets=2, max_length=8)
 
 

@@ -63,15 +63,29 @@ def _log_bucket_starts(side_buckets: int, max_distance: int) -> tuple[int, ...]:
   rounding); a bucket it skips starts where the next one does.
   """
   max_exact = side_buckets // 2
-  n = np.arange(max_exact, max_distance + 1)
-  ratio = n.astype(np.float32) / np.float32(max_exact)
-  log = np.log(ratio.astype(np.float64)).astype(np.float32)  # correctly rounded float32 log
-  scaled = (
-    log / np.float32(math.log(max_distance / max_exact)) * np.float32(side_buckets - max_exact)
-  )
-  large = np.minimum(max_exact + scaled.astype(np.int32), side_buckets - 1)
-  first = np.searchsorted(large, np.arange(max_exact + 1, side_buckets), side='left')
-  return tuple(int(start) for start in n[first])
+  log_range = np.float32(math.log(max_distance / max_exact))
+  width = np.float32(side_buckets - max_exact)
+
+  def bucket(n):  # T5's float32 arithmetic, elementwise over int64 n
+    ratio = n.astype(np.float32) / np.float32(max_exact)
+    log = np.log(ratio.astype(np.float64)).astype(np.float32)  # correctly rounded float32 log
+    scaled = log / log_range * width
+    return np.minimum(max_exact + scaled.astype(np.int32), side_buckets - 1)
+
+  # The smallest n in [max_exact, max_distance] whose bucket reaches each b, by bisection, all
+  # buckets at once: O(buckets · log(max_distance)), not an array of every distance (a
+  # max_distance of 1e9 took 8 GB).
+  targets = np.arange(max_exact + 1, side_buckets)
+  low = np.full(
+    targets.shape, max_exact, np.int64
+  )  # bucket(low) < b (bucket(max_exact) = max_exact)
+  high = np.full(targets.shape, max_distance, np.int64)  # bucket(high) >= b
+  while np.any(high - low > 1):
+    middle = (low + high) // 2
+    reaches = bucket(middle) >= targets
+    high = np.where(reaches, middle, high)
+    low = np.where(reaches, low, middle)
+  return tuple(int(start) for start in high)
 
 
 def t5_relative_buckets(
