@@ -443,10 +443,13 @@ class DeviceMemoryError(RunFaultError):
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-  """Whether `error` is XLA's out-of-memory (a JaxRuntimeError of RESOURCE_EXHAUSTED, which
-  jaxlib raises for a compile or an allocation that does not fit)."""
+  """Whether `error` is an out-of-memory: XLA's RESOURCE_EXHAUSTED (a JaxRuntimeError, which
+  jaxlib raises for a compile or an allocation that does not fit, or a ValueError where an
+  array is placed on a device), or the host's MemoryError."""
+  if isinstance(error, MemoryError):
+    return True
   text = str(error)
-  return isinstance(error, jax.errors.JaxRuntimeError) and (
+  return isinstance(error, jax.errors.JaxRuntimeError | ValueError) and (
     'RESOURCE_EXHAUSTED' in text or 'Out of memory' in text or 'out of memory' in text
   )
 
@@ -476,6 +479,8 @@ def out_of_memory_fault(config, step: int, last_good: str) -> DeviceMemoryError:
     fixes.append('--config.model.scan_layers=True')
   if _field(config, 'model.dtype') == 'float32':
     fixes.append('--config.model.dtype=bfloat16')
+  # Where the parameters and Adam's two moments alone do not fit, only a smaller model does.
+  fixes.append('a smaller model (config.model: d_model, d_ff, layers, vocab_size or tables)')
   return DeviceMemoryError(
     f'out of accelerator memory at step {step} ({shapes}; {len(devices)} '
     f'{devices[0].platform} device(s)); {last_good}; what would fit: {" or ".join(fixes)}'
@@ -580,7 +585,7 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
     raise filesystem_fault(
       error, f'cannot write {path or workdir} at step {reached["step"]}', last_good=last_good()
     ) from error
-  except jax.errors.JaxRuntimeError as error:
+  except (jax.errors.JaxRuntimeError, ValueError, MemoryError) as error:
     if not is_out_of_memory(error):
       raise
     raise out_of_memory_fault(config, reached['step'] + 1, last_good()) from error
