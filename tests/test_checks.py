@@ -62,6 +62,7 @@ BAD_CONFIGS = [
   ('translate', 'shaw', {'model.num_heads': 3}, None, 'config.model.d_model=256'),
   ('char_lm', 'xl', {'train.same_length': True, 'train.mem_len': 0}, None, 'same_length needs'),
   ('char_lm', 'shaw', {'train.clamp_len': 4}, None, 'config.train.clamp_len=4: only position xl'),
+  ('char_lm', 'xl', {'optim.final_lr': 1.0}, None, 'config.optim.final_lr=1.0: the cosine decay'),
   (
     'translate',
     'shaw',

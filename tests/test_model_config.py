@@ -65,6 +65,7 @@ BAD_VALUES = [
   ('char_lm', dict(dropout=1.0), 'config.model.dropout must be < 1.0'),
   ('translate', dict(attention_dropout=-0.1), 'config.model.attention_dropout must be >= 0'),
   ('translate', dict(rope_base=0.0), 'config.model.rope_base must be > 0'),
+  ('translate', dict(rope_base=1e300), 'config.model.rope_base must be <= 3e+38, got 1e+300'),
   ('char_lm', dict(remat='all'), 'config.model.remat must be one of'),
   ('char_lm', dict(t5_num_buckets=3), 'config.model.t5_num_buckets must be >= 4'),
   # a type: float or bool for an int, int for a bool, str for a float

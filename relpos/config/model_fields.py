@@ -119,7 +119,8 @@ class ModelConfig:
   )
   rope_base: float = field(
     10000.0,
-    checks.positive(),
+    # Within float32, in which the frequencies are computed (1e300 overflowed to inf).
+    checks.Rule(float, 0.0, 3.0e38, open_minimum=True),
     "RoPE's frequency base: theta_i = base^(-2i / head_dim)",
     read_by=('rope',),
   )

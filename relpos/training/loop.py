@@ -125,6 +125,7 @@ class Task(abc.ABC):
     rule, the model's typed config, and the rules across fields (with `mesh`, those of the
     batch against the devices, and the attention implementation against their platform)."""
     checks.check(config, fields.rules(self.declaration, skip=('model',)))
+    optim.check_schedule(config)
     self.check_combinations(config, mesh)
     devices = getattr(mesh, 'devices', None)
     if devices is not None:

@@ -16,6 +16,17 @@ def rsqrt_schedule(scale: float, d_model: int, warmup_steps: int) -> optax.Sched
   return schedule
 
 
+def check_schedule(config: ml_collections.ConfigDict) -> None:
+  """ValueError naming the field for a schedule that would not do what its fields say: a
+  cosine 'decay' to a final_lr above the peak climbs instead."""
+  optim = config.optim
+  if optim.schedule == 'cosine' and optim.final_lr > optim.learning_rate:
+    raise ValueError(
+      f'config.optim.final_lr={optim.final_lr}: the cosine decay ends there, so it must not '
+      f'exceed config.optim.learning_rate={optim.learning_rate} (the peak)'
+    )
+
+
 def learning_rate_schedule(
   optim: ml_collections.ConfigDict, total_steps: int, *, d_model: int | None = None
 ) -> optax.Schedule:
