@@ -71,6 +71,7 @@ BAD_CONFIGS = [
     "with relative_table_init='zeros' leave it at 1",
   ),
   ('translate', 'shaw', {'data.max_length': 300}, None, 'config.model.max_len >= 301'),
+  ('translate', 'shaw', {'eval.beam_size': 4001}, None, 'config.eval.beam_size=4001: wider than'),
   ('char_lm', 'xl', {'train.batch_size': 6}, FOUR_DEVICES, 'config.train.batch_size=6'),
   ('translate', 'shaw', {'data.max_tokens': 300}, FOUR_DEVICES, 'config.data.max_tokens=300'),
   ('translate', 'shaw', {'eval.max_relative_position': -2}, None, 'must be >= -1'),

@@ -2,6 +2,7 @@
 (relpos.studies.plot has its
 own module), on tiny runs trained here, and their one-line errors."""
 
+import json
 import os
 import subprocess
 import sys
@@ -182,6 +183,13 @@ def test_translate_refuses_no_sentence_and_a_beam_below_1(commands, tmp_path, ar
   done = _tool(commands, 'translate', f'--workdir={tmp_path}', *args)
   assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr
   assert message in done.stderr.strip().splitlines()[-1], done.stderr
+
+
+def test_translate_refuses_a_beam_wider_than_the_vocabulary(tmp_path):
+  translation, _ = _recorded_runs(tmp_path)
+  vocab_size = json.loads((translation / 'config.json').read_text())['data']['vocab_size']
+  with pytest.raises(ValueError, match=rf'--beam_size={vocab_size + 1}: wider than the run'):
+    translate.translate_lines(translation, ['a cat'], beam_size=vocab_size + 1)
 
 
 def test_a_path_flag_after_an_equals_sign_gets_its_home_expanded():

@@ -236,6 +236,12 @@ class Translate(loop.Task):
         f'config.data.max_length={config.data.max_length} needs config.model.max_len >= '
         f'{longest} (the longest sequence the model takes), got {config.model.max_len}'
       )
+    if config.eval.beam_size > config.data.vocab_size:
+      raise ValueError(
+        f'config.eval.beam_size={config.eval.beam_size}: wider than the vocabulary '
+        f'(config.data.vocab_size={config.data.vocab_size} pieces), so the first step alone '
+        'cannot fill the beams; give at most the vocabulary size'
+      )
     devices = 1 if mesh is None else mesh.size
     rows = devices * config.train.grad_accum_steps  # the fewest rows of a batch
     if config.data.max_tokens < rows * longest:
