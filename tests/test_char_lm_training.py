@@ -90,7 +90,9 @@ def test_train_then_evaluate_writes_results(text_file, tmp_path, capsys):
     char_lm.TASK.evaluate(other_model, workdir)
   other_vocab = _config(text_file, steps=8)
   other_vocab.data.vocab = 'original'
-  with pytest.raises(ValueError, match=r'vocab\.json was written for other data'):
+  with pytest.raises(
+    ValueError, match=r"vocab\.json was written for other data .*; give the run's"
+  ):
     char_lm.TASK.evaluate(other_vocab, workdir)
   assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['4', '8']
 

@@ -55,9 +55,14 @@ def _vocab_for_run(config, workdir: Path, *, training: bool):
     writes = training and mesh_lib.is_writer() and not has_run(workdir)
     if saved.exists() and not writes:
       if CharVocab.read(saved) != vocab:
+        remedy = (
+          'use a new --workdir'
+          if training
+          else "give the run's config.data.vocab and config.data.path (its config.json)"
+        )
         raise ValueError(
           f'{saved} was written for other data (config.data.vocab / config.data.path changed); '
-          'use a new --workdir'
+          f'{remedy}'
         )
     elif training and mesh_lib.is_writer():
       write_atomically(saved, vocab.to_json())
