@@ -15,6 +15,8 @@ from helpers import (
 )
 
 from relpos.studies import breakdown, sweep
+from relpos.training import char_lm_task as char_lm
+from relpos.training import loop
 from relpos.training.run_config import read_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -498,3 +500,34 @@ def test_a_char_lm_evaluation_table_counts_characters(tmp_path):
   sweep.write_evaluations(load_config('char_tiny', 'shaw'), by_setting, 0, tmp_path, field, 'bpc')
   markdown = (tmp_path / 'sweep_by_evaluation.md').read_text()
   assert 'characters' in markdown and 'sentences' not in markdown
+
+
+def test_a_run_whose_evaluation_cannot_be_served_is_refused_before_any_trains(
+  tmp_path, monkeypatch
+):
+  """A sweep of config.eval.step with a step the schedule does not keep: refused, naming the
+  run, before the first run trains (the sweep calls train_model itself, past train.py's
+  check)."""
+  config = load_config('char_tiny', 'shaw')
+  config.train.update(steps=6, checkpoint_every=2)
+  trained = []
+  monkeypatch.setattr(char_lm.TASK, 'train_model', lambda *a, **k: trained.append(a))
+  with pytest.raises(ValueError) as error:
+    sweep.sweep(config, tmp_path, 'eval.step', [2, 3], [0], 'bpc', baseline=2)
+  assert str(error.value).startswith('eval.step=3 seed=0: config.eval.step=3: the run will keep')
+  assert trained == []
+
+
+def test_a_resumed_run_keeps_only_the_checkpoints_saved_after_its_newest(tmp_path):
+  """Resumed from checkpoint 4 with checkpoint_every=2: it will save 6 and 8, never 2 (it was
+  not saved, or is gone), so config.eval.step=2 is refused."""
+  config = load_config('char_tiny', 'shaw')
+  config.train.update(steps=8, checkpoint_every=2, keep_checkpoints=5)
+  (tmp_path / 'checkpoints' / '4').mkdir(parents=True)
+  config.eval.step = 2
+  with pytest.raises(
+    ValueError, match=r'config.eval.step=2: the run will keep checkpoints \[4, 6, 8\]'
+  ):
+    loop.check_evaluation_plan(config, tmp_path)
+  config.eval.step = 6
+  loop.check_evaluation_plan(config, tmp_path)

@@ -70,7 +70,7 @@ from relpos.messages import warn
 from relpos.studies import breakdown, significance
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
-from relpos.training import run_config, tasks
+from relpos.training import loop, run_config, tasks
 from relpos.training.preemption import PreemptedError
 
 SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'p_value', 'p_seeds')
@@ -536,6 +536,10 @@ def sweep(
         if is_finished(results_dir, scored, workdir):
           print(f'=== {field}={value} seed={seed}: finished, kept ({results_dir})', flush=True)
         else:
+          try:  # what train.py checks before training, for every run before the first trains
+            loop.check_evaluation_plan(scored, workdir)
+          except ValueError as error:
+            raise ValueError(f'{field}={value} seed={seed}: {error}') from None
           unscored.append((scored, results_dir))
       if unscored:
         todo.append((value, seed, variant, workdir, unscored))

@@ -246,9 +246,12 @@ def check_evaluation_plan(config, workdir) -> None:
   would train to the end and then fail to evaluate."""
   train_config, eval_config = config.train, config.eval
   every, last = train_config.checkpoint_every, train_config.steps
-  planned = set(range(every, last + 1, every)) if every else set()
   directory = Path(workdir) / CHECKPOINTS
   existing = {int(p.name) for p in directory.glob('*') if p.name.isdigit()}
+  # A resumed run saves only past its newest checkpoint: the schedule's earlier steps are
+  # there already, or were never saved, or evicted.
+  first = max(existing, default=0) + 1
+  planned = {step for step in range(every, last + 1, every) if step >= first} if every else set()
   kept = sorted(planned | {last} | existing)[-train_config.keep_checkpoints :]
   schedule = (
     f'config.train.checkpoint_every={every}, keep_checkpoints='
