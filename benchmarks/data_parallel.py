@@ -41,7 +41,7 @@ from relpos.training import translation_task as translate
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A char_lm or translate config.')
 _COUNTS = flag_types.define_int_list(
-  'device_counts', '1,2,4', 'Numbers of forced host devices.', minimum=1
+  'device_counts', '1,2,4', 'Numbers of forced host devices.', minimum=1, maximum=1024
 )
 _STEPS = flags.DEFINE_integer(
   'steps', 10, 'Timed steps (char LM) or passes (translation).', lower_bound=1

@@ -61,13 +61,14 @@ def define_int_list(
   help: str,
   *,
   minimum: int | None = None,
-  maximum: int | None = None,
+  maximum: int | None = 2**31 - 1,
   distinct: bool = False,
   allow_empty: bool = False,
   flag_values=flags.FLAGS,
 ):
   """A flag holding a list of integers, given as `--NAME=1,2,4`: the value is list[int]; a text
-  that is not one, one outside [`minimum`, `maximum`], (with `distinct`) a repeat, or (without
+  that is not one, one outside [`minimum`, `maximum`] (by default within int32, what JAX
+  computes in), (with `distinct`) a repeat, or (without
   `allow_empty`) no value is refused when flags are parsed, as one `error: flag --NAME=VALUE:
   ...` line (`relpos.training.tasks.parse_flags`). The one parser of relpos's integer-list
   flags (sweep seeds, benchmark lengths and distances, device counts)."""

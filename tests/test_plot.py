@@ -52,6 +52,11 @@ def test_the_path_printed_is_the_file_written(tmp_path):
   assert out == tmp_path / 'curves.png' and out.read_bytes()[:4] == b'\x89PNG'
   with pytest.raises(ValueError, match=r'is a directory: give a file name, e\.g\. .*figure\.png'):
     plot.plot_runs([run], tmp_path)
+  assert plot.plot_runs([run], tmp_path / 'dotted.') == tmp_path / 'dotted.png'
+  with pytest.raises(FileNotFoundError, match=r'^--out=\S*missing/c\.png: No such file'):
+    plot.plot_runs([run], tmp_path / 'missing' / 'c.png')
+  with pytest.raises(ValueError, match=r"^--out=\S*c\.xyz: Format 'xyz' is not supported"):
+    plot.plot_runs([run], tmp_path / 'c.xyz')
 
 
 def test_command_line(tmp_path):

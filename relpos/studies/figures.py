@@ -29,20 +29,28 @@ def subplots(*args, **kwargs):
   return _pyplot().subplots(*args, **kwargs)
 
 
-def save(figure, path, dpi: int = 120) -> Path:
+def save(figure, path, dpi: int = 120, *, flag: str | None = None) -> Path:
   """Writes `figure` to `path` (its format from the suffix; a PNG named path.png where it has
   none, as matplotlib would) after a tight layout, then closes it; returns the path written.
 
   Raises:
-    ValueError: `path` is a directory (matplotlib would write path.png beside it).
+    ValueError: `path` is a directory (matplotlib would write path.png beside it), a format
+      matplotlib does not write, or (as FileNotFoundError, PermissionError) a path it cannot
+      write; prefixed with `flag`=path where a command's flag named it.
   """
   path = Path(path)
-  if path.is_dir():
+  try:
+    if path.is_dir():
+      raise ValueError(f'{path} is a directory: give a file name, e.g. {path / "figure.png"}')
+    if not path.suffix:
+      path = path.with_name(path.name.rstrip('.') + '.png')
+    figure.tight_layout()
+    figure.savefig(path, dpi=dpi)
+  except (OSError, ValueError) as error:
+    if flag is None:
+      raise
+    cause = error.strerror if isinstance(error, OSError) and error.strerror else error
+    raise type(error)(f'{flag}={path}: {cause}') from None
+  finally:
     _pyplot().close(figure)
-    raise ValueError(f'{path} is a directory: give a file name, e.g. {path / "figure.png"}')
-  if not path.suffix:
-    path = path.with_name(path.name + '.png')
-  figure.tight_layout()
-  figure.savefig(path, dpi=dpi)
-  _pyplot().close(figure)
   return path

@@ -90,7 +90,7 @@ def plot_runs(workdirs, out) -> Path:
   for axis in list(axes.flat)[len(names) :]:
     axis.set_visible(False)
   axes.flat[0].legend(fontsize='small')
-  return save_figure(figure, Path(out))
+  return save_figure(figure, Path(out), flag='--out')
 
 
 def main(argv):

@@ -136,7 +136,7 @@ def plot(by_k, out) -> Path:
     axis.grid(alpha=0.3)
   axes[0].set_ylabel('L2 drift of the row from its initialisation')
   axes[0].legend(fontsize='small')
-  return save_figure(figure, Path(out))
+  return save_figure(figure, Path(out), flag='--out')
 
 
 def main(argv):
@@ -152,7 +152,10 @@ def main(argv):
     sys.exit(f'error: {error}')
   print(markdown(by_k))
   if flags.FLAGS.out:
-    print(f'plot: {plot(by_k, flags.FLAGS.out)}')
+    try:
+      print(f'plot: {plot(by_k, flags.FLAGS.out)}')
+    except (OSError, ValueError) as error:
+      sys.exit(f'error: {error}')
 
 
 if __name__ == '__main__':

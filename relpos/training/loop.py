@@ -484,7 +484,8 @@ def out_of_memory_fault(config, step: int, last_good: str) -> DeviceMemoryError:
   if _field(config, 'model.dtype') == 'float32':
     fixes.append('--config.model.dtype=bfloat16')
   # Where the parameters and Adam's two moments alone do not fit, only a smaller model does.
-  fixes.append('a smaller model (config.model: d_model, d_ff, layers, vocab_size or tables)')
+  vocabulary = ', config.data.vocab_size' if _field(config, 'data.vocab_size') else ''
+  fixes.append(f'a smaller model (config.model sizes or tables{vocabulary})')
   return DeviceMemoryError(
     f'out of accelerator memory at step {step} ({shapes}; {len(devices)} '
     f'{devices[0].platform} device(s)); {last_good}; what would fit: {" or ".join(fixes)}'
