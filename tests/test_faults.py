@@ -492,6 +492,26 @@ def test_out_of_accelerator_memory_names_the_shapes_and_what_would_fit(
   assert _losses(workdir) == {s: v for s, v in _losses(straight).items() if s <= 4}
 
 
+def test_out_of_memory_while_evaluating_names_the_evaluation_sizes(
+  straight, text_file, monkeypatch
+):
+  """eval.mem_len=2**31 - 1 ran out of memory scoring and gave a traceback: now the
+  out-of-memory exit status and the evaluation's sizes to lower."""
+
+  def score(config, workdir, output_dir=None):
+    raise ValueError('RESOURCE_EXHAUSTED: Out of memory allocating 17179869184 bytes.')
+
+  monkeypatch.setattr(char_lm.TASK, 'score', score)
+  with pytest.raises(tasks.FAULTS) as caught:
+    char_lm.TASK.evaluate(_config(text_file), straight)
+  assert caught.value.exit_code == OUT_OF_MEMORY_EXIT_CODE
+  assert str(caught.value) == (
+    'out of memory evaluating (batch_size=4, tgt_len=8, mem_len=8); the checkpoints in '
+    f'{straight} are unchanged; a smaller config.eval.batch_size or config.eval.tgt_len or '
+    'config.eval.mem_len would fit better'
+  )
+
+
 @pytest.mark.parametrize(
   'error',
   [

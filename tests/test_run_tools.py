@@ -263,3 +263,10 @@ def test_the_launchers_help_lists_their_flags(program, own_flag):
   )
   for flag in ('--config:', '--workdir:', '--[no]traceback:', own_flag):
     assert f'\n  {flag}' in done.stdout, done.stdout
+
+
+def test_fewer_sources_than_a_batch_are_not_padded_to_its_rows():
+  """8 sentences with config.eval.batch_size=2**31 - 1 were padded to that many rows (2 TiB)."""
+  batches = list(translate_task._source_batches([[5, 6], [7], [8, 9, 10]], 2**31 - 1, 16))
+  assert len(batches) == 1 and batches[0][1].shape[0] == 3
+  assert [b[1].shape[0] for b in translate_task._source_batches([[5]] * 5, 2, 16)] == [2, 2, 2]

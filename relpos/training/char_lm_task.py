@@ -191,10 +191,13 @@ def bits_per_char(
     segment_position_nats.append(nats)
     segment_tokens.append(targets.size)
     progress.update(segment + 1, pending=nats)
-  position_nats, position_tokens = np.zeros(span.tgt_len), np.zeros(span.tgt_len)
+  per_segment = jax.device_get(segment_position_nats)  # [L] per segment (the last may be short)
+  # As long as the longest segment scored: span.tgt_len, unless the split is shorter (a
+  # tgt_len of 2**31 - 1 allocated 16 GiB here).
+  longest = max(map(len, per_segment), default=0)
+  position_nats, position_tokens = np.zeros(longest), np.zeros(longest)
   segment_nats = []
-  # [L] per segment (the last may be short)
-  for nats_L, tokens in zip(jax.device_get(segment_position_nats), segment_tokens, strict=True):
+  for nats_L, tokens in zip(per_segment, segment_tokens, strict=True):
     position_nats[: len(nats_L)] += nats_L
     position_tokens[: len(nats_L)] += tokens // len(nats_L)
     segment_nats.append(math.fsum(map(float, nats_L)))

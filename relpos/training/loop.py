@@ -195,6 +195,10 @@ class Task(abc.ABC):
         result['data'] = config.data.to_dict()
       if mesh_lib.is_writer():
         write_atomically(output_dir / 'eval_results.json', json.dumps(result, indent=2))
+    except (jax.errors.JaxRuntimeError, ValueError, MemoryError) as error:
+      if not is_out_of_memory(error):
+        raise
+      raise evaluation_memory_fault(config, workdir) from error
     except OSError as error:
       written = Path(error.filename or '/').resolve()
       if output_dir.resolve() not in (written, *written.parents):
@@ -489,6 +493,19 @@ def out_of_memory_fault(config, step: int, last_good: str) -> DeviceMemoryError:
   return DeviceMemoryError(
     f'out of accelerator memory at step {step} ({shapes}; {len(devices)} '
     f'{devices[0].platform} device(s)); {last_good}; what would fit: {" or ".join(fixes)}'
+  )
+
+
+def evaluation_memory_fault(config, workdir) -> DeviceMemoryError:
+  """One line for an out-of-memory while evaluating: the evaluation's sizes and what to
+  lower (the training's remedies do not apply)."""
+  names = ('batch_size', 'tgt_len', 'mem_len', 'beam_size')
+  sizes = {name: config.eval[name] for name in names if name in config.eval}
+  shown = ', '.join(f'{name}={value}' for name, value in sizes.items())
+  lower = ' or '.join(f'config.eval.{name}' for name in sizes if name != 'mem_len' or sizes[name])
+  return DeviceMemoryError(
+    f'out of memory evaluating ({shown}); the checkpoints in {workdir} are unchanged; a '
+    f'smaller {lower} would fit better'
   )
 
 

@@ -127,9 +127,11 @@ def _padded_length(length: int, max_len: int) -> int:
 
 
 def _source_batches(encoded: list[list[int]], batch_size: int, max_len: int):
-  """Yields (indices, src [batch_size, padded_len] int32 with EOS) in order of source length;
-  each source must be shorter than `max_len`."""
+  """Yields (indices, src [rows, padded_len] int32 with EOS) in order of source length, rows =
+  batch_size, or fewer where there are fewer sources; each source must be shorter than
+  `max_len`."""
   order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+  batch_size = min(batch_size, len(order))  # 8 sentences in 2**31 - 1 padded rows: 2 TiB
   for start in range(0, len(order), batch_size):
     indices = order[start : start + batch_size]
     rows = [encoded[i] + [EOS_ID] for i in indices]
