@@ -531,3 +531,14 @@ def test_a_resumed_run_keeps_only_the_checkpoints_saved_after_its_newest(tmp_pat
     loop.check_evaluation_plan(config, tmp_path)
   config.eval.step = 6
   loop.check_evaluation_plan(config, tmp_path)
+
+
+def test_a_finished_run_rerun_to_evaluate_keeps_what_it_has(tmp_path):
+  """No save is left to make, so nothing is evicted: a lower keep_checkpoints does not hide
+  checkpoint 2 of a finished run's 1..6."""
+  config = load_config('char_tiny', 'shaw')
+  config.train.update(steps=6, checkpoint_every=1, keep_checkpoints=3)
+  for step in range(1, 7):
+    (tmp_path / 'checkpoints' / str(step)).mkdir(parents=True)
+  config.eval.step = 2
+  loop.check_evaluation_plan(config, tmp_path)

@@ -256,7 +256,11 @@ def check_evaluation_plan(config, workdir) -> None:
   # there already, or were never saved, or evicted.
   first = max(existing, default=0) + 1
   planned = {step for step in range(every, last + 1, every) if step >= first} if every else set()
-  kept = sorted(planned | {last} | existing)[-train_config.keep_checkpoints :]
+  planned |= {last} if last >= first else set()
+  # Only a save evicts: a finished run re-run to evaluate keeps what it has.
+  kept = (
+    sorted(planned | existing)[-train_config.keep_checkpoints :] if planned else sorted(existing)
+  )
   schedule = (
     f'config.train.checkpoint_every={every}, keep_checkpoints='
     f'{train_config.keep_checkpoints}, steps={last}'
