@@ -10,6 +10,8 @@ import sys
 
 from absl import flags
 
+from relpos.config.checks import INT32_MAX
+
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing for a command without --config (the studies' plot, significance and
@@ -61,7 +63,7 @@ def define_int_list(
   help: str,
   *,
   minimum: int | None = None,
-  maximum: int | None = 2**31 - 1,
+  maximum: int | None = INT32_MAX,
   distinct: bool = False,
   allow_empty: bool = False,
   flag_values=flags.FLAGS,

@@ -36,11 +36,8 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
 
   config = read_config(workdir)
   check_task(workdir, 'translate', needs='relpos.tools.translate reads translation runs')
-  if beam_size is not None and beam_size > config.data.vocab_size:
-    raise ValueError(
-      f"--beam_size={beam_size}: wider than the run's vocabulary ({config.data.vocab_size} "
-      'pieces); give at most that'
-    )
+  if beam_size is not None:
+    translate.check_beam_size(beam_size, config.data.vocab_size, '--beam_size')
   loop.check_trained(workdir).close()
   if beam_size is not None:
     config.eval.beam_size = beam_size

@@ -132,15 +132,22 @@ def _name_last_good(directory: Path, steps, none: str) -> str:
   return f'the last good checkpoint is {directory / str(newest)} (step {newest}), intact'
 
 
+def finished_steps(workdir) -> list[int]:
+  """The steps of the finished checkpoints in workdir, read from its directory names without
+  opening them (orbax names finished steps by their number, unfinished ones with TMP_MARKER)."""
+  directory = Path(workdir).resolve() / CHECKPOINTS
+  return sorted(int(p.name) for p in directory.glob('*') if p.name.isdigit() and p.is_dir())
+
+
 def last_good_in(workdir) -> str:
-  """`Checkpoints.last_good` of a workdir that cannot be opened (read from its directory names:
-  orbax names finished steps by their number, unfinished ones with TMP_MARKER)."""
+  """`Checkpoints.last_good` of a workdir that cannot be opened (`finished_steps`)."""
   try:
-    directory = Path(workdir).resolve() / CHECKPOINTS
-    steps = [int(p.name) for p in directory.glob('*') if p.name.isdigit() and p.is_dir()]
+    steps = finished_steps(workdir)
   except (OSError, RuntimeError):  # a path that cannot be one (too long, a symlink loop)
     return 'no checkpoint could be written there'
-  return _name_last_good(directory, steps, 'no checkpoint was written yet')
+  return _name_last_good(
+    Path(workdir).resolve() / CHECKPOINTS, steps, 'no checkpoint was written yet'
+  )
 
 
 def _path_names(path) -> tuple[str, ...]:

@@ -60,6 +60,7 @@ from relpos.training.checkpoints import (
   UnreadableCheckpointError,
   error_errno,
   filesystem_fault,
+  finished_steps,
   last_good_in,
 )
 from relpos.training.metric_writer import TENSORBOARD, MetricWriter
@@ -250,8 +251,7 @@ def check_evaluation_plan(config, workdir) -> None:
   would train to the end and then fail to evaluate."""
   train_config, eval_config = config.train, config.eval
   every, last = train_config.checkpoint_every, train_config.steps
-  directory = Path(workdir) / CHECKPOINTS
-  existing = {int(p.name) for p in directory.glob('*') if p.name.isdigit()}
+  existing = set(finished_steps(workdir))
   # A resumed run saves only past its newest checkpoint: the schedule's earlier steps are
   # there already, or were never saved, or evicted.
   first = max(existing, default=0) + 1

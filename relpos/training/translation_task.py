@@ -142,6 +142,16 @@ def _source_batches(encoded: list[list[int]], batch_size: int, max_len: int):
     yield indices, src_BS
 
 
+def check_beam_size(beam_size: int, vocab_size: int, name: str) -> None:
+  """ValueError naming `name` (a config field or a tool's flag) for a beam wider than the
+  vocabulary: the first step alone cannot fill the beams (201 over 200 pieces took minutes)."""
+  if beam_size > vocab_size:
+    raise ValueError(
+      f"{name}={beam_size}: wider than the run's vocabulary (config.data.vocab_size={vocab_size} "
+      'pieces), so the first step alone cannot fill the beams; give at most the vocabulary size'
+    )
+
+
 def make_translator(model, eval_config, *, max_len: int):
   """A function src [batch, src_len] int32 -> best hypothesis [batch, decode_len] int32.
 
@@ -208,8 +218,8 @@ def translate_sentences(model, tokenizer, sources: list[str], eval_config, *, ma
   encoded = [ids[:longest] for ids in encoded]
   translations = [''] * len(sources)  # an empty or blank source is translated as empty
   progress = PassProgress('translating', len(sources), 'sentences')
-  done = len(sources) - sum(bool(ids) for ids in encoded)
   kept = [index for index, ids in enumerate(encoded) if ids]
+  done = len(sources) - len(kept)
   for batch_indices, src_BS in _source_batches(
     [encoded[index] for index in kept], eval_config.batch_size, max_len
   ):
@@ -238,12 +248,7 @@ class Translate(loop.Task):
         f'config.data.max_length={config.data.max_length} needs config.model.max_len >= '
         f'{longest} (the longest sequence the model takes), got {config.model.max_len}'
       )
-    if config.eval.beam_size > config.data.vocab_size:
-      raise ValueError(
-        f'config.eval.beam_size={config.eval.beam_size}: wider than the vocabulary '
-        f'(config.data.vocab_size={config.data.vocab_size} pieces), so the first step alone '
-        'cannot fill the beams; give at most the vocabulary size'
-      )
+    check_beam_size(config.eval.beam_size, config.data.vocab_size, 'config.eval.beam_size')
     devices = 1 if mesh is None else mesh.size
     rows = devices * config.train.grad_accum_steps  # the fewest rows of a batch
     if config.data.max_tokens < rows * longest:
