@@ -36,3 +36,24 @@ def test_cosine_warms_up_then_decays_to_final():
   assert float(schedule(0)) == 0.0
   assert math.isclose(float(schedule(10)), 1e-3, rel_tol=1e-6)
   assert math.isclose(float(schedule(110)), 1e-4, rel_tol=1e-5)
+
+
+@pytest.mark.parametrize('schedule', ['rsqrt', 'cosine', 'constant'])
+@pytest.mark.parametrize('warmup_steps', [0, 1, 7, 8, 9])
+def test_schedule_warning_iff_the_run_never_reaches_the_peak(schedule, warmup_steps):
+  steps = 8
+  config = ml_collections.ConfigDict(
+    {
+      'optim': _optim(
+        schedule=schedule, learning_rate=1e-3, final_lr=1e-4, warmup_steps=warmup_steps
+      ),
+      'train': {'steps': steps},
+    }
+  )
+  rates = optim.learning_rate_schedule(config.optim, steps, d_model=64)
+  peak = max(float(rates(count)) for count in range(steps + 20))
+  reached = max(float(rates(count)) for count in range(steps))  # the run's counts: 0 .. steps-1
+  warning = optim.schedule_warning(config)
+  assert (warning is None) == math.isclose(reached, peak, rel_tol=1e-6)
+  if warning:
+    assert 'config.optim.warmup_steps' in warning and 'config.train.steps=8' in warning

@@ -592,6 +592,8 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   check_task(workdir, config.get('task'))  # before anything else: the workdir's run
   mesh = mesh_lib.data_mesh()
   task.check_config(config, mesh)  # before writing, reading data or compiling anything
+  if (schedule_warning := optim.schedule_warning(config)) and mesh_lib.is_writer():
+    warn(schedule_warning)
   prepare_workdir(workdir)
   reached = {'step': 0, 'checkpoints': None}
 

@@ -27,6 +27,21 @@ def check_schedule(config: ml_collections.ConfigDict) -> None:
     )
 
 
+def schedule_warning(config: ml_collections.ConfigDict) -> str | None:
+  """What a run should be told of its schedule before it trains, or None: a warmup as long as
+  the run (config.train.steps) never reaches the peak learning rate, which a run cut short for
+  a test means and a paper-sized one does not."""
+  optim, steps = config.optim, config.train.steps
+  peak_step = optim.warmup_steps - 1 if optim.schedule == 'rsqrt' else optim.warmup_steps
+  if peak_step < steps:
+    return None
+  return (
+    f'config.optim.warmup_steps={optim.warmup_steps} with config.train.steps={steps}: the '
+    f'learning rate never reaches its peak ({optim.schedule!r} schedule); lower the warmup '
+    'unless that is what you want'
+  )
+
+
 def learning_rate_schedule(
   optim: ml_collections.ConfigDict, total_steps: int, *, d_model: int | None = None
 ) -> optax.Schedule:
