@@ -36,7 +36,7 @@ class OptimConfig:
   learning_rate: float = field(2.5e-4, checks.positive(), 'the peak (or scale, for rsqrt)')
   final_lr: float = field(0.0, checks.number(0.0), 'where the cosine decay ends')
   warmup_steps: int = field(
-    0, checks.integer(0), 'steps of linear warmup (train.py warns if not under train.steps)'
+    0, checks.integer(0), 'steps of linear warmup (train.py warns if the run ends before the peak)'
   )
   b1: float = field(0.9, checks.fraction(), "Adam's beta1")
   b2: float = field(0.999, checks.fraction(), "Adam's beta2")
