@@ -542,3 +542,33 @@ def test_a_finished_run_rerun_to_evaluate_keeps_what_it_has(tmp_path):
     (tmp_path / 'checkpoints' / str(step)).mkdir(parents=True)
   config.eval.step = 2
   loop.check_evaluation_plan(config, tmp_path)
+
+
+def test_collect_only_warns_of_results_not_of_the_sweeps_config(tmp_path, capsys):
+  """--collect_only tabulates what is there; a result scored at another step, or of a model
+  trained with another config, is named with why (before, it was tabulated silently)."""
+  from relpos.config.recorded import record_config
+
+  field = 'model.max_relative_position'
+  _fake_runs(tmp_path, field, {0: [2.0, 2.1], 4: [1.5, 1.6]})
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 10  # _fake_runs' step
+  for results in tmp_path.glob('*/*/eval_results.json'):  # scored with the config's eval
+    results.write_text(
+      json.dumps(json.loads(results.read_text()) | {'eval': config.eval.to_dict()})
+    )
+  sweep.sweep(config, tmp_path, field, [0, 4], [0, 1], 'bpc', 0, train=False)
+  assert 'warning' not in capsys.readouterr().err
+  stale = sweep.run_dir(tmp_path, field, 4, 1) / 'eval_results.json'
+  stale.write_text(json.dumps(json.loads(stale.read_text()) | {'step': 5}))
+  other = sweep.with_value(sweep.with_value(config, field, 0), 'model.d_model', 64)
+  other.seed = 1
+  record_config(other, sweep.model_dir(tmp_path, field, 0, 1), allow_change=False)
+  sweep.sweep(config, tmp_path, field, [0, 4], [0, 1], 'bpc', 0, train=False)
+  warnings = capsys.readouterr().err.splitlines()
+  assert len(warnings) == 2, warnings
+  assert warnings[0].startswith('warning: model.max_relative_position=0 seed 1: tabulated as')
+  assert 'model.d_model' in warnings[0]
+  assert warnings[1].endswith(
+    'scored at step 5, not 10; the sweep without --collect_only trains or scores it again'
+  )

@@ -49,8 +49,9 @@ consistent one does).
 Everything that can be wrong is an error before any training: an unknown field or value, a
 metric the task does not report, a field the model never reads at the swept values (k on an
 absolute model). `--print_only` prints the train/eval command of every run instead (for a
-cluster); `--collect_only` rebuilds the tables from finished runs. Any `--config.*` override
-on this command line is passed on to every run.
+cluster); `--collect_only` rebuilds the tables from finished runs, with a warning naming each
+result that is not of the config as given (another training config, step or config.eval). Any
+`--config.*` override on this command line is passed on to every run.
 """
 
 import csv
@@ -260,19 +261,52 @@ def is_finished(results_dir: Path, config, trained_dir: Path) -> bool:
   """Whether the model in `trained_dir` was trained with `config` to the end and scored into
   `results_dir` with its config.eval (a run with another config is not: training it again
   says so)."""
-  path = results_dir / 'eval_results.json'
-  if not path.exists() or changes_from_recorded(config, trained_dir):
+  if not (results_dir / 'eval_results.json').exists():
     return False
+  reason = stale_reason(results_dir, config, trained_dir)
+  if reason and reason.endswith('is damaged'):  # cut by a kill mid-write (before atomic writes)
+    warn(f'{reason}; scoring that run again')
+  return reason is None
+
+
+def stale_reason(results_dir: Path, config, trained_dir: Path) -> str | None:
+  """Why the eval_results.json in `results_dir` is not that of `config`'s run, or None when it
+  is (`is_finished`): the model trained with another config, the file damaged, or scored at
+  another step or with another config.eval."""
+  path = results_dir / 'eval_results.json'
+  if changes := changes_from_recorded(config, trained_dir):
+    shown = '; '.join(changes[:3]) + ('; ...' if len(changes) > 3 else '')
+    return f'its model trained with another config ({shown})'
   try:
     results = read_results(path)
-  except ValueError:  # cut by a kill mid-write (before writes were atomic)
-    warn(f'{path} is damaged; scoring that run again')
-    return False
+  except ValueError:
+    return f'{path} is damaged'
   current = config.eval.to_dict()
   recorded = {'task': config.task, 'eval': results.get('eval', {})}
   scored = with_added(recorded, {'eval': current})['eval']
   step = config.eval.get('step') or config.train.steps  # eval.step 0: the newest checkpoint
-  return results.get('step') == step and scored == current
+  if results.get('step') != step:
+    return f'scored at step {results.get("step")}, not {step}'
+  if scored != current:
+    changed = sorted(name for name in current if scored.get(name) != current[name])
+    return f'scored with other config.eval fields ({", ".join(changed)})'
+  return None
+
+
+def warn_stale(config, root: Path, field: str, values, seeds, variant_of, settings) -> None:
+  """--collect_only: a `warning:` line for each result that is not of the sweep's config as
+  given (`stale_reason`), which the tables then show as it is."""
+  for value, seed, variant in runs(config, field, values, seeds, variant_of):
+    for setting, overrides in settings.items():
+      results_dir = run_dir(root, field, value, seed, setting)
+      if not (results_dir / 'eval_results.json').exists():
+        continue  # `collect` names it
+      workdir = model_dir(root, field, value, seed)
+      if reason := stale_reason(results_dir, evaluated(variant, overrides), workdir):
+        warn(
+          f'{field}={value} seed {seed}: tabulated as it is, though {reason}; the sweep '
+          'without --collect_only trains or scores it again'
+        )
 
 
 def runs(config, field: str, values, seeds, variant_of=None):
@@ -551,6 +585,8 @@ def sweep(
         result = task.evaluate(scored, workdir, output_dir=results_dir)
         print('\n'.join(task.result_lines(result)), flush=True)
   rows = collect(root, field, values, seeds, metric, next(iter(settings)), task=config.task)
+  if not train:
+    warn_stale(config, root, field, values, seeds, variant_of, settings)
   if not rows:
     raise FileNotFoundError(f'no finished runs under {root}')
   summary = summarise(config, rows, values, metric, baseline)
