@@ -127,15 +127,19 @@ def test_launchers_print_bpc_last(commands, text_file, tmp_path):
   assert scored['bpc'] == trained['bpc'] and scored['step'] == 2
 
 
-def test_train_and_resume_without_memory(text_file, tmp_path):
+def test_train_and_resume_without_memory(text_file, tmp_path, capsys):
   config = _config(text_file, steps=4)
   config.train.mem_len = 0
   config.train.checkpoint_every = 2
+  config.optim.warmup_steps = 4  # as long as the run: warned as it starts, not on resuming
   workdir = tmp_path / 'run'
   char_lm.TASK.train_and_evaluate(config, workdir)
+  warned = 'warning: config.optim.warmup_steps=4 with config.train.steps=4: the learning rate'
+  assert capsys.readouterr().err.count(warned) == 1
   shutil.rmtree(workdir / 'checkpoints' / '4')
   result = char_lm.TASK.train_and_evaluate(config, workdir)
   assert _logged_steps(workdir) == [2, 4, 4] and math.isfinite(result['bpc'])
+  assert warned not in capsys.readouterr().err
 
 
 def test_non_finite_loss_stops_with_the_step(text_file, tmp_path):

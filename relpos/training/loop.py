@@ -71,7 +71,13 @@ from relpos.training.preemption import (
   RunFaultError,
 )
 from relpos.training.progress import Progress
-from relpos.training.run_config import check_model, check_task, data_changes, not_a_workdir
+from relpos.training.run_config import (
+  check_model,
+  check_task,
+  data_changes,
+  has_run,
+  not_a_workdir,
+)
 
 
 @dataclasses.dataclass
@@ -592,7 +598,8 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   check_task(workdir, config.get('task'))  # before anything else: the workdir's run
   mesh = mesh_lib.data_mesh()
   task.check_config(config, mesh)  # before writing, reading data or compiling anything
-  if (schedule_warning := optim.schedule_warning(config)) and mesh_lib.is_writer():
+  schedule_warning = optim.schedule_warning(config)
+  if schedule_warning and not has_run(workdir) and mesh_lib.is_writer():  # once, as it starts
     warn(schedule_warning)
   prepare_workdir(workdir)
   reached = {'step': 0, 'checkpoints': None}
