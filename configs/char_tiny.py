@@ -31,7 +31,7 @@ def get_config(preset: str = 'xl'):
   if preset not in _PRESETS:
     raise ValueError(f'unknown char_tiny preset {preset!r}: use one of {sorted(_PRESETS)}')
   config = char_lm_config()
-  config.data.update(kind='text', path=str(_SAMPLE), vocab='bytes')
+  config.data.update(kind='text', path=str(_SAMPLE))
   position, mem_len = _PRESETS[preset]
   config.model.update(
     position=position,
@@ -40,8 +40,6 @@ def get_config(preset: str = 'xl'):
     num_heads=4,
     head_dim=32,
     d_ff=512,
-    dropout=0.1,
-    max_relative_position=16,
   )
   config.optim.update(learning_rate=1e-3, final_lr=1e-4, warmup_steps=200)
   config.train.update(
@@ -54,7 +52,6 @@ def get_config(preset: str = 'xl'):
     checkpoint_every=1000,
   )
   config.eval.update(
-    split='test',
     batch_size=16,
     tgt_len=64,
     mem_len=192,

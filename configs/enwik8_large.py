@@ -15,7 +15,6 @@ def get_config():
   config.model.update(
     num_layers=24,
     d_model=1024,
-    num_heads=8,
     head_dim=128,
     d_ff=3072,
     dropout=0.15,

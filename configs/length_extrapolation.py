@@ -42,9 +42,9 @@ PRESETS = ('char', 'char_quick', 'translate')
 
 def _char(preset: str) -> ml_collections.ConfigDict:
   config = load_config_file(_CONFIGS / 'char_tiny.py')
-  config.train.update(tgt_len=64, mem_len=0, same_length=False)
+  config.train.update(mem_len=0)
   config.train.update(steps=1000, eval_every=0, checkpoint_every=500)
-  config.eval.update(batch_size=4, tgt_len=64, mem_len=0, clamp_len=-1, same_length=False)
+  config.eval.update(batch_size=4, mem_len=0)
   if preset == 'char_quick':
     config.model.update(num_layers=1, d_model=32, num_heads=2, head_dim=16, d_ff=64)
     config.data.max_bytes = 40_000

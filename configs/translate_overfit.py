@@ -36,5 +36,5 @@ def get_config(position: str = 'shaw'):
   config.optim.update(
     schedule='constant', learning_rate=1e-3, warmup_steps=100, label_smoothing=0.0
   )
-  config.train.update(steps=600, log_every=50, eval_every=0, checkpoint_every=0)
+  config.train.update(steps=600, checkpoint_every=0)
   return config

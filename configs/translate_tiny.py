@@ -65,8 +65,6 @@ def get_config(preset: str = 'shaw'):
     train_tgt=str(train_tgt),
     eval_src=str(eval_src),
     eval_tgt=str(eval_tgt),
-    moses_detokenize=False,
-    max_eval_examples=0,
     vocab_size=4000,
     max_length=96,
     max_tokens=2048,
@@ -79,12 +77,10 @@ def get_config(preset: str = 'shaw'):
     d_model=256,
     num_heads=4,
     d_ff=1024,
-    dropout=0.1,
     pre_layer_norm=True,
     max_len=256,
   )
   config.optim.update(learning_rate=0.5, warmup_steps=400)
   config.train.update(steps=900, log_every=50, eval_every=0, checkpoint_every=300)
   config.model.update(_ABLATIONS.get(preset, {}))
-  config.eval.update(beam_size=4, batch_size=64)
   return config

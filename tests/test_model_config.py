@@ -1,10 +1,15 @@
 """The models' typed configs (TransformerConfig, TransformerXLConfig): every config file's model
-section builds one, and an invalid value is a ValueError naming config.model.<field>."""
+section builds one, and an invalid value is a ValueError naming config.model.<field>; no config
+file restates a value a field already has."""
 
+import ast
 import re
+import sys
+from pathlib import Path
 
+import ml_collections
 import pytest
-from helpers import load_config
+from helpers import REPO, load_config
 
 from relpos.config.char_lm_defaults import char_lm_config
 from relpos.config.translation_defaults import translate_config
@@ -164,3 +169,63 @@ def test_vocab_size_and_section_fields():
   section.mem_len = 8  # moved to config.train
   with pytest.raises(ValueError, match='^config.model.mem_len is not a field of'):
     TransformerXLConfig.from_section(section, vocab_size=8)
+
+
+def _literal_settings(path: Path) -> set[tuple[str, object]]:
+  """(field, value) of every literal a config file writes: `x.update(field=<literal>)` and
+  `x.field = <literal>` (a value computed from a preset is not one)."""
+  settings = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Call) and getattr(node.func, 'attr', None) == 'update':
+      pairs = [(keyword.arg, keyword.value) for keyword in node.keywords]
+    elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Attribute):
+      pairs = [(node.targets[0].attr, node.value)]
+    else:
+      continue
+    for name, value in pairs:
+      try:
+        settings.add((name, ast.literal_eval(value)))
+      except ValueError:
+        pass
+  return settings
+
+
+@pytest.mark.parametrize(
+  'name, preset',
+  [(name, preset) for name, preset, _ in CONFIG_FILES]
+  + [('length_extrapolation', 'char'), ('length_extrapolation', 'translate')],
+)
+def test_no_config_file_writes_a_value_a_field_already_has(name, preset, monkeypatch):
+  """One source per field: a config file changes values only, so that a default lives in its
+  declaration (or the config file a preset builds on) alone. Every write a config file makes
+  is traced, and a literal that equals the field's value before it is named."""
+  configs = REPO / 'configs'
+  restated = []
+
+  def record(section, name, value):
+    caller = Path(sys._getframe(2).f_code.co_filename)
+    if caller.parent == configs and name in section and not isinstance(value, dict):
+      before = section[name]
+      if type(before) is type(value) and before == value:
+        restated.append((caller, name, value))
+
+  update, setattr_ = ml_collections.ConfigDict.update, ml_collections.ConfigDict.__setattr__
+
+  def traced_update(self, *args, **values):
+    for key, value in values.items():
+      record(self, key, value)
+    return update(self, *args, **values)
+
+  def traced_setattr(self, key, value):
+    record(self, key, value)
+    return setattr_(self, key, value)
+
+  monkeypatch.setattr(ml_collections.ConfigDict, 'update', traced_update)
+  monkeypatch.setattr(ml_collections.ConfigDict, '__setattr__', traced_setattr)
+  load_config(name, preset)
+  found = [
+    f'{path.name}: {field}={value!r}'
+    for path, field, value in restated
+    if (field, value) in _literal_settings(path)
+  ]
+  assert not found, f'written with the value the field already has: {sorted(set(found))}'
