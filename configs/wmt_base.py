@@ -3,8 +3,9 @@
     python train.py --config=configs/wmt_base.py:shaw --workdir=runs/wmt_base_shaw
     python eval.py --config=configs/wmt_base.py:shaw --workdir=runs/wmt_base_shaw  # bleu=...
 
-Presets: shaw (k=16) | absolute | shaw_absolute | learned | none; Table 3 ablations with
---config.model.relative_values=False (or relative_keys). Data: tensorflow-datasets
+Presets (relpos.constants.TRANSLATE_POSITIONS): shaw | absolute | learned | shaw_absolute |
+none | t5 | alibi | rope; Table 3 ablations with --config.model.relative_values=False (or
+relative_keys). Data: tensorflow-datasets
 `wmt14_translate/de-en`, read without TensorFlow from --config.data.tfds_data_dir=DIR, which
 needs once (with internet) `pip install tensorflow tensorflow-datasets && tfds build
 wmt14_translate/de-en --data_dir=DIR --file_format=array_record`; evaluation on newstest2014
