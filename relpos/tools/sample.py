@@ -90,7 +90,7 @@ def sample(
   if prompt is not None and not prompt:
     raise ValueError('--prompt is empty: give at least one character')
   config = read_config(workdir)
-  check_task(workdir, 'char_lm', needs='relpos.tools.sample reads character-LM runs')
+  check_task(workdir, 'char_lm', needs="relpos.tools.sample reads runs of task 'char_lm'")
   loop.check_trained(workdir).close()
   vocab = CharVocab.read(Path(workdir) / VOCAB_FILE)
   model = TransformerXL(char_lm.model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))
