@@ -143,7 +143,7 @@ def main(argv):
 
 def define_flags():
   """The command-line flags (defined only when run as a program, so importing is free)."""
-  flags.DEFINE_string('workdir', None, 'The workdir of a character-LM run.')
+  flags.DEFINE_string('workdir', None, "The workdir of a run of task 'char_lm'.")
   flags.DEFINE_string(
     'prompt',
     None,

@@ -69,7 +69,7 @@ def main(argv):
 
 def define_flags():
   """The command-line flags (defined only when run as a program, so importing is free)."""
-  flags.DEFINE_string('workdir', None, 'The workdir of a translation run.')
+  flags.DEFINE_string('workdir', None, "The workdir of a run of task 'translate'.")
   flags.DEFINE_multi_string('text', None, 'A sentence to translate (repeatable).')
   flags.DEFINE_integer(
     'beam_size', None, "Beam width (default: the run's config.eval).", lower_bound=1
