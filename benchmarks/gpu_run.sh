@@ -68,8 +68,9 @@
 # at most, and none starts with under 20 s left (the log lists it as skipped). PYTHON (default
 # python3). GPU_RUN_SLOW (default 1; 3 with GPU_RUN_SMOKE) multiplies each part's limit.
 # GPU_CARRY (default gpu_carry). GPU_RUN_SMOKE=1: every part at tiny sizes on the
-# CPU (the plumbing: paths, flags, checkers, log); PYTHON=echo: no part runs, each prints its
-# command (tests/test_gpu_run.py).
+# CPU (the plumbing: paths, flags, checkers, log); PYTHON=echo, the dry run: no part runs, each
+# prints its commands, and the log marks it "dry run", not "ok"; its OUT defaults to the work
+# folder, so it never replaces a real run's gpu_out/gpu_run.md (tests/test_gpu_run.py).
 set -uo pipefail # not -e: a part that fails must not stop the others
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -95,19 +96,23 @@ for setting in GPU_RUN_SMOKE GPU_RUN_BUDGET GPU_RUN_SLOW; do
   [[ ${!setting:-0} =~ ^[0-9]+$ ]] ||
     refuse "$setting=${!setting}: must be a whole number"
 done
-out=${OUT:-$root/gpu_out}
-mkdir -p "$out" && out=$(cd "$out" && pwd)
-carry=${GPU_CARRY:-$root/gpu_carry}
 py=${PYTHON:-python3}
-smoke=${GPU_RUN_SMOKE:-0}
-budget=${GPU_RUN_BUDGET:-480}
-slow=${GPU_RUN_SLOW:-$((smoke ? 3 : 1))} # multiplies every part's limit
+dry=0
+if [[ $(basename "$py") == echo ]]; then
+  dry=1
+  python() { echo python "$@"; } # the dry run's interpreter: prints each command it is given
+  py=python
+fi
 work=${GPU_RUN_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/gpu_run.XXXXXX")}
 logs=$work/logs
 mkdir -p "$logs"
+if ((dry)); then out=${OUT:-$work/out}; else out=${OUT:-$root/gpu_out}; fi
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+carry=${GPU_CARRY:-$root/gpu_carry}
+smoke=${GPU_RUN_SMOKE:-0}
+budget=${GPU_RUN_BUDGET:-480}
+slow=${GPU_RUN_SLOW:-$((smoke ? 3 : 1))} # multiplies every part's limit
 md=$out/gpu_run.md
-dry=0
-[[ $(basename "$py") == echo ]] && dry=1
 wanted() { [[ " ${parts[*]} " == *" $1 "* ]]; }
 # Commands other than python: run for real, except in the dry run, where they are printed.
 x=()
@@ -373,13 +378,19 @@ part() {
   status=$?
   if ((status == 124 || status == 137)); then
     result=timeout
-  elif ((status == 0)); then
-    result=ok
-  else
+  elif ((status != 0)); then
     result=fail
+  elif ((dry)); then
+    result=dry_run # nothing ran: not "ok" (the log's table shows it as "dry run")
+  else
+    result=ok
   fi
   echo "$result $status $((SECONDS - began)) $limit" >"$logs/$name.status"
-  echo "$(date -u +%T) end $name: $result (exit $status, $((SECONDS - began)) s)" | tee -a "$logs/summary.txt"
+  local ended
+  ended="$(date -u +%T) end $name: ${result//_/ } (exit $status, $((SECONDS - began)) s)"
+  # The dry run's commands, under the part's end line, in one write (parts run side by side).
+  ((dry)) && ended+=$'\n'$(grep -v '^+' "$logs/$name.log" | sed 's/^/    /')
+  printf '%s\n' "$ended" | tee -a "$logs/summary.txt"
 }
 
 # The markdown log, rewritten after each phase (so a run cut short keeps what it did), and
@@ -394,6 +405,7 @@ report() {
       echo "- commit: $(cat "$carry/COMMIT" 2>/dev/null || echo unknown) (when gpu_prepare.sh ran)"
     fi
     echo "- parts: ${parts[*]}; budget $budget s; smoke $smoke; $((SECONDS - start)) s so far"
+    ((dry)) && echo "- dry run (PYTHON=echo): nothing ran; each part's section lists its commands"
     [[ -f $logs/cache.txt ]] && echo "- $(tail -n 1 "$logs/cache.txt") (at the last report)"
     sed 's/^/- /' "$logs/env.txt" 2>/dev/null
     echo
@@ -403,7 +415,7 @@ report() {
     for name in "${parts[@]}"; do
       if [[ -f $logs/$name.status ]]; then
         read -r result status seconds limit rest <"$logs/$name.status"
-        echo "| $name | $result${rest:+: $rest} | $status | $seconds | $limit |"
+        echo "| $name | ${result//_/ }${rest:+: $rest} | $status | $seconds | $limit |"
       else
         echo "| $name | not reached | | | |"
       fi

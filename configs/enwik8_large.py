@@ -1,10 +1,12 @@
 """Transformer-XL large on enwik8 (Dai et al. 2019): 24 layers, 1024 hidden, tgt/mem 768.
 
     python -m relpos.data.prepare enwik8 --out=data/   # once: data/enwik8.zip
-    python train.py --config=configs/enwik8_large.py --workdir=runs/enwik8_large \\
-        --config.data.path=data/enwik8.zip
-    python eval.py --config=configs/enwik8_large.py --workdir=runs/enwik8_large \\
-        --config.data.path=data/enwik8.zip   # test bpc, eval tgt/mem/clamp 128/3800/1000
+    python train.py --config=configs/enwik8_large.py --workdir=runs/enwik8_large
+    python eval.py --config=configs/enwik8_large.py --workdir=runs/enwik8_large
+        # test bpc, eval tgt/mem/clamp 128/3800/1000
+
+config.data.path defaults to where the prepare command writes (data/enwik8.zip of the
+repository, or $RELPOS_DATA_DIR/enwik8.zip); a copy elsewhere: --config.data.path=<file>.
 """
 
 from relpos.config.char_lm_defaults import char_lm_config

@@ -12,6 +12,11 @@ from absl import flags
 
 from relpos.config.checks import INT32_MAX
 
+# The flags `define_int_list` defines belong to the module that calls it, not to this one, so
+# that they are key flags of that command and its `--help` lists them (absl otherwise files them
+# under relpos.flag_types, where only `--helpfull` shows them). This module defines no flag.
+flags.disclaim_key_flags()
+
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing for a command without --config (the studies' plot, significance and

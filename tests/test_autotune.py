@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl import flags
 from helpers import REPO
 
 from relpos import runtime
@@ -867,6 +868,21 @@ def test_the_pretune_command_prints_the_device_the_cache_and_a_table(tmp_path):
   assert lines[0].startswith('device: ') and lines[1] == f'cache: {tmp_path / "autotune.json"}'
   assert "tuning is off on this backend: 'auto' is 'xla' here" in lines
   assert lines[-2:] == ['| call | xla ms | pallas ms | choice | source |', '|---|---|---|---|---|']
+
+
+def test_pretune_force_says_it_writes_the_machine_wide_cache():
+  """`--force` on a CPU writes its timings to the cache every clone and run of the user reads,
+  and its help did not say so."""
+  registry = flags.FlagValues()
+  pretune.define_flags(registry)
+  help_text = registry['force'].help
+  assert (
+    '~/.cache/relpos/jax/relpos-autotune.json, machine-wide, shared by every clone' in help_text
+  )
+  assert runtime.DEFAULT_CACHE_DIR.parts[-3:] == ('.cache', 'relpos', 'jax')
+  assert runtime.AUTOTUNE_CACHE_NAME == 'relpos-autotune.json'  # the path the help names
+  owned = {flag.name for flag in registry.get_key_flags_for_module(pretune.__name__)}
+  assert owned == {'config', 'lengths', 'force'}  # all in its --help
 
 
 def test_pretuning_traces_the_evaluation_at_its_shapes_as_forward_passes():

@@ -15,7 +15,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from relpos.data import char_corpus, download, enwik8, ordered, text
+from relpos.config.char_lm_defaults import char_lm_config
+from relpos.data import char_corpus, data_directory, download, enwik8, ordered, text
 
 # A tiny enwik8 look-alike: XML-ish text with newlines and a few non-ASCII bytes.
 CORPUS = (b'<page>\n  <title>Caf\xc3\xa9</title>\n  <text>[[A]] b &amp; c.</text>\n</page>\n') * 20
@@ -86,6 +87,24 @@ def test_read_enwik8_missing(tmp_path):
     enwik8.read_enwik8(tmp_path, **CHECK)
   with pytest.raises(FileNotFoundError, match='nowhere'):
     enwik8.read_enwik8(tmp_path / 'nowhere', **CHECK)
+
+
+def test_enwik8_is_read_where_prepare_writes_it_and_a_missing_one_names_prepare(
+  tmp_path, monkeypatch
+):
+  """config.data.path defaulted to 'enwik8' of the current directory, while prepare writes
+  data/enwik8.zip; and the missing file's error said to download it from mattmahoney.net."""
+  assert char_lm_config().data.path == str(enwik8.prepared_path())
+  assert enwik8.prepared_path() == data_directory() / 'enwik8.zip'  # prepare's --out default
+  monkeypatch.setenv('RELPOS_DATA_DIR', str(tmp_path))
+  message = str(pytest.raises(FileNotFoundError, enwik8.read_enwik8, tmp_path / 'enwik8.zip').value)
+  assert message == (
+    f'no enwik8 at {tmp_path}/enwik8.zip; fetch it with `python -m relpos.data.prepare enwik8` '
+    f'(it writes {tmp_path}/enwik8.zip, the default config.data.path), or give a copy '
+    'elsewhere as --config.data.path'
+  )
+  message = str(pytest.raises(FileNotFoundError, enwik8.read_enwik8, tmp_path).value)
+  assert f'fetch it there with `python -m relpos.data.prepare enwik8 --out={tmp_path}`' in message
 
 
 def test_read_enwik8_zip_without_member(tmp_path):

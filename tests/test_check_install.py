@@ -35,3 +35,9 @@ def test_a_wrong_pallas_result_fails_in_one_line(monkeypatch):
 def test_unknown_argument(capsys):
   assert check_install.main(['check_install', '--bogus']) == 2
   assert 'unknown argument --bogus' in capsys.readouterr().err
+
+
+def test_help_prints_the_usage(capsys):
+  """`--help` was refused as an unknown argument (exit status 2)."""
+  assert check_install.main(['check_install', '--help']) == 0
+  assert 'python -m relpos.tools.check_install --pallas' in capsys.readouterr().out

@@ -417,12 +417,12 @@ def test_a_workdir_of_the_other_task_is_named_by_every_command(straight, tmp_pat
   config = tiny_char_config(Path('unused.txt'), steps=1).to_dict() | {'task': 'translate'}
   (translation / 'config.json').write_text(json.dumps(config))
   translate_config = read_config(translation)
-  message = 'holds a char_lm run, not a translation run'
+  message = "holds a run of task 'char_lm', not 'translate'"
   commands = [
     (lambda: translate_task.TASK.train_model(translate_config, straight), "config's task"),
     (lambda: translate_task.TASK.evaluate(translate_config, straight), "config's task"),
     (lambda: translate.translate_lines(straight, ['a cat']), 'relpos.tools.translate reads'),
-    (lambda: shaw_tables.row_drift(straight), 'shaw_tables reads translation runs'),
+    (lambda: shaw_tables.row_drift(straight), "shaw_tables reads runs of task 'translate'"),
     (lambda: plot.plot_runs([translation, straight], tmp_path / 'c.png'), 'of one task'),
   ]
   for command, phrase in commands:
@@ -431,10 +431,10 @@ def test_a_workdir_of_the_other_task_is_named_by_every_command(straight, tmp_pat
     assert phrase in _fault(caught.value, 1, message if phrase != 'of one task' else ''), phrase
   with pytest.raises(TaskMismatchError) as caught:
     sample.sample(translation, b'the', 3)
-  _fault(caught.value, 1, 'holds a translate run, not a character-LM run (relpos.tools.sample')
+  _fault(caught.value, 1, "holds a run of task 'translate', not 'char_lm' (relpos.tools.sample")
   root = tmp_path / 'sweep'
   shutil.copytree(translation, root / 'max_relative_position=0' / 'seed=0')
-  with pytest.raises(TaskMismatchError, match='holds a translate run, not a character-LM'):
+  with pytest.raises(TaskMismatchError, match="holds a run of task 'translate', not 'char_lm'"):
     sweep.collect(root, 'model.max_relative_position', [0], [0], 'bpc', task='char_lm')
   assert sorted(straight.rglob('*')) == files and _state(straight) == before
   assert not (tmp_path / 'c.png').exists()
@@ -446,7 +446,7 @@ def test_eval_py_on_a_workdir_of_the_other_task_is_one_line(commands, straight):
   errors = [line for line in result.stderr.splitlines() if line.startswith('error')]
   assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr[-2000:]
   assert errors == [result.stderr.strip().splitlines()[-1]], result.stderr[-2000:]
-  assert f'--workdir={straight} holds a char_lm run, not a translation run' in errors[0]
+  assert f"--workdir={straight} holds a run of task 'char_lm', not 'translate'" in errors[0]
   assert 'spm.model' not in result.stderr
   assert _state(straight) == before
 

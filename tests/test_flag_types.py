@@ -40,3 +40,12 @@ def test_refusals_name_the_flag_and_its_value(argv, kwargs, message):
   with pytest.raises(flags.IllegalFlagValueError) as error:
     _parse(argv, **kwargs)
   assert str(error.value) == message or str(error.value).startswith(message)
+
+
+def test_a_flag_belongs_to_the_module_that_defines_it():
+  """The flags were filed under relpos.flag_types, so a command's `--help` (its own key flags)
+  left out sweep's --seeds, pretune's --lengths and the benchmarks' lengths and distances."""
+  registry = flags.FlagValues()
+  flag_types.define_int_list('counts', '1,2', 'counts', flag_values=registry)
+  assert [flag.name for flag in registry.get_key_flags_for_module(__name__)] == ['counts']
+  assert '--counts' in registry.module_help(__name__)

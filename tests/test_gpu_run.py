@@ -1,5 +1,5 @@
 """benchmarks/gpu_run.sh's plumbing without a GPU: its dry run (PYTHON=echo: every part prints
-its commands) writes a markdown log listing every part, the budget skips parts, and
+its commands) writes a markdown log listing every part as "dry run", the budget skips parts, and
 benchmarks/gpu_run.py's loss checker compares a resumed run with a reference."""
 
 import json
@@ -48,7 +48,7 @@ def test_dry_run_lists_every_part_with_its_commands(tmp_path):
   result, log = dry_run(tmp_path)
   assert result.returncode == 0, result.stderr
   for name in PARTS:
-    assert f'| {name} | ok | 0 |' in log, name
+    assert f'| {name} | dry run | 0 |' in log, name
     assert f'## {name}' in log, name
   assert (tmp_path / 'out' / 'raw_logs.tar.gz').exists()
   assert sorted(p.name for p in (tmp_path / 'out').iterdir()) == ['gpu_run.md', 'raw_logs.tar.gz']
@@ -87,6 +87,24 @@ def test_dry_run_lists_every_part_with_its_commands(tmp_path):
   assert '--starts=xla:4096,pallas:65536,mosaic:65536' in log
   assert '--implementations=mosaic,pallas,xla -- --config.model.scan_layers=True' in log
   assert '--config.model.dtype=bfloat16' in log
+
+
+@needs_bash
+def test_a_dry_run_says_so_prints_its_commands_and_writes_no_gpu_out(tmp_path):
+  """A dry run printed only each part's start and end lines, marked every part "ok" as if it
+  had passed, and wrote the repository's gpu_out/gpu_run.md (a real run's log, replaced)."""
+  result, _ = dry_run(tmp_path, 'steps_xl', OUT='')  # no OUT: the default
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.splitlines()
+  ended = next(i for i, line in enumerate(lines) if ' end steps_xl: ' in line)
+  assert lines[ended].endswith('end steps_xl: dry run (exit 0, 0 s)'), result.stdout
+  command = 'python benchmarks/char_lm_step.py --config=configs/enwik8_base.py --rounds=10'
+  assert lines[ended + 1].startswith(f'    {command}'), result.stdout
+  out = tmp_path / 'work' / 'out'
+  assert f'log: {out}/gpu_run.md;' in result.stdout
+  log = (out / 'gpu_run.md').read_text()
+  assert '| steps_xl | dry run | 0 |' in log and '- dry run (PYTHON=echo): nothing ran' in log
+  assert f'{command} --variants=xl,xl_xla,xl_pallas' in log.split('## steps_xl\n')[1]
 
 
 @needs_bash

@@ -108,3 +108,15 @@ def test_evaluation_checks_the_model_fields_against_the_run(tmp_path):
     f"model.position: trained 'absolute', given 'none'): give the config it was trained with "
     f'({tmp_path}/config.json records it)'
   )
+
+
+def test_a_run_of_another_task_is_named_by_the_tasks_as_configs_spell_them(tmp_path):
+  """The message said 'a translate run' of one and 'a translation run' of the other task."""
+  (tmp_path / 'config.json').write_text(json.dumps(load_config('char_tiny').to_dict()))
+  with pytest.raises(run_config.TaskMismatchError) as caught:
+    run_config.check_task(tmp_path, 'translate')
+  assert str(caught.value) == (
+    f"--workdir={tmp_path} holds a run of task 'char_lm', not 'translate' (the config's task is "
+    "'translate'): give the workdir of a run of task 'translate', or a config of task 'char_lm' "
+    'for this one'
+  )

@@ -46,7 +46,7 @@ def test_runs_of_one_k_are_averaged_into_one_row_per_stack(monkeypatch, tmp_path
   'config, message',
   [
     (None, 'run is not a directory: give the workdir'),
-    (load_config('char_tiny').to_dict(), 'holds a char_lm run, not a translation run'),
+    (load_config('char_tiny').to_dict(), "holds a run of task 'char_lm', not 'translate'"),
     (_translation('absolute'), "config.model.position='absolute' has no tables"),
     (_translation('shaw'), 'no checkpoint in'),
   ],

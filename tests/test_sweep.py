@@ -14,7 +14,7 @@ from helpers import (
   write_pair_corpus,
 )
 
-from relpos.studies import breakdown, sweep
+from relpos.studies import breakdown, significance, sweep
 from relpos.training import char_lm_task as char_lm
 from relpos.training import loop
 from relpos.training.run_config import read_config
@@ -109,12 +109,15 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
   assert summary[0]['p_seeds'] is None and summary[1]['p_seeds'] is None
   assert summary[2]['p_seeds'] is None
   markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
-  assert '| 0 | 3 | 2.100 | 0.100 | (baseline) | (baseline) |' in markdown
-  assert '| 16 | 3 | 2.100 | 0.100 | ' in markdown and markdown.count(' | – |') == 2
+  assert summary[0]['difference'] is None and summary[1]['difference'] == pytest.approx(-0.55)
+  assert '| 0 | 3 | 2.100 | 0.100 | (baseline) | (baseline) | (baseline) |' in markdown
+  assert '| 4 | 2 | 1.550 | 0.071 | -0.550 | ' in markdown
+  assert '| 16 | 3 | 2.100 | 0.100 | +0.000 | ' in markdown and markdown.count(' | – |') == 2
   with open(tmp_path / 'sweep.csv') as stream:
     table = list(csv.DictReader(stream))
-  assert list(table[0]) == ['value', 'n', 'mean', 'std', 'p_value', 'p_seeds']
+  assert list(table[0]) == ['value', 'n', 'mean', 'std', 'difference', 'p_value', 'p_seeds']
   assert [row['value'] for row in table] == ['0', '4', '16'] and table[0]['p_value'] == ''
+  assert table[0]['difference'] == '' and float(table[1]['difference']) == pytest.approx(-0.55)
   with open(tmp_path / 'sweep_seeds.csv') as stream:
     assert len(list(csv.DictReader(stream))) == 8
   png = sweep.plot(summary, rows, tmp_path, field, 'bpc')
@@ -126,8 +129,8 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
 def test_tables_name_the_as_trained_sentinel_and_the_csv_keeps_the_value(tmp_path):
   field = 'eval.max_relative_position'
   summary = [
-    dict(value=-1, n=1, mean=21.0, std=0.0, p_value=None, p_seeds=None),
-    dict(value=4, n=1, mean=20.5, std=0.0, p_value=0.01, p_seeds=None),
+    dict(value=-1, n=1, mean=21.0, std=0.0, difference=None, p_value=None, p_seeds=None),
+    dict(value=4, n=1, mean=20.5, std=0.0, difference=-0.5, p_value=0.01, p_seeds=None),
   ]
   rows = [dict(value=-1, seed=0, bleu=21.0, step=9), dict(value=4, seed=0, bleu=20.5, step=9)]
   markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bleu', baseline=-1)
@@ -136,6 +139,20 @@ def test_tables_name_the_as_trained_sentinel_and_the_csv_keeps_the_value(tmp_pat
   with open(tmp_path / 'sweep.csv') as stream:
     assert [row['value'] for row in csv.DictReader(stream)] == ['-1', '4']
   assert sweep.value_label('model.max_relative_position', -1) == '-1'
+
+
+def test_a_difference_too_small_for_the_means_digits_is_not_printed_as_0(tmp_path):
+  """sweep.md showed bpc 7.194 against 7.194 with p < 0.001 and no difference column."""
+  summary = [
+    dict(value=0, n=1, mean=7.1941, std=0.0, difference=None, p_value=None, p_seeds=None),
+    dict(value=4, n=1, mean=7.1943, std=0.0, difference=0.0002, p_value=0.0001, p_seeds=None),
+  ]
+  rows = [dict(value=0, seed=0, bpc=7.1941, step=9), dict(value=4, seed=0, bpc=7.1943, step=9)]
+  markdown = sweep.write_tables(summary, rows, tmp_path, 'eval.mem_len', 'bpc', baseline=0)
+  assert '| 4 | 1 | 7.194 | – | +0.0002 | < 0.001 | – |' in markdown
+  assert significance.difference_text(-0.00012345) == '-0.00012'
+  assert significance.difference_text(0.0) == '+0.000'
+  assert significance.difference_text(1.23456, 2) == '+1.23'
 
 
 def test_preset_variants_load_each_preset_with_the_overrides():
@@ -315,7 +332,7 @@ def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compila
   assert summary[0]['p_seeds'] is None and 0 < summary[1]['p_seeds'] <= 1
   with open(root / 'sweep.csv') as stream:
     table = list(csv.DictReader(stream))
-  assert list(table[0]) == ['value', 'n', 'mean', 'std', 'p_value', 'p_seeds']
+  assert list(table[0]) == ['value', 'n', 'mean', 'std', 'difference', 'p_value', 'p_seeds']
   for value in ('shaw', 'absolute'):
     for seed in (0, 1):
       results = json.loads(

@@ -15,6 +15,7 @@ from relpos.config import checks, fields
 from relpos.config.fields import field, section, subsection
 from relpos.config.model_fields import TransformerXLConfig
 from relpos.config.shared import EvalConfig, OptimConfig, RunFields, TrainConfig
+from relpos.data import enwik8
 from relpos.data.char_corpus import KINDS
 
 
@@ -25,7 +26,11 @@ class CharLMData:
   kind: str = field(
     'enwik8', checks.one_of(*KINDS), "'enwik8' (enwik8 or enwik8.zip) | 'text' (any file, 90/5/5)"
   )
-  path: str = field('enwik8', checks.TEXT, 'the file')
+  path: str = field(
+    str(enwik8.prepared_path()),
+    checks.TEXT,
+    f'the file (default: where `{enwik8.PREPARE_COMMAND}` writes it)',
+  )
   vocab: str = field(
     'bytes',
     checks.one_of('bytes', 'original'),

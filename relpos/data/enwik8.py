@@ -2,6 +2,10 @@
 
 The standard character-LM split (Transformer-XL, Al-Rfou et al.) is train [0, 90M),
 valid [90M, 95M), test [95M, 100M) of the raw bytes.
+
+`PREPARE_COMMAND` writes `prepared_path()`, data/enwik8.zip of the repository (or of
+$RELPOS_DATA_DIR: `relpos.data.data_directory`), which is config.data.path's default; a copy
+elsewhere is given as --config.data.path.
 """
 
 import hashlib
@@ -10,12 +14,19 @@ import zipfile
 
 import numpy as np
 
-from relpos.data import download
+from relpos.data import data_directory, download
 from relpos.data.text import split_at
 
 ENWIK8_BYTES = 100_000_000
 ENWIK8_MD5 = 'a1fa5ffddb56f4953e226637dabbb36a'
 ENWIK8_URL = 'http://mattmahoney.net/dc/enwik8.zip'
+ARCHIVE = 'enwik8.zip'  # what `download_enwik8` writes in its directory
+PREPARE_COMMAND = 'python -m relpos.data.prepare enwik8'
+
+
+def prepared_path() -> pathlib.Path:
+  """Where `PREPARE_COMMAND` writes enwik8 (its --out's default: `relpos.data.data_directory`)."""
+  return data_directory() / ARCHIVE
 
 
 def resolve_enwik8_path(path) -> pathlib.Path:
@@ -32,9 +43,13 @@ def resolve_enwik8_path(path) -> pathlib.Path:
       if (path / name).is_file():
         return path / name
     raise FileNotFoundError(
-      f'{path} holds neither enwik8 nor enwik8.zip; download {ENWIK8_URL} into it'
+      f'{path} holds neither enwik8 nor enwik8.zip; fetch it there with '
+      f'`{PREPARE_COMMAND} --out={path}`'
     )
-  raise FileNotFoundError(f'no enwik8 at {path}; download {ENWIK8_URL} and set data.path to it')
+  raise FileNotFoundError(
+    f'no enwik8 at {path}; fetch it with `{PREPARE_COMMAND}` (it writes {prepared_path()}, the '
+    'default config.data.path), or give a copy elsewhere as --config.data.path'
+  )
 
 
 def read_enwik8(path, *, expected_bytes=ENWIK8_BYTES, expected_md5=ENWIK8_MD5) -> bytes:
@@ -85,4 +100,4 @@ def download_enwik8(
   def check(path):
     read_enwik8(path, expected_bytes=expected_bytes, expected_md5=expected_md5)
 
-  return download.fetch(url, pathlib.Path(directory) / 'enwik8.zip', check=check)
+  return download.fetch(url, pathlib.Path(directory) / ARCHIVE, check=check)

@@ -8,8 +8,8 @@
 export's md5, the pair counts, the licence): see `relpos.data.tatoeba`. configs/translate_tiny.py
 reads `data/tatoeba_ende` of the repository, or `$RELPOS_DATA_DIR/tatoeba_ende` where that
 variable is set (`relpos.data.data_directory`, also `--out`'s default). `enwik8` writes
-`<out>/enwik8.zip`, checked by size and md5 before it is put in place (`relpos.data.enwik8`),
-for configs/enwik8_*.py's `--config.data.path=data/enwik8.zip`.
+`<out>/enwik8.zip`, checked by size and md5 before it is put in place (`relpos.data.enwik8`):
+with the default --out, where config.data.path of the char LM (configs/enwik8_*.py) points.
 """
 
 import pathlib

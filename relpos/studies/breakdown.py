@@ -234,7 +234,8 @@ def markdown(summary, breakdown: Breakdown, field: str, baseline, per_run=()) ->
     for label in labels:
       row = cell[value, label]
       p_items, p_seeds = significance.p_text(row['p_value']), significance.p_text(row['p_seeds'])
-      cells.append(f'{row["difference"]:+.{digits}f} (p {p_items} / {p_seeds})')
+      difference = significance.difference_text(row['difference'], digits)
+      cells.append(f'{difference} (p {p_items} / {p_seeds})')
     lines.append(f'| {value} | {" | ".join(cells)} |')
   if per_run and 'length_ratio' in per_run[0]:
     lines += [

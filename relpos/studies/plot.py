@@ -60,7 +60,7 @@ def check_one_task(workdirs) -> None:
   (their config.json; workdirs without one are not checked)."""
   task = first = None
   for workdir in workdirs:
-    needs = f'{first} holds a {task} run: plot runs of one task together'
+    needs = f'{first} holds a run of task {task!r}: plot runs of one task together'
     recorded = check_task(workdir, task, flag=None, needs=needs)
     if recorded is not None and task is None:
       task, first = recorded.get('task'), workdir

@@ -120,6 +120,16 @@ def p_text(p_value: float | None) -> str:
   return '< 0.001' if p_value < 0.0005 else f'{p_value:.3f}'
 
 
+def difference_text(difference: float | None, digits: int = 3) -> str:
+  """A difference of means as tables print it: signed, to `digits` decimals (the means'), or to
+  2 significant digits where those decimals would show a nonzero difference as 0 (+0.0004, not
+  +0.000, beside two means that print alike); '–' for none."""
+  if difference is None:
+    return '–'
+  text = f'{difference:+.{digits}f}'
+  return f'{difference:+.2g}' if difference and not float(text) else text
+
+
 def mean_and_std(scores) -> tuple[float, float]:
   """Mean and standard deviation (ddof 1; 0 for a single score) of a variant's seeds."""
   scores = np.asarray(list(scores), np.float64)

@@ -22,8 +22,9 @@ config's last step is not touched again, so a sweep stopped anywhere (or spread 
 resumes where it was; an unfinished run resumes from its last checkpoint.
 
 Then the sweep writes under `<workdir>`:
-- `sweep.csv` / `sweep.md`: one row per value, `value, n, mean, std, p_value, p_seeds` (std
-  over seeds, ddof 1; both p-values against `--baseline`, the first value by default);
+- `sweep.csv` / `sweep.md`: one row per value, `value, n, mean, std, difference, p_value,
+  p_seeds` (std over seeds, ddof 1; the difference of the means and both p-values against
+  `--baseline`, the first value by default);
 - `sweep_seeds.csv`: one row per run;
 - `sweep.png`: the mean with ±std error bars;
 - with `--by_source_length=4,6,8` or `--by_source_pieces=8,16,32` (translation) or
@@ -74,7 +75,7 @@ from relpos.studies.figures import subplots
 from relpos.training import loop, run_config, tasks
 from relpos.training.preemption import PreemptedError
 
-SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'p_value', 'p_seeds')
+SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'difference', 'p_value', 'p_seeds')
 PRESET = 'preset'  # --field=preset: each value is a preset of the --config file
 EVAL_SECTION = 'eval.'  # a field under it: one training per seed, scored at every value
 
@@ -416,9 +417,15 @@ def _scores_by_seed(rows: list[dict], metric: str) -> dict:
 
 
 def summarise(config, rows: list[dict], values, metric: str, baseline) -> list[dict]:
-  """One row per value with runs: value, n, mean, std (ddof 1; 0 for one run), p_value (items)
-  and p_seeds (seeds), both None for the baseline."""
+  """One row per value with runs: value, n, mean, std (ddof 1; 0 for one run), difference (mean
+  minus the baseline's), p_value (items) and p_seeds (seeds), the three None for the baseline
+  (and where the baseline has no runs)."""
   by_value = {value: [row for row in rows if row['value'] == value] for value in values}
+  baseline_mean = (
+    significance.mean_and_std(row[metric] for row in by_value[baseline])[0]
+    if by_value.get(baseline)
+    else None
+  )
   summary = []
   for value, value_rows in by_value.items():
     if not value_rows:
@@ -431,6 +438,7 @@ def summarise(config, rows: list[dict], values, metric: str, baseline) -> list[d
         'n': len(value_rows),
         'mean': mean,
         'std': std,
+        'difference': mean - baseline_mean if tested else None,
         'p_value': p_value(config, metric, by_value[baseline], value_rows) if tested else None,
         'p_seeds': significance.seed_p_value(
           _scores_by_seed(by_value[baseline], metric), _scores_by_seed(value_rows, metric)
@@ -465,20 +473,22 @@ def write_tables(summary, rows, root: Path, field: str, metric: str, baseline) -
   _write_csv(root / 'sweep.csv', summary, SUMMARY_COLUMNS)
   _write_csv(root / 'sweep_seeds.csv', rows, ('value', 'seed', metric, 'step', 'workdir'))
   lines = [
-    f'{field} against {metric}: mean ± std over seeds; p-values against {field}={baseline}: '
+    f'{field} against {metric}: mean ± std over seeds; the difference of the means and '
+    f'p-values against {field}={baseline}, the p-values by '
     'a paired bootstrap over test items, seeds pooled, and a paired t-test over seeds',
     '',
-    f'| {field} | n | {metric} mean | std | p-value (items) | p-value (seeds) |',
-    '|---|---|---|---|---|---|',
+    f'| {field} | n | {metric} mean | std | difference | p-value (items) | p-value (seeds) |',
+    '|---|---|---|---|---|---|---|',
   ]
   for row in summary:
     if row['value'] == baseline:
-      p_values = '(baseline) | (baseline)'
+      tests = '(baseline) | (baseline) | (baseline)'
     else:
-      p_values = f'{significance.p_text(row["p_value"])} | {significance.p_text(row["p_seeds"])}'
+      p_items, p_seeds = significance.p_text(row['p_value']), significance.p_text(row['p_seeds'])
+      tests = f'{significance.difference_text(row["difference"])} | {p_items} | {p_seeds}'
     label = value_label(field, row['value'])
     std = f'{row["std"]:.3f}' if row['n'] > 1 else '–'  # no spread from one run (significance's)
-    lines.append(f'| {label} | {row["n"]} | {row["mean"]:.3f} | {std} | {p_values} |')
+    lines.append(f'| {label} | {row["n"]} | {row["mean"]:.3f} | {std} | {tests} |')
   lines += ['', f'| {field} | seed | {metric} | step |', '|---|---|---|---|']
   lines += [
     f'| {value_label(field, r["value"])} | {r["seed"]} | {r[metric]:.3f} | {r["step"]} |'

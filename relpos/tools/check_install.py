@@ -99,6 +99,11 @@ def check(pallas: bool | None = None, out=print) -> bool:
 
 
 def main(argv) -> int:
+  """The command: `--help` (or `-h`) prints this module's docstring (exit 0); an argument other
+  than `--pallas` is one `error:` line (exit 2); else the check (0: OK, 1: failed)."""
+  if {'--help', '-h'} & set(argv[1:]):
+    print(__doc__.strip())
+    return 0
   unknown = [arg for arg in argv[1:] if arg != '--pallas']
   if unknown:
     print(

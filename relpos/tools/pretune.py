@@ -14,8 +14,10 @@ where it was not a candidate, 'failed' where it failed), choice, and whether it 
 or read from the cache. A run started afterwards on the same device reads the decisions
 instead of timing them at its first step. Translation configs are traced at one batch per
 padded length of `--lengths` (their buckets are fitted to the data); `--force` tunes on a CPU
-too (Pallas interpreted: a check of the command). Config overrides as train.py takes them
-(`--config.model.dtype=bfloat16`).
+too (Pallas interpreted: a check of the command), and writes what it timed to the decision cache
+like any run: by default the user's machine-wide ~/.cache/relpos/jax/relpos-autotune.json, which
+every clone and run shares (`RELPOS_AUTOTUNE_CACHE=<file>` or `=off` keeps a check apart).
+Config overrides as train.py takes them (`--config.model.dtype=bfloat16`).
 """
 
 import os
@@ -111,20 +113,29 @@ def trace_eval_step(config, lengths=()) -> list:
   return lowered
 
 
-def define_flags() -> None:
+def define_flags(flag_values=flags.FLAGS) -> None:
   """The command line's flags: defined when it runs, not on import (tests import this module
-  beside others that define a --config)."""
-  config_flags.DEFINE_config_file('config', None, 'A char_lm or translate config.')
+  beside others that define a --config), in `flag_values` (a test's own registry)."""
+  config_flags.DEFINE_config_file(
+    'config', None, 'A char_lm or translate config.', flag_values=flag_values
+  )
   flag_types.define_int_list(
     'lengths',
     '32,64,128,256',
     'Translation only: padded sentence lengths to tune (one batch of max_tokens // L rows each).',
     minimum=1,
+    flag_values=flag_values,
   )
   flags.DEFINE_bool(
-    'force', False, "Tune where 'auto' is 'xla' untimed (a CPU: Pallas interpreted), to check."
+    'force',
+    False,
+    "Tune where 'auto' is 'xla' untimed (a CPU: Pallas interpreted), to check. It writes what "
+    "it times to the decision cache (the 'cache:' line): by default "
+    '~/.cache/relpos/jax/relpos-autotune.json, machine-wide, shared by every clone and run '
+    '(RELPOS_AUTOTUNE_CACHE=<file> or =off keeps a check apart).',
+    flag_values=flag_values,
   )
-  flags.mark_flags_as_required(['config'])
+  flags.mark_flags_as_required(['config'], flag_values=flag_values)
 
 
 def main(argv) -> None:

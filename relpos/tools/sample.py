@@ -90,7 +90,7 @@ def sample(
   if prompt is not None and not prompt:
     raise ValueError('--prompt is empty: give at least one character')
   config = read_config(workdir)
-  check_task(workdir, 'char_lm', needs='relpos.tools.sample reads character-LM runs')
+  check_task(workdir, 'char_lm', needs="relpos.tools.sample reads runs of task 'char_lm'")
   loop.check_trained(workdir).close()
   vocab = CharVocab.read(Path(workdir) / VOCAB_FILE)
   model = TransformerXL(char_lm.model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))
@@ -143,7 +143,7 @@ def main(argv):
 
 def define_flags():
   """The command-line flags (defined only when run as a program, so importing is free)."""
-  flags.DEFINE_string('workdir', None, 'The workdir of a character-LM run.')
+  flags.DEFINE_string('workdir', None, "The workdir of a run of task 'char_lm'.")
   flags.DEFINE_string(
     'prompt',
     None,

@@ -35,7 +35,7 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
   from relpos.training.run_config import check_task, read_config
 
   config = read_config(workdir)
-  check_task(workdir, 'translate', needs='relpos.tools.translate reads translation runs')
+  check_task(workdir, 'translate', needs="relpos.tools.translate reads runs of task 'translate'")
   if beam_size is not None:
     translate.check_beam_size(beam_size, config.data.vocab_size, '--beam_size')
   loop.check_trained(workdir).close()
@@ -69,7 +69,7 @@ def main(argv):
 
 def define_flags():
   """The command-line flags (defined only when run as a program, so importing is free)."""
-  flags.DEFINE_string('workdir', None, 'The workdir of a translation run.')
+  flags.DEFINE_string('workdir', None, "The workdir of a run of task 'translate'.")
   flags.DEFINE_multi_string('text', None, 'A sentence to translate (repeatable).')
   flags.DEFINE_integer(
     'beam_size', None, "Beam width (default: the run's config.eval).", lower_bound=1

@@ -73,9 +73,6 @@ class TaskMismatchError(ValueError):
   exit_code = 1
 
 
-_TASK_NOUNS = {'translate': 'translation', 'char_lm': 'character-LM'}
-
-
 def check_task(
   workdir, task: str | None, *, flag: str | None = '--workdir', needs: str | None = None
 ) -> ml_collections.ConfigDict | None:
@@ -85,7 +82,8 @@ def check_task(
   a mismatch is named as such rather than as the first file the other task lacks. None when
   the workdir records no run (yet); `task` None checks nothing but reads the config. `flag`:
   as in `read_config`; `needs`: what reads `task` runs, for the message of a command that
-  takes no config (default: the config's task).
+  takes no config (default: the config's task). The message names each task as configs spell
+  it (config.task: 'translate', 'char_lm'), never a paraphrase of it.
 
   Raises:
     TaskMismatchError: the recorded run is of another task.
@@ -99,14 +97,13 @@ def check_task(
   kind = recorded.get('task')
   if task is not None and kind != task:
     given = f'{flag}={workdir}' if flag else str(workdir)
-    noun = _TASK_NOUNS.get(task, task)
     todo = (
-      f'({needs}): give the workdir of a {noun} run'
+      f'({needs}): give the workdir of a run of task {task!r}'
       if needs
-      else f"(the config's task is {task}): give the workdir of a {noun} run, or a config of "
-      f'task {kind} for this one'
+      else f"(the config's task is {task!r}): give the workdir of a run of task {task!r}, or a "
+      f'config of task {kind!r} for this one'
     )
-    raise TaskMismatchError(f'{given} holds a {kind} run, not a {noun} run {todo}')
+    raise TaskMismatchError(f'{given} holds a run of task {kind!r}, not {task!r} {todo}')
   return recorded
 
 
