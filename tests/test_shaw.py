@@ -322,3 +322,32 @@ def test_shaw_causal_flag_is_the_causal_mask(kv_len, offset):
       )
     )(jnp.int32(offset), *args)
     assert_close(traced, want)
+
+
+@pytest.mark.parametrize(
+  'q_len,kv_len,offset',
+  [(9, 9, None), (70, 70, None), (40, 90, None), (30, 80, 20)],
+  ids=['dense', 'banded', 'banded-memory', 'banded-offset'],
+)
+@pytest.mark.parametrize('implementation', ['xla', 'pallas'])
+def test_causal_calls_give_the_later_table_rows_an_exact_zero_gradient(
+  q_len, kv_len, offset, implementation
+):
+  """No causal query reads a table row of a positive distance, so those rows' gradient is 0
+  exactly: the banded form took its right edge as the row's rest, a difference of sums whose
+  rounding gave them about 1e-6, which Adam turned into drift (a decoder's rows d > 0)."""
+  batch, heads, dim, kmax = 1, 2, 8, 6
+  rng = np.random.default_rng(q_len + kv_len)
+  q, k, v = (f32(x) for x in qkv(rng, batch, q_len, kv_len, heads, dim))
+  wk, wv = (f32(x) for x in _tables(rng, kmax, dim))
+  keys = jnp.arange(kv_len) >= 3  # a memory's unfilled slots, as a keys-only mask
+
+  def loss(wk, wv):
+    out = attention.shaw_attention(
+      q, k, v, wk, wv, mask=keys, causal=True, query_offset=offset, implementation=implementation
+    )
+    return jnp.sum(out * v[:, :q_len])
+
+  d_wk, d_wv = jax.jit(jax.grad(loss, argnums=(0, 1)))(wk, wv)
+  assert np.all(np.asarray(d_wk[kmax + 1 :]) == 0) and np.all(np.asarray(d_wv[kmax + 1 :]) == 0)
+  assert np.abs(np.asarray(d_wk[: kmax + 1])).max() > 0  # the read rows do learn

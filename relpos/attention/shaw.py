@@ -89,8 +89,12 @@ class _Band:
   to K (backward) make `p @ [V | C]` also return Σ_{j < n·block} p_ij.
   """
 
-  def __init__(self, q_len, kv_len, max_distance, query_offset):
+  def __init__(self, q_len, kv_len, max_distance, query_offset, causal=False):
     self.q_len, self.kv_len = q_len, kv_len
+    # Causal: no key lies right of any query's band, so that edge is 0, not the rest of the
+    # row (a difference of sums, whose rounding would give the tables' later rows, which no
+    # causal query reads, a gradient of about 1e-6 and let Adam move them).
+    self.causal = causal
     self.max_distance = k = max_distance
     self.rows = 2 * k + 1
     # Past these offsets every pair is an edge either way: clipping keeps the buckets exact.
@@ -151,7 +155,10 @@ class _Band:
       self.window_key[:, :block] >= full_blocks_end, diagonals_BHQW[..., :block], 0.0
     )
     left = jnp.sum(whole, axis=-1, keepdims=True) + jnp.sum(partial, axis=-1, keepdims=True)
-    # Right edge: the rest of the row (for k = 0, rows 0 and 2k coincide and get the total).
+    # Right edge: the rest of the row (for k = 0, rows 0 and 2k coincide and get the total);
+    # none under a causal mask.
+    if self.causal:
+      return band + jnp.where(row == 0, left, 0.0)
     right = block_prefix_BHQN[..., -1:] - left - jnp.sum(band, axis=-1, keepdims=True)
     return band + jnp.where(row == 0, left, 0.0) + jnp.where(row == 2 * k, right, 0.0)
 
@@ -200,24 +207,35 @@ def _max_distance(rel_key, rel_value) -> int:
   return (table.shape[0] - 1) // 2
 
 
-def _band_for(static_offset, traced_offset, query, key, rel_key, rel_value):
+def _band_for(static_offset, causal, traced_offset, query, key, rel_key, rel_value):
   return _Band(
     query.shape[1],
     key.shape[1],
     _max_distance(rel_key, rel_value),
     static_offset if traced_offset is None else traced_offset,
+    causal,
   )
 
 
 def _shaw_forward(
-  static_offset, dropout_rate, query, key, value, rel_key, rel_value, mask, traced_offset, rng
+  static_offset,
+  dropout_rate,
+  causal,
+  query,
+  key,
+  value,
+  rel_key,
+  rel_value,
+  mask,
+  traced_offset,
+  rng,
 ):
   """Returns output [B, Q, H, D], probs [B, H, Q, K] before dropout, and the probs after
   dropout summed per table row [B, H, Q, R] (None without rel_value).
 
   All three in `accumulation_dtype(value.dtype)`: float32 for bf16 inputs.
   """
-  band = _band_for(static_offset, traced_offset, query, key, rel_key, rel_value)
+  band = _band_for(static_offset, causal, traced_offset, query, key, rel_key, rel_value)
   logits = content_logits(query, key)
   if rel_key is not None:
     rel_logits = _dot('bhqd,rd->bhqr', _heads_first(query), rel_key) * query.shape[-1] ** -0.5
@@ -231,22 +249,63 @@ def _shaw_forward(
   return output + _dot('bhqr,rd->bqhd', prob_rows, rel_value), probs, prob_rows
 
 
-# dropout_rate is static like static_offset; rng (None when dropout_rate is 0) gets no cotangent.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+# dropout_rate and causal are static like static_offset; rng (None when dropout_rate is 0) gets
+# no cotangent. `causal`: the mask hides every key after its query (the right edge is empty).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _shaw(
-  static_offset, dropout_rate, query, key, value, rel_key, rel_value, mask, traced_offset, rng
+  static_offset,
+  dropout_rate,
+  causal,
+  query,
+  key,
+  value,
+  rel_key,
+  rel_value,
+  mask,
+  traced_offset,
+  rng,
 ):
   output, _, _ = _shaw_forward(
-    static_offset, dropout_rate, query, key, value, rel_key, rel_value, mask, traced_offset, rng
+    static_offset,
+    dropout_rate,
+    causal,
+    query,
+    key,
+    value,
+    rel_key,
+    rel_value,
+    mask,
+    traced_offset,
+    rng,
   )
   return output.astype(value.dtype)
 
 
 def _shaw_fwd(
-  static_offset, dropout_rate, query, key, value, rel_key, rel_value, mask, traced_offset, rng
+  static_offset,
+  dropout_rate,
+  causal,
+  query,
+  key,
+  value,
+  rel_key,
+  rel_value,
+  mask,
+  traced_offset,
+  rng,
 ):
   output, probs, prob_rows = _shaw_forward(
-    static_offset, dropout_rate, query, key, value, rel_key, rel_value, mask, traced_offset, rng
+    static_offset,
+    dropout_rate,
+    causal,
+    query,
+    key,
+    value,
+    rel_key,
+    rel_value,
+    mask,
+    traced_offset,
+    rng,
   )
   residuals = (
     query,
@@ -264,11 +323,11 @@ def _shaw_fwd(
   return output.astype(value.dtype), residuals
 
 
-def _shaw_bwd(static_offset, dropout_rate, residuals, d_output):
+def _shaw_bwd(static_offset, dropout_rate, causal, residuals, d_output):
   (query, key, value, rel_key, rel_value, mask, traced_offset, rng, output, probs, prob_rows) = (
     residuals
   )
-  band = _band_for(static_offset, traced_offset, query, key, rel_key, rel_value)
+  band = _band_for(static_offset, causal, traced_offset, query, key, rel_key, rel_value)
   scale = query.shape[-1] ** -0.5
   d_output = d_output.astype(value.dtype)
   acc = accumulation_dtype(value.dtype)
@@ -499,8 +558,6 @@ def shaw_attention(
       dropout_rng=dropout_rng,
       block_sizes=block_sizes,
     )
-  if causal:
-    mask = with_causal(mask, query.shape[1], key.shape[1], query_offset=query_offset)
   dense = xla_form(key.shape[1]) == 'dense'
   kernel = shaw_attention_materialized if dense else shaw_attention_banded
   return kernel(
@@ -510,6 +567,7 @@ def shaw_attention(
     rel_key,
     rel_value,
     mask=mask,
+    causal=causal,
     query_offset=query_offset,
     dropout_rate=dropout_rate,
     dropout_rng=dropout_rng,
@@ -524,20 +582,34 @@ def shaw_attention_banded(
   rel_value,
   *,
   mask=None,
+  causal: bool = False,
   query_offset=None,
   dropout_rate: float = 0.0,
   dropout_rng=None,
 ) -> jax.Array:
   """The banded kernel (module docstring): O(q·kv) memory like vanilla attention, for long
-  sequences. Same contract as `shaw_attention`."""
+  sequences. Same contract as `shaw_attention` ('xla'): `causal` also tells the band that no
+  key lies right of it, so the tables' later rows get an exact zero gradient."""
   dropout_rate = _check(query, key, value, rel_key, rel_value, dropout_rate, dropout_rng)
   rng = dropout_rng if dropout_rate > 0.0 else None
   if query_offset is None:
     query_offset = default_query_offset(query.shape[1], key.shape[1])
+  if causal:
+    mask = with_causal(mask, query.shape[1], key.shape[1], query_offset=query_offset)
   static_offset = static_query_offset(query_offset)
   traced_offset = None if static_offset is not None else jnp.asarray(query_offset, jnp.int32)
   return _shaw(
-    static_offset, dropout_rate, query, key, value, rel_key, rel_value, mask, traced_offset, rng
+    static_offset,
+    dropout_rate,
+    causal,
+    query,
+    key,
+    value,
+    rel_key,
+    rel_value,
+    mask,
+    traced_offset,
+    rng,
   )
 
 
@@ -549,6 +621,7 @@ def shaw_attention_materialized(
   rel_value,
   *,
   mask=None,
+  causal: bool = False,
   query_offset=None,
   dropout_rate: float = 0.0,
   dropout_rng=None,
@@ -566,6 +639,8 @@ def shaw_attention_materialized(
   """
   dropout_rate = _check(query, key, value, rel_key, rel_value, dropout_rate, dropout_rng)
   q_len, kv_len, head_dim = query.shape[1], key.shape[1], query.shape[-1]
+  if causal:
+    mask = with_causal(mask, q_len, kv_len, query_offset=query_offset)
   max_distance = _max_distance(rel_key, rel_value)
   buckets = relative_buckets(q_len, kv_len, max_distance, query_offset=query_offset)
   rows = jnp.arange(2 * max_distance + 1)
