@@ -301,7 +301,14 @@ p_translate_step() {
 }
 # wmt_base's step in bf16: issue 39's 40% MFU target for translation, and where its time goes.
 p_translate_step_bf16() { p_translate_step --config.model.dtype=bfloat16; }
+# The PyTorch peers come from the maintainers' shared folder (gpu_prepare.sh with RELPOS_SHARED),
+# not the repository: without them, the parts that compare against them skip that comparison.
+no_peers() {
+  [[ -d $carry/peers/gpu ]] && return 1
+  echo "RESULT: skipped: no peers in $carry/peers/gpu ($1; gpu_prepare.sh with RELPOS_SHARED puts them there)"
+}
 p_xl_official() {
+  no_peers 'the official Transformer-XL step' && return 0
   local xl=$work/xl_official
   rm -rf "$xl" && mkdir -p "$xl" &&
     "${x[@]}" tar -xzf "$carry/peers/transformer-xl-pytorch-44781ed.tar.gz" -C "$xl" &&
@@ -329,6 +336,7 @@ p_oom() {
 p_kernels() {
   local status=0 k
   "$py" benchmarks/attention.py "${attention[@]}" || status=1
+  no_peers 'torch SDPA and FlexAttention' && return $status
   for k in 16 64; do
     if ((smoke)) && ! cuda_torch; then
       echo "RESULT: smoke: no CUDA torch here; torch_attention.py $torch_lengths $k not run"

@@ -26,7 +26,9 @@ needs_bash = pytest.mark.skipif(
 )
 
 
-def dry_run(tmp_path, *parts, budget=480, **settings):
+def dry_run(tmp_path, *parts, budget=480, peers=True, **settings):
+  if peers:  # what gpu_prepare.sh copies from the maintainers' shared folder
+    (tmp_path / 'carry' / 'peers' / 'gpu').mkdir(parents=True, exist_ok=True)
   environ = {
     'PATH': '/usr/bin:/bin',
     'PYTHON': 'echo',
@@ -105,6 +107,19 @@ def test_a_dry_run_says_so_prints_its_commands_and_writes_no_gpu_out(tmp_path):
   log = (out / 'gpu_run.md').read_text()
   assert '| steps_xl | dry run | 0 |' in log and '- dry run (PYTHON=echo): nothing ran' in log
   assert f'{command} --variants=xl,xl_xla,xl_pallas' in log.split('## steps_xl\n')[1]
+
+
+@needs_bash
+def test_without_the_peers_their_comparisons_are_skipped_and_said_so(tmp_path):
+  """A GPU of one's own has no gpu_carry/peers (they come from the maintainers' shared
+  folder): the official XL step and the torch kernels were run anyway and failed."""
+  result, log = dry_run(tmp_path, 'xl_official', 'kernels', peers=False)
+  assert result.returncode == 0, result.stderr
+  assert '| xl_official | dry run | 0 |' in log and '| kernels | dry run | 0 |' in log
+  assert 'xl_official_step.py' not in log and 'torch_attention.py' not in log
+  for name in ('xl_official', 'kernels'):
+    assert 'RESULT: skipped: no peers in ' in log.split(f'## {name}\n')[1].split('\n## ')[0]
+  assert 'benchmarks/attention.py' in log  # relpos's own kernels are still timed
 
 
 @needs_bash
