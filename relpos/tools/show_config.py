@@ -87,7 +87,8 @@ def main(argv) -> None:
   count = sum(line.startswith('*') for line in field_lines(config, changed_only=True))
   source = tasks.config_arg(sys.argv)
   print(f'{source}: task {config.task!r}; {count} fields differ from their defaults (*)')
-  print('\n'.join(listing))
+  if listing:
+    print('\n'.join(listing))
   sys.stdout.flush()
   tasks.get(config).check_config(config)  # what train.py checks first (devices aside)
 
