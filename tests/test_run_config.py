@@ -108,3 +108,57 @@ def test_evaluation_checks_the_model_fields_against_the_run(tmp_path):
     f"model.position: trained 'absolute', given 'none'): give the config it was trained with "
     f'({tmp_path}/config.json records it)'
   )
+
+
+def test_eval_output_dir_holding_another_run_is_refused(tmp_path, monkeypatch):
+  """eval.py --output_dir=B, B another run's directory: its eval_results.json was replaced by a
+  score of --workdir's model without a word (and a sweep then tabulated it as B's own)."""
+  workdir, other = tmp_path / 'run', tmp_path / 'other'
+  (workdir / 'checkpoints' / '20').mkdir(parents=True)
+  other.mkdir()
+  for name in ('config.json', 'checkpoints'):  # each alone marks a run
+    held = other / name
+    held.mkdir() if name == 'checkpoints' else held.write_text('{}')
+    with pytest.raises(
+      ValueError, match=rf'^--output_dir={other} holds another run \(its {name}\)'
+    ):
+      run_config.check_output_dir(other, workdir)
+    (held.rmdir if name == 'checkpoints' else held.unlink)()
+  results = other / 'eval_results.json'
+  results.write_text(json.dumps({'bpc': 4.5, 'checkpoint': f'{tmp_path}/c1/checkpoints/300'}))
+  with pytest.raises(ValueError, match=r'holds the evaluation of another run .*c1/checkpoints/300'):
+    run_config.check_output_dir(other, workdir)
+  # Fine: earlier evaluations of the same workdir (absolute, or relative to another directory
+  # than this one), a damaged file, a new directory, the workdir itself.
+  results.write_text(json.dumps({'checkpoint': f'{workdir}/checkpoints/20'}))
+  run_config.check_output_dir(other, workdir)
+  monkeypatch.chdir(tmp_path)
+  results.write_text(json.dumps({'checkpoint': 'run/checkpoints/20'}))
+  run_config.check_output_dir(other, workdir)
+  run_config.check_output_dir(other, 'run')
+  results.write_text('{"bpc": 4.')
+  run_config.check_output_dir(other, workdir)
+  run_config.check_output_dir(tmp_path / 'new', workdir)
+  (workdir / 'config.json').write_text('{}')
+  run_config.check_output_dir(workdir, workdir)
+  assert run_config.foreign_checkpoint({'checkpoint': 'x/run/checkpoints/20'}, workdir) == (
+    'x/run/checkpoints/20'
+  )
+
+
+def test_eval_py_refuses_an_output_dir_of_another_run_in_one_line(tmp_path, commands):
+  from helpers import one_error_line
+
+  other = tmp_path / 'other'
+  other.mkdir()
+  (other / 'config.json').write_text('{}')
+  result = commands.run(
+    [
+      'eval.py',
+      '--config=configs/char_tiny.py',
+      f'--workdir={tmp_path}/run',
+      f'--output_dir={other}',
+    ]
+  )
+  assert one_error_line(result).startswith(f'error: --output_dir={other} holds another run')
+  assert (other / 'config.json').read_text() == '{}'

@@ -572,3 +572,29 @@ def test_collect_only_warns_of_results_not_of_the_sweeps_config(tmp_path, capsys
   assert warnings[1].endswith(
     'scored at step 5, not 10; the sweep without --collect_only trains or scores it again'
   )
+
+
+def test_a_result_scored_from_another_workdir_is_not_the_runs(tmp_path, capsys):
+  """eval.py --workdir=c1 --output_dir=<a sweep run> wrote c1's score there: --collect_only
+  tabulated it as the run's own, silently, and a rerun kept it as finished."""
+  field = 'model.max_relative_position'
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 10  # _fake_runs' step
+  _fake_runs(tmp_path, field, {0: [2.0]})
+  run = sweep.run_dir(tmp_path, field, 0, 0)
+  results = json.loads((run / 'eval_results.json').read_text()) | {'eval': config.eval.to_dict()}
+  scored = sweep.with_value(config, field, 0)
+  for checkpoint in (
+    run / 'checkpoints' / '10',
+    f'{run.relative_to(tmp_path.parent)}/checkpoints/10',
+  ):
+    (run / 'eval_results.json').write_text(json.dumps(results | {'checkpoint': str(checkpoint)}))
+    assert sweep.is_finished(run, scored, run)
+  foreign = tmp_path / 'c1' / 'checkpoints' / '10'
+  (run / 'eval_results.json').write_text(json.dumps(results | {'checkpoint': str(foreign)}))
+  assert not sweep.is_finished(run, scored, run)
+  sweep.sweep(config, tmp_path, field, [0], [0], 'bpc', 0, train=False)
+  warnings = capsys.readouterr().err.splitlines()
+  assert (
+    len(warnings) == 1 and f'was scored from {foreign}, not from a checkpoint of' in warnings[0]
+  )

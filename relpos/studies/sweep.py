@@ -271,8 +271,9 @@ def is_finished(results_dir: Path, config, trained_dir: Path) -> bool:
 
 def stale_reason(results_dir: Path, config, trained_dir: Path) -> str | None:
   """Why the eval_results.json in `results_dir` is not that of `config`'s run, or None when it
-  is (`is_finished`): the model trained with another config, the file damaged, or scored at
-  another step or with another config.eval."""
+  is (`is_finished`): the model trained with another config, the file damaged, scored from a
+  checkpoint of another workdir (`eval.py --output_dir` pointed here), or scored at another
+  step or with another config.eval."""
   path = results_dir / 'eval_results.json'
   if changes := changes_from_recorded(config, trained_dir):
     shown = '; '.join(changes[:3]) + ('; ...' if len(changes) > 3 else '')
@@ -281,6 +282,8 @@ def stale_reason(results_dir: Path, config, trained_dir: Path) -> str | None:
     results = read_results(path)
   except ValueError:
     return f'{path} is damaged'
+  if checkpoint := run_config.foreign_checkpoint(results, trained_dir):
+    return f'{path} was scored from {checkpoint}, not from a checkpoint of {trained_dir}'
   current = config.eval.to_dict()
   recorded = {'task': config.task, 'eval': results.get('eval', {})}
   scored = with_added(recorded, {'eval': current})['eval']

@@ -6,6 +6,7 @@ a rerun matches it, is `relpos.config.recorded`.
 """
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -133,3 +134,60 @@ def check_model(workdir, config: ml_collections.ConfigDict) -> None:
       f'({"; ".join(changes)}): give the config it was trained with '
       f'({Path(workdir) / CONFIG_FILE} records it)'
     )
+
+
+RESULTS_FILE = 'eval_results.json'
+
+
+def foreign_checkpoint(results: dict, workdir) -> str | None:
+  """The checkpoint an evaluation's `results` (eval_results.json) names, when it is not one of
+  the run in `workdir`: `<w>/checkpoints/<step>` of another workdir w. None when it is the
+  run's, or when the results name none (written before they recorded it).
+
+  A relative path was written relative to the evaluating process's directory, which may not be
+  this one's: it is the run's when its workdir part is the tail of `workdir`'s absolute path."""
+  checkpoint = results.get('checkpoint')
+  if not isinstance(checkpoint, str):
+    return None
+  scored = Path(os.path.normpath(checkpoint)).parent.parent  # <w>/checkpoints/<step> -> <w>
+  own = Path(workdir).resolve()
+  if scored.is_absolute() or '..' in scored.parts:
+    same = scored.resolve() == own
+  else:
+    same = (
+      scored.resolve() == own or own.parts[len(own.parts) - len(scored.parts) :] == scored.parts
+    )
+  return None if same else checkpoint
+
+
+def check_output_dir(output_dir, workdir) -> None:
+  """Checks that eval.py's `--output_dir` (eval_results.json and translations go there) holds
+  no other run, whose files the evaluation would overwrite with a score of `workdir`'s model:
+  a run's config.json or checkpoints, or an eval_results.json scored from another workdir (a
+  sweep's --collect_only would then tabulate it as that run's own). The workdir itself, a new
+  directory, or one of earlier evaluations of the same workdir (a sweep's `<run>/<setting>`,
+  an eval field's `<field>=<v>/seed=<s>`) are fine.
+
+  Raises:
+    ValueError: naming --output_dir and what it holds.
+  """
+  output_dir = Path(output_dir)
+  if not output_dir.is_dir() or output_dir.resolve() == Path(workdir).resolve():
+    return
+  held = [name for name in (CONFIG_FILE, 'checkpoints') if (output_dir / name).exists()]
+  if held:
+    what = f'another run (its {" and ".join(held)})'
+  else:
+    try:
+      results = json.loads((output_dir / RESULTS_FILE).read_text())
+    except (OSError, ValueError):
+      return  # none, or damaged: nothing of another run's to keep
+    checkpoint = foreign_checkpoint(results, workdir) if isinstance(results, dict) else None
+    if checkpoint is None:
+      return
+    what = f'the evaluation of another run ({RESULTS_FILE} scored {checkpoint})'
+  raise ValueError(
+    f'--output_dir={output_dir} holds {what}, which this evaluation of --workdir={workdir} would '
+    'overwrite: give a directory of its own (a new one is made), or leave --output_dir out to '
+    'write into the workdir'
+  )
