@@ -598,3 +598,120 @@ def test_a_result_scored_from_another_workdir_is_not_the_runs(tmp_path, capsys):
   assert (
     len(warnings) == 1 and f'was scored from {foreign}, not from a checkpoint of' in warnings[0]
   )
+
+
+def _fake_training(monkeypatch, diverges):
+  """char_lm's train_model and evaluate replaced: training raises the loop's DivergedError at
+  step 10 for the configs `diverges` picks (and records the config, as a real start does),
+  evaluation writes a _fake_runs-like result. Returns the list of (value config, seed) trained."""
+  from relpos.config.recorded import record_config
+
+  trained = []
+
+  def train_model(config, workdir):
+    trained.append((config.optim.learning_rate, config.seed))
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    record_config(config, workdir, allow_change=False)
+    if diverges(config):
+      raise loop.DivergedError('loss is nan at step 10', 10, 'loss is nan at step 10: ...')
+
+  def evaluate(config, workdir, *, output_dir):
+    score = 2.0 + config.optim.learning_rate + config.seed / 10
+    segments = [score * 0.6931 * 8 + 0.01 * ((i * 7 + config.seed) % 5) for i in range(40)]
+    results = {
+      'bpc': score,
+      'step': config.train.steps,
+      'segment_nats': segments,
+      'segment_tokens': [8] * 40,
+      'split': 'test',
+      'tokens': 320,
+      'checkpoint': str(Path(workdir) / 'checkpoints' / str(config.train.steps)),
+      'eval': config.eval.to_dict(),
+    }
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    (Path(output_dir) / 'eval_results.json').write_text(json.dumps(results))
+    return results
+
+  monkeypatch.setattr(char_lm.TASK, 'train_model', train_model)
+  monkeypatch.setattr(char_lm.TASK, 'evaluate', evaluate)
+  return trained
+
+
+def test_a_diverged_run_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch, capsys):
+  """A value whose loss goes NaN stopped the whole sweep (`error: loss is nan at step 10`),
+  at every rerun, and the other values never ran: now it is a result, recorded, warned of once,
+  kept on rerun, and listed beside the tables, which leave it out."""
+  field, values = 'optim.learning_rate', [0.001, 1e6, 0.002]
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 20
+  trained = _fake_training(monkeypatch, lambda c: c.optim.learning_rate > 1)
+  summary = sweep.sweep(config, tmp_path, field, values, [0, 1], 'bpc', baseline=0.001)
+  assert trained == [(value, seed) for value in values for seed in (0, 1)]
+  assert [(row['value'], row['n']) for row in summary] == [(0.001, 2), (0.002, 2)]
+  warnings = capsys.readouterr().err.splitlines()
+  assert warnings == [
+    f'warning: optim.learning_rate=1000000.0 seed {seed} diverged (loss is nan at step 10); '
+    f'recorded in {sweep.run_dir(tmp_path, field, 1e6, seed)}/eval_results.json, left out of '
+    'the tables and p-values; the sweep goes on with the other runs'
+    for seed in (0, 1)
+  ]
+  recorded = sweep.read_results(sweep.run_dir(tmp_path, field, 1e6, 0) / 'eval_results.json')
+  assert recorded['diverged_at_step'] == 10 and recorded['bpc'] != recorded['bpc']  # NaN
+  note = (
+    'Diverged, so left out of the tables above and of their p-values (sweep_diverged.csv; each '
+    'eval_results.json records diverged_at_step): optim.learning_rate=1000000.0 seed 0 at step '
+    '10; optim.learning_rate=1000000.0 seed 1 at step 10.'
+  )
+  assert (tmp_path / 'sweep.md').read_text().endswith('\n\n' + note + '\n')
+  with open(tmp_path / 'sweep_diverged.csv') as stream:
+    assert [row['seed'] for row in csv.DictReader(stream)] == ['0', '1']
+  trained.clear()
+  sweep.sweep(config, tmp_path, field, values, [0, 1], 'bpc', baseline=0.001)  # a rerun
+  output = capsys.readouterr()
+  assert trained == [] and 'warning' not in output.err and note in output.out
+  assert output.out.count('finished, kept') == 6
+
+
+def test_an_eval_field_sweep_trains_a_diverging_seed_once(tmp_path, monkeypatch, capsys):
+  config = load_config('char_tiny', 'shaw')
+  trained = _fake_training(monkeypatch, lambda c: c.seed == 1)
+  summary = sweep.sweep(config, tmp_path, 'eval.mem_len', [0, 4], [0, 1], 'bpc', baseline=0)
+  assert [seed for _, seed in trained] == [0, 1, 0]  # value-major; seed 1 trained once
+  assert [(row['value'], row['n']) for row in summary] == [(0, 1), (4, 1)]
+  for value in (0, 4):
+    results = sweep.run_dir(tmp_path, 'eval.mem_len', value, 1) / 'eval_results.json'
+    assert sweep.read_results(results)['eval']['mem_len'] == value
+  assert len(capsys.readouterr().err.splitlines()) == 2  # one warning per run
+
+
+def test_a_rerun_with_another_config_names_the_sweeps_remedy(tmp_path, monkeypatch):
+  """The sweep relayed train.py's `pass --allow_config_change`, a flag it does not take; it
+  also trained the runs before the changed one."""
+  field = 'model.max_relative_position'
+  config = load_config('char_tiny', 'shaw')
+  text = tmp_path / 'text.txt'
+  text.write_text('the cat sat on the mat. ' * 30)
+  config.data.path = str(text)
+  trained = _fake_training(monkeypatch, lambda c: False)
+  workdir = sweep.model_dir(tmp_path, field, 4, 0)
+  workdir.mkdir(parents=True)
+  from relpos.config.recorded import record_config
+  from relpos.training import data_record
+
+  record_config(sweep.with_value(config, field, 4), workdir, allow_change=False)
+  changed = sweep.with_value(config, 'optim.learning_rate', 0.5)
+  with pytest.raises(ValueError) as error:
+    sweep.sweep(changed, tmp_path, field, [2, 4], [0], 'bpc', baseline=2)
+  assert str(error.value).startswith(
+    f'model.max_relative_position=4 seed=0: {workdir} holds a run trained with another config '
+    '(config.optim.learning_rate: '
+  )
+  assert str(error.value).endswith(
+    'give the sweep a new --workdir for the new config, or the config its runs were trained '
+    f'with ({workdir}/config.json records it)'
+  )
+  data_record.record(workdir, char_lm.TASK.data_files(config, workdir))
+  text.write_text('other text')
+  with pytest.raises(ValueError, match='trained on other data .*give the sweep a new --workdir'):
+    sweep.sweep(config, tmp_path, field, [2, 4], [0], 'bpc', baseline=2)
+  assert trained == []  # refused before the first run trained

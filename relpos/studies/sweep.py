@@ -56,6 +56,7 @@ result that is not of the config as given (another training config, step or conf
 
 import csv
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -67,11 +68,12 @@ from ml_collections import config_flags
 from relpos import flag_types, runtime
 from relpos.config import checks, load_config_file
 from relpos.config.recorded import changes_from_recorded, with_added
+from relpos.files import write_atomically
 from relpos.messages import warn
 from relpos.studies import breakdown, significance
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
-from relpos.training import loop, run_config, tasks
+from relpos.training import data_record, loop, run_config, tasks
 from relpos.training.preemption import PreemptedError
 
 SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'p_value', 'p_seeds')
@@ -284,6 +286,8 @@ def stale_reason(results_dir: Path, config, trained_dir: Path) -> str | None:
     return f'{path} is damaged'
   if checkpoint := run_config.foreign_checkpoint(results, trained_dir):
     return f'{path} was scored from {checkpoint}, not from a checkpoint of {trained_dir}'
+  if DIVERGED in results:
+    return None  # its training config diverges again, whatever config.eval scores it
   current = config.eval.to_dict()
   recorded = {'task': config.task, 'eval': results.get('eval', {})}
   scored = with_added(recorded, {'eval': current})['eval']
@@ -310,6 +314,54 @@ def warn_stale(config, root: Path, field: str, values, seeds, variant_of, settin
           f'{field}={value} seed {seed}: tabulated as it is, though {reason}; the sweep '
           'without --collect_only trains or scores it again'
         )
+
+
+DIVERGED = 'diverged_at_step'  # in eval_results.json: the run's loss or parameters went non-finite
+
+
+def record_divergence(error: loop.DivergedError, metrics, run: str, unscored) -> None:
+  """A diverged run is a result of the sweep, not a fault of it: eval_results.json in each of
+  the run's results directories (`unscored`: (config, directory) pairs) records the step
+  (`DIVERGED`), what went non-finite, and NaN for every metric of the task, so a reader of the
+  file alone cannot take it for a score. A rerun keeps it as finished (`stale_reason`; the same
+  config diverges again), and the tables leave it out with a note (`collect`,
+  `diverged_runs`). One warning names the run (`run`, 'field=value seed s') and the step."""
+  for scored, results_dir in unscored:
+    results_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+      **{name: math.nan for name in metrics},
+      DIVERGED: error.step,
+      'diverged': error.what,
+      'eval': scored.eval.to_dict(),
+    }
+    write_atomically(results_dir / 'eval_results.json', json.dumps(record, indent=2))
+  warn(
+    f'{run} diverged ({error.what}); recorded in {unscored[0][1] / "eval_results.json"}, left '
+    'out of the tables and p-values; the sweep goes on with the other runs'
+  )
+
+
+def check_rerun(trained, workdir: Path, task, run: str) -> None:
+  """What train.py refuses when a run resumes (`relpos.config.recorded.check_config_change`,
+  `relpos.training.data_record`), checked for every run before the first trains and told
+  with the sweep's remedies (train.py's --allow_config_change is not the sweep's).
+
+  Raises:
+    ValueError: `workdir` holds a run trained with another config than `trained`, or on data
+      files changed since; naming the run (`run`) and the changes.
+  """
+  if changes := changes_from_recorded(trained, workdir):
+    raise ValueError(
+      f'{run}: {workdir} holds a run trained with another config ({"; ".join(changes)}): give '
+      'the sweep a new --workdir for the new config, or the config its runs were trained with '
+      f'({workdir / run_config.CONFIG_FILE} records it)'
+    )
+  if other_data := data_record.changes(workdir, task.data_files(trained, workdir)):
+    raise ValueError(
+      f'{run}: {workdir} holds a run trained on other data ({"; ".join(other_data)}): give the '
+      'sweep a new --workdir to train on the data as it is now, or restore the data its runs '
+      'trained on'
+    )
 
 
 def runs(config, field: str, values, seeds, variant_of=None):
@@ -356,25 +408,71 @@ def collect(
       for workdir in {model_dir(root, field, value, seed), run_dir(root, field, value, seed)}:
         run_config.check_task(workdir, task, flag=None)
   rows = []
+  for value, seed, results_path in _results_paths(root, field, values, seeds, evaluation):
+    if not results_path.exists():
+      warn(f'no results for {field}={value} seed {seed} ({results_path})')
+      continue
+    results = read_results(results_path)
+    if DIVERGED in results:
+      continue  # no score: `diverged_runs` lists it
+    if metric not in results:
+      raise ValueError(f'{results_path} has no {metric!r} (it has {sorted(results)})')
+    rows.append(
+      {
+        'value': value,
+        'seed': seed,
+        metric: results[metric],
+        'step': results.get('step'),
+        'workdir': str(results_path.parent),
+      }
+    )
+  return rows
+
+
+def _results_paths(root: Path, field: str, values, seeds, evaluation=None):
+  """(value, seed, the path of its eval_results.json) of every run, value-major."""
   for value in values:
     for seed in seeds:
-      results_path = run_dir(root, field, value, seed, evaluation) / 'eval_results.json'
-      if not results_path.exists():
-        warn(f'no results for {field}={value} seed {seed} ({results_path})')
-        continue
-      results = read_results(results_path)
-      if metric not in results:
-        raise ValueError(f'{results_path} has no {metric!r} (it has {sorted(results)})')
+      yield value, seed, run_dir(root, field, value, seed, evaluation) / 'eval_results.json'
+
+
+def diverged_runs(root: Path, field: str, values, seeds, evaluation=None) -> list[dict]:
+  """One row per run recorded as diverged (`record_divergence`), which `collect` leaves out:
+  value, seed, the step it diverged at, its results directory."""
+  rows = []
+  for value, seed, results_path in _results_paths(root, field, values, seeds, evaluation):
+    if results_path.exists() and DIVERGED in (results := read_results(results_path)):
       rows.append(
         {
           'value': value,
           'seed': seed,
-          metric: results[metric],
-          'step': results.get('step'),
+          DIVERGED: results[DIVERGED],
           'workdir': str(results_path.parent),
         }
       )
   return rows
+
+
+def write_diverged(rows: list[dict], root: Path, field: str) -> None:
+  """The diverged runs (`diverged_runs`) beside the tables, which leave them out: a note under
+  sweep.md's tables (printed too) and sweep_diverged.csv; with none, an earlier
+  sweep_diverged.csv is removed."""
+  path = root / 'sweep_diverged.csv'
+  if not rows:
+    path.unlink(missing_ok=True)
+    return
+  _write_csv(path, rows, ('value', 'seed', DIVERGED, 'workdir'))
+  runs_text = '; '.join(
+    f'{field}={value_label(field, row["value"])} seed {row["seed"]} at step {row[DIVERGED]}'
+    for row in rows
+  )
+  note = (
+    f'Diverged, so left out of the tables above and of their p-values ({path.name}; each '
+    f'eval_results.json records {DIVERGED}): {runs_text}.\n'
+  )
+  with open(root / 'sweep.md', 'a') as stream:
+    stream.write('\n' + note)
+  print(note)
 
 
 def _pooled_items(config, metric: str, rows: list[dict]):
@@ -579,21 +677,37 @@ def sweep(
             raise ValueError(f'{field}={value} seed={seed}: {error}') from None
           unscored.append((scored, results_dir))
       if unscored:
+        check_rerun(
+          _as_trained(config, field, variant), workdir, task, f'{field}={value} seed={seed}'
+        )
         todo.append((value, seed, variant, workdir, unscored))
     started = time.monotonic()
+    diverged = {}  # workdir -> its DivergedError: an eval field's one training, for every value
     for done, (value, seed, variant, workdir, unscored) in enumerate(todo):
       print(f'=== {field}={value} seed={seed} ({progress(done, len(todo), started)})', flush=True)
-      task.train_model(_as_trained(config, field, variant), workdir)
+      try:
+        if workdir not in diverged:
+          task.train_model(_as_trained(config, field, variant), workdir)
+      except loop.DivergedError as error:
+        diverged[workdir] = error
+      if workdir in diverged:
+        record_divergence(diverged[workdir], task.metrics, f'{field}={value} seed {seed}', unscored)
+        continue
       for scored, results_dir in unscored:
         result = task.evaluate(scored, workdir, output_dir=results_dir)
         print('\n'.join(task.result_lines(result)), flush=True)
   rows = collect(root, field, values, seeds, metric, next(iter(settings)), task=config.task)
   if not train:
     warn_stale(config, root, field, values, seeds, variant_of, settings)
+  diverged = diverged_runs(root, field, values, seeds, next(iter(settings)))
   if not rows:
-    raise FileNotFoundError(f'no finished runs under {root}')
+    raise FileNotFoundError(
+      f'no finished runs under {root}'
+      + (f': all {len(diverged)} diverged (each eval_results.json says where)' if diverged else '')
+    )
   summary = summarise(config, rows, values, metric, baseline)
   print(write_tables(summary, rows, root, field, metric, baseline))
+  write_diverged(diverged, root, field)
   print(f'plot: {plot(summary, rows, root, field, metric)}')
   for kind, edges in breakdowns:
     write_breakdown(config, rows, baseline, root, field, kind, edges)
