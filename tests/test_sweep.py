@@ -715,3 +715,23 @@ def test_a_rerun_with_another_config_names_the_sweeps_remedy(tmp_path, monkeypat
   with pytest.raises(ValueError, match='trained on other data .*give the sweep a new --workdir'):
     sweep.sweep(config, tmp_path, field, [2, 4], [0], 'bpc', baseline=2)
   assert trained == []  # refused before the first run trained
+
+
+def test_print_only_quotes_each_argument_for_the_shell(tmp_path):
+  """A workdir with a space broke the printed commands into two arguments."""
+  import shlex
+
+  root = tmp_path / 'k sweep'
+  lines = sweep.commands('c.py:shaw', ['--config.data.path=my text.txt'], root, 'model.k', [2], [0])
+  assert [shlex.split(line) for line in lines] == [
+    [
+      'python',
+      script,
+      '--config=c.py:shaw',
+      '--config.data.path=my text.txt',
+      '--config.model.k=2',
+      '--config.seed=0',
+      f'--workdir={root}/k=2/seed=0',
+    ]
+    for script in ('train.py', 'eval.py')
+  ]

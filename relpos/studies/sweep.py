@@ -57,6 +57,7 @@ result that is not of the config as given (another training config, step or conf
 import csv
 import json
 import math
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -376,7 +377,12 @@ def runs(config, field: str, values, seeds, variant_of=None):
 def commands(
   config_arg: str, overrides: list[str], root: Path, field: str, values, seeds, evaluations=None
 ):
-  """The shell commands that train and evaluate every run (at each of `evaluations`, given)."""
+  """The shell commands that train and evaluate every run (at each of `evaluations`, given),
+  each argument quoted for the shell where it needs it (a workdir with spaces, say)."""
+
+  def command(*args) -> str:
+    return ' '.join(shlex.quote(str(arg)) for arg in args)
+
   lines = []
   for value in values:
     for seed in seeds:
@@ -384,15 +390,17 @@ def commands(
         chosen = [f'--config={config_arg.split(":")[0]}:{value}', *overrides]
       else:
         chosen = [f'--config={config_arg}', *overrides, f'--config.{field}={value}']
-      flags_text = ' '.join([*chosen, f'--config.seed={seed}'])
+      chosen.append(f'--config.seed={seed}')
       workdir, results_dir = model_dir(root, field, value, seed), run_dir(root, field, value, seed)
       if workdir == results_dir or value == values[0]:
-        lines.append(f'python train.py {flags_text} --workdir={workdir}')
+        lines.append(command('python', 'train.py', *chosen, f'--workdir={workdir}'))
       for setting, eval_fields in (evaluations or {None: {}}).items():
-        scored = ''.join(f' --config.{name}={v}' for name, v in eval_fields.items())
+        scored = [f'--config.{name}={v}' for name, v in eval_fields.items()]
         output_dir = run_dir(root, field, value, seed, setting)
-        output = '' if workdir == output_dir else f' --output_dir={output_dir}'
-        lines.append(f'python eval.py {flags_text}{scored} --workdir={workdir}{output}')
+        output = [] if workdir == output_dir else [f'--output_dir={output_dir}']
+        lines.append(
+          command('python', 'eval.py', *chosen, *scored, f'--workdir={workdir}', *output)
+        )
   return lines
 
 
