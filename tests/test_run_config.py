@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from helpers import load_config
+from helpers import eval_field_sweep_root, load_config
 
 from relpos.config import recorded as recording
 from relpos.training import run_config
@@ -162,3 +162,24 @@ def test_eval_py_refuses_an_output_dir_of_another_run_in_one_line(tmp_path, comm
   )
   assert one_error_line(result).startswith(f'error: --output_dir={other} holds another run')
   assert (other / 'config.json').read_text() == '{}'
+
+
+def test_a_sweep_root_or_an_evaluation_only_directory_is_named_as_such(tmp_path):
+  """relpos.tools.sample (and translate, shaw_tables) given a sweep's root or a results
+  directory said 'holds no relpos run (train first)', though the run is one folder away."""
+  trained, scored = eval_field_sweep_root(tmp_path)
+  with pytest.raises(FileNotFoundError) as error:
+    run_config.read_config(tmp_path)
+  assert str(error.value) == (
+    f'--workdir={tmp_path} is the root of a sweep, not a run: give its run directories, such '
+    f'as {trained}'
+  )
+  with pytest.raises(FileNotFoundError) as error:
+    run_config.read_config(scored)
+  assert str(error.value) == (
+    f'--workdir={scored} holds only an evaluation (eval_results.json) of the run in {trained}: '
+    'give that directory'
+  )
+  (tmp_path / 'empty').mkdir()
+  with pytest.raises(FileNotFoundError, match=r'holds no relpos run \(train first\)'):
+    run_config.read_config(tmp_path / 'empty')

@@ -64,8 +64,39 @@ def read_config(workdir, flag: str | None = '--workdir') -> ml_collections.Confi
     raise not_a_workdir(workdir, flag)
   path = workdir / CONFIG_FILE
   if not path.is_file():
-    raise FileNotFoundError(f'{path} does not exist: {workdir} holds no relpos run (train first)')
+    given = f'{flag}={workdir}' if flag else str(workdir)
+    raise FileNotFoundError(
+      not_a_run(workdir, given)
+      or f'{path} does not exist: {workdir} holds no relpos run (train first)'
+    )
   return ml_collections.ConfigDict(read_recorded(path))
+
+
+def not_a_run(directory, given: str) -> str | None:
+  """What a directory without a run of its own holds, when it is one relpos writes that a tool
+  may be given by mistake, as the one line that says so and which directories to give (the
+  directory as `given` on the command line); None for any other.
+
+  A sweep's root (`relpos.studies.sweep`: sweep.csv, sweep.md, or `<field>=<value>/seed=<s>`
+  folders) holds one run per value and seed; an evaluation's output directory (eval.py
+  --output_dir, a sweep's eval-field value or `--evaluations` setting) holds only
+  eval_results.json, whose `checkpoint` names the run it scored."""
+  directory = Path(directory)
+  runs = sorted(directory.glob('*=*/seed=*')) + sorted(directory.glob('trained/seed=*'))
+  if runs or any((directory / name).is_file() for name in ('sweep.csv', 'sweep.md')):
+    trained = [run for run in runs if (run / CONFIG_FILE).is_file()] or runs
+    example = f', such as {trained[0]}' if trained else ''
+    return f'{given} is the root of a sweep, not a run: give its run directories{example}'
+  try:
+    results = json.loads((directory / RESULTS_FILE).read_text())
+  except (OSError, ValueError):
+    return None
+  checkpoint = results.get('checkpoint') if isinstance(results, dict) else None
+  if isinstance(checkpoint, str):
+    run = f'the run in {Path(checkpoint).parent.parent}: give that directory'
+  else:  # a sweep's record of a diverged run
+    run = "a run: give the run's directory (a sweep of an eval field trains in trained/seed=<s>)"
+  return f'{given} holds only an evaluation ({RESULTS_FILE}) of {run}'
 
 
 class TaskMismatchError(ValueError):
