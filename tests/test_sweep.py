@@ -735,3 +735,23 @@ def test_print_only_quotes_each_argument_for_the_shell(tmp_path):
     ]
     for script in ('train.py', 'eval.py')
   ]
+
+
+def test_a_second_sweep_on_the_same_root_is_refused_at_once(tmp_path, monkeypatch):
+  """Two sweeps on one root, started seconds apart: the second re-scored a run the first had
+  just finished, then stopped (exit 75) at the run the first was training. The sweep holds its
+  root's lock now, so the second is refused before it does anything; --collect_only reads."""
+  from relpos.training import workdir_lock
+
+  field = 'model.max_relative_position'
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 10  # _fake_runs' step
+  trained = _fake_training(monkeypatch, lambda c: False)
+  _fake_runs(tmp_path, field, {0: [2.0]})
+  with workdir_lock.hold(tmp_path):  # the first sweep
+    with pytest.raises(workdir_lock.WorkdirInUseError, match=f'--workdir={tmp_path} is in use'):
+      sweep.sweep(config, tmp_path, field, [0, 4], [0], 'bpc', baseline=0)
+    assert trained == []
+    sweep.sweep(config, tmp_path, field, [0], [0], 'bpc', baseline=0, train=False)
+  sweep.sweep(config, tmp_path, field, [0, 4], [0], 'bpc', baseline=0)
+  assert len(trained) == 2  # once the first let go (_fake_runs' result has no config.eval)

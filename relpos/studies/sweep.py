@@ -74,7 +74,7 @@ from relpos.messages import warn
 from relpos.studies import breakdown, significance
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
-from relpos.training import data_record, loop, run_config, tasks
+from relpos.training import data_record, loop, run_config, tasks, workdir_lock
 from relpos.training.preemption import PreemptedError
 
 SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'p_value', 'p_seeds')
@@ -670,40 +670,10 @@ def sweep(
   root.mkdir(parents=True, exist_ok=True)
   settings = evaluations or {None: {}}
   if train:
-    todo = []
-    for value, seed, variant in runs(config, field, values, seeds, variant_of):
-      workdir, unscored = model_dir(root, field, value, seed), []
-      for setting, overrides in settings.items():
-        results_dir = run_dir(root, field, value, seed, setting)
-        scored = evaluated(variant, overrides)
-        if is_finished(results_dir, scored, workdir):
-          print(f'=== {field}={value} seed={seed}: finished, kept ({results_dir})', flush=True)
-        else:
-          try:  # what train.py checks before training, for every run before the first trains
-            loop.check_evaluation_plan(scored, workdir)
-          except ValueError as error:
-            raise ValueError(f'{field}={value} seed={seed}: {error}') from None
-          unscored.append((scored, results_dir))
-      if unscored:
-        check_rerun(
-          _as_trained(config, field, variant), workdir, task, f'{field}={value} seed={seed}'
-        )
-        todo.append((value, seed, variant, workdir, unscored))
-    started = time.monotonic()
-    diverged = {}  # workdir -> its DivergedError: an eval field's one training, for every value
-    for done, (value, seed, variant, workdir, unscored) in enumerate(todo):
-      print(f'=== {field}={value} seed={seed} ({progress(done, len(todo), started)})', flush=True)
-      try:
-        if workdir not in diverged:
-          task.train_model(_as_trained(config, field, variant), workdir)
-      except loop.DivergedError as error:
-        diverged[workdir] = error
-      if workdir in diverged:
-        record_divergence(diverged[workdir], task.metrics, f'{field}={value} seed {seed}', unscored)
-        continue
-      for scored, results_dir in unscored:
-        result = task.evaluate(scored, workdir, output_dir=results_dir)
-        print('\n'.join(task.result_lines(result)), flush=True)
+    # One sweep at a time on a root: a second one would score the runs the first finishes,
+    # then stop at the run the first trains (its workdir's lock); it is refused at once.
+    with workdir_lock.hold(root):
+      train_unfinished(config, task, root, field, values, seeds, variant_of, settings)
   rows = collect(root, field, values, seeds, metric, next(iter(settings)), task=config.task)
   if not train:
     warn_stale(config, root, field, values, seeds, variant_of, settings)
@@ -723,6 +693,46 @@ def sweep(
     by_setting = {s: collect(root, field, values, seeds, metric, s) for s in evaluations}
     write_evaluations(config, by_setting, baseline, root, field, metric)
   return summary
+
+
+def train_unfinished(config, task, root: Path, field: str, values, seeds, variant_of, settings):
+  """`sweep`'s training: trains and scores (at each of `settings`) every run not finished,
+  after checking all of them first (their evaluation plans, their recorded configs); a run
+  that diverges is recorded as such (`record_divergence`) and the others go on."""
+  todo = []
+  for value, seed, variant in runs(config, field, values, seeds, variant_of):
+    workdir, unscored = model_dir(root, field, value, seed), []
+    for setting, overrides in settings.items():
+      results_dir = run_dir(root, field, value, seed, setting)
+      scored = evaluated(variant, overrides)
+      if is_finished(results_dir, scored, workdir):
+        print(f'=== {field}={value} seed={seed}: finished, kept ({results_dir})', flush=True)
+      else:
+        try:  # what train.py checks before training, for every run before the first trains
+          loop.check_evaluation_plan(scored, workdir)
+        except ValueError as error:
+          raise ValueError(f'{field}={value} seed={seed}: {error}') from None
+        unscored.append((scored, results_dir))
+    if unscored:
+      check_rerun(
+        _as_trained(config, field, variant), workdir, task, f'{field}={value} seed={seed}'
+      )
+      todo.append((value, seed, variant, workdir, unscored))
+  started = time.monotonic()
+  diverged = {}  # workdir -> its DivergedError: an eval field's one training, for every value
+  for done, (value, seed, variant, workdir, unscored) in enumerate(todo):
+    print(f'=== {field}={value} seed={seed} ({progress(done, len(todo), started)})', flush=True)
+    try:
+      if workdir not in diverged:
+        task.train_model(_as_trained(config, field, variant), workdir)
+    except loop.DivergedError as error:
+      diverged[workdir] = error
+    if workdir in diverged:
+      record_divergence(diverged[workdir], task.metrics, f'{field}={value} seed {seed}', unscored)
+      continue
+    for scored, results_dir in unscored:
+      result = task.evaluate(scored, workdir, output_dir=results_dir)
+      print('\n'.join(task.result_lines(result)), flush=True)
 
 
 def write_evaluations(config, by_setting: dict, baseline, root: Path, field: str, metric: str):
