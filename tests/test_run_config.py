@@ -144,6 +144,10 @@ def test_eval_output_dir_holding_another_run_is_refused(tmp_path, monkeypatch):
   assert run_config.foreign_checkpoint({'checkpoint': 'x/run/checkpoints/20'}, workdir) == (
     'x/run/checkpoints/20'
   )
+  # A sweep's root moved since it was scored: the run's place in it is the same.
+  moved = {'checkpoint': '/elsewhere/sweep/k=8/seed=0/checkpoints/20'}
+  assert run_config.foreign_checkpoint(moved, tmp_path / 'sweep2' / 'k=8' / 'seed=0') is None
+  assert run_config.foreign_checkpoint(moved, tmp_path / 'sweep2' / 'k=4' / 'seed=0') is not None
 
 
 def test_eval_py_refuses_an_output_dir_of_another_run_in_one_line(tmp_path, commands):

@@ -175,19 +175,18 @@ def foreign_checkpoint(results: dict, workdir) -> str | None:
   the run in `workdir`: `<w>/checkpoints/<step>` of another workdir w. None when it is the
   run's, or when the results name none (written before they recorded it).
 
-  A relative path was written relative to the evaluating process's directory, which may not be
-  this one's: it is the run's when its workdir part is the tail of `workdir`'s absolute path."""
+  The path was written as the evaluating process saw it: relative to its directory, maybe,
+  and before the runs were moved (a sweep's root renamed, copied from a cluster). So w is the
+  run's when it resolves to `workdir` or when its last two parts are `workdir`'s (the run's
+  place in a sweep's root, `<field>=<v>/seed=<s>`, or under its parent), which a move keeps;
+  another run's directory (`runs/c1`) differs there."""
   checkpoint = results.get('checkpoint')
   if not isinstance(checkpoint, str):
     return None
   scored = Path(os.path.normpath(checkpoint)).parent.parent  # <w>/checkpoints/<step> -> <w>
   own = Path(workdir).resolve()
-  if scored.is_absolute() or '..' in scored.parts:
-    same = scored.resolve() == own
-  else:
-    same = (
-      scored.resolve() == own or own.parts[len(own.parts) - len(scored.parts) :] == scored.parts
-    )
+  tail = tuple(part for part in scored.parts if part not in ('/', '..'))[-2:]
+  same = scored.resolve() == own or own.parts[len(own.parts) - len(tail) :] == tail
   return None if same else checkpoint
 
 
