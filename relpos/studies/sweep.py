@@ -19,7 +19,10 @@ changes only how a model is scored: each seed trains once, in `<workdir>/trained
 every value scores that checkpoint into its own `<field>=v/seed=s` (the training's recorded
 config keeps `--config`'s own eval settings). A run whose eval_results.json is there for the
 config's last step is not touched again, so a sweep stopped anywhere (or spread over sessions)
-resumes where it was; an unfinished run resumes from its last checkpoint.
+resumes where it was; an unfinished run resumes from its last checkpoint. A run whose loss
+goes non-finite is a result too: its eval_results.json records `diverged_at_step`, a warning
+names it, and the sweep goes on (`record_divergence`). The sweep holds its root's workdir lock
+while it trains, so a second sweep on the same root is refused at once.
 
 Then the sweep writes under `<workdir>`:
 - `sweep.csv` / `sweep.md`: one row per value, `value, n, mean, std, p_value, p_seeds` (std
@@ -50,8 +53,9 @@ Everything that can be wrong is an error before any training: an unknown field o
 metric the task does not report, a field the model never reads at the swept values (k on an
 absolute model). `--print_only` prints the train/eval command of every run instead (for a
 cluster); `--collect_only` rebuilds the tables from finished runs, with a warning naming each
-result that is not of the config as given (another training config, step or config.eval). Any
-`--config.*` override on this command line is passed on to every run.
+result that is not of the config as given (another training config, step or config.eval, or
+scored from another workdir's checkpoint). Any `--config.*` override on this command line is
+passed on to every run.
 """
 
 import csv
@@ -80,6 +84,7 @@ from relpos.training.preemption import PreemptedError
 SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'p_value', 'p_seeds')
 PRESET = 'preset'  # --field=preset: each value is a preset of the --config file
 EVAL_SECTION = 'eval.'  # a field under it: one training per seed, scored at every value
+DIVERGED = 'diverged_at_step'  # in eval_results.json: the run's loss or parameters went non-finite
 
 
 def preset_variants(path, overrides: list[str]):
@@ -315,9 +320,6 @@ def warn_stale(config, root: Path, field: str, values, seeds, variant_of, settin
           f'{field}={value} seed {seed}: tabulated as it is, though {reason}; the sweep '
           'without --collect_only trains or scores it again'
         )
-
-
-DIVERGED = 'diverged_at_step'  # in eval_results.json: the run's loss or parameters went non-finite
 
 
 def record_divergence(error: loop.DivergedError, metrics, run: str, unscored) -> None:
