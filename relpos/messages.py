@@ -11,9 +11,19 @@ training loop's (relpos.training.progress) and `PassProgress`'s, for any other l
 import sys
 import time
 
+_SAID_ONCE = set()  # the messages of `warn(..., once=True)` printed by this process
 
-def warn(message: str) -> None:
-  """Prints `warning: <message>` on standard error, after what standard output holds."""
+
+def warn(message: str, *, once: bool = False) -> None:
+  """Prints `warning: <message>` on standard error, after what standard output holds.
+
+  `once`: not again if this process printed the same message before: for what one command
+  finds more than once in the same data (train.py's evaluation at the end reads the eval pairs
+  its training read; a sweep's runs read the same files), where the repeat says nothing new."""
+  if once:
+    if message in _SAID_ONCE:
+      return
+    _SAID_ONCE.add(message)
   sys.stdout.flush()
   print(f'warning: {message}', file=sys.stderr, flush=True)
 

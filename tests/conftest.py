@@ -60,6 +60,14 @@ def fewer_xla_optimizations_everywhere():
 
 
 @pytest.fixture(autouse=True)
+def _warnings_said_once_are_per_test():
+  """A `warn(..., once=True)` prints once per process; each test is a command of its own."""
+  from relpos import messages
+
+  messages._SAID_ONCE.clear()
+
+
+@pytest.fixture(autouse=True)
 def _xla_optimizations_where_marked(request, monkeypatch):
   """Optimisations back on for a test marked `xla_optimizations` (and its processes)."""
   if request.node.get_closest_marker('xla_optimizations') is None:

@@ -395,3 +395,18 @@ def one_error_line(result) -> str:
   said = [line for line in result.stderr.splitlines() if not line.startswith('relpos: CPU')]
   assert len(said) == 1 and said[0].startswith('error: '), result.stderr
   return said[0]
+
+
+def eval_field_sweep_root(root):
+  """The files of an eval-field sweep's root that tell it: sweep.md, trained/seed=0 (the run)
+  and mem_len=0/seed=0 (its score only); returns those two directories."""
+  import json
+
+  trained, scored = root / 'trained' / 'seed=0', root / 'mem_len=0' / 'seed=0'
+  for directory in (trained, scored):
+    directory.mkdir(parents=True)
+  (trained / 'config.json').write_text('{"task": "char_lm"}')
+  (root / 'sweep.md').write_text('| table |\n')
+  checkpoint = str(trained / 'checkpoints' / '20')
+  (scored / 'eval_results.json').write_text(json.dumps({'bpc': 2.0, 'checkpoint': checkpoint}))
+  return trained, scored

@@ -110,3 +110,16 @@ def test_missing_or_unstarted_workdirs_are_one_line(tmp_path, make, message):
   )
   assert done.returncode == 1 and 'Traceback' not in done.stderr
   assert done.stderr.strip().splitlines()[-1].startswith('error: ') and message in done.stderr
+
+
+def test_a_sweep_root_or_an_evaluation_only_directory_is_named_as_such(tmp_path):
+  """It said 'metrics.jsonl does not exist: the run has not logged a step yet'."""
+  from helpers import eval_field_sweep_root
+
+  trained, scored = eval_field_sweep_root(tmp_path)
+  with pytest.raises(FileNotFoundError, match=f'is the root of a sweep, not a run: .* {trained}$'):
+    plot.read_curves(tmp_path)
+  with pytest.raises(
+    FileNotFoundError, match=f'holds only an evaluation .* of the run in {trained}'
+  ):
+    plot.read_curves(scored)

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from helpers import load_config
+from helpers import eval_field_sweep_root, load_config
 
 from relpos.config import recorded as recording
 from relpos.training import run_config
@@ -120,3 +120,82 @@ def test_a_run_of_another_task_is_named_by_the_tasks_as_configs_spell_them(tmp_p
     "'translate'): give the workdir of a run of task 'translate', or a config of task 'char_lm' "
     'for this one'
   )
+
+
+def test_eval_output_dir_holding_another_run_is_refused(tmp_path, monkeypatch):
+  """eval.py --output_dir=B, B another run's directory: its eval_results.json was replaced by a
+  score of --workdir's model without a word (and a sweep then tabulated it as B's own)."""
+  workdir, other = tmp_path / 'run', tmp_path / 'other'
+  (workdir / 'checkpoints' / '20').mkdir(parents=True)
+  other.mkdir()
+  for name in ('config.json', 'checkpoints'):  # each alone marks a run
+    held = other / name
+    held.mkdir() if name == 'checkpoints' else held.write_text('{}')
+    with pytest.raises(
+      ValueError, match=rf'^--output_dir={other} holds another run \(its {name}\)'
+    ):
+      run_config.check_output_dir(other, workdir)
+    (held.rmdir if name == 'checkpoints' else held.unlink)()
+  results = other / 'eval_results.json'
+  results.write_text(json.dumps({'bpc': 4.5, 'checkpoint': f'{tmp_path}/c1/checkpoints/300'}))
+  with pytest.raises(ValueError, match=r'holds the evaluation of another run .*c1/checkpoints/300'):
+    run_config.check_output_dir(other, workdir)
+  # Fine: earlier evaluations of the same workdir (absolute, or relative to another directory
+  # than this one), a damaged file, a new directory, the workdir itself.
+  results.write_text(json.dumps({'checkpoint': f'{workdir}/checkpoints/20'}))
+  run_config.check_output_dir(other, workdir)
+  monkeypatch.chdir(tmp_path)
+  results.write_text(json.dumps({'checkpoint': 'run/checkpoints/20'}))
+  run_config.check_output_dir(other, workdir)
+  run_config.check_output_dir(other, 'run')
+  results.write_text('{"bpc": 4.')
+  run_config.check_output_dir(other, workdir)
+  run_config.check_output_dir(tmp_path / 'new', workdir)
+  (workdir / 'config.json').write_text('{}')
+  run_config.check_output_dir(workdir, workdir)
+  assert run_config.foreign_checkpoint({'checkpoint': 'x/run/checkpoints/20'}, workdir) == (
+    'x/run/checkpoints/20'
+  )
+  # A sweep's root moved since it was scored: the run's place in it is the same.
+  moved = {'checkpoint': '/elsewhere/sweep/k=8/seed=0/checkpoints/20'}
+  assert run_config.foreign_checkpoint(moved, tmp_path / 'sweep2' / 'k=8' / 'seed=0') is None
+  assert run_config.foreign_checkpoint(moved, tmp_path / 'sweep2' / 'k=4' / 'seed=0') is not None
+
+
+def test_eval_py_refuses_an_output_dir_of_another_run_in_one_line(tmp_path, commands):
+  from helpers import one_error_line
+
+  other = tmp_path / 'other'
+  other.mkdir()
+  (other / 'config.json').write_text('{}')
+  result = commands.run(
+    [
+      'eval.py',
+      '--config=configs/char_tiny.py',
+      f'--workdir={tmp_path}/run',
+      f'--output_dir={other}',
+    ]
+  )
+  assert one_error_line(result).startswith(f'error: --output_dir={other} holds another run')
+  assert (other / 'config.json').read_text() == '{}'
+
+
+def test_a_sweep_root_or_an_evaluation_only_directory_is_named_as_such(tmp_path):
+  """relpos.tools.sample (and translate, shaw_tables) given a sweep's root or a results
+  directory said 'holds no relpos run (train first)', though the run is one folder away."""
+  trained, scored = eval_field_sweep_root(tmp_path)
+  with pytest.raises(FileNotFoundError) as error:
+    run_config.read_config(tmp_path)
+  assert str(error.value) == (
+    f'--workdir={tmp_path} is the root of a sweep, not a run: give its run directories, such '
+    f'as {trained}'
+  )
+  with pytest.raises(FileNotFoundError) as error:
+    run_config.read_config(scored)
+  assert str(error.value) == (
+    f'--workdir={scored} holds only an evaluation (eval_results.json) of the run in {trained}: '
+    'give that directory'
+  )
+  (tmp_path / 'empty').mkdir()
+  with pytest.raises(FileNotFoundError, match=r'holds no relpos run \(train first\)'):
+    run_config.read_config(tmp_path / 'empty')

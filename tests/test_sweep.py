@@ -589,3 +589,186 @@ def test_collect_only_warns_of_results_not_of_the_sweeps_config(tmp_path, capsys
   assert warnings[1].endswith(
     'scored at step 5, not 10; the sweep without --collect_only trains or scores it again'
   )
+
+
+def test_a_result_scored_from_another_workdir_is_not_the_runs(tmp_path, capsys):
+  """eval.py --workdir=c1 --output_dir=<a sweep run> wrote c1's score there: --collect_only
+  tabulated it as the run's own, silently, and a rerun kept it as finished."""
+  field = 'model.max_relative_position'
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 10  # _fake_runs' step
+  _fake_runs(tmp_path, field, {0: [2.0]})
+  run = sweep.run_dir(tmp_path, field, 0, 0)
+  results = json.loads((run / 'eval_results.json').read_text()) | {'eval': config.eval.to_dict()}
+  scored = sweep.with_value(config, field, 0)
+  for checkpoint in (
+    run / 'checkpoints' / '10',
+    f'{run.relative_to(tmp_path.parent)}/checkpoints/10',
+  ):
+    (run / 'eval_results.json').write_text(json.dumps(results | {'checkpoint': str(checkpoint)}))
+    assert sweep.is_finished(run, scored, run)
+  foreign = tmp_path / 'c1' / 'checkpoints' / '10'
+  (run / 'eval_results.json').write_text(json.dumps(results | {'checkpoint': str(foreign)}))
+  assert not sweep.is_finished(run, scored, run)
+  sweep.sweep(config, tmp_path, field, [0], [0], 'bpc', 0, train=False)
+  warnings = capsys.readouterr().err.splitlines()
+  assert (
+    len(warnings) == 1 and f'was scored from {foreign}, not from a checkpoint of' in warnings[0]
+  )
+
+
+def _fake_training(monkeypatch, diverges):
+  """char_lm's train_model and evaluate replaced: training raises the loop's DivergedError at
+  step 10 for the configs `diverges` picks (and records the config, as a real start does),
+  evaluation writes a _fake_runs-like result. Returns the list of (value config, seed) trained."""
+  from relpos.config.recorded import record_config
+
+  trained = []
+
+  def train_model(config, workdir):
+    trained.append((config.optim.learning_rate, config.seed))
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    record_config(config, workdir, allow_change=False)
+    if diverges(config):
+      raise loop.DivergedError('loss is nan at step 10', 10, 'loss is nan at step 10: ...')
+
+  def evaluate(config, workdir, *, output_dir):
+    score = 2.0 + config.optim.learning_rate + config.seed / 10
+    segments = [score * 0.6931 * 8 + 0.01 * ((i * 7 + config.seed) % 5) for i in range(40)]
+    results = {
+      'bpc': score,
+      'step': config.train.steps,
+      'segment_nats': segments,
+      'segment_tokens': [8] * 40,
+      'split': 'test',
+      'tokens': 320,
+      'checkpoint': str(Path(workdir) / 'checkpoints' / str(config.train.steps)),
+      'eval': config.eval.to_dict(),
+    }
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    (Path(output_dir) / 'eval_results.json').write_text(json.dumps(results))
+    return results
+
+  monkeypatch.setattr(char_lm.TASK, 'train_model', train_model)
+  monkeypatch.setattr(char_lm.TASK, 'evaluate', evaluate)
+  return trained
+
+
+def test_a_diverged_run_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch, capsys):
+  """A value whose loss goes NaN stopped the whole sweep (`error: loss is nan at step 10`),
+  at every rerun, and the other values never ran: now it is a result, recorded, warned of once,
+  kept on rerun, and listed beside the tables, which leave it out."""
+  field, values = 'optim.learning_rate', [0.001, 1e6, 0.002]
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 20
+  trained = _fake_training(monkeypatch, lambda c: c.optim.learning_rate > 1)
+  summary = sweep.sweep(config, tmp_path, field, values, [0, 1], 'bpc', baseline=0.001)
+  assert trained == [(value, seed) for value in values for seed in (0, 1)]
+  assert [(row['value'], row['n']) for row in summary] == [(0.001, 2), (0.002, 2)]
+  warnings = capsys.readouterr().err.splitlines()
+  assert warnings == [
+    f'warning: optim.learning_rate=1000000.0 seed {seed} diverged (loss is nan at step 10); '
+    f'recorded in {sweep.run_dir(tmp_path, field, 1e6, seed)}/eval_results.json, left out of '
+    'the tables and p-values; the sweep goes on with the other runs'
+    for seed in (0, 1)
+  ]
+  recorded = sweep.read_results(sweep.run_dir(tmp_path, field, 1e6, 0) / 'eval_results.json')
+  assert recorded['diverged_at_step'] == 10 and recorded['bpc'] != recorded['bpc']  # NaN
+  note = (
+    'Diverged, so left out of the tables above and of their p-values (sweep_diverged.csv; each '
+    'eval_results.json records diverged_at_step): optim.learning_rate=1000000.0 seed 0 at step '
+    '10; optim.learning_rate=1000000.0 seed 1 at step 10.'
+  )
+  assert (tmp_path / 'sweep.md').read_text().endswith('\n\n' + note + '\n')
+  with open(tmp_path / 'sweep_diverged.csv') as stream:
+    assert [row['seed'] for row in csv.DictReader(stream)] == ['0', '1']
+  trained.clear()
+  sweep.sweep(config, tmp_path, field, values, [0, 1], 'bpc', baseline=0.001)  # a rerun
+  output = capsys.readouterr()
+  assert trained == [] and 'warning' not in output.err and note in output.out
+  assert output.out.count('finished, kept') == 6
+
+
+def test_an_eval_field_sweep_trains_a_diverging_seed_once(tmp_path, monkeypatch, capsys):
+  config = load_config('char_tiny', 'shaw')
+  trained = _fake_training(monkeypatch, lambda c: c.seed == 1)
+  summary = sweep.sweep(config, tmp_path, 'eval.mem_len', [0, 4], [0, 1], 'bpc', baseline=0)
+  assert [seed for _, seed in trained] == [0, 1, 0]  # value-major; seed 1 trained once
+  assert [(row['value'], row['n']) for row in summary] == [(0, 1), (4, 1)]
+  for value in (0, 4):
+    results = sweep.run_dir(tmp_path, 'eval.mem_len', value, 1) / 'eval_results.json'
+    assert sweep.read_results(results)['eval']['mem_len'] == value
+  assert len(capsys.readouterr().err.splitlines()) == 2  # one warning per run
+
+
+def test_a_rerun_with_another_config_names_the_sweeps_remedy(tmp_path, monkeypatch):
+  """The sweep relayed train.py's `pass --allow_config_change`, a flag it does not take; it
+  also trained the runs before the changed one."""
+  field = 'model.max_relative_position'
+  config = load_config('char_tiny', 'shaw')
+  text = tmp_path / 'text.txt'
+  text.write_text('the cat sat on the mat. ' * 30)
+  config.data.path = str(text)
+  trained = _fake_training(monkeypatch, lambda c: False)
+  workdir = sweep.model_dir(tmp_path, field, 4, 0)
+  workdir.mkdir(parents=True)
+  from relpos.config.recorded import record_config
+  from relpos.training import data_record
+
+  record_config(sweep.with_value(config, field, 4), workdir, allow_change=False)
+  changed = sweep.with_value(config, 'optim.learning_rate', 0.5)
+  with pytest.raises(ValueError) as error:
+    sweep.sweep(changed, tmp_path, field, [2, 4], [0], 'bpc', baseline=2)
+  assert str(error.value).startswith(
+    f'model.max_relative_position=4 seed=0: {workdir} holds a run trained with another config '
+    '(config.optim.learning_rate: '
+  )
+  assert str(error.value).endswith(
+    'give the sweep a new --workdir for the new config, or the config its runs were trained '
+    f'with ({workdir}/config.json records it)'
+  )
+  data_record.record(workdir, char_lm.TASK.data_files(config, workdir))
+  text.write_text('other text')
+  with pytest.raises(ValueError, match='trained on other data .*give the sweep a new --workdir'):
+    sweep.sweep(config, tmp_path, field, [2, 4], [0], 'bpc', baseline=2)
+  assert trained == []  # refused before the first run trained
+
+
+def test_print_only_quotes_each_argument_for_the_shell(tmp_path):
+  """A workdir with a space broke the printed commands into two arguments."""
+  import shlex
+
+  root = tmp_path / 'k sweep'
+  lines = sweep.commands('c.py:shaw', ['--config.data.path=my text.txt'], root, 'model.k', [2], [0])
+  assert [shlex.split(line) for line in lines] == [
+    [
+      'python',
+      script,
+      '--config=c.py:shaw',
+      '--config.data.path=my text.txt',
+      '--config.model.k=2',
+      '--config.seed=0',
+      f'--workdir={root}/k=2/seed=0',
+    ]
+    for script in ('train.py', 'eval.py')
+  ]
+
+
+def test_a_second_sweep_on_the_same_root_is_refused_at_once(tmp_path, monkeypatch):
+  """Two sweeps on one root, started seconds apart: the second re-scored a run the first had
+  just finished, then stopped (exit 75) at the run the first was training. The sweep holds its
+  root's lock now, so the second is refused before it does anything; --collect_only reads."""
+  from relpos.training import workdir_lock
+
+  field = 'model.max_relative_position'
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 10  # _fake_runs' step
+  trained = _fake_training(monkeypatch, lambda c: False)
+  _fake_runs(tmp_path, field, {0: [2.0]})
+  with workdir_lock.hold(tmp_path):  # the first sweep
+    with pytest.raises(workdir_lock.WorkdirInUseError, match=f'--workdir={tmp_path} is in use'):
+      sweep.sweep(config, tmp_path, field, [0, 4], [0], 'bpc', baseline=0)
+    assert trained == []
+    sweep.sweep(config, tmp_path, field, [0], [0], 'bpc', baseline=0, train=False)
+  sweep.sweep(config, tmp_path, field, [0, 4], [0], 'bpc', baseline=0)
+  assert len(trained) == 2  # once the first let go (_fake_runs' result has no config.eval)

@@ -383,6 +383,19 @@ def test_no_pair_within_max_length_is_one_error_and_no_warning(capsys):
   assert capsys.readouterr().err == ''
 
 
+def test_pairs_dropped_are_warned_of_once_per_command(capsys):
+  """train.py batches the eval pairs for its validation and again for the evaluation at the
+  end: the same `warning: dropped 7 of 40 evaluation pairs ...` line was printed twice."""
+  for _ in range(2):
+    TokenBatches(PAIRS, max_tokens=256, num_buckets=2, max_length=25, name='x pairs')
+  TokenBatches(PAIRS, max_tokens=256, num_buckets=2, max_length=20, name='x pairs')  # other
+  warnings = capsys.readouterr().err.splitlines()
+  assert [line.split(' with ')[0] for line in warnings] == [
+    f'warning: dropped {sum(max(len(s), len(t)) > limit for s, t in PAIRS)} of 500 x pairs'
+    for limit in (25, 20)
+  ]
+
+
 def test_epoch_covers_every_pair_once_with_fixed_shapes(capsys):
   batches = TokenBatches(
     PAIRS, max_tokens=256, num_buckets=4, max_length=25, seed=1, row_multiple=2, name='x pairs'

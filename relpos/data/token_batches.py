@@ -201,7 +201,8 @@ class TokenBatches:
     if not fits.all():
       warn(
         f'dropped {np.sum(~fits)} of {len(fits)} {name} with a side longer than '
-        f'config.data.max_length={max_length} pieces'
+        f'config.data.max_length={max_length} pieces',
+        once=True,  # the eval pairs are batched for training's validation and again to score
       )
     self.kept = np.flatnonzero(fits)
     needed = np.maximum(src_len, tgt_len)[self.kept] + 1

@@ -18,7 +18,7 @@ from absl import app, flags
 from relpos import flag_types
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
-from relpos.training.run_config import check_path, check_task
+from relpos.training.run_config import check_path, check_task, not_a_run
 
 _SKIPPED = ('step', 'time', 'train/tok_per_s')
 
@@ -36,7 +36,10 @@ def read_curves(workdir) -> dict[str, dict[int, float]]:
     raise FileNotFoundError(f'{workdir} is not a directory: give the --workdir of a run')
   path = workdir / 'metrics.jsonl'
   if not path.is_file():
-    raise FileNotFoundError(f'{path} does not exist: the run has not logged a step yet')
+    raise FileNotFoundError(
+      not_a_run(workdir, str(workdir))
+      or f'{path} does not exist: the run has not logged a step yet'
+    )
   curves = {}
   for line in path.read_text().splitlines():
     try:

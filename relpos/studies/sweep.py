@@ -19,7 +19,10 @@ changes only how a model is scored: each seed trains once, in `<workdir>/trained
 every value scores that checkpoint into its own `<field>=v/seed=s` (the training's recorded
 config keeps `--config`'s own eval settings). A run whose eval_results.json is there for the
 config's last step is not touched again, so a sweep stopped anywhere (or spread over sessions)
-resumes where it was; an unfinished run resumes from its last checkpoint.
+resumes where it was; an unfinished run resumes from its last checkpoint. A run whose loss
+goes non-finite is a result too: its eval_results.json records `diverged_at_step`, a warning
+names it, and the sweep goes on (`record_divergence`). The sweep holds its root's workdir lock
+while it trains, so a second sweep on the same root is refused at once.
 
 Then the sweep writes under `<workdir>`:
 - `sweep.csv` / `sweep.md`: one row per value, `value, n, mean, std, difference, p_value,
@@ -51,12 +54,15 @@ Everything that can be wrong is an error before any training: an unknown field o
 metric the task does not report, a field the model never reads at the swept values (k on an
 absolute model). `--print_only` prints the train/eval command of every run instead (for a
 cluster); `--collect_only` rebuilds the tables from finished runs, with a warning naming each
-result that is not of the config as given (another training config, step or config.eval). Any
-`--config.*` override on this command line is passed on to every run.
+result that is not of the config as given (another training config, step or config.eval, or
+scored from another workdir's checkpoint). Any `--config.*` override on this command line is
+passed on to every run.
 """
 
 import csv
 import json
+import math
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -68,16 +74,18 @@ from ml_collections import config_flags
 from relpos import flag_types, runtime
 from relpos.config import checks, load_config_file
 from relpos.config.recorded import changes_from_recorded, with_added
+from relpos.files import write_atomically
 from relpos.messages import warn
 from relpos.studies import breakdown, significance
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
-from relpos.training import loop, run_config, tasks
+from relpos.training import data_record, loop, run_config, tasks, workdir_lock
 from relpos.training.preemption import PreemptedError
 
 SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'difference', 'p_value', 'p_seeds')
 PRESET = 'preset'  # --field=preset: each value is a preset of the --config file
 EVAL_SECTION = 'eval.'  # a field under it: one training per seed, scored at every value
+DIVERGED = 'diverged_at_step'  # in eval_results.json: the run's loss or parameters went non-finite
 
 
 def preset_variants(path, overrides: list[str]):
@@ -272,8 +280,9 @@ def is_finished(results_dir: Path, config, trained_dir: Path) -> bool:
 
 def stale_reason(results_dir: Path, config, trained_dir: Path) -> str | None:
   """Why the eval_results.json in `results_dir` is not that of `config`'s run, or None when it
-  is (`is_finished`): the model trained with another config, the file damaged, or scored at
-  another step or with another config.eval."""
+  is (`is_finished`): the model trained with another config, the file damaged, scored from a
+  checkpoint of another workdir (`eval.py --output_dir` pointed here), or scored at another
+  step or with another config.eval."""
   path = results_dir / 'eval_results.json'
   if changes := changes_from_recorded(config, trained_dir):
     shown = '; '.join(changes[:3]) + ('; ...' if len(changes) > 3 else '')
@@ -282,6 +291,10 @@ def stale_reason(results_dir: Path, config, trained_dir: Path) -> str | None:
     results = read_results(path)
   except ValueError:
     return f'{path} is damaged'
+  if checkpoint := run_config.foreign_checkpoint(results, trained_dir):
+    return f'{path} was scored from {checkpoint}, not from a checkpoint of {trained_dir}'
+  if DIVERGED in results:
+    return None  # its training config diverges again, whatever config.eval scores it
   current = config.eval.to_dict()
   recorded = {'task': config.task, 'eval': results.get('eval', {})}
   scored = with_added(recorded, {'eval': current})['eval']
@@ -310,6 +323,51 @@ def warn_stale(config, root: Path, field: str, values, seeds, variant_of, settin
         )
 
 
+def record_divergence(error: loop.DivergedError, metrics, run: str, unscored) -> None:
+  """A diverged run is a result of the sweep, not a fault of it: eval_results.json in each of
+  the run's results directories (`unscored`: (config, directory) pairs) records the step
+  (`DIVERGED`), what went non-finite, and NaN for every metric of the task, so a reader of the
+  file alone cannot take it for a score. A rerun keeps it as finished (`stale_reason`; the same
+  config diverges again), and the tables leave it out with a note (`collect`,
+  `diverged_runs`). One warning names the run (`run`, 'field=value seed s') and the step."""
+  for scored, results_dir in unscored:
+    results_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+      **{name: math.nan for name in metrics},
+      DIVERGED: error.step,
+      'diverged': error.what,
+      'eval': scored.eval.to_dict(),
+    }
+    write_atomically(results_dir / 'eval_results.json', json.dumps(record, indent=2))
+  warn(
+    f'{run} diverged ({error.what}); recorded in {unscored[0][1] / "eval_results.json"}, left '
+    'out of the tables and p-values; the sweep goes on with the other runs'
+  )
+
+
+def check_rerun(trained, workdir: Path, task, run: str) -> None:
+  """What train.py refuses when a run resumes (`relpos.config.recorded.check_config_change`,
+  `relpos.training.data_record`), checked for every run before the first trains and told
+  with the sweep's remedies (train.py's --allow_config_change is not the sweep's).
+
+  Raises:
+    ValueError: `workdir` holds a run trained with another config than `trained`, or on data
+      files changed since; naming the run (`run`) and the changes.
+  """
+  if changes := changes_from_recorded(trained, workdir):
+    raise ValueError(
+      f'{run}: {workdir} holds a run trained with another config ({"; ".join(changes)}): give '
+      'the sweep a new --workdir for the new config, or the config its runs were trained with '
+      f'({workdir / run_config.CONFIG_FILE} records it)'
+    )
+  if other_data := data_record.changes(workdir, task.data_files(trained, workdir)):
+    raise ValueError(
+      f'{run}: {workdir} holds a run trained on other data ({"; ".join(other_data)}): give the '
+      'sweep a new --workdir to train on the data as it is now, or restore the data its runs '
+      'trained on'
+    )
+
+
 def runs(config, field: str, values, seeds, variant_of=None):
   """(value, seed, config) of every run, value-major (see `check_sweep` for `variant_of`)."""
   for value in values:
@@ -322,7 +380,12 @@ def runs(config, field: str, values, seeds, variant_of=None):
 def commands(
   config_arg: str, overrides: list[str], root: Path, field: str, values, seeds, evaluations=None
 ):
-  """The shell commands that train and evaluate every run (at each of `evaluations`, given)."""
+  """The shell commands that train and evaluate every run (at each of `evaluations`, given),
+  each argument quoted for the shell where it needs it (a workdir with spaces, say)."""
+
+  def command(*args) -> str:
+    return ' '.join(shlex.quote(str(arg)) for arg in args)
+
   lines = []
   for value in values:
     for seed in seeds:
@@ -330,15 +393,17 @@ def commands(
         chosen = [f'--config={config_arg.split(":")[0]}:{value}', *overrides]
       else:
         chosen = [f'--config={config_arg}', *overrides, f'--config.{field}={value}']
-      flags_text = ' '.join([*chosen, f'--config.seed={seed}'])
+      chosen.append(f'--config.seed={seed}')
       workdir, results_dir = model_dir(root, field, value, seed), run_dir(root, field, value, seed)
       if workdir == results_dir or value == values[0]:
-        lines.append(f'python train.py {flags_text} --workdir={workdir}')
+        lines.append(command('python', 'train.py', *chosen, f'--workdir={workdir}'))
       for setting, eval_fields in (evaluations or {None: {}}).items():
-        scored = ''.join(f' --config.{name}={v}' for name, v in eval_fields.items())
+        scored = [f'--config.{name}={v}' for name, v in eval_fields.items()]
         output_dir = run_dir(root, field, value, seed, setting)
-        output = '' if workdir == output_dir else f' --output_dir={output_dir}'
-        lines.append(f'python eval.py {flags_text}{scored} --workdir={workdir}{output}')
+        output = [] if workdir == output_dir else [f'--output_dir={output_dir}']
+        lines.append(
+          command('python', 'eval.py', *chosen, *scored, f'--workdir={workdir}', *output)
+        )
   return lines
 
 
@@ -354,25 +419,71 @@ def collect(
       for workdir in {model_dir(root, field, value, seed), run_dir(root, field, value, seed)}:
         run_config.check_task(workdir, task, flag=None)
   rows = []
+  for value, seed, results_path in _results_paths(root, field, values, seeds, evaluation):
+    if not results_path.exists():
+      warn(f'no results for {field}={value} seed {seed} ({results_path})')
+      continue
+    results = read_results(results_path)
+    if DIVERGED in results:
+      continue  # no score: `diverged_runs` lists it
+    if metric not in results:
+      raise ValueError(f'{results_path} has no {metric!r} (it has {sorted(results)})')
+    rows.append(
+      {
+        'value': value,
+        'seed': seed,
+        metric: results[metric],
+        'step': results.get('step'),
+        'workdir': str(results_path.parent),
+      }
+    )
+  return rows
+
+
+def _results_paths(root: Path, field: str, values, seeds, evaluation=None):
+  """(value, seed, the path of its eval_results.json) of every run, value-major."""
   for value in values:
     for seed in seeds:
-      results_path = run_dir(root, field, value, seed, evaluation) / 'eval_results.json'
-      if not results_path.exists():
-        warn(f'no results for {field}={value} seed {seed} ({results_path})')
-        continue
-      results = read_results(results_path)
-      if metric not in results:
-        raise ValueError(f'{results_path} has no {metric!r} (it has {sorted(results)})')
+      yield value, seed, run_dir(root, field, value, seed, evaluation) / 'eval_results.json'
+
+
+def diverged_runs(root: Path, field: str, values, seeds, evaluation=None) -> list[dict]:
+  """One row per run recorded as diverged (`record_divergence`), which `collect` leaves out:
+  value, seed, the step it diverged at, its results directory."""
+  rows = []
+  for value, seed, results_path in _results_paths(root, field, values, seeds, evaluation):
+    if results_path.exists() and DIVERGED in (results := read_results(results_path)):
       rows.append(
         {
           'value': value,
           'seed': seed,
-          metric: results[metric],
-          'step': results.get('step'),
+          DIVERGED: results[DIVERGED],
           'workdir': str(results_path.parent),
         }
       )
   return rows
+
+
+def write_diverged(rows: list[dict], root: Path, field: str) -> None:
+  """The diverged runs (`diverged_runs`) beside the tables, which leave them out: a note under
+  sweep.md's tables (printed too) and sweep_diverged.csv; with none, an earlier
+  sweep_diverged.csv is removed."""
+  path = root / 'sweep_diverged.csv'
+  if not rows:
+    path.unlink(missing_ok=True)
+    return
+  _write_csv(path, rows, ('value', 'seed', DIVERGED, 'workdir'))
+  runs_text = '; '.join(
+    f'{field}={value_label(field, row["value"])} seed {row["seed"]} at step {row[DIVERGED]}'
+    for row in rows
+  )
+  note = (
+    f'Diverged, so left out of the tables above and of their p-values ({path.name}; each '
+    f'eval_results.json records {DIVERGED}): {runs_text}.\n'
+  )
+  with open(root / 'sweep.md', 'a') as stream:
+    stream.write('\n' + note)
+  print(note)
 
 
 def _pooled_items(config, metric: str, rows: list[dict]):
@@ -571,36 +682,22 @@ def sweep(
   root.mkdir(parents=True, exist_ok=True)
   settings = evaluations or {None: {}}
   if train:
-    todo = []
-    for value, seed, variant in runs(config, field, values, seeds, variant_of):
-      workdir, unscored = model_dir(root, field, value, seed), []
-      for setting, overrides in settings.items():
-        results_dir = run_dir(root, field, value, seed, setting)
-        scored = evaluated(variant, overrides)
-        if is_finished(results_dir, scored, workdir):
-          print(f'=== {field}={value} seed={seed}: finished, kept ({results_dir})', flush=True)
-        else:
-          try:  # what train.py checks before training, for every run before the first trains
-            loop.check_evaluation_plan(scored, workdir)
-          except ValueError as error:
-            raise ValueError(f'{field}={value} seed={seed}: {error}') from None
-          unscored.append((scored, results_dir))
-      if unscored:
-        todo.append((value, seed, variant, workdir, unscored))
-    started = time.monotonic()
-    for done, (value, seed, variant, workdir, unscored) in enumerate(todo):
-      print(f'=== {field}={value} seed={seed} ({progress(done, len(todo), started)})', flush=True)
-      task.train_model(_as_trained(config, field, variant), workdir)
-      for scored, results_dir in unscored:
-        result = task.evaluate(scored, workdir, output_dir=results_dir)
-        print('\n'.join(task.result_lines(result)), flush=True)
+    # One sweep at a time on a root: a second one would score the runs the first finishes,
+    # then stop at the run the first trains (its workdir's lock); it is refused at once.
+    with workdir_lock.hold(root):
+      train_unfinished(config, task, root, field, values, seeds, variant_of, settings)
   rows = collect(root, field, values, seeds, metric, next(iter(settings)), task=config.task)
   if not train:
     warn_stale(config, root, field, values, seeds, variant_of, settings)
+  diverged = diverged_runs(root, field, values, seeds, next(iter(settings)))
   if not rows:
-    raise FileNotFoundError(f'no finished runs under {root}')
+    raise FileNotFoundError(
+      f'no finished runs under {root}'
+      + (f': all {len(diverged)} diverged (each eval_results.json says where)' if diverged else '')
+    )
   summary = summarise(config, rows, values, metric, baseline)
   print(write_tables(summary, rows, root, field, metric, baseline))
+  write_diverged(diverged, root, field)
   print(f'plot: {plot(summary, rows, root, field, metric)}')
   for kind, edges in breakdowns:
     write_breakdown(config, rows, baseline, root, field, kind, edges)
@@ -608,6 +705,46 @@ def sweep(
     by_setting = {s: collect(root, field, values, seeds, metric, s) for s in evaluations}
     write_evaluations(config, by_setting, baseline, root, field, metric)
   return summary
+
+
+def train_unfinished(config, task, root: Path, field: str, values, seeds, variant_of, settings):
+  """`sweep`'s training: trains and scores (at each of `settings`) every run not finished,
+  after checking all of them first (their evaluation plans, their recorded configs); a run
+  that diverges is recorded as such (`record_divergence`) and the others go on."""
+  todo = []
+  for value, seed, variant in runs(config, field, values, seeds, variant_of):
+    workdir, unscored = model_dir(root, field, value, seed), []
+    for setting, overrides in settings.items():
+      results_dir = run_dir(root, field, value, seed, setting)
+      scored = evaluated(variant, overrides)
+      if is_finished(results_dir, scored, workdir):
+        print(f'=== {field}={value} seed={seed}: finished, kept ({results_dir})', flush=True)
+      else:
+        try:  # what train.py checks before training, for every run before the first trains
+          loop.check_evaluation_plan(scored, workdir)
+        except ValueError as error:
+          raise ValueError(f'{field}={value} seed={seed}: {error}') from None
+        unscored.append((scored, results_dir))
+    if unscored:
+      check_rerun(
+        _as_trained(config, field, variant), workdir, task, f'{field}={value} seed={seed}'
+      )
+      todo.append((value, seed, variant, workdir, unscored))
+  started = time.monotonic()
+  diverged = {}  # workdir -> its DivergedError: an eval field's one training, for every value
+  for done, (value, seed, variant, workdir, unscored) in enumerate(todo):
+    print(f'=== {field}={value} seed={seed} ({progress(done, len(todo), started)})', flush=True)
+    try:
+      if workdir not in diverged:
+        task.train_model(_as_trained(config, field, variant), workdir)
+    except loop.DivergedError as error:
+      diverged[workdir] = error
+    if workdir in diverged:
+      record_divergence(diverged[workdir], task.metrics, f'{field}={value} seed {seed}', unscored)
+      continue
+    for scored, results_dir in unscored:
+      result = task.evaluate(scored, workdir, output_dir=results_dir)
+      print('\n'.join(task.result_lines(result)), flush=True)
 
 
 def write_evaluations(config, by_setting: dict, baseline, root: Path, field: str, metric: str):

@@ -454,6 +454,16 @@ _SHAPE_FIELDS = (
 )
 
 
+class DivergedError(FloatingPointError):
+  """The run's loss or parameters became non-finite (a USER_ERRORS error: train.py prints it
+  as one line). `what` says what, `step` where; a sweep records the run as diverged
+  (`relpos.studies.sweep`) and goes on with the others."""
+
+  def __init__(self, what: str, step: int, message: str):
+    super().__init__(message)
+    self.what, self.step = what, step
+
+
 class DeviceMemoryError(RunFaultError):
   """XLA ran out of accelerator memory compiling or running a training step."""
 
@@ -675,27 +685,29 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   )
   interval_sums = []
 
-  def diverged(what: str) -> FloatingPointError:
+  def diverged(what: str, step: int) -> DivergedError:
     """The error of a run that diverged, naming the last good checkpoint (`save` writes no
     other: each save is checked first; the one in flight, already checked, is committed so
     that it can be named)."""
     checkpoints.commit()
-    return FloatingPointError(
+    return DivergedError(
+      what,
+      step,
       f'{what}: the run diverged; {checkpoints.last_good()}; a lower '
       'config.optim.learning_rate or a config.optim.clip_norm may help (--allow_config_change '
-      'continues this run with them)'
+      'continues this run with them)',
     )
 
   def interval_totals(done: int) -> tuple[dict, float]:
     """(the sums of the steps since the last progress line, their mean loss), a device sync.
 
     Raises:
-      FloatingPointError: the loss is not finite.
+      DivergedError: the loss is not finite.
     """
     totals = jax.tree.map(lambda *xs: float(np.sum(xs)), *jax.device_get(interval_sums))
     loss = totals['loss'] / max(totals['tokens'], 1)
     if not math.isfinite(loss):
-      raise diverged(f'loss is {loss} at step {done}')
+      raise diverged(f'loss is {loss} at step {done}', done)
     return totals, loss
 
   def save(step):
@@ -705,7 +717,7 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
     if interval_sums:
       interval_totals(step)
     if not all_finite(state['model']):
-      raise diverged(f'the parameters are not finite at step {step}')
+      raise diverged(f'the parameters are not finite at step {step}', step)
     checkpoints.save(step, state, {'step': step, **run.checkpoint_meta})
 
   def log(done):

@@ -6,6 +6,7 @@ a rerun matches it, is `relpos.config.recorded`.
 """
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -63,8 +64,39 @@ def read_config(workdir, flag: str | None = '--workdir') -> ml_collections.Confi
     raise not_a_workdir(workdir, flag)
   path = workdir / CONFIG_FILE
   if not path.is_file():
-    raise FileNotFoundError(f'{path} does not exist: {workdir} holds no relpos run (train first)')
+    given = f'{flag}={workdir}' if flag else str(workdir)
+    raise FileNotFoundError(
+      not_a_run(workdir, given)
+      or f'{path} does not exist: {workdir} holds no relpos run (train first)'
+    )
   return ml_collections.ConfigDict(read_recorded(path))
+
+
+def not_a_run(directory, given: str) -> str | None:
+  """What a directory without a run of its own holds, when it is one relpos writes that a tool
+  may be given by mistake, as the one line that says so and which directories to give (the
+  directory as `given` on the command line); None for any other.
+
+  A sweep's root (`relpos.studies.sweep`: sweep.csv, sweep.md, or `<field>=<value>/seed=<s>`
+  folders) holds one run per value and seed; an evaluation's output directory (eval.py
+  --output_dir, a sweep's eval-field value or `--evaluations` setting) holds only
+  eval_results.json, whose `checkpoint` names the run it scored."""
+  directory = Path(directory)
+  runs = sorted(directory.glob('*=*/seed=*')) + sorted(directory.glob('trained/seed=*'))
+  if runs or any((directory / name).is_file() for name in ('sweep.csv', 'sweep.md')):
+    trained = [run for run in runs if (run / CONFIG_FILE).is_file()] or runs
+    example = f', such as {trained[0]}' if trained else ''
+    return f'{given} is the root of a sweep, not a run: give its run directories{example}'
+  try:
+    results = json.loads((directory / RESULTS_FILE).read_text())
+  except (OSError, ValueError):
+    return None
+  checkpoint = results.get('checkpoint') if isinstance(results, dict) else None
+  if isinstance(checkpoint, str):
+    run = f'the run in {Path(checkpoint).parent.parent}: give that directory'
+  else:  # a sweep's record of a diverged run
+    run = "a run: give the run's directory (a sweep of an eval field trains in trained/seed=<s>)"
+  return f'{given} holds only an evaluation ({RESULTS_FILE}) of {run}'
 
 
 class TaskMismatchError(ValueError):
@@ -130,3 +162,59 @@ def check_model(workdir, config: ml_collections.ConfigDict) -> None:
       f'({"; ".join(changes)}): give the config it was trained with '
       f'({Path(workdir) / CONFIG_FILE} records it)'
     )
+
+
+RESULTS_FILE = 'eval_results.json'
+
+
+def foreign_checkpoint(results: dict, workdir) -> str | None:
+  """The checkpoint an evaluation's `results` (eval_results.json) names, when it is not one of
+  the run in `workdir`: `<w>/checkpoints/<step>` of another workdir w. None when it is the
+  run's, or when the results name none (written before they recorded it).
+
+  The path was written as the evaluating process saw it: relative to its directory, maybe,
+  and before the runs were moved (a sweep's root renamed, copied from a cluster). So w is the
+  run's when it resolves to `workdir` or when its last two parts are `workdir`'s (the run's
+  place in a sweep's root, `<field>=<v>/seed=<s>`, or under its parent), which a move keeps;
+  another run's directory (`runs/c1`) differs there."""
+  checkpoint = results.get('checkpoint')
+  if not isinstance(checkpoint, str):
+    return None
+  scored = Path(os.path.normpath(checkpoint)).parent.parent  # <w>/checkpoints/<step> -> <w>
+  own = Path(workdir).resolve()
+  tail = tuple(part for part in scored.parts if part not in ('/', '..'))[-2:]
+  same = scored.resolve() == own or own.parts[len(own.parts) - len(tail) :] == tail
+  return None if same else checkpoint
+
+
+def check_output_dir(output_dir, workdir) -> None:
+  """Checks that eval.py's `--output_dir` (eval_results.json and translations go there) holds
+  no other run, whose files the evaluation would overwrite with a score of `workdir`'s model:
+  a run's config.json or checkpoints, or an eval_results.json scored from another workdir (a
+  sweep's --collect_only would then tabulate it as that run's own). The workdir itself, a new
+  directory, or one of earlier evaluations of the same workdir (a sweep's `<run>/<setting>`,
+  an eval field's `<field>=<v>/seed=<s>`) are fine.
+
+  Raises:
+    ValueError: naming --output_dir and what it holds.
+  """
+  output_dir = Path(output_dir)
+  if not output_dir.is_dir() or output_dir.resolve() == Path(workdir).resolve():
+    return
+  held = [name for name in (CONFIG_FILE, 'checkpoints') if (output_dir / name).exists()]
+  if held:
+    what = f'another run (its {" and ".join(held)})'
+  else:
+    try:
+      results = json.loads((output_dir / RESULTS_FILE).read_text())
+    except (OSError, ValueError):
+      return  # none, or damaged: nothing of another run's to keep
+    checkpoint = foreign_checkpoint(results, workdir) if isinstance(results, dict) else None
+    if checkpoint is None:
+      return
+    what = f'the evaluation of another run ({RESULTS_FILE} scored {checkpoint})'
+  raise ValueError(
+    f'--output_dir={output_dir} holds {what}, which this evaluation of --workdir={workdir} would '
+    'overwrite: give a directory of its own (a new one is made), or leave --output_dir out to '
+    'write into the workdir'
+  )

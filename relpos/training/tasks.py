@@ -14,7 +14,7 @@ from relpos.config import checks
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE
 from relpos.training.loop import Task
 from relpos.training.preemption import PreemptedError, RunFaultError
-from relpos.training.run_config import TaskMismatchError
+from relpos.training.run_config import TaskMismatchError, check_output_dir
 
 # Imported on demand, so one task's dependencies never slow down or break another's.
 _TASKS = {
@@ -291,6 +291,8 @@ def launch(action: str):
     else:
       kwargs['output_dir'] = output_dir.value
     try:
+      if kwargs.get('output_dir') is not None:  # before anything is read: it holds no other run
+        check_output_dir(kwargs['output_dir'], workdir.value)
       task = get(config.value)
       result = getattr(task, action)(config.value, workdir.value, **kwargs)
     except PreemptedError as stopped:
