@@ -115,6 +115,31 @@ def test_read_lines_warns_once_about_tab_separated_pairs(tmp_path, capsys):
   assert capsys.readouterr().out == ''
 
 
+def test_read_lines_warns_once_about_sgml_markup(tmp_path, capsys):
+  """A WMT test set as released (`newstest2014-deen-src.en.sgm`) was read as plain text: its
+  `<doc ...>`, `<seg id=..>...</seg>` and `</doc>` lines scored as sentences (W3a)."""
+  sgml = ['<srcset setid="newstest2014" srclang="any">']
+  for doc in range(2):
+    sgml.append(f'<doc docid="{doc}-news" genre="news" origlang="de">')
+    sgml += [f'<seg id="{i + 1}">{SOURCES[i]}</seg>' for i in range(3)]
+    sgml.append('</doc>')
+  sgml.append('</srcset>')
+  path = _write(tmp_path / 'newstest-src.en.sgm', sgml)
+  assert parallel_text.read_lines(path, field='config.data.eval_src') == sgml
+  warnings = capsys.readouterr().err.strip().split('\n')
+  assert len(warnings) == 1 and warnings[0].startswith('warning: ')
+  assert (
+    'newstest-src.en.sgm (config.data.eval_src): 12 of its 12 non-empty lines start with '
+    'SGML/XML markup' in warnings[0]
+  )
+  assert 'one sentence per line' in warnings[0] and '<seg>' in warnings[0]
+  assert 'sacrebleu -t wmt14 -l en-de --echo src' in warnings[0]
+  # Sentences that hold, or even start with, a tag or a '<' now and then are plain text.
+  some = _write(tmp_path / 'some.txt', ['<b>Bold</b> news', 'a < b', '<3 you', 'x <seg>', 'y'])
+  parallel_text.read_lines(some)
+  assert capsys.readouterr().err == ''
+
+
 def test_read_parallel_drops_empty_pairs_and_logs(tmp_path, capsys):
   src = _write(tmp_path / 'src.txt.gz', ['a', '', 'c', 'd', '  ', 'f'])
   tgt = _write(tmp_path / 'tgt.txt', ['A', 'B', ' ', 'D', 'E', 'F'])
