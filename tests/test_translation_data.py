@@ -607,6 +607,29 @@ def test_load_translation_data_text(tmp_path):
   assert again.tokenizer.encode(SOURCES[0]) == data.tokenizer.encode(SOURCES[0])
 
 
+def test_moses_detokenize_warns_about_text_that_is_not_moses_tokenised(tmp_path, capsys):
+  """A toy-ende run's config (moses_detokenize=True) evaluating raw newstest2014 detokenised
+  raw references (`the 'Grub'` -> `the'Grub'`) and scored against them in silence (W3b)."""
+  config = _data_config(tmp_path)
+  translation.read_pairs(config, 'train')
+  translation.read_pairs(config, 'eval')
+  assert capsys.readouterr().err == ''  # tokenised text: nothing to say
+  config.eval_src = str(_write(tmp_path / 'raw.en', SOURCES[200:250]))
+  config.eval_tgt = str(_write(tmp_path / 'raw.de', TARGETS[200:250]))
+  sources, _ = translation.read_pairs(config, 'eval')
+  warnings = capsys.readouterr().err.strip().split('\n')
+  assert len(warnings) == 2 and all(line.startswith('warning: ') for line in warnings)
+  assert warnings[0].startswith(f'warning: {tmp_path / "raw.en"} (config.data.eval_src): ')
+  assert warnings[1].startswith(f'warning: {tmp_path / "raw.de"} (config.data.eval_tgt): ')
+  assert 'shows no Moses tokenisation' in warnings[0]
+  assert 'config.data.moses_detokenize=False' in warnings[0]
+  assert len(sources) == 50  # still read as asked
+  # One Moses escape is a sign of tokenisation; lines without punctuation show nothing.
+  parallel_text.warn_if_not_moses_tokenized(['It &apos;s raw, he said.', 'So.'], 'a')
+  parallel_text.warn_if_not_moses_tokenized(['no punctuation here', 'nor here'], 'b')
+  assert capsys.readouterr().err == ''
+
+
 def test_eval_batches_take_the_training_shapes_else_fit_their_own(tmp_path):
   config = _data_config(tmp_path, max_eval_examples=20, length_buckets=2)
   data = translation.load_translation_data(config, tmp_path / 'work', seed=3)
