@@ -443,6 +443,54 @@ def test_what_is_off_the_clock_stays_out_of_the_next_reports_rate(monkeypatch):
   assert text.endswith('| ETA 0m16s')  # 2 s a step, 8 steps left
 
 
+def test_checkpoint_saves_stay_out_of_the_rate_and_their_mean_goes_into_the_eta(monkeypatch):
+  """`Progress`: a save is off the clock, as validation is, and the ETA adds the mean time of the
+  saves timed so far for each save still to come (every 2 steps here, and the last step's)."""
+  from relpos.training.progress import Progress
+
+  assert Progress(10, checkpoint_every=5).saves_after(3) == 2  # at 5 and 10
+  assert Progress(10).saves_after(3) == 1 and Progress(10).saves_after(10) == 0  # the last
+  # start; steps 1, 2 (2 s); stop; save (6 s); start; steps 3, 4 (2 s); report.
+  clock = iter([0.0, 2.0, 8.0, 10.0])
+  monkeypatch.setattr(loop_progress.time, 'perf_counter', lambda: next(clock))
+  progress = Progress(total_steps=11, checkpoint_every=2)
+  progress.stop_clock()
+  assert progress.start_clock(saved=True) == 6.0
+  tokens_per_second, text = progress.report(4, tokens=40)
+  assert tokens_per_second == 10.0  # 40 tokens in 4 s
+  assert progress.saves_after(4) == 4  # at 6, 8, 10 and the last step, 11
+  assert text.endswith('| ETA 0m31s')  # 7 steps of 1 s, 4 saves of 6 s
+
+
+def test_the_loop_times_checkpoint_saves_off_the_clock(tmp_path, capsys, monkeypatch):
+  """W12: with checkpoint_every=2 the progress line's tok/s fell from ~50k to ~1k, each save's
+  time counted as training; it is off the clock now and in the ETA instead."""
+
+  class Clock:
+    now = 0.0
+
+    def perf_counter(self):
+      self.now += 0.001  # every reading: a millisecond
+      return self.now
+
+  clock = Clock()
+  monkeypatch.setattr(loop_progress, 'time', clock)
+  save = loop.Checkpoints.save
+
+  def slow_save(self, *args, **kwargs):
+    clock.now += 1000.0  # a save of 1000 s
+    return save(self, *args, **kwargs)
+
+  monkeypatch.setattr(loop.Checkpoints, 'save', slow_save)
+  config = _config()
+  config.train.update(checkpoint_every=2, eval_every=0)
+  TASK.train_and_evaluate(config, tmp_path / 'run')
+  rates = [r['train/tok_per_s'] for r in _records(tmp_path / 'run') if 'train/loss' in r]
+  assert len(rates) == 4 and min(rates) > 32 * 2 / 1.0  # 2 steps of 32 rows within a second
+  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('step 4/')]
+  assert lines and lines[0].endswith('| ETA 33m20s')  # saves at 6 and 8, 1000 s each
+
+
 def test_an_interval_of_only_excluded_steps_reports_them(monkeypatch):
   from relpos.training.progress import Progress
 

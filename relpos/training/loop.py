@@ -671,7 +671,10 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   writer = MetricWriter(workdir)
   dtype = config.model.get('dtype', 'float32')
   progress = Progress(
-    train_config.steps, start_step, flops_lib.devices_peak(mesh.devices.flat, dtype)
+    train_config.steps,
+    start_step,
+    flops_lib.devices_peak(mesh.devices.flat, dtype),
+    checkpoint_every=train_config.checkpoint_every,
   )
   interval_sums = []
 
@@ -701,12 +704,15 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   def save(step):
     """Saves the state reached at `step`, refusing a non-finite one: the losses since the last
     progress line (checked there only, so a save in between syncs for them) and the
-    parameters (the update of the last step may be the first to overflow)."""
+    parameters (the update of the last step may be the first to overflow). Off the training's
+    clock, as validation is: the checks wait for the step, and the clock stops after them."""
     if interval_sums:
       interval_totals(step)
     if not all_finite(state['model']):
       raise diverged(f'the parameters are not finite at step {step}')
+    progress.stop_clock()
     checkpoints.save(step, state, {'step': step, **run.checkpoint_meta})
+    progress.start_clock(saved=True)
 
   def log(done):
     totals, loss = interval_totals(done)
