@@ -169,6 +169,24 @@ def test_resume_follows_the_uninterrupted_trajectory(tmp_path):
   assert again == {6: expected[6], 8: expected[8]}
 
 
+def test_a_resume_under_another_batch_plan_is_named_once():
+  """`batch_plan_warning`: only a recorded plan that differs from this run's is named (another
+  device count with the same rows is the same data order; an older checkpoint has no plan)."""
+  plan = {'rows': [14, 6], 'processes': 1, 'batches_per_epoch': 20}
+  saved = {'step': 4, 'devices': 2, 'batch_plan': plan}
+  assert loop.batch_plan_warning(saved, {'devices': 4, 'batch_plan': dict(plan)}, 4) is None
+  assert loop.batch_plan_warning({'step': 4}, {'devices': 1, 'batch_plan': plan}, 4) is None
+  assert loop.batch_plan_warning(saved, {}, 4) is None
+  other = {'rows': [15, 6], 'processes': 1, 'batches_per_epoch': 19}
+  warning = loop.batch_plan_warning(saved, {'devices': 1, 'batch_plan': other}, 4)
+  assert warning.startswith(
+    'resumed from step 4 with batches planned otherwise than when it was saved (then 2 '
+    'device(s) in 1 process(es): rows [14, 6], 20 batches per epoch; now 1 device(s) in 1 '
+    'process(es): rows [15, 6], 19 batches per epoch): '
+  )
+  assert '\n' not in warning
+
+
 def test_a_non_finite_loss_stops_the_run(tmp_path):
   config = _config()
   config.optim.learning_rate = 1e30

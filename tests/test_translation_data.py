@@ -486,6 +486,20 @@ def _in_threads(make, shards):
   return results
 
 
+def test_the_batch_plan_changes_with_the_row_multiple_where_the_rows_round_otherwise():
+  """The device count enters translation batching through row_multiple: rows are rounded down
+  to a multiple of it, so 1 and 2 devices can differ in rows and batches per epoch (W2)."""
+  one, two = (
+    TokenBatches(PAIRS, max_tokens=256, num_buckets=4, max_length=25, row_multiple=multiple)
+    for multiple in (1, 2)
+  )
+  assert one.plan['rows'] == list(one.rows) and one.plan['processes'] == 1
+  assert two.plan['rows'] == [rows // 2 * 2 for rows in one.rows] != one.plan['rows']
+  assert one.plan != two.plan
+  even = TokenBatches(PAIRS, max_tokens=16 * 26, boundaries=[26], max_length=25, row_multiple=2)
+  assert even.plan == TokenBatches(PAIRS, max_tokens=16 * 26, boundaries=[26], max_length=25).plan
+
+
 def test_sharded_batches_agree_on_shapes_and_cover_every_pair_once():
   whole = TokenBatches(PAIRS, max_tokens=256, num_buckets=4, max_length=25, row_multiple=2)
   shards = _thread_shards(2)
@@ -505,6 +519,10 @@ def test_sharded_batches_agree_on_shapes_and_cover_every_pair_once():
   assert all(part.boundaries == whole.boundaries for part in parts)
   assert all(part.rows == tuple(r // 2 for r in whole.rows) for part in parts)
   per_epoch = parts[0].batches_per_epoch
+  # The plan a checkpoint records: global rows, and the processes (each shuffles its own).
+  assert (
+    parts[0].plan == parts[1].plan == {**whole.plan, 'processes': 2, 'batches_per_epoch': per_epoch}
+  )
   assert parts[1].batches_per_epoch == per_epoch >= whole.batches_per_epoch
   for epoch in range(2):
     seen = []
