@@ -710,12 +710,14 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
     """Saves the state reached at `step`, refusing a non-finite one: the losses since the last
     progress line (checked there only, so a save in between syncs for them) and the
     parameters (the update of the last step may be the first to overflow). Off the training's
-    clock, as validation is: the checks wait for the step, and the clock stops after them."""
+    clock, as validation is: it stops once the step is done (the loss check waits for it), so
+    the parameter check (its first call compiles) and the save itself are not counted."""
     if interval_sums:
       interval_totals(step)
+    jax.block_until_ready(state['model'])  # done already, where the loss check waited
+    progress.stop_clock()
     if not all_finite(state['model']):
       raise diverged(f'the parameters are not finite at step {step}')
-    progress.stop_clock()
     checkpoints.save(step, state, {'step': step, **run.checkpoint_meta})
     progress.start_clock(saved=True)
 

@@ -16,7 +16,9 @@ class Progress:
   (`stop_clock`), does that work, waits for it, and starts the clock again (`start_clock`,
   which returns the seconds it was stopped); a step done meanwhile is named with
   `exclude_step` so that its tokens stay out of the report's count too. An interval whose every
-  step was excluded reports them anyway.
+  step was excluded reports them anyway. A save's commit runs in the background (orbax), so
+  where it competes with the steps after it (a few CPU cores) that slows their rate, as it
+  slows the training.
 
   The ETA is the remaining steps at the interval's rate plus, for the saves still to come
   (every `checkpoint_every` steps and the last step's), the mean time of the saves timed so
