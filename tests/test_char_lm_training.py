@@ -278,3 +278,12 @@ def test_splits_too_short_are_refused_before_training(tmp_path, monkeypatch, fie
   monkeypatch.setattr(char_lm, 'build', lambda *args: pytest.fail('the model was built'))
   with pytest.raises(ValueError, match=message):
     char_lm.TASK.train_and_evaluate(config, tmp_path / 'run')
+
+
+def test_the_result_line_counts_bytes_not_characters():
+  """Both vocabularies are over bytes, so the scored count printed after evaluation says
+  bytes (a UTF-8 file of accented or CJK text has fewer characters than that)."""
+  result = {'split': 'test', 'tokens': 110948, 'checkpoint': 'W/checkpoints/20', 'bpc': 6.25}
+  first = char_lm.TASK.result_lines(result)[0]
+  assert first.startswith('test split, 110948 bytes scored,')
+  assert 'character' not in first

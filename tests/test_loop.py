@@ -169,6 +169,24 @@ def test_resume_follows_the_uninterrupted_trajectory(tmp_path):
   assert again == {6: expected[6], 8: expected[8]}
 
 
+def test_a_resume_under_another_batch_plan_is_named_once():
+  """`batch_plan_warning`: only a recorded plan that differs from this run's is named (another
+  device count with the same rows is the same data order; an older checkpoint has no plan)."""
+  plan = {'rows': [14, 6], 'processes': 1, 'batches_per_epoch': 20}
+  saved = {'step': 4, 'devices': 2, 'batch_plan': plan}
+  assert loop.batch_plan_warning(saved, {'devices': 4, 'batch_plan': dict(plan)}, 4) is None
+  assert loop.batch_plan_warning({'step': 4}, {'devices': 1, 'batch_plan': plan}, 4) is None
+  assert loop.batch_plan_warning(saved, {}, 4) is None
+  other = {'rows': [15, 6], 'processes': 1, 'batches_per_epoch': 19}
+  warning = loop.batch_plan_warning(saved, {'devices': 1, 'batch_plan': other}, 4)
+  assert warning.startswith(
+    'resumed from step 4 with batches planned otherwise than when it was saved (then 2 '
+    'device(s) in 1 process(es): rows [14, 6], 20 batches per epoch; now 1 device(s) in 1 '
+    'process(es): rows [15, 6], 19 batches per epoch): '
+  )
+  assert '\n' not in warning
+
+
 def test_a_non_finite_loss_stops_the_run(tmp_path):
   config = _config()
   config.optim.learning_rate = 1e30
@@ -441,6 +459,61 @@ def test_what_is_off_the_clock_stays_out_of_the_next_reports_rate(monkeypatch):
   assert tokens_per_second == 40 / 8  # 4 steps timed in 5 + 2 + 1 s
   assert progress.mfu == 32.0 / 8 / 100.0
   assert text.endswith('| ETA 0m16s')  # 2 s a step, 8 steps left
+
+
+def test_checkpoint_saves_stay_out_of_the_rate_and_their_mean_goes_into_the_eta(monkeypatch):
+  """`Progress`: a save is off the clock, as validation is, and the ETA adds the mean time of the
+  saves timed so far for each save still to come (every 2 steps here, and the last step's)."""
+  from relpos.training.progress import Progress
+
+  assert Progress(10, checkpoint_every=5).saves_after(3) == 2  # at 5 and 10
+  assert Progress(10).saves_after(3) == 1 and Progress(10).saves_after(10) == 0  # the last
+  # start; steps 1, 2 (2 s); stop; save (6 s); start; steps 3, 4 (2 s); report.
+  clock = iter([0.0, 2.0, 8.0, 10.0])
+  monkeypatch.setattr(loop_progress.time, 'perf_counter', lambda: next(clock))
+  progress = Progress(total_steps=11, checkpoint_every=2)
+  progress.stop_clock()
+  assert progress.start_clock(saved=True) == 6.0
+  tokens_per_second, text = progress.report(4, tokens=40)
+  assert tokens_per_second == 10.0  # 40 tokens in 4 s
+  assert progress.saves_after(4) == 4  # at 6, 8, 10 and the last step, 11
+  assert text.endswith('| ETA 0m31s')  # 7 steps of 1 s, 4 saves of 6 s
+
+
+def test_the_loop_times_checkpoint_saves_off_the_clock(tmp_path, capsys, monkeypatch):
+  """W12: with checkpoint_every=2 the progress line's tok/s fell from ~50k to ~1k, each save's
+  time counted as training; it is off the clock now and in the ETA instead."""
+
+  class Clock:
+    now = 0.0
+
+    def perf_counter(self):
+      self.now += 0.001  # every reading: a millisecond
+      return self.now
+
+  clock = Clock()
+  monkeypatch.setattr(loop_progress, 'time', clock)
+  save = loop.Checkpoints.save
+
+  def slow_save(self, *args, **kwargs):
+    clock.now += 1000.0  # a save of 1000 s
+    return save(self, *args, **kwargs)
+
+  monkeypatch.setattr(loop.Checkpoints, 'save', slow_save)
+  all_finite = loop.all_finite
+
+  def slow_check(tree):  # the save's parameter check: its first call compiles
+    clock.now += 1000.0
+    return all_finite(tree)
+
+  monkeypatch.setattr(loop, 'all_finite', slow_check)
+  config = _config()
+  config.train.update(checkpoint_every=2, eval_every=0)
+  TASK.train_and_evaluate(config, tmp_path / 'run')
+  rates = [r['train/tok_per_s'] for r in _records(tmp_path / 'run') if 'train/loss' in r]
+  assert len(rates) == 4 and min(rates) > 32 * 2 / 1.0  # 2 steps of 32 rows within a second
+  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('step 4/')]
+  assert lines and lines[0].endswith('| ETA 1h06m')  # saves at 6 and 8, 2000 s each
 
 
 def test_an_interval_of_only_excluded_steps_reports_them(monkeypatch):

@@ -4,6 +4,7 @@ Resuming is tested with a real SIGKILL in test_translate_resume.py."""
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import jax
@@ -104,6 +105,33 @@ def test_checkpoint_averaging_uses_the_last_checkpoints(corpus, trained, tmp_pat
   with pytest.raises(ValueError, match=r'another model .*\(model.d_ff: trained \d+, given 32\)'):
     translate.TASK.evaluate(config, workdir, output_dir=tmp_path / 'model')
   assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['4', '8']
+
+
+def test_a_resume_with_other_batch_rows_says_the_data_order_changes(
+  corpus, trained, tmp_path, capsys
+):
+  """W2: a translation run resumed on another device count (rows a multiple of it) trained other
+  batches than the uninterrupted run, in silence. Each checkpoint records the batch plan, and
+  a resume under another one warns. Here config.train.grad_accum_steps=2 stands in for 2
+  devices (the rows are a multiple of devices × micro-batches; this process has one device):
+  max_tokens 256 at padded length 17 gives 15 rows, rounded down to 14."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(trained[0], workdir)
+  shutil.rmtree(workdir / 'checkpoints' / '8')
+  capsys.readouterr()
+  config = _config(corpus, steps=5)
+  translate.TASK.train_model(config, workdir, allow_config_change=True)  # the same plan
+  assert 'batches planned otherwise' not in capsys.readouterr().err  # so nothing to say
+  shutil.rmtree(workdir / 'checkpoints' / '5')
+  config.train.grad_accum_steps = 2
+  translate.TASK.train_model(config, workdir, allow_config_change=True)
+  warnings = [line for line in capsys.readouterr().err.splitlines() if 'planned' in line]
+  assert len(warnings) == 1 and warnings[0].startswith(
+    'warning: resumed from step 4 with batches planned otherwise than when it was saved (then '
+    '1 device(s) in 1 process(es): rows ['
+  )
+  assert re.search(r'then [^;]*, 15\], \d+ batches per epoch; now [^;]*, 14\], ', warnings[0])
+  assert "the data order differs from the uninterrupted run's" in warnings[0]
 
 
 def test_evaluate_without_checkpoint_says_so(corpus, tmp_path):

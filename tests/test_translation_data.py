@@ -115,6 +115,31 @@ def test_read_lines_warns_once_about_tab_separated_pairs(tmp_path, capsys):
   assert capsys.readouterr().out == ''
 
 
+def test_read_lines_warns_once_about_sgml_markup(tmp_path, capsys):
+  """A WMT test set as released (`newstest2014-deen-src.en.sgm`) was read as plain text: its
+  `<doc ...>`, `<seg id=..>...</seg>` and `</doc>` lines scored as sentences (W3a)."""
+  sgml = ['<srcset setid="newstest2014" srclang="any">']
+  for doc in range(2):
+    sgml.append(f'<doc docid="{doc}-news" genre="news" origlang="de">')
+    sgml += [f'<seg id="{i + 1}">{SOURCES[i]}</seg>' for i in range(3)]
+    sgml.append('</doc>')
+  sgml.append('</srcset>')
+  path = _write(tmp_path / 'newstest-src.en.sgm', sgml)
+  assert parallel_text.read_lines(path, field='config.data.eval_src') == sgml
+  warnings = capsys.readouterr().err.strip().split('\n')
+  assert len(warnings) == 1 and warnings[0].startswith('warning: ')
+  assert (
+    'newstest-src.en.sgm (config.data.eval_src): 12 of its 12 non-empty lines start with '
+    'SGML/XML markup' in warnings[0]
+  )
+  assert 'one sentence per line' in warnings[0] and '<seg>' in warnings[0]
+  assert 'sacrebleu -t wmt14 -l en-de --echo src' in warnings[0]
+  # Sentences that hold, or even start with, a tag or a '<' now and then are plain text.
+  some = _write(tmp_path / 'some.txt', ['<b>Bold</b> news', 'a < b', '<3 you', 'x <seg>', 'y'])
+  parallel_text.read_lines(some)
+  assert capsys.readouterr().err == ''
+
+
 def test_read_parallel_drops_empty_pairs_and_logs(tmp_path, capsys):
   src = _write(tmp_path / 'src.txt.gz', ['a', '', 'c', 'd', '  ', 'f'])
   tgt = _write(tmp_path / 'tgt.txt', ['A', 'B', ' ', 'D', 'E', 'F'])
@@ -474,6 +499,20 @@ def _in_threads(make, shards):
   return results
 
 
+def test_the_batch_plan_changes_with_the_row_multiple_where_the_rows_round_otherwise():
+  """The device count enters translation batching through row_multiple: rows are rounded down
+  to a multiple of it, so 1 and 2 devices can differ in rows and batches per epoch (W2)."""
+  one, two = (
+    TokenBatches(PAIRS, max_tokens=256, num_buckets=4, max_length=25, row_multiple=multiple)
+    for multiple in (1, 2)
+  )
+  assert one.plan['rows'] == list(one.rows) and one.plan['processes'] == 1
+  assert two.plan['rows'] == [rows // 2 * 2 for rows in one.rows] != one.plan['rows']
+  assert one.plan != two.plan
+  even = TokenBatches(PAIRS, max_tokens=16 * 26, boundaries=[26], max_length=25, row_multiple=2)
+  assert even.plan == TokenBatches(PAIRS, max_tokens=16 * 26, boundaries=[26], max_length=25).plan
+
+
 def test_sharded_batches_agree_on_shapes_and_cover_every_pair_once():
   whole = TokenBatches(PAIRS, max_tokens=256, num_buckets=4, max_length=25, row_multiple=2)
   shards = _thread_shards(2)
@@ -493,6 +532,10 @@ def test_sharded_batches_agree_on_shapes_and_cover_every_pair_once():
   assert all(part.boundaries == whole.boundaries for part in parts)
   assert all(part.rows == tuple(r // 2 for r in whole.rows) for part in parts)
   per_epoch = parts[0].batches_per_epoch
+  # The plan a checkpoint records: global rows, and the processes (each shuffles its own).
+  assert (
+    parts[0].plan == parts[1].plan == {**whole.plan, 'processes': 2, 'batches_per_epoch': per_epoch}
+  )
   assert parts[1].batches_per_epoch == per_epoch >= whole.batches_per_epoch
   for epoch in range(2):
     seen = []
@@ -593,6 +636,29 @@ def test_load_translation_data_text(tmp_path):
   again = translation.load_translation_data(config, tmp_path / 'work')
   assert again.train.num_examples == 50
   assert again.tokenizer.encode(SOURCES[0]) == data.tokenizer.encode(SOURCES[0])
+
+
+def test_moses_detokenize_warns_about_text_that_is_not_moses_tokenised(tmp_path, capsys):
+  """A toy-ende run's config (moses_detokenize=True) evaluating raw newstest2014 detokenised
+  raw references (`the 'Grub'` -> `the'Grub'`) and scored against them in silence (W3b)."""
+  config = _data_config(tmp_path)
+  translation.read_pairs(config, 'train')
+  translation.read_pairs(config, 'eval')
+  assert capsys.readouterr().err == ''  # tokenised text: nothing to say
+  config.eval_src = str(_write(tmp_path / 'raw.en', SOURCES[200:250]))
+  config.eval_tgt = str(_write(tmp_path / 'raw.de', TARGETS[200:250]))
+  sources, _ = translation.read_pairs(config, 'eval')
+  warnings = capsys.readouterr().err.strip().split('\n')
+  assert len(warnings) == 2 and all(line.startswith('warning: ') for line in warnings)
+  assert warnings[0].startswith(f'warning: {tmp_path / "raw.en"} (config.data.eval_src): ')
+  assert warnings[1].startswith(f'warning: {tmp_path / "raw.de"} (config.data.eval_tgt): ')
+  assert 'shows no Moses tokenisation' in warnings[0]
+  assert 'config.data.moses_detokenize=False' in warnings[0]
+  assert len(sources) == 50  # still read as asked
+  # One Moses escape is a sign of tokenisation; lines without punctuation show nothing.
+  parallel_text.warn_if_not_moses_tokenized(['It &apos;s raw, he said.', 'So.'], 'a')
+  parallel_text.warn_if_not_moses_tokenized(['no punctuation here', 'nor here'], 'b')
+  assert capsys.readouterr().err == ''
 
 
 def test_eval_batches_take_the_training_shapes_else_fit_their_own(tmp_path):

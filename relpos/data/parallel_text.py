@@ -7,6 +7,7 @@ with an empty or whitespace-only side is dropped, and the number dropped is logg
 """
 
 import pathlib
+import re
 from collections.abc import Iterable, Sequence
 
 from sacremoses import MosesDetokenizer
@@ -20,7 +21,8 @@ def read_lines(path, *, field: str | None = None) -> list[str]:
   """The UTF-8 lines of the text file at `path`, decompressed if it is compressed (gzip,
   bzip2, xz or a zip of one file, whatever its name: `relpos.data.data_file.read_data_file`).
 
-  Prints a warning if most of its non-empty lines hold a tab (`warn_if_tab_separated`).
+  Prints a warning if most of its non-empty lines hold a tab or start with SGML/XML markup
+  (`warn_if_not_plain_text`).
 
   Args:
     path: str or Path.
@@ -38,22 +40,37 @@ def read_lines(path, *, field: str | None = None) -> list[str]:
   if lines[-1] == '':
     lines.pop()
   lines = [line.removesuffix('\r') for line in lines]
-  warn_if_tab_separated(lines, path, field)
+  warn_if_not_plain_text(lines, path, field)
   return lines
 
 
-def warn_if_tab_separated(lines: Sequence[str], path, field: str | None = None) -> None:
-  """Prints one warning line if more than half of the non-empty `lines` of `path` hold a tab:
-  a file of tab-separated pairs (such as Tatoeba's export) given as one side, which would
-  otherwise train on 'English<TAB>German' sentences without a word."""
+# A line that starts with an SGML/XML tag or declaration: WMT's `<seg id="1">...</seg>`,
+# `<doc ...>`, `</doc>`, `<srcset ...>`, `<p>`, `<?xml ...?>`.
+_MARKUP = re.compile(r'\s*<(?:[/?!]|[A-Za-z][\w.:-]*(?:[\s/>]|$))')
+
+
+def warn_if_not_plain_text(lines: Sequence[str], path, field: str | None = None) -> None:
+  """Prints one warning line per cause if more than half of the non-empty `lines` of `path`
+  are not sentences: they hold a tab (a file of tab-separated pairs such as Tatoeba's export,
+  given as one side), or they start with SGML/XML markup (a WMT test set as released,
+  `newstest2014-deen-src.en.sgm`). Either would otherwise be read as sentences (training on
+  'English<TAB>German', scoring `<doc ...>` lines as references) without a word."""
   nonempty = [line for line in lines if line.strip()]
+  named = f' ({field})' if field else ''
+  plain = 'each side must be a plain text file with one sentence per line'
   tabbed = sum('\t' in line for line in nonempty)
   if tabbed * 2 > len(nonempty):
-    named = f' ({field})' if field else ''
     warn(
-      f'{path}{named}: {tabbed} of its {len(nonempty)} non-empty lines hold a tab; '
-      'each side must be a plain text file with one sentence per line (a Tatoeba export of '
-      'tab-separated pairs goes through `python -m relpos.data.prepare tatoeba --zip=...`)',
+      f'{path}{named}: {tabbed} of its {len(nonempty)} non-empty lines hold a tab; {plain} '
+      '(a Tatoeba export of tab-separated pairs goes through '
+      '`python -m relpos.data.prepare tatoeba --zip=...`)',
+    )
+  marked_up = sum(bool(_MARKUP.match(line)) for line in nonempty)
+  if marked_up * 2 > len(nonempty):
+    warn(
+      f'{path}{named}: {marked_up} of its {len(nonempty)} non-empty lines start with SGML/XML '
+      f'markup (<seg>, <doc>); {plain}: extract the <seg> contents, or take the plain text '
+      'from sacrebleu (e.g. `sacrebleu -t wmt14 -l en-de --echo src`, `--echo ref`)',
     )
 
 
@@ -117,6 +134,38 @@ def read_parallel(
     limit=shard.limit(limit),
     name=f'{src_path} / {tgt_path}',
   )
+
+
+# Signs of Moses tokenisation: its XML escapes, and punctuation split off from the word before
+# it ('word .'); raw text has the punctuation attached ('word.').
+_MOSES_ESCAPE = re.compile(r'&(?:apos|quot|amp|lt|gt|#124|#91|#93);')
+_SPLIT_PUNCTUATION = re.compile(r'\w [.,!?;:](?: |$)')
+_ATTACHED_PUNCTUATION = re.compile(r'\w[.,!?;:](?: |$)')
+MOSES_SAMPLE_LINES = 10_000  # lines looked at: the first of a file
+
+
+def warn_if_not_moses_tokenized(lines: Sequence[str], name: str) -> None:
+  """Prints one warning line if `lines` (named `name`, e.g. 'file (config.data.eval_src)'),
+  about to be Moses-detokenised, show no sign of Moses tokenisation: none of the first
+  MOSES_SAMPLE_LINES holds one of Moses's escapes (`&apos;`, `&quot;`, `&amp;`, ...) and more of
+  them have punctuation attached to a word ('word.', 'word,') than split off ('word .').
+  Detokenising raw text alters it (`the 'Grub'` -> `the'Grub'`, `Watzke .` -> `Watzke.`), and
+  references altered so are scored against in silence. On OpenNMT's toy-ende (tokenised) over
+  90% of lines have split punctuation and a tenth an escape; on raw newstest2014 none has an
+  escape and under 0.1% split punctuation. Lines without punctuation count for neither, so a
+  file of them gets no warning."""
+  sample = lines[:MOSES_SAMPLE_LINES]
+  if any(_MOSES_ESCAPE.search(line) for line in sample):
+    return
+  split = sum(bool(_SPLIT_PUNCTUATION.search(line)) for line in sample)
+  attached = sum(bool(_ATTACHED_PUNCTUATION.search(line)) for line in sample)
+  if attached > split:
+    warn(
+      f'{name}: config.data.moses_detokenize=True, but its text shows no Moses tokenisation '
+      f'(no &apos;/&quot;/&amp; escapes; {attached} of {len(sample)} lines have punctuation '
+      f'attached to a word, {split} split off), and detokenising raw text alters it; give '
+      'config.data.moses_detokenize=False for this data (eval.py takes it for other eval files)'
+    )
 
 
 def moses_detokenize(lines: Sequence[str], lang: str) -> list[str]:

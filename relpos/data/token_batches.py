@@ -242,6 +242,19 @@ class TokenBatches:
     return int(np.sum(self.batches_per_bucket))
 
   @property
+  def plan(self) -> dict:
+    """What the order of the batches depends on besides the pairs and the seed, JSON-able: the
+    global rows of each bucket's batches (they change with row_multiple, the device count, when
+    max_tokens // L is not already a multiple of it), the process count (each process shuffles
+    its own shard) and the batches per epoch. Recorded with each checkpoint, so that a resume
+    under another plan (another device count) is named, not silent."""
+    return {
+      'rows': [rows * self.shard.count for rows in self.rows],
+      'processes': self.shard.count,
+      'batches_per_epoch': self.batches_per_epoch,
+    }
+
+  @property
   def shapes(self) -> tuple[tuple[int, int], ...]:
     """(rows, L) of the buckets that have batches: the shapes a jitted step sees."""
     return tuple(

@@ -68,7 +68,8 @@ def check_data_config(data_config) -> None:
 
 def read_pairs(data_config, split: str, shard: Shard = ONE_PROCESS) -> Pairs:
   """(sources, targets) of split 'train' or 'eval' as config.data names it, Moses-detokenised
-  if it asks; only `shard`'s pairs (see relpos.data.shard).
+  if it asks (with a warning for a side that shows no Moses tokenisation:
+  `parallel_text.warn_if_not_moses_tokenized`); only `shard`'s pairs (see relpos.data.shard).
 
   Raises:
     ValueError: the split holds no pairs; otherwise as the readers (parallel_text, wmt_tfds).
@@ -105,6 +106,12 @@ def read_pairs(data_config, split: str, shard: Shard = ONE_PROCESS) -> Pairs:
     )
   if not data_config.moses_detokenize:
     return sources, targets
+  for side, lines in (('src', sources), ('tgt', targets)):
+    if data_config.kind == 'text':
+      name = f'{data_config[f"{split}_{side}"]} (config.data.{split}_{side})'
+    else:
+      name = f'{where}, {side} side'
+    parallel_text.warn_if_not_moses_tokenized(lines, name)
   return (
     parallel_text.moses_detokenize(sources, data_config.source_lang),
     parallel_text.moses_detokenize(targets, data_config.target_lang),

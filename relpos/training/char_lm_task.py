@@ -341,8 +341,12 @@ class CharLM(loop.Task):
     }
 
   def result_lines(self, result: dict) -> list[str]:
+    """The scored count is of bytes: both vocabularies ('bytes', 'original') map byte values
+    to ids (`relpos.data.char_corpus`), so a multi-byte UTF-8 character (or an invalid byte)
+    counts once per byte, and bpc is bits per byte."""
     return [
-      f'{result["split"]} split, {result["tokens"]} characters, checkpoint {result["checkpoint"]}',
+      f'{result["split"]} split, {result["tokens"]} bytes scored, checkpoint '
+      f'{result["checkpoint"]}',
       f'bpc={result["bpc"]:.4f}',
     ]
 

@@ -95,7 +95,9 @@ class Training:
     batch: the global batch of step s (a pure function of s: resume needs no data state).
     validate: (model on this process's first device, step) -> scalars to log; prints its own
       line.
-    checkpoint_meta: JSON-able facts saved with every checkpoint.
+    checkpoint_meta: JSON-able facts saved with every checkpoint. Its 'batch_plan' (with
+      'devices'), where a task's batches depend on the device count (translation's rows), is
+      compared on resume: `batch_plan_warning`.
     step_flops: the model FLOPs of a training step on a batch (`relpos.flops`: 3 × the forward
       count, every attention pair counted), or None; with a known device peak the progress
       line and metrics.jsonl ('train/mfu') give the model FLOPs utilisation.
@@ -664,7 +666,10 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   start_step = 0
   found = checkpoints.restore_latest(state)  # every item of the state, pure dicts
   if found:
-    start_step, state, _ = found
+    start_step, state, saved_meta = found
+    plan_warning = batch_plan_warning(saved_meta, run.checkpoint_meta, start_step)
+    if plan_warning and mesh_lib.is_writer():
+      warn(plan_warning)
     if start_step > train_config.steps:  # a shortened run: its last save would be misnamed
       raise ValueError(
         f'config.train.steps={train_config.steps}: the run in {workdir} is already at step '
@@ -681,7 +686,10 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   writer = MetricWriter(workdir)
   dtype = config.model.get('dtype', 'float32')
   progress = Progress(
-    train_config.steps, start_step, flops_lib.devices_peak(mesh.devices.flat, dtype)
+    train_config.steps,
+    start_step,
+    flops_lib.devices_peak(mesh.devices.flat, dtype),
+    checkpoint_every=train_config.checkpoint_every,
   )
   interval_sums = []
 
@@ -713,12 +721,17 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   def save(step):
     """Saves the state reached at `step`, refusing a non-finite one: the losses since the last
     progress line (checked there only, so a save in between syncs for them) and the
-    parameters (the update of the last step may be the first to overflow)."""
+    parameters (the update of the last step may be the first to overflow). Off the training's
+    clock, as validation is: it stops once the step is done (the loss check waits for it), so
+    the parameter check (its first call compiles) and the save itself are not counted."""
     if interval_sums:
       interval_totals(step)
+    jax.block_until_ready(state['model'])  # done already, where the loss check waited
+    progress.stop_clock()
     if not all_finite(state['model']):
       raise diverged(f'the parameters are not finite at step {step}', step)
     checkpoints.save(step, state, {'step': step, **run.checkpoint_meta})
+    progress.start_clock(saved=True)
 
   def log(done):
     totals, loss = interval_totals(done)
@@ -791,6 +804,37 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
     raise
   writer.close()
   checkpoints.close()  # a final save that did not commit is a FilesystemFaultError
+
+
+def batch_plan_warning(saved_meta: dict, meta: dict, step: int) -> str | None:
+  """The warning for a resume from checkpoint `step` (its meta `saved_meta`) whose batches are
+  planned otherwise now (`meta`, this run's `Training.checkpoint_meta`), or None.
+
+  A step's batch is a pure function of the step, the seed and the plan; translation plans
+  batches of global rows that are a multiple of the device count (times
+  config.train.grad_accum_steps), rounded down from max_tokens // padded length, and each
+  process shuffles its own shard. Resumed on another device or process count, the run trains
+  other batches from `step` on than the uninterrupted run would (an epoch may repeat some pairs
+  and skip others). That is allowed (a preempted job may come back on another slice) but said.
+  A checkpoint without a recorded plan (an older run) is not compared.
+  """
+  before, now = saved_meta.get('batch_plan'), meta.get('batch_plan')
+  if before is None or now is None or before == now:
+    return None
+
+  def described(meta, plan):
+    return (
+      f'{meta.get("devices", "?")} device(s) in {plan["processes"]} process(es): rows '
+      f'{plan["rows"]}, {plan["batches_per_epoch"]} batches per epoch'
+    )
+
+  return (
+    f'resumed from step {step} with batches planned otherwise than when it was saved (then '
+    f'{described(saved_meta, before)}; now {described(meta, now)}): batch rows are a multiple '
+    'of the device count (times config.train.grad_accum_steps) and each process shuffles its '
+    "own pairs, so from here on the data order differs from the uninterrupted run's; resume "
+    'on the device and process count it was saved with to follow it'
+  )
 
 
 def _mean_of_floats(*leaves):

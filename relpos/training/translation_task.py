@@ -312,6 +312,7 @@ class Translate(loop.Task):
       train_step_fn(config, graphdef, mesh),
       batch,
       validate,
+      checkpoint_meta={'devices': mesh.size, 'batch_plan': data.train.plan},
       step_flops=step_flops,
     )
 
