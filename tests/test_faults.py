@@ -32,6 +32,7 @@ from helpers import (
 )
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
+from relpos.files import write_atomically
 from relpos.studies import plot, shaw_tables, sweep
 from relpos.tools import sample, translate
 from relpos.training import char_lm_task as char_lm
@@ -622,7 +623,7 @@ def test_a_read_only_output_dir_of_eval(text_file, straight, tmp_path, monkeypat
   _fault(
     caught.value,
     FILESYSTEM_EXIT_CODE,
-    f'cannot write the evaluation to {output}: {cause}',
+    f'cannot write the evaluation to {output / "eval_results.json"}: {cause}',
     f'the checkpoints in {straight} are unchanged',
   )
   assert not list(output.iterdir())
@@ -637,6 +638,56 @@ def test_a_file_in_place_of_eval_output_dir_names_that_flag(text_file, straight,
     char_lm.TASK.evaluate(_config(text_file), straight, output_dir=output)
   assert str(caught.value).startswith(f'cannot write the evaluation to {output}: File exists')
   assert str(caught.value).endswith('give a directory as --output_dir, then rerun')
+
+
+def _full_disk_writing(monkeypatch, prefix):
+  """Every text write to a file whose name starts with `prefix` fails as a full disk's does:
+  ENOSPC from the write itself, which names no file."""
+  real = Path.write_text
+
+  def write_text(path, *args, **kwargs):
+    if path.name.startswith(prefix):
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return real(path, *args, **kwargs)
+
+  monkeypatch.setattr(Path, 'write_text', write_text)
+
+
+def _score_writing_translations(real_score):
+  """A char-LM score that also writes a file of translations to output_dir, as the translation
+  task's score does (`write_atomically`)."""
+
+  def score(config, workdir, output_dir=None):
+    result = real_score(config, workdir, output_dir)
+    write_atomically(Path(output_dir) / 'translations_step6.txt', 'a translation\n')
+    return result
+
+  return score
+
+
+@pytest.mark.parametrize('written', ['eval_results.json', 'translations_step6.txt'])
+@pytest.mark.parametrize('given_output_dir', [False, True])
+def test_a_full_disk_writing_the_evaluation_names_the_file(
+  text_file, straight, tmp_path, monkeypatch, written, given_output_dir
+):
+  """The final evaluation's eval_results.json (and translation's translations file) on a full
+  disk ended in a traceback: the write's ENOSPC names no file, so it was not told from a data
+  file's error. Now the exit-74 line naming the file."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  output = tmp_path / 'scores' if given_output_dir else workdir
+  before = _state(workdir)
+  monkeypatch.setattr(char_lm.TASK, 'score', _score_writing_translations(char_lm.TASK.score))
+  _full_disk_writing(monkeypatch, f'.{written}')
+  with pytest.raises(tasks.FAULTS) as caught:
+    char_lm.TASK.evaluate(_config(text_file), workdir, output_dir=output)
+  assert tasks.fault_exit(caught.value)[1] == (
+    f'error: cannot write the evaluation to {output / written}: No space left on device (the '
+    f'disk is full); the checkpoints in {workdir} are unchanged; free space on its disk, then '
+    'rerun'
+  )
+  _assert_nothing_lost(before, _state(workdir))
+  assert not list(output.glob(f'.{written}*')), 'a partial file was left'
 
 
 @pytest.fixture

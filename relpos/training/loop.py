@@ -210,9 +210,12 @@ class Task(abc.ABC):
       written = Path(error.filename or '/').resolve()
       if output_dir.resolve() not in (written, *written.parents):
         raise  # a data file's error, as the task reports it
+      # The file itself where the error names one (`write_atomically`'s do: eval_results.json,
+      # translations), else output_dir, which could not be made.
+      target = output_dir / written.relative_to(output_dir.resolve())
       raise filesystem_fault(
         error,
-        f'cannot write the evaluation to {output_dir}',
+        f'cannot write the evaluation to {target}',
         last_good=f'the checkpoints in {workdir} are unchanged',
         resume=False,
         flag='--output_dir' if output_dir != workdir else '--workdir',
