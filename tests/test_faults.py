@@ -38,7 +38,7 @@ from relpos.tools import sample, translate
 from relpos.training import char_lm_task as char_lm
 from relpos.training import tasks
 from relpos.training import translation_task as translate_task
-from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE, TMP_MARKER
+from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE, TMP_MARKER, finished_steps
 from relpos.training.loop import OUT_OF_MEMORY_EXIT_CODE
 from relpos.training.run_config import TaskMismatchError, read_config
 
@@ -838,6 +838,64 @@ def test_a_damaged_checkpoint_is_named_with_its_cause_and_readers_leave_it(
   reader.close()
   gc.collect()
   assert not unraisable
+
+
+def _training_on(monkeypatch, saves: int) -> list[int]:
+  """Makes each of the first `saves` checkpoint reads happen after a run training in the
+  workdir saved a newer checkpoint (a copy of the newest, two steps on) and evicted the oldest
+  (keep_checkpoints), as a reader that lists then reads meets it; returns the steps read."""
+  from relpos.training.checkpoints import Checkpoints
+
+  real, read = Checkpoints.restore, []
+
+  def restore(self, step, like):
+    read.append(step)
+    if len(read) <= saves:
+      there = finished_steps(self.directory.parent)
+      shutil.copytree(self.directory / str(there[-1]), self.directory / str(there[-1] + 2))
+      shutil.rmtree(self.directory / str(there[0]))
+    return real(self, step, like)
+
+  monkeypatch.setattr(Checkpoints, 'restore', restore)
+  return read
+
+
+def test_a_checkpoint_evicted_while_eval_reads_it_is_listed_again(
+  text_file, straight, tmp_path, monkeypatch, capsys
+):
+  """eval.py averaging the last 3 checkpoints of a run training now: the trainer evicted the
+  oldest between eval's listing and its read, and eval said its files were damaged. Now the
+  checkpoints are listed and read again: the newest 3 there now."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  config = _config(text_file)
+  config.eval.average_checkpoints = 3
+  read = _training_on(monkeypatch, saves=1)  # 2, 4, 6 listed; 4, 6, 8 there as 6 is read
+  result = char_lm.TASK.evaluate(config, workdir, output_dir=tmp_path / 'eval')
+  assert read == [6, 2, 8, 4, 6], read
+  assert result['checkpoint'] == f'{workdir.resolve()}/checkpoints/8', result
+  assert 'unreadable' not in capsys.readouterr().err
+
+
+def test_checkpoints_evicted_under_every_read_are_one_line(
+  text_file, straight, tmp_path, monkeypatch
+):
+  """Checkpoints that vanish under each of the reads: one line saying the run training there
+  removed them, and to rerun; not that their files are damaged."""
+  from relpos.training.checkpoints import Checkpoints, VanishedCheckpointError
+
+  def restore(self, step, like):
+    raise VanishedCheckpointError(self.directory / str(step))
+
+  monkeypatch.setattr(Checkpoints, 'restore', restore)
+  with pytest.raises(ValueError) as caught:
+    char_lm.TASK.evaluate(_config(text_file), straight, output_dir=tmp_path / 'eval')
+  assert str(caught.value) == (
+    f'checkpoint {straight.resolve()}/checkpoints/6 was removed while it was read: the run '
+    f'training in {straight.resolve()} removed it, keeping only its newest checkpoints '
+    '(config.train.keep_checkpoints); the checkpoints changed under each of 3 reads: rerun '
+    'once that run has ended, or with fewer config.eval.average_checkpoints'
+  )
 
 
 def test_an_empty_checkpoint_directory_is_one_warning_line(tmp_path, capsys, caplog):
