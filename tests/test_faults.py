@@ -28,6 +28,7 @@ from helpers import (
   TINY_CHAR_LM_FLAGS,
   damage_checkpoint,
   tiny_char_config,
+  tiny_translate_config,
   write_word_corpus,
 )
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
@@ -409,14 +410,49 @@ def test_damaged_run_files_are_named(text_file, straight, tmp_path):
     char_lm.TASK.evaluate(_config(text_file), workdir, output_dir=tmp_path / 'eval')
 
 
+def test_a_field_this_version_does_not_know_names_the_recorded_config(
+  text_file, straight, tmp_path
+):
+  """A config.json with a field this version does not know (recorded by a newer relpos, or
+  added by hand): sample named the field without the file, eval.py and train.py asked for the
+  config it was trained with, which no config can be, and translate ignored one in the data
+  section. Each now names the file and the field, and says what to do."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  recorded = json.loads((workdir / 'config.json').read_text())
+  recorded['model']['foo'] = 1
+  (workdir / 'config.json').write_text(json.dumps(recorded))
+  line = (
+    f'{workdir}/config.json records config.model.foo, a field this version of relpos does '
+    'not know: the run was recorded by another version of relpos, or the file was edited by '
+    f'hand; use the relpos version that trained it, or remove the field from '
+    f'{workdir}/config.json if it was added by hand'
+  )
+  for command in (
+    lambda: char_lm.TASK.train_model(_config(text_file), workdir),
+    lambda: char_lm.TASK.evaluate(_config(text_file), workdir, output_dir=tmp_path / 'eval'),
+    lambda: sample.sample(workdir, None, 5),
+  ):
+    with pytest.raises(ValueError) as caught:
+      command()
+    assert str(caught.value) == line
+  translation = tmp_path / 'translation'
+  translation.mkdir()
+  recorded = json.loads(tiny_translate_config(Path('unused'), steps=1).to_json())
+  recorded['data']['bpe'] = True
+  (translation / 'config.json').write_text(json.dumps(recorded))
+  with pytest.raises(ValueError, match=r'config\.json records config\.data\.bpe, a field this'):
+    translate.translate_lines(translation, ['a cat'])
+
+
 def test_a_workdir_of_the_other_task_is_named_by_every_command(straight, tmp_path):
   """The char-LM run in `straight` given to the translation commands, and a translation run's
   config to the char-LM ones: one line each, nothing written."""
   before, files = _state(straight), sorted(straight.rglob('*'))
   translation = tmp_path / 'translation'
   translation.mkdir()
-  config = tiny_char_config(Path('unused.txt'), steps=1).to_dict() | {'task': 'translate'}
-  (translation / 'config.json').write_text(json.dumps(config))
+  config = tiny_translate_config(Path('unused'), steps=1)
+  (translation / 'config.json').write_text(config.to_json())
   translate_config = read_config(translation)
   message = 'holds a char_lm run, not a translation run'
   commands = [

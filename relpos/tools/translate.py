@@ -34,8 +34,8 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
   from relpos.training import translation_task as translate
   from relpos.training.run_config import check_task, read_config
 
-  config = read_config(workdir)
   check_task(workdir, 'translate', needs='relpos.tools.translate reads translation runs')
+  config = read_config(workdir)
   if beam_size is not None:
     translate.check_beam_size(beam_size, config.data.vocab_size, '--beam_size')
   loop.check_trained(workdir).close()
