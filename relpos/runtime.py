@@ -4,8 +4,9 @@ CPU devices, an XLA flag on a GPU, the persistent compilation cache and what Ctr
 Every program of relpos that runs JAX (train.py, eval.py, `python -m relpos.<tool>`, the
 benchmarks; tests/test_runtime.py lists the few that run none) calls `apply_defaults()` first,
 so a user gets the fast settings without touching their shell, and the benchmarks measure what
-a user runs. Besides Ctrl-C's handler it reads and sets environment variables only, never
-imports JAX, and does nothing that a variable the user set already decides.
+a user runs. Besides Ctrl-C's handler and a hook for JAX's cache warnings it reads and sets
+environment variables only, never imports JAX, and does nothing that a variable the user set
+already decides.
 
 - **Allocator** (Linux, JAX on the CPU). XLA:CPU allocates its buffers with malloc at every
   step and frees them after. glibc's malloc maps each large one fresh from the kernel, or hands
@@ -52,8 +53,8 @@ imports JAX, and does nothing that a variable the user set already decides.
   only with people you trust (JAX's own warning). A cache JAX cannot read or write (entries
   cut short, a read-only directory) costs compiles, not results: JAX compiles what it cannot
   load and warns of each entry in two raw lines, again in every run. Each program says it once,
-  as one `warning:` line naming the directory and how to clear it or turn it off
-  (`say_cache_faults_once`).
+  as one `warning:` line naming the directory and how to clear it (another directory, for one
+  that refuses writing) or turn it off (`say_cache_faults_once`).
 - **Autotuning cache.** What `implementation='auto'` measured (`relpos.attention.autotune`)
   is kept in `relpos-autotune.json` inside that cache directory (JAX reads only its own
   `*-cache` files there), or in `RELPOS_AUTOTUNE_CACHE` (a file; `off`: decisions are kept
@@ -64,6 +65,7 @@ imports JAX, and does nothing that a variable the user set already decides.
   Python swallows in a callback. Training takes SIGINT over while it runs, to save first.
 """
 
+import errno
 import os
 import re
 import signal
@@ -217,19 +219,27 @@ _CACHE_FAULT = re.compile(
 
 def cache_fault_line(message: str, directory: str, environ) -> str | None:
   """The one warning line for JAX's warning `message` about its compilation cache in
-  `directory`, None for any other warning. The way to turn it off is relpos's variable when
-  relpos chose the directory (`cache_environment`), else the user's own JAX variable."""
+  `directory`, None for any other warning. A directory that refuses writing wants another
+  directory; damaged entries, clearing. The variable named is relpos's when relpos chose the
+  directory (`cache_environment`), else the user's own JAX variable."""
   fault = _CACHE_FAULT.match(message)
   if fault is None:
     return None
-  chosen_by_relpos = directory == environ.get('RELPOS_COMPILATION_CACHE', str(DEFAULT_CACHE_DIR))
-  off = 'RELPOS_COMPILATION_CACHE=off' if chosen_by_relpos else 'unset JAX_COMPILATION_CACHE_DIR'
+  if directory == environ.get('RELPOS_COMPILATION_CACHE', str(DEFAULT_CACHE_DIR)):
+    variable, off = 'RELPOS_COMPILATION_CACHE', 'RELPOS_COMPILATION_CACHE=off'
+  else:
+    variable, off = 'JAX_COMPILATION_CACHE_DIR', 'unset JAX_COMPILATION_CACHE_DIR'
   done = {'reading': 'read', 'writing': 'written'}[fault[1]]
   cause = fault[2].strip().splitlines()[0] if fault[2].strip() else 'no cause given'
+  refused = any(os.strerror(number) in cause for number in (errno.EROFS, errno.EACCES))
+  todo = (
+    f'make it writable or set {variable} to another directory'
+    if refused
+    else f'remove {directory} to clear the cache'
+  )
   return (
     f'the compilation cache {directory} cannot be {done} ({cause}); JAX compiles instead, so '
-    f'the run goes on, slower to start; remove {directory} to clear the cache, or turn it off '
-    f'({off})'
+    f'the run goes on, slower to start; {todo}, or turn it off ({off})'
   )
 
 
