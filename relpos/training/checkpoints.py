@@ -433,16 +433,16 @@ class Checkpoints:
     Raises:
       ValueError: checkpoints exist but none can be read (damaged, or the config changed the
         model).
-      VanishedCheckpointError: one was removed while it was read (by the run training there;
-        a reader lists them again), not skipped as unreadable.
+      VanishedCheckpointError: a reader's was removed while it was read (by the run training
+        there; the reader lists them again), not skipped as unreadable.
     """
     failures, unreadable, damaged = [], [], True
     for step in reversed(self.all_steps()):
       try:
         found = (step, *self.restore(step, like))
-      except VanishedCheckpointError:
-        raise
       except Exception as error:  # noqa: BLE001 (orbax raises many kinds; each is reported)
+        if isinstance(error, VanishedCheckpointError) and not self._writer:
+          raise  # a reader lists them again (`relpos.training.loop.restore_model`)
         cause = getattr(error, 'cause', None) or _first_line(error)
         damaged = damaged and isinstance(error, UnreadableCheckpointError)
         failures.append(f'step {step}: {cause}')
