@@ -443,6 +443,12 @@ def test_a_field_this_version_does_not_know_names_the_recorded_config(
   (translation / 'config.json').write_text(json.dumps(recorded))
   with pytest.raises(ValueError, match=r'config\.json records config\.data\.bpe, a field this'):
     translate.translate_lines(translation, ['a cat'])
+  # A config file's own: refused before anything is written, or config.json would record it.
+  config = _config(text_file).copy_and_resolve_references()
+  config.data['bpe'] = True
+  with pytest.raises(ValueError, match=r'^config\.data\.bpe is not a field of the char_lm config'):
+    char_lm.TASK.train_model(config, tmp_path / 'new')
+  assert not (tmp_path / 'new').exists()
 
 
 def test_a_workdir_of_the_other_task_is_named_by_every_command(straight, tmp_path):

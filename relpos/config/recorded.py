@@ -59,17 +59,13 @@ def check_known_fields(recorded: dict, path: Path) -> None:
   declared = declaration(recorded.get('task'))
   if declared is None:
     return
-  for section, defaults in fields.defaults(declared).items():
-    if not isinstance(defaults, dict) or not isinstance(recorded.get(section), dict):
-      continue
-    for field in recorded[section]:
-      if field not in defaults and f'{section}.{field}' not in checks.RENAMED:
-        raise ValueError(
-          f'{path} records config.{section}.{field}, a field this version of relpos does not '
-          'know: the run was recorded by another version of relpos, or the file was edited by '
-          f'hand; use the relpos version that trained it, or remove the field from {path} if '
-          'it was added by hand'
-        )
+  unknown = [name for name in fields.undeclared(recorded, declared) if name not in checks.RENAMED]
+  if unknown:
+    raise ValueError(
+      f'{path} records config.{unknown[0]}, a field this version of relpos does not know: the '
+      'run was recorded by another version of relpos, or the file was edited by hand; use the '
+      f'relpos version that trained it, or remove the field from {path} if it was added by hand'
+    )
 
 
 def read_recorded(path: Path, current: dict | None = None, *, known_fields: bool = True) -> dict:

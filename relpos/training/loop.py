@@ -129,9 +129,17 @@ class Task(abc.ABC):
   declaration: type
 
   def check_config(self, config: ml_collections.ConfigDict, mesh=None) -> None:
-    """Raises ValueError naming the field for any config the run cannot honour: every field's
-    rule, the model's typed config, and the rules across fields (with `mesh`, those of the
-    batch against the devices, and the attention implementation against their platform)."""
+    """Raises ValueError naming the field for any config the run cannot honour: a field the
+    declaration does not hold, every field's rule, the model's typed config, and the rules
+    across fields (with `mesh`, those of the batch against the devices, and the attention
+    implementation against their platform)."""
+    # config.model's own fields are checked by its typed config (`check_combinations`).
+    unknown = fields.undeclared(config.to_dict(), self.declaration, skip=('model',))
+    if unknown:  # else recorded in config.json, which every later read would refuse
+      raise ValueError(
+        f'config.{unknown[0]} is not a field of the {config.get("task")} config (config files '
+        'list every field; `python -m relpos.tools.show_config` shows them): remove it'
+      )
     checks.check(config, fields.rules(self.declaration, skip=('model',)))
     optim.check_schedule(config)
     self.check_combinations(config, mesh)
