@@ -39,10 +39,10 @@ def main(argv):
   del argv
   # As relpos.tools.translate: the run's config, its task and a checkpoint, before anything is
   # loaded (each refused as one line by tasks.run_main).
-  config = run_config.read_config(FLAGS.workdir)
   run_config.check_task(
     FLAGS.workdir, 'translate', needs='benchmarks/decode_speed.py decodes translation runs'
   )
+  config = run_config.read_config(FLAGS.workdir)
   loop.check_trained(FLAGS.workdir).close()
   data = load_eval_data(config.data, FLAGS.workdir)
   model = Transformer(

@@ -4,8 +4,9 @@ CPU devices, an XLA flag on a GPU, the persistent compilation cache and what Ctr
 Every program of relpos that runs JAX (train.py, eval.py, `python -m relpos.<tool>`, the
 benchmarks; tests/test_runtime.py lists the few that run none) calls `apply_defaults()` first,
 so a user gets the fast settings without touching their shell, and the benchmarks measure what
-a user runs. Besides Ctrl-C's handler it reads and sets environment variables only, never
-imports JAX, and does nothing that a variable the user set already decides.
+a user runs. Besides Ctrl-C's handler and a hook for JAX's cache warnings it reads and sets
+environment variables only, never imports JAX, and does nothing that a variable the user set
+already decides.
 
 - **Allocator** (Linux, JAX on the CPU). XLA:CPU allocates its buffers with malloc at every
   step and frees them after. glibc's malloc maps each large one fresh from the kernel, or hands
@@ -49,7 +50,11 @@ imports JAX, and does nothing that a variable the user set already decides.
   steps instead of compiling them again. It lives in `RELPOS_COMPILATION_CACHE` (default
   `~/.cache/relpos/jax`); `RELPOS_COMPILATION_CACHE=off` turns it off. A
   `JAX_COMPILATION_CACHE_DIR` of the user's own wins. The cache holds compiled code: share it
-  only with people you trust (JAX's own warning).
+  only with people you trust (JAX's own warning). A cache JAX cannot read or write (entries
+  cut short, a read-only directory) costs compiles, not results: JAX compiles what it cannot
+  load and warns of each entry in two raw lines, again in every run. Each program says it once,
+  as one `warning:` line naming the directory and how to clear it (another directory, for one
+  that refuses writing) or turn it off (`say_cache_faults_once`).
 - **Autotuning cache.** What `implementation='auto'` measured (`relpos.attention.autotune`)
   is kept in `relpos-autotune.json` inside that cache directory (JAX reads only its own
   `*-cache` files there), or in `RELPOS_AUTOTUNE_CACHE` (a file; `off`: decisions are kept
@@ -60,10 +65,13 @@ imports JAX, and does nothing that a variable the user set already decides.
   Python swallows in a callback. Training takes SIGINT over while it runs, to save first.
 """
 
+import errno
 import os
+import re
 import signal
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 # glibc malloc tunables relpos adds on a Linux CPU (module docstring; docs/performance-cpu.md
@@ -202,6 +210,63 @@ def autotune_cache_path(environ, compilation_cache_dir: str | None) -> Path | No
   return DEFAULT_AUTOTUNE_CACHE
 
 
+# JAX's UserWarning of an entry of its persistent compilation cache it could not read or
+# write (jax/_src/compiler.py): the verb, then '<exception type>: <its text>'.
+_CACHE_FAULT = re.compile(
+  r"Error (reading|writing) persistent compilation cache entry for '[^']*': (.*)", re.DOTALL
+)
+
+
+def cache_fault_line(message: str, directory: str, environ) -> str | None:
+  """The one warning line for JAX's warning `message` about its compilation cache in
+  `directory`, None for any other warning. A directory that refuses writing wants another
+  directory; damaged entries, clearing. The variable named is relpos's when relpos chose the
+  directory (`cache_environment`), else the user's own JAX variable."""
+  fault = _CACHE_FAULT.match(message)
+  if fault is None:
+    return None
+  if directory == environ.get('RELPOS_COMPILATION_CACHE', str(DEFAULT_CACHE_DIR)):
+    variable, off = 'RELPOS_COMPILATION_CACHE', 'RELPOS_COMPILATION_CACHE=off'
+  else:
+    variable, off = 'JAX_COMPILATION_CACHE_DIR', 'unset JAX_COMPILATION_CACHE_DIR'
+  done = {'reading': 'read', 'writing': 'written'}[fault[1]]
+  cause = fault[2].strip().splitlines()[0] if fault[2].strip() else 'no cause given'
+  refused = any(os.strerror(number) in cause for number in (errno.EROFS, errno.EACCES))
+  todo = (
+    f'make it writable or set {variable} to another directory'
+    if refused
+    else f'remove {directory} to clear the cache'
+  )
+  return (
+    f'the compilation cache {directory} cannot be {done} ({cause}); JAX compiles instead, so '
+    f'the run goes on, slower to start; {todo}, or turn it off ({off})'
+  )
+
+
+def say_cache_faults_once() -> None:
+  """Shows JAX's warnings about its persistent compilation cache as one `warning:` line for
+  the whole program (`cache_fault_line`, through `warnings.showwarning`, the hook Python
+  provides for showing warnings), instead of two raw lines for each entry, in every run;
+  every other warning is shown as before."""
+  shown_before, said = warnings.showwarning, []
+
+  def showwarning(message, category, filename, lineno, file=None, line=None):
+    jax = sys.modules.get('jax')
+    directory = (jax and jax.config.jax_compilation_cache_dir) or os.environ.get(
+      'JAX_COMPILATION_CACHE_DIR', str(DEFAULT_CACHE_DIR)
+    )
+    text = cache_fault_line(str(message), directory, os.environ)
+    if text is None:
+      shown_before(message, category, filename, lineno, file, line)
+    elif not said:
+      said.append(text)
+      from relpos.messages import warn  # noqa: PLC0415 (runtime imports nothing at start)
+
+      warn(text)
+
+  warnings.showwarning = showwarning
+
+
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT
 
 
@@ -235,8 +300,9 @@ def apply_defaults() -> None:
   fast allocator if it lacks it (the process keeps its pid), with one log line naming what it
   applied, and makes Ctrl-C one line (`stop_at_ctrl_c`, first: start-up is when it is most
   often pressed). Call it before importing JAX; a bad RELPOS_* value ends the program with one
-  line."""
+  line. JAX's warnings about its compilation cache are one line (`say_cache_faults_once`)."""
   stop_at_ctrl_c()
+  say_cache_faults_once()
   try:
     devices = devices_environment(os.environ)
   except ValueError as error:

@@ -107,11 +107,16 @@ class Commands:
       raise RuntimeError(f'the command server gave no answer within {timeout} s')
     return json.loads(line)
 
-  def run(self, argv, *, cwd=REPO, input='', timeout=300) -> subprocess.CompletedProcess:
+  def run(
+    self, argv, *, cwd=REPO, input: str | bytes = '', timeout=300
+  ) -> subprocess.CompletedProcess:
     """Runs `python *argv` (argv[0] a script, or '-m' and a module) in `cwd`."""
     with tempfile.TemporaryDirectory() as directory:
       paths = {name: Path(directory) / name for name in ('stdin', 'stdout', 'stderr')}
-      paths['stdin'].write_text(input)
+      if isinstance(input, bytes):  # text that need not be UTF-8
+        paths['stdin'].write_bytes(input)
+      else:
+        paths['stdin'].write_text(input)
       paths['stdout'].touch()
       paths['stderr'].touch()
       request = {'argv': [str(a) for a in argv], 'cwd': str(cwd)}

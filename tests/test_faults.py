@@ -28,16 +28,18 @@ from helpers import (
   TINY_CHAR_LM_FLAGS,
   damage_checkpoint,
   tiny_char_config,
+  tiny_translate_config,
   write_word_corpus,
 )
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
+from relpos.files import write_atomically
 from relpos.studies import plot, shaw_tables, sweep
 from relpos.tools import sample, translate
 from relpos.training import char_lm_task as char_lm
 from relpos.training import tasks
 from relpos.training import translation_task as translate_task
-from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE, TMP_MARKER
+from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE, TMP_MARKER, finished_steps
 from relpos.training.loop import OUT_OF_MEMORY_EXIT_CODE
 from relpos.training.run_config import TaskMismatchError, read_config
 
@@ -408,14 +410,55 @@ def test_damaged_run_files_are_named(text_file, straight, tmp_path):
     char_lm.TASK.evaluate(_config(text_file), workdir, output_dir=tmp_path / 'eval')
 
 
+def test_a_field_this_version_does_not_know_names_the_recorded_config(
+  text_file, straight, tmp_path
+):
+  """A config.json with a field this version does not know (recorded by a newer relpos, or
+  added by hand): sample named the field without the file, eval.py and train.py asked for the
+  config it was trained with, which no config can be, and translate ignored one in the data
+  section. Each now names the file and the field, and says what to do."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  recorded = json.loads((workdir / 'config.json').read_text())
+  recorded['model']['foo'] = 1
+  (workdir / 'config.json').write_text(json.dumps(recorded))
+  line = (
+    f'{workdir}/config.json records config.model.foo, a field this version of relpos does '
+    'not know: the run was recorded by another version of relpos, or the file was edited by '
+    f'hand; use the relpos version that trained it, or remove the field from '
+    f'{workdir}/config.json if it was added by hand'
+  )
+  for command in (
+    lambda: char_lm.TASK.train_model(_config(text_file), workdir),
+    lambda: char_lm.TASK.evaluate(_config(text_file), workdir, output_dir=tmp_path / 'eval'),
+    lambda: sample.sample(workdir, None, 5),
+  ):
+    with pytest.raises(ValueError) as caught:
+      command()
+    assert str(caught.value) == line
+  translation = tmp_path / 'translation'
+  translation.mkdir()
+  recorded = json.loads(tiny_translate_config(Path('unused'), steps=1).to_json())
+  recorded['data']['bpe'] = True
+  (translation / 'config.json').write_text(json.dumps(recorded))
+  with pytest.raises(ValueError, match=r'config\.json records config\.data\.bpe, a field this'):
+    translate.translate_lines(translation, ['a cat'])
+  # A config file's own: refused before anything is written, or config.json would record it.
+  config = _config(text_file).copy_and_resolve_references()
+  config.data['bpe'] = True
+  with pytest.raises(ValueError, match=r'^config\.data\.bpe is not a field of the char_lm config'):
+    char_lm.TASK.train_model(config, tmp_path / 'new')
+  assert not (tmp_path / 'new').exists()
+
+
 def test_a_workdir_of_the_other_task_is_named_by_every_command(straight, tmp_path):
   """The char-LM run in `straight` given to the translation commands, and a translation run's
   config to the char-LM ones: one line each, nothing written."""
   before, files = _state(straight), sorted(straight.rglob('*'))
   translation = tmp_path / 'translation'
   translation.mkdir()
-  config = tiny_char_config(Path('unused.txt'), steps=1).to_dict() | {'task': 'translate'}
-  (translation / 'config.json').write_text(json.dumps(config))
+  config = tiny_translate_config(Path('unused'), steps=1)
+  (translation / 'config.json').write_text(config.to_json())
   translate_config = read_config(translation)
   message = "holds a run of task 'char_lm', not 'translate'"
   commands = [
@@ -622,7 +665,7 @@ def test_a_read_only_output_dir_of_eval(text_file, straight, tmp_path, monkeypat
   _fault(
     caught.value,
     FILESYSTEM_EXIT_CODE,
-    f'cannot write the evaluation to {output}: {cause}',
+    f'cannot write the evaluation to {output / "eval_results.json"}: {cause}',
     f'the checkpoints in {straight} are unchanged',
   )
   assert not list(output.iterdir())
@@ -637,6 +680,56 @@ def test_a_file_in_place_of_eval_output_dir_names_that_flag(text_file, straight,
     char_lm.TASK.evaluate(_config(text_file), straight, output_dir=output)
   assert str(caught.value).startswith(f'cannot write the evaluation to {output}: File exists')
   assert str(caught.value).endswith('give a directory as --output_dir, then rerun')
+
+
+def _full_disk_writing(monkeypatch, prefix):
+  """Every text write to a file whose name starts with `prefix` fails as a full disk's does:
+  ENOSPC from the write itself, which names no file."""
+  real = Path.write_text
+
+  def write_text(path, *args, **kwargs):
+    if path.name.startswith(prefix):
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return real(path, *args, **kwargs)
+
+  monkeypatch.setattr(Path, 'write_text', write_text)
+
+
+def _score_writing_translations(real_score):
+  """A char-LM score that also writes a file of translations to output_dir, as the translation
+  task's score does (`write_atomically`)."""
+
+  def score(config, workdir, output_dir=None):
+    result = real_score(config, workdir, output_dir)
+    write_atomically(Path(output_dir) / 'translations_step6.txt', 'a translation\n')
+    return result
+
+  return score
+
+
+@pytest.mark.parametrize('written', ['eval_results.json', 'translations_step6.txt'])
+@pytest.mark.parametrize('given_output_dir', [False, True])
+def test_a_full_disk_writing_the_evaluation_names_the_file(
+  text_file, straight, tmp_path, monkeypatch, written, given_output_dir
+):
+  """The final evaluation's eval_results.json (and translation's translations file) on a full
+  disk ended in a traceback: the write's ENOSPC names no file, so it was not told from a data
+  file's error. Now the exit-74 line naming the file."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  output = tmp_path / 'scores' if given_output_dir else workdir
+  before = _state(workdir)
+  monkeypatch.setattr(char_lm.TASK, 'score', _score_writing_translations(char_lm.TASK.score))
+  _full_disk_writing(monkeypatch, f'.{written}')
+  with pytest.raises(tasks.FAULTS) as caught:
+    char_lm.TASK.evaluate(_config(text_file), workdir, output_dir=output)
+  assert tasks.fault_exit(caught.value)[1] == (
+    f'error: cannot write the evaluation to {output / written}: No space left on device (the '
+    f'disk is full); the checkpoints in {workdir} are unchanged; free space on its disk, then '
+    'rerun'
+  )
+  _assert_nothing_lost(before, _state(workdir))
+  assert not list(output.glob(f'.{written}*')), 'a partial file was left'
 
 
 @pytest.fixture
@@ -787,6 +880,64 @@ def test_a_damaged_checkpoint_is_named_with_its_cause_and_readers_leave_it(
   reader.close()
   gc.collect()
   assert not unraisable
+
+
+def _training_on(monkeypatch, saves: int) -> list[int]:
+  """Makes each of the first `saves` checkpoint reads happen after a run training in the
+  workdir saved a newer checkpoint (a copy of the newest, two steps on) and evicted the oldest
+  (keep_checkpoints), as a reader that lists then reads meets it; returns the steps read."""
+  from relpos.training.checkpoints import Checkpoints
+
+  real, read = Checkpoints.restore, []
+
+  def restore(self, step, like):
+    read.append(step)
+    if len(read) <= saves:
+      there = finished_steps(self.directory.parent)
+      shutil.copytree(self.directory / str(there[-1]), self.directory / str(there[-1] + 2))
+      shutil.rmtree(self.directory / str(there[0]))
+    return real(self, step, like)
+
+  monkeypatch.setattr(Checkpoints, 'restore', restore)
+  return read
+
+
+def test_a_checkpoint_evicted_while_eval_reads_it_is_listed_again(
+  text_file, straight, tmp_path, monkeypatch, capsys
+):
+  """eval.py averaging the last 3 checkpoints of a run training now: the trainer evicted the
+  oldest between eval's listing and its read, and eval said its files were damaged. Now the
+  checkpoints are listed and read again: the newest 3 there now."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  config = _config(text_file)
+  config.eval.average_checkpoints = 3
+  read = _training_on(monkeypatch, saves=1)  # 2, 4, 6 listed; 4, 6, 8 there as 6 is read
+  result = char_lm.TASK.evaluate(config, workdir, output_dir=tmp_path / 'eval')
+  assert read == [6, 2, 8, 4, 6], read
+  assert result['checkpoint'] == f'{workdir.resolve()}/checkpoints/8', result
+  assert 'unreadable' not in capsys.readouterr().err
+
+
+def test_checkpoints_evicted_under_every_read_are_one_line(
+  text_file, straight, tmp_path, monkeypatch
+):
+  """Checkpoints that vanish under each of the reads: one line saying the run training there
+  removed them, and to rerun; not that their files are damaged."""
+  from relpos.training.checkpoints import Checkpoints, VanishedCheckpointError
+
+  def restore(self, step, like):
+    raise VanishedCheckpointError(self.directory / str(step))
+
+  monkeypatch.setattr(Checkpoints, 'restore', restore)
+  with pytest.raises(ValueError) as caught:
+    char_lm.TASK.evaluate(_config(text_file), straight, output_dir=tmp_path / 'eval')
+  assert str(caught.value) == (
+    f'checkpoint {straight.resolve()}/checkpoints/6 was removed while it was read: the run '
+    f'training in {straight.resolve()} removed it, keeping only its newest checkpoints '
+    '(config.train.keep_checkpoints); the checkpoints changed under each of 3 reads: rerun '
+    'once that run has ended, or with fewer config.eval.average_checkpoints'
+  )
 
 
 def test_an_empty_checkpoint_directory_is_one_warning_line(tmp_path, capsys, caplog):

@@ -2,6 +2,7 @@
 (relpos.studies.plot has its
 own module), on tiny runs trained here, and their one-line errors."""
 
+import io
 import json
 import os
 import subprocess
@@ -183,6 +184,24 @@ def test_translate_refuses_no_sentence_and_a_beam_below_1(commands, tmp_path, ar
   done = _tool(commands, 'translate', f'--workdir={tmp_path}', *args)
   assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr
   assert message in done.stderr.strip().splitlines()[-1], done.stderr
+
+
+def test_translate_refuses_text_that_is_not_utf8_in_one_line(commands, tmp_path):
+  """Bytes that are not UTF-8 on stdin failed inside SentencePiece with a RuntimeError
+  traceback: now one line naming stdin, the line and the byte, as the data files' reader says
+  (before the workdir is read)."""
+  done = commands.run(
+    ['-m', 'relpos.tools.translate', f'--workdir={tmp_path}'], input=b'a cat\nbad \xff\xfe\n'
+  )
+  assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr
+  assert done.stderr.strip().splitlines()[-1] == (
+    'error: stdin line 2 is not valid UTF-8 (invalid start byte at byte 10); re-encode it as UTF-8'
+  )
+  # --text, as Python hands on argv's bytes that are not UTF-8: surrogates
+  with pytest.raises(ValueError, match=r'^--text line 2 is not valid UTF-8 \(invalid start byte'):
+    translate.read_sentences(['a cat', b'bad \xff'.decode('utf-8', 'surrogateescape')], None)
+  assert translate.read_sentences(None, io.BytesIO(b'a\r\n\nb\n')) == ['a\r', '', 'b']
+  assert translate.read_sentences(None, io.BytesIO(b'')) == []
 
 
 def test_translate_refuses_a_beam_wider_than_the_vocabulary(tmp_path):

@@ -99,6 +99,75 @@ def test_a_launcher_restarts_itself_with_the_allocator_and_fills_the_cache(tmp_p
   assert any(cache.iterdir())
 
 
+def test_a_damaged_compilation_cache_is_one_warning_line(tmp_path):
+  """Cache entries cut short (as a full disk or a killed write leaves them): JAX warned in two
+  raw lines for each entry it could not read, in every run. Now one `warning:` line naming
+  the directory and the way out; the program runs on and its other warnings still show."""
+  script = tmp_path / 'program.py'
+  script.write_text(
+    'import warnings\n'
+    'from relpos import runtime\n'
+    'runtime.apply_defaults()\n'
+    'import jax, jax.numpy as jnp\n'
+    'x = jnp.ones((64, 64))\n'
+    'print(float(jax.jit(lambda x: jnp.sin(x) @ x)(x).sum()), float(jax.jit(jnp.cos)(x).sum()))\n'
+    'warnings.warn("another warning")\n'
+  )
+  cache = tmp_path / 'cache'
+  environ = os.environ | {
+    'JAX_PLATFORMS': 'cpu',
+    'RELPOS_COMPILATION_CACHE': str(cache),
+    'RELPOS_CPU_DEVICES': '1',
+    'RELPOS_ALLOCATOR': 'default',
+    'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
+  }
+
+  def run():
+    return subprocess.run(
+      [sys.executable, str(script)],
+      env=environ,
+      capture_output=True,
+      text=True,
+      timeout=120,
+      cwd=ROOT,
+      check=True,
+    )
+
+  first = run()
+  entries = list(cache.glob('*-cache'))
+  assert len(entries) >= 2, list(cache.iterdir())
+  for entry in entries:
+    entry.write_bytes(entry.read_bytes()[:100])
+  second = run()
+  assert second.stdout == first.stdout
+  lines = [line for line in second.stderr.splitlines() if 'cache' in line]
+  assert lines == [
+    f'warning: the compilation cache {cache} cannot be read (error: Error -5 while '
+    'decompressing data: incomplete or truncated stream); JAX compiles instead, so the run goes '
+    f'on, slower to start; remove {cache} to clear the cache, or turn it off '
+    '(RELPOS_COMPILATION_CACHE=off)'
+  ], second.stderr
+  assert 'UserWarning: another warning' in second.stderr
+
+
+def test_a_read_only_compilation_cache_of_the_users_own_names_its_own_variable():
+  """A cache directory that refuses writing wants another directory, not clearing; the
+  variable named is the user's JAX_COMPILATION_CACHE_DIR where relpos did not choose it."""
+  line = runtime.cache_fault_line(
+    "Error writing persistent compilation cache entry for 'jit_step': OSError: [Errno 30] "
+    "Read-only file system: '/mine'",
+    '/mine',
+    {'JAX_COMPILATION_CACHE_DIR': '/mine'},
+  )
+  assert line == (
+    'the compilation cache /mine cannot be written (OSError: [Errno 30] Read-only file system: '
+    "'/mine'); JAX compiles instead, so the run goes on, slower to start; make it writable or "
+    'set JAX_COMPILATION_CACHE_DIR to another directory, or turn it off (unset '
+    'JAX_COMPILATION_CACHE_DIR)'
+  )
+  assert runtime.cache_fault_line('another warning', '/mine', {}) is None
+
+
 def test_cpu_devices_default_to_two_and_respect_the_user():
   assert runtime.devices_environment({'JAX_PLATFORMS': 'cpu', 'RELPOS_CPU_DEVICES': '3'}) == {
     'XLA_FLAGS': '--xla_force_host_platform_device_count=3'

@@ -91,6 +91,17 @@ def defaults(cls: type) -> dict:
   }
 
 
+def undeclared(config: dict, cls: type, *, skip=()) -> list[str]:
+  """The dotted names of the fields in `config`'s sections (a config as a dict) that the
+  sections `cls` declares do not hold: a field of another version of relpos, or one a config
+  file added. Sections `cls` does not declare, and those named in `skip`, are left alone."""
+  found = []
+  for name, default in defaults(cls).items():
+    if name not in skip and isinstance(default, dict) and isinstance(config.get(name), dict):
+      found += [f'{name}.{field}' for field in config[name] if field not in default]
+  return found
+
+
 def leaves(cls: type, prefix: str = '', *, skip=()) -> dict[str, dataclasses.Field]:
   """{dotted path: field} of every declared field that is no section, sections' fields under
   their section; the sections named in `skip` left out."""

@@ -43,12 +43,38 @@ def with_added(recorded: dict, current: dict | None = None) -> dict:
   return recorded
 
 
-def read_recorded(path: Path, current: dict | None = None) -> dict:
-  """The config recorded at path, `with_added` fields.
+def check_known_fields(recorded: dict, path: Path) -> None:
+  """Checks that every field of the sections of `recorded` (the config at `path`) is one its
+  task declares, or an older name of one (`checks.RENAMED`).
+
+  A field this version does not know was recorded by another version of relpos (a newer one,
+  whose field may change what the run is: a model part, a tokenisation) or added by hand. It
+  is refused, not ignored: the model's own check would name it without the file, and a
+  comparison with the config given would ask for a config that no config of this version can
+  be. Sections its task does not declare are left alone (nothing reads them).
 
   Raises:
-    ValueError: the file is not a JSON object, or lacks a whole section of its task's config
-      (damaged or edited by hand), naming it.
+    ValueError: naming the file and the first such field.
+  """
+  declared = declaration(recorded.get('task'))
+  if declared is None:
+    return
+  unknown = [name for name in fields.undeclared(recorded, declared) if name not in checks.RENAMED]
+  if unknown:
+    raise ValueError(
+      f'{path} records config.{unknown[0]}, a field this version of relpos does not know: the '
+      'run was recorded by another version of relpos, or the file was edited by hand; use the '
+      f'relpos version that trained it, or remove the field from {path} if it was added by hand'
+    )
+
+
+def read_recorded(path: Path, current: dict | None = None, *, known_fields: bool = True) -> dict:
+  """The config recorded at path, `with_added` fields; `known_fields`: whether to check
+  them (`check_known_fields`; `relpos.training.run_config.check_task` checks the task first).
+
+  Raises:
+    ValueError: the file is not a JSON object, lacks a whole section of its task's config
+      (damaged or edited by hand), naming it, or holds a field this version does not know.
   """
   try:
     recorded = json.loads(path.read_text())
@@ -70,6 +96,8 @@ def read_recorded(path: Path, current: dict | None = None) -> dict:
         f'{path} has no config.{lacking[0]} section: it is damaged or was edited by hand; '
         'restore it from config.*.json or a copy'
       )
+  if known_fields:
+    check_known_fields(recorded, path)
   return with_added(recorded, current)
 
 

@@ -92,5 +92,5 @@ def decode_utf8(data: bytes, name) -> str:
     line = data.count(b'\n', 0, error.start) + 1
     raise ValueError(
       f'{name} line {line} is not valid UTF-8 ({error.reason} at byte {error.start}); '
-      're-encode the file as UTF-8'
+      're-encode it as UTF-8'
     ) from None

@@ -52,8 +52,8 @@ def row_drift(workdir) -> tuple[int, dict[str, np.ndarray], float]:
   from relpos.training import translation_task as translate
   from relpos.training.run_config import check_task, read_config
 
-  config = read_config(workdir, flag=None)  # workdirs are positional here
   check_task(workdir, 'translate', flag=None, needs="shaw_tables reads runs of task 'translate'")
+  config = read_config(workdir, flag=None)  # workdirs are positional here
   if 'max_relative_position' in translate.TASK.unread_fields(config):
     raise ValueError(f'{workdir}: config.model.position={config.model.position!r} has no tables')
   loop.check_trained(workdir).close()

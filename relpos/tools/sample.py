@@ -89,8 +89,8 @@ def sample(
     raise ValueError(f'--top_p={top_p} must be in (0, 1]')
   if prompt is not None and not prompt:
     raise ValueError('--prompt is empty: give at least one character')
-  config = read_config(workdir)
   check_task(workdir, 'char_lm', needs="relpos.tools.sample reads runs of task 'char_lm'")
+  config = read_config(workdir)
   loop.check_trained(workdir).close()
   vocab = CharVocab.read(Path(workdir) / VOCAB_FILE)
   model = TransformerXL(char_lm.model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))

@@ -21,6 +21,7 @@ import textwrap
 from absl import flags
 from ml_collections import config_flags
 
+from relpos import runtime
 from relpos.config import checks, declaration, fields
 
 
@@ -101,6 +102,7 @@ def define_flags() -> None:
 
 
 if __name__ == '__main__':
+  runtime.apply_defaults()  # as every command that imports JAX (the config check does)
   define_flags()
   from relpos.training.tasks import run_main
 

@@ -34,8 +34,8 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
   from relpos.training import translation_task as translate
   from relpos.training.run_config import check_task, read_config
 
-  config = read_config(workdir)
   check_task(workdir, 'translate', needs="relpos.tools.translate reads runs of task 'translate'")
+  config = read_config(workdir)
   if beam_size is not None:
     translate.check_beam_size(beam_size, config.data.vocab_size, '--beam_size')
   loop.check_trained(workdir).close()
@@ -50,6 +50,26 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
   )
 
 
+def read_sentences(texts: list[str] | None, stdin) -> list[str]:
+  """The sentences to translate: each of `texts` (--text), else each line of `stdin` (a binary
+  file), read as UTF-8 as the data files are (`relpos.data.data_file.decode_utf8`).
+
+  Bytes that are not UTF-8 would reach SentencePiece as surrogates (Python's escape for them
+  in argv) and fail there in a C++ cast; they are refused here, naming stdin or --text, the
+  line (for --text: which value, in order) and the byte.
+
+  Raises:
+    ValueError: the text is not valid UTF-8.
+  """
+  from relpos.data.data_file import decode_utf8  # imported after the runtime defaults
+
+  if texts:
+    decode_utf8('\n'.join(texts).encode('utf-8', 'surrogateescape'), '--text')
+    return texts
+  text = decode_utf8(stdin.read(), 'stdin')
+  return text.removesuffix('\n').split('\n') if text else []
+
+
 def main(argv):
   if len(argv) > 1:
     sys.exit(f'error: unexpected arguments {argv[1:]}: pass sentences with --text or stdin')
@@ -57,10 +77,10 @@ def main(argv):
 
   quiet_logging()
   args = flags.FLAGS
-  lines = args.text or [line.rstrip('\n') for line in sys.stdin]
-  if not any(line.strip() for line in lines):
-    sys.exit('error: nothing to translate: give sentences with --text or one a line on stdin')
   try:
+    lines = read_sentences(args.text, sys.stdin.buffer)
+    if not any(line.strip() for line in lines):
+      sys.exit('error: nothing to translate: give sentences with --text or one a line on stdin')
     translations = translate_lines(args.workdir, lines, beam_size=args.beam_size)
   except (FileNotFoundError, ValueError) as error:
     sys.exit(f'error: {error}')

@@ -228,6 +228,22 @@ class UnreadableCheckpointError(ValueError):
     self.cause = cause
 
 
+class VanishedCheckpointError(UnreadableCheckpointError):
+  """A checkpoint listed that was gone when it was read: not damaged, but removed in between
+  by the run training in the workdir, which keeps only its newest checkpoints (readers such as
+  eval.py do not lock the workdir; docs/faults.md). A reader lists the checkpoints again
+  (`relpos.training.loop.restore_model`)."""
+
+  def __init__(self, path: Path):
+    ValueError.__init__(
+      self,
+      f'checkpoint {path} was removed while it was read: the run training in '
+      f'{path.parent.parent} removed it, keeping only its newest checkpoints '
+      '(config.train.keep_checkpoints)',
+    )
+    self.cause = 'removed while it was read'
+
+
 class Checkpoints:
   """`workdir/checkpoints/<step>/{<item>...,meta}`, keeping the newest `keep` steps."""
 
@@ -260,6 +276,11 @@ class Checkpoints:
 
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
+
+  def reload(self) -> None:
+    """Lists the checkpoints again (orbax keeps the list it read when opened): a reader's view
+    of a run training now."""
+    self._manager.reload()
 
   def last_good(self, but: int | None = None) -> str:
     """Names the newest finished checkpoint (other than step `but`), for a fault's message."""
@@ -362,7 +383,8 @@ class Checkpoints:
 
     Raises:
       ValueError: the shapes differ.
-      UnreadableCheckpointError: orbax could not read it.
+      VanishedCheckpointError: its directory was gone after orbax failed to read it.
+      UnreadableCheckpointError: orbax could not read it otherwise.
     """
     self._check_shapes(step, like)
     args = {
@@ -375,6 +397,8 @@ class Checkpoints:
       )
     except Exception as error:  # noqa: BLE001 (orbax raises a bare Exception, among others)
       logging.info('checkpoint %s: %s', step, error)  # the whole of it, for --verbosity=0
+      if not (self.directory / str(step)).is_dir():
+        raise VanishedCheckpointError(self.directory / str(step)) from error
       raise UnreadableCheckpointError(self.directory / str(step), _read_cause(error)) from error
     return {name: restored[name] for name in like}, restored.meta
 
@@ -409,12 +433,16 @@ class Checkpoints:
     Raises:
       ValueError: checkpoints exist but none can be read (damaged, or the config changed the
         model).
+      VanishedCheckpointError: a reader's was removed while it was read (by the run training
+        there; the reader lists them again), not skipped as unreadable.
     """
     failures, unreadable, damaged = [], [], True
     for step in reversed(self.all_steps()):
       try:
         found = (step, *self.restore(step, like))
       except Exception as error:  # noqa: BLE001 (orbax raises many kinds; each is reported)
+        if isinstance(error, VanishedCheckpointError) and not self._writer:
+          raise  # a reader lists them again (`relpos.training.loop.restore_model`)
         cause = getattr(error, 'cause', None) or _first_line(error)
         damaged = damaged and isinstance(error, UnreadableCheckpointError)
         failures.append(f'step {step}: {cause}')

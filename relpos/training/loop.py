@@ -58,6 +58,7 @@ from relpos.training.checkpoints import (
   Checkpoints,
   FilesystemFaultError,
   UnreadableCheckpointError,
+  VanishedCheckpointError,
   error_errno,
   filesystem_fault,
   finished_steps,
@@ -130,9 +131,17 @@ class Task(abc.ABC):
   declaration: type
 
   def check_config(self, config: ml_collections.ConfigDict, mesh=None) -> None:
-    """Raises ValueError naming the field for any config the run cannot honour: every field's
-    rule, the model's typed config, and the rules across fields (with `mesh`, those of the
-    batch against the devices, and the attention implementation against their platform)."""
+    """Raises ValueError naming the field for any config the run cannot honour: a field the
+    declaration does not hold, every field's rule, the model's typed config, and the rules
+    across fields (with `mesh`, those of the batch against the devices, and the attention
+    implementation against their platform)."""
+    # config.model's own fields are checked by its typed config (`check_combinations`).
+    unknown = fields.undeclared(config.to_dict(), self.declaration, skip=('model',))
+    if unknown:  # else recorded in config.json, which every later read would refuse
+      raise ValueError(
+        f'config.{unknown[0]} is not a field of the {config.get("task")} config (config files '
+        'list every field; `python -m relpos.tools.show_config` shows them): remove it'
+      )
     checks.check(config, fields.rules(self.declaration, skip=('model',)))
     optim.check_schedule(config)
     self.check_combinations(config, mesh)
@@ -212,9 +221,12 @@ class Task(abc.ABC):
       written = Path(error.filename or '/').resolve()
       if output_dir.resolve() not in (written, *written.parents):
         raise  # a data file's error, as the task reports it
+      # The file itself where the error names one (`write_atomically`'s do: eval_results.json,
+      # translations), else output_dir, which could not be made.
+      target = output_dir / written.relative_to(output_dir.resolve())
       raise filesystem_fault(
         error,
-        f'cannot write the evaluation to {output_dir}',
+        f'cannot write the evaluation to {target}',
         last_good=f'the checkpoints in {workdir} are unchanged',
         resume=False,
         flag='--output_dir' if output_dir != workdir else '--workdir',
@@ -873,6 +885,54 @@ def check_trained(workdir) -> Checkpoints:
   return checkpoints
 
 
+# How many times `restore_model` lists the checkpoints again after one vanished as it was read.
+VANISHED_CHECKPOINT_TRIES = 3
+
+
+def _read_checkpoints(checkpoints: Checkpoints, eval_config, like: dict):
+  """(the steps there, the steps `restore_model` averages, their 'model' items shaped like
+  `like`), read from `checkpoints` as they are listed now.
+
+  Raises:
+    VanishedCheckpointError: one was removed between the listing and its read.
+  """
+  have = checkpoints.all_steps()
+
+  def restore(step: int, asked: str) -> dict:
+    """The 'model' item of checkpoint `step`, which `asked` (the config field) names."""
+    try:
+      return checkpoints.restore(step, like)[0]['model']
+    except VanishedCheckpointError:
+      raise
+    except UnreadableCheckpointError as error:
+      others = [s for s in have if s != step]
+      raise ValueError(
+        f'{error}; its files are damaged: restore them from a copy, or set {asked} to '
+        f'leave it out (other checkpoints: {others})'
+      ) from None
+
+  if eval_config.step:
+    step = eval_config.step
+    if step not in have:
+      raise FileNotFoundError(
+        f'config.eval.step={step}: no such checkpoint in {checkpoints.directory} (have {have})'
+      )
+    newest = restore(step, 'config.eval.step')
+  else:
+    step, restored, _ = checkpoints.restore_latest(like)
+    newest = restored['model']
+  average = eval_config.average_checkpoints
+  steps = [s for s in have if s <= step][-average:]
+  if len(steps) < average:
+    raise ValueError(
+      f'config.eval.average_checkpoints={average}: {checkpoints.directory} holds '
+      f'{len(steps)} checkpoint(s) up to step {step} ({steps}): set it to {len(steps)} or '
+      'less'
+    )
+  asked = 'config.eval.average_checkpoints (or config.eval.step)'
+  return have, steps, [restore(s, asked) for s in steps[:-1]] + [newest]
+
+
 def restore_model(model: nnx.Module, eval_config, workdir) -> tuple[nnx.Module, list[int], Path]:
   """(`model` with the checkpoint's parameters, the steps averaged, the checkpoint directory).
 
@@ -883,10 +943,14 @@ def restore_model(model: nnx.Module, eval_config, workdir) -> tuple[nnx.Module, 
   `relpos.config.shared`) the restored Shaw tables are clipped at k'
   (`relpos.models.multihead_attention.clip_shaw_tables`).
 
+  Readers do not lock the workdir, so a run training there may evict a checkpoint (its
+  keep_checkpoints) between the listing and the read: that checkpoint is not damaged, and the
+  checkpoints are listed and read again, up to VANISHED_CHECKPOINT_TRIES times.
+
   Raises:
     FileNotFoundError: no checkpoint, or no checkpoint eval_config.step.
     ValueError: a checkpoint it needs is unreadable (`UnreadableCheckpointError`), or fewer
-      than N checkpoints are there to average.
+      than N checkpoints are there to average, or checkpoints vanished under every read.
     FloatingPointError: a checkpoint it needs holds non-finite parameters (a diverged run).
   """
   checkpoints = check_trained(workdir)
@@ -895,39 +959,17 @@ def restore_model(model: nnx.Module, eval_config, workdir) -> tuple[nnx.Module, 
     # Replicated like training's state, so every process of a run can read it back.
     state = mesh_lib.distribute(state, mesh_lib.replicated(mesh_lib.data_mesh()))
     like = {'model': nnx.to_pure_dict(state)}
-    have = checkpoints.all_steps()
-
-    def restore(step: int, asked: str) -> dict:
-      """The 'model' item of checkpoint `step`, which `asked` (the config field) names."""
+    for attempt in range(1, VANISHED_CHECKPOINT_TRIES + 1):
       try:
-        return checkpoints.restore(step, like)[0]['model']
-      except UnreadableCheckpointError as error:
-        others = [s for s in have if s != step]
-        raise ValueError(
-          f'{error}; its files are damaged: restore them from a copy, or set {asked} to '
-          f'leave it out (other checkpoints: {others})'
-        ) from None
-
-    if eval_config.step:
-      step = eval_config.step
-      if step not in have:
-        raise FileNotFoundError(
-          f'config.eval.step={step}: no such checkpoint in {checkpoints.directory} (have {have})'
-        )
-      newest = restore(step, 'config.eval.step')
-    else:
-      step, restored, _ = checkpoints.restore_latest(like)
-      newest = restored['model']
-    average = eval_config.average_checkpoints
-    steps = [s for s in have if s <= step][-average:]
-    if len(steps) < average:
-      raise ValueError(
-        f'config.eval.average_checkpoints={average}: {checkpoints.directory} holds '
-        f'{len(steps)} checkpoint(s) up to step {step} ({steps}): set it to {len(steps)} or '
-        'less'
-      )
-    asked = 'config.eval.average_checkpoints (or config.eval.step)'
-    trees = [restore(s, asked) for s in steps[:-1]] + [newest]
+        have, steps, trees = _read_checkpoints(checkpoints, eval_config, like)
+        break
+      except VanishedCheckpointError as vanished:  # the run training there evicted it
+        if attempt == VANISHED_CHECKPOINT_TRIES:
+          raise ValueError(
+            f'{vanished}; the checkpoints changed under each of {attempt} reads: rerun once '
+            'that run has ended, or with fewer config.eval.average_checkpoints'
+          ) from None
+        checkpoints.reload()
   finally:
     checkpoints.close()
   for at, tree in zip(steps, trees, strict=True):

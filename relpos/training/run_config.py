@@ -13,7 +13,12 @@ from pathlib import Path
 import ml_collections
 
 from relpos.config.model_fields import EVALUATION_FREE_FIELDS
-from relpos.config.recorded import CONFIG_FILE, read_recorded, section_changes_from_recorded
+from relpos.config.recorded import (
+  CONFIG_FILE,
+  check_known_fields,
+  read_recorded,
+  section_changes_from_recorded,
+)
 
 
 def not_a_workdir(workdir, flag: str | None = '--workdir') -> FileNotFoundError:
@@ -50,13 +55,16 @@ def has_run(workdir) -> bool:
   return (Path(workdir) / CONFIG_FILE).is_file()
 
 
-def read_config(workdir, flag: str | None = '--workdir') -> ml_collections.ConfigDict:
+def read_config(
+  workdir, flag: str | None = '--workdir', *, known_fields: bool = True
+) -> ml_collections.ConfigDict:
   """The config a run recorded in workdir/config.json (what the tools that read a finished run
   start from). `flag` names the command-line flag that gave workdir, for the error (None: a
-  positional argument).
+  positional argument); `known_fields`: as in `relpos.config.recorded.read_recorded`.
 
   Raises:
     FileNotFoundError: no such directory, or no config.json in it.
+    ValueError: config.json is damaged, or holds a field this version does not know.
   """
   check_path(workdir, flag)
   workdir = Path(workdir)
@@ -69,7 +77,7 @@ def read_config(workdir, flag: str | None = '--workdir') -> ml_collections.Confi
       not_a_run(workdir, given)
       or f'{path} does not exist: {workdir} holds no relpos run (train first)'
     )
-  return ml_collections.ConfigDict(read_recorded(path))
+  return ml_collections.ConfigDict(read_recorded(path, known_fields=known_fields))
 
 
 def not_a_run(directory, given: str) -> str | None:
@@ -119,13 +127,15 @@ def check_task(
 
   Raises:
     TaskMismatchError: the recorded run is of another task.
-    ValueError: `workdir` cannot be a directory's path (a name too long, a symlink loop).
+    ValueError: `workdir` cannot be a directory's path (a name too long, a symlink loop), or
+      its config.json is damaged or holds a field this version does not know.
   """
   check_path(workdir, flag)
   path = Path(workdir) / CONFIG_FILE
   if not path.is_file():
     return None
-  recorded = read_config(workdir, flag)
+  # Its fields are checked once its task is: another task's fields are not this one's.
+  recorded = read_config(workdir, flag, known_fields=False)
   kind = recorded.get('task')
   if task is not None and kind != task:
     given = f'{flag}={workdir}' if flag else str(workdir)
@@ -136,6 +146,7 @@ def check_task(
       f'config of task {kind!r} for this one'
     )
     raise TaskMismatchError(f'{given} holds a run of task {kind!r}, not {task!r} {todo}')
+  check_known_fields(recorded.to_dict(), path)
   return recorded
 
 
