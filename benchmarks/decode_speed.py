@@ -40,7 +40,7 @@ def main(argv):
   # As relpos.tools.translate: the run's config, its task and a checkpoint, before anything is
   # loaded (each refused as one line by tasks.run_main).
   run_config.check_task(
-    FLAGS.workdir, 'translate', needs='benchmarks/decode_speed.py decodes translation runs'
+    FLAGS.workdir, 'translate', needs="benchmarks/decode_speed.py decodes runs of task 'translate'"
   )
   config = run_config.read_config(FLAGS.workdir)
   loop.check_trained(FLAGS.workdir).close()

@@ -130,7 +130,7 @@ def _unusable(tmp_path, other_run, untrained_run):
   return [
     (tmp_path / 'absent', 'is not a directory'),
     (tmp_path, 'holds no relpos run'),
-    (other_run, 'run, not a'),
+    (other_run, 'holds a run of task '),
     (untrained_run, 'no checkpoint'),
   ]
 

@@ -34,6 +34,7 @@ the diagonals of its inputs instead. The block prefix sums take `blocks` extra m
 
 import functools
 import math
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -207,41 +208,39 @@ def _max_distance(rel_key, rel_value) -> int:
   return (table.shape[0] - 1) // 2
 
 
-def _band_for(static_offset, causal, traced_offset, query, key, rel_key, rel_value):
+class _Static(typing.NamedTuple):
+  """What `_shaw` takes as static (hashable; no cotangent): the query offset where it is known
+  at trace time (else None, and the traced one is an operand), the dropout rate, and whether
+  the mask hides every key after its query (`causal`: the band's right edge is then empty)."""
+
+  query_offset: int | None
+  dropout_rate: float
+  causal: bool
+
+
+def _band_for(static: _Static, traced_offset, query, key, rel_key, rel_value):
   return _Band(
     query.shape[1],
     key.shape[1],
     _max_distance(rel_key, rel_value),
-    static_offset if traced_offset is None else traced_offset,
-    causal,
+    static.query_offset if traced_offset is None else traced_offset,
+    static.causal,
   )
 
 
-def _shaw_forward(
-  static_offset,
-  dropout_rate,
-  causal,
-  query,
-  key,
-  value,
-  rel_key,
-  rel_value,
-  mask,
-  traced_offset,
-  rng,
-):
+def _shaw_forward(static: _Static, query, key, value, rel_key, rel_value, mask, traced_offset, rng):
   """Returns output [B, Q, H, D], probs [B, H, Q, K] before dropout, and the probs after
   dropout summed per table row [B, H, Q, R] (None without rel_value).
 
   All three in `accumulation_dtype(value.dtype)`: float32 for bf16 inputs.
   """
-  band = _band_for(static_offset, causal, traced_offset, query, key, rel_key, rel_value)
+  band = _band_for(static, traced_offset, query, key, rel_key, rel_value)
   logits = content_logits(query, key)
   if rel_key is not None:
     rel_logits = _dot('bhqd,rd->bhqr', _heads_first(query), rel_key) * query.shape[-1] ** -0.5
     logits += band.to_keys(rel_logits)
   probs = masked_softmax(logits, mask)
-  dropped = attention_dropout(probs, dropout_rate, rng)
+  dropped = attention_dropout(probs, static.dropout_rate, rng)
   if rel_value is None:
     return attend(dropped, value), probs, None
   output, block_prefix = _dot_with_block_prefix(dropped, value, band)
@@ -249,85 +248,26 @@ def _shaw_forward(
   return output + _dot('bhqr,rd->bqhd', prob_rows, rel_value), probs, prob_rows
 
 
-# dropout_rate and causal are static like static_offset; rng (None when dropout_rate is 0) gets
-# no cotangent. `causal`: the mask hides every key after its query (the right edge is empty).
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _shaw(
-  static_offset,
-  dropout_rate,
-  causal,
-  query,
-  key,
-  value,
-  rel_key,
-  rel_value,
-  mask,
-  traced_offset,
-  rng,
-):
-  output, _, _ = _shaw_forward(
-    static_offset,
-    dropout_rate,
-    causal,
-    query,
-    key,
-    value,
-    rel_key,
-    rel_value,
-    mask,
-    traced_offset,
-    rng,
-  )
+# rng (None when the dropout rate is 0) gets no cotangent.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _shaw(static: _Static, query, key, value, rel_key, rel_value, mask, traced_offset, rng):
+  operands = (query, key, value, rel_key, rel_value, mask, traced_offset, rng)
+  output, _, _ = _shaw_forward(static, *operands)
   return output.astype(value.dtype)
 
 
-def _shaw_fwd(
-  static_offset,
-  dropout_rate,
-  causal,
-  query,
-  key,
-  value,
-  rel_key,
-  rel_value,
-  mask,
-  traced_offset,
-  rng,
-):
-  output, probs, prob_rows = _shaw_forward(
-    static_offset,
-    dropout_rate,
-    causal,
-    query,
-    key,
-    value,
-    rel_key,
-    rel_value,
-    mask,
-    traced_offset,
-    rng,
-  )
-  residuals = (
-    query,
-    key,
-    value,
-    rel_key,
-    rel_value,
-    mask,
-    traced_offset,
-    rng,
-    output,
-    probs,
-    prob_rows,
-  )
-  return output.astype(value.dtype), residuals
+def _shaw_fwd(static: _Static, query, key, value, rel_key, rel_value, mask, traced_offset, rng):
+  operands = (query, key, value, rel_key, rel_value, mask, traced_offset, rng)
+  output, probs, prob_rows = _shaw_forward(static, *operands)
+  return output.astype(value.dtype), (*operands, output, probs, prob_rows)
 
 
-def _shaw_bwd(static_offset, dropout_rate, causal, residuals, d_output):
+def _shaw_bwd(static: _Static, residuals, d_output):
   (query, key, value, rel_key, rel_value, mask, traced_offset, rng, output, probs, prob_rows) = (
     residuals
   )
-  band = _band_for(static_offset, causal, traced_offset, query, key, rel_key, rel_value)
+  band = _band_for(static, traced_offset, query, key, rel_key, rel_value)
+  dropout_rate = static.dropout_rate
   scale = query.shape[-1] ** -0.5
   d_output = d_output.astype(value.dtype)
   acc = accumulation_dtype(value.dtype)
@@ -598,19 +538,8 @@ def shaw_attention_banded(
     mask = with_causal(mask, query.shape[1], key.shape[1], query_offset=query_offset)
   static_offset = static_query_offset(query_offset)
   traced_offset = None if static_offset is not None else jnp.asarray(query_offset, jnp.int32)
-  return _shaw(
-    static_offset,
-    dropout_rate,
-    causal,
-    query,
-    key,
-    value,
-    rel_key,
-    rel_value,
-    mask,
-    traced_offset,
-    rng,
-  )
+  static = _Static(static_offset, dropout_rate, causal)
+  return _shaw(static, query, key, value, rel_key, rel_value, mask, traced_offset, rng)
 
 
 def shaw_attention_materialized(
