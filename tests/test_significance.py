@@ -64,7 +64,8 @@ def test_seed_p_value_is_none_without_a_test(baseline, system):
 def test_p_text():
   assert significance.p_text(None) == '–'
   assert significance.p_text(0.0004) == '< 0.001'
-  assert significance.p_text(1 / 1001) == '0.001'
+  assert significance.p_text(1 / 1001) == '< 0.001'  # the bootstrap's floor: printed 0.001
+  assert significance.p_text(0.001) == '0.001'
   assert significance.p_text(0.12345) == '0.123'
 
 
@@ -102,6 +103,23 @@ def test_seed_table_errors_name_the_file_or_flag(tmp_path):
     bad.write_text(f'value,seed,bleu\na,0,1.0\n{line}\n')
     with pytest.raises(ValueError, match=r'bad.csv line 3: seed .* are not an integer and a'):
       significance.seed_table(bad, 'a')
+
+
+def test_seed_table_takes_a_baseline_equal_as_a_number(tmp_path):
+  """--baseline=3e5 was 'not a value ... ['300000.0']': the values were compared as text."""
+  seeds = _seeds_csv(tmp_path / 'seeds.csv', [('300000.0', 0, 1.0), ('0.001', 0, 2.0)])
+  assert '| 300000.0 | 1 | 1.000 | – | (baseline) |' in significance.seed_table(seeds, '3e5')
+  with pytest.raises(ValueError, match=r'--baseline=4e5 is not a value'):
+    significance.seed_table(seeds, '4e5')
+
+
+def test_seed_table_refuses_the_list_of_diverged_runs(tmp_path):
+  """sweep_diverged.csv (value, seed, diverged_at_step, workdir) was tabulated as if the step
+  were a score."""
+  diverged = tmp_path / 'sweep_diverged.csv'
+  diverged.write_text('value,seed,diverged_at_step,workdir\n1e6,0,20,runs/x\n1e6,1,20,runs/y\n')
+  with pytest.raises(ValueError, match=r'sweep_diverged.csv lists diverged runs .* sweep_seeds'):
+    significance.seed_table(diverged, '1e6')
 
 
 def test_command_line(tmp_path):

@@ -41,6 +41,7 @@ from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
 from relpos import flag_types
+from relpos.training.run_config import DIVERGED
 
 SAMPLES = 1000  # sacreBLEU's default number of bootstrap resamples
 SEED = 12345  # sacreBLEU's default seed (SACREBLEU_SEED)
@@ -114,10 +115,23 @@ def seed_p_value(baseline: dict, system: dict) -> float | None:
 
 
 def p_text(p_value: float | None) -> str:
-  """A p-value as tables print it: 3 decimals, '< 0.001' below that, '–' for no test."""
+  """A p-value as tables print it: 3 decimals, '< 0.001' below 0.001, '–' for no test. The
+  bootstrap's floor, 1/(SAMPLES + 1) = 0.000999 (no resample reached the observed difference),
+  is below: rounded, it printed as 0.001, which reads as a p-value the test measured."""
   if p_value is None:
     return '–'
-  return '< 0.001' if p_value < 0.0005 else f'{p_value:.3f}'
+  return '< 0.001' if p_value < 0.001 else f'{p_value:.3f}'
+
+
+def paired_difference(baseline: dict, system: dict) -> float:
+  """The difference of `system` from `baseline` ({seed: score} each) over the seeds both have,
+  the seeds `seed_p_value` and the item bootstrap pair: where a seed of one has no score (it
+  diverged), the difference of all their means would compare other seed sets than the tests.
+  The difference of the means where they share no seed (and no paired test is shown)."""
+  seeds = sorted(set(baseline) & set(system))
+  if not seeds:
+    return mean_and_std(system.values())[0] - mean_and_std(baseline.values())[0]
+  return float(np.mean([system[seed] - baseline[seed] for seed in seeds]))
 
 
 def difference_text(difference: float | None, digits: int = 3) -> str:
@@ -136,6 +150,24 @@ def mean_and_std(scores) -> tuple[float, float]:
   return float(scores.mean()), float(scores.std(ddof=1)) if len(scores) > 1 else 0.0
 
 
+def _value_named(text: str, values) -> str:
+  """The one of `values` (a CSV's texts) that `text` names: itself, or else the one equal to it
+  as a number (--baseline=3e5 names the sweep's 300000.0); `text` where none is."""
+  if text in values:
+    return text
+  try:
+    number = float(text)
+  except ValueError:
+    return text
+  for value in values:
+    try:
+      if float(value) == number:
+        return value
+    except ValueError:
+      continue
+  return text
+
+
 def seed_table(seeds_csv, baseline: str) -> str:
   """Markdown: per value of a `sweep_seeds.csv` (value, seed, metric, ...), n, mean, std
   (ddof 1) and `seed_p_value` against the value `baseline`."""
@@ -145,6 +177,11 @@ def seed_table(seeds_csv, baseline: str) -> str:
     rows = list(reader)
   if metric is None or not rows or list(rows[0])[:2] != ['value', 'seed']:
     raise ValueError(f'{seeds_csv}: not a sweep_seeds.csv (columns value, seed, metric, ...)')
+  if metric == DIVERGED:  # sweep_diverged.csv: its step column would be tested as a score
+    raise ValueError(
+      f'{seeds_csv} lists diverged runs ({DIVERGED}), which have no scores: give the '
+      "sweep's sweep_seeds.csv"
+    )
   scores, lines_of = {}, {}
   for number, row in enumerate(rows, start=2):  # line 1 is the header
     try:
@@ -163,6 +200,7 @@ def seed_table(seeds_csv, baseline: str) -> str:
         f'{seeds_csv} line {number}: seed {row["seed"]!r} and {metric} {row[metric]!r} are not '
         'an integer and a number'
       ) from None
+  baseline = _value_named(baseline, scores)
   if baseline not in scores:
     raise ValueError(f'--baseline={baseline} is not a value of {seeds_csv}: {list(scores)}')
   lines = [

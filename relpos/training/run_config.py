@@ -176,6 +176,9 @@ def check_model(workdir, config: ml_collections.ConfigDict) -> None:
 
 
 RESULTS_FILE = 'eval_results.json'
+# In a run's eval_results.json: the step its loss or parameters went non-finite at, recorded by
+# a sweep (`relpos.studies.sweep.record_divergence`) in place of a score.
+DIVERGED = 'diverged_at_step'
 
 
 def foreign_checkpoint(results: dict, workdir) -> str | None:
