@@ -65,3 +65,15 @@ def test_bpc_by_position_weights_each_position_by_its_characters():
     breakdown.bpc_by_position(results, 'gone', [1])
   with pytest.raises(ValueError, match='base seed 0: its eval_results.json has no position_bpc'):
     breakdown.bpc_by_position({'base': {0: {'bpc': 2.0}}}, 'base', [1])
+
+
+def test_a_buckets_difference_is_over_the_seeds_the_tests_pair():
+  """With a seed of the baseline missing (diverged), the difference compared means over other
+  seed sets than the paired tests."""
+  per_run = [
+    {'value': 'a', 'seed': 0, 'bucket': '1', 'bpc': 2.0},
+    {'value': 'a', 'seed': 1, 'bucket': '1', 'bpc': 3.0},
+    {'value': 'b', 'seed': 0, 'bucket': '1', 'bpc': 1.5},
+  ]
+  summary, _ = breakdown.by_bucket(per_run, {'1': 8}, 'a', 'bpc', None)
+  assert summary[1]['difference'] == pytest.approx(-0.5)  # seed 0's, not 1.5 - 2.5

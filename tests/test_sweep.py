@@ -100,7 +100,7 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
     (16, 2),
   ]
   summary = sweep.summarise(config, rows, [0, 4, 16, 64], 'bpc', baseline=0)
-  assert [row['value'] for row in summary] == [0, 4, 16]
+  assert [(row['value'], row['n']) for row in summary] == [(0, 3), (4, 2), (16, 3), (64, 0)]
   assert summary[0]['n'] == 3 and summary[0]['mean'] == pytest.approx(2.1)
   assert summary[0]['std'] == pytest.approx(0.1) and summary[0]['p_value'] is None
   assert summary[1]['n'] == 2 and summary[1]['p_value'] < 0.01  # far apart on every segment
@@ -109,15 +109,17 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
   assert summary[0]['p_seeds'] is None and summary[1]['p_seeds'] is None
   assert summary[2]['p_seeds'] is None
   markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
-  assert summary[0]['difference'] is None and summary[1]['difference'] == pytest.approx(-0.55)
+  # 4 over the seeds it shares with the baseline, 0 and 1 (the seed test's): not 1.55 - 2.1.
+  assert summary[0]['difference'] is None and summary[1]['difference'] == pytest.approx(-0.5)
   assert '| 0 | 3 | 2.100 | 0.100 | (baseline) | (baseline) | (baseline) |' in markdown
-  assert '| 4 | 2 | 1.550 | 0.071 | -0.550 | ' in markdown
-  assert '| 16 | 3 | 2.100 | 0.100 | +0.000 | ' in markdown and markdown.count(' | – |') == 2
+  assert '| 4 | 2 | 1.550 | 0.071 | -0.500 | ' in markdown
+  assert '| 16 | 3 | 2.100 | 0.100 | +0.000 | ' in markdown
+  assert '| 64 | 0 | – | – | – | – | – |' in markdown  # a value with no run keeps its row
   with open(tmp_path / 'sweep.csv') as stream:
     table = list(csv.DictReader(stream))
-  assert list(table[0]) == ['value', 'n', 'mean', 'std', 'difference', 'p_value', 'p_seeds']
-  assert [row['value'] for row in table] == ['0', '4', '16'] and table[0]['p_value'] == ''
-  assert table[0]['difference'] == '' and float(table[1]['difference']) == pytest.approx(-0.55)
+  assert list(table[0]) == 'value n mean std difference p_value p_seeds diverged'.split()
+  assert [row['value'] for row in table] == ['0', '4', '16', '64'] and table[0]['p_value'] == ''
+  assert table[0]['difference'] == '' and float(table[1]['difference']) == pytest.approx(-0.5)
   with open(tmp_path / 'sweep_seeds.csv') as stream:
     assert len(list(csv.DictReader(stream))) == 8
   png = sweep.plot(summary, rows, tmp_path, field, 'bpc')
@@ -332,7 +334,7 @@ def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compila
   assert summary[0]['p_seeds'] is None and 0 < summary[1]['p_seeds'] <= 1
   with open(root / 'sweep.csv') as stream:
     table = list(csv.DictReader(stream))
-  assert list(table[0]) == ['value', 'n', 'mean', 'std', 'difference', 'p_value', 'p_seeds']
+  assert list(table[0]) == 'value n mean std difference p_value p_seeds diverged'.split()
   for value in ('shaw', 'absolute'):
     for seed in (0, 1):
       results = json.loads(
@@ -491,6 +493,8 @@ def test_one_run_has_no_spread_in_the_table(tmp_path):
   summary = sweep.summarise(load_config('char_tiny', 'shaw'), rows, [0, 4], 'bpc', baseline=0)
   markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
   assert '| 4 | 1 | 1.500 | – | ' in markdown and '| 0 | 2 | 2.050 | 0.071 |' in markdown
+  with open(tmp_path / 'sweep.csv') as stream:  # no spread there either (it said 0.0)
+    assert [row['std'] for row in csv.DictReader(stream)] == ['0.07071067811865482', '']
 
 
 def test_a_damaged_eval_results_is_scored_again_and_named_when_collected(tmp_path, capsys):
@@ -587,8 +591,37 @@ def test_collect_only_warns_of_results_not_of_the_sweeps_config(tmp_path, capsys
   assert warnings[0].startswith('warning: model.max_relative_position=0 seed 1: tabulated as')
   assert 'model.d_model' in warnings[0]
   assert warnings[1].endswith(
-    'scored at step 5, not 10; the sweep without --collect_only trains or scores it again'
+    'scored at step 5, not 10, and left out of the p-values over test items; the sweep without '
+    '--collect_only trains or scores it again'
   )
+
+
+def test_collect_only_leaves_a_result_of_other_eval_settings_out_of_the_item_test(tmp_path, capsys):
+  """eval.py --config.eval.tgt_len=16 on a sweep's run rewrote its eval_results.json with
+  other segments: --collect_only warned 'tabulated as it is', then ended with `error: paired
+  test: 872 baseline and 1308 system segments`, no tables. Now the tables are written, the row
+  in the mean and the seed test, out of the item test, and a note under the table says so."""
+  field = 'model.max_relative_position'
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 10  # _fake_runs' step
+  _fake_runs(tmp_path, field, {0: [2.0, 2.1], 8: [1.5, 1.6]})
+  for results in tmp_path.glob('*/*/eval_results.json'):
+    results.write_text(
+      json.dumps(json.loads(results.read_text()) | {'eval': config.eval.to_dict()})
+    )
+  rescored = sweep.run_dir(tmp_path, field, 8, 1) / 'eval_results.json'
+  results = json.loads(rescored.read_text())
+  results['eval']['tgt_len'] = 16
+  results['segment_nats'] *= 2  # twice the segments, half as long
+  results['segment_tokens'] = [4] * 80
+  rescored.write_text(json.dumps(results))
+  summary = sweep.sweep(config, tmp_path, field, [0, 8], [0, 1], 'bpc', 0, train=False)
+  warning = capsys.readouterr().err
+  assert 'other config.eval fields (tgt_len), and left out of the p-values over' in warning
+  assert summary[1]['n'] == 2 and summary[1]['p_value'] < 0.01  # seed 0 alone, paired
+  markdown = (tmp_path / 'sweep.md').read_text()
+  assert '| 8 | 2 | 1.550 | 0.071 | -0.500 |' in markdown
+  assert 'left out of the p-values over items: model.max_relative_position=8 seed 1.' in markdown
 
 
 def test_a_result_scored_from_another_workdir_is_not_the_runs(tmp_path, capsys):
@@ -664,8 +697,9 @@ def test_a_diverged_run_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch,
   trained = _fake_training(monkeypatch, lambda c: c.optim.learning_rate > 1)
   summary = sweep.sweep(config, tmp_path, field, values, [0, 1], 'bpc', baseline=0.001)
   assert trained == [(value, seed) for value in values for seed in (0, 1)]
-  assert [(row['value'], row['n']) for row in summary] == [(0.001, 2), (0.002, 2)]
-  warnings = capsys.readouterr().err.splitlines()
+  assert [(row['value'], row['n']) for row in summary] == [(0.001, 2), (1e6, 0), (0.002, 2)]
+  output = capsys.readouterr()
+  warnings = output.err.splitlines()
   assert warnings == [
     f'warning: optim.learning_rate=1000000.0 seed {seed} diverged (loss is nan at step 10); '
     f'recorded in {sweep.run_dir(tmp_path, field, 1e6, seed)}/eval_results.json, left out of '
@@ -673,9 +707,13 @@ def test_a_diverged_run_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch,
     for seed in (0, 1)
   ]
   recorded = sweep.read_results(sweep.run_dir(tmp_path, field, 1e6, 0) / 'eval_results.json')
-  assert recorded['diverged_at_step'] == 10 and recorded['bpc'] != recorded['bpc']  # NaN
+  assert recorded['diverged_at_step'] == 10 and recorded['bpc'] is None
+  results_text = (sweep.run_dir(tmp_path, field, 1e6, 0) / 'eval_results.json').read_text()
+  assert 'NaN' not in results_text  # standard JSON: null, not NaN
+  assert (tmp_path / 'sweep.csv').read_text().splitlines()[2] == '1000000.0,0,,,,,,2'
+  assert '| 1000000.0 | 0 (2 diverged) | – | – | – | – | – |' in output.out
   note = (
-    'Diverged, so left out of the tables above and of their p-values (sweep_diverged.csv; each '
+    'Diverged, so left out of the means and p-values above (sweep_diverged.csv; each '
     'eval_results.json records diverged_at_step): optim.learning_rate=1000000.0 seed 0 at step '
     '10; optim.learning_rate=1000000.0 seed 1 at step 10.'
   )
@@ -687,6 +725,53 @@ def test_a_diverged_run_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch,
   output = capsys.readouterr()
   assert trained == [] and 'warning' not in output.err and note in output.out
   assert output.out.count('finished, kept') == 6
+
+
+def test_a_baseline_that_diverged_in_every_seed_is_a_warning_naming_baseline(
+  tmp_path, monkeypatch, capsys
+):
+  """The header said 'against ...=1000000.0', every difference and p-value was –, and nothing
+  said why; the diverged value had no row. The sweep does not switch baselines by itself."""
+  field, values = 'optim.learning_rate', [1e6, 0.001, 0.002]
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 20
+  _fake_training(monkeypatch, lambda c: c.optim.learning_rate > 1)
+  summary = sweep.sweep(config, tmp_path, field, values, [0, 1], 'bpc', baseline=1e6)
+  assert [(row['value'], row['n'], row['diverged']) for row in summary] == [
+    (1e6, 0, 2),
+    (0.001, 2, 0),
+    (0.002, 2, 0),
+  ]
+  warnings = capsys.readouterr().err.splitlines()
+  assert warnings[-1] == (
+    'warning: the baseline optim.learning_rate=1000000.0 diverged in all 2 seeds, so the table '
+    'has no difference or p-value; pass --baseline with a value that has finished runs (0.001, '
+    '0.002)'
+  )
+  assert (
+    '| 1000000.0 | 0 (2 diverged) | – | – | (baseline) |' in (tmp_path / 'sweep.md').read_text()
+  )
+
+
+def test_the_difference_pairs_the_seeds_the_tests_pair(tmp_path):
+  """With a baseline seed diverged, the difference compared means over other seed sets than
+  the seed test paired; now it is over the shared seeds, and a note says so."""
+  field = 'model.max_relative_position'
+  _fake_runs(tmp_path, field, {0: [2.0, 3.0], 4: [1.5, 1.6]})
+  (sweep.run_dir(tmp_path, field, 0, 1) / 'eval_results.json').write_text(
+    json.dumps({'bpc': None, 'diverged_at_step': 10})
+  )
+  rows = sweep.collect(tmp_path, field, [0, 4], [0, 1], 'bpc')
+  diverged = sweep.diverged_runs(tmp_path, field, [0, 4], [0, 1])
+  summary = sweep.summarise(load_config('char_tiny', 'shaw'), rows, [0, 4], 'bpc', 0, diverged)
+  assert summary[1]['difference'] == pytest.approx(-0.5)  # seed 0 only, not 1.55 - 2.0
+  markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
+  assert '| 0 | 1 (1 diverged) | 2.000 | – | (baseline) |' in markdown
+  assert '| 4 | 2 | 1.550 | 0.071 | -0.500 |' in markdown
+  assert (
+    'The difference of model.max_relative_position=4 (seeds 0) is over the seeds it shares with '
+    'the baseline, which the tests pair, not the difference of the means.' in markdown
+  )
 
 
 def test_an_eval_field_sweep_trains_a_diverging_seed_once(tmp_path, monkeypatch, capsys):

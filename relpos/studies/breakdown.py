@@ -182,14 +182,13 @@ def by_bucket(per_run, counts, baseline, metric, p_items):
       value: {r['seed']: r[metric] for r in per_run if r['value'] == value and r['bucket'] == label}
       for value in values
     }
-    base_mean = significance.mean_and_std(scores[baseline].values())[0]
     for value, by_seed in scores.items():
       mean, std = significance.mean_and_std(by_seed.values())
       row = {'value': value, 'bucket': label, 'count': count, 'n': len(by_seed)}
       row.update(mean=mean, std=std, difference=None, p_value=None, p_seeds=None)
       if value != baseline:
         seeds = sorted(set(by_seed) & set(scores[baseline]))
-        row['difference'] = mean - base_mean
+        row['difference'] = significance.paired_difference(scores[baseline], by_seed)
         row['p_seeds'] = significance.seed_p_value(scores[baseline], by_seed)
         row['p_value'] = p_items(value, seeds, label) if p_items else None
       summary.append(row)

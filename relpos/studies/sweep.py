@@ -26,8 +26,8 @@ while it trains, so a second sweep on the same root is refused at once.
 
 Then the sweep writes under `<workdir>`:
 - `sweep.csv` / `sweep.md`: one row per value, `value, n, mean, std, difference, p_value,
-  p_seeds` (std over seeds, ddof 1; the difference of the means and both p-values against
-  `--baseline`, the first value by default);
+  p_seeds, diverged` (std over seeds, ddof 1; the difference over the seeds both have and both
+  p-values against `--baseline`, the first value by default; how many of its runs diverged);
 - `sweep_seeds.csv`: one row per run;
 - `sweep.png`: the mean with ±std error bars;
 - with `--by_source_length=4,6,8` or `--by_source_pieces=8,16,32` (translation) or
@@ -61,7 +61,6 @@ passed on to every run.
 
 import csv
 import json
-import math
 import shlex
 import sys
 import time
@@ -82,10 +81,10 @@ from relpos.studies.figures import subplots
 from relpos.training import data_record, loop, run_config, tasks, workdir_lock
 from relpos.training.preemption import PreemptedError
 
-SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'difference', 'p_value', 'p_seeds')
+SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'difference', 'p_value', 'p_seeds', 'diverged')
 PRESET = 'preset'  # --field=preset: each value is a preset of the --config file
 EVAL_SECTION = 'eval.'  # a field under it: one training per seed, scored at every value
-DIVERGED = 'diverged_at_step'  # in eval_results.json: the run's loss or parameters went non-finite
+DIVERGED = run_config.DIVERGED  # in eval_results.json: the step the run went non-finite at
 
 
 def preset_variants(path, overrides: list[str]):
@@ -307,9 +306,14 @@ def stale_reason(results_dir: Path, config, trained_dir: Path) -> str | None:
   return None
 
 
-def warn_stale(config, root: Path, field: str, values, seeds, variant_of, settings) -> None:
+def warn_stale(config, root: Path, field: str, values, seeds, variant_of, settings) -> set:
   """--collect_only: a `warning:` line for each result that is not of the sweep's config as
-  given (`stale_reason`), which the tables then show as it is."""
+  given (`stale_reason`); returns them, {(value, seed, setting)}. The tables show such a
+  result as it is (its mean, std and seed test), but leave it out of the paired bootstrap
+  over test items (`p_value`), which pairs each item of a run with the same item of the
+  baseline's: a result scored with another config.eval (tgt_len, say) has other items, or
+  other numbers of them, and one of another config is not the sweep's run to pair."""
+  stale = set()
   for value, seed, variant in runs(config, field, values, seeds, variant_of):
     for setting, overrides in settings.items():
       results_dir = run_dir(root, field, value, seed, setting)
@@ -317,23 +321,27 @@ def warn_stale(config, root: Path, field: str, values, seeds, variant_of, settin
         continue  # `collect` names it
       workdir = model_dir(root, field, value, seed)
       if reason := stale_reason(results_dir, evaluated(variant, overrides), workdir):
+        stale.add((value, seed, setting))
         warn(
-          f'{field}={value} seed {seed}: tabulated as it is, though {reason}; the sweep '
-          'without --collect_only trains or scores it again'
+          f'{field}={value} seed {seed}: tabulated as it is, though {reason}, and left out of '
+          'the p-values over test items; the sweep without --collect_only trains or scores it '
+          'again'
         )
+  return stale
 
 
 def record_divergence(error: loop.DivergedError, metrics, run: str, unscored) -> None:
   """A diverged run is a result of the sweep, not a fault of it: eval_results.json in each of
   the run's results directories (`unscored`: (config, directory) pairs) records the step
-  (`DIVERGED`), what went non-finite, and NaN for every metric of the task, so a reader of the
-  file alone cannot take it for a score. A rerun keeps it as finished (`stale_reason`; the same
-  config diverges again), and the tables leave it out with a note (`collect`,
-  `diverged_runs`). One warning names the run (`run`, 'field=value seed s') and the step."""
+  (`DIVERGED`), what went non-finite, and null for every metric of the task, so a reader of the
+  file alone cannot take it for a score (null, not NaN, which standard JSON has not). A rerun
+  keeps it as finished (`stale_reason`; the same config diverges again), and the tables leave
+  it out with a note (`collect`, `diverged_runs`). One warning names the run (`run`,
+  'field=value seed s') and the step."""
   for scored, results_dir in unscored:
     results_dir.mkdir(parents=True, exist_ok=True)
     record = {
-      **{name: math.nan for name in metrics},
+      **dict.fromkeys(metrics),
       DIVERGED: error.step,
       'diverged': error.what,
       'eval': scored.eval.to_dict(),
@@ -478,7 +486,7 @@ def write_diverged(rows: list[dict], root: Path, field: str) -> None:
     for row in rows
   )
   note = (
-    f'Diverged, so left out of the tables above and of their p-values ({path.name}; each '
+    f'Diverged, so left out of the means and p-values above ({path.name}; each '
     f'eval_results.json records {DIVERGED}): {runs_text}.\n'
   )
   with open(root / 'sweep.md', 'a') as stream:
@@ -500,9 +508,13 @@ def _pooled_items(config, metric: str, rows: list[dict]):
 
 def p_value(config, metric: str, baseline: list[dict], candidate: list[dict]) -> float | None:
   """The paired bootstrap p-value of `candidate`'s runs against `baseline`'s on the seeds both
-  have, pooled (module docstring); None for metrics without a test."""
+  have, pooled (module docstring), leaving out the rows marked stale (`warn_stale`: their items
+  do not pair); None for metrics without a test, or with no seed left to pair."""
   if metric not in ('bleu', 'bpc'):
     return None
+  baseline, candidate = (
+    [row for row in rows if not row.get('stale')] for rows in (baseline, candidate)
+  )
   base, other = _pooled_items(config, metric, baseline), _pooled_items(config, metric, candidate)
   seeds = sorted(set(base) & set(other))
   if not seeds:
@@ -527,37 +539,29 @@ def _scores_by_seed(rows: list[dict], metric: str) -> dict:
   return {row['seed']: row[metric] for row in rows}
 
 
-def summarise(config, rows: list[dict], values, metric: str, baseline) -> list[dict]:
-  """One row per value with runs: value, n, mean, std (ddof 1; 0 for one run), difference (mean
-  minus the baseline's), p_value (items) and p_seeds (seeds), the three None for the baseline
-  (and where the baseline has no runs)."""
+def summarise(config, rows: list[dict], values, metric: str, baseline, diverged=()) -> list[dict]:
+  """One row per value: value, n (its finished runs), mean, std (ddof 1; None for one run),
+  difference from the baseline over the seeds both have (`significance.paired_difference`, the
+  seeds the tests pair), p_value (items) and p_seeds (seeds), and `diverged`, how many of its
+  runs are in `diverged` (`diverged_runs`). The three tests are None for the baseline and where
+  the baseline has no runs; a value with no finished run (every seed diverged) keeps its row,
+  n 0 and no mean, so that the table says what became of it."""
   by_value = {value: [row for row in rows if row['value'] == value] for value in values}
-  baseline_mean = (
-    significance.mean_and_std(row[metric] for row in by_value[baseline])[0]
-    if by_value.get(baseline)
-    else None
-  )
+  base_scores = _scores_by_seed(by_value[baseline], metric)
   summary = []
   for value, value_rows in by_value.items():
+    row = dict.fromkeys(SUMMARY_COLUMNS) | {'value': value, 'n': len(value_rows)}
+    row['diverged'] = sum(1 for run in diverged if run['value'] == value)
+    summary.append(row)
     if not value_rows:
       continue
-    mean, std = significance.mean_and_std(row[metric] for row in value_rows)
-    tested = value != baseline and bool(by_value.get(baseline))
-    summary.append(
-      {
-        'value': value,
-        'n': len(value_rows),
-        'mean': mean,
-        'std': std,
-        'difference': mean - baseline_mean if tested else None,
-        'p_value': p_value(config, metric, by_value[baseline], value_rows) if tested else None,
-        'p_seeds': significance.seed_p_value(
-          _scores_by_seed(by_value[baseline], metric), _scores_by_seed(value_rows, metric)
-        )
-        if tested
-        else None,
-      }
-    )
+    scores = _scores_by_seed(value_rows, metric)
+    mean, std = significance.mean_and_std(scores.values())
+    row.update(mean=mean, std=std if len(value_rows) > 1 else None)
+    if value != baseline and base_scores:
+      row['difference'] = significance.paired_difference(base_scores, scores)
+      row['p_value'] = p_value(config, metric, by_value[baseline], value_rows)
+      row['p_seeds'] = significance.seed_p_value(base_scores, scores)
   return summary
 
 
@@ -584,8 +588,8 @@ def write_tables(summary, rows, root: Path, field: str, metric: str, baseline) -
   _write_csv(root / 'sweep.csv', summary, SUMMARY_COLUMNS)
   _write_csv(root / 'sweep_seeds.csv', rows, ('value', 'seed', metric, 'step', 'workdir'))
   lines = [
-    f'{field} against {metric}: mean ± std over seeds; the difference of the means and '
-    f'p-values against {field}={baseline}, the p-values by '
+    f'{field} against {metric}: mean ± std over seeds; the difference and p-values against '
+    f'{field}={baseline}, the p-values by '
     'a paired bootstrap over test items, seeds pooled, and a paired t-test over seeds',
     '',
     f'| {field} | n | {metric} mean | std | difference | p-value (items) | p-value (seeds) |',
@@ -598,8 +602,11 @@ def write_tables(summary, rows, root: Path, field: str, metric: str, baseline) -
       p_items, p_seeds = significance.p_text(row['p_value']), significance.p_text(row['p_seeds'])
       tests = f'{significance.difference_text(row["difference"])} | {p_items} | {p_seeds}'
     label = value_label(field, row['value'])
-    std = f'{row["std"]:.3f}' if row['n'] > 1 else '–'  # no spread from one run (significance's)
-    lines.append(f'| {label} | {row["n"]} | {row["mean"]:.3f} | {std} | {tests} |')
+    n = f'{row["n"]} ({row["diverged"]} diverged)' if row.get('diverged') else row['n']
+    mean = '–' if row['mean'] is None else f'{row["mean"]:.3f}'
+    std = f'{row["std"]:.3f}' if row['n'] > 1 else '–'  # no spread from one run
+    lines.append(f'| {label} | {n} | {mean} | {std} | {tests} |')
+  lines += _unpaired_notes(summary, rows, field, baseline)
   lines += ['', f'| {field} | seed | {metric} | step |', '|---|---|---|---|']
   lines += [
     f'| {value_label(field, r["value"])} | {r["seed"]} | {r[metric]:.3f} | {r["step"]} |'
@@ -610,15 +617,45 @@ def write_tables(summary, rows, root: Path, field: str, metric: str, baseline) -
   return markdown
 
 
+def _unpaired_notes(summary, rows, field: str, baseline) -> list[str]:
+  """The notes under sweep.md's summary on what its tests leave out: where a value's seeds
+  differ from the baseline's (a seed diverged), its difference is over the seeds both have,
+  not the difference of the means shown; a result `warn_stale` named is in the mean but not
+  in the p-value over items."""
+  seeds = {row['value']: set() for row in summary}
+  for row in rows:
+    seeds[row['value']].add(row['seed'])
+  notes = []
+  partly = [
+    f'{value_label(field, value)} (seeds {", ".join(map(str, sorted(own & seeds[baseline])))})'
+    for value, own in seeds.items()
+    if value != baseline and own & seeds[baseline] and own != seeds[baseline]
+  ]
+  if partly:
+    notes.append(
+      f'The difference of {field}={"; ".join(partly)} is over the seeds it shares with the '
+      'baseline, which the tests pair, not the difference of the means.'
+    )
+  if stale := [
+    f'{value_label(field, r["value"])} seed {r["seed"]}' for r in rows if r.get('stale')
+  ]:
+    notes.append(
+      f'Not of the config given (warned of), so tabulated as they are but left out of the '
+      f'p-values over items: {field}={"; ".join(stale)}.'
+    )
+  return [''] + notes if notes else []
+
+
 def plot(summary: list[dict], rows: list[dict], root: Path, field: str, metric: str) -> Path:
   """sweep.png: the mean of the metric against the swept values, ±std error bars, and each
   seed's score as a dot beside its value's mean (with three seeds, the dots say more)."""
   figure, axes = subplots(figsize=(5, 3.5))
+  summary = [row for row in summary if row['n']]  # a value whose every seed diverged: no mean
   positions = range(len(summary))
   axes.errorbar(
     positions,
     [row['mean'] for row in summary],
-    yerr=[row['std'] for row in summary],
+    yerr=[row['std'] or 0.0 for row in summary],
     marker='o',
     capsize=4,
     label='mean ± std',
@@ -686,25 +723,55 @@ def sweep(
     # then stop at the run the first trains (its workdir's lock); it is refused at once.
     with workdir_lock.hold(root):
       train_unfinished(config, task, root, field, values, seeds, variant_of, settings)
-  rows = collect(root, field, values, seeds, metric, next(iter(settings)), task=config.task)
-  if not train:
-    warn_stale(config, root, field, values, seeds, variant_of, settings)
-  diverged = diverged_runs(root, field, values, seeds, next(iter(settings)))
+  first = next(iter(settings))
+  rows = collect(root, field, values, seeds, metric, first, task=config.task)
+  stale = set() if train else warn_stale(config, root, field, values, seeds, variant_of, settings)
+  _mark_stale(rows, stale, first)
+  diverged = diverged_runs(root, field, values, seeds, first)
   if not rows:
     raise FileNotFoundError(
       f'no finished runs under {root}'
       + (f': all {len(diverged)} diverged (each eval_results.json says where)' if diverged else '')
     )
-  summary = summarise(config, rows, values, metric, baseline)
+  summary = summarise(config, rows, values, metric, baseline, diverged)
+  compared = any(row['value'] == baseline for row in rows)
+  if not compared:
+    warn_baseline_without_runs(summary, field, baseline, breakdowns or evaluations)
   print(write_tables(summary, rows, root, field, metric, baseline))
   write_diverged(diverged, root, field)
   print(f'plot: {plot(summary, rows, root, field, metric)}')
+  if not compared:
+    return summary  # the breakdowns and evaluations compare every bucket with the baseline
   for kind, edges in breakdowns:
     write_breakdown(config, rows, baseline, root, field, kind, edges)
   if evaluations:
     by_setting = {s: collect(root, field, values, seeds, metric, s) for s in evaluations}
+    for setting, setting_rows in by_setting.items():
+      _mark_stale(setting_rows, stale, setting)
     write_evaluations(config, by_setting, baseline, root, field, metric)
   return summary
+
+
+def _mark_stale(rows: list[dict], stale: set, setting) -> None:
+  """Marks `stale` ({(value, seed, setting)}, `warn_stale`) in `collect` rows of `setting`
+  (row['stale']), which `p_value` leaves out."""
+  for row in rows:
+    row['stale'] = (row['value'], row['seed'], setting) in stale
+
+
+def warn_baseline_without_runs(summary, field: str, baseline, skipped) -> None:
+  """The `warning:` of a baseline with no finished run (every seed diverged, say): the table
+  has no difference or p-value, and the sweep does not pick another baseline behind the
+  reader's back; it names --baseline and the values it could be. `skipped`: breakdowns or
+  evaluations were asked for, which are not written (each compares with the baseline)."""
+  row = next(row for row in summary if row['value'] == baseline)
+  why = f'diverged in all {row["diverged"]} seeds' if row['diverged'] else 'has no finished run'
+  others = [str(row['value']) for row in summary if row['n']]
+  warn(
+    f'the baseline {field}={baseline} {why}, so the table has no difference or p-value'
+    + (' and no sweep_by_* table is written' if skipped else '')
+    + f'; pass --baseline with a value that has finished runs ({", ".join(others)})'
+  )
 
 
 def train_unfinished(config, task, root: Path, field: str, values, seeds, variant_of, settings):
