@@ -381,6 +381,28 @@ def test_evaluation_refuses_non_finite_parameters(tmp_path, monkeypatch):
   )
 
 
+def test_evaluating_a_run_a_sweep_recorded_as_diverged_says_so(tmp_path, capsys):
+  """eval.py on a sweep's diverged run scored its last finite checkpoint and overwrote the
+  record of the divergence with no word."""
+  workdir = tmp_path / 'run'
+  TASK.train_model(_config(steps=4), workdir)
+  record = {'mse': None, 'diverged_at_step': 8, 'diverged': 'loss is nan at step 8'}
+  (workdir / 'eval_results.json').write_text(json.dumps(record))
+  capsys.readouterr()
+  for output_dir in (tmp_path / 'eval', None):  # the record in the workdir, then overwritten
+    TASK.evaluate(_config(steps=8), workdir, output_dir=output_dir)
+  assert (
+    capsys.readouterr().err
+    == (
+      f'warning: the run in {workdir} diverged at step 8 ({workdir}/eval_results.json recorded '
+      'it): this is the score of its last finite checkpoint, step 4\n'
+    )
+    * 2
+  )
+  TASK.evaluate(_config(steps=8), workdir)  # the record is gone: nothing left to say
+  assert capsys.readouterr().err == ''
+
+
 def test_evaluation_refuses_a_config_of_another_model(tmp_path):
   """eval.py with other config.model fields than the run trained: one error naming each, with
   both values; evaluation settings and how the model is computed may differ."""

@@ -78,6 +78,7 @@ from relpos.training.run_config import (
   data_changes,
   has_run,
   not_a_workdir,
+  recorded_divergence,
 )
 
 
@@ -192,7 +193,9 @@ class Task(abc.ABC):
     config.eval settings then overwrites). A workdir with no checkpoint is a
     FileNotFoundError, and a config of another model than the run's a ValueError
     (`check_model`), before anything else is read. Other data than the run's is scored with a
-    warning line, and the result records config.data beside config.eval."""
+    warning line, and the result records config.data beside config.eval. A run a sweep recorded
+    as diverged (`recorded_divergence`, before the result overwrites that record) is scored at
+    its last finite checkpoint, with a warning line that says so."""
     workdir = Path(workdir)
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     check_model(workdir, config)
@@ -205,10 +208,16 @@ class Task(abc.ABC):
     check_platform(config, jax.default_backend())
     output_dir = workdir if output_dir is None else Path(output_dir)
     check_trained(workdir).close()
+    diverged = recorded_divergence(output_dir, workdir)
     try:
       if mesh_lib.is_writer():
         output_dir.mkdir(parents=True, exist_ok=True)  # `score` may write files there
       result = {**self.score(config, workdir, output_dir), 'eval': config.eval.to_dict()}
+      if diverged:
+        warn(
+          f'the run in {workdir} diverged at step {diverged[0]} ({diverged[1]} recorded it): '
+          f'this is the score of its last finite checkpoint, step {result["step"]}'
+        )
       if 'data' in config:  # what was scored: eval.py may be given other data
         result['data'] = config.data.to_dict()
       if mesh_lib.is_writer():

@@ -181,6 +181,22 @@ RESULTS_FILE = 'eval_results.json'
 DIVERGED = 'diverged_at_step'
 
 
+def recorded_divergence(*directories) -> tuple[int, Path] | None:
+  """(the step, the file) where the eval_results.json of one of `directories` (first the
+  first) records the run as diverged (`DIVERGED`); None where none does, or none can be read.
+  train.py records nothing of a divergence (it stops with the error line): only a sweep's
+  record says that a run's last checkpoint is its last finite one, short of its steps."""
+  for directory in directories:
+    path = Path(directory) / RESULTS_FILE
+    try:
+      results = json.loads(path.read_text())
+    except (OSError, ValueError):
+      continue
+    if isinstance(results, dict) and isinstance(results.get(DIVERGED), int):
+      return results[DIVERGED], path
+  return None
+
+
 def foreign_checkpoint(results: dict, workdir) -> str | None:
   """The checkpoint an evaluation's `results` (eval_results.json) names, when it is not one of
   the run in `workdir`: `<w>/checkpoints/<step>` of another workdir w. None when it is the
