@@ -287,3 +287,22 @@ def test_the_result_line_counts_bytes_not_characters():
   first = char_lm.TASK.result_lines(result)[0]
   assert first.startswith('test split, 110948 bytes scored,')
   assert 'character' not in first
+
+
+def test_an_averaged_evaluation_names_its_steps_as_translation_does():
+  """config.eval.average_checkpoints > 1: the char LM's line named one checkpoint, not the
+  steps it averaged (translation's did; eval_results.json records them for both)."""
+  from relpos.training import translation_task
+
+  result = {'split': 'test', 'tokens': 80, 'bpc': 2.0, 'checkpoint': 'w/checkpoints/8'}
+  averaged = result | {'averaged_steps': [4, 6, 8]}
+  assert char_lm.TASK.result_lines(averaged)[0] == (
+    'test split, 80 bytes scored, checkpoint w/checkpoints/8 (averaged steps [4, 6, 8])'
+  )
+  assert char_lm.TASK.result_lines(result | {'averaged_steps': [8]})[0] == (
+    'test split, 80 bytes scored, checkpoint w/checkpoints/8'
+  )
+  translated = averaged | {'sentences': 3, 'signature': 's', 'bleu': 1.0, 'translations': 't'}
+  assert translation_task.TASK.result_lines(translated)[0] == (
+    '3 sentences, checkpoint w/checkpoints/8 (averaged steps [4, 6, 8]), translations in t'
+  )

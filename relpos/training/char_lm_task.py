@@ -345,8 +345,7 @@ class CharLM(loop.Task):
     to ids (`relpos.data.char_corpus`), so a multi-byte UTF-8 character (or an invalid byte)
     counts once per byte, and bpc is bits per byte."""
     return [
-      f'{result["split"]} split, {result["tokens"]} bytes scored, checkpoint '
-      f'{result["checkpoint"]}',
+      f'{result["split"]} split, {result["tokens"]} bytes scored, {loop.checkpoint_text(result)}',
       f'bpc={result["bpc"]:.4f}',
     ]
 

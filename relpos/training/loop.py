@@ -123,6 +123,15 @@ def check_platform(config, platform: str) -> None:
     check_runs_on(config.model.attention_implementation, platform, where=where)
 
 
+def checkpoint_text(result: dict) -> str:
+  """'checkpoint <path>' of an evaluation's `result`, with the steps it averaged where
+  config.eval.average_checkpoints made it more than one ('(averaged steps [4, 8])'): the
+  launchers' line of what was scored, the same for every task (`result_lines`)."""
+  steps = result.get('averaged_steps') or []
+  averaged = f' (averaged steps {_steps_text(steps)})' if len(steps) > 1 else ''
+  return f'checkpoint {result["checkpoint"]}{averaged}'
+
+
 class Task(abc.ABC):
   """A task train.py and eval.py run; `config.task` names it (`relpos.training.tasks`)."""
 

@@ -347,8 +347,8 @@ class Translate(loop.Task):
 
   def result_lines(self, result: dict) -> list[str]:
     return [
-      f'{result["sentences"]} sentences, checkpoint {result["checkpoint"]} '
-      f'(averaged steps {result["averaged_steps"]}), translations in {result["translations"]}',
+      f'{result["sentences"]} sentences, {loop.checkpoint_text(result)}, translations in '
+      f'{result["translations"]}',
       f'sacreBLEU {result["signature"]}',
       f'bleu={result["bleu"]:.2f}',
     ]
