@@ -753,6 +753,21 @@ def test_a_baseline_that_diverged_in_every_seed_is_a_warning_naming_baseline(
   )
 
 
+def test_segments_of_other_lengths_get_no_item_test(tmp_path):
+  """A sweep of eval.tgt_len scores other segments at each value: the paired bootstrap cannot
+  pair them (it ended the sweep with `error: paired test: ... segments`), so it gives none."""
+  field = 'eval.tgt_len'
+  _fake_runs(tmp_path, field, {16: [2.0, 2.1], 32: [1.5, 1.6]})
+  for seed in (0, 1):
+    path = sweep.run_dir(tmp_path, field, 32, seed) / 'eval_results.json'
+    results = json.loads(path.read_text())
+    halved = {'segment_nats': results['segment_nats'][:20], 'segment_tokens': [16] * 20}
+    path.write_text(json.dumps(results | halved))
+  rows = sweep.collect(tmp_path, field, [16, 32], [0, 1], 'bpc')
+  summary = sweep.summarise(load_config('char_tiny', 'shaw'), rows, [16, 32], 'bpc', 16)
+  assert summary[1]['p_value'] is None and summary[1]['difference'] == pytest.approx(-0.5)
+
+
 def test_the_difference_pairs_the_seeds_the_tests_pair(tmp_path):
   """With a baseline seed diverged, the difference compared means over other seed sets than
   the seed test paired; now it is over the shared seeds, and a note says so."""

@@ -508,15 +508,23 @@ def _pooled_items(config, metric: str, rows: list[dict]):
 
 def p_value(config, metric: str, baseline: list[dict], candidate: list[dict]) -> float | None:
   """The paired bootstrap p-value of `candidate`'s runs against `baseline`'s on the seeds both
-  have, pooled (module docstring), leaving out the rows marked stale (`warn_stale`: their items
-  do not pair); None for metrics without a test, or with no seed left to pair."""
+  have, pooled (module docstring), leaving out the rows marked stale (`warn_stale`) and the
+  seeds whose items do not pair (bpc's segments of other lengths: a sweep of eval.tgt_len
+  scores other segments at each value); None for metrics without a test, or with no seed left
+  to pair."""
   if metric not in ('bleu', 'bpc'):
     return None
   baseline, candidate = (
     [row for row in rows if not row.get('stale')] for rows in (baseline, candidate)
   )
   base, other = _pooled_items(config, metric, baseline), _pooled_items(config, metric, candidate)
-  seeds = sorted(set(base) & set(other))
+
+  def paired(seed) -> bool:  # bpc: (nats, tokens) per segment; BLEU: a line per sentence
+    if metric == 'bpc':
+      return list(base[seed][1]) == list(other[seed][1])
+    return len(base[seed]) == len(other[seed])
+
+  seeds = sorted(seed for seed in set(base) & set(other) if paired(seed))
   if not seeds:
     return None
   if metric == 'bleu':
