@@ -882,10 +882,20 @@ def test_a_damaged_checkpoint_is_named_with_its_cause_and_readers_leave_it(
   assert not unraisable
 
 
-def _training_on(monkeypatch, saves: int) -> list[int]:
+def _evict_as_orbax_starts(step_directory: Path) -> None:
+  """What orbax's eviction of a checkpoint leaves a moment in: its top-level files and its
+  'model' item unlinked, its other items and the directory still there."""
+  for path in step_directory.iterdir():
+    if path.is_file():
+      path.unlink()
+  shutil.rmtree(step_directory / 'model')
+
+
+def _training_on(monkeypatch, saves: int, *, evict=shutil.rmtree) -> list[int]:
   """Makes each of the first `saves` checkpoint reads happen after a run training in the
   workdir saved a newer checkpoint (a copy of the newest, two steps on) and evicted the oldest
-  (keep_checkpoints), as a reader that lists then reads meets it; returns the steps read."""
+  (keep_checkpoints; `evict` of its directory), as a reader that lists then reads meets it;
+  returns the steps read."""
   from relpos.training.checkpoints import Checkpoints
 
   real, read = Checkpoints.restore, []
@@ -895,7 +905,7 @@ def _training_on(monkeypatch, saves: int) -> list[int]:
     if len(read) <= saves:
       there = finished_steps(self.directory.parent)
       shutil.copytree(self.directory / str(there[-1]), self.directory / str(there[-1] + 2))
-      shutil.rmtree(self.directory / str(there[0]))
+      evict(self.directory / str(there[0]))
     return real(self, step, like)
 
   monkeypatch.setattr(Checkpoints, 'restore', restore)
@@ -917,6 +927,138 @@ def test_a_checkpoint_evicted_while_eval_reads_it_is_listed_again(
   assert read == [6, 2, 8, 4, 6], read
   assert result['checkpoint'] == f'{workdir.resolve()}/checkpoints/8', result
   assert 'unreadable' not in capsys.readouterr().err
+
+
+def test_a_checkpoint_evicted_as_eval_reads_it_is_listed_again(
+  text_file, straight, tmp_path, monkeypatch, capsys
+):
+  """As above, but eval's read of step 2 meets orbax's eviction half way: the directory is
+  still there and listed, its 'model' item gone, and orbax's restore fails with 'Item "model"
+  was not found' (one of the errors a raced read gives). Orbax finishes the eviction while
+  the reader waits; listed again, step 2 is gone, so it was evicted, not damaged, and the
+  checkpoints there now are read."""
+  from relpos.training import checkpoints as checkpoints_lib
+
+  def orbax_finishes(seconds):
+    assert seconds == checkpoints_lib.EVICTION_SETTLE_SECONDS
+    for step_directory in (workdir / 'checkpoints').iterdir():
+      if not (step_directory / 'model').exists():
+        shutil.rmtree(step_directory)
+
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  config = _config(text_file)
+  config.eval.average_checkpoints = 3
+  read = _training_on(monkeypatch, saves=1, evict=_evict_as_orbax_starts)
+  monkeypatch.setattr(checkpoints_lib.time, 'sleep', orbax_finishes)
+  result = char_lm.TASK.evaluate(config, workdir, output_dir=tmp_path / 'eval')
+  assert read == [6, 2, 8, 4, 6], read
+  assert result['checkpoint'] == f'{workdir.resolve()}/checkpoints/8', result
+  assert 'unreadable' not in capsys.readouterr().err
+
+
+@pytest.fixture
+def two_checkpoints(tmp_path):
+  """A workdir with checkpoints 2 and 4 of a small state, and that state."""
+  from relpos.training.checkpoints import Checkpoints
+
+  state = {'model': {'w': jnp.ones((4, 4))}}
+  writer = Checkpoints(tmp_path, writer=True)
+  for step in (2, 4):
+    writer.save(step, state, {'step': step})
+  writer.close()
+  return tmp_path, state
+
+
+# What orbax and tensorstore raise when a read races an eviction, or meets damage.
+_TENSORSTORE_NOT_FOUND = (
+  'NOT_FOUND: Error opening "cast" driver: Error opening "zarr" driver: Metadata at '
+  '"w/.zarray" in OCDBT database at local file "/x/checkpoints/2/model/" does not exist '
+  '[tensorstore_spec[1]=\'{\\"base\\":{\\"driver\\":\\"zarr\\",' + 'x' * 400 + "}'"
+)
+_READ_ERRORS = [
+  FileNotFoundError(errno.ENOENT, 'No such file or directory'),
+  ValueError(
+    'FAILED_PRECONDITION: Error reading "w/0.0" in OCDBT database at local file '
+    '"/x/checkpoints/2/model/": Truncated Zstd-compressed stream; at byte 0'
+  ),
+  KeyError('Item "model" was not found in the checkpoint. Available items: [\'meta\']'),
+  ValueError(_TENSORSTORE_NOT_FOUND),
+]
+_READ_ERROR_KINDS = ['no_such_file', 'truncated_zstd', 'item_not_found', 'tensorstore_json']
+
+
+def _failing_read(checkpoints, monkeypatch, error, then=lambda: None):
+  """Makes orbax's restore of `checkpoints` call `then` (what the trainer does meanwhile) and
+  raise `error`."""
+
+  def restore(*args, **kwargs):
+    then()
+    raise error
+
+  monkeypatch.setattr(checkpoints._manager, 'restore', restore)
+
+
+@pytest.mark.parametrize('error', _READ_ERRORS, ids=_READ_ERROR_KINDS)
+def test_a_read_that_fails_as_its_checkpoint_goes_is_an_eviction(
+  two_checkpoints, monkeypatch, error
+):
+  """Whatever orbax raises, a reader's failed read of a checkpoint whose directory went, or
+  lost a file, under it is a VanishedCheckpointError: the trainer evicted it."""
+  from relpos.training import checkpoints as checkpoints_lib
+
+  workdir, state = two_checkpoints
+  step_directory = workdir / 'checkpoints' / '2'
+  for evict in (shutil.rmtree, lambda path: (path / 'commit_success.txt').unlink()):
+    reader = checkpoints_lib.Checkpoints(workdir)
+    _failing_read(reader, monkeypatch, error, then=lambda: evict(step_directory))  # noqa: B023
+    with pytest.raises(checkpoints_lib.VanishedCheckpointError):
+      reader.restore(2, state)
+    reader.close()
+    shutil.rmtree(step_directory, ignore_errors=True)
+    shutil.copytree(workdir / 'checkpoints' / '4', step_directory)
+
+
+@pytest.mark.parametrize('error', _READ_ERRORS, ids=_READ_ERROR_KINDS)
+def test_a_read_that_fails_then_its_step_is_unlisted_is_an_eviction(
+  two_checkpoints, monkeypatch, error
+):
+  """A failed read of a checkpoint still whole on disk, which is no longer listed a moment
+  later (orbax removed it between the reader's second look at its files and the listing):
+  evicted, not damaged. The reader waits EVICTION_SETTLE_SECONDS (not slept here)."""
+  from relpos.training import checkpoints as checkpoints_lib
+
+  workdir, state = two_checkpoints
+  waited = []
+  monkeypatch.setattr(checkpoints_lib.time, 'sleep', waited.append)
+  reader = checkpoints_lib.Checkpoints(workdir)
+  _failing_read(reader, monkeypatch, error)
+  monkeypatch.setattr(reader._manager, 'all_steps', lambda: [4])  # the listing after the read
+  with pytest.raises(checkpoints_lib.VanishedCheckpointError):
+    reader.restore(2, state)
+  assert waited == [checkpoints_lib.EVICTION_SETTLE_SECONDS]
+  reader.close()
+
+
+@pytest.mark.parametrize('error', _READ_ERRORS, ids=_READ_ERROR_KINDS)
+def test_a_read_that_fails_on_a_checkpoint_still_there_is_damage_in_one_short_line(
+  two_checkpoints, monkeypatch, error
+):
+  """Still listed and whole after the wait: the checkpoint is unreadable, and its cause is one
+  line of at most 300 characters, without tensorstore's spec (a line of ~600 before)."""
+  from relpos.training import checkpoints as checkpoints_lib
+
+  workdir, state = two_checkpoints
+  monkeypatch.setattr(checkpoints_lib.time, 'sleep', lambda seconds: None)
+  reader = checkpoints_lib.Checkpoints(workdir)
+  _failing_read(reader, monkeypatch, error)
+  with pytest.raises(checkpoints_lib.UnreadableCheckpointError) as caught:
+    reader.restore(2, state)
+  reader.close()
+  assert type(caught.value) is checkpoints_lib.UnreadableCheckpointError
+  cause = caught.value.cause
+  assert len(cause) <= 300 and 'tensorstore_spec' not in cause and '\n' not in cause, cause
+  assert not cause.startswith("'"), cause  # a KeyError's text, not the repr of it
 
 
 def test_checkpoints_evicted_under_every_read_are_one_line(

@@ -91,3 +91,78 @@ def test_the_command_lists_then_checks_as_train_py_does(commands):
     '--config.optim.final_lr=1.0',
   )
   assert line.startswith('error: config.optim.final_lr=1.0: the cosine decay ends there')
+
+
+# A small run, as train.py would take it: 20 steps, a checkpoint every 10, batches of 4.
+_SMALL_RUN = [
+  '--config.train.steps=20',
+  '--config.train.checkpoint_every=10',
+  '--config.train.batch_size=4',
+  '--config.optim.warmup_steps=5',
+]
+
+
+@pytest.mark.parametrize(
+  'override, refused',
+  [
+    (
+      '--config.eval.step=15',
+      'error: config.eval.step=15: the run will keep checkpoints [10, 20] '
+      '(config.train.checkpoint_every=10, keep_checkpoints=3, steps=20); give one of them, or 0 '
+      'for the newest',
+    ),
+    (
+      '--config.eval.average_checkpoints=9',
+      'error: config.eval.average_checkpoints=9: the run will keep 2 checkpoint(s) up to step 20',
+    ),
+    (
+      '--config.train.grad_accum_steps=3',
+      'error: config.train.batch_size=4 is the global batch of a step, split across ',
+    ),
+  ],
+)
+def test_the_command_refuses_what_train_py_refuses_before_training(commands, override, refused):
+  """train.py's checks before a run (`loop.check_before_run`) are show_config's: an evaluation
+  the run's checkpoints cannot serve, and a batch the devices and micro-batches cannot split,
+  were accepted here and refused by train.py."""
+  line = refusal(
+    commands,
+    '-m',
+    'relpos.tools.show_config',
+    '--config=configs/char_tiny.py',
+    '--changed',
+    *_SMALL_RUN,
+    override,
+  )
+  assert line.startswith(refused), line
+
+
+def test_the_command_warns_of_a_warmup_the_run_outlasts_as_train_py_does(commands):
+  done = commands.run(
+    [
+      '-m',
+      'relpos.tools.show_config',
+      '--config=configs/char_tiny.py',
+      '--changed',
+      *_SMALL_RUN,
+      '--config.optim.warmup_steps=30',
+    ]
+  )
+  assert done.returncode == 0, done.stderr
+  said = [line for line in done.stderr.splitlines() if not line.startswith('relpos: CPU')]
+  assert said == [
+    'warning: config.optim.warmup_steps=30 with config.train.steps=20: the learning rate never '
+    "reaches its peak ('cosine' schedule); lower the warmup unless that is what you want"
+  ], done.stderr
+
+
+def test_the_checks_before_a_run_check_the_config_first():
+  """A config lacking a field is the config check's line, not the evaluation plan's
+  AttributeError."""
+  from relpos.training import loop, tasks
+  from relpos.training import mesh as mesh_lib
+
+  config = load_config('char_tiny')
+  del config.train['steps']
+  with pytest.raises(ValueError, match=r'^config\.train\.steps is missing'):
+    loop.check_before_run(tasks.get(config), config, mesh_lib.data_mesh())

@@ -11,8 +11,12 @@ field a config can set, with its meaning, without reading relpos/config/. Model 
 config's position scheme never reads (`ModelConfig.unread_fields`), and run fields its model
 never reads, are marked `unread`. `--changed` shows only the starred fields. Overrides are
 taken as train.py takes them. The config is then checked as train.py checks it before a run
-(without the devices): a value the run cannot use is one `error:` line after the listing, and
-exit status 1. Nothing is trained, compiled or read from data files.
+in a new workdir, with the same function (`relpos.training.loop.check_before_run`): its
+fields, the batch against this machine's devices, and whether the checkpoints the run will keep
+can give config.eval.step and config.eval.average_checkpoints. A value the run cannot use is
+one `error:` line after the listing, and exit status 1; a schedule whose warmup outlasts the
+run is train.py's `warning:` line. Nothing is trained, compiled, written or read from data
+files.
 """
 
 import sys
@@ -91,7 +95,11 @@ def main(argv) -> None:
   if listing:
     print('\n'.join(listing))
   sys.stdout.flush()
-  tasks.get(config).check_config(config)  # what train.py checks first (devices aside)
+  from relpos.training import loop  # noqa: PLC0415
+  from relpos.training import mesh as mesh_lib  # noqa: PLC0415
+
+  # What train.py checks before it trains, on this machine's devices, for a fresh workdir.
+  loop.check_before_run(tasks.get(config), config, mesh_lib.data_mesh())
 
 
 def define_flags() -> None:

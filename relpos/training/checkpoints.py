@@ -14,7 +14,11 @@ it to workdir/unreadable_checkpoints/, a reader (eval.py, the tools) leaves the 
 is. A damaged checkpoint is an `UnreadableCheckpointError` naming it and the first line of the
 real cause (tensorstore's, not orbax's wrapper with its TensorStore spec); orbax's other reads
 of that restore fail too, and what they leave (coroutines closed half way, futures whose
-error nobody retrieved) is filtered out as a failed save's is.
+error nobody retrieved) is filtered out as a failed save's is. A checkpoint that the run
+training in the workdir evicts while a reader reads it fails the same ways, but is not damaged:
+after a failed read the checkpoint is looked at again (`Checkpoints._evicted`), and one that
+lost files or is no longer listed is a `VanishedCheckpointError`, which the reader answers by
+listing the checkpoints again.
 
 Faults of the filesystem (docs/faults.md) end a run with one line (`FilesystemFaultError`):
 - Orbax commits a save in a background thread; an error there (a full disk, a workdir gone
@@ -88,20 +92,36 @@ def error_errno(error: BaseException) -> int | None:
 
 
 def _first_line(error: BaseException, limit: int = 200) -> str:
+  """The first line of `error`'s text, at most `limit` characters (cut ones end in '...')."""
   if isinstance(error, OSError) and error.strerror:
     return error.strerror
-  return (str(error).strip().splitlines() or [type(error).__name__])[0][:limit]
+  # A KeyError's str() is the repr of its key: orbax's 'Item "model" was not found' in quotes.
+  text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+  return _bounded((text.strip().splitlines() or [type(error).__name__])[0], limit)
+
+
+def _bounded(line: str, limit: int) -> str:
+  return line if len(line) <= limit else line[: limit - 3] + '...'
+
+
+# Where tensorstore's text of an error turns into its spec: a JSON repr of hundreds of characters.
+_TENSORSTORE_SPEC = (' See full TensorStore details', ' [tensorstore_spec')
 
 
 def _read_cause(error: BaseException) -> str:
-  """The first line of the innermost cause of a failed restore: orbax wraps tensorstore's error
-  ('OUT_OF_RANGE: Error reading ... Requested byte range ... is not valid') in an Exception
-  whose text is a pybind repr of the whole TensorStore spec."""
+  """The first line of the innermost cause of a failed restore, without tensorstore's spec and
+  at most 300 characters: orbax wraps tensorstore's error ('OUT_OF_RANGE: Error reading ...
+  Requested byte range ... is not valid') in an Exception whose text is a pybind repr of the
+  whole TensorStore spec, and tensorstore's own text may end in the spec's JSON
+  ('... does not exist [tensorstore_spec[1]=\'{"base":...')."""
   seen = set()
   while error.__cause__ is not None and id(error.__cause__) not in seen:
     seen.add(id(error))
     error = error.__cause__
-  return _first_line(error, limit=400).split(' See full TensorStore details')[0]
+  line = _first_line(error, limit=sys.maxsize)
+  for spec in _TENSORSTORE_SPEC:
+    line = line.split(spec)[0]
+  return _bounded(line, 300)
 
 
 def filesystem_fault(
@@ -229,10 +249,17 @@ class UnreadableCheckpointError(ValueError):
 
 
 class VanishedCheckpointError(UnreadableCheckpointError):
-  """A checkpoint listed that was gone when it was read: not damaged, but removed in between
-  by the run training in the workdir, which keeps only its newest checkpoints (readers such as
-  eval.py do not lock the workdir; docs/faults.md). A reader lists the checkpoints again
-  (`relpos.training.loop.restore_model`)."""
+  """A checkpoint listed that was evicted when it was read: not damaged, but removed in
+  between by the run training in the workdir, which keeps only its newest checkpoints (readers
+  such as eval.py do not lock the workdir; docs/faults.md). A reader lists the checkpoints
+  again (`relpos.training.loop.restore_model`).
+
+  Orbax evicts a local checkpoint by unlinking its files (its top-level ones first, in
+  threads), then removing its directories, all in place: no rename and no marker. A read it
+  races fails in any of several ways (no such file, a truncated Zstd stream, 'Item "model"
+  was not found', tensorstore's missing metadata), so the error itself does not tell eviction
+  from damage; `Checkpoints.restore` looks at the checkpoint after the failure instead
+  (`_evicted`)."""
 
   def __init__(self, path: Path):
     ValueError.__init__(
@@ -242,6 +269,11 @@ class VanishedCheckpointError(UnreadableCheckpointError):
       '(config.train.keep_checkpoints)',
     )
     self.cause = 'removed while it was read'
+
+
+# How long a reader waits after a failed read before it lists the checkpoints again, which
+# lets orbax finish an eviction it raced (a small checkpoint's takes milliseconds).
+EVICTION_SETTLE_SECONDS = 0.3
 
 
 class Checkpoints:
@@ -383,9 +415,10 @@ class Checkpoints:
 
     Raises:
       ValueError: the shapes differ.
-      VanishedCheckpointError: its directory was gone after orbax failed to read it.
-      UnreadableCheckpointError: orbax could not read it otherwise.
+      VanishedCheckpointError: it was evicted as orbax read it (`_evicted`).
+      UnreadableCheckpointError: orbax could not read it otherwise: it is still there, whole.
     """
+    entries = self._entries(step)  # what `_evicted` compares with after a failure
     self._check_shapes(step, like)
     args = {
       name: ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, tree))
@@ -397,10 +430,36 @@ class Checkpoints:
       )
     except Exception as error:  # noqa: BLE001 (orbax raises a bare Exception, among others)
       logging.info('checkpoint %s: %s', step, error)  # the whole of it, for --verbosity=0
-      if not (self.directory / str(step)).is_dir():
+      if self._evicted(step, entries):
         raise VanishedCheckpointError(self.directory / str(step)) from error
       raise UnreadableCheckpointError(self.directory / str(step), _read_cause(error)) from error
     return {name: restored[name] for name in like}, restored.meta
+
+  def _entries(self, step: int) -> frozenset[str] | None:
+    """The names in checkpoint `step`'s directory, or None if it is gone."""
+    try:
+      return frozenset(os.listdir(self.directory / str(step)))
+    except OSError:
+      return None
+
+  def _evicted(self, step: int, entries: frozenset[str] | None) -> bool:
+    """Whether checkpoint `step`, whose read just failed, was being evicted (`entries`: its
+    names before the read): its directory is gone, or lost a name it had (orbax deletes in
+    place, files first). A reader also waits EVICTION_SETTLE_SECONDS and lists the
+    checkpoints again: a step no longer listed was evicted, whatever the read's error said. A
+    writer holds the workdir's lock, so nothing else removes its checkpoints: it does not
+    wait."""
+    if self._gone(step, entries):
+      return True
+    if self._writer:
+      return False
+    time.sleep(EVICTION_SETTLE_SECONDS)
+    self.reload()
+    return step not in self.all_steps() or self._gone(step, entries)
+
+  def _gone(self, step: int, entries: frozenset[str] | None) -> bool:
+    now = self._entries(step)
+    return now is None or entries is None or not entries <= now
 
   def _check_shapes(self, step: int, like: dict) -> None:
     saved = {}

@@ -282,14 +282,31 @@ def _steps_text(steps: list[int]) -> str:
   return str(steps) if len(steps) <= 6 else f'[{steps[0]}, {steps[1]}, ..., {steps[-1]}]'
 
 
-def check_evaluation_plan(config, workdir) -> None:
+def check_before_run(task: Task, config, mesh, workdir=None) -> None:
+  """The checks train.py makes before a run trains: the config against its declaration and
+  the devices of `mesh` (`Task.check_config`), then the evaluation that follows the training
+  against the checkpoints the run will keep (`check_evaluation_plan`; `workdir` None: a fresh
+  run's). The schedule's warning (`optim.schedule_warning`) is then one
+  `warning:` line, for a run that has not started yet, from process 0.
+  `relpos.tools.show_config` runs these (on the devices of the machine it runs on), so that
+  it refuses what train.py refuses before training."""
+  task.check_config(config, mesh)
+  check_evaluation_plan(config, workdir)
+  schedule_warning = optim.schedule_warning(config)
+  fresh = workdir is None or not has_run(workdir)
+  if schedule_warning and fresh and mesh_lib.is_writer():
+    warn(schedule_warning)
+
+
+def check_evaluation_plan(config, workdir=None) -> None:
   """ValueError naming the field when the checkpoints a run will keep (config.train's
   schedule: every checkpoint_every steps and the last, the newest keep_checkpoints of those and
   of the workdir's own) cannot give config.eval.step or config.eval.average_checkpoints: a run
-  would train to the end and then fail to evaluate."""
+  would train to the end and then fail to evaluate. `workdir` None: a fresh run's plan, with no
+  checkpoints of its own."""
   train_config, eval_config = config.train, config.eval
   every, last = train_config.checkpoint_every, train_config.steps
-  existing = set(finished_steps(workdir))
+  existing = set(finished_steps(workdir)) if workdir is not None else set()
   # A resumed run saves only past its newest checkpoint: the schedule's earlier steps are
   # there already, or were never saved, or evicted.
   first = max(existing, default=0) + 1
