@@ -837,6 +837,7 @@ def main(argv):
   ]
   try:
     task = tasks.get(config)
+    task.check_complete(config)  # a field deleted from the file, before --field reads one
     metric = args.metric or task.metric
     if field == PRESET:
       variant_of = preset_variants(config_arg.split(':')[0], overrides)

@@ -135,6 +135,7 @@ class Task(abc.ABC):
     declaration does not hold, every field's rule, the model's typed config, and the rules
     across fields (with `mesh`, those of the batch against the devices, and the attention
     implementation against their platform)."""
+    self.check_complete(config)
     # config.model's own fields are checked by its typed config (`check_combinations`).
     unknown = fields.undeclared(config.to_dict(), self.declaration, skip=('model',))
     if unknown:  # else recorded in config.json, which every later read would refuse
@@ -148,6 +149,14 @@ class Task(abc.ABC):
     devices = getattr(mesh, 'devices', None)
     if devices is not None:
       check_platform(config, devices.flat[0].platform)
+
+  def check_complete(self, config: ml_collections.ConfigDict) -> None:
+    """Raises ValueError naming the first field the declaration holds that `config` lacks (a
+    config file that deleted a field or returned only some sections), or a missing
+    config.model (whose fields its typed config names): the first of the config checks, since
+    every other check, and every early check of a command (`check_evaluation_plan`, a
+    sweep's --field), reads those fields."""
+    checks.check_present(config, [*fields.leaves(self.declaration, skip=('model',)), 'model'])
 
   @abc.abstractmethod
   def check_combinations(self, config: ml_collections.ConfigDict, mesh) -> None:
@@ -195,13 +204,13 @@ class Task(abc.ABC):
     warning line, and the result records config.data beside config.eval."""
     workdir = Path(workdir)
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
+    self.check_config(config)  # before anything reads its fields
     check_model(workdir, config)
     other_data = data_changes(workdir, config) + data_record.changes(
       workdir, self.data_files(config, workdir)
     )
     if other_data:
       warn(f'scoring other data than the run trained with ({"; ".join(other_data)})')
-    self.check_config(config)
     check_platform(config, jax.default_backend())
     output_dir = workdir if output_dir is None else Path(output_dir)
     check_trained(workdir).close()
@@ -254,7 +263,10 @@ class Task(abc.ABC):
 
   def train_and_evaluate(self, config, workdir, *, allow_config_change: bool = False) -> dict:
     """`train_model`, then `evaluate`; an evaluation the run's checkpoints cannot serve is
-    refused first (`check_evaluation_plan`), not after the training."""
+    refused first (`check_evaluation_plan`), not after the training; the config check comes
+    before that, which reads its fields (`train` checks it again with the devices)."""
+    check_task(workdir, config.get('task'))  # before anything else: the workdir's run
+    self.check_config(config)
     check_evaluation_plan(config, workdir)
     self.train_model(config, workdir, allow_config_change=allow_config_change)
     return self.evaluate(config, workdir)
