@@ -4,7 +4,7 @@ evaluation's directory given as a run's workdir, a config file that does not loa
 the sweep's own files."""
 
 import pytest
-from helpers import load_config, run_sweep_main
+from helpers import REPO, load_config, one_error_line, run_sweep_main
 
 from relpos.training import tasks
 
@@ -51,3 +51,31 @@ def test_a_sweep_of_a_config_lacking_a_field_names_it(tmp_path, monkeypatch):
   )
   assert code == 'error: config.seed is missing from the config'
   assert not (tmp_path / 'sweep').exists()
+
+
+CHAR_TINY = REPO / 'configs' / 'char_tiny.py'
+
+
+@pytest.mark.parametrize(
+  ('argv', 'flag'),
+  [
+    (['train.py', f'--config={CHAR_TINY}', '--workdir='], '--workdir='),
+    (
+      ['eval.py', f'--config={CHAR_TINY}', '--workdir=runs/x', '--output_dir='],
+      '--output_dir=',
+    ),
+    (['relpos/tools/sample.py', '--workdir='], '--workdir='),
+    (['relpos/tools/translate.py', '--workdir=', '--text=a'], '--workdir='),
+    (['relpos/studies/sweep.py', f'--config={CHAR_TINY}', '--workdir='], '--workdir='),
+    (['relpos/studies/plot.py', 'runs/x', '--out='], '--out='),
+    (['relpos/studies/plot.py', ''], 'a workdir given is empty'),
+    (['relpos/studies/shaw_tables.py', ''], 'a workdir given is empty'),
+  ],
+)
+def test_an_empty_path_is_refused_not_read_as_the_current_directory(commands, tmp_path, argv, flag):
+  """Before, `train.py --workdir=` trained a whole run into the current directory and
+  `eval.py --output_dir=` wrote eval_results.json there."""
+  argv = [str(REPO / argv[0]) if argv[0].endswith('.py') else argv[0], *argv[1:]]
+  line = one_error_line(commands.run(argv, cwd=tmp_path, timeout=120))
+  assert line.startswith(f'error: {flag}'), line
+  assert list(tmp_path.iterdir()) == []

@@ -197,6 +197,7 @@ def parse_flags(argv: list[str]) -> list[str]:
       # A file that does not load gives a stand-in that raises at its first use, later.
       sys.exit(f'error: {_config_file_problem(argv)[0] or "--config: the config did not load"}')
     expand_home(flags.FLAGS)
+    refuse_empty_paths(flags.FLAGS)
     return rest
   except Exception as error:  # noqa: BLE001 (the one line below; --traceback is not parsed yet)
     file_problem, config = _config_file_problem(argv)
@@ -216,6 +217,22 @@ def expand_home(registry) -> None:
       value = registry[name].value
       if isinstance(value, str) and (value == '~' or value.startswith('~/')):
         registry[name].value = os.path.expanduser(value)
+
+
+def refuse_empty_paths(registry, workdirs=()) -> None:
+  """Exits with one `error:` line when one of PATH_FLAGS was given empty (`--workdir=`, as a
+  shell variable that was never set gives it), or one of `workdirs` (a command's positional
+  workdirs) is empty: every path function reads '' as the current directory, so train.py
+  wrote a whole run there and eval.py's eval_results.json landed beside the code. An empty
+  --output_dir is refused too, not read as absent: the command line meant a directory."""
+  for name in PATH_FLAGS:
+    if name in registry and registry[name].present and registry[name].value == '':
+      out = '' if name == 'workdir' else ', or leave the flag out'
+      sys.exit(
+        f'error: --{name}= is empty: give a path (an empty one is the current directory){out}'
+      )
+  if '' in workdirs:
+    sys.exit('error: a workdir given is empty (""): give the directory of a run')
 
 
 def quiet_logging() -> None:
