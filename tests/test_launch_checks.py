@@ -79,3 +79,38 @@ def test_an_empty_path_is_refused_not_read_as_the_current_directory(commands, tm
   line = one_error_line(commands.run(argv, cwd=tmp_path, timeout=120))
   assert line.startswith(f'error: {flag}'), line
   assert list(tmp_path.iterdir()) == []
+
+
+def _sweep_root_and_evaluation(tmp_path):
+  """A sweep's root (a run folder and sweep.csv) and an evaluation's output directory."""
+  root = tmp_path / 'sweep'
+  (root / 'model.max_relative_position=2' / 'seed=0').mkdir(parents=True)
+  (root / 'sweep.csv').write_text('value,n\n')
+  evaluation = tmp_path / 'scored'
+  evaluation.mkdir()
+  checkpoint = tmp_path / 'run' / 'checkpoints' / '10'
+  (evaluation / 'eval_results.json').write_text(f'{{"checkpoint": "{checkpoint}", "bpc": 2.0}}')
+  return root, evaluation
+
+
+def test_train_and_eval_refuse_a_sweeps_root_or_an_evaluations_directory(tmp_path):
+  """Before, eval.py said 'train first (python train.py ... --workdir=<sweep root>)', and
+  train.py trained into the sweep's root, mixing a run into it."""
+  root, evaluation = _sweep_root_and_evaluation(tmp_path)
+  config = load_config('char_tiny', 'shaw')
+  config.data.path = str(tmp_path / 'absent.txt')  # without the check: refused, not trained
+  task = tasks.get(config)
+  sweep_line = f'--workdir={root} is the root of a sweep, not a run: give its run directories'
+  evaluation_line = f'--workdir={evaluation} holds only an evaluation'
+  for directory, line in ((root, sweep_line), (evaluation, evaluation_line)):
+    with pytest.raises(ValueError, match='a new run needs a directory of its own') as refused:
+      task.train_and_evaluate(config, directory)
+    assert str(refused.value).startswith(line)
+    with pytest.raises(FileNotFoundError) as refused:
+      task.evaluate(config, directory)
+    assert str(refused.value).startswith(line)
+  assert sorted(path.name for path in root.iterdir()) == [
+    'model.max_relative_position=2',
+    'sweep.csv',
+  ]
+  assert [path.name for path in evaluation.iterdir()] == ['eval_results.json']

@@ -77,6 +77,7 @@ from relpos.training.run_config import (
   check_task,
   data_changes,
   has_run,
+  not_a_run,
   not_a_workdir,
 )
 
@@ -628,10 +629,15 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   out-of-memory is a `DeviceMemoryError` with the step's shapes and what would fit. Each names
   the step reached and the last good checkpoint. A workdir of another task is a
   `TaskMismatchError` before anything is written, and one where another run trains now a
-  `WorkdirInUseError` (`workdir_lock`).
+  `WorkdirInUseError` (`workdir_lock`). A new run is refused (ValueError) in a directory that
+  holds a sweep's root or only an evaluation (`run_config.not_a_run`); a run already there
+  resumes.
   """
   workdir = Path(workdir)
   check_task(workdir, config.get('task'))  # before anything else: the workdir's run
+  not_a_new_run = not has_run(workdir) and not_a_run(workdir, f'--workdir={workdir}')
+  if not_a_new_run:  # a sweep's root, an evaluation's directory: a run there would mix in
+    raise ValueError(f'{not_a_new_run}; a new run needs a directory of its own')
   mesh = mesh_lib.data_mesh()
   task.check_config(config, mesh)  # before writing, reading data or compiling anything
   schedule_warning = optim.schedule_warning(config)
@@ -890,8 +896,11 @@ def check_trained(workdir) -> Checkpoints:
   checkpoints = Checkpoints(workdir)
   if checkpoints.latest_step() is None:
     checkpoints.close()
+    # A sweep's root or an evaluation's directory is named as such: "train first" there
+    # would mix a run into it.
     raise FileNotFoundError(
-      f'no checkpoint in {checkpoints.directory}: train first (python train.py '
+      (not has_run(workdir) and not_a_run(workdir, f'--workdir={workdir}'))
+      or f'no checkpoint in {checkpoints.directory}: train first (python train.py '
       f'--config=... --workdir={workdir})'
     )
   return checkpoints
