@@ -114,3 +114,31 @@ def test_train_and_eval_refuse_a_sweeps_root_or_an_evaluations_directory(tmp_pat
     'sweep.csv',
   ]
   assert [path.name for path in evaluation.iterdir()] == ['eval_results.json']
+
+
+class _StartedError(Exception):
+  """Raised where a run would restore its checkpoint: the warnings of its start were said."""
+
+
+def test_the_warmup_warning_comes_once_after_the_data_loaded(tmp_path, monkeypatch, capsys):
+  """Before, train.py warned of the warmup, then refused to start for missing data; and a
+  sweep printed the same line for every run."""
+  from relpos.training import loop
+
+  config = load_config('char_tiny', 'shaw')
+  config.data.path = str(tmp_path / 'absent.txt')
+  config.optim.warmup_steps = config.train.steps  # the learning rate never peaks: a warning
+  task = tasks.get(config)
+  with pytest.raises(FileNotFoundError, match='absent.txt'):
+    task.train_model(config, tmp_path / 'no_data')
+  assert 'warning' not in capsys.readouterr().err
+
+  def started(*args, **kwargs):
+    raise _StartedError
+
+  monkeypatch.setattr(task, 'training', lambda *args: loop.Training(None, {}, None, None, None))
+  monkeypatch.setattr(loop, 'Checkpoints', started)
+  for run in ('k=2/seed=0', 'k=8/seed=0'):  # a sweep's runs, in one process
+    with pytest.raises(_StartedError):
+      task.train_model(config, tmp_path / run)
+  assert capsys.readouterr().err.count('warning: config.optim.warmup_steps=') == 1

@@ -640,9 +640,6 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
     raise ValueError(f'{not_a_new_run}; a new run needs a directory of its own')
   mesh = mesh_lib.data_mesh()
   task.check_config(config, mesh)  # before writing, reading data or compiling anything
-  schedule_warning = optim.schedule_warning(config)
-  if schedule_warning and not has_run(workdir) and mesh_lib.is_writer():  # once, as it starts
-    warn(schedule_warning)
   prepare_workdir(workdir)
   reached = {'step': 0, 'checkpoints': None}
 
@@ -688,6 +685,11 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   if other_data:
     warn(f'continuing on other data than the run trained with ({"; ".join(other_data)})')
   run = task.training(config, workdir, mesh)
+  schedule_warning = optim.schedule_warning(config)
+  # Once a run starts (its data loaded: not before a refusal for missing data), and once a
+  # process: a sweep's runs share the schedule, so its every run would repeat the line.
+  if schedule_warning and not has_run(workdir) and mesh_lib.is_writer():
+    warn(schedule_warning, once=True)
   train_config = config.train
   state = run.state
 
