@@ -3,10 +3,15 @@ config file that lacks a field or a section, an empty path flag, a sweep's root 
 evaluation's directory given as a run's workdir, a config file that does not load, a fault of
 the sweep's own files."""
 
+import errno
+import json
+import os
+from pathlib import Path
+
 import pytest
 from helpers import REPO, load_config, one_error_line, run_sweep_main
 
-from relpos.training import tasks
+from relpos.training import tasks, workdir_lock
 
 
 def _incomplete(name: str):
@@ -142,3 +147,71 @@ def test_the_warmup_warning_comes_once_after_the_data_loaded(tmp_path, monkeypat
     with pytest.raises(_StartedError):
       task.train_model(config, tmp_path / run)
   assert capsys.readouterr().err.count('warning: config.optim.warmup_steps=') == 1
+
+
+def _finished_sweep(root):
+  """A finished one-run sweep of char_tiny:shaw's k=2 under `root` (its eval_results.json)."""
+  run = root / 'max_relative_position=2' / 'seed=0'
+  run.mkdir(parents=True)
+  segments = [1.0 + 0.01 * (i % 5) for i in range(40)]
+  results = {'bpc': 2.0, 'step': 10, 'segment_nats': segments, 'segment_tokens': [8] * 40}
+  (run / 'eval_results.json').write_text(json.dumps(results))
+
+
+def _sweep_args(root, *more):
+  return (
+    '--config=configs/char_tiny.py:shaw',
+    '--config.train.steps=10',
+    f'--workdir={root}',
+    '--values=2',
+    *more,
+  )
+
+
+def test_a_read_only_sweep_root_is_the_exit_74_line(tmp_path, monkeypatch, capsys):
+  """Before, the sweep's lock and its tables raised OSError tracebacks on a read-only
+  filesystem (Errno 30: .relpos.lock, sweep.csv)."""
+  from relpos.studies import sweep
+
+  root = tmp_path / 'sweep'
+  _finished_sweep(root)
+  real_open = open
+
+  def read_only_open(file, mode='r', *args, **kwargs):
+    if any(flag in mode for flag in 'wax+') and root in Path(file).parents:
+      raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(file))
+    return real_open(file, mode, *args, **kwargs)
+
+  monkeypatch.setattr(sweep, 'open', read_only_open, raising=False)  # _write_csv's
+  code = run_sweep_main(monkeypatch, *_sweep_args(root, '--collect_only'))
+  assert code == 74
+  assert capsys.readouterr().err.strip().splitlines()[-1] == (
+    f"error: cannot write {root / 'sweep.csv'} (the sweep's --workdir={root}): Read-only file "
+    f'system (the filesystem is read-only); the finished runs under {root} are intact; make it '
+    'writable or give another --workdir, then rerun'
+  )
+
+  def read_only_os_open(path, flags, *args):
+    raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+  monkeypatch.setattr(workdir_lock.os, 'open', read_only_os_open)
+  assert run_sweep_main(monkeypatch, *_sweep_args(root)) == 74
+  line = capsys.readouterr().err.strip().splitlines()[-1]
+  assert line.startswith(f"error: cannot write {root / '.relpos.lock'} (the sweep's --workdir=")
+
+
+def test_a_full_disk_writing_the_sweeps_lock_is_the_exit_74_line(tmp_path, monkeypatch, capsys):
+  """Before: OSError [Errno 28] from workdir_lock's pwrite, a traceback."""
+
+  def full_disk(*args):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  root = tmp_path / 'sweep'
+  _finished_sweep(root)
+  monkeypatch.setattr(workdir_lock.os, 'pwrite', full_disk)
+  assert run_sweep_main(monkeypatch, *_sweep_args(root)) == 74
+  assert capsys.readouterr().err.strip().splitlines()[-1] == (
+    f"error: cannot write {root / '.relpos.lock'} (the sweep's --workdir={root}): No space left "
+    f'on device (the disk is full); the finished runs under {root} are intact; free space on '
+    'its disk, then rerun the same command to resume'
+  )
