@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import REPO, load_config, one_error_line, run_sweep_main
+from helpers import REPO, call_absl_main, load_config, one_error_line, run_sweep_main
 
 from relpos.training import tasks, workdir_lock
 
@@ -215,3 +215,60 @@ def test_a_full_disk_writing_the_sweeps_lock_is_the_exit_74_line(tmp_path, monke
     f'on device (the disk is full); the finished runs under {root} are intact; free space on '
     'its disk, then rerun the same command to resume'
   )
+
+
+def test_config_files_that_do_not_load_are_one_line(commands, tmp_path):
+  """Before: two absl warning lines and 'IllegalFlagValueError: flag --config=None' for a
+  get_config() returning None; 'TypeError: get_config() takes 0 positional arguments' for a
+  preset of a file without presets; "NameError: name 'null' is not defined" for a run's
+  config.json."""
+  returns_none = tmp_path / 'returns_none.py'
+  returns_none.write_text('def get_config():\n  pass\n')
+  recorded = tmp_path / 'config.json'
+  recorded.write_text('{\n  "seed": 0,\n  "data": {"max_bytes": null}\n}\n')
+  no_presets = REPO / 'configs' / 'enwik8_base.py'
+  cases = [
+    (returns_none, f'{returns_none}: get_config() returned None, not a ConfigDict'),
+    (f'{no_presets}:shaw', f'{no_presets} has no presets (its get_config() takes no argument)'),
+    (recorded, f'{recorded} is no config file: --config takes a config .py file'),
+  ]
+  for config, message in cases:
+    argv = [REPO / 'train.py', f'--config={config}', f'--workdir={tmp_path / "run"}']
+    line = one_error_line(commands.run(argv, timeout=120))
+    assert line.startswith(f'error: --config={config}: {message}'), line
+  assert not (tmp_path / 'run').exists()
+
+
+def _parsed_config(monkeypatch, *overrides):
+  """char_tiny's config as the launchers parse it with `overrides` (tasks.parse_flags)."""
+  import sys
+
+  from ml_collections import config_flags
+
+  parsed = {}
+  argv = ['train.py', f'--config={CHAR_TINY}', *overrides]
+  monkeypatch.setattr(sys, 'argv', argv)  # ml_collections takes the overrides from there
+
+  def define():
+    parsed['flag'] = config_flags.DEFINE_config_file('config', None, '')
+
+  def main(argv):
+    parsed['config'] = parsed['flag'].value
+
+  assert call_absl_main(define, main, argv, tasks.parse_flags) is None
+  return parsed['config']
+
+
+def test_an_optional_field_can_be_set_back_to_none(monkeypatch):
+  """Before: `--config.data.max_bytes=None` was 'invalid literal for int()' wherever the file
+  set the field to a number, and the text 'None' for an optional text field."""
+  config = _parsed_config(monkeypatch, '--config.data.max_bytes=100')
+  assert config.data.max_bytes == 100
+  for overrides in (
+    ['--config.data.max_bytes=100', '--config.data.max_bytes=None'],
+    ['--config.data.max_bytes=100', '--config.data.max_bytes', 'None'],
+  ):
+    assert _parsed_config(monkeypatch, *overrides).data.max_bytes is None
+  # The last override wins, as ever.
+  overrides = ['--config.data.max_bytes=None', '--config.data.max_bytes=7']
+  assert _parsed_config(monkeypatch, *overrides).data.max_bytes == 7
