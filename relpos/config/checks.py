@@ -99,12 +99,19 @@ OPTIONAL_TEXT = Rule(str, optional=True)
 
 def _field(config: Mapping, path: str, prefix: str):
   """config.<path> (dotted); ValueError naming `prefix`.<path> when it is missing."""
-  node = config
-  for name in path.split('.'):
-    if name not in node:
-      raise ValueError(f'{prefix}.{path} is missing from the config')
+  node, names = config, path.split('.')
+  for depth, name in enumerate(names):
+    if name not in node:  # a whole section missing is named as such
+      raise ValueError(f'{prefix}.{".".join(names[: depth + 1])} is missing from the config')
     node = node[name]
   return node
+
+
+def check_present(config: Mapping, paths, prefix: str = 'config') -> None:
+  """ValueError naming `prefix`.<path> for the first of `paths` (dotted) that `config` lacks,
+  a whole section included: what every check of values needs first."""
+  for path in paths:
+    _field(config, path, prefix)
 
 
 def require_fields(config: Mapping, fields, kind: str) -> None:

@@ -105,6 +105,7 @@ def main(argv):
 
   tasks.quiet_logging()  # matplotlib's first run logs its font cache at INFO
   tasks.expand_home(flags.FLAGS)  # --out=~/x.png; the shell expands the positional workdirs
+  tasks.refuse_empty_paths(flags.FLAGS, argv[1:])
   try:
     print(f'wrote {plot_runs(argv[1:], flags.FLAGS.out)}')
   except (FileNotFoundError, ValueError, PermissionError) as error:

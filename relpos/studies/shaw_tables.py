@@ -146,6 +146,7 @@ def main(argv):
 
   tasks.quiet_logging()  # orbax logs every restore at INFO
   tasks.expand_home(flags.FLAGS)  # --out=~/x.png; the shell expands the positional workdirs
+  tasks.refuse_empty_paths(flags.FLAGS, argv[1:])
   try:
     by_k = drift_by_k(argv[1:])
   except (FileNotFoundError, ValueError) as error:

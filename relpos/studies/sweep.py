@@ -60,6 +60,7 @@ passed on to every run.
 """
 
 import csv
+import errno
 import json
 import shlex
 import sys
@@ -79,6 +80,7 @@ from relpos.studies import breakdown, significance
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
 from relpos.training import data_record, loop, run_config, tasks, workdir_lock
+from relpos.training.checkpoints import filesystem_fault
 from relpos.training.preemption import PreemptedError
 
 SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'difference', 'p_value', 'p_seeds', 'diverged')
@@ -900,6 +902,34 @@ def write_breakdown_files(root: Path, kind, summary, per_run, field: str, baseli
   print(f'plot: {breakdown.plot(summary, per_run, kind, root, field, baseline)}')
 
 
+# The errors of a write into the sweep's root that are its filesystem's fault (`root_write_fault`):
+# a full disk, also where the error names no file (a buffered file flushed at its close), and
+# a read-only or unwritable one.
+ENOSPC_LIKE = (errno.ENOSPC, errno.EDQUOT)
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def root_write_fault(error: OSError, root: Path, *, resume: bool):
+  """The exit-74 fault (`loop.filesystem_fault`, as train.py's) of an OSError writing the
+  sweep's own files under `root` (its lock, the tables, the plot) on a full disk or a read-only
+  or unwritable filesystem, naming the file (the root where the error names none: a full disk
+  met as a file is flushed); None for any other error, reported as it is. Its runs' own
+  writes are their training's and evaluation's faults already. `resume`: whether the same
+  command resumes the sweep (not --collect_only's)."""
+  path = Path(error.filename) if isinstance(error.filename, str) else None
+  written = ENOSPC_LIKE if path is None else (*ENOSPC_LIKE, *UNWRITABLE)
+  if error.errno not in written:
+    return None
+  if path is not None and root.resolve() not in (path.resolve(), *path.resolve().parents):
+    return None
+  return filesystem_fault(
+    error,
+    f"cannot write {path or root} (the sweep's --workdir={root})",
+    last_good=f'the finished runs under {root} are intact',
+    resume=resume,
+  )
+
+
 def main(argv):
   tasks.start_command(argv)
   args = flags.FLAGS
@@ -912,6 +942,7 @@ def main(argv):
   ]
   try:
     task = tasks.get(config)
+    task.check_complete(config)  # a field deleted from the file, before --field reads one
     metric = args.metric or task.metric
     if field == PRESET:
       variant_of = preset_variants(config_arg.split(':')[0], overrides)
@@ -964,6 +995,13 @@ def main(argv):
   except tasks.FAULTS as fault:  # a full disk, a workdir of another task, out of memory, a
     # second Ctrl-C during training
     code, line = tasks.fault_exit(fault)
+    print(line, file=sys.stderr)
+    sys.exit(code)
+  except OSError as error:  # the sweep's own files: one line, as train.py's (exit 74)
+    fault = root_write_fault(error, root, resume=not args.collect_only)
+    if fault is None and not isinstance(error, tasks.USER_ERRORS):
+      raise
+    code, line = tasks.fault_exit(fault) if fault else (1, f'error: {error}')
     print(line, file=sys.stderr)
     sys.exit(code)
   except tasks.USER_ERRORS as error:

@@ -77,6 +77,7 @@ from relpos.training.run_config import (
   check_task,
   data_changes,
   has_run,
+  not_a_run,
   not_a_workdir,
   recorded_divergence,
 )
@@ -145,6 +146,7 @@ class Task(abc.ABC):
     declaration does not hold, every field's rule, the model's typed config, and the rules
     across fields (with `mesh`, those of the batch against the devices, and the attention
     implementation against their platform)."""
+    self.check_complete(config)
     # config.model's own fields are checked by its typed config (`check_combinations`).
     unknown = fields.undeclared(config.to_dict(), self.declaration, skip=('model',))
     if unknown:  # else recorded in config.json, which every later read would refuse
@@ -158,6 +160,14 @@ class Task(abc.ABC):
     devices = getattr(mesh, 'devices', None)
     if devices is not None:
       check_platform(config, devices.flat[0].platform)
+
+  def check_complete(self, config: ml_collections.ConfigDict) -> None:
+    """Raises ValueError naming the first field the declaration holds that `config` lacks (a
+    config file that deleted a field or returned only some sections), or a missing
+    config.model (whose fields its typed config names): the first of the config checks, since
+    every other check, and every early check of a command (`check_evaluation_plan`, a
+    sweep's --field), reads those fields."""
+    checks.check_present(config, [*fields.leaves(self.declaration, skip=('model',)), 'model'])
 
   @abc.abstractmethod
   def check_combinations(self, config: ml_collections.ConfigDict, mesh) -> None:
@@ -207,13 +217,13 @@ class Task(abc.ABC):
     its last finite checkpoint, with a warning line that says so."""
     workdir = Path(workdir)
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
+    self.check_config(config)  # before anything reads its fields
     check_model(workdir, config)
     other_data = data_changes(workdir, config) + data_record.changes(
       workdir, self.data_files(config, workdir)
     )
     if other_data:
       warn(f'scoring other data than the run trained with ({"; ".join(other_data)})')
-    self.check_config(config)
     check_platform(config, jax.default_backend())
     output_dir = workdir if output_dir is None else Path(output_dir)
     check_trained(workdir).close()
@@ -272,7 +282,10 @@ class Task(abc.ABC):
 
   def train_and_evaluate(self, config, workdir, *, allow_config_change: bool = False) -> dict:
     """`train_model`, then `evaluate`; an evaluation the run's checkpoints cannot serve is
-    refused first (`check_evaluation_plan`), not after the training."""
+    refused first (`check_evaluation_plan`), not after the training; the config check comes
+    before that, which reads its fields (`train` checks it again with the devices)."""
+    check_task(workdir, config.get('task'))  # before anything else: the workdir's run
+    self.check_config(config)
     check_evaluation_plan(config, workdir)
     self.train_model(config, workdir, allow_config_change=allow_config_change)
     return self.evaluate(config, workdir)
@@ -651,15 +664,17 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   out-of-memory is a `DeviceMemoryError` with the step's shapes and what would fit. Each names
   the step reached and the last good checkpoint. A workdir of another task is a
   `TaskMismatchError` before anything is written, and one where another run trains now a
-  `WorkdirInUseError` (`workdir_lock`).
+  `WorkdirInUseError` (`workdir_lock`). A new run is refused (ValueError) in a directory that
+  holds a sweep's root or only an evaluation (`run_config.not_a_run`); a run already there
+  resumes.
   """
   workdir = Path(workdir)
   check_task(workdir, config.get('task'))  # before anything else: the workdir's run
+  not_a_new_run = not has_run(workdir) and not_a_run(workdir, f'--workdir={workdir}')
+  if not_a_new_run:  # a sweep's root, an evaluation's directory: a run there would mix in
+    raise ValueError(f'{not_a_new_run}; a new run needs a directory of its own')
   mesh = mesh_lib.data_mesh()
   task.check_config(config, mesh)  # before writing, reading data or compiling anything
-  schedule_warning = optim.schedule_warning(config)
-  if schedule_warning and not has_run(workdir) and mesh_lib.is_writer():  # once, as it starts
-    warn(schedule_warning)
   prepare_workdir(workdir)
   reached = {'step': 0, 'checkpoints': None}
 
@@ -705,6 +720,11 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   if other_data:
     warn(f'continuing on other data than the run trained with ({"; ".join(other_data)})')
   run = task.training(config, workdir, mesh)
+  schedule_warning = optim.schedule_warning(config)
+  # Once a run starts (its data loaded: not before a refusal for missing data), and once a
+  # process: a sweep's runs share the schedule, so its every run would repeat the line.
+  if schedule_warning and not has_run(workdir) and mesh_lib.is_writer():
+    warn(schedule_warning, once=True)
   train_config = config.train
   state = run.state
 
@@ -913,8 +933,11 @@ def check_trained(workdir) -> Checkpoints:
   checkpoints = Checkpoints(workdir)
   if checkpoints.latest_step() is None:
     checkpoints.close()
+    # A sweep's root or an evaluation's directory is named as such: "train first" there
+    # would mix a run into it.
     raise FileNotFoundError(
-      f'no checkpoint in {checkpoints.directory}: train first (python train.py '
+      (not has_run(workdir) and not_a_run(workdir, f'--workdir={workdir}'))
+      or f'no checkpoint in {checkpoints.directory}: train first (python train.py '
       f'--config=... --workdir={workdir})'
     )
   return checkpoints

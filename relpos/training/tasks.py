@@ -1,6 +1,7 @@
 """The tasks train.py and eval.py run, chosen by `config.task`, and their shared launcher."""
 
 import importlib
+import logging as std_logging
 import os
 import sys
 import traceback
@@ -10,7 +11,7 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from relpos.config import checks
+from relpos.config import checks, fields
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE
 from relpos.training.loop import Task
 from relpos.training.preemption import PreemptedError, RunFaultError
@@ -142,16 +143,78 @@ def _config_file_problem(argv: list[str]) -> tuple[str | None, ml_collections.Co
       config.get('task')  # a stand-in for a file that did not load: it raises its error
   except Exception as error:  # noqa: BLE001 (whatever the file raised, reported as one line)
     cause = _root_cause(error)
+    if not path.endswith('.py'):  # a run's config.json, say, read as Python
+      return (
+        f'--config={value}: {path} is no config file: --config takes a config .py file (such '
+        "as configs/char_tiny.py); a run's recorded config.json is read from its directory: "
+        'give that as --workdir (train.py resumes the run, eval.py scores it) with the config '
+        'file it was trained with'
+      ), None
     if isinstance(cause, SyntaxError):
       return f'--config={value}: {path} line {cause.lineno}: SyntaxError: {cause.msg}', None
     if isinstance(cause, AttributeError) and 'get_config' in str(cause):
       return f'--config={value}: {path} defines no get_config() returning a ConfigDict', None
+    if isinstance(cause, flags.IllegalFlagValueError) and 'other than None' in str(cause):
+      return f'--config={value}: {path}: get_config() returned None, not a ConfigDict', None
+    if isinstance(cause, TypeError) and _takes_no_preset(cause, value):
+      return (
+        f'--config={value}: {path} has no presets (its get_config() takes no argument): give '
+        f'--config={path}'
+      ), None
     frames = traceback.extract_tb(cause.__traceback__)
     lines = [f.lineno for f in frames if os.path.abspath(f.filename) == os.path.abspath(path)]
     where = f' at line {lines[-1]}' if lines else ''
     line = _flag_error(cause).removeprefix(f'flag --config={value}: ')
     return f'--config={value}: {path} raised {type(cause).__name__}{where}: {line}', None
   return None, config
+
+
+def _takes_no_preset(error: TypeError, value: str) -> bool:
+  """Whether `error` is calling a get_config() that takes no argument with the preset of
+  --config=`value` (ml_collections passes the text after ':')."""
+  return ':' in value and str(error).startswith('get_config() takes 0 positional arguments')
+
+
+class _NoNoneConfigWarning(std_logging.Filter):
+  """Drops ml_collections' warning of a get_config() that returned None, logged (before absl
+  logging is set up, so with absl's note on that) at each load: `_config_file_problem` says it
+  in the command's one error line."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return 'get_config() returned None' not in record.getMessage()
+
+
+def _optional_none_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+  """(argv without its `--config.<field>=None` overrides of fields whose rule takes None
+  (`relpos.config.checks.Rule.optional`), the fields the last of whose overrides is None):
+  ml_collections parses an override by the type of the field's value in the config file, so
+  'None' was no int (`--config.data.max_bytes=None`) or the text 'None'; `parse_flags` sets
+  these fields to None once the config is parsed. Unchanged where no override is 'None' or the
+  config file or its task does not load (the parse says why)."""
+  values, spans = {}, {}
+  for i, arg in enumerate(argv):
+    if not arg.startswith('--config.'):
+      continue
+    separate = '=' not in arg and i + 1 < len(argv) and not argv[i + 1].startswith('--')
+    field, _, value = (f'{arg}={argv[i + 1]}' if separate else arg).partition('=')
+    field = field.removeprefix('--config.')
+    values[field] = value  # the last override of a field wins
+    if value == 'None':
+      spans.setdefault(field, []).append(range(i, i + 1 + separate))
+  if not spans:
+    return argv, []
+  problem, config = _config_file_problem(argv)
+  try:
+    task = None if problem or config is None else get(config)
+  except ValueError:
+    task = None
+  if task is None:
+    return argv, []
+  rules = fields.rules(task.declaration, skip=('model',))
+  optional = [field for field in spans if field in rules and rules[field].optional]
+  dropped = {i for field in optional for span in spans[field] for i in span}
+  kept = [arg for i, arg in enumerate(argv) if i not in dropped]
+  return kept, [field for field in optional if values[field] == 'None']
 
 
 def _config_flag_problem(argv: list[str], config) -> str | None:
@@ -189,19 +252,32 @@ def parse_flags(argv: list[str]) -> list[str]:
   from a fault of an override (ml_collections leaves the flag unset after either, and names
   only the field's last part). A path flag given as `--workdir=~/runs/x` gets its `~`
   expanded, as the shell does for `--workdir ~/runs/x` but not after an `=`
-  (`expand_home`)."""
+  (`expand_home`). `--config.<field>=None` sets a field whose rule takes None to None
+  (`_optional_none_overrides`)."""
+  absl_logger = logging.get_absl_logger()
+  absl_logger.addFilter(quiet := _NoNoneConfigWarning())
   try:
-    rest = flags.FLAGS(argv)
+    parsed, to_none = _optional_none_overrides(argv) if 'config' in flags.FLAGS else (argv, [])
+    rest = flags.FLAGS(parsed)
     config = flags.FLAGS['config'].value if 'config' in flags.FLAGS else None
     if config is not None and not isinstance(config, ml_collections.ConfigDict):
       # A file that does not load gives a stand-in that raises at its first use, later.
       sys.exit(f'error: {_config_file_problem(argv)[0] or "--config: the config did not load"}')
+    for field in to_none:
+      *sections, name = field.split('.')
+      node = config
+      for section in sections:
+        node = node[section]
+      node[name] = None
     expand_home(flags.FLAGS)
+    refuse_empty_paths(flags.FLAGS)
     return rest
   except Exception as error:  # noqa: BLE001 (the one line below; --traceback is not parsed yet)
     file_problem, config = _config_file_problem(argv)
     line = file_problem or (config is not None and _config_flag_problem(argv, config))
     sys.exit(f'error: {line or _flag_error(error)}')
+  finally:
+    absl_logger.removeFilter(quiet)
 
 
 # The flags that name a path (a workdir, a file written or read) in relpos's commands.
@@ -216,6 +292,22 @@ def expand_home(registry) -> None:
       value = registry[name].value
       if isinstance(value, str) and (value == '~' or value.startswith('~/')):
         registry[name].value = os.path.expanduser(value)
+
+
+def refuse_empty_paths(registry, workdirs=()) -> None:
+  """Exits with one `error:` line when one of PATH_FLAGS was given empty (`--workdir=`, as a
+  shell variable that was never set gives it), or one of `workdirs` (a command's positional
+  workdirs) is empty: every path function reads '' as the current directory, so train.py
+  wrote a whole run there and eval.py's eval_results.json landed beside the code. An empty
+  --output_dir is refused too, not read as absent: the command line meant a directory."""
+  for name in PATH_FLAGS:
+    if name in registry and registry[name].present and registry[name].value == '':
+      out = '' if name == 'workdir' else ', or leave the flag out'
+      sys.exit(
+        f'error: --{name}= is empty: give a path (an empty one is the current directory){out}'
+      )
+  if '' in workdirs:
+    sys.exit('error: a workdir given is empty (""): give the directory of a run')
 
 
 def quiet_logging() -> None:

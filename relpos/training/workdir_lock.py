@@ -12,7 +12,8 @@ process killed), so there is never a stale lock to remove by hand: a run resumed
 crash takes the lock at once. Only the writing process of a multi-process run (process 0)
 locks; the others write nothing in the workdir. Readers (eval.py, the tools) do not lock:
 they may read a run while it trains. A filesystem without flock (some network filesystems
-answer ENOLCK or EOPNOTSUPP) runs unlocked, with one warning.
+answer ENOLCK or EOPNOTSUPP) runs unlocked, with one warning. An OSError making or writing the
+file (a full disk, a read-only filesystem) names it, for the caller's one-line fault.
 """
 
 import contextlib
@@ -61,8 +62,13 @@ def hold(workdir: Path):
       yield
       return
     started = time.strftime('%Y-%m-%d %H:%M:%S %Z')
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f'process {os.getpid()} on {socket.gethostname()}, started {started}'.encode(), 0)
+    try:
+      os.ftruncate(fd, 0)
+      os.pwrite(
+        fd, f'process {os.getpid()} on {socket.gethostname()}, started {started}'.encode(), 0
+      )
+    except OSError as error:  # a full disk: the caller's fault line names the file
+      raise OSError(error.errno, error.strerror, str(path)) from error
     try:
       yield
     finally:

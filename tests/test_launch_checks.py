@@ -1,0 +1,274 @@
+"""What train.py, eval.py and the sweep check before anything else, each refusal one line: a
+config file that lacks a field or a section, an empty path flag, a sweep's root or an
+evaluation's directory given as a run's workdir, a config file that does not load, a fault of
+the sweep's own files."""
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+from helpers import REPO, call_absl_main, load_config, one_error_line, run_sweep_main
+
+from relpos.training import tasks, workdir_lock
+
+
+def _incomplete(name: str):
+  """char_tiny's config without `name` (a field, dotted, or a whole section)."""
+  config = load_config('char_tiny', 'shaw')
+  *sections, last = name.split('.')
+  node = config
+  for section in sections:
+    node = node[section]
+  del node[last]
+  return config
+
+
+@pytest.mark.parametrize(
+  ('name', 'message'),
+  [
+    ('train.steps', 'config.train.steps is missing from the config'),
+    ('eval', 'config.eval is missing from the config'),
+    ('model', 'config.model is missing from the config'),
+  ],
+)
+def test_a_config_lacking_a_field_is_named_before_any_other_check(tmp_path, name, message):
+  """Before, train.py's evaluation plan read config.train.steps first: an AttributeError."""
+  config = _incomplete(name)
+  task = tasks.get(config)
+  with pytest.raises(ValueError, match=message):
+    task.train_and_evaluate(config, tmp_path / 'run')
+  with pytest.raises(ValueError, match=message):
+    task.evaluate(config, tmp_path / 'run')
+  assert not (tmp_path / 'run').exists()
+
+
+def test_a_sweep_of_a_config_lacking_a_field_names_it(tmp_path, monkeypatch):
+  """Before, the sweep's --field read config.model first: 'the config has no section'."""
+  config_file = tmp_path / 'only_task.py'
+  config_file.write_text(
+    'import ml_collections\n\n\ndef get_config():\n'
+    "  return ml_collections.ConfigDict({'task': 'char_lm'})\n"
+  )
+  code = run_sweep_main(
+    monkeypatch, f'--config={config_file}', f'--workdir={tmp_path / "sweep"}', '--values=2'
+  )
+  assert code == 'error: config.seed is missing from the config'
+  assert not (tmp_path / 'sweep').exists()
+
+
+CHAR_TINY = REPO / 'configs' / 'char_tiny.py'
+
+
+@pytest.mark.parametrize(
+  ('argv', 'flag'),
+  [
+    (['train.py', f'--config={CHAR_TINY}', '--workdir='], '--workdir='),
+    (
+      ['eval.py', f'--config={CHAR_TINY}', '--workdir=runs/x', '--output_dir='],
+      '--output_dir=',
+    ),
+    (['relpos/tools/sample.py', '--workdir='], '--workdir='),
+    (['relpos/tools/translate.py', '--workdir=', '--text=a'], '--workdir='),
+    (['relpos/studies/sweep.py', f'--config={CHAR_TINY}', '--workdir='], '--workdir='),
+    (['relpos/studies/plot.py', 'runs/x', '--out='], '--out='),
+    (['relpos/studies/plot.py', ''], 'a workdir given is empty'),
+    (['relpos/studies/shaw_tables.py', ''], 'a workdir given is empty'),
+  ],
+)
+def test_an_empty_path_is_refused_not_read_as_the_current_directory(commands, tmp_path, argv, flag):
+  """Before, `train.py --workdir=` trained a whole run into the current directory and
+  `eval.py --output_dir=` wrote eval_results.json there."""
+  argv = [str(REPO / argv[0]) if argv[0].endswith('.py') else argv[0], *argv[1:]]
+  line = one_error_line(commands.run(argv, cwd=tmp_path, timeout=120))
+  assert line.startswith(f'error: {flag}'), line
+  assert list(tmp_path.iterdir()) == []
+
+
+def _sweep_root_and_evaluation(tmp_path):
+  """A sweep's root (a run folder and sweep.csv) and an evaluation's output directory."""
+  root = tmp_path / 'sweep'
+  (root / 'model.max_relative_position=2' / 'seed=0').mkdir(parents=True)
+  (root / 'sweep.csv').write_text('value,n\n')
+  evaluation = tmp_path / 'scored'
+  evaluation.mkdir()
+  checkpoint = tmp_path / 'run' / 'checkpoints' / '10'
+  (evaluation / 'eval_results.json').write_text(f'{{"checkpoint": "{checkpoint}", "bpc": 2.0}}')
+  return root, evaluation
+
+
+def test_train_and_eval_refuse_a_sweeps_root_or_an_evaluations_directory(tmp_path):
+  """Before, eval.py said 'train first (python train.py ... --workdir=<sweep root>)', and
+  train.py trained into the sweep's root, mixing a run into it."""
+  root, evaluation = _sweep_root_and_evaluation(tmp_path)
+  config = load_config('char_tiny', 'shaw')
+  config.data.path = str(tmp_path / 'absent.txt')  # without the check: refused, not trained
+  task = tasks.get(config)
+  sweep_line = f'--workdir={root} is the root of a sweep, not a run: give its run directories'
+  evaluation_line = f'--workdir={evaluation} holds only an evaluation'
+  for directory, line in ((root, sweep_line), (evaluation, evaluation_line)):
+    with pytest.raises(ValueError, match='a new run needs a directory of its own') as refused:
+      task.train_and_evaluate(config, directory)
+    assert str(refused.value).startswith(line)
+    with pytest.raises(FileNotFoundError) as refused:
+      task.evaluate(config, directory)
+    assert str(refused.value).startswith(line)
+  assert sorted(path.name for path in root.iterdir()) == [
+    'model.max_relative_position=2',
+    'sweep.csv',
+  ]
+  assert [path.name for path in evaluation.iterdir()] == ['eval_results.json']
+
+
+class _StartedError(Exception):
+  """Raised where a run would restore its checkpoint: the warnings of its start were said."""
+
+
+def test_the_warmup_warning_comes_once_after_the_data_loaded(tmp_path, monkeypatch, capsys):
+  """Before, train.py warned of the warmup, then refused to start for missing data; and a
+  sweep printed the same line for every run."""
+  from relpos.training import loop
+
+  config = load_config('char_tiny', 'shaw')
+  config.data.path = str(tmp_path / 'absent.txt')
+  config.optim.warmup_steps = config.train.steps  # the learning rate never peaks: a warning
+  task = tasks.get(config)
+  with pytest.raises(FileNotFoundError, match='absent.txt'):
+    task.train_model(config, tmp_path / 'no_data')
+  assert 'warning' not in capsys.readouterr().err
+
+  def started(*args, **kwargs):
+    raise _StartedError
+
+  monkeypatch.setattr(task, 'training', lambda *args: loop.Training(None, {}, None, None, None))
+  monkeypatch.setattr(loop, 'Checkpoints', started)
+  for run in ('k=2/seed=0', 'k=8/seed=0'):  # a sweep's runs, in one process
+    with pytest.raises(_StartedError):
+      task.train_model(config, tmp_path / run)
+  assert capsys.readouterr().err.count('warning: config.optim.warmup_steps=') == 1
+
+
+def _finished_sweep(root):
+  """A finished one-run sweep of char_tiny:shaw's k=2 under `root` (its eval_results.json)."""
+  run = root / 'max_relative_position=2' / 'seed=0'
+  run.mkdir(parents=True)
+  segments = [1.0 + 0.01 * (i % 5) for i in range(40)]
+  results = {'bpc': 2.0, 'step': 10, 'segment_nats': segments, 'segment_tokens': [8] * 40}
+  (run / 'eval_results.json').write_text(json.dumps(results))
+
+
+def _sweep_args(root, *more):
+  return (
+    '--config=configs/char_tiny.py:shaw',
+    '--config.train.steps=10',
+    f'--workdir={root}',
+    '--values=2',
+    *more,
+  )
+
+
+def test_a_read_only_sweep_root_is_the_exit_74_line(tmp_path, monkeypatch, capsys):
+  """Before, the sweep's lock and its tables raised OSError tracebacks on a read-only
+  filesystem (Errno 30: .relpos.lock, sweep.csv)."""
+  from relpos.studies import sweep
+
+  root = tmp_path / 'sweep'
+  _finished_sweep(root)
+  real_open = open
+
+  def read_only_open(file, mode='r', *args, **kwargs):
+    if any(flag in mode for flag in 'wax+') and root in Path(file).parents:
+      raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(file))
+    return real_open(file, mode, *args, **kwargs)
+
+  monkeypatch.setattr(sweep, 'open', read_only_open, raising=False)  # _write_csv's
+  code = run_sweep_main(monkeypatch, *_sweep_args(root, '--collect_only'))
+  assert code == 74
+  assert capsys.readouterr().err.strip().splitlines()[-1] == (
+    f"error: cannot write {root / 'sweep.csv'} (the sweep's --workdir={root}): Read-only file "
+    f'system (the filesystem is read-only); the finished runs under {root} are intact; make it '
+    'writable or give another --workdir, then rerun'
+  )
+
+  def read_only_os_open(path, flags, *args):
+    raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+  monkeypatch.setattr(workdir_lock.os, 'open', read_only_os_open)
+  assert run_sweep_main(monkeypatch, *_sweep_args(root)) == 74
+  line = capsys.readouterr().err.strip().splitlines()[-1]
+  assert line.startswith(f"error: cannot write {root / '.relpos.lock'} (the sweep's --workdir=")
+
+
+def test_a_full_disk_writing_the_sweeps_lock_is_the_exit_74_line(tmp_path, monkeypatch, capsys):
+  """Before: OSError [Errno 28] from workdir_lock's pwrite, a traceback."""
+
+  def full_disk(*args):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  root = tmp_path / 'sweep'
+  _finished_sweep(root)
+  monkeypatch.setattr(workdir_lock.os, 'pwrite', full_disk)
+  assert run_sweep_main(monkeypatch, *_sweep_args(root)) == 74
+  assert capsys.readouterr().err.strip().splitlines()[-1] == (
+    f"error: cannot write {root / '.relpos.lock'} (the sweep's --workdir={root}): No space left "
+    f'on device (the disk is full); the finished runs under {root} are intact; free space on '
+    'its disk, then rerun the same command to resume'
+  )
+
+
+def test_config_files_that_do_not_load_are_one_line(commands, tmp_path):
+  """Before: two absl warning lines and 'IllegalFlagValueError: flag --config=None' for a
+  get_config() returning None; 'TypeError: get_config() takes 0 positional arguments' for a
+  preset of a file without presets; "NameError: name 'null' is not defined" for a run's
+  config.json."""
+  returns_none = tmp_path / 'returns_none.py'
+  returns_none.write_text('def get_config():\n  pass\n')
+  recorded = tmp_path / 'config.json'
+  recorded.write_text('{\n  "seed": 0,\n  "data": {"max_bytes": null}\n}\n')
+  no_presets = REPO / 'configs' / 'enwik8_base.py'
+  cases = [
+    (returns_none, f'{returns_none}: get_config() returned None, not a ConfigDict'),
+    (f'{no_presets}:shaw', f'{no_presets} has no presets (its get_config() takes no argument)'),
+    (recorded, f'{recorded} is no config file: --config takes a config .py file'),
+  ]
+  for config, message in cases:
+    argv = [REPO / 'train.py', f'--config={config}', f'--workdir={tmp_path / "run"}']
+    line = one_error_line(commands.run(argv, timeout=120))
+    assert line.startswith(f'error: --config={config}: {message}'), line
+  assert not (tmp_path / 'run').exists()
+
+
+def _parsed_config(monkeypatch, *overrides):
+  """char_tiny's config as the launchers parse it with `overrides` (tasks.parse_flags)."""
+  import sys
+
+  from ml_collections import config_flags
+
+  parsed = {}
+  argv = ['train.py', f'--config={CHAR_TINY}', *overrides]
+  monkeypatch.setattr(sys, 'argv', argv)  # ml_collections takes the overrides from there
+
+  def define():
+    parsed['flag'] = config_flags.DEFINE_config_file('config', None, '')
+
+  def main(argv):
+    parsed['config'] = parsed['flag'].value
+
+  assert call_absl_main(define, main, argv, tasks.parse_flags) is None
+  return parsed['config']
+
+
+def test_an_optional_field_can_be_set_back_to_none(monkeypatch):
+  """Before: `--config.data.max_bytes=None` was 'invalid literal for int()' wherever the file
+  set the field to a number, and the text 'None' for an optional text field."""
+  config = _parsed_config(monkeypatch, '--config.data.max_bytes=100')
+  assert config.data.max_bytes == 100
+  for overrides in (
+    ['--config.data.max_bytes=100', '--config.data.max_bytes=None'],
+    ['--config.data.max_bytes=100', '--config.data.max_bytes', 'None'],
+  ):
+    assert _parsed_config(monkeypatch, *overrides).data.max_bytes is None
+  # The last override wins, as ever.
+  overrides = ['--config.data.max_bytes=None', '--config.data.max_bytes=7']
+  assert _parsed_config(monkeypatch, *overrides).data.max_bytes == 7
