@@ -872,3 +872,17 @@ def test_a_second_sweep_on_the_same_root_is_refused_at_once(tmp_path, monkeypatc
     sweep.sweep(config, tmp_path, field, [0], [0], 'bpc', baseline=0, train=False)
   sweep.sweep(config, tmp_path, field, [0, 4], [0], 'bpc', baseline=0)
   assert len(trained) == 2  # once the first let go (_fake_runs' result has no config.eval)
+
+
+def test_a_value_converts_to_the_declared_type_and_none_resets_an_optional_field():
+  """A field that is None by default (data.max_bytes) had no type to convert to: a preset
+  sweep's `--config.data.max_bytes=5` ended in `TypeError: NoneType takes no arguments`."""
+  config = load_config('char_tiny', 'shaw')
+  assert sweep.parse_value(config, 'data.max_bytes', '5') == 5
+  assert sweep.parse_value(config, 'data.max_bytes', 'None') is None
+  with pytest.raises(ValueError, match=r"--values: 'x' is not a int, as data.max_bytes is"):
+    sweep.parse_value(config, 'data.max_bytes', 'x')
+  with pytest.raises(ValueError, match=r"'None' is not a int, as train.steps is"):
+    sweep.parse_value(config, 'train.steps', 'None')
+  variant = sweep.preset_variants(REPO / 'configs' / 'char_tiny.py', ['--config.data.max_bytes=5'])
+  assert variant('xl').data.max_bytes == 5

@@ -61,6 +61,7 @@ passed on to every run.
 
 import csv
 import errno
+import functools
 import json
 import shlex
 import sys
@@ -72,7 +73,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from relpos import flag_types, runtime
-from relpos.config import checks, load_config_file
+from relpos.config import checks, declaration, fields, load_config_file
 from relpos.config.recorded import changes_from_recorded, with_added
 from relpos.files import write_atomically
 from relpos.messages import warn
@@ -120,11 +121,25 @@ def field_type(config: ml_collections.ConfigDict, field: str, flag: str) -> type
   return type(node[leaf])
 
 
+@functools.cache
+def declared_rules(task) -> dict[str, checks.Rule]:
+  """{dotted field: rule} of every field config.task `task` declares ({} for another task)."""
+  declared = declaration(task)
+  return {} if declared is None else fields.rules(declared)
+
+
 def parse_value(config: ml_collections.ConfigDict, field: str, text: str, flag: str = '--values'):
   """`text` converted to the type of config.<field>; ValueError naming `flag`, the option the
   text came from, for an unknown field or a text that is not of the field's type (a bool is
-  one of 1/true/yes or 0/false/no)."""
+  one of 1/true/yes or 0/false/no). The type is the declared one (`relpos.config.fields`)
+  where the task declares the field, so that a field that is None by default (an optional
+  one, which 'None' sets back) still converts; else the value's own."""
   kind = field_type(config, field, flag)
+  rule = declared_rules(config.get('task')).get(field)
+  if rule is not None:
+    if rule.optional and text == 'None':
+      return None
+    kind = rule.kind
   if kind is bool:
     if text.lower() not in TRUE_TEXTS + FALSE_TEXTS:
       raise ValueError(f'{flag}: {text!r} is not a bool, as {field} is (true or false)')

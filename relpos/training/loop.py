@@ -299,16 +299,22 @@ def check_before_run(task: Task, config, mesh, workdir=None) -> None:
   """The checks train.py makes before a run trains: the config against its declaration and
   the devices of `mesh` (`Task.check_config`), then the evaluation that follows the training
   against the checkpoints the run will keep (`check_evaluation_plan`; `workdir` None: a fresh
-  run's). The schedule's warning (`optim.schedule_warning`) is then one
-  `warning:` line, for a run that has not started yet, from process 0.
+  run's); then the schedule's warning (`warn_of_schedule`).
   `relpos.tools.show_config` runs these (on the devices of the machine it runs on), so that
   it refuses what train.py refuses before training."""
   task.check_config(config, mesh)
   check_evaluation_plan(config, workdir)
+  warn_of_schedule(config, workdir)
+
+
+def warn_of_schedule(config, workdir=None) -> None:
+  """`optim.schedule_warning` as one `warning:` line, for a run that has not started in
+  `workdir` (None: a fresh one), from process 0, once a process (a sweep's runs share the
+  schedule: each would repeat the line)."""
   schedule_warning = optim.schedule_warning(config)
   fresh = workdir is None or not has_run(workdir)
   if schedule_warning and fresh and mesh_lib.is_writer():
-    warn(schedule_warning)
+    warn(schedule_warning, once=True)
 
 
 def check_evaluation_plan(config, workdir=None) -> None:
@@ -720,11 +726,7 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   if other_data:
     warn(f'continuing on other data than the run trained with ({"; ".join(other_data)})')
   run = task.training(config, workdir, mesh)
-  schedule_warning = optim.schedule_warning(config)
-  # Once a run starts (its data loaded: not before a refusal for missing data), and once a
-  # process: a sweep's runs share the schedule, so its every run would repeat the line.
-  if schedule_warning and not has_run(workdir) and mesh_lib.is_writer():
-    warn(schedule_warning, once=True)
+  warn_of_schedule(config, workdir)  # once its data loaded: not before a refusal for missing data
   train_config = config.train
   state = run.state
 
