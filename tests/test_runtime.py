@@ -60,6 +60,20 @@ def test_compilation_cache_defaults_and_opt_outs(tmp_path):
   assert runtime.cache_environment({'JAX_COMPILATION_CACHE_DIR': '/elsewhere'}) == {}
 
 
+def _run_program(script, environ, *args) -> subprocess.CompletedProcess:
+  """`python script *args` in the repository root with `environ`, its output captured; a
+  non-zero exit fails the test."""
+  return subprocess.run(
+    [sys.executable, str(script), *args],
+    env=environ,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    cwd=ROOT,
+    check=True,
+  )
+
+
 def test_a_launcher_restarts_itself_with_the_allocator_and_fills_the_cache(tmp_path):
   """A real process: apply_defaults re-executes it (same argv, one log line), with the CPU
   devices asked for, and the jitted function lands in the cache directory."""
@@ -84,15 +98,7 @@ def test_a_launcher_restarts_itself_with_the_allocator_and_fills_the_cache(tmp_p
     RELPOS_CPU_DEVICES='3',
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
   )
-  done = subprocess.run(
-    [sys.executable, str(script), 'an-argument'],
-    env=environ,
-    capture_output=True,
-    text=True,
-    timeout=120,
-    cwd=ROOT,
-    check=True,
-  )
+  done = _run_program(script, environ, 'an-argument')
   if sys.platform.startswith('linux'):
     assert done.stdout.strip() == f"{RELPOS_TUNABLES} ['an-argument'] 3"
     assert done.stderr.count('relpos: CPU defaults') == 1 and '(restarting)' in done.stderr
@@ -123,15 +129,7 @@ def test_a_damaged_compilation_cache_is_one_warning_line(tmp_path):
   }
 
   def run():
-    return subprocess.run(
-      [sys.executable, str(script)],
-      env=environ,
-      capture_output=True,
-      text=True,
-      timeout=120,
-      cwd=ROOT,
-      check=True,
-    )
+    return _run_program(script, environ)
 
   first = run()
   entries = list(cache.glob('*-cache'))
