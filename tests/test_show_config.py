@@ -2,7 +2,7 @@
 that differs, its rule and description, from the declarations alone."""
 
 import pytest
-from helpers import load_config, refusal
+from helpers import REPO, load_config, one_error_line, refusal
 
 from relpos.config import checks, declaration, fields
 from relpos.tools import show_config
@@ -166,3 +166,20 @@ def test_the_checks_before_a_run_check_the_config_first():
   del config.train['steps']
   with pytest.raises(ValueError, match=r'^config\.train\.steps is missing'):
     loop.check_before_run(tasks.get(config), config, mesh_lib.data_mesh())
+
+
+def test_a_config_without_its_model_section_is_listed_then_named(commands, tmp_path):
+  """show_config read config.model's fields to mark the unread ones before any check, so a
+  config file that dropped the section was a traceback (train.py says it in one line)."""
+  path = tmp_path / 'no_model.py'
+  path.write_text(
+    'from pathlib import Path\n'
+    'from relpos.config import load_config_file\n\n\n'
+    'def get_config():\n'
+    f'  config = load_config_file(Path({str(REPO / "configs" / "char_tiny.py")!r}))\n'
+    "  del config['model']\n"
+    '  return config\n'
+  )
+  done = commands.run(['-m', 'relpos.tools.show_config', f'--config={path}'])
+  assert one_error_line(done) == 'error: config.model is missing from the config'
+  assert '* model.position = (missing)  (default ' in done.stdout

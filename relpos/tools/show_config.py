@@ -88,7 +88,12 @@ def main(argv) -> None:
 
   options = flags.FLAGS
   config = options.config
-  listing = field_lines(config, changed_only=options.changed, unread=unread_paths(config))
+  try:
+    tasks.get(config).check_complete(config)  # unread_paths reads config.model's fields
+    unread = unread_paths(config)
+  except ValueError:  # listed as it is (a missing field as missing); the check below names it
+    unread = set()
+  listing = field_lines(config, changed_only=options.changed, unread=unread)
   count = sum(line.startswith('*') for line in field_lines(config, changed_only=True))
   source = tasks.config_arg(sys.argv)
   print(f'{source}: task {config.task!r}; {count} fields differ from their defaults (*)')
