@@ -1192,3 +1192,30 @@ def test_what_a_failed_restore_leaves_is_kept_off_stderr(tmp_path):
 
   assert not checkpoints_lib._FILTER.filter(never_retrieved(f'{directory}/4/model/'))
   assert checkpoints_lib._FILTER.filter(never_retrieved('/elsewhere/model/'))
+
+
+def test_a_checkpoint_evicted_as_a_reader_lists_them_is_listed_again(two_checkpoints, monkeypatch):
+  """Opening the checkpoints lists each one; a step the trainer evicted between the listing
+  and a look inside it was the exit-74 'cannot open the checkpoints ... (the workdir is gone)'
+  for eval.py, with the workdir intact. A reader lists again; a writer, whose run is the only
+  one there, still says so at once."""
+  from relpos.training import checkpoints as checkpoints_lib
+
+  workdir, _ = two_checkpoints
+  manager = checkpoints_lib.ocp.CheckpointManager
+  calls = []
+
+  def evicting(directory, **kwargs):
+    calls.append(directory)
+    if len(calls) == 1:
+      raise FileNotFoundError(errno.ENOENT, 'No such file or directory', str(directory / '2'))
+    return manager(directory, **kwargs)
+
+  monkeypatch.setattr(checkpoints_lib, 'EVICTION_SETTLE_SECONDS', 0.0)
+  monkeypatch.setattr(checkpoints_lib.ocp, 'CheckpointManager', evicting)
+  reader = checkpoints_lib.Checkpoints(workdir)
+  assert reader.all_steps() == [2, 4] and len(calls) == 2
+  reader.close()
+  calls.clear()
+  with pytest.raises(checkpoints_lib.FilesystemFaultError, match='cannot open the checkpoints'):
+    checkpoints_lib.Checkpoints(workdir, writer=True)

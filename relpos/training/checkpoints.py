@@ -274,6 +274,9 @@ class VanishedCheckpointError(UnreadableCheckpointError):
 # How long a reader waits after a failed read before it lists the checkpoints again, which
 # lets orbax finish an eviction it raced (a small checkpoint's takes milliseconds).
 EVICTION_SETTLE_SECONDS = 0.3
+# How often a reader lists the checkpoints of a run that trains now when a checkpoint it
+# listed vanished as it looked inside.
+READER_LISTING_ATTEMPTS = 3
 
 
 class Checkpoints:
@@ -291,17 +294,27 @@ class Checkpoints:
       sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
     self._pending = None  # the step of a save whose commit nobody has checked yet
     self._writer = writer
-    try:
-      self._manager = ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=writer),
-      )
-    except OSError as error:
-      raise filesystem_fault(
-        error, f'cannot open the checkpoints at {self.directory}', last_good=last_good_in(workdir)
-      ) from error
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=writer)
+    for attempt in range(READER_LISTING_ATTEMPTS):
+      try:
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        break
+      except FileNotFoundError as error:
+        # A reader listing a run that trains now: a checkpoint the trainer evicts between the
+        # listing and a look inside it is gone, not the workdir: list again.
+        evicted = not writer and self.directory.is_dir()
+        if not evicted or attempt == READER_LISTING_ATTEMPTS - 1:
+          raise self._open_fault(error, workdir) from error
+        time.sleep(EVICTION_SETTLE_SECONDS)
+      except OSError as error:
+        raise self._open_fault(error, workdir) from error
     if writer:
       self._remove_half_written()
+
+  def _open_fault(self, error: OSError, workdir) -> FilesystemFaultError:
+    return filesystem_fault(
+      error, f'cannot open the checkpoints at {self.directory}', last_good=last_good_in(workdir)
+    )
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
