@@ -751,6 +751,9 @@ def test_a_baseline_that_diverged_in_every_seed_is_a_warning_naming_baseline(
   assert (
     '| 1000000.0 | 0 (2 diverged) | – | – | (baseline) |' in (tmp_path / 'sweep.md').read_text()
   )
+  one_seed = [{'value': 1e6, 'n': 0, 'diverged': 1}, {'value': 0.001, 'n': 1, 'diverged': 0}]
+  sweep.warn_baseline_without_runs(one_seed, field, 1e6, skipped=False)
+  assert 'diverged in its one seed, so' in capsys.readouterr().err  # not 'in all 1 seeds'
 
 
 def test_segments_of_other_lengths_get_no_item_test(tmp_path):

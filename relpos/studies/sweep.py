@@ -790,7 +790,9 @@ def warn_baseline_without_runs(summary, field: str, baseline, skipped) -> None:
   reader's back; it names --baseline and the values it could be. `skipped`: breakdowns or
   evaluations were asked for, which are not written (each compares with the baseline)."""
   row = next(row for row in summary if row['value'] == baseline)
-  why = f'diverged in all {row["diverged"]} seeds' if row['diverged'] else 'has no finished run'
+  diverged = row['diverged']
+  seeds = 'its one seed' if diverged == 1 else f'all {diverged} seeds'
+  why = f'diverged in {seeds}' if diverged else 'has no finished run'
   others = [str(row['value']) for row in summary if row['n']]
   warn(
     f'the baseline {field}={baseline} {why}, so the table has no difference or p-value'
