@@ -90,7 +90,8 @@ def decode_utf8(data: bytes, name) -> str:
     return data.decode('utf-8').removeprefix('\ufeff')
   except UnicodeDecodeError as error:
     line = data.count(b'\n', 0, error.start) + 1
+    column = error.start - data.rfind(b'\n', 0, error.start)  # 1-based, in bytes
     raise ValueError(
-      f'{name} line {line} is not valid UTF-8 ({error.reason} at byte {error.start}); '
-      're-encode it as UTF-8'
+      f'{name} line {line} is not valid UTF-8 ({error.reason} at byte {column} of the line, '
+      f'{error.start} of the whole); re-encode it as UTF-8'
     ) from None
