@@ -274,9 +274,9 @@ class VanishedCheckpointError(UnreadableCheckpointError):
 # How long a reader waits after a failed read before it lists the checkpoints again, which
 # lets orbax finish an eviction it raced (a small checkpoint's takes milliseconds).
 EVICTION_SETTLE_SECONDS = 0.3
-# How often a reader lists the checkpoints of a run that trains now when a checkpoint it
-# listed vanished as it looked inside.
-READER_LISTING_ATTEMPTS = 3
+# How many times a reader lists the checkpoints of a run that trains now, when one it listed
+# vanished as it looked inside (opening them here, reading them in `loop.restore_model`).
+VANISHED_CHECKPOINT_TRIES = 3
 
 
 class Checkpoints:
@@ -295,7 +295,7 @@ class Checkpoints:
     self._pending = None  # the step of a save whose commit nobody has checked yet
     self._writer = writer
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=writer)
-    for attempt in range(READER_LISTING_ATTEMPTS):
+    for attempt in range(VANISHED_CHECKPOINT_TRIES):
       try:
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         break
@@ -303,7 +303,7 @@ class Checkpoints:
         # A reader listing a run that trains now: a checkpoint the trainer evicts between the
         # listing and a look inside it is gone, not the workdir: list again.
         evicted = not writer and self.directory.is_dir()
-        if not evicted or attempt == READER_LISTING_ATTEMPTS - 1:
+        if not evicted or attempt == VANISHED_CHECKPOINT_TRIES - 1:
           raise self._open_fault(error, workdir) from error
         time.sleep(EVICTION_SETTLE_SECONDS)
       except OSError as error:

@@ -55,6 +55,7 @@ from relpos.training import data_record, optim, workdir_lock
 from relpos.training import mesh as mesh_lib
 from relpos.training.checkpoints import (
   CHECKPOINTS,
+  VANISHED_CHECKPOINT_TRIES,
   Checkpoints,
   FilesystemFaultError,
   UnreadableCheckpointError,
@@ -943,10 +944,6 @@ def check_trained(workdir) -> Checkpoints:
       f'--config=... --workdir={workdir})'
     )
   return checkpoints
-
-
-# How many times `restore_model` lists the checkpoints again after one vanished as it was read.
-VANISHED_CHECKPOINT_TRIES = 3
 
 
 def _read_checkpoints(checkpoints: Checkpoints, eval_config, like: dict):
