@@ -95,11 +95,10 @@ def not_a_run(directory, given: str) -> str | None:
     trained = [run for run in runs if (run / CONFIG_FILE).is_file()] or runs
     example = f', such as {trained[0]}' if trained else ''
     return f'{given} is the root of a sweep, not a run: give its run directories{example}'
-  try:
-    results = json.loads((directory / RESULTS_FILE).read_text())
-  except (OSError, ValueError):
+  results = results_in(directory)
+  if results is None:
     return None
-  checkpoint = results.get('checkpoint') if isinstance(results, dict) else None
+  checkpoint = results.get('checkpoint')
   if isinstance(checkpoint, str):
     run = f'the run in {Path(checkpoint).parent.parent}: give that directory'
   else:  # a sweep's record of a diverged run
@@ -176,6 +175,18 @@ def check_model(workdir, config: ml_collections.ConfigDict) -> None:
 
 
 RESULTS_FILE = 'eval_results.json'
+
+
+def results_in(directory) -> dict | None:
+  """The eval_results.json in `directory` as a dict; None where there is none, or it cannot be
+  read or is no JSON object (what a directory holds is told by it only when it is whole)."""
+  try:
+    results = json.loads((Path(directory) / RESULTS_FILE).read_text())
+  except (OSError, ValueError):
+    return None
+  return results if isinstance(results, dict) else None
+
+
 # In a run's eval_results.json: the step its loss or parameters went non-finite at, recorded by
 # a sweep (`relpos.studies.sweep.record_divergence`) in place of a score.
 DIVERGED = 'diverged_at_step'
@@ -187,13 +198,9 @@ def recorded_divergence(*directories) -> tuple[int, Path] | None:
   train.py records nothing of a divergence (it stops with the error line): only a sweep's
   record says that a run's last checkpoint is its last finite one, short of its steps."""
   for directory in directories:
-    path = Path(directory) / RESULTS_FILE
-    try:
-      results = json.loads(path.read_text())
-    except (OSError, ValueError):
-      continue
-    if isinstance(results, dict) and isinstance(results.get(DIVERGED), int):
-      return results[DIVERGED], path
+    results = results_in(directory)
+    if results is not None and isinstance(results.get(DIVERGED), int):
+      return results[DIVERGED], Path(directory) / RESULTS_FILE
   return None
 
 
@@ -235,11 +242,8 @@ def check_output_dir(output_dir, workdir) -> None:
   if held:
     what = f'another run (its {" and ".join(held)})'
   else:
-    try:
-      results = json.loads((output_dir / RESULTS_FILE).read_text())
-    except (OSError, ValueError):
-      return  # none, or damaged: nothing of another run's to keep
-    checkpoint = foreign_checkpoint(results, workdir) if isinstance(results, dict) else None
+    results = results_in(output_dir)  # none, or damaged: nothing of another run's to keep
+    checkpoint = None if results is None else foreign_checkpoint(results, workdir)
     if checkpoint is None:
       return
     what = f'the evaluation of another run ({RESULTS_FILE} scored {checkpoint})'
