@@ -120,3 +120,37 @@ def test_translate_overfit_reads_200_bundled_pairs():
   sources, targets = read_pairs(data, 'train')
   assert len(sources) == len(targets) == 200
   assert tuple(read_pairs(data, 'eval')) == (sources, targets)
+
+
+def _heading_anchors(markdown: str) -> set[str]:
+  """The anchors GitHub gives a Markdown file's headings: lowercased, punctuation other than
+  '-' and '_' dropped, spaces as '-', a repeated anchor suffixed -1, -2, ...; fenced code
+  blocks hold no headings."""
+  anchors, seen, fenced = set(), {}, False
+  for line in markdown.splitlines():
+    if line.startswith('```'):
+      fenced = not fenced
+    heading = None if fenced else re.match(r'#{1,6} (.*)', line)
+    if heading:
+      anchor = re.sub(r'[^\w\- ]', '', heading.group(1).strip().lower()).replace(' ', '-')
+      count = seen.get(anchor, 0)
+      seen[anchor] = count + 1
+      anchors.add(anchor if count == 0 else f'{anchor}-{count}')
+  return anchors
+
+
+def test_readme_and_docs_links_reach_a_file_and_heading_of_the_repository():
+  """Every relative link in README.md and docs/ names a file the clone has and, after '#', a
+  heading of it (a renamed heading broke README's links to it, silently)."""
+  broken = []
+  for page in [REPO / 'README.md', *sorted((REPO / 'docs').rglob('*.md'))]:
+    for target in re.findall(r'\]\(([^)\s]+)\)', page.read_text()):
+      if re.match(r'[a-z]+:', target):  # https:, mailto:
+        continue
+      path, _, anchor = target.partition('#')
+      linked = (page.parent / path).resolve() if path else page
+      if not linked.exists():
+        broken.append(f'{page.relative_to(REPO)}: {target} (no such file)')
+      elif anchor and linked.suffix == '.md' and anchor not in _heading_anchors(linked.read_text()):
+        broken.append(f'{page.relative_to(REPO)}: {target} (no such heading)')
+  assert not broken, '\n'.join(broken)
