@@ -347,6 +347,49 @@ def test_a_workdir_where_another_run_trains_is_refused_until_it_dies(text_file, 
   assert (workdir / LOCK_FILE).read_text() == ''  # the holder's line goes when its run ends
 
 
+def test_a_start_refused_for_missing_data_leaves_no_workdir_it_made(text_file, tmp_path):
+  """train.py refused for a data file that is not there left the workdir it made, and any
+  parent it made, holding only a 0-byte .relpos.lock. Now they are gone; a directory the user
+  had stays, as does anything in it."""
+  from relpos.training.workdir_lock import LOCK_FILE
+
+  config = _config(text_file)
+  config.data.path = str(tmp_path / 'missing.txt')
+  with pytest.raises(FileNotFoundError, match='no text file at'):
+    char_lm.TASK.train_model(config, tmp_path / 'new' / 'run')
+  assert sorted(tmp_path.iterdir()) == []
+  mine = tmp_path / 'mine'
+  mine.mkdir()
+  (mine / 'notes.txt').write_text('kept')
+  for workdir in (mine, mine / 'run'):
+    with pytest.raises(FileNotFoundError, match='no text file at'):
+      char_lm.TASK.train_model(config, workdir)
+  assert sorted(path.name for path in mine.iterdir()) == [LOCK_FILE, 'notes.txt']
+
+
+def test_a_lock_file_its_holder_removed_is_opened_again(tmp_path, monkeypatch):
+  """A run refused before it wrote anything removes its lock file as it ends (above): a run
+  that opened the file just before was left holding a lock on a file no longer in the
+  workdir, and a third run took the new file's lock beside it."""
+  from relpos.training import workdir_lock
+
+  real_open, removed = os.open, []
+
+  def open_then_removed(path, *args):
+    fd = real_open(path, *args)
+    if Path(path).name == workdir_lock.LOCK_FILE and not removed:
+      removed.append(path)
+      os.unlink(path)  # the refused run's leave_no_trace, between this open and its lock
+    return fd
+
+  monkeypatch.setattr(workdir_lock.os, 'open', open_then_removed)
+  with workdir_lock.hold(tmp_path):
+    assert removed
+    with pytest.raises(workdir_lock.WorkdirInUseError):
+      with workdir_lock.hold(tmp_path):
+        pass
+
+
 def test_a_workdir_path_the_os_refuses_is_one_line(text_file, tmp_path):
   """A loop of symbolic links, a name longer than the filesystem takes: one line naming the
   flag, for train.py and the readers alike (they raised from Path.resolve or Path.stat, and the

@@ -634,11 +634,14 @@ def step_memory_warning(step, state, batch, device=None) -> str | None:
   )
 
 
-def prepare_workdir(workdir: Path) -> None:
-  """Makes `workdir` and checks that it takes files, before anything else of the run.
+def prepare_workdir(workdir: Path) -> list[Path]:
+  """Makes `workdir` and checks that it takes files, before anything else of the run; returns
+  the directories it made (the workdir and any parents that were missing), innermost first,
+  for `leave_no_trace`.
 
   Raises:
-    FilesystemFaultError: a file is in its place, it cannot be made, or it is not writable.
+    FilesystemFaultError: a file is in its place, it cannot be made, or it is not writable
+      (what it made is removed again).
   """
   if workdir.exists() and not workdir.is_dir():
     raise FilesystemFaultError(
@@ -652,14 +655,41 @@ def prepare_workdir(workdir: Path) -> None:
         f'{inside} is a file where the run keeps its {name} directory; nothing was written; '
         'move it away, then rerun'
       )
+  made, missing = [], workdir
+  while not (missing.exists() or missing.is_symlink()):
+    made.append(missing)
+    missing = missing.parent
   try:
     workdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile(dir=workdir, prefix='.relpos-write-check-'):
       pass
   except OSError as error:
+    leave_no_trace(workdir, made)
     raise filesystem_fault(
       error, f'cannot write to --workdir={workdir} before training', last_good=last_good_in(workdir)
     ) from error
+  return made
+
+
+def leave_no_trace(workdir: Path, made: list[Path]) -> None:
+  """Removes what a run that stopped before writing anything left of the directories it made
+  (`made`, innermost first, from `prepare_workdir`): the workdir's lock file (removed while
+  the lock is held: `workdir_lock.hold` reopens a lock file its holder removed), then each of
+  `made` that is empty. A start refused for missing data or a bad workdir left a new directory
+  that held only a 0-byte `.relpos.lock`, where the next command (or a sweep's root, a typo of
+  --workdir) would meet it. Nothing is removed from a directory the user had (not in `made`),
+  nor from one that holds anything but the lock: `rmdir` removes only empty directories. The
+  error that stopped the run is what to report, so an OSError here is let go."""
+  if not made:
+    return
+  try:
+    if {path.name for path in workdir.iterdir()} - {workdir_lock.LOCK_FILE}:
+      return  # the run wrote something: a record of it, kept
+    (workdir / workdir_lock.LOCK_FILE).unlink(missing_ok=True)
+    for directory in made:
+      directory.rmdir()
+  except OSError:
+    pass
 
 
 def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_config_change):
@@ -673,7 +703,8 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   `TaskMismatchError` before anything is written, and one where another run trains now a
   `WorkdirInUseError` (`workdir_lock`). A new run is refused (ValueError) in a directory that
   holds a sweep's root or only an evaluation (`run_config.not_a_run`); a run already there
-  resumes.
+  resumes. A start that stops before writing anything removes the workdir it made
+  (`leave_no_trace`).
   """
   workdir = Path(workdir)
   check_task(workdir, config.get('task'))  # before anything else: the workdir's run
@@ -682,7 +713,7 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
     raise ValueError(f'{not_a_new_run}; a new run needs a directory of its own')
   mesh = mesh_lib.data_mesh()
   task.check_config(config, mesh)  # before writing, reading data or compiling anything
-  prepare_workdir(workdir)
+  made = prepare_workdir(workdir)
   reached = {'step': 0, 'checkpoints': None}
 
   def last_good() -> str:
@@ -692,7 +723,12 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   lock = workdir_lock.hold(workdir) if mesh_lib.is_writer() else contextlib.nullcontext()
   try:
     with lock:  # one run at a time in a workdir
-      _train(task, config, workdir, mesh, preemption, allow_config_change, reached)
+      try:
+        _train(task, config, workdir, mesh, preemption, allow_config_change, reached)
+      except BaseException:  # a start refused before it wrote anything leaves no trace
+        if mesh_lib.is_writer():  # (the others hold no lock: the writer's to remove)
+          leave_no_trace(workdir, made)
+        raise
   except OSError as error:
     path = Path(error.filename) if error.filename else None
     inside = path is not None and workdir.resolve() in (path.resolve(), *path.resolve().parents)

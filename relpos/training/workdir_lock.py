@@ -14,6 +14,12 @@ locks; the others write nothing in the workdir. Readers (eval.py, the tools) do 
 they may read a run while it trains. A filesystem without flock (some network filesystems
 answer ENOLCK or EOPNOTSUPP) runs unlocked, with one warning. An OSError making or writing the
 file (a full disk, a read-only filesystem) names it, for the caller's one-line fault.
+
+A run refused before it wrote anything removes the lock file, with the workdir it made, while
+it still holds the lock (`relpos.training.loop.leave_no_trace`). A process that opened the
+file just before that removal would then lock a file no longer in the directory, beside the
+next run's new one; so a lock taken on a file that is no longer the one at its path is let go,
+and the path opened again.
 """
 
 import contextlib
@@ -49,6 +55,11 @@ def hold(workdir: Path):
   try:
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      while not _is_at(fd, path):  # its holder removed it (module docstring)
+        fresh = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        os.close(fd)
+        fd = fresh
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
       holder = os.pread(fd, 4096, 0).decode('utf-8', 'replace').strip() or 'a process'
       raise WorkdirInUseError(
@@ -75,3 +86,13 @@ def hold(workdir: Path):
       os.ftruncate(fd, 0)  # the holder's line goes with it; the lock itself with the close
   finally:
     os.close(fd)
+
+
+def _is_at(fd: int, path: Path) -> bool:
+  """Whether the open file `fd` is the file at `path` now."""
+  try:
+    here = os.stat(path)
+  except FileNotFoundError:
+    return False
+  opened = os.fstat(fd)
+  return (here.st_dev, here.st_ino) == (opened.st_dev, opened.st_ino)
