@@ -3,7 +3,9 @@ config file that lacks a field or a section, an empty path flag, a sweep's root 
 evaluation's directory given as a run's workdir, a config file that does not load, a fault of
 the sweep's own files."""
 
+import builtins
 import errno
+import io
 import json
 import os
 from pathlib import Path
@@ -168,21 +170,32 @@ def _sweep_args(root, *more):
   )
 
 
+def _writing_under(monkeypatch, root: Path, opened) -> None:
+  """Every open for writing of a file under `root` whose name holds 'sweep' (the sweep's own
+  files, not the runs') returns `opened(file, the real open's stream)`, through builtins.open
+  and io.open (pathlib's)."""
+  real_open = builtins.open
+
+  def open_for(file, mode='r', *args, **kwargs):
+    writing = isinstance(file, str | os.PathLike) and any(flag in mode for flag in 'wax+')
+    if writing and root in Path(file).parents and 'sweep' in Path(file).name:
+      return opened(file, lambda: real_open(file, mode, *args, **kwargs))
+    return real_open(file, mode, *args, **kwargs)
+
+  monkeypatch.setattr(builtins, 'open', open_for)
+  monkeypatch.setattr(io, 'open', open_for)
+
+
 def test_a_read_only_sweep_root_is_the_exit_74_line(tmp_path, monkeypatch, capsys):
   """Before, the sweep's lock and its tables raised OSError tracebacks on a read-only
   filesystem (Errno 30: .relpos.lock, sweep.csv)."""
-  from relpos.studies import sweep
-
   root = tmp_path / 'sweep'
   _finished_sweep(root)
-  real_open = open
 
-  def read_only_open(file, mode='r', *args, **kwargs):
-    if any(flag in mode for flag in 'wax+') and root in Path(file).parents:
-      raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(file))
-    return real_open(file, mode, *args, **kwargs)
+  def read_only(file, real_open):
+    raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(file))
 
-  monkeypatch.setattr(sweep, 'open', read_only_open, raising=False)  # _write_csv's
+  _writing_under(monkeypatch, root, read_only)
   code = run_sweep_main(monkeypatch, *_sweep_args(root, '--collect_only'))
   assert code == 74
   assert capsys.readouterr().err.strip().splitlines()[-1] == (
@@ -198,6 +211,49 @@ def test_a_read_only_sweep_root_is_the_exit_74_line(tmp_path, monkeypatch, capsy
   assert run_sweep_main(monkeypatch, *_sweep_args(root)) == 74
   line = capsys.readouterr().err.strip().splitlines()[-1]
   assert line.startswith(f"error: cannot write {root / '.relpos.lock'} (the sweep's --workdir=")
+
+
+class _FullAtClose:
+  """A file whose data never reaches the disk: its close (a buffered file's flush) raises
+  ENOSPC naming no file, as a full disk does."""
+
+  def __init__(self, stream):
+    self._stream = stream
+
+  def __getattr__(self, name):
+    return getattr(self._stream, name)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc_info):
+    self.close()
+
+  def close(self):
+    self._stream.close()
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize('name', ['sweep.csv', 'sweep.md', 'sweep.png'])
+def test_a_full_disk_met_at_a_sweep_files_close_names_that_file(
+  tmp_path, monkeypatch, capsys, name
+):
+  """--collect_only on a full disk named the sweep's root: the error came at the file's close,
+  which names no file."""
+  root = tmp_path / 'sweep'
+  _finished_sweep(root)
+
+  def full_at_close(file, real_open):
+    stream = real_open()
+    return _FullAtClose(stream) if Path(file).name.lstrip('.').startswith(name) else stream
+
+  _writing_under(monkeypatch, root, full_at_close)
+  assert run_sweep_main(monkeypatch, *_sweep_args(root, '--collect_only')) == 74
+  assert capsys.readouterr().err.strip().splitlines()[-1] == (
+    f"error: cannot write {root / name} (the sweep's --workdir={root}): No space left on device "
+    f'(the disk is full); the finished runs under {root} are intact; free space on its disk, '
+    'then rerun'
+  )
 
 
 def test_a_full_disk_writing_the_sweeps_lock_is_the_exit_74_line(tmp_path, monkeypatch, capsys):

@@ -5,7 +5,10 @@ matplotlib is imported on the first figure, not with this module: the study tool
 that draw nothing (their errors, `--print_only`) start without it. `pyplot` is still an
 attribute of this module (imported when first read)."""
 
+import io
 from pathlib import Path
+
+from relpos.files import write_atomically
 
 
 def _pyplot():
@@ -32,6 +35,8 @@ def subplots(*args, **kwargs):
 def save(figure, path, dpi: int = 120, *, flag: str | None = None) -> Path:
   """Writes `figure` to `path` (its format from the suffix; a PNG named path.png where it has
   none, as matplotlib would) after a tight layout, then closes it; returns the path written.
+  The figure is drawn in memory and written whole (`relpos.files.write_atomically`): an
+  OSError names the file, also a full disk met only as matplotlib's file was flushed.
 
   Raises:
     ValueError: `path` is a directory (matplotlib would write path.png beside it), a format
@@ -45,7 +50,9 @@ def save(figure, path, dpi: int = 120, *, flag: str | None = None) -> Path:
     if not path.suffix:
       path = path.with_name(path.name.rstrip('.') + '.png')
     figure.tight_layout()
-    figure.savefig(path, dpi=dpi)
+    drawn = io.BytesIO()
+    figure.savefig(drawn, dpi=dpi, format=path.suffix.removeprefix('.'))
+    write_atomically(path, drawn.getvalue())
   except (OSError, ValueError) as error:
     if flag is None:
       raise

@@ -62,6 +62,7 @@ passed on to every run.
 import csv
 import errno
 import functools
+import io
 import json
 import shlex
 import sys
@@ -506,8 +507,8 @@ def write_diverged(rows: list[dict], root: Path, field: str) -> None:
     f'Diverged, so left out of the means and p-values above ({path.name}; each '
     f'eval_results.json records {DIVERGED}): {runs_text}.\n'
   )
-  with open(root / 'sweep.md', 'a') as stream:
-    stream.write('\n' + note)
+  markdown = root / 'sweep.md'
+  write_atomically(markdown, f'{markdown.read_text()}\n{note}')
   print(note)
 
 
@@ -591,10 +592,13 @@ def summarise(config, rows: list[dict], values, metric: str, baseline, diverged=
 
 
 def _write_csv(path: Path, rows: list[dict], columns) -> None:
-  with open(path, 'w', newline='') as stream:
-    writer = csv.DictWriter(stream, fieldnames=list(columns), extrasaction='ignore')
-    writer.writeheader()
-    writer.writerows(rows)
+  """Writes `rows` to the CSV file `path` whole (`write_atomically`, whose OSError names the
+  file, also on a full disk met only as the data is flushed)."""
+  stream = io.StringIO(newline='')
+  writer = csv.DictWriter(stream, fieldnames=list(columns), extrasaction='ignore')
+  writer.writeheader()
+  writer.writerows(rows)
+  write_atomically(path, stream.getvalue().encode())  # bytes: its own line ends
 
 
 # Swept values that stand for something a reader cannot guess, named beside the value in the
@@ -638,7 +642,7 @@ def write_tables(summary, rows, root: Path, field: str, metric: str, baseline) -
     for r in rows
   ]
   markdown = '\n'.join(lines) + '\n'
-  (root / 'sweep.md').write_text(markdown)
+  write_atomically(root / 'sweep.md', markdown)
   return markdown
 
 
@@ -914,7 +918,7 @@ def write_breakdown_files(root: Path, kind, summary, per_run, field: str, baseli
   seed_columns = ('value', 'seed', 'bucket', kind.metric, *extra)
   _write_csv(root / f'sweep_{kind.name}_seeds.csv', per_run, seed_columns)
   markdown = breakdown.markdown(summary, kind, field, baseline, per_run)
-  (root / f'sweep_{kind.name}.md').write_text(markdown)
+  write_atomically(root / f'sweep_{kind.name}.md', markdown)
   print(markdown)
   print(f'plot: {breakdown.plot(summary, per_run, kind, root, field, baseline)}')
 
@@ -929,10 +933,11 @@ UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 def root_write_fault(error: OSError, root: Path, *, resume: bool):
   """The exit-74 fault (`loop.filesystem_fault`, as train.py's) of an OSError writing the
   sweep's own files under `root` (its lock, the tables, the plot) on a full disk or a read-only
-  or unwritable filesystem, naming the file (the root where the error names none: a full disk
-  met as a file is flushed); None for any other error, reported as it is. Its runs' own
-  writes are their training's and evaluation's faults already. `resume`: whether the same
-  command resumes the sweep (not --collect_only's)."""
+  or unwritable filesystem, naming the file (the tables and plot are written through
+  `write_atomically`, whose errors name the file also where a full disk is met only as it is
+  flushed; the root where an error names none); None for any other error, reported as it is.
+  Its runs' own writes are their training's and evaluation's faults already. `resume`: whether
+  the same command resumes the sweep (not --collect_only's)."""
   path = Path(error.filename) if isinstance(error.filename, str) else None
   written = ENOSPC_LIKE if path is None else (*ENOSPC_LIKE, *UNWRITABLE)
   if error.errno not in written:
