@@ -521,7 +521,7 @@ def test_a_workdir_of_the_other_task_is_named_by_every_command(straight, tmp_pat
   root = tmp_path / 'sweep'
   shutil.copytree(translation, root / 'max_relative_position=0' / 'seed=0')
   with pytest.raises(TaskMismatchError, match="holds a run of task 'translate', not 'char_lm'"):
-    sweep.collect(root, 'model.max_relative_position', [0], [0], 'bpc', task='char_lm')
+    sweep.read_runs(root, 'model.max_relative_position', [0], [0], task='char_lm')
   assert sorted(straight.rglob('*')) == files and _state(straight) == before
   assert not (tmp_path / 'c.png').exists()
 

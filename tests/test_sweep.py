@@ -1,6 +1,7 @@
 """relpos.studies.sweep: values and seeds, the checks before training, the tables with p-values, and
 the whole train -> evaluate -> tabulate loop at tiny sizes."""
 
+import collections
 import csv
 import json
 from pathlib import Path
@@ -88,7 +89,8 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
   field = 'model.max_relative_position'
   _fake_runs(tmp_path, field, {0: [2.0, 2.1, 2.2], 4: [1.5, 1.6], 16: [2.0, 2.1, 2.2]})
   config = load_config('char_tiny', 'shaw')
-  rows = sweep.collect(tmp_path, field, [0, 4, 16, 64], [0, 1, 2], 'bpc')  # 64: no runs
+  runs = sweep.read_runs(tmp_path, field, [0, 4, 16, 64], [0, 1, 2])  # 64: no runs
+  rows = sweep.collect(runs, 'bpc')
   assert [(row['value'], row['seed']) for row in rows] == [
     (0, 0),
     (0, 1),
@@ -125,7 +127,7 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
   png = sweep.plot(summary, rows, tmp_path, field, 'bpc')
   assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
   with pytest.raises(ValueError, match="has no 'bleu'"):
-    sweep.collect(tmp_path, field, [0], [0], 'bleu')
+    sweep.collect(sweep.read_runs(tmp_path, field, [0], [0]), 'bleu')
 
 
 def test_tables_name_the_as_trained_sentinel_and_the_csv_keeps_the_value(tmp_path):
@@ -489,7 +491,7 @@ def test_a_run_scored_at_its_eval_step_is_finished(tmp_path):
 def test_one_run_has_no_spread_in_the_table(tmp_path):
   field = 'model.max_relative_position'
   _fake_runs(tmp_path, field, {0: [2.0, 2.1], 4: [1.5]})
-  rows = sweep.collect(tmp_path, field, [0, 4], [0, 1], 'bpc')
+  rows = sweep.collect(sweep.read_runs(tmp_path, field, [0, 4], [0, 1]), 'bpc')
   summary = sweep.summarise(load_config('char_tiny', 'shaw'), rows, [0, 4], 'bpc', baseline=0)
   markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
   assert '| 4 | 1 | 1.500 | – | ' in markdown and '| 0 | 2 | 2.050 | 0.071 |' in markdown
@@ -516,7 +518,7 @@ def test_a_damaged_eval_results_is_scored_again_and_named_when_collected(tmp_pat
 def test_a_char_lm_evaluation_table_counts_characters(tmp_path):
   field = 'model.max_relative_position'
   _fake_runs(tmp_path, field, {0: [2.0, 2.1], 4: [1.5, 1.6]})
-  rows = sweep.collect(tmp_path, field, [0, 4], [0, 1], 'bpc')
+  rows = sweep.collect(sweep.read_runs(tmp_path, field, [0, 4], [0, 1]), 'bpc')
   by_setting = {'eval.tgt_len=16': rows, 'eval.tgt_len=32': rows}
   sweep.write_evaluations(load_config('char_tiny', 'shaw'), by_setting, 0, tmp_path, field, 'bpc')
   markdown = (tmp_path / 'sweep_by_evaluation.md').read_text()
@@ -766,7 +768,7 @@ def test_segments_of_other_lengths_get_no_item_test(tmp_path):
     results = json.loads(path.read_text())
     halved = {'segment_nats': results['segment_nats'][:20], 'segment_tokens': [16] * 20}
     path.write_text(json.dumps(results | halved))
-  rows = sweep.collect(tmp_path, field, [16, 32], [0, 1], 'bpc')
+  rows = sweep.collect(sweep.read_runs(tmp_path, field, [16, 32], [0, 1]), 'bpc')
   summary = sweep.summarise(load_config('char_tiny', 'shaw'), rows, [16, 32], 'bpc', 16)
   assert summary[1]['p_value'] is None and summary[1]['difference'] == pytest.approx(-0.5)
 
@@ -779,8 +781,8 @@ def test_the_difference_pairs_the_seeds_the_tests_pair(tmp_path):
   (sweep.run_dir(tmp_path, field, 0, 1) / 'eval_results.json').write_text(
     json.dumps({'bpc': None, 'diverged_at_step': 10})
   )
-  rows = sweep.collect(tmp_path, field, [0, 4], [0, 1], 'bpc')
-  diverged = sweep.diverged_runs(tmp_path, field, [0, 4], [0, 1])
+  runs = sweep.read_runs(tmp_path, field, [0, 4], [0, 1])
+  rows, diverged = sweep.collect(runs, 'bpc'), sweep.diverged_runs(runs)
   summary = sweep.summarise(load_config('char_tiny', 'shaw'), rows, [0, 4], 'bpc', 0, diverged)
   assert summary[1]['difference'] == pytest.approx(-0.5)  # seed 0 only, not 1.55 - 2.0
   markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
@@ -790,6 +792,28 @@ def test_the_difference_pairs_the_seeds_the_tests_pair(tmp_path):
     'The difference of model.max_relative_position=4 (seeds 0) is over the seeds it shares with '
     'the baseline, which the tests pair, not the difference of the means.' in markdown
   )
+
+
+def test_the_tables_read_each_result_once(tmp_path, monkeypatch):
+  """collect and diverged_runs each read every run's eval_results.json, so the tables read each
+  twice; now `read_runs` reads it once for both (here after the sweep's check that the run is
+  finished)."""
+  field = 'model.max_relative_position'
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 10
+  _fake_runs(tmp_path, field, {0: [2.0, 2.1]})
+  sweep.run_dir(tmp_path, field, 0, 2).mkdir(parents=True)
+  for seed in (0, 1, 2):  # finished at the config's step and eval settings; seed 2 diverged
+    path = sweep.run_dir(tmp_path, field, 0, seed) / 'eval_results.json'
+    results = json.loads(path.read_text()) if seed < 2 else {'bpc': None, 'diverged_at_step': 10}
+    path.write_text(json.dumps(results | {'eval': config.eval.to_dict()}))
+  reads, read_results = collections.Counter(), sweep.read_results
+  monkeypatch.setattr(
+    sweep, 'read_results', lambda path: reads.update([path]) or read_results(path)
+  )
+  summary = sweep.sweep(config, tmp_path, field, [0], [0, 1, 2], 'bpc', baseline=0)
+  assert (summary[0]['n'], summary[0]['diverged']) == (2, 1)
+  assert list(reads.values()) == [2, 2, 2]  # is_finished's, then the tables'
 
 
 def test_an_eval_field_sweep_trains_a_diverging_seed_once(tmp_path, monkeypatch, capsys):

@@ -336,7 +336,7 @@ def warn_stale(config, root: Path, field: str, values, seeds, variant_of, settin
     for setting, overrides in settings.items():
       results_dir = run_dir(root, field, value, seed, setting)
       if not (results_dir / 'eval_results.json').exists():
-        continue  # `collect` names it
+        continue  # `read_runs` names it
       workdir = model_dir(root, field, value, seed)
       if reason := stale_reason(results_dir, evaluated(variant, overrides), workdir):
         stale.add((value, seed, setting))
@@ -433,61 +433,64 @@ def commands(
   return lines
 
 
-def collect(
-  root: Path, field: str, values, seeds, metric: str, evaluation=None, *, task=None
-) -> list[dict]:
-  """One row per run with an eval_results.json (that of the `--evaluations` setting
-  `evaluation`, if given): value, seed, metric, step, workdir. With `task`, a run directory
-  that records a run of another task is a TaskMismatchError (a ValueError), before any result
-  is read."""
+def read_runs(root: Path, field: str, values, seeds, evaluation=None, *, task=None) -> list:
+  """(value, seed, the path of its eval_results.json, what it holds or None where there is
+  none) of every run, value-major, at the `--evaluations` setting `evaluation` if given: each
+  file read once, for both `collect` and `diverged_runs`; a missing one is warned of as it is
+  met. With `task`, a run directory that records a run of another task is a
+  TaskMismatchError (a ValueError), before any result is read.
+
+  Raises:
+    ValueError: an eval_results.json is damaged (`read_results`).
+  """
   for value in values:
     for seed in seeds:
       for workdir in {model_dir(root, field, value, seed), run_dir(root, field, value, seed)}:
         run_config.check_task(workdir, task, flag=None)
+  runs = []
+  for value in values:
+    for seed in seeds:
+      path = run_dir(root, field, value, seed, evaluation) / 'eval_results.json'
+      if not path.exists():
+        warn(f'no results for {field}={value} seed {seed} ({path})')
+      runs.append((value, seed, path, read_results(path) if path.exists() else None))
+  return runs
+
+
+def collect(runs: list, metric: str) -> list[dict]:
+  """One row per run of `runs` (`read_runs`) with a score: value, seed, metric, step,
+  workdir (its results directory). A run recorded as diverged has none (`diverged_runs`
+  lists it).
+
+  Raises:
+    ValueError: a result lacks `metric`.
+  """
   rows = []
-  for value, seed, results_path in _results_paths(root, field, values, seeds, evaluation):
-    if not results_path.exists():
-      warn(f'no results for {field}={value} seed {seed} ({results_path})')
+  for value, seed, path, results in runs:
+    if results is None or DIVERGED in results:
       continue
-    results = read_results(results_path)
-    if DIVERGED in results:
-      continue  # no score: `diverged_runs` lists it
     if metric not in results:
-      raise ValueError(f'{results_path} has no {metric!r} (it has {sorted(results)})')
+      raise ValueError(f'{path} has no {metric!r} (it has {sorted(results)})')
     rows.append(
       {
         'value': value,
         'seed': seed,
         metric: results[metric],
         'step': results.get('step'),
-        'workdir': str(results_path.parent),
+        'workdir': str(path.parent),
       }
     )
   return rows
 
 
-def _results_paths(root: Path, field: str, values, seeds, evaluation=None):
-  """(value, seed, the path of its eval_results.json) of every run, value-major."""
-  for value in values:
-    for seed in seeds:
-      yield value, seed, run_dir(root, field, value, seed, evaluation) / 'eval_results.json'
-
-
-def diverged_runs(root: Path, field: str, values, seeds, evaluation=None) -> list[dict]:
-  """One row per run recorded as diverged (`record_divergence`), which `collect` leaves out:
-  value, seed, the step it diverged at, its results directory."""
-  rows = []
-  for value, seed, results_path in _results_paths(root, field, values, seeds, evaluation):
-    if results_path.exists() and DIVERGED in (results := read_results(results_path)):
-      rows.append(
-        {
-          'value': value,
-          'seed': seed,
-          DIVERGED: results[DIVERGED],
-          'workdir': str(results_path.parent),
-        }
-      )
-  return rows
+def diverged_runs(runs: list) -> list[dict]:
+  """One row per run of `runs` (`read_runs`) recorded as diverged (`record_divergence`), which
+  `collect` leaves out: value, seed, the step it diverged at, its results directory."""
+  return [
+    {'value': value, 'seed': seed, DIVERGED: results[DIVERGED], 'workdir': str(path.parent)}
+    for value, seed, path, results in runs
+    if results is not None and DIVERGED in results
+  ]
 
 
 def write_diverged(rows: list[dict], root: Path, field: str) -> None:
@@ -753,10 +756,11 @@ def sweep(
     with workdir_lock.hold(root):
       train_unfinished(config, task, root, field, values, seeds, variant_of, settings)
   first = next(iter(settings))
-  rows = collect(root, field, values, seeds, metric, first, task=config.task)
+  first_runs = read_runs(root, field, values, seeds, first, task=config.task)
+  rows = collect(first_runs, metric)
   stale = set() if train else warn_stale(config, root, field, values, seeds, variant_of, settings)
   _mark_stale(rows, stale, first)
-  diverged = diverged_runs(root, field, values, seeds, first)
+  diverged = diverged_runs(first_runs)
   if not rows:
     raise FileNotFoundError(
       f'no finished runs under {root}'
@@ -774,7 +778,10 @@ def sweep(
   for kind, edges in breakdowns:
     write_breakdown(config, rows, baseline, root, field, kind, edges)
   if evaluations:
-    by_setting = {s: collect(root, field, values, seeds, metric, s) for s in evaluations}
+    by_setting = {
+      s: collect(first_runs if s == first else read_runs(root, field, values, seeds, s), metric)
+      for s in evaluations
+    }
     for setting, setting_rows in by_setting.items():
       _mark_stale(setting_rows, stale, setting)
     write_evaluations(config, by_setting, baseline, root, field, metric)
