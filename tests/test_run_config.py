@@ -180,6 +180,43 @@ def test_eval_py_refuses_an_output_dir_of_another_run_in_one_line(tmp_path, comm
   assert (other / 'config.json').read_text() == '{}'
 
 
+def test_eval_refuses_to_overwrite_a_sweeps_record_of_a_divergence(tmp_path):
+  """eval.py on a run a sweep recorded as diverged warned, then replaced the record with the
+  score of the run's last finite checkpoint. Now it scores that checkpoint only elsewhere."""
+  workdir, elsewhere = tmp_path / 'run', tmp_path / 'eval'
+  (workdir / 'checkpoints' / '4').mkdir(parents=True)
+  record = {'bpc': None, 'diverged_at_step': 8, 'diverged': 'loss is nan at step 8'}
+  (workdir / 'eval_results.json').write_text(json.dumps(record))
+  refusal = (
+    f"{workdir}/eval_results.json records that its run diverged at step 8 (a sweep's record, in "
+    'place of a score), which this evaluation would overwrite: give --output_dir to score the '
+    "run's last finite checkpoint there"
+  )
+  with pytest.raises(ValueError) as caught:
+    run_config.check_output_dir(None, workdir)
+  assert str(caught.value) == refusal
+  run_config.check_output_dir(elsewhere, workdir)  # a new directory
+  elsewhere.mkdir()
+  (elsewhere / 'eval_results.json').write_text(json.dumps(record))  # an eval field's record
+  with pytest.raises(ValueError, match='which this evaluation would overwrite: give another --'):
+    run_config.check_output_dir(elsewhere, workdir)
+  run_config.check_output_dir(None, tmp_path / 'new')  # nothing there yet
+
+
+def test_eval_py_on_a_run_a_sweep_recorded_as_diverged_is_one_line(tmp_path, commands):
+  from helpers import one_error_line
+
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  record = json.dumps({'bpc': None, 'diverged_at_step': 8})
+  (workdir / 'eval_results.json').write_text(record)
+  result = commands.run(['eval.py', '--config=configs/char_tiny.py', f'--workdir={workdir}'])
+  assert one_error_line(result).startswith(
+    f'error: {workdir}/eval_results.json records that its run diverged at step 8'
+  )
+  assert (workdir / 'eval_results.json').read_text() == record
+
+
 def test_a_sweep_root_or_an_evaluation_only_directory_is_named_as_such(tmp_path):
   """relpos.tools.sample (and translate, shaw_tables) given a sweep's root or a results
   directory said 'holds no relpos run (train first)', though the run is one folder away."""

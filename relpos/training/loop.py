@@ -214,8 +214,10 @@ class Task(abc.ABC):
     FileNotFoundError, and a config of another model than the run's a ValueError
     (`check_model`), before anything else is read. Other data than the run's is scored with a
     warning line, and the result records config.data beside config.eval. A run a sweep recorded
-    as diverged (`recorded_divergence`, before the result overwrites that record) is scored at
-    its last finite checkpoint, with a warning line that says so."""
+    as diverged (`recorded_divergence`) is scored at its last finite checkpoint, with a warning
+    line that says so. eval.py scores it only into another directory than the record's
+    (`run_config.check_output_dir`); train.py's final evaluation, of the run it has just
+    trained on, replaces the record."""
     workdir = Path(workdir)
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     self.check_config(config)  # before anything reads its fields

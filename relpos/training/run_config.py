@@ -225,30 +225,46 @@ def foreign_checkpoint(results: dict, workdir) -> str | None:
 
 
 def check_output_dir(output_dir, workdir) -> None:
-  """Checks that eval.py's `--output_dir` (eval_results.json and translations go there) holds
-  no other run, whose files the evaluation would overwrite with a score of `workdir`'s model:
-  a run's config.json or checkpoints, or an eval_results.json scored from another workdir (a
-  sweep's --collect_only would then tabulate it as that run's own). The workdir itself, a new
-  directory, or one of earlier evaluations of the same workdir (a sweep's `<run>/<setting>`,
-  an eval field's `<field>=<v>/seed=<s>`) are fine.
+  """Checks that the directory eval.py writes eval_results.json (and translations) into,
+  `--output_dir` or, where it is None, the workdir, holds nothing the evaluation would destroy:
+
+  - another run, whose files the evaluation would overwrite with a score of `workdir`'s
+    model: a run's config.json or checkpoints, or an eval_results.json scored from another
+    workdir (a sweep's --collect_only would then tabulate it as that run's own). The workdir
+    itself, a new directory, or one of earlier evaluations of the same workdir (a sweep's
+    `<run>/<setting>`, an eval field's `<field>=<v>/seed=<s>`) are fine.
+  - a sweep's record that the run diverged (`recorded_divergence`), which a score of its last
+    finite checkpoint would replace: the sweep, and anyone reading the file, would then take
+    that score for the run's result. It is scored into another directory instead.
 
   Raises:
-    ValueError: naming --output_dir and what it holds.
+    ValueError: naming the directory and what it holds.
   """
-  output_dir = Path(output_dir)
-  if not output_dir.is_dir() or output_dir.resolve() == Path(workdir).resolve():
+  given = '--workdir' if output_dir is None else '--output_dir'
+  output_dir = Path(workdir if output_dir is None else output_dir)
+  check_path(output_dir, given)
+  if not output_dir.is_dir():
     return
-  held = [name for name in (CONFIG_FILE, 'checkpoints') if (output_dir / name).exists()]
-  if held:
-    what = f'another run (its {" and ".join(held)})'
-  else:
+  if output_dir.resolve() != Path(workdir).resolve():
+    held = [name for name in (CONFIG_FILE, 'checkpoints') if (output_dir / name).exists()]
     results = results_in(output_dir)  # none, or damaged: nothing of another run's to keep
-    checkpoint = None if results is None else foreign_checkpoint(results, workdir)
-    if checkpoint is None:
-      return
-    what = f'the evaluation of another run ({RESULTS_FILE} scored {checkpoint})'
-  raise ValueError(
-    f'--output_dir={output_dir} holds {what}, which this evaluation of --workdir={workdir} would '
-    'overwrite: give a directory of its own (a new one is made), or leave --output_dir out to '
-    'write into the workdir'
-  )
+    checkpoint = None if held or results is None else foreign_checkpoint(results, workdir)
+    if held or checkpoint:
+      what = (
+        f'another run (its {" and ".join(held)})'
+        if held
+        else f'the evaluation of another run ({RESULTS_FILE} scored {checkpoint})'
+      )
+      raise ValueError(
+        f'--output_dir={output_dir} holds {what}, which this evaluation of --workdir={workdir} '
+        'would overwrite: give a directory of its own (a new one is made), or leave '
+        '--output_dir out to write into the workdir'
+      )
+  if diverged := recorded_divergence(output_dir):
+    step, record = diverged
+    other = 'another ' if given == '--output_dir' else ''
+    raise ValueError(
+      f"{record} records that its run diverged at step {step} (a sweep's record, in place of a "
+      f'score), which this evaluation would overwrite: give {other}--output_dir to score the '
+      "run's last finite checkpoint there"
+    )

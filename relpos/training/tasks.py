@@ -383,7 +383,7 @@ def launch(action: str):
     else:
       kwargs['output_dir'] = output_dir.value
     try:
-      if kwargs.get('output_dir') is not None:  # before anything is read: it holds no other run
+      if action == 'evaluate':  # before anything is read: nothing there it would destroy
         check_output_dir(kwargs['output_dir'], workdir.value)
       task = get(config.value)
       result = getattr(task, action)(config.value, workdir.value, **kwargs)
