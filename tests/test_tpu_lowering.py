@@ -1,5 +1,5 @@
-"""Both models' training steps lower for a TPU (no TPU needed: `jax.export` for platform 'tpu'
-runs JAX's lowering to StableHLO here; XLA:TPU's compilation is not run).
+"""Both models' training steps and XL's evaluation lower for a TPU (no TPU needed: `jax.export`
+for platform 'tpu' runs JAX's lowering to StableHLO here; XLA:TPU's compilation is not run).
 
 No TPU has run relpos (README, "GPUs, TPUs and many hosts"). What these tests guard is the part
 of a TPU run that a CPU can check: that the default `attention_implementation='auto'`, resolved
@@ -16,6 +16,7 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
+from flax import nnx
 
 from relpos.config.char_lm_defaults import char_lm_config
 from relpos.config.translation_defaults import translate_config
@@ -29,12 +30,17 @@ def _abstract(tree):
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
-def _char_lm_step(position, dtype):
+def _char_lm_config(position, dtype):
   config = char_lm_config()
   config.model.update(
     position=position, num_layers=2, d_model=64, num_heads=2, head_dim=32, d_ff=64, dtype=dtype
   )
   config.train.update(batch_size=_SHAPES['batch'], tgt_len=_SHAPES['length'], mem_len=32)
+  return config
+
+
+def _char_lm_step(position, dtype):
+  config = _char_lm_config(position, dtype)
   mesh = data_mesh()
   _, graphdef, state = char_lm_task.build(config, 256, mesh)
   tokens = jax.ShapeDtypeStruct((_SHAPES['batch'], _SHAPES['length']), jnp.int32)
@@ -72,3 +78,17 @@ def test_the_training_step_lowers_for_a_tpu_with_no_custom_call(
   assert re.findall(r'custom_call @(\w+)', module) == []
   # The step is the whole step: the optimizer's update is in it, not only the loss.
   assert module.count('stablehlo.dot_general') > 10
+
+
+def test_the_char_lm_evaluation_with_a_longer_memory_lowers_for_a_tpu(monkeypatch):
+  """XL's evaluation as the paper runs it: a memory longer than the training one, `clamp_len`
+  and `same_length` (`char_lm_task.score_segment`, forward only)."""
+  model, _, _ = char_lm_task.build(_char_lm_config('xl', 'bfloat16'), 256, data_mesh())
+  graphdef, state = nnx.split(model)
+  memory = model.init_memory(_SHAPES['batch'], 2 * _SHAPES['length'])
+  tokens = jax.ShapeDtypeStruct((_SHAPES['batch'], _SHAPES['length']), jnp.int32)
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'tpu')
+  exported = jax.export.export(char_lm_task.score_segment, platforms=['tpu'])(
+    graphdef, _abstract(state), _abstract(memory), tokens, tokens, _SHAPES['length'], True
+  )
+  assert re.findall(r'custom_call @(\w+)', exported.mlir_module()) == []
