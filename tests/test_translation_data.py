@@ -87,6 +87,28 @@ def test_read_lines_errors(tmp_path):
     parallel_text.read_lines(several)
 
 
+@pytest.mark.parametrize('name', ['mac.txt', 'mac.txt.gz'])
+def test_read_lines_refuses_bare_carriage_return_line_endings(tmp_path, name):
+  """A file of classic Mac OS line endings ('\\r' alone) was read as one line: an eval set
+  became 1 pair over config.data.max_length ('raise it'), a training side 1 sentence
+  SentencePiece skipped. One line names the file, its field and its line endings."""
+  data = b'Eins\rZwei\rDrei\r'
+  path = tmp_path / name
+  path.write_bytes(gzip.compress(data) if name.endswith('.gz') else data)
+  with pytest.raises(
+    ValueError,
+    match=r'^\S*mac\.txt(\.gz)? \(config\.data\.eval_src\) ends its lines in a bare carriage '
+    r"return \('\\r', classic Mac OS line endings: 3 of them and no '\\n' in its first 15 "
+    r"bytes\), so it reads as one line; .* `tr '\\r' '\\n' < ",
+  ):
+    parallel_text.read_lines(path, field='config.data.eval_src')
+  # One '\\r' inside a line, and '\\r\\n' endings, are read as before.
+  path.write_bytes(b'a\rb')
+  assert parallel_text.read_lines(path) == ['a\rb']
+  path.write_bytes(b'a\r\nb\r\n')
+  assert parallel_text.read_lines(path) == ['a', 'b']
+
+
 @pytest.mark.parametrize('name', ['renamed_gzip.txt', 'lines.txt.bz2'])
 def test_read_lines_decompresses_by_content_not_name(tmp_path, name):
   """A gzip file without `.gz` and a bzip2 file were read raw: 'not valid UTF-8' (T12)."""
