@@ -9,6 +9,7 @@ import functools
 import gzip
 import hashlib
 import lzma
+import os
 import zipfile
 
 import ml_collections
@@ -306,6 +307,26 @@ def test_a_given_vocab_is_the_one_encoded_with(tmp_path):
     char_corpus.load_char_splits(
       _config(path=str(path), vocab='original'), recorded, recorded_in='w/vocab.json'
     )
+
+
+@pytest.mark.parametrize('kind', ['text', 'enwik8'])
+def test_a_pipe_as_the_data_path_says_so(tmp_path, kind):
+  """A named pipe, or a process substitution (`<(zcat x.gz)`: /dev/fd/63), was refused as 'no
+  text file at /dev/fd/63'; it is named as a pipe, with why and the remedy."""
+  fifo = tmp_path / 'fifo.txt'
+  os.mkfifo(fifo)
+  read, write = os.pipe()
+  try:
+    for path in (str(fifo), f'/dev/fd/{read}'):
+      with pytest.raises(
+        ValueError,
+        match=rf'^config\.data\.path={path} is a pipe \(a named pipe or a process substitution '
+        r'such as <\(zcat x\.gz\)\), not a file: .* write them to a file',
+      ):
+        char_corpus.load_char_splits(_config(kind=kind, path=path))
+  finally:
+    os.close(read)
+    os.close(write)
 
 
 def _check_against_corpus(monkeypatch):

@@ -8,6 +8,7 @@ written here in the array_record format without TensorFlow.
 import bz2
 import gzip
 import itertools
+import os
 import sys
 import threading
 import zipfile
@@ -107,6 +108,14 @@ def test_read_lines_refuses_bare_carriage_return_line_endings(tmp_path, name):
   assert parallel_text.read_lines(path) == ['a\rb']
   path.write_bytes(b'a\r\nb\r\n')
   assert parallel_text.read_lines(path) == ['a', 'b']
+
+
+def test_read_lines_names_a_pipe(tmp_path):
+  """A named pipe given as a side was 'not a file; set it to a text file'."""
+  fifo = tmp_path / 'src.fifo'
+  os.mkfifo(fifo)
+  with pytest.raises(ValueError, match=r'^config\.data\.train_src=\S*src\.fifo is a pipe '):
+    parallel_text.read_lines(fifo, field='config.data.train_src')
 
 
 @pytest.mark.parametrize('name', ['renamed_gzip.txt', 'lines.txt.bz2'])

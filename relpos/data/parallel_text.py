@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from sacremoses import MosesDetokenizer
 
-from relpos.data.data_file import decode_utf8, read_data_file
+from relpos.data.data_file import decode_utf8, read_data_file, refuse_pipe
 from relpos.data.shard import ONE_PROCESS, Shard
 from relpos.messages import warn
 
@@ -32,10 +32,12 @@ def read_lines(path, *, field: str | None = None) -> list[str]:
     field: the config field that named `path` (e.g. 'config.data.train_src'), for messages.
   Raises:
     FileNotFoundError: `path` is not a file.
-    ValueError: the file is a truncated or corrupt compressed file, a zip of several files,
-      not valid UTF-8 (the message has the line), or its lines end in a bare '\\r'.
+    ValueError: `path` is a pipe (`refuse_pipe`); the file is a truncated or corrupt
+      compressed file, a zip of several files, not valid UTF-8 (the message has the line),
+      or its lines end in a bare '\\r'.
   """
   path = pathlib.Path(path)
+  refuse_pipe(path, field)
   if not path.is_file():
     named = f'{field} = ' if field else ''
     raise FileNotFoundError(f'{named}{str(path)!r} is not a file; set it to a text file')
