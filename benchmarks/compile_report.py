@@ -117,7 +117,8 @@ def abstract_step(config):
   mesh = mesh_lib.data_mesh(jax.devices()[:1])
   task = char_lm if config.task == 'char_lm' else translate
   if config.task == 'char_lm':
-    vocab = 256 if config.data.vocab == 'bytes' else 204  # enwik8's original vocabulary
+    # 'original' holds the bytes of the data, which is not read here: its most (all but newline)
+    vocab = 256 if config.data.vocab == 'bytes' else 255
     graphdef, state = _graphdef_and_abstract_state(lambda: char_lm.build(config, vocab, mesh)[1:])
     shape = (config.train.batch_size, config.train.tgt_len)
     batch = tuple(jax.ShapeDtypeStruct(shape, jnp.int32) for _ in range(2))

@@ -9,7 +9,8 @@ config.data.path defaults to where the prepare command writes (data/enwik8.zip o
 repository, or $RELPOS_DATA_DIR/enwik8.zip); a copy elsewhere: --config.data.path=<file>.
 
 Published bpc comparisons (1.06 base, 0.99 large) use --config.data.vocab=original, which
-drops newline bytes as the original preprocessing did.
+drops newline bytes as the original preprocessing did and takes as symbols the bytes of the
+train, valid and test splits, as the official code's vocabulary counts all three.
 """
 
 from relpos.config.char_lm_defaults import char_lm_config

@@ -170,11 +170,37 @@ def test_missing_and_empty_text_for_the_char_lm(tmp_path):
     char_lm.TASK.train_and_evaluate(config, tmp_path / 'run2')
 
 
+def test_a_run_reads_its_recorded_vocabulary(tmp_path):
+  """Resume and evaluation encode with the vocabulary the run recorded, not one made again
+  from the data given: a run recorded when 'original' counted the training split alone reads
+  its own, and other data whose bytes are in it is encoded with the run's ids (it was refused
+  as 'written for other data' whenever its symbols were fewer)."""
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  (workdir / 'config.json').write_text('{}')  # a run has trained here (`has_run`)
+  data = tmp_path / 'text.txt'
+  data.write_bytes(b'abc\n' * 50)
+  config = _config(data, steps=4)
+  config.data.vocab = 'original'
+  train_only = char_lm.CharVocab.from_data(b'abc\n' * 45, drop_newlines=True)  # the old rule
+  (workdir / 'vocab.json').write_text(train_only.to_json())
+  for training in (False, True):
+    splits, vocab = char_lm._vocab_for_run(config, workdir, training=training)
+    assert vocab == train_only
+  other = tmp_path / 'other.txt'
+  other.write_bytes(b'ca\n' * 50)  # no 'b': its own vocabulary would have 2 symbols
+  config.data.path = str(other)
+  splits, vocab = char_lm._vocab_for_run(config, workdir, training=False)
+  assert vocab.size == 3
+  np.testing.assert_array_equal(splits['train'][:4], [2, 0, 2, 0])  # 'caca': the run's ids
+
+
 def test_a_start_that_failed_before_training_binds_no_later_run(text_file, tmp_path):
   """A first start that stops on its data (a split too short) leaves the vocabulary of that
   data and no config.json; the rerun on other data, in the same workdir and without
-  --allow_config_change, trains with its own vocabulary. Once a run has trained, another
-  vocabulary is refused."""
+  --allow_config_change, trains with its own vocabulary. Once a run has trained, its
+  vocabulary is the one it reads: data with a byte outside it is refused, naming
+  config.data.vocab and 'bytes'."""
   (tmp_path / 'short.txt').write_text('xyz ' * 30)  # 3 symbols and a space: too short
   config = _config(tmp_path / 'short.txt', steps=4)
   config.data.vocab = 'original'
@@ -191,7 +217,12 @@ def test_a_start_that_failed_before_training_binds_no_later_run(text_file, tmp_p
   config.data.path = str(tmp_path / 'short.txt')
   with pytest.raises(ValueError, match='holds a run with another config'):
     char_lm.TASK.train_model(config, workdir)
-  with pytest.raises(ValueError, match=r'vocab\.json was written for other data'):
+  with pytest.raises(
+    ValueError,
+    match=r"train split of \S*short\.txt: byte 120 \(b'x'\) at position 0 is not in the "
+    r'\d+-symbol vocabulary \(recorded in \S*vocab\.json\), made by config\.data\.vocab='
+    r"'original' .* or train a new run with config\.data\.vocab='bytes'",
+  ):
     char_lm.TASK.train_model(config, workdir, allow_config_change=True)
 
 

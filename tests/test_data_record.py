@@ -3,6 +3,7 @@ files changed since."""
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from helpers import tiny_char_config, write_word_corpus
@@ -35,6 +36,42 @@ def test_a_change_is_named_by_size_or_content_and_a_touch_is_not_one(tmp_path):
   assert data_record.changes(tmp_path, {'config.data.path': tmp_path / 'b.txt'}) == []
   text.unlink()
   assert data_record.changes(tmp_path, files) == []
+
+
+def test_a_relative_path_resolving_to_another_file_is_named_as_one(tmp_path, monkeypatch):
+  """A run trained in directory a on `data.txt`, checked from directory b: the file there is
+  another one, and was said to have 'changed since the run trained on it (same size, other
+  content)'. The record keeps the resolved path beside the one given (config.json keeps what
+  was given), and the line names both files."""
+  (tmp_path / 'a').mkdir()
+  (tmp_path / 'b').mkdir()
+  (tmp_path / 'a' / 'data.txt').write_text('abcdef')
+  (tmp_path / 'b' / 'data.txt').write_text('uvwxyz')
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  files = {'config.data.path': Path('data.txt')}
+  monkeypatch.chdir(tmp_path / 'a')
+  data_record.record(workdir, files)
+  entry = json.loads((workdir / data_record.DATA_FILES).read_text())['config.data.path']
+  run_file = str(tmp_path.resolve() / 'a' / 'data.txt')
+  assert (entry['path'], entry['resolved']) == ('data.txt', run_file)
+  monkeypatch.chdir(tmp_path / 'b')
+  assert data_record.changes(workdir, files) == [
+    f"config.data.path: data.txt names another file than the run's (here "
+    f'{tmp_path.resolve() / "b" / "data.txt"}; the run read {run_file}, resolved from where it '
+    f'was started): run from the directory the run was started in, or give {run_file}'
+  ]
+  # The run's file by another path is compared as the run's file; a copy of it is its data.
+  assert data_record.changes(workdir, {'config.data.path': Path(run_file)}) == []
+  (tmp_path / 'b' / 'data.txt').write_text('abcdef')
+  assert data_record.changes(workdir, files) == []
+  # A record from before the resolved path was kept is matched by the path given, as then.
+  entry.pop('resolved')
+  (workdir / data_record.DATA_FILES).write_text(json.dumps({'config.data.path': entry}))
+  (tmp_path / 'b' / 'data.txt').write_text('uvwxyz')
+  assert data_record.changes(workdir, files) == [
+    'config.data.path: data.txt changed since the run trained on it (same size, other content)'
+  ]
 
 
 def test_recording_again_hashes_only_what_does_not_match(tmp_path, monkeypatch):

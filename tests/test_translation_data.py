@@ -8,6 +8,7 @@ written here in the array_record format without TensorFlow.
 import bz2
 import gzip
 import itertools
+import os
 import sys
 import threading
 import zipfile
@@ -85,6 +86,36 @@ def test_read_lines_errors(tmp_path):
     ValueError, match=r'sides\.zip is a zip holding 2 files \(src\.txt, tgt\.txt\)'
   ):
     parallel_text.read_lines(several)
+
+
+@pytest.mark.parametrize('name', ['mac.txt', 'mac.txt.gz'])
+def test_read_lines_refuses_bare_carriage_return_line_endings(tmp_path, name):
+  """A file of classic Mac OS line endings ('\\r' alone) was read as one line: an eval set
+  became 1 pair over config.data.max_length ('raise it'), a training side 1 sentence
+  SentencePiece skipped. One line names the file, its field and its line endings."""
+  data = b'Eins\rZwei\rDrei\r'
+  path = tmp_path / name
+  path.write_bytes(gzip.compress(data) if name.endswith('.gz') else data)
+  with pytest.raises(
+    ValueError,
+    match=r'^\S*mac\.txt(\.gz)? \(config\.data\.eval_src\) ends its lines in a bare carriage '
+    r"return \('\\r', classic Mac OS line endings: 3 of them and no '\\n' in its first 15 "
+    r"bytes\), so it reads as one line; .* `tr '\\r' '\\n' < ",
+  ):
+    parallel_text.read_lines(path, field='config.data.eval_src')
+  # One '\\r' inside a line, and '\\r\\n' endings, are read as before.
+  path.write_bytes(b'a\rb')
+  assert parallel_text.read_lines(path) == ['a\rb']
+  path.write_bytes(b'a\r\nb\r\n')
+  assert parallel_text.read_lines(path) == ['a', 'b']
+
+
+def test_read_lines_names_a_pipe(tmp_path):
+  """A named pipe given as a side was 'not a file; set it to a text file'."""
+  fifo = tmp_path / 'src.fifo'
+  os.mkfifo(fifo)
+  with pytest.raises(ValueError, match=r'^config\.data\.train_src=\S*src\.fifo is a pipe '):
+    parallel_text.read_lines(fifo, field='config.data.train_src')
 
 
 @pytest.mark.parametrize('name', ['renamed_gzip.txt', 'lines.txt.bz2'])

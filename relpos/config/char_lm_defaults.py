@@ -34,7 +34,7 @@ class CharLMData:
   vocab: str = field(
     'bytes',
     checks.one_of('bytes', 'original'),
-    "'bytes' (256) | 'original' (drops newlines: 204 on enwik8)",
+    "'bytes' (256) | 'original' (drops newlines; the bytes of all three splits)",
   )
   max_bytes: int | None = field(
     None, checks.integer(1, optional=True), 'read only the first bytes (None: all)'

@@ -4,8 +4,17 @@ Two vocabularies:
 - 'bytes': all 256 byte values, id == byte.
 - 'original': the Transformer-XL enwik8 pipeline's. Its prep script writes one integer per
   byte and a line break for each newline byte; its line-based reader never emits those, so
-  newline bytes are dropped from every split, and the symbols are the distinct bytes of the
-  training split (204 on enwik8), here in sorted order.
+  newline bytes are dropped from every split. Its `Corpus` counts the symbols of train.txt,
+  valid.txt and test.txt alike (for enwik8, text8, ptb and wt2), so the symbols are the distinct
+  bytes of all three splits, here in sorted order (the official code orders them by frequency;
+  the ids differ, the model does not). Built from the training split alone, a valid or test
+  byte that train lacks could not be encoded, and the run was refused.
+
+A run records its vocabulary (VOCAB_FILE, `CharVocab.read`) and is resumed and evaluated with
+that record, not with one made again from the data given (`load_char_splits`' `vocab`): the
+ids are the model's. A run recorded when 'original' counted the training split alone has a
+vocabulary that also holds every valid and test byte (it trained only if they did), which is
+what counting all three gives on the same data.
 """
 
 import dataclasses
@@ -37,9 +46,9 @@ class CharVocab:
       raise ValueError(f'symbols must be distinct byte values 0..255; got {self.symbols}')
 
   @classmethod
-  def from_data(cls, train, drop_newlines: bool) -> 'CharVocab':
-    """The sorted distinct bytes of `train` (uint8 array or bytes), less newline if asked."""
-    symbols = np.flatnonzero(np.bincount(as_uint8(train), minlength=256))
+  def from_data(cls, data, drop_newlines: bool) -> 'CharVocab':
+    """The sorted distinct bytes of `data` (uint8 array or bytes), less newline if asked."""
+    symbols = np.flatnonzero(np.bincount(as_uint8(data), minlength=256))
     if drop_newlines:
       symbols = symbols[symbols != NEWLINE]
     return cls(tuple(int(s) for s in symbols))
@@ -116,7 +125,9 @@ def check_choice(field: str, value, allowed) -> None:
     raise ValueError(f'data.{field} must be one of {allowed}; got {value!r}')
 
 
-def load_char_splits(data_config) -> tuple[dict[str, np.ndarray], CharVocab]:
+def load_char_splits(
+  data_config, vocab: CharVocab | None = None, *, recorded_in=None
+) -> tuple[dict[str, np.ndarray], CharVocab]:
   """int32 id arrays for 'train', 'valid', 'test' and their vocabulary.
 
   Args:
@@ -124,12 +135,15 @@ def load_char_splits(data_config) -> tuple[dict[str, np.ndarray], CharVocab]:
       kind: 'enwik8' (raw file, zip or directory; checksum-checked, split at 90%/95%) or
         'text' (any file, split 90/5/5%);
       path: str;
-      vocab: 'bytes' or 'original' (drop newlines, symbols of the training split);
+      vocab: 'bytes' or 'original' (drop newlines; the symbols of all three splits);
       max_bytes (optional): int or None; if set, only the first max_bytes of the raw data
         are split (for enwik8, after the checksum of the full file).
+    vocab: the vocabulary to encode with, a run's own (`CharVocab.read`); None: the one
+      `data_config.vocab` makes of this data.
+    recorded_in: where `vocab` was read from, for the message about a byte it lacks.
   Raises:
-    ValueError: unknown kind or vocab, an empty split, or a valid/test byte outside a
-      train-derived vocabulary.
+    ValueError: unknown kind or vocab, an empty split, or a byte outside the given `vocab`
+      (the message names config.data.vocab and the remedy).
     FileNotFoundError: nothing at `path`.
   """
   check_choice('kind', data_config.kind, KINDS)
@@ -144,15 +158,24 @@ def load_char_splits(data_config) -> tuple[dict[str, np.ndarray], CharVocab]:
     splits = split(data)
   except ValueError as e:
     raise ValueError(f'config.data.path={data_config.path}: {e}') from None
-  if data_config.vocab == 'bytes':
-    vocab = CharVocab.bytes()
-  else:
+  if data_config.vocab == 'original':
     splits = {name: split[split != NEWLINE] for name, split in splits.items()}
-    vocab = CharVocab.from_data(splits['train'], drop_newlines=True)
+  if vocab is None:  # made of this data: it encodes every split
+    vocab = (
+      CharVocab.bytes()
+      if data_config.vocab == 'bytes'
+      else CharVocab.from_data(np.concatenate(list(splits.values())), drop_newlines=True)
+    )
   ids = {}
   for name, split in splits.items():
     try:
       ids[name] = vocab.encode(split)
     except ValueError as e:
-      raise ValueError(f'{name} split of {data_config.path}: {e}') from None
+      source = f' (recorded in {recorded_in})' if recorded_in else ''
+      raise ValueError(
+        f'{name} split of {data_config.path}: {e}{source}, made by '
+        f'config.data.vocab={data_config.vocab!r} from the data the run trained on, and its ids '
+        "are the model's: give data within it, or train a new run with "
+        "config.data.vocab='bytes' (all 256 byte values)"
+      ) from None
   return ids, vocab

@@ -42,6 +42,28 @@ def compression(data: bytes) -> str | None:
   return None
 
 
+def refuse_pipe(path, field: str | None) -> None:
+  """Raises ValueError if `path` is a pipe: a named pipe (FIFO), or a shell's process
+  substitution (`<(zcat x.gz)`, given as /dev/fd/63). A run reads its data files more than once
+  (training, each resume, each evaluation) and records their size and SHA-256
+  (`relpos.training.data_record`) to tell another file from the one it trained on; a pipe's
+  bytes can be read once, and it has no size or content to record. Refused as "no file at" it
+  looked missing.
+
+  Args:
+    field: the config field that named `path` (e.g. 'config.data.path'), for the message.
+  """
+  path = pathlib.Path(path)
+  if path.is_fifo():
+    named = f'{field}={path}' if field else str(path)
+    raise ValueError(
+      f'{named} is a pipe (a named pipe or a process substitution such as <(zcat x.gz)), not '
+      'a file: a run reads its data again on each resume and evaluation and records its size '
+      'and hash, and a pipe gives its bytes once; write them to a file (`zcat x.gz > x.txt`; '
+      'a gzip, bzip2, xz or zip file is read as it is) and give that file'
+    )
+
+
 _DECOMPRESS = {'gzip': gzip.decompress, 'bzip2': bz2.decompress, 'xz': lzma.decompress}
 
 

@@ -15,6 +15,7 @@ import zipfile
 import numpy as np
 
 from relpos.data import data_directory, download
+from relpos.data.data_file import refuse_pipe
 from relpos.data.text import split_at
 
 ENWIK8_BYTES = 100_000_000
@@ -34,8 +35,10 @@ def resolve_enwik8_path(path) -> pathlib.Path:
 
   Raises:
     FileNotFoundError: none of these exists.
+    ValueError: `path` is a pipe (`relpos.data.data_file.refuse_pipe`).
   """
   path = pathlib.Path(path)
+  refuse_pipe(path, 'config.data.path')
   if path.is_file():
     return path
   if path.is_dir():

@@ -2,8 +2,11 @@
 compressed (gzip, bzip2, xz, a zip of one file; recognised by content, not name).
 
 Lines are split on '\\n' only (a trailing '\\r' is removed), never on the other line breaks
-Unicode knows, so a U+2028 inside a sentence cannot shift one side against the other. A pair
-with an empty or whitespace-only side is dropped, and the number dropped is logged.
+Unicode knows, so a U+2028 inside a sentence cannot shift one side against the other. A file
+whose lines end in a bare '\\r' (classic Mac OS) is refused, naming its line endings
+(`check_line_endings`): read as one line, it was refused later for its length or line count,
+with a remedy that could not help. A pair with an empty or whitespace-only side is dropped, and
+the number dropped is logged.
 """
 
 import pathlib
@@ -12,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from sacremoses import MosesDetokenizer
 
-from relpos.data.data_file import decode_utf8, read_data_file
+from relpos.data.data_file import decode_utf8, read_data_file, refuse_pipe
 from relpos.data.shard import ONE_PROCESS, Shard
 from relpos.messages import warn
 
@@ -29,19 +32,46 @@ def read_lines(path, *, field: str | None = None) -> list[str]:
     field: the config field that named `path` (e.g. 'config.data.train_src'), for messages.
   Raises:
     FileNotFoundError: `path` is not a file.
-    ValueError: the file is a truncated or corrupt compressed file, a zip of several files,
-      or not valid UTF-8 (the message has the line).
+    ValueError: `path` is a pipe (`refuse_pipe`); the file is a truncated or corrupt
+      compressed file, a zip of several files, not valid UTF-8 (the message has the line),
+      or its lines end in a bare '\\r'.
   """
   path = pathlib.Path(path)
+  refuse_pipe(path, field)
   if not path.is_file():
     named = f'{field} = ' if field else ''
     raise FileNotFoundError(f'{named}{str(path)!r} is not a file; set it to a text file')
-  lines = decode_utf8(read_data_file(path), path).split('\n')
+  data = read_data_file(path)
+  check_line_endings(data, path, field)
+  lines = decode_utf8(data, path).split('\n')
   if lines[-1] == '':
     lines.pop()
   lines = [line.removesuffix('\r') for line in lines]
   warn_if_not_plain_text(lines, path, field)
   return lines
+
+
+LINE_ENDING_SAMPLE = 1 << 16  # bytes looked at for a file's line endings: its first
+
+
+def check_line_endings(data: bytes, path, field: str | None = None) -> None:
+  """Raises ValueError if the file at `path` (its bytes `data`) ends its lines in a bare
+  carriage return, as classic Mac OS wrote text: its first LINE_ENDING_SAMPLE bytes hold more
+  than one '\\r' and no '\\n'. Split on '\\n', such a file is one line (a whole eval set
+  read as one pair too long for config.data.max_length, a training side as one sentence
+  SentencePiece skips); a sentence longer than the sample has no business in either."""
+  head = data[:LINE_ENDING_SAMPLE]
+  carriage_returns = head.count(b'\r')
+  if b'\n' in head or carriage_returns < 2:
+    return
+  named = f' ({field})' if field else ''
+  raise ValueError(
+    f"{path}{named} ends its lines in a bare carriage return ('\\r', classic Mac OS line "
+    f"endings: {carriage_returns:,} of them and no '\\n' in its first {len(head):,} bytes), so "
+    "it reads as one line; lines must end in '\\n' (or '\\r\\n'): convert it, e.g. "
+    f"`tr '\\r' '\\n' < {path} > fixed.txt` (decompressed first, if it is compressed), and "
+    'give that file'
+  )
 
 
 # A line that starts with an SGML/XML tag or declaration: WMT's `<seg id="1">...</seg>`,

@@ -4,7 +4,7 @@ import pathlib
 
 import numpy as np
 
-from relpos.data.data_file import read_data_file
+from relpos.data.data_file import read_data_file, refuse_pipe
 
 SPLITS = ('train', 'valid', 'test')
 
@@ -15,10 +15,11 @@ def read_text_bytes(path) -> bytes:
 
   Raises:
     FileNotFoundError: `path` is not a file.
-    ValueError: the file (or what it decompresses to) is empty, or it is a truncated or
-      corrupt compressed file, or a zip of several files.
+    ValueError: `path` is a pipe (`refuse_pipe`), the file (or what it decompresses to) is
+      empty, or it is a truncated or corrupt compressed file, or a zip of several files.
   """
   path = pathlib.Path(path)
+  refuse_pipe(path, 'config.data.path')
   if not path.is_file():
     raise FileNotFoundError(f'no text file at {path}; set data.path to an existing file')
   data = read_data_file(path)

@@ -43,28 +43,34 @@ def model_config(config, vocab_size: int) -> TransformerXLConfig:
 
 
 def _vocab_for_run(config, workdir: Path, *, training: bool):
-  """Splits and vocabulary; the vocabulary is saved by the first run that trains and must match
-  later. Training saves it (process 0; the others then read it) over one that a start which
-  never trained left, perhaps from other data (`run_config.has_run`); evaluation writes
-  nothing.
+  """Splits and vocabulary. The first run that trains makes the vocabulary of its data and
+  saves it (process 0; the others then read it), over one that a start which never trained
+  left, perhaps from other data (`run_config.has_run`). Later (a resume, an evaluation, other
+  processes) the saved one is read and the data encoded with it, since its ids are the
+  model's: other data is encoded too where its bytes are in it (the data checks warn that it
+  is other data). A config.data.vocab other than the one it was made by is refused, as the
+  model's vocabulary would not be what the config says. Evaluation writes nothing.
   """
 
   def load():
-    splits, vocab = load_char_splits(config.data)
     saved = workdir / VOCAB_FILE
     writes = training and mesh_lib.is_writer() and not has_run(workdir)
     if saved.exists() and not writes:
-      if CharVocab.read(saved) != vocab:
+      vocab = CharVocab.read(saved)
+      made_by = 'bytes' if vocab == CharVocab.bytes() else 'original'
+      if config.data.vocab != made_by:
         remedy = (
           'use a new --workdir'
           if training
           else "give the run's config.data.vocab and config.data.path (its config.json)"
         )
         raise ValueError(
-          f'{saved} was written for other data (config.data.vocab / config.data.path changed); '
-          f'{remedy}'
+          f'{saved} was written for other data (config.data.vocab={made_by!r}, given '
+          f'{config.data.vocab!r}); {remedy}'
         )
-    elif training and mesh_lib.is_writer():
+      return load_char_splits(config.data, vocab, recorded_in=saved)
+    splits, vocab = load_char_splits(config.data)
+    if training and mesh_lib.is_writer():
       write_atomically(saved, vocab.to_json())
     return splits, vocab
 

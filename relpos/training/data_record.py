@@ -10,10 +10,19 @@ SHA-256. A resume compares the files with that record (the loop refuses a change
 --allow_config_change, as it refuses a changed config), and so does an evaluation (a warning:
 scoring other data is allowed, not silent).
 
+Each file is recorded by the path given (what config.json holds) and by the absolute path it
+resolved to then, symbolic links followed. A relative path (`data.txt`) resolves against the
+directory the command runs in, so the same config given elsewhere names another file: that is
+said as such, with the run's file (`<field>: data.txt names another file than the run's`), where
+comparing the two as one file said it had "changed" (same size, other content); another file
+that holds the same bytes (a copy) is the same data and not named. Fields whose path itself
+changed (another spelling) are config changes, reported as such, and not compared here unless
+they resolve to the run's file. Records made before the resolved path was recorded are matched
+by the path given alone.
+
 Hashing is skipped for a file whose size and modification time are those recorded: a check
 costs two `stat`s, and a file is hashed only when it is first recorded or looks touched (then
-its SHA-256 decides: a file copied back unchanged is the same data). Fields whose path itself
-changed are config changes, reported as such, and not compared here; a run recorded before this
+its SHA-256 decides: a file copied back unchanged is the same data). A run recorded before this
 file existed has no record and is not checked.
 """
 
@@ -47,7 +56,12 @@ def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
 
 def _stat(path: Path) -> dict:
   status = path.stat()
-  return {'path': str(path), 'bytes': status.st_size, 'mtime_ns': status.st_mtime_ns}
+  return {
+    'path': str(path),
+    'resolved': str(path.resolve()),
+    'bytes': status.st_size,
+    'mtime_ns': status.st_mtime_ns,
+  }
 
 
 def _read(workdir) -> dict:
@@ -58,33 +72,57 @@ def _read(workdir) -> dict:
     return {}
 
 
+def _is_recorded_file(recorded: dict, path: Path) -> bool:
+  """Whether `path` is the file `recorded` (its entry) was made of: the same resolved path, or
+  for a record without one (made before it was recorded), the same path given."""
+  if 'resolved' in recorded:
+    return str(path.resolve()) == recorded['resolved']
+  return str(path) == recorded.get('path')
+
+
 def _same(recorded: dict, path: Path) -> bool:
-  """Whether the file at `path` holds what `recorded` (its entry) describes."""
+  """Whether the file at `path`, the recorded one, holds what `recorded` describes (the time
+  as recorded spares the hash)."""
   now = _stat(path)
   if now['bytes'] != recorded.get('bytes'):
     return False
   return now['mtime_ns'] == recorded.get('mtime_ns') or _sha256(path) == recorded.get('sha256')
 
 
+def _same_bytes(recorded: dict, path: Path) -> bool:
+  """Whether the file at `path`, another than the recorded one, holds the same bytes (its time
+  says nothing of that)."""
+  return path.stat().st_size == recorded.get('bytes') and _sha256(path) == recorded.get('sha256')
+
+
 def changes(workdir, files: dict[str, Path]) -> list[str]:
-  """'<field>: <path> changed since the run trained on it (<what>)' for each of `files`
-  (field -> path) recorded in workdir with the same path whose content differs now; a file that
-  is gone is left to the data readers to name."""
+  """A line for each of `files` (field -> path) recorded in workdir whose data differs now:
+  '<field>: <path> changed since the run trained on it (<what>)' for the run's own file, and
+  '<field>: <path> names another file than the run's (...)' for the same path given resolving
+  to another file with other bytes (a relative path from another directory, a link pointed
+  elsewhere). A file that is gone is left to the data readers to name."""
   recorded = _read(workdir)
   lines = []
   for field, path in files.items():
     entry = recorded.get(field)
     path = Path(path)
-    if not isinstance(entry, dict) or entry.get('path') != str(path) or not path.is_file():
+    if not isinstance(entry, dict) or not path.is_file():
       continue
-    if not _same(entry, path):
-      size = path.stat().st_size
-      what = (
-        f'{entry.get("bytes"):,} bytes then, {size:,} now'
-        if size != entry.get('bytes')
-        else 'same size, other content'
+    if _is_recorded_file(entry, path):
+      if not _same(entry, path):
+        size = path.stat().st_size
+        what = (
+          f'{entry.get("bytes"):,} bytes then, {size:,} now'
+          if size != entry.get('bytes')
+          else 'same size, other content'
+        )
+        lines.append(f'{field}: {path} changed since the run trained on it ({what})')
+    elif entry.get('path') == str(path) and not _same_bytes(entry, path):
+      lines.append(
+        f"{field}: {path} names another file than the run's (here {path.resolve()}; the run "
+        f'read {entry["resolved"]}, resolved from where it was started): run from the '
+        f'directory the run was started in, or give {entry["resolved"]}'
       )
-      lines.append(f'{field}: {path} changed since the run trained on it ({what})')
   return lines
 
 
@@ -98,7 +136,7 @@ def record(workdir, files: dict[str, Path]) -> None:
     if not path.is_file():
       continue
     entry = recorded.get(field)
-    if isinstance(entry, dict) and entry.get('path') == str(path) and _same(entry, path):
+    if isinstance(entry, dict) and _is_recorded_file(entry, path) and _same(entry, path):
       entries[field] = {**entry, **_stat(path)}
     else:
       entries[field] = {**_stat(path), 'sha256': _sha256(path)}
