@@ -83,13 +83,33 @@ def _define_distributed_flags():
           'error: --distributed=explicit needs --coordinator_address, --num_processes and '
           '--process_id'
         )
-      jax.distributed.initialize(**explicit)
+      _join(explicit)
     elif given:
       sys.exit(f'error: {", ".join(given)}: only with --distributed=explicit')
     elif mode.value == 'auto':
-      jax.distributed.initialize()
+      _join({})
 
   return initialize
+
+
+def _join(explicit: dict) -> None:
+  """jax.distributed.initialize with `explicit`'s settings (none: what it detects), its
+  ValueError one `error:` line. With none given, JAX looks for a cluster whose processes it can
+  count (a Cloud TPU pod slice, SLURM's srun, Open MPI's mpirun); outside one it finds none
+  and says only 'coordinator_address should be defined.', at the end of a traceback through
+  its internals. An explicit setting it refuses (a --process_id not below --num_processes)
+  is its own words."""
+  try:
+    jax.distributed.initialize(**explicit)
+  except ValueError as error:
+    if explicit:
+      sys.exit(f'error: --distributed=explicit: {error}')
+    sys.exit(
+      'error: --distributed=auto found no cluster to join (it looks for a Cloud TPU pod slice, '
+      f'SLURM (srun) or Open MPI (mpirun); JAX: {error}): leave --distributed out to run one '
+      'process, or give --distributed=explicit with --coordinator_address, --num_processes and '
+      '--process_id'
+    )
 
 
 def config_arg(argv: list[str]) -> str | None:
