@@ -286,6 +286,34 @@ def test_a_read_only_workdir(text_file, straight, tmp_path, monkeypatch):
   _assert_nothing_lost(before, _state(workdir))
 
 
+def test_a_read_only_workdir_of_a_finished_run(text_file, straight, tmp_path, monkeypatch):
+  """A run that reached config.train.steps has nothing to resume: the line said 'rerun the
+  same command to resume' (and 'give another --workdir', which would train it all again).
+  Now it says the run is finished, and that eval.py with --output_dir scores it."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  before = _state(workdir)
+  cause = _read_only(workdir, monkeypatch)
+  try:
+    with pytest.raises(tasks.FAULTS) as caught:
+      char_lm.TASK.train_model(_config(text_file), workdir)
+  finally:
+    monkeypatch.undo()
+    for path in [workdir, *workdir.rglob('*')]:
+      if path.is_dir():
+        path.chmod(0o755)
+  line = _fault(
+    caught.value,
+    FILESYSTEM_EXIT_CODE,
+    f'cannot write to --workdir={workdir} before training: {cause}',
+    f'the last good checkpoint is {workdir.resolve()}/checkpoints/{STEPS} (step {STEPS}), '
+    f'intact; the run is finished (config.train.steps={STEPS}), nothing is left to train: '
+    'score it with eval.py and an --output_dir that takes files',
+  )
+  assert 'resume' not in line and 'another --workdir' not in line, line
+  _assert_nothing_lost(before, _state(workdir))
+
+
 def test_a_workdir_removed_mid_run(text_file, tmp_path, monkeypatch):
   workdir = tmp_path / 'run'
   # Checkpoint 2 finished, then the workdir goes (an unmount, a cleanup job).
@@ -695,24 +723,49 @@ def test_train_py_on_a_full_disk_exits_with_one_line(text_file, tmp_path):
   assert sorted(_state(workdir)[0]) == [2]
 
 
-def test_a_read_only_output_dir_of_eval(text_file, straight, tmp_path, monkeypatch):
-  output = tmp_path / 'scores'
-  output.mkdir()
+def _not_scored(monkeypatch):
+  """Makes the char LM's `score` fail the test: the evaluation must stop before it."""
+
+  def score(*args, **kwargs):
+    raise AssertionError('scored before the output directory was checked')
+
+  monkeypatch.setattr(char_lm.TASK, 'score', score)
+
+
+@pytest.mark.parametrize('given_output_dir', [True, False])
+def test_a_read_only_output_dir_of_eval_is_found_before_scoring(
+  text_file, straight, tmp_path, monkeypatch, given_output_dir
+):
+  """eval.py scored the whole set, then failed at the write; the line named the temporary
+  file (`.eval_results.json.partial-<pid>`) and, with no --output_dir, advised another
+  --workdir. Now the directory is checked first, named, and --output_dir is the remedy."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  output = tmp_path / 'scores' if given_output_dir else workdir
+  output.mkdir(exist_ok=True)
+  before = _state(workdir)
+  _not_scored(monkeypatch)
   cause = _read_only(output, monkeypatch)
   try:
     with pytest.raises(tasks.FAULTS) as caught:
-      char_lm.TASK.evaluate(_config(text_file), straight, output_dir=output)
+      char_lm.TASK.evaluate(
+        _config(text_file), workdir, output_dir=output if given_output_dir else None
+      )
   finally:
     monkeypatch.undo()
-    output.chmod(0o755)
-  _fault(
+    for path in [output, *output.rglob('*')]:
+      if path.is_dir():
+        path.chmod(0o755)
+  remedy = 'another --output_dir' if given_output_dir else '--output_dir'
+  line = _fault(
     caught.value,
     FILESYSTEM_EXIT_CODE,
-    f'cannot write the evaluation to {output / "eval_results.json"}: {cause}',
-    f'the checkpoints in {straight} are unchanged',
+    f'cannot write the evaluation to {output}, checked before scoring: {cause}; the '
+    f'checkpoints in {workdir} are unchanged; make it writable or give {remedy}, then rerun',
   )
-  assert not list(output.iterdir())
-  assert str(caught.value).endswith('give another --output_dir, then rerun')
+  assert line.endswith('then rerun'), line
+  assert not list(output.glob('.relpos-write-check-*')) and not list(output.glob('*eval_results*'))
+  _assert_nothing_lost(before, _state(workdir))
 
 
 def test_a_file_in_place_of_eval_output_dir_names_that_flag(text_file, straight, tmp_path):
@@ -721,7 +774,9 @@ def test_a_file_in_place_of_eval_output_dir_names_that_flag(text_file, straight,
   output.write_text('')
   with pytest.raises(tasks.FAULTS) as caught:
     char_lm.TASK.evaluate(_config(text_file), straight, output_dir=output)
-  assert str(caught.value).startswith(f'cannot write the evaluation to {output}: File exists')
+  assert str(caught.value).startswith(
+    f'cannot write the evaluation to {output}, checked before scoring: File exists'
+  )
   assert str(caught.value).endswith('give a directory as --output_dir, then rerun')
 
 
