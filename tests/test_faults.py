@@ -436,6 +436,29 @@ def test_a_workdir_path_the_os_refuses_is_one_line(text_file, tmp_path):
       plot.read_curves(workdir)
 
 
+def test_a_symbolic_link_to_nothing_is_named_as_such(text_file, straight, tmp_path):
+  """A workdir (or --output_dir) that is a symbolic link to a path that does not exist (a
+  volume not mounted), or lies under one: train.py said 'File exists (a file is in the way of
+  a directory)' and to 'rerun the same command to resume'; a reader, that it is no directory.
+  Every command names the link and its target now, as one line (exit 1), before writing."""
+  link = tmp_path / 'dangle'
+  link.symlink_to('/nonexistent-relpos-target/deep')
+  told = 'a symbolic link to /nonexistent-relpos-target/deep, which does not exist: mount it '
+  told += 'or point the link elsewhere'
+  with pytest.raises(ValueError) as caught:
+    char_lm.TASK.train_model(_config(text_file), link)
+  assert str(caught.value) == f'--workdir={link}: it is {told}'
+  with pytest.raises(ValueError) as caught:
+    char_lm.TASK.train_model(_config(text_file), link / 'run')
+  assert str(caught.value) == f'--workdir={link / "run"}: {link} is {told}'
+  with pytest.raises(ValueError) as caught:
+    tasks.check_output_dir(link, straight)
+  assert str(caught.value) == f'--output_dir={link}: it is {told}'
+  with pytest.raises(ValueError, match=f'^--workdir={link}: it is a symbolic link'):
+    read_config(link)
+  assert link.is_symlink() and not link.exists()
+
+
 @pytest.mark.parametrize('name', ['checkpoints', 'tensorboard'])
 def test_a_file_where_the_run_keeps_a_directory_is_refused_before_training(
   text_file, straight, tmp_path, name
