@@ -11,7 +11,7 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from relpos.config import checks, fields
+from relpos.config import checks, declaration, fields
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE
 from relpos.training.loop import Task
 from relpos.training.preemption import PreemptedError, RunFaultError
@@ -112,14 +112,60 @@ def _join(explicit: dict) -> None:
     )
 
 
-def config_arg(argv: list[str]) -> str | None:
-  """The value of `--config=VALUE` (or `--config VALUE`) in `argv`, None if absent."""
+def home_expanded(value: str) -> str:
+  """`value` with a leading `~` or `~/` expanded to the home directory: the shell expands it
+  only at the start of a word, so `--workdir=~/runs/x` and `--config.data.path=~/a.txt` reach
+  relpos as they were typed, and a literal directory named `~` in the working directory is
+  never what was meant."""
+  return os.path.expanduser(value) if value == '~' or value.startswith('~/') else value
+
+
+def _config_index(argv: list[str]) -> int | None:
+  """The index in `argv` of `--config=VALUE`, or of VALUE after `--config`; None if absent."""
   for i, arg in enumerate(argv):
     if arg.startswith('--config='):
-      return arg.removeprefix('--config=')
+      return i
     if arg == '--config' and i + 1 < len(argv):
-      return argv[i + 1]
+      return i + 1
   return None
+
+
+def config_arg(argv: list[str]) -> str | None:
+  """The value of `--config=VALUE` (or `--config VALUE`) in `argv`, None if absent; a leading
+  `~` of its file expanded (`home_expanded`)."""
+  i = _config_index(argv)
+  return None if i is None else home_expanded(argv[i].removeprefix('--config='))
+
+
+def _home_expanded_config(argv: list[str]) -> list[str]:
+  """`argv` with its --config file's leading `~` expanded (`config_arg`)."""
+  i = _config_index(argv)
+  if i is None:
+    return argv
+  expanded = list(argv)
+  expanded[i] = (
+    f'--config={config_arg(argv)}' if argv[i].startswith('--config=') else config_arg(argv)
+  )
+  return expanded
+
+
+def expand_config_paths(config) -> None:
+  """Expands a leading `~` (`home_expanded`) in each field of `config` that its task declares
+  a path (`relpos.config.fields.paths`: config.data.path, translation's files), whether an
+  override or the config file set it: a data file named `~/a.txt` was looked for under a
+  directory named `~`. A config of no declared task is left as it is."""
+  declared = (
+    declaration(config.get('task')) if isinstance(config, ml_collections.ConfigDict) else None
+  )
+  if declared is None:
+    return
+  for path in fields.paths(declared):
+    *sections, name = path.split('.')
+    node = config
+    for section in sections:
+      node = node.get(section) if isinstance(node, ml_collections.ConfigDict) else None
+    if isinstance(node, ml_collections.ConfigDict) and isinstance(node.get(name), str):
+      node[name] = home_expanded(node[name])
 
 
 def config_overrides(argv: list[str]) -> list[str]:
@@ -272,10 +318,13 @@ def parse_flags(argv: list[str]) -> list[str]:
   from a fault of an override (ml_collections leaves the flag unset after either, and names
   only the field's last part). A path flag given as `--workdir=~/runs/x` gets its `~`
   expanded, as the shell does for `--workdir ~/runs/x` but not after an `=`
-  (`expand_home`). `--config.<field>=None` sets a field whose rule takes None to None
+  (`expand_home`), and so do --config's file and the config's path fields
+  (`expand_config_paths`): every command that takes a config parses it here.
+  `--config.<field>=None` sets a field whose rule takes None to None
   (`_optional_none_overrides`)."""
   absl_logger = logging.get_absl_logger()
   absl_logger.addFilter(quiet := _NoNoneConfigWarning())
+  argv = _home_expanded_config(argv)
   try:
     parsed, to_none = _optional_none_overrides(argv) if 'config' in flags.FLAGS else (argv, [])
     rest = flags.FLAGS(parsed)
@@ -290,6 +339,7 @@ def parse_flags(argv: list[str]) -> list[str]:
         node = node[section]
       node[name] = None
     expand_home(flags.FLAGS)
+    expand_config_paths(config)
     refuse_empty_paths(flags.FLAGS)
     return rest
   except Exception as error:  # noqa: BLE001 (the one line below; --traceback is not parsed yet)
@@ -308,10 +358,8 @@ def expand_home(registry) -> None:
   """Expands a leading `~` or `~/` in the value of each of PATH_FLAGS that was given: a
   literal directory named `~` in the working directory is never what was meant."""
   for name in PATH_FLAGS:
-    if name in registry and registry[name].present:
-      value = registry[name].value
-      if isinstance(value, str) and (value == '~' or value.startswith('~/')):
-        registry[name].value = os.path.expanduser(value)
+    if name in registry and registry[name].present and isinstance(registry[name].value, str):
+      registry[name].value = home_expanded(registry[name].value)
 
 
 def refuse_empty_paths(registry, workdirs=()) -> None:
