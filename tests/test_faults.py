@@ -37,7 +37,7 @@ from relpos.files import write_atomically
 from relpos.studies import plot, shaw_tables, sweep
 from relpos.tools import sample, translate
 from relpos.training import char_lm_task as char_lm
-from relpos.training import tasks
+from relpos.training import loop, tasks
 from relpos.training import translation_task as translate_task
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE, TMP_MARKER, finished_steps
 from relpos.training.loop import OUT_OF_MEMORY_EXIT_CODE
@@ -312,6 +312,44 @@ def test_a_read_only_workdir_of_a_finished_run(text_file, straight, tmp_path, mo
   )
   assert 'resume' not in line and 'another --workdir' not in line, line
   _assert_nothing_lost(before, _state(workdir))
+
+
+def test_a_data_file_gone_by_the_final_evaluation_names_the_saved_run(
+  text_file, straight, tmp_path, monkeypatch
+):
+  """A data file deleted or moved while train.py trained: training finished, and its final
+  evaluation said `no text file at ...; set data.path to an existing file`, as if the run had
+  not trained on it. Now the line says the run is saved and which file went, and gives the
+  eval.py command that scores it once the file is back (the launcher's, from its own; the
+  translation task's files: tests/test_translate_training.py)."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  moved = tmp_path / 'moved.txt'
+  train_model = char_lm.TASK.train_model
+
+  def train_then_move(*args, **kwargs):
+    train_model(*args, **kwargs)
+    text_file.rename(moved)
+
+  monkeypatch.setattr(char_lm.TASK, 'train_model', train_then_move)
+  try:
+    with pytest.raises(loop.UnscoredRunError) as caught:
+      char_lm.TASK.train_and_evaluate(_config(text_file), workdir)
+  finally:
+    if moved.exists():
+      moved.rename(text_file)
+  assert str(caught.value) == (
+    f'training finished and saved its last checkpoint, {workdir}/checkpoints/{STEPS} (step '
+    f'{STEPS}), but config.data.path ({text_file}) is gone since training started (deleted or '
+    'moved), so the run was not evaluated: restore the data as it was, then score the run '
+    f'with `python eval.py --config=<its config file> --workdir={workdir}`'
+  )
+  argv = ['train.py', '--config=configs/char_tiny.py:shaw', '--config.train.steps=6']
+  caught.value.command = tasks.eval_command([*argv, '--allow_config_change'], workdir)
+  assert str(caught.value).endswith(
+    f'with `python eval.py --config=configs/char_tiny.py:shaw --config.train.steps=6 '
+    f'--workdir={workdir}`'
+  )
 
 
 def test_a_workdir_removed_mid_run(text_file, tmp_path, monkeypatch):

@@ -302,12 +302,47 @@ class Task(abc.ABC):
   def train_and_evaluate(self, config, workdir, *, allow_config_change: bool = False) -> dict:
     """`train_model`, then `evaluate`; an evaluation the run's checkpoints cannot serve is
     refused first (`check_evaluation_plan`), not after the training; the config check comes
-    before that, which reads its fields (`train` checks it again with the devices)."""
+    before that, which reads its fields (`train` checks it again with the devices). A data
+    file that is gone by the evaluation (deleted or moved while the run trained) is an
+    `UnscoredRunError`: the data reader's own line ('set data.path to an existing file')
+    would invite scoring the finished run on other data."""
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     self.check_config(config)
     check_evaluation_plan(config, workdir)
     self.train_model(config, workdir, allow_config_change=allow_config_change)
-    return self.evaluate(config, workdir, after_training=True)
+    try:
+      return self.evaluate(config, workdir, after_training=True)
+    except FileNotFoundError as error:
+      files = self.data_files(config, workdir)
+      gone = [f'{field} ({path})' for field, path in files.items() if not Path(path).is_file()]
+      if not gone:
+        raise
+      raise UnscoredRunError(workdir, gone) from error
+
+
+class UnscoredRunError(FileNotFoundError):
+  """Training finished and saved its last checkpoint, but a data file it read (`gone`: '<field>
+  (<path>)' each) is gone since it started, so its final evaluation could not run. The run is
+  whole: eval.py scores it once the file is back. `command` is that eval.py command: the
+  launcher sets it from its own command line (`tasks.eval_command`)."""
+
+  def __init__(self, workdir, gone: list[str]):
+    steps = finished_steps(workdir)
+    saved = (
+      f'its last checkpoint, {Path(workdir) / CHECKPOINTS / str(steps[-1])} (step {steps[-1]})'
+      if steps
+      else 'its checkpoints'
+    )
+    files = ' and '.join(gone) + (' is' if len(gone) == 1 else ' are')
+    self.reason = (
+      f'training finished and saved {saved}, but {files} gone since training started (deleted '
+      'or moved), so the run was not evaluated: restore the data as it was, then score the run'
+    )
+    self.command = f'python eval.py --config=<its config file> --workdir={workdir}'
+    super().__init__(self.reason)
+
+  def __str__(self) -> str:
+    return f'{self.reason} with `{self.command}`'
 
 
 def _steps_text(steps: list[int]) -> str:

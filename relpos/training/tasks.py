@@ -3,8 +3,10 @@
 import importlib
 import logging as std_logging
 import os
+import shlex
 import sys
 import traceback
+from pathlib import Path
 
 import jax
 import ml_collections
@@ -13,7 +15,7 @@ from ml_collections import config_flags
 
 from relpos.config import checks, declaration, fields
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE
-from relpos.training.loop import Task
+from relpos.training.loop import Task, UnscoredRunError
 from relpos.training.preemption import PreemptedError, RunFaultError
 from relpos.training.run_config import TaskMismatchError, check_output_dir
 
@@ -411,6 +413,21 @@ def run_main(main) -> None:
   app.run(guarded, flags_parser=parse_flags)
 
 
+def eval_command(argv: list[str], workdir) -> str:
+  """The eval.py command that scores the run `argv` (a train.py command line) trains in
+  `workdir`: train.py's --config and --config.<field> overrides, each argument quoted for the
+  shell where it needs it."""
+  config = config_arg(argv)
+  args = [
+    'python',
+    str(Path(argv[0]).with_name('eval.py')),
+    *([f'--config={config}'] if config else []),
+    *config_overrides(argv),
+    f'--workdir={workdir}',
+  ]
+  return ' '.join(shlex.quote(arg) for arg in args)
+
+
 def launch(action: str):
   """Parses --config and --workdir, runs the config's task `action`, prints the result.
 
@@ -469,6 +486,8 @@ def launch(action: str):
     except USER_ERRORS as error:
       if show_traceback.value:
         raise
+      if isinstance(error, UnscoredRunError):  # the command that scores it, from this one's
+        error.command = eval_command(sys.argv, workdir.value)
       sys.exit(f'error: {error}')  # one line; --traceback (docs/faults.md) shows where
     print('\n'.join(task.result_lines(result)))
 
