@@ -6,7 +6,9 @@ damaged. `write_atomically` writes beside the file and renames over it, which PO
 atomic within a filesystem, so a reader sees the old file or the new one, never a part.
 """
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -16,7 +18,10 @@ def write_atomically(path, content: str | bytes) -> None:
   An OSError of the write names `path` as its filename: a full disk's ENOSPC from the write
   itself names no file at all, and one from opening the temporary file names that, which the
   callers' fault lines (`relpos.training.checkpoints.filesystem_fault`) would show, or, naming
-  no file, not tell from a data file's error."""
+  no file, not tell from a data file's error. Removing the temporary file afterwards may fail
+  too: on a read-only filesystem even unlinking a file that is not there is EROFS (the kernel
+  refuses the write before it looks the name up), naming the temporary file; that error would
+  replace the write's, so it is let go (there is nothing to remove where it cannot be made)."""
   path = Path(path)
   partial = path.with_name(f'.{path.name}.partial-{os.getpid()}')
   try:
@@ -31,4 +36,26 @@ def write_atomically(path, content: str | bytes) -> None:
     # OSError(errno, ...) is the errno's own subclass again (PermissionError, say).
     raise OSError(error.errno, error.strerror, str(path)) from error
   finally:
-    partial.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+      partial.unlink(missing_ok=True)
+
+
+def check_takes_files(directory) -> None:
+  """Makes `directory` (with its missing parents) and checks that it takes files, by making and
+  removing a file there (`tempfile.TemporaryFile`): what a command that will write there checks
+  before its work (train.py its workdir, before training; eval.py its output directory, before
+  scoring), so that a directory that refuses files ends the command at once, not after hours.
+
+  Raises:
+    OSError: the directory cannot be made or takes no file; its filename is `directory` (the
+      probe file's own name, a random one, would mean nothing to the reader of the error).
+  """
+  directory = Path(directory)
+  try:
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=directory, prefix='.relpos-write-check-'):
+      pass
+  except OSError as error:
+    if not error.errno or error.filename is None or Path(error.filename).parent != directory:
+      raise  # the directory's own error (or a parent's), named as it is
+    raise OSError(error.errno, error.strerror, str(directory)) from error

@@ -1,6 +1,7 @@
 """Validated configs: one row per class of bad input, each one line naming the field, checked
 before any data is read; the launchers print it without a traceback."""
 
+import os
 import types
 
 import numpy as np
@@ -180,6 +181,18 @@ FLAG_ERRORS = [
   ('configs', [], '--config=configs: configs is a directory, not a config file'),
   ('configs/char_tiny.py', ['extra'], "unexpected arguments ['extra']"),
   ('configs/char_tiny.py', ['--num_processes=2'], 'only with --distributed=explicit'),
+  # JAX's own refusal of an explicit setting, as one line (it was a traceback).
+  (
+    'configs/char_tiny.py',
+    [
+      '--distributed=explicit',
+      '--coordinator_address=127.0.0.1:1',
+      '--num_processes=2',
+      '--process_id=5',
+    ],
+    '--distributed=explicit: process_id and num_processes must be nonnegative, with process_id '
+    '< num_processes',
+  ),
 ]
 
 
@@ -187,6 +200,30 @@ FLAG_ERRORS = [
 def test_the_launcher_prints_one_line_and_exits_1(commands, tmp_path, config, flags, message):
   result = commands.run(['eval.py', f'--config={config}', *flags, f'--workdir={tmp_path}'])
   assert message in one_error_line(result), result.stderr
+
+
+# The environment variables by which JAX detects a cluster (Open MPI, SLURM, Kubernetes) or is
+# told a coordinator.
+_CLUSTER_VARIABLES = ('OMPI_MCA_orte_hnp_uri', 'SLURM_JOB_ID', 'KUBERNETES_SERVICE_HOST')
+
+
+@pytest.mark.skipif(
+  any(name in os.environ for name in (*_CLUSTER_VARIABLES, 'JAX_COORDINATOR_ADDRESS')),
+  reason='runs inside a cluster JAX would join',
+)
+@pytest.mark.parametrize('script', ['train.py', 'eval.py'])
+def test_distributed_auto_outside_a_cluster_is_one_line(commands, tmp_path, script):
+  """Before: a 20-line traceback through jax.distributed ending in `ValueError:
+  coordinator_address should be defined.`"""
+  result = commands.run(
+    [script, '--config=configs/char_tiny.py', f'--workdir={tmp_path}', '--distributed=auto']
+  )
+  line = one_error_line(result)
+  assert line.startswith(
+    'error: --distributed=auto found no cluster to join (it looks for a Cloud TPU pod slice, '
+    'SLURM (srun) or Open MPI (mpirun); JAX: coordinator_address should be defined.): leave '
+    '--distributed out to run one process, or give --distributed=explicit with'
+  ), line
 
 
 # Config files that do not load: one line naming the file and what is wrong with it.

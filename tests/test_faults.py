@@ -37,7 +37,7 @@ from relpos.files import write_atomically
 from relpos.studies import plot, shaw_tables, sweep
 from relpos.tools import sample, translate
 from relpos.training import char_lm_task as char_lm
-from relpos.training import tasks
+from relpos.training import loop, tasks
 from relpos.training import translation_task as translate_task
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE, TMP_MARKER, finished_steps
 from relpos.training.loop import OUT_OF_MEMORY_EXIT_CODE
@@ -286,6 +286,72 @@ def test_a_read_only_workdir(text_file, straight, tmp_path, monkeypatch):
   _assert_nothing_lost(before, _state(workdir))
 
 
+def test_a_read_only_workdir_of_a_finished_run(text_file, straight, tmp_path, monkeypatch):
+  """A run that reached config.train.steps has nothing to resume: the line said 'rerun the
+  same command to resume' (and 'give another --workdir', which would train it all again).
+  Now it says the run is finished, and that eval.py with --output_dir scores it."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  before = _state(workdir)
+  cause = _read_only(workdir, monkeypatch)
+  try:
+    with pytest.raises(tasks.FAULTS) as caught:
+      char_lm.TASK.train_model(_config(text_file), workdir)
+  finally:
+    monkeypatch.undo()
+    for path in [workdir, *workdir.rglob('*')]:
+      if path.is_dir():
+        path.chmod(0o755)
+  line = _fault(
+    caught.value,
+    FILESYSTEM_EXIT_CODE,
+    f'cannot write to --workdir={workdir} before training: {cause}',
+    f'the last good checkpoint is {workdir.resolve()}/checkpoints/{STEPS} (step {STEPS}), '
+    f'intact; the run is finished (config.train.steps={STEPS}), nothing is left to train: '
+    'score it with eval.py and an --output_dir that takes files',
+  )
+  assert 'resume' not in line and 'another --workdir' not in line, line
+  _assert_nothing_lost(before, _state(workdir))
+
+
+def test_a_data_file_gone_by_the_final_evaluation_names_the_saved_run(
+  text_file, straight, tmp_path, monkeypatch
+):
+  """A data file deleted or moved while train.py trained: training finished, and its final
+  evaluation said `no text file at ...; set data.path to an existing file`, as if the run had
+  not trained on it. Now the line says the run is saved and which file went, and gives the
+  eval.py command that scores it once the file is back (the launcher's, from its own; the
+  translation task's files: tests/test_translate_training.py)."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  moved = tmp_path / 'moved.txt'
+  train_model = char_lm.TASK.train_model
+
+  def train_then_move(*args, **kwargs):
+    train_model(*args, **kwargs)
+    text_file.rename(moved)
+
+  monkeypatch.setattr(char_lm.TASK, 'train_model', train_then_move)
+  try:
+    with pytest.raises(loop.UnscoredRunError) as caught:
+      char_lm.TASK.train_and_evaluate(_config(text_file), workdir)
+  finally:
+    if moved.exists():
+      moved.rename(text_file)
+  assert str(caught.value) == (
+    f'training finished and saved its last checkpoint, {workdir}/checkpoints/{STEPS} (step '
+    f'{STEPS}), but config.data.path ({text_file}) is gone since training started (deleted or '
+    'moved), so the run was not evaluated: restore the data as it was, then score the run '
+    f'with `python eval.py --config=<its config file> --workdir={workdir}`'
+  )
+  argv = ['train.py', '--config=configs/char_tiny.py:shaw', '--config.train.steps=6']
+  caught.value.command = tasks.eval_command([*argv, '--allow_config_change'], workdir)
+  assert str(caught.value).endswith(
+    f'with `python eval.py --config=configs/char_tiny.py:shaw --config.train.steps=6 '
+    f'--workdir={workdir}`'
+  )
+
+
 def test_a_workdir_removed_mid_run(text_file, tmp_path, monkeypatch):
   workdir = tmp_path / 'run'
   # Checkpoint 2 finished, then the workdir goes (an unmount, a cleanup job).
@@ -406,6 +472,29 @@ def test_a_workdir_path_the_os_refuses_is_one_line(text_file, tmp_path):
       read_config(workdir)
     with pytest.raises(ValueError, match=f'^{workdir}: {reason}'):
       plot.read_curves(workdir)
+
+
+def test_a_symbolic_link_to_nothing_is_named_as_such(text_file, straight, tmp_path):
+  """A workdir (or --output_dir) that is a symbolic link to a path that does not exist (a
+  volume not mounted), or lies under one: train.py said 'File exists (a file is in the way of
+  a directory)' and to 'rerun the same command to resume'; a reader, that it is no directory.
+  Every command names the link and its target now, as one line (exit 1), before writing."""
+  link = tmp_path / 'dangle'
+  link.symlink_to('/nonexistent-relpos-target/deep')
+  told = 'a symbolic link to /nonexistent-relpos-target/deep, which does not exist: mount it '
+  told += 'or point the link elsewhere'
+  with pytest.raises(ValueError) as caught:
+    char_lm.TASK.train_model(_config(text_file), link)
+  assert str(caught.value) == f'--workdir={link}: it is {told}'
+  with pytest.raises(ValueError) as caught:
+    char_lm.TASK.train_model(_config(text_file), link / 'run')
+  assert str(caught.value) == f'--workdir={link / "run"}: {link} is {told}'
+  with pytest.raises(ValueError) as caught:
+    tasks.check_output_dir(link, straight)
+  assert str(caught.value) == f'--output_dir={link}: it is {told}'
+  with pytest.raises(ValueError, match=f'^--workdir={link}: it is a symbolic link'):
+    read_config(link)
+  assert link.is_symlink() and not link.exists()
 
 
 @pytest.mark.parametrize('name', ['checkpoints', 'tensorboard'])
@@ -695,24 +784,49 @@ def test_train_py_on_a_full_disk_exits_with_one_line(text_file, tmp_path):
   assert sorted(_state(workdir)[0]) == [2]
 
 
-def test_a_read_only_output_dir_of_eval(text_file, straight, tmp_path, monkeypatch):
-  output = tmp_path / 'scores'
-  output.mkdir()
+def _not_scored(monkeypatch):
+  """Makes the char LM's `score` fail the test: the evaluation must stop before it."""
+
+  def score(*args, **kwargs):
+    raise AssertionError('scored before the output directory was checked')
+
+  monkeypatch.setattr(char_lm.TASK, 'score', score)
+
+
+@pytest.mark.parametrize('given_output_dir', [True, False])
+def test_a_read_only_output_dir_of_eval_is_found_before_scoring(
+  text_file, straight, tmp_path, monkeypatch, given_output_dir
+):
+  """eval.py scored the whole set, then failed at the write; the line named the temporary
+  file (`.eval_results.json.partial-<pid>`) and, with no --output_dir, advised another
+  --workdir. Now the directory is checked first, named, and --output_dir is the remedy."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  output = tmp_path / 'scores' if given_output_dir else workdir
+  output.mkdir(exist_ok=True)
+  before = _state(workdir)
+  _not_scored(monkeypatch)
   cause = _read_only(output, monkeypatch)
   try:
     with pytest.raises(tasks.FAULTS) as caught:
-      char_lm.TASK.evaluate(_config(text_file), straight, output_dir=output)
+      char_lm.TASK.evaluate(
+        _config(text_file), workdir, output_dir=output if given_output_dir else None
+      )
   finally:
     monkeypatch.undo()
-    output.chmod(0o755)
-  _fault(
+    for path in [output, *output.rglob('*')]:
+      if path.is_dir():
+        path.chmod(0o755)
+  remedy = 'another --output_dir' if given_output_dir else '--output_dir'
+  line = _fault(
     caught.value,
     FILESYSTEM_EXIT_CODE,
-    f'cannot write the evaluation to {output / "eval_results.json"}: {cause}',
-    f'the checkpoints in {straight} are unchanged',
+    f'cannot write the evaluation to {output}, checked before scoring: {cause}; the '
+    f'checkpoints in {workdir} are unchanged; make it writable or give {remedy}, then rerun',
   )
-  assert not list(output.iterdir())
-  assert str(caught.value).endswith('give another --output_dir, then rerun')
+  assert line.endswith('then rerun'), line
+  assert not list(output.glob('.relpos-write-check-*')) and not list(output.glob('*eval_results*'))
+  _assert_nothing_lost(before, _state(workdir))
 
 
 def test_a_file_in_place_of_eval_output_dir_names_that_flag(text_file, straight, tmp_path):
@@ -721,7 +835,9 @@ def test_a_file_in_place_of_eval_output_dir_names_that_flag(text_file, straight,
   output.write_text('')
   with pytest.raises(tasks.FAULTS) as caught:
     char_lm.TASK.evaluate(_config(text_file), straight, output_dir=output)
-  assert str(caught.value).startswith(f'cannot write the evaluation to {output}: File exists')
+  assert str(caught.value).startswith(
+    f'cannot write the evaluation to {output}, checked before scoring: File exists'
+  )
   assert str(caught.value).endswith('give a directory as --output_dir, then rerun')
 
 

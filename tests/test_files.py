@@ -1,5 +1,6 @@
 """relpos.files.write_atomically: a reader sees the old file or the new one, never a part."""
 
+import errno
 import os
 
 import pytest
@@ -47,3 +48,41 @@ def test_a_failed_write_names_the_file_and_keeps_its_kind(tmp_path, monkeypatch)
   with pytest.raises(PermissionError) as caught:
     files.write_atomically(path, 'new')
   assert caught.value.filename == str(path)
+
+
+def test_a_write_on_a_read_only_filesystem_names_the_file_not_its_temporary_one(
+  tmp_path, monkeypatch
+):
+  """On a read-only filesystem the temporary file cannot be made, and unlinking it, though it
+  is not there, is EROFS as well (the kernel refuses the write before it looks the name up):
+  that error, naming `.eval_results.json.partial-<pid>`, replaced the write's, and eval.py's
+  line named the temporary file."""
+  path = tmp_path / 'eval_results.json'
+
+  def read_only(self, *args, **kwargs):
+    raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+  monkeypatch.setattr(files.Path, 'write_text', read_only)
+  monkeypatch.setattr(files.Path, 'unlink', read_only)
+  with pytest.raises(OSError, match='Read-only file system') as caught:
+    files.write_atomically(path, 'new')
+  assert caught.value.filename == str(path)
+
+
+def test_a_directory_that_takes_no_files_is_named_itself(tmp_path, monkeypatch):
+  """`check_takes_files`: its probe file has a random name, which would mean nothing in an
+  error line; the error names the directory. One that takes files is made, and left empty."""
+  directory = tmp_path / 'new' / 'scores'
+  files.check_takes_files(directory)
+  assert directory.is_dir() and not list(directory.iterdir())
+  real_open = os.open
+
+  def read_only(path, flags, *args, **kwargs):
+    if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+      raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+    return real_open(path, flags, *args, **kwargs)
+
+  monkeypatch.setattr(os, 'open', read_only)
+  with pytest.raises(OSError, match='Read-only file system') as caught:
+    files.check_takes_files(directory)
+  assert caught.value.filename == str(directory)

@@ -295,14 +295,15 @@ def test_config_files_that_do_not_load_are_one_line(commands, tmp_path):
   assert not (tmp_path / 'run').exists()
 
 
-def _parsed_config(monkeypatch, *overrides):
-  """char_tiny's config as the launchers parse it with `overrides` (tasks.parse_flags)."""
+def _parsed_config(monkeypatch, *overrides, config=CHAR_TINY):
+  """char_tiny's config (or that of the --config value `config`) as the launchers parse it
+  with `overrides` (tasks.parse_flags)."""
   import sys
 
   from ml_collections import config_flags
 
   parsed = {}
-  argv = ['train.py', f'--config={CHAR_TINY}', *overrides]
+  argv = ['train.py', f'--config={config}', *overrides]
   monkeypatch.setattr(sys, 'argv', argv)  # ml_collections takes the overrides from there
 
   def define():
@@ -328,3 +329,41 @@ def test_an_optional_field_can_be_set_back_to_none(monkeypatch):
   # The last override wins, as ever.
   overrides = ['--config.data.max_bytes=None', '--config.data.max_bytes=7']
   assert _parsed_config(monkeypatch, *overrides).data.max_bytes == 7
+
+
+def test_a_home_in_the_config_file_and_its_path_fields_is_expanded(monkeypatch, tmp_path):
+  """The shell expands `~` only at the start of a word: `--config=~/x.py` was 'does not
+  exist', and `--config.data.path=~/a.txt` (or a config file's own `~/...`) was looked for
+  under a directory named `~`. --config's file and every field declared a path
+  (`fields.paths`) are expanded as the launchers, show_config and the sweep parse them."""
+  from relpos.config import fields
+  from relpos.config.char_lm_defaults import CharLMConfig
+  from relpos.config.translation_defaults import TranslationConfig
+
+  assert fields.paths(CharLMConfig) == ['data.path']
+  assert fields.paths(TranslationConfig) == [
+    'data.tfds_data_dir',
+    'data.train_src',
+    'data.train_tgt',
+    'data.eval_src',
+    'data.eval_tgt',
+  ]
+  monkeypatch.setenv('HOME', str(tmp_path))
+  (tmp_path / 'char.py').write_text(CHAR_TINY.read_text())
+  config = _parsed_config(monkeypatch, '--config.data.path=~/a.txt', config='~/char.py:shaw')
+  assert (config.data.path, config.model.position) == (str(tmp_path / 'a.txt'), 'shaw')
+  (tmp_path / 'translate.py').write_text(
+    'from relpos.config.translation_defaults import translate_config\n\n\n'
+    'def get_config():\n'
+    '  config = translate_config()\n'
+    "  config.data.update(kind='text', train_src='~/train.en', source_lang='~/en')\n"
+    '  return config\n'
+  )
+  config = _parsed_config(monkeypatch, '--config.data.eval_tgt=~/eval.de', config='~/translate.py')
+  assert (config.data.train_src, config.data.eval_tgt) == (
+    str(tmp_path / 'train.en'),
+    str(tmp_path / 'eval.de'),
+  )
+  # Not a path field, and not set: left as they are.
+  assert (config.data.source_lang, config.data.tfds_data_dir) == ('~/en', None)
+  assert tasks.config_arg(['sweep', '--config', '~/translate.py']) == str(tmp_path / 'translate.py')

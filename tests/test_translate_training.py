@@ -134,6 +134,34 @@ def test_a_resume_with_other_batch_rows_says_the_data_order_changes(
   assert "the data order differs from the uninterrupted run's" in warnings[0]
 
 
+def test_an_eval_file_gone_by_the_final_evaluation_names_the_saved_run(
+  corpus, trained, tmp_path, monkeypatch
+):
+  """The references moved away while train.py trained: the final evaluation said
+  `config.data.eval_tgt = '...' is not a file; set it to a text file`. Now the line says the
+  run is saved, and names the file gone since training started."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(trained[0], workdir)
+  references, moved = corpus / 'eval.de', tmp_path / 'eval.de'
+  train_model = translate.TASK.train_model
+
+  def train_then_move(*args, **kwargs):
+    train_model(*args, **kwargs)
+    references.rename(moved)
+
+  monkeypatch.setattr(translate.TASK, 'train_model', train_then_move)
+  try:
+    with pytest.raises(loop.UnscoredRunError) as caught:
+      translate.TASK.train_and_evaluate(_config(corpus, steps=8), workdir)
+  finally:
+    if moved.exists():
+      moved.rename(references)
+  assert str(caught.value).startswith(
+    f'training finished and saved its last checkpoint, {workdir}/checkpoints/8 (step 8), but '
+    f'config.data.eval_tgt ({references}) is gone since training started'
+  )
+
+
 def test_evaluate_without_checkpoint_says_so(corpus, tmp_path):
   with pytest.raises(FileNotFoundError, match='train first'):
     translate.TASK.evaluate(_config(corpus, steps=4), tmp_path / 'empty')

@@ -764,3 +764,14 @@ def test_a_corpus_of_lines_too_long_for_sentencepiece_is_named():
   bytes and fails on none left, which was a traceback."""
   with pytest.raises(ValueError, match=r'longest line has 300,000 bytes .* one sentence per'):
     tokenizer.train_model(['x' * 300_000], VOCAB_SIZE)
+
+
+def test_dropped_empty_pairs_are_warned_of_once_per_file(tmp_path, capsys):
+  """train.py reads the eval files for its validation and again for its final evaluation: the
+  warning of their pairs with an empty side was printed twice."""
+  for side, text in (('src', 'a\n\nb\n'), ('tgt', 'x\ny\n\n')):
+    (tmp_path / side).write_text(text)
+  for _ in range(2):
+    assert parallel_text.read_parallel(tmp_path / 'src', tmp_path / 'tgt') == (['a'], ['x'])
+  warned = capsys.readouterr().err.splitlines()
+  assert warned == [f'warning: {tmp_path}/src / {tmp_path}/tgt: dropped 2 pairs with an empty side']

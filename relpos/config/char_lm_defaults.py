@@ -30,6 +30,7 @@ class CharLMData:
     str(enwik8.prepared_path()),
     checks.TEXT,
     f'the file (default: where `{enwik8.PREPARE_COMMAND}` writes it)',
+    path=True,
   )
   vocab: str = field(
     'bytes',

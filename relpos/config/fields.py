@@ -32,7 +32,8 @@ from relpos.config import checks
 
 def field(default, rule: checks.Rule, doc: str, **meta) -> Any:
   """A declared field: its `default`, the `rule` a value must meet and a one-line `doc`;
-  `meta` adds facts a section's users read (a model field's `read_by` positions)."""
+  `meta` adds facts a section's users read (a model field's `read_by` positions; `path=True`
+  for a field that names a file or directory, `paths`)."""
   return dataclasses.field(default=default, metadata={'rule': rule, 'doc': doc, **meta})
 
 
@@ -120,6 +121,13 @@ def rules(cls: type, *, skip=()) -> dict[str, checks.Rule]:
   """{dotted path: rule} of every declared field (what `checks.check` takes); the sections
   named in `skip` left out (config.model, which its typed config checks)."""
   return {path: f.metadata['rule'] for path, f in leaves(cls, skip=skip).items()}
+
+
+def paths(cls: type) -> list[str]:
+  """The dotted paths of the declared fields that name a file or directory (`path=True`): the
+  launchers expand a `~` in them (`relpos.training.tasks.parse_flags`), which the shell does
+  not do after `--config.data.path=`."""
+  return [path for path, f in leaves(cls).items() if f.metadata.get('path')]
 
 
 def docs(cls: type) -> dict[str, str]:

@@ -19,8 +19,8 @@ from relpos.config.shared import EvalConfig, OptimConfig, RunFields, TrainConfig
 from relpos.data.translation import KINDS
 
 
-def _text(default: str, doc: str):
-  return field(default, checks.TEXT, doc)
+def _text(default: str, doc: str, *, path: bool = False):
+  return field(default, checks.TEXT, doc, path=path)
 
 
 @section
@@ -34,16 +34,16 @@ class TranslationData:
   )
   tfds_name: str = _text('wmt14_translate/de-en', 'the tensorflow-datasets name')
   tfds_data_dir: str | None = field(
-    None, checks.OPTIONAL_TEXT, "tensorflow-datasets' data_dir (None: its default)"
+    None, checks.OPTIONAL_TEXT, "tensorflow-datasets' data_dir (None: its default)", path=True
   )
   tfds_train_split: str = _text('train', 'the tfds split trained on')
   tfds_eval_split: str = _text('test', 'the tfds split scored')
   source_lang: str = _text('en', 'the source language')
   target_lang: str = _text('de', 'the target language')
-  train_src: str = _text('', "kind='text': one sentence per line, `.gz` accepted")
-  train_tgt: str = _text('', "kind='text': the training targets")
-  eval_src: str = _text('', "kind='text': the evaluation sources")
-  eval_tgt: str = _text('', "kind='text': the evaluation references, raw")
+  train_src: str = _text('', "kind='text': one sentence per line, `.gz` accepted", path=True)
+  train_tgt: str = _text('', "kind='text': the training targets", path=True)
+  eval_src: str = _text('', "kind='text': the evaluation sources", path=True)
+  eval_tgt: str = _text('', "kind='text': the evaluation references, raw", path=True)
   moses_detokenize: bool = field(
     False,
     checks.FLAG,

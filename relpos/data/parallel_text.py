@@ -125,7 +125,10 @@ def keep_nonempty(
     else:
       dropped += 1
   if dropped:
-    warn(f'{name}: dropped {dropped} pairs with an empty side')
+    warn(
+      f'{name}: dropped {dropped} pairs with an empty side',
+      once=True,  # train.py reads the eval files for its validation and again to score
+    )
   return sources, targets
 
 

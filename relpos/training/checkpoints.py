@@ -125,23 +125,37 @@ def _read_cause(error: BaseException) -> str:
 
 
 def filesystem_fault(
-  error: BaseException, what: str, *, last_good: str, resume: bool = True, flag: str = '--workdir'
+  error: BaseException,
+  what: str,
+  *,
+  last_good: str,
+  resume: bool = True,
+  flag: str = '--workdir',
+  flag_given: bool = True,
+  todo: str | None = None,
 ) -> FilesystemFaultError:
   """The one-line fault of `error`: '<what>: <cause> (<meaning>); <last_good>; <what to do>'.
   `resume`: whether rerunning the same command afterwards resumes the run. `flag`: the flag
-  naming the directory written to (eval.py's --output_dir, say), which the remedy names."""
+  naming the directory written to (eval.py's --output_dir, say), which the remedy names;
+  `flag_given`: False where that flag was left out (eval.py writing into the workdir), so the
+  remedy gives it rather than "another" one. `todo`: the whole remedy, where the errno's does
+  not fit (a finished run, which a rerun would not resume)."""
   number = error_errno(error)
-  meaning, todo = _REMEDIES.get(number, ('', 'fix the cause'))
+  meaning, remedy = _REMEDIES.get(number, ('', 'fix the cause'))
   if flag != '--workdir':
-    todo = todo.replace('--workdir', flag)
+    remedy = remedy.replace('--workdir', flag)
     if number == errno.ENOENT:
-      meaning, todo = (
+      meaning, remedy = (
         'a directory on its path is missing and cannot be made',
         f'give another {flag}',
       )
+  if not flag_given:
+    remedy = remedy.replace(f'another {flag}', flag)
   cause = _first_line(error) + (f' ({meaning})' if meaning else '')
-  then = ', then rerun the same command to resume' if resume else ', then rerun'
-  return FilesystemFaultError(f'{what}: {cause}; {last_good}; {todo}{then}')
+  if todo is None:
+    then = ', then rerun the same command to resume' if resume else ', then rerun'
+    todo = f'{remedy}{then}'
+  return FilesystemFaultError(f'{what}: {cause}; {last_good}; {todo}')
 
 
 def _name_last_good(directory: Path, steps, none: str) -> str:

@@ -33,7 +33,6 @@ import errno
 import functools
 import json
 import math
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,7 @@ from relpos import flops as flops_lib
 from relpos.attention.pallas_common import check_runs_on
 from relpos.config import checks, fields
 from relpos.config.recorded import check_config_change, record_config
-from relpos.files import write_atomically
+from relpos.files import check_takes_files, write_atomically
 from relpos.messages import warn
 from relpos.models.multihead_attention import clip_shaw_tables
 from relpos.training import data_record, optim, workdir_lock
@@ -207,17 +206,22 @@ class Task(abc.ABC):
     """The evaluation of the workdir's checkpoint (`restore_model`): {metric: value, ...}.
     Files it writes (translations) go to `output_dir`, the workdir by default."""
 
-  def evaluate(self, config, workdir, *, output_dir=None) -> dict:
+  def evaluate(self, config, workdir, *, output_dir=None, after_training=False) -> dict:
     """`score` after the config check, with config.eval added; process 0 writes it to
     `output_dir`/eval_results.json (default: the workdir, which evaluating it with other
-    config.eval settings then overwrites). A workdir with no checkpoint is a
-    FileNotFoundError, and a config of another model than the run's a ValueError
-    (`check_model`), before anything else is read. Other data than the run's is scored with a
-    warning line, and the result records config.data beside config.eval. A run a sweep recorded
-    as diverged (`recorded_divergence`) is scored at its last finite checkpoint, with a warning
-    line that says so. eval.py scores it only into another directory than the record's
-    (`run_config.check_output_dir`); train.py's final evaluation, of the run it has just
-    trained on, replaces the record."""
+    config.eval settings then overwrites). That the directory takes files is checked before
+    anything is scored (`check_takes_files`, as train.py checks its workdir before training):
+    a read-only one failed only at the write, after the whole set was scored. Its faults'
+    remedies name --output_dir, given or not (eval.py's); `after_training`: train.py's
+    evaluation of the run it has just trained, which takes no --output_dir, so they name
+    --workdir, as they do for an `output_dir` given as the workdir itself (a sweep scoring a
+    run in place). A workdir with no checkpoint is a FileNotFoundError, and a config of
+    another model than the run's a ValueError (`check_model`), before anything else is read.
+    Other data than the run's is scored with a warning line, and the result records
+    config.data beside config.eval. A run a sweep recorded as diverged (`recorded_divergence`)
+    is scored at its last finite checkpoint, with a warning line that says so. eval.py scores
+    it only into another directory than the record's (`run_config.check_output_dir`);
+    train.py's final evaluation, of the run it has just trained on, replaces the record."""
     workdir = Path(workdir)
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     self.check_config(config)  # before anything reads its fields
@@ -228,12 +232,30 @@ class Task(abc.ABC):
     if other_data:
       warn(f'scoring other data than the run trained with ({"; ".join(other_data)})')
     check_platform(config, jax.default_backend())
+    given_output_dir = output_dir is not None
     output_dir = workdir if output_dir is None else Path(output_dir)
     check_trained(workdir).close()
     diverged = recorded_divergence(output_dir, workdir)
+    in_workdir = output_dir.resolve() == workdir.resolve()
+
+    def fault(error: OSError, what: str) -> FilesystemFaultError:
+      return filesystem_fault(
+        error,
+        what,
+        last_good=f'the checkpoints in {workdir} are unchanged',
+        resume=False,
+        # A sweep gives its runs' own directory as output_dir where it scores them in place.
+        flag='--workdir' if after_training or given_output_dir and in_workdir else '--output_dir',
+        flag_given=given_output_dir,
+      )
+
+    if mesh_lib.is_writer():  # eval_results.json goes there, and `score` may write files
+      try:
+        check_takes_files(output_dir)
+      except OSError as error:
+        what = f'cannot write the evaluation to {output_dir}, checked before scoring'
+        raise fault(error, what) from error
     try:
-      if mesh_lib.is_writer():
-        output_dir.mkdir(parents=True, exist_ok=True)  # `score` may write files there
       result = {**self.score(config, workdir, output_dir), 'eval': config.eval.to_dict()}
       if diverged:
         warn(
@@ -255,13 +277,7 @@ class Task(abc.ABC):
       # The file itself where the error names one (`write_atomically`'s do: eval_results.json,
       # translations), else output_dir, which could not be made.
       target = output_dir / written.relative_to(output_dir.resolve())
-      raise filesystem_fault(
-        error,
-        f'cannot write the evaluation to {target}',
-        last_good=f'the checkpoints in {workdir} are unchanged',
-        resume=False,
-        flag='--output_dir' if output_dir != workdir else '--workdir',
-      ) from error
+      raise fault(error, f'cannot write the evaluation to {target}') from error
     return result
 
   @abc.abstractmethod
@@ -286,12 +302,47 @@ class Task(abc.ABC):
   def train_and_evaluate(self, config, workdir, *, allow_config_change: bool = False) -> dict:
     """`train_model`, then `evaluate`; an evaluation the run's checkpoints cannot serve is
     refused first (`check_evaluation_plan`), not after the training; the config check comes
-    before that, which reads its fields (`train` checks it again with the devices)."""
+    before that, which reads its fields (`train` checks it again with the devices). A data
+    file that is gone by the evaluation (deleted or moved while the run trained) is an
+    `UnscoredRunError`: the data reader's own line ('set data.path to an existing file')
+    would invite scoring the finished run on other data."""
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     self.check_config(config)
     check_evaluation_plan(config, workdir)
     self.train_model(config, workdir, allow_config_change=allow_config_change)
-    return self.evaluate(config, workdir)
+    try:
+      return self.evaluate(config, workdir, after_training=True)
+    except FileNotFoundError as error:
+      files = self.data_files(config, workdir)
+      gone = [f'{field} ({path})' for field, path in files.items() if not Path(path).is_file()]
+      if not gone:
+        raise
+      raise UnscoredRunError(workdir, gone) from error
+
+
+class UnscoredRunError(FileNotFoundError):
+  """Training finished and saved its last checkpoint, but a data file it read (`gone`: '<field>
+  (<path>)' each) is gone since it started, so its final evaluation could not run. The run is
+  whole: eval.py scores it once the file is back. `command` is that eval.py command: the
+  launcher sets it from its own command line (`tasks.eval_command`)."""
+
+  def __init__(self, workdir, gone: list[str]):
+    steps = finished_steps(workdir)
+    saved = (
+      f'its last checkpoint, {Path(workdir) / CHECKPOINTS / str(steps[-1])} (step {steps[-1]})'
+      if steps
+      else 'its checkpoints'
+    )
+    files = ' and '.join(gone) + (' is' if len(gone) == 1 else ' are')
+    self.reason = (
+      f'training finished and saved {saved}, but {files} gone since training started (deleted '
+      'or moved), so the run was not evaluated: restore the data as it was, then score the run'
+    )
+    self.command = f'python eval.py --config=<its config file> --workdir={workdir}'
+    super().__init__(self.reason)
+
+  def __str__(self) -> str:
+    return f'{self.reason} with `{self.command}`'
 
 
 def _steps_text(steps: list[int]) -> str:
@@ -636,10 +687,12 @@ def step_memory_warning(step, state, batch, device=None) -> str | None:
   )
 
 
-def prepare_workdir(workdir: Path) -> list[Path]:
-  """Makes `workdir` and checks that it takes files, before anything else of the run; returns
-  the directories it made (the workdir and any parents that were missing), innermost first,
-  for `leave_no_trace`.
+def prepare_workdir(workdir: Path, steps: int) -> list[Path]:
+  """Makes `workdir` and checks that it takes files (`check_takes_files`), before anything else
+  of the run; returns the directories it made (the workdir and any parents that were
+  missing), innermost first, for `leave_no_trace`. `steps`: config.train.steps; a run that
+  reached them has nothing left to train, so the remedy of a workdir that takes no files is
+  eval.py with --output_dir, not a rerun to resume.
 
   Raises:
     FilesystemFaultError: a file is in its place, it cannot be made, or it is not writable
@@ -662,14 +715,22 @@ def prepare_workdir(workdir: Path) -> list[Path]:
     made.append(missing)
     missing = missing.parent
   try:
-    workdir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryFile(dir=workdir, prefix='.relpos-write-check-'):
-      pass
+    check_takes_files(workdir)
   except OSError as error:
     leave_no_trace(workdir, made)
-    raise filesystem_fault(
-      error, f'cannot write to --workdir={workdir} before training', last_good=last_good_in(workdir)
-    ) from error
+    what, last_good = f'cannot write to --workdir={workdir} before training', last_good_in(workdir)
+    try:
+      done = max(finished_steps(workdir), default=0)
+    except (OSError, RuntimeError):  # a path that cannot be one (too long, a symlink loop)
+      done = 0
+    if done < steps:
+      raise filesystem_fault(error, what, last_good=last_good) from error
+    todo = (
+      f'the run is finished (config.train.steps={steps}), nothing is left to train: score it '
+      'with eval.py and an --output_dir that takes files, or make the workdir writable, then '
+      'rerun'
+    )
+    raise filesystem_fault(error, what, last_good=last_good, todo=todo) from error
   return made
 
 
@@ -715,7 +776,7 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
     raise ValueError(f'{not_a_new_run}; a new run needs a directory of its own')
   mesh = mesh_lib.data_mesh()
   task.check_config(config, mesh)  # before writing, reading data or compiling anything
-  made = prepare_workdir(workdir)
+  made = prepare_workdir(workdir, config.train.steps)
   reached = {'step': 0, 'checkpoints': None}
 
   def last_good() -> str:

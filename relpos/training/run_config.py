@@ -31,13 +31,16 @@ def not_a_workdir(workdir, flag: str | None = '--workdir') -> FileNotFoundError:
 def check_path(workdir, flag: str | None = '--workdir') -> None:
   """Raises ValueError naming `workdir` (given as `flag`) when the OS refuses the path itself,
   not just its absence: a name too long, a loop of symbolic links, a file in the way of a
-  parent directory. Path's own tests (is_dir, is_file) raise on some of these and answer False
+  parent directory, a symbolic link (the path or a parent) to something that does not exist
+  (`dangling_link`). Path's own tests (is_dir, is_file) raise on some of these and answer False
   to others, so the commands would fail later with a traceback or a wrong reason."""
   given = f'{flag}={workdir}' if flag else str(workdir)
   try:
     Path(workdir).resolve(strict=False)
     os.stat(workdir)
   except FileNotFoundError:
+    if problem := dangling_link(workdir):
+      raise ValueError(f'{given}: {problem}') from None
     return  # not made yet: train.py makes it, a reader says it is not a directory
   except RuntimeError:  # Path.resolve's "Symlink loop" (Python 3.11)
     raise ValueError(f'{given}: a loop of symbolic links; give another path') from None
@@ -45,6 +48,22 @@ def check_path(workdir, flag: str | None = '--workdir') -> None:
     if error.errno == errno.ENOTDIR:
       return  # a file in the way: train.py and the readers name it as such
     raise ValueError(f'{given}: {error.strerror}; give another path') from None
+
+
+def dangling_link(path) -> str | None:
+  """What is wrong with `path` where it, or a directory on it, is a symbolic link to something
+  that does not exist (a volume not mounted, a target moved), as the words of an error and
+  what to do; None where there is none. Made through, such a link fails as 'File exists' (a
+  writer's mkdir meets the link) or reads as no directory at all, neither saying why."""
+  path = Path(path)
+  for link in (path, *path.parents):
+    if link.is_symlink() and not link.exists():
+      which = 'it is' if link == path else f'{link} is'
+      return (
+        f'{which} a symbolic link to {os.readlink(link)}, which does not exist: mount it or '
+        'point the link elsewhere'
+      )
+  return None
 
 
 def has_run(workdir) -> bool:

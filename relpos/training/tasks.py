@@ -3,17 +3,19 @@
 import importlib
 import logging as std_logging
 import os
+import shlex
 import sys
 import traceback
+from pathlib import Path
 
 import jax
 import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from relpos.config import checks, fields
+from relpos.config import checks, declaration, fields
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE
-from relpos.training.loop import Task
+from relpos.training.loop import Task, UnscoredRunError
 from relpos.training.preemption import PreemptedError, RunFaultError
 from relpos.training.run_config import TaskMismatchError, check_output_dir
 
@@ -83,23 +85,89 @@ def _define_distributed_flags():
           'error: --distributed=explicit needs --coordinator_address, --num_processes and '
           '--process_id'
         )
-      jax.distributed.initialize(**explicit)
+      _join(explicit)
     elif given:
       sys.exit(f'error: {", ".join(given)}: only with --distributed=explicit')
     elif mode.value == 'auto':
-      jax.distributed.initialize()
+      _join({})
 
   return initialize
 
 
-def config_arg(argv: list[str]) -> str | None:
-  """The value of `--config=VALUE` (or `--config VALUE`) in `argv`, None if absent."""
+def _join(explicit: dict) -> None:
+  """jax.distributed.initialize with `explicit`'s settings (none: what it detects), its
+  ValueError one `error:` line. With none given, JAX looks for a cluster whose processes it can
+  count (a Cloud TPU pod slice, SLURM's srun, Open MPI's mpirun); outside one it finds none
+  and says only 'coordinator_address should be defined.', at the end of a traceback through
+  its internals. An explicit setting it refuses (a --process_id not below --num_processes)
+  is its own words."""
+  try:
+    jax.distributed.initialize(**explicit)
+  except ValueError as error:
+    if explicit:
+      sys.exit(f'error: --distributed=explicit: {error}')
+    sys.exit(
+      'error: --distributed=auto found no cluster to join (it looks for a Cloud TPU pod slice, '
+      f'SLURM (srun) or Open MPI (mpirun); JAX: {error}): leave --distributed out to run one '
+      'process, or give --distributed=explicit with --coordinator_address, --num_processes and '
+      '--process_id'
+    )
+
+
+def home_expanded(value: str) -> str:
+  """`value` with a leading `~` or `~/` expanded to the home directory: the shell expands it
+  only at the start of a word, so `--workdir=~/runs/x` and `--config.data.path=~/a.txt` reach
+  relpos as they were typed, and a literal directory named `~` in the working directory is
+  never what was meant."""
+  return os.path.expanduser(value) if value == '~' or value.startswith('~/') else value
+
+
+def _config_index(argv: list[str]) -> int | None:
+  """The index in `argv` of `--config=VALUE`, or of VALUE after `--config`; None if absent."""
   for i, arg in enumerate(argv):
     if arg.startswith('--config='):
-      return arg.removeprefix('--config=')
+      return i
     if arg == '--config' and i + 1 < len(argv):
-      return argv[i + 1]
+      return i + 1
   return None
+
+
+def config_arg(argv: list[str]) -> str | None:
+  """The value of `--config=VALUE` (or `--config VALUE`) in `argv`, None if absent; a leading
+  `~` of its file expanded (`home_expanded`)."""
+  i = _config_index(argv)
+  return None if i is None else home_expanded(argv[i].removeprefix('--config='))
+
+
+def _home_expanded_config(argv: list[str]) -> list[str]:
+  """`argv` with its --config file's leading `~` expanded (`config_arg`)."""
+  i = _config_index(argv)
+  if i is None:
+    return argv
+  expanded = list(argv)
+  expanded[i] = (
+    f'--config={config_arg(argv)}' if argv[i].startswith('--config=') else config_arg(argv)
+  )
+  return expanded
+
+
+def expand_config_paths(config) -> None:
+  """Expands a leading `~` (`home_expanded`) in each field of `config` that its task declares
+  a path (`relpos.config.fields.paths`: config.data.path, translation's files), whether an
+  override or the config file set it: a data file named `~/a.txt` was looked for under a
+  directory named `~`. A config of no declared task is left as it is."""
+  declared = (
+    declaration(config.get('task')) if isinstance(config, ml_collections.ConfigDict) else None
+  )
+  if declared is None:
+    return
+  for path in fields.paths(declared):
+    *sections, name = path.split('.')
+    node = config
+    for section in sections:
+      node = node.get(section) if isinstance(node, ml_collections.ConfigDict) else None
+    if isinstance(node, ml_collections.ConfigDict) and isinstance(node.get(name), str):
+      node[name] = home_expanded(node[name])
 
 
 def config_overrides(argv: list[str]) -> list[str]:
@@ -252,10 +320,13 @@ def parse_flags(argv: list[str]) -> list[str]:
   from a fault of an override (ml_collections leaves the flag unset after either, and names
   only the field's last part). A path flag given as `--workdir=~/runs/x` gets its `~`
   expanded, as the shell does for `--workdir ~/runs/x` but not after an `=`
-  (`expand_home`). `--config.<field>=None` sets a field whose rule takes None to None
+  (`expand_home`), and so do --config's file and the config's path fields
+  (`expand_config_paths`): every command that takes a config parses it here.
+  `--config.<field>=None` sets a field whose rule takes None to None
   (`_optional_none_overrides`)."""
   absl_logger = logging.get_absl_logger()
   absl_logger.addFilter(quiet := _NoNoneConfigWarning())
+  argv = _home_expanded_config(argv)
   try:
     parsed, to_none = _optional_none_overrides(argv) if 'config' in flags.FLAGS else (argv, [])
     rest = flags.FLAGS(parsed)
@@ -270,6 +341,7 @@ def parse_flags(argv: list[str]) -> list[str]:
         node = node[section]
       node[name] = None
     expand_home(flags.FLAGS)
+    expand_config_paths(config)
     refuse_empty_paths(flags.FLAGS)
     return rest
   except Exception as error:  # noqa: BLE001 (the one line below; --traceback is not parsed yet)
@@ -288,10 +360,8 @@ def expand_home(registry) -> None:
   """Expands a leading `~` or `~/` in the value of each of PATH_FLAGS that was given: a
   literal directory named `~` in the working directory is never what was meant."""
   for name in PATH_FLAGS:
-    if name in registry and registry[name].present:
-      value = registry[name].value
-      if isinstance(value, str) and (value == '~' or value.startswith('~/')):
-        registry[name].value = os.path.expanduser(value)
+    if name in registry and registry[name].present and isinstance(registry[name].value, str):
+      registry[name].value = home_expanded(registry[name].value)
 
 
 def refuse_empty_paths(registry, workdirs=()) -> None:
@@ -341,6 +411,21 @@ def run_main(main) -> None:
       sys.exit(f'error: {error}')
 
   app.run(guarded, flags_parser=parse_flags)
+
+
+def eval_command(argv: list[str], workdir) -> str:
+  """The eval.py command that scores the run `argv` (a train.py command line) trains in
+  `workdir`: train.py's --config and --config.<field> overrides, each argument quoted for the
+  shell where it needs it."""
+  config = config_arg(argv)
+  args = [
+    'python',
+    str(Path(argv[0]).with_name('eval.py')),
+    *([f'--config={config}'] if config else []),
+    *config_overrides(argv),
+    f'--workdir={workdir}',
+  ]
+  return ' '.join(shlex.quote(arg) for arg in args)
 
 
 def launch(action: str):
@@ -401,6 +486,8 @@ def launch(action: str):
     except USER_ERRORS as error:
       if show_traceback.value:
         raise
+      if isinstance(error, UnscoredRunError):  # the command that scores it, from this one's
+        error.command = eval_command(sys.argv, workdir.value)
       sys.exit(f'error: {error}')  # one line; --traceback (docs/faults.md) shows where
     print('\n'.join(task.result_lines(result)))
 
