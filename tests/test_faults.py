@@ -221,6 +221,22 @@ def test_a_file_in_place_of_the_workdir(text_file, tmp_path):
   _fault(caught.value, FILESYSTEM_EXIT_CODE, 'cannot write to --workdir=', 'give a directory')
 
 
+def test_a_dangling_link_in_place_of_the_workdir_is_named_with_its_target(text_file, tmp_path):
+  """mkdir on a dangling symbolic link said only 'File exists (a file is in the way of a
+  directory)'; the link is not followed to make its target (a scratch disk not mounted, say)."""
+  workdir = tmp_path / 'run'
+  workdir.symlink_to(tmp_path / 'scratch' / 'run')
+  with pytest.raises(tasks.FAULTS) as caught:
+    char_lm.TASK.train_model(_config(text_file), workdir)
+  _fault(
+    caught.value,
+    FILESYSTEM_EXIT_CODE,
+    f'--workdir={workdir} is a symbolic link to {tmp_path / "scratch" / "run"}, which does not '
+    'exist; nothing was written',
+  )
+  assert not (tmp_path / 'scratch').exists()
+
+
 def _read_only(workdir, monkeypatch):
   """Makes `workdir` read-only: by its mode where that stops this process (not root), else by
   failing every write below it with EROFS, as a filesystem mounted read-only does (the opens

@@ -204,7 +204,11 @@ def test_a_read_only_sweep_root_is_the_exit_74_line(tmp_path, monkeypatch, capsy
     'writable or give another --workdir, then rerun'
   )
 
+  real_os_open = os.open
+
   def read_only_os_open(path, flags, *args):
+    if Path(path).name != workdir_lock.LOCK_FILE:  # the root's write probe passes
+      return real_os_open(path, flags, *args)
     raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
 
   monkeypatch.setattr(workdir_lock.os, 'open', read_only_os_open)
@@ -271,6 +275,46 @@ def test_a_full_disk_writing_the_sweeps_lock_is_the_exit_74_line(tmp_path, monke
     f'on device (the disk is full); the finished runs under {root} are intact; free space on '
     'its disk, then rerun the same command to resume'
   )
+
+
+def _a_file(runs: Path) -> tuple[Path, str]:
+  root = runs / 'sweep'
+  root.write_text('notes')
+  return root, f'--workdir={root} is a file, not a directory; nothing was written'
+
+
+def _a_dangling_link(runs: Path) -> tuple[Path, str]:
+  root = runs / 'sweep'
+  root.symlink_to(runs / 'unmounted')
+  return root, (
+    f'--workdir={root} is a symbolic link to {runs / "unmounted"}, which does not exist; '
+    'nothing was written; make that directory or give another --workdir'
+  )
+
+
+def _under_a_file(runs: Path) -> tuple[Path, str]:
+  (runs / 'sweep').write_text('notes')
+  root = runs / 'sweep' / 'k'
+  return root, f'cannot write to --workdir={root} before training: Not a directory'
+
+
+@pytest.mark.parametrize('collect_only', [False, True])
+@pytest.mark.parametrize('place', [_a_file, _a_dangling_link, _under_a_file])
+def test_a_sweep_root_that_cannot_be_a_directory_is_the_exit_74_line(
+  tmp_path, monkeypatch, capsys, place, collect_only
+):
+  """Before, FileExistsError or NotADirectoryError tracebacks from the root's mkdir; now the
+  line train.py gives its workdir (`loop.prepare_workdir`), a dangling link named with its
+  target, and nothing is made."""
+  runs = tmp_path / 'runs'
+  runs.mkdir()
+  root, expected = place(runs)
+  more = ('--collect_only',) if collect_only else ()
+  assert run_sweep_main(monkeypatch, *_sweep_args(root, *more)) == 74
+  err = capsys.readouterr().err
+  assert 'Traceback' not in err
+  assert err.strip().splitlines()[-1].startswith(f'error: {expected}')
+  assert [p.name for p in runs.iterdir()] == ['sweep']  # nothing else made
 
 
 def test_config_files_that_do_not_load_are_one_line(commands, tmp_path):

@@ -748,7 +748,9 @@ def sweep(
   value}}, `parse_evaluations`) scores every trained model at each setting: the tables, plot
   and breakdowns are those of the first setting, and `sweep_by_evaluation.*` holds them all."""
   task = tasks.get(config)
-  root.mkdir(parents=True, exist_ok=True)
+  # The root is made and checked as train.py's workdir is, also for --collect_only (which
+  # writes its tables there): a file, a dangling link or a file above it is one exit-74 line.
+  loop.prepare_workdir(root)
   settings = evaluations or {None: {}}
   if train:
     # One sweep at a time on a root: a second one would score the runs the first finishes,

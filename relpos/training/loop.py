@@ -641,14 +641,24 @@ def prepare_workdir(workdir: Path) -> list[Path]:
   the directories it made (the workdir and any parents that were missing), innermost first,
   for `leave_no_trace`.
 
+  A dangling symbolic link is named as such, with its missing target: `mkdir` on it says
+  only 'File exists', and it is not made, since where the link points is the user's to make
+  (a scratch disk that is not mounted, say). The sweep's root is prepared here too.
+
   Raises:
-    FilesystemFaultError: a file is in its place, it cannot be made, or it is not writable
-      (what it made is removed again).
+    FilesystemFaultError: a file or a dangling link is in its place, it cannot be made, or it
+      is not writable (what it made is removed again).
   """
   if workdir.exists() and not workdir.is_dir():
     raise FilesystemFaultError(
       f'--workdir={workdir} is a file, not a directory; nothing was written; give a directory '
       '(a new one is made), then rerun'
+    )
+  if workdir.is_symlink() and not workdir.exists():
+    target = workdir.parent / workdir.readlink()
+    raise FilesystemFaultError(
+      f'--workdir={workdir} is a symbolic link to {target}, which does not exist; nothing was '
+      'written; make that directory or give another --workdir, then rerun'
     )
   for name in (CHECKPOINTS, TENSORBOARD):  # the directories a run writes into
     inside = workdir / name
