@@ -125,11 +125,20 @@ def _read_cause(error: BaseException) -> str:
 
 
 def filesystem_fault(
-  error: BaseException, what: str, *, last_good: str, resume: bool = True, flag: str = '--workdir'
+  error: BaseException,
+  what: str,
+  *,
+  last_good: str,
+  resume: bool = True,
+  flag: str = '--workdir',
+  flag_names_file: bool = False,
 ) -> FilesystemFaultError:
   """The one-line fault of `error`: '<what>: <cause> (<meaning>); <last_good>; <what to do>'.
   `resume`: whether rerunning the same command afterwards resumes the run. `flag`: the flag
-  naming the directory written to (eval.py's --output_dir, say), which the remedy names."""
+  naming the directory written to (eval.py's --output_dir, say), which the remedy names;
+  `flag_names_file`: it names a file written instead (a study's --out, which is not made
+  with its directories), so that a directory missing from its path, or a file in the way of
+  one, asks for another path rather than a directory as the flag."""
   number = error_errno(error)
   meaning, todo = _REMEDIES.get(number, ('', 'fix the cause'))
   if flag != '--workdir':
@@ -139,6 +148,10 @@ def filesystem_fault(
         'a directory on its path is missing and cannot be made',
         f'give another {flag}',
       )
+  if flag_names_file and number in (errno.ENOENT, errno.ENOTDIR, errno.EEXIST):
+    missing = number == errno.ENOENT
+    meaning = 'a directory on its path is missing' if missing else meaning
+    todo = f'make that directory or give another {flag}' if missing else f'give another {flag}'
   cause = _first_line(error) + (f' ({meaning})' if meaning else '')
   then = ', then rerun the same command to resume' if resume else ', then rerun'
   return FilesystemFaultError(f'{what}: {cause}; {last_good}; {todo}{then}')
