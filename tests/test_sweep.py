@@ -263,6 +263,37 @@ def test_print_only_sweeps_presets_of_the_config_file(tmp_path, monkeypatch, cap
       ['--config=configs/char_tiny.py:shaw', '--config.train.steps=5', '--config.model.postion=x'],
       '--config.model.postion: the config has no field',
     ),
+    # --evaluations settings the checks refuse for some value's model: before, the first run
+    # trained, then its evaluation failed (docs/studies.md promised otherwise). Refused before
+    # anything, --print_only too (which keeps this test from training where they are not).
+    (
+      [
+        '--config=configs/char_tiny.py:shaw',
+        '--values=4,2',
+        '--evaluations=max_relative_position=3',
+        '--print_only',
+      ],
+      '--evaluations=max_relative_position=3 for model.max_relative_position=2: '
+      'config.eval.max_relative_position=3 must be <= the trained',
+    ),
+    (
+      [
+        '--config=configs/char_tiny.py:shaw',
+        '--values=2',
+        '--evaluations=tgt_len=64,tgt_len=0',
+        '--print_only',
+      ],
+      '--evaluations=tgt_len=0 for model.max_relative_position=2: config.eval.tgt_len must be >= 1',
+    ),
+    (
+      [
+        '--config=configs/char_tiny.py:shaw',
+        '--values=2',
+        '--evaluations=tgt_len=64+mem_len=-1',
+        '--print_only',
+      ],
+      '--evaluations=tgt_len=64+mem_len=-1 for model.max_relative_position=2: config.eval.mem_len',
+    ),
   ],
 )
 def test_command_line_errors_are_one_line_before_training(tmp_path, monkeypatch, args, message):

@@ -52,8 +52,8 @@ consistent one does).
 
 Everything that can be wrong is an error before any training: an unknown field or value, a
 metric the task does not report, a field the model never reads at the swept values (k on an
-absolute model). `--print_only` prints the train/eval command of every run instead (for a
-cluster); `--collect_only` rebuilds the tables from finished runs, with a warning naming each
+absolute model), an `--evaluations` setting the config checks refuse for any value's model.
+`--print_only` prints the train/eval command of every run instead (for a cluster); `--collect_only` rebuilds the tables from finished runs, with a warning naming each
 result that is not of the config as given (another training config, step or config.eval, or
 scored from another workdir's checkpoint). Any `--config.*` override on this command line is
 passed on to every run.
@@ -232,10 +232,14 @@ def _as_trained(config, field: str, variant) -> ml_collections.ConfigDict:
   return trained
 
 
-def check_sweep(config, field: str, values, seeds, metric: str, variant_of=None) -> None:
+def check_sweep(
+  config, field: str, values, seeds, metric: str, variant_of=None, evaluations=None
+) -> None:
   """Raises ValueError for a sweep that cannot give its table, before anything trains: a
   metric the task does not report, a value the task's checks refuse, a field that the model
-  does not read at any swept value (sweeping it would train one model n times). `variant_of`
+  does not read at any swept value (sweeping it would train one model n times), an
+  `--evaluations` setting (`parse_evaluations`) the checks refuse for the model of some value
+  (a clip beyond its trained k, say: each run trained, then failed to score). `variant_of`
   (value -> config) replaces setting config.<field> (`preset_variants`)."""
   task = tasks.get(config)
   if metric not in task.metrics:
@@ -256,6 +260,11 @@ def check_sweep(config, field: str, values, seeds, metric: str, variant_of=None)
       task.check_config(variant)
     except ValueError as error:
       raise ValueError(f'--field={field} at {value!r}: {error}') from None
+    for setting, overrides in (evaluations or {}).items():
+      try:  # what eval.py checks of the config it scores with (`Task.evaluate`)
+        task.check_config(evaluated(variant, overrides))
+      except ValueError as error:
+        raise ValueError(f'--evaluations={setting} for {field}={value}: {error}') from None
     leaf = field.removeprefix('model.')
     if field.startswith('model.'):
       read_somewhere |= leaf not in task.unread_fields(variant)
@@ -990,9 +999,9 @@ def main(argv):
     baseline = values[0] if baseline is None else baseline
     if baseline not in values:
       raise ValueError(f'--baseline={args.baseline} is not one of --values')
-    check_sweep(config, field, values, seeds, metric, variant_of)
     evaluations = parse_evaluations(config, args.evaluations or ())
     check_evaluations(field, evaluations)
+    check_sweep(config, field, values, seeds, metric, variant_of, evaluations)
     breakdowns = []
     for kind, edges in (
       (breakdown.SOURCE_LENGTH, args.by_source_length),
