@@ -55,6 +55,8 @@ def test_with_value_copies():
     ('translate_tiny', 'shaw', 'model.num_heads', [4, 3], 'bleu', r'at 3: config\.model\.d_model'),
     ('translate_tiny', 'shaw', 'model.position', ['shaw', 'relative'], 'bleu', 'at .relative.'),
     ('char_tiny', 'shaw', 'seed', [0, 1], 'bpc', '--field=seed: every run sets config.seed'),
+    # Before, --field=task trained a run recording "task": "2", then refused its own workdir.
+    ('char_tiny', 'shaw', 'task', ['2', '4'], 'bpc', "--field=task: every run .* config's task"),
     ('char_tiny', 'shaw', 'eval.clamp_len', [-1, 1], 'bpc', "position='shaw' does not read it"),
   ],
 )
@@ -250,6 +252,15 @@ def test_print_only_sweeps_presets_of_the_config_file(tmp_path, monkeypatch, cap
     (
       ['--config=configs/char_tiny.py:shaw', '--field=model.max_relative_positon'],
       '--field=model.max_relative_positon: the config has no field',
+    ),
+    (  # an AttributeError traceback: 'str' object has no attribute 'items'
+      ['--config=configs/char_tiny.py:shaw', '--field=model', '--values=1,2'],
+      '--field=model: config.model is a section, not a field: give one of its fields, such as '
+      'model.',
+    ),
+    (
+      ['--config=configs/char_tiny.py:shaw', '--field=task', '--values=2,4', '--print_only'],
+      '--field=task: every run of a sweep is of its config',
     ),
     (
       ['--config=configs/char_tiny.py:shaw', '--evaluations=tgt_len=abc'],

@@ -53,8 +53,9 @@ consistent one does).
 Everything that can be wrong is an error before any training: an unknown field or value, a
 metric the task does not report, a field the model never reads at the swept values (k on an
 absolute model), an `--evaluations` setting the config checks refuse for any value's model.
-`--print_only` prints the train/eval command of every run instead (for a cluster); `--collect_only` rebuilds the tables from finished runs, with a warning naming each
-result that is not of the config as given (another training config, step or config.eval, or
+`--print_only` prints the train/eval command of every run instead (for a cluster);
+`--collect_only` rebuilds the tables from finished runs, with a warning naming each result
+that is not of the config as given (another training config, step or config.eval, or
 scored from another workdir's checkpoint). Any `--config.*` override on this command line is
 passed on to every run.
 """
@@ -110,7 +111,7 @@ TRUE_TEXTS, FALSE_TEXTS = ('1', 'true', 'yes'), ('0', 'false', 'no')
 
 def field_type(config: ml_collections.ConfigDict, field: str, flag: str) -> type:
   """The type of config.<field>; ValueError naming `flag` (the option that named the field)
-  when the config has no such field."""
+  when the config has no such field, or it names a whole section (`--field=model`)."""
   node = config
   *parents, leaf = field.split('.')
   for name in parents:
@@ -119,6 +120,12 @@ def field_type(config: ml_collections.ConfigDict, field: str, flag: str) -> type
       raise ValueError(f'{flag}: the config has no section {name!r} (no field {field})')
   if leaf not in node:
     raise ValueError(f'{flag}: the config has no field {field}')
+  if isinstance(node[leaf], ml_collections.ConfigDict):
+    example = next(iter(node[leaf]), 'name')
+    raise ValueError(
+      f'{flag}: config.{field} is a section, not a field: give one of its fields, such as '
+      f'{field}.{example}'
+    )
   return type(node[leaf])
 
 
@@ -232,6 +239,17 @@ def _as_trained(config, field: str, variant) -> ml_collections.ConfigDict:
   return trained
 
 
+# The fields a sweep cannot vary, and why: what its runs share by construction, so that a
+# value of one would not be a run of this sweep (its table, its metric, its seed axis).
+UNSWEPT_FIELDS = {
+  'seed': 'every run sets config.seed from --seeds, so each value would be the same run; give '
+  'the seeds as --seeds and sweep another field',
+  'task': "every run of a sweep is of its config's task, whose metric it tabulates; another "
+  "task is another config file: sweep one of the task's fields, and compare tasks with a sweep "
+  'of each',
+}
+
+
 def check_sweep(
   config, field: str, values, seeds, metric: str, variant_of=None, evaluations=None
 ) -> None:
@@ -248,11 +266,8 @@ def check_sweep(
     )
   if not seeds:
     raise ValueError('--seeds is empty: give at least one seed')
-  if field == 'seed':
-    raise ValueError(
-      '--field=seed: every run sets config.seed from --seeds, so each value would be the same '
-      'run; give the seeds as --seeds and sweep another field'
-    )
+  if field in UNSWEPT_FIELDS:
+    raise ValueError(f'--field={field}: {UNSWEPT_FIELDS[field]}')
   read_somewhere = variant_of is not None
   for value in values:
     try:
