@@ -97,7 +97,10 @@ def preset_variants(path, overrides: list[str]):
   overrides applied (those of --config's own preset apply to every preset)."""
 
   def variant(preset: str) -> ml_collections.ConfigDict:
-    config = load_config_file(Path(path), preset)
+    try:
+      config = load_config_file(Path(path), preset)
+    except ValueError as error:  # a preset it lacks (`unknown_preset` names no file): this one
+      raise ValueError(f'{path}: {error}') from None
     for override in overrides:
       name, text = override.removeprefix('--config.').split('=', 1)
       config = with_value(config, name, parse_value(config, name, text, flag=override))
