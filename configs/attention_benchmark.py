@@ -13,10 +13,12 @@ both implementations.
 
 import ml_collections
 
+from relpos.config import unknown_preset
+
 
 def get_config(preset: str = 'full') -> ml_collections.ConfigDict:
   if preset not in ('full', 'quick', 'gpu'):
-    raise ValueError(f"unknown preset {preset!r}: use 'full', 'quick' or 'gpu'")
+    raise unknown_preset(preset, ('full', 'quick', 'gpu'))
   config = ml_collections.ConfigDict()
   config.heads = 8
   config.head_dim = 64

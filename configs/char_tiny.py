@@ -11,6 +11,7 @@ Another text file: --config.data.path=/path/to/file.txt (split 90/5/5).
 
 from pathlib import Path
 
+from relpos.config import unknown_preset
 from relpos.config.char_lm_defaults import char_lm_config
 
 _SAMPLE = Path(__file__).resolve().parent.parent / 'relpos/data/samples/tinyshakespeare.txt'
@@ -29,7 +30,7 @@ _PRESETS = {
 
 def get_config(preset: str = 'xl'):
   if preset not in _PRESETS:
-    raise ValueError(f'unknown char_tiny preset {preset!r}: use one of {sorted(_PRESETS)}')
+    raise unknown_preset(preset, _PRESETS)
   config = char_lm_config()
   config.data.update(kind='text', path=str(_SAMPLE))
   position, mem_len = _PRESETS[preset]

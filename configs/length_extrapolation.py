@@ -34,7 +34,7 @@ from pathlib import Path
 
 import ml_collections
 
-from relpos.config import load_config_file
+from relpos.config import load_config_file, unknown_preset
 
 _CONFIGS = Path(__file__).resolve().parent
 PRESETS = ('char', 'char_quick', 'translate')
@@ -64,5 +64,5 @@ def _translate() -> ml_collections.ConfigDict:
 
 def get_config(preset: str = 'char') -> ml_collections.ConfigDict:
   if preset not in PRESETS:
-    raise ValueError(f'unknown length_extrapolation preset {preset!r}: use one of {PRESETS}')
+    raise unknown_preset(preset, PRESETS)
   return _translate() if preset == 'translate' else _char(preset)

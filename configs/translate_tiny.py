@@ -33,6 +33,7 @@ reads the whole set (10,000 pairs, OpenNMT-py's data/ folder, relpos/data/sample
 
 from pathlib import Path
 
+from relpos.config import unknown_preset
 from relpos.config.translation_defaults import translate_config
 from relpos.constants import TRANSLATE_POSITIONS
 from relpos.data import data_directory, tatoeba
@@ -52,9 +53,7 @@ _ABLATIONS = {
 
 def get_config(preset: str = 'shaw'):
   if preset not in (*TRANSLATE_POSITIONS, *_ABLATIONS):
-    raise ValueError(
-      f'unknown translate_tiny preset {preset!r}: use one of {(*TRANSLATE_POSITIONS, *_ABLATIONS)}'
-    )
+    raise unknown_preset(preset, (*TRANSLATE_POSITIONS, *_ABLATIONS))
   position = 'shaw' if preset in _ABLATIONS else preset
   config = translate_config()
   train_src, train_tgt = tatoeba.split_files(tatoeba_directory(), 'train')

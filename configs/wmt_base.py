@@ -14,13 +14,14 @@ on 8 GPUs with about 25k source and 25k target tokens per batch and averaged che
 set config.data.max_tokens to the per-step budget of your hardware.
 """
 
+from relpos.config import unknown_preset
 from relpos.config.translation_defaults import translate_config
 from relpos.constants import TRANSLATE_POSITIONS
 
 
 def get_config(position: str = 'shaw'):
   if position not in TRANSLATE_POSITIONS:
-    raise ValueError(f'unknown wmt_base preset {position!r}: use one of {TRANSLATE_POSITIONS}')
+    raise unknown_preset(position, TRANSLATE_POSITIONS)
   config = translate_config()
   config.model.position = position
   config.eval.average_checkpoints = 5

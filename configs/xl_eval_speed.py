@@ -14,10 +14,12 @@ sizes (--config.num_layers=24 --config.d_model=1024 --config.num_heads=8 --confi
 
 import ml_collections
 
+from relpos.config import unknown_preset
+
 
 def get_config(preset: str = 'full') -> ml_collections.ConfigDict:
   if preset not in ('full', 'quick'):
-    raise ValueError(f"unknown preset {preset!r}: use 'full' or 'quick'")
+    raise unknown_preset(preset, ('full', 'quick'))
   config = ml_collections.ConfigDict()
   # Model: the same for both methods, except the position scheme ('xl' vs 'absolute').
   config.vocab_size = 256  # bytes

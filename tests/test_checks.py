@@ -167,7 +167,7 @@ FLAG_ERRORS = [
     'config.model.tgt_len is now config.train.tgt_len',
   ),
   ('configs/char_tiny.py', ['--config.model.foo=1'], '--config.model.foo: the config has no field'),
-  ('configs/char_tiny.py:bogus', [], "unknown char_tiny preset 'bogus'"),
+  ('configs/char_tiny.py:bogus', [], "unknown preset 'bogus': use one of xl, xl_nomem, shaw"),
   ('configs/translate_tiny.py', ['--config.train.steps=abc'], '--config.train.steps=abc'),
   ('configs/translate_tiny.py', ['--config.model.num_heads=3'], 'config.model.num_heads'),
   # A field misspelled after a valid override: the misspelled one is named, not the first.
@@ -176,7 +176,11 @@ FLAG_ERRORS = [
     ['--config.train.steps=20', '--config.model.postion=shaw'],
     '--config.model.postion: the config has no field model.postion',
   ),
-  ('configs/char_tiny.py:bogus', ['--config.train.steps=3'], "unknown char_tiny preset 'bogus'"),
+  (
+    'configs/char_tiny.py:bogus',
+    ['--config.train.steps=3'],
+    "unknown preset 'bogus': use one of xl, xl_nomem, shaw",
+  ),
   ('configs/nope.py', [], '--config=configs/nope.py: configs/nope.py does not exist'),
   ('configs', [], '--config=configs: configs is a directory, not a config file'),
   ('configs/char_tiny.py', ['extra'], "unexpected arguments ['extra']"),
@@ -224,6 +228,22 @@ def test_distributed_auto_outside_a_cluster_is_one_line(commands, tmp_path, scri
     'SLURM (srun) or Open MPI (mpirun); JAX: coordinator_address should be defined.): leave '
     '--distributed out to run one process, or give --distributed=explicit with'
   ), line
+
+
+@pytest.mark.parametrize(
+  ('config', 'delegate'), [('wmt_big', 'wmt_base'), ('translate_overfit', 'translate_tiny')]
+)
+def test_a_preset_a_delegating_config_file_lacks_names_that_file(
+  commands, tmp_path, config, delegate
+):
+  """configs/wmt_big.py:nope said 'unknown wmt_base preset', the file it takes its presets from
+  (`relpos.config.unknown_preset` names none; the launcher names the one given)."""
+  given = f'configs/{config}.py'
+  result = commands.run(['eval.py', f'--config={given}:nope', f'--workdir={tmp_path}'])
+  line = one_error_line(result)
+  assert line.startswith(f'error: --config={given}:nope: {given} raised ValueError at line '), line
+  assert ": unknown preset 'nope': use one of absolute, learned, shaw," in line, line
+  assert delegate not in line, line
 
 
 # Config files that do not load: one line naming the file and what is wrong with it.

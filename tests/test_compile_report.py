@@ -64,7 +64,10 @@ def test_every_default_row_and_a_preset_pass_the_checks():
   'args, message',
   [
     (['--configs=nope'], 'error: --configs=nope: no config file '),
-    (['--configs=char_tiny:bogus'], "--configs=char_tiny:bogus: unknown char_tiny preset 'bogus'"),
+    (
+      ['--configs=char_tiny:bogus'],
+      "--configs=char_tiny:bogus: unknown preset 'bogus': use one of xl,",
+    ),
     (['--configs=attention_benchmark'], '--configs=attention_benchmark: not a training config'),
     (['--variants=bogus'], "--variants: 'bogus' must start with loop or scan"),
     (['--variants=loop+bogus'], '--variants=loop+bogus: config.model.remat must be one of'),

@@ -204,7 +204,11 @@ def test_a_read_only_sweep_root_is_the_exit_74_line(tmp_path, monkeypatch, capsy
     'writable or give another --workdir, then rerun'
   )
 
+  real_os_open = os.open
+
   def read_only_os_open(path, flags, *args):
+    if Path(path).name != workdir_lock.LOCK_FILE:  # the root's write probe passes
+      return real_os_open(path, flags, *args)
     raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
 
   monkeypatch.setattr(workdir_lock.os, 'open', read_only_os_open)
@@ -271,6 +275,54 @@ def test_a_full_disk_writing_the_sweeps_lock_is_the_exit_74_line(tmp_path, monke
     f'on device (the disk is full); the finished runs under {root} are intact; free space on '
     'its disk, then rerun the same command to resume'
   )
+
+
+def _a_file(runs: Path) -> tuple[Path, int, str]:
+  root = runs / 'sweep'
+  root.write_text('notes')
+  return root, 74, f'--workdir={root} is a file, not a directory; nothing was written'
+
+
+def _a_dangling_link(runs: Path) -> tuple[Path, int, str]:
+  root = runs / 'sweep'
+  root.symlink_to(runs / 'unmounted')
+  return (
+    root,
+    1,
+    (
+      f'--workdir={root}: it is a symbolic link to {runs / "unmounted"}, which does not exist: '
+      'mount it or point the link elsewhere'
+    ),
+  )
+
+
+def _under_a_file(runs: Path) -> tuple[Path, int, str]:
+  (runs / 'sweep').write_text('notes')
+  root = runs / 'sweep' / 'k'
+  return root, 74, f'cannot write to --workdir={root} before training: Not a directory'
+
+
+@pytest.mark.parametrize('collect_only', [False, True])
+@pytest.mark.parametrize('place', [_a_file, _a_dangling_link, _under_a_file])
+def test_a_sweep_root_that_cannot_be_a_directory_is_one_line(
+  tmp_path, monkeypatch, capsys, place, collect_only
+):
+  """Before, FileExistsError or NotADirectoryError tracebacks from the root's mkdir; now the
+  lines train.py gives its workdir: a file in its place or above it exit 74
+  (`loop.prepare_workdir`), a dangling link named with its target (`run_config.check_path`),
+  and nothing is made."""
+  runs = tmp_path / 'runs'
+  runs.mkdir()
+  root, status, expected = place(runs)
+  more = ('--collect_only',) if collect_only else ()
+  code = run_sweep_main(monkeypatch, *_sweep_args(root, *more))
+  err = capsys.readouterr().err
+  assert 'Traceback' not in err
+  # Exit 74 prints its line; exit 1 is sys.exit(line), which Python prints (status 1).
+  line = err.strip().splitlines()[-1] if status == 74 else code
+  assert code == status if status == 74 else isinstance(code, str)
+  assert line.startswith(f'error: {expected}')
+  assert [p.name for p in runs.iterdir()] == ['sweep']  # nothing else made
 
 
 def test_config_files_that_do_not_load_are_one_line(commands, tmp_path):

@@ -1,13 +1,19 @@
 """relpos.studies.plot: curves from metrics.jsonl, and its one-line errors."""
 
+import errno
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from absl import flags
+from helpers import call_absl_main
 
-from relpos.studies import plot
+from relpos.studies import figures, plot, shaw_tables
+from relpos.training.checkpoints import FilesystemFaultError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -53,7 +59,7 @@ def test_the_path_printed_is_the_file_written(tmp_path):
   with pytest.raises(ValueError, match=r'is a directory: give a file name, e\.g\. .*figure\.png'):
     plot.plot_runs([run], tmp_path)
   assert plot.plot_runs([run], tmp_path / 'dotted.') == tmp_path / 'dotted.png'
-  with pytest.raises(FileNotFoundError, match=r'^--out=\S*missing/c\.png: No such file'):
+  with pytest.raises(FilesystemFaultError, match=r'^cannot write --out=\S*missing/c\.png: No such'):
     plot.plot_runs([run], tmp_path / 'missing' / 'c.png')
   with pytest.raises(ValueError, match=r"^--out=\S*c\.xyz: Format 'xyz' is not supported"):
     plot.plot_runs([run], tmp_path / 'c.xyz')
@@ -123,3 +129,65 @@ def test_a_sweep_root_or_an_evaluation_only_directory_is_named_as_such(tmp_path)
     FileNotFoundError, match=f'holds only an evaluation .* of the run in {trained}'
   ):
     plot.read_curves(scored)
+
+
+def _read_only(path, content):
+  raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+
+def _plot_main(tmp_path, out):
+  run = _run(tmp_path / 'a', [{'step': 1, 'train/loss': 1.0}])
+  define = lambda: flags.DEFINE_string('out', None, '')  # noqa: E731 (as plot's __main__)
+  return call_absl_main(define, plot.main, ['plot', str(run), f'--out={out}'])
+
+
+def _shaw_tables_main(tmp_path, out, monkeypatch):
+  drift = {stack: np.zeros(3) for stack in shaw_tables.STACKS}
+  monkeypatch.setattr(shaw_tables, 'drift_by_k', lambda workdirs: {1: (drift, 1.0, 1)})
+  define = lambda: flags.DEFINE_string('out', None, '')  # noqa: E731 (as its __main__)
+  return call_absl_main(define, shaw_tables.main, ['shaw_tables', 'run', f'--out={out}'])
+
+
+@pytest.mark.parametrize('tool', ['plot', 'shaw_tables'])
+@pytest.mark.parametrize(
+  ('place', 'cause'),
+  [
+    (
+      'read_only',
+      'Read-only file system (the filesystem is read-only); nothing was written; '
+      'make it writable or give another --out',
+    ),
+    (
+      'under_a_file',
+      'Not a directory (a file is in the way of a directory); nothing was '
+      'written; give another --out',
+    ),
+    (
+      'missing',
+      'No such file or directory (a directory on its path is missing); nothing was '
+      'written; make that directory or give another --out',
+    ),
+  ],
+)
+def test_an_out_file_that_cannot_be_written_is_the_exit_74_line(
+  tmp_path, monkeypatch, capsys, tool, place, cause
+):
+  """Every study tool that writes --out (`figures.save`, their one path): plot gave an OSError
+  traceback on a read-only directory and NotADirectoryError under a file; shaw_tables one
+  line with exit 1."""
+  (tmp_path / 'notes').write_text('')
+  out = {
+    'read_only': tmp_path / 'x.png',
+    'under_a_file': tmp_path / 'notes' / 'x.png',
+    'missing': tmp_path / 'missing' / 'x.png',
+  }[place]
+  if place == 'read_only':
+    monkeypatch.setattr(figures, 'write_atomically', _read_only)
+  if tool == 'plot':
+    code = _plot_main(tmp_path, out)
+  else:
+    code = _shaw_tables_main(tmp_path, out, monkeypatch)
+  assert code == 74
+  last = capsys.readouterr().err.strip().splitlines()[-1]
+  assert last == f'error: cannot write --out={out}: {cause}, then rerun'
+  assert not out.exists()

@@ -105,6 +105,33 @@ def test_seed_table_errors_name_the_file_or_flag(tmp_path):
       significance.seed_table(bad, 'a')
 
 
+def test_a_file_it_cannot_read_is_named(tmp_path):
+  """A binary file was "error: 'utf-8' codec can't decode byte 0xc0 ...", naming no file; a
+  directory "[Errno 21] Is a directory: ..."."""
+  binary = tmp_path / 'seeds.bin'
+  binary.write_bytes(b'value,seed,bpc\n\xc0\x80\n')
+  with pytest.raises(ValueError, match=rf'^{binary} is not a sweep_seeds.csv: not UTF-8 text'):
+    significance.seed_table(binary)
+  root = tmp_path / 'sweep'
+  root.mkdir()
+  with pytest.raises(ValueError, match=rf'^{root} is a directory: give a sweep_seeds.csv$'):
+    significance.seed_table(root)
+  seeds = _seeds_csv(root / 'sweep_seeds.csv', [('a', 0, 1.0)])
+  with pytest.raises(ValueError, match=rf'directory: give a sweep_seeds.csv, such as {seeds}$'):
+    significance.seed_table(root)
+  with pytest.raises(ValueError, match=rf'^cannot read {tmp_path / "nope.csv"}: No such file'):
+    significance.seed_table(tmp_path / 'nope.csv')
+
+
+def test_the_baseline_is_the_first_value_by_default(tmp_path):
+  """As the sweep's; absl's 'Flag --baseline must have a value other than None' before."""
+  seeds = _seeds_csv(tmp_path / 'seeds.csv', [('4', 0, 2.0), ('16', 0, 1.0)])
+  table = significance.seed_table(seeds)
+  assert (
+    table.splitlines()[0].endswith('against 4') and '| 4 | 1 | 2.000 | – | (baseline) |' in table
+  )
+
+
 def test_seed_table_takes_a_baseline_equal_as_a_number(tmp_path):
   """--baseline=3e5 was 'not a value ... ['300000.0']': the values were compared as text."""
   seeds = _seeds_csv(tmp_path / 'seeds.csv', [('300000.0', 0, 1.0), ('0.001', 0, 2.0)])
@@ -129,8 +156,9 @@ def test_command_line(tmp_path):
     command = [sys.executable, '-m', 'relpos.studies.significance', *args]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
 
-  result = run(str(seeds), '--baseline=a')
+  result = run(str(seeds))  # --baseline: the first value, a
   assert result.returncode == 0, result.stderr
+  assert '| a | 2 | 1.500 | 0.707 | (baseline) |' in result.stdout
   assert '| b | 1 | 2.000 | – | – |' in result.stdout  # one seed: no std, no test
   for args, named in [((str(tmp_path / 'nope.csv'),), 'nope.csv'), ((), '0 arguments')]:
     failed = run(*args, '--baseline=a')

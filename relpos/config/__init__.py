@@ -1,6 +1,7 @@
 """The declarations of every config field (`fields`: how a field is declared; `model_fields`,
 `shared`, `char_lm_defaults`, `translation_defaults`: the fields), the rules that check them
-(`checks`), and `load_config_file` for config files built on other config files. The config
+(`checks`), and `load_config_file` for config files built on other config files (with
+`unknown_preset`, the error of a preset a file lacks). The config
 files of configs/ are presets: they start from a declaration's ConfigDict and change values
 only."""
 
@@ -25,6 +26,16 @@ def declaration(task) -> type | None:
     return None
   module, name = _DECLARATIONS[task]
   return getattr(importlib.import_module(module), name)
+
+
+def unknown_preset(preset: str, presets) -> ValueError:
+  """The error a config file's get_config raises for a preset it does not have: it names the
+  preset and the file's `presets`, and no file. A file may take its presets from another
+  (configs/wmt_big.py from configs/wmt_base.py, through `load_config_file`), whose own name
+  would be the wrong one: 'unknown wmt_base preset' for --config=configs/wmt_big.py:nope. The
+  commands name the file they were given (`relpos.training.tasks.parse_flags`, the sweep's
+  --field=preset)."""
+  return ValueError(f'unknown preset {preset!r}: use one of {", ".join(presets)}')
 
 
 def load_config_file(path: Path, preset: str | None = None) -> ml_collections.ConfigDict:

@@ -38,10 +38,17 @@ def save(figure, path, dpi: int = 120, *, flag: str | None = None) -> Path:
   The figure is drawn in memory and written whole (`relpos.files.write_atomically`): an
   OSError names the file, also a full disk met only as matplotlib's file was flushed.
 
+  Where a command's flag named the path (`flag`, a study's --out), a write the filesystem
+  refuses is that command's exit-74 fault (`relpos.training.checkpoints.filesystem_fault`, as
+  train.py's), which the tools report as their launchers do (`tasks.fault_exit`): every tool
+  that writes a figure says it the same way, here.
+
   Raises:
-    ValueError: `path` is a directory (matplotlib would write path.png beside it), a format
-      matplotlib does not write, or (as FileNotFoundError, PermissionError) a path it cannot
-      write; prefixed with `flag`=path where a command's flag named it.
+    ValueError: `path` is a directory (matplotlib would write path.png beside it) or a format
+      matplotlib does not write; prefixed with `flag`=path where a command's flag named it.
+    FilesystemFaultError: with `flag`, the file cannot be written (a read-only or full disk,
+      permission, a missing directory or a file in the way of one); nothing was written.
+    OSError: without `flag`, the same, naming the file.
   """
   path = Path(path)
   try:
@@ -53,11 +60,23 @@ def save(figure, path, dpi: int = 120, *, flag: str | None = None) -> Path:
     drawn = io.BytesIO()
     figure.savefig(drawn, dpi=dpi, format=path.suffix.removeprefix('.'))
     write_atomically(path, drawn.getvalue())
-  except (OSError, ValueError) as error:
+  except OSError as error:
     if flag is None:
       raise
-    cause = error.strerror if isinstance(error, OSError) and error.strerror else error
-    raise type(error)(f'{flag}={path}: {cause}') from None
+    from relpos.training.checkpoints import filesystem_fault  # imports JAX: only on a fault
+
+    raise filesystem_fault(
+      error,
+      f'cannot write {flag}={path}',
+      last_good='nothing was written',
+      resume=False,
+      flag=flag,
+      flag_names_file=True,
+    ) from error
+  except ValueError as error:
+    if flag is None:
+      raise
+    raise ValueError(f'{flag}={path}: {error}') from None
   finally:
     _pyplot().close(figure)
   return path

@@ -5,7 +5,8 @@
 One panel per scalar the runs logged (train/loss, train/bpc, valid/bpc, eval/perplexity, ...;
 not throughput), one line per run, against the step. A resumed run's repeated steps keep their
 last value. A workdir that does not exist or holds no metrics yet, or runs of different tasks,
-are one line, exit 1.
+are one line, exit 1; an --out the filesystem will not take (read-only, full, under a file) is
+one line, exit 74 (`relpos.studies.figures.save`).
 """
 
 import json
@@ -108,6 +109,10 @@ def main(argv):
   tasks.refuse_empty_paths(flags.FLAGS, argv[1:])
   try:
     print(f'wrote {plot_runs(argv[1:], flags.FLAGS.out)}')
+  except tasks.FAULTS as fault:  # --out cannot be written (`figures.save`): exit 74
+    code, line = tasks.fault_exit(fault)
+    print(line, file=sys.stderr)
+    sys.exit(code)
   except (FileNotFoundError, ValueError, PermissionError) as error:
     sys.exit(f'error: {error}')
 

@@ -18,7 +18,8 @@ initial rows' mean norm (Xavier-uniform over [2k+1, head_dim], so it shrinks as 
 distances stay at 0: its causal mask hides every later key. A drift says where the optimizer
 moved a row, not how much the model uses it; `config.eval.max_relative_position` asks that
 (docs/results.md). A workdir that is missing, not a translation run, without Shaw tables or
-without a checkpoint is one line, exit 1.
+without a checkpoint is one line, exit 1; an --out that cannot be written one line, exit 74
+(`relpos.studies.figures.save`).
 """
 
 import sys
@@ -155,7 +156,11 @@ def main(argv):
   if flags.FLAGS.out:
     try:
       print(f'plot: {plot(by_k, flags.FLAGS.out)}')
-    except (OSError, ValueError) as error:
+    except tasks.FAULTS as fault:  # --out cannot be written (`figures.save`): exit 74
+      code, line = tasks.fault_exit(fault)
+      print(line, file=sys.stderr)
+      sys.exit(code)
+    except ValueError as error:
       sys.exit(f'error: {error}')
 
 

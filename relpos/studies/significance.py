@@ -26,11 +26,13 @@ worth reporting should pass both.
 
     python -m relpos.studies.significance docs/results/table2_k_seeds.csv --baseline=16
 
-tests a finished sweep's `sweep_seeds.csv` again over seeds (`relpos.studies.sweep` writes both
-p-values for new sweeps).
+tests a finished sweep's `sweep_seeds.csv` again over seeds, against `--baseline` (by default
+the file's first value, as the sweep's); `relpos.studies.sweep` writes both p-values for new
+sweeps. A file it cannot read or that is no sweep_seeds.csv is one line naming it, exit 1.
 """
 
 import csv
+import io
 import math
 import os
 import sys
@@ -168,13 +170,37 @@ def _value_named(text: str, values) -> str:
   return text
 
 
-def seed_table(seeds_csv, baseline: str) -> str:
-  """Markdown: per value of a `sweep_seeds.csv` (value, seed, metric, ...), n, mean, std
-  (ddof 1) and `seed_p_value` against the value `baseline`."""
-  with open(seeds_csv, newline='') as stream:
-    reader = csv.DictReader(stream)
+def read_seeds_csv(seeds_csv) -> tuple[str | None, list[dict]]:
+  """(the metric column, the rows) of a `sweep_seeds.csv`; ValueError naming the file for one
+  that cannot be read (a directory, no such file), is not UTF-8 text (a binary file) or not
+  CSV (a NUL byte), so that every error of the command names what it read."""
+  try:
+    if os.path.isdir(seeds_csv):
+      inside = os.path.join(seeds_csv, 'sweep_seeds.csv')
+      raise ValueError(
+        f'{seeds_csv} is a directory: give a sweep_seeds.csv'
+        + (f', such as {inside}' if os.path.isfile(inside) else '')
+      )
+    with open(seeds_csv, 'rb') as stream:
+      text = stream.read().decode('utf-8-sig')  # a spreadsheet's CSV may start with a BOM
+    reader = csv.DictReader(io.StringIO(text, newline=''))
     metric = reader.fieldnames[2] if reader.fieldnames and len(reader.fieldnames) > 2 else None
-    rows = list(reader)
+    return metric, list(reader)
+  except OSError as error:
+    raise ValueError(f'cannot read {seeds_csv}: {error.strerror or error}') from None
+  except UnicodeDecodeError as error:  # a binary file
+    raise ValueError(
+      f'{seeds_csv} is not a sweep_seeds.csv: not UTF-8 text ({error.reason} at byte {error.start})'
+    ) from None
+  except csv.Error as error:
+    raise ValueError(f'{seeds_csv} is not a sweep_seeds.csv ({error})') from None
+
+
+def seed_table(seeds_csv, baseline: str | None = None) -> str:
+  """Markdown: per value of a `sweep_seeds.csv` (value, seed, metric, ...), n, mean, std
+  (ddof 1) and `seed_p_value` against the value `baseline`, by default the file's first value
+  (the sweep's --values come in its order, and the sweep's own baseline is its first)."""
+  metric, rows = read_seeds_csv(seeds_csv)
   if metric is None or not rows or list(rows[0])[:2] != ['value', 'seed']:
     raise ValueError(f'{seeds_csv}: not a sweep_seeds.csv (columns value, seed, metric, ...)')
   if metric == DIVERGED:  # sweep_diverged.csv: its step column would be tested as a score
@@ -200,7 +226,7 @@ def seed_table(seeds_csv, baseline: str) -> str:
         f'{seeds_csv} line {number}: seed {row["seed"]!r} and {metric} {row[metric]!r} are not '
         'an integer and a number'
       ) from None
-  baseline = _value_named(baseline, scores)
+  baseline = next(iter(scores)) if baseline is None else _value_named(baseline, scores)
   if baseline not in scores:
     raise ValueError(f'--baseline={baseline} is not a value of {seeds_csv}: {list(scores)}')
   lines = [
@@ -222,7 +248,7 @@ def main(argv):
   if len(argv) != 2:
     sys.exit(
       f'error: give one sweep_seeds.csv (got {len(argv) - 1} arguments): '
-      'python -m relpos.studies.significance FILE --baseline=V'
+      'python -m relpos.studies.significance FILE [--baseline=V]'
     )
   try:
     print(seed_table(argv[1], flags.FLAGS.baseline), end='')
@@ -231,6 +257,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  flags.DEFINE_string('baseline', None, 'The value the others are tested against.')
-  flags.mark_flag_as_required('baseline')
+  flags.DEFINE_string(
+    'baseline', None, 'The value the others are tested against (default: the first in the file).'
+  )
   app.run(main, flags_parser=flag_types.parse_flags)

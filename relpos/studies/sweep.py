@@ -52,9 +52,10 @@ consistent one does).
 
 Everything that can be wrong is an error before any training: an unknown field or value, a
 metric the task does not report, a field the model never reads at the swept values (k on an
-absolute model). `--print_only` prints the train/eval command of every run instead (for a
-cluster); `--collect_only` rebuilds the tables from finished runs, with a warning naming each
-result that is not of the config as given (another training config, step or config.eval, or
+absolute model), an `--evaluations` setting the config checks refuse for any value's model.
+`--print_only` prints the train/eval command of every run instead (for a cluster);
+`--collect_only` rebuilds the tables from finished runs, with a warning naming each result
+that is not of the config as given (another training config, step or config.eval, or
 scored from another workdir's checkpoint). Any `--config.*` override on this command line is
 passed on to every run.
 """
@@ -96,7 +97,10 @@ def preset_variants(path, overrides: list[str]):
   overrides applied (those of --config's own preset apply to every preset)."""
 
   def variant(preset: str) -> ml_collections.ConfigDict:
-    config = load_config_file(Path(path), preset)
+    try:
+      config = load_config_file(Path(path), preset)
+    except ValueError as error:  # a preset it lacks (`unknown_preset` names no file): this one
+      raise ValueError(f'{path}: {error}') from None
     for override in overrides:
       name, text = override.removeprefix('--config.').split('=', 1)
       config = with_value(config, name, parse_value(config, name, text, flag=override))
@@ -110,7 +114,7 @@ TRUE_TEXTS, FALSE_TEXTS = ('1', 'true', 'yes'), ('0', 'false', 'no')
 
 def field_type(config: ml_collections.ConfigDict, field: str, flag: str) -> type:
   """The type of config.<field>; ValueError naming `flag` (the option that named the field)
-  when the config has no such field."""
+  when the config has no such field, or it names a whole section (`--field=model`)."""
   node = config
   *parents, leaf = field.split('.')
   for name in parents:
@@ -119,6 +123,12 @@ def field_type(config: ml_collections.ConfigDict, field: str, flag: str) -> type
       raise ValueError(f'{flag}: the config has no section {name!r} (no field {field})')
   if leaf not in node:
     raise ValueError(f'{flag}: the config has no field {field}')
+  if isinstance(node[leaf], ml_collections.ConfigDict):
+    example = next(iter(node[leaf]), 'name')
+    raise ValueError(
+      f'{flag}: config.{field} is a section, not a field: give one of its fields, such as '
+      f'{field}.{example}'
+    )
   return type(node[leaf])
 
 
@@ -232,10 +242,25 @@ def _as_trained(config, field: str, variant) -> ml_collections.ConfigDict:
   return trained
 
 
-def check_sweep(config, field: str, values, seeds, metric: str, variant_of=None) -> None:
+# The fields a sweep cannot vary, and why: what its runs share by construction, so that a
+# value of one would not be a run of this sweep (its table, its metric, its seed axis).
+UNSWEPT_FIELDS = {
+  'seed': 'every run sets config.seed from --seeds, so each value would be the same run; give '
+  'the seeds as --seeds and sweep another field',
+  'task': "every run of a sweep is of its config's task, whose metric it tabulates; another "
+  "task is another config file: sweep one of the task's fields, and compare tasks with a sweep "
+  'of each',
+}
+
+
+def check_sweep(
+  config, field: str, values, seeds, metric: str, variant_of=None, evaluations=None
+) -> None:
   """Raises ValueError for a sweep that cannot give its table, before anything trains: a
   metric the task does not report, a value the task's checks refuse, a field that the model
-  does not read at any swept value (sweeping it would train one model n times). `variant_of`
+  does not read at any swept value (sweeping it would train one model n times), an
+  `--evaluations` setting (`parse_evaluations`) the checks refuse for the model of some value
+  (a clip beyond its trained k, say: each run trained, then failed to score). `variant_of`
   (value -> config) replaces setting config.<field> (`preset_variants`)."""
   task = tasks.get(config)
   if metric not in task.metrics:
@@ -244,11 +269,8 @@ def check_sweep(config, field: str, values, seeds, metric: str, variant_of=None)
     )
   if not seeds:
     raise ValueError('--seeds is empty: give at least one seed')
-  if field == 'seed':
-    raise ValueError(
-      '--field=seed: every run sets config.seed from --seeds, so each value would be the same '
-      'run; give the seeds as --seeds and sweep another field'
-    )
+  if field in UNSWEPT_FIELDS:
+    raise ValueError(f'--field={field}: {UNSWEPT_FIELDS[field]}')
   read_somewhere = variant_of is not None
   for value in values:
     try:
@@ -256,6 +278,11 @@ def check_sweep(config, field: str, values, seeds, metric: str, variant_of=None)
       task.check_config(variant)
     except ValueError as error:
       raise ValueError(f'--field={field} at {value!r}: {error}') from None
+    for setting, overrides in (evaluations or {}).items():
+      try:  # what eval.py checks of the config it scores with (`Task.evaluate`)
+        task.check_config(evaluated(variant, overrides))
+      except ValueError as error:
+        raise ValueError(f'--evaluations={setting} for {field}={value}: {error}') from None
     leaf = field.removeprefix('model.')
     if field.startswith('model.'):
       read_somewhere |= leaf not in task.unread_fields(variant)
@@ -748,7 +775,11 @@ def sweep(
   value}}, `parse_evaluations`) scores every trained model at each setting: the tables, plot
   and breakdowns are those of the first setting, and `sweep_by_evaluation.*` holds them all."""
   task = tasks.get(config)
-  root.mkdir(parents=True, exist_ok=True)
+  # The root is checked and made as train.py's workdir is, also for --collect_only (which
+  # writes its tables there): a dangling link is one line (exit 1), a file in its place or
+  # above it one exit-74 line.
+  run_config.check_path(root)
+  loop.prepare_workdir(root)
   settings = evaluations or {None: {}}
   if train:
     # One sweep at a time on a root: a second one would score the runs the first finishes,
@@ -988,9 +1019,9 @@ def main(argv):
     baseline = values[0] if baseline is None else baseline
     if baseline not in values:
       raise ValueError(f'--baseline={args.baseline} is not one of --values')
-    check_sweep(config, field, values, seeds, metric, variant_of)
     evaluations = parse_evaluations(config, args.evaluations or ())
     check_evaluations(field, evaluations)
+    check_sweep(config, field, values, seeds, metric, variant_of, evaluations)
     breakdowns = []
     for kind, edges in (
       (breakdown.SOURCE_LENGTH, args.by_source_length),

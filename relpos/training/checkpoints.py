@@ -133,13 +133,17 @@ def filesystem_fault(
   flag: str = '--workdir',
   flag_given: bool = True,
   todo: str | None = None,
+  flag_names_file: bool = False,
 ) -> FilesystemFaultError:
   """The one-line fault of `error`: '<what>: <cause> (<meaning>); <last_good>; <what to do>'.
   `resume`: whether rerunning the same command afterwards resumes the run. `flag`: the flag
   naming the directory written to (eval.py's --output_dir, say), which the remedy names;
   `flag_given`: False where that flag was left out (eval.py writing into the workdir), so the
-  remedy gives it rather than "another" one. `todo`: the whole remedy, where the errno's does
-  not fit (a finished run, which a rerun would not resume)."""
+  remedy gives it rather than "another" one. `flag_names_file`: it names a file written instead
+  (a study's --out, which is not made with its directories), so that a directory missing from
+  its path, or a file in the way of one, asks for another path rather than a directory as the
+  flag. `todo`: the whole remedy, where the errno's does not fit (a finished run, which a rerun
+  would not resume)."""
   number = error_errno(error)
   meaning, remedy = _REMEDIES.get(number, ('', 'fix the cause'))
   if flag != '--workdir':
@@ -151,6 +155,10 @@ def filesystem_fault(
       )
   if not flag_given:
     remedy = remedy.replace(f'another {flag}', flag)
+  if flag_names_file and number in (errno.ENOENT, errno.ENOTDIR, errno.EEXIST):
+    missing = number == errno.ENOENT
+    meaning = 'a directory on its path is missing' if missing else meaning
+    remedy = f'make that directory or give another {flag}' if missing else f'give another {flag}'
   cause = _first_line(error) + (f' ({meaning})' if meaning else '')
   if todo is None:
     then = ', then rerun the same command to resume' if resume else ', then rerun'

@@ -687,12 +687,17 @@ def step_memory_warning(step, state, batch, device=None) -> str | None:
   )
 
 
-def prepare_workdir(workdir: Path, steps: int) -> list[Path]:
+def prepare_workdir(workdir: Path, steps: int | None = None) -> list[Path]:
   """Makes `workdir` and checks that it takes files (`check_takes_files`), before anything else
   of the run; returns the directories it made (the workdir and any parents that were
   missing), innermost first, for `leave_no_trace`. `steps`: config.train.steps; a run that
   reached them has nothing left to train, so the remedy of a workdir that takes no files is
-  eval.py with --output_dir, not a rerun to resume.
+  eval.py with --output_dir, not a rerun to resume (None: a directory that is no run's, a
+  sweep's root).
+
+  The sweep's root is prepared here too. A dangling symbolic link in its place was refused
+  before, naming the link and its target (`run_config.check_path`, which every command runs
+  first).
 
   Raises:
     FilesystemFaultError: a file is in its place, it cannot be made, or it is not writable
@@ -723,7 +728,7 @@ def prepare_workdir(workdir: Path, steps: int) -> list[Path]:
       done = max(finished_steps(workdir), default=0)
     except (OSError, RuntimeError):  # a path that cannot be one (too long, a symlink loop)
       done = 0
-    if done < steps:
+    if steps is None or done < steps:
       raise filesystem_fault(error, what, last_good=last_good) from error
     todo = (
       f'the run is finished (config.train.steps={steps}), nothing is left to train: score it '
