@@ -262,11 +262,9 @@ def _read_only(workdir, monkeypatch):
   return 'Read-only file system (the filesystem is read-only)'
 
 
-def test_a_read_only_workdir(text_file, straight, tmp_path, monkeypatch):
-  workdir = tmp_path / 'run'
-  shutil.copytree(straight, workdir)
-  shutil.rmtree(workdir / 'checkpoints' / '6')  # a run to resume, in a workdir gone read-only
-  before = _state(workdir)
+def _train_read_only(text_file, workdir, monkeypatch):
+  """(the read-only cause, the fault) of train.py's run in `workdir` made read-only
+  (`_read_only`), the workdir made writable again after."""
   cause = _read_only(workdir, monkeypatch)
   try:
     with pytest.raises(tasks.FAULTS) as caught:
@@ -276,6 +274,15 @@ def test_a_read_only_workdir(text_file, straight, tmp_path, monkeypatch):
     for path in [workdir, *workdir.rglob('*')]:
       if path.is_dir():
         path.chmod(0o755)
+  return cause, caught
+
+
+def test_a_read_only_workdir(text_file, straight, tmp_path, monkeypatch):
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  shutil.rmtree(workdir / 'checkpoints' / '6')  # a run to resume, in a workdir gone read-only
+  before = _state(workdir)
+  cause, caught = _train_read_only(text_file, workdir, monkeypatch)
   _fault(
     caught.value,
     FILESYSTEM_EXIT_CODE,
@@ -293,15 +300,7 @@ def test_a_read_only_workdir_of_a_finished_run(text_file, straight, tmp_path, mo
   workdir = tmp_path / 'run'
   shutil.copytree(straight, workdir)
   before = _state(workdir)
-  cause = _read_only(workdir, monkeypatch)
-  try:
-    with pytest.raises(tasks.FAULTS) as caught:
-      char_lm.TASK.train_model(_config(text_file), workdir)
-  finally:
-    monkeypatch.undo()
-    for path in [workdir, *workdir.rglob('*')]:
-      if path.is_dir():
-        path.chmod(0o755)
+  cause, caught = _train_read_only(text_file, workdir, monkeypatch)
   line = _fault(
     caught.value,
     FILESYSTEM_EXIT_CODE,
