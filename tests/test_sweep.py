@@ -957,3 +957,50 @@ def test_a_value_converts_to_the_declared_type_and_none_resets_an_optional_field
     sweep.parse_value(config, 'train.steps', 'None')
   variant = sweep.preset_variants(REPO / 'configs' / 'char_tiny.py', ['--config.data.max_bytes=5'])
   assert variant('xl').data.max_bytes == 5
+
+
+def test_a_run_directory_is_one_level_inside_the_root_whatever_the_value(tmp_path):
+  """A value's text named its directory as it was: a path value `../../../cwdA/data.txt` put
+  its run outside the sweep's root, an absolute one nested it deep inside. Now the value is one
+  directory name ('/', NUL and the escape '%' as %XX, reversible); the names of numbers, bools
+  and names are as they were, so sweeps already on disk find their runs."""
+  from urllib.parse import unquote
+
+  field = 'data.path'
+  for value in ('../../../cwdA/data.txt', '/root/x/a.txt', '..', '.', 'a/', 'a%2Fb', 'a\0b'):
+    run = sweep.run_dir(tmp_path, field, value, 0)
+    assert run.parent.parent == tmp_path and run.name == 'seed=0'
+    assert run.parent.name not in ('.', '..') and '\0' not in run.parent.name
+    assert unquote(run.parent.name) == f'path={value}'
+  assert sweep.run_dir(tmp_path, field, 'a/b', 0) != sweep.run_dir(tmp_path, field, 'a%2Fb', 0)
+  assert sweep.run_dir(tmp_path, field, '/root/x/a.txt', 1) == (
+    tmp_path / 'path=%2Froot%2Fx%2Fa.txt' / 'seed=1'
+  )
+  for value in (4, -1, 0.5, 1e-06, 1e6, float('inf'), True, None, 'shaw', 'shaw_keys_only'):
+    assert sweep.run_dir(tmp_path, 'model.position', value, 2) == (
+      tmp_path / f'position={value}' / 'seed=2'
+    )
+  setting = 'tgt_len=64+mem_len=64'
+  assert sweep.run_dir(tmp_path, 'model.position', 'shaw', 0, setting).name == setting
+
+
+def test_a_path_value_is_home_expanded_and_the_tables_show_the_value(tmp_path, monkeypatch):
+  """`--values=~/a.txt` of a path field looked for a directory named `~` (the shell expands
+  `~` only at a word's start); the tables show each value as given, its run inside the root."""
+  monkeypatch.setenv('HOME', str(tmp_path / 'home'))
+  config = load_config('char_tiny', 'shaw')
+  assert sweep.parse_value(config, 'data.path', '~/a.txt') == f'{tmp_path}/home/a.txt'
+  assert sweep.parse_value(config, 'data.path', '../a~/b.txt') == '../a~/b.txt'
+  assert sweep.parse_value(config, 'model.position', '~') == '~'  # not a path field
+  root = tmp_path / 'sweep'
+  values = ['../../cwdA/data.txt', f'{tmp_path}/home/a.txt']
+  _fake_runs(root, 'data.path', {values[0]: [1.0, 1.1], values[1]: [1.2, 1.3]})
+  sweep.sweep(config, root, 'data.path', values, [0, 1], 'bpc', baseline=values[0], train=False)
+  results = list(tmp_path.rglob('eval_results.json'))
+  assert len(results) == 4 and all(path.parent.parent.parent == root for path in results)
+  with open(root / 'sweep_seeds.csv') as stream:
+    rows = list(csv.DictReader(stream))
+  assert [row['value'] for row in rows] == [values[0]] * 2 + [values[1]] * 2
+  assert all(Path(row['workdir']).parent.parent == root for row in rows)
+  with open(root / 'sweep.csv') as stream:
+    assert [row['value'] for row in csv.DictReader(stream)] == values

@@ -12,7 +12,9 @@
         --field=eval.max_relative_position --values=-1,8,4,2,0 --seeds=0,1,2
 
 Each (value v, seed s) trains and evaluates `--config` with `--config.<field>=v` and
-`--config.seed=s` in `<workdir>/<field>=v/seed=s`. `--field=preset` sweeps the presets of
+`--config.seed=s` in `<workdir>/<field>=v/seed=s` (the field's last part; the value's '/',
+NUL and '%' escaped, `directory_name`, so every run is a directory of the root's own; a path
+field's leading `~` expanded, as train.py's). `--field=preset` sweeps the presets of
 the config file instead (`--config=<file>:v`), for variants that differ in several fields,
 such as Shaw et al.'s keys/values ablation. A field of config.eval (e.g. `--field=eval.mem_len`)
 changes only how a model is scored: each seed trains once, in `<workdir>/trained/seed=s`, and
@@ -139,13 +141,24 @@ def declared_rules(task) -> dict[str, checks.Rule]:
   return {} if declared is None else fields.rules(declared)
 
 
+@functools.cache
+def declared_paths(task) -> frozenset[str]:
+  """The dotted fields config.task `task` declares a file or directory (`fields.paths`)."""
+  declared = declaration(task)
+  return frozenset() if declared is None else frozenset(fields.paths(declared))
+
+
 def parse_value(config: ml_collections.ConfigDict, field: str, text: str, flag: str = '--values'):
   """`text` converted to the type of config.<field>; ValueError naming `flag`, the option the
   text came from, for an unknown field or a text that is not of the field's type (a bool is
   one of 1/true/yes or 0/false/no). The type is the declared one (`relpos.config.fields`)
   where the task declares the field, so that a field that is None by default (an optional
-  one, which 'None' sets back) still converts; else the value's own."""
+  one, which 'None' sets back) still converts; else the value's own. A field declared a path
+  (`declared_paths`) has a leading `~` expanded, as `--config.data.path=~/a.txt` has
+  (`tasks.home_expanded`): the shell leaves it in `--values=~/a.txt,~/b.txt`."""
   kind = field_type(config, field, flag)
+  if field in declared_paths(config.get('task')):
+    text = tasks.home_expanded(text)
   rule = declared_rules(config.get('task')).get(field)
   if rule is not None:
     if rule.optional and text == 'None':
@@ -214,12 +227,31 @@ def evaluated(config, overrides: dict) -> ml_collections.ConfigDict:
   return config
 
 
+# What a value's text may not hold in a directory name, escaped as `%XX` (its code in hex) by
+# `directory_name`: the separator, NUL, and the escape character itself.
+_UNSAFE_IN_NAMES = '%/\0'
+
+
+def directory_name(text: str) -> str:
+  """`text` as one directory name: each character of _UNSAFE_IN_NAMES as `%XX`, the rest as
+  it is. A '/' would nest the run's directory or, in a value such as `../a.txt` or an
+  absolute path, put it outside the sweep's root; with '%' escaped too the name is
+  `urllib.parse.unquote`'s to read back and two values never share one. The names a value
+  of a number, a bool or a name (`shaw`, `tgt_len=64+mem_len=64`) gives are those of
+  `str(value)`, as before, so sweeps already on disk find their runs. A name of '.' or '..'
+  cannot arise: `run_dir`'s names start with the field's name and '='."""
+  return ''.join(f'%{ord(c):02X}' if c in _UNSAFE_IN_NAMES else c for c in text)
+
+
 def run_dir(root: Path, field: str, value, seed: int, evaluation: str | None = None) -> Path:
   """Where the run of (value, seed) keeps its eval_results.json (and, unless the field is
-  an eval field, its checkpoints); that of an `--evaluations` setting, in a folder of the
-  setting's name below."""
-  directory = root / f'{field.split(".")[-1]}={value}' / f'seed={seed}'
-  return directory / evaluation if evaluation else directory
+  an eval field, its checkpoints): `<root>/<field's last part>=<value>/seed=<seed>`, the
+  value as one directory name (`directory_name`), so a run is always a directory of the
+  root's own; that of an `--evaluations` setting, in a folder of the setting's name below.
+  The one place a run's directory is named; nothing parses the names back (the tables take
+  the value from the sweep's --values)."""
+  directory = root / directory_name(f'{field.split(".")[-1]}={value}') / f'seed={seed}'
+  return directory / directory_name(evaluation) if evaluation else directory
 
 
 def model_dir(root: Path, field: str, value, seed: int) -> Path:
