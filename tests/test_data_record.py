@@ -140,3 +140,76 @@ def test_a_vocabulary_replaced_since_training_is_named(tmp_path):
   vocabulary.write_text(json.dumps({'symbols': symbols[::-1]}))
   with pytest.raises(ValueError, match=r'\(the vocabulary: \S*vocab\.json changed since the run'):
     char_lm.TASK.train_model(config, workdir)
+
+
+def test_another_spelling_of_the_run_s_file_or_its_bytes_is_the_same_data(tmp_path, monkeypatch):
+  """`same_data`, the rule both config checks follow: a path given otherwise than recorded
+  that resolves to the run's file, or names a file with its size and SHA-256, is the run's
+  data; another file with other bytes is not, and one that cannot be read is not (no crash:
+  the data readers name it)."""
+  home = tmp_path / 'home'
+  (home / 'x').mkdir(parents=True)
+  text = home / 'x' / 'a.txt'
+  text.write_text('the run trained on these words\n')
+  monkeypatch.chdir(home / 'x')
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  data_record.record(workdir, {'config.data.path': Path('a.txt')})
+  field = 'config.data.path'
+
+  def same(path) -> bool:
+    return data_record.same_data(workdir, {field: Path(path)}) == {field}
+
+  assert data_record.same_data(workdir, {field: Path('a.txt')}) == set()  # as recorded
+  assert same(text)  # its absolute path
+  assert same(home / 'x' / '..' / 'x' / 'a.txt')
+  copy = tmp_path / 'clone' / 'a.txt'
+  copy.parent.mkdir()
+  copy.write_bytes(text.read_bytes())  # another clone's bundled corpus: the same bytes
+  assert same(copy)
+  copy.write_text('the run trained on these wordz\n')  # same size, other bytes
+  assert not same(copy)
+  assert not same(tmp_path / 'missing.txt')
+
+  def unreadable(path):
+    raise PermissionError(13, 'Permission denied', str(path))
+
+  monkeypatch.setattr(data_record, '_sha256', unreadable)
+  assert not same(copy)
+  os.utime(text, ns=(1, 1))  # looks touched: the check would hash it
+  assert data_record.changes(workdir, {field: text}) == []  # left to the data readers
+
+
+def test_the_run_s_data_spelled_otherwise_is_neither_a_warning_nor_a_config_change(
+  tmp_path, monkeypatch, capsys
+):
+  """A run trained on `data.txt` (relative): evaluated or resumed with that file's absolute
+  path, or evaluated on a copy (another clone's corpus), was told 'data.path: trained
+  'data.txt', given ...' (eval) and refused as a config change (resume); a copy with other
+  bytes still is."""
+  started_in = tmp_path / 'cwdA'
+  started_in.mkdir()
+  write_word_corpus(started_in / 'data.txt', words=3000)
+  monkeypatch.chdir(started_in)
+  workdir = tmp_path / 'run'
+  char_lm.TASK.train_model(tiny_char_config(Path('data.txt'), steps=2), workdir)
+  absolute = tiny_char_config(started_in / 'data.txt', steps=2)
+  capsys.readouterr()
+  char_lm.TASK.evaluate(absolute, workdir, output_dir=tmp_path / 'eval')
+  assert 'warning' not in capsys.readouterr().err
+  char_lm.TASK.train_model(absolute, workdir, allow_config_change=False)  # resumed, not refused
+  assert 'warning' not in capsys.readouterr().err
+
+  clone = tmp_path / 'clone' / 'data.txt'
+  clone.parent.mkdir()
+  clone.write_bytes((started_in / 'data.txt').read_bytes())
+  char_lm.TASK.evaluate(tiny_char_config(clone, steps=2), workdir, output_dir=tmp_path / 'eval')
+  assert 'warning' not in capsys.readouterr().err
+  with open(clone, 'a') as file:
+    file.write('other words\n')
+  char_lm.TASK.evaluate(tiny_char_config(clone, steps=2), workdir, output_dir=tmp_path / 'eval')
+  assert f"data.path: trained '{started_in / 'data.txt'}', given '{clone}'" in (
+    capsys.readouterr().err
+  )
+  with pytest.raises(ValueError, match=r'holds a run with another config \(config\.data\.path'):
+    char_lm.TASK.train_model(tiny_char_config(clone, steps=2), workdir, allow_config_change=False)

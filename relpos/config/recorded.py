@@ -8,6 +8,7 @@ the tools that start from a finished run read it (`relpos.training.run_config.re
 """
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 
 import ml_collections
@@ -117,18 +118,36 @@ def config_changes(
   return changes
 
 
-def _recorded_and_current(config: ml_collections.ConfigDict, workdir) -> tuple[dict, dict]:
+def _recorded_and_current(
+  config: ml_collections.ConfigDict, workdir, same_data: Collection[str] = ()
+) -> tuple[dict, dict]:
   """(the config recorded in workdir, `with_added` the fields of `config`; `config`), as
-  dicts; the first is None when none is recorded."""
+  dicts; the first is None when none is recorded.
+
+  `same_data`: the data fields ('config.<section>.<field>') whose path `config` gives
+  otherwise than the run recorded it but that name the run's data all the same (the file it
+  read, or its bytes: `relpos.training.data_record.same_data`, the one rule of what is the
+  same data); they are read as recorded, so that another spelling of the run's data is no
+  change of config. What that file holds now is `data_record.changes`'s to compare."""
   path = Path(workdir) / CONFIG_FILE
   current = json.loads(config.to_json())
-  return (read_recorded(path, current) if path.is_file() else None), current
+  if not path.is_file():
+    return None, current
+  recorded = read_recorded(path, current)
+  for name in same_data:
+    section, _, field = name.removeprefix('config.').partition('.')
+    if field in recorded.get(section, {}) and field in current.get(section, {}):
+      current[section][field] = recorded[section][field]
+  return recorded, current
 
 
-def changes_from_recorded(config: ml_collections.ConfigDict, workdir) -> list[str]:
+def changes_from_recorded(
+  config: ml_collections.ConfigDict, workdir, same_data: Collection[str] = ()
+) -> list[str]:
   """`config_changes` from the config recorded in workdir to `config`, outside the sections
-  that may change between runs (eval); [] when none is recorded."""
-  recorded, current = _recorded_and_current(config, workdir)
+  that may change between runs (eval) and the data fields in `same_data` (see
+  `_recorded_and_current`); [] when none is recorded."""
+  recorded, current = _recorded_and_current(config, workdir, same_data)
   if recorded is None:
     return []
   free = {name: None for name in _FREE_SECTIONS}
@@ -136,11 +155,16 @@ def changes_from_recorded(config: ml_collections.ConfigDict, workdir) -> list[st
 
 
 def section_changes_from_recorded(
-  config: ml_collections.ConfigDict, workdir, section: str, free: tuple[str, ...] = ()
+  config: ml_collections.ConfigDict,
+  workdir,
+  section: str,
+  free: tuple[str, ...] = (),
+  same_data: Collection[str] = (),
 ) -> list[str]:
   """ "<section>.<field>: trained <old>, given <new>" for every field of config.<section>
-  outside `free` that differs from the run recorded in workdir; [] when none is recorded."""
-  recorded, current = _recorded_and_current(config, workdir)
+  outside `free` that differs from the run recorded in workdir, the data fields in
+  `same_data` read as recorded (`_recorded_and_current`); [] when none is recorded."""
+  recorded, current = _recorded_and_current(config, workdir, same_data)
   if recorded is None:
     return []
   ignored = {name: None for name in free}
@@ -153,15 +177,20 @@ def section_changes_from_recorded(
 
 
 def check_config_change(
-  config: ml_collections.ConfigDict, workdir: Path, *, allow_change: bool
+  config: ml_collections.ConfigDict,
+  workdir: Path,
+  *,
+  allow_change: bool,
+  same_data: Collection[str] = (),
 ) -> list[str]:
-  """The changes from the config recorded in workdir to `config` (outside `eval`), checked
-  before a run writes or reads anything there.
+  """The changes from the config recorded in workdir to `config` (outside `eval`, and but
+  for the data fields in `same_data`: another spelling of the run's data, see
+  `_recorded_and_current`), checked before a run writes or reads anything there.
 
   Raises:
     ValueError: there are changes and not `allow_change`; the line lists them.
   """
-  changes = changes_from_recorded(config, workdir)
+  changes = changes_from_recorded(config, workdir, same_data)
   if changes and not allow_change:
     raise ValueError(
       f'{workdir} holds a run with another config ({"; ".join(changes)}): use a new '
@@ -170,15 +199,21 @@ def check_config_change(
   return changes
 
 
-def record_config(config: ml_collections.ConfigDict, workdir: Path, *, allow_change: bool):
-  """Writes workdir/config.json, after `check_config_change`.
+def record_config(
+  config: ml_collections.ConfigDict,
+  workdir: Path,
+  *,
+  allow_change: bool,
+  same_data: Collection[str] = (),
+):
+  """Writes workdir/config.json, after `check_config_change` (`same_data` as there).
 
   A run calls it once its checkpoint restored with `config` (train), so that a change the
   checkpoints refuse (another model's shapes) leaves config.json the run's own. A change
   allowed keeps the old file as config.<n>.json, with a warning.
   """
   path = Path(workdir) / CONFIG_FILE
-  changes = check_config_change(config, workdir, allow_change=allow_change)
+  changes = check_config_change(config, workdir, allow_change=allow_change, same_data=same_data)
   if changes:
     previous = 1 + sum(1 for _ in path.parent.glob('config.*.json'))
     path.rename(path.parent / f'config.{previous}.json')

@@ -439,13 +439,14 @@ def check_rerun(trained, workdir: Path, task, run: str) -> None:
     ValueError: `workdir` holds a run trained with another config than `trained`, or on data
       files changed since; naming the run (`run`) and the changes.
   """
-  if changes := changes_from_recorded(trained, workdir):
+  files = task.data_files(trained, workdir)
+  if changes := changes_from_recorded(trained, workdir, data_record.same_data(workdir, files)):
     raise ValueError(
       f'{run}: {workdir} holds a run trained with another config ({"; ".join(changes)}): give '
       'the sweep a new --workdir for the new config, or the config its runs were trained with '
       f'({workdir / run_config.CONFIG_FILE} records it)'
     )
-  if other_data := data_record.changes(workdir, task.data_files(trained, workdir)):
+  if other_data := data_record.changes(workdir, files):
     raise ValueError(
       f'{run}: {workdir} holds a run trained on other data ({"; ".join(other_data)}): give the '
       'sweep a new --workdir to train on the data as it is now, or restore the data its runs '

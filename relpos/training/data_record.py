@@ -15,10 +15,17 @@ resolved to then, symbolic links followed. A relative path (`data.txt`) resolves
 directory the command runs in, so the same config given elsewhere names another file: that is
 said as such, with the run's file (`<field>: data.txt names another file than the run's`), where
 comparing the two as one file said it had "changed" (same size, other content); another file
-that holds the same bytes (a copy) is the same data and not named. Fields whose path itself
-changed (another spelling) are config changes, reported as such, and not compared here unless
-they resolve to the run's file. Records made before the resolved path was recorded are matched
-by the path given alone.
+that holds the same bytes (a copy) is the same data and not named. Records made before the
+resolved path was recorded are matched by the path given alone.
+
+A path given otherwise than config.json records it is the same data when it names the run's
+file (the same resolved path: `data.txt` given as its absolute path, `~/x/../x/a.txt` as
+`~/x/a.txt`) or a file with the run's bytes (its size and SHA-256 as recorded: the bundled
+corpus of another clone of the repository). `same_data` is that rule, the one both checks of a
+run's config use (`relpos.config.recorded`: an evaluation's warning, `run_config.data_changes`,
+and a resume's refusal of a config change): such a field is not a change of config. What the
+run's own file holds now is still compared here, however it is spelled; another path to other
+bytes stays a config change (a warning, or a refusal without --allow_config_change).
 
 Hashing is skipped for a file whose size and modification time are those recorded: a check
 costs two `stat`s, and a file is hashed only when it is first recorded or looks touched (then
@@ -95,12 +102,37 @@ def _same_bytes(recorded: dict, path: Path) -> bool:
   return path.stat().st_size == recorded.get('bytes') and _sha256(path) == recorded.get('sha256')
 
 
+def names_recorded_data(recorded: dict, path: Path) -> bool:
+  """Whether `path` names the data `recorded` (a field's entry) was made of: the recorded file
+  itself (`_is_recorded_file`; whatever it holds now, which `changes` compares), or another
+  file with the same bytes. A file that cannot be read (or resolved) is not: the data readers
+  name it, as they do a missing one."""
+  try:
+    return _is_recorded_file(recorded, path) or path.is_file() and _same_bytes(recorded, path)
+  except (OSError, RuntimeError):  # RuntimeError: a symbolic link loop, resolved
+    return False
+
+
+def same_data(workdir, files: dict[str, Path]) -> set[str]:
+  """The fields of `files` (field -> path) given another path than the run in workdir recorded
+  that name its data all the same (`names_recorded_data`): the config checks read such a
+  path as the run's (`relpos.config.recorded`). Empty when nothing is recorded."""
+  recorded = _read(workdir)
+  return {
+    field
+    for field, path in files.items()
+    if isinstance(entry := recorded.get(field), dict)
+    and entry.get('path') != str(path)
+    and names_recorded_data(entry, Path(path))
+  }
+
+
 def changes(workdir, files: dict[str, Path]) -> list[str]:
   """A line for each of `files` (field -> path) recorded in workdir whose data differs now:
   '<field>: <path> changed since the run trained on it (<what>)' for the run's own file, and
   '<field>: <path> names another file than the run's (...)' for the same path given resolving
   to another file with other bytes (a relative path from another directory, a link pointed
-  elsewhere). A file that is gone is left to the data readers to name."""
+  elsewhere). A file that is gone, or cannot be read, is left to the data readers to name."""
   recorded = _read(workdir)
   lines = []
   for field, path in files.items():
@@ -108,22 +140,33 @@ def changes(workdir, files: dict[str, Path]) -> list[str]:
     path = Path(path)
     if not isinstance(entry, dict) or not path.is_file():
       continue
-    if _is_recorded_file(entry, path):
-      if not _same(entry, path):
-        size = path.stat().st_size
-        what = (
-          f'{entry.get("bytes"):,} bytes then, {size:,} now'
-          if size != entry.get('bytes')
-          else 'same size, other content'
-        )
-        lines.append(f'{field}: {path} changed since the run trained on it ({what})')
-    elif entry.get('path') == str(path) and not _same_bytes(entry, path):
-      lines.append(
-        f"{field}: {path} names another file than the run's (here {path.resolve()}; the run "
-        f'read {entry["resolved"]}, resolved from where it was started): run from the '
-        f'directory the run was started in, or give {entry["resolved"]}'
-      )
+    try:
+      line = _change(field, entry, path)
+    except (OSError, RuntimeError):  # unreadable (or a link loop): the readers name it
+      continue
+    if line:
+      lines.append(line)
   return lines
+
+
+def _change(field: str, entry: dict, path: Path) -> str | None:
+  """`changes`'s line for one field, None when its data is the run's."""
+  if _is_recorded_file(entry, path):
+    if not _same(entry, path):
+      size = path.stat().st_size
+      what = (
+        f'{entry.get("bytes"):,} bytes then, {size:,} now'
+        if size != entry.get('bytes')
+        else 'same size, other content'
+      )
+      return f'{field}: {path} changed since the run trained on it ({what})'
+  elif entry.get('path') == str(path) and not _same_bytes(entry, path):
+    return (
+      f"{field}: {path} names another file than the run's (here {path.resolve()}; the run "
+      f'read {entry["resolved"]}, resolved from where it was started): run from the '
+      f'directory the run was started in, or give {entry["resolved"]}'
+    )
+  return None
 
 
 def record(workdir, files: dict[str, Path]) -> None:

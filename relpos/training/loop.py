@@ -226,8 +226,9 @@ class Task(abc.ABC):
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     self.check_config(config)  # before anything reads its fields
     check_model(workdir, config)
-    other_data = data_changes(workdir, config) + data_record.changes(
-      workdir, self.data_files(config, workdir)
+    data_files = self.data_files(config, workdir)
+    other_data = data_changes(workdir, config, data_files) + data_record.changes(
+      workdir, data_files
     )
     if other_data:
       warn(f'scoring other data than the run trained with ({"; ".join(other_data)})')
@@ -819,8 +820,12 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
 def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_change, reached: dict):
   """`train`'s run over `mesh` (its config checked); `reached` keeps the step reached and the
   checkpoints, for its faults."""
-  check_config_change(config, workdir, allow_change=allow_config_change)  # before any write
   data_files = task.data_files(config, workdir)
+  # Another spelling of the run's data (its file, or its bytes) is no config change.
+  same_data = data_record.same_data(workdir, data_files)
+  check_config_change(  # before any write
+    config, workdir, allow_change=allow_config_change, same_data=same_data
+  )
   other_data = data_record.changes(workdir, data_files)
   if other_data and not allow_config_change:
     raise ValueError(
@@ -854,7 +859,7 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
     print(f'resumed from {checkpoints.directory / str(start_step)}', flush=True)
   reached['step'] = start_step
   if mesh_lib.is_writer():  # once the checkpoint took `config`: config.json stays the run's
-    record_config(config, workdir, allow_change=allow_config_change)
+    record_config(config, workdir, allow_change=allow_config_change, same_data=same_data)
     data_record.record(workdir, data_files)
 
   writer = MetricWriter(workdir)

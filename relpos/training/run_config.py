@@ -19,6 +19,7 @@ from relpos.config.recorded import (
   read_recorded,
   section_changes_from_recorded,
 )
+from relpos.training import data_record
 
 
 def not_a_workdir(workdir, flag: str | None = '--workdir') -> FileNotFoundError:
@@ -168,10 +169,14 @@ def check_task(
   return recorded
 
 
-def data_changes(workdir, config: ml_collections.ConfigDict) -> list[str]:
+def data_changes(workdir, config: ml_collections.ConfigDict, files: dict[str, Path]) -> list[str]:
   """The config.data fields that differ from the run's in `workdir` (each 'data.<field>:
-  trained <old>, given <new>'): an evaluation may score other data, but should say so."""
-  return section_changes_from_recorded(config, workdir, 'data')
+  trained <old>, given <new>'): an evaluation may score other data, but should say so. A path
+  of `files` (the task's data files, `Task.data_files`) given otherwise but naming the run's
+  data (its file, or its bytes) is none: `data_record.same_data`, the rule a resume's config
+  check follows too."""
+  same = data_record.same_data(workdir, files)
+  return section_changes_from_recorded(config, workdir, 'data', same_data=same)
 
 
 def check_model(workdir, config: ml_collections.ConfigDict) -> None:
