@@ -110,9 +110,7 @@ def main(argv):
   try:
     print(f'wrote {plot_runs(argv[1:], flags.FLAGS.out)}')
   except tasks.FAULTS as fault:  # --out cannot be written (`figures.save`): exit 74
-    code, line = tasks.fault_exit(fault)
-    print(line, file=sys.stderr)
-    sys.exit(code)
+    tasks.exit_for_fault(fault)
   except (FileNotFoundError, ValueError, PermissionError) as error:
     sys.exit(f'error: {error}')
 

@@ -157,9 +157,7 @@ def main(argv):
     try:
       print(f'plot: {plot(by_k, flags.FLAGS.out)}')
     except tasks.FAULTS as fault:  # --out cannot be written (`figures.save`): exit 74
-      code, line = tasks.fault_exit(fault)
-      print(line, file=sys.stderr)
-      sys.exit(code)
+      tasks.exit_for_fault(fault)
     except ValueError as error:
       sys.exit(f'error: {error}')
 

@@ -1087,16 +1087,15 @@ def main(argv):
     sys.exit(stopped.exit_code)
   except tasks.FAULTS as fault:  # a full disk, a workdir of another task, out of memory, a
     # second Ctrl-C during training
-    code, line = tasks.fault_exit(fault)
-    print(line, file=sys.stderr)
-    sys.exit(code)
+    tasks.exit_for_fault(fault)
   except OSError as error:  # the sweep's own files: one line, as train.py's (exit 74)
     fault = root_write_fault(error, root, resume=not args.collect_only)
-    if fault is None and not isinstance(error, tasks.USER_ERRORS):
+    if fault is not None:
+      tasks.exit_for_fault(fault)
+    if not isinstance(error, tasks.USER_ERRORS):
       raise
-    code, line = tasks.fault_exit(fault) if fault else (1, f'error: {error}')
-    print(line, file=sys.stderr)
-    sys.exit(code)
+    print(f'error: {error}', file=sys.stderr)
+    sys.exit(1)
   except tasks.USER_ERRORS as error:
     sys.exit(f'error: {error}')
 

@@ -7,6 +7,7 @@ import shlex
 import sys
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 import jax
 import ml_collections
@@ -55,6 +56,15 @@ def _silence_stderr():
 def fault_exit(fault: Exception) -> tuple[int, str]:
   """(exit status, the one line to print) of a `FAULTS` exception."""
   return getattr(fault, 'exit_code', 1), f'error: {fault}'
+
+
+def exit_for_fault(fault: Exception) -> NoReturn:
+  """Prints a `FAULTS` exception's one line to stderr and exits with its status (`fault_exit`):
+  how the study tools end on one, as the launchers do (`launch`, which also silences a full
+  disk's writers at exit)."""
+  code, line = fault_exit(fault)
+  print(line, file=sys.stderr, flush=True)
+  sys.exit(code)
 
 
 def _define_distributed_flags():
