@@ -40,7 +40,7 @@ from relpos.training import char_lm_task as char_lm
 from relpos.training import loop, tasks
 from relpos.training import translation_task as translate_task
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE, TMP_MARKER, finished_steps
-from relpos.training.loop import OUT_OF_MEMORY_EXIT_CODE
+from relpos.training.device_memory import OUT_OF_MEMORY_EXIT_CODE
 from relpos.training.run_config import TaskMismatchError, read_config
 
 STEPS = 6  # checkpoints at 2, 4 and 6
@@ -961,7 +961,7 @@ class _Device:
 
 
 def test_the_step_memory_estimate_warns_before_training_when_it_will_not_fit():
-  from relpos.training.loop import step_memory_warning
+  from relpos.training.device_memory import step_memory_warning
 
   step = jax.jit(lambda x, y: (x @ y, x.sum()))
   args = (jnp.ones((64, 256)), jnp.ones((256, 128)))
