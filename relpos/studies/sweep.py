@@ -88,6 +88,7 @@ from relpos.training import data_record, loop, run_config, tasks, workdir_lock
 from relpos.training.checkpoints import filesystem_fault
 from relpos.training.preemption import PreemptedError
 
+SUMMARY_TABLE = 'sweep.csv'  # the first of the tables the sweep writes (`write_tables`)
 SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'difference', 'p_value', 'p_seeds', 'diverged')
 PRESET = 'preset'  # --field=preset: each value is a preset of the --config file
 EVAL_SECTION = 'eval.'  # a field under it: one training per seed, scored at every value
@@ -677,7 +678,7 @@ def value_label(field: str, value) -> str:
 
 def write_tables(summary, rows, root: Path, field: str, metric: str, baseline) -> str:
   """Writes sweep.csv, sweep_seeds.csv and sweep.md under `root`; returns the markdown."""
-  _write_csv(root / 'sweep.csv', summary, SUMMARY_COLUMNS)
+  _write_csv(root / SUMMARY_TABLE, summary, SUMMARY_COLUMNS)
   _write_csv(root / 'sweep_seeds.csv', rows, ('value', 'seed', metric, 'step', 'workdir'))
   lines = [
     f'{field} against {metric}: mean ± std over seeds; the difference and p-values against '
@@ -808,11 +809,7 @@ def sweep(
   value}}, `parse_evaluations`) scores every trained model at each setting: the tables, plot
   and breakdowns are those of the first setting, and `sweep_by_evaluation.*` holds them all."""
   task = tasks.get(config)
-  # The root is checked and made as train.py's workdir is, also for --collect_only (which
-  # writes its tables there): a dangling link is one line (exit 1), a file in its place or
-  # above it one exit-74 line.
-  run_config.check_path(root)
-  loop.prepare_workdir(root)
+  prepare_root(root, train=train)
   settings = evaluations or {None: {}}
   if train:
     # One sweep at a time on a root: a second one would score the runs the first finishes,
@@ -1001,25 +998,56 @@ ENOSPC_LIKE = (errno.ENOSPC, errno.EDQUOT)
 UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
-def root_write_fault(error: OSError, root: Path, *, resume: bool):
+def root_write_fault(error: OSError, root: Path, *, resume: bool, path: Path | None = None):
   """The exit-74 fault (`loop.filesystem_fault`, as train.py's) of an OSError writing the
   sweep's own files under `root` (its lock, the tables, the plot) on a full disk or a read-only
   or unwritable filesystem, naming the file (the tables and plot are written through
   `write_atomically`, whose errors name the file also where a full disk is met only as it is
   flushed; the root where an error names none); None for any other error, reported as it is.
   Its runs' own writes are their training's and evaluation's faults already. `resume`: whether
-  the same command resumes the sweep (not --collect_only's)."""
-  path = Path(error.filename) if isinstance(error.filename, str) else None
+  the same command resumes the sweep (not --collect_only's, whose remedy is a writable root:
+  it writes its tables beside the runs it reads, so another --workdir would hold none).
+  `path`: the file the write stands for, where the error names another (the root's write
+  probe, `first_write`)."""
+  path = path or (Path(error.filename) if isinstance(error.filename, str) else None)
   written = ENOSPC_LIKE if path is None else (*ENOSPC_LIKE, *UNWRITABLE)
   if error.errno not in written:
     return None
   if path is not None and root.resolve() not in (path.resolve(), *path.resolve().parents):
     return None
+  collecting = not resume and error.errno in UNWRITABLE
   return filesystem_fault(
     error,
     f"cannot write {path or root} (the sweep's --workdir={root})",
     last_good=f'the finished runs under {root} are intact',
     resume=resume,
+    todo='make it writable, then rerun (--collect_only writes its tables into the root it '
+    'reads the runs from)'
+    if collecting
+    else None,
+  )
+
+
+def first_write(root: Path, *, train: bool) -> Path:
+  """The first file the sweep writes under `root`: its lock when it trains, else (with
+  --collect_only) its table sweep.csv; what a root that takes no files is reported as failing
+  to write (`prepare_root`)."""
+  return root / (workdir_lock.LOCK_FILE if train else SUMMARY_TABLE)
+
+
+def prepare_root(root: Path, *, train: bool) -> None:
+  """Checks and makes the sweep's root as train.py's workdir is, also for --collect_only
+  (which writes its tables there): a dangling link is one line (exit 1,
+  `run_config.check_path`), a file in its place or above it one exit-74 line
+  (`loop.prepare_workdir`). A root that takes no files (read-only, not writable) is the
+  sweep's own line (`root_write_fault`), naming the file it would write first
+  (`first_write`), not train.py's 'before training ... rerun the same command to resume'."""
+  run_config.check_path(root)
+  loop.prepare_workdir(
+    root,
+    probe_fault=lambda error: root_write_fault(
+      error, root, resume=train, path=first_write(root, train=train)
+    ),
   )
 
 

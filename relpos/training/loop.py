@@ -688,13 +688,16 @@ def step_memory_warning(step, state, batch, device=None) -> str | None:
   )
 
 
-def prepare_workdir(workdir: Path, steps: int | None = None) -> list[Path]:
+def prepare_workdir(workdir: Path, steps: int | None = None, *, probe_fault=None) -> list[Path]:
   """Makes `workdir` and checks that it takes files (`check_takes_files`), before anything else
   of the run; returns the directories it made (the workdir and any parents that were
   missing), innermost first, for `leave_no_trace`. `steps`: config.train.steps; a run that
   reached them has nothing left to train, so the remedy of a workdir that takes no files is
   eval.py with --output_dir, not a rerun to resume (None: a directory that is no run's, a
-  sweep's root).
+  sweep's root). `probe_fault`: the caller's own fault (or None) for the OSError of a
+  directory that takes no files, where train.py's words ('before training', a rerun that
+  resumes) are not what it does: the sweep's root, whose first write is its lock or, with
+  --collect_only, its tables (`relpos.studies.sweep.root_write_fault`).
 
   The sweep's root is prepared here too. A dangling symbolic link in its place was refused
   before, naming the link and its target (`run_config.check_path`, which every command runs
@@ -724,6 +727,8 @@ def prepare_workdir(workdir: Path, steps: int | None = None) -> list[Path]:
     check_takes_files(workdir)
   except OSError as error:
     leave_no_trace(workdir, made)
+    if probe_fault is not None and (fault := probe_fault(error)) is not None:
+      raise fault from error
     what, last_good = f'cannot write to --workdir={workdir} before training', last_good_in(workdir)
     try:
       done = max(finished_steps(workdir), default=0)
