@@ -18,6 +18,8 @@ import pathlib
 import zipfile
 import zlib
 
+from relpos.files import dangling_link
+
 # The formats, by the bytes their files start with.
 _GZIP, _BZIP2, _XZ, _ZIP = b'\x1f\x8b', b'BZh', b'\xfd7zXZ\x00', b'PK\x03\x04'
 # What follows bzip2's 'BZh' and its block size digit: a block's magic (the digits of pi) or,
@@ -62,6 +64,16 @@ def refuse_pipe(path, field: str | None) -> None:
       'and hash, and a pipe gives its bytes once; write them to a file (`zcat x.gz > x.txt`; '
       'a gzip, bzip2, xz or zip file is read as it is) and give that file'
     )
+
+
+def refuse_dangling_link(path, field: str | None) -> None:
+  """Raises FileNotFoundError naming `path` (given as `field`) and the missing target where it,
+  or a directory on it, is a symbolic link to nothing (`relpos.files.dangling_link`: a volume
+  not mounted, a target moved), which the readers' own test of a file met as no file at all.
+  Called where a data file was found missing, before that is said."""
+  if problem := dangling_link(path):
+    named = f'{field}={path}' if field else str(path)
+    raise FileNotFoundError(f'{named}: {problem}')
 
 
 _DECOMPRESS = {'gzip': gzip.decompress, 'bzip2': bz2.decompress, 'xz': lzma.decompress}

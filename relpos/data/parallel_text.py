@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from sacremoses import MosesDetokenizer
 
-from relpos.data.data_file import decode_utf8, read_data_file, refuse_pipe
+from relpos.data.data_file import decode_utf8, read_data_file, refuse_dangling_link, refuse_pipe
 from relpos.data.shard import ONE_PROCESS, Shard
 from relpos.messages import warn
 
@@ -39,6 +39,7 @@ def read_lines(path, *, field: str | None = None) -> list[str]:
   path = pathlib.Path(path)
   refuse_pipe(path, field)
   if not path.is_file():
+    refuse_dangling_link(path, field)
     named = f'{field} = ' if field else ''
     raise FileNotFoundError(f'{named}{str(path)!r} is not a file; set it to a text file')
   data = read_data_file(path)

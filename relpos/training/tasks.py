@@ -15,6 +15,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from relpos.config import checks, declaration, fields
+from relpos.files import dangling_link
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE
 from relpos.training.loop import Task, UnscoredRunError
 from relpos.training.preemption import PreemptedError, RunFaultError
@@ -209,6 +210,8 @@ def _config_file_problem(argv: list[str]) -> tuple[str | None, ml_collections.Co
     return None, None
   path = value.split(':')[0]
   if not os.path.isfile(path):
+    if problem := dangling_link(path):
+      return f'--config={value}: {problem}', None
     what = 'is a directory, not a config file' if os.path.isdir(path) else 'does not exist'
     return f'--config={value}: {path} {what}', None
   alone, alone_argv = flags.FlagValues(), [argv[0], f'--config={value}']
