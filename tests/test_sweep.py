@@ -984,6 +984,32 @@ def test_a_run_directory_is_one_level_inside_the_root_whatever_the_value(tmp_pat
   assert sweep.run_dir(tmp_path, 'model.position', 'shaw', 0, setting).name == setting
 
 
+def test_a_value_too_long_for_a_directory_name_gets_a_shortened_one(tmp_path):
+  """A long path value (its '/' escaped as %2F) made a run directory's name longer than a
+  filesystem takes: the sweep ended in a traceback (OSError: [Errno 36] File name too long).
+  Such a name is now shortened deterministically to 255 bytes (its beginning and a hash of the
+  whole); two values with the same beginning keep two runs, and a name that fits is as it
+  was."""
+  long_path = '/data/' + '/'.join(['d' * 60] * 4) + '/corpus.txt'
+  other = long_path.replace('corpus.txt', 'other.txt')
+  names = {
+    sweep.run_dir(tmp_path, 'data.path', value, 0).parent.name for value in (long_path, other)
+  }
+  assert len(names) == 2
+  for name in names:
+    assert len(name.encode()) == 255 and name.startswith('path=%2Fdata%2Fdddd')
+    (tmp_path / name).mkdir()
+  assert sweep.run_dir(tmp_path, 'data.path', long_path, 0) == sweep.run_dir(
+    tmp_path, 'data.path', long_path, 0
+  )
+  wide = 'é' * 200  # 400 bytes: cut on a character's edge, the name valid UTF-8
+  name = sweep.directory_name(f'path={wide}')
+  assert len(name.encode()) <= 255 and name.encode().decode() == name
+  (tmp_path / name).mkdir()
+  fits = 'path=' + 'x' * 250  # 255 bytes exactly: as it was
+  assert sweep.directory_name(fits) == fits
+
+
 def test_a_path_value_is_home_expanded_and_the_tables_show_the_value(tmp_path, monkeypatch):
   """`--values=~/a.txt` of a path field looked for a directory named `~` (the shell expands
   `~` only at a word's start); the tables show each value as given, its run inside the root."""

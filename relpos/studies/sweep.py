@@ -12,19 +12,20 @@
         --field=eval.max_relative_position --values=-1,8,4,2,0 --seeds=0,1,2
 
 Each (value v, seed s) trains and evaluates `--config` with `--config.<field>=v` and
-`--config.seed=s` in `<workdir>/<field>=v/seed=s` (the field's last part; the value's '/',
-NUL and '%' escaped, `directory_name`, so every run is a directory of the root's own; a path
-field's leading `~` expanded, as train.py's). `--field=preset` sweeps the presets of
-the config file instead (`--config=<file>:v`), for variants that differ in several fields,
-such as Shaw et al.'s keys/values ablation. A field of config.eval (e.g. `--field=eval.mem_len`)
-changes only how a model is scored: each seed trains once, in `<workdir>/trained/seed=s`, and
-every value scores that checkpoint into its own `<field>=v/seed=s` (the training's recorded
-config keeps `--config`'s own eval settings). A run whose eval_results.json is there for the
-config's last step is not touched again, so a sweep stopped anywhere (or spread over sessions)
-resumes where it was; an unfinished run resumes from its last checkpoint. A run whose loss
-goes non-finite is a result too: its eval_results.json records `diverged_at_step`, a warning
-names it, and the sweep goes on (`record_divergence`). The sweep holds its root's workdir lock
-while it trains, so a second sweep on the same root is refused at once.
+`--config.seed=s` in `<workdir>/<field>=v/seed=s` (the field's last part; the value's '/', NUL
+and '%' escaped, and a name past 255 bytes shortened with a hash, `directory_name`, so every run
+is a directory of the root's own; a path field's leading `~` expanded, as train.py's).
+`--field=preset` sweeps the presets of the config file instead (`--config=<file>:v`), for
+variants that differ in several fields, such as Shaw et al.'s keys/values ablation. A field of
+config.eval (e.g. `--field=eval.mem_len`) changes only how a model is scored: each seed trains
+once, in `<workdir>/trained/seed=s`, and every value scores that checkpoint into its own
+`<field>=v/seed=s` (the training's recorded config keeps `--config`'s own eval settings). A run
+whose eval_results.json is there for the config's last step is not touched again, so a sweep
+stopped anywhere (or spread over sessions) resumes where it was; an unfinished run resumes from
+its last checkpoint. A run whose loss goes non-finite is a result too: its eval_results.json
+records `diverged_at_step`, a warning names it, and the sweep goes on (`record_divergence`). The
+sweep holds its root's workdir lock while it trains, so a second sweep on the same root is
+refused at once.
 
 Then the sweep writes under `<workdir>`:
 - `sweep.csv` / `sweep.md`: one row per value, `value, n, mean, std, difference, p_value,
@@ -65,6 +66,7 @@ passed on to every run.
 import csv
 import errno
 import functools
+import hashlib
 import io
 import json
 import shlex
@@ -231,6 +233,12 @@ def evaluated(config, overrides: dict) -> ml_collections.ConfigDict:
 # What a value's text may not hold in a directory name, escaped as `%XX` (its code in hex) by
 # `directory_name`: the separator, NUL, and the escape character itself.
 _UNSAFE_IN_NAMES = '%/\0'
+# The most bytes a directory name may have (Linux's NAME_MAX, that of ext4, xfs, btrfs, tmpfs).
+NAME_MAX = 255
+# What ends a name `directory_name` shortened, before its hash: '%' followed by what is not two
+# hex digits, which no escaped name holds.
+_SHORTENED = '%-'
+_DIGEST_CHARS = 16
 
 
 def directory_name(text: str) -> str:
@@ -240,8 +248,24 @@ def directory_name(text: str) -> str:
   `urllib.parse.unquote`'s to read back and two values never share one. The names a value
   of a number, a bool or a name (`shaw`, `tgt_len=64+mem_len=64`) gives are those of
   `str(value)`, as before, so sweeps already on disk find their runs. A name of '.' or '..'
-  cannot arise: `run_dir`'s names start with the field's name and '='."""
-  return ''.join(f'%{ord(c):02X}' if c in _UNSAFE_IN_NAMES else c for c in text)
+  cannot arise: `run_dir`'s names start with the field's name and '='.
+
+  A name over NAME_MAX bytes (a long path value, its '/' tripled by the escape) is one no
+  filesystem takes: the sweep ended in a traceback (File name too long). It is shortened to
+  its first bytes, `_SHORTENED` and the start of the SHA-256 of the whole name: the same text
+  always gives the same name (a rerun finds its runs), two texts with the same beginning get
+  two, and no name short enough to be kept as it is ends so (an escaped name has no '%'
+  without two hex digits after it). Only the tables show the value (`value_label`); the name
+  of such a run is not read back."""
+  name = ''.join(f'%{ord(c):02X}' if c in _UNSAFE_IN_NAMES else c for c in text)
+  encoded = name.encode('utf-8', 'surrogateescape')
+  if len(encoded) <= NAME_MAX:
+    return name
+  digest = hashlib.sha256(encoded).hexdigest()[:_DIGEST_CHARS]
+  kept = NAME_MAX - len(_SHORTENED) - _DIGEST_CHARS
+  # A character cut in two is left out whole ('ignore'): the name stays valid UTF-8.
+  prefix = encoded[:kept].decode('utf-8', 'ignore')
+  return f'{prefix}{_SHORTENED}{digest}'
 
 
 def run_dir(root: Path, field: str, value, seed: int, evaluation: str | None = None) -> Path:
