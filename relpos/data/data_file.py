@@ -15,6 +15,7 @@ import gzip
 import io
 import lzma
 import pathlib
+import shlex
 import zipfile
 import zlib
 
@@ -77,6 +78,18 @@ def refuse_dangling_link(path, field: str | None) -> None:
 
 
 _DECOMPRESS = {'gzip': gzip.decompress, 'bzip2': bz2.decompress, 'xz': lzma.decompress}
+# The shell command that writes a compressed file's text to standard output, by `compression`.
+_DECOMPRESS_COMMANDS = {'gzip': 'zcat', 'bzip2': 'bzcat', 'xz': 'xzcat', 'zip': 'unzip -p'}
+
+
+def decompress_command(path) -> str | None:
+  """The shell command that writes the text of the compressed file at `path` to standard output
+  (`zcat <path>`; `bzcat`, `xzcat`, `unzip -p` for the others, by `compression`, as
+  `read_data_file` reads it), the path quoted for the shell where it needs it; None for a file
+  that is not compressed. For a remedy that pipes a data file's text into a converter."""
+  with open(path, 'rb') as file:
+    kind = compression(file.read(16))
+  return f'{_DECOMPRESS_COMMANDS[kind]} {shlex.quote(str(path))}' if kind else None
 
 
 def read_data_file(path) -> bytes:
