@@ -569,6 +569,26 @@ def test_a_char_lm_evaluation_table_counts_characters(tmp_path):
   assert 'characters' in markdown and 'sentences' not in markdown
 
 
+def test_sweep_md_names_the_evaluation_setting_its_numbers_are_of(tmp_path):
+  """With --evaluations, sweep.md holds the first setting's scores, and its heading did not say
+  so: a reader took them for the config's own config.eval."""
+  field = 'model.max_relative_position'
+  settings = {'tgt_len=16': {'eval.tgt_len': 16}, 'tgt_len=32': {'eval.tgt_len': 32}}
+  for setting in settings:
+    _fake_runs(tmp_path / setting, field, {0: [2.0, 2.1], 4: [1.5, 1.6]})
+    for run in (tmp_path / setting).rglob('eval_results.json'):
+      target = tmp_path / run.parent.relative_to(tmp_path / setting) / setting
+      target.mkdir(parents=True)
+      run.rename(target / 'eval_results.json')
+  config = load_config('char_tiny', 'shaw')
+  sweep.sweep(config, tmp_path, field, [0, 4], [0, 1], 'bpc', 0, train=False, evaluations=settings)
+  heading = (tmp_path / 'sweep.md').read_text().splitlines()[0]
+  assert heading.startswith(
+    f'{field} against bpc scored at --evaluations setting tgt_len=16 (the first; '
+    'sweep_by_evaluation.md has every setting): mean ± std over seeds'
+  )
+
+
 def test_a_run_whose_evaluation_cannot_be_served_is_refused_before_any_trains(
   tmp_path, monkeypatch
 ):

@@ -700,12 +700,23 @@ def value_label(field: str, value) -> str:
   return f'{value} ({meaning})' if meaning else str(value)
 
 
-def write_tables(summary, rows, root: Path, field: str, metric: str, baseline) -> str:
-  """Writes sweep.csv, sweep_seeds.csv and sweep.md under `root`; returns the markdown."""
+def write_tables(
+  summary, rows, root: Path, field: str, metric: str, baseline, setting: str | None = None
+) -> str:
+  """Writes sweep.csv, sweep_seeds.csv and sweep.md under `root`; returns the markdown.
+  `setting`: the `--evaluations` setting the scores are of (the first), which sweep.md's
+  heading names (it did not: a reader took the numbers for the config's own config.eval); None
+  without --evaluations."""
   _write_csv(root / SUMMARY_TABLE, summary, SUMMARY_COLUMNS)
   _write_csv(root / 'sweep_seeds.csv', rows, ('value', 'seed', metric, 'step', 'workdir'))
+  scored = (
+    ''
+    if setting is None
+    else f' scored at --evaluations setting {setting} (the first; sweep_by_evaluation.md has '
+    'every setting)'
+  )
   lines = [
-    f'{field} against {metric}: mean ± std over seeds; the difference and p-values against '
+    f'{field} against {metric}{scored}: mean ± std over seeds; the difference and p-values against '
     f'{field}={baseline}, the p-values by '
     'a paired bootstrap over test items, seeds pooled, and a paired t-test over seeds',
     '',
@@ -855,7 +866,7 @@ def sweep(
   compared = any(row['value'] == baseline for row in rows)
   if not compared:
     warn_baseline_without_runs(summary, field, baseline, breakdowns or evaluations)
-  print(write_tables(summary, rows, root, field, metric, baseline))
+  print(write_tables(summary, rows, root, field, metric, baseline, first))
   write_diverged(diverged, root, field)
   print(f'plot: {plot(summary, rows, root, field, metric)}')
   if not compared:
