@@ -662,6 +662,38 @@ def test_collect_only_warns_of_results_not_of_the_sweeps_config(tmp_path, capsys
   )
 
 
+def test_a_result_trained_on_the_same_data_by_another_path_is_kept(tmp_path, capsys):
+  """A sweep run again from another clone of the repository gives its data another path, with
+  the same bytes: stale_reason compared the path strings ('its model trained with another
+  config (data.path: ...)'), so --collect_only warned and a sweep trained and scored the run
+  again; it now follows `data_record.same_data`, as train.py's resume does. Other bytes under
+  another path are still another config."""
+  from relpos.config.recorded import record_config
+  from relpos.training import data_record
+
+  field = 'model.max_relative_position'
+  clone, other_clone = tmp_path / 'clone', tmp_path / 'other_clone'
+  for directory in (clone, other_clone):
+    directory.mkdir()
+    (directory / 'corpus.txt').write_text('the same bytes in both clones\n' * 50)
+  root = tmp_path / 'sweep'
+  _fake_runs(root, field, {0: [2.0]})
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 10  # _fake_runs' step
+  trained = sweep.with_value(config, field, 0)
+  trained.data.path = str(clone / 'corpus.txt')
+  trained.seed = 0
+  workdir = sweep.model_dir(root, field, 0, 0)
+  record_config(trained, workdir, allow_change=False)
+  data_record.record(workdir, char_lm.TASK.data_files(trained, workdir))
+  results = workdir / 'eval_results.json'
+  results.write_text(json.dumps(json.loads(results.read_text()) | {'eval': config.eval.to_dict()}))
+  trained.data.path = str(other_clone / 'corpus.txt')
+  assert sweep.stale_reason(workdir, trained, workdir) is None
+  (other_clone / 'corpus.txt').write_text('other bytes\n' * 50)
+  assert 'data.path' in sweep.stale_reason(workdir, trained, workdir)
+
+
 def test_collect_only_leaves_a_result_of_other_eval_settings_out_of_the_item_test(tmp_path, capsys):
   """eval.py --config.eval.tgt_len=16 on a sweep's run rewrote its eval_results.json with
   other segments: --collect_only warned 'tabulated as it is', then ended with `error: paired

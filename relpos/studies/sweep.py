@@ -383,9 +383,13 @@ def stale_reason(results_dir: Path, config, trained_dir: Path) -> str | None:
   """Why the eval_results.json in `results_dir` is not that of `config`'s run, or None when it
   is (`is_finished`): the model trained with another config, the file damaged, scored from a
   checkpoint of another workdir (`eval.py --output_dir` pointed here), or scored at another
-  step or with another config.eval."""
+  step or with another config.eval. A data path given otherwise than the run recorded it that
+  names its data (another clone's copy of the corpus, say) is the run's
+  (`data_record.same_data`, as `check_rerun` and train.py read it): such a result is kept."""
   path = results_dir / 'eval_results.json'
-  if changes := changes_from_recorded(config, trained_dir):
+  files = tasks.get(config).data_files(config, trained_dir)
+  same_data = data_record.same_data(trained_dir, files)
+  if changes := changes_from_recorded(config, trained_dir, same_data):
     shown = '; '.join(changes[:3]) + ('; ...' if len(changes) > 3 else '')
     return f'its model trained with another config ({shown})'
   try:
