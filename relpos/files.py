@@ -4,6 +4,9 @@ A process killed while it writes (kill -9, Ctrl-C's immediate exit, a full disk)
 cut short: a config.json that no longer parses, an eval_results.json a sweep then reads as
 damaged. `write_atomically` writes beside the file and renames over it, which POSIX makes
 atomic within a filesystem, so a reader sees the old file or the new one, never a part.
+
+Also here, what the commands check of a path before they write or read there: a directory that
+takes files (`check_takes_files`), a symbolic link to nothing (`dangling_link`).
 """
 
 import contextlib
@@ -59,3 +62,23 @@ def check_takes_files(directory) -> None:
     if not error.errno or error.filename is None or Path(error.filename).parent != directory:
       raise  # the directory's own error (or a parent's), named as it is
     raise OSError(error.errno, error.strerror, str(directory)) from error
+
+
+def dangling_link(path) -> str | None:
+  """What is wrong with `path` where it, or a directory on it, is a symbolic link to something
+  that does not exist (a volume not mounted, a target moved), as the words of an error and
+  what to do; None where there is none. Made through, such a link fails as 'File exists' (a
+  writer's mkdir meets the link) or reads as no directory at all, and read, as no file at all
+  ('does not exist', 'no text file'), neither saying why: the one check of it for a workdir
+  (`relpos.training.run_config.check_path`), a data file
+  (`relpos.data.data_file.refuse_dangling_link`) and --config's file
+  (`relpos.training.tasks`)."""
+  path = Path(path)
+  for link in (path, *path.parents):
+    if link.is_symlink() and not link.exists():
+      which = 'it is' if link == path else f'{link} is'
+      return (
+        f'{which} a symbolic link to {os.readlink(link)}, which does not exist: mount it or '
+        'point the link elsewhere'
+      )
+  return None

@@ -195,6 +195,34 @@ def test_a_run_reads_its_recorded_vocabulary(tmp_path):
   np.testing.assert_array_equal(splits['train'][:4], [2, 0, 2, 0])  # 'caca': the run's ids
 
 
+def test_an_evaluation_encodes_only_the_split_it_scores(tmp_path):
+  """eval.py encoded every split with the run's vocabulary, so a byte outside it in the
+  training text refused scoring the test split, which holds none. Now only the scored split
+  is encoded; a byte outside the vocabulary there is still the one-line refusal naming the
+  split, the file and the byte."""
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  (workdir / 'config.json').write_text('{}')  # a run has trained here (`has_run`)
+  vocab = char_lm.CharVocab.from_data(b'abc', drop_newlines=True)
+  (workdir / 'vocab.json').write_text(vocab.to_json())
+  data = tmp_path / 'text.txt'
+  data.write_bytes(b'abz\n' * 45 + b'abc\n' * 10)  # 'z' in the train split (its first 90%) only
+  config = _config(data, steps=4)
+  config.data.vocab = 'original'
+  splits, _ = char_lm._vocab_for_run(config, workdir, training=False, encode=('test',))
+  assert list(splits) == ['test']
+  refusal = rf"^train split of {data}: byte 122 \(b'z'\) at position 2 is not in the 3-symbol"
+  with pytest.raises(ValueError, match=refusal):
+    char_lm._vocab_for_run(config, workdir, training=False)
+  # eval.py's scoring of the test split gets past the vocabulary, to the missing checkpoint.
+  config.eval.split = 'test'
+  with pytest.raises(FileNotFoundError, match='checkpoint'):
+    char_lm.TASK.score(config, workdir)
+  config.eval.split = 'train'
+  with pytest.raises(ValueError, match=refusal):
+    char_lm.TASK.score(config, workdir)
+
+
 def test_a_start_that_failed_before_training_binds_no_later_run(text_file, tmp_path):
   """A first start that stops on its data (a split too short) leaves the vocabulary of that
   data and no config.json; the rerun on other data, in the same workdir and without

@@ -230,6 +230,37 @@ def test_distributed_auto_outside_a_cluster_is_one_line(commands, tmp_path, scri
   ), line
 
 
+def test_a_malformed_launcher_variable_is_named_under_distributed_auto():
+  """OMPI_COMM_WORLD_SIZE=abc under mpirun's variables was 'found no cluster to join (...
+  JAX: invalid literal for int() with base 10: 'abc')', naming no variable, and one left unset
+  a KeyError traceback. Now the line names the variable and its launcher."""
+  from relpos.training import tasks
+
+  ompi = {
+    'OMPI_MCA_orte_hnp_uri': '1.0;tcp://127.0.0.1:1',
+    'OMPI_COMM_WORLD_SIZE': 'abc',
+    'OMPI_COMM_WORLD_RANK': '0',
+    'OMPI_COMM_WORLD_LOCAL_RANK': '0',
+  }
+  assert tasks.launcher_variable_problem(ompi) == (
+    "--distributed=auto: OMPI_COMM_WORLD_SIZE='abc' is not a whole number, though Open MPI's "
+    'variables (OMPI_MCA_orte_hnp_uri) say it started this process (mpirun sets '
+    'OMPI_COMM_WORLD_SIZE): start every process with mpirun, or give --distributed=explicit '
+    'with --coordinator_address, --num_processes and --process_id'
+  )
+  del ompi['OMPI_COMM_WORLD_SIZE']
+  assert 'OMPI_COMM_WORLD_SIZE is not set, though' in tasks.launcher_variable_problem(ompi)
+  slurm = dict.fromkeys(
+    ('SLURM_JOB_ID', 'SLURM_STEP_NODELIST', 'SLURM_NTASKS', 'SLURM_PROCID', 'SLURM_LOCALID'), '1'
+  )
+  assert tasks.launcher_variable_problem(slurm) is None
+  assert "SLURM_PROCID='x' is not" in tasks.launcher_variable_problem(
+    {**slurm, 'SLURM_PROCID': 'x'}
+  )
+  # Part of SLURM's variables (an sbatch shell outside srun) is no SLURM process to JAX either.
+  assert tasks.launcher_variable_problem({'SLURM_JOB_ID': 'x'}) is None
+
+
 @pytest.mark.parametrize(
   ('config', 'delegate'), [('wmt_big', 'wmt_base'), ('translate_overfit', 'translate_tiny')]
 )

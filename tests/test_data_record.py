@@ -74,6 +74,51 @@ def test_a_relative_path_resolving_to_another_file_is_named_as_one(tmp_path, mon
   ]
 
 
+def test_a_relative_link_pointed_elsewhere_names_the_link_and_both_files(tmp_path, monkeypatch):
+  """`data.txt`, a symbolic link to a.txt when the run trained, pointed at b.txt since: the line
+  said 'names another file ... run from the directory the run was started in', to a command run
+  from that very directory. Now it names the link and both files; a link in a directory above
+  the file is named as that link, and a file of its own in the link's place as such."""
+  (tmp_path / 'a.txt').write_text('abcdef')
+  (tmp_path / 'b.txt').write_text('uvwxyz')
+  link = tmp_path / 'data.txt'
+  link.symlink_to('a.txt')
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  files = {'config.data.path': Path('data.txt')}
+  monkeypatch.chdir(tmp_path)
+  data_record.record(workdir, files)
+  then, now = tmp_path.resolve() / 'a.txt', tmp_path.resolve() / 'b.txt'
+  link.unlink()
+  link.symlink_to('b.txt')
+  assert data_record.changes(workdir, files) == [
+    f'config.data.path: data.txt reads {now} now: the symbolic link {tmp_path / "data.txt"} on '
+    f'it points elsewhere since the run trained, when it led to {then}: point it back, or give '
+    f'{then}'
+  ]
+  link.unlink()
+  link.write_text('uvwxyz')
+  assert data_record.changes(workdir, files) == [
+    'config.data.path: data.txt is a file of its own now; when the run trained on it, it was a '
+    f'symbolic link to {then}: give {then}, or make data.txt that link again'
+  ]
+  # A directory on the path that is a link, pointed at another directory since.
+  for name in ('one', 'two'):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / 'd.txt').write_text(name)
+  (tmp_path / 'corpus').symlink_to('one')
+  files = {'config.data.path': Path('corpus/d.txt')}
+  data_record.record(workdir, files)
+  (tmp_path / 'corpus').unlink()
+  (tmp_path / 'corpus').symlink_to('two')
+  assert data_record.changes(workdir, files) == [
+    f'config.data.path: corpus/d.txt reads {tmp_path.resolve() / "two" / "d.txt"} now: the '
+    f'symbolic link {tmp_path / "corpus"} on it points elsewhere since the run trained, when it '
+    f'led to {tmp_path.resolve() / "one" / "d.txt"}: point it back, or give '
+    f'{tmp_path.resolve() / "one" / "d.txt"}'
+  ]
+
+
 def test_recording_again_hashes_only_what_does_not_match(tmp_path, monkeypatch):
   text = tmp_path / 'a.txt'
   text.write_text('abcdef')

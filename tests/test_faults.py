@@ -792,6 +792,22 @@ def _not_scored(monkeypatch):
   monkeypatch.setattr(char_lm.TASK, 'score', score)
 
 
+def test_a_refused_evaluation_removes_the_output_dir_it_made(text_file, straight, tmp_path):
+  """eval.py made --output_dir (and its missing parents) before scoring, then was refused (data
+  it cannot read); the empty directories stayed behind. Now they are removed, as train.py's
+  workdir is (`loop.leave_no_trace`); a directory the user had is kept."""
+  config = _config(text_file)
+  config.data.path = str(tmp_path / 'moved.txt')
+  output = tmp_path / 'scores' / 'k=4'
+  with pytest.raises(FileNotFoundError, match='no text file at'):
+    char_lm.TASK.evaluate(config, straight, output_dir=output)
+  assert not (tmp_path / 'scores').exists()
+  (tmp_path / 'scores').mkdir()
+  with pytest.raises(FileNotFoundError, match='no text file at'):
+    char_lm.TASK.evaluate(config, straight, output_dir=tmp_path / 'scores')
+  assert (tmp_path / 'scores').is_dir()
+
+
 @pytest.mark.parametrize('given_output_dir', [True, False])
 def test_a_read_only_output_dir_of_eval_is_found_before_scoring(
   text_file, straight, tmp_path, monkeypatch, given_output_dir

@@ -86,3 +86,34 @@ def test_a_directory_that_takes_no_files_is_named_itself(tmp_path, monkeypatch):
   with pytest.raises(OSError, match='Read-only file system') as caught:
     files.check_takes_files(directory)
   assert caught.value.filename == str(directory)
+
+
+def test_a_dangling_link_given_as_a_data_file_or_config_names_the_link_and_its_target(tmp_path):
+  """A symbolic link to nothing (an unmounted volume) given as config.data.path, a
+  translation file or --config read as no file at all: 'no text file at', 'is not a file',
+  'no enwik8 at', 'does not exist'. Now each names the link and its missing target, as a
+  workdir's did (`files.dangling_link`, one check for all)."""
+  from relpos.data import enwik8, parallel_text, text
+  from relpos.training import tasks
+
+  link = tmp_path / 'corpus.txt'
+  link.symlink_to(tmp_path / 'unmounted' / 'corpus.txt')
+  problem = (
+    f'it is a symbolic link to {tmp_path / "unmounted" / "corpus.txt"}, which does not exist: '
+    'mount it or point the link elsewhere'
+  )
+  for read, field in (
+    (text.read_text_bytes, 'config.data.path'),
+    (enwik8.resolve_enwik8_path, 'config.data.path'),
+    (
+      lambda path: parallel_text.read_lines(path, field='config.data.train_src'),
+      'config.data.train_src',
+    ),
+  ):
+    with pytest.raises(FileNotFoundError) as caught:
+      read(link)
+    assert str(caught.value) == f'{field}={link}: {problem}'
+  config_link = tmp_path / 'config.py'
+  config_link.symlink_to(tmp_path / 'unmounted' / 'corpus.txt')
+  line, _ = tasks._config_file_problem(['train.py', f'--config={config_link}:shaw'])
+  assert line == f'--config={config_link}:shaw: {problem}'

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, call_absl_main, load_config, one_error_line, run_sweep_main
 
-from relpos.training import tasks, workdir_lock
+from relpos.training import loop, tasks, workdir_lock
 
 
 def _incomplete(name: str):
@@ -201,7 +201,8 @@ def test_a_read_only_sweep_root_is_the_exit_74_line(tmp_path, monkeypatch, capsy
   assert capsys.readouterr().err.strip().splitlines()[-1] == (
     f"error: cannot write {root / 'sweep.csv'} (the sweep's --workdir={root}): Read-only file "
     f'system (the filesystem is read-only); the finished runs under {root} are intact; make it '
-    'writable or give another --workdir, then rerun'
+    'writable, then rerun (--collect_only writes its tables into the root it reads the runs '
+    'from)'
   )
 
   real_os_open = os.open
@@ -215,6 +216,37 @@ def test_a_read_only_sweep_root_is_the_exit_74_line(tmp_path, monkeypatch, capsy
   assert run_sweep_main(monkeypatch, *_sweep_args(root)) == 74
   line = capsys.readouterr().err.strip().splitlines()[-1]
   assert line.startswith(f"error: cannot write {root / '.relpos.lock'} (the sweep's --workdir=")
+
+
+@pytest.mark.parametrize('collect_only', [True, False])
+def test_a_sweep_root_that_takes_no_files_names_the_sweeps_first_write(
+  tmp_path, monkeypatch, capsys, collect_only
+):
+  """A read-only root failed the write probe with train.py's words: 'cannot write to
+  --workdir=<root> before training ... rerun the same command to resume', also for
+  --collect_only, which trains nothing and only writes its tables there (and which another
+  --workdir would not help: the runs are in this one). Now the sweep's line names the file it
+  writes first (its lock, or its table), with --collect_only's own remedy."""
+  root = tmp_path / 'sweep'
+  _finished_sweep(root)
+
+  def read_only(directory):
+    raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(directory))
+
+  monkeypatch.setattr(loop, 'check_takes_files', read_only)
+  more = ('--collect_only',) if collect_only else ()
+  assert run_sweep_main(monkeypatch, *_sweep_args(root, *more)) == 74
+  first = root / ('sweep.csv' if collect_only else '.relpos.lock')
+  todo = (
+    'make it writable, then rerun (--collect_only writes its tables into the root it reads the '
+    'runs from)'
+    if collect_only
+    else 'make it writable or give another --workdir, then rerun the same command to resume'
+  )
+  assert capsys.readouterr().err.strip().splitlines()[-1] == (
+    f"error: cannot write {first} (the sweep's --workdir={root}): Read-only file system (the "
+    f'filesystem is read-only); the finished runs under {root} are intact; {todo}'
+  )
 
 
 class _FullAtClose:

@@ -569,6 +569,26 @@ def test_a_char_lm_evaluation_table_counts_characters(tmp_path):
   assert 'characters' in markdown and 'sentences' not in markdown
 
 
+def test_sweep_md_names_the_evaluation_setting_its_numbers_are_of(tmp_path):
+  """With --evaluations, sweep.md holds the first setting's scores, and its heading did not say
+  so: a reader took them for the config's own config.eval."""
+  field = 'model.max_relative_position'
+  settings = {'tgt_len=16': {'eval.tgt_len': 16}, 'tgt_len=32': {'eval.tgt_len': 32}}
+  for setting in settings:
+    _fake_runs(tmp_path / setting, field, {0: [2.0, 2.1], 4: [1.5, 1.6]})
+    for run in (tmp_path / setting).rglob('eval_results.json'):
+      target = tmp_path / run.parent.relative_to(tmp_path / setting) / setting
+      target.mkdir(parents=True)
+      run.rename(target / 'eval_results.json')
+  config = load_config('char_tiny', 'shaw')
+  sweep.sweep(config, tmp_path, field, [0, 4], [0, 1], 'bpc', 0, train=False, evaluations=settings)
+  heading = (tmp_path / 'sweep.md').read_text().splitlines()[0]
+  assert heading.startswith(
+    f'{field} against bpc scored at --evaluations setting tgt_len=16 (the first; '
+    'sweep_by_evaluation.md has every setting): mean ± std over seeds'
+  )
+
+
 def test_a_run_whose_evaluation_cannot_be_served_is_refused_before_any_trains(
   tmp_path, monkeypatch
 ):
@@ -640,6 +660,38 @@ def test_collect_only_warns_of_results_not_of_the_sweeps_config(tmp_path, capsys
     'scored at step 5, not 10, and left out of the p-values over test items; the sweep without '
     '--collect_only trains or scores it again'
   )
+
+
+def test_a_result_trained_on_the_same_data_by_another_path_is_kept(tmp_path, capsys):
+  """A sweep run again from another clone of the repository gives its data another path, with
+  the same bytes: stale_reason compared the path strings ('its model trained with another
+  config (data.path: ...)'), so --collect_only warned and a sweep trained and scored the run
+  again; it now follows `data_record.same_data`, as train.py's resume does. Other bytes under
+  another path are still another config."""
+  from relpos.config.recorded import record_config
+  from relpos.training import data_record
+
+  field = 'model.max_relative_position'
+  clone, other_clone = tmp_path / 'clone', tmp_path / 'other_clone'
+  for directory in (clone, other_clone):
+    directory.mkdir()
+    (directory / 'corpus.txt').write_text('the same bytes in both clones\n' * 50)
+  root = tmp_path / 'sweep'
+  _fake_runs(root, field, {0: [2.0]})
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 10  # _fake_runs' step
+  trained = sweep.with_value(config, field, 0)
+  trained.data.path = str(clone / 'corpus.txt')
+  trained.seed = 0
+  workdir = sweep.model_dir(root, field, 0, 0)
+  record_config(trained, workdir, allow_change=False)
+  data_record.record(workdir, char_lm.TASK.data_files(trained, workdir))
+  results = workdir / 'eval_results.json'
+  results.write_text(json.dumps(json.loads(results.read_text()) | {'eval': config.eval.to_dict()}))
+  trained.data.path = str(other_clone / 'corpus.txt')
+  assert sweep.stale_reason(workdir, trained, workdir) is None
+  (other_clone / 'corpus.txt').write_text('other bytes\n' * 50)
+  assert 'data.path' in sweep.stale_reason(workdir, trained, workdir)
 
 
 def test_collect_only_leaves_a_result_of_other_eval_settings_out_of_the_item_test(tmp_path, capsys):
@@ -982,6 +1034,32 @@ def test_a_run_directory_is_one_level_inside_the_root_whatever_the_value(tmp_pat
     )
   setting = 'tgt_len=64+mem_len=64'
   assert sweep.run_dir(tmp_path, 'model.position', 'shaw', 0, setting).name == setting
+
+
+def test_a_value_too_long_for_a_directory_name_gets_a_shortened_one(tmp_path):
+  """A long path value (its '/' escaped as %2F) made a run directory's name longer than a
+  filesystem takes: the sweep ended in a traceback (OSError: [Errno 36] File name too long).
+  Such a name is now shortened deterministically to 255 bytes (its beginning and a hash of the
+  whole); two values with the same beginning keep two runs, and a name that fits is as it
+  was."""
+  long_path = '/data/' + '/'.join(['d' * 60] * 4) + '/corpus.txt'
+  other = long_path.replace('corpus.txt', 'other.txt')
+  names = {
+    sweep.run_dir(tmp_path, 'data.path', value, 0).parent.name for value in (long_path, other)
+  }
+  assert len(names) == 2
+  for name in names:
+    assert len(name.encode()) == 255 and name.startswith('path=%2Fdata%2Fdddd')
+    (tmp_path / name).mkdir()
+  assert sweep.run_dir(tmp_path, 'data.path', long_path, 0) == sweep.run_dir(
+    tmp_path, 'data.path', long_path, 0
+  )
+  wide = 'é' * 200  # 400 bytes: cut on a character's edge, the name valid UTF-8
+  name = sweep.directory_name(f'path={wide}')
+  assert len(name.encode()) <= 255 and name.encode().decode() == name
+  (tmp_path / name).mkdir()
+  fits = 'path=' + 'x' * 250  # 255 bytes exactly: as it was
+  assert sweep.directory_name(fits) == fits
 
 
 def test_a_path_value_is_home_expanded_and_the_tables_show_the_value(tmp_path, monkeypatch):

@@ -100,9 +100,17 @@ def test_read_lines_refuses_bare_carriage_return_line_endings(tmp_path, name):
     ValueError,
     match=r'^\S*mac\.txt(\.gz)? \(config\.data\.eval_src\) ends its lines in a bare carriage '
     r"return \('\\r', classic Mac OS line endings: 3 of them and no '\\n' in its first 15 "
-    r"bytes\), so it reads as one line; .* `tr '\\r' '\\n' < ",
-  ):
+    r'bytes\), so it reads as one line; ',
+  ) as caught:
     parallel_text.read_lines(path, field='config.data.eval_src')
+  # The remedy reads a compressed file's text (it said `tr '\\r' '\\n' < mac.txt.gz`, which
+  # converts the gzip file's bytes, "decompressed first" only in words).
+  convert = (
+    f"zcat {path} | tr '\\r' '\\n' > fixed.txt"
+    if name.endswith('.gz')
+    else f"tr '\\r' '\\n' < {path} > fixed.txt"
+  )
+  assert str(caught.value).endswith(f'convert it, e.g. `{convert}`, and give that file')
   # One '\\r' inside a line, and '\\r\\n' endings, are read as before.
   path.write_bytes(b'a\rb')
   assert parallel_text.read_lines(path) == ['a\rb']

@@ -126,9 +126,10 @@ def check_choice(field: str, value, allowed) -> None:
 
 
 def load_char_splits(
-  data_config, vocab: CharVocab | None = None, *, recorded_in=None
+  data_config, vocab: CharVocab | None = None, *, recorded_in=None, encode=text.SPLITS
 ) -> tuple[dict[str, np.ndarray], CharVocab]:
-  """int32 id arrays for 'train', 'valid', 'test' and their vocabulary.
+  """int32 id arrays for the splits named in `encode` (default 'train', 'valid', 'test') and
+  their vocabulary.
 
   Args:
     data_config: ConfigDict with
@@ -141,9 +142,13 @@ def load_char_splits(
     vocab: the vocabulary to encode with, a run's own (`CharVocab.read`); None: the one
       `data_config.vocab` makes of this data.
     recorded_in: where `vocab` was read from, for the message about a byte it lacks.
+    encode: the splits to encode, and return: an evaluation needs only the one it scores, and
+      a byte outside the run's `vocab` in another split (the training text, say) refused
+      scoring the test split. A vocabulary made here is still made of all three.
   Raises:
-    ValueError: unknown kind or vocab, an empty split, or a byte outside the given `vocab`
-      (the message names config.data.vocab and the remedy).
+    ValueError: unknown kind or vocab, an empty split, or a byte outside the given `vocab` in
+      a split of `encode` (the message names the split, the file, the byte, config.data.vocab
+      and the remedy).
     FileNotFoundError: nothing at `path`.
   """
   check_choice('kind', data_config.kind, KINDS)
@@ -167,7 +172,8 @@ def load_char_splits(
       else CharVocab.from_data(np.concatenate(list(splits.values())), drop_newlines=True)
     )
   ids = {}
-  for name, split in splits.items():
+  for name in encode:
+    split = splits[name]
     try:
       ids[name] = vocab.encode(split)
     except ValueError as e:

@@ -15,8 +15,11 @@ import gzip
 import io
 import lzma
 import pathlib
+import shlex
 import zipfile
 import zlib
+
+from relpos.files import dangling_link
 
 # The formats, by the bytes their files start with.
 _GZIP, _BZIP2, _XZ, _ZIP = b'\x1f\x8b', b'BZh', b'\xfd7zXZ\x00', b'PK\x03\x04'
@@ -64,7 +67,29 @@ def refuse_pipe(path, field: str | None) -> None:
     )
 
 
+def refuse_dangling_link(path, field: str | None) -> None:
+  """Raises FileNotFoundError naming `path` (given as `field`) and the missing target where it,
+  or a directory on it, is a symbolic link to nothing (`relpos.files.dangling_link`: a volume
+  not mounted, a target moved), which the readers' own test of a file met as no file at all.
+  Called where a data file was found missing, before that is said."""
+  if problem := dangling_link(path):
+    named = f'{field}={path}' if field else str(path)
+    raise FileNotFoundError(f'{named}: {problem}')
+
+
 _DECOMPRESS = {'gzip': gzip.decompress, 'bzip2': bz2.decompress, 'xz': lzma.decompress}
+# The shell command that writes a compressed file's text to standard output, by `compression`.
+_DECOMPRESS_COMMANDS = {'gzip': 'zcat', 'bzip2': 'bzcat', 'xz': 'xzcat', 'zip': 'unzip -p'}
+
+
+def decompress_command(path) -> str | None:
+  """The shell command that writes the text of the compressed file at `path` to standard output
+  (`zcat <path>`; `bzcat`, `xzcat`, `unzip -p` for the others, by `compression`, as
+  `read_data_file` reads it), the path quoted for the shell where it needs it; None for a file
+  that is not compressed. For a remedy that pipes a data file's text into a converter."""
+  with open(path, 'rb') as file:
+    kind = compression(file.read(16))
+  return f'{_DECOMPRESS_COMMANDS[kind]} {shlex.quote(str(path))}' if kind else None
 
 
 def read_data_file(path) -> bytes:

@@ -15,7 +15,7 @@ import zipfile
 import numpy as np
 
 from relpos.data import data_directory, download
-from relpos.data.data_file import refuse_pipe
+from relpos.data.data_file import refuse_dangling_link, refuse_pipe
 from relpos.data.text import split_at
 
 ENWIK8_BYTES = 100_000_000
@@ -49,6 +49,7 @@ def resolve_enwik8_path(path) -> pathlib.Path:
       f'{path} holds neither enwik8 nor enwik8.zip; fetch it there with '
       f'`{PREPARE_COMMAND} --out={path}`'
     )
+  refuse_dangling_link(path, 'config.data.path')
   raise FileNotFoundError(
     f'no enwik8 at {path}; fetch it with `{PREPARE_COMMAND}` (it writes {prepared_path()}, the '
     'default config.data.path), or give a copy elsewhere as --config.data.path'

@@ -11,11 +11,18 @@ the number dropped is logged.
 
 import pathlib
 import re
+import shlex
 from collections.abc import Iterable, Sequence
 
 from sacremoses import MosesDetokenizer
 
-from relpos.data.data_file import decode_utf8, read_data_file, refuse_pipe
+from relpos.data.data_file import (
+  decode_utf8,
+  decompress_command,
+  read_data_file,
+  refuse_dangling_link,
+  refuse_pipe,
+)
 from relpos.data.shard import ONE_PROCESS, Shard
 from relpos.messages import warn
 
@@ -39,6 +46,7 @@ def read_lines(path, *, field: str | None = None) -> list[str]:
   path = pathlib.Path(path)
   refuse_pipe(path, field)
   if not path.is_file():
+    refuse_dangling_link(path, field)
     named = f'{field} = ' if field else ''
     raise FileNotFoundError(f'{named}{str(path)!r} is not a file; set it to a text file')
   data = read_data_file(path)
@@ -65,12 +73,17 @@ def check_line_endings(data: bytes, path, field: str | None = None) -> None:
   if b'\n' in head or carriage_returns < 2:
     return
   named = f' ({field})' if field else ''
+  decompress = decompress_command(path)
+  convert = (
+    f"{decompress} | tr '\\r' '\\n' > fixed.txt"
+    if decompress
+    else f"tr '\\r' '\\n' < {shlex.quote(str(path))} > fixed.txt"
+  )
   raise ValueError(
     f"{path}{named} ends its lines in a bare carriage return ('\\r', classic Mac OS line "
     f"endings: {carriage_returns:,} of them and no '\\n' in its first {len(head):,} bytes), so "
     "it reads as one line; lines must end in '\\n' (or '\\r\\n'): convert it, e.g. "
-    f"`tr '\\r' '\\n' < {path} > fixed.txt` (decompressed first, if it is compressed), and "
-    'give that file'
+    f'`{convert}`, and give that file'
   )
 
 

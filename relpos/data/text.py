@@ -4,7 +4,7 @@ import pathlib
 
 import numpy as np
 
-from relpos.data.data_file import read_data_file, refuse_pipe
+from relpos.data.data_file import read_data_file, refuse_dangling_link, refuse_pipe
 
 SPLITS = ('train', 'valid', 'test')
 
@@ -21,6 +21,7 @@ def read_text_bytes(path) -> bytes:
   path = pathlib.Path(path)
   refuse_pipe(path, 'config.data.path')
   if not path.is_file():
+    refuse_dangling_link(path, 'config.data.path')
     raise FileNotFoundError(f'no text file at {path}; set data.path to an existing file')
   data = read_data_file(path)
   if not data:

@@ -12,19 +12,20 @@
         --field=eval.max_relative_position --values=-1,8,4,2,0 --seeds=0,1,2
 
 Each (value v, seed s) trains and evaluates `--config` with `--config.<field>=v` and
-`--config.seed=s` in `<workdir>/<field>=v/seed=s` (the field's last part; the value's '/',
-NUL and '%' escaped, `directory_name`, so every run is a directory of the root's own; a path
-field's leading `~` expanded, as train.py's). `--field=preset` sweeps the presets of
-the config file instead (`--config=<file>:v`), for variants that differ in several fields,
-such as Shaw et al.'s keys/values ablation. A field of config.eval (e.g. `--field=eval.mem_len`)
-changes only how a model is scored: each seed trains once, in `<workdir>/trained/seed=s`, and
-every value scores that checkpoint into its own `<field>=v/seed=s` (the training's recorded
-config keeps `--config`'s own eval settings). A run whose eval_results.json is there for the
-config's last step is not touched again, so a sweep stopped anywhere (or spread over sessions)
-resumes where it was; an unfinished run resumes from its last checkpoint. A run whose loss
-goes non-finite is a result too: its eval_results.json records `diverged_at_step`, a warning
-names it, and the sweep goes on (`record_divergence`). The sweep holds its root's workdir lock
-while it trains, so a second sweep on the same root is refused at once.
+`--config.seed=s` in `<workdir>/<field>=v/seed=s` (the field's last part; the value's '/', NUL
+and '%' escaped, and a name past 255 bytes shortened with a hash, `directory_name`, so every run
+is a directory of the root's own; a path field's leading `~` expanded, as train.py's).
+`--field=preset` sweeps the presets of the config file instead (`--config=<file>:v`), for
+variants that differ in several fields, such as Shaw et al.'s keys/values ablation. A field of
+config.eval (e.g. `--field=eval.mem_len`) changes only how a model is scored: each seed trains
+once, in `<workdir>/trained/seed=s`, and every value scores that checkpoint into its own
+`<field>=v/seed=s` (the training's recorded config keeps `--config`'s own eval settings). A run
+whose eval_results.json is there for the config's last step is not touched again, so a sweep
+stopped anywhere (or spread over sessions) resumes where it was; an unfinished run resumes from
+its last checkpoint. A run whose loss goes non-finite is a result too: its eval_results.json
+records `diverged_at_step`, a warning names it, and the sweep goes on (`record_divergence`). The
+sweep holds its root's workdir lock while it trains, so a second sweep on the same root is
+refused at once.
 
 Then the sweep writes under `<workdir>`:
 - `sweep.csv` / `sweep.md`: one row per value, `value, n, mean, std, difference, p_value,
@@ -65,6 +66,7 @@ passed on to every run.
 import csv
 import errno
 import functools
+import hashlib
 import io
 import json
 import shlex
@@ -88,6 +90,7 @@ from relpos.training import data_record, loop, run_config, tasks, workdir_lock
 from relpos.training.checkpoints import filesystem_fault
 from relpos.training.preemption import PreemptedError
 
+SUMMARY_TABLE = 'sweep.csv'  # the first of the tables the sweep writes (`write_tables`)
 SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'difference', 'p_value', 'p_seeds', 'diverged')
 PRESET = 'preset'  # --field=preset: each value is a preset of the --config file
 EVAL_SECTION = 'eval.'  # a field under it: one training per seed, scored at every value
@@ -230,6 +233,12 @@ def evaluated(config, overrides: dict) -> ml_collections.ConfigDict:
 # What a value's text may not hold in a directory name, escaped as `%XX` (its code in hex) by
 # `directory_name`: the separator, NUL, and the escape character itself.
 _UNSAFE_IN_NAMES = '%/\0'
+# The most bytes a directory name may have (Linux's NAME_MAX, that of ext4, xfs, btrfs, tmpfs).
+NAME_MAX = 255
+# What ends a name `directory_name` shortened, before its hash: '%' followed by what is not two
+# hex digits, which no escaped name holds.
+_SHORTENED = '%-'
+_DIGEST_CHARS = 16
 
 
 def directory_name(text: str) -> str:
@@ -239,8 +248,24 @@ def directory_name(text: str) -> str:
   `urllib.parse.unquote`'s to read back and two values never share one. The names a value
   of a number, a bool or a name (`shaw`, `tgt_len=64+mem_len=64`) gives are those of
   `str(value)`, as before, so sweeps already on disk find their runs. A name of '.' or '..'
-  cannot arise: `run_dir`'s names start with the field's name and '='."""
-  return ''.join(f'%{ord(c):02X}' if c in _UNSAFE_IN_NAMES else c for c in text)
+  cannot arise: `run_dir`'s names start with the field's name and '='.
+
+  A name over NAME_MAX bytes (a long path value, its '/' tripled by the escape) is one no
+  filesystem takes: the sweep ended in a traceback (File name too long). It is shortened to
+  its first bytes, `_SHORTENED` and the start of the SHA-256 of the whole name: the same text
+  always gives the same name (a rerun finds its runs), two texts with the same beginning get
+  two, and no name short enough to be kept as it is ends so (an escaped name has no '%'
+  without two hex digits after it). Only the tables show the value (`value_label`); the name
+  of such a run is not read back."""
+  name = ''.join(f'%{ord(c):02X}' if c in _UNSAFE_IN_NAMES else c for c in text)
+  encoded = name.encode('utf-8', 'surrogateescape')
+  if len(encoded) <= NAME_MAX:
+    return name
+  digest = hashlib.sha256(encoded).hexdigest()[:_DIGEST_CHARS]
+  kept = NAME_MAX - len(_SHORTENED) - _DIGEST_CHARS
+  # A character cut in two is left out whole ('ignore'): the name stays valid UTF-8.
+  prefix = encoded[:kept].decode('utf-8', 'ignore')
+  return f'{prefix}{_SHORTENED}{digest}'
 
 
 def run_dir(root: Path, field: str, value, seed: int, evaluation: str | None = None) -> Path:
@@ -358,9 +383,13 @@ def stale_reason(results_dir: Path, config, trained_dir: Path) -> str | None:
   """Why the eval_results.json in `results_dir` is not that of `config`'s run, or None when it
   is (`is_finished`): the model trained with another config, the file damaged, scored from a
   checkpoint of another workdir (`eval.py --output_dir` pointed here), or scored at another
-  step or with another config.eval."""
+  step or with another config.eval. A data path given otherwise than the run recorded it that
+  names its data (another clone's copy of the corpus, say) is the run's
+  (`data_record.same_data`, as `check_rerun` and train.py read it): such a result is kept."""
   path = results_dir / 'eval_results.json'
-  if changes := changes_from_recorded(config, trained_dir):
+  files = tasks.get(config).data_files(config, trained_dir)
+  same_data = data_record.same_data(trained_dir, files)
+  if changes := changes_from_recorded(config, trained_dir, same_data):
     shown = '; '.join(changes[:3]) + ('; ...' if len(changes) > 3 else '')
     return f'its model trained with another config ({shown})'
   try:
@@ -675,12 +704,23 @@ def value_label(field: str, value) -> str:
   return f'{value} ({meaning})' if meaning else str(value)
 
 
-def write_tables(summary, rows, root: Path, field: str, metric: str, baseline) -> str:
-  """Writes sweep.csv, sweep_seeds.csv and sweep.md under `root`; returns the markdown."""
-  _write_csv(root / 'sweep.csv', summary, SUMMARY_COLUMNS)
+def write_tables(
+  summary, rows, root: Path, field: str, metric: str, baseline, setting: str | None = None
+) -> str:
+  """Writes sweep.csv, sweep_seeds.csv and sweep.md under `root`; returns the markdown.
+  `setting`: the `--evaluations` setting the scores are of (the first), which sweep.md's
+  heading names (it did not: a reader took the numbers for the config's own config.eval); None
+  without --evaluations."""
+  _write_csv(root / SUMMARY_TABLE, summary, SUMMARY_COLUMNS)
   _write_csv(root / 'sweep_seeds.csv', rows, ('value', 'seed', metric, 'step', 'workdir'))
+  scored = (
+    ''
+    if setting is None
+    else f' scored at --evaluations setting {setting} (the first; sweep_by_evaluation.md has '
+    'every setting)'
+  )
   lines = [
-    f'{field} against {metric}: mean ± std over seeds; the difference and p-values against '
+    f'{field} against {metric}{scored}: mean ± std over seeds; the difference and p-values against '
     f'{field}={baseline}, the p-values by '
     'a paired bootstrap over test items, seeds pooled, and a paired t-test over seeds',
     '',
@@ -808,11 +848,7 @@ def sweep(
   value}}, `parse_evaluations`) scores every trained model at each setting: the tables, plot
   and breakdowns are those of the first setting, and `sweep_by_evaluation.*` holds them all."""
   task = tasks.get(config)
-  # The root is checked and made as train.py's workdir is, also for --collect_only (which
-  # writes its tables there): a dangling link is one line (exit 1), a file in its place or
-  # above it one exit-74 line.
-  run_config.check_path(root)
-  loop.prepare_workdir(root)
+  prepare_root(root, train=train)
   settings = evaluations or {None: {}}
   if train:
     # One sweep at a time on a root: a second one would score the runs the first finishes,
@@ -834,7 +870,7 @@ def sweep(
   compared = any(row['value'] == baseline for row in rows)
   if not compared:
     warn_baseline_without_runs(summary, field, baseline, breakdowns or evaluations)
-  print(write_tables(summary, rows, root, field, metric, baseline))
+  print(write_tables(summary, rows, root, field, metric, baseline, first))
   write_diverged(diverged, root, field)
   print(f'plot: {plot(summary, rows, root, field, metric)}')
   if not compared:
@@ -1001,25 +1037,56 @@ ENOSPC_LIKE = (errno.ENOSPC, errno.EDQUOT)
 UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
-def root_write_fault(error: OSError, root: Path, *, resume: bool):
+def root_write_fault(error: OSError, root: Path, *, resume: bool, path: Path | None = None):
   """The exit-74 fault (`loop.filesystem_fault`, as train.py's) of an OSError writing the
   sweep's own files under `root` (its lock, the tables, the plot) on a full disk or a read-only
   or unwritable filesystem, naming the file (the tables and plot are written through
   `write_atomically`, whose errors name the file also where a full disk is met only as it is
   flushed; the root where an error names none); None for any other error, reported as it is.
   Its runs' own writes are their training's and evaluation's faults already. `resume`: whether
-  the same command resumes the sweep (not --collect_only's)."""
-  path = Path(error.filename) if isinstance(error.filename, str) else None
+  the same command resumes the sweep (not --collect_only's, whose remedy is a writable root:
+  it writes its tables beside the runs it reads, so another --workdir would hold none).
+  `path`: the file the write stands for, where the error names another (the root's write
+  probe, `first_write`)."""
+  path = path or (Path(error.filename) if isinstance(error.filename, str) else None)
   written = ENOSPC_LIKE if path is None else (*ENOSPC_LIKE, *UNWRITABLE)
   if error.errno not in written:
     return None
   if path is not None and root.resolve() not in (path.resolve(), *path.resolve().parents):
     return None
+  collecting = not resume and error.errno in UNWRITABLE
   return filesystem_fault(
     error,
     f"cannot write {path or root} (the sweep's --workdir={root})",
     last_good=f'the finished runs under {root} are intact',
     resume=resume,
+    todo='make it writable, then rerun (--collect_only writes its tables into the root it '
+    'reads the runs from)'
+    if collecting
+    else None,
+  )
+
+
+def first_write(root: Path, *, train: bool) -> Path:
+  """The first file the sweep writes under `root`: its lock when it trains, else (with
+  --collect_only) its table sweep.csv; what a root that takes no files is reported as failing
+  to write (`prepare_root`)."""
+  return root / (workdir_lock.LOCK_FILE if train else SUMMARY_TABLE)
+
+
+def prepare_root(root: Path, *, train: bool) -> None:
+  """Checks and makes the sweep's root as train.py's workdir is, also for --collect_only
+  (which writes its tables there): a dangling link is one line (exit 1,
+  `run_config.check_path`), a file in its place or above it one exit-74 line
+  (`loop.prepare_workdir`). A root that takes no files (read-only, not writable) is the
+  sweep's own line (`root_write_fault`), naming the file it would write first
+  (`first_write`), not train.py's 'before training ... rerun the same command to resume'."""
+  run_config.check_path(root)
+  loop.prepare_workdir(
+    root,
+    probe_fault=lambda error: root_write_fault(
+      error, root, resume=train, path=first_write(root, train=train)
+    ),
   )
 
 

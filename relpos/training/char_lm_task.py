@@ -28,6 +28,7 @@ from relpos.config import shared
 from relpos.config.char_lm_defaults import CharLMConfig
 from relpos.data.char_corpus import VOCAB_FILE, CharVocab, load_char_splits
 from relpos.data.ordered import OrderedBatches
+from relpos.data.text import SPLITS
 from relpos.files import write_atomically
 from relpos.messages import PassProgress
 from relpos.models.transformer_xl import Memory, TransformerXL, TransformerXLConfig, nats_per_token
@@ -42,14 +43,15 @@ def model_config(config, vocab_size: int) -> TransformerXLConfig:
   return TASK.declaration.model.from_section(config.model, vocab_size=vocab_size)
 
 
-def _vocab_for_run(config, workdir: Path, *, training: bool):
-  """Splits and vocabulary. The first run that trains makes the vocabulary of its data and
-  saves it (process 0; the others then read it), over one that a start which never trained
-  left, perhaps from other data (`run_config.has_run`). Later (a resume, an evaluation, other
-  processes) the saved one is read and the data encoded with it, since its ids are the
-  model's: other data is encoded too where its bytes are in it (the data checks warn that it
-  is other data). A config.data.vocab other than the one it was made by is refused, as the
-  model's vocabulary would not be what the config says. Evaluation writes nothing.
+def _vocab_for_run(config, workdir: Path, *, training: bool, encode=SPLITS):
+  """Splits (those named in `encode`: an evaluation's, the one it scores) and vocabulary. The
+  first run that trains makes the vocabulary of its data and saves it (process 0; the others then
+  read it), over one that a start which never trained left, perhaps from other data
+  (`run_config.has_run`). Later (a resume, an evaluation, other processes) the saved one is read
+  and the data encoded with it, since its ids are the model's: other data is encoded too where its
+  bytes are in it (the data checks warn that it is other data). A config.data.vocab other than the
+  one it was made by is refused, as the model's vocabulary would not be what the config says.
+  Evaluation writes nothing.
   """
 
   def load():
@@ -68,8 +70,8 @@ def _vocab_for_run(config, workdir: Path, *, training: bool):
           f'{saved} was written for other data (config.data.vocab={made_by!r}, given '
           f'{config.data.vocab!r}); {remedy}'
         )
-      return load_char_splits(config.data, vocab, recorded_in=saved)
-    splits, vocab = load_char_splits(config.data)
+      return load_char_splits(config.data, vocab, recorded_in=saved, encode=encode)
+    splits, vocab = load_char_splits(config.data, encode=encode)
     if training and mesh_lib.is_writer():
       write_atomically(saved, vocab.to_json())
     return splits, vocab
@@ -333,7 +335,7 @@ class CharLM(loop.Task):
     """Bits-per-char on config.eval.split, with config.eval's segment and memory settings
     (`output_dir` is unused: nothing but eval_results.json is written)."""
     del output_dir
-    splits, vocab = _vocab_for_run(config, workdir, training=False)
+    splits, vocab = _vocab_for_run(config, workdir, training=False, encode=(config.eval.split,))
     model = TransformerXL(model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))
     model, steps, checkpoint = loop.restore_model(model, config.eval, workdir)
     split = config.eval.split

@@ -10,12 +10,16 @@ SHA-256. A resume compares the files with that record (the loop refuses a change
 --allow_config_change, as it refuses a changed config), and so does an evaluation (a warning:
 scoring other data is allowed, not silent).
 
-Each file is recorded by the path given (what config.json holds) and by the absolute path it
-resolved to then, symbolic links followed. A relative path (`data.txt`) resolves against the
-directory the command runs in, so the same config given elsewhere names another file: that is
-said as such, with the run's file (`<field>: data.txt names another file than the run's`), where
-comparing the two as one file said it had "changed" (same size, other content); another file
-that holds the same bytes (a copy) is the same data and not named. Records made before the
+Each file is recorded by the path given (what config.json holds), by where that stood
+(`absolute`: the path made absolute, links not followed) and by the absolute path it resolved to
+then, symbolic links followed. A relative path (`data.txt`) resolves against the directory the
+command runs in, so the same config given elsewhere names another file: that is said as such,
+with the run's file (`<field>: data.txt names another file than the run's`), where comparing the
+two as one file said it had "changed" (same size, other content); a path that stands where it
+did but resolves elsewhere went through a symbolic link pointed elsewhere since, and its line
+names the link and both files (it said to run from the directory the run was started in, where
+the command already ran). Another file that holds the same bytes (a copy) is the same data and
+not named. Records made before the
 resolved path was recorded are matched by the path given alone.
 
 A path given otherwise than config.json records it is the same data when it names the run's
@@ -65,6 +69,7 @@ def _stat(path: Path) -> dict:
   status = path.stat()
   return {
     'path': str(path),
+    'absolute': str(path.absolute()),
     'resolved': str(path.resolve()),
     'bytes': status.st_size,
     'mtime_ns': status.st_mtime_ns,
@@ -132,7 +137,8 @@ def changes(workdir, files: dict[str, Path]) -> list[str]:
   '<field>: <path> changed since the run trained on it (<what>)' for the run's own file, and
   '<field>: <path> names another file than the run's (...)' for the same path given resolving
   to another file with other bytes (a relative path from another directory, a link pointed
-  elsewhere). A file that is gone, or cannot be read, is left to the data readers to name."""
+  elsewhere, `_elsewhere`). A file that is gone, or cannot be read, is left to the data readers
+  to name."""
   recorded = _read(workdir)
   lines = []
   for field, path in files.items():
@@ -161,12 +167,44 @@ def _change(field: str, entry: dict, path: Path) -> str | None:
       )
       return f'{field}: {path} changed since the run trained on it ({what})'
   elif entry.get('path') == str(path) and not _same_bytes(entry, path):
-    return (
-      f"{field}: {path} names another file than the run's (here {path.resolve()}; the run "
-      f'read {entry["resolved"]}, resolved from where it was started): run from the '
-      f'directory the run was started in, or give {entry["resolved"]}'
-    )
+    return _elsewhere(field, entry, path)
   return None
+
+
+def _last_link(path: Path) -> Path | None:
+  """The symbolic link nearest the file on `path`'s absolute path (the file itself, or a
+  directory above it), None where there is none."""
+  absolute = path.absolute()
+  return next((p for p in (absolute, *absolute.parents) if p.is_symlink()), None)
+
+
+def _elsewhere(field: str, entry: dict, path: Path) -> str:
+  """`changes`'s line for the path the run was given, resolving now to another file with other
+  bytes. Where it stands as it did (the same absolute path, recorded as `absolute`), a symbolic
+  link on it points elsewhere since: the line names the link and both files, for the remedy is
+  the link's, not the directory the command runs in. Otherwise the command runs from another
+  directory than the run's (a relative path); a record made before `absolute` was kept cannot
+  tell the two apart, and its line names both causes."""
+  then, now = entry['resolved'], path.resolve()
+  link = _last_link(path)
+  if entry.get('absolute') == str(path.absolute()):
+    if link is None:  # the link that led to the run's file was replaced by a file
+      return (
+        f'{field}: {path} is a file of its own now; when the run trained on it, it was a '
+        f'symbolic link to {then}: give {then}, or make {path} that link again'
+      )
+    return (
+      f'{field}: {path} reads {now} now: the symbolic link {link} on it points elsewhere since '
+      f'the run trained, when it led to {then}: point it back, or give {then}'
+    )
+  relinked = (
+    '' if 'absolute' in entry or link is None else f', or the link {link} points elsewhere since'
+  )
+  return (
+    f"{field}: {path} names another file than the run's (here {now}; the run read {then}, "
+    f'resolved from where it was started{relinked}): run from the directory the run was '
+    f'started in, or give {then}'
+  )
 
 
 def record(workdir, files: dict[str, Path]) -> None:

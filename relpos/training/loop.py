@@ -226,7 +226,9 @@ class Task(abc.ABC):
     config.data beside config.eval. A run a sweep recorded as diverged (`recorded_divergence`)
     is scored at its last finite checkpoint, with a warning line that says so. eval.py scores
     it only into another directory than the record's (`run_config.check_output_dir`);
-    train.py's final evaluation, of the run it has just trained on, replaces the record."""
+    train.py's final evaluation, of the run it has just trained on, replaces the record. An
+    evaluation refused after it made `output_dir` (data it cannot read, out of memory)
+    removes what it made, where it holds nothing (`leave_no_trace`)."""
     workdir = Path(workdir)
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     self.check_config(config)  # before anything reads its fields
@@ -255,6 +257,20 @@ class Task(abc.ABC):
         flag_given=given_output_dir,
       )
 
+    # Only the writer makes it (`_score_into`), so only the writer removes it.
+    made = missing_directories(output_dir) if mesh_lib.is_writer() else []
+    try:
+      return self._score_into(config, workdir, output_dir, fault, diverged)
+    except BaseException:
+      leave_no_trace(output_dir, made)  # a refused evaluation leaves no empty --output_dir
+      raise
+
+  def _score_into(self, config, workdir: Path, output_dir: Path, fault, diverged) -> dict:
+    """`evaluate`'s scoring into `output_dir`, once the run and config are checked: the
+    directory checked to take files (made where it is missing), the score, eval_results.json.
+    `fault`: the FilesystemFaultError of an OSError writing there. What it made of
+    `output_dir` is removed again by `evaluate` where it stops before writing anything
+    (`leave_no_trace`, as train.py's workdir)."""
     if mesh_lib.is_writer():  # eval_results.json goes there, and `score` may write files
       try:
         check_takes_files(output_dir)
@@ -573,13 +589,16 @@ class DivergedError(FloatingPointError):
     self.what, self.step = what, step
 
 
-def prepare_workdir(workdir: Path, steps: int | None = None) -> list[Path]:
+def prepare_workdir(workdir: Path, steps: int | None = None, *, probe_fault=None) -> list[Path]:
   """Makes `workdir` and checks that it takes files (`check_takes_files`), before anything else
   of the run; returns the directories it made (the workdir and any parents that were
   missing), innermost first, for `leave_no_trace`. `steps`: config.train.steps; a run that
   reached them has nothing left to train, so the remedy of a workdir that takes no files is
   eval.py with --output_dir, not a rerun to resume (None: a directory that is no run's, a
-  sweep's root).
+  sweep's root). `probe_fault`: the caller's own fault (or None) for the OSError of a
+  directory that takes no files, where train.py's words ('before training', a rerun that
+  resumes) are not what it does: the sweep's root, whose first write is its lock or, with
+  --collect_only, its tables (`relpos.studies.sweep.root_write_fault`).
 
   The sweep's root is prepared here too. A dangling symbolic link in its place was refused
   before, naming the link and its target (`run_config.check_path`, which every command runs
@@ -601,14 +620,13 @@ def prepare_workdir(workdir: Path, steps: int | None = None) -> list[Path]:
         f'{inside} is a file where the run keeps its {name} directory; nothing was written; '
         'move it away, then rerun'
       )
-  made, missing = [], workdir
-  while not (missing.exists() or missing.is_symlink()):
-    made.append(missing)
-    missing = missing.parent
+  made = missing_directories(workdir)
   try:
     check_takes_files(workdir)
   except OSError as error:
     leave_no_trace(workdir, made)
+    if probe_fault is not None and (fault := probe_fault(error)) is not None:
+      raise fault from error
     what, last_good = f'cannot write to --workdir={workdir} before training', last_good_in(workdir)
     try:
       done = max(finished_steps(workdir), default=0)
@@ -623,6 +641,16 @@ def prepare_workdir(workdir: Path, steps: int | None = None) -> list[Path]:
     )
     raise filesystem_fault(error, what, last_good=last_good, todo=todo) from error
   return made
+
+
+def missing_directories(directory: Path) -> list[Path]:
+  """`directory` and those of its parents that do not exist (a symbolic link does, also one to
+  nothing), innermost first: what making it makes, for `leave_no_trace`."""
+  missing, absent = [], directory
+  while not (absent.exists() or absent.is_symlink()):
+    missing.append(absent)
+    absent = absent.parent
+  return missing
 
 
 def leave_no_trace(workdir: Path, made: list[Path]) -> None:

@@ -19,6 +19,7 @@ from relpos.config.recorded import (
   read_recorded,
   section_changes_from_recorded,
 )
+from relpos.files import dangling_link
 from relpos.training import data_record
 
 
@@ -49,22 +50,6 @@ def check_path(workdir, flag: str | None = '--workdir') -> None:
     if error.errno == errno.ENOTDIR:
       return  # a file in the way: train.py and the readers name it as such
     raise ValueError(f'{given}: {error.strerror}; give another path') from None
-
-
-def dangling_link(path) -> str | None:
-  """What is wrong with `path` where it, or a directory on it, is a symbolic link to something
-  that does not exist (a volume not mounted, a target moved), as the words of an error and
-  what to do; None where there is none. Made through, such a link fails as 'File exists' (a
-  writer's mkdir meets the link) or reads as no directory at all, neither saying why."""
-  path = Path(path)
-  for link in (path, *path.parents):
-    if link.is_symlink() and not link.exists():
-      which = 'it is' if link == path else f'{link} is'
-      return (
-        f'{which} a symbolic link to {os.readlink(link)}, which does not exist: mount it or '
-        'point the link elsewhere'
-      )
-  return None
 
 
 def has_run(workdir) -> bool:

@@ -15,6 +15,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from relpos.config import checks, declaration, fields
+from relpos.files import dangling_link
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE
 from relpos.training.loop import Task, UnscoredRunError
 from relpos.training.preemption import PreemptedError, RunFaultError
@@ -104,13 +105,58 @@ def _define_distributed_flags():
   return initialize
 
 
+# The launchers whose processes --distributed=auto joins by their environment, as jax.distributed
+# detects them: the launcher, its command, the variables whose presence says it started this
+# process, and those it sets that JAX reads as whole numbers (the launchers' own, documented
+# names).
+_LAUNCHERS = (
+  (
+    'Open MPI',
+    'mpirun',
+    ('OMPI_MCA_orte_hnp_uri',),
+    ('OMPI_COMM_WORLD_SIZE', 'OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_LOCAL_RANK'),
+  ),
+  (
+    'SLURM',
+    'srun',
+    ('SLURM_JOB_ID', 'SLURM_STEP_NODELIST', 'SLURM_NTASKS', 'SLURM_PROCID', 'SLURM_LOCALID'),
+    ('SLURM_JOB_ID', 'SLURM_NTASKS', 'SLURM_PROCID', 'SLURM_LOCALID'),
+  ),
+)
+
+
+def launcher_variable_problem(environ=os.environ) -> str | None:
+  """One line naming a variable of the launcher that started this process (`_LAUNCHERS`) that
+  is missing or not a whole number (`OMPI_COMM_WORLD_SIZE=abc`), None where there is none: JAX
+  reads them with int(), so such a value was 'found no cluster to join' ('invalid literal for
+  int()', naming no variable) and a missing one a KeyError traceback."""
+  for launcher, command, markers, numbers in _LAUNCHERS:
+    if not all(marker in environ for marker in markers):
+      continue
+    for name in numbers:
+      value = environ.get(name)
+      if value is None or not value.strip().isdigit():
+        what = ' is not set' if value is None else f'={value!r} is not a whole number'
+        return (
+          f"--distributed=auto: {name}{what}, though {launcher}'s variables "
+          f'({", ".join(markers)}) say it started this process ({command} sets {name}): start '
+          f'every process with {command}, '
+          'or give --distributed=explicit with --coordinator_address, --num_processes and '
+          '--process_id'
+        )
+  return None
+
+
 def _join(explicit: dict) -> None:
   """jax.distributed.initialize with `explicit`'s settings (none: what it detects), its
   ValueError one `error:` line. With none given, JAX looks for a cluster whose processes it can
   count (a Cloud TPU pod slice, SLURM's srun, Open MPI's mpirun); outside one it finds none
   and says only 'coordinator_address should be defined.', at the end of a traceback through
-  its internals. An explicit setting it refuses (a --process_id not below --num_processes)
-  is its own words."""
+  its internals. A launcher's variable that JAX would misread is named first
+  (`launcher_variable_problem`). An explicit setting it refuses (a --process_id not below
+  --num_processes) is its own words."""
+  if not explicit and (problem := launcher_variable_problem()):
+    sys.exit(f'error: {problem}')
   try:
     jax.distributed.initialize(**explicit)
   except ValueError as error:
@@ -209,6 +255,8 @@ def _config_file_problem(argv: list[str]) -> tuple[str | None, ml_collections.Co
     return None, None
   path = value.split(':')[0]
   if not os.path.isfile(path):
+    if problem := dangling_link(path):
+      return f'--config={value}: {problem}', None
     what = 'is a directory, not a config file' if os.path.isdir(path) else 'does not exist'
     return f'--config={value}: {path} {what}', None
   alone, alone_argv = flags.FlagValues(), [argv[0], f'--config={value}']
