@@ -68,11 +68,16 @@ def test_train_then_evaluate_writes_results(text_file, tmp_path, capsys):
   assert again['bpc'] == pytest.approx(result['bpc'], rel=1e-6)
   assert again['data'] == _config(text_file, steps=8).data.to_dict()
   assert 'warning: scoring other data' not in capsys.readouterr().err
-  # Other data is scored, with a warning naming it, and the results record it.
+  # Other data is scored into another directory, with a warning naming it, and the results
+  # record it; into the workdir it is refused before scoring (it replaced the run's result).
   other_text = tmp_path / 'other.txt'
   other_text.write_bytes(Path(text_file).read_bytes()[::-1])
   other_data = _config(text_file, steps=8)
   other_data.data.path = str(other_text)
+  scored_in_place = (workdir / 'eval_results.json').read_bytes()
+  with pytest.raises(ValueError, match=r'scores other data than the run in .*\(data\.path: '):
+    char_lm.TASK.evaluate(other_data, workdir)
+  assert (workdir / 'eval_results.json').read_bytes() == scored_in_place
   assert char_lm.TASK.evaluate(other_data, workdir, output_dir=tmp_path / 'o')['data'] == (
     other_data.data.to_dict()
   )
@@ -93,7 +98,7 @@ def test_train_then_evaluate_writes_results(text_file, tmp_path, capsys):
   with pytest.raises(
     ValueError, match=r"vocab\.json was written for other data .*; give the run's"
   ):
-    char_lm.TASK.evaluate(other_vocab, workdir)
+    char_lm.TASK.evaluate(other_vocab, workdir, output_dir=tmp_path / 'vocab')
   assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['4', '8']
 
 

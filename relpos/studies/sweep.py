@@ -382,10 +382,12 @@ def is_finished(results_dir: Path, config, trained_dir: Path) -> bool:
 def stale_reason(results_dir: Path, config, trained_dir: Path) -> str | None:
   """Why the eval_results.json in `results_dir` is not that of `config`'s run, or None when it
   is (`is_finished`): the model trained with another config, the file damaged, scored from a
-  checkpoint of another workdir (`eval.py --output_dir` pointed here), or scored at another
-  step or with another config.eval. A data path given otherwise than the run recorded it that
-  names its data (another clone's copy of the corpus, say) is the run's
-  (`data_record.same_data`, as `check_rerun` and train.py read it): such a result is kept."""
+  checkpoint of another workdir (`eval.py --output_dir` pointed here), scored on other data
+  than the run's (the config.data its eval_results.json records: `scored_data_changes`), or
+  scored at another step or with another config.eval. A data path given otherwise than the
+  run recorded it that names its data (another clone's copy of the corpus, say) is the run's
+  (`data_record.same_data`, as `check_rerun`, train.py and eval.py read it): such a result,
+  or such a config, is kept."""
   path = results_dir / 'eval_results.json'
   files = tasks.get(config).data_files(config, trained_dir)
   same_data = data_record.same_data(trained_dir, files)
@@ -400,6 +402,9 @@ def stale_reason(results_dir: Path, config, trained_dir: Path) -> str | None:
     return f'{path} was scored from {checkpoint}, not from a checkpoint of {trained_dir}'
   if DIVERGED in results:
     return None  # its training config diverges again, whatever config.eval scores it
+  if changes := scored_data_changes(results, config, trained_dir):
+    shown = '; '.join(changes[:3]) + ('; ...' if len(changes) > 3 else '')
+    return f"scored on other data than the run's ({shown})"
   current = config.eval.to_dict()
   recorded = {'task': config.task, 'eval': results.get('eval', {})}
   scored = with_added(recorded, {'eval': current})['eval']
@@ -410,6 +415,23 @@ def stale_reason(results_dir: Path, config, trained_dir: Path) -> str | None:
     changed = sorted(name for name in current if scored.get(name) != current[name])
     return f'scored with other config.eval fields ({", ".join(changed)})'
   return None
+
+
+def scored_data_changes(results: dict, config, trained_dir: Path) -> list[str]:
+  """The config.data fields that an evaluation's `results` (eval_results.json, which records
+  the config.data it scored) scored otherwise than the run in `trained_dir` trained with, as
+  `run_config.data_changes` names them ('data.eval_src: trained <a>, given <b>'; a path that
+  names the run's file or bytes is no change: `data_record.same_data`, eval.py's rule). Fields
+  the record lacks (recorded before they existed, or before results recorded config.data) are
+  read from `config`, so such a result is not named."""
+  recorded = results.get('data')
+  if not isinstance(recorded, dict):
+    return []
+  scored = ml_collections.ConfigDict(config.to_dict())
+  with scored.data.ignore_type():  # a value of another type is a change, named as such
+    scored.data.update({name: value for name, value in recorded.items() if name in scored.data})
+  files = tasks.get(scored).data_files(scored, trained_dir)
+  return run_config.data_changes(trained_dir, scored, files)
 
 
 def warn_stale(config, root: Path, field: str, values, seeds, variant_of, settings) -> set:

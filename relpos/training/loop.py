@@ -78,6 +78,8 @@ from relpos.training.preemption import (
 )
 from relpos.training.progress import Progress
 from relpos.training.run_config import (
+  CONFIG_FILE,
+  RESULTS_FILE,
   check_model,
   check_task,
   data_changes,
@@ -222,9 +224,15 @@ class Task(abc.ABC):
     --workdir, as they do for an `output_dir` given as the workdir itself (a sweep scoring a
     run in place). A workdir with no checkpoint is a FileNotFoundError, and a config of
     another model than the run's a ValueError (`check_model`), before anything else is read.
-    Other data than the run's is scored with a warning line, and the result records
-    config.data beside config.eval. A run a sweep recorded as diverged (`recorded_divergence`)
-    is scored at its last finite checkpoint, with a warning line that says so. eval.py scores
+    Other data than the run's (`run_config.data_changes`: a config.data field, or a data
+    file changed since, `data_record.changes`) is scored only into another directory than
+    the workdir, with a warning line, and the result records config.data beside config.eval;
+    into the workdir it is refused before anything is scored (`check_other_data`): the score,
+    of other sentences, replaced the run's own eval_results.json and translations, and a
+    sweep tabulated it as the run's. train.py's final evaluation, on the data it has just
+    trained on, only warns of a file changed while it trained. A run a sweep recorded as
+    diverged (`recorded_divergence`) is scored at its last finite checkpoint, with a warning
+    line that says so. eval.py scores
     it only into another directory than the record's (`run_config.check_output_dir`);
     train.py's final evaluation, of the run it has just trained on, replaces the record. An
     evaluation refused after it made `output_dir` (data it cannot read, out of memory)
@@ -237,14 +245,15 @@ class Task(abc.ABC):
     other_data = data_changes(workdir, config, data_files) + data_record.changes(
       workdir, data_files
     )
-    if other_data:
-      warn(f'scoring other data than the run trained with ({"; ".join(other_data)})')
-    check_platform(config, jax.default_backend())
     given_output_dir = output_dir is not None
     output_dir = workdir if output_dir is None else Path(output_dir)
+    in_workdir = output_dir.resolve() == workdir.resolve()
+    if other_data:
+      check_other_data(workdir, other_data, into_workdir=in_workdir and not after_training)
+      warn(f'scoring other data than the run trained with ({"; ".join(other_data)})')
+    check_platform(config, jax.default_backend())
     check_trained(workdir).close()
     diverged = recorded_divergence(output_dir, workdir)
-    in_workdir = output_dir.resolve() == workdir.resolve()
 
     def fault(error: OSError, what: str) -> FilesystemFaultError:
       return filesystem_fault(
@@ -340,6 +349,28 @@ class Task(abc.ABC):
       if not gone:
         raise
       raise UnscoredRunError(workdir, gone) from error
+
+
+def check_other_data(workdir: Path, other_data: list[str], *, into_workdir: bool) -> None:
+  """Refuses an evaluation of other data than the run in `workdir` trained on (`other_data`:
+  the changes, each '<field>: ...') into the workdir itself (`into_workdir`): its
+  eval_results.json and translations are the run's result, which a score of other sentences
+  would replace (a sweep's --collect_only then tabulated it as the run's,
+  `relpos.studies.sweep.stale_reason`).
+  One rule for every task: another data.path of a char LM, another eval_src of a
+  translation.
+
+  Raises:
+    ValueError: naming the changes and --output_dir.
+  """
+  if not other_data or not into_workdir:
+    return
+  raise ValueError(
+    f'this evaluation scores other data than the run in {workdir} trained with '
+    f"({'; '.join(other_data)}), and would replace the run's own result ({RESULTS_FILE}) "
+    "with that score: give --output_dir=<a new directory> to score it there, or the run's "
+    f'data fields ({workdir / CONFIG_FILE} records them)'
+  )
 
 
 class UnscoredRunError(FileNotFoundError):
