@@ -1119,3 +1119,17 @@ def test_a_path_value_is_home_expanded_and_the_tables_show_the_value(tmp_path, m
   assert all(Path(row['workdir']).parent.parent == root for row in rows)
   with open(root / 'sweep.csv') as stream:
     assert [row['value'] for row in csv.DictReader(stream)] == values
+
+
+def test_translations_holding_unicode_line_breaks_pair_with_their_references(tmp_path):
+  """A target corpus holding U+0085 (cp1252's '…' read as Latin-1) gives translations holding
+  it; `_pooled_items` read them with str.splitlines(), which splits there too, so a finished
+  sweep ended with `error: paired test: 79 baseline and 79 system translations for 40
+  references` and no tables. Translation files are cut on '\\n' only (`files.split_lines`)."""
+  lines = ['Er sagte\x85 nein', 'zwei\u2028drei', 'vier\x1cfünf', 'sechs\x0bsieben']
+  translations = tmp_path / 'translations_step10.txt'
+  translations.write_bytes(''.join(line + '\n' for line in lines).encode())
+  (tmp_path / 'eval_results.json').write_text(json.dumps({'translations': str(translations)}))
+  rows = [{'seed': 0, 'workdir': str(tmp_path)}]
+  config = load_config('translate_tiny', 'shaw')
+  assert sweep._pooled_items(config, 'bleu', rows) == {0: lines}

@@ -1,12 +1,12 @@
 """Parallel text: one sentence per line in a source file and a target file, either possibly
 compressed (gzip, bzip2, xz, a zip of one file; recognised by content, not name).
 
-Lines are split on '\\n' only (a trailing '\\r' is removed), never on the other line breaks
-Unicode knows, so a U+2028 inside a sentence cannot shift one side against the other. A file
-whose lines end in a bare '\\r' (classic Mac OS) is refused, naming its line endings
-(`check_line_endings`): read as one line, it was refused later for its length or line count,
-with a remedy that could not help. A pair with an empty or whitespace-only side is dropped, and
-the number dropped is logged.
+Lines are split on '\\n' only (a trailing '\\r' is removed: `relpos.files.split_lines`), never
+on the other line breaks Unicode knows, so a U+2028 inside a sentence cannot shift one side
+against the other. A file whose lines end in a bare '\\r' (classic Mac OS) is refused, naming
+its line endings (`check_line_endings`): read as one line, it was refused later for its length
+or line count, with a remedy that could not help. A pair with an empty or whitespace-only side
+is dropped, and the number dropped is logged.
 """
 
 import pathlib
@@ -24,6 +24,7 @@ from relpos.data.data_file import (
   refuse_pipe,
 )
 from relpos.data.shard import ONE_PROCESS, Shard
+from relpos.files import split_lines
 from relpos.messages import warn
 
 
@@ -51,10 +52,7 @@ def read_lines(path, *, field: str | None = None) -> list[str]:
     raise FileNotFoundError(f'{named}{str(path)!r} is not a file; set it to a text file')
   data = read_data_file(path)
   check_line_endings(data, path, field)
-  lines = decode_utf8(data, path).split('\n')
-  if lines[-1] == '':
-    lines.pop()
-  lines = [line.removesuffix('\r') for line in lines]
+  lines = split_lines(decode_utf8(data, path))
   warn_if_not_plain_text(lines, path, field)
   return lines
 

@@ -81,7 +81,7 @@ from ml_collections import config_flags
 from relpos import flag_types, runtime
 from relpos.config import checks, declaration, fields, load_config_file
 from relpos.config.recorded import changes_from_recorded, with_added
-from relpos.files import write_atomically
+from relpos.files import read_text_lines, write_atomically
 from relpos.messages import warn
 from relpos.studies import breakdown, significance
 from relpos.studies.figures import save as save_figure
@@ -632,7 +632,7 @@ def _pooled_items(config, metric: str, rows: list[dict]):
   for row in rows:
     results = read_results(Path(row['workdir']) / 'eval_results.json')
     if metric == 'bleu':
-      items[row['seed']] = Path(results['translations']).read_text().splitlines()
+      items[row['seed']] = read_text_lines(results['translations'])
     else:
       items[row['seed']] = (results['segment_nats'], results['segment_tokens'])
   return items
