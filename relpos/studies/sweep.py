@@ -667,6 +667,7 @@ def p_value(config, metric: str, baseline: list[dict], candidate: list[dict]) ->
       [line for seed in seeds for line in base[seed]],
       [line for seed in seeds for line in other[seed]],
       references * len(seeds),
+      target_lang=config.data.target_lang,
     )
   return significance.bpc_p_value(
     [nats for seed in seeds for nats in base[seed][0]],
@@ -1028,7 +1029,13 @@ def write_breakdown(config, rows, baseline, root: Path, field: str, kind, edges)
       lengths = [len(data.tokenizer.encode(source)) for source in sources]
     translations = {value: _pooled_items(config, 'bleu', runs) for value, runs in by_value.items()}
     summary, per_run = breakdown.bleu_by_source_length(
-      lengths, data.eval_references, translations, baseline, edges, kind
+      lengths,
+      data.eval_references,
+      translations,
+      baseline,
+      edges,
+      kind,
+      target_lang=config.data.target_lang,
     )
   else:
     results = {

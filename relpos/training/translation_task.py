@@ -241,6 +241,7 @@ class Translate(loop.Task):
   def check_combinations(self, config, mesh):
     model_config(config, vocab_size=config.data.vocab_size)
     check_data_config(config.data)
+    scoring.check_bleu_tokenizer(config.data.target_lang)
     shared.check_eval_fields(config, self.unread_fields(config))
     longest = config.data.max_length + 1  # pieces plus EOS (BOS on the decoder input)
     if longest > config.model.max_len:
@@ -332,7 +333,9 @@ class Translate(loop.Task):
     output = Path(output_dir or workdir) / f'translations_step{steps[-1]}.txt'
     if mesh_lib.is_writer():
       write_atomically(output, ''.join(line + '\n' for line in translations))
-    bleu = scoring.corpus_bleu(translations, data.eval_references)
+    bleu = scoring.corpus_bleu(
+      translations, data.eval_references, target_lang=config.data.target_lang
+    )
     loss = eval_loss(model, loss_batches)
     return {
       'bleu': bleu.score,
