@@ -250,6 +250,9 @@ class Translate(loop.Task):
         f'{longest} (the longest sequence the model takes), got {config.model.max_len}'
       )
     check_beam_size(config.eval.beam_size, config.data.vocab_size, 'config.eval.beam_size')
+    decode.check_length_penalty(
+      config.eval.length_penalty, config.model.max_len, 'config.eval.length_penalty'
+    )
     devices = 1 if mesh is None else mesh.size
     rows = devices * config.train.grad_accum_steps  # the fewest rows of a batch
     if config.data.max_tokens < rows * longest:
