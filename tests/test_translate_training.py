@@ -129,6 +129,27 @@ def test_other_eval_data_is_not_scored_over_the_run_s_own_result(corpus, trained
   assert {p.name: p.read_bytes() for p in workdir.iterdir() if p.is_file()} == before
 
 
+def test_other_training_data_alone_is_scored_into_the_run_s_workdir(
+  corpus, trained, tmp_path, capsys
+):
+  """A change only training reads (another training file, another batch size:
+  `training_only_data`) scores the same sentences, so eval.py scores into the workdir with a
+  warning, where other eval files are refused (above)."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(trained[0], workdir)
+  config = _config(corpus, steps=8)
+  other_train = tmp_path / 'other.en'
+  other_train.write_text('another training file\n')
+  config.data.train_src = str(other_train)
+  config.data.max_tokens *= 2
+  capsys.readouterr()
+  result = translate.TASK.evaluate(config, workdir)
+  assert (workdir / 'eval_results.json').is_file() and result['sentences'] > 0
+  warning = capsys.readouterr().err
+  assert 'warning: scoring other data than the run trained with (data.max_tokens: ' in warning
+  assert f"data.train_src: trained '{corpus / 'train.en'}', given '{other_train}'" in warning
+
+
 def test_a_resume_with_other_batch_rows_says_the_data_order_changes(
   corpus, trained, tmp_path, capsys
 ):

@@ -421,7 +421,8 @@ def scored_data_changes(results: dict, config, trained_dir: Path) -> list[str]:
   """The config.data fields that an evaluation's `results` (eval_results.json, which records
   the config.data it scored) scored otherwise than the run in `trained_dir` trained with, as
   `run_config.data_changes` names them ('data.eval_src: trained <a>, given <b>'; a path that
-  names the run's file or bytes is no change: `data_record.same_data`, eval.py's rule). Fields
+  names the run's file or bytes is no change: `data_record.same_data`, eval.py's rule; nor
+  is a field only training reads, `Task.training_only_data`). Fields
   the record lacks (recorded before they existed, or before results recorded config.data) are
   read from `config`, so such a result is not named."""
   recorded = results.get('data')
@@ -430,8 +431,9 @@ def scored_data_changes(results: dict, config, trained_dir: Path) -> list[str]:
   scored = ml_collections.ConfigDict(config.to_dict())
   with scored.data.ignore_type():  # a value of another type is a change, named as such
     scored.data.update({name: value for name, value in recorded.items() if name in scored.data})
-  files = tasks.get(scored).data_files(scored, trained_dir)
-  return run_config.data_changes(trained_dir, scored, files)
+  task = tasks.get(scored)
+  files = task.data_files(scored, trained_dir)
+  return run_config.data_changes(trained_dir, scored, files, free=task.training_only_data)
 
 
 def warn_stale(config, root: Path, field: str, values, seeds, variant_of, settings) -> set:

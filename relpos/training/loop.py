@@ -147,6 +147,10 @@ class Task(abc.ABC):
   # The task's config, declared (`relpos.config.fields`): its ConfigDict's fields, defaults
   # and rules. config.model is checked by the model's typed config (`check_combinations`).
   declaration: type
+  # The config.data fields only training reads (the training files, how its batches are
+  # made): an evaluation given other values scores the same sentences, so it warns of them
+  # but never refuses to score into the workdir (`check_other_data`).
+  training_only_data: tuple[str, ...] = ()
 
   def check_config(self, config: ml_collections.ConfigDict, mesh=None) -> None:
     """Raises ValueError naming the field for any config the run cannot honour: a field the
@@ -196,6 +200,19 @@ class Task(abc.ABC):
     never reads, which a sweep refuses to vary too."""
     del config
     return ()
+
+  def scored_data_changes(self, config: ml_collections.ConfigDict, workdir: Path) -> list[str]:
+    """The changes from the data the run in `workdir` trained on (`run_config.data_changes`,
+    `data_record.changes`) that change what an evaluation of `config` scores: those of every
+    data field and file but `training_only_data`."""
+    scored_files = {
+      field: path
+      for field, path in self.data_files(config, workdir).items()
+      if field.removeprefix('config.data.') not in self.training_only_data
+    }
+    return data_changes(
+      workdir, config, scored_files, free=self.training_only_data
+    ) + data_record.changes(workdir, scored_files)
 
   def data_files(self, config: ml_collections.ConfigDict, workdir: Path) -> dict[str, Path]:
     """{'config.data.<field>': path} of the data files the config names, and the vocabulary
@@ -249,7 +266,8 @@ class Task(abc.ABC):
     output_dir = workdir if output_dir is None else Path(output_dir)
     in_workdir = output_dir.resolve() == workdir.resolve()
     if other_data:
-      check_other_data(workdir, other_data, into_workdir=in_workdir and not after_training)
+      if in_workdir and not after_training:
+        check_other_data(workdir, self.scored_data_changes(config, workdir))
       warn(f'scoring other data than the run trained with ({"; ".join(other_data)})')
     check_platform(config, jax.default_backend())
     check_trained(workdir).close()
@@ -351,19 +369,19 @@ class Task(abc.ABC):
       raise UnscoredRunError(workdir, gone) from error
 
 
-def check_other_data(workdir: Path, other_data: list[str], *, into_workdir: bool) -> None:
-  """Refuses an evaluation of other data than the run in `workdir` trained on (`other_data`:
-  the changes, each '<field>: ...') into the workdir itself (`into_workdir`): its
-  eval_results.json and translations are the run's result, which a score of other sentences
-  would replace (a sweep's --collect_only then tabulated it as the run's,
-  `relpos.studies.sweep.stale_reason`).
-  One rule for every task: another data.path of a char LM, another eval_src of a
-  translation.
+def check_other_data(workdir: Path, other_data: list[str]) -> None:
+  """Refuses an evaluation into the workdir itself of other data than the run in `workdir`
+  trained on (`other_data`: the changes that alter what is scored, `Task.scored_data_changes`,
+  each '<field>: ...'): its eval_results.json and translations are the run's result, which a
+  score of other sentences would replace (a sweep's --collect_only then tabulated it as the
+  run's, `relpos.studies.sweep.stale_reason`). One rule for every task: another data.path of a
+  char LM, another eval_src of a translation; a training file moved or another batch size
+  (`Task.training_only_data`) scores the same sentences and is only warned of.
 
   Raises:
     ValueError: naming the changes and --output_dir.
   """
-  if not other_data or not into_workdir:
+  if not other_data:
     return
   raise ValueError(
     f'this evaluation scores other data than the run in {workdir} trained with '

@@ -154,14 +154,16 @@ def check_task(
   return recorded
 
 
-def data_changes(workdir, config: ml_collections.ConfigDict, files: dict[str, Path]) -> list[str]:
+def data_changes(
+  workdir, config: ml_collections.ConfigDict, files: dict[str, Path], free: tuple[str, ...] = ()
+) -> list[str]:
   """The config.data fields that differ from the run's in `workdir` (each 'data.<field>:
   trained <old>, given <new>'): an evaluation may score other data, but should say so. A path
   of `files` (the task's data files, `Task.data_files`) given otherwise but naming the run's
   data (its file, or its bytes) is none: `data_record.same_data`, the rule a resume's config
-  check follows too."""
+  check follows too. `free`: config.data fields left out (`Task.training_only_data`)."""
   same = data_record.same_data(workdir, files)
-  return section_changes_from_recorded(config, workdir, 'data', same_data=same)
+  return section_changes_from_recorded(config, workdir, 'data', free, same_data=same)
 
 
 def check_model(workdir, config: ml_collections.ConfigDict) -> None:

@@ -237,6 +237,16 @@ class Translate(loop.Task):
   metric = 'bleu'
   metrics = ('bleu', 'perplexity')
   declaration = TranslationConfig
+  # The vocabulary is the workdir's spm.model, so what made it is training's too.
+  training_only_data = (
+    'train_src',
+    'train_tgt',
+    'tfds_train_split',
+    'max_train_examples',
+    'vocab_train_sentences',
+    'max_tokens',
+    'length_buckets',
+  )
 
   def check_combinations(self, config, mesh):
     model_config(config, vocab_size=config.data.vocab_size)
