@@ -236,3 +236,23 @@ def test_a_sweep_root_or_an_evaluation_only_directory_is_named_as_such(tmp_path)
   (tmp_path / 'empty').mkdir()
   with pytest.raises(FileNotFoundError, match=r'holds no relpos run \(train first\)'):
     run_config.read_config(tmp_path / 'empty')
+
+
+def test_a_model_field_the_scheme_never_reads_may_differ_at_evaluation(tmp_path):
+  """`check_model` with the task's `unread_fields`: a t5 run trained with
+  model.max_relative_position=8 (which t5 never reads) is scored with another value, in either
+  direction, as a sweep script passing shared flags to every scheme does; a field it reads is
+  still the run's."""
+  from relpos.training import tasks
+
+  trained = load_config('char_tiny', 't5')
+  trained.model.max_relative_position = 8
+  recording.record_config(trained, tmp_path, allow_change=False)
+  config = load_config('char_tiny', 't5')
+  config.model.max_relative_position = 16
+  unread = tasks.get(config).unread_fields(config)
+  assert 'max_relative_position' in unread
+  run_config.check_model(tmp_path, config, unread)
+  config.model.num_heads += 1
+  with pytest.raises(ValueError, match=r'\(model.num_heads: trained 4, given 5\)'):
+    run_config.check_model(tmp_path, config, unread)

@@ -232,7 +232,7 @@ class Task(abc.ABC):
     workdir = Path(workdir)
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     self.check_config(config)  # before anything reads its fields
-    check_model(workdir, config)
+    check_model(workdir, config, self.unread_fields(config))
     data_files = self.data_files(config, workdir)
     other_data = data_changes(workdir, config, data_files) + data_record.changes(
       workdir, data_files

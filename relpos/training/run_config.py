@@ -164,17 +164,23 @@ def data_changes(workdir, config: ml_collections.ConfigDict, files: dict[str, Pa
   return section_changes_from_recorded(config, workdir, 'data', same_data=same)
 
 
-def check_model(workdir, config: ml_collections.ConfigDict) -> None:
+def check_model(workdir, config: ml_collections.ConfigDict, unread: tuple[str, ...] = ()) -> None:
   """Checks that `config` builds the model the run in `workdir` trained (its config.json; a
   workdir without one, of an older run, is not checked): a checkpoint restored into another
   model is scored as a model it never was when the parameters' shapes happen to agree (e.g.
   'absolute' read as 'none'). Fields that only say how the model is trained or computed
-  (`EVALUATION_FREE_FIELDS`) and the sections outside config.model may differ.
+  (`EVALUATION_FREE_FIELDS`), the sections outside config.model, and `unread` (the fields of
+  config.model its position scheme never reads, the task's `unread_fields`: a sweep script that
+  passes model.max_relative_position to every scheme trains a t5 run with one value and scores
+  it with another) may differ. `unread` is the given config's: where its position is not the
+  run's, that line refuses it whatever the other fields say.
 
   Raises:
     ValueError: naming each field that differs, with both values.
   """
-  changes = section_changes_from_recorded(config, workdir, 'model', EVALUATION_FREE_FIELDS)
+  changes = section_changes_from_recorded(
+    config, workdir, 'model', (*EVALUATION_FREE_FIELDS, *unread)
+  )
   if changes:
     raise ValueError(
       f'--workdir={workdir} holds a run of another model than the config builds '
