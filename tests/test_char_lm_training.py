@@ -318,7 +318,18 @@ def test_a_run_shortened_below_its_step_is_refused_and_left_as_it_was(text_file,
     (  # C8: the valid split is too short for the eval batch, found once training was over
       {'eval.batch_size': 8},
       r'the valid split of \S*short\.txt \(config\.data\.path\): 10 tokens give rows of 1 for '
-      r'config\.eval\.batch_size=8; .* use a smaller config\.eval\.batch_size or more data',
+      r'config\.eval\.batch_size=8; .* use config\.eval\.batch_size <= 5 or more data',
+    ),
+    (  # a valid split of 1 byte: no batch size gives it a row of 2 tokens
+      {'eval.batch_size': 1, 'data.path': 'tiny.txt', 'train.batch_size': 1, 'train.tgt_len': 4},
+      r'the valid split of \S*tiny\.txt \(config\.data\.path\): 1 tokens give rows of 1 for '
+      r'config\.eval\.batch_size=1; each row needs at least 2 tokens \(an input and its '
+      r'target\): give more data$',
+    ),
+    (  # a test split of newlines only, which vocab='original' drops
+      {'data.path': 'newline_tail.txt', 'data.vocab': 'original'},
+      r'^the test split of \S*newline_tail\.txt \(config\.data\.path\) is 11 newline bytes, '
+      r"which config\.data\.vocab='original' drops .*use config\.data\.vocab='bytes'",
     ),
     (  # the test split: 16 bytes, 14 of them newlines that vocab='original' drops
       {'eval.batch_size': 8, 'data.path': 'short_test.txt', 'data.vocab': 'original'},
@@ -329,6 +340,8 @@ def test_a_run_shortened_below_its_step_is_refused_and_left_as_it_was(text_file,
 )
 def test_splits_too_short_are_refused_before_training(tmp_path, monkeypatch, fields, message):
   (tmp_path / 'short.txt').write_text('the cat sat on a mat. ' * 9 + 'xy')  # 200 bytes: 180/10/10
+  (tmp_path / 'tiny.txt').write_text('the cat sat on a mat. ab')  # 24 bytes: 22/1/1
+  (tmp_path / 'newline_tail.txt').write_text('the cat sat on a mat. ' * 9 + '\n' * 20)  # 196/11/11
   (tmp_path / 'short_test.txt').write_text(('the cat sat on a mat. ' * 14)[:304] + 'at' + '\n' * 14)
   config = _config(tmp_path / 'short.txt', steps=2)
   for name, value in fields.items():
