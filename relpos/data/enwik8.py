@@ -95,8 +95,7 @@ def _mismatch_remedy(path: pathlib.Path, enwik8_size: bool) -> str:
   it and re-download' told the user to delete their own data: kind 'text' reads it."""
   if enwik8_size or path.name in ('enwik8', ARCHIVE):
     return (
-      f'the copy is truncated or corrupt, delete it and re-download {ENWIK8_URL} '
-      f'({_OTHER_CORPUS})'
+      f'the copy is truncated or corrupt, delete it and re-download {ENWIK8_URL} ({_OTHER_CORPUS})'
     )
   return f'it is not enwik8: {_OTHER_CORPUS}; for enwik8 itself, `{PREPARE_COMMAND}` fetches it'
 

@@ -15,8 +15,9 @@ def read_text_bytes(path) -> bytes:
 
   Raises:
     FileNotFoundError: `path` is not a file.
-    ValueError: `path` is a directory (`directory_message`) or a pipe (`refuse_pipe`), the file (or what it decompresses to) is
-      empty, or it is a truncated or corrupt compressed file, or a zip of several files.
+    ValueError: `path` is a directory (`directory_message`) or a pipe (`refuse_pipe`), the
+      file (or what it decompresses to) is empty, or it is a truncated or corrupt compressed
+      file, or a zip of several files.
   """
   path = pathlib.Path(path)
   refuse_pipe(path, 'config.data.path')

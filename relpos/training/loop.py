@@ -327,11 +327,17 @@ class Task(abc.ABC):
     before that, which reads its fields (`train` checks it again with the devices). A data
     file that is gone by the evaluation (deleted or moved while the run trained) is an
     `UnscoredRunError`: the data reader's own line ('set data.path to an existing file')
-    would invite scoring the finished run on other data."""
+    would invite scoring the finished run on other data. So is one rewritten while the run
+    trained (`data_record.changes` against the record the run made as it started): scored,
+    that was other text than the run's, with a warning line and an eval_results.json that a
+    sweep tabulates like any other."""
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     self.check_config(config)
     check_evaluation_plan(config, workdir)
     self.train_model(config, workdir, allow_config_change=allow_config_change)
+    changed = data_record.changes(workdir, self.data_files(config, workdir))
+    if changed:
+      raise UnscoredRunError(workdir, [], changed)
     try:
       return self.evaluate(config, workdir, after_training=True)
     except FileNotFoundError as error:
@@ -343,22 +349,26 @@ class Task(abc.ABC):
 
 
 class UnscoredRunError(FileNotFoundError):
-  """Training finished and saved its last checkpoint, but a data file it read (`gone`: '<field>
-  (<path>)' each) is gone since it started, so its final evaluation could not run. The run is
-  whole: eval.py scores it once the file is back. `command` is that eval.py command: the
-  launcher sets it from its own command line (`tasks.eval_command`)."""
+  """Training finished and saved its last checkpoint, but a data file it read is gone since it
+  started (`gone`: '<field> (<path>)' each) or holds other data than it trained on (`changed`:
+  `data_record.changes`' lines), so its final evaluation did not run. The run is whole: eval.py
+  scores it once the file is back as it was. `command` is that eval.py command: the launcher
+  sets it from its own command line (`tasks.eval_command`)."""
 
-  def __init__(self, workdir, gone: list[str]):
+  def __init__(self, workdir, gone: list[str], changed: list[str] = ()):
     steps = finished_steps(workdir)
     saved = (
       f'its last checkpoint, {Path(workdir) / CHECKPOINTS / str(steps[-1])} (step {steps[-1]})'
       if steps
       else 'its checkpoints'
     )
-    files = ' and '.join(gone) + (' is' if len(gone) == 1 else ' are')
+    problems = list(changed)
+    if gone:
+      files = ' and '.join(gone) + (' is' if len(gone) == 1 else ' are')
+      problems.insert(0, f'{files} gone since training started (deleted or moved)')
     self.reason = (
-      f'training finished and saved {saved}, but {files} gone since training started (deleted '
-      'or moved), so the run was not evaluated: restore the data as it was, then score the run'
+      f'training finished and saved {saved}, but {"; ".join(problems)}, so the run was not '
+      'evaluated: restore the data as it was, then score the run'
     )
     self.command = f'python eval.py --config=<its config file> --workdir={workdir}'
     super().__init__(self.reason)
