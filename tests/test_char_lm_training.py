@@ -378,3 +378,39 @@ def test_an_averaged_evaluation_names_its_steps_as_translation_does():
   assert translation_task.TASK.result_lines(translated)[0] == (
     '3 sentences, checkpoint w/checkpoints/8 (averaged steps [4, 6, 8]), translations in t'
   )
+
+
+def test_a_trained_original_run_without_its_vocabulary_is_refused(text_file, tmp_path):
+  """A vocab='original' run whose vocab.json was removed: eval.py made the vocabulary again from
+  the data given (other data shifted the ids: a nonsense bpc, exit 0), a resume trained on the
+  remapped embeddings and wrote the new vocab.json, and relpos.tools.sample said `[Errno 2]`.
+  All three now refuse in one line naming the file and why it is not rebuilt; a 'bytes' run's
+  vocabulary (all 256 byte values) is the same made again."""
+  from relpos.config.recorded import record_config
+  from relpos.tools import sample
+
+  config = _config(text_file, steps=2)
+  config.data.vocab = 'original'
+  config.train.update(eval_every=0, checkpoint_every=2)
+  workdir = tmp_path / 'run'
+  char_lm.TASK.train_model(config, workdir)
+  (workdir / 'vocab.json').unlink()
+  expected = (
+    f'{workdir}/vocab.json is missing: the run in {workdir} trained with the '
+    "config.data.vocab='original' vocabulary it held, and one made again from the data could "
+    "shift the model's ids, so it is not rebuilt: copy vocab.json back from a backup or from "
+    'where the run came from'
+  )
+  with pytest.raises(FileNotFoundError) as caught:
+    char_lm.TASK.evaluate(config, workdir)
+  assert str(caught.value) == expected
+  config.train.steps = 4
+  with pytest.raises(FileNotFoundError, match='vocab.json is missing'):
+    char_lm.TASK.train_model(config, workdir, allow_config_change=True)
+  assert not (workdir / 'vocab.json').exists()
+  with pytest.raises(FileNotFoundError, match='vocab.json is missing'):
+    sample.sample(workdir, length=4, prompt=None, temperature=1.0, top_k=0, top_p=1.0, seed=0)
+  bytes_run = tmp_path / 'bytes_run'  # a run recorded with vocab='bytes', no vocab.json
+  bytes_run.mkdir()
+  record_config(_config(text_file, steps=2), bytes_run, allow_change=False)
+  assert char_lm.read_vocabulary(bytes_run, 'bytes').size == 256
