@@ -46,7 +46,7 @@ from flax import nnx
 from relpos import flops as flops_lib
 from relpos.attention.pallas_common import check_runs_on
 from relpos.config import checks, fields
-from relpos.config.recorded import check_config_change, record_config
+from relpos.config.recorded import CONFIG_FILE, check_config_change, record_config
 from relpos.files import check_takes_files, write_atomically
 from relpos.messages import warn
 from relpos.models.multihead_attention import clip_shaw_tables
@@ -80,10 +80,12 @@ from relpos.training.progress import Progress
 from relpos.training.run_config import (
   check_model,
   check_task,
+  check_unread_settings,
   data_changes,
   has_run,
   not_a_run,
   not_a_workdir,
+  read_config,
   recorded_divergence,
 )
 
@@ -233,6 +235,10 @@ class Task(abc.ABC):
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     self.check_config(config)  # before anything reads its fields
     check_model(workdir, config, self.unread_fields(config))
+    trained = read_config(workdir, known_fields=False).to_dict() if has_run(workdir) else None
+    check_unread_settings(
+      config, self.unread_run_fields(config), trained, f'{workdir / CONFIG_FILE} records it'
+    )
     data_files = self.data_files(config, workdir)
     other_data = data_changes(workdir, config, data_files) + data_record.changes(
       workdir, data_files
