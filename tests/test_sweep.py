@@ -67,6 +67,17 @@ def test_a_sweep_that_cannot_work_is_refused_before_training(
     sweep.check_sweep(load_config(name, preset), field, values, [0], metric)
 
 
+def test_an_evaluation_setting_a_swept_model_never_reads_is_refused_before_training():
+  """--evaluations setting eval.clamp_len over a position sweep: eval.py refuses it for the
+  shaw runs (`run_config.check_unread_settings`), so the sweep does before any trains; xl's
+  runs read it."""
+  config = load_config('char_tiny', 'xl')
+  evaluations = {'clamp': {'eval.clamp_len': 8}}
+  sweep.check_sweep(config, 'model.position', ['xl'], [0], 'bpc', evaluations=evaluations)
+  with pytest.raises(ValueError, match=r'^--evaluations=clamp for model.position=shaw: eval\.'):
+    sweep.check_sweep(config, 'model.position', ['xl', 'shaw'], [0], 'bpc', evaluations=evaluations)
+
+
 def test_fields_read_at_some_value_may_be_swept():
   config = load_config('translate_tiny', 'absolute')
   sweep.check_sweep(config, 'model.position', ['absolute', 'shaw'], [0, 1], 'bleu')

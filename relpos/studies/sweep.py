@@ -337,7 +337,12 @@ def check_sweep(
       raise ValueError(f'--field={field} at {value!r}: {error}') from None
     for setting, overrides in (evaluations or {}).items():
       try:  # what eval.py checks of the config it scores with (`Task.evaluate`)
-        task.check_config(evaluated(variant, overrides))
+        scored = evaluated(variant, overrides)
+        task.check_config(scored)
+        unread = task.unread_run_fields(scored)
+        run_config.check_unread_settings(
+          scored, unread, variant.to_dict(), 'the swept config has it'
+        )
       except ValueError as error:
         raise ValueError(f'--evaluations={setting} for {field}={value}: {error}') from None
     leaf = field.removeprefix('model.')

@@ -46,7 +46,7 @@ from flax import nnx
 from relpos import flops as flops_lib
 from relpos.attention.pallas_common import check_runs_on
 from relpos.config import checks, fields
-from relpos.config.recorded import check_config_change, record_config
+from relpos.config.recorded import CONFIG_FILE, check_config_change, record_config
 from relpos.files import check_takes_files, write_atomically
 from relpos.messages import warn
 from relpos.models.multihead_attention import clip_shaw_tables
@@ -78,14 +78,15 @@ from relpos.training.preemption import (
 )
 from relpos.training.progress import Progress
 from relpos.training.run_config import (
-  CONFIG_FILE,
   RESULTS_FILE,
   check_model,
   check_task,
+  check_unread_settings,
   data_changes,
   has_run,
   not_a_run,
   not_a_workdir,
+  read_config,
   recorded_divergence,
 )
 
@@ -257,7 +258,11 @@ class Task(abc.ABC):
     workdir = Path(workdir)
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     self.check_config(config)  # before anything reads its fields
-    check_model(workdir, config)
+    check_model(workdir, config, self.unread_fields(config))
+    trained = read_config(workdir, known_fields=False).to_dict() if has_run(workdir) else None
+    check_unread_settings(
+      config, self.unread_run_fields(config), trained, f'{workdir / CONFIG_FILE} records it'
+    )
     data_files = self.data_files(config, workdir)
     other_data = data_changes(workdir, config, data_files) + data_record.changes(
       workdir, data_files
@@ -354,11 +359,17 @@ class Task(abc.ABC):
     before that, which reads its fields (`train` checks it again with the devices). A data
     file that is gone by the evaluation (deleted or moved while the run trained) is an
     `UnscoredRunError`: the data reader's own line ('set data.path to an existing file')
-    would invite scoring the finished run on other data."""
+    would invite scoring the finished run on other data. So is one rewritten while the run
+    trained (`data_record.changes` against the record the run made as it started): scored,
+    that was other text than the run's, with a warning line and an eval_results.json that a
+    sweep tabulates like any other."""
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     self.check_config(config)
     check_evaluation_plan(config, workdir)
     self.train_model(config, workdir, allow_config_change=allow_config_change)
+    changed = data_record.changes(workdir, self.data_files(config, workdir))
+    if changed:
+      raise UnscoredRunError(workdir, [], changed)
     try:
       return self.evaluate(config, workdir, after_training=True)
     except FileNotFoundError as error:
@@ -392,22 +403,26 @@ def check_other_data(workdir: Path, other_data: list[str]) -> None:
 
 
 class UnscoredRunError(FileNotFoundError):
-  """Training finished and saved its last checkpoint, but a data file it read (`gone`: '<field>
-  (<path>)' each) is gone since it started, so its final evaluation could not run. The run is
-  whole: eval.py scores it once the file is back. `command` is that eval.py command: the
-  launcher sets it from its own command line (`tasks.eval_command`)."""
+  """Training finished and saved its last checkpoint, but a data file it read is gone since it
+  started (`gone`: '<field> (<path>)' each) or holds other data than it trained on (`changed`:
+  `data_record.changes`' lines), so its final evaluation did not run. The run is whole: eval.py
+  scores it once the file is back as it was. `command` is that eval.py command: the launcher
+  sets it from its own command line (`tasks.eval_command`)."""
 
-  def __init__(self, workdir, gone: list[str]):
+  def __init__(self, workdir, gone: list[str], changed: list[str] = ()):
     steps = finished_steps(workdir)
     saved = (
       f'its last checkpoint, {Path(workdir) / CHECKPOINTS / str(steps[-1])} (step {steps[-1]})'
       if steps
       else 'its checkpoints'
     )
-    files = ' and '.join(gone) + (' is' if len(gone) == 1 else ' are')
+    problems = list(changed)
+    if gone:
+      files = ' and '.join(gone) + (' is' if len(gone) == 1 else ' are')
+      problems.insert(0, f'{files} gone since training started (deleted or moved)')
     self.reason = (
-      f'training finished and saved {saved}, but {files} gone since training started (deleted '
-      'or moved), so the run was not evaluated: restore the data as it was, then score the run'
+      f'training finished and saved {saved}, but {"; ".join(problems)}, so the run was not '
+      'evaluated: restore the data as it was, then score the run'
     )
     self.command = f'python eval.py --config=<its config file> --workdir={workdir}'
     super().__init__(self.reason)
@@ -921,12 +936,13 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
       if done % train_config.log_every == 0 or done == train_config.steps:
         log(done)
       reached['step'] = done
+      # The last step too, where eval_every divides steps: the validation curve ends at the
+      # trained model (the final evaluation scores config.eval's split and settings, not this).
       if train_config.eval_every and done % train_config.eval_every == 0:
-        if done < train_config.steps:  # off the training's clock
-          jax.block_until_ready(sums)
-          progress.stop_clock()
-          writer.write(done, run.validate(eval_model(run.graphdef, state), done))
-          progress.start_clock()
+        jax.block_until_ready(sums)  # off the training's clock
+        progress.stop_clock()
+        writer.write(done, run.validate(eval_model(run.graphdef, state), done))
+        progress.start_clock()
       if train_config.checkpoint_every and done % train_config.checkpoint_every == 0:
         save(done)
       if mesh_lib.any_process(preemption.requested):
