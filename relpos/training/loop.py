@@ -245,10 +245,11 @@ class Task(abc.ABC):
     Other data than the run's (`run_config.data_changes`: a config.data field, or a data
     file changed since, `data_record.changes`) is scored only into another directory than
     the workdir, with a warning line, and the result records config.data beside config.eval;
-    into the workdir it is refused before anything is scored (`check_other_data`): the score,
-    of other sentences, replaced the run's own eval_results.json and translations, and a
-    sweep tabulated it as the run's. train.py's final evaluation, on the data it has just
-    trained on, only warns of a file changed while it trained. A run a sweep recorded as
+    into the workdir it is refused before anything is scored (`check_other_data`, but for the
+    fields only training reads, `training_only_data`): the score, of other sentences,
+    replaced the run's own eval_results.json and translations, and a sweep tabulated it as
+    the run's. train.py's final evaluation never gets here with a file changed while it
+    trained (`train_and_evaluate`: the run is left unscored). A run a sweep recorded as
     diverged (`recorded_divergence`) is scored at its last finite checkpoint, with a warning
     line that says so. eval.py scores
     it only into another directory than the record's (`run_config.check_output_dir`);
@@ -359,15 +360,16 @@ class Task(abc.ABC):
     before that, which reads its fields (`train` checks it again with the devices). A data
     file that is gone by the evaluation (deleted or moved while the run trained) is an
     `UnscoredRunError`: the data reader's own line ('set data.path to an existing file')
-    would invite scoring the finished run on other data. So is one rewritten while the run
-    trained (`data_record.changes` against the record the run made as it started): scored,
+    would invite scoring the finished run on other data. So is one the evaluation reads
+    rewritten while the run trained (`scored_data_changes`, against the record the run made
+    as it started; training has read the rest already): scored,
     that was other text than the run's, with a warning line and an eval_results.json that a
     sweep tabulates like any other."""
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     self.check_config(config)
     check_evaluation_plan(config, workdir)
     self.train_model(config, workdir, allow_config_change=allow_config_change)
-    changed = data_record.changes(workdir, self.data_files(config, workdir))
+    changed = self.scored_data_changes(config, workdir)  # a training file may change now
     if changed:
       raise UnscoredRunError(workdir, [], changed)
     try:
