@@ -84,6 +84,7 @@ from relpos.training.run_config import (
   has_run,
   not_a_run,
   not_a_workdir,
+  read_config,
   recorded_divergence,
 )
 
@@ -949,7 +950,9 @@ def _is_float(leaf) -> bool:
 def check_trained(workdir) -> Checkpoints:
   """The workdir's checkpoints, opened as a reader (nothing in the workdir is made or
   changed); FileNotFoundError if the workdir is no directory or holds no checkpoint
-  (evaluation and the tools check this before reading anything else)."""
+  (evaluation and the tools check this before reading anything else), or a
+  `WorkdirInUseError` (exit 75: try again later) where a run trains there now and has saved
+  none yet (`workdir_lock.holder`), which named the remedy "train first"."""
   workdir = Path(workdir)
   if workdir.exists() and not workdir.is_dir():
     raise not_a_workdir(workdir)
@@ -960,12 +963,35 @@ def check_trained(workdir) -> Checkpoints:
     checkpoints.close()
     # A sweep's root or an evaluation's directory is named as such: "train first" there
     # would mix a run into it.
+    if not_run := not has_run(workdir) and not_a_run(workdir, f'--workdir={workdir}'):
+      raise FileNotFoundError(not_run)
+    if training := workdir_lock.holder(workdir):  # "train first" while it does: wrong
+      raise workdir_lock.WorkdirInUseError(
+        f'--workdir={workdir} has no checkpoint yet: {training} trains there now (it holds '
+        f'{workdir / workdir_lock.LOCK_FILE}); {_first_checkpoint(workdir)}: try again then'
+      )
     raise FileNotFoundError(
-      (not has_run(workdir) and not_a_run(workdir, f'--workdir={workdir}'))
-      or f'no checkpoint in {checkpoints.directory}: train first (python train.py '
+      f'no checkpoint in {checkpoints.directory}: train first (python train.py '
       f'--config=... --workdir={workdir})'
     )
   return checkpoints
+
+
+def _first_checkpoint(workdir: Path) -> str:
+  """When the run training in `workdir` now, which has saved none yet, saves its first
+  checkpoint: at config.train.checkpoint_every, or at its last step where that comes first
+  (`Checkpoints`' schedule), by the config it recorded; a run that has recorded none is still
+  reading its data, before its first step."""
+  try:
+    train_config = read_config(workdir).train
+  except (OSError, ValueError):  # none yet (or unreadable)
+    return 'it has not started its first step, and saves its first checkpoint later'
+  every, steps = train_config.checkpoint_every, train_config.steps
+  first = min(every, steps) if every else steps
+  return (
+    f'its first checkpoint comes at step {first} (config.train.checkpoint_every={every}, '
+    f'config.train.steps={steps})'
+  )
 
 
 def _read_checkpoints(checkpoints: Checkpoints, eval_config, like: dict):
