@@ -675,6 +675,32 @@ def leave_no_trace(workdir: Path, made: list[Path]) -> None:
     pass
 
 
+def _files_a_start_makes(task: Task, config, workdir: Path) -> list[Path]:
+  """The task's data files inside the workdir (its vocabulary: `Task.data_files`) that are not
+  there yet: those this start makes."""
+  root = workdir.absolute()
+  return [
+    path
+    for path in task.data_files(config, workdir).values()
+    if root in path.absolute().parents and not path.exists()
+  ]
+
+
+def _remove_unrecorded(workdir: Path, made_files: list[Path]) -> None:
+  """Removes the files a start made in the workdir (`_files_a_start_makes`) when it stopped
+  before its run was recorded (`has_run`): a vocabulary of data since fixed would otherwise
+  meet the next start as one placed there to share, which it uses (`TranslationTask`). Once a
+  run is recorded they are its own. An OSError here is let go: the error that stopped the
+  start is the one to report."""
+  if has_run(workdir):
+    return
+  for path in made_files:
+    try:
+      path.unlink(missing_ok=True)
+    except OSError:
+      pass
+
+
 def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_config_change):
   """Trains `task` for config.train.steps from the latest checkpoint in `workdir`.
 
@@ -686,7 +712,8 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   `TaskMismatchError` before anything is written, and one where another run trains now a
   `WorkdirInUseError` (`workdir_lock`). A new run is refused (ValueError) in a directory that
   holds a sweep's root or only an evaluation (`run_config.not_a_run`); a run already there
-  resumes. A start that stops before writing anything removes the workdir it made
+  resumes. A start that stops before its run is recorded removes the vocabulary it made
+  (`_remove_unrecorded`), and one that stops before writing anything the workdir it made
   (`leave_no_trace`).
   """
   workdir = Path(workdir)
@@ -706,10 +733,12 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   lock = workdir_lock.hold(workdir) if mesh_lib.is_writer() else contextlib.nullcontext()
   try:
     with lock:  # one run at a time in a workdir
+      made_files = _files_a_start_makes(task, config, workdir)
       try:
         _train(task, config, workdir, mesh, preemption, allow_config_change, reached)
       except BaseException:  # a start refused before it wrote anything leaves no trace
         if mesh_lib.is_writer():  # (the others hold no lock: the writer's to remove)
+          _remove_unrecorded(workdir, made_files)
           leave_no_trace(workdir, made)
         raise
   except OSError as error:
