@@ -352,3 +352,25 @@ def test_a_start_that_fails_before_its_run_is_recorded_removes_the_vocabulary_it
   with pytest.raises(ValueError, match='spm.model is damaged'):
     translate.TASK.train_model(_config(corpus, steps=2), workdir)
   assert (workdir / 'spm.model').read_bytes() == b'placed'
+
+
+def test_the_translate_tool_on_a_run_before_its_first_checkpoint_is_busy(trained, tmp_path, capsys):
+  """relpos.tools.translate (which caught only FileNotFoundError and ValueError) on a workdir
+  where train.py trains but has saved nothing yet: the busy line and exit 75, no traceback."""
+  from helpers import call_absl_main
+
+  from relpos.tools import translate as translate_tool
+  from relpos.training import workdir_lock
+
+  workdir = tmp_path / 'run'
+  shutil.copytree(trained[0], workdir, ignore=shutil.ignore_patterns('checkpoints'))
+  with workdir_lock.hold(workdir):
+    code = call_absl_main(
+      translate_tool.define_flags,
+      translate_tool.main,
+      ['translate', f'--workdir={workdir}', '--text=red cat'],
+    )
+  assert code == 75
+  assert capsys.readouterr().err.startswith(
+    f'error: --workdir={workdir} has no checkpoint yet: process '
+  )

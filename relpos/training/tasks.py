@@ -459,12 +459,16 @@ def run_main(main) -> None:
   launchers' manners: flags parsed by `parse_flags` (a config file, field or value that is wrong
   is one line), a stray argument one line (every option is a flag), absl logging at WARNING
   (`quiet_logging`), and a `USER_ERRORS` exception from `main` one `error:` line with exit
-  status 1, not a traceback (Ctrl-C: `relpos.runtime.stop_at_ctrl_c`)."""
+  status 1, not a traceback (Ctrl-C: `relpos.runtime.stop_at_ctrl_c`); a `FAULTS` one is its
+  line and status (`exit_for_fault`: a run that trains there now, before its first
+  checkpoint, is 75)."""
 
   def guarded(argv):
     start_command(argv)
     try:
       return main(argv)
+    except FAULTS as fault:
+      exit_for_fault(fault)
     except USER_ERRORS as error:
       sys.exit(f'error: {error}')
 
