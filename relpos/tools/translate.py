@@ -82,10 +82,10 @@ def main(argv):
     if not any(line.strip() for line in lines):
       sys.exit('error: nothing to translate: give sentences with --text or one a line on stdin')
     translations = translate_lines(args.workdir, lines, beam_size=args.beam_size)
-  except FAULTS as fault:  # a run training there now, before its first checkpoint: exit 75
-    exit_for_fault(fault)
   except (FileNotFoundError, ValueError) as error:
     sys.exit(f'error: {error}')
+  except FAULTS as fault:  # a run training there now, before its first checkpoint: exit 75
+    exit_for_fault(fault)
   print('\n'.join(translations))
 
 

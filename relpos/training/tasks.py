@@ -467,10 +467,10 @@ def run_main(main) -> None:
     start_command(argv)
     try:
       return main(argv)
-    except FAULTS as fault:
-      exit_for_fault(fault)
     except USER_ERRORS as error:
       sys.exit(f'error: {error}')
+    except FAULTS as fault:  # (a TaskMismatchError is a ValueError: the line above)
+      exit_for_fault(fault)
 
   app.run(guarded, flags_parser=parse_flags)
 
