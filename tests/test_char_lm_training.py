@@ -229,8 +229,9 @@ def test_an_evaluation_encodes_only_the_split_it_scores(tmp_path):
 
 
 def test_a_start_that_failed_before_training_binds_no_later_run(text_file, tmp_path):
-  """A first start that stops on its data (a split too short) leaves the vocabulary of that
-  data and no config.json; the rerun on other data, in the same workdir and without
+  """A first start that stops on its data (a split too short) leaves neither the vocabulary of
+  that data nor config.json (nor the workdir it made, which then held nothing: before, the
+  vocabulary stayed); the rerun on other data, in the same workdir and without
   --allow_config_change, trains with its own vocabulary. Once a run has trained, its
   vocabulary is the one it reads: data with a byte outside it is refused, naming
   config.data.vocab and 'bytes'."""
@@ -240,8 +241,7 @@ def test_a_start_that_failed_before_training_binds_no_later_run(text_file, tmp_p
   workdir = tmp_path / 'run'
   with pytest.raises(ValueError, match=r'the valid split of \S*short\.txt'):
     char_lm.TASK.train_model(config, workdir)
-  assert json.loads((workdir / 'vocab.json').read_text())['symbols'] == [32, 120, 121, 122]
-  assert not (workdir / 'config.json').exists()
+  assert not workdir.exists()
   config.data.path = str(text_file)
   char_lm.TASK.train_model(config, workdir)
   symbols = json.loads((workdir / 'vocab.json').read_text())['symbols']

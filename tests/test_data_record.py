@@ -4,6 +4,7 @@ files changed since."""
 import gzip
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -222,6 +223,53 @@ def test_a_vocabulary_replaced_since_training_is_named(tmp_path):
   symbols = json.loads(vocabulary.read_text())['symbols']
   vocabulary.write_text(json.dumps({'symbols': symbols[::-1]}))
   with pytest.raises(ValueError, match=r'\(the vocabulary: \S*vocab\.json changed since the run'):
+    char_lm.TASK.train_model(config, workdir)
+
+
+def test_a_moved_or_copied_workdir_s_vocabulary_is_compared_with_the_record(tmp_path, monkeypatch):
+  """The record named the vocabulary by the run's old path, so a copied or moved workdir's
+  own spm.model was "another file", never compared: eval.py scored a swapped vocabulary with
+  no warning (bleu=0.00), a resume blamed the batch plan. Its place in the workdir is the
+  run's file now, wherever the workdir is: the same bytes just work, others are one line."""
+  old = tmp_path / 'old'
+  old.mkdir()
+  (old / 'spm.model').write_bytes(b'the vocabulary')
+
+  def files(workdir):
+    return {'the vocabulary': workdir / 'spm.model'}
+
+  data_record.record(old, files(old))
+  assert (
+    json.loads((old / data_record.DATA_FILES).read_text())['the vocabulary']['in_workdir']
+    == 'spm.model'
+  )
+  moved = tmp_path / 'moved'
+  old.rename(moved)
+  assert data_record.changes(moved, files(moved)) == []
+  copied = tmp_path / 'copied'
+  shutil.copytree(moved, copied, copy_function=shutil.copy)  # new times: compared by hash
+  assert data_record.changes(copied, files(copied)) == []
+  (copied / 'spm.model').write_bytes(b'another vocabulary')
+  assert data_record.changes(copied, files(copied)) == [
+    f'the vocabulary: {copied}/spm.model changed since the run trained on it (14 bytes then, '
+    '18 now)'
+  ]
+  # A relative --workdir given from elsewhere is the same workdir.
+  monkeypatch.chdir(tmp_path)
+  assert data_record.changes(Path('moved'), files(Path('moved'))) == []
+
+
+def test_a_resume_of_a_moved_workdir_with_a_swapped_vocabulary_is_refused(tmp_path):
+  """End to end, a run's workdir moved and its vocabulary swapped: refused on resume naming the
+  file (it resumed, warning of a batch plan 'then 2 device(s); now 2 device(s)')."""
+  text = write_word_corpus(tmp_path / 'corpus.txt', words=3000)
+  config = tiny_char_config(text, steps=2)
+  char_lm.TASK.train_model(config, tmp_path / 'run')
+  workdir = (tmp_path / 'run').rename(tmp_path / 'moved')
+  vocabulary = workdir / 'vocab.json'
+  symbols = json.loads(vocabulary.read_text())['symbols']
+  vocabulary.write_text(json.dumps({'symbols': symbols[::-1]}))
+  with pytest.raises(ValueError, match=r'\(the vocabulary: \S*moved/vocab\.json changed since'):
     char_lm.TASK.train_model(config, workdir)
 
 

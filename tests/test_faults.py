@@ -444,6 +444,38 @@ def test_a_workdir_where_another_run_trains_is_refused_until_it_dies(text_file, 
   assert (workdir / LOCK_FILE).read_text() == ''  # the holder's line goes when its run ends
 
 
+def test_evaluating_a_run_before_its_first_checkpoint_says_it_trains_now(
+  text_file, straight, tmp_path
+):
+  """eval.py on a workdir where train.py trains now but has saved no checkpoint yet said "no
+  checkpoint ...: train first". It is the busy case now (exit 75), naming the holder and the
+  step of the first save; with no run holding the lock, "train first" as before."""
+  from relpos.training import loop, workdir_lock
+
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  shutil.rmtree(workdir / 'checkpoints')  # the run has recorded its config, saved nothing
+  with workdir_lock.hold(workdir):  # another open file: flock refuses this process too
+    assert workdir_lock.holder(workdir).startswith(f'process {os.getpid()} on ')
+    with pytest.raises(tasks.FAULTS) as caught:
+      char_lm.TASK.evaluate(_config(text_file), workdir)
+    _fault(
+      caught.value,
+      75,
+      f'--workdir={workdir} has no checkpoint yet: process {os.getpid()} on ',
+      f'trains there now (it holds {workdir / workdir_lock.LOCK_FILE}); its first checkpoint '
+      f'comes at step 2 (config.train.checkpoint_every=2, config.train.steps={STEPS}): try '
+      'again then',
+    )
+    (workdir / 'config.json').unlink()  # still reading its data: no config recorded yet
+    with pytest.raises(workdir_lock.WorkdirInUseError, match='it has not started its first'):
+      loop.check_trained(workdir)
+  assert workdir_lock.holder(workdir) is None
+  with pytest.raises(FileNotFoundError, match=r'no checkpoint in .*: train first'):
+    loop.check_trained(workdir)
+  assert workdir_lock.holder(tmp_path / 'no_lock_file') is None
+
+
 def test_a_start_refused_for_missing_data_leaves_no_workdir_it_made(text_file, tmp_path):
   """train.py refused for a data file that is not there left the workdir it made, and any
   parent it made, holding only a 0-byte .relpos.lock. Now they are gone; a directory the user
@@ -559,8 +591,12 @@ def test_damaged_run_files_are_named(text_file, straight, tmp_path):
   workdir = tmp_path / 'run'
   shutil.copytree(straight, workdir)
   (workdir / 'vocab.json').write_text('not json')
-  with pytest.raises(ValueError, match=r'vocab\.json is damaged \(.*\); remove it and rerun'):
+  # The copy's own vocabulary is compared with the record first (`data_record`: its place in
+  # the workdir), as the run's in place was; passed that, it is named as damaged.
+  with pytest.raises(ValueError, match=r'\(the vocabulary: \S*/run/vocab\.json changed since'):
     char_lm.TASK.train_model(_config(text_file), workdir)
+  with pytest.raises(ValueError, match=r'vocab\.json is damaged \(.*\); remove it and rerun'):
+    char_lm.TASK.train_model(_config(text_file), workdir, allow_config_change=True)
   with pytest.raises(ValueError, match=r'vocab\.json is damaged \(.*\); remove it and rerun'):
     sample.sample(workdir, None, 5)
   shutil.copy(straight / 'vocab.json', workdir / 'vocab.json')

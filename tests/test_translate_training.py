@@ -354,3 +354,66 @@ def test_sources_longer_than_max_len_are_cut_with_one_warning(capsys):
     'warning: 1 of 3 sources are longer than 19 pieces and were cut to their first 19 for '
     'decoding (config.model.max_len=20'
   )
+
+
+def test_a_vocabulary_placed_in_a_new_workdir_is_used_not_trained_over(corpus, tmp_path, capsys):
+  """An spm.model copied into a new workdir, to share a vocabulary across runs, was trained
+  over in silence. It is used now, with one warning line that says how to train one instead;
+  the run records it as its own (`data_record`) at its first step."""
+  from relpos.data import tokenizer
+  from relpos.training import mesh as mesh_lib
+
+  config = _config(corpus, steps=2)
+  workdir = tmp_path / 'shared'
+  sentences = [*(corpus / 'train.de').read_text().splitlines(), 'Ein ganz anderer Satz.'] * 2
+  tokenizer.train_or_load(workdir / 'spm.model', sentences, 40, max_sentences=0, seed=0)
+  placed = (workdir / 'spm.model').read_bytes()
+  capsys.readouterr()
+  translate.TASK.training(config, workdir, mesh_lib.data_mesh())
+  assert (workdir / 'spm.model').read_bytes() == placed
+  assert (
+    f'warning: {workdir}/spm.model was there before this run: it trains with that vocabulary '
+    '(the run records it as its own); remove it to train one on config.data.train_src/'
+    'train_tgt instead'
+  ) in capsys.readouterr().err.splitlines()
+
+
+def test_a_start_that_fails_before_its_run_is_recorded_removes_the_vocabulary_it_made(
+  corpus, tmp_path
+):
+  """What a start that failed left in the workdir (its vocabulary, of data then fixed) would
+  meet the next start as one placed there to share: it is removed with the failure. One that
+  was there before stays."""
+  config = _config(corpus, steps=2)
+  config.data.eval_src = str(tmp_path / 'missing.en')  # read after the vocabulary is trained
+  workdir = tmp_path / 'mine'
+  workdir.mkdir()
+  with pytest.raises(FileNotFoundError, match='missing.en'):
+    translate.TASK.train_model(config, workdir)
+  assert sorted(path.name for path in workdir.iterdir()) == ['.relpos.lock']
+  (workdir / 'spm.model').write_bytes(b'placed')
+  with pytest.raises(ValueError, match='spm.model is damaged'):
+    translate.TASK.train_model(_config(corpus, steps=2), workdir)
+  assert (workdir / 'spm.model').read_bytes() == b'placed'
+
+
+def test_the_translate_tool_on_a_run_before_its_first_checkpoint_is_busy(trained, tmp_path, capsys):
+  """relpos.tools.translate (which caught only FileNotFoundError and ValueError) on a workdir
+  where train.py trains but has saved nothing yet: the busy line and exit 75, no traceback."""
+  from helpers import call_absl_main
+
+  from relpos.tools import translate as translate_tool
+  from relpos.training import workdir_lock
+
+  workdir = tmp_path / 'run'
+  shutil.copytree(trained[0], workdir, ignore=shutil.ignore_patterns('checkpoints'))
+  with workdir_lock.hold(workdir):
+    code = call_absl_main(
+      translate_tool.define_flags,
+      translate_tool.main,
+      ['translate', f'--workdir={workdir}', '--text=red cat'],
+    )
+  assert code == 75
+  assert capsys.readouterr().err.startswith(
+    f'error: --workdir={workdir} has no checkpoint yet: process '
+  )

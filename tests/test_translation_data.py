@@ -119,6 +119,53 @@ def test_read_lines_refuses_bare_carriage_return_line_endings(tmp_path, name):
   assert parallel_text.read_lines(path) == ['a', 'b']
 
 
+def test_line_count_mismatch_names_bare_carriage_returns(tmp_path):
+  """A side whose lines end in '\\n' but some in a bare '\\r' (mixed endings) held 40 sentences
+  in 27 lines: 'has 27 lines' was all the refusal said. It names the bare '\\r's now, with the
+  remedy of classic Mac OS endings; a '\\r' inside a line of sides that line up is text."""
+  src = _write(tmp_path / 'ev.en', [f's{i}' for i in range(6)])
+  mixed = tmp_path / 'mixed.de'
+  mixed.write_bytes(b't0\rt1\nt2\r\nt3\rt4\nt5\n')
+  with pytest.raises(ValueError) as caught:
+    parallel_text.read_parallel(src, mixed)
+  assert str(caught.value) == (
+    f'parallel files differ in line count: {src} has 6 lines, {mixed} has 4; they must be '
+    f"line-aligned; {mixed} holds 2 bare carriage returns ('\\r' not followed by '\\n', in 2 "
+    'of its 4 lines), which end no line here: if they end sentences (classic Mac OS line '
+    f"endings mixed with '\\n' ones), convert them, e.g. `tr '\\r' '\\n' < {mixed} > "
+    'fixed.txt`, and give that file'
+  )
+  # Without bare '\\r's the line says no more than the counts.
+  short = _write(tmp_path / 'short.de', ['t0'])
+  with pytest.raises(ValueError, match=r'has 1; they must be line-aligned$'):
+    parallel_text.read_parallel(src, short)
+  inside = _write(tmp_path / 'inside.de', ['t0\rx', 't1', 't2', 't3', 't4', 't5'])
+  assert parallel_text.read_parallel(src, inside)[1][0] == 't0\rx'
+
+
+@pytest.mark.parametrize('encoding', ['UTF-16LE', 'UTF-16BE'])
+def test_read_lines_names_utf16_without_a_byte_order_mark(tmp_path, encoding):
+  """ASCII text in UTF-16 without a BOM is valid UTF-8, a NUL beside each character: it was
+  read as such, and refused as 'has 41 lines' against a 40-line other side. One line names the
+  encoding and the conversion."""
+  path = tmp_path / 'u16.en'
+  path.write_bytes(''.join(f'{s}\n' for s in SOURCES[:40]).encode(encoding.lower()))
+  offsets = 'odd' if encoding == 'UTF-16LE' else 'even'
+  with pytest.raises(ValueError) as caught:
+    parallel_text.read_lines(path, field='config.data.eval_src')
+  message = str(caught.value)
+  assert message.startswith(f'{path} (config.data.eval_src) holds NUL bytes (')
+  assert f'at {offsets} offsets): it looks like {encoding} text, not UTF-8; convert it, e.g. ' in (
+    message
+  )
+  assert message.endswith(
+    f'`iconv -f {encoding} -t UTF-8 < {path} > fixed.txt`, and give that file'
+  )
+  # A stray NUL in UTF-8 text is no encoding.
+  path.write_bytes(b'a sentence\x00 with a NUL\nanother\n')
+  assert len(parallel_text.read_lines(path)) == 2
+
+
 def test_read_lines_names_a_pipe(tmp_path):
   """A named pipe given as a side was 'not a file; set it to a text file'."""
   fifo = tmp_path / 'src.fifo'
@@ -149,6 +196,11 @@ def test_read_lines_warns_once_about_tab_separated_pairs(tmp_path, capsys):
     'pairs.tsv (config.data.train_src): 300 of its 300 non-empty lines hold a tab' in warnings[0]
   )
   assert 'one sentence per line' in warnings[0] and 'relpos.data.prepare tatoeba' in warnings[0]
+  # Lines padded with ' \\t' hold no pair: no warning (it said '40 of its 40 non-empty lines
+  # hold a tab').
+  padded = _write(tmp_path / 'padded.txt', [f'{s} \t' for s in SOURCES])
+  assert parallel_text.read_lines(padded)[0] == f'{SOURCES[0]} \t'
+  assert capsys.readouterr().err == ''
   # A few tabs inside sentences are not a TSV.
   some = _write(tmp_path / 'some.txt', ['a\tb', 'c', 'd\te', 'f'])
   assert parallel_text.read_lines(some) == ['a\tb', 'c', 'd\te', 'f']
@@ -249,12 +301,6 @@ def test_train_or_load_reuses_and_is_deterministic(tmp_path, spm_tokenizer):
   )
   assert retrained.path.read_bytes() == spm_tokenizer.path.read_bytes()
   assert sorted(p.name for p in retrained.path.parent.iterdir()) == ['spm.model']
-  # reuse=False (a file a start that never trained left): trained again, over it.
-  other = tokenizer.train_or_load(
-    retrained.path, TARGETS + SOURCES, VOCAB_SIZE, max_sentences=0, seed=1, reuse=False
-  )
-  assert other.path == retrained.path
-  assert other.path.read_bytes() != spm_tokenizer.path.read_bytes()
 
 
 def test_train_or_load_errors(tmp_path, spm_tokenizer):
@@ -834,4 +880,22 @@ def test_dropped_empty_pairs_are_warned_of_once_per_file(tmp_path, capsys):
   for _ in range(2):
     assert parallel_text.read_parallel(tmp_path / 'src', tmp_path / 'tgt') == (['a'], ['x'])
   warned = capsys.readouterr().err.splitlines()
-  assert warned == [f'warning: {tmp_path}/src / {tmp_path}/tgt: dropped 2 pairs with an empty side']
+  assert warned == [
+    f'warning: {tmp_path}/src / {tmp_path}/tgt: dropped 2 pairs with an empty side (lines 2, 3)'
+  ]
+
+
+def test_dropped_empty_pairs_are_named_by_line(tmp_path, capsys):
+  """A pair with an empty side is dropped, so the translations file has a line fewer than
+  eval_src: the warning named no line, to line the two up again. It names the first few, 1-based
+  lines of the files (of every process's shard), and counts the rest."""
+  sources = ['' if i in (2, 9, 10, 11, 12, 13, 30) else f's{i}' for i in range(40)]
+  src = _write(tmp_path / 'src', sources)
+  tgt = _write(tmp_path / 'tgt', [f't{i}' for i in range(40)])
+  assert len(parallel_text.read_parallel(src, tgt)[0]) == 33
+  assert capsys.readouterr().err == (
+    f'warning: {src} / {tgt}: dropped 7 pairs with an empty side (lines 3, 10, 11, 12, 13 and 2 '
+    'more)\n'
+  )
+  parallel_text.read_parallel(src, tgt, shard=Shard(1, 2))  # lines 2, 4, ..., 40
+  assert '(lines 10, 12, 14)' in capsys.readouterr().err

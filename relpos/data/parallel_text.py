@@ -5,10 +5,17 @@ Lines are split on '\\n' only (a trailing '\\r' is removed: `relpos.files.split_
 on the other line breaks Unicode knows, so a U+2028 inside a sentence cannot shift one side
 against the other. A file whose lines end in a bare '\\r' (classic Mac OS) is refused, naming
 its line endings (`check_line_endings`): read as one line, it was refused later for its length
-or line count, with a remedy that could not help. A pair with an empty or whitespace-only side
-is dropped, and the number dropped is logged.
+or line count, with a remedy that could not help. So is a file whose NUL bytes say it is UTF-16
+without a byte order mark (`check_not_utf16`): ASCII text in UTF-16 is valid UTF-8 with a NUL
+after (or before) each character, and was read as such, a line more or less than its other side.
+Two sides that differ in line count are refused, and the line names what in either file splits
+lines otherwise than meant (`line_count_causes`): bare '\\r's among '\\n' endings (a file of
+mixed line endings held 40 sentences in 27 lines, which was all it said). A '\\r' inside a line
+of files that do line up is read as part of the sentence. A pair with an empty or whitespace-
+only side is dropped, and the warning names the first lines dropped.
 """
 
+import itertools
 import pathlib
 import re
 import shlex
@@ -43,7 +50,7 @@ def read_lines(path, *, field: str | None = None) -> list[str]:
     FileNotFoundError: `path` is not a file.
     ValueError: `path` is a pipe (`refuse_pipe`); the file is a truncated or corrupt
       compressed file, a zip of several files, not valid UTF-8 (the message has the line),
-      or its lines end in a bare '\\r'.
+      its lines end in a bare '\\r', or it looks like UTF-16 (`check_not_utf16`).
   """
   path = pathlib.Path(path)
   refuse_pipe(path, field)
@@ -52,6 +59,7 @@ def read_lines(path, *, field: str | None = None) -> list[str]:
     named = f'{field} = ' if field else ''
     raise FileNotFoundError(f'{named}{str(path)!r} is not a file; set it to a text file')
   data = read_data_file(path)
+  check_not_utf16(data, path, field)
   check_line_endings(data, path, field)
   lines = split_lines(decode_utf8(data, path))
   warn_if_not_plain_text(lines, path, field)
@@ -72,17 +80,66 @@ def check_line_endings(data: bytes, path, field: str | None = None) -> None:
   if b'\n' in head or carriage_returns < 2:
     return
   named = f' ({field})' if field else ''
-  decompress = decompress_command(path)
-  convert = (
-    f"{decompress} | tr '\\r' '\\n' > fixed.txt"
-    if decompress
-    else f"tr '\\r' '\\n' < {shlex.quote(str(path))} > fixed.txt"
-  )
   raise ValueError(
     f"{path}{named} ends its lines in a bare carriage return ('\\r', classic Mac OS line "
     f"endings: {carriage_returns:,} of them and no '\\n' in its first {len(head):,} bytes), so "
     "it reads as one line; lines must end in '\\n' (or '\\r\\n'): convert it, e.g. "
-    f'`{convert}`, and give that file'
+    f'`{_carriage_returns_to_newlines(path)}`, and give that file'
+  )
+
+
+def _carriage_returns_to_newlines(path) -> str:
+  """The shell command that writes the text of the file at `path` (decompressed first, where it
+  is compressed) to fixed.txt with each '\\r' made a '\\n'."""
+  decompress = decompress_command(path)
+  if decompress:
+    return f"{decompress} | tr '\\r' '\\n' > fixed.txt"
+  return f"tr '\\r' '\\n' < {shlex.quote(str(path))} > fixed.txt"
+
+
+NUL_SAMPLE = 1 << 12  # bytes looked at for the NULs of UTF-16: a file's first
+
+
+def check_not_utf16(data: bytes, path, field: str | None = None) -> None:
+  """Raises ValueError if the file at `path` (its bytes `data`) looks like UTF-16: a quarter or
+  more of its first NUL_SAMPLE bytes are NUL, most of them at odd offsets (UTF-16LE: 'a\\0')
+  or most at even ones (UTF-16BE: '\\0a'). Without a byte order mark, ASCII text so encoded
+  is valid UTF-8 and was read as text with a NUL beside each character: a line count off by
+  one against its other side, or sentences of NULs. A text file holds no NUL at all, so the
+  threshold only keeps a stray one from being called an encoding."""
+  head = data[:NUL_SAMPLE]
+  odd, even = head[1::2].count(0), head[0::2].count(0)
+  if (odd + even) * 4 < len(head) or not head:
+    return
+  encoding = 'UTF-16LE' if odd > even else 'UTF-16BE'
+  named = f' ({field})' if field else ''
+  decompress = decompress_command(path)
+  convert = (
+    f'{decompress} | iconv -f {encoding} -t UTF-8 > fixed.txt'
+    if decompress
+    else f'iconv -f {encoding} -t UTF-8 < {shlex.quote(str(path))} > fixed.txt'
+  )
+  raise ValueError(
+    f'{path}{named} holds NUL bytes ({odd + even:,} of its first {len(head):,}, at '
+    f'{"odd" if odd > even else "even"} offsets): it looks like {encoding} text, not UTF-8; '
+    f'convert it, e.g. `{convert}`, and give that file'
+  )
+
+
+def line_count_causes(path, lines: Sequence[str]) -> str:
+  """What in the file at `path` (its `lines`, as `read_lines` split them) joins lines that were
+  meant apart, for the message of a line count that differs from its other side: its bare
+  carriage returns ('\\r' inside a line; `read_lines` removed those of '\\r\\n'), Mac OS line
+  endings mixed in among '\\n' ones, with the remedy `check_line_endings` gives; '' for none."""
+  bare = sum(line.count('\r') for line in lines)
+  if not bare:
+    return ''
+  held = sum('\r' in line for line in lines)
+  return (
+    f"; {path} holds {bare:,} bare carriage returns ('\\r' not followed by '\\n', in "
+    f'{held:,} of its {len(lines):,} lines), which end no line here: if they end sentences '
+    "(classic Mac OS line endings mixed with '\\n' ones), convert them, e.g. "
+    f'`{_carriage_returns_to_newlines(path)}`, and give that file'
   )
 
 
@@ -93,14 +150,15 @@ _MARKUP = re.compile(r'\s*<(?:[/?!]|[A-Za-z][\w.:-]*(?:[\s/>]|$))')
 
 def warn_if_not_plain_text(lines: Sequence[str], path, field: str | None = None) -> None:
   """Prints one warning line per cause if more than half of the non-empty `lines` of `path`
-  are not sentences: they hold a tab (a file of tab-separated pairs such as Tatoeba's export,
-  given as one side), or they start with SGML/XML markup (a WMT test set as released,
-  `newstest2014-deen-src.en.sgm`). Either would otherwise be read as sentences (training on
-  'English<TAB>German', scoring `<doc ...>` lines as references) without a word."""
+  are not sentences: they hold a tab between other characters (a file of tab-separated pairs
+  such as Tatoeba's export, given as one side; a tab padding a line's end is no pair), or they
+  start with SGML/XML markup (a WMT test set as released, `newstest2014-deen-src.en.sgm`).
+  Either would otherwise be read as sentences (training on 'English<TAB>German', scoring
+  `<doc ...>` lines as references) without a word."""
   nonempty = [line for line in lines if line.strip()]
   named = f' ({field})' if field else ''
   plain = 'each side must be a plain text file with one sentence per line'
-  tabbed = sum('\t' in line for line in nonempty)
+  tabbed = sum('\t' in line.strip() for line in nonempty)  # not padding: ' \t' at the end
   if tabbed * 2 > len(nonempty):
     warn(
       f'{path}{named}: {tabbed} of its {len(nonempty)} non-empty lines hold a tab; {plain} '
@@ -116,29 +174,48 @@ def warn_if_not_plain_text(lines: Sequence[str], path, field: str | None = None)
     )
 
 
+DROPPED_NAMED = 5  # dropped pairs a warning names by number; the rest it counts
+
+
 def keep_nonempty(
-  pairs: Iterable[tuple[str, str]], *, limit: int = 0, name: str
+  pairs: Iterable[tuple[str, str]],
+  *,
+  limit: int = 0,
+  name: str,
+  numbers: Iterable[int] | None = None,
+  unit: str = 'line',
 ) -> tuple[list[str], list[str]]:
   """(sources, targets) of the pairs whose sides both hold a non-space character.
+
+  The warning of those dropped names the first DROPPED_NAMED by number, 1-based ('lines 3, 17
+  and 2 more'): an eval set's translations file holds a line per pair kept, so it lines up
+  with its eval_src again only with those lines left out.
 
   Args:
     pairs: (source, target) strings.
     limit: keep only the first `limit` such pairs (0: all); `pairs` is read no further.
-    name: what the pairs are, for the log line about dropped pairs.
+    name: what the pairs are, for the warning about dropped pairs.
+    numbers: the 0-based position of each pair in its files (a shard reads every other
+      line, say); default: the pairs' own order.
+    unit: what a position counts, for the warning ('line' of a file, 'record' of a dataset).
   """
   sources, targets = [], []
-  dropped = 0
-  for source, target in pairs:
+  dropped = []
+  positions = itertools.count() if numbers is None else numbers
+  for number, (source, target) in zip(positions, pairs, strict=False):  # count() has no end
     if limit and len(sources) == limit:
       break
     if source.strip() and target.strip():
       sources.append(source)
       targets.append(target)
     else:
-      dropped += 1
+      dropped.append(number + 1)
   if dropped:
+    named = ', '.join(map(str, dropped[:DROPPED_NAMED]))
+    more = f' and {len(dropped) - DROPPED_NAMED} more' if len(dropped) > DROPPED_NAMED else ''
     warn(
-      f'{name}: dropped {dropped} pairs with an empty side',
+      f'{name}: dropped {len(dropped)} pairs with an empty side ({unit}'
+      f'{"s" if len(dropped) > 1 else ""} {named}{more})',
       once=True,  # train.py reads the eval files for its validation and again to score
     )
   return sources, targets
@@ -172,12 +249,15 @@ def read_parallel(
     raise ValueError(
       f'parallel files differ in line count: {src_path} has {len(sources)} lines, '
       f'{tgt_path} has {len(targets)}; they must be line-aligned'
+      + line_count_causes(src_path, sources)
+      + line_count_causes(tgt_path, targets)
     )
   lines = shard.records(len(sources))
   return keep_nonempty(
     ((sources[i], targets[i]) for i in lines),
     limit=shard.limit(limit),
     name=f'{src_path} / {tgt_path}',
+    numbers=lines,
   )
 
 

@@ -131,16 +131,11 @@ def train_model(sentences: Sequence[str], vocab_size: int) -> bytes:
 
 
 def train_or_load(
-  model_path,
-  sentences: Iterable[str],
-  vocab_size: int,
-  *,
-  max_sentences: int,
-  seed: int,
-  reuse: bool = True,
+  model_path, sentences: Iterable[str], vocab_size: int, *, max_sentences: int, seed: int
 ) -> Tokenizer:
-  """The Tokenizer saved at `model_path`, trained there first if the file does not exist (or,
-  with `reuse` False, trained there over the file).
+  """The Tokenizer saved at `model_path`, trained there first if the file does not exist. A
+  file that exists is never trained over: it may be a vocabulary placed there to share (the
+  training loop removes one a start that failed before its run was recorded wrote).
 
   Args:
     model_path: str or Path of the `.model` file, e.g. workdir/'spm.model'.
@@ -148,13 +143,12 @@ def train_or_load(
     vocab_size: number of pieces, the 4 special ids included.
     max_sentences: train on a seeded sample of this many sentences (0: all).
     seed: seed of that sample.
-    reuse: load an existing file rather than train.
   Raises:
     ValueError: an existing model has another vocab_size, or the text is too small for
       vocab_size (see train_model).
   """
   model_path = pathlib.Path(model_path)
-  if not (reuse and model_path.exists()):
+  if not model_path.exists():
     model = train_model(sample_sentences(sentences, max_sentences, seed), vocab_size)
     model_path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(model_path, model)

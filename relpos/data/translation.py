@@ -131,11 +131,9 @@ def encode_lines(tokenizer: Tokenizer, lines: Sequence[str]) -> Ragged:
   )
 
 
-def _shared_vocabulary(
-  data_config, workdir, sentences: list[str], *, seed: int, shard: Shard, reuse: bool
-):
-  """The run's vocabulary: process 0 trains it on its sentences (or, if `reuse`, finds it) and
-  saves it, then the other processes load that file."""
+def _shared_vocabulary(data_config, workdir, sentences: list[str], *, seed: int, shard: Shard):
+  """The run's vocabulary: process 0 trains it on its sentences (or finds it) and saves it,
+  then the other processes load that file."""
   path = pathlib.Path(workdir) / VOCAB_FILE
   if shard.index == 0:
     tokenizer = train_or_load(
@@ -144,7 +142,6 @@ def _shared_vocabulary(
       data_config.vocab_size,
       max_sentences=data_config.vocab_train_sentences,
       seed=seed,
-      reuse=reuse,
     )
   shard.wait_for_all()
   if shard.index == 0:
@@ -172,7 +169,6 @@ def load_translation_data(
   seed: int = 0,
   row_multiple: int = 1,
   shard: Shard = ONE_PROCESS,
-  reuse_vocabulary: bool = True,
 ) -> TranslationData:
   """Reads, tokenises and batches the data config.data names (see the module docstring).
 
@@ -183,8 +179,6 @@ def load_translation_data(
     row_multiple: global training batch rows are a multiple of this (data-parallel devices).
     shard: this process's part of the training pairs; in a multi-process run process 0 trains
       the vocabulary on its part. Every process reads all eval pairs.
-    reuse_vocabulary: keep a workdir/spm.model that exists (False: train it again, over one
-      that a start which never trained left, perhaps from other data).
   Raises:
     ValueError, FileNotFoundError: messages name the config.data field to fix.
   """
@@ -193,7 +187,7 @@ def load_translation_data(
   train_src, train_tgt = read_pairs(data_config, 'train', shard)
   logging.info('read %d train pairs in %.1fs', len(train_src), time.perf_counter() - start)
   tokenizer = _shared_vocabulary(
-    data_config, workdir, train_src + train_tgt, seed=seed, shard=shard, reuse=reuse_vocabulary
+    data_config, workdir, train_src + train_tgt, seed=seed, shard=shard
   )
   train = TokenBatches(
     EncodedPairs(encode_lines(tokenizer, train_src), encode_lines(tokenizer, train_tgt)),

@@ -100,4 +100,6 @@ def read_tfds_pairs(
   indices = shard.records(len(source))
   logging.info('reading %s %s: %d of %d records', name, split, len(indices), len(source))
   pairs = (parse_pair(record, source_lang, target_lang) for record in _records(source, indices))
-  return parallel_text.keep_nonempty(pairs, limit=shard.limit(limit), name=f'{name} {split}')
+  return parallel_text.keep_nonempty(
+    pairs, limit=shard.limit(limit), name=f'{name} {split}', numbers=indices, unit='record'
+  )

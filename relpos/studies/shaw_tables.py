@@ -152,6 +152,8 @@ def main(argv):
     by_k = drift_by_k(argv[1:])
   except (FileNotFoundError, ValueError) as error:
     sys.exit(f'error: {error}')
+  except tasks.FAULTS as fault:  # a run training there now, before its first checkpoint
+    tasks.exit_for_fault(fault)
   print(markdown(by_k))
   if flags.FLAGS.out:
     try:

@@ -74,7 +74,7 @@ def read_sentences(texts: list[str] | None, stdin) -> list[str]:
 def main(argv):
   if len(argv) > 1:
     sys.exit(f'error: unexpected arguments {argv[1:]}: pass sentences with --text or stdin')
-  from relpos.training.tasks import quiet_logging
+  from relpos.training.tasks import FAULTS, exit_for_fault, quiet_logging
 
   quiet_logging()
   args = flags.FLAGS
@@ -85,6 +85,8 @@ def main(argv):
     translations = translate_lines(args.workdir, lines, beam_size=args.beam_size)
   except (FileNotFoundError, ValueError) as error:
     sys.exit(f'error: {error}')
+  except FAULTS as fault:  # a run training there now, before its first checkpoint: exit 75
+    exit_for_fault(fault)
   print('\n'.join(translations))
 
 

@@ -31,6 +31,13 @@ and a resume's refusal of a config change): such a field is not a change of conf
 run's own file holds now is still compared here, however it is spelled; another path to other
 bytes stays a config change (a warning, or a refusal without --allow_config_change).
 
+A file inside the workdir (the run's vocabulary, which it made there) is the run's own, where
+the workdir is now: it is recorded by its place in the workdir too (`in_workdir`), and the
+file at that place is the recorded one, compared with its size and SHA-256 as recorded. By its
+path, a copied or moved workdir's vocabulary was another file than the run's, never compared
+(eval.py scored with a vocabulary swapped since, bleu=0.00, without a word, and a resume
+blamed the batch plan). Records made before `in_workdir` was kept are matched by path.
+
 Hashing is skipped for a file whose size and modification time are those recorded: a check
 costs two `stat`s, and a file is hashed only when it is first recorded or looks touched (then
 its SHA-256 decides: a file copied back unchanged is the same data). A run recorded before this
@@ -138,9 +145,21 @@ def _read(workdir) -> dict:
     return {}
 
 
-def _is_recorded_file(recorded: dict, path: Path) -> bool:
-  """Whether `path` is the file `recorded` (its entry) was made of: the same resolved path, or
-  for a record without one (made before it was recorded), the same path given."""
+def _in_workdir(path: Path, workdir) -> str | None:
+  """`path`'s place in `workdir` ('spm.model'), None where it lies outside it."""
+  try:
+    return str(path.absolute().relative_to(Path(workdir).absolute()))
+  except ValueError:
+    return None
+
+
+def _is_recorded_file(recorded: dict, path: Path, workdir) -> bool:
+  """Whether `path` is the file `recorded` (its entry) was made of: for a file the record
+  places in the run's workdir, the file at that place in `workdir`, wherever that is now;
+  else the same resolved path, or for a record without one (made before it was recorded), the
+  same path given."""
+  if 'in_workdir' in recorded:
+    return _in_workdir(path, workdir) == recorded['in_workdir']
   if 'resolved' in recorded:
     return str(path.resolve()) == recorded['resolved']
   return str(path) == recorded.get('path')
@@ -168,13 +187,15 @@ def _same_bytes(recorded: dict, path: Path) -> bool:
   return same or _same_text(recorded, path)
 
 
-def names_recorded_data(recorded: dict, path: Path) -> bool:
-  """Whether `path` names the data `recorded` (a field's entry) was made of: the recorded file
-  itself (`_is_recorded_file`; whatever it holds now, which `changes` compares), or another
-  file with the same bytes. A file that cannot be read (or resolved) is not: the data readers
-  name it, as they do a missing one."""
+def names_recorded_data(recorded: dict, path: Path, workdir) -> bool:
+  """Whether `path` names the data `recorded` (a field's entry for the run in `workdir`) was
+  made of: the recorded file itself (`_is_recorded_file`; whatever it holds now, which
+  `changes` compares), or another file with the same bytes. A file that cannot be read (or
+  resolved) is not: the data readers name it, as they do a missing one."""
   try:
-    return _is_recorded_file(recorded, path) or path.is_file() and _same_bytes(recorded, path)
+    return _is_recorded_file(recorded, path, workdir) or (
+      path.is_file() and _same_bytes(recorded, path)
+    )
   except (OSError, RuntimeError):  # RuntimeError: a symbolic link loop, resolved
     return False
 
@@ -189,7 +210,7 @@ def same_data(workdir, files: dict[str, Path]) -> set[str]:
     for field, path in files.items()
     if isinstance(entry := recorded.get(field), dict)
     and entry.get('path') != str(path)
-    and names_recorded_data(entry, Path(path))
+    and names_recorded_data(entry, Path(path), workdir)
   }
 
 
@@ -208,7 +229,7 @@ def changes(workdir, files: dict[str, Path]) -> list[str]:
     if not isinstance(entry, dict) or not path.is_file():
       continue
     try:
-      line = _change(field, entry, path)
+      line = _change(field, entry, path, workdir)
     except (OSError, RuntimeError):  # unreadable (or a link loop): the readers name it
       continue
     if line:
@@ -216,9 +237,9 @@ def changes(workdir, files: dict[str, Path]) -> list[str]:
   return lines
 
 
-def _change(field: str, entry: dict, path: Path) -> str | None:
+def _change(field: str, entry: dict, path: Path, workdir) -> str | None:
   """`changes`'s line for one field, None when its data is the run's."""
-  if _is_recorded_file(entry, path):
+  if _is_recorded_file(entry, path, workdir):
     if not _same(entry, path):
       size = path.stat().st_size
       what = (
@@ -270,7 +291,8 @@ def _elsewhere(field: str, entry: dict, path: Path) -> str:
 
 def record(workdir, files: dict[str, Path]) -> None:
   """Writes workdir/data_files.json for `files` (field -> path; those that are not files are
-  left out), hashing only files whose record does not already match."""
+  left out), hashing only files whose record does not already match; a file inside `workdir`
+  also by its place there (`in_workdir`)."""
   recorded = _read(workdir)
   entries = {}
   for field, path in files.items():
@@ -278,8 +300,14 @@ def record(workdir, files: dict[str, Path]) -> None:
     if not path.is_file():
       continue
     entry = recorded.get(field)
-    if isinstance(entry, dict) and _is_recorded_file(entry, path) and _same_file_bytes(entry, path):
+    if (
+      isinstance(entry, dict)
+      and _is_recorded_file(entry, path, workdir)
+      and _same_file_bytes(entry, path)
+    ):
       entries[field] = {**entry, **_stat(path)}
     else:
       entries[field] = {**_stat(path), 'sha256': _sha256(path), **_text_record(path)}
+    if (place := _in_workdir(path, workdir)) is not None:
+      entries[field]['in_workdir'] = place
   write_atomically(Path(workdir) / DATA_FILES, json.dumps(entries, indent=2) + '\n')

@@ -740,6 +740,32 @@ def leave_no_trace(workdir: Path, made: list[Path]) -> None:
     pass
 
 
+def _files_a_start_makes(task: Task, config, workdir: Path) -> list[Path]:
+  """The task's data files inside the workdir (its vocabulary: `Task.data_files`) that are not
+  there yet: those this start makes."""
+  root = workdir.absolute()
+  return [
+    path
+    for path in task.data_files(config, workdir).values()
+    if root in path.absolute().parents and not path.exists()
+  ]
+
+
+def _remove_unrecorded(workdir: Path, made_files: list[Path]) -> None:
+  """Removes the files a start made in the workdir (`_files_a_start_makes`) when it stopped
+  before its run was recorded (`has_run`): a vocabulary of data since fixed would otherwise
+  meet the next start as one placed there to share, which it uses (`TranslationTask`). Once a
+  run is recorded they are its own. An OSError here is let go: the error that stopped the
+  start is the one to report."""
+  if has_run(workdir):
+    return
+  for path in made_files:
+    try:
+      path.unlink(missing_ok=True)
+    except OSError:
+      pass
+
+
 def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_config_change):
   """Trains `task` for config.train.steps from the latest checkpoint in `workdir`.
 
@@ -751,7 +777,8 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   `TaskMismatchError` before anything is written, and one where another run trains now a
   `WorkdirInUseError` (`workdir_lock`). A new run is refused (ValueError) in a directory that
   holds a sweep's root or only an evaluation (`run_config.not_a_run`); a run already there
-  resumes. A start that stops before writing anything removes the workdir it made
+  resumes. A start that stops before its run is recorded removes the vocabulary it made
+  (`_remove_unrecorded`), and one that stops before writing anything the workdir it made
   (`leave_no_trace`).
   """
   workdir = Path(workdir)
@@ -771,10 +798,12 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   lock = workdir_lock.hold(workdir) if mesh_lib.is_writer() else contextlib.nullcontext()
   try:
     with lock:  # one run at a time in a workdir
+      made_files = _files_a_start_makes(task, config, workdir)
       try:
         _train(task, config, workdir, mesh, preemption, allow_config_change, reached)
       except BaseException:  # a start refused before it wrote anything leaves no trace
         if mesh_lib.is_writer():  # (the others hold no lock: the writer's to remove)
+          _remove_unrecorded(workdir, made_files)
           leave_no_trace(workdir, made)
         raise
   except OSError as error:
@@ -1016,7 +1045,9 @@ def _is_float(leaf) -> bool:
 def check_trained(workdir) -> Checkpoints:
   """The workdir's checkpoints, opened as a reader (nothing in the workdir is made or
   changed); FileNotFoundError if the workdir is no directory or holds no checkpoint
-  (evaluation and the tools check this before reading anything else)."""
+  (evaluation and the tools check this before reading anything else), or a
+  `WorkdirInUseError` (exit 75: try again later) where a run trains there now and has saved
+  none yet (`workdir_lock.holder`), which named the remedy "train first"."""
   workdir = Path(workdir)
   if workdir.exists() and not workdir.is_dir():
     raise not_a_workdir(workdir)
@@ -1027,12 +1058,35 @@ def check_trained(workdir) -> Checkpoints:
     checkpoints.close()
     # A sweep's root or an evaluation's directory is named as such: "train first" there
     # would mix a run into it.
+    if not_run := not has_run(workdir) and not_a_run(workdir, f'--workdir={workdir}'):
+      raise FileNotFoundError(not_run)
+    if training := workdir_lock.holder(workdir):  # "train first" while it does: wrong
+      raise workdir_lock.WorkdirInUseError(
+        f'--workdir={workdir} has no checkpoint yet: {training} trains there now (it holds '
+        f'{workdir / workdir_lock.LOCK_FILE}); {_first_checkpoint(workdir)}: try again then'
+      )
     raise FileNotFoundError(
-      (not has_run(workdir) and not_a_run(workdir, f'--workdir={workdir}'))
-      or f'no checkpoint in {checkpoints.directory}: train first (python train.py '
+      f'no checkpoint in {checkpoints.directory}: train first (python train.py '
       f'--config=... --workdir={workdir})'
     )
   return checkpoints
+
+
+def _first_checkpoint(workdir: Path) -> str:
+  """When the run training in `workdir` now, which has saved none yet, saves its first
+  checkpoint: at config.train.checkpoint_every, or at its last step where that comes first
+  (`Checkpoints`' schedule), by the config it recorded; a run that has recorded none is still
+  reading its data, before its first step."""
+  try:
+    train_config = read_config(workdir).train
+  except (OSError, ValueError):  # none yet (or unreadable)
+    return 'it has not started its first step, and saves its first checkpoint later'
+  every, steps = train_config.checkpoint_every, train_config.steps
+  first = min(every, steps) if every else steps
+  return (
+    f'its first checkpoint comes at step {first} (config.train.checkpoint_every={every}, '
+    f'config.train.steps={steps})'
+  )
 
 
 def _read_checkpoints(checkpoints: Checkpoints, eval_config, like: dict):

@@ -459,7 +459,9 @@ def run_main(main) -> None:
   launchers' manners: flags parsed by `parse_flags` (a config file, field or value that is wrong
   is one line), a stray argument one line (every option is a flag), absl logging at WARNING
   (`quiet_logging`), and a `USER_ERRORS` exception from `main` one `error:` line with exit
-  status 1, not a traceback (Ctrl-C: `relpos.runtime.stop_at_ctrl_c`)."""
+  status 1, not a traceback (Ctrl-C: `relpos.runtime.stop_at_ctrl_c`); a `FAULTS` one is its
+  line and status (`exit_for_fault`: a run that trains there now, before its first
+  checkpoint, is 75)."""
 
   def guarded(argv):
     start_command(argv)
@@ -467,6 +469,8 @@ def run_main(main) -> None:
       return main(argv)
     except USER_ERRORS as error:
       sys.exit(f'error: {error}')
+    except FAULTS as fault:  # (a TaskMismatchError is a ValueError: the line above)
+      exit_for_fault(fault)
 
   app.run(guarded, flags_parser=parse_flags)
 

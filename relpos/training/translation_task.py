@@ -288,13 +288,20 @@ class Translate(loop.Task):
     config.data.vocab_size pieces, which the data checks), then the data, then the functions
     the loop calls: the batch of a step, the validation and the jitted step."""
     graphdef, state = build(config, config.data.vocab_size, mesh)
+    placed = Path(workdir) / VOCAB_FILE
+    if not has_run(workdir) and placed.exists() and mesh_lib.is_writer():
+      # Not written by a start of this workdir (one that failed removes its own: loop.train):
+      # someone placed it, to share a vocabulary. Used as it is, and recorded as the run's.
+      warn(
+        f'{placed} was there before this run: it trains with that vocabulary (the run records '
+        'it as its own); remove it to train one on config.data.train_src/train_tgt instead'
+      )
     data = load_translation_data(
       config.data,
       workdir,
       seed=config.seed,
       row_multiple=mesh.size * config.train.grad_accum_steps,
       shard=mesh_lib.process_shard(),
-      reuse_vocabulary=has_run(workdir),  # not one a start that never trained left
     )
     validation = eval_batches(config.data, data, seed=config.seed)
     print(

@@ -11,9 +11,11 @@ The kernel drops a flock when its process dies, however it dies (kill -9, a lost
 process killed), so there is never a stale lock to remove by hand: a run resumed after a
 crash takes the lock at once. Only the writing process of a multi-process run (process 0)
 locks; the others write nothing in the workdir. Readers (eval.py, the tools) do not lock:
-they may read a run while it trains. A filesystem without flock (some network filesystems
-answer ENOLCK or EOPNOTSUPP) runs unlocked, with one warning. An OSError making or writing the
-file (a full disk, a read-only filesystem) names it, for the caller's one-line fault.
+they may read a run while it trains. A reader that finds no checkpoint asks `holder` whether a
+run is training there before its first one: "train first" would be the wrong remedy. A
+filesystem without flock (some network filesystems answer ENOLCK or EOPNOTSUPP) runs
+unlocked, with one warning. An OSError making or writing the file (a full disk, a read-only
+filesystem) names it, for the caller's one-line fault.
 
 A run refused before it wrote anything removes the lock file, with the workdir it made, while
 it still holds the lock (`relpos.training.loop.leave_no_trace`). A process that opened the
@@ -84,6 +86,32 @@ def hold(workdir: Path):
       yield
     finally:
       os.ftruncate(fd, 0)  # the holder's line goes with it; the lock itself with the close
+  finally:
+    os.close(fd)
+
+
+def holder(workdir) -> str | None:
+  """The line of the process that holds the workdir's lock ('process <pid> on <host>, started
+  <date>'; 'a process' where it wrote none yet), None when no process holds it, or there is no
+  lock file (a reader makes none), or the filesystem takes no lock.
+
+  The probe takes a shared lock for as long as two system calls and lets it go: a train.py
+  starting in that instant is refused as if a run trained there (its `hold` sees the lock), so
+  this is asked only where a reader is about to refuse anyway (no checkpoint to read).
+  """
+  try:
+    fd = os.open(Path(workdir) / LOCK_FILE, os.O_RDONLY)
+  except OSError:  # none (no run has started there), or unreadable: nothing to say
+    return None
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+      return os.pread(fd, 4096, 0).decode('utf-8', 'replace').strip() or 'a process'
+    except OSError:  # a filesystem without flock: no holder to tell
+      return None
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return None
   finally:
     os.close(fd)
 
