@@ -236,7 +236,7 @@ def test_ctrl_c_saves_and_stops_and_a_second_stops_at_once(tmp_path, monkeypatch
     assert (code, line) == (
       130,
       'error: stopped by Ctrl-C at step 0, without a save; no checkpoint was written yet; '
-      'rerun the same command to resume from it',
+      'rerun the same command to start again',
     )
     assert not list(workdir.glob('checkpoints/*'))
 

@@ -63,6 +63,7 @@ from relpos.training.checkpoints import (
   filesystem_fault,
   finished_steps,
   last_good_in,
+  rerun_remedy,
 )
 from relpos.training.device_memory import (
   evaluation_memory_fault,
@@ -724,9 +725,9 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
       raise
     raise out_of_memory_fault(config, reached['step'] + 1, last_good()) from error
   except KeyboardInterrupt:  # a second Ctrl-C (the first saves and stops: PreemptionSignal)
+    last = last_good()
     raise InterruptedRunError(
-      f'stopped by Ctrl-C at step {reached["step"]}, without a save; {last_good()}; rerun the '
-      'same command to resume from it'
+      f'stopped by Ctrl-C at step {reached["step"]}, without a save; {last}; {rerun_remedy(last)}'
     ) from None
 
 
