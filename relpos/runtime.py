@@ -62,9 +62,12 @@ already decides.
   (`autotune_cache_path`).
 - **Ctrl-C** ends the program at once with one line and exit status 130 (`stop_at_ctrl_c`),
   from its first moment: no KeyboardInterrupt traceback through JAX's imports, and none that
-  Python swallows in a callback. Training takes SIGINT over while it runs, to save first.
+  Python swallows in a callback. Training takes SIGINT over while it runs, to save first;
+  work a signal cannot save (an evaluation) says what is kept on SIGTERM or Ctrl-C
+  (`stop_at_signals`).
 """
 
+import contextlib
 import errno
 import os
 import re
@@ -73,6 +76,7 @@ import signal
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 # glibc malloc tunables relpos adds on a Linux CPU (module docstring; docs/performance-cpu.md
@@ -309,18 +313,55 @@ def say_cache_faults_once() -> None:
   warnings.showwarning = showwarning
 
 
-INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT
+# How the signals a program is stopped by are named in its one line.
+_SIGNAL_NAMES = {signal.SIGINT: 'Ctrl-C', signal.SIGTERM: 'SIGTERM'}
 
 
-def _stop_at_ctrl_c(signum, frame) -> None:
-  del signum, frame
+def _stop_now(signum: int, context: str = '') -> None:
+  """Ends the program at once on signal `signum`: one line, `error: stopped by <signal>`
+  followed by `context` (what the program was doing and what is left to do), exit status
+  128 + `signum`."""
   for stream in (sys.stdout, sys.stderr):
     try:
       stream.flush()
     except Exception:  # noqa: BLE001, S110 (a flush the signal interrupted: exiting anyway)
       pass
-  os.write(2, b'\nerror: stopped by Ctrl-C\n')
-  os._exit(INTERRUPTED_EXIT_CODE)
+  os.write(2, f'\nerror: stopped by {_SIGNAL_NAMES[signum]}{context}\n'.encode())
+  os._exit(128 + signum)
+
+
+def _stop_at_ctrl_c(signum, frame) -> None:
+  del frame
+  _stop_now(signum)
+
+
+@contextlib.contextmanager
+def stop_at_signals(context: str) -> Iterator[None]:
+  """While active, SIGTERM and Ctrl-C end the program at once as `stop_at_ctrl_c` does, with
+  `context` after `error: stopped by <signal>` (' during the final evaluation: ...'), exit
+  status 128 + the signal's number: for work that a signal cannot save, whose line says what
+  is kept and how to finish it (train.py's evaluation after training, eval.py). Without it
+  SIGTERM ended such a program with no line at all. The handlers before it are back on exit;
+  a signal ignored (nohup, a background job) stays ignored; outside the main thread nothing
+  changes."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+
+  def stop(signum, frame):
+    del frame
+    _stop_now(signum, context)
+
+  previous = {
+    signum: signal.signal(signum, stop)
+    for signum in _SIGNAL_NAMES
+    if signal.getsignal(signum) is not signal.SIG_IGN
+  }
+  try:
+    yield
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
 
 
 def stop_at_ctrl_c() -> None:

@@ -1,6 +1,7 @@
 """relpos.runtime: the allocator re-execution and the compilation cache variables."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -323,3 +324,25 @@ def test_every_program_that_runs_jax_applies_the_defaults_first():
     and 'runtime.apply_defaults()' not in path.read_text().split("if __name__ == '__main__':")[1]
   ]
   assert not missing, f'programs whose __main__ does not call runtime.apply_defaults(): {missing}'
+
+
+def test_stop_at_signals_ends_at_once_with_its_line_and_hands_the_handlers_back(monkeypatch, capfd):
+  """eval.py stopped by SIGTERM exited 143 with no line; under `stop_at_signals` SIGTERM and
+  Ctrl-C end the program with `error: stopped by <signal><context>` and 128 + the signal's
+  number, and the handlers before are back after."""
+
+  class ExitError(Exception):
+    pass
+
+  def exit_now(status):
+    raise ExitError(status)
+
+  monkeypatch.setattr(os, '_exit', exit_now)
+  before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+  for signum, named in ((signal.SIGTERM, 'SIGTERM'), (signal.SIGINT, 'Ctrl-C')):
+    with pytest.raises(ExitError) as stopped, runtime.stop_at_signals(' while scoring: rerun'):
+      os.kill(os.getpid(), signum)
+      signal.pthread_sigmask(signal.SIG_BLOCK, [])  # a bytecode boundary for the handler
+    assert stopped.value.args == (128 + signum,)
+    assert capfd.readouterr().err == f'\nerror: stopped by {named} while scoring: rerun\n'
+  assert {s: signal.getsignal(s) for s in before} == before

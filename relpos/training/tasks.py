@@ -1,5 +1,6 @@
 """The tasks train.py and eval.py run, chosen by `config.task`, and their shared launcher."""
 
+import contextlib
 import importlib
 import logging as std_logging
 import os
@@ -14,10 +15,11 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from relpos import runtime
 from relpos.config import checks, declaration, fields
 from relpos.files import dangling_link
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE
-from relpos.training.loop import Task, UnscoredRunError
+from relpos.training.loop import Task
 from relpos.training.preemption import PreemptedError, RunFaultError
 from relpos.training.run_config import TaskMismatchError, check_output_dir
 
@@ -493,7 +495,9 @@ def launch(action: str):
   (which also takes --output_dir, where eval_results.json and translations go). A
   USER_ERRORS exception ends the run with `error: <message>` and exit code 1, without a
   traceback unless --traceback is given; SIGTERM or a first Ctrl-C during training saves a
-  checkpoint and exits with 128 + the signal's number (`PreemptedError.exit_code`); a Ctrl-C
+  checkpoint and exits with 128 + the signal's number (`PreemptedError.exit_code`); during
+  the evaluation (train.py's after training, eval.py's) either ends it at once with one line
+  saying what is kept and how to score the run (`relpos.runtime.stop_at_signals`); a Ctrl-C
   elsewhere ends it at once in one line (`relpos.runtime.stop_at_ctrl_c`). With
   --distributed, every process runs the same command (its own --process_id) and
   jax.distributed is initialised before anything touches a device.
@@ -523,13 +527,20 @@ def launch(action: str):
     initialize_distributed()
     if action == 'train_and_evaluate':
       kwargs['allow_config_change'] = allow_change.value
+      kwargs['score_command'] = eval_command(sys.argv, workdir.value)
+      signals = contextlib.nullcontext()  # training saves on them; its evaluation stops
     else:
       kwargs['output_dir'] = output_dir.value
+      signals = runtime.stop_at_signals(
+        ' before eval.py wrote its results (no eval_results.json): the run is unchanged; '
+        'rerun the same command to score it'
+      )
     try:
       if action == 'evaluate':  # before anything is read: nothing there it would destroy
         check_output_dir(kwargs['output_dir'], workdir.value)
       task = get(config.value)
-      result = getattr(task, action)(config.value, workdir.value, **kwargs)
+      with signals:
+        result = getattr(task, action)(config.value, workdir.value, **kwargs)
     except PreemptedError as stopped:
       print(stopped, file=sys.stderr)
       sys.exit(stopped.exit_code)
@@ -544,8 +555,6 @@ def launch(action: str):
     except USER_ERRORS as error:
       if show_traceback.value:
         raise
-      if isinstance(error, UnscoredRunError):  # the command that scores it, from this one's
-        error.command = eval_command(sys.argv, workdir.value)
       sys.exit(f'error: {error}')  # one line; --traceback (docs/faults.md) shows where
     print('\n'.join(task.result_lines(result)))
 
