@@ -62,7 +62,7 @@ def main(argv):
   translations, first = translate()
   warm = statistics.median(translate()[1] for _ in range(FLAGS.rounds))
   pieces = sum(len(data.tokenizer.encode(line)) for line in translations)
-  bleu = scoring.corpus_bleu(translations, references).score
+  bleu = scoring.corpus_bleu(translations, references, target_lang=config.data.target_lang).score
   print(
     f'{FLAGS.workdir} (step {steps[-1]}, position {config.model.position}): {len(sources)} '
     f'sentences, beam {config.eval.beam_size}, batch {config.eval.batch_size}, '

@@ -27,12 +27,15 @@ prefixes, finished slots before K hypotheses have finished, and candidates the m
 probability 0.
 """
 
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from relpos.constants import PAD_ID
+
+FLOAT32_MAX = float(jnp.finfo(jnp.float32).max)  # past it, float32 is inf
 
 
 class _State(NamedTuple):
@@ -67,6 +70,30 @@ def gnmt_length_penalty(length, alpha):
   its plain log-prob.
   """
   return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def largest_length_penalty(max_len: int) -> float:
+  """The largest alpha, rounded down to two decimals, whose `gnmt_length_penalty` is finite in
+  float32 at length `max_len` (the longest a decode runs), inf where every alpha is
+  (`max_len` 1: the penalty is 1). A larger alpha overflows to inf for the longer hypotheses,
+  and log p / inf is 0 whatever p is: the search ranks them by nothing, and the translations
+  are nonsense."""
+  base = (5.0 + max_len) / 6.0
+  if base <= 1.0:
+    return math.inf
+  return math.floor(100 * math.log(FLOAT32_MAX) / math.log(base)) / 100
+
+
+def check_length_penalty(alpha: float, max_len: int, name: str) -> None:
+  """ValueError naming `name` (the config field) for an alpha above `largest_length_penalty`
+  at `max_len` (config.model.max_len, the longest a decode runs)."""
+  largest = largest_length_penalty(max_len)
+  if alpha > largest:
+    raise ValueError(
+      f'{name}={alpha}: the length penalty ((5 + length) / 6) ** alpha overflows float32 at '
+      f'the longest decode length (config.model.max_len={max_len} pieces), which ranks the '
+      f'longer hypotheses by nothing; give at most {largest}'
+    )
 
 
 def _gather_beams(x_BK, index_BJ):

@@ -29,7 +29,9 @@ def test_scores_each_bucket_and_tests_against_the_baseline(tmp_path):
   good = [references[i] if i in members['1-3'] else garbled[i] for i in range(24)]
   translations = {'bad': {0: garbled, 1: garbled}, 'good': {0: good, 1: list(good)}}
   lengths = [len(source.split()) for source in sources]
-  summary, per_run = breakdown.bleu_by_source_length(lengths, references, translations, 'bad', [3])
+  summary, per_run = breakdown.bleu_by_source_length(
+    lengths, references, translations, 'bad', [3], target_lang='en'
+  )
   assert len(per_run) == 8
   row = {(r['value'], r['bucket']): r for r in summary}
   assert row['good', '1-3']['mean'] == pytest.approx(100.0)
@@ -44,7 +46,9 @@ def test_scores_each_bucket_and_tests_against_the_baseline(tmp_path):
   )
   assert plotted.exists()
   with pytest.raises(ValueError, match='bad seed 0: 3 translations for 24 sources'):
-    breakdown.bleu_by_source_length(lengths, references, {'bad': {0: garbled[:3]}}, 'bad', [3])
+    breakdown.bleu_by_source_length(
+      lengths, references, {'bad': {0: garbled[:3]}}, 'bad', [3], target_lang='en'
+    )
 
 
 def test_bpc_by_position_weights_each_position_by_its_characters():

@@ -55,6 +55,26 @@ def test_read_enwik8_file_and_directory(fixture, request):
   assert enwik8.read_enwik8(path.parent, **CHECK) == CORPUS
 
 
+def test_a_directory_as_a_text_path_is_named_as_one(tmp_path):
+  """config.data.path a directory (the Transformer-XL prep's layout: train/valid/test.txt and
+  enwik8) was 'no text file at <dir>'; the line says it is a directory, what kind 'text' reads,
+  and kind 'enwik8' where the directory holds enwik8."""
+  for name in ('train.txt', 'valid.txt', 'test.txt'):
+    (tmp_path / name).write_text('text\n')
+  message = str(pytest.raises(ValueError, text.read_text_bytes, tmp_path).value)
+  assert message == (
+    f"config.data.path={tmp_path} is a directory: config.data.kind='text' reads one file "
+    '(plain, or gzip, bzip2, xz or a zip of one file) and splits it 90/5/5 into '
+    'train/valid/test; give that file (relpos reads no corpus already split into '
+    'train/valid/test files)'
+  )
+  (tmp_path / 'enwik8').write_bytes(CORPUS)
+  message = str(pytest.raises(ValueError, text.read_text_bytes, tmp_path).value)
+  assert message.endswith(
+    "give that file; it holds enwik8, which --config.data.kind='enwik8' reads from this directory"
+  )
+
+
 def test_read_enwik8_directory_prefers_raw_file(tmp_path, enwik8_raw):
   _write_zip(tmp_path / 'enwik8.zip', data=b'other')
   assert enwik8.read_enwik8(tmp_path, **CHECK) == CORPUS
@@ -76,6 +96,20 @@ def test_read_enwik8_rejects_wrong_checksum_or_size(enwik8_zip, check):
     assert part in message
   assert f'found {len(CORPUS)} bytes with md5 {CHECK["expected_md5"]}' in message
   assert 're-download' in message
+
+
+def test_another_corpus_given_as_enwik8_is_named_as_such_not_as_a_damaged_copy(tmp_path):
+  """An XML file of another name and size given to kind 'enwik8' (configs/enwik8_base.py with
+  config.data.path=dump.xml) was told to be deleted and enwik8 downloaded again: it is said
+  not to be enwik8, with kind 'text' for other corpora."""
+  other = tmp_path / 'dump.xml'
+  other.write_bytes(CORPUS)
+  message = str(pytest.raises(ValueError, enwik8.read_enwik8, other).value)
+  assert message.endswith(
+    "it is not enwik8: for another corpus set --config.data.kind='text' (any file, split "
+    '90/5/5); for enwik8 itself, `python -m relpos.data.prepare enwik8` fetches it'
+  )
+  assert 'delete' not in message
 
 
 def test_read_enwik8_defaults_are_the_real_file(enwik8_raw):

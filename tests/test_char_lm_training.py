@@ -68,11 +68,16 @@ def test_train_then_evaluate_writes_results(text_file, tmp_path, capsys):
   assert again['bpc'] == pytest.approx(result['bpc'], rel=1e-6)
   assert again['data'] == _config(text_file, steps=8).data.to_dict()
   assert 'warning: scoring other data' not in capsys.readouterr().err
-  # Other data is scored, with a warning naming it, and the results record it.
+  # Other data is scored into another directory, with a warning naming it, and the results
+  # record it; into the workdir it is refused before scoring (it replaced the run's result).
   other_text = tmp_path / 'other.txt'
   other_text.write_bytes(Path(text_file).read_bytes()[::-1])
   other_data = _config(text_file, steps=8)
   other_data.data.path = str(other_text)
+  scored_in_place = (workdir / 'eval_results.json').read_bytes()
+  with pytest.raises(ValueError, match=r'scores other data than the run in .*\(data\.path: '):
+    char_lm.TASK.evaluate(other_data, workdir)
+  assert (workdir / 'eval_results.json').read_bytes() == scored_in_place
   assert char_lm.TASK.evaluate(other_data, workdir, output_dir=tmp_path / 'o')['data'] == (
     other_data.data.to_dict()
   )
@@ -93,7 +98,7 @@ def test_train_then_evaluate_writes_results(text_file, tmp_path, capsys):
   with pytest.raises(
     ValueError, match=r"vocab\.json was written for other data .*; give the run's"
   ):
-    char_lm.TASK.evaluate(other_vocab, workdir)
+    char_lm.TASK.evaluate(other_vocab, workdir, output_dir=tmp_path / 'vocab')
   assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['4', '8']
 
 
@@ -318,7 +323,18 @@ def test_a_run_shortened_below_its_step_is_refused_and_left_as_it_was(text_file,
     (  # C8: the valid split is too short for the eval batch, found once training was over
       {'eval.batch_size': 8},
       r'the valid split of \S*short\.txt \(config\.data\.path\): 10 tokens give rows of 1 for '
-      r'config\.eval\.batch_size=8; .* use a smaller config\.eval\.batch_size or more data',
+      r'config\.eval\.batch_size=8; .* use config\.eval\.batch_size <= 5 or more data',
+    ),
+    (  # a valid split of 1 byte: no batch size gives it a row of 2 tokens
+      {'eval.batch_size': 1, 'data.path': 'tiny.txt', 'train.batch_size': 1, 'train.tgt_len': 4},
+      r'the valid split of \S*tiny\.txt \(config\.data\.path\): 1 tokens give rows of 1 for '
+      r'config\.eval\.batch_size=1; each row needs at least 2 tokens \(an input and its '
+      r'target\): give more data$',
+    ),
+    (  # a test split of newlines only, which vocab='original' drops
+      {'data.path': 'newline_tail.txt', 'data.vocab': 'original'},
+      r'^the test split of \S*newline_tail\.txt \(config\.data\.path\) is 11 newline bytes, '
+      r"which config\.data\.vocab='original' drops .*use config\.data\.vocab='bytes'",
     ),
     (  # the test split: 16 bytes, 14 of them newlines that vocab='original' drops
       {'eval.batch_size': 8, 'data.path': 'short_test.txt', 'data.vocab': 'original'},
@@ -329,6 +345,8 @@ def test_a_run_shortened_below_its_step_is_refused_and_left_as_it_was(text_file,
 )
 def test_splits_too_short_are_refused_before_training(tmp_path, monkeypatch, fields, message):
   (tmp_path / 'short.txt').write_text('the cat sat on a mat. ' * 9 + 'xy')  # 200 bytes: 180/10/10
+  (tmp_path / 'tiny.txt').write_text('the cat sat on a mat. ab')  # 24 bytes: 22/1/1
+  (tmp_path / 'newline_tail.txt').write_text('the cat sat on a mat. ' * 9 + '\n' * 20)  # 196/11/11
   (tmp_path / 'short_test.txt').write_text(('the cat sat on a mat. ' * 14)[:304] + 'at' + '\n' * 14)
   config = _config(tmp_path / 'short.txt', steps=2)
   for name, value in fields.items():
@@ -365,3 +383,39 @@ def test_an_averaged_evaluation_names_its_steps_as_translation_does():
   assert translation_task.TASK.result_lines(translated)[0] == (
     '3 sentences, checkpoint w/checkpoints/8 (averaged steps [4, 6, 8]), translations in t'
   )
+
+
+def test_a_trained_original_run_without_its_vocabulary_is_refused(text_file, tmp_path):
+  """A vocab='original' run whose vocab.json was removed: eval.py made the vocabulary again from
+  the data given (other data shifted the ids: a nonsense bpc, exit 0), a resume trained on the
+  remapped embeddings and wrote the new vocab.json, and relpos.tools.sample said `[Errno 2]`.
+  All three now refuse in one line naming the file and why it is not rebuilt; a 'bytes' run's
+  vocabulary (all 256 byte values) is the same made again."""
+  from relpos.config.recorded import record_config
+  from relpos.tools import sample
+
+  config = _config(text_file, steps=2)
+  config.data.vocab = 'original'
+  config.train.update(eval_every=0, checkpoint_every=2)
+  workdir = tmp_path / 'run'
+  char_lm.TASK.train_model(config, workdir)
+  (workdir / 'vocab.json').unlink()
+  expected = (
+    f'{workdir}/vocab.json is missing: the run in {workdir} trained with the '
+    "config.data.vocab='original' vocabulary it held, and one made again from the data could "
+    "shift the model's ids, so it is not rebuilt: copy vocab.json back from a backup or from "
+    'where the run came from'
+  )
+  with pytest.raises(FileNotFoundError) as caught:
+    char_lm.TASK.evaluate(config, workdir)
+  assert str(caught.value) == expected
+  config.train.steps = 4
+  with pytest.raises(FileNotFoundError, match='vocab.json is missing'):
+    char_lm.TASK.train_model(config, workdir, allow_config_change=True)
+  assert not (workdir / 'vocab.json').exists()
+  with pytest.raises(FileNotFoundError, match='vocab.json is missing'):
+    sample.sample(workdir, length=4, prompt=None, temperature=1.0, top_k=0, top_p=1.0, seed=0)
+  bytes_run = tmp_path / 'bytes_run'  # a run recorded with vocab='bytes', no vocab.json
+  bytes_run.mkdir()
+  record_config(_config(text_file, steps=2), bytes_run, allow_change=False)
+  assert char_lm.read_vocabulary(bytes_run, 'bytes').size == 256

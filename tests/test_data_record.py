@@ -1,6 +1,7 @@
 """relpos.training.data_record: the data files a run trained on, and a resume or evaluation on
 files changed since."""
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -117,6 +118,43 @@ def test_a_relative_link_pointed_elsewhere_names_the_link_and_both_files(tmp_pat
     f'led to {tmp_path.resolve() / "one" / "d.txt"}: point it back, or give '
     f'{tmp_path.resolve() / "one" / "d.txt"}'
   ]
+
+
+def test_a_compressed_file_is_compared_by_the_text_it_reads_as(tmp_path):
+  """A .gz compressed again (the same text, another header time) was 'changed since the run
+  trained on it (same size, other content)' to a resume and to eval.py, and the plain file of
+  the same text was other data: what the run reads, the decompressed text, is now recorded and
+  compared too. A record made before it was (bytes only) still works."""
+  plain = tmp_path / 'text8'
+  plain.write_bytes(b'anarchism originated as a term of abuse ' * 50)
+  packed = tmp_path / 'text8.gz'
+  packed.write_bytes(gzip.compress(plain.read_bytes(), mtime=1))
+  files = {'config.data.path': packed}
+  data_record.record(tmp_path, files)
+  entry = json.loads((tmp_path / data_record.DATA_FILES).read_text())['config.data.path']
+  assert entry['text_bytes'] == 2000 and len(entry['text_sha256']) == 64
+  packed.write_bytes(gzip.compress(plain.read_bytes(), mtime=2))  # same size, other bytes
+  assert data_record.changes(tmp_path, files) == []
+  packed.write_bytes(gzip.compress(plain.read_bytes(), compresslevel=1, mtime=3))
+  assert data_record.changes(tmp_path, files) == []
+  assert data_record.same_data(tmp_path, {'config.data.path': plain}) == {'config.data.path'}
+  packed.write_bytes(gzip.compress(plain.read_bytes() + b'x', mtime=1))
+  assert data_record.changes(tmp_path, files) == [
+    f'config.data.path: {packed} changed since the run trained on it ('
+    f'{entry["bytes"]:,} bytes then, {packed.stat().st_size:,} now)'
+  ]
+  # The plain file recorded, the same text compressed given: the same data both ways.
+  record = tmp_path / 'plain_run'
+  record.mkdir()
+  data_record.record(record, {'config.data.path': plain})
+  packed.write_bytes(gzip.compress(plain.read_bytes(), mtime=4))
+  assert data_record.same_data(record, files) == {'config.data.path'}
+  # A record made before the text was (bytes only) matches its own bytes, as it did.
+  del entry['text_bytes'], entry['text_sha256']
+  packed.write_bytes(gzip.compress(plain.read_bytes(), mtime=1))
+  os.utime(packed, ns=(entry['mtime_ns'], entry['mtime_ns']))
+  (tmp_path / data_record.DATA_FILES).write_text(json.dumps({'config.data.path': entry}))
+  assert data_record.changes(tmp_path, files) == []
 
 
 def test_recording_again_hashes_only_what_does_not_match(tmp_path, monkeypatch):

@@ -2,12 +2,14 @@
 
 import functools
 import itertools
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from relpos import decode
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID
 from relpos.decode import _top_extensions, beam_search, gnmt_length_penalty, tile_beams
 
@@ -340,3 +342,30 @@ def test_top_extensions_equal_flat_top_k(vocab):
   np.testing.assert_array_equal(values_BC, flat_values_BC)
   np.testing.assert_array_equal(parent_BC, flat_index_BC // vocab)
   np.testing.assert_array_equal(token_BC, flat_index_BC % vocab)
+
+
+def test_a_length_penalty_that_overflows_float32_is_refused_with_the_config():
+  """((5 + L) / 6) ** alpha overflowed float32 for long hypotheses (alpha 30 at
+  max_len 256), and log p / inf ranks them by nothing: nonsense translations, no word. The
+  config checks refuse an alpha past the largest finite one at config.model.max_len."""
+  from helpers import load_config
+
+  from relpos.training import translation_task as translate
+
+  largest = decode.largest_length_penalty(256)
+  assert largest == 23.51
+  assert np.isfinite(decode.gnmt_length_penalty(256, largest))
+  assert np.isinf(decode.gnmt_length_penalty(256, largest + 0.01))
+  assert decode.largest_length_penalty(1) == math.inf  # the penalty is 1 at length 1
+  config = load_config('translate_tiny', 'shaw')
+  config.model.max_len = 256
+  config.eval.length_penalty = largest
+  translate.TASK.check_config(config)
+  config.eval.length_penalty = 1e6
+  with pytest.raises(ValueError) as error:
+    translate.TASK.check_config(config)
+  assert str(error.value) == (
+    'config.eval.length_penalty=1000000.0: the length penalty ((5 + length) / 6) ** alpha '
+    'overflows float32 at the longest decode length (config.model.max_len=256 pieces), which '
+    'ranks the longer hypotheses by nothing; give at most 23.51'
+  )

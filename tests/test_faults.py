@@ -351,6 +351,38 @@ def test_a_data_file_gone_by_the_final_evaluation_names_the_saved_run(
   )
 
 
+def test_a_data_file_rewritten_while_training_leaves_the_run_unscored(
+  text_file, straight, tmp_path, monkeypatch
+):
+  """A data file overwritten while train.py trained: its final evaluation scored the new file
+  with a warning, exit 0, and an eval_results.json no sweep could tell apart. Now it is the
+  saved-but-unscored run of a deleted file, naming the change; nothing is scored."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(straight, workdir)
+  original = text_file.read_bytes()
+  train_model = char_lm.TASK.train_model
+
+  def train_then_rewrite(*args, **kwargs):
+    train_model(*args, **kwargs)
+    text_file.write_bytes(original * 2)
+
+  monkeypatch.setattr(char_lm.TASK, 'train_model', train_then_rewrite)
+  (workdir / 'eval_results.json').unlink(missing_ok=True)
+  try:
+    with pytest.raises(loop.UnscoredRunError) as caught:
+      char_lm.TASK.train_and_evaluate(_config(text_file), workdir)
+  finally:
+    text_file.write_bytes(original)
+  assert str(caught.value) == (
+    f'training finished and saved its last checkpoint, {workdir}/checkpoints/{STEPS} (step '
+    f'{STEPS}), but config.data.path: {text_file} changed since the run trained on it '
+    f'({len(original):,} bytes then, {2 * len(original):,} now), so the run was not evaluated: '
+    'restore the data as it was, then score the run with `python eval.py --config=<its config '
+    f'file> --workdir={workdir}`'
+  )
+  assert not (workdir / 'eval_results.json').exists()
+
+
 def test_a_workdir_removed_mid_run(text_file, tmp_path, monkeypatch):
   workdir = tmp_path / 'run'
   # Checkpoint 2 finished, then the workdir goes (an unmount, a cleanup job).

@@ -117,3 +117,14 @@ def test_a_dangling_link_given_as_a_data_file_or_config_names_the_link_and_its_t
   config_link.symlink_to(tmp_path / 'unmounted' / 'corpus.txt')
   line, _ = tasks._config_file_problem(['train.py', f'--config={config_link}:shaw'])
   assert line == f'--config={config_link}:shaw: {problem}'
+
+
+def test_lines_are_split_on_newline_only(tmp_path):
+  """`split_lines`, the one cut of a file of a line per sentence: not str.splitlines(), which
+  also splits on U+0085, U+2028, '\\x1c' and the like inside a sentence; CRLF ends a line."""
+  text = 'a\x85b\r\nc\u2028d\n\ne\x0cf'
+  assert files.split_lines(text) == ['a\x85b', 'c\u2028d', '', 'e\x0cf']
+  assert files.split_lines(text + '\n') == files.split_lines(text)
+  path = tmp_path / 'translations.txt'
+  path.write_bytes(text.encode())
+  assert files.read_text_lines(path) == files.split_lines(text)

@@ -116,7 +116,9 @@ def test_translation_study_scores_bleu_per_source_length_in_pieces(tmp_path):
       assert label not in rows
       continue
     bleu = scoring.corpus_bleu(
-      [translations[i] for i in chosen], [data.eval_references[i] for i in chosen]
+      [translations[i] for i in chosen],
+      [data.eval_references[i] for i in chosen],
+      target_lang=config.data.target_lang,
     )
     assert math.isclose(float(rows[label]['bleu']), bleu.score)
     assert math.isclose(float(rows[label]['length_ratio']), bleu.length_ratio)

@@ -236,3 +236,48 @@ def test_a_sweep_root_or_an_evaluation_only_directory_is_named_as_such(tmp_path)
   (tmp_path / 'empty').mkdir()
   with pytest.raises(FileNotFoundError, match=r'holds no relpos run \(train first\)'):
     run_config.read_config(tmp_path / 'empty')
+
+
+def test_a_model_field_the_scheme_never_reads_may_differ_at_evaluation(tmp_path):
+  """`check_model` with the task's `unread_fields`: a t5 run trained with
+  model.max_relative_position=8 (which t5 never reads) is scored with another value, in either
+  direction, as a sweep script passing shared flags to every scheme does; a field it reads is
+  still the run's."""
+  from relpos.training import tasks
+
+  trained = load_config('char_tiny', 't5')
+  trained.model.max_relative_position = 8
+  recording.record_config(trained, tmp_path, allow_change=False)
+  config = load_config('char_tiny', 't5')
+  config.model.max_relative_position = 16
+  unread = tasks.get(config).unread_fields(config)
+  assert 'max_relative_position' in unread
+  run_config.check_model(tmp_path, config, unread)
+  config.model.num_heads += 1
+  with pytest.raises(ValueError, match=r'\(model.num_heads: trained 4, given 5\)'):
+    run_config.check_model(tmp_path, config, unread)
+
+
+def test_an_evaluation_setting_the_model_never_reads_is_refused_unless_it_is_the_run_s():
+  """`check_unread_settings`: eval.clamp_len=5 on a shaw run (trained with char_tiny's -1) was
+  accepted, changed nothing and was recorded in eval_results.json; it is refused now, while
+  the run's own value passes (enwik8_base's default 820 on any scheme), and xl reads it."""
+  from relpos.training import tasks
+
+  trained = load_config('char_tiny', 'shaw').to_dict()
+  config = load_config('char_tiny', 'shaw')
+  config.eval.update(mem_len=64)  # a setting shaw reads
+  unread = tasks.get(config).unread_run_fields(config)
+  run_config.check_unread_settings(config, unread, trained, 'W/config.json records it')
+  run_config.check_unread_settings(config, unread, None, '')  # no record: not checked
+  config.eval.clamp_len = 5
+  with pytest.raises(ValueError) as caught:
+    run_config.check_unread_settings(config, unread, trained, 'W/config.json records it')
+  assert str(caught.value) == (
+    "eval.clamp_len: trained -1, given 5: config.model.position='shaw' never reads it, so the "
+    'score would be the same and eval_results.json would record the setting as used; leave it '
+    'as the run has it (W/config.json records it)'
+  )
+  xl = load_config('char_tiny', 'xl')
+  xl.eval.clamp_len = 5
+  run_config.check_unread_settings(xl, tasks.get(xl).unread_run_fields(xl), trained, '')

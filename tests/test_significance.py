@@ -174,6 +174,6 @@ def test_bleu_p_value_of_two_systems_with_the_same_bleu_is_one():
   references = [f'the {w} sat on the mat number {i}' for i, w in enumerate(['cat', 'dog'] * 30)]
   good = list(references)
   bad = [f'a {i} mat' for i in range(60)]
-  assert significance.bleu_p_value(good, good, references) == 1.0
-  assert significance.bleu_p_value(bad, good, references) < 0.01
+  assert significance.bleu_p_value(good, good, references, target_lang='en') == 1.0
+  assert significance.bleu_p_value(bad, good, references, target_lang='en') < 0.01
   assert significance.bpc_p_value([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [5, 5, 5]) == 1.0

@@ -67,6 +67,17 @@ def test_a_sweep_that_cannot_work_is_refused_before_training(
     sweep.check_sweep(load_config(name, preset), field, values, [0], metric)
 
 
+def test_an_evaluation_setting_a_swept_model_never_reads_is_refused_before_training():
+  """--evaluations setting eval.clamp_len over a position sweep: eval.py refuses it for the
+  shaw runs (`run_config.check_unread_settings`), so the sweep does before any trains; xl's
+  runs read it."""
+  config = load_config('char_tiny', 'xl')
+  evaluations = {'clamp': {'eval.clamp_len': 8}}
+  sweep.check_sweep(config, 'model.position', ['xl'], [0], 'bpc', evaluations=evaluations)
+  with pytest.raises(ValueError, match=r'^--evaluations=clamp for model.position=shaw: eval\.'):
+    sweep.check_sweep(config, 'model.position', ['xl', 'shaw'], [0], 'bpc', evaluations=evaluations)
+
+
 def test_fields_read_at_some_value_may_be_swept():
   config = load_config('translate_tiny', 'absolute')
   sweep.check_sweep(config, 'model.position', ['absolute', 'shaw'], [0, 1], 'bleu')
@@ -694,6 +705,43 @@ def test_a_result_trained_on_the_same_data_by_another_path_is_kept(tmp_path, cap
   assert 'data.path' in sweep.stale_reason(workdir, trained, workdir)
 
 
+def test_a_result_scored_on_other_data_than_the_run_s_is_stale(tmp_path):
+  """eval.py on a sweep's run with other eval data wrote its eval_results.json in place, and
+  --collect_only tabulated that score (BLEU of other sentences) as the run's with no word:
+  stale_reason never compared the config.data the result records. Now it does, by
+  `data_record.same_data` (the run's bytes under another path are the run's data)."""
+  from relpos.config.recorded import record_config
+  from relpos.training import data_record
+
+  field = 'model.max_relative_position'
+  (tmp_path / 'corpus.txt').write_text('the corpus the run trained on\n' * 50)
+  (tmp_path / 'copy.txt').write_text('the corpus the run trained on\n' * 50)
+  (tmp_path / 'other.txt').write_text('other sentences\n' * 50)
+  root = tmp_path / 'sweep'
+  _fake_runs(root, field, {0: [2.0]})
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 10  # _fake_runs' step
+  trained = sweep.with_value(config, field, 0)
+  trained.data.path = str(tmp_path / 'corpus.txt')
+  trained.seed = 0
+  workdir = sweep.model_dir(root, field, 0, 0)
+  record_config(trained, workdir, allow_change=False)
+  data_record.record(workdir, char_lm.TASK.data_files(trained, workdir))
+  results = workdir / 'eval_results.json'
+  scored = json.loads(results.read_text()) | {'eval': config.eval.to_dict()}
+  for path, stale in (('corpus.txt', False), ('copy.txt', False), ('other.txt', True)):
+    data = trained.data.to_dict() | {'path': str(tmp_path / path)}
+    results.write_text(json.dumps(scored | {'data': data}))
+    reason = sweep.stale_reason(workdir, trained, workdir)
+    assert (reason is not None) == stale, (path, reason)
+  assert reason == (
+    f"scored on other data than the run's (data.path: trained '{tmp_path / 'corpus.txt'}', "
+    f"given '{tmp_path / 'other.txt'}')"
+  )
+  results.write_text(json.dumps(scored))  # recorded before results recorded config.data
+  assert sweep.stale_reason(workdir, trained, workdir) is None
+
+
 def test_collect_only_leaves_a_result_of_other_eval_settings_out_of_the_item_test(tmp_path, capsys):
   """eval.py --config.eval.tgt_len=16 on a sweep's run rewrote its eval_results.json with
   other segments: --collect_only warned 'tabulated as it is', then ended with `error: paired
@@ -1082,3 +1130,17 @@ def test_a_path_value_is_home_expanded_and_the_tables_show_the_value(tmp_path, m
   assert all(Path(row['workdir']).parent.parent == root for row in rows)
   with open(root / 'sweep.csv') as stream:
     assert [row['value'] for row in csv.DictReader(stream)] == values
+
+
+def test_translations_holding_unicode_line_breaks_pair_with_their_references(tmp_path):
+  """A target corpus holding U+0085 (cp1252's '…' read as Latin-1) gives translations holding
+  it; `_pooled_items` read them with str.splitlines(), which splits there too, so a finished
+  sweep ended with `error: paired test: 79 baseline and 79 system translations for 40
+  references` and no tables. Translation files are cut on '\\n' only (`files.split_lines`)."""
+  lines = ['Er sagte\x85 nein', 'zwei\u2028drei', 'vier\x1cfünf', 'sechs\x0bsieben']
+  translations = tmp_path / 'translations_step10.txt'
+  translations.write_bytes(''.join(line + '\n' for line in lines).encode())
+  (tmp_path / 'eval_results.json').write_text(json.dumps({'translations': str(translations)}))
+  rows = [{'seed': 0, 'workdir': str(tmp_path)}]
+  config = load_config('translate_tiny', 'shaw')
+  assert sweep._pooled_items(config, 'bleu', rows) == {0: lines}

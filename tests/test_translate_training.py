@@ -107,6 +107,49 @@ def test_checkpoint_averaging_uses_the_last_checkpoints(corpus, trained, tmp_pat
   assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['4', '8']
 
 
+def test_other_eval_data_is_not_scored_over_the_run_s_own_result(corpus, trained, tmp_path):
+  """eval.py with other eval files and no --output_dir only warned, then wrote its score (of
+  other sentences) over the run's eval_results.json and translations, which a sweep then
+  tabulated as the run's. It is refused before anything is scored, naming the fields and
+  --output_dir (the workdir given as --output_dir too), and the workdir is left as it was."""
+  workdir, _ = trained
+  before = {p.name: p.read_bytes() for p in workdir.iterdir() if p.is_file()}
+  config = _config(corpus, steps=8)
+  config.data.eval_src, config.data.eval_tgt = config.data.train_src, config.data.train_tgt
+  with pytest.raises(ValueError) as error:
+    translate.TASK.evaluate(config, workdir)
+  assert str(error.value).startswith(
+    f'this evaluation scores other data than the run in {workdir} trained with '
+    f"(data.eval_src: trained '{corpus / 'eval.en'}', given '{corpus / 'train.en'}'; "
+    'data.eval_tgt: trained '
+  )
+  assert '--output_dir=<a new directory>' in str(error.value)
+  with pytest.raises(ValueError, match='scores other data'):  # the workdir given as output_dir
+    translate.TASK.evaluate(config, workdir, output_dir=workdir)
+  assert {p.name: p.read_bytes() for p in workdir.iterdir() if p.is_file()} == before
+
+
+def test_other_training_data_alone_is_scored_into_the_run_s_workdir(
+  corpus, trained, tmp_path, capsys
+):
+  """A change only training reads (another training file, another batch size:
+  `training_only_data`) scores the same sentences, so eval.py scores into the workdir with a
+  warning, where other eval files are refused (above)."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(trained[0], workdir)
+  config = _config(corpus, steps=8)
+  other_train = tmp_path / 'other.en'
+  other_train.write_text('another training file\n')
+  config.data.train_src = str(other_train)
+  config.data.max_tokens *= 2
+  capsys.readouterr()
+  result = translate.TASK.evaluate(config, workdir)
+  assert (workdir / 'eval_results.json').is_file() and result['sentences'] > 0
+  warning = capsys.readouterr().err
+  assert 'warning: scoring other data than the run trained with (data.max_tokens: ' in warning
+  assert f"data.train_src: trained '{corpus / 'train.en'}', given '{other_train}'" in warning
+
+
 def test_a_resume_with_other_batch_rows_says_the_data_order_changes(
   corpus, trained, tmp_path, capsys
 ):

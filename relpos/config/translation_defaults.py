@@ -39,7 +39,9 @@ class TranslationData:
   tfds_train_split: str = _text('train', 'the tfds split trained on')
   tfds_eval_split: str = _text('test', 'the tfds split scored')
   source_lang: str = _text('en', 'the source language')
-  target_lang: str = _text('de', 'the target language')
+  target_lang: str = _text(
+    'de', "the target language; BLEU tokenises it as sacreBLEU's -l does (13a but zh, ja, ko)"
+  )
   train_src: str = _text('', "kind='text': one sentence per line, `.gz` accepted", path=True)
   train_tgt: str = _text('', "kind='text': the training targets", path=True)
   eval_src: str = _text('', "kind='text': the evaluation sources", path=True)

@@ -125,6 +125,24 @@ def check_choice(field: str, value, allowed) -> None:
     raise ValueError(f'data.{field} must be one of {allowed}; got {value!r}')
 
 
+def _drop_newlines(name: str, split: np.ndarray, path) -> np.ndarray:
+  """The `name` split's bytes less its newlines (config.data.vocab='original').
+
+  Raises:
+    ValueError: the split held newlines only, so nothing is left: said as such, with the
+      vocabulary that keeps them ('0 tokens give rows of 0' for the batch size hid that the
+      bytes were there and dropped).
+  """
+  kept = split[split != NEWLINE]
+  if split.size and not kept.size:
+    raise ValueError(
+      f'the {name} split of {path} (config.data.path) is {split.size:,} newline bytes, which '
+      "config.data.vocab='original' drops (as the Transformer-XL enwik8 pipeline did), leaving "
+      "nothing to read: use config.data.vocab='bytes', which keeps them, or give more text"
+    )
+  return kept
+
+
 def load_char_splits(
   data_config, vocab: CharVocab | None = None, *, recorded_in=None, encode=text.SPLITS
 ) -> tuple[dict[str, np.ndarray], CharVocab]:
@@ -164,7 +182,7 @@ def load_char_splits(
   except ValueError as e:
     raise ValueError(f'config.data.path={data_config.path}: {e}') from None
   if data_config.vocab == 'original':
-    splits = {name: split[split != NEWLINE] for name, split in splits.items()}
+    splits = {name: _drop_newlines(name, split, data_config.path) for name, split in splits.items()}
   if vocab is None:  # made of this data: it encodes every split
     vocab = (
       CharVocab.bytes()

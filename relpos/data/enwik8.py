@@ -77,12 +77,27 @@ def read_enwik8(path, *, expected_bytes=ENWIK8_BYTES, expected_md5=ENWIK8_MD5) -
     data = path.read_bytes()
   md5 = hashlib.md5(data).hexdigest()
   if (len(data), md5) != (expected_bytes, expected_md5):
-    raise ValueError(
+    found = (
       f'{path}: expected {expected_bytes} bytes with md5 {expected_md5}, found {len(data)} '
-      f'bytes with md5 {md5}; the copy is truncated or corrupt, delete it and re-download '
-      f'{ENWIK8_URL}'
+      f'bytes with md5 {md5}'
     )
+    raise ValueError(f'{found}; {_mismatch_remedy(path, len(data) == expected_bytes)}')
   return data
+
+
+_OTHER_CORPUS = "for another corpus set --config.data.kind='text' (any file, split 90/5/5)"
+
+
+def _mismatch_remedy(path: pathlib.Path, enwik8_size: bool) -> str:
+  """What to do about a file that is not the enwik8 it should be. Of enwik8's size, or named
+  as its download is (enwik8, enwik8.zip), it is a damaged copy: download it again. Otherwise
+  it is most likely another corpus given to kind 'enwik8' (another XML dump, say), and 'delete
+  it and re-download' told the user to delete their own data: kind 'text' reads it."""
+  if enwik8_size or path.name in ('enwik8', ARCHIVE):
+    return (
+      f'the copy is truncated or corrupt, delete it and re-download {ENWIK8_URL} ({_OTHER_CORPUS})'
+    )
+  return f'it is not enwik8: {_OTHER_CORPUS}; for enwik8 itself, `{PREPARE_COMMAND}` fetches it'
 
 
 def enwik8_splits(data: bytes) -> dict[str, np.ndarray]:

@@ -56,10 +56,16 @@ class OrderedBatches:
     self._prefix = f'{name}: ' if name else ''
     self._batch_field, self._tgt_field = fields
     if self.n_step < 2:
+      # A smaller batch_size helps only where some batch_size gives rows of 2: not for 1 token.
+      remedy = (
+        f'use {self._batch_field} <= {len(tokens) // 2} or more data'
+        if len(tokens) >= 2
+        else 'give more data'
+      )
       raise ValueError(
         f'{self._prefix}{len(tokens)} tokens give rows of {self.n_step} for '
         f'{self._batch_field}={batch_size}; each row needs at least 2 tokens (an input and its '
-        f'target): use a smaller {self._batch_field} or more data'
+        f'target): {remedy}'
       )
     self.rows_BN = tokens[: batch_size * self.n_step].reshape(batch_size, self.n_step)[rows]
 

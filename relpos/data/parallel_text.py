@@ -1,17 +1,18 @@
 """Parallel text: one sentence per line in a source file and a target file, either possibly
 compressed (gzip, bzip2, xz, a zip of one file; recognised by content, not name).
 
-Lines are split on '\\n' only (a trailing '\\r' is removed), never on the other line breaks
-Unicode knows, so a U+2028 inside a sentence cannot shift one side against the other. A file
-whose lines end in a bare '\\r' (classic Mac OS) is refused, naming its line endings
-(`check_line_endings`): read as one line, it was refused later for its length or line count,
-with a remedy that could not help. A pair with an empty or whitespace-only side is dropped, and
-the number dropped is logged.
+Lines are split on '\\n' only (a trailing '\\r' is removed: `relpos.files.split_lines`), never
+on the other line breaks Unicode knows, so a U+2028 inside a sentence cannot shift one side
+against the other. A file whose lines end in a bare '\\r' (classic Mac OS) is refused, naming
+its line endings (`check_line_endings`): read as one line, it was refused later for its length
+or line count, with a remedy that could not help. A pair with an empty or whitespace-only side
+is dropped, and the number dropped is logged.
 """
 
 import pathlib
 import re
 import shlex
+import unicodedata
 from collections.abc import Iterable, Sequence
 
 from sacremoses import MosesDetokenizer
@@ -24,6 +25,7 @@ from relpos.data.data_file import (
   refuse_pipe,
 )
 from relpos.data.shard import ONE_PROCESS, Shard
+from relpos.files import split_lines
 from relpos.messages import warn
 
 
@@ -51,10 +53,7 @@ def read_lines(path, *, field: str | None = None) -> list[str]:
     raise FileNotFoundError(f'{named}{str(path)!r} is not a file; set it to a text file')
   data = read_data_file(path)
   check_line_endings(data, path, field)
-  lines = decode_utf8(data, path).split('\n')
-  if lines[-1] == '':
-    lines.pop()
-  lines = [line.removesuffix('\r') for line in lines]
+  lines = split_lines(decode_utf8(data, path))
   warn_if_not_plain_text(lines, path, field)
   return lines
 
@@ -190,27 +189,70 @@ _ATTACHED_PUNCTUATION = re.compile(r'\w[.,!?;:](?: |$)')
 MOSES_SAMPLE_LINES = 10_000  # lines looked at: the first of a file
 
 
-def warn_if_not_moses_tokenized(lines: Sequence[str], name: str) -> None:
-  """Prints one warning line if `lines` (named `name`, e.g. 'file (config.data.eval_src)'),
-  about to be Moses-detokenised, show no sign of Moses tokenisation: none of the first
-  MOSES_SAMPLE_LINES holds one of Moses's escapes (`&apos;`, `&quot;`, `&amp;`, ...) and more of
-  them have punctuation attached to a word ('word.', 'word,') than split off ('word .').
-  Detokenising raw text alters it (`the 'Grub'` -> `the'Grub'`, `Watzke .` -> `Watzke.`), and
-  references altered so are scored against in silence. On OpenNMT's toy-ende (tokenised) over
-  90% of lines have split punctuation and a tenth an escape; on raw newstest2014 none has an
-  escape and under 0.1% split punctuation. Lines without punctuation count for neither, so a
-  file of them gets no warning."""
+def warn_of_moses_tokenization(lines: Sequence[str], name: str, *, detokenize: bool) -> None:
+  """Prints one warning line (once a process: train.py reads the eval files for its validation
+  and again to score) where config.data.moses_detokenize (`detokenize`) does not fit what
+  `lines` (named `name`, e.g. 'file (config.data.eval_src)') show of Moses tokenisation, in
+  their first MOSES_SAMPLE_LINES: its XML escapes (`&apos;`, `&quot;`, `&amp;`, ...), and
+  punctuation split off from the word before it ('word .') against attached ('word.').
+
+  - `detokenize` True, and no escape with more punctuation attached than split off: raw
+    text, which detokenising alters (`the 'Grub'` -> `the'Grub'`, `Watzke .` -> `Watzke.`),
+    references altered so being scored against in silence.
+  - `detokenize` False, and escapes with no more punctuation attached than split off: Moses
+    output, trained on and scored as it is, so BLEU counts `&quot;` and split-off
+    punctuation as words, against tokenised references: no score sacreBLEU gives on raw text.
+
+  One rule, read both ways; text that shows neither (no punctuation, or escapes in raw text,
+  say) gets no warning. On OpenNMT's toy-ende (tokenised) over 90% of lines have split
+  punctuation and a tenth an escape; on raw newstest2014 none has an escape and under 0.1%
+  split punctuation."""
   sample = lines[:MOSES_SAMPLE_LINES]
-  if any(_MOSES_ESCAPE.search(line) for line in sample):
-    return
-  split = sum(bool(_SPLIT_PUNCTUATION.search(line)) for line in sample)
-  attached = sum(bool(_ATTACHED_PUNCTUATION.search(line)) for line in sample)
-  if attached > split:
+  escaped = sum(bool(_MOSES_ESCAPE.search(line)) for line in sample)
+  unescaped = [_MOSES_ESCAPE.sub(' ', line) for line in sample]  # `&quot;` is no 't;'
+  split = sum(bool(_SPLIT_PUNCTUATION.search(line)) for line in unescaped)
+  attached = sum(bool(_ATTACHED_PUNCTUATION.search(line)) for line in unescaped)
+  punctuation = (
+    f'{attached} of {len(sample)} lines have punctuation attached to a word, {split} split off'
+  )
+  if detokenize and not escaped and attached > split:
     warn(
       f'{name}: config.data.moses_detokenize=True, but its text shows no Moses tokenisation '
-      f'(no &apos;/&quot;/&amp; escapes; {attached} of {len(sample)} lines have punctuation '
-      f'attached to a word, {split} split off), and detokenising raw text alters it; give '
-      'config.data.moses_detokenize=False for this data (eval.py takes it for other eval files)'
+      f'(no &apos;/&quot;/&amp; escapes; {punctuation}), and detokenising raw text alters it; '
+      'give config.data.moses_detokenize=False for this data (eval.py takes it for other eval '
+      'files)',
+      once=True,
+    )
+  elif not detokenize and escaped and attached <= split:
+    warn(
+      f'{name}: config.data.moses_detokenize=False, but its text shows Moses tokenisation '
+      f'({escaped} of {len(sample)} lines hold &apos;/&quot;/&amp;-style escapes; '
+      f'{punctuation}), so it is trained on and scored as escaped, tokenised text, not as '
+      'sacreBLEU scores raw text; give config.data.moses_detokenize=True for this data (eval.py '
+      'takes it for other eval files)',
+      once=True,
+    )
+
+
+def warn_if_not_nfc(references: Sequence[str], name: str) -> None:
+  """Prints one warning line (once a process) if some of `references` (named `name`, e.g.
+  'file (config.data.eval_tgt)') change under Unicode NFC (decomposed accents: 'a' + U+0308
+  for 'ä'), saying how many. Translations come out NFKC-normalised, NFC included
+  (SentencePiece's nmt_nfkc normalises the text it is trained on, so its pieces decode
+  composed), so they score lower against such references as given: a model that reproduces
+  NFD newstest2014.de[:300] exactly scored 90.18 against the NFC references and 72.37 against
+  the NFD ones. The references are not changed here: sacreBLEU against the references as given
+  is the standard, and the remedy (normalising them) is the user's to choose and report."""
+  changed = sum(not unicodedata.is_normalized('NFC', line) for line in references)
+  if changed:
+    warn(
+      f'{name}: {changed} of {len(references)} references ({changed / len(references):.0%}) '
+      'change under Unicode NFC (decomposed characters), while translations come out composed '
+      "(SentencePiece's NFKC normalisation), so BLEU against these references as given is "
+      'lower than against NFC ones; to compare with scores on NFC references, normalise them '
+      "(e.g. `uconv -x any-nfc`, or Python's unicodedata.normalize('NFC', line)) and give that "
+      'file',
+      once=True,
     )
 
 

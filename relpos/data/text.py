@@ -15,11 +15,14 @@ def read_text_bytes(path) -> bytes:
 
   Raises:
     FileNotFoundError: `path` is not a file.
-    ValueError: `path` is a pipe (`refuse_pipe`), the file (or what it decompresses to) is
-      empty, or it is a truncated or corrupt compressed file, or a zip of several files.
+    ValueError: `path` is a directory (`directory_message`) or a pipe (`refuse_pipe`), the
+      file (or what it decompresses to) is empty, or it is a truncated or corrupt compressed
+      file, or a zip of several files.
   """
   path = pathlib.Path(path)
   refuse_pipe(path, 'config.data.path')
+  if path.is_dir():
+    raise ValueError(directory_message(path))
   if not path.is_file():
     refuse_dangling_link(path, 'config.data.path')
     raise FileNotFoundError(f'no text file at {path}; set data.path to an existing file')
@@ -27,6 +30,24 @@ def read_text_bytes(path) -> bytes:
   if not data:
     raise ValueError(f'{path} is empty; a character corpus needs at least a few bytes')
   return data
+
+
+def directory_message(path: pathlib.Path) -> str:
+  """The line for a directory given as config.data.path of kind 'text', which reads one file
+  and cuts it itself ('no text file at <dir>' read as if nothing were there). relpos reads no
+  corpus already split into files (the Transformer-XL prep's train.txt, valid.txt, test.txt);
+  where the directory holds enwik8 (that prep's layout), kind 'enwik8' reads it."""
+  holds_enwik8 = any((path / name).is_file() for name in ('enwik8', 'enwik8.zip'))
+  other = (
+    "; it holds enwik8, which --config.data.kind='enwik8' reads from this directory"
+    if holds_enwik8
+    else ' (relpos reads no corpus already split into train/valid/test files)'
+  )
+  return (
+    f"config.data.path={path} is a directory: config.data.kind='text' reads one file (plain, "
+    'or gzip, bzip2, xz or a zip of one file) and splits it 90/5/5 into train/valid/test; '
+    f'give that file{other}'
+  )
 
 
 def split_at(data: bytes, boundaries) -> dict[str, np.ndarray]:

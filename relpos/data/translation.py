@@ -68,8 +68,9 @@ def check_data_config(data_config) -> None:
 
 def read_pairs(data_config, split: str, shard: Shard = ONE_PROCESS) -> Pairs:
   """(sources, targets) of split 'train' or 'eval' as config.data names it, Moses-detokenised
-  if it asks (with a warning for a side that shows no Moses tokenisation:
-  `parallel_text.warn_if_not_moses_tokenized`); only `shard`'s pairs (see relpos.data.shard).
+  if it asks, with a warning for a side whose Moses tokenisation does not fit that
+  (`parallel_text.warn_of_moses_tokenization`) and for references that are not in Unicode NFC
+  (`parallel_text.warn_if_not_nfc`); only `shard`'s pairs (see relpos.data.shard).
 
   Raises:
     ValueError: the split holds no pairs; otherwise as the readers (parallel_text, wmt_tfds).
@@ -104,14 +105,16 @@ def read_pairs(data_config, split: str, shard: Shard = ONE_PROCESS) -> Pairs:
       f'no {split} sentence pairs in {where} (config.data.{split}_src / {split}_tgt or '
       f'config.data.tfds_{split}_split): the data is empty or every line was empty'
     )
-  if not data_config.moses_detokenize:
-    return sources, targets
   for side, lines in (('src', sources), ('tgt', targets)):
     if data_config.kind == 'text':
       name = f'{data_config[f"{split}_{side}"]} (config.data.{split}_{side})'
     else:
       name = f'{where}, {side} side'
-    parallel_text.warn_if_not_moses_tokenized(lines, name)
+    parallel_text.warn_of_moses_tokenization(lines, name, detokenize=data_config.moses_detokenize)
+    if split == 'eval' and side == 'tgt':
+      parallel_text.warn_if_not_nfc(lines, name)
+  if not data_config.moses_detokenize:
+    return sources, targets
   return (
     parallel_text.moses_detokenize(sources, data_config.source_lang),
     parallel_text.moses_detokenize(targets, data_config.target_lang),

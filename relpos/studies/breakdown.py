@@ -112,12 +112,13 @@ def _members(sizes, edges, breakdown) -> dict[str, list[int]]:
 
 
 def bleu_by_source_length(
-  lengths, references, translations: dict, baseline, edges, breakdown=SOURCE_LENGTH
+  lengths, references, translations: dict, baseline, edges, breakdown=SOURCE_LENGTH, *, target_lang
 ):
-  """(summary rows, per-run rows) of `translations` {value: {seed: [a line per source]}}, by
-  the sources' `lengths` (words for SOURCE_LENGTH, pieces for SOURCE_PIECES). Per-run rows
-  also hold the bucket's length_ratio, the translations' length over the references'
-  (sacreBLEU's, 13a tokens; below 1 BLEU pays a brevity penalty)."""
+  """(summary rows, per-run rows) of `translations` {value: {seed: [a line per source]}} into
+  `target_lang` (BLEU as the runs scored it: `scoring.bleu_metric`), by the sources' `lengths`
+  (words for SOURCE_LENGTH, pieces for SOURCE_PIECES). Per-run rows also hold the bucket's
+  length_ratio, the translations' length over the references' (in sacreBLEU's tokens, 13a but
+  for zh, ja, ko; below 1 BLEU pays a brevity penalty)."""
   members = _members(lengths, edges, breakdown)
   per_run = []
   for value, by_seed in translations.items():
@@ -129,7 +130,9 @@ def bleu_by_source_length(
       for label, chosen in members.items():
         if chosen:
           hypotheses = [lines[i] for i in chosen]
-          bleu = scoring.corpus_bleu(hypotheses, [references[i] for i in chosen])
+          bleu = scoring.corpus_bleu(
+            hypotheses, [references[i] for i in chosen], target_lang=target_lang
+          )
           row = {'value': value, 'seed': seed, 'bucket': label, 'bleu': bleu.score}
           per_run.append(row | {'length_ratio': bleu.length_ratio})
 
@@ -139,6 +142,7 @@ def bleu_by_source_length(
       [translations[baseline][s][i] for s in seeds for i in chosen],
       [translations[value][s][i] for s in seeds for i in chosen],
       [references[i] for _ in seeds for i in chosen],
+      target_lang=target_lang,
     )
 
   counts = {label: len(chosen) for label, chosen in members.items() if chosen}
@@ -239,8 +243,8 @@ def markdown(summary, breakdown: Breakdown, field: str, baseline, per_run=()) ->
   if per_run and 'length_ratio' in per_run[0]:
     lines += [
       '',
-      'Translation length / reference length (sacreBLEU, 13a tokens; below 1 BLEU pays a brevity '
-      'penalty), mean ± std over seeds',
+      "Translation length / reference length (in sacreBLEU's tokens, BLEU's; below 1 BLEU pays "
+      'a brevity penalty), mean ± std over seeds',
       '',
       f'| {field} | {" | ".join(labels)} |',
       '|---|' + '---|' * len(labels),

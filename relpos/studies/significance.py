@@ -39,19 +39,21 @@ import sys
 
 import numpy as np
 from absl import app, flags
-from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
-from relpos import flag_types
+from relpos import flag_types, scoring
 from relpos.training.run_config import DIVERGED
 
 SAMPLES = 1000  # sacreBLEU's default number of bootstrap resamples
 SEED = 12345  # sacreBLEU's default seed (SACREBLEU_SEED)
 
 
-def bleu_p_value(baseline: list[str], system: list[str], references: list[str]) -> float:
+def bleu_p_value(
+  baseline: list[str], system: list[str], references: list[str], *, target_lang: str
+) -> float:
   """sacreBLEU's paired bootstrap p-value of `system` against `baseline` (aligned lists of
-  translations of `references`).
+  translations of `references`, into `target_lang`: BLEU as the runs scored it,
+  `scoring.bleu_metric`).
 
   Two systems with the same BLEU get p = 1. sacreBLEU (2.x) counts the resamples whose
   centred difference is strictly above the observed one, so for an observed difference of
@@ -66,7 +68,7 @@ def bleu_p_value(baseline: list[str], system: list[str], references: list[str]) 
   os.environ.setdefault('SACREBLEU_SEED', str(SEED))
   test = PairedTest(
     [('baseline', baseline), ('system', system)],
-    {'BLEU': BLEU()},
+    {'BLEU': scoring.bleu_metric(target_lang)},
     references=[references],
     test_type='bs',
     n_samples=SAMPLES,

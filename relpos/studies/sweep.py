@@ -81,7 +81,7 @@ from ml_collections import config_flags
 from relpos import flag_types, runtime
 from relpos.config import checks, declaration, fields, load_config_file
 from relpos.config.recorded import changes_from_recorded, with_added
-from relpos.files import write_atomically
+from relpos.files import read_text_lines, write_atomically
 from relpos.messages import warn
 from relpos.studies import breakdown, significance
 from relpos.studies.figures import save as save_figure
@@ -337,7 +337,12 @@ def check_sweep(
       raise ValueError(f'--field={field} at {value!r}: {error}') from None
     for setting, overrides in (evaluations or {}).items():
       try:  # what eval.py checks of the config it scores with (`Task.evaluate`)
-        task.check_config(evaluated(variant, overrides))
+        scored = evaluated(variant, overrides)
+        task.check_config(scored)
+        unread = task.unread_run_fields(scored)
+        run_config.check_unread_settings(
+          scored, unread, variant.to_dict(), 'the swept config has it'
+        )
       except ValueError as error:
         raise ValueError(f'--evaluations={setting} for {field}={value}: {error}') from None
     leaf = field.removeprefix('model.')
@@ -382,10 +387,12 @@ def is_finished(results_dir: Path, config, trained_dir: Path) -> bool:
 def stale_reason(results_dir: Path, config, trained_dir: Path) -> str | None:
   """Why the eval_results.json in `results_dir` is not that of `config`'s run, or None when it
   is (`is_finished`): the model trained with another config, the file damaged, scored from a
-  checkpoint of another workdir (`eval.py --output_dir` pointed here), or scored at another
-  step or with another config.eval. A data path given otherwise than the run recorded it that
-  names its data (another clone's copy of the corpus, say) is the run's
-  (`data_record.same_data`, as `check_rerun` and train.py read it): such a result is kept."""
+  checkpoint of another workdir (`eval.py --output_dir` pointed here), scored on other data
+  than the run's (the config.data its eval_results.json records: `scored_data_changes`), or
+  scored at another step or with another config.eval. A data path given otherwise than the
+  run recorded it that names its data (another clone's copy of the corpus, say) is the run's
+  (`data_record.same_data`, as `check_rerun`, train.py and eval.py read it): such a result,
+  or such a config, is kept."""
   path = results_dir / 'eval_results.json'
   files = tasks.get(config).data_files(config, trained_dir)
   same_data = data_record.same_data(trained_dir, files)
@@ -400,6 +407,9 @@ def stale_reason(results_dir: Path, config, trained_dir: Path) -> str | None:
     return f'{path} was scored from {checkpoint}, not from a checkpoint of {trained_dir}'
   if DIVERGED in results:
     return None  # its training config diverges again, whatever config.eval scores it
+  if changes := scored_data_changes(results, config, trained_dir):
+    shown = '; '.join(changes[:3]) + ('; ...' if len(changes) > 3 else '')
+    return f"scored on other data than the run's ({shown})"
   current = config.eval.to_dict()
   recorded = {'task': config.task, 'eval': results.get('eval', {})}
   scored = with_added(recorded, {'eval': current})['eval']
@@ -410,6 +420,25 @@ def stale_reason(results_dir: Path, config, trained_dir: Path) -> str | None:
     changed = sorted(name for name in current if scored.get(name) != current[name])
     return f'scored with other config.eval fields ({", ".join(changed)})'
   return None
+
+
+def scored_data_changes(results: dict, config, trained_dir: Path) -> list[str]:
+  """The config.data fields that an evaluation's `results` (eval_results.json, which records
+  the config.data it scored) scored otherwise than the run in `trained_dir` trained with, as
+  `run_config.data_changes` names them ('data.eval_src: trained <a>, given <b>'; a path that
+  names the run's file or bytes is no change: `data_record.same_data`, eval.py's rule; nor
+  is a field only training reads, `Task.training_only_data`). Fields
+  the record lacks (recorded before they existed, or before results recorded config.data) are
+  read from `config`, so such a result is not named."""
+  recorded = results.get('data')
+  if not isinstance(recorded, dict):
+    return []
+  scored = ml_collections.ConfigDict(config.to_dict())
+  with scored.data.ignore_type():  # a value of another type is a change, named as such
+    scored.data.update({name: value for name, value in recorded.items() if name in scored.data})
+  task = tasks.get(scored)
+  files = task.data_files(scored, trained_dir)
+  return run_config.data_changes(trained_dir, scored, files, free=task.training_only_data)
 
 
 def warn_stale(config, root: Path, field: str, values, seeds, variant_of, settings) -> set:
@@ -610,7 +639,7 @@ def _pooled_items(config, metric: str, rows: list[dict]):
   for row in rows:
     results = read_results(Path(row['workdir']) / 'eval_results.json')
     if metric == 'bleu':
-      items[row['seed']] = Path(results['translations']).read_text().splitlines()
+      items[row['seed']] = read_text_lines(results['translations'])
     else:
       items[row['seed']] = (results['segment_nats'], results['segment_tokens'])
   return items
@@ -645,6 +674,7 @@ def p_value(config, metric: str, baseline: list[dict], candidate: list[dict]) ->
       [line for seed in seeds for line in base[seed]],
       [line for seed in seeds for line in other[seed]],
       references * len(seeds),
+      target_lang=config.data.target_lang,
     )
   return significance.bpc_p_value(
     [nats for seed in seeds for nats in base[seed][0]],
@@ -1006,7 +1036,13 @@ def write_breakdown(config, rows, baseline, root: Path, field: str, kind, edges)
       lengths = [len(data.tokenizer.encode(source)) for source in sources]
     translations = {value: _pooled_items(config, 'bleu', runs) for value, runs in by_value.items()}
     summary, per_run = breakdown.bleu_by_source_length(
-      lengths, data.eval_references, translations, baseline, edges, kind
+      lengths,
+      data.eval_references,
+      translations,
+      baseline,
+      edges,
+      kind,
+      target_lang=config.data.target_lang,
     )
   else:
     results = {

@@ -77,7 +77,6 @@ def sample(
   from flax import nnx
 
   from relpos.attention import autotune
-  from relpos.data.char_corpus import VOCAB_FILE, CharVocab
   from relpos.models.transformer_xl import TransformerXL
   from relpos.training import char_lm_task as char_lm
   from relpos.training import loop
@@ -92,7 +91,7 @@ def sample(
   check_task(workdir, 'char_lm', needs="relpos.tools.sample reads runs of task 'char_lm'")
   config = read_config(workdir)
   loop.check_trained(workdir).close()
-  vocab = CharVocab.read(Path(workdir) / VOCAB_FILE)
+  vocab = char_lm.read_vocabulary(Path(workdir), config.data.vocab)
   model = TransformerXL(char_lm.model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))
   model, _, _ = loop.restore_model(model, config.eval, workdir)
   span = config.eval

@@ -62,12 +62,13 @@ def read_sentences(texts: list[str] | None, stdin) -> list[str]:
     ValueError: the text is not valid UTF-8.
   """
   from relpos.data.data_file import decode_utf8  # imported after the runtime defaults
+  from relpos.files import split_lines
 
   if texts:
     decode_utf8('\n'.join(texts).encode('utf-8', 'surrogateescape'), '--text')
     return texts
   text = decode_utf8(stdin.read(), 'stdin')
-  return text.removesuffix('\n').split('\n') if text else []
+  return split_lines(text) if text else []
 
 
 def main(argv):

@@ -32,15 +32,54 @@ from relpos.data.text import SPLITS
 from relpos.files import write_atomically
 from relpos.messages import PassProgress
 from relpos.models.transformer_xl import Memory, TransformerXL, TransformerXLConfig, nats_per_token
+from relpos.training import checkpoints as checkpoints_lib
 from relpos.training import loop
 from relpos.training import mesh as mesh_lib
-from relpos.training.run_config import has_run
+from relpos.training.run_config import has_run, read_config
 
 
 def model_config(config, vocab_size: int) -> TransformerXLConfig:
   """The model's typed config: config.model, typed by the model section of the task's
   declaration, plus the vocabulary size (validated)."""
   return TASK.declaration.model.from_section(config.model, vocab_size=vocab_size)
+
+
+def missing_vocabulary(workdir: Path, data_vocab: str) -> FileNotFoundError | None:
+  """The error for the run in `workdir` that trained (config.json, or a checkpoint) with a
+  config.data.vocab='original' vocabulary (`data_vocab`) but whose vocab.json is gone; None
+  where it has one, has not trained, or trained with 'bytes' (all 256 byte values, whatever the
+  data: made again, it is the same). An 'original' vocabulary made again from the data given
+  holds the symbols of that data: other data (or the same file changed) shifts the ids, and an
+  evaluation scored the checkpoint on remapped embeddings (exit 0), a resume trained on them and
+  wrote the new vocab.json, another symbol count called the checkpoints unreadable."""
+  saved = Path(workdir) / VOCAB_FILE
+  if saved.exists() or not (has_run(workdir) or checkpoints_lib.finished_steps(workdir)):
+    return None
+  try:  # the run's own (an 'original' run given a 'bytes' config is not all 256 bytes)
+    data_vocab = read_config(workdir, known_fields=False).data.vocab
+  except (OSError, ValueError, AttributeError):  # none recorded (an older run): the one given
+    pass
+  if data_vocab == 'bytes':
+    return None
+  return FileNotFoundError(
+    f"{saved} is missing: the run in {workdir} trained with the config.data.vocab='original' "
+    "vocabulary it held, and one made again from the data could shift the model's ids, so it "
+    'is not rebuilt: copy vocab.json back from a backup or from where the run came from'
+  )
+
+
+def read_vocabulary(workdir: Path, data_vocab: str) -> CharVocab:
+  """The vocabulary the run in `workdir` trained with (its vocab.json; for a run of 'bytes'
+  without one, all 256 byte values, what it held), for the tools that read a finished run
+  (`relpos.tools.sample`).
+
+  Raises:
+    FileNotFoundError: an 'original' run's vocab.json is gone (`missing_vocabulary`).
+  """
+  if error := missing_vocabulary(workdir, data_vocab):
+    raise error
+  saved = Path(workdir) / VOCAB_FILE
+  return CharVocab.read(saved) if saved.exists() else CharVocab.bytes()
 
 
 def _vocab_for_run(config, workdir: Path, *, training: bool, encode=SPLITS):
@@ -51,10 +90,13 @@ def _vocab_for_run(config, workdir: Path, *, training: bool, encode=SPLITS):
   and the data encoded with it, since its ids are the model's: other data is encoded too where its
   bytes are in it (the data checks warn that it is other data). A config.data.vocab other than the
   one it was made by is refused, as the model's vocabulary would not be what the config says.
-  Evaluation writes nothing.
+  A trained 'original' run whose vocab.json is gone is refused (`missing_vocabulary`): one made
+  again is of the data given, not the run's. Evaluation writes nothing.
   """
 
   def load():
+    if error := missing_vocabulary(workdir, config.data.vocab):
+      raise error
     saved = workdir / VOCAB_FILE
     writes = training and mesh_lib.is_writer() and not has_run(workdir)
     if saved.exists() and not writes:

@@ -35,6 +35,14 @@ Hashing is skipped for a file whose size and modification time are those recorde
 costs two `stat`s, and a file is hashed only when it is first recorded or looks touched (then
 its SHA-256 decides: a file copied back unchanged is the same data). A run recorded before this
 file existed has no record and is not checked.
+
+A compressed file (gzip, bzip2, xz, a zip of one file: `relpos.data.data_file`, which the
+readers decompress) is also recorded by what the run reads of it, its decompressed text's size
+and SHA-256 (`text_bytes`, `text_sha256`), and either match is the same data: the same text
+compressed again (another gzip header time, another level) or given as the plain file was "other
+data" to a resume and an evaluation. A plain file's text is its bytes, so a plain file and a
+compressed one are compared by their texts both ways; a compressed file recorded before the text
+was has only its compressed bytes to compare.
 """
 
 import functools
@@ -42,6 +50,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from relpos.data.data_file import compression, read_data_file
 from relpos.files import write_atomically
 
 DATA_FILES = 'data_files.json'
@@ -63,6 +72,51 @@ def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
     while chunk := file.read(_CHUNK):
       digest.update(chunk)
   return digest.hexdigest()
+
+
+def _compressed(path: Path) -> bool:
+  with open(path, 'rb') as file:
+    return compression(file.read(16)) is not None
+
+
+def _text(path: Path) -> tuple[int, str] | None:
+  """(size, SHA-256) of what the readers read of the file at `path`: its bytes decompressed
+  where it is compressed (`read_data_file`), else its bytes; None for a damaged archive (the
+  readers name it)."""
+  status = path.stat()
+  return _text_of(str(path), status.st_size, status.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _text_of(path: str, size: int, mtime_ns: int) -> tuple[int, str] | None:
+  if not _compressed(Path(path)):
+    return size, _sha256_of(path, size, mtime_ns)
+  try:
+    data = read_data_file(path)
+  except ValueError:
+    return None
+  return len(data), hashlib.sha256(data).hexdigest()
+
+
+def _text_record(path: Path) -> dict:
+  """A compressed file's `text_bytes` and `text_sha256` (none for a plain file: its text is
+  its bytes, recorded as `bytes` and `sha256`)."""
+  if not _compressed(path) or (text := _text(path)) is None:
+    return {}
+  return {'text_bytes': text[0], 'text_sha256': text[1]}
+
+
+def _same_text(recorded: dict, path: Path) -> bool:
+  """Whether the file at `path` reads as the text `recorded` describes (a compressed one's
+  `text_*`, a plain one's bytes), where one of the two is compressed (both plain: their bytes
+  were compared already)."""
+  if 'text_sha256' not in recorded and not _compressed(path):
+    return False
+  then = (
+    recorded.get('text_bytes', recorded.get('bytes')),
+    recorded.get('text_sha256', recorded.get('sha256')),
+  )
+  return _text(path) == then
 
 
 def _stat(path: Path) -> dict:
@@ -92,19 +146,26 @@ def _is_recorded_file(recorded: dict, path: Path) -> bool:
   return str(path) == recorded.get('path')
 
 
-def _same(recorded: dict, path: Path) -> bool:
-  """Whether the file at `path`, the recorded one, holds what `recorded` describes (the time
-  as recorded spares the hash)."""
+def _same_file_bytes(recorded: dict, path: Path) -> bool:
+  """Whether the file at `path`, the recorded one, holds the bytes `recorded` describes (the
+  time as recorded spares the hash)."""
   now = _stat(path)
   if now['bytes'] != recorded.get('bytes'):
     return False
   return now['mtime_ns'] == recorded.get('mtime_ns') or _sha256(path) == recorded.get('sha256')
 
 
+def _same(recorded: dict, path: Path) -> bool:
+  """Whether the file at `path`, the recorded one, holds the data `recorded` describes: its
+  bytes, or the text they decompress to (`_same_text`)."""
+  return _same_file_bytes(recorded, path) or _same_text(recorded, path)
+
+
 def _same_bytes(recorded: dict, path: Path) -> bool:
-  """Whether the file at `path`, another than the recorded one, holds the same bytes (its time
-  says nothing of that)."""
-  return path.stat().st_size == recorded.get('bytes') and _sha256(path) == recorded.get('sha256')
+  """Whether the file at `path`, another than the recorded one, holds the same data: the same
+  bytes (its time says nothing of that), or the same text (`_same_text`)."""
+  same = path.stat().st_size == recorded.get('bytes') and _sha256(path) == recorded.get('sha256')
+  return same or _same_text(recorded, path)
 
 
 def names_recorded_data(recorded: dict, path: Path) -> bool:
@@ -217,8 +278,8 @@ def record(workdir, files: dict[str, Path]) -> None:
     if not path.is_file():
       continue
     entry = recorded.get(field)
-    if isinstance(entry, dict) and _is_recorded_file(entry, path) and _same(entry, path):
+    if isinstance(entry, dict) and _is_recorded_file(entry, path) and _same_file_bytes(entry, path):
       entries[field] = {**entry, **_stat(path)}
     else:
-      entries[field] = {**_stat(path), 'sha256': _sha256(path)}
+      entries[field] = {**_stat(path), 'sha256': _sha256(path), **_text_record(path)}
   write_atomically(Path(workdir) / DATA_FILES, json.dumps(entries, indent=2) + '\n')

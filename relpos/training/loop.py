@@ -47,7 +47,7 @@ from relpos import flops as flops_lib
 from relpos import runtime
 from relpos.attention.pallas_common import check_runs_on
 from relpos.config import checks, fields
-from relpos.config.recorded import check_config_change, record_config
+from relpos.config.recorded import CONFIG_FILE, check_config_change, record_config
 from relpos.files import check_takes_files, write_atomically
 from relpos.messages import warn
 from relpos.models.multihead_attention import clip_shaw_tables
@@ -80,12 +80,15 @@ from relpos.training.preemption import (
 )
 from relpos.training.progress import Progress
 from relpos.training.run_config import (
+  RESULTS_FILE,
   check_model,
   check_task,
+  check_unread_settings,
   data_changes,
   has_run,
   not_a_run,
   not_a_workdir,
+  read_config,
   recorded_divergence,
 )
 
@@ -147,6 +150,10 @@ class Task(abc.ABC):
   # The task's config, declared (`relpos.config.fields`): its ConfigDict's fields, defaults
   # and rules. config.model is checked by the model's typed config (`check_combinations`).
   declaration: type
+  # The config.data fields only training reads (the training files, how its batches are
+  # made): an evaluation given other values scores the same sentences, so it warns of them
+  # but never refuses to score into the workdir (`check_other_data`).
+  training_only_data: tuple[str, ...] = ()
 
   def check_config(self, config: ml_collections.ConfigDict, mesh=None) -> None:
     """Raises ValueError naming the field for any config the run cannot honour: a field the
@@ -197,6 +204,19 @@ class Task(abc.ABC):
     del config
     return ()
 
+  def scored_data_changes(self, config: ml_collections.ConfigDict, workdir: Path) -> list[str]:
+    """The changes from the data the run in `workdir` trained on (`run_config.data_changes`,
+    `data_record.changes`) that change what an evaluation of `config` scores: those of every
+    data field and file but `training_only_data`."""
+    scored_files = {
+      field: path
+      for field, path in self.data_files(config, workdir).items()
+      if field.removeprefix('config.data.') not in self.training_only_data
+    }
+    return data_changes(
+      workdir, config, scored_files, free=self.training_only_data
+    ) + data_record.changes(workdir, scored_files)
+
   def data_files(self, config: ml_collections.ConfigDict, workdir: Path) -> dict[str, Path]:
     """{'config.data.<field>': path} of the data files the config names, and the vocabulary
     the run makes of them in `workdir`, which a run records and checks for changes
@@ -224,9 +244,16 @@ class Task(abc.ABC):
     --workdir, as they do for an `output_dir` given as the workdir itself (a sweep scoring a
     run in place). A workdir with no checkpoint is a FileNotFoundError, and a config of
     another model than the run's a ValueError (`check_model`), before anything else is read.
-    Other data than the run's is scored with a warning line, and the result records
-    config.data beside config.eval. A run a sweep recorded as diverged (`recorded_divergence`)
-    is scored at its last finite checkpoint, with a warning line that says so. eval.py scores
+    Other data than the run's (`run_config.data_changes`: a config.data field, or a data
+    file changed since, `data_record.changes`) is scored only into another directory than
+    the workdir, with a warning line, and the result records config.data beside config.eval;
+    into the workdir it is refused before anything is scored (`check_other_data`, but for the
+    fields only training reads, `training_only_data`): the score, of other sentences,
+    replaced the run's own eval_results.json and translations, and a sweep tabulated it as
+    the run's. train.py's final evaluation never gets here with a file changed while it
+    trained (`train_and_evaluate`: the run is left unscored). A run a sweep recorded as
+    diverged (`recorded_divergence`) is scored at its last finite checkpoint, with a warning
+    line that says so. eval.py scores
     it only into another directory than the record's (`run_config.check_output_dir`);
     train.py's final evaluation, of the run it has just trained on, replaces the record. An
     evaluation refused after it made `output_dir` (data it cannot read, out of memory)
@@ -234,19 +261,25 @@ class Task(abc.ABC):
     workdir = Path(workdir)
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     self.check_config(config)  # before anything reads its fields
-    check_model(workdir, config)
+    check_model(workdir, config, self.unread_fields(config))
+    trained = read_config(workdir, known_fields=False).to_dict() if has_run(workdir) else None
+    check_unread_settings(
+      config, self.unread_run_fields(config), trained, f'{workdir / CONFIG_FILE} records it'
+    )
     data_files = self.data_files(config, workdir)
     other_data = data_changes(workdir, config, data_files) + data_record.changes(
       workdir, data_files
     )
-    if other_data:
-      warn(f'scoring other data than the run trained with ({"; ".join(other_data)})')
-    check_platform(config, jax.default_backend())
     given_output_dir = output_dir is not None
     output_dir = workdir if output_dir is None else Path(output_dir)
+    in_workdir = output_dir.resolve() == workdir.resolve()
+    if other_data:
+      if in_workdir and not after_training:
+        check_other_data(workdir, self.scored_data_changes(config, workdir))
+      warn(f'scoring other data than the run trained with ({"; ".join(other_data)})')
+    check_platform(config, jax.default_backend())
     check_trained(workdir).close()
     diverged = recorded_divergence(output_dir, workdir)
-    in_workdir = output_dir.resolve() == workdir.resolve()
 
     def fault(error: OSError, what: str) -> FilesystemFaultError:
       return filesystem_fault(
@@ -336,16 +369,22 @@ class Task(abc.ABC):
     before that, which reads its fields (`train` checks it again with the devices). A data
     file that is gone by the evaluation (deleted or moved while the run trained) is an
     `UnscoredRunError`: the data reader's own line ('set data.path to an existing file')
-    would invite scoring the finished run on other data. SIGTERM or Ctrl-C during the
-    evaluation ends the program at once with one line saying that the run is trained but not
-    scored, and how to score it (`relpos.runtime.stop_at_signals`): there is nothing to save.
-    `score_command`: the eval.py command that scores the run (the launcher's,
-    `tasks.eval_command`; None: a generic one)."""
+    would invite scoring the finished run on other data. So is one the evaluation reads
+    rewritten while the run trained (`scored_data_changes`, against the record the run made
+    as it started; training has read the rest already): scored,
+    that was other text than the run's, with a warning line and an eval_results.json that a
+    sweep tabulates like any other. SIGTERM or Ctrl-C during the evaluation ends the program
+    at once with one line saying that the run is trained but not scored, and how to score it
+    (`relpos.runtime.stop_at_signals`): there is nothing to save. `score_command`: the eval.py
+    command that scores the run (the launcher's, `tasks.eval_command`; None: a generic one)."""
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     self.check_config(config)
     check_evaluation_plan(config, workdir)
     self.train_model(config, workdir, allow_config_change=allow_config_change)
     score_command = score_command or generic_score_command(workdir)
+    changed = self.scored_data_changes(config, workdir)  # a training file may change now
+    if changed:
+      raise UnscoredRunError(workdir, [], changed, command=score_command)
     unscored = (
       f' during the final evaluation: training finished and saved {last_checkpoint(workdir)}, '
       f'but the run is not scored: score it with `{score_command}`'
@@ -358,7 +397,7 @@ class Task(abc.ABC):
       gone = [f'{field} ({path})' for field, path in files.items() if not Path(path).is_file()]
       if not gone:
         raise
-      raise UnscoredRunError(workdir, gone, score_command) from error
+      raise UnscoredRunError(workdir, gone, command=score_command) from error
 
 
 def generic_score_command(workdir) -> str:
@@ -376,18 +415,46 @@ def last_checkpoint(workdir) -> str:
   return f'its last checkpoint, {Path(workdir) / CHECKPOINTS / str(steps[-1])} (step {steps[-1]})'
 
 
-class UnscoredRunError(FileNotFoundError):
-  """Training finished and saved its last checkpoint, but a data file it read (`gone`: '<field>
-  (<path>)' each) is gone since it started, so its final evaluation could not run. The run is
-  whole: eval.py scores it once the file is back. `command` is that eval.py command: the
-  launcher gives it, from its own command line (`tasks.eval_command`)."""
+def check_other_data(workdir: Path, other_data: list[str]) -> None:
+  """Refuses an evaluation into the workdir itself of other data than the run in `workdir`
+  trained on (`other_data`: the changes that alter what is scored, `Task.scored_data_changes`,
+  each '<field>: ...'): its eval_results.json and translations are the run's result, which a
+  score of other sentences would replace (a sweep's --collect_only then tabulated it as the
+  run's, `relpos.studies.sweep.stale_reason`). One rule for every task: another data.path of a
+  char LM, another eval_src of a translation; a training file moved or another batch size
+  (`Task.training_only_data`) scores the same sentences and is only warned of.
 
-  def __init__(self, workdir, gone: list[str], command: str | None = None):
-    files = ' and '.join(gone) + (' is' if len(gone) == 1 else ' are')
+  Raises:
+    ValueError: naming the changes and --output_dir.
+  """
+  if not other_data:
+    return
+  raise ValueError(
+    f'this evaluation scores other data than the run in {workdir} trained with '
+    f"({'; '.join(other_data)}), and would replace the run's own result ({RESULTS_FILE}) "
+    "with that score: give --output_dir=<a new directory> to score it there, or the run's "
+    f'data fields ({workdir / CONFIG_FILE} records them)'
+  )
+
+
+class UnscoredRunError(FileNotFoundError):
+  """Training finished and saved its last checkpoint, but a data file it read is gone since it
+  started (`gone`: '<field> (<path>)' each) or holds other data than it trained on (`changed`:
+  `data_record.changes`' lines), so its final evaluation did not run. The run is whole: eval.py
+  scores it once the file is back as it was. `command` is that eval.py command: the launcher
+  gives it, from its own command line (`tasks.eval_command`)."""
+
+  def __init__(
+    self, workdir, gone: list[str], changed: list[str] = (), *, command: str | None = None
+  ):
+    saved = last_checkpoint(workdir)
+    problems = list(changed)
+    if gone:
+      files = ' and '.join(gone) + (' is' if len(gone) == 1 else ' are')
+      problems.insert(0, f'{files} gone since training started (deleted or moved)')
     self.reason = (
-      f'training finished and saved {last_checkpoint(workdir)}, but {files} gone since '
-      'training started (deleted or moved), so the run was not evaluated: restore the data as '
-      'it was, then score the run'
+      f'training finished and saved {saved}, but {"; ".join(problems)}, so the run was not '
+      'evaluated: restore the data as it was, then score the run'
     )
     self.command = command or generic_score_command(workdir)
     super().__init__(self.reason)
@@ -901,12 +968,13 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
       if done % train_config.log_every == 0 or done == train_config.steps:
         log(done)
       reached['step'] = done
+      # The last step too, where eval_every divides steps: the validation curve ends at the
+      # trained model (the final evaluation scores config.eval's split and settings, not this).
       if train_config.eval_every and done % train_config.eval_every == 0:
-        if done < train_config.steps:  # off the training's clock
-          jax.block_until_ready(sums)
-          progress.stop_clock()
-          writer.write(done, run.validate(eval_model(run.graphdef, state), done))
-          progress.start_clock()
+        jax.block_until_ready(sums)  # off the training's clock
+        progress.stop_clock()
+        writer.write(done, run.validate(eval_model(run.graphdef, state), done))
+        progress.start_clock()
       if train_config.checkpoint_every and done % train_config.checkpoint_every == 0:
         save(done)
       if mesh_lib.any_process(preemption.requested):

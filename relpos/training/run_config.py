@@ -16,6 +16,7 @@ from relpos.config.model_fields import EVALUATION_FREE_FIELDS
 from relpos.config.recorded import (
   CONFIG_FILE,
   check_known_fields,
+  config_changes,
   read_recorded,
   section_changes_from_recorded,
 )
@@ -154,32 +155,72 @@ def check_task(
   return recorded
 
 
-def data_changes(workdir, config: ml_collections.ConfigDict, files: dict[str, Path]) -> list[str]:
+def data_changes(
+  workdir, config: ml_collections.ConfigDict, files: dict[str, Path], free: tuple[str, ...] = ()
+) -> list[str]:
   """The config.data fields that differ from the run's in `workdir` (each 'data.<field>:
   trained <old>, given <new>'): an evaluation may score other data, but should say so. A path
   of `files` (the task's data files, `Task.data_files`) given otherwise but naming the run's
   data (its file, or its bytes) is none: `data_record.same_data`, the rule a resume's config
-  check follows too."""
+  check follows too. `free`: config.data fields left out (`Task.training_only_data`)."""
   same = data_record.same_data(workdir, files)
-  return section_changes_from_recorded(config, workdir, 'data', same_data=same)
+  return section_changes_from_recorded(config, workdir, 'data', free, same_data=same)
 
 
-def check_model(workdir, config: ml_collections.ConfigDict) -> None:
+def check_model(workdir, config: ml_collections.ConfigDict, unread: tuple[str, ...] = ()) -> None:
   """Checks that `config` builds the model the run in `workdir` trained (its config.json; a
   workdir without one, of an older run, is not checked): a checkpoint restored into another
   model is scored as a model it never was when the parameters' shapes happen to agree (e.g.
   'absolute' read as 'none'). Fields that only say how the model is trained or computed
-  (`EVALUATION_FREE_FIELDS`) and the sections outside config.model may differ.
+  (`EVALUATION_FREE_FIELDS`), the sections outside config.model, and `unread` (the fields of
+  config.model its position scheme never reads, the task's `unread_fields`: a sweep script that
+  passes model.max_relative_position to every scheme trains a t5 run with one value and scores
+  it with another) may differ. `unread` is the given config's: where its position is not the
+  run's, that line refuses it whatever the other fields say.
 
   Raises:
     ValueError: naming each field that differs, with both values.
   """
-  changes = section_changes_from_recorded(config, workdir, 'model', EVALUATION_FREE_FIELDS)
+  changes = section_changes_from_recorded(
+    config, workdir, 'model', (*EVALUATION_FREE_FIELDS, *unread)
+  )
   if changes:
     raise ValueError(
       f'--workdir={workdir} holds a run of another model than the config builds '
       f'({"; ".join(changes)}): give the config it was trained with '
       f'({Path(workdir) / CONFIG_FILE} records it)'
+    )
+
+
+def check_unread_settings(
+  config: ml_collections.ConfigDict, unread: tuple[str, ...], trained: dict | None, kept_in: str
+) -> None:
+  """Refuses an evaluation setting the run's model never reads (`unread`: the task's
+  `unread_run_fields`, e.g. 'eval.clamp_len' on a model other than xl) given otherwise than the
+  run has it (`trained`: its config as a dict, None: unknown, not checked; `kept_in`: where it
+  is, for the message): it was scored as the run's setting and recorded in eval_results.json as
+  if it had been used. The run's own value passes (a config file's value for every scheme:
+  enwik8_base's eval.clamp_len 820), as train.py's field check (`Task.check_combinations`)
+  lets the defaults through. eval.py checks it against config.json (`Task.evaluate`), a sweep
+  its `--evaluations` against each swept config before anything trains.
+
+  Raises:
+    ValueError: naming each such field, both values and the position.
+  """
+  if trained is None:
+    return
+  ignored = {name: None for name in config.eval if f'eval.{name}' not in unread}
+  changes = config_changes(
+    trained.get('eval', {}) | ignored,
+    config.eval.to_dict() | ignored,
+    'eval',
+    '{field}: trained {before!r}, given {after!r}',
+  )
+  if changes:
+    raise ValueError(
+      f'{"; ".join(changes)}: config.model.position={config.model.position!r} never reads '
+      'it, so the score would be the same and eval_results.json would record the setting as '
+      f'used; leave it as the run has it ({kept_in})'
     )
 
 

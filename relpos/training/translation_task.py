@@ -237,10 +237,21 @@ class Translate(loop.Task):
   metric = 'bleu'
   metrics = ('bleu', 'perplexity')
   declaration = TranslationConfig
+  # The vocabulary is the workdir's spm.model, so what made it is training's too.
+  training_only_data = (
+    'train_src',
+    'train_tgt',
+    'tfds_train_split',
+    'max_train_examples',
+    'vocab_train_sentences',
+    'max_tokens',
+    'length_buckets',
+  )
 
   def check_combinations(self, config, mesh):
     model_config(config, vocab_size=config.data.vocab_size)
     check_data_config(config.data)
+    scoring.check_bleu_tokenizer(config.data.target_lang)
     shared.check_eval_fields(config, self.unread_fields(config))
     longest = config.data.max_length + 1  # pieces plus EOS (BOS on the decoder input)
     if longest > config.model.max_len:
@@ -249,6 +260,9 @@ class Translate(loop.Task):
         f'{longest} (the longest sequence the model takes), got {config.model.max_len}'
       )
     check_beam_size(config.eval.beam_size, config.data.vocab_size, 'config.eval.beam_size')
+    decode.check_length_penalty(
+      config.eval.length_penalty, config.model.max_len, 'config.eval.length_penalty'
+    )
     devices = 1 if mesh is None else mesh.size
     rows = devices * config.train.grad_accum_steps  # the fewest rows of a batch
     if config.data.max_tokens < rows * longest:
@@ -332,7 +346,9 @@ class Translate(loop.Task):
     output = Path(output_dir or workdir) / f'translations_step{steps[-1]}.txt'
     if mesh_lib.is_writer():
       write_atomically(output, ''.join(line + '\n' for line in translations))
-    bleu = scoring.corpus_bleu(translations, data.eval_references)
+    bleu = scoring.corpus_bleu(
+      translations, data.eval_references, target_lang=config.data.target_lang
+    )
     loss = eval_loss(model, loss_batches)
     return {
       'bleu': bleu.score,
