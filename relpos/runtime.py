@@ -51,10 +51,10 @@ already decides.
   `~/.cache/relpos/jax`); `RELPOS_COMPILATION_CACHE=off` turns it off. A
   `JAX_COMPILATION_CACHE_DIR` of the user's own wins. The cache holds compiled code: share it
   only with people you trust (JAX's own warning). A cache JAX cannot read or write (entries
-  cut short, a read-only directory) costs compiles, not results: JAX compiles what it cannot
-  load and warns of each entry in two raw lines, again in every run. Each program says it once,
-  as one `warning:` line naming the directory and how to clear it (another directory, for one
-  that refuses writing) or turn it off (`say_cache_faults_once`).
+  cut short, a read-only directory, a full disk, a file in its place) costs compiles, not
+  results: JAX compiles what it cannot load and warns of each entry in two raw lines, again in
+  every run. Each program says it once, as one `warning:` line naming the directory, what is
+  wrong with it and the remedy that fits (`say_cache_faults_once`, `cache_fault_line`).
 - **Autotuning cache.** What `implementation='auto'` measured (`relpos.attention.autotune`)
   is kept in `relpos-autotune.json` inside that cache directory (JAX reads only its own
   `*-cache` files there), or in `RELPOS_AUTOTUNE_CACHE` (a file; `off`: decisions are kept
@@ -62,16 +62,21 @@ already decides.
   (`autotune_cache_path`).
 - **Ctrl-C** ends the program at once with one line and exit status 130 (`stop_at_ctrl_c`),
   from its first moment: no KeyboardInterrupt traceback through JAX's imports, and none that
-  Python swallows in a callback. Training takes SIGINT over while it runs, to save first.
+  Python swallows in a callback. Training takes SIGINT over while it runs, to save first;
+  work a signal cannot save (an evaluation) says what is kept on SIGTERM or Ctrl-C
+  (`stop_at_signals`).
 """
 
+import contextlib
 import errno
 import os
 import re
+import shlex
 import signal
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 # glibc malloc tunables relpos adds on a Linux CPU (module docstring; docs/performance-cpu.md
@@ -219,8 +224,10 @@ _CACHE_FAULT = re.compile(
 
 def cache_fault_line(message: str, directory: str, environ) -> str | None:
   """The one warning line for JAX's warning `message` about its compilation cache in
-  `directory`, None for any other warning. A directory that refuses writing wants another
-  directory; damaged entries, clearing. The variable named is relpos's when relpos chose the
+  `directory`, None for any other warning. JAX says only whether it was reading or writing an
+  entry and the exception; the line names what that means and the remedy that fits it
+  (`_cache_fault`): a file where the directory goes, a directory that cannot be created or
+  written, a full disk, damaged entries. The variable named is relpos's when relpos chose the
   directory (`cache_environment`), else the user's own JAX variable."""
   fault = _CACHE_FAULT.match(message)
   if fault is None:
@@ -229,18 +236,57 @@ def cache_fault_line(message: str, directory: str, environ) -> str | None:
     variable, off = 'RELPOS_COMPILATION_CACHE', 'RELPOS_COMPILATION_CACHE=off'
   else:
     variable, off = 'JAX_COMPILATION_CACHE_DIR', 'unset JAX_COMPILATION_CACHE_DIR'
-  done = {'reading': 'read', 'writing': 'written'}[fault[1]]
   cause = fault[2].strip().splitlines()[0] if fault[2].strip() else 'no cause given'
-  refused = any(os.strerror(number) in cause for number in (errno.EROFS, errno.EACCES))
-  todo = (
-    f'make it writable or set {variable} to another directory'
-    if refused
-    else f'remove {directory} to clear the cache'
-  )
+  what, todo = _cache_fault(fault[1], cause, Path(directory), variable)
   return (
-    f'the compilation cache {directory} cannot be {done} ({cause}); JAX compiles instead, so '
-    f'the run goes on, slower to start; {todo}, or turn it off ({off})'
+    f'the compilation cache {directory} {what} ({cause}); JAX compiles instead, so the run '
+    f'goes on, slower to start; {todo}, or turn it off ({off})'
   )
+
+
+def _cache_fault(verb: str, cause: str, directory: Path, variable: str) -> tuple[str, str]:
+  """(what is wrong with the cache `directory`, the remedy) for JAX's `verb` ('reading' or
+  'writing') an entry and its `cause`. JAX makes the directory at its first read, so a read
+  that failed where no directory is could not create it."""
+  known = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.ENOTDIR, errno.EEXIST)
+  number = next((n for n in known if os.strerror(n) in cause), None)
+  if directory.exists() and not directory.is_dir():
+    return 'is a file, not a directory', f'set {variable} to a directory'
+  if not directory.is_dir():
+    if number in (errno.ENOTDIR, errno.EEXIST):
+      return 'cannot be created: a file is in the way on its path', f'set {variable} to a directory'
+    return 'cannot be created', f'make its parent writable or set {variable} to another directory'
+  if number in (errno.ENOSPC, errno.EDQUOT):
+    return 'cannot be written: its disk is full', (
+      f'free space on its disk or set {variable} to a directory on another disk; '
+      f'{_damaged_entries(directory)}'
+    )
+  if number in (errno.EROFS, errno.EACCES):
+    done = {'reading': 'read', 'writing': 'written'}[verb]
+    return f'cannot be {done}', f'make it writable or set {variable} to another directory'
+  if verb == 'writing':
+    return 'cannot be written', f'set {variable} to another directory'
+  return 'has an entry JAX cannot read', _damaged_entries(directory)
+
+
+def _damaged_entries(directory: Path) -> str:
+  """How to remove the damaged entries of the cache `directory`. JAX writes an entry in place
+  (`<key>-cache`; the key is not in its warning), so a write cut short (a full disk, a killed
+  process) leaves it empty, and every later run that looks it up warns of it again: those are
+  named, one by its path, else the find command that removes them; a damaged entry that is not
+  empty cannot be told from the others, so then the remedy is clearing the directory."""
+  try:
+    empty = sorted(p for p in directory.glob('*-cache') if p.stat().st_size == 0)
+  except OSError:
+    empty = []
+  if len(empty) == 1:
+    return f'remove the entry a cut-short write left empty: rm {shlex.quote(str(empty[0]))}'
+  if empty:
+    return (
+      f'remove the {len(empty)} entries cut-short writes left empty: find '
+      f"{shlex.quote(str(directory))} -name '*-cache' -size 0 -delete"
+    )
+  return f'remove {shlex.quote(str(directory))} to clear the cache'
 
 
 def say_cache_faults_once() -> None:
@@ -267,18 +313,55 @@ def say_cache_faults_once() -> None:
   warnings.showwarning = showwarning
 
 
-INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT
+# How the signals a program is stopped by are named in its one line.
+_SIGNAL_NAMES = {signal.SIGINT: 'Ctrl-C', signal.SIGTERM: 'SIGTERM'}
 
 
-def _stop_at_ctrl_c(signum, frame) -> None:
-  del signum, frame
+def _stop_now(signum: int, context: str = '') -> None:
+  """Ends the program at once on signal `signum`: one line, `error: stopped by <signal>`
+  followed by `context` (what the program was doing and what is left to do), exit status
+  128 + `signum`."""
   for stream in (sys.stdout, sys.stderr):
     try:
       stream.flush()
     except Exception:  # noqa: BLE001, S110 (a flush the signal interrupted: exiting anyway)
       pass
-  os.write(2, b'\nerror: stopped by Ctrl-C\n')
-  os._exit(INTERRUPTED_EXIT_CODE)
+  os.write(2, f'\nerror: stopped by {_SIGNAL_NAMES[signum]}{context}\n'.encode())
+  os._exit(128 + signum)
+
+
+def _stop_at_ctrl_c(signum, frame) -> None:
+  del frame
+  _stop_now(signum)
+
+
+@contextlib.contextmanager
+def stop_at_signals(context: str) -> Iterator[None]:
+  """While active, SIGTERM and Ctrl-C end the program at once as `stop_at_ctrl_c` does, with
+  `context` after `error: stopped by <signal>` (' during the final evaluation: ...'), exit
+  status 128 + the signal's number: for work that a signal cannot save, whose line says what
+  is kept and how to finish it (train.py's evaluation after training, eval.py). Without it
+  SIGTERM ended such a program with no line at all. The handlers before it are back on exit;
+  a signal ignored (nohup, a background job) stays ignored; outside the main thread nothing
+  changes."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+
+  def stop(signum, frame):
+    del frame
+    _stop_now(signum, context)
+
+  previous = {
+    signum: signal.signal(signum, stop)
+    for signum in _SIGNAL_NAMES
+    if signal.getsignal(signum) is not signal.SIG_IGN
+  }
+  try:
+    yield
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
 
 
 def stop_at_ctrl_c() -> None:

@@ -167,25 +167,70 @@ def test_a_causal_shaw_signature_times_causal_candidates(causal):
 @pytest.mark.parametrize(
   'content', ['{not json', '[1, 2]', '{"k": {"choice": 3}}', '{"k": {"choice": "xla"}}', '{"k": 1}']
 )
-def test_a_corrupt_cache_is_ignored_with_a_warning_and_rewritten(tmp_path, caplog, content):
+def test_a_corrupt_cache_is_ignored_with_a_warning_and_rewritten(tmp_path, capsys, content):
   path = tmp_path / 'autotune.json'
   path.write_text(content)
   with autotune.tuning(timer=_times(1.0, 2.0), cache_path=path) as tuner:
-    with caplog.at_level(logging.WARNING, logger='absl'):
-      assert tuner.choose(_signature(), NO_RUN) == 'xla'
-  assert any('ignoring the unreadable cache' in r.getMessage() for r in caplog.records)
+    assert tuner.choose(_signature(), NO_RUN) == 'xla'
+  warnings = capsys.readouterr().err.splitlines()
+  assert len(warnings) == 1 and warnings[0].startswith('warning: ignoring '), warnings
+  assert f'the autotune cache {path}' in warnings[0]
   assert list(json.loads(path.read_text()).values()) == [
     {'choice': 'xla', 'ms': {'xla': 1.0, 'pallas': 2.0}}
   ]
 
 
-def test_an_unwritable_cache_is_a_warning(tmp_path, caplog):
-  blocker = tmp_path / 'file'
-  blocker.write_text('')
-  with autotune.tuning(timer=_times(2.0, 1.0), cache_path=blocker / 'autotune.json') as tuner:
-    with caplog.at_level(logging.WARNING, logger='absl'):
-      assert tuner.choose(_signature(), NO_RUN) == 'pallas'
-  assert any('could not write the cache' in r.getMessage() for r in caplog.records)
+def test_a_malformed_entry_is_timed_again_with_one_warning_naming_the_file(tmp_path, capsys):
+  """An entry whose 'ms' held a string (valid JSON) was read as it was: pretune's table then
+  failed with 'error: Unknown format code 'f' for object of type 'str'', naming no file. Now
+  that entry is ignored (its signature timed again), the others kept, and the one warning is
+  said once however often the cache is read."""
+  signature, other = _signature(), _signature(q_len=2 * Q)
+  path = tmp_path / 'autotune.json'
+  kept = {'choice': 'pallas', 'ms': {'xla': 2.0, 'pallas': 1.0}}
+  path.write_text(
+    json.dumps(
+      {
+        autotune.cache_key(signature): {'choice': 'xla', 'ms': {'xla': '1.0', 'pallas': 2.0}},
+        autotune.cache_key(other): kept,
+      }
+    )
+  )
+  calls = []
+  with autotune.tuning(timer=_times(1.0, 2.0, calls), cache_path=path) as tuner:
+    assert tuner.choose(signature, NO_RUN) == 'xla'
+    assert tuner.choose(other, NO_RUN) == 'pallas'
+  assert calls == ['xla', 'pallas'], 'the malformed entry was not timed again'
+  assert [d.ms for d in tuner.decisions] == [{'xla': 1.0, 'pallas': 2.0}, kept['ms']]
+  assert capsys.readouterr().err.splitlines() == [
+    f'warning: ignoring 1 of the 2 entries of the autotune cache {path}, not of the form '
+    '{"choice": name, "ms": {name: milliseconds or null}}: their attention calls are timed '
+    'again and the file is rewritten'
+  ]
+  assert json.loads(path.read_text())[autotune.cache_key(signature)]['ms'] == {
+    'xla': 1.0,
+    'pallas': 2.0,
+  }
+
+
+def test_an_unwritable_cache_is_one_warning_and_leaves_no_temporary_file(tmp_path, capsys):
+  """A directory where the cache file goes: before, an absl log line at every read and write,
+  and `<path>.<pid>.tmp` left beside it."""
+  path = tmp_path / 'autotune.json'
+  path.mkdir()
+  with autotune.tuning(timer=_times(2.0, 1.0), cache_path=path) as tuner:
+    assert tuner.choose(_signature(), NO_RUN) == 'pallas'
+    assert tuner.choose(_signature(q_len=2 * Q), NO_RUN) == 'pallas'
+  warnings = capsys.readouterr().err.splitlines()
+  assert [w.split(' (')[0] for w in warnings] == [
+    f'warning: ignoring the autotune cache {path}, which cannot be read',
+    f'warning: cannot write the autotune cache {path}',
+  ], warnings
+  assert warnings[1].endswith(
+    'its choices are timed again in the next run; set RELPOS_AUTOTUNE_CACHE to a file path '
+    'that can be written, or to off'
+  )
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['autotune.json']
 
 
 def test_a_failing_candidate_is_never_chosen(tmp_path, caplog):
@@ -583,7 +628,7 @@ def test_an_old_cache_entry_pallas_means_the_default_tiles(tmp_path, monkeypatch
 @pytest.mark.usefixtures('tilings')
 @pytest.mark.parametrize('choice', ['cudnn', 'pallas@256x256', 'pallas@16x32'])
 def test_a_cached_choice_that_is_not_a_candidate_is_ignored_and_timed_again(
-  tmp_path, caplog, choice
+  tmp_path, capsys, choice
 ):
   """An entry naming no candidate of its signature (an unknown name, a tiling not timed at
   these shapes) is ignored with a warning, timed again and overwritten."""
@@ -593,10 +638,11 @@ def test_a_cached_choice_that_is_not_a_candidate_is_ignored_and_timed_again(
   calls = []
   timer = _times(2.0, 1.5, calls, tiles_ms={'pallas@32x32': 1.0})
   with autotune.tuning(timer=timer, cache_path=path) as tuner:
-    with caplog.at_level(logging.WARNING, logger='absl'):
-      assert tuner.choose(signature, candidates) == 'pallas@32x32'
+    assert tuner.choose(signature, candidates) == 'pallas@32x32'
   assert calls == ['xla', 'pallas', 'pallas@32x32']
-  assert any(f'ignoring the cached choice {choice!r}' in r.getMessage() for r in caplog.records)
+  assert f'warning: ignoring the choice {choice!r} the autotune cache {path}' in (
+    capsys.readouterr().err
+  )
   assert json.loads(path.read_text())[autotune.cache_key(signature)]['choice'] == 'pallas@32x32'
 
 

@@ -319,3 +319,75 @@ def test_a_run_refused_by_its_devices_writes_nothing(tmp_path):
   with pytest.raises(ValueError, match="'cudnn' runs on gpu devices only"):
     char_lm.TASK.train_model(config, tmp_path / 'run')
   assert not (tmp_path / 'run').exists()
+
+
+def _free_port() -> int:
+  """A local TCP port nothing listens on (bound, then released)."""
+  import socket  # noqa: PLC0415
+
+  with socket.socket() as probe:
+    probe.bind(('127.0.0.1', 0))
+    return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+  ('address', 'process_id', 'message'),
+  [
+    (
+      'nohost.invalid:1',
+      0,
+      'error: --coordinator_address=nohost.invalid:1: the host nohost.invalid does not resolve',
+    ),
+    ('127.0.0.1', 1, 'error: --coordinator_address=127.0.0.1: give host:port'),
+    (
+      '192.0.2.1:12355',  # TEST-NET-1: never an address of this machine
+      0,
+      'error: --coordinator_address=192.0.2.1:12355: process 0 runs the coordinator, but '
+      '192.0.2.1 is no address of this machine',
+    ),
+  ],
+)
+def test_a_coordinator_address_that_cannot_work_is_one_line_at_once(address, process_id, message):
+  """An unknown host waited 5 minutes in silence, then aborted in C++ (exit 134)."""
+  from relpos.training import tasks
+
+  explicit = {'coordinator_address': address, 'num_processes': 2, 'process_id': process_id}
+  with pytest.raises(SystemExit) as stopped:
+    tasks._join(explicit, timeout=1)
+  assert str(stopped.value.code).startswith(message), stopped.value.code
+
+
+def test_a_process_waits_for_a_coordinator_on_one_line_then_ends_with_one(capsys):
+  """Process 1 with no coordinator (process 0 not started, a wrong port) waited JAX's 5 minutes
+  in silence, then aborted in C++ (a 30-line stack, exit 134). Now it says that it waits, for
+  how long, and ends with one line and exit 69 (the clock here is a stand-in)."""
+  from relpos.training import tasks
+
+  address, now = f'127.0.0.1:{_free_port()}', [0.0]
+
+  def sleep(seconds):
+    now[0] += seconds
+
+  with pytest.raises(SystemExit) as stopped:
+    tasks.wait_for_coordinator(address, 120, clock=lambda: now[0], sleep=sleep)
+  assert stopped.value.code == tasks.COORDINATOR_EXIT_CODE == 69
+  assert capsys.readouterr().err.splitlines() == [
+    f'waiting up to 2m00s for the coordinator (process 0) at {address} (--coordinator_address; '
+    '--coordinator_timeout sets how long)',
+    f'error: --coordinator_address={address}: no coordinator answered at {address} in 2m00s: '
+    'start process 0 (--process_id=0) with the same --coordinator_address, check that this '
+    'machine reaches that host and port, or give a longer --coordinator_timeout',
+  ]
+
+
+def test_a_process_joins_a_coordinator_that_listens_without_a_line(capsys):
+  import socket  # noqa: PLC0415
+
+  from relpos.training import tasks
+
+  with socket.socket() as listening:
+    listening.bind(('127.0.0.1', 0))
+    listening.listen()
+    address = f'127.0.0.1:{listening.getsockname()[1]}'
+    tasks.wait_for_coordinator(address, 5, sleep=pytest.fail)
+  assert capsys.readouterr().err == ''

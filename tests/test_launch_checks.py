@@ -451,3 +451,20 @@ def test_a_home_in_the_config_file_and_its_path_fields_is_expanded(monkeypatch, 
   # Not a path field, and not set: left as they are.
   assert (config.data.source_lang, config.data.tfds_data_dir) == ('~/en', None)
   assert tasks.config_arg(['sweep', '--config', '~/translate.py']) == str(tmp_path / 'translate.py')
+
+
+@pytest.mark.parametrize(
+  ('names', 'message'),
+  [
+    (['wikitext'], "unknown corpus 'wikitext': this prepares tatoeba or enwik8"),
+    ([], 'name the corpus to prepare (tatoeba or enwik8)'),
+    (['tatoeba', 'enwik8'], 'name one corpus to prepare (tatoeba or enwik8), not tatoeba enwik8'),
+  ],
+)
+def test_prepare_names_an_unknown_corpus(names, message):
+  """Before, `prepare wikitext` said 'name the corpus to prepare', though one was named."""
+  from relpos.data import prepare  # noqa: PLC0415 (defines the command's absl flags)
+
+  with pytest.raises(SystemExit) as stopped:
+    prepare.main(['prepare', *names])
+  assert str(stopped.value).startswith(f'error: {message}')

@@ -236,7 +236,7 @@ def test_ctrl_c_saves_and_stops_and_a_second_stops_at_once(tmp_path, monkeypatch
     assert (code, line) == (
       130,
       'error: stopped by Ctrl-C at step 0, without a save; no checkpoint was written yet; '
-      'rerun the same command to resume from it',
+      'rerun the same command to start again',
     )
     assert not list(workdir.glob('checkpoints/*'))
 
@@ -565,3 +565,43 @@ def test_a_step_compiled_for_a_new_batch_shape_is_timed_apart(tmp_path, capsys, 
   assert re.match(r'step 5: [\d.]+ s, compiling the step for batch shape \(16, 3\)', compiles[1])
   records = {r['step']: r for r in _records(tmp_path / 'run') if 'train/loss' in r}
   assert sorted(records) == [2, 4, 6, 8] and all(r['train/tok_per_s'] > 0 for r in records.values())
+
+
+class _ExitError(Exception):
+  """What the test's os._exit raises, with the status the program would have exited with."""
+
+
+@pytest.mark.parametrize(
+  ('signum', 'named'), [(signal.SIGTERM, 'SIGTERM'), (signal.SIGINT, 'Ctrl-C')]
+)
+def test_a_signal_during_the_final_evaluation_says_the_run_is_trained_but_not_scored(
+  tmp_path, monkeypatch, capfd, signum, named
+):
+  """SIGTERM while train.py scored its run ended it with status 143 and no line at all (Ctrl-C:
+  'error: stopped by Ctrl-C'), leaving no eval_results.json. Now one line says that the run is
+  trained, its last checkpoint, and the command that scores it; the handlers are the test
+  session's again after."""
+  before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+  evaluate = TASK.evaluate
+
+  def signalled_evaluate(*args, **kwargs):
+    os.kill(os.getpid(), signum)  # as if sent while scoring
+    return evaluate(*args, **kwargs)
+
+  def exit_now(status):
+    raise _ExitError(status)
+
+  monkeypatch.setattr(TASK, 'evaluate', signalled_evaluate)
+  monkeypatch.setattr(os, '_exit', exit_now)
+  workdir = tmp_path / 'run'
+  with pytest.raises(_ExitError) as stopped:
+    TASK.train_and_evaluate(_config(), workdir, score_command='python eval.py --workdir=W')
+  assert stopped.value.args == (128 + signum,)
+  steps = _config().train.steps
+  assert capfd.readouterr().err.splitlines()[-1] == (
+    f'error: stopped by {named} during the final evaluation: training finished and saved its '
+    f'last checkpoint, {workdir}/checkpoints/{steps} (step {steps}), but the run is not scored: '
+    'score it with `python eval.py --workdir=W`'
+  )
+  assert not (workdir / 'eval_results.json').exists()
+  assert {s: signal.getsignal(s) for s in before} == before

@@ -1,6 +1,7 @@
 """relpos.runtime: the allocator re-execution and the compilation cache variables."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -140,30 +141,95 @@ def test_a_damaged_compilation_cache_is_one_warning_line(tmp_path):
   assert second.stdout == first.stdout
   lines = [line for line in second.stderr.splitlines() if 'cache' in line]
   assert lines == [
-    f'warning: the compilation cache {cache} cannot be read (error: Error -5 while '
-    'decompressing data: incomplete or truncated stream); JAX compiles instead, so the run goes '
-    f'on, slower to start; remove {cache} to clear the cache, or turn it off '
+    f'warning: the compilation cache {cache} has an entry JAX cannot read (error: Error -5 '
+    'while decompressing data: incomplete or truncated stream); JAX compiles instead, so the '
+    f'run goes on, slower to start; remove {cache} to clear the cache, or turn it off '
     '(RELPOS_COMPILATION_CACHE=off)'
   ], second.stderr
   assert 'UserWarning: another warning' in second.stderr
 
 
-def test_a_read_only_compilation_cache_of_the_users_own_names_its_own_variable():
+def test_a_read_only_compilation_cache_of_the_users_own_names_its_own_variable(tmp_path):
   """A cache directory that refuses writing wants another directory, not clearing; the
   variable named is the user's JAX_COMPILATION_CACHE_DIR where relpos did not choose it."""
+  mine = str(tmp_path)
   line = runtime.cache_fault_line(
     "Error writing persistent compilation cache entry for 'jit_step': OSError: [Errno 30] "
-    "Read-only file system: '/mine'",
-    '/mine',
-    {'JAX_COMPILATION_CACHE_DIR': '/mine'},
+    f"Read-only file system: '{mine}'",
+    mine,
+    {'JAX_COMPILATION_CACHE_DIR': mine},
   )
   assert line == (
-    'the compilation cache /mine cannot be written (OSError: [Errno 30] Read-only file system: '
-    "'/mine'); JAX compiles instead, so the run goes on, slower to start; make it writable or "
-    'set JAX_COMPILATION_CACHE_DIR to another directory, or turn it off (unset '
+    f'the compilation cache {mine} cannot be written (OSError: [Errno 30] Read-only file '
+    f"system: '{mine}'); JAX compiles instead, so the run goes on, slower to start; make it "
+    'writable or set JAX_COMPILATION_CACHE_DIR to another directory, or turn it off (unset '
     'JAX_COMPILATION_CACHE_DIR)'
   )
-  assert runtime.cache_fault_line('another warning', '/mine', {}) is None
+  assert runtime.cache_fault_line('another warning', mine, {}) is None
+
+
+def _cache_fault(verb: str, cause: str, directory) -> str:
+  """relpos's line for JAX's warning of `cause` while `verb` ('reading', 'writing') an entry
+  of the cache `directory`, which RELPOS_COMPILATION_CACHE named."""
+  message = f"Error {verb} persistent compilation cache entry for 'jit_step': {cause}"
+  line = runtime.cache_fault_line(
+    message, str(directory), {'RELPOS_COMPILATION_CACHE': str(directory)}
+  )
+  assert line.startswith(f'the compilation cache {directory} ') and line.endswith(
+    ', or turn it off (RELPOS_COMPILATION_CACHE=off)'
+  ), line
+  what, _, todo = line.removeprefix(f'the compilation cache {directory} ').partition(
+    '; JAX compiles instead, so the run goes on, slower to start; '
+  )
+  return what.split(' (')[0], todo.removesuffix(', or turn it off (RELPOS_COMPILATION_CACHE=off)')
+
+
+def test_each_compilation_cache_fault_names_its_cause_and_the_remedy_that_fits(tmp_path):
+  """Before, every fault was 'cannot be read' or 'cannot be written' with 'remove <dir> to
+  clear the cache' (or 'make it writable'): an ordinary file named as the cache was to be
+  removed, a directory that could not be created (a read-only HOME) 'cannot be read', and a
+  full disk was to be cleared, after which every run warned of the empty entries it left."""
+  a_file = tmp_path / 'notes.txt'
+  a_file.write_text('mine')
+  assert _cache_fault(
+    'reading', f"FileExistsError: [Errno 17] File exists: '{a_file}'", a_file
+  ) == (
+    'is a file, not a directory',
+    'set RELPOS_COMPILATION_CACHE to a directory',
+  )
+  missing = tmp_path / 'home' / '.cache' / 'relpos' / 'jax'
+  read_only = f"OSError: [Errno 30] Read-only file system: '{tmp_path / 'home' / '.cache'}'"
+  assert _cache_fault('reading', read_only, missing) == (
+    'cannot be created',
+    'make its parent writable or set RELPOS_COMPILATION_CACHE to another directory',
+  )
+  under_a_file = a_file / 'jax'
+  assert _cache_fault(
+    'reading', f"NotADirectoryError: [Errno 20] Not a directory: '{under_a_file}'", under_a_file
+  ) == (
+    'cannot be created: a file is in the way on its path',
+    'set RELPOS_COMPILATION_CACHE to a directory',
+  )
+  cache = tmp_path / 'cache'
+  cache.mkdir()
+  (cache / 'jit_step-abc-cache').write_bytes(b'')  # what the failed write left
+  (cache / 'jit_other-def-cache').write_bytes(b'whole')
+  assert _cache_fault('writing', 'OSError: [Errno 28] No space left on device', cache) == (
+    'cannot be written: its disk is full',
+    'free space on its disk or set RELPOS_COMPILATION_CACHE to a directory on another disk; '
+    f'remove the entry a cut-short write left empty: rm {cache}/jit_step-abc-cache',
+  )
+  # The next run reads that empty entry: named, with the command that removes it alone.
+  damaged = 'error: Error -5 while decompressing data: incomplete or truncated stream'
+  assert _cache_fault('reading', damaged, cache) == (
+    'has an entry JAX cannot read',
+    f'remove the entry a cut-short write left empty: rm {cache}/jit_step-abc-cache',
+  )
+  (cache / 'jit_more-ghi-cache').write_bytes(b'')
+  assert _cache_fault('reading', damaged, cache)[1] == (
+    f"remove the 2 entries cut-short writes left empty: find {cache} -name '*-cache' -size 0 "
+    '-delete'
+  )
 
 
 def test_cpu_devices_default_to_two_and_respect_the_user():
@@ -258,3 +324,25 @@ def test_every_program_that_runs_jax_applies_the_defaults_first():
     and 'runtime.apply_defaults()' not in path.read_text().split("if __name__ == '__main__':")[1]
   ]
   assert not missing, f'programs whose __main__ does not call runtime.apply_defaults(): {missing}'
+
+
+def test_stop_at_signals_ends_at_once_with_its_line_and_hands_the_handlers_back(monkeypatch, capfd):
+  """eval.py stopped by SIGTERM exited 143 with no line; under `stop_at_signals` SIGTERM and
+  Ctrl-C end the program with `error: stopped by <signal><context>` and 128 + the signal's
+  number, and the handlers before are back after."""
+
+  class ExitError(Exception):
+    pass
+
+  def exit_now(status):
+    raise ExitError(status)
+
+  monkeypatch.setattr(os, '_exit', exit_now)
+  before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+  for signum, named in ((signal.SIGTERM, 'SIGTERM'), (signal.SIGINT, 'Ctrl-C')):
+    with pytest.raises(ExitError) as stopped, runtime.stop_at_signals(' while scoring: rerun'):
+      os.kill(os.getpid(), signum)
+      signal.pthread_sigmask(signal.SIG_BLOCK, [])  # a bytecode boundary for the handler
+    assert stopped.value.args == (128 + signum,)
+    assert capfd.readouterr().err == f'\nerror: stopped by {named} while scoring: rerun\n'
+  assert {s: signal.getsignal(s) for s in before} == before

@@ -89,8 +89,11 @@ signature; an entry is {'choice': name, 'ms': {name: ms or None}}. Each new deci
 once (absl), naming the signature, the choice and every candidate's time. An entry whose choice
 is not one of the signature's candidates (a tiling since dropped, a name from another version)
 is ignored with a warning and timed again; 'pallas' always names the default tiles, as it did
-before tilings were tuned. A corrupt or unreadable file is ignored with one warning and
-rewritten; writes go through a temporary file and a rename, so a reader never sees half a file.
+before tilings were tuned. A corrupt or unreadable file, or a malformed entry in it (an 'ms'
+that is no number), is ignored with one `warning:` line naming the file (once a process) and
+timed again, and the file rewritten without it; a cache that cannot be written (a directory
+in the way) is one warning and leaves no temporary file. Writes go through a temporary file
+and a rename, so a reader never sees half a file.
 
 Several processes. Every process must compile the same program. In a multi-process run only
 process 0 reads the disk cache and times; its choice is broadcast
@@ -144,6 +147,7 @@ from relpos.attention.pallas_common import (
   triton_size,
 )
 from relpos.attention.pallas_xl import DEFAULT_XL_BLOCK
+from relpos.messages import warn
 
 # (block_q, block_k) timed besides each kernel's default tiles with RELPOS_AUTOTUNE_TILINGS=1
 # (module docstring, The candidates): then at most 3 Pallas candidates per signature.
@@ -500,39 +504,72 @@ def cache_key(signature: Signature) -> str:
   )
 
 
+# What becomes of a cache (or its entries) that `read_cache` ignores.
+_RETIMED = 'their attention calls are timed again and the file is rewritten'
+
+
+def _is_entry(entry) -> bool:
+  """Whether `entry` is a cache entry: {'choice': name, 'ms': {name: ms or None}}."""
+  if not isinstance(entry, dict) or not isinstance(entry.get('choice'), str):
+    return False
+  times = entry.get('ms')
+  return isinstance(times, dict) and all(
+    ms is None or (isinstance(ms, int | float) and not isinstance(ms, bool))
+    for ms in times.values()
+  )
+
+
 def read_cache(path: Path | None) -> dict:
   """The entries of the cache file (key -> {'choice': name, 'ms'}); {} when there is none or it
-  is unreadable or corrupt (with a warning: it is rewritten on the next decision). Whether a
-  choice is one of its signature's candidates is `Tuner.choose`'s check."""
+  is unreadable or corrupt, and without each malformed entry (an 'ms' that is no number, say:
+  its signature is timed again). Either is one `warning:` line naming the file, said once a
+  process (`relpos.messages.warn`; a run reads the cache at each new signature), and the next
+  decision rewrites the file without them. Whether a choice is one of its signature's
+  candidates is `Tuner.choose`'s check."""
   if path is None or not path.exists():
     return {}
   try:
     entries = json.loads(path.read_text())
-    if not isinstance(entries, dict) or not all(
-      isinstance(e, dict) and isinstance(e.get('choice'), str) and isinstance(e.get('ms'), dict)
-      for e in entries.values()
-    ):
-      raise ValueError('not a dict of {"choice": ..., "ms": ...} entries')
-    return entries
   except (OSError, ValueError) as error:  # json.JSONDecodeError is a ValueError
-    logging.warning('relpos autotune: ignoring the unreadable cache %s (%s)', path, error)
+    warn(
+      f'ignoring the autotune cache {path}, which cannot be read ({error}): {_RETIMED}', once=True
+    )
     return {}
+  if not isinstance(entries, dict):
+    warn(f'ignoring the autotune cache {path}, which is not a JSON object: {_RETIMED}', once=True)
+    return {}
+  kept = {key: entry for key, entry in entries.items() if _is_entry(entry)}
+  if len(kept) < len(entries):
+    malformed = len(entries) - len(kept)
+    warn(
+      f'ignoring {malformed} of the {len(entries)} entries of the autotune cache {path}, not '
+      f'of the form {{"choice": name, "ms": {{name: milliseconds or null}}}}: {_RETIMED}',
+      once=True,
+    )
+  return kept
 
 
 def write_cache(path: Path | None, key: str, entry: dict) -> None:
   """Adds `entry` under `key` to the cache file (read again first, so entries other
-  processes wrote meanwhile stay); a failure to write is a warning."""
+  processes wrote meanwhile stay); a failure to write is a `warning:` line (once a process)
+  and leaves no temporary file behind."""
   if path is None:
     return
+  temporary = path.with_name(f'{path.name}.{os.getpid()}.tmp')
   try:
     entries = read_cache(path)
     entries[key] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f'{path.name}.{os.getpid()}.tmp')
     temporary.write_text(json.dumps(entries, indent=1, sort_keys=True))
     os.replace(temporary, path)
   except OSError as error:
-    logging.warning('relpos autotune: could not write the cache %s (%s)', path, error)
+    with contextlib.suppress(OSError):
+      temporary.unlink(missing_ok=True)
+    warn(
+      f'cannot write the autotune cache {path} ({error}): its choices are timed again in the '
+      'next run; set RELPOS_AUTOTUNE_CACHE to a file path that can be written, or to off',
+      once=True,
+    )
 
 
 def agree_across_processes(choice: str, names: tuple[str, ...]) -> str:
@@ -592,11 +629,10 @@ class Tuner:
     leader = jax.process_index() == 0
     entry = read_cache(self.path).get(key) if leader else None
     if entry is not None and entry['choice'] not in names:
-      logging.warning(
-        'relpos autotune: ignoring the cached choice %r at %s (not one of %s)',
-        entry['choice'],
-        signature.text(),
-        ', '.join(names),
+      warn(
+        f'ignoring the choice {entry["choice"]!r} the autotune cache {self.path} holds for '
+        f'{signature.text()} (not one of {", ".join(names)}): it is timed again',
+        once=True,
       )
       entry = None
     source = 'disk' if entry else 'timed'

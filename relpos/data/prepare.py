@@ -73,12 +73,23 @@ def _remove_if_empty(directories: list[pathlib.Path]) -> None:
       return
 
 
+def _corpus_problem(names: list[str]) -> str | None:
+  """One line for positional arguments that do not name one corpus of CORPORA (none, an
+  unknown one, more than one); None where they do."""
+  usage = 'python -m relpos.data.prepare tatoeba --out=DIR'
+  known = ' or '.join(CORPORA)
+  if not names:
+    return f'name the corpus to prepare ({known}): {usage}'
+  if len(names) > 1:
+    return f'name one corpus to prepare ({known}), not {" ".join(names)}: {usage}'
+  if names[0] not in CORPORA:
+    return f'unknown corpus {names[0]!r}: this prepares {known} ({usage})'
+  return None
+
+
 def main(argv):
-  if len(argv) != 2 or argv[1] not in CORPORA:
-    sys.exit(
-      f'error: name the corpus to prepare ({" or ".join(CORPORA)}): '
-      'python -m relpos.data.prepare tatoeba --out=DIR'
-    )
+  if problem := _corpus_problem(argv[1:]):
+    sys.exit(f'error: {problem}')
   corpus, out = argv[1], _OUT.value
   made = _check_out(out)
   try:

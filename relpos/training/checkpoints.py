@@ -161,9 +161,24 @@ def filesystem_fault(
     remedy = f'make that directory or give another {flag}' if missing else f'give another {flag}'
   cause = _first_line(error) + (f' ({meaning})' if meaning else '')
   if todo is None:
-    then = ', then rerun the same command to resume' if resume else ', then rerun'
+    then = f', then {rerun_remedy(last_good)}' if resume else ', then rerun'
     todo = f'{remedy}{then}'
   return FilesystemFaultError(f'{what}: {cause}; {last_good}; {todo}')
+
+
+# A fault's words where no finished checkpoint is left to resume from (`_name_last_good`):
+# before the first save, and at a save that had none before it.
+NO_CHECKPOINT_YET = 'no checkpoint was written yet'
+NO_EARLIER_CHECKPOINT = 'there is no earlier checkpoint'
+
+
+def rerun_remedy(last_good: str) -> str:
+  """What rerunning the same command does after a fault whose last good checkpoint is
+  `last_good` (`Checkpoints.last_good`, `last_good_in`): resumes from the checkpoint it names,
+  or, where it names none, starts the run again from step 0. One rule for every fault's
+  remedy, so that none invites resuming from a checkpoint that is not there."""
+  nothing = last_good in (NO_CHECKPOINT_YET, NO_EARLIER_CHECKPOINT)
+  return f'rerun the same command to {"start again" if nothing else "resume"}'
 
 
 def _name_last_good(directory: Path, steps, none: str) -> str:
@@ -187,9 +202,7 @@ def last_good_in(workdir) -> str:
     steps = finished_steps(workdir)
   except (OSError, RuntimeError):  # a path that cannot be one (too long, a symlink loop)
     return 'no checkpoint could be written there'
-  return _name_last_good(
-    Path(workdir).resolve() / CHECKPOINTS, steps, 'no checkpoint was written yet'
-  )
+  return _name_last_good(Path(workdir).resolve() / CHECKPOINTS, steps, NO_CHECKPOINT_YET)
 
 
 def _path_names(path) -> tuple[str, ...]:
@@ -356,9 +369,7 @@ class Checkpoints:
       for step in self.all_steps()
       if step != but and step != self._pending and (self.directory / str(step)).is_dir()
     ]
-    return _name_last_good(
-      self.directory, steps, 'there is no earlier checkpoint (a rerun starts from step 0)'
-    )
+    return _name_last_good(self.directory, steps, NO_EARLIER_CHECKPOINT)
 
   def save(self, step: int, items: dict, meta: dict):
     """Writes `items` (name -> pytree of arrays) and `meta` (JSON-able) as `step`, after

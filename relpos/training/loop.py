@@ -44,6 +44,7 @@ import numpy as np
 from flax import nnx
 
 from relpos import flops as flops_lib
+from relpos import runtime
 from relpos.attention.pallas_common import check_runs_on
 from relpos.config import checks, fields
 from relpos.config.recorded import CONFIG_FILE, check_config_change, record_config
@@ -63,6 +64,7 @@ from relpos.training.checkpoints import (
   filesystem_fault,
   finished_steps,
   last_good_in,
+  rerun_remedy,
 )
 from relpos.training.device_memory import (
   evaluation_memory_fault,
@@ -354,7 +356,14 @@ class Task(abc.ABC):
     with PreemptionSignal() as preemption:
       train(self, config, workdir, preemption, allow_config_change=allow_config_change)
 
-  def train_and_evaluate(self, config, workdir, *, allow_config_change: bool = False) -> dict:
+  def train_and_evaluate(
+    self,
+    config,
+    workdir,
+    *,
+    allow_config_change: bool = False,
+    score_command: str | None = None,
+  ) -> dict:
     """`train_model`, then `evaluate`; an evaluation the run's checkpoints cannot serve is
     refused first (`check_evaluation_plan`), not after the training; the config check comes
     before that, which reads its fields (`train` checks it again with the devices). A data
@@ -364,22 +373,46 @@ class Task(abc.ABC):
     rewritten while the run trained (`scored_data_changes`, against the record the run made
     as it started; training has read the rest already): scored,
     that was other text than the run's, with a warning line and an eval_results.json that a
-    sweep tabulates like any other."""
+    sweep tabulates like any other. SIGTERM or Ctrl-C during the evaluation ends the program
+    at once with one line saying that the run is trained but not scored, and how to score it
+    (`relpos.runtime.stop_at_signals`): there is nothing to save. `score_command`: the eval.py
+    command that scores the run (the launcher's, `tasks.eval_command`; None: a generic one)."""
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
     self.check_config(config)
     check_evaluation_plan(config, workdir)
     self.train_model(config, workdir, allow_config_change=allow_config_change)
+    score_command = score_command or generic_score_command(workdir)
     changed = self.scored_data_changes(config, workdir)  # a training file may change now
     if changed:
-      raise UnscoredRunError(workdir, [], changed)
+      raise UnscoredRunError(workdir, [], changed, command=score_command)
+    unscored = (
+      f' during the final evaluation: training finished and saved {last_checkpoint(workdir)}, '
+      f'but the run is not scored: score it with `{score_command}`'
+    )
     try:
-      return self.evaluate(config, workdir, after_training=True)
+      with runtime.stop_at_signals(unscored):
+        return self.evaluate(config, workdir, after_training=True)
     except FileNotFoundError as error:
       files = self.data_files(config, workdir)
       gone = [f'{field} ({path})' for field, path in files.items() if not Path(path).is_file()]
       if not gone:
         raise
-      raise UnscoredRunError(workdir, gone) from error
+      raise UnscoredRunError(workdir, gone, command=score_command) from error
+
+
+def generic_score_command(workdir) -> str:
+  """The eval.py command that scores the run in `workdir`, where the command that trained it
+  is not known (`tasks.eval_command` builds it from that)."""
+  return f'python eval.py --config=<its config file> --workdir={workdir}'
+
+
+def last_checkpoint(workdir) -> str:
+  """'its last checkpoint, <workdir>/checkpoints/<s> (step <s>)' of a run that finished
+  training, for the lines that say it is trained but not scored."""
+  steps = finished_steps(workdir)
+  if not steps:
+    return 'its checkpoints'
+  return f'its last checkpoint, {Path(workdir) / CHECKPOINTS / str(steps[-1])} (step {steps[-1]})'
 
 
 def check_other_data(workdir: Path, other_data: list[str]) -> None:
@@ -409,15 +442,12 @@ class UnscoredRunError(FileNotFoundError):
   started (`gone`: '<field> (<path>)' each) or holds other data than it trained on (`changed`:
   `data_record.changes`' lines), so its final evaluation did not run. The run is whole: eval.py
   scores it once the file is back as it was. `command` is that eval.py command: the launcher
-  sets it from its own command line (`tasks.eval_command`)."""
+  gives it, from its own command line (`tasks.eval_command`)."""
 
-  def __init__(self, workdir, gone: list[str], changed: list[str] = ()):
-    steps = finished_steps(workdir)
-    saved = (
-      f'its last checkpoint, {Path(workdir) / CHECKPOINTS / str(steps[-1])} (step {steps[-1]})'
-      if steps
-      else 'its checkpoints'
-    )
+  def __init__(
+    self, workdir, gone: list[str], changed: list[str] = (), *, command: str | None = None
+  ):
+    saved = last_checkpoint(workdir)
     problems = list(changed)
     if gone:
       files = ' and '.join(gone) + (' is' if len(gone) == 1 else ' are')
@@ -426,7 +456,7 @@ class UnscoredRunError(FileNotFoundError):
       f'training finished and saved {saved}, but {"; ".join(problems)}, so the run was not '
       'evaluated: restore the data as it was, then score the run'
     )
-    self.command = f'python eval.py --config=<its config file> --workdir={workdir}'
+    self.command = command or generic_score_command(workdir)
     super().__init__(self.reason)
 
   def __str__(self) -> str:
@@ -819,9 +849,9 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
       raise
     raise out_of_memory_fault(config, reached['step'] + 1, last_good()) from error
   except KeyboardInterrupt:  # a second Ctrl-C (the first saves and stops: PreemptionSignal)
+    last = last_good()
     raise InterruptedRunError(
-      f'stopped by Ctrl-C at step {reached["step"]}, without a save; {last_good()}; rerun the '
-      'same command to resume from it'
+      f'stopped by Ctrl-C at step {reached["step"]}, without a save; {last}; {rerun_remedy(last)}'
     ) from None
 
 

@@ -1,10 +1,14 @@
 """The tasks train.py and eval.py run, chosen by `config.task`, and their shared launcher."""
 
+import contextlib
+import errno
 import importlib
 import logging as std_logging
 import os
 import shlex
+import socket
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import NoReturn
@@ -14,10 +18,12 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from relpos import runtime
 from relpos.config import checks, declaration, fields
 from relpos.files import dangling_link
+from relpos.messages import duration
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE
-from relpos.training.loop import Task, UnscoredRunError
+from relpos.training.loop import Task
 from relpos.training.preemption import PreemptedError, RunFaultError
 from relpos.training.run_config import TaskMismatchError, check_output_dir
 
@@ -82,6 +88,12 @@ def _define_distributed_flags():
   )
   num_processes = flags.DEFINE_integer('num_processes', None, 'With --distributed=explicit.')
   process_id = flags.DEFINE_integer('process_id', None, 'With --distributed=explicit.')
+  coordinator_timeout = flags.DEFINE_integer(
+    'coordinator_timeout',
+    DEFAULT_COORDINATOR_TIMEOUT,
+    'Seconds a process other than 0 waits for the coordinator, with --distributed=explicit.',
+    lower_bound=1,
+  )
 
   def initialize():
     explicit = {
@@ -96,7 +108,7 @@ def _define_distributed_flags():
           'error: --distributed=explicit needs --coordinator_address, --num_processes and '
           '--process_id'
         )
-      _join(explicit)
+      _join(explicit, coordinator_timeout.value)
     elif given:
       sys.exit(f'error: {", ".join(given)}: only with --distributed=explicit')
     elif mode.value == 'auto':
@@ -147,18 +159,120 @@ def launcher_variable_problem(environ=os.environ) -> str | None:
   return None
 
 
-def _join(explicit: dict) -> None:
+# What each process of a multi-process run says at its start: JAX 0.10.2 ends a process whose
+# peer died in C++ (SIGABRT, after its heartbeat timeout), so relpos cannot say it then.
+PEER_DEATH_NOTE = (
+  'relpos: should another process of this run die (killed, crashed), JAX ends this one after '
+  'its heartbeat timeout (100 s) with a C++ abort (exit 134); the checkpoints stay intact: '
+  "rerun every process's command to resume"
+)
+# How long a process waits for the coordinator by default: JAX's own initialization_timeout.
+DEFAULT_COORDINATOR_TIMEOUT = 300
+# sysexits.h EX_UNAVAILABLE: the coordinator (process 0) did not answer in time.
+COORDINATOR_EXIT_CODE = 69
+
+
+def _coordinator(address: str) -> tuple[str, int]:
+  """(host, port) of --coordinator_address=`address` (host:port, an IPv6 host in brackets);
+  exits with one `error:` line where it is no host:port or its host does not resolve."""
+  host, _, port = address.rpartition(':')
+  host = host.removeprefix('[').removesuffix(']')
+  if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    sys.exit(f'error: --coordinator_address={address}: give host:port (such as 10.0.0.1:12355)')
+  try:
+    socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+  except (socket.gaierror, UnicodeError) as error:
+    sys.exit(
+      f'error: --coordinator_address={address}: the host {host} does not resolve ('
+      f'{getattr(error, "strerror", None) or error}): give the host name or address of the '
+      'machine process 0 runs on'
+    )
+  return host, int(port)
+
+
+def is_this_machine(host: str) -> bool:
+  """Whether `host` (resolved) is an address of this machine: one a socket can be bound to.
+  Where JAX's coordinator (process 0) is given another machine's host, its own client waited
+  for a coordinator there, then aborted."""
+  family, kind, _, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+  try:
+    with socket.socket(family, kind) as probe:
+      probe.bind(address)
+  except OSError as error:
+    return error.errno != errno.EADDRNOTAVAIL
+  return True
+
+
+def coordinator_answers(host: str, port: int) -> bool:
+  """Whether a TCP connection to host:port is accepted (the coordinator listens there)."""
+  try:
+    socket.create_connection((host, port), timeout=5).close()
+  except OSError:
+    return False
+  return True
+
+
+def wait_for_coordinator(address: str, timeout: int, *, clock=time.monotonic, sleep=time.sleep):
+  """Waits up to `timeout` seconds for the coordinator at --coordinator_address=`address` to
+  accept a connection, saying so on one line (stderr) where it does not at once; exits with one
+  `error:` line and COORDINATOR_EXIT_CODE where it never does. A process other than 0 calls it
+  before jax.distributed.initialize: JAX's client, given no coordinator (process 0 not started,
+  a wrong port or host), waited its initialization_timeout in silence and then aborted the
+  process in C++ (a 30-line 'Check failure' stack, exit 134); JAX 0.10.2 offers no option that
+  makes that an exception. A coordinator that starts later is joined as soon as it listens."""
+  host, port = _coordinator(address)
+  if coordinator_answers(host, port):
+    return
+  print(
+    f'waiting up to {duration(timeout)} for the coordinator (process 0) at {host}:{port} '
+    '(--coordinator_address; --coordinator_timeout sets how long)',
+    file=sys.stderr,
+    flush=True,
+  )
+  deadline = clock() + timeout
+  while clock() < deadline:
+    sleep(1)
+    if coordinator_answers(host, port):
+      return
+  print(
+    f'error: --coordinator_address={address}: no coordinator answered at {host}:{port} in '
+    f'{duration(timeout)}: start process 0 (--process_id=0) with the same '
+    '--coordinator_address, check that this machine reaches that host and port, or give a '
+    'longer --coordinator_timeout',
+    file=sys.stderr,
+    flush=True,
+  )
+  sys.exit(COORDINATOR_EXIT_CODE)
+
+
+def _join(explicit: dict, timeout: int = DEFAULT_COORDINATOR_TIMEOUT) -> None:
   """jax.distributed.initialize with `explicit`'s settings (none: what it detects), its
   ValueError one `error:` line. With none given, JAX looks for a cluster whose processes it can
   count (a Cloud TPU pod slice, SLURM's srun, Open MPI's mpirun); outside one it finds none
   and says only 'coordinator_address should be defined.', at the end of a traceback through
   its internals. A launcher's variable that JAX would misread is named first
   (`launcher_variable_problem`). An explicit setting it refuses (a --process_id not below
-  --num_processes) is its own words."""
+  --num_processes) is its own words. With explicit settings the coordinator's host is resolved
+  first (process 0 runs the coordinator, so an unknown host was JAX's C++ abort after
+  `timeout` seconds), and a process other than 0 waits for the coordinator first
+  (`wait_for_coordinator`); JAX is given the same `timeout`."""
   if not explicit and (problem := launcher_variable_problem()):
     sys.exit(f'error: {problem}')
+  if explicit:
+    host, _ = _coordinator(explicit['coordinator_address'])
+    if explicit['process_id'] == 0 and not is_this_machine(host):
+      sys.exit(
+        f'error: --coordinator_address={explicit["coordinator_address"]}: process 0 runs the '
+        f'coordinator, but {host} is no address of this machine: start process 0 on that '
+        "host, or give this machine's own host name or address"
+      )
+    if 0 < explicit['process_id'] < explicit['num_processes']:
+      wait_for_coordinator(explicit['coordinator_address'], timeout)
+    explicit = {**explicit, 'initialization_timeout': timeout}
   try:
     jax.distributed.initialize(**explicit)
+    if jax.process_count() > 1:
+      print(PEER_DEATH_NOTE, file=sys.stderr, flush=True)
   except ValueError as error:
     if explicit:
       sys.exit(f'error: --distributed=explicit: {error}')
@@ -497,7 +611,9 @@ def launch(action: str):
   (which also takes --output_dir, where eval_results.json and translations go). A
   USER_ERRORS exception ends the run with `error: <message>` and exit code 1, without a
   traceback unless --traceback is given; SIGTERM or a first Ctrl-C during training saves a
-  checkpoint and exits with 128 + the signal's number (`PreemptedError.exit_code`); a Ctrl-C
+  checkpoint and exits with 128 + the signal's number (`PreemptedError.exit_code`); during
+  the evaluation (train.py's after training, eval.py's) either ends it at once with one line
+  saying what is kept and how to score the run (`relpos.runtime.stop_at_signals`); a Ctrl-C
   elsewhere ends it at once in one line (`relpos.runtime.stop_at_ctrl_c`). With
   --distributed, every process runs the same command (its own --process_id) and
   jax.distributed is initialised before anything touches a device.
@@ -527,13 +643,20 @@ def launch(action: str):
     initialize_distributed()
     if action == 'train_and_evaluate':
       kwargs['allow_config_change'] = allow_change.value
+      kwargs['score_command'] = eval_command(sys.argv, workdir.value)
+      signals = contextlib.nullcontext()  # training saves on them; its evaluation stops
     else:
       kwargs['output_dir'] = output_dir.value
+      signals = runtime.stop_at_signals(
+        ' before eval.py wrote its results (no eval_results.json): the run is unchanged; '
+        'rerun the same command to score it'
+      )
     try:
       if action == 'evaluate':  # before anything is read: nothing there it would destroy
         check_output_dir(kwargs['output_dir'], workdir.value)
       task = get(config.value)
-      result = getattr(task, action)(config.value, workdir.value, **kwargs)
+      with signals:
+        result = getattr(task, action)(config.value, workdir.value, **kwargs)
     except PreemptedError as stopped:
       print(stopped, file=sys.stderr)
       sys.exit(stopped.exit_code)
@@ -548,8 +671,6 @@ def launch(action: str):
     except USER_ERRORS as error:
       if show_traceback.value:
         raise
-      if isinstance(error, UnscoredRunError):  # the command that scores it, from this one's
-        error.command = eval_command(sys.argv, workdir.value)
       sys.exit(f'error: {error}')  # one line; --traceback (docs/faults.md) shows where
     print('\n'.join(task.result_lines(result)))
 
