@@ -673,32 +673,39 @@ def test_collect_only_warns_of_results_not_of_the_sweeps_config(tmp_path, capsys
   )
 
 
+def _recorded_char_run(root, data_path):
+  """A fake sweep (`_fake_runs`) of one Shaw char LM run on `data_path`, its config and data
+  recorded as train.py records them: (the run's config, its workdir, its eval_results.json's
+  contents with the config's config.eval)."""
+  from relpos.config.recorded import record_config
+  from relpos.training import data_record
+
+  field = 'model.max_relative_position'
+  _fake_runs(root, field, {0: [2.0]})
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 10  # _fake_runs' step
+  trained = sweep.with_value(config, field, 0)
+  trained.data.path = str(data_path)
+  trained.seed = 0
+  workdir = sweep.model_dir(root, field, 0, 0)
+  record_config(trained, workdir, allow_change=False)
+  data_record.record(workdir, char_lm.TASK.data_files(trained, workdir))
+  results = json.loads((workdir / 'eval_results.json').read_text())
+  return trained, workdir, results | {'eval': config.eval.to_dict()}
+
+
 def test_a_result_trained_on_the_same_data_by_another_path_is_kept(tmp_path, capsys):
   """A sweep run again from another clone of the repository gives its data another path, with
   the same bytes: stale_reason compared the path strings ('its model trained with another
   config (data.path: ...)'), so --collect_only warned and a sweep trained and scored the run
   again; it now follows `data_record.same_data`, as train.py's resume does. Other bytes under
   another path are still another config."""
-  from relpos.config.recorded import record_config
-  from relpos.training import data_record
-
-  field = 'model.max_relative_position'
   clone, other_clone = tmp_path / 'clone', tmp_path / 'other_clone'
   for directory in (clone, other_clone):
     directory.mkdir()
     (directory / 'corpus.txt').write_text('the same bytes in both clones\n' * 50)
-  root = tmp_path / 'sweep'
-  _fake_runs(root, field, {0: [2.0]})
-  config = load_config('char_tiny', 'shaw')
-  config.train.steps = 10  # _fake_runs' step
-  trained = sweep.with_value(config, field, 0)
-  trained.data.path = str(clone / 'corpus.txt')
-  trained.seed = 0
-  workdir = sweep.model_dir(root, field, 0, 0)
-  record_config(trained, workdir, allow_change=False)
-  data_record.record(workdir, char_lm.TASK.data_files(trained, workdir))
-  results = workdir / 'eval_results.json'
-  results.write_text(json.dumps(json.loads(results.read_text()) | {'eval': config.eval.to_dict()}))
+  trained, workdir, scored = _recorded_char_run(tmp_path / 'sweep', clone / 'corpus.txt')
+  (workdir / 'eval_results.json').write_text(json.dumps(scored))
   trained.data.path = str(other_clone / 'corpus.txt')
   assert sweep.stale_reason(workdir, trained, workdir) is None
   (other_clone / 'corpus.txt').write_text('other bytes\n' * 50)
@@ -710,25 +717,11 @@ def test_a_result_scored_on_other_data_than_the_run_s_is_stale(tmp_path):
   --collect_only tabulated that score (BLEU of other sentences) as the run's with no word:
   stale_reason never compared the config.data the result records. Now it does, by
   `data_record.same_data` (the run's bytes under another path are the run's data)."""
-  from relpos.config.recorded import record_config
-  from relpos.training import data_record
-
-  field = 'model.max_relative_position'
   (tmp_path / 'corpus.txt').write_text('the corpus the run trained on\n' * 50)
   (tmp_path / 'copy.txt').write_text('the corpus the run trained on\n' * 50)
   (tmp_path / 'other.txt').write_text('other sentences\n' * 50)
-  root = tmp_path / 'sweep'
-  _fake_runs(root, field, {0: [2.0]})
-  config = load_config('char_tiny', 'shaw')
-  config.train.steps = 10  # _fake_runs' step
-  trained = sweep.with_value(config, field, 0)
-  trained.data.path = str(tmp_path / 'corpus.txt')
-  trained.seed = 0
-  workdir = sweep.model_dir(root, field, 0, 0)
-  record_config(trained, workdir, allow_change=False)
-  data_record.record(workdir, char_lm.TASK.data_files(trained, workdir))
+  trained, workdir, scored = _recorded_char_run(tmp_path / 'sweep', tmp_path / 'corpus.txt')
   results = workdir / 'eval_results.json'
-  scored = json.loads(results.read_text()) | {'eval': config.eval.to_dict()}
   for path, stale in (('corpus.txt', False), ('copy.txt', False), ('other.txt', True)):
     data = trained.data.to_dict() | {'path': str(tmp_path / path)}
     results.write_text(json.dumps(scored | {'data': data}))
