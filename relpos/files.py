@@ -9,9 +9,13 @@ Also here, what the commands check of a path before they write or read there: a 
 takes files (`check_takes_files`), a symbolic link to nothing (`dangling_link`); and the one way
 text files of a line per sentence (data, translations, stdin) are cut into lines
 (`split_lines`, `read_text_lines`).
+
+And the mark relpos leaves beside a file it makes in a workdir (`write_marked`, `made_here`),
+which tells it apart from a file a user placed there under the same name.
 """
 
 import contextlib
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -43,6 +47,35 @@ def write_atomically(path, content: str | bytes) -> None:
   finally:
     with contextlib.suppress(OSError):
       partial.unlink(missing_ok=True)
+
+
+def made_mark(path) -> Path:
+  """The file beside `path` (`<name>.made`) that `write_marked` writes: the sha256 of the
+  content relpos wrote to `path`."""
+  path = Path(path)
+  return path.with_name(f'{path.name}.made')
+
+
+def write_marked(path, content: bytes) -> None:
+  """Writes `content` to `path` (`write_atomically`), its sha256 to `made_mark(path)` first.
+
+  A workdir's file relpos makes before its run is recorded (the vocabulary spm.model) and a
+  file a user placed there to share (an spm.model copied in) look the same once a start is
+  killed (SIGKILL, a requeued job) between the two: the mark tells them apart (`made_here`).
+  Written first, a kill between the two leaves a mark whose digest no file matches, and
+  holding the digest, a mark left beside a file placed later does not claim it."""
+  write_atomically(made_mark(path), hashlib.sha256(content).hexdigest())
+  write_atomically(path, content)
+
+
+def made_here(path) -> bool:
+  """Whether `path` is the file `write_marked` wrote there (its mark holds its digest), not one
+  placed there by hand."""
+  try:
+    mark = made_mark(path).read_text(encoding='utf-8').strip()
+    return mark == hashlib.sha256(Path(path).read_bytes()).hexdigest()
+  except (OSError, UnicodeDecodeError):
+    return False
 
 
 def check_takes_files(directory) -> None:

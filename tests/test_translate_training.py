@@ -366,7 +366,9 @@ def test_a_vocabulary_placed_in_a_new_workdir_is_used_not_trained_over(corpus, t
   config = _config(corpus, steps=2)
   workdir = tmp_path / 'shared'
   sentences = [*(corpus / 'train.de').read_text().splitlines(), 'Ein ganz anderer Satz.'] * 2
-  tokenizer.train_or_load(workdir / 'spm.model', sentences, 40, max_sentences=0, seed=0)
+  tokenizer.train_or_load(tmp_path / 'other' / 'spm.model', sentences, 40, max_sentences=0, seed=0)
+  workdir.mkdir()
+  shutil.copy(tmp_path / 'other' / 'spm.model', workdir / 'spm.model')  # the file alone
   placed = (workdir / 'spm.model').read_bytes()
   capsys.readouterr()
   translate.TASK.training(config, workdir, mesh_lib.data_mesh())
@@ -376,6 +378,27 @@ def test_a_vocabulary_placed_in_a_new_workdir_is_used_not_trained_over(corpus, t
     '(the run records it as its own); remove it to train one on config.data.train_src/'
     'train_tgt instead'
   ) in capsys.readouterr().err.splitlines()
+
+
+def test_a_vocabulary_a_killed_start_left_is_trained_again_not_taken_as_placed(
+  corpus, tmp_path, capsys
+):
+  """A start killed (SIGKILL) after it wrote spm.model and before it recorded its run left the
+  file, which the restart (with other training files) took as placed: it kept that vocabulary
+  and recorded it as its own. relpos marks the vocabulary it trains (`files.write_marked`), so
+  the restart trains it again, in silence; a placed file has no mark (the test above)."""
+  from relpos.data import tokenizer
+  from relpos.training import mesh as mesh_lib
+
+  config = _config(corpus, steps=2)
+  workdir = tmp_path / 'killed'
+  sentences = [*(corpus / 'train.de').read_text().splitlines(), 'Ein ganz anderer Satz.'] * 2
+  tokenizer.train_or_load(workdir / 'spm.model', sentences, 40, max_sentences=0, seed=0)
+  leftover = (workdir / 'spm.model').read_bytes()
+  capsys.readouterr()
+  translate.TASK.training(config, workdir, mesh_lib.data_mesh())
+  assert (workdir / 'spm.model').read_bytes() != leftover
+  assert 'was there before this run' not in capsys.readouterr().err
 
 
 def test_a_start_that_fails_before_its_run_is_recorded_removes_the_vocabulary_it_made(

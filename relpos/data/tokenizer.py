@@ -15,7 +15,7 @@ import numpy as np
 import sentencepiece as spm
 
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from relpos.files import write_atomically
+from relpos.files import write_marked
 
 _SPECIAL_IDS = {'pad_id': PAD_ID, 'eos_id': EOS_ID, 'bos_id': BOS_ID, 'unk_id': UNK_ID}
 
@@ -134,8 +134,9 @@ def train_or_load(
   model_path, sentences: Iterable[str], vocab_size: int, *, max_sentences: int, seed: int
 ) -> Tokenizer:
   """The Tokenizer saved at `model_path`, trained there first if the file does not exist. A
-  file that exists is never trained over: it may be a vocabulary placed there to share (the
-  training loop removes one a start that failed before its run was recorded wrote).
+  file that exists is never trained over: it may be a vocabulary placed there to share. One
+  trained here is marked so (`relpos.files.write_marked`): the training task trains again one
+  that a start stopped before its run was recorded left (`TranslationTask.training`).
 
   Args:
     model_path: str or Path of the `.model` file, e.g. workdir/'spm.model'.
@@ -151,7 +152,7 @@ def train_or_load(
   if not model_path.exists():
     model = train_model(sample_sentences(sentences, max_sentences, seed), vocab_size)
     model_path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(model_path, model)
+    write_marked(model_path, model)
   return load_tokenizer(model_path, vocab_size)
 
 

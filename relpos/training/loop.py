@@ -48,7 +48,7 @@ from relpos import runtime
 from relpos.attention.pallas_common import check_runs_on
 from relpos.config import checks, fields
 from relpos.config.recorded import CONFIG_FILE, check_config_change, record_config
-from relpos.files import check_takes_files, write_atomically
+from relpos.files import check_takes_files, made_mark, write_atomically
 from relpos.messages import warn
 from relpos.models.multihead_attention import clip_shaw_tables
 from relpos.training import data_record, optim, workdir_lock
@@ -790,10 +790,11 @@ def _remove_unrecorded(workdir: Path, made_files: list[Path]) -> None:
   if has_run(workdir):
     return
   for path in made_files:
-    try:
-      path.unlink(missing_ok=True)
-    except OSError:
-      pass
+    for made in (path, made_mark(path)):  # and its mark, if it has one (`files.write_marked`)
+      try:
+        made.unlink(missing_ok=True)
+      except OSError:
+        pass
 
 
 def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_config_change):

@@ -35,7 +35,7 @@ from relpos.data.translation import (
   load_eval_data,
   load_translation_data,
 )
-from relpos.files import write_atomically
+from relpos.files import made_here, write_atomically
 from relpos.messages import PassProgress, warn
 from relpos.models.transformer import Transformer, TransformerConfig
 from relpos.training import loop
@@ -290,12 +290,17 @@ class Translate(loop.Task):
     graphdef, state = build(config, config.data.vocab_size, mesh)
     placed = Path(workdir) / VOCAB_FILE
     if not has_run(workdir) and placed.exists() and mesh_lib.is_writer():
-      # Not written by a start of this workdir (one that failed removes its own: loop.train):
-      # someone placed it, to share a vocabulary. Used as it is, and recorded as the run's.
-      warn(
-        f'{placed} was there before this run: it trains with that vocabulary (the run records '
-        'it as its own); remove it to train one on config.data.train_src/train_tgt instead'
-      )
+      if made_here(placed):
+        # A start of this workdir trained it and was killed before its run was recorded (one
+        # that failed removes its own: loop.train); its data may have changed: trained again.
+        placed.unlink()
+      else:
+        # Someone placed it, to share a vocabulary: used as it is, and recorded as the run's.
+        warn(
+          f'{placed} was there before this run: it trains with that vocabulary (the run '
+          'records it as its own); remove it to train one on config.data.train_src/train_tgt '
+          'instead'
+        )
     data = load_translation_data(
       config.data,
       workdir,
