@@ -380,6 +380,38 @@ def test_a_vocabulary_placed_in_a_new_workdir_is_used_not_trained_over(corpus, t
   ) in capsys.readouterr().err.splitlines()
 
 
+def test_a_placed_vocabulary_that_cannot_serve_is_named_with_its_ways_out(corpus, tmp_path):
+  """A placed spm.model of 250 pieces against config.data.vocab_size=40 was refused as "the
+  workdir was made with config.data.vocab_size=250; pass that (the config its run recorded)",
+  where no run exists, and a garbage one with "rerun train.py, which trains it again". Each now
+  names the placed file, what it holds and the ways out."""
+  from relpos.data import tokenizer
+  from relpos.training import mesh as mesh_lib
+
+  config = _config(corpus, steps=2)
+  sentences = [*(corpus / 'train.de').read_text().splitlines(), 'Ein ganz anderer Satz.'] * 2
+  tokenizer.train_or_load(tmp_path / 'other' / 'spm.model', sentences, 41, max_sentences=0, seed=0)
+  workdir = tmp_path / 'placed'
+  workdir.mkdir()
+  shutil.copy(tmp_path / 'other' / 'spm.model', workdir / 'spm.model')
+  with pytest.raises(ValueError) as refused:
+    translate.TASK.training(config, workdir, mesh_lib.data_mesh())
+  assert str(refused.value) == (
+    f'{workdir}/spm.model, placed in the workdir before its first run, has 41 pieces but '
+    'config.data.vocab_size is 40: pass --config.data.vocab_size=41 to train with it, or '
+    'remove it, and the run trains one on config.data.train_src/train_tgt of 40 pieces'
+  )
+  (workdir / 'spm.model').write_bytes(b'\x00garbage' * 20)
+  with pytest.raises(ValueError) as refused:
+    translate.TASK.training(config, workdir, mesh_lib.data_mesh())
+  assert str(refused.value).startswith(f'{workdir}/spm.model, placed in the workdir before its ')
+  assert str(refused.value).endswith(
+    'is no SentencePiece model (INTERNAL: could not parse ModelProto from '
+    f'{workdir}/spm.model); copy the vocabulary there again, or remove it, and the run trains '
+    'one on config.data.train_src/train_tgt'
+  )
+
+
 def test_a_vocabulary_a_killed_start_left_is_trained_again_not_taken_as_placed(
   corpus, tmp_path, capsys
 ):
@@ -415,7 +447,7 @@ def test_a_start_that_fails_before_its_run_is_recorded_removes_the_vocabulary_it
     translate.TASK.train_model(config, workdir)
   assert sorted(path.name for path in workdir.iterdir()) == ['.relpos.lock']
   (workdir / 'spm.model').write_bytes(b'placed')
-  with pytest.raises(ValueError, match='spm.model is damaged'):
+  with pytest.raises(ValueError, match='spm.model, placed in the workdir before its first run'):
     translate.TASK.train_model(_config(corpus, steps=2), workdir)
   assert (workdir / 'spm.model').read_bytes() == b'placed'
 

@@ -300,7 +300,7 @@ def test_train_or_load_reuses_and_is_deterministic(tmp_path, spm_tokenizer):
     tmp_path / 'sub' / 'spm.model', SOURCES + TARGETS, VOCAB_SIZE, max_sentences=500, seed=0
   )
   assert retrained.path.read_bytes() == spm_tokenizer.path.read_bytes()
-  assert sorted(p.name for p in retrained.path.parent.iterdir()) == ['spm.model']
+  assert sorted(p.name for p in retrained.path.parent.iterdir()) == ['spm.model', 'spm.model.made']
 
 
 def test_train_or_load_errors(tmp_path, spm_tokenizer):

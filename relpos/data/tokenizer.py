@@ -20,6 +20,17 @@ from relpos.files import write_marked
 _SPECIAL_IDS = {'pad_id': PAD_ID, 'eos_id': EOS_ID, 'bos_id': BOS_ID, 'unk_id': UNK_ID}
 
 
+class DamagedVocabularyError(ValueError):
+  """A file that is no SentencePiece model; `reason` is the first line SentencePiece said."""
+
+  def __init__(self, path, reason: str):
+    super().__init__(
+      f'{path} is damaged ({reason}); remove it and rerun train.py, which trains it again (the '
+      'same data and seed give the same vocabulary)'
+    )
+    self.reason = reason
+
+
 class Tokenizer:
   """Text <-> ids with a SentencePiece model whose special ids are the constants above."""
 
@@ -28,7 +39,8 @@ class Tokenizer:
 
     Raises:
       FileNotFoundError: `path` is not a file.
-      ValueError: the file is no SentencePiece model (damaged), or its special ids differ from
+      DamagedVocabularyError: the file is no SentencePiece model.
+    ValueError: its special ids differ from
         PAD_ID, EOS_ID, BOS_ID, UNK_ID.
     """
     self.path = pathlib.Path(path)
@@ -37,10 +49,7 @@ class Tokenizer:
     try:
       self.processor = spm.SentencePieceProcessor(model_file=str(self.path))
     except (RuntimeError, OSError) as error:  # SentencePiece's own: "could not parse ModelProto"
-      raise ValueError(
-        f'{self.path} is damaged ({str(error).splitlines()[0]}); remove it and rerun train.py, '
-        'which trains it again (the same data and seed give the same vocabulary)'
-      ) from None
+      raise DamagedVocabularyError(self.path, str(error).splitlines()[0]) from None
     ids = {name: getattr(self.processor, name)() for name in _SPECIAL_IDS}
     if ids != _SPECIAL_IDS:
       raise ValueError(
@@ -154,6 +163,32 @@ def train_or_load(
     model_path.parent.mkdir(parents=True, exist_ok=True)
     write_marked(model_path, model)
   return load_tokenizer(model_path, vocab_size)
+
+
+def check_placed(model_path, vocab_size: int) -> None:
+  """Refuses a vocabulary placed in a new workdir (no run recorded, not trained there) that
+  cannot be the run's, naming the file, what it holds and the two ways out. `load_tokenizer`'s
+  own lines speak of a run that made the file (the config it recorded, training it again),
+  which a placed file has not.
+
+  Raises:
+    ValueError: the file is no SentencePiece model, has special ids of its own, or has another
+      number of pieces than `vocab_size`.
+  """
+  train_one = 'remove it, and the run trains one on config.data.train_src/train_tgt'
+  try:
+    pieces = Tokenizer(model_path).vocab_size
+  except DamagedVocabularyError as error:
+    raise ValueError(
+      f'{model_path}, placed in the workdir before its first run, is no SentencePiece model '
+      f'({error.reason}); copy the vocabulary there again, or {train_one}'
+    ) from None
+  if pieces != vocab_size:
+    raise ValueError(
+      f'{model_path}, placed in the workdir before its first run, has {pieces} pieces but '
+      f'config.data.vocab_size is {vocab_size}: pass --config.data.vocab_size={pieces} to '
+      f'train with it, or {train_one} of {vocab_size} pieces'
+    )
 
 
 def load_tokenizer(model_path, vocab_size: int, *, missing: str = '') -> Tokenizer:

@@ -28,6 +28,7 @@ from relpos.config import shared
 from relpos.config.translation_defaults import TranslationConfig
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID
 from relpos.data.token_batches import TokenBatches
+from relpos.data.tokenizer import check_placed
 from relpos.data.translation import (
   VOCAB_FILE,
   check_data_config,
@@ -296,6 +297,7 @@ class Translate(loop.Task):
         placed.unlink()
       else:
         # Someone placed it, to share a vocabulary: used as it is, and recorded as the run's.
+        check_placed(placed, config.data.vocab_size)
         warn(
           f'{placed} was there before this run: it trains with that vocabulary (the run '
           'records it as its own); remove it to train one on config.data.train_src/train_tgt '
