@@ -132,6 +132,15 @@ def test_a_new_task_trains_validates_checkpoints_and_evaluates(tmp_path, capsys)
   assert (workdir / 'config.json').exists()
 
 
+def test_validation_ends_at_the_last_step_where_eval_every_does_not_divide_steps(tmp_path):
+  """steps=10 with eval_every=4 validated at 4 and 8 only, though the field's help said "the
+  last step included": the validation curve stopped short of the trained model."""
+  config = _config(steps=10)
+  config.train.update(checkpoint_every=0, log_every=5)
+  TASK.train_model(config, tmp_path / 'run')
+  assert [r['step'] for r in _records(tmp_path / 'run') if 'valid/mse' in r] == [4, 8, 10]
+
+
 def test_the_progress_line_gives_mfu_where_the_devices_peak_is_known(tmp_path, capsys, monkeypatch):
   """With the task's FLOPs per step and a device peak (a GPU's data sheet; faked here, a CPU
   has none), each progress line and metrics.jsonl give the model FLOPs utilisation."""

@@ -51,7 +51,7 @@ class TrainConfig:
   steps: int = field(400_000, checks.integer(1), 'optimizer steps')
   log_every: int = field(200, checks.integer(1), 'steps between progress lines')
   eval_every: int = field(
-    4000, checks.integer(0), 'steps between validations, the last step included (0: none)'
+    4000, checks.integer(0), 'steps between validations, and one at the last step (0: none)'
   )
   checkpoint_every: int = field(
     4000, checks.integer(0), 'steps between checkpoints (0: only at the end and on SIGTERM)'

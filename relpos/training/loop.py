@@ -998,9 +998,10 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
       if done % train_config.log_every == 0 or done == train_config.steps:
         log(done)
       reached['step'] = done
-      # The last step too, where eval_every divides steps: the validation curve ends at the
-      # trained model (the final evaluation scores config.eval's split and settings, not this).
-      if train_config.eval_every and done % train_config.eval_every == 0:
+      # The last step too, whether or not eval_every divides steps: the validation curve ends
+      # at the trained model (the final evaluation scores config.eval's split and settings).
+      every = train_config.eval_every
+      if every and (done % every == 0 or done == train_config.steps):
         jax.block_until_ready(sums)  # off the training's clock
         progress.stop_clock()
         writer.write(done, run.validate(eval_model(run.graphdef, state), done))
