@@ -268,15 +268,15 @@ def test_an_evaluation_setting_the_model_never_reads_is_refused_unless_it_is_the
   config = load_config('char_tiny', 'shaw')
   config.eval.update(mem_len=64)  # a setting shaw reads
   unread = tasks.get(config).unread_run_fields(config)
-  run_config.check_unread_settings(config, unread, trained, 'W/config.json records it')
+  run_config.check_unread_settings(config, unread, trained, 'leave it as the run has it')
   run_config.check_unread_settings(config, unread, None, '')  # no record: not checked
   config.eval.clamp_len = 5
   with pytest.raises(ValueError) as caught:
-    run_config.check_unread_settings(config, unread, trained, 'W/config.json records it')
+    run_config.check_unread_settings(config, unread, trained, 'leave it as the run has it')
   assert str(caught.value) == (
     "eval.clamp_len: trained -1, given 5: config.model.position='shaw' never reads it, so the "
     'score would be the same and eval_results.json would record the setting as used; leave it '
-    'as the run has it (W/config.json records it)'
+    'as the run has it'
   )
   xl = load_config('char_tiny', 'xl')
   xl.eval.clamp_len = 5

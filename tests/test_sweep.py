@@ -74,8 +74,17 @@ def test_an_evaluation_setting_a_swept_model_never_reads_is_refused_before_train
   config = load_config('char_tiny', 'xl')
   evaluations = {'clamp': {'eval.clamp_len': 8}}
   sweep.check_sweep(config, 'model.position', ['xl'], [0], 'bpc', evaluations=evaluations)
-  with pytest.raises(ValueError, match=r'^--evaluations=clamp for model.position=shaw: eval\.'):
-    sweep.check_sweep(config, 'model.position', ['xl', 'shaw'], [0], 'bpc', evaluations=evaluations)
+  with pytest.raises(ValueError) as refused:
+    sweep.check_sweep(
+      config, 'model.position', ['shaw', 'xl', 't5'], [0], 'bpc', evaluations=evaluations
+    )
+  # It said "leave it as the run has it (the swept config has it)": no way out of a mixed grid.
+  assert str(refused.value).startswith('--evaluations=clamp for model.position=shaw: eval.')
+  assert str(refused.value).endswith(
+    'sweep model.position=xl alone with it, or drop it from --evaluations'
+  )
+  with pytest.raises(ValueError, match=r'shaw: eval.* used; drop it from --evaluations$'):
+    sweep.check_sweep(config, 'model.position', ['shaw'], [0], 'bpc', evaluations=evaluations)
 
 
 def test_fields_read_at_some_value_may_be_swept():

@@ -310,6 +310,41 @@ UNSWEPT_FIELDS = {
 }
 
 
+def _check_evaluation(task, field: str, variants: list, setting: str, overrides: dict) -> None:
+  """Checks what eval.py checks of the config it scores with (`Task.evaluate`) for
+  --evaluations' `setting` on each swept config (`variants`: (value, config) pairs). A setting
+  that only some of the swept models read (eval.clamp_len, xl's alone, over a model.position
+  sweep) is refused for the others (`run_config.check_unread_settings`), naming the values that
+  read it: sweep those alone with that setting, or drop it. It is not applied to a model that
+  never reads it, which would record it in eval_results.json as used."""
+  scored = []
+  for value, variant in variants:
+    try:
+      scored.append((value, variant, evaluated(variant, overrides)))
+      task.check_config(scored[-1][2])
+    except ValueError as error:
+      raise ValueError(f'--evaluations={setting} for {field}={value}: {error}') from None
+
+  def refusal(variant, config, remedy: str) -> str | None:
+    try:
+      unread = task.unread_run_fields(config)
+      run_config.check_unread_settings(config, unread, variant.to_dict(), remedy)
+    except ValueError as error:
+      return str(error)
+    return None
+
+  refused = [
+    (value, variant, config) for value, variant, config in scored if refusal(variant, config, '')
+  ]
+  if refused:
+    refused_values = [value for value, _, _ in refused]
+    readers = [str(value) for value, _, _ in scored if value not in refused_values]
+    alone = f'sweep {field}={",".join(readers)} alone with it, or ' if readers else ''
+    value, variant, config = refused[0]
+    error = refusal(variant, config, f'{alone}drop it from --evaluations')
+    raise ValueError(f'--evaluations={setting} for {field}={value}: {error}')
+
+
 def check_sweep(
   config, field: str, values, seeds, metric: str, variant_of=None, evaluations=None
 ) -> None:
@@ -329,22 +364,17 @@ def check_sweep(
   if field in UNSWEPT_FIELDS:
     raise ValueError(f'--field={field}: {UNSWEPT_FIELDS[field]}')
   read_somewhere = variant_of is not None
+  variants = []
   for value in values:
     try:
       variant = with_value(config, field, value) if variant_of is None else variant_of(value)
       task.check_config(variant)
     except ValueError as error:
       raise ValueError(f'--field={field} at {value!r}: {error}') from None
-    for setting, overrides in (evaluations or {}).items():
-      try:  # what eval.py checks of the config it scores with (`Task.evaluate`)
-        scored = evaluated(variant, overrides)
-        task.check_config(scored)
-        unread = task.unread_run_fields(scored)
-        run_config.check_unread_settings(
-          scored, unread, variant.to_dict(), 'the swept config has it'
-        )
-      except ValueError as error:
-        raise ValueError(f'--evaluations={setting} for {field}={value}: {error}') from None
+    variants.append((value, variant))
+  for setting, overrides in (evaluations or {}).items():
+    _check_evaluation(task, field, variants, setting, overrides)
+  for _, variant in variants:
     leaf = field.removeprefix('model.')
     if field.startswith('model.'):
       read_somewhere |= leaf not in task.unread_fields(variant)

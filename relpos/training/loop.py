@@ -264,7 +264,10 @@ class Task(abc.ABC):
     check_model(workdir, config, self.unread_fields(config))
     trained = read_config(workdir, known_fields=False).to_dict() if has_run(workdir) else None
     check_unread_settings(
-      config, self.unread_run_fields(config), trained, f'{workdir / CONFIG_FILE} records it'
+      config,
+      self.unread_run_fields(config),
+      trained,
+      f'leave it as the run has it ({workdir / CONFIG_FILE} records it)',
     )
     data_files = self.data_files(config, workdir)
     other_data = data_changes(workdir, config, data_files) + data_record.changes(

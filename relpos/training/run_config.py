@@ -195,16 +195,17 @@ def check_model(workdir, config: ml_collections.ConfigDict, unread: tuple[str, .
 
 
 def check_unread_settings(
-  config: ml_collections.ConfigDict, unread: tuple[str, ...], trained: dict | None, kept_in: str
+  config: ml_collections.ConfigDict, unread: tuple[str, ...], trained: dict | None, remedy: str
 ) -> None:
   """Refuses an evaluation setting the run's model never reads (`unread`: the task's
   `unread_run_fields`, e.g. 'eval.clamp_len' on a model other than xl) given otherwise than the
-  run has it (`trained`: its config as a dict, None: unknown, not checked; `kept_in`: where it
-  is, for the message): it was scored as the run's setting and recorded in eval_results.json as
-  if it had been used. The run's own value passes (a config file's value for every scheme:
-  enwik8_base's eval.clamp_len 820), as train.py's field check (`Task.check_combinations`)
-  lets the defaults through. eval.py checks it against config.json (`Task.evaluate`), a sweep
-  its `--evaluations` against each swept config before anything trains.
+  run has it (`trained`: its config as a dict, None: unknown, not checked; `remedy`: the way
+  out the message ends with, the caller's): it was scored as the run's setting and recorded in
+  eval_results.json as if it had been used. The run's own value passes (a config file's value
+  for every scheme: enwik8_base's eval.clamp_len 820), as train.py's field check
+  (`Task.check_combinations`) lets the defaults through. eval.py checks it against config.json
+  (`Task.evaluate`), a sweep its `--evaluations` against each swept config before anything
+  trains (`sweep._check_evaluation`, whose remedy names the swept values that read it).
 
   Raises:
     ValueError: naming each such field, both values and the position.
@@ -222,7 +223,7 @@ def check_unread_settings(
     raise ValueError(
       f'{"; ".join(changes)}: config.model.position={config.model.position!r} never reads '
       'it, so the score would be the same and eval_results.json would record the setting as '
-      f'used; leave it as the run has it ({kept_in})'
+      f'used; {remedy}'
     )
 
 
