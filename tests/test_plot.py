@@ -191,3 +191,18 @@ def test_an_out_file_that_cannot_be_written_is_the_exit_74_line(
   last = capsys.readouterr().err.strip().splitlines()[-1]
   assert last == f'error: cannot write --out={out}: {cause}, then rerun'
   assert not out.exists()
+
+
+def test_labels_too_long_for_a_tight_layout_write_the_figure_without_a_warning(tmp_path):
+  """A sweep over long value names (paths) printed matplotlib's two-line 'Tight layout not
+  applied' UserWarning on stderr; the figure is written as before, without it."""
+  import warnings
+
+  figure, axes = figures.subplots(figsize=(5, 3.5))
+  axes.plot([0, 1], [0, 1])
+  axes.set_xticks([0, 1], ['/tmp/' + 'a' * 200 + '.txt', '/tmp/' + 'b' * 200 + '.txt'])
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
+    written = figures.save(figure, tmp_path / 'sweep.png')
+  assert written.stat().st_size > 0
+  assert [str(warning.message) for warning in caught] == []

@@ -281,3 +281,19 @@ def test_an_evaluation_setting_the_model_never_reads_is_refused_unless_it_is_the
   xl = load_config('char_tiny', 'xl')
   xl.eval.clamp_len = 5
   run_config.check_unread_settings(xl, tasks.get(xl).unread_run_fields(xl), trained, '')
+
+
+def test_another_tfds_data_dir_is_the_same_data(tmp_path):
+  """tfds finds its data by config.data.tfds_name and the split, in whichever data_dir holds
+  them: a copied prepared directory was "other data" (an evaluation refused to score into the
+  workdir, a sweep called the run stale). The name and the splits still count."""
+  config = load_config('translate_tiny', 'shaw')
+  config.data.update(kind='tfds', tfds_data_dir=str(tmp_path / 'tfds'))
+  recording.record_config(config, tmp_path, allow_change=False)
+  config.data.tfds_data_dir = str(tmp_path / 'copied')
+  assert run_config.data_changes(tmp_path, config, {}) == []
+  assert recording.changes_from_recorded(config, tmp_path) == []
+  config.data.tfds_eval_split = 'validation'
+  assert run_config.data_changes(tmp_path, config, {}) == [
+    "data.tfds_eval_split: trained 'test', given 'validation'"
+  ]

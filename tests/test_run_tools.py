@@ -124,6 +124,33 @@ def _recorded_runs(root):
   return runs
 
 
+def test_a_vocabulary_changed_since_the_run_trained_is_refused(tmp_path):
+  """A swapped spm.model (vocab.json) read the model's ids as other pieces: translations of
+  nothing, with nothing said. Refused in one line naming the file and the run's own to restore."""
+  from relpos.training import data_record
+
+  translation, char = _recorded_runs(tmp_path)
+  spm_model, vocab_json = translation / 'spm.model', char / 'vocab.json'
+  spm_model.write_bytes(b"the run's pieces")
+  vocab_json.write_text(CharVocab.bytes().to_json())
+  data_record.record(translation, {loop.VOCABULARY: spm_model})
+  data_record.record(char, {loop.VOCABULARY: vocab_json})
+  spm_model.write_bytes(b"another run's pieces")
+  vocab_json.write_text(json.dumps({'symbols': list(range(255, -1, -1))}))
+  with pytest.raises(ValueError) as error:
+    translate.translate_lines(translation, ['a red cat'])
+  assert str(error.value) == (
+    f'the vocabulary: {spm_model} changed since the run trained on it (16 bytes then, 20 now): '
+    "the model's ids are the pieces of the vocabulary it trained with, so it is not read with "
+    "another (nor scored into an --output_dir): restore the run's spm.model (from a backup or "
+    'from where the run came from)'
+  )
+  with pytest.raises(
+    ValueError, match=r"vocab\.json changed since .*restore the run's vocab\.json"
+  ):
+    char_lm.read_vocabulary(char, 'bytes')  # relpos.tools.sample's
+
+
 def _unusable(tmp_path, other_run, untrained_run):
   """(workdir, message) of workdirs a tool cannot use: absent, not a run, a run of the other
   task, a run with no checkpoint yet."""

@@ -21,6 +21,12 @@ CONFIG_FILE = 'config.json'
 # Sections that may change between runs on one workdir: evaluation settings do not touch what
 # was trained.
 _FREE_SECTIONS = ('eval',)
+# Data fields that say where data are kept, not which data: tensorflow-datasets finds a
+# dataset, prepared and versioned, by config.data.tfds_name and its splits, in whichever
+# data_dir holds it, so a copied or moved prepared directory is the run's data. Compared as
+# a path, it was "other data": an evaluation refused to score into the workdir, a sweep
+# called the run stale, a resume asked for --allow_config_change.
+DATA_LOCATIONS = ('data.tfds_data_dir',)
 
 
 def with_added(recorded: dict, current: dict | None = None) -> dict:
@@ -128,13 +134,14 @@ def _recorded_and_current(
   otherwise than the run recorded it but that name the run's data all the same (the file it
   read, or its bytes: `relpos.training.data_record.same_data`, the one rule of what is the
   same data); they are read as recorded, so that another spelling of the run's data is no
-  change of config. What that file holds now is `data_record.changes`'s to compare."""
+  change of config. What that file holds now is `data_record.changes`'s to compare. The
+  fields of `DATA_LOCATIONS` (where tfds keeps its data) are read as recorded too."""
   path = Path(workdir) / CONFIG_FILE
   current = json.loads(config.to_json())
   if not path.is_file():
     return None, current
   recorded = read_recorded(path, current)
-  for name in same_data:
+  for name in (*same_data, *DATA_LOCATIONS):
     section, _, field = name.removeprefix('config.').partition('.')
     if field in recorded.get(section, {}) and field in current.get(section, {}):
       current[section][field] = recorded[section][field]

@@ -6,6 +6,7 @@ that draw nothing (their errors, `--print_only`) start without it. `pyplot` is s
 attribute of this module (imported when first read)."""
 
 import io
+import warnings
 from pathlib import Path
 
 from relpos.files import write_atomically
@@ -34,7 +35,8 @@ def subplots(*args, **kwargs):
 
 def save(figure, path, dpi: int = 120, *, flag: str | None = None) -> Path:
   """Writes `figure` to `path` (its format from the suffix; a PNG named path.png where it has
-  none, as matplotlib would) after a tight layout, then closes it; returns the path written.
+  none, as matplotlib would) after a tight layout (where the labels leave room for one; no
+  warning where they do not), then closes it; returns the path written.
   The figure is drawn in memory and written whole (`relpos.files.write_atomically`): an
   OSError names the file, also a full disk met only as matplotlib's file was flushed.
 
@@ -56,7 +58,13 @@ def save(figure, path, dpi: int = 120, *, flag: str | None = None) -> Path:
       raise ValueError(f'{path} is a directory: give a file name, e.g. {path / "figure.png"}')
     if not path.suffix:
       path = path.with_name(path.name.rstrip('.') + '.png')
-    figure.tight_layout()
+    with warnings.catch_warnings():
+      # Labels too long for the figure (a sweep over long paths or value names) leave
+      # matplotlib's layout as it was, and it says so as a two-line UserWarning on stderr, a
+      # library's traceback-like text among relpos's own lines; the figure is written all the
+      # same (the long labels cut at its edge), so there is nothing for the user to do.
+      warnings.filterwarnings('ignore', 'Tight layout not applied', UserWarning)
+      figure.tight_layout()
     drawn = io.BytesIO()
     figure.savefig(drawn, dpi=dpi, format=path.suffix.removeprefix('.'))
     write_atomically(path, drawn.getvalue())

@@ -23,7 +23,8 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
 
   Raises:
     FileNotFoundError: no run, no vocabulary or no checkpoint in `workdir`.
-    ValueError: the run is not a translation run.
+    ValueError: the run is not a translation run; its spm.model changed since it trained
+      (`loop.check_vocabulary`).
   """
   from flax import nnx  # imported after the runtime defaults
 
@@ -36,6 +37,7 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
 
   check_task(workdir, 'translate', needs="relpos.tools.translate reads runs of task 'translate'")
   config = read_config(workdir)
+  loop.check_vocabulary(workdir, translate.TASK.data_files(config, workdir))
   if beam_size is not None:
     translate.check_beam_size(beam_size, config.data.vocab_size, '--beam_size')
   loop.check_trained(workdir).close()

@@ -75,11 +75,16 @@ def read_vocabulary(workdir: Path, data_vocab: str) -> CharVocab:
 
   Raises:
     FileNotFoundError: an 'original' run's vocab.json is gone (`missing_vocabulary`).
+    ValueError: it changed since the run trained (`loop.check_vocabulary`).
   """
   if error := missing_vocabulary(workdir, data_vocab):
     raise error
   saved = Path(workdir) / VOCAB_FILE
-  return CharVocab.read(saved) if saved.exists() else CharVocab.bytes()
+  if not saved.exists():
+    return CharVocab.bytes()
+  vocab = CharVocab.read(saved)  # a damaged one is named as such first
+  loop.check_vocabulary(workdir, {loop.VOCABULARY: saved})
+  return vocab
 
 
 def _vocab_for_run(config, workdir: Path, *, training: bool, encode=SPLITS):
@@ -368,7 +373,7 @@ class CharLM(loop.Task):
     return {'train/bpc': totals['loss'] / totals['tokens'] / math.log(2)}
 
   def data_files(self, config, workdir):
-    vocabulary = {'the vocabulary': Path(workdir) / VOCAB_FILE}
+    vocabulary = {loop.VOCABULARY: Path(workdir) / VOCAB_FILE}
     if config.data.kind != 'text':
       return vocabulary  # enwik8: its size and md5 are checked as it is read (data.enwik8)
     return {'config.data.path': Path(config.data.path), **vocabulary}

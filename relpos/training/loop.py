@@ -143,6 +143,10 @@ def checkpoint_text(result: dict) -> str:
   return f'checkpoint {result["checkpoint"]}{averaged}'
 
 
+# `Task.data_files`' key of the vocabulary a run makes in its workdir (spm.model, vocab.json).
+VOCABULARY = 'the vocabulary'
+
+
 class Task(abc.ABC):
   """A task train.py and eval.py run; `config.task` names it (`relpos.training.tasks`)."""
 
@@ -250,7 +254,9 @@ class Task(abc.ABC):
     into the workdir it is refused before anything is scored (`check_other_data`, but for the
     fields only training reads, `training_only_data`): the score, of other sentences,
     replaced the run's own eval_results.json and translations, and a sweep tabulated it as
-    the run's. train.py's final evaluation never gets here with a file changed while it
+    the run's. A vocabulary changed since (spm.model, vocab.json) is refused into any
+    directory (`check_vocabulary`): the model's ids are its pieces. train.py's final
+    evaluation never gets here with a file changed while it
     trained (`train_and_evaluate`: the run is left unscored). A run a sweep recorded as
     diverged (`recorded_divergence`) is scored at its last finite checkpoint, with a warning
     line that says so. eval.py scores
@@ -270,6 +276,7 @@ class Task(abc.ABC):
       f'leave it as the run has it ({workdir / CONFIG_FILE} records it)',
     )
     data_files = self.data_files(config, workdir)
+    check_vocabulary(workdir, data_files)  # not other data: other ids (into any directory)
     other_data = data_changes(workdir, config, data_files) + data_record.changes(
       workdir, data_files
     )
@@ -416,6 +423,28 @@ def last_checkpoint(workdir) -> str:
   if not steps:
     return 'its checkpoints'
   return f'its last checkpoint, {Path(workdir) / CHECKPOINTS / str(steps[-1])} (step {steps[-1]})'
+
+
+def check_vocabulary(workdir: Path, files: dict[str, Path]) -> None:
+  """Refuses to read the run in `workdir` with a vocabulary changed since it trained
+  (`files`: `Task.data_files`, whose `VOCABULARY` is the workdir's spm.model or vocab.json,
+  compared with its record, `data_record.changes`). Unlike other data, it is not something to
+  score elsewhere: the model's ids are its vocabulary's pieces, so another vocabulary reads
+  every sentence as other ids (with --output_dir, eval.py scored them so, exit 0, a fraction
+  of the run's BLEU). eval.py and the tools that read a run (`relpos.tools.translate`,
+  `relpos.tools.sample`) refuse it, with or without --output_dir.
+
+  Raises:
+    ValueError: naming the file and the remedy, to put the run's own file back.
+  """
+  vocabulary = files.get(VOCABULARY)
+  if vocabulary is None or not (changed := data_record.changes(workdir, {VOCABULARY: vocabulary})):
+    return
+  raise ValueError(
+    f"{changed[0]}: the model's ids are the pieces of the vocabulary it trained with, so it "
+    "is not read with another (nor scored into an --output_dir): restore the run's "
+    f'{vocabulary.name} (from a backup or from where the run came from)'
+  )
 
 
 def check_other_data(workdir: Path, other_data: list[str]) -> None:

@@ -278,7 +278,7 @@ class Translate(loop.Task):
     return model_config(config, vocab_size=1).unread_fields()
 
   def data_files(self, config, workdir):
-    vocabulary = {'the vocabulary': Path(workdir) / VOCAB_FILE}
+    vocabulary = {loop.VOCABULARY: Path(workdir) / VOCAB_FILE}
     if config.data.kind != 'text':
       return vocabulary  # tensorflow-datasets: prepared and versioned by tfds
     fields = ('train_src', 'train_tgt', 'eval_src', 'eval_tgt')
