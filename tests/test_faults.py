@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -592,11 +593,15 @@ def test_damaged_run_files_are_named(text_file, straight, tmp_path):
   shutil.copytree(straight, workdir)
   (workdir / 'vocab.json').write_text('not json')
   # The copy's own vocabulary is compared with the record first (`data_record`: its place in
-  # the workdir), as the run's in place was; passed that, it is named as damaged.
-  with pytest.raises(ValueError, match=r'\(the vocabulary: \S*/run/vocab\.json changed since'):
-    char_lm.TASK.train_model(_config(text_file), workdir)
-  with pytest.raises(ValueError, match=r'vocab\.json is damaged \(.*\); remove it and rerun'):
-    char_lm.TASK.train_model(_config(text_file), workdir, allow_config_change=True)
+  # the workdir), as the run's in place was; a resume is refused even with
+  # --allow_config_change (`loop.check_vocabulary`: the checkpoints' ids are its pieces).
+  for allow in (False, True):
+    with pytest.raises(ValueError) as caught:
+      char_lm.TASK.train_model(_config(text_file), workdir, allow_config_change=allow)
+    assert re.match(r'the vocabulary: \S*/run/vocab\.json changed since', str(caught.value))
+    assert str(caught.value).endswith(
+      "restore the run's vocab.json (from a backup or from where the run came from)"
+    )
   with pytest.raises(ValueError, match=r'vocab\.json is damaged \(.*\); remove it and rerun'):
     sample.sample(workdir, None, 5)
   shutil.copy(straight / 'vocab.json', workdir / 'vocab.json')

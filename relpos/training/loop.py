@@ -432,7 +432,8 @@ def check_vocabulary(workdir: Path, files: dict[str, Path]) -> None:
   score elsewhere: the model's ids are its vocabulary's pieces, so another vocabulary reads
   every sentence as other ids (with --output_dir, eval.py scored them so, exit 0, a fraction
   of the run's BLEU). eval.py and the tools that read a run (`relpos.tools.translate`,
-  `relpos.tools.sample`) refuse it, with or without --output_dir.
+  `relpos.tools.sample`) refuse it, with or without --output_dir, and so does a resume, with
+  or without --allow_config_change (it trained the checkpoint's embeddings on other pieces).
 
   Raises:
     ValueError: naming the file and the remedy, to put the run's own file back.
@@ -897,6 +898,8 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   check_config_change(  # before any write
     config, workdir, allow_change=allow_config_change, same_data=same_data
   )
+  # Not even with --allow_config_change: the checkpoints' ids are the recorded vocabulary's.
+  check_vocabulary(workdir, data_files)
   other_data = data_record.changes(workdir, data_files)
   if other_data and not allow_config_change:
     raise ValueError(
