@@ -141,9 +141,9 @@ def test_a_vocabulary_changed_since_the_run_trained_is_refused(tmp_path):
     translate.translate_lines(translation, ['a red cat'])
   assert str(error.value) == (
     f'the vocabulary: {spm_model} changed since the run trained on it (16 bytes then, 20 now): '
-    "the model's ids are the pieces of the vocabulary it trained with, so it is not read with "
-    "another (nor scored into an --output_dir): restore the run's spm.model (from a backup or "
-    'from where the run came from)'
+    "the model's ids are the pieces of the vocabulary it trained with, so the run is not "
+    "resumed, read or scored (into any directory) with another: restore the run's spm.model "
+    '(from a backup or from where the run came from)'
   )
   with pytest.raises(
     ValueError, match=r"vocab\.json changed since .*restore the run's vocab\.json"

@@ -442,8 +442,8 @@ def check_vocabulary(workdir: Path, files: dict[str, Path]) -> None:
   if vocabulary is None or not (changed := data_record.changes(workdir, {VOCABULARY: vocabulary})):
     return
   raise ValueError(
-    f"{changed[0]}: the model's ids are the pieces of the vocabulary it trained with, so it "
-    "is not read with another (nor scored into an --output_dir): restore the run's "
+    f"{changed[0]}: the model's ids are the pieces of the vocabulary it trained with, so the "
+    "run is not resumed, read or scored (into any directory) with another: restore the run's "
     f'{vocabulary.name} (from a backup or from where the run came from)'
   )
 
