@@ -185,6 +185,19 @@ FLAG_ERRORS = [
   ('configs', [], '--config=configs: configs is a directory, not a config file'),
   ('configs/char_tiny.py', ['extra'], "unexpected arguments ['extra']"),
   ('configs/char_tiny.py', ['--num_processes=2'], 'only with --distributed=explicit'),
+  ('configs/char_tiny.py', ['--coordinator_timeout=5'], '--coordinator_timeout: only with'),
+  # JAX's client failed on a timeout past 2**31 - 1 s with a TypeError traceback.
+  (
+    'configs/char_tiny.py',
+    [
+      '--distributed=explicit',
+      '--coordinator_address=127.0.0.1:1',
+      '--num_processes=2',
+      '--process_id=1',
+      '--coordinator_timeout=2147483648',
+    ],
+    'flag --coordinator_timeout=2147483648: 2147483648 is not an integer in the range [1, 86400]',
+  ),
   # JAX's own refusal of an explicit setting, as one line (it was a traceback).
   (
     'configs/char_tiny.py',
@@ -355,6 +368,28 @@ def test_a_coordinator_address_that_cannot_work_is_one_line_at_once(address, pro
   with pytest.raises(SystemExit) as stopped:
     tasks._join(explicit, timeout=1)
   assert str(stopped.value.code).startswith(message), stopped.value.code
+
+
+def test_process_0_on_a_port_another_program_listens_on_is_one_line():
+  """Process 0 given a port another program listens on: JAX's coordinator failed to add the
+  port and the process ended in a segmentation fault (exit 139), while process 1 talked to
+  the other program. It is one line before JAX starts."""
+  import socket  # noqa: PLC0415
+
+  from relpos.training import tasks
+
+  with socket.socket() as listening:
+    listening.bind(('127.0.0.1', 0))
+    listening.listen()
+    port = listening.getsockname()[1]
+    explicit = {'coordinator_address': f'127.0.0.1:{port}', 'num_processes': 2, 'process_id': 0}
+    with pytest.raises(SystemExit) as stopped:
+      tasks._join(explicit, timeout=1)
+  assert str(stopped.value.code) == (
+    f'error: --coordinator_address=127.0.0.1:{port}: port {port} on 127.0.0.1 is in use by '
+    'another program, so the coordinator cannot listen there: give every process another port'
+  )
+  assert not tasks.port_in_use('127.0.0.1', port)  # closed now: free
 
 
 def test_a_process_waits_for_a_coordinator_on_one_line_then_ends_with_one(capsys):

@@ -284,9 +284,16 @@ class Task(abc.ABC):
     output_dir = workdir if output_dir is None else Path(output_dir)
     in_workdir = output_dir.resolve() == workdir.resolve()
     if other_data:
+      scored = self.scored_data_changes(config, workdir)
       if in_workdir and not after_training:
-        check_other_data(workdir, self.scored_data_changes(config, workdir))
-      warn(f'scoring other data than the run trained with ({"; ".join(other_data)})')
+        check_other_data(workdir, scored)
+      if scored:
+        warn(f'scoring other data than the run trained with ({"; ".join(scored)})')
+      if training_only := [change for change in other_data if change not in scored]:
+        warn(
+          f"fields only training reads differ from the run's ({'; '.join(training_only)}): "
+          'they change nothing this evaluation scores'
+        )
     check_platform(config, jax.default_backend())
     check_trained(workdir).close()
     diverged = recorded_divergence(output_dir, workdir)

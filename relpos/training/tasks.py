@@ -93,6 +93,7 @@ def _define_distributed_flags():
     DEFAULT_COORDINATOR_TIMEOUT,
     'Seconds a process other than 0 waits for the coordinator, with --distributed=explicit.',
     lower_bound=1,
+    upper_bound=MAX_COORDINATOR_TIMEOUT,
   )
 
   def initialize():
@@ -102,6 +103,8 @@ def _define_distributed_flags():
       'process_id': process_id.value,
     }
     given = sorted(f'--{name}' for name, value in explicit.items() if value is not None)
+    if flags.FLAGS['coordinator_timeout'].present:
+      given = sorted([*given, '--coordinator_timeout'])
     if mode.value == 'explicit':
       if len(given) < len(explicit):
         sys.exit(
@@ -168,6 +171,9 @@ PEER_DEATH_NOTE = (
 )
 # How long a process waits for the coordinator by default: JAX's own initialization_timeout.
 DEFAULT_COORDINATOR_TIMEOUT = 300
+# The longest wait --coordinator_timeout takes (a day): JAX's client fails on a timeout past
+# 2**31 - 1 seconds with a TypeError traceback, and no job waits a day for its process 0.
+MAX_COORDINATOR_TIMEOUT = 24 * 3600
 # sysexits.h EX_UNAVAILABLE: the coordinator (process 0) did not answer in time.
 COORDINATOR_EXIT_CODE = 69
 
@@ -201,6 +207,21 @@ def is_this_machine(host: str) -> bool:
   except OSError as error:
     return error.errno != errno.EADDRNOTAVAIL
   return True
+
+
+def port_in_use(host: str, port: int) -> bool:
+  """Whether another program listens on `port` at `host` (this machine's): process 0's
+  coordinator could not take it (JAX: 'Failed to add port', then a segmentation fault), and the
+  other processes would talk to that program. The probe allows reuse, as a server does, so a
+  port a run that just ended left in TIME_WAIT is free."""
+  family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+  with socket.socket(family, kind) as probe:
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      probe.bind(address)
+    except OSError as error:
+      return error.errno == errno.EADDRINUSE
+  return False
 
 
 def coordinator_answers(host: str, port: int) -> bool:
@@ -259,12 +280,18 @@ def _join(explicit: dict, timeout: int = DEFAULT_COORDINATOR_TIMEOUT) -> None:
   if not explicit and (problem := launcher_variable_problem()):
     sys.exit(f'error: {problem}')
   if explicit:
-    host, _ = _coordinator(explicit['coordinator_address'])
+    address = explicit['coordinator_address']
+    host, port = _coordinator(address)
     if explicit['process_id'] == 0 and not is_this_machine(host):
       sys.exit(
-        f'error: --coordinator_address={explicit["coordinator_address"]}: process 0 runs the '
+        f'error: --coordinator_address={address}: process 0 runs the '
         f'coordinator, but {host} is no address of this machine: start process 0 on that '
         "host, or give this machine's own host name or address"
+      )
+    if explicit['process_id'] == 0 and port_in_use(host, port):
+      sys.exit(
+        f'error: --coordinator_address={address}: port {port} on {host} is in use by another '
+        'program, so the coordinator cannot listen there: give every process another port'
       )
     if 0 < explicit['process_id'] < explicit['num_processes']:
       wait_for_coordinator(explicit['coordinator_address'], timeout)
