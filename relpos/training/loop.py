@@ -212,14 +212,25 @@ class Task(abc.ABC):
     """The changes from the data the run in `workdir` trained on (`run_config.data_changes`,
     `data_record.changes`) that change what an evaluation of `config` scores: those of every
     data field and file but `training_only_data`."""
-    scored_files = {
-      field: path
-      for field, path in self.data_files(config, workdir).items()
-      if field.removeprefix('config.data.') not in self.training_only_data
+    return self._data_changes(config, workdir, training_only=False)
+
+  def training_data_changes(self, config: ml_collections.ConfigDict, workdir: Path) -> list[str]:
+    """The changes of `training_only_data` alone (`scored_data_changes`' complement), which
+    change nothing an evaluation scores."""
+    return self._data_changes(config, workdir, training_only=True)
+
+  def _data_changes(self, config, workdir: Path, *, training_only: bool) -> list[str]:
+    """The data changes of the fields and files only training reads (`training_only`), or of
+    all the others."""
+
+    def selected(field: str) -> bool:
+      return (field.removeprefix('config.data.') in self.training_only_data) == training_only
+
+    files = {
+      field: path for field, path in self.data_files(config, workdir).items() if selected(field)
     }
-    return data_changes(
-      workdir, config, scored_files, free=self.training_only_data
-    ) + data_record.changes(workdir, scored_files)
+    left_out = tuple(name for name in config.get('data', {}) if not selected(name))
+    return data_changes(workdir, config, files, free=left_out) + data_record.changes(workdir, files)
 
   def data_files(self, config: ml_collections.ConfigDict, workdir: Path) -> dict[str, Path]:
     """{'config.data.<field>': path} of the data files the config names, and the vocabulary
@@ -277,23 +288,18 @@ class Task(abc.ABC):
     )
     data_files = self.data_files(config, workdir)
     check_vocabulary(workdir, data_files)  # not other data: other ids (into any directory)
-    other_data = data_changes(workdir, config, data_files) + data_record.changes(
-      workdir, data_files
-    )
     given_output_dir = output_dir is not None
     output_dir = workdir if output_dir is None else Path(output_dir)
     in_workdir = output_dir.resolve() == workdir.resolve()
-    if other_data:
-      scored = self.scored_data_changes(config, workdir)
+    if scored := self.scored_data_changes(config, workdir):
       if in_workdir and not after_training:
         check_other_data(workdir, scored)
-      if scored:
-        warn(f'scoring other data than the run trained with ({"; ".join(scored)})')
-      if training_only := [change for change in other_data if change not in scored]:
-        warn(
-          f"fields only training reads differ from the run's ({'; '.join(training_only)}): "
-          'they change nothing this evaluation scores'
-        )
+      warn(f'scoring other data than the run trained with ({"; ".join(scored)})')
+    if training_only := self.training_data_changes(config, workdir):
+      warn(
+        f"fields only training reads differ from the run's ({'; '.join(training_only)}): "
+        'they change nothing this evaluation scores'
+      )
     check_platform(config, jax.default_backend())
     check_trained(workdir).close()
     diverged = recorded_divergence(output_dir, workdir)
