@@ -80,7 +80,7 @@ from ml_collections import config_flags
 
 from relpos import flag_types, runtime
 from relpos.config import checks, declaration, fields, load_config_file
-from relpos.config.recorded import changes_from_recorded, with_added
+from relpos.config.recorded import with_added
 from relpos.files import read_text_lines, write_atomically
 from relpos.messages import warn
 from relpos.studies import breakdown, significance
@@ -425,8 +425,7 @@ def stale_reason(results_dir: Path, config, trained_dir: Path) -> str | None:
   or such a config, is kept."""
   path = results_dir / 'eval_results.json'
   files = tasks.get(config).data_files(config, trained_dir)
-  same_data = data_record.same_data(trained_dir, files)
-  if changes := changes_from_recorded(config, trained_dir, same_data):
+  if changes := run_config.run_config_changes(trained_dir, config, files):
     shown = '; '.join(changes[:3]) + ('; ...' if len(changes) > 3 else '')
     return f'its model trained with another config ({shown})'
   try:
@@ -528,7 +527,7 @@ def check_rerun(trained, workdir: Path, task, run: str) -> None:
       files changed since; naming the run (`run`) and the changes.
   """
   files = task.data_files(trained, workdir)
-  if changes := changes_from_recorded(trained, workdir, data_record.same_data(workdir, files)):
+  if changes := run_config.run_config_changes(workdir, trained, files):
     raise ValueError(
       f'{run}: {workdir} holds a run trained with another config ({"; ".join(changes)}): give '
       'the sweep a new --workdir for the new config, or the config its runs were trained with '

@@ -15,6 +15,7 @@ import ml_collections
 from relpos.config.model_fields import EVALUATION_FREE_FIELDS
 from relpos.config.recorded import (
   CONFIG_FILE,
+  changes_from_recorded,
   check_known_fields,
   config_changes,
   read_recorded,
@@ -167,6 +168,16 @@ def data_changes(
   check follows too. `free`: config.data fields left out (`Task.training_only_data`)."""
   same = data_record.same_data(workdir, files)
   return section_changes_from_recorded(config, workdir, 'data', free, same_data=same)
+
+
+def run_config_changes(
+  workdir, config: ml_collections.ConfigDict, files: dict[str, Path]
+) -> list[str]:
+  """The changes from the config the run in `workdir` recorded to `config`, outside config.eval
+  (`changes_from_recorded`), a path of `files` (`Task.data_files`) that names the run's data
+  read as the run's (`data_record.same_data`), as a resume reads it: `data_changes`' twin for
+  the whole config, for the sweep's checks of a run it would keep or resume."""
+  return changes_from_recorded(config, workdir, data_record.same_data(workdir, files))
 
 
 def check_model(workdir, config: ml_collections.ConfigDict, unread: tuple[str, ...] = ()) -> None:
