@@ -88,13 +88,18 @@ def check_line_endings(data: bytes, path, field: str | None = None) -> None:
   )
 
 
-def _carriage_returns_to_newlines(path) -> str:
+def _converted(path, convert: str) -> str:
   """The shell command that writes the text of the file at `path` (decompressed first, where it
-  is compressed) to fixed.txt with each '\\r' made a '\\n'."""
+  is compressed) through the filter `convert` to fixed.txt: a remedy's conversion."""
   decompress = decompress_command(path)
   if decompress:
-    return f"{decompress} | tr '\\r' '\\n' > fixed.txt"
-  return f"tr '\\r' '\\n' < {shlex.quote(str(path))} > fixed.txt"
+    return f'{decompress} | {convert} > fixed.txt'
+  return f'{convert} < {shlex.quote(str(path))} > fixed.txt'
+
+
+def _carriage_returns_to_newlines(path) -> str:
+  """`_converted` with each '\\r' made a '\\n'."""
+  return _converted(path, "tr '\\r' '\\n'")
 
 
 NUL_SAMPLE = 1 << 12  # bytes looked at for the NULs of UTF-16: a file's first
@@ -113,12 +118,7 @@ def check_not_utf16(data: bytes, path, field: str | None = None) -> None:
     return
   encoding = 'UTF-16LE' if odd > even else 'UTF-16BE'
   named = f' ({field})' if field else ''
-  decompress = decompress_command(path)
-  convert = (
-    f'{decompress} | iconv -f {encoding} -t UTF-8 > fixed.txt'
-    if decompress
-    else f'iconv -f {encoding} -t UTF-8 < {shlex.quote(str(path))} > fixed.txt'
-  )
+  convert = _converted(path, f'iconv -f {encoding} -t UTF-8')
   raise ValueError(
     f'{path}{named} holds NUL bytes ({odd + even:,} of its first {len(head):,}, at '
     f'{"odd" if odd > even else "even"} offsets): it looks like {encoding} text, not UTF-8; '
