@@ -410,3 +410,16 @@ def eval_field_sweep_root(root):
   checkpoint = str(trained / 'checkpoints' / '20')
   (scored / 'eval_results.json').write_text(json.dumps({'bpc': 2.0, 'checkpoint': checkpoint}))
   return trained, scored
+
+
+def after_training(monkeypatch, task, action) -> None:
+  """Makes `task.train_model` call `action()` once it has trained: what happens to a data file
+  while a run trains (moved away, rewritten) as train_and_evaluate's final evaluation meets
+  it."""
+  train_model = task.train_model
+
+  def train_then(*args, **kwargs):
+    train_model(*args, **kwargs)
+    action()
+
+  monkeypatch.setattr(task, 'train_model', train_then)

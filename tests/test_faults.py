@@ -27,6 +27,7 @@ import pytest
 from helpers import (
   REPO,
   TINY_CHAR_LM_FLAGS,
+  after_training,
   damage_checkpoint,
   tiny_char_config,
   tiny_translate_config,
@@ -325,13 +326,7 @@ def test_a_data_file_gone_by_the_final_evaluation_names_the_saved_run(
   workdir = tmp_path / 'run'
   shutil.copytree(straight, workdir)
   moved = tmp_path / 'moved.txt'
-  train_model = char_lm.TASK.train_model
-
-  def train_then_move(*args, **kwargs):
-    train_model(*args, **kwargs)
-    text_file.rename(moved)
-
-  monkeypatch.setattr(char_lm.TASK, 'train_model', train_then_move)
+  after_training(monkeypatch, char_lm.TASK, lambda: text_file.rename(moved))
   try:
     with pytest.raises(loop.UnscoredRunError) as caught:
       char_lm.TASK.train_and_evaluate(_config(text_file), workdir)
@@ -361,13 +356,7 @@ def test_a_data_file_rewritten_while_training_leaves_the_run_unscored(
   workdir = tmp_path / 'run'
   shutil.copytree(straight, workdir)
   original = text_file.read_bytes()
-  train_model = char_lm.TASK.train_model
-
-  def train_then_rewrite(*args, **kwargs):
-    train_model(*args, **kwargs)
-    text_file.write_bytes(original * 2)
-
-  monkeypatch.setattr(char_lm.TASK, 'train_model', train_then_rewrite)
+  after_training(monkeypatch, char_lm.TASK, lambda: text_file.write_bytes(original * 2))
   (workdir / 'eval_results.json').unlink(missing_ok=True)
   try:
     with pytest.raises(loop.UnscoredRunError) as caught:

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import tiny_translate_config, write_pair_corpus
+from helpers import after_training, tiny_translate_config, write_pair_corpus
 
 from relpos.constants import PAD_ID
 from relpos.models.transformer import Transformer
@@ -190,13 +190,7 @@ def test_an_eval_file_gone_by_the_final_evaluation_names_the_saved_run(
   workdir = tmp_path / 'run'
   shutil.copytree(trained[0], workdir)
   references, moved = corpus / 'eval.de', tmp_path / 'eval.de'
-  train_model = translate.TASK.train_model
-
-  def train_then_move(*args, **kwargs):
-    train_model(*args, **kwargs)
-    references.rename(moved)
-
-  monkeypatch.setattr(translate.TASK, 'train_model', train_then_move)
+  after_training(monkeypatch, translate.TASK, lambda: references.rename(moved))
   try:
     with pytest.raises(loop.UnscoredRunError) as caught:
       translate.TASK.train_and_evaluate(_config(corpus, steps=8), workdir)
