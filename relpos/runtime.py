@@ -60,11 +60,11 @@ already decides.
   `*-cache` files there), or in `RELPOS_AUTOTUNE_CACHE` (a file; `off`: decisions are kept
   in memory only), or, with no local compilation cache, `~/.cache/relpos/autotune.json`
   (`autotune_cache_path`).
-- **Ctrl-C** ends the program at once with one line and exit status 130 (`stop_at_ctrl_c`),
-  from its first moment: no KeyboardInterrupt traceback through JAX's imports, and none that
-  Python swallows in a callback. Training takes SIGINT over while it runs, to save first;
-  work a signal cannot save (an evaluation) says what is kept on SIGTERM or Ctrl-C
-  (`stop_at_signals`).
+- **Ctrl-C and SIGTERM** end the program at once with one line and exit status 130 or 143
+  (`stop_at_ctrl_c_or_sigterm`), from its first moment: no KeyboardInterrupt traceback through
+  JAX's imports, none that Python swallows in a callback, and no silent end on SIGTERM.
+  Training takes both over while it runs, to save first; work a signal cannot save (an
+  evaluation) says what is kept (`stop_at_signals`).
 """
 
 import contextlib
@@ -76,7 +76,7 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # glibc malloc tunables relpos adds on a Linux CPU (module docstring; docs/performance-cpu.md
@@ -330,27 +330,29 @@ def _stop_now(signum: int, context: str = '') -> None:
   os._exit(128 + signum)
 
 
-def _stop_at_ctrl_c(signum, frame) -> None:
+def _stop_at_signal(signum, frame) -> None:
   del frame
   _stop_now(signum)
 
 
 @contextlib.contextmanager
-def stop_at_signals(context: str) -> Iterator[None]:
-  """While active, SIGTERM and Ctrl-C end the program at once as `stop_at_ctrl_c` does, with
-  `context` after `error: stopped by <signal>` (' during the final evaluation: ...'), exit
-  status 128 + the signal's number: for work that a signal cannot save, whose line says what
-  is kept and how to finish it (train.py's evaluation after training, eval.py). Without it
-  SIGTERM ended such a program with no line at all. The handlers before it are back on exit;
-  a signal ignored (nohup, a background job) stays ignored; outside the main thread nothing
-  changes."""
+def stop_at_signals(context: str | Callable[[], str]) -> Iterator[None]:
+  """While active, SIGTERM and Ctrl-C end the program at once as `stop_at_ctrl_c_or_sigterm`
+  does, with `context` after `error: stopped by <signal>` (' during the final evaluation:
+  ...'), exit status 128 + the signal's number: for work that a signal cannot save, whose line
+  says what is kept and how to finish it (train.py's evaluation after training, eval.py).
+  `context` may be a function that returns the text when the signal comes, for a line true to
+  what is on disk then (eval.py's: `relpos.training.loop.stopped_evaluation`, which may also
+  tidy what the work made and left empty); it runs in the handler, so it must not raise. The
+  handlers before it are back on exit; a signal ignored (nohup, a background job) stays
+  ignored; outside the main thread nothing changes."""
   if threading.current_thread() is not threading.main_thread():
     yield
     return
 
   def stop(signum, frame):
     del frame
-    _stop_now(signum, context)
+    _stop_now(signum, context() if callable(context) else context)
 
   previous = {
     signum: signal.signal(signum, stop)
@@ -364,27 +366,31 @@ def stop_at_signals(context: str) -> Iterator[None]:
       signal.signal(signum, handler)
 
 
-def stop_at_ctrl_c() -> None:
-  """Makes Ctrl-C end this program at once with one line, `error: stopped by Ctrl-C`, and exit
-  status 130, rather than a KeyboardInterrupt: raised wherever the program happens to be, that
-  prints a traceback through JAX's imports or kernels, and inside a garbage-collection callback
-  Python ignores it ("Exception ignored in: ...") and the program runs on. A program that must
-  save something on Ctrl-C takes SIGINT over while it can (training:
-  `relpos.training.preemption.PreemptionSignal`) and hands it back. An ignored SIGINT (nohup, a
-  shell's background job) stays ignored; outside the main thread nothing changes."""
+def stop_at_ctrl_c_or_sigterm() -> None:
+  """Makes Ctrl-C and SIGTERM end this program at once with one line, `error: stopped by
+  Ctrl-C` (exit status 130) or `error: stopped by SIGTERM` (143), the line `stop_at_signals`
+  gives with its context. Without it a KeyboardInterrupt, raised wherever the program happens
+  to be, prints a traceback through JAX's imports or kernels, and inside a garbage-collection
+  callback Python ignores it ("Exception ignored in: ...") and the program runs on; and
+  SIGTERM ends it with no line at all (the tools, a benchmark). A program that must save
+  something on a signal takes both over while it can (training:
+  `relpos.training.preemption.PreemptionSignal`) and hands them back. An ignored signal
+  (nohup, a shell's background job) stays ignored; outside the main thread nothing changes."""
   if threading.current_thread() is not threading.main_thread():
     return
-  if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-    signal.signal(signal.SIGINT, _stop_at_ctrl_c)
+  for signum in _SIGNAL_NAMES:
+    if signal.getsignal(signum) is not signal.SIG_IGN:
+      signal.signal(signum, _stop_at_signal)
 
 
 def apply_defaults() -> None:
   """Sets the device and compilation cache variables, then re-executes this program with the
   fast allocator if it lacks it (the process keeps its pid), with one log line naming what it
-  applied, and makes Ctrl-C one line (`stop_at_ctrl_c`, first: start-up is when it is most
-  often pressed). Call it before importing JAX; a bad RELPOS_* value ends the program with one
-  line. JAX's warnings about its compilation cache are one line (`say_cache_faults_once`)."""
-  stop_at_ctrl_c()
+  applied, and makes Ctrl-C and SIGTERM one line (`stop_at_ctrl_c_or_sigterm`, first:
+  start-up is when Ctrl-C is most often pressed). Call it before importing JAX; a bad RELPOS_*
+  value ends the program with one line. JAX's warnings about its compilation cache are one
+  line (`say_cache_faults_once`)."""
+  stop_at_ctrl_c_or_sigterm()
   say_cache_faults_once()
   try:
     devices = devices_environment(os.environ)

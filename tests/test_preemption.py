@@ -141,16 +141,25 @@ def test_sigterm_or_ctrl_c_saves_a_checkpoint_and_exits_cleanly(text_file, tmp_p
   assert saved and 5 <= saved[0] <= max(_logged_steps(workdir))
 
 
-@pytest.mark.parametrize('moment', ['starting', 'running'])
-def test_ctrl_c_outside_training_is_one_line(moment):
+@pytest.mark.parametrize(
+  ('moment', 'signum', 'named'),
+  [
+    ('starting', signal.SIGINT, 'Ctrl-C'),
+    ('running', signal.SIGINT, 'Ctrl-C'),
+    ('running', signal.SIGTERM, 'SIGTERM'),
+  ],
+)
+def test_ctrl_c_or_sigterm_outside_training_is_one_line(moment, signum, named):
   """Every relpos program (its `runtime.apply_defaults()`): Ctrl-C while it imports JAX (its
   first seconds, where it is most often pressed) or while it runs anything but training ends
-  it at once, in one line with exit 130: no traceback, and none swallowed in a callback."""
+  it at once, in one line with exit 130: no traceback, and none swallowed in a callback.
+  SIGTERM (`python -m relpos.tools.sample`, `relpos.tools.translate`) ended the program
+  with no line at all; it is one line too, with exit 143."""
   program = 'import os, signal, time\nfrom relpos import runtime\nruntime.apply_defaults()\n'
   if moment == 'starting':
-    program += 'os.kill(os.getpid(), signal.SIGINT)\nimport jax\ntime.sleep(30)\n'
+    program += f'os.kill(os.getpid(), {int(signum)})\nimport jax\ntime.sleep(30)\n'
   else:
-    program += 'import jax.numpy as jnp\njnp.ones(3).sum()\nos.kill(os.getpid(), signal.SIGINT)\n'
+    program += f'import jax.numpy as jnp\njnp.ones(3).sum()\nos.kill(os.getpid(), {int(signum)})\n'
     program += 'time.sleep(30)\n'
   # Ctrl-C as at a terminal: SIGINT not ignored, as it is in a shell's background job.
   at_a_terminal = 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); '
@@ -163,7 +172,9 @@ def test_ctrl_c_outside_training_is_one_line(moment):
     timeout=60,
   )
   lines = [line for line in done.stderr.splitlines() if line and not line.startswith('relpos: ')]
-  assert (done.returncode, lines) == (130, ['error: stopped by Ctrl-C']), done.stderr[-2000:]
+  assert (done.returncode, lines) == (128 + signum, [f'error: stopped by {named}']), done.stderr[
+    -2000:
+  ]
 
 
 def _config(text_file, steps):

@@ -59,7 +59,8 @@ class PreemptionSignal:
   """Context manager: while active, SIGTERM and a first Ctrl-C set `requested` (and `signum`,
   the signal's number) instead of ending the process; a second Ctrl-C raises KeyboardInterrupt
   (which `train` turns into `InterruptedRunError`). On exit the handlers before it are back
-  (relpos's programs: Ctrl-C ends them at once, `relpos.runtime.stop_at_ctrl_c`).
+  (relpos's programs: Ctrl-C and SIGTERM end them at once in one line,
+  `relpos.runtime.stop_at_ctrl_c_or_sigterm`).
 
   Outside the main thread (where Python cannot install handlers) it does nothing.
   """

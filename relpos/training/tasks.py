@@ -600,9 +600,9 @@ def run_main(main) -> None:
   launchers' manners: flags parsed by `parse_flags` (a config file, field or value that is wrong
   is one line), a stray argument one line (every option is a flag), absl logging at WARNING
   (`quiet_logging`), and a `USER_ERRORS` exception from `main` one `error:` line with exit
-  status 1, not a traceback (Ctrl-C: `relpos.runtime.stop_at_ctrl_c`); a `FAULTS` one is its
-  line and status (`exit_for_fault`: a run that trains there now, before its first
-  checkpoint, is 75)."""
+  status 1, not a traceback (Ctrl-C and SIGTERM: `relpos.runtime.stop_at_ctrl_c_or_sigterm`);
+  a `FAULTS` one is its line and status (`exit_for_fault`: a run that trains there now, before
+  its first checkpoint, is 75)."""
 
   def guarded(argv):
     start_command(argv)
@@ -640,8 +640,8 @@ def launch(action: str):
   traceback unless --traceback is given; SIGTERM or a first Ctrl-C during training saves a
   checkpoint and exits with 128 + the signal's number (`PreemptedError.exit_code`); during
   the evaluation (train.py's after training, eval.py's) either ends it at once with one line
-  saying what is kept and how to score the run (`relpos.runtime.stop_at_signals`); a Ctrl-C
-  elsewhere ends it at once in one line (`relpos.runtime.stop_at_ctrl_c`). With
+  saying what is kept and how to score the run (`relpos.runtime.stop_at_signals`); either
+  elsewhere ends it at once in one line (`relpos.runtime.stop_at_ctrl_c_or_sigterm`). With
   --distributed, every process runs the same command (its own --process_id) and
   jax.distributed is initialised before anything touches a device.
   """
