@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from relpos import runtime
 from relpos.config import checks, fields
 from relpos.config.fields import field, section, subsection
 from relpos.config.shared import EvalConfig, OptimConfig, RunFields, TrainConfig
@@ -614,3 +615,87 @@ def test_a_signal_during_the_final_evaluation_says_the_run_is_trained_but_not_sc
   )
   assert not (workdir / 'eval_results.json').exists()
   assert {s: signal.getsignal(s) for s in before} == before
+
+
+def _stopped_at_exit(monkeypatch, watched):
+  """Makes os._exit raise `_ExitError` (with the status) instead of ending the test session,
+  after noting whether each of `watched` exists at that moment: what the program, which
+  `runtime.stop_at_signals` ends at once, leaves on disk (`evaluate`'s own clean-up of a
+  refusal runs only as the test's error unwinds it, after)."""
+  left = {}
+
+  def exit_now(status):
+    left.update({path: path.exists() for path in watched})
+    raise _ExitError(status)
+
+  monkeypatch.setattr(os, '_exit', exit_now)
+  return left
+
+
+def test_a_signal_as_eval_results_json_lands_says_it_is_written(tmp_path, monkeypatch, capfd):
+  """SIGTERM in the instant after eval.py renamed eval_results.json into place said 'no
+  eval_results.json', of a file written whole. The line is told from the disk when the signal
+  comes (`loop.stopped_evaluation`): the results are written, and where."""
+  workdir, output_dir = tmp_path / 'run', tmp_path / 'scores'
+  TASK.train_model(_config(), workdir)
+  write = loop.write_atomically
+
+  def written_then_stopped(path, content):
+    write(path, content)
+    os.kill(os.getpid(), signal.SIGTERM)  # the notice right after the rename
+    signal.pthread_sigmask(signal.SIG_BLOCK, [])  # a bytecode boundary for the handler
+
+  monkeypatch.setattr(loop, 'write_atomically', written_then_stopped)
+  left = _stopped_at_exit(monkeypatch, [output_dir / 'eval_results.json'])
+  capfd.readouterr()
+  with pytest.raises(_ExitError) as stopped:
+    with runtime.stop_at_signals(loop.stopped_evaluation(output_dir)):
+      TASK.evaluate(_config(), workdir, output_dir=output_dir)
+  assert stopped.value.args == (143,)
+  assert capfd.readouterr().err.splitlines()[-1] == (
+    f'error: stopped by SIGTERM after eval.py wrote its results, {output_dir}/eval_results.json, '
+    'whole: the run is scored; that file holds what eval.py would have printed'
+  )
+  assert left == {output_dir / 'eval_results.json': True}
+  assert json.loads((output_dir / 'eval_results.json').read_text())['step'] == 8
+
+
+@pytest.mark.parametrize('output_dir_before', ['missing', 'empty', 'scored'])
+def test_a_signal_before_eval_py_writes_leaves_no_output_dir_it_made(
+  tmp_path, monkeypatch, capfd, output_dir_before
+):
+  """eval.py stopped by SIGTERM while it scored left the --output_dir it had made, empty (a
+  refused evaluation removes it: `leave_no_trace`). Now so does the signal; a directory that
+  was there before stays, and an eval_results.json there from before is named as an earlier
+  evaluation's, not as missing."""
+  workdir, output_dir = tmp_path / 'run', tmp_path / 'new' / 'scores'
+  TASK.train_model(_config(), workdir)
+  if output_dir_before != 'missing':
+    output_dir.mkdir(parents=True)
+  if output_dir_before == 'scored':
+    TASK.evaluate(_config(), workdir, output_dir=output_dir)
+  score = TASK.score
+
+  def stopped_while_scoring(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [])  # a bytecode boundary for the handler
+    return score(*args, **kwargs)
+
+  monkeypatch.setattr(TASK, 'score', stopped_while_scoring)
+  left = _stopped_at_exit(monkeypatch, [output_dir, output_dir.parent])
+  capfd.readouterr()
+  with pytest.raises(_ExitError) as stopped:
+    with runtime.stop_at_signals(loop.stopped_evaluation(output_dir)):
+      TASK.evaluate(_config(), workdir, output_dir=output_dir)
+  assert stopped.value.args == (143,)
+  there = {
+    'missing': 'no eval_results.json',
+    'empty': 'no eval_results.json',
+    'scored': "the eval_results.json there is an earlier evaluation's",
+  }[output_dir_before]
+  assert capfd.readouterr().err.splitlines()[-1] == (
+    f'error: stopped by SIGTERM before eval.py wrote its results ({there}): the run is '
+    'unchanged; rerun the same command to score it'
+  )
+  kept = output_dir_before != 'missing'
+  assert left == {output_dir: kept, output_dir.parent: kept}

@@ -816,6 +816,52 @@ def leave_no_trace(workdir: Path, made: list[Path]) -> None:
     pass
 
 
+def stopped_evaluation(output_dir) -> Callable[[], str]:
+  """eval.py's words after `error: stopped by <signal>` (`runtime.stop_at_signals`, which ends
+  the program at once: no `except` or `finally` runs after the signal), told when the signal
+  comes from what is on disk then, not from how far the program got: SIGTERM in the instant
+  after `write_atomically` renamed eval_results.json into `output_dir` said 'no
+  eval_results.json' of a file written whole. The file is this evaluation's where it is not
+  the one there when this was called, before the evaluation (`_file_identity`: the rename puts
+  another file in its place); one there from before is named as an earlier evaluation's.
+
+  Where no result was written, an `output_dir` the evaluation made is removed again where it
+  holds nothing (`leave_no_trace`, as `evaluate` does when it is refused): SIGTERM left an
+  empty --output_dir. What it made is what was missing when this was called, on the writer
+  (the only process that makes it); a directory that holds anything (translations) or that
+  existed before stays."""
+  output_dir = Path(output_dir)
+  results = output_dir / RESULTS_FILE
+  made = missing_directories(output_dir) if mesh_lib.is_writer() else []
+  before = _file_identity(results)
+
+  def words() -> str:
+    now = _file_identity(results)
+    if now is not None and now != before:
+      return (
+        f' after eval.py wrote its results, {results}, whole: the run is scored; that file '
+        'holds what eval.py would have printed'
+      )
+    leave_no_trace(output_dir, made)
+    there = f"the {RESULTS_FILE} there is an earlier evaluation's" if now else f'no {RESULTS_FILE}'
+    return (
+      f' before eval.py wrote its results ({there}): the run is unchanged; rerun the same '
+      'command to score it'
+    )
+
+  return words
+
+
+def _file_identity(path: Path) -> tuple[int, int, int] | None:
+  """Which file is at `path` (its device, inode and modification time), None for none: a file
+  renamed into its place has another inode, a file rewritten in place another time."""
+  try:
+    stat = path.stat()
+  except OSError:
+    return None
+  return stat.st_dev, stat.st_ino, stat.st_mtime_ns
+
+
 def _files_a_start_makes(task: Task, config, workdir: Path) -> list[Path]:
   """The task's data files inside the workdir (its vocabulary: `Task.data_files`) that are not
   there yet: those this start makes."""

@@ -23,7 +23,7 @@ from relpos.config import checks, declaration, fields
 from relpos.files import dangling_link
 from relpos.messages import duration
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE
-from relpos.training.loop import Task
+from relpos.training.loop import Task, stopped_evaluation
 from relpos.training.preemption import PreemptedError, RunFaultError
 from relpos.training.run_config import TaskMismatchError, check_output_dir
 
@@ -674,13 +674,13 @@ def launch(action: str):
       signals = contextlib.nullcontext()  # training saves on them; its evaluation stops
     else:
       kwargs['output_dir'] = output_dir.value
-      signals = runtime.stop_at_signals(
-        ' before eval.py wrote its results (no eval_results.json): the run is unchanged; '
-        'rerun the same command to score it'
-      )
     try:
       if action == 'evaluate':  # before anything is read: nothing there it would destroy
         check_output_dir(kwargs['output_dir'], workdir.value)
+        # Its line is told as the signal comes, from what is on disk then.
+        signals = runtime.stop_at_signals(
+          stopped_evaluation(Path(kwargs['output_dir'] or workdir.value))
+        )
       task = get(config.value)
       with signals:
         result = getattr(task, action)(config.value, workdir.value, **kwargs)
