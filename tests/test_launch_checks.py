@@ -468,3 +468,35 @@ def test_prepare_names_an_unknown_corpus(names, message):
   with pytest.raises(SystemExit) as stopped:
     prepare.main(['prepare', *names])
   assert str(stopped.value).startswith(f'error: {message}')
+
+
+def test_train_py_and_the_sweep_take_the_same_oserrors_for_write_faults(tmp_path):
+  """train.py (`loop.train`) and the sweep (`sweep.root_write_fault`) each had their own rule of
+  which OSErrors are the exit-74 line of a write into their directory, and they differed: a
+  full disk met writing outside it, and a read-only filesystem whose error names a file
+  outside it or none, were train.py's fault line and, for the sweep, reported as they were (an
+  OSError traceback). One rule now (`checkpoints.is_write_fault`); the one difference left is
+  deliberate: an error of a file under the sweep's root that is not an unwritable one (a
+  missing file) may be a read of its runs' files, so the sweep reports it as it is."""
+  from relpos.studies import sweep
+  from relpos.training.checkpoints import error_path, is_write_fault
+
+  root = tmp_path / 'root'
+  root.mkdir()
+  inside, outside = root / 'sweep.csv', tmp_path / 'elsewhere' / 'file'
+  cases = {  # (errno, file named): (train.py's fault, the sweep's fault)
+    (errno.ENOSPC, inside): (True, True),
+    (errno.ENOSPC, outside): (True, True),
+    (errno.EDQUOT, None): (True, True),
+    (errno.EROFS, None): (True, True),
+    (errno.EROFS, outside): (True, True),
+    (errno.EACCES, inside): (True, True),
+    (errno.EPERM, outside): (False, False),
+    (errno.ENOENT, inside): (True, False),
+    (errno.ENOTDIR, outside): (False, False),
+  }
+  for (number, path), expected in cases.items():
+    error = OSError(number, os.strerror(number), *([str(path)] if path else []))
+    train_fault = is_write_fault(error, root, error_path(error))  # what loop.train asks
+    sweep_fault = sweep.root_write_fault(error, root, resume=True) is not None
+    assert (train_fault, sweep_fault) == expected, (errno.errorcode[number], path)

@@ -64,7 +64,6 @@ passed on to every run.
 """
 
 import csv
-import errno
 import functools
 import hashlib
 import io
@@ -87,7 +86,13 @@ from relpos.studies import breakdown, significance
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
 from relpos.training import data_record, loop, run_config, tasks, workdir_lock
-from relpos.training.checkpoints import filesystem_fault
+from relpos.training.checkpoints import (
+  UNWRITABLE,
+  error_errno,
+  error_path,
+  filesystem_fault,
+  is_write_fault,
+)
 from relpos.training.preemption import PreemptedError
 
 SUMMARY_TABLE = 'sweep.csv'  # the first of the tables the sweep writes (`write_tables`)
@@ -1095,13 +1100,6 @@ def write_breakdown_files(root: Path, kind, summary, per_run, field: str, baseli
   print(f'plot: {breakdown.plot(summary, per_run, kind, root, field, baseline)}')
 
 
-# The errors of a write into the sweep's root that are its filesystem's fault (`root_write_fault`):
-# a full disk, also where the error names no file (a buffered file flushed at its close), and
-# a read-only or unwritable one.
-ENOSPC_LIKE = (errno.ENOSPC, errno.EDQUOT)
-UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
-
-
 def root_write_fault(error: OSError, root: Path, *, resume: bool, path: Path | None = None):
   """The exit-74 fault (`loop.filesystem_fault`, as train.py's) of an OSError writing the
   sweep's own files under `root` (its lock, the tables, the plot) on a full disk or a read-only
@@ -1112,14 +1110,13 @@ def root_write_fault(error: OSError, root: Path, *, resume: bool, path: Path | N
   the same command resumes the sweep (not --collect_only's, whose remedy is a writable root:
   it writes its tables beside the runs it reads, so another --workdir would hold none).
   `path`: the file the write stands for, where the error names another (the root's write
-  probe, `first_write`)."""
-  path = path or (Path(error.filename) if isinstance(error.filename, str) else None)
-  written = ENOSPC_LIKE if path is None else (*ENOSPC_LIKE, *UNWRITABLE)
-  if error.errno not in written:
+  probe, `first_write`). Which errors those are is train.py's rule for its workdir
+  (`checkpoints.is_write_fault`), but for the other errors of a file under the root (a missing
+  one), which are reported as they are: the sweep reads its runs' files there too."""
+  path = path or error_path(error)
+  if not is_write_fault(error, root, path, reads_others_there=True):
     return None
-  if path is not None and root.resolve() not in (path.resolve(), *path.resolve().parents):
-    return None
-  collecting = not resume and error.errno in UNWRITABLE
+  collecting = not resume and error_errno(error) in UNWRITABLE
   return filesystem_fault(
     error,
     f"cannot write {path or root} (the sweep's --workdir={root})",

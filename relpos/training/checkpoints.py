@@ -91,6 +91,45 @@ def error_errno(error: BaseException) -> int | None:
   return None
 
 
+# The errnos of a write the filesystem refused (`is_write_fault`): a full disk, and a read-only
+# filesystem or a file the process may not write. No read gives the first three.
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def error_path(error: OSError) -> Path | None:
+  """The file `error` names, None where it names none."""
+  return Path(error.filename) if isinstance(error.filename, (str, os.PathLike)) else None
+
+
+def is_write_fault(
+  error: OSError, directory: Path, path: Path | None, *, reads_others_there: bool = False
+) -> bool:
+  """Whether `error`, naming `path` (None: no file), is a fault of writing into `directory`
+  that a command ends with its exit-74 line (`filesystem_fault`) rather than reporting the
+  error as it is (a data file's): the one rule of train.py's workdir (`loop.train`) and the
+  sweep's root (`relpos.studies.sweep.root_write_fault`).
+
+  - A full disk or a read-only filesystem (ENOSPC, EDQUOT, EROFS), wherever it is met and also
+    where the error names no file (a buffered file flushed at its close): no read gives them.
+  - A file under `directory` that may not be written (EACCES, EPERM).
+  - Any other error of a file under `directory` (ENOENT: the directory is gone; ENOTDIR, EEXIST:
+    a file is in the way), except where the command also reads files there that it did not
+    write (`reads_others_there`: the sweep reads its runs' eval_results.json and translations
+    under its root), for there such an error is as likely a read's, which its own text
+    reports, naming the file: a missing run's file is no fault of the filesystem.
+  """
+  number = error_errno(error)
+  if number in (*FULL_DISK, errno.EROFS):
+    return True
+  if path is None:
+    return False
+  resolved = path.resolve()
+  if directory.resolve() not in (resolved, *resolved.parents):
+    return False
+  return not reads_others_there or number in UNWRITABLE
+
+
 def _first_line(error: BaseException, limit: int = 200) -> str:
   """The first line of `error`'s text, at most `limit` characters (cut ones end in '...')."""
   if isinstance(error, OSError) and error.strerror:

@@ -29,7 +29,6 @@ config's declaration (`relpos.config.fields`) and an entry in `relpos.training.t
 import abc
 import contextlib
 import dataclasses
-import errno
 import functools
 import json
 import math
@@ -60,9 +59,10 @@ from relpos.training.checkpoints import (
   FilesystemFaultError,
   UnreadableCheckpointError,
   VanishedCheckpointError,
-  error_errno,
+  error_path,
   filesystem_fault,
   finished_steps,
+  is_write_fault,
   last_good_in,
   rerun_remedy,
 )
@@ -930,9 +930,8 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
           leave_no_trace(workdir, made)
         raise
   except OSError as error:
-    path = Path(error.filename) if error.filename else None
-    inside = path is not None and workdir.resolve() in (path.resolve(), *path.resolve().parents)
-    if not (inside or error_errno(error) in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)):
+    path = error_path(error)
+    if not is_write_fault(error, workdir, path):
       raise  # not the workdir's: a data file, reported as it is
     raise filesystem_fault(
       error, f'cannot write {path or workdir} at step {reached["step"]}', last_good=last_good()
