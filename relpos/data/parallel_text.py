@@ -25,14 +25,13 @@ from collections.abc import Iterable, Sequence
 from sacremoses import MosesDetokenizer
 
 from relpos.data.data_file import (
-  decode_utf8,
+  decode_lines,
   decompress_command,
   read_data_file,
   refuse_dangling_link,
   refuse_pipe,
 )
 from relpos.data.shard import ONE_PROCESS, Shard
-from relpos.files import split_lines
 from relpos.messages import warn
 
 
@@ -61,7 +60,7 @@ def read_lines(path, *, field: str | None = None) -> list[str]:
   data = read_data_file(path)
   check_not_utf16(data, path, field)
   check_line_endings(data, path, field)
-  lines = split_lines(decode_utf8(data, path))
+  lines = decode_lines(data, path)
   warn_if_not_plain_text(lines, path, field)
   return lines
 
