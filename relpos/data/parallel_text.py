@@ -32,6 +32,7 @@ from relpos.data.data_file import (
   refuse_pipe,
 )
 from relpos.data.shard import ONE_PROCESS, Shard
+from relpos.languages import primary_language
 from relpos.messages import warn
 
 
@@ -340,7 +341,10 @@ def moses_detokenize(lines: Sequence[str], lang: str) -> list[str]:
 
   Args:
     lines: Moses-tokenised sentences, tokens separated by spaces.
-    lang: language code for the detokeniser's rules, e.g. 'en', 'de'.
+    lang: language code for the detokeniser's rules, e.g. 'en', 'de', read as BLEU reads it
+      (`relpos.languages.primary_language`): sacremoses knows only the exact two-letter codes
+      of the languages it has rules of, and gave 'EN', 'en-US' or 'eng' its
+      language-independent rules, silently ("It 's" left apart).
   """
-  detokenizer = MosesDetokenizer(lang)
+  detokenizer = MosesDetokenizer(primary_language(lang))
   return [detokenizer.detokenize(line.split()) for line in lines]
