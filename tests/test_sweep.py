@@ -962,6 +962,46 @@ def test_the_tables_read_each_result_once(tmp_path, monkeypatch):
   assert list(reads.values()) == [2, 2, 2]  # is_finished's, then the tables'
 
 
+def test_collecting_reads_each_result_once_for_every_table(tmp_path, monkeypatch, capsys):
+  """--collect_only's staleness check, the p-values (the baseline's results again for each
+  value), the --by_position breakdown and the --evaluations table each read the runs'
+  eval_results.json again; now `read_runs` reads each once and the rows carry it."""
+  field = 'model.max_relative_position'
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 10  # _fake_runs' step
+  settings = {'tgt_len=16': {'eval.tgt_len': 16}, 'tgt_len=32': {'eval.tgt_len': 32}}
+  for setting, overrides in settings.items():
+    _fake_runs(tmp_path / setting, field, {0: [2.0, 2.1], 4: [1.5, 1.6], 8: [1.7, 1.8]})
+    for run in (tmp_path / setting).rglob('eval_results.json'):
+      results = json.loads(run.read_text())
+      results['eval'] = config.eval.to_dict() | {'tgt_len': overrides['eval.tgt_len']}
+      results.update(position_bpc=[results['bpc']] * 4, position_tokens=[10] * 4)
+      target = tmp_path / run.parent.relative_to(tmp_path / setting) / setting
+      target.mkdir(parents=True)
+      (target / 'eval_results.json').write_text(json.dumps(results))
+  reads, read_results = collections.Counter(), sweep.read_results
+  monkeypatch.setattr(
+    sweep, 'read_results', lambda path: reads.update([path]) or read_results(path)
+  )
+  summary = sweep.sweep(
+    config,
+    tmp_path,
+    field,
+    [0, 4, 8],
+    [0, 1],
+    'bpc',
+    0,
+    train=False,
+    breakdowns=[(breakdown.POSITION, [2])],
+    evaluations=settings,
+  )
+  assert [row['n'] for row in summary] == [2, 2, 2] and summary[1]['p_value'] is not None
+  assert (tmp_path / 'sweep_by_position.csv').exists()
+  assert (tmp_path / 'sweep_by_evaluation.csv').exists()
+  assert len(reads) == 12 and set(reads.values()) == {1}, reads
+  assert 'warning' not in capsys.readouterr().err
+
+
 def test_an_eval_field_sweep_trains_a_diverging_seed_once(tmp_path, monkeypatch, capsys):
   config = load_config('char_tiny', 'shaw')
   trained = _fake_training(monkeypatch, lambda c: c.seed == 1)
@@ -1142,7 +1182,6 @@ def test_translations_holding_unicode_line_breaks_pair_with_their_references(tmp
   lines = ['Er sagte\x85 nein', 'zwei\u2028drei', 'vier\x1cfünf', 'sechs\x0bsieben']
   translations = tmp_path / 'translations_step10.txt'
   translations.write_bytes(''.join(line + '\n' for line in lines).encode())
-  (tmp_path / 'eval_results.json').write_text(json.dumps({'translations': str(translations)}))
-  rows = [{'seed': 0, 'workdir': str(tmp_path)}]
+  rows = [{'seed': 0, 'workdir': str(tmp_path), 'results': {'translations': str(translations)}}]
   config = load_config('translate_tiny', 'shaw')
   assert sweep._pooled_items(config, 'bleu', rows) == {0: lines}

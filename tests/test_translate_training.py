@@ -203,6 +203,22 @@ def test_an_eval_file_gone_by_the_final_evaluation_names_the_saved_run(
   )
 
 
+def test_references_converted_to_crlf_after_training_are_scored_into_the_workdir(tmp_path, capsys):
+  """The test references converted to CRLF line endings after training read as the same
+  sentences, yet eval.py refused to score the run into its workdir ('scores other data than
+  the run ... trained with (config.data.eval_tgt: ... changed since the run trained on it')."""
+  corpus = write_pair_corpus(tmp_path / 'corpus', train=100, eval=4)
+  config = _config(corpus, steps=1)
+  workdir = tmp_path / 'run'
+  translate.TASK.train_model(config, workdir)
+  references = corpus / 'eval.de'
+  references.write_bytes(references.read_bytes().replace(b'\n', b'\r\n'))
+  capsys.readouterr()
+  result = translate.TASK.evaluate(config, workdir)
+  assert result['sentences'] == 4 and (workdir / 'eval_results.json').is_file()
+  assert 'other data' not in capsys.readouterr().err
+
+
 def test_evaluate_without_checkpoint_says_so(corpus, tmp_path):
   with pytest.raises(FileNotFoundError, match='train first'):
     translate.TASK.evaluate(_config(corpus, steps=4), tmp_path / 'empty')

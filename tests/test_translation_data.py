@@ -264,6 +264,19 @@ def test_moses_detokenize_unescapes():
   ]
 
 
+@pytest.mark.parametrize(
+  'english, french',
+  [('en', 'fr'), ('EN', 'FR'), ('en-US', 'fr-CA'), ('en_GB', 'fr_FR'), ('eng', 'fre')],
+)
+def test_moses_detokenize_reads_the_language_code_as_bleu_does(english, french):
+  """sacremoses applies its English (French, Czech, ...) rules for the exact code 'en' ('fr',
+  'cs', ...) only, and gave 'EN', 'en-US' or 'eng' its language-independent ones in silence:
+  "It 's" stayed apart. The code is read as BLEU's tokenizer reads it
+  (`relpos.languages.primary_language`)."""
+  assert parallel_text.moses_detokenize(['It &apos;s « Oui » !'], english) == ["It's « Oui »!"]
+  assert parallel_text.moses_detokenize(['Oui !'], french) == ['Oui !']
+
+
 # --- tokenizer ------------------------------------------------------------------------------
 
 

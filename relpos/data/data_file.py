@@ -19,7 +19,7 @@ import shlex
 import zipfile
 import zlib
 
-from relpos.files import dangling_link
+from relpos.files import dangling_link, split_lines
 
 # The formats, by the bytes their files start with.
 _GZIP, _BZIP2, _XZ, _ZIP = b'\x1f\x8b', b'BZh', b'\xfd7zXZ\x00', b'PK\x03\x04'
@@ -142,3 +142,15 @@ def decode_utf8(data: bytes, name) -> str:
       f'{name} line {line} is not valid UTF-8 ({error.reason} at byte {column} of the line, '
       f'{error.start} of the whole); re-encode it as UTF-8'
     ) from None
+
+
+def decode_lines(data: bytes, name) -> list[str]:
+  """The lines of the UTF-8 text `data` (`decode_utf8`, then `relpos.files.split_lines`: a
+  '\\r\\n' ending read as '\\n'), as the translation reader reads a file
+  (`relpos.data.parallel_text.read_lines`), and what a run's record of such a file compares
+  (`relpos.training.data_record`).
+
+  Raises:
+    ValueError: `data` is not valid UTF-8 (`decode_utf8`).
+  """
+  return split_lines(decode_utf8(data, name))

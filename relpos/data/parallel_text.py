@@ -25,14 +25,14 @@ from collections.abc import Iterable, Sequence
 from sacremoses import MosesDetokenizer
 
 from relpos.data.data_file import (
-  decode_utf8,
+  decode_lines,
   decompress_command,
   read_data_file,
   refuse_dangling_link,
   refuse_pipe,
 )
 from relpos.data.shard import ONE_PROCESS, Shard
-from relpos.files import split_lines
+from relpos.languages import primary_language
 from relpos.messages import warn
 
 
@@ -61,7 +61,7 @@ def read_lines(path, *, field: str | None = None) -> list[str]:
   data = read_data_file(path)
   check_not_utf16(data, path, field)
   check_line_endings(data, path, field)
-  lines = split_lines(decode_utf8(data, path))
+  lines = decode_lines(data, path)
   warn_if_not_plain_text(lines, path, field)
   return lines
 
@@ -341,7 +341,10 @@ def moses_detokenize(lines: Sequence[str], lang: str) -> list[str]:
 
   Args:
     lines: Moses-tokenised sentences, tokens separated by spaces.
-    lang: language code for the detokeniser's rules, e.g. 'en', 'de'.
+    lang: language code for the detokeniser's rules, e.g. 'en', 'de', read as BLEU reads it
+      (`relpos.languages.primary_language`): sacremoses knows only the exact two-letter codes
+      of the languages it has rules of, and gave 'EN', 'en-US' or 'eng' its
+      language-independent rules, silently ("It 's" left apart).
   """
-  detokenizer = MosesDetokenizer(lang)
+  detokenizer = MosesDetokenizer(primary_language(lang))
   return [detokenizer.detokenize(line.split()) for line in lines]

@@ -419,7 +419,9 @@ def is_finished(results_dir: Path, config, trained_dir: Path) -> bool:
   return reason is None
 
 
-def stale_reason(results_dir: Path, config, trained_dir: Path) -> str | None:
+def stale_reason(
+  results_dir: Path, config, trained_dir: Path, results: dict | None = None
+) -> str | None:
   """Why the eval_results.json in `results_dir` is not that of `config`'s run, or None when it
   is (`is_finished`): the model trained with another config, the file damaged, scored from a
   checkpoint of another workdir (`eval.py --output_dir` pointed here), scored on other data
@@ -427,16 +429,18 @@ def stale_reason(results_dir: Path, config, trained_dir: Path) -> str | None:
   scored at another step or with another config.eval. A data path given otherwise than the
   run recorded it that names its data (another clone's copy of the corpus, say) is the run's
   (`data_record.same_data`, as `check_rerun`, train.py and eval.py read it): such a result,
-  or such a config, is kept."""
+  or such a config, is kept. `results`: what the file holds, where the caller has read it
+  (`read_runs`, for `warn_stale`); else it is read here."""
   path = results_dir / 'eval_results.json'
   files = tasks.get(config).data_files(config, trained_dir)
   if changes := run_config.run_config_changes(trained_dir, config, files):
     shown = '; '.join(changes[:3]) + ('; ...' if len(changes) > 3 else '')
     return f'its model trained with another config ({shown})'
-  try:
-    results = read_results(path)
-  except ValueError:
-    return f'{path} is damaged'
+  if results is None:
+    try:
+      results = read_results(path)
+    except ValueError:
+      return f'{path} is damaged'
   if checkpoint := run_config.foreign_checkpoint(results, trained_dir):
     return f'{path} was scored from {checkpoint}, not from a checkpoint of {trained_dir}'
   if DIVERGED in results:
@@ -475,27 +479,31 @@ def scored_data_changes(results: dict, config, trained_dir: Path) -> list[str]:
   return run_config.data_changes(trained_dir, scored, files, free=task.training_only_data)
 
 
-def warn_stale(config, root: Path, field: str, values, seeds, variant_of, settings) -> set:
-  """--collect_only: a `warning:` line for each result that is not of the sweep's config as
-  given (`stale_reason`); returns them, {(value, seed, setting)}. The tables show such a
-  result as it is (its mean, std and seed test), but leave it out of the paired bootstrap
-  over test items (`p_value`), which pairs each item of a run with the same item of the
-  baseline's: a result scored with another config.eval (tgt_len, say) has other items, or
-  other numbers of them, and one of another config is not the sweep's run to pair."""
+def warn_stale(
+  config, root: Path, field: str, values, seeds, variant_of, overrides, setting_runs
+) -> set:
+  """--collect_only: a `warning:` line for each result of `setting_runs` (`read_runs`' of
+  every run at one --evaluations setting, whose eval fields are `overrides`) that is not of
+  the sweep's config as given (`stale_reason`, of the results `read_runs` read); returns
+  them, {(value, seed)}. The tables show such a result as it is (its mean, std and seed
+  test), but leave it out of the paired bootstrap over test items (`p_value`), which pairs
+  each item of a run with the same item of the baseline's: a result scored with another
+  config.eval (tgt_len, say) has other items, or other numbers of them, and one of another
+  config is not the sweep's run to pair. Each setting's results are checked as they are
+  tabulated (the first's before the tables, the others' for sweep_by_evaluation.*)."""
   stale = set()
-  for value, seed, variant in runs(config, field, values, seeds, variant_of):
-    for setting, overrides in settings.items():
-      results_dir = run_dir(root, field, value, seed, setting)
-      if not (results_dir / 'eval_results.json').exists():
-        continue  # `read_runs` names it
-      workdir = model_dir(root, field, value, seed)
-      if reason := stale_reason(results_dir, evaluated(variant, overrides), workdir):
-        stale.add((value, seed, setting))
-        warn(
-          f'{field}={value} seed {seed}: tabulated as it is, though {reason}, and left out of '
-          'the p-values over test items; the sweep without --collect_only trains or scores it '
-          'again'
-        )
+  every_run = runs(config, field, values, seeds, variant_of)
+  for (value, seed, variant), (_, _, path, results) in zip(every_run, setting_runs, strict=True):
+    if results is None:
+      continue  # `read_runs` named it
+    workdir = model_dir(root, field, value, seed)
+    if reason := stale_reason(path.parent, evaluated(variant, overrides), workdir, results):
+      stale.add((value, seed))
+      warn(
+        f'{field}={value} seed {seed}: tabulated as it is, though {reason}, and left out of '
+        'the p-values over test items; the sweep without --collect_only trains or scores it '
+        'again'
+      )
   return stale
 
 
@@ -588,9 +596,10 @@ def commands(
 def read_runs(root: Path, field: str, values, seeds, evaluation=None, *, task=None) -> list:
   """(value, seed, the path of its eval_results.json, what it holds or None where there is
   none) of every run, value-major, at the `--evaluations` setting `evaluation` if given: each
-  file read once, for both `collect` and `diverged_runs`; a missing one is warned of as it is
-  met. With `task`, a run directory that records a run of another task is a
-  TaskMismatchError (a ValueError), before any result is read.
+  file read once, for `warn_stale`, `collect` (whose rows carry it to the p-values, breakdowns
+  and evaluation tables) and `diverged_runs`; a missing one is warned of as it is met. With
+  `task`, a run directory that records a run of another task is a TaskMismatchError (a
+  ValueError), before any result is read.
 
   Raises:
     ValueError: an eval_results.json is damaged (`read_results`).
@@ -611,8 +620,9 @@ def read_runs(root: Path, field: str, values, seeds, evaluation=None, *, task=No
 
 def collect(runs: list, metric: str) -> list[dict]:
   """One row per run of `runs` (`read_runs`) with a score: value, seed, metric, step,
-  workdir (its results directory). A run recorded as diverged has none (`diverged_runs`
-  lists it).
+  workdir (its results directory), and results, what its eval_results.json holds, which the
+  p-values, breakdowns and evaluation tables take from the row (`read_runs` read the file
+  once). A run recorded as diverged has none (`diverged_runs` lists it).
 
   Raises:
     ValueError: a result lacks `metric`.
@@ -630,6 +640,7 @@ def collect(runs: list, metric: str) -> list[dict]:
         metric: results[metric],
         'step': results.get('step'),
         'workdir': str(path.parent),
+        'results': results,
       }
     )
   return rows
@@ -671,7 +682,7 @@ def _pooled_items(config, metric: str, rows: list[dict]):
   """What the paired test of `metric` compares, per seed: {seed: items} of one value's rows."""
   items = {}
   for row in rows:
-    results = read_results(Path(row['workdir']) / 'eval_results.json')
+    results = row['results']
     if metric == 'bleu':
       items[row['seed']] = read_text_lines(results['translations'])
     else:
@@ -919,11 +930,22 @@ def sweep(
     # then stop at the run the first trains (its workdir's lock); it is refused at once.
     with workdir_lock.hold(root):
       train_unfinished(config, task, root, field, values, seeds, variant_of, settings)
+
+  def tabulated(setting, setting_runs: list) -> list[dict]:
+    """`collect`'s rows of `setting_runs` (`read_runs` at `setting`), with --collect_only those of
+    results not of the sweep's config marked (`warn_stale`)."""
+    rows = collect(setting_runs, metric)
+    if not train:
+      stale = warn_stale(
+        config, root, field, values, seeds, variant_of, settings[setting], setting_runs
+      )
+      for row in rows:
+        row['stale'] = (row['value'], row['seed']) in stale
+    return rows
+
   first = next(iter(settings))
   first_runs = read_runs(root, field, values, seeds, first, task=config.task)
-  rows = collect(first_runs, metric)
-  stale = set() if train else warn_stale(config, root, field, values, seeds, variant_of, settings)
-  _mark_stale(rows, stale, first)
+  rows = tabulated(first, first_runs)
   diverged = diverged_runs(first_runs)
   if not rows:
     raise FileNotFoundError(
@@ -943,20 +965,11 @@ def sweep(
     write_breakdown(config, rows, baseline, root, field, kind, edges)
   if evaluations:
     by_setting = {
-      s: collect(first_runs if s == first else read_runs(root, field, values, seeds, s), metric)
+      s: rows if s == first else tabulated(s, read_runs(root, field, values, seeds, s))
       for s in evaluations
     }
-    for setting, setting_rows in by_setting.items():
-      _mark_stale(setting_rows, stale, setting)
     write_evaluations(config, by_setting, baseline, root, field, metric)
   return summary
-
-
-def _mark_stale(rows: list[dict], stale: set, setting) -> None:
-  """Marks `stale` ({(value, seed, setting)}, `warn_stale`) in `collect` rows of `setting`
-  (row['stale']), which `p_value` leaves out."""
-  for row in rows:
-    row['stale'] = (row['value'], row['seed'], setting) in stale
 
 
 def warn_baseline_without_runs(summary, field: str, baseline, skipped) -> None:
@@ -1034,8 +1047,7 @@ def write_evaluations(config, by_setting: dict, baseline, root: Path, field: str
       per_run.append(
         {'value': row['value'], 'seed': row['seed'], 'bucket': setting, metric: row[metric]}
       )
-      results = read_results(Path(row['workdir']) / 'eval_results.json')
-      counts[setting] = results.get('tokens', results.get('sentences'))
+      counts[setting] = row['results'].get('tokens', row['results'].get('sentences'))
 
   def p_items(value, seeds, setting):
     chosen = [row for row in by_setting[setting] if row['seed'] in seeds]
@@ -1080,8 +1092,7 @@ def write_breakdown(config, rows, baseline, root: Path, field: str, kind, edges)
     )
   else:
     results = {
-      value: {run['seed']: read_results(Path(run['workdir']) / 'eval_results.json') for run in runs}
-      for value, runs in by_value.items()
+      value: {run['seed']: run['results'] for run in runs} for value, runs in by_value.items()
     }
     summary, per_run = breakdown.bpc_by_position(results, baseline, edges)
   write_breakdown_files(root, kind, summary, per_run, field, baseline)

@@ -50,14 +50,27 @@ compressed again (another gzip header time, another level) or given as the plain
 data" to a resume and an evaluation. A plain file's text is its bytes, so a plain file and a
 compressed one are compared by their texts both ways; a compressed file recorded before the text
 was has only its compressed bytes to compare.
+
+What a run's data is depends on how its task reads it, and the task says so (`record`'s
+`read_as_lines`, from `Task.data_read_as_lines`). The character LM reads bytes: a file converted
+to CRLF line endings is other text to it, and its record compares bytes (and text), as above.
+The translation reader reads lines (`relpos.data.data_file.decode_lines`: a '\\r\\n' ending is
+its '\\n'), so a file converted to CRLF line endings, or back, reads as the very same sentences,
+and was "changed since the run trained on it" all the same (eval.py refused to score the run's
+test set into its workdir, a resume refused to go on). Such a file is also recorded by the
+lines it reads as, their count and the SHA-256 of their text joined by '\\n' (`lines`,
+`lines_sha256`), and a match of those is the same data too. A record made before the lines
+were (or of a file read as bytes) has no `lines_sha256`, and is compared as it was; a resume
+adds them to a record whose file matches it.
 """
 
 import functools
 import hashlib
 import json
+from collections.abc import Collection
 from pathlib import Path
 
-from relpos.data.data_file import compression, read_data_file
+from relpos.data.data_file import compression, decode_lines, read_data_file
 from relpos.files import write_atomically
 
 DATA_FILES = 'data_files.json'
@@ -126,6 +139,40 @@ def _same_text(recorded: dict, path: Path) -> bool:
   return _text(path) == then
 
 
+def _lines(path: Path) -> tuple[int, str] | None:
+  """(count, SHA-256 of their text joined by '\\n') of the lines the file at `path` reads as
+  (`decode_lines`, decompressed first where it is compressed); None for a damaged archive or
+  text that is not UTF-8 (the readers name it)."""
+  status = path.stat()
+  return _lines_of(str(path), status.st_size, status.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _lines_of(path: str, size: int, mtime_ns: int) -> tuple[int, str] | None:
+  del size, mtime_ns  # the cache key: a file rewritten since has another
+  try:
+    lines = decode_lines(read_data_file(path), path)
+  except ValueError:
+    return None
+  return len(lines), hashlib.sha256('\n'.join(lines).encode('utf-8')).hexdigest()
+
+
+def _lines_record(path: Path) -> dict:
+  """The `lines` and `lines_sha256` of a file its task reads as lines (none where it does not
+  read as text)."""
+  if (lines := _lines(path)) is None:
+    return {}
+  return {'lines': lines[0], 'lines_sha256': lines[1]}
+
+
+def _same_lines(recorded: dict, path: Path) -> bool:
+  """Whether the file at `path` reads as the lines `recorded` describes, where it records any
+  (a file its task reads as lines: `record`'s `read_as_lines`)."""
+  if 'lines_sha256' not in recorded:
+    return False
+  return _lines(path) == (recorded.get('lines'), recorded['lines_sha256'])
+
+
 def _stat(path: Path) -> dict:
   status = path.stat()
   return {
@@ -174,17 +221,24 @@ def _same_file_bytes(recorded: dict, path: Path) -> bool:
   return now['mtime_ns'] == recorded.get('mtime_ns') or _sha256(path) == recorded.get('sha256')
 
 
+def _same_reading(recorded: dict, path: Path) -> bool:
+  """Whether the file at `path`, whatever its bytes, reads as the data `recorded` describes:
+  the same text (`_same_text`), or the same lines for a file its task reads as lines
+  (`_same_lines`)."""
+  return _same_text(recorded, path) or _same_lines(recorded, path)
+
+
 def _same(recorded: dict, path: Path) -> bool:
   """Whether the file at `path`, the recorded one, holds the data `recorded` describes: its
-  bytes, or the text they decompress to (`_same_text`)."""
-  return _same_file_bytes(recorded, path) or _same_text(recorded, path)
+  bytes, or what they read as (`_same_reading`)."""
+  return _same_file_bytes(recorded, path) or _same_reading(recorded, path)
 
 
 def _same_bytes(recorded: dict, path: Path) -> bool:
   """Whether the file at `path`, another than the recorded one, holds the same data: the same
-  bytes (its time says nothing of that), or the same text (`_same_text`)."""
+  bytes (its time says nothing of that), or what they read as (`_same_reading`)."""
   same = path.stat().st_size == recorded.get('bytes') and _sha256(path) == recorded.get('sha256')
-  return same or _same_text(recorded, path)
+  return same or _same_reading(recorded, path)
 
 
 def names_recorded_data(recorded: dict, path: Path, workdir) -> bool:
@@ -289,10 +343,11 @@ def _elsewhere(field: str, entry: dict, path: Path) -> str:
   )
 
 
-def record(workdir, files: dict[str, Path]) -> None:
+def record(workdir, files: dict[str, Path], read_as_lines: Collection[str] = ()) -> None:
   """Writes workdir/data_files.json for `files` (field -> path; those that are not files are
   left out), hashing only files whose record does not already match; a file inside `workdir`
-  also by its place there (`in_workdir`)."""
+  also by its place there (`in_workdir`), and one of the fields `read_as_lines` (the files its
+  task reads as lines) by those lines too (`lines`, `lines_sha256`)."""
   recorded = _read(workdir)
   entries = {}
   for field, path in files.items():
@@ -308,6 +363,8 @@ def record(workdir, files: dict[str, Path]) -> None:
       entries[field] = {**entry, **_stat(path)}
     else:
       entries[field] = {**_stat(path), 'sha256': _sha256(path), **_text_record(path)}
+    if field in read_as_lines and 'lines_sha256' not in entries[field]:
+      entries[field].update(_lines_record(path))
     if (place := _in_workdir(path, workdir)) is not None:
       entries[field]['in_workdir'] = place
   write_atomically(Path(workdir) / DATA_FILES, json.dumps(entries, indent=2) + '\n')

@@ -158,6 +158,12 @@ class Task(abc.ABC):
   # made): an evaluation given other values scores the same sentences, so it warns of them
   # but never refuses to score into the workdir (`check_other_data`).
   training_only_data: tuple[str, ...] = ()
+  # The config.data fields whose files the task reads as lines ('\r\n' read as '\n':
+  # `relpos.data.data_file.decode_lines`), so that a file's data is its lines, not its bytes:
+  # one converted to CRLF line endings, or back, is the run's data all the same
+  # (`data_record.record`). Files read otherwise (the character LM's bytes) are compared by
+  # their bytes.
+  data_read_as_lines: tuple[str, ...] = ()
 
   def check_config(self, config: ml_collections.ConfigDict, mesh=None) -> None:
     """Raises ValueError naming the field for any config the run cannot honour: a field the
@@ -992,7 +998,8 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   reached['step'] = start_step
   if mesh_lib.is_writer():  # once the checkpoint took `config`: config.json stays the run's
     record_config(config, workdir, allow_change=allow_config_change, same_data=same_data)
-    data_record.record(workdir, data_files)
+    read_as_lines = [f'config.data.{name}' for name in task.data_read_as_lines]
+    data_record.record(workdir, data_files, read_as_lines)
 
   writer = MetricWriter(workdir)
   dtype = config.model.get('dtype', 'float32')

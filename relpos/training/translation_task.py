@@ -30,6 +30,7 @@ from relpos.constants import BOS_ID, EOS_ID, PAD_ID
 from relpos.data.token_batches import TokenBatches
 from relpos.data.tokenizer import check_placed
 from relpos.data.translation import (
+  TEXT_FIELDS,
   VOCAB_FILE,
   check_data_config,
   eval_batches,
@@ -248,6 +249,8 @@ class Translate(loop.Task):
     'max_tokens',
     'length_buckets',
   )
+  # Its text files are read as lines (`relpos.data.parallel_text`), CRLF endings or not.
+  data_read_as_lines = TEXT_FIELDS
 
   def check_combinations(self, config, mesh):
     model_config(config, vocab_size=config.data.vocab_size)
@@ -281,8 +284,10 @@ class Translate(loop.Task):
     vocabulary = {loop.VOCABULARY: Path(workdir) / VOCAB_FILE}
     if config.data.kind != 'text':
       return vocabulary  # tensorflow-datasets: prepared and versioned by tfds
-    fields = ('train_src', 'train_tgt', 'eval_src', 'eval_tgt')
-    return {**{f'config.data.{name}': Path(config.data[name]) for name in fields}, **vocabulary}
+    return {
+      **{f'config.data.{name}': Path(config.data[name]) for name in TEXT_FIELDS},
+      **vocabulary,
+    }
 
   def training(self, config, workdir, mesh) -> loop.Training:
     """The model and its optimizer first (they need the config alone: the vocabulary has
