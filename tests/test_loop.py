@@ -22,6 +22,7 @@ from relpos.config.shared import EvalConfig, OptimConfig, RunFields, TrainConfig
 from relpos.training import loop, tasks
 from relpos.training import mesh as mesh_lib
 from relpos.training import progress as loop_progress
+from relpos.training import train_step as step_lib
 from relpos.training.preemption import InterruptedRunError, PreemptedError
 
 _TRUE_WEIGHTS = np.array([[1.5], [-2.0], [0.5]], np.float32)
@@ -72,7 +73,7 @@ class Regression(loop.Task):
     return nnx.Linear(3, 1, rngs=nnx.Rngs(config.seed))
 
   def training(self, config, workdir, mesh):
-    graphdef, state = loop.init_state(self._model(config), config, mesh)
+    graphdef, state = step_lib.init_state(self._model(config), config, mesh)
 
     def loss_fn(model, batch, carry):
       x, y = batch
@@ -80,7 +81,7 @@ class Regression(loop.Task):
       sums = {'loss': jnp.sum(squared), 'tokens': jnp.asarray(x.shape[0])}
       return sums['loss'], (sums, carry)
 
-    train_step = loop.train_step_fn(graphdef, loss_fn, mesh)
+    train_step = step_lib.train_step_fn(graphdef, loss_fn, mesh)
 
     def batch(step):
       return mesh_lib.global_batch(self._rows(step, config.train.batch_size), mesh)
@@ -434,9 +435,9 @@ def test_evaluation_refuses_a_config_of_another_model(tmp_path):
 
 def test_one_step_in_flight_on_a_multi_device_cpu_only():
   one_device = mesh_lib.data_mesh(jax.devices()[:1])
-  assert not loop.one_step_in_flight(one_device)
+  assert not step_lib.one_step_in_flight(one_device)
   two_devices = type('Mesh', (), {'devices': np.empty(2, object)})()
-  assert loop.one_step_in_flight(two_devices) == (jax.default_backend() == 'cpu')
+  assert step_lib.one_step_in_flight(two_devices) == (jax.default_backend() == 'cpu')
 
 
 def test_with_one_step_in_flight_each_step_waits_for_the_previous(tmp_path, monkeypatch):

@@ -35,6 +35,7 @@ from relpos.models.transformer_xl import Memory, TransformerXL, TransformerXLCon
 from relpos.training import checkpoints as checkpoints_lib
 from relpos.training import loop
 from relpos.training import mesh as mesh_lib
+from relpos.training import train_step as step_lib
 from relpos.training.run_config import has_run, read_config
 
 
@@ -144,7 +145,7 @@ def build(config, vocab_size: int, mesh):
   model = TransformerXL(typed, rngs=nnx.Rngs(config.seed))
   train = config.train
   carry = {'memory': _empty_memory(model, train.batch_size, train.mem_len, mesh)}
-  graphdef, state = loop.init_state(model, config, mesh, **(carry if train.mem_len else {}))
+  graphdef, state = step_lib.init_state(model, config, mesh, **(carry if train.mem_len else {}))
   return model, graphdef, state
 
 
@@ -175,7 +176,7 @@ def train_step_fn(config, graphdef, mesh):
     return sums['loss'], (sums, {'memory': memory._asdict()} if carry else {})
 
   carry_sharding = {'memory': memory_sharding(mesh)} if train.mem_len else None
-  return loop.train_step_fn(
+  return step_lib.train_step_fn(
     graphdef,
     loss_fn,
     mesh,

@@ -42,6 +42,7 @@ from relpos.messages import PassProgress, warn
 from relpos.models.transformer import Transformer, TransformerConfig
 from relpos.training import loop
 from relpos.training import mesh as mesh_lib
+from relpos.training import train_step as step_lib
 from relpos.training.run_config import has_run
 
 # Decoding pads sources to a power of two, at least this: each padded length compiles the beam
@@ -59,7 +60,7 @@ def build(config, vocab_size: int, mesh):
   """(graphdef, state) of model and optimizer as initialised from config.seed, replicated over
   `mesh`."""
   typed = model_config(config, vocab_size)
-  return loop.init_state(Transformer(typed, rngs=nnx.Rngs(config.seed)), config, mesh)
+  return step_lib.init_state(Transformer(typed, rngs=nnx.Rngs(config.seed)), config, mesh)
 
 
 def token_losses(logits_BTV, targets_BT, label_smoothing: float):
@@ -89,7 +90,9 @@ def train_step_fn(config, graphdef, mesh):
     sums = {'loss': jnp.sum(loss_BT), 'nll': jnp.sum(nll_BT), 'tokens': tokens}
     return sums['loss'], (sums, carry)
 
-  return loop.train_step_fn(graphdef, loss_fn, mesh, grad_accum_steps=config.train.grad_accum_steps)
+  return step_lib.train_step_fn(
+    graphdef, loss_fn, mesh, grad_accum_steps=config.train.grad_accum_steps
+  )
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
