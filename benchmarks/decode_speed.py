@@ -21,7 +21,7 @@ from flax import nnx
 from relpos import runtime, scoring
 from relpos.data.translation import load_eval_data
 from relpos.models.transformer import Transformer
-from relpos.training import loop, run_config, tasks
+from relpos.training import restore, run_config, tasks
 from relpos.training import translation_task as task
 
 flags.DEFINE_string('workdir', None, 'A finished translation run (train.py workdir).')
@@ -43,12 +43,12 @@ def main(argv):
     FLAGS.workdir, 'translate', needs="benchmarks/decode_speed.py decodes runs of task 'translate'"
   )
   config = run_config.read_config(FLAGS.workdir)
-  loop.check_trained(FLAGS.workdir).close()
+  restore.check_trained(FLAGS.workdir).close()
   data = load_eval_data(config.data, FLAGS.workdir)
   model = Transformer(
     task.model_config(config, data.tokenizer.vocab_size), rngs=nnx.Rngs(config.seed)
   )
-  model, steps, _ = loop.restore_model(model, config.eval, FLAGS.workdir)
+  model, steps, _ = restore.restore_model(model, config.eval, FLAGS.workdir)
   count = FLAGS.sentences or len(data.eval_sources)
   sources, references = data.eval_sources[:count], data.eval_references[:count]
 

@@ -39,7 +39,7 @@ from relpos.files import write_atomically
 from relpos.studies import plot, shaw_tables, sweep
 from relpos.tools import sample, translate
 from relpos.training import char_lm_task as char_lm
-from relpos.training import loop, tasks
+from relpos.training import loop, restore, tasks
 from relpos.training import translation_task as translate_task
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE, TMP_MARKER, finished_steps
 from relpos.training.device_memory import OUT_OF_MEMORY_EXIT_CODE
@@ -440,7 +440,7 @@ def test_evaluating_a_run_before_its_first_checkpoint_says_it_trains_now(
   """eval.py on a workdir where train.py trains now but has saved no checkpoint yet said "no
   checkpoint ...: train first". It is the busy case now (exit 75), naming the holder and the
   step of the first save; with no run holding the lock, "train first" as before."""
-  from relpos.training import loop, workdir_lock
+  from relpos.training import workdir_lock
 
   workdir = tmp_path / 'run'
   shutil.copytree(straight, workdir)
@@ -459,10 +459,10 @@ def test_evaluating_a_run_before_its_first_checkpoint_says_it_trains_now(
     )
     (workdir / 'config.json').unlink()  # still reading its data: no config recorded yet
     with pytest.raises(workdir_lock.WorkdirInUseError, match='it has not started its first'):
-      loop.check_trained(workdir)
+      restore.check_trained(workdir)
   assert workdir_lock.holder(workdir) is None
   with pytest.raises(FileNotFoundError, match=r'no checkpoint in .*: train first'):
-    loop.check_trained(workdir)
+    restore.check_trained(workdir)
   assert workdir_lock.holder(tmp_path / 'no_lock_file') is None
 
 
@@ -1344,21 +1344,20 @@ def test_an_empty_checkpoint_directory_is_one_warning_line(tmp_path, capsys, cap
 def test_a_reader_makes_no_directory_and_names_a_file_given_as_workdir(tmp_path):
   """eval.py and the tools (`check_trained`) on a workdir that does not exist, or is a file:
   one line each, saying what to give, and nothing made."""
-  from relpos.training import loop
 
   missing = tmp_path / 'missing'
   with pytest.raises(FileNotFoundError, match=f'no checkpoint in {missing}/checkpoints: train'):
-    loop.check_trained(missing)
+    restore.check_trained(missing)
   assert not missing.exists()
   empty = tmp_path / 'empty'
   empty.mkdir()
   with pytest.raises(FileNotFoundError, match='no checkpoint in'):
-    loop.check_trained(empty)
+    restore.check_trained(empty)
   assert not list(empty.iterdir())
   a_file = tmp_path / 'a_file'
   a_file.write_text('')
   with pytest.raises(FileNotFoundError) as caught:
-    loop.check_trained(a_file)
+    restore.check_trained(a_file)
   assert str(caught.value) == (
     f'--workdir={a_file} is not a directory: give the workdir of a training run'
   )

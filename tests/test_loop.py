@@ -19,7 +19,7 @@ from relpos import runtime
 from relpos.config import checks, fields
 from relpos.config.fields import field, section, subsection
 from relpos.config.shared import EvalConfig, OptimConfig, RunFields, TrainConfig
-from relpos.training import loop, tasks
+from relpos.training import loop, restore, tasks
 from relpos.training import mesh as mesh_lib
 from relpos.training import progress as loop_progress
 from relpos.training import train_step as step_lib
@@ -99,7 +99,7 @@ class Regression(loop.Task):
 
   def score(self, config, workdir, output_dir=None):
     del output_dir  # it writes no files besides eval_results.json
-    model, steps, _ = loop.restore_model(self._model(config), config.eval, workdir)
+    model, steps, _ = restore.restore_model(self._model(config), config.eval, workdir)
     return {'mse': self._mse(model), 'step': steps[-1]}
 
   def result_lines(self, result):
@@ -296,7 +296,7 @@ def test_checkpoints_hold_the_model_apart_from_the_optimizer(tmp_path):
   weights = {}
   for step, average in ((4, 1), (8, 1), (8, 2)):
     eval_config = ml_collections.ConfigDict({'step': step, 'average_checkpoints': average})
-    model, steps, _ = loop.restore_model(TASK._model(_config()), eval_config, workdir)
+    model, steps, _ = restore.restore_model(TASK._model(_config()), eval_config, workdir)
     weights[step, average] = np.asarray(model.kernel[...])
     assert steps == ([4, 8] if average == 2 else [step])
   np.testing.assert_allclose(weights[8, 2], (weights[4, 1] + weights[8, 1]) / 2, rtol=1e-6)
@@ -319,16 +319,16 @@ def test_a_checkpoint_evaluation_cannot_use_is_one_line_naming_it(tmp_path):
   ):
     eval_config = ml_collections.ConfigDict({'step': step, 'average_checkpoints': average})
     with pytest.raises(ValueError, match=f'^checkpoint {workdir}/checkpoints/4 is unreadable: '):
-      loop.restore_model(model, eval_config, workdir)
+      restore.restore_model(model, eval_config, workdir)
     with pytest.raises(ValueError) as caught:
-      loop.restore_model(model, eval_config, workdir)
+      restore.restore_model(model, eval_config, workdir)
     assert str(caught.value).endswith(
       f'its files are damaged: restore them from a copy, or set {asked} to leave it out '
       '(other checkpoints: [8])'
     )
   eval_config = ml_collections.ConfigDict({'step': 0, 'average_checkpoints': 3})
   with pytest.raises(ValueError) as caught:
-    loop.restore_model(model, eval_config, workdir)
+    restore.restore_model(model, eval_config, workdir)
   assert str(caught.value) == (
     f'config.eval.average_checkpoints=3: {workdir}/checkpoints holds 2 checkpoint(s) up to '
     'step 8 ([4, 8]): set it to 2 or less'
@@ -533,7 +533,7 @@ def test_the_loop_times_checkpoint_saves_off_the_clock(tmp_path, capsys, monkeyp
     return save(self, *args, **kwargs)
 
   monkeypatch.setattr(loop.Checkpoints, 'save', slow_save)
-  all_finite = loop.all_finite
+  all_finite = restore.all_finite
 
   def slow_check(tree):  # the save's parameter check: its first call compiles
     clock.now += 1000.0

@@ -22,7 +22,7 @@ from relpos.data.char_corpus import CharVocab
 from relpos.models.transformer_xl import TransformerXL
 from relpos.tools import sample, translate
 from relpos.training import char_lm_task as char_lm
-from relpos.training import loop
+from relpos.training import loop, restore
 from relpos.training import translation_task as translate_task
 
 
@@ -66,7 +66,7 @@ def test_sample_continues_with_the_model_greedily_and_reproducibly(char_run):
   # (unpadded), so the padding of the sampler's segment is invisible.
   vocab = CharVocab.from_json((workdir / 'vocab.json').read_text())
   model = TransformerXL(char_lm.model_config(config, vocab.size), rngs=nnx.Rngs(0))
-  model, _, _ = loop.restore_model(model, config.eval, workdir)
+  model, _, _ = restore.restore_model(model, config.eval, workdir)
   logits, _ = model(
     jnp.asarray([vocab.encode(prompt)]), model.init_memory(1, 8), deterministic=True
   )

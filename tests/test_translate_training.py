@@ -17,7 +17,7 @@ from helpers import after_training, tiny_translate_config, write_pair_corpus
 from relpos.constants import PAD_ID
 from relpos.models.transformer import Transformer
 from relpos.studies import shaw_tables
-from relpos.training import loop
+from relpos.training import loop, restore
 from relpos.training import translation_task as translate
 
 
@@ -86,7 +86,7 @@ def test_checkpoint_averaging_uses_the_last_checkpoints(corpus, trained, tmp_pat
     eval_config = config.eval.copy_and_resolve_references()
     eval_config.update(step=step, average_checkpoints=average)
     model = Transformer(translate.model_config(config, 40), rngs=nnx.Rngs(1))
-    restored, steps, _ = loop.restore_model(model, eval_config, workdir)
+    restored, steps, _ = restore.restore_model(model, eval_config, workdir)
     assert steps == ([4, 8] if average == 2 else [step])
     params[step, average] = jax.tree.leaves(nnx.to_pure_dict(nnx.state(restored, nnx.Param)))
   for at4, at8, mean in zip(*params.values(), strict=True):

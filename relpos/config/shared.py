@@ -5,7 +5,7 @@ Each is a `relpos.config.fields.section`; a task extends it with its own fields 
 inherited ones its own defaults (`relpos.config.char_lm_defaults`,
 `relpos.config.translation_defaults`). The defaults here are the character LM's (Transformer-XL
 on enwik8). The readers: `relpos.training.loop` (train.*, eval.step, eval.average_checkpoints,
-seed), `relpos.training.optim` (optim.*), `relpos.training.loop.restore_model`
+seed), `relpos.training.optim` (optim.*), `relpos.training.restore.restore_model`
 (eval.max_relative_position).
 """
 

@@ -49,7 +49,7 @@ def row_drift(workdir) -> tuple[int, dict[str, np.ndarray], float]:
   from relpos.data.tokenizer import load_tokenizer
   from relpos.data.translation import VOCAB_FILE
   from relpos.models.transformer import Transformer
-  from relpos.training import loop
+  from relpos.training import restore
   from relpos.training import translation_task as translate
   from relpos.training.run_config import check_task, read_config
 
@@ -57,7 +57,7 @@ def row_drift(workdir) -> tuple[int, dict[str, np.ndarray], float]:
   config = read_config(workdir, flag=None)  # workdirs are positional here
   if 'max_relative_position' in translate.TASK.unread_fields(config):
     raise ValueError(f'{workdir}: config.model.position={config.model.position!r} has no tables')
-  loop.check_trained(workdir).close()
+  restore.check_trained(workdir).close()
   vocab_size = load_tokenizer(f'{workdir}/{VOCAB_FILE}', config.data.vocab_size).vocab_size
   model_config = translate.model_config(config, vocab_size)
   config.eval.update(max_relative_position=-1)  # the tables as trained
@@ -68,7 +68,7 @@ def row_drift(workdir) -> tuple[int, dict[str, np.ndarray], float]:
 
   model = Transformer(model_config, rngs=nnx.Rngs(config.seed))
   initial = tables(model)  # read before the checkpoint's parameters replace them
-  trained = tables(loop.restore_model(model, config.eval, workdir)[0])
+  trained = tables(restore.restore_model(model, config.eval, workdir)[0])
   drift = {
     stack: np.mean(
       [

@@ -79,7 +79,7 @@ def sample(
   from relpos.attention import autotune
   from relpos.models.transformer_xl import TransformerXL
   from relpos.training import char_lm_task as char_lm
-  from relpos.training import loop
+  from relpos.training import restore
   from relpos.training.run_config import check_task, read_config
 
   if not temperature > 0:
@@ -90,10 +90,10 @@ def sample(
     raise ValueError('--prompt is empty: give at least one character')
   check_task(workdir, 'char_lm', needs="relpos.tools.sample reads runs of task 'char_lm'")
   config = read_config(workdir)
-  loop.check_trained(workdir).close()
+  restore.check_trained(workdir).close()
   vocab = char_lm.read_vocabulary(Path(workdir), config.data.vocab)
   model = TransformerXL(char_lm.model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))
-  model, _, _ = loop.restore_model(model, config.eval, workdir)
+  model, _, _ = restore.restore_model(model, config.eval, workdir)
   span = config.eval
   graphdef, state = nnx.split(model)
 

@@ -31,7 +31,7 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
   from relpos.data.tokenizer import load_tokenizer
   from relpos.data.translation import VOCAB_FILE
   from relpos.models.transformer import Transformer
-  from relpos.training import loop
+  from relpos.training import loop, restore
   from relpos.training import translation_task as translate
   from relpos.training.run_config import check_task, read_config
 
@@ -40,13 +40,13 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
   loop.check_vocabulary(workdir, translate.TASK.data_files(config, workdir))
   if beam_size is not None:
     translate.check_beam_size(beam_size, config.data.vocab_size, '--beam_size')
-  loop.check_trained(workdir).close()
+  restore.check_trained(workdir).close()
   if beam_size is not None:
     config.eval.beam_size = beam_size
   tokenizer = load_tokenizer(f'{workdir}/{VOCAB_FILE}', config.data.vocab_size)
   model_config = translate.model_config(config, tokenizer.vocab_size)
   model = Transformer(model_config, rngs=nnx.Rngs(config.seed))
-  model, _, _ = loop.restore_model(model, config.eval, workdir)
+  model, _, _ = restore.restore_model(model, config.eval, workdir)
   return translate.translate_sentences(
     model, tokenizer, lines, config.eval, max_len=config.model.max_len
   )

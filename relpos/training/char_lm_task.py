@@ -33,7 +33,7 @@ from relpos.files import write_atomically
 from relpos.messages import PassProgress
 from relpos.models.transformer_xl import Memory, TransformerXL, TransformerXLConfig, nats_per_token
 from relpos.training import checkpoints as checkpoints_lib
-from relpos.training import loop
+from relpos.training import loop, restore
 from relpos.training import mesh as mesh_lib
 from relpos.training import train_step as step_lib
 from relpos.training.run_config import has_run, read_config
@@ -385,7 +385,7 @@ class CharLM(loop.Task):
     del output_dir
     splits, vocab = _vocab_for_run(config, workdir, training=False, encode=(config.eval.split,))
     model = TransformerXL(model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))
-    model, steps, checkpoint = loop.restore_model(model, config.eval, workdir)
+    model, steps, checkpoint = restore.restore_model(model, config.eval, workdir)
     split = config.eval.split
     batches = split_batches(config, split, splits[split], rows_of='eval', segments_of='eval')
     result = bits_per_char(model, batches, config.eval, what=f'{split} bpc')

@@ -326,7 +326,7 @@ class VanishedCheckpointError(UnreadableCheckpointError):
   """A checkpoint listed that was evicted when it was read: not damaged, but removed in
   between by the run training in the workdir, which keeps only its newest checkpoints (readers
   such as eval.py do not lock the workdir; docs/faults.md). A reader lists the checkpoints
-  again (`relpos.training.loop.restore_model`).
+  again (`relpos.training.restore.restore_model`).
 
   Orbax evicts a local checkpoint by unlinking its files (its top-level ones first, in
   threads), then removing its directories, all in place: no rename and no marker. A read it
@@ -349,7 +349,7 @@ class VanishedCheckpointError(UnreadableCheckpointError):
 # lets orbax finish an eviction it raced (a small checkpoint's takes milliseconds).
 EVICTION_SETTLE_SECONDS = 0.3
 # How many times a reader lists the checkpoints of a run that trains now, when one it listed
-# vanished as it looked inside (opening them here, reading them in `loop.restore_model`).
+# vanished as it looked inside (opening them here, reading them in `restore.restore_model`).
 VANISHED_CHECKPOINT_TRIES = 3
 
 
@@ -586,7 +586,7 @@ class Checkpoints:
         found = (step, *self.restore(step, like))
       except Exception as error:  # noqa: BLE001 (orbax raises many kinds; each is reported)
         if isinstance(error, VanishedCheckpointError) and not self._writer:
-          raise  # a reader lists them again (`relpos.training.loop.restore_model`)
+          raise  # a reader lists them again (`relpos.training.restore.restore_model`)
         cause = getattr(error, 'cause', None) or _first_line(error)
         damaged = damaged and isinstance(error, UnreadableCheckpointError)
         failures.append(f'step {step}: {cause}')

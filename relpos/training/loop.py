@@ -1,4 +1,4 @@
-"""The one training loop of every task, and the checkpoint restore evaluation starts from.
+"""The one training loop of every task.
 
 A task (`relpos.training.char_lm_task`, `relpos.training.translation_task`) is a `Task`: it checks
 its
@@ -20,9 +20,9 @@ same for every task:
   and what to do (`train`, docs/faults.md);
 - the final checkpoint, then the task's evaluation.
 
-A checkpoint holds the items 'model' (parameters and RNG state), 'optimizer' and the task's
-carried state (the char LM's memory), so evaluation restores the model alone (`restore_model`)
-and never builds an optimizer. Adding a task takes one module with a `Task` subclass, its
+Evaluation restores the model alone from the run's checkpoints (`relpos.training.restore`).
+
+Adding a task takes one module with a `Task` subclass, its
 config's declaration (`relpos.config.fields`) and an entry in `relpos.training.tasks`.
 """
 
@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx
@@ -48,16 +47,12 @@ from relpos.config import checks, fields
 from relpos.config.recorded import CONFIG_FILE, check_config_change, record_config
 from relpos.files import check_takes_files, made_mark, write_atomically
 from relpos.messages import warn
-from relpos.models.multihead_attention import clip_shaw_tables
 from relpos.training import data_record, optim, workdir_lock
 from relpos.training import mesh as mesh_lib
 from relpos.training.checkpoints import (
   CHECKPOINTS,
-  VANISHED_CHECKPOINT_TRIES,
   Checkpoints,
   FilesystemFaultError,
-  UnreadableCheckpointError,
-  VanishedCheckpointError,
   error_path,
   filesystem_fault,
   finished_steps,
@@ -78,6 +73,7 @@ from relpos.training.preemption import (
   PreemptionSignal,
 )
 from relpos.training.progress import Progress
+from relpos.training.restore import all_finite, check_trained
 from relpos.training.run_config import (
   RESULTS_FILE,
   check_model,
@@ -86,7 +82,6 @@ from relpos.training.run_config import (
   data_changes,
   has_run,
   not_a_run,
-  not_a_workdir,
   read_config,
   recorded_divergence,
 )
@@ -1005,173 +1000,4 @@ def batch_plan_warning(saved_meta: dict, meta: dict, step: int) -> str | None:
     'of the device count (times config.train.grad_accum_steps) and each process shuffles its '
     "own pairs, so from here on the data order differs from the uninterrupted run's; resume "
     'on the device and process count it was saved with to follow it'
-  )
-
-
-def _mean_of_floats(*leaves):
-  """The mean of float leaves (parameters); the last of others (RNG keys and counts)."""
-  if _is_float(leaves[-1]):
-    return sum(leaves) / len(leaves)
-  return leaves[-1]
-
-
-def all_finite(tree) -> bool:
-  """Whether every float leaf of `tree` is finite (a reduction per leaf, one sync)."""
-  finite = [jnp.isfinite(leaf).all() for leaf in jax.tree.leaves(tree) if _is_float(leaf)]
-  return bool(jnp.stack(finite).all()) if finite else True
-
-
-def _is_float(leaf) -> bool:
-  return jnp.issubdtype(leaf.dtype, jnp.floating)
-
-
-def check_trained(workdir) -> Checkpoints:
-  """The workdir's checkpoints, opened as a reader (nothing in the workdir is made or
-  changed); FileNotFoundError if the workdir is no directory or holds no checkpoint
-  (evaluation and the tools check this before reading anything else), or a
-  `WorkdirInUseError` (exit 75: try again later) where a run trains there now and has saved
-  none yet (`workdir_lock.holder`), which named the remedy "train first"."""
-  workdir = Path(workdir)
-  if workdir.exists() and not workdir.is_dir():
-    raise not_a_workdir(workdir)
-  if (workdir / CHECKPOINTS).exists() and not (workdir / CHECKPOINTS).is_dir():
-    raise FileNotFoundError(f"{workdir / CHECKPOINTS} is a file, not the run's checkpoints")
-  checkpoints = Checkpoints(workdir)
-  if checkpoints.latest_step() is None:
-    checkpoints.close()
-    # A sweep's root or an evaluation's directory is named as such: "train first" there
-    # would mix a run into it.
-    if not_run := not has_run(workdir) and not_a_run(workdir, f'--workdir={workdir}'):
-      raise FileNotFoundError(not_run)
-    if training := workdir_lock.holder(workdir):  # "train first" while it does: wrong
-      raise workdir_lock.WorkdirInUseError(
-        f'--workdir={workdir} has no checkpoint yet: {training} trains there now (it holds '
-        f'{workdir / workdir_lock.LOCK_FILE}); {_first_checkpoint(workdir)}: try again then'
-      )
-    raise FileNotFoundError(
-      f'no checkpoint in {checkpoints.directory}: train first (python train.py '
-      f'--config=... --workdir={workdir})'
-    )
-  return checkpoints
-
-
-def _first_checkpoint(workdir: Path) -> str:
-  """When the run training in `workdir` now, which has saved none yet, saves its first
-  checkpoint: at config.train.checkpoint_every, or at its last step where that comes first
-  (`Checkpoints`' schedule), by the config it recorded; a run that has recorded none is still
-  reading its data, before its first step."""
-  try:
-    train_config = read_config(workdir).train
-  except (OSError, ValueError):  # none yet (or unreadable)
-    return 'it has not started its first step, and saves its first checkpoint later'
-  every, steps = train_config.checkpoint_every, train_config.steps
-  first = min(every, steps) if every else steps
-  return (
-    f'its first checkpoint comes at step {first} (config.train.checkpoint_every={every}, '
-    f'config.train.steps={steps})'
-  )
-
-
-def _read_checkpoints(checkpoints: Checkpoints, eval_config, like: dict):
-  """(the steps there, the steps `restore_model` averages, their 'model' items shaped like
-  `like`), read from `checkpoints` as they are listed now.
-
-  Raises:
-    VanishedCheckpointError: one was removed between the listing and its read.
-  """
-  have = checkpoints.all_steps()
-
-  def restore(step: int, asked: str) -> dict:
-    """The 'model' item of checkpoint `step`, which `asked` (the config field) names."""
-    try:
-      return checkpoints.restore(step, like)[0]['model']
-    except VanishedCheckpointError:
-      raise
-    except UnreadableCheckpointError as error:
-      others = [s for s in have if s != step]
-      raise ValueError(
-        f'{error}; its files are damaged: restore them from a copy, or set {asked} to '
-        f'leave it out (other checkpoints: {others})'
-      ) from None
-
-  if eval_config.step:
-    step = eval_config.step
-    if step not in have:
-      raise FileNotFoundError(
-        f'config.eval.step={step}: no such checkpoint in {checkpoints.directory} (have {have})'
-      )
-    newest = restore(step, 'config.eval.step')
-  else:
-    step, restored, _ = checkpoints.restore_latest(like)
-    newest = restored['model']
-  average = eval_config.average_checkpoints
-  steps = [s for s in have if s <= step][-average:]
-  if len(steps) < average:
-    raise ValueError(
-      f'config.eval.average_checkpoints={average}: {checkpoints.directory} holds '
-      f'{len(steps)} checkpoint(s) up to step {step} ({steps}): set it to {len(steps)} or '
-      'less'
-    )
-  asked = 'config.eval.average_checkpoints (or config.eval.step)'
-  return have, steps, [restore(s, asked) for s in steps[:-1]] + [newest]
-
-
-def restore_model(model: nnx.Module, eval_config, workdir) -> tuple[nnx.Module, list[int], Path]:
-  """(`model` with the checkpoint's parameters, the steps averaged, the checkpoint directory).
-
-  The checkpoint is config.eval.step (0: the newest readable one); with
-  config.eval.average_checkpoints = N > 1 the parameters are the mean of the last N
-  checkpoints up to it. Only the 'model' item is read: evaluation needs no optimizer.
-  With config.eval.max_relative_position = k' >= 0 (a field of relpos's own tasks,
-  `relpos.config.shared`) the restored Shaw tables are clipped at k'
-  (`relpos.models.multihead_attention.clip_shaw_tables`).
-
-  Readers do not lock the workdir, so a run training there may evict a checkpoint (its
-  keep_checkpoints) between the listing and the read: that checkpoint is not damaged, and the
-  checkpoints are listed and read again, up to VANISHED_CHECKPOINT_TRIES times.
-
-  Raises:
-    FileNotFoundError: no checkpoint, or no checkpoint eval_config.step.
-    ValueError: a checkpoint it needs is unreadable (`UnreadableCheckpointError`), or fewer
-      than N checkpoints are there to average, or checkpoints vanished under every read.
-    FloatingPointError: a checkpoint it needs holds non-finite parameters (a diverged run).
-  """
-  checkpoints = check_trained(workdir)
-  try:
-    graphdef, state = nnx.split(model)
-    # Replicated like training's state, so every process of a run can read it back.
-    state = mesh_lib.distribute(state, mesh_lib.replicated(mesh_lib.data_mesh()))
-    like = {'model': nnx.to_pure_dict(state)}
-    for attempt in range(1, VANISHED_CHECKPOINT_TRIES + 1):
-      try:
-        have, steps, trees = _read_checkpoints(checkpoints, eval_config, like)
-        break
-      except VanishedCheckpointError as vanished:  # the run training there evicted it
-        if attempt == VANISHED_CHECKPOINT_TRIES:
-          raise ValueError(
-            f'{vanished}; the checkpoints changed under each of {attempt} reads: rerun once '
-            'that run has ended, or with fewer config.eval.average_checkpoints'
-          ) from None
-        checkpoints.reload()
-  finally:
-    checkpoints.close()
-  for at, tree in zip(steps, trees, strict=True):
-    if not all_finite(tree):
-      earlier = [s for s in have if s < at]
-      raise FloatingPointError(
-        f'checkpoint {checkpoints.directory / str(at)} holds non-finite parameters (its run '
-        'diverged): '
-        + (
-          f'evaluate an earlier one, config.eval.step in {earlier}' if earlier else 'no earlier one'
-        )
-      )
-  nnx.replace_by_pure_dict(state, jax.tree.map(_mean_of_floats, *trees))
-  model = nnx.merge(graphdef, mesh_lib.local_copy(state))
-  clipped = eval_config.get('max_relative_position', -1)
-  if clipped >= 0:
-    clip_shaw_tables(model, clipped)
-  return (
-    model,
-    steps,
-    checkpoints.directory / str(steps[-1]),
   )

@@ -40,7 +40,7 @@ from relpos.data.translation import (
 from relpos.files import made_here, write_atomically
 from relpos.messages import PassProgress, warn
 from relpos.models.transformer import Transformer, TransformerConfig
-from relpos.training import loop
+from relpos.training import loop, restore
 from relpos.training import mesh as mesh_lib
 from relpos.training import train_step as step_lib
 from relpos.training.run_config import has_run
@@ -360,7 +360,7 @@ class Translate(loop.Task):
     next to the checkpoints) and the perplexity of its references."""
     data = load_eval_data(config.data, workdir)
     model = Transformer(model_config(config, data.tokenizer.vocab_size), rngs=nnx.Rngs(config.seed))
-    model, steps, checkpoint = loop.restore_model(model, config.eval, workdir)
+    model, steps, checkpoint = restore.restore_model(model, config.eval, workdir)
     loss_batches = eval_batches(config.data, data, seed=config.seed)  # its faults first
     translations = translate_sentences(
       model, data.tokenizer, data.eval_sources, config.eval, max_len=config.model.max_len
