@@ -342,10 +342,10 @@ def stop_at_signals(context: str | Callable[[], str]) -> Iterator[None]:
   ...'), exit status 128 + the signal's number: for work that a signal cannot save, whose line
   says what is kept and how to finish it (train.py's evaluation after training, eval.py).
   `context` may be a function that returns the text when the signal comes, for a line true to
-  what is on disk then (eval.py's: `relpos.training.loop.stopped_evaluation`, which may also
-  tidy what the work made and left empty); it runs in the handler, so it must not raise. The
-  handlers before it are back on exit; a signal ignored (nohup, a background job) stays
-  ignored; outside the main thread nothing changes."""
+  what is on disk then (eval.py's: `relpos.training.workdir_setup.stopped_evaluation`, which
+  may also tidy what the work made and left empty); it runs in the handler, so it must not
+  raise. The handlers before it are back on exit; a signal ignored (nohup, a background job)
+  stays ignored; outside the main thread nothing changes."""
   if threading.current_thread() is not threading.main_thread():
     yield
     return

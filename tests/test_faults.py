@@ -857,7 +857,7 @@ def _not_scored(monkeypatch):
 def test_a_refused_evaluation_removes_the_output_dir_it_made(text_file, straight, tmp_path):
   """eval.py made --output_dir (and its missing parents) before scoring, then was refused (data
   it cannot read); the empty directories stayed behind. Now they are removed, as train.py's
-  workdir is (`loop.leave_no_trace`); a directory the user had is kept."""
+  workdir is (`workdir_setup.leave_no_trace`); a directory the user had is kept."""
   config = _config(text_file)
   config.data.path = str(tmp_path / 'moved.txt')
   output = tmp_path / 'scores' / 'k=4'

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, call_absl_main, load_config, one_error_line, run_sweep_main
 
-from relpos.training import loop, tasks, workdir_lock
+from relpos.training import loop, tasks, workdir_lock, workdir_setup
 
 
 def _incomplete(name: str):
@@ -130,7 +130,6 @@ class _StartedError(Exception):
 def test_the_warmup_warning_comes_once_after_the_data_loaded(tmp_path, monkeypatch, capsys):
   """Before, train.py warned of the warmup, then refused to start for missing data; and a
   sweep printed the same line for every run."""
-  from relpos.training import loop
 
   config = load_config('char_tiny', 'shaw')
   config.data.path = str(tmp_path / 'absent.txt')
@@ -233,7 +232,7 @@ def test_a_sweep_root_that_takes_no_files_names_the_sweeps_first_write(
   def read_only(directory):
     raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(directory))
 
-  monkeypatch.setattr(loop, 'check_takes_files', read_only)
+  monkeypatch.setattr(workdir_setup, 'check_takes_files', read_only)
   more = ('--collect_only',) if collect_only else ()
   assert run_sweep_main(monkeypatch, *_sweep_args(root, *more)) == 74
   first = root / ('sweep.csv' if collect_only else '.relpos.lock')
@@ -341,8 +340,8 @@ def test_a_sweep_root_that_cannot_be_a_directory_is_one_line(
 ):
   """Before, FileExistsError or NotADirectoryError tracebacks from the root's mkdir; now the
   lines train.py gives its workdir: a file in its place or above it exit 74
-  (`loop.prepare_workdir`), a dangling link named with its target (`run_config.check_path`),
-  and nothing is made."""
+  (`workdir_setup.prepare_workdir`), a dangling link named with its target
+  (`run_config.check_path`), and nothing is made."""
   runs = tmp_path / 'runs'
   runs.mkdir()
   root, status, expected = place(runs)

@@ -19,7 +19,7 @@ from relpos import runtime
 from relpos.config import checks, fields
 from relpos.config.fields import field, section, subsection
 from relpos.config.shared import EvalConfig, OptimConfig, RunFields, TrainConfig
-from relpos.training import loop, restore, tasks
+from relpos.training import loop, restore, tasks, workdir_setup
 from relpos.training import mesh as mesh_lib
 from relpos.training import progress as loop_progress
 from relpos.training import train_step as step_lib
@@ -636,7 +636,7 @@ def _stopped_at_exit(monkeypatch, watched):
 def test_a_signal_as_eval_results_json_lands_says_it_is_written(tmp_path, monkeypatch, capfd):
   """SIGTERM in the instant after eval.py renamed eval_results.json into place said 'no
   eval_results.json', of a file written whole. The line is told from the disk when the signal
-  comes (`loop.stopped_evaluation`): the results are written, and where."""
+  comes (`workdir_setup.stopped_evaluation`): the results are written, and where."""
   workdir, output_dir = tmp_path / 'run', tmp_path / 'scores'
   TASK.train_model(_config(), workdir)
   write = loop.write_atomically
@@ -650,7 +650,7 @@ def test_a_signal_as_eval_results_json_lands_says_it_is_written(tmp_path, monkey
   left = _stopped_at_exit(monkeypatch, [output_dir / 'eval_results.json'])
   capfd.readouterr()
   with pytest.raises(_ExitError) as stopped:
-    with runtime.stop_at_signals(loop.stopped_evaluation(output_dir)):
+    with runtime.stop_at_signals(workdir_setup.stopped_evaluation(output_dir)):
       TASK.evaluate(_config(), workdir, output_dir=output_dir)
   assert stopped.value.args == (143,)
   assert capfd.readouterr().err.splitlines()[-1] == (
@@ -686,7 +686,7 @@ def test_a_signal_before_eval_py_writes_leaves_no_output_dir_it_made(
   left = _stopped_at_exit(monkeypatch, [output_dir, output_dir.parent])
   capfd.readouterr()
   with pytest.raises(_ExitError) as stopped:
-    with runtime.stop_at_signals(loop.stopped_evaluation(output_dir)):
+    with runtime.stop_at_signals(workdir_setup.stopped_evaluation(output_dir)):
       TASK.evaluate(_config(), workdir, output_dir=output_dir)
   assert stopped.value.args == (143,)
   there = {

@@ -85,7 +85,7 @@ from relpos.messages import warn
 from relpos.studies import breakdown, significance
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
-from relpos.training import data_record, loop, run_config, tasks, workdir_lock
+from relpos.training import data_record, loop, run_config, tasks, workdir_lock, workdir_setup
 from relpos.training.checkpoints import (
   UNWRITABLE,
   error_errno,
@@ -1151,11 +1151,11 @@ def prepare_root(root: Path, *, train: bool) -> None:
   """Checks and makes the sweep's root as train.py's workdir is, also for --collect_only
   (which writes its tables there): a dangling link is one line (exit 1,
   `run_config.check_path`), a file in its place or above it one exit-74 line
-  (`loop.prepare_workdir`). A root that takes no files (read-only, not writable) is the
+  (`workdir_setup.prepare_workdir`). A root that takes no files (read-only, not writable) is the
   sweep's own line (`root_write_fault`), naming the file it would write first
   (`first_write`), not train.py's 'before training ... rerun the same command to resume'."""
   run_config.check_path(root)
-  loop.prepare_workdir(
+  workdir_setup.prepare_workdir(
     root,
     probe_fault=lambda error: root_write_fault(
       error, root, resume=train, path=first_write(root, train=train)

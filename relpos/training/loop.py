@@ -45,7 +45,7 @@ from relpos import runtime
 from relpos.attention.pallas_common import check_runs_on
 from relpos.config import checks, fields
 from relpos.config.recorded import CONFIG_FILE, check_config_change, record_config
-from relpos.files import check_takes_files, made_mark, write_atomically
+from relpos.files import check_takes_files, write_atomically
 from relpos.messages import warn
 from relpos.training import data_record, optim, workdir_lock
 from relpos.training import mesh as mesh_lib
@@ -66,7 +66,7 @@ from relpos.training.device_memory import (
   out_of_memory_fault,
   step_memory_warning,
 )
-from relpos.training.metric_writer import TENSORBOARD, MetricWriter
+from relpos.training.metric_writer import MetricWriter
 from relpos.training.preemption import (
   InterruptedRunError,
   PreemptedError,
@@ -86,6 +86,13 @@ from relpos.training.run_config import (
   recorded_divergence,
 )
 from relpos.training.train_step import eval_model, one_step_in_flight
+from relpos.training.workdir_setup import (
+  files_a_start_makes,
+  leave_no_trace,
+  missing_directories,
+  prepare_workdir,
+  remove_unrecorded,
+)
 
 
 @dataclasses.dataclass
@@ -583,164 +590,6 @@ class DivergedError(FloatingPointError):
     self.what, self.step = what, step
 
 
-def prepare_workdir(workdir: Path, steps: int | None = None, *, probe_fault=None) -> list[Path]:
-  """Makes `workdir` and checks that it takes files (`check_takes_files`), before anything else
-  of the run; returns the directories it made (the workdir and any parents that were
-  missing), innermost first, for `leave_no_trace`. `steps`: config.train.steps; a run that
-  reached them has nothing left to train, so the remedy of a workdir that takes no files is
-  eval.py with --output_dir, not a rerun to resume (None: a directory that is no run's, a
-  sweep's root). `probe_fault`: the caller's own fault (or None) for the OSError of a
-  directory that takes no files, where train.py's words ('before training', a rerun that
-  resumes) are not what it does: the sweep's root, whose first write is its lock or, with
-  --collect_only, its tables (`relpos.studies.sweep.root_write_fault`).
-
-  The sweep's root is prepared here too. A dangling symbolic link in its place was refused
-  before, naming the link and its target (`run_config.check_path`, which every command runs
-  first).
-
-  Raises:
-    FilesystemFaultError: a file is in its place, it cannot be made, or it is not writable
-      (what it made is removed again).
-  """
-  if workdir.exists() and not workdir.is_dir():
-    raise FilesystemFaultError(
-      f'--workdir={workdir} is a file, not a directory; nothing was written; give a directory '
-      '(a new one is made), then rerun'
-    )
-  for name in (CHECKPOINTS, TENSORBOARD):  # the directories a run writes into
-    inside = workdir / name
-    if inside.exists() and not inside.is_dir():
-      raise FilesystemFaultError(
-        f'{inside} is a file where the run keeps its {name} directory; nothing was written; '
-        'move it away, then rerun'
-      )
-  made = missing_directories(workdir)
-  try:
-    check_takes_files(workdir)
-  except OSError as error:
-    leave_no_trace(workdir, made)
-    if probe_fault is not None and (fault := probe_fault(error)) is not None:
-      raise fault from error
-    what, last_good = f'cannot write to --workdir={workdir} before training', last_good_in(workdir)
-    try:
-      done = max(finished_steps(workdir), default=0)
-    except (OSError, RuntimeError):  # a path that cannot be one (too long, a symlink loop)
-      done = 0
-    if steps is None or done < steps:
-      raise filesystem_fault(error, what, last_good=last_good) from error
-    todo = (
-      f'the run is finished (config.train.steps={steps}), nothing is left to train: score it '
-      'with eval.py and an --output_dir that takes files, or make the workdir writable, then '
-      'rerun'
-    )
-    raise filesystem_fault(error, what, last_good=last_good, todo=todo) from error
-  return made
-
-
-def missing_directories(directory: Path) -> list[Path]:
-  """`directory` and those of its parents that do not exist (a symbolic link does, also one to
-  nothing), innermost first: what making it makes, for `leave_no_trace`."""
-  missing, absent = [], directory
-  while not (absent.exists() or absent.is_symlink()):
-    missing.append(absent)
-    absent = absent.parent
-  return missing
-
-
-def leave_no_trace(workdir: Path, made: list[Path]) -> None:
-  """Removes what a run that stopped before writing anything left of the directories it made
-  (`made`, innermost first, from `prepare_workdir`): the workdir's lock file (removed while
-  the lock is held: `workdir_lock.hold` reopens a lock file its holder removed), then each of
-  `made` that is empty. A start refused for missing data or a bad workdir left a new directory
-  that held only a 0-byte `.relpos.lock`, where the next command (or a sweep's root, a typo of
-  --workdir) would meet it. Nothing is removed from a directory the user had (not in `made`),
-  nor from one that holds anything but the lock: `rmdir` removes only empty directories. The
-  error that stopped the run is what to report, so an OSError here is let go."""
-  if not made:
-    return
-  try:
-    if {path.name for path in workdir.iterdir()} - {workdir_lock.LOCK_FILE}:
-      return  # the run wrote something: a record of it, kept
-    (workdir / workdir_lock.LOCK_FILE).unlink(missing_ok=True)
-    for directory in made:
-      directory.rmdir()
-  except OSError:
-    pass
-
-
-def stopped_evaluation(output_dir) -> Callable[[], str]:
-  """eval.py's words after `error: stopped by <signal>` (`runtime.stop_at_signals`, which ends
-  the program at once: no `except` or `finally` runs after the signal), told when the signal
-  comes from what is on disk then, not from how far the program got: SIGTERM in the instant
-  after `write_atomically` renamed eval_results.json into `output_dir` said 'no
-  eval_results.json' of a file written whole. The file is this evaluation's where it is not
-  the one there when this was called, before the evaluation (`_file_identity`: the rename puts
-  another file in its place); one there from before is named as an earlier evaluation's.
-
-  Where no result was written, an `output_dir` the evaluation made is removed again where it
-  holds nothing (`leave_no_trace`, as `evaluate` does when it is refused): SIGTERM left an
-  empty --output_dir. What it made is what was missing when this was called, on the writer
-  (the only process that makes it); a directory that holds anything (translations) or that
-  existed before stays."""
-  output_dir = Path(output_dir)
-  results = output_dir / RESULTS_FILE
-  made = missing_directories(output_dir) if mesh_lib.is_writer() else []
-  before = _file_identity(results)
-
-  def words() -> str:
-    now = _file_identity(results)
-    if now is not None and now != before:
-      return (
-        f' after eval.py wrote its results, {results}, whole: the run is scored; that file '
-        'holds what eval.py would have printed'
-      )
-    leave_no_trace(output_dir, made)
-    there = f"the {RESULTS_FILE} there is an earlier evaluation's" if now else f'no {RESULTS_FILE}'
-    return (
-      f' before eval.py wrote its results ({there}): the run is unchanged; rerun the same '
-      'command to score it'
-    )
-
-  return words
-
-
-def _file_identity(path: Path) -> tuple[int, int, int] | None:
-  """Which file is at `path` (its device, inode and modification time), None for none: a file
-  renamed into its place has another inode, a file rewritten in place another time."""
-  try:
-    stat = path.stat()
-  except OSError:
-    return None
-  return stat.st_dev, stat.st_ino, stat.st_mtime_ns
-
-
-def _files_a_start_makes(task: Task, config, workdir: Path) -> list[Path]:
-  """The task's data files inside the workdir (its vocabulary: `Task.data_files`) that are not
-  there yet: those this start makes."""
-  root = workdir.absolute()
-  return [
-    path
-    for path in task.data_files(config, workdir).values()
-    if root in path.absolute().parents and not path.exists()
-  ]
-
-
-def _remove_unrecorded(workdir: Path, made_files: list[Path]) -> None:
-  """Removes the files a start made in the workdir (`_files_a_start_makes`) when it stopped
-  before its run was recorded (`has_run`): a vocabulary of data since fixed would otherwise
-  meet the next start as one placed there to share, which it uses (`TranslationTask`). Once a
-  run is recorded they are its own. An OSError here is let go: the error that stopped the
-  start is the one to report."""
-  if has_run(workdir):
-    return
-  for path in made_files:
-    for made in (path, made_mark(path)):  # and its mark, if it has one (`files.write_marked`)
-      try:
-        made.unlink(missing_ok=True)
-      except OSError:
-        pass
-
-
 def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_config_change):
   """Trains `task` for config.train.steps from the latest checkpoint in `workdir`.
 
@@ -753,7 +602,7 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   `WorkdirInUseError` (`workdir_lock`). A new run is refused (ValueError) in a directory that
   holds a sweep's root or only an evaluation (`run_config.not_a_run`); a run already there
   resumes. A start that stops before its run is recorded removes the vocabulary it made
-  (`_remove_unrecorded`), and one that stops before writing anything the workdir it made
+  (`remove_unrecorded`), and one that stops before writing anything the workdir it made
   (`leave_no_trace`).
   """
   workdir = Path(workdir)
@@ -773,12 +622,12 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   lock = workdir_lock.hold(workdir) if mesh_lib.is_writer() else contextlib.nullcontext()
   try:
     with lock:  # one run at a time in a workdir
-      made_files = _files_a_start_makes(task, config, workdir)
+      made_files = files_a_start_makes(task, config, workdir)
       try:
         _train(task, config, workdir, mesh, preemption, allow_config_change, reached)
       except BaseException:  # a start refused before it wrote anything leaves no trace
         if mesh_lib.is_writer():  # (the others hold no lock: the writer's to remove)
-          _remove_unrecorded(workdir, made_files)
+          remove_unrecorded(workdir, made_files)
           leave_no_trace(workdir, made)
         raise
   except OSError as error:

@@ -58,7 +58,7 @@ def has_run(workdir) -> bool:
   """Whether a run has started training in `workdir`: it records its config once its checkpoint
   (if any) restored, right before its first step (`relpos.training.loop`). What a start that
   failed before that made (a vocabulary of other data) binds no later run: the loop removes it
-  (`loop._remove_unrecorded`), and the character LM makes its vocabulary again unless a run
+  (`workdir_setup.remove_unrecorded`), and the character LM makes its vocabulary again unless a run
   trained with it; an spm.model there before the first run was placed, and is used, unless
   relpos marked it as one it trained (`files.made_here`: a killed start's, trained again)."""
   return (Path(workdir) / CONFIG_FILE).is_file()

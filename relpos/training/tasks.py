@@ -23,9 +23,10 @@ from relpos.config import checks, declaration, fields
 from relpos.files import dangling_link
 from relpos.messages import duration
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE
-from relpos.training.loop import Task, stopped_evaluation
+from relpos.training.loop import Task
 from relpos.training.preemption import PreemptedError, RunFaultError
 from relpos.training.run_config import TaskMismatchError, check_output_dir
+from relpos.training.workdir_setup import stopped_evaluation
 
 # Imported on demand, so one task's dependencies never slow down or break another's.
 _TASKS = {

@@ -18,7 +18,7 @@ unlocked, with one warning. An OSError making or writing the file (a full disk, 
 filesystem) names it, for the caller's one-line fault.
 
 A run refused before it wrote anything removes the lock file, with the workdir it made, while
-it still holds the lock (`relpos.training.loop.leave_no_trace`). A process that opened the
+it still holds the lock (`relpos.training.workdir_setup.leave_no_trace`). A process that opened the
 file just before that removal would then lock a file no longer in the directory, beside the
 next run's new one; so a lock taken on a file that is no longer the one at its path is let go,
 and the path opened again.
