@@ -39,7 +39,7 @@ from relpos.files import write_atomically
 from relpos.studies import plot, shaw_tables, sweep
 from relpos.tools import sample, translate
 from relpos.training import char_lm_task as char_lm
-from relpos.training import loop, restore, tasks
+from relpos.training import restore, task_base, tasks
 from relpos.training import translation_task as translate_task
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE, TMP_MARKER, finished_steps
 from relpos.training.device_memory import OUT_OF_MEMORY_EXIT_CODE
@@ -328,7 +328,7 @@ def test_a_data_file_gone_by_the_final_evaluation_names_the_saved_run(
   moved = tmp_path / 'moved.txt'
   after_training(monkeypatch, char_lm.TASK, lambda: text_file.rename(moved))
   try:
-    with pytest.raises(loop.UnscoredRunError) as caught:
+    with pytest.raises(task_base.UnscoredRunError) as caught:
       char_lm.TASK.train_and_evaluate(_config(text_file), workdir)
   finally:
     if moved.exists():
@@ -359,7 +359,7 @@ def test_a_data_file_rewritten_while_training_leaves_the_run_unscored(
   after_training(monkeypatch, char_lm.TASK, lambda: text_file.write_bytes(original * 2))
   (workdir / 'eval_results.json').unlink(missing_ok=True)
   try:
-    with pytest.raises(loop.UnscoredRunError) as caught:
+    with pytest.raises(task_base.UnscoredRunError) as caught:
       char_lm.TASK.train_and_evaluate(_config(text_file), workdir)
   finally:
     text_file.write_bytes(original)
@@ -583,7 +583,7 @@ def test_damaged_run_files_are_named(text_file, straight, tmp_path):
   (workdir / 'vocab.json').write_text('not json')
   # The copy's own vocabulary is compared with the record first (`data_record`: its place in
   # the workdir), as the run's in place was; a resume is refused even with
-  # --allow_config_change (`loop.check_vocabulary`: the checkpoints' ids are its pieces).
+  # --allow_config_change (`data_record.check_vocabulary`: the checkpoints' ids are its pieces).
   for allow in (False, True):
     with pytest.raises(ValueError) as caught:
       char_lm.TASK.train_model(_config(text_file), workdir, allow_config_change=allow)

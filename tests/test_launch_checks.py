@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, call_absl_main, load_config, one_error_line, run_sweep_main
 
-from relpos.training import loop, tasks, workdir_lock, workdir_setup
+from relpos.training import loop, task_base, tasks, workdir_lock, workdir_setup
 
 
 def _incomplete(name: str):
@@ -142,7 +142,9 @@ def test_the_warmup_warning_comes_once_after_the_data_loaded(tmp_path, monkeypat
   def started(*args, **kwargs):
     raise _StartedError
 
-  monkeypatch.setattr(task, 'training', lambda *args: loop.Training(None, {}, None, None, None))
+  monkeypatch.setattr(
+    task, 'training', lambda *args: task_base.Training(None, {}, None, None, None)
+  )
   monkeypatch.setattr(loop, 'Checkpoints', started)
   for run in ('k=2/seed=0', 'k=8/seed=0'):  # a sweep's runs, in one process
     with pytest.raises(_StartedError):

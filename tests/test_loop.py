@@ -15,14 +15,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from relpos import flops as flops_lib
 from relpos import runtime
 from relpos.config import checks, fields
 from relpos.config.fields import field, section, subsection
 from relpos.config.shared import EvalConfig, OptimConfig, RunFields, TrainConfig
-from relpos.training import loop, restore, tasks, workdir_setup
+from relpos.training import loop, restore, task_base, tasks, workdir_setup
 from relpos.training import mesh as mesh_lib
 from relpos.training import progress as loop_progress
 from relpos.training import train_step as step_lib
+from relpos.training.checkpoints import Checkpoints
 from relpos.training.preemption import InterruptedRunError, PreemptedError
 
 _TRUE_WEIGHTS = np.array([[1.5], [-2.0], [0.5]], np.float32)
@@ -54,7 +56,7 @@ class RegressionConfig(RunFields):
   eval: type = subsection(EvalConfig, 'evaluation')
 
 
-class Regression(loop.Task):
+class Regression(task_base.Task):
   """y = x·w on random x; the metric is the mean squared error of held-out rows."""
 
   metric = 'mse'
@@ -89,7 +91,9 @@ class Regression(loop.Task):
     def validate(model, step):
       return {'valid/mse': self._mse(model)}
 
-    return loop.Training(graphdef, state, train_step, batch, validate, step_flops=self.step_flops)
+    return task_base.Training(
+      graphdef, state, train_step, batch, validate, step_flops=self.step_flops
+    )
 
   step_flops = None  # a test sets it: the model FLOPs of a step on a batch
 
@@ -148,7 +152,7 @@ def test_the_progress_line_gives_mfu_where_the_devices_peak_is_known(tmp_path, c
   has none), each progress line and metrics.jsonl give the model FLOPs utilisation."""
   flops_per_step = 6.0 * 3 * 32  # 3 × (2 · rows · 3 features · 1 output)
   monkeypatch.setattr(Regression, 'step_flops', staticmethod(lambda batch: flops_per_step))
-  monkeypatch.setattr(loop.flops_lib, 'devices_peak', lambda devices, dtype: 1e6)
+  monkeypatch.setattr(flops_lib, 'devices_peak', lambda devices, dtype: 1e6)
   TASK.train_and_evaluate(_config(), tmp_path / 'run')
   out = capsys.readouterr().out.splitlines()
   lines = [line for line in out if re.match(r'step \d+/', line)]
@@ -379,7 +383,7 @@ def test_evaluation_refuses_non_finite_parameters(tmp_path, monkeypatch):
   error naming it, not a NaN metric."""
   workdir = tmp_path / 'run'
   TASK.train_model(_config(), workdir)
-  checkpoints = loop.Checkpoints(workdir, writer=True)
+  checkpoints = Checkpoints(workdir, writer=True)
   _, state = nnx.split(TASK._model(_config()))
   nan = jax.tree.map(lambda x: x * jnp.nan, nnx.to_pure_dict(state))
   checkpoints.save(9, {'model': nan}, {'step': 9})
@@ -526,13 +530,13 @@ def test_the_loop_times_checkpoint_saves_off_the_clock(tmp_path, capsys, monkeyp
 
   clock = Clock()
   monkeypatch.setattr(loop_progress, 'time', clock)
-  save = loop.Checkpoints.save
+  save = Checkpoints.save
 
   def slow_save(self, *args, **kwargs):
     clock.now += 1000.0  # a save of 1000 s
     return save(self, *args, **kwargs)
 
-  monkeypatch.setattr(loop.Checkpoints, 'save', slow_save)
+  monkeypatch.setattr(Checkpoints, 'save', slow_save)
   all_finite = restore.all_finite
 
   def slow_check(tree):  # the save's parameter check: its first call compiles
@@ -639,14 +643,14 @@ def test_a_signal_as_eval_results_json_lands_says_it_is_written(tmp_path, monkey
   comes (`workdir_setup.stopped_evaluation`): the results are written, and where."""
   workdir, output_dir = tmp_path / 'run', tmp_path / 'scores'
   TASK.train_model(_config(), workdir)
-  write = loop.write_atomically
+  write = task_base.write_atomically
 
   def written_then_stopped(path, content):
     write(path, content)
     os.kill(os.getpid(), signal.SIGTERM)  # the notice right after the rename
     signal.pthread_sigmask(signal.SIG_BLOCK, [])  # a bytecode boundary for the handler
 
-  monkeypatch.setattr(loop, 'write_atomically', written_then_stopped)
+  monkeypatch.setattr(task_base, 'write_atomically', written_then_stopped)
   left = _stopped_at_exit(monkeypatch, [output_dir / 'eval_results.json'])
   capfd.readouterr()
   with pytest.raises(_ExitError) as stopped:

@@ -22,7 +22,7 @@ from relpos.data.char_corpus import CharVocab
 from relpos.models.transformer_xl import TransformerXL
 from relpos.tools import sample, translate
 from relpos.training import char_lm_task as char_lm
-from relpos.training import loop, restore
+from relpos.training import data_record, restore
 from relpos.training import translation_task as translate_task
 
 
@@ -127,14 +127,13 @@ def _recorded_runs(root):
 def test_a_vocabulary_changed_since_the_run_trained_is_refused(tmp_path):
   """A swapped spm.model (vocab.json) read the model's ids as other pieces: translations of
   nothing, with nothing said. Refused in one line naming the file and the run's own to restore."""
-  from relpos.training import data_record
 
   translation, char = _recorded_runs(tmp_path)
   spm_model, vocab_json = translation / 'spm.model', char / 'vocab.json'
   spm_model.write_bytes(b"the run's pieces")
   vocab_json.write_text(CharVocab.bytes().to_json())
-  data_record.record(translation, {loop.VOCABULARY: spm_model})
-  data_record.record(char, {loop.VOCABULARY: vocab_json})
+  data_record.record(translation, {data_record.VOCABULARY: spm_model})
+  data_record.record(char, {data_record.VOCABULARY: vocab_json})
   spm_model.write_bytes(b"another run's pieces")
   vocab_json.write_text(json.dumps({'symbols': list(range(255, -1, -1))}))
   with pytest.raises(ValueError) as error:

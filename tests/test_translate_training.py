@@ -17,7 +17,7 @@ from helpers import after_training, tiny_translate_config, write_pair_corpus
 from relpos.constants import PAD_ID
 from relpos.models.transformer import Transformer
 from relpos.studies import shaw_tables
-from relpos.training import loop, restore
+from relpos.training import restore, task_base
 from relpos.training import translation_task as translate
 
 
@@ -192,7 +192,7 @@ def test_an_eval_file_gone_by_the_final_evaluation_names_the_saved_run(
   references, moved = corpus / 'eval.de', tmp_path / 'eval.de'
   after_training(monkeypatch, translate.TASK, lambda: references.rename(moved))
   try:
-    with pytest.raises(loop.UnscoredRunError) as caught:
+    with pytest.raises(task_base.UnscoredRunError) as caught:
       translate.TASK.train_and_evaluate(_config(corpus, steps=8), workdir)
   finally:
     if moved.exists():

@@ -1112,7 +1112,7 @@ def write_breakdown_files(root: Path, kind, summary, per_run, field: str, baseli
 
 
 def root_write_fault(error: OSError, root: Path, *, resume: bool, path: Path | None = None):
-  """The exit-74 fault (`loop.filesystem_fault`, as train.py's) of an OSError writing the
+  """The exit-74 fault (`checkpoints.filesystem_fault`, as train.py's) of an OSError writing the
   sweep's own files under `root` (its lock, the tables, the plot) on a full disk or a read-only
   or unwritable filesystem, naming the file (the tables and plot are written through
   `write_atomically`, whose errors name the file also where a full disk is met only as it is

@@ -24,20 +24,20 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
   Raises:
     FileNotFoundError: no run, no vocabulary or no checkpoint in `workdir`.
     ValueError: the run is not a translation run; its spm.model changed since it trained
-      (`loop.check_vocabulary`).
+      (`data_record.check_vocabulary`).
   """
   from flax import nnx  # imported after the runtime defaults
 
   from relpos.data.tokenizer import load_tokenizer
   from relpos.data.translation import VOCAB_FILE
   from relpos.models.transformer import Transformer
-  from relpos.training import loop, restore
+  from relpos.training import data_record, restore
   from relpos.training import translation_task as translate
   from relpos.training.run_config import check_task, read_config
 
   check_task(workdir, 'translate', needs="relpos.tools.translate reads runs of task 'translate'")
   config = read_config(workdir)
-  loop.check_vocabulary(workdir, translate.TASK.data_files(config, workdir))
+  data_record.check_vocabulary(workdir, translate.TASK.data_files(config, workdir))
   if beam_size is not None:
     translate.check_beam_size(beam_size, config.data.vocab_size, '--beam_size')
   restore.check_trained(workdir).close()

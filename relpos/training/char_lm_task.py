@@ -33,7 +33,7 @@ from relpos.files import write_atomically
 from relpos.messages import PassProgress
 from relpos.models.transformer_xl import Memory, TransformerXL, TransformerXLConfig, nats_per_token
 from relpos.training import checkpoints as checkpoints_lib
-from relpos.training import loop, restore
+from relpos.training import data_record, restore, task_base
 from relpos.training import mesh as mesh_lib
 from relpos.training import train_step as step_lib
 from relpos.training.run_config import has_run, read_config
@@ -76,7 +76,7 @@ def read_vocabulary(workdir: Path, data_vocab: str) -> CharVocab:
 
   Raises:
     FileNotFoundError: an 'original' run's vocab.json is gone (`missing_vocabulary`).
-    ValueError: it changed since the run trained (`loop.check_vocabulary`).
+    ValueError: it changed since the run trained (`data_record.check_vocabulary`).
   """
   if error := missing_vocabulary(workdir, data_vocab):
     raise error
@@ -84,7 +84,7 @@ def read_vocabulary(workdir: Path, data_vocab: str) -> CharVocab:
   if not saved.exists():
     return CharVocab.bytes()
   vocab = CharVocab.read(saved)  # a damaged one is named as such first
-  loop.check_vocabulary(workdir, {loop.VOCABULARY: saved})
+  data_record.check_vocabulary(workdir, {data_record.VOCABULARY: saved})
   return vocab
 
 
@@ -273,7 +273,7 @@ def bits_per_char(
 
 
 def _validate(config, batches: OrderedBatches, model, step: int) -> dict:
-  """The validation during training (`loop.Training.validate`, bound to the config and the
+  """The validation during training (`task_base.Training.validate`, bound to the config and the
   valid split's batches): bits-per-char with config.train's segments, over the first
   config.eval.max_segments_during_training segments, printed and returned as scalars to log."""
   result = bits_per_char(
@@ -287,7 +287,7 @@ def _validate(config, batches: OrderedBatches, model, step: int) -> dict:
   return {'valid/bpc': result['bpc']}
 
 
-class CharLM(loop.Task):
+class CharLM(task_base.Task):
   """Transformer-XL character language modelling; the metric is bits-per-char."""
 
   metric = 'bpc'
@@ -319,7 +319,7 @@ class CharLM(loop.Task):
   def unread_run_fields(self, config):
     return () if config.model.position == 'xl' else ('train.clamp_len', 'eval.clamp_len')
 
-  def training(self, config, workdir, mesh) -> loop.Training:
+  def training(self, config, workdir, mesh) -> task_base.Training:
     """The data first (the vocabulary comes from it), then the model, its optimizer and the
     step.
 
@@ -360,7 +360,7 @@ class CharLM(loop.Task):
       mem_len=train.mem_len,
       vocab_size=vocab.size,
     ).train_step()
-    return loop.Training(
+    return task_base.Training(
       graphdef,
       state,
       step,
@@ -374,7 +374,7 @@ class CharLM(loop.Task):
     return {'train/bpc': totals['loss'] / totals['tokens'] / math.log(2)}
 
   def data_files(self, config, workdir):
-    vocabulary = {loop.VOCABULARY: Path(workdir) / VOCAB_FILE}
+    vocabulary = {data_record.VOCABULARY: Path(workdir) / VOCAB_FILE}
     if config.data.kind != 'text':
       return vocabulary  # enwik8: its size and md5 are checked as it is read (data.enwik8)
     return {'config.data.path': Path(config.data.path), **vocabulary}
@@ -401,7 +401,8 @@ class CharLM(loop.Task):
     to ids (`relpos.data.char_corpus`), so a multi-byte UTF-8 character (or an invalid byte)
     counts once per byte, and bpc is bits per byte."""
     return [
-      f'{result["split"]} split, {result["tokens"]} bytes scored, {loop.checkpoint_text(result)}',
+      f'{result["split"]} split, {result["tokens"]} bytes scored, '
+      + task_base.checkpoint_text(result),
       f'bpc={result["bpc"]:.4f}',
     ]
 

@@ -235,6 +235,11 @@ def finished_steps(workdir) -> list[int]:
   return sorted(int(p.name) for p in directory.glob('*') if p.name.isdigit() and p.is_dir())
 
 
+def steps_text(steps: list[int]) -> str:
+  """Checkpoint steps as a list, shortened to its first two and its last past six."""
+  return str(steps) if len(steps) <= 6 else f'[{steps[0]}, {steps[1]}, ..., {steps[-1]}]'
+
+
 def last_good_in(workdir) -> str:
   """`Checkpoints.last_good` of a workdir that cannot be opened (`finished_steps`)."""
   try:

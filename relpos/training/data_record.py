@@ -62,6 +62,10 @@ lines it reads as, their count and the SHA-256 of their text joined by '\\n' (`l
 `lines_sha256`), and a match of those is the same data too. A record made before the lines
 were (or of a file read as bytes) has no `lines_sha256`, and is compared as it was; a resume
 adds them to a record whose file matches it.
+
+The run's vocabulary (`VOCABULARY`: the spm.model or vocab.json it made in its workdir) is the
+one file that is never read changed, neither by a resume nor by an evaluation into any
+directory (`check_vocabulary`): the model's ids are its pieces.
 """
 
 import functools
@@ -74,6 +78,8 @@ from relpos.data.data_file import compression, decode_lines, read_data_file
 from relpos.files import write_atomically
 
 DATA_FILES = 'data_files.json'
+# `Task.data_files`' key of the vocabulary a run makes in its workdir (spm.model, vocab.json).
+VOCABULARY = 'the vocabulary'
 _CHUNK = 1 << 20
 
 
@@ -368,3 +374,26 @@ def record(workdir, files: dict[str, Path], read_as_lines: Collection[str] = ())
     if (place := _in_workdir(path, workdir)) is not None:
       entries[field]['in_workdir'] = place
   write_atomically(Path(workdir) / DATA_FILES, json.dumps(entries, indent=2) + '\n')
+
+
+def check_vocabulary(workdir: Path, files: dict[str, Path]) -> None:
+  """Refuses to read the run in `workdir` with a vocabulary changed since it trained
+  (`files`: `Task.data_files`, whose `VOCABULARY` is the workdir's spm.model or vocab.json,
+  compared with its record, `changes`). Unlike other data, it is not something to
+  score elsewhere: the model's ids are its vocabulary's pieces, so another vocabulary reads
+  every sentence as other ids (with --output_dir, eval.py scored them so, exit 0, a fraction
+  of the run's BLEU). eval.py and the tools that read a run (`relpos.tools.translate`,
+  `relpos.tools.sample`) refuse it, with or without --output_dir, and so does a resume, with
+  or without --allow_config_change (it trained the checkpoint's embeddings on other pieces).
+
+  Raises:
+    ValueError: naming the file and the remedy, to put the run's own file back.
+  """
+  vocabulary = files.get(VOCABULARY)
+  if vocabulary is None or not (changed := changes(workdir, {VOCABULARY: vocabulary})):
+    return
+  raise ValueError(
+    f"{changed[0]}: the model's ids are the pieces of the vocabulary it trained with, so the "
+    "run is not resumed, read or scored (into any directory) with another: restore the run's "
+    f'{vocabulary.name} (from a backup or from where the run came from)'
+  )

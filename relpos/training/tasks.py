@@ -23,9 +23,9 @@ from relpos.config import checks, declaration, fields
 from relpos.files import dangling_link
 from relpos.messages import duration
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE
-from relpos.training.loop import Task
 from relpos.training.preemption import PreemptedError, RunFaultError
 from relpos.training.run_config import TaskMismatchError, check_output_dir
+from relpos.training.task_base import Task
 from relpos.training.workdir_setup import stopped_evaluation
 
 # Imported on demand, so one task's dependencies never slow down or break another's.
@@ -36,7 +36,7 @@ _TASKS = {
 
 
 def get(config: ml_collections.ConfigDict) -> Task:
-  """The `relpos.training.loop.Task` config.task names."""
+  """The `relpos.training.task_base.Task` config.task names."""
   task = config.get('task')
   if task not in _TASKS:
     raise ValueError(f'config.task={task!r}: expected one of {sorted(_TASKS)}')

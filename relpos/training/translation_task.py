@@ -40,7 +40,7 @@ from relpos.data.translation import (
 from relpos.files import made_here, write_atomically
 from relpos.messages import PassProgress, warn
 from relpos.models.transformer import Transformer, TransformerConfig
-from relpos.training import loop, restore
+from relpos.training import data_record, restore, task_base
 from relpos.training import mesh as mesh_lib
 from relpos.training import train_step as step_lib
 from relpos.training.run_config import has_run
@@ -118,7 +118,7 @@ def eval_loss(model, batches: TokenBatches) -> dict:
 
 
 def _validate(batches: TokenBatches, model, step: int) -> dict:
-  """The validation during training (`loop.Training.validate`, bound to the eval batches): the
+  """The validation during training (`task_base.Training.validate`, bound to the eval batches): the
   eval perplexity, printed and returned as scalars to log."""
   result = eval_loss(model, batches)
   print(f'step {step}: eval perplexity {result["perplexity"]:.2f}', flush=True)
@@ -236,7 +236,7 @@ def translate_sentences(model, tokenizer, sources: list[str], eval_config, *, ma
   return translations
 
 
-class Translate(loop.Task):
+class Translate(task_base.Task):
   """Translation with an encoder-decoder Transformer; the metric is sacreBLEU."""
 
   metric = 'bleu'
@@ -284,7 +284,7 @@ class Translate(loop.Task):
     return model_config(config, vocab_size=1).unread_fields()
 
   def data_files(self, config, workdir):
-    vocabulary = {loop.VOCABULARY: Path(workdir) / VOCAB_FILE}
+    vocabulary = {data_record.VOCABULARY: Path(workdir) / VOCAB_FILE}
     if config.data.kind != 'text':
       return vocabulary  # tensorflow-datasets: prepared and versioned by tfds
     return {
@@ -292,7 +292,7 @@ class Translate(loop.Task):
       **vocabulary,
     }
 
-  def training(self, config, workdir, mesh) -> loop.Training:
+  def training(self, config, workdir, mesh) -> task_base.Training:
     """The model and its optimizer first (they need the config alone: the vocabulary has
     config.data.vocab_size pieces, which the data checks), then the data, then the functions
     the loop calls: the batch of a step, the validation and the jitted step."""
@@ -342,7 +342,7 @@ class Translate(loop.Task):
         vocab_size=data.tokenizer.vocab_size,
       ).train_step()
 
-    return loop.Training(
+    return task_base.Training(
       graphdef,
       state,
       train_step_fn(config, graphdef, mesh),
@@ -385,7 +385,7 @@ class Translate(loop.Task):
 
   def result_lines(self, result: dict) -> list[str]:
     return [
-      f'{result["sentences"]} sentences, {loop.checkpoint_text(result)}, translations in '
+      f'{result["sentences"]} sentences, {task_base.checkpoint_text(result)}, translations in '
       f'{result["translations"]}',
       f'sacreBLEU {result["signature"]}',
       f'bleu={result["bleu"]:.2f}',

@@ -32,7 +32,7 @@ from relpos.training.metric_writer import TENSORBOARD
 from relpos.training.run_config import RESULTS_FILE, has_run
 
 if TYPE_CHECKING:
-  from relpos.training.loop import Task
+  from relpos.training.task_base import Task
 
 
 def prepare_workdir(workdir: Path, steps: int | None = None, *, probe_fault=None) -> list[Path]:

@@ -1,0 +1,457 @@
+"""What a task is: the `Task` base class that train.py and eval.py run, the `Training` it hands
+the loop, and the rules of its evaluation that are the same for every task.
+
+A task (`relpos.training.char_lm_task`, `relpos.training.translation_task`) checks its config,
+builds its data and model, and supplies a `Training`: the state, the jitted step
+(`relpos.training.train_step`), the global batch of step s and a validation function. The loop
+(`relpos.training.loop.train`) owns the cadence around them. Adding a task takes one module
+with a `Task` subclass, its config's declaration (`relpos.config.fields`) and an entry in
+`relpos.training.tasks`.
+
+A task's evaluation (`Task.evaluate`) restores the model alone (`relpos.training.restore`),
+checks the run and the data it is given first (`check_other_data`,
+`data_record.check_vocabulary`), and writes eval_results.json; a run trained but left unscored
+(`UnscoredRunError`) names the eval.py command that scores it (`generic_score_command`,
+`last_checkpoint`).
+"""
+
+import abc
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+from flax import nnx
+
+from relpos import runtime
+from relpos.attention.pallas_common import check_runs_on
+from relpos.config import checks, fields
+from relpos.config.recorded import CONFIG_FILE
+from relpos.files import check_takes_files, write_atomically
+from relpos.messages import warn
+from relpos.training import data_record, optim
+from relpos.training import mesh as mesh_lib
+from relpos.training.checkpoints import (
+  CHECKPOINTS,
+  FilesystemFaultError,
+  filesystem_fault,
+  finished_steps,
+  steps_text,
+)
+from relpos.training.device_memory import evaluation_memory_fault, is_out_of_memory
+from relpos.training.loop import check_evaluation_plan, train
+from relpos.training.preemption import PreemptionSignal
+from relpos.training.restore import check_trained
+from relpos.training.run_config import (
+  RESULTS_FILE,
+  check_model,
+  check_task,
+  check_unread_settings,
+  data_changes,
+  has_run,
+  read_config,
+  recorded_divergence,
+)
+from relpos.training.workdir_setup import leave_no_trace, missing_directories
+
+
+@dataclasses.dataclass
+class Training:
+  """What a task hands the loop.
+
+  Attributes:
+    graphdef: of the pair (model, optimizer).
+    state: {'model': ..., 'optimizer': ..., **carry}, pure dicts of arrays
+      (`train_step.init_state`);
+      the carry (e.g. the char LM's memory) is a dict of arrays that the step updates and
+      checkpoints keep.
+    step: (state, batch) -> (state, sums), jitted over the mesh; `sums` holds device scalars
+      summed over the global batch, at least 'loss' (what the gradient is of, times 'tokens')
+      and 'tokens'. The loop averages them over each logging interval.
+    batch: the global batch of step s (a pure function of s: resume needs no data state).
+    validate: (model on this process's first device, step) -> scalars to log; prints its own
+      line.
+    checkpoint_meta: JSON-able facts saved with every checkpoint. Its 'batch_plan' (with
+      'devices'), where a task's batches depend on the device count (translation's rows), is
+      compared on resume: `batch_plan_warning`.
+    step_flops: the model FLOPs of a training step on a batch (`relpos.flops`: 3 × the forward
+      count, every attention pair counted), or None; with a known device peak the progress
+      line and metrics.jsonl ('train/mfu') give the model FLOPs utilisation.
+  """
+
+  graphdef: Any
+  state: dict
+  step: Callable[[dict, Any], tuple[dict, dict]]
+  batch: Callable[[int], Any]
+  validate: Callable[[nnx.Module, int], dict]
+  checkpoint_meta: dict = dataclasses.field(default_factory=dict)
+  step_flops: Callable[[Any], float] | None = None
+
+
+def check_platform(config, platform: str) -> None:
+  """ValueError of one line if config.model.attention_implementation does not run on devices
+  of `platform` (`pallas_common.check_runs_on`): e.g. a run trained with 'cudnn' on a GPU and
+  evaluated on a CPU, where any other implementation gives the same scores."""
+  if 'attention_implementation' in config.model:
+    where = 'config.model.attention_implementation'
+    check_runs_on(config.model.attention_implementation, platform, where=where)
+
+
+def checkpoint_text(result: dict) -> str:
+  """'checkpoint <path>' of an evaluation's `result`, with the steps it averaged where
+  config.eval.average_checkpoints made it more than one ('(averaged steps [4, 8])'): the
+  launchers' line of what was scored, the same for every task (`result_lines`)."""
+  steps = result.get('averaged_steps') or []
+  averaged = f' (averaged steps {steps_text(steps)})' if len(steps) > 1 else ''
+  return f'checkpoint {result["checkpoint"]}{averaged}'
+
+
+class Task(abc.ABC):
+  """A task train.py and eval.py run; `config.task` names it (`relpos.training.tasks`)."""
+
+  metric: str  # the name of the final metric, printed last as `<metric>=<value>`
+  # The task's config, declared (`relpos.config.fields`): its ConfigDict's fields, defaults
+  # and rules. config.model is checked by the model's typed config (`check_combinations`).
+  declaration: type
+  # The config.data fields only training reads (the training files, how its batches are
+  # made): an evaluation given other values scores the same sentences, so it warns of them
+  # but never refuses to score into the workdir (`check_other_data`).
+  training_only_data: tuple[str, ...] = ()
+  # The config.data fields whose files the task reads as lines ('\r\n' read as '\n':
+  # `relpos.data.data_file.decode_lines`), so that a file's data is its lines, not its bytes:
+  # one converted to CRLF line endings, or back, is the run's data all the same
+  # (`data_record.record`). Files read otherwise (the character LM's bytes) are compared by
+  # their bytes.
+  data_read_as_lines: tuple[str, ...] = ()
+
+  def check_config(self, config: ml_collections.ConfigDict, mesh=None) -> None:
+    """Raises ValueError naming the field for any config the run cannot honour: a field the
+    declaration does not hold, every field's rule, the model's typed config, and the rules
+    across fields (with `mesh`, those of the batch against the devices, and the attention
+    implementation against their platform)."""
+    self.check_complete(config)
+    # config.model's own fields are checked by its typed config (`check_combinations`).
+    unknown = fields.undeclared(config.to_dict(), self.declaration, skip=('model',))
+    if unknown:  # else recorded in config.json, which every later read would refuse
+      raise ValueError(
+        f'config.{unknown[0]} is not a field of the {config.get("task")} config (config files '
+        'list every field; `python -m relpos.tools.show_config` shows them): remove it'
+      )
+    checks.check(config, fields.rules(self.declaration, skip=('model',)))
+    optim.check_schedule(config)
+    self.check_combinations(config, mesh)
+    devices = getattr(mesh, 'devices', None)
+    if devices is not None:
+      check_platform(config, devices.flat[0].platform)
+
+  def check_complete(self, config: ml_collections.ConfigDict) -> None:
+    """Raises ValueError naming the first field the declaration holds that `config` lacks (a
+    config file that deleted a field or returned only some sections), or a missing
+    config.model (whose fields its typed config names): the first of the config checks, since
+    every other check, and every early check of a command (`check_evaluation_plan`, a
+    sweep's --field), reads those fields."""
+    checks.check_present(config, [*fields.leaves(self.declaration, skip=('model',)), 'model'])
+
+  @abc.abstractmethod
+  def check_combinations(self, config: ml_collections.ConfigDict, mesh) -> None:
+    """The model config and the rules across fields; `mesh` None skips those of devices."""
+
+  @property
+  def metrics(self) -> tuple[str, ...]:
+    """The numbers of eval_results.json a sweep may tabulate (the metric first)."""
+    return (self.metric,)
+
+  def unread_fields(self, config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """The config.model fields the model of `config` never reads (`ModelConfig.unread_fields`),
+    which a sweep refuses to vary."""
+    del config
+    return ()
+
+  def unread_run_fields(self, config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """Fields outside config.model (dotted, e.g. 'eval.clamp_len') that the model of `config`
+    never reads, which a sweep refuses to vary too."""
+    del config
+    return ()
+
+  def scored_data_changes(self, config: ml_collections.ConfigDict, workdir: Path) -> list[str]:
+    """The changes from the data the run in `workdir` trained on (`run_config.data_changes`,
+    `data_record.changes`) that change what an evaluation of `config` scores: those of every
+    data field and file but `training_only_data`."""
+    return self._data_changes(config, workdir, training_only=False)
+
+  def training_data_changes(self, config: ml_collections.ConfigDict, workdir: Path) -> list[str]:
+    """The changes of `training_only_data` alone (`scored_data_changes`' complement), which
+    change nothing an evaluation scores."""
+    return self._data_changes(config, workdir, training_only=True)
+
+  def _data_changes(self, config, workdir: Path, *, training_only: bool) -> list[str]:
+    """The data changes of the fields and files only training reads (`training_only`), or of
+    all the others."""
+
+    def selected(field: str) -> bool:
+      return (field.removeprefix('config.data.') in self.training_only_data) == training_only
+
+    files = {
+      field: path for field, path in self.data_files(config, workdir).items() if selected(field)
+    }
+    left_out = tuple(name for name in config.get('data', {}) if not selected(name))
+    return data_changes(workdir, config, files, free=left_out) + data_record.changes(workdir, files)
+
+  def data_files(self, config: ml_collections.ConfigDict, workdir: Path) -> dict[str, Path]:
+    """{'config.data.<field>': path} of the data files the config names, and the vocabulary
+    the run makes of them in `workdir`, which a run records and checks for changes
+    (`data_record`); none by default."""
+    del config, workdir
+    return {}
+
+  @abc.abstractmethod
+  def training(self, config, workdir: Path, mesh) -> Training:
+    """Reads the data, builds the model and optimizer (`train_step.init_state`): the run's
+    `Training`."""
+
+  @abc.abstractmethod
+  def score(self, config, workdir: Path, output_dir: Path | None = None) -> dict:
+    """The evaluation of the workdir's checkpoint (`restore.restore_model`): {metric: value, ...}.
+    Files it writes (translations) go to `output_dir`, the workdir by default."""
+
+  def evaluate(self, config, workdir, *, output_dir=None, after_training=False) -> dict:
+    """`score` after the config check, with config.eval added; process 0 writes it to
+    `output_dir`/eval_results.json (default: the workdir, which evaluating it with other
+    config.eval settings then overwrites). That the directory takes files is checked before
+    anything is scored (`check_takes_files`, as train.py checks its workdir before training):
+    a read-only one failed only at the write, after the whole set was scored. Its faults'
+    remedies name --output_dir, given or not (eval.py's); `after_training`: train.py's
+    evaluation of the run it has just trained, which takes no --output_dir, so they name
+    --workdir, as they do for an `output_dir` given as the workdir itself (a sweep scoring a
+    run in place). A workdir with no checkpoint is a FileNotFoundError, and a config of
+    another model than the run's a ValueError (`check_model`), before anything else is read.
+    Other data than the run's (`run_config.data_changes`: a config.data field, or a data
+    file changed since, `data_record.changes`) is scored only into another directory than
+    the workdir, with a warning line, and the result records config.data beside config.eval;
+    into the workdir it is refused before anything is scored (`check_other_data`, but for the
+    fields only training reads, `training_only_data`): the score, of other sentences,
+    replaced the run's own eval_results.json and translations, and a sweep tabulated it as
+    the run's. A vocabulary changed since (spm.model, vocab.json) is refused into any
+    directory (`data_record.check_vocabulary`): the model's ids are its pieces. train.py's final
+    evaluation never gets here with a file changed while it
+    trained (`train_and_evaluate`: the run is left unscored). A run a sweep recorded as
+    diverged (`recorded_divergence`) is scored at its last finite checkpoint, with a warning
+    line that says so. eval.py scores
+    it only into another directory than the record's (`run_config.check_output_dir`);
+    train.py's final evaluation, of the run it has just trained on, replaces the record. An
+    evaluation refused after it made `output_dir` (data it cannot read, out of memory)
+    removes what it made, where it holds nothing (`workdir_setup.leave_no_trace`)."""
+    workdir = Path(workdir)
+    check_task(workdir, config.get('task'))  # before anything else: the workdir's run
+    self.check_config(config)  # before anything reads its fields
+    check_model(workdir, config, self.unread_fields(config))
+    trained = read_config(workdir, known_fields=False).to_dict() if has_run(workdir) else None
+    check_unread_settings(
+      config,
+      self.unread_run_fields(config),
+      trained,
+      f'leave it as the run has it ({workdir / CONFIG_FILE} records it)',
+    )
+    data_files = self.data_files(config, workdir)
+    data_record.check_vocabulary(
+      workdir, data_files
+    )  # not other data: other ids (into any directory)
+    given_output_dir = output_dir is not None
+    output_dir = workdir if output_dir is None else Path(output_dir)
+    in_workdir = output_dir.resolve() == workdir.resolve()
+    if scored := self.scored_data_changes(config, workdir):
+      if in_workdir and not after_training:
+        check_other_data(workdir, scored)
+      warn(f'scoring other data than the run trained with ({"; ".join(scored)})')
+    if training_only := self.training_data_changes(config, workdir):
+      warn(
+        f"fields only training reads differ from the run's ({'; '.join(training_only)}): "
+        'they change nothing this evaluation scores'
+      )
+    check_platform(config, jax.default_backend())
+    check_trained(workdir).close()
+    diverged = recorded_divergence(output_dir, workdir)
+
+    def fault(error: OSError, what: str) -> FilesystemFaultError:
+      return filesystem_fault(
+        error,
+        what,
+        last_good=f'the checkpoints in {workdir} are unchanged',
+        resume=False,
+        # A sweep gives its runs' own directory as output_dir where it scores them in place.
+        flag='--workdir' if after_training or given_output_dir and in_workdir else '--output_dir',
+        flag_given=given_output_dir,
+      )
+
+    # Only the writer makes it (`_score_into`), so only the writer removes it.
+    made = missing_directories(output_dir) if mesh_lib.is_writer() else []
+    try:
+      return self._score_into(config, workdir, output_dir, fault, diverged)
+    except BaseException:
+      leave_no_trace(output_dir, made)  # a refused evaluation leaves no empty --output_dir
+      raise
+
+  def _score_into(self, config, workdir: Path, output_dir: Path, fault, diverged) -> dict:
+    """`evaluate`'s scoring into `output_dir`, once the run and config are checked: the
+    directory checked to take files (made where it is missing), the score, eval_results.json.
+    `fault`: the FilesystemFaultError of an OSError writing there. What it made of
+    `output_dir` is removed again by `evaluate` where it stops before writing anything
+    (`workdir_setup.leave_no_trace`, as train.py's workdir)."""
+    if mesh_lib.is_writer():  # eval_results.json goes there, and `score` may write files
+      try:
+        check_takes_files(output_dir)
+      except OSError as error:
+        what = f'cannot write the evaluation to {output_dir}, checked before scoring'
+        raise fault(error, what) from error
+    try:
+      result = {**self.score(config, workdir, output_dir), 'eval': config.eval.to_dict()}
+      if diverged:
+        warn(
+          f'the run in {workdir} diverged at step {diverged[0]} ({diverged[1]} recorded it): '
+          f'this is the score of its last finite checkpoint, step {result["step"]}'
+        )
+      if 'data' in config:  # what was scored: eval.py may be given other data
+        result['data'] = config.data.to_dict()
+      if mesh_lib.is_writer():
+        write_atomically(output_dir / 'eval_results.json', json.dumps(result, indent=2))
+    except (jax.errors.JaxRuntimeError, ValueError, MemoryError) as error:
+      if not is_out_of_memory(error):
+        raise
+      raise evaluation_memory_fault(config, workdir) from error
+    except OSError as error:
+      written = Path(error.filename or '/').resolve()
+      if output_dir.resolve() not in (written, *written.parents):
+        raise  # a data file's error, as the task reports it
+      # The file itself where the error names one (`write_atomically`'s do: eval_results.json,
+      # translations), else output_dir, which could not be made.
+      target = output_dir / written.relative_to(output_dir.resolve())
+      raise fault(error, f'cannot write the evaluation to {target}') from error
+    return result
+
+  @abc.abstractmethod
+  def result_lines(self, result: dict) -> list[str]:
+    """What the launchers print; the very last line is `<metric>=<value>`."""
+
+  def train_scalars(self, totals: dict) -> dict:
+    """The task's train scalars besides the loss (e.g. bits-per-char) from the sums of a
+    logging interval."""
+    del totals
+    return {}
+
+  def train_model(self, config, workdir, *, allow_config_change: bool = False) -> None:
+    """Trains for config.train.steps, resuming from the latest checkpoint (a finished run
+    only restores)."""
+    # SIGTERM is caught from the start, so that a notice during setup (reading data,
+    # compiling) stops the run after its first step, with a checkpoint, instead of killing
+    # this process and stranding the others of a multi-process run at their next collective.
+    with PreemptionSignal() as preemption:
+      train(self, config, workdir, preemption, allow_config_change=allow_config_change)
+
+  def train_and_evaluate(
+    self,
+    config,
+    workdir,
+    *,
+    allow_config_change: bool = False,
+    score_command: str | None = None,
+  ) -> dict:
+    """`train_model`, then `evaluate`; an evaluation the run's checkpoints cannot serve is
+    refused first (`check_evaluation_plan`), not after the training; the config check comes
+    before that, which reads its fields (`train` checks it again with the devices). A data
+    file that is gone by the evaluation (deleted or moved while the run trained) is an
+    `UnscoredRunError`: the data reader's own line ('set data.path to an existing file')
+    would invite scoring the finished run on other data. So is one the evaluation reads
+    rewritten while the run trained (`scored_data_changes`, against the record the run made
+    as it started; training has read the rest already): scored,
+    that was other text than the run's, with a warning line and an eval_results.json that a
+    sweep tabulates like any other. SIGTERM or Ctrl-C during the evaluation ends the program
+    at once with one line saying that the run is trained but not scored, and how to score it
+    (`relpos.runtime.stop_at_signals`): there is nothing to save. `score_command`: the eval.py
+    command that scores the run (the launcher's, `tasks.eval_command`; None: a generic one)."""
+    check_task(workdir, config.get('task'))  # before anything else: the workdir's run
+    self.check_config(config)
+    check_evaluation_plan(config, workdir)
+    self.train_model(config, workdir, allow_config_change=allow_config_change)
+    score_command = score_command or generic_score_command(workdir)
+    changed = self.scored_data_changes(config, workdir)  # a training file may change now
+    if changed:
+      raise UnscoredRunError(workdir, [], changed, command=score_command)
+    unscored = (
+      f' during the final evaluation: training finished and saved {last_checkpoint(workdir)}, '
+      f'but the run is not scored: score it with `{score_command}`'
+    )
+    try:
+      with runtime.stop_at_signals(unscored):
+        return self.evaluate(config, workdir, after_training=True)
+    except FileNotFoundError as error:
+      files = self.data_files(config, workdir)
+      gone = [f'{field} ({path})' for field, path in files.items() if not Path(path).is_file()]
+      if not gone:
+        raise
+      raise UnscoredRunError(workdir, gone, command=score_command) from error
+
+
+def generic_score_command(workdir) -> str:
+  """The eval.py command that scores the run in `workdir`, where the command that trained it
+  is not known (`tasks.eval_command` builds it from that)."""
+  return f'python eval.py --config=<its config file> --workdir={workdir}'
+
+
+def last_checkpoint(workdir) -> str:
+  """'its last checkpoint, <workdir>/checkpoints/<s> (step <s>)' of a run that finished
+  training, for the lines that say it is trained but not scored."""
+  steps = finished_steps(workdir)
+  if not steps:
+    return 'its checkpoints'
+  return f'its last checkpoint, {Path(workdir) / CHECKPOINTS / str(steps[-1])} (step {steps[-1]})'
+
+
+def check_other_data(workdir: Path, other_data: list[str]) -> None:
+  """Refuses an evaluation into the workdir itself of other data than the run in `workdir`
+  trained on (`other_data`: the changes that alter what is scored, `Task.scored_data_changes`,
+  each '<field>: ...'): its eval_results.json and translations are the run's result, which a
+  score of other sentences would replace (a sweep's --collect_only then tabulated it as the
+  run's, `relpos.studies.sweep.stale_reason`). One rule for every task: another data.path of a
+  char LM, another eval_src of a translation; a training file moved or another batch size
+  (`Task.training_only_data`) scores the same sentences and is only warned of.
+
+  Raises:
+    ValueError: naming the changes and --output_dir.
+  """
+  if not other_data:
+    return
+  raise ValueError(
+    f'this evaluation scores other data than the run in {workdir} trained with '
+    f"({'; '.join(other_data)}), and would replace the run's own result ({RESULTS_FILE}) "
+    "with that score: give --output_dir=<a new directory> to score it there, or the run's "
+    f'data fields ({workdir / CONFIG_FILE} records them)'
+  )
+
+
+class UnscoredRunError(FileNotFoundError):
+  """Training finished and saved its last checkpoint, but a data file it read is gone since it
+  started (`gone`: '<field> (<path>)' each) or holds other data than it trained on (`changed`:
+  `data_record.changes`' lines), so its final evaluation did not run. The run is whole: eval.py
+  scores it once the file is back as it was. `command` is that eval.py command: the launcher
+  gives it, from its own command line (`tasks.eval_command`)."""
+
+  def __init__(
+    self, workdir, gone: list[str], changed: list[str] = (), *, command: str | None = None
+  ):
+    saved = last_checkpoint(workdir)
+    problems = list(changed)
+    if gone:
+      files = ' and '.join(gone) + (' is' if len(gone) == 1 else ' are')
+      problems.insert(0, f'{files} gone since training started (deleted or moved)')
+    self.reason = (
+      f'training finished and saved {saved}, but {"; ".join(problems)}, so the run was not '
+      'evaluated: restore the data as it was, then score the run'
+    )
+    self.command = command or generic_score_command(workdir)
+    super().__init__(self.reason)
+
+  def __str__(self) -> str:
+    return f'{self.reason} with `{self.command}`'
