@@ -47,8 +47,10 @@ class CharVocab:
 
   @classmethod
   def from_data(cls, data, drop_newlines: bool) -> 'CharVocab':
-    """The sorted distinct bytes of `data` (uint8 array or bytes), less newline if asked."""
-    symbols = np.flatnonzero(np.bincount(as_uint8(data), minlength=256))
+    """The sorted distinct bytes of `data` (uint8 array or bytes, or a list of them, counted
+    without joining them: the splits), less newline if asked."""
+    parts = data if isinstance(data, list | tuple) else [data]
+    symbols = np.flatnonzero(sum(byte_counts(part) for part in parts))
     if drop_newlines:
       symbols = symbols[symbols != NEWLINE]
     return cls(tuple(int(s) for s in symbols))
@@ -59,19 +61,28 @@ class CharVocab:
     return len(self.symbols)
 
   def encode(self, data) -> np.ndarray:
-    """int32 ids [N] of `data` (uint8 array [N] or bytes).
+    """uint8 ids [N] of `data` (uint8 array [N] or bytes): a vocabulary of byte values has at
+    most 256 ids, so they stay a byte each, as the text is, until `relpos.data.ordered` cuts
+    them into int32 segments (int32 ids took 4 bytes per byte of a corpus, 400 MB of 100 MB).
+    The 'bytes' vocabulary's ids are the bytes themselves: `data` is returned as it is, a view
+    of it for bytes, not copied.
 
     Raises:
       ValueError: `data` holds a byte outside the vocabulary.
     """
-    ids = np.full(256, -1, dtype=np.int32)
-    ids[list(self.symbols)] = np.arange(self.size, dtype=np.int32)
-    encoded = ids[as_uint8(data)]
-    unknown = np.flatnonzero(encoded < 0)
-    if unknown.size:
-      byte = int(as_uint8(data)[unknown[0]])
+    data = as_uint8(data)
+    if self == CharVocab.bytes():
+      return data
+    # A byte outside a vocabulary of fewer than 256 symbols maps to 255, which is then no id.
+    ids = np.full(256, 255, dtype=np.uint8)
+    ids[list(self.symbols)] = np.arange(self.size, dtype=np.uint8)
+    encoded = ids[data]
+    # max(): no temporary array the size of the data, as `encoded == 255` would be
+    if self.size < 256 and encoded.size and encoded.max() == 255:
+      position = int(np.flatnonzero(encoded == 255)[0])
+      byte = int(data[position])
       raise ValueError(
-        f'byte {byte} ({bytes([byte])!r}) at position {unknown[0]} is not in the '
+        f'byte {byte} ({bytes([byte])!r}) at position {position} is not in the '
         f'{self.size}-symbol vocabulary'
       )
     return encoded
@@ -112,6 +123,21 @@ class CharVocab:
     return cls(tuple(range(256)))
 
 
+# Bytes counted per np.bincount call: it counts in intp, 8 bytes for each byte it is given.
+_COUNT_CHUNK = 1 << 20
+
+
+def byte_counts(data) -> np.ndarray:
+  """How often each of the 256 byte values occurs in `data` (bytes or a uint8 array), counted
+  in chunks: np.bincount of all of it at once took 8 bytes of memory per byte (800 MB of a
+  100 MB corpus)."""
+  data = as_uint8(data)
+  counts = np.zeros(256, dtype=np.int64)
+  for start in range(0, data.size, _COUNT_CHUNK):
+    counts += np.bincount(data[start : start + _COUNT_CHUNK], minlength=256)
+  return counts
+
+
 def as_uint8(data) -> np.ndarray:
   """`data` (bytes or an array of byte values) as a uint8 array."""
   if isinstance(data, bytes | bytearray):
@@ -146,8 +172,8 @@ def _drop_newlines(name: str, split: np.ndarray, path) -> np.ndarray:
 def load_char_splits(
   data_config, vocab: CharVocab | None = None, *, recorded_in=None, encode=text.SPLITS
 ) -> tuple[dict[str, np.ndarray], CharVocab]:
-  """int32 id arrays for the splits named in `encode` (default 'train', 'valid', 'test') and
-  their vocabulary.
+  """uint8 id arrays (`CharVocab.encode`) for the splits named in `encode` (default 'train',
+  'valid', 'test') and their vocabulary.
 
   Args:
     data_config: ConfigDict with
@@ -181,17 +207,18 @@ def load_char_splits(
     splits = split(data)
   except ValueError as e:
     raise ValueError(f'config.data.path={data_config.path}: {e}') from None
+  del data  # the splits are views of it: it is freed once they are (copies without newlines)
   if data_config.vocab == 'original':
     splits = {name: _drop_newlines(name, split, data_config.path) for name, split in splits.items()}
   if vocab is None:  # made of this data: it encodes every split
     vocab = (
       CharVocab.bytes()
       if data_config.vocab == 'bytes'
-      else CharVocab.from_data(np.concatenate(list(splits.values())), drop_newlines=True)
+      else CharVocab.from_data(list(splits.values()), drop_newlines=True)
     )
   ids = {}
   for name in encode:
-    split = splits[name]
+    split = splits.pop(name)  # its bytes without newlines (a copy) go once it is encoded
     try:
       ids[name] = vocab.encode(split)
     except ValueError as e:

@@ -5,6 +5,10 @@ The token stream is cut into `batch_size` contiguous rows of `n_step = N // batc
 `i = s*tgt_len` onwards of every row: inputs `rows[:, i:i+L]`, targets `rows[:, i+1:i+1+L]`,
 `L = min(tgt_len, n_step - 1 - i)`. Consecutive segments continue each row, so a recurrence
 memory carries across them, and one pass predicts every row position but the first once.
+
+The rows keep the stream's own integer type (a character LM's uint8 ids,
+`relpos.data.char_corpus.CharVocab.encode`: a byte per character of the corpus); each segment
+is cast to int32 as it is cut, so the batches are the same whatever type the stream has.
 """
 
 import numpy as np
@@ -34,7 +38,7 @@ class OrderedBatches:
   ):
     """
     Args:
-      tokens: int32 [N].
+      tokens: integer ids [N], of any integer type (kept: not widened to int32 here).
       batch_size, tgt_len: positive ints, N >= 2 * batch_size.
       rows: keep only these of the batch_size rows (a data-parallel process's part of the
         global batch); segments then hold only them.
@@ -44,7 +48,9 @@ class OrderedBatches:
     Raises:
       ValueError: the rows would hold fewer than 2 tokens.
     """
-    tokens = np.asarray(tokens, dtype=np.int32)
+    tokens = np.asarray(tokens)
+    if not np.issubdtype(tokens.dtype, np.integer):  # an empty list reads as float64
+      tokens = tokens.astype(np.int32)
     if tokens.ndim != 1 or batch_size < 1 or tgt_len < 1:
       raise ValueError(
         'expected tokens [N] and positive batch_size, tgt_len; got tokens '
@@ -80,12 +86,14 @@ class OrderedBatches:
     return (self.n_step - 1) // self.tgt_len
 
   def segment(self, s: int) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs, targets) of segment s, both int32 [rows, L], L <= tgt_len."""
+    """(inputs, targets) of segment s, both int32 [rows, L], L <= tgt_len (cast from the
+    rows' type here, segment by segment)."""
     if not 0 <= s < self.num_segments:
       raise IndexError(f'segment {s} is outside [0, {self.num_segments})')
     i = s * self.tgt_len
     length = min(self.tgt_len, self.n_step - 1 - i)
-    return self.rows_BN[:, i : i + length], self.rows_BN[:, i + 1 : i + 1 + length]
+    segment = self.rows_BN[:, i : i + 1 + length].astype(np.int32)
+    return segment[:, :-1], segment[:, 1:]
 
   def iterate(self, start: int = 0):
     """Yields (s, inputs [B, L], targets [B, L]) for segments start..num_segments-1."""
