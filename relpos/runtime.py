@@ -63,8 +63,10 @@ already decides.
 - **Ctrl-C and SIGTERM** end the program at once with one line and exit status 130 or 143
   (`stop_at_ctrl_c_or_sigterm`), from its first moment: no KeyboardInterrupt traceback through
   JAX's imports, none that Python swallows in a callback, and no silent end on SIGTERM.
-  Training takes both over while it runs, to save first; work a signal cannot save (an
-  evaluation) says what is kept (`stop_at_signals`).
+  Training takes both over while it runs, to save first (while it starts, with nothing to
+  save yet, it ends the program at once too); work a signal cannot save (an evaluation) says
+  what is kept (`stop_at_signals`). A long call into C++ would hold the handlers back until it
+  returns: one that releases the GIL runs in a worker thread (`call_taking_signals`).
 """
 
 import contextlib
@@ -317,10 +319,15 @@ def say_cache_faults_once() -> None:
 _SIGNAL_NAMES = {signal.SIGINT: 'Ctrl-C', signal.SIGTERM: 'SIGTERM'}
 
 
-def _stop_now(signum: int, context: str = '') -> None:
+def stop_now(signum: int, context: str = '') -> None:
   """Ends the program at once on signal `signum`: one line, `error: stopped by <signal>`
   followed by `context` (what the program was doing and what is left to do), exit status
-  128 + `signum`."""
+  128 + `signum`. It leaves the process by `os._exit`, from the signal's handler: no
+  exception, which Python would swallow where it lands in a garbage-collection callback (JAX
+  runs one at every collection), and no clean-up of Python's (buffers not flushed, `finally`
+  blocks not run, threads not joined), so what it leaves on disk is what a killed process
+  leaves, which relpos's writes are made to survive (each file written whole or not at all,
+  checkpoints renamed into place once complete)."""
   for stream in (sys.stdout, sys.stderr):
     try:
       stream.flush()
@@ -332,7 +339,7 @@ def _stop_now(signum: int, context: str = '') -> None:
 
 def _stop_at_signal(signum, frame) -> None:
   del frame
-  _stop_now(signum)
+  stop_now(signum)
 
 
 @contextlib.contextmanager
@@ -352,7 +359,7 @@ def stop_at_signals(context: str | Callable[[], str]) -> Iterator[None]:
 
   def stop(signum, frame):
     del frame
-    _stop_now(signum, context() if callable(context) else context)
+    stop_now(signum, context() if callable(context) else context)
 
   previous = {
     signum: signal.signal(signum, stop)
@@ -364,6 +371,34 @@ def stop_at_signals(context: str | Callable[[], str]) -> Iterator[None]:
   finally:
     for signum, handler in previous.items():
       signal.signal(signum, handler)
+
+
+def call_taking_signals(function: Callable, /, *args, **kwargs):
+  """`function(*args, **kwargs)`, run in a worker thread while this (the main) thread waits
+  for it, so that a signal's handler runs as the signal comes. Python runs handlers in the
+  main thread between its bytecodes: one long call into C++ holds them back until it returns
+  (SentencePiece's training: a minute and more, during which Ctrl-C or SIGTERM went unheard),
+  while one in another thread that releases the GIL, as SentencePiece's does, lets the main
+  thread take them (checked: tests/test_runtime.py). A handler that ends the program
+  (`stop_now`) ends the worker with it; one that raises (Python's own KeyboardInterrupt)
+  raises here and leaves the worker to finish alone, a daemon thread. The worker's exception
+  is raised here. Outside the main thread, `function` just runs."""
+  if threading.current_thread() is not threading.main_thread():
+    return function(*args, **kwargs)
+  outcome = {}
+
+  def work():
+    try:
+      outcome['result'] = function(*args, **kwargs)
+    except BaseException as error:  # noqa: BLE001 (raised in the main thread below)
+      outcome['error'] = error
+
+  worker = threading.Thread(target=work, name=getattr(function, '__name__', 'work'), daemon=True)
+  worker.start()
+  worker.join()  # a lock wait, which a signal interrupts to run its handler
+  if 'error' in outcome:
+    raise outcome['error']
+  return outcome['result']
 
 
 def stop_at_ctrl_c_or_sigterm() -> None:

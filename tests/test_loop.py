@@ -20,12 +20,12 @@ from relpos import runtime
 from relpos.config import checks, fields
 from relpos.config.fields import field, section, subsection
 from relpos.config.shared import EvalConfig, OptimConfig, RunFields, TrainConfig
-from relpos.training import loop, restore, task_base, tasks, workdir_setup
+from relpos.training import loop, restore, task_base, workdir_setup
 from relpos.training import mesh as mesh_lib
 from relpos.training import progress as loop_progress
 from relpos.training import train_step as step_lib
 from relpos.training.checkpoints import Checkpoints
-from relpos.training.preemption import InterruptedRunError, PreemptedError
+from relpos.training.preemption import PreemptedError
 
 _TRUE_WEIGHTS = np.array([[1.5], [-2.0], [0.5]], np.float32)
 
@@ -209,77 +209,99 @@ def test_a_non_finite_loss_stops_the_run(tmp_path):
     TASK.train_and_evaluate(config, tmp_path / 'run')
 
 
-def test_sigterm_saves_the_reached_step_and_stops(tmp_path, monkeypatch):
+def _signal_at_batch(monkeypatch, index: int, *signums: int) -> None:
+  """Makes TASK's training send `signums` to this process as the loop asks for the batch of
+  step `index` (0: the first step, not yet compiled: the start-up), one after the other."""
   training = TASK.training
 
-  def training_then_sigterm(*args):
+  def training_then_signals(*args):
     run = training(*args)
-    os.kill(os.getpid(), signal.SIGTERM)  # as if the notice came while compiling
-    return run
 
-  monkeypatch.setattr(TASK, 'training', training_then_sigterm)
-  with pytest.raises(PreemptedError, match=r'^SIGTERM at step 1: saved '):
+    def batch(step):
+      if step == index:
+        for signum in signums:
+          os.kill(os.getpid(), signum)
+      return run.batch(step)
+
+    return dataclasses.replace(run, batch=batch)
+
+  monkeypatch.setattr(TASK, 'training', training_then_signals)
+
+
+def test_sigterm_saves_the_reached_step_and_stops(tmp_path, monkeypatch):
+  _signal_at_batch(monkeypatch, 1, signal.SIGTERM)  # as the second step starts
+  with pytest.raises(PreemptedError, match=r'^SIGTERM at step 2: saved '):
     TASK.train_and_evaluate(_config(), tmp_path / 'run')
-  assert [p.name for p in (tmp_path / 'run' / 'checkpoints').iterdir()] == ['1']
+  assert [p.name for p in (tmp_path / 'run' / 'checkpoints').iterdir()] == ['2']
 
 
 @pytest.mark.parametrize('presses', [1, 2])
 def test_ctrl_c_saves_and_stops_and_a_second_stops_at_once(tmp_path, monkeypatch, capfd, presses):
   """Ctrl-C once: as SIGTERM (a checkpoint at the step reached, then stop), exit 130, with a
   line saying so as it is pressed. Twice: stop at once, one line naming the last good
-  checkpoint (none here), exit 130; the handlers are the test session's again after."""
-  training = TASK.training
+  checkpoint (none here), exit 130 (`runtime.stop_now`: its KeyboardInterrupt could land in a
+  garbage-collection callback, which swallowed it: tests/test_preemption.py); the handlers
+  are the test session's again after."""
   before = signal.getsignal(signal.SIGINT)
-
-  def training_then_ctrl_c(*args):
-    run = training(*args)
-    for _ in range(presses):
-      os.kill(os.getpid(), signal.SIGINT)  # as if pressed while compiling
-    return run
-
-  monkeypatch.setattr(TASK, 'training', training_then_ctrl_c)
+  _signal_at_batch(monkeypatch, 1, *[signal.SIGINT] * presses)
+  left = _stopped_at_exit(monkeypatch, [])
   workdir = tmp_path / 'run'
-  with pytest.raises((PreemptedError, InterruptedRunError)) as caught:
+  with pytest.raises((PreemptedError, _ExitError)) as caught:
     TASK.train_and_evaluate(_config(), workdir)
-  assert 'Ctrl-C: saving a checkpoint after this step, then stopping' in capfd.readouterr().err
-  code, line = tasks.fault_exit(caught.value)
-  assert caught.value.exit_code == 130 and signal.getsignal(signal.SIGINT) is before
+  err = capfd.readouterr().err
+  assert 'Ctrl-C: saving a checkpoint after this step, then stopping' in err
+  assert signal.getsignal(signal.SIGINT) is before
   if presses == 1:
-    assert str(caught.value).startswith('Ctrl-C (SIGINT) at step 1: saved ')
-    assert [p.name for p in (workdir / 'checkpoints').iterdir()] == ['1']
+    assert caught.value.exit_code == 130
+    assert str(caught.value).startswith('Ctrl-C (SIGINT) at step 2: saved ')
+    assert [p.name for p in (workdir / 'checkpoints').iterdir()] == ['2']
   else:
-    assert (code, line) == (
-      130,
-      'error: stopped by Ctrl-C at step 0, without a save; no checkpoint was written yet; '
-      'rerun the same command to start again',
+    assert caught.value.args == (130,) and left == {}
+    assert err.splitlines()[-1] == (
+      'error: stopped by Ctrl-C at step 1, without a save; no checkpoint was written yet; '
+      'rerun the same command to start again'
     )
-    assert not list(workdir.glob('checkpoints/*'))
 
 
-def test_a_second_ctrl_c_during_the_save_leaves_no_part_of_it(tmp_path, monkeypatch):
-  """The second Ctrl-C lands in orbax's save of the first's checkpoint (pressed twice quickly):
-  an empty checkpoint directory was left, which the next run set aside with a warning. The
-  save is undone, and the line names the checkpoint before it."""
-  import orbax.checkpoint as ocp
-
-  training, real_save = TASK.training, ocp.CheckpointManager.save
-
-  def training_then_ctrl_c(*args):
-    run = training(*args)
-    os.kill(os.getpid(), signal.SIGINT)
-    return run
-
-  def save_then_ctrl_c(self, step, *args, **kwargs):
-    saved = real_save(self, step, *args, **kwargs)
-    os.kill(os.getpid(), signal.SIGINT)  # the second press, inside Checkpoints.save
-    return saved
-
-  monkeypatch.setattr(TASK, 'training', training_then_ctrl_c)
-  monkeypatch.setattr(ocp.CheckpointManager, 'save', save_then_ctrl_c)
+@pytest.mark.parametrize(
+  ('signum', 'named'), [(signal.SIGTERM, 'SIGTERM'), (signal.SIGINT, 'Ctrl-C')]
+)
+@pytest.mark.parametrize('resumed', [False, True])
+def test_a_signal_during_start_up_stops_at_once(
+  tmp_path, monkeypatch, capfd, signum, named, resumed
+):
+  """SIGTERM or Ctrl-C while a run starts (here as its data is read; SentencePiece's training,
+  compiling the first step) was taken as a request to save after the first step, minutes
+  later at real data sizes, so a preemption's SIGKILL came first. Before the first step
+  there is nothing to save: the run ends at once, one line naming what is kept, exit 128 +
+  the signal's number, and no checkpoint written."""
   workdir = tmp_path / 'run'
-  with pytest.raises(InterruptedRunError, match='at step 1, without a save; there is no earlier'):
-    TASK.train_and_evaluate(_config(), workdir)
-  assert not list(workdir.glob('checkpoints/*'))
+  if resumed:
+    TASK.train_model(_config(steps=4), workdir)
+  before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+  training = TASK.training
+
+  def training_then_signal(*args):
+    os.kill(os.getpid(), signum)
+    return training(*args)
+
+  monkeypatch.setattr(TASK, 'training', training_then_signal)
+  checkpoints = workdir / 'checkpoints'
+  left = _stopped_at_exit(monkeypatch, [checkpoints / '4', checkpoints / '8'])
+  with pytest.raises(_ExitError) as stopped:
+    TASK.train_and_evaluate(_config(steps=8), workdir, allow_config_change=resumed)
+  assert stopped.value.args == (128 + signum,)
+  kept = (
+    f'the last good checkpoint is {checkpoints.resolve()}/4 (step 4), intact; rerun the same '
+    'command to resume'
+    if resumed
+    else 'no checkpoint was written yet; rerun the same command to start again'
+  )
+  assert capfd.readouterr().err.splitlines()[-1] == (
+    f'error: stopped by {named} during start-up, before any step (nothing to save); {kept}'
+  )
+  assert left == {checkpoints / '4': resumed, checkpoints / '8': False}
+  assert {s: signal.getsignal(s) for s in before} == before
 
 
 def test_a_stop_signal_to_another_process_is_named_as_such():
@@ -582,8 +604,9 @@ def test_a_step_compiled_for_a_new_batch_shape_is_timed_apart(tmp_path, capsys, 
   assert sorted(records) == [2, 4, 6, 8] and all(r['train/tok_per_s'] > 0 for r in records.values())
 
 
-class _ExitError(Exception):
-  """What the test's os._exit raises, with the status the program would have exited with."""
+class _ExitError(BaseException):
+  """What the test's os._exit raises, with the status the program would have exited with (a
+  BaseException, as SystemExit: no `except Exception` of the code it unwinds takes it)."""
 
 
 @pytest.mark.parametrize(

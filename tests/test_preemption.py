@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -13,7 +14,6 @@ import pytest
 from helpers import TINY_CHAR_LM_FLAGS, damage_checkpoint, tiny_char_config, write_word_corpus
 
 from relpos.training import char_lm_task as char_lm
-from relpos.training.preemption import PreemptedError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -245,7 +245,14 @@ def test_no_readable_checkpoint_is_an_error_not_a_fresh_start(text_file, six_ste
   )
 
 
-def test_sigterm_during_setup_stops_after_the_first_step(text_file, tmp_path, monkeypatch):
+class _ExitError(BaseException):
+  """What the test's os._exit raises, with the status the program would have exited with."""
+
+
+def test_sigterm_during_setup_stops_at_once(text_file, tmp_path, monkeypatch, capfd):
+  """SIGTERM while the char LM builds its model (its data read, nothing trained) ended the
+  run only after its first step and that step's save; it ends it at once now, one line, exit
+  143, before anything is trained or saved."""
   build = char_lm.build
 
   def build_then_sigterm(*args, **kwargs):
@@ -255,11 +262,48 @@ def test_sigterm_during_setup_stops_after_the_first_step(text_file, tmp_path, mo
     os.kill(os.getpid(), signal.SIGTERM)  # as if the notice came while compiling
     return built
 
+  def exit_now(status):
+    raise _ExitError(status, [p.name for p in (workdir / 'checkpoints').glob('*')])
+
   monkeypatch.setattr(char_lm, 'build', build_then_sigterm)
+  monkeypatch.setattr(os, '_exit', exit_now)
   workdir = tmp_path / 'run'
-  with pytest.raises(PreemptedError, match=r'^SIGTERM at step 1: saved '):
+  with pytest.raises(_ExitError) as stopped:
     char_lm.TASK.train_and_evaluate(_config(text_file, 6), workdir)
-  assert [p.name for p in (workdir / 'checkpoints').iterdir()] == ['1']
+  assert stopped.value.args == (143, [])  # no checkpoint, not even one begun
+  assert capfd.readouterr().err.splitlines()[-1] == (
+    'error: stopped by SIGTERM during start-up, before any step (nothing to save); no '
+    'checkpoint was written yet; rerun the same command to start again'
+  )
+
+
+def test_a_second_ctrl_c_in_a_garbage_collection_callback_still_stops_at_once():
+  """Pressed twice at real data sizes, the second Ctrl-C raised KeyboardInterrupt inside
+  JAX's garbage-collection callback, where Python prints "Exception ignored in: <function
+  _xla_gc_callback>" and its traceback, and goes on: the run trained on to its next step.
+  `PreemptionSignal` now ends the process itself (`runtime.stop_now`), wherever the press
+  lands: one line, exit 130."""
+  program = textwrap.dedent(
+    """\
+    import gc, os, signal
+    from relpos.training.preemption import PreemptionSignal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # as at a terminal, not a background job
+    with PreemptionSignal() as preemption:
+      preemption.unsaved = lambda: ' at step 3, without a save; rerun'
+      os.kill(os.getpid(), signal.SIGINT)  # the first: saves after this step
+      gc.callbacks.append(lambda phase, info: os.kill(os.getpid(), signal.SIGINT))
+      gc.collect()  # the second press, handled inside the callback
+      gc.callbacks.clear()
+      print('ran on')
+    """
+  )
+  done = subprocess.run(
+    [sys.executable, '-c', program], cwd=REPO, capture_output=True, text=True, timeout=60
+  )
+  assert (done.returncode, done.stdout) == (130, ''), done.stderr
+  assert done.stderr.splitlines()[-1] == 'error: stopped by Ctrl-C at step 3, without a save; rerun'
+  assert 'Traceback' not in done.stderr and 'Exception ignored' not in done.stderr
 
 
 @pytest.mark.slow

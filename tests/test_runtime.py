@@ -4,11 +4,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from relpos import runtime
+from relpos.data import tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -346,3 +350,26 @@ def test_stop_at_signals_ends_at_once_with_its_line_and_hands_the_handlers_back(
     assert stopped.value.args == (128 + signum,)
     assert capfd.readouterr().err == f'\nerror: stopped by {named} while scoring: rerun\n'
   assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_signal_is_taken_while_sentencepiece_trains_a_vocabulary():
+  """SentencePiece's training is one call into C++ (a minute and more for a 32000-piece
+  vocabulary): Python ran a signal's handler only once it returned, so Ctrl-C or SIGTERM went
+  unheard. It runs in a worker thread (`runtime.call_taking_signals`; its C++ releases the
+  GIL), and the handler runs as the signal comes, the training still going."""
+  rng = np.random.default_rng(0)
+  letters = np.array(list('abcdefghijklmnopqrstuvwxyz'))
+  words = [''.join(rng.choice(letters, rng.integers(3, 10))) for _ in range(20_000)]
+  picks = rng.integers(0, len(words), (20_000, 12))
+  sentences = [' '.join(words[i] for i in row) for row in picks]  # about 1.5 s to train
+  handled = []
+  previous = signal.signal(signal.SIGUSR1, lambda signum, frame: handled.append(time.monotonic()))
+  try:
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.start()
+    tokenizer.train_model(sentences, 2000)
+    finished = time.monotonic()
+    timer.join()
+  finally:
+    signal.signal(signal.SIGUSR1, previous)
+  assert len(handled) == 1 and finished - handled[0] > 0.5, (handled, finished)

@@ -1225,8 +1225,7 @@ def main(argv):
   except PreemptedError as stopped:  # SIGTERM, Ctrl-C: the run in progress saved a checkpoint
     print(f'{stopped} (the sweep command resumes it and skips finished runs)', file=sys.stderr)
     sys.exit(stopped.exit_code)
-  except tasks.FAULTS as fault:  # a full disk, a workdir of another task, out of memory, a
-    # second Ctrl-C during training
+  except tasks.FAULTS as fault:  # a full disk, a workdir of another task, out of memory
     tasks.exit_for_fault(fault)
   except OSError as error:  # the sweep's own files: one line, as train.py's (exit 74)
     fault = root_write_fault(error, root, resume=not args.collect_only)

@@ -436,16 +436,6 @@ class Checkpoints:
       )
     except Exception as error:  # noqa: BLE001 (orbax and tensorstore raise many kinds)
       self._fail(step, error)
-    except KeyboardInterrupt:  # a second Ctrl-C inside the save: leave no part of it behind
-      self._pending = None
-      try:
-        self._manager.wait_until_finished()  # its background writes end before the removal
-      except Exception:  # noqa: BLE001, S110 (undone anyway)
-        pass
-      self._remove_half_written(step, quiet=True)
-      if self._writer:  # orbax may have named the directory already (an empty one, seen)
-        shutil.rmtree(self.directory / str(step), ignore_errors=True)
-      raise
 
   def commit(self):
     """Waits for the pending save to commit and checks its result.

@@ -12,7 +12,8 @@ same for every task:
   metrics.jsonl and TensorBoard;
 - a stop on a non-finite loss (checked before each save too: no checkpoint holds one),
   periodic validation and checkpoints;
-- SIGTERM, agreed across processes, which saves the reached step and stops;
+- SIGTERM, agreed across processes, which saves the reached step and stops, or, while a
+  single-process run starts (nothing to save yet), stops it at once (`PreemptionSignal`);
 - faults around the run (a full disk, a bad workdir or one of another task, a checkpoint that
   does not commit, XLA out of memory) as one line naming the step, the last good checkpoint
   and what to do (`train`, docs/faults.md);
@@ -50,11 +51,7 @@ from relpos.training.device_memory import (
   step_memory_warning,
 )
 from relpos.training.metric_writer import MetricWriter
-from relpos.training.preemption import (
-  InterruptedRunError,
-  PreemptedError,
-  PreemptionSignal,
-)
+from relpos.training.preemption import PreemptedError, PreemptionSignal
 from relpos.training.progress import Progress
 from relpos.training.restore import all_finite
 from relpos.training.run_config import check_task, has_run, not_a_run
@@ -152,9 +149,14 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   holds a sweep's root or only an evaluation (`run_config.not_a_run`); a run already there
   resumes. A start that stops before its run is recorded removes the vocabulary it made
   (`remove_unrecorded`), and one that stops before writing anything the workdir it made
-  (`leave_no_trace`).
+  (`leave_no_trace`). A signal while a single-process run starts, and a second Ctrl-C, end
+  the process at once (`preemption`, `stopped_without_save`'s line), leaving what a killed
+  start or run leaves.
   """
   workdir = Path(workdir)
+  reached = {'step': 0, 'checkpoints': None}
+  preemption.unsaved = lambda: stopped_without_save(workdir, reached['step'], preemption.starting)
+  preemption.starting = jax.process_count() == 1  # multi-process: agreed after the first step
   check_task(workdir, config.get('task'))  # before anything else: the workdir's run
   not_a_new_run = not has_run(workdir) and not_a_run(workdir, f'--workdir={workdir}')
   if not_a_new_run:  # a sweep's root, an evaluation's directory: a run there would mix in
@@ -162,7 +164,6 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   mesh = mesh_lib.data_mesh()
   task.check_config(config, mesh)  # before writing, reading data or compiling anything
   made = prepare_workdir(workdir, config.train.steps)
-  reached = {'step': 0, 'checkpoints': None}
 
   def last_good() -> str:
     checkpoints = reached['checkpoints']
@@ -190,11 +191,20 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
     if not is_out_of_memory(error):
       raise
     raise out_of_memory_fault(config, reached['step'] + 1, last_good()) from error
-  except KeyboardInterrupt:  # a second Ctrl-C (the first saves and stops: PreemptionSignal)
-    last = last_good()
-    raise InterruptedRunError(
-      f'stopped by Ctrl-C at step {reached["step"]}, without a save; {last}; {rerun_remedy(last)}'
-    ) from None
+
+
+def stopped_without_save(workdir: Path, step: int, starting: bool) -> str:
+  """What `error: stopped by <signal>` goes on with where a signal ends the run in `workdir`
+  at once (`PreemptionSignal.unsaved`): during start-up (`starting`), or at `step` (a second
+  Ctrl-C). Told from the checkpoints on disk as it comes, which are what a rerun resumes from:
+  a save in flight is no checkpoint until orbax renames it into place, and the next run
+  removes what it left (`Checkpoints`)."""
+  last = last_good_in(workdir)
+  if starting:
+    where = 'during start-up, before any step (nothing to save)'
+  else:
+    where = f'at step {step}, without a save'
+  return f' {where}; {last}; {rerun_remedy(last)}'
 
 
 def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_change, reached: dict):
@@ -330,6 +340,7 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
       if compiles:
         progress.stop_clock()
       state, sums = run.step(state, batch)
+      preemption.starting = False  # compiled and running: a signal now saves after the step
       interval_sums.append(sums)
       done = step + 1
       if compiles:

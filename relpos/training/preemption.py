@@ -8,8 +8,16 @@ step (`mesh.any_process`), so a signal to any one of them stops them all at the 
 
 Ctrl-C (SIGINT) is taken the same way the first time, with a line on stderr saying so, because
 a researcher who stops a run by hand wants its steps kept, not a traceback; a second Ctrl-C
-stops at once (Python's KeyboardInterrupt, which `train` turns into `InterruptedRunError`: one
-line naming the last good checkpoint).
+stops at once, without a save: one line naming the last good checkpoint, exit status 130.
+
+While a single-process run starts (reading and encoding its data, training its vocabulary,
+restoring its checkpoint, compiling its first step: `PreemptionSignal.starting`), no step has
+been done since its last checkpoint, or since nothing, so there is nothing to save: SIGTERM
+or Ctrl-C stops it at once, in one line saying what is kept, instead of after a first step
+that could be minutes away (a preemption's grace period ran out before it, and the start's
+work was lost to SIGKILL all the same). A multi-process run keeps taking the signal as a flag
+there: its processes agree on it after their first step, where one that left alone would
+leave the others waiting at their next collective.
 
 `RunFaultError` is the other way a run stops on purpose: a fault around it (its filesystem, its
 workdir, the accelerator's memory) that the launchers print as its one-line message, exiting
@@ -19,6 +27,8 @@ with the fault's own status (docs/faults.md lists them).
 import os
 import signal
 import threading
+
+from relpos import runtime
 
 _SIGNALS = {signal.SIGTERM: 'SIGTERM', signal.SIGINT: 'Ctrl-C (SIGINT)'}
 
@@ -49,31 +59,37 @@ class RunFaultError(Exception):
   exit_code = 1
 
 
-class InterruptedRunError(RunFaultError):
-  """Training stopped at once by a second Ctrl-C (KeyboardInterrupt), without a save."""
-
-  exit_code = 128 + signal.SIGINT
-
-
 class PreemptionSignal:
   """Context manager: while active, SIGTERM and a first Ctrl-C set `requested` (and `signum`,
-  the signal's number) instead of ending the process; a second Ctrl-C raises KeyboardInterrupt
-  (which `train` turns into `InterruptedRunError`). On exit the handlers before it are back
-  (relpos's programs: Ctrl-C and SIGTERM end them at once in one line,
-  `relpos.runtime.stop_at_ctrl_c_or_sigterm`).
+  the signal's number) instead of ending the process; a second Ctrl-C, or either signal while
+  `starting`, ends it at once (`relpos.runtime.stop_now`: `error: stopped by <signal>` and the
+  words `unsaved` returns as it comes, exit status 128 + the signal's number). Not by raising
+  KeyboardInterrupt, which Python swallows where it lands in a garbage-collection callback
+  (JAX runs one at every collection): the run went on to its next step ("Exception ignored in:
+  <function _xla_gc_callback>"). On exit the handlers before it are back (relpos's programs:
+  Ctrl-C and SIGTERM end them at once in one line, `relpos.runtime.stop_at_ctrl_c_or_sigterm`).
 
   Outside the main thread (where Python cannot install handlers) it does nothing.
+
+  Attributes:
+    starting: True while nothing is there to save (the training sets it: a single-process run
+      until its first step is compiled): a signal ends the process at once.
+    unsaved: what `error: stopped by <signal>` goes on with where the process ends at once:
+      what is kept and what to do (the training sets it; it runs in the handler, so it must
+      not raise).
   """
 
   def __init__(self):
     self.requested = False
     self.signum = None
+    self.starting = False
+    self.unsaved = lambda: ''
     self._previous = {}
 
   def _handle(self, signum, frame):
     del frame
-    if signum == signal.SIGINT and self.signum == signal.SIGINT:  # again: stop at once
-      raise KeyboardInterrupt
+    if self.starting or signum == self.signum == signal.SIGINT:  # Ctrl-C again: at once
+      runtime.stop_now(signum, self.unsaved())
     self.requested, self.signum = True, signum
     if signum == signal.SIGINT:
       os.write(  # not print: a handler may run inside a print of the loop's

@@ -345,8 +345,9 @@ class Task(abc.ABC):
     """Trains for config.train.steps, resuming from the latest checkpoint (a finished run
     only restores)."""
     # SIGTERM is caught from the start, so that a notice during setup (reading data,
-    # compiling) stops the run after its first step, with a checkpoint, instead of killing
-    # this process and stranding the others of a multi-process run at their next collective.
+    # compiling) stops a multi-process run after its first step, with a checkpoint, instead of
+    # killing this process and stranding the others at their next collective; a single
+    # process, with nothing to save yet, stops at once there (`PreemptionSignal.starting`).
     with PreemptionSignal() as preemption:
       train(self, config, workdir, preemption, allow_config_change=allow_config_change)
 
