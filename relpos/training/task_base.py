@@ -48,6 +48,7 @@ from relpos.training.restore import check_trained
 from relpos.training.run_config import (
   RESULTS_FILE,
   check_model,
+  check_not_a_file,
   check_task,
   check_unread_settings,
   data_changes,
@@ -246,6 +247,7 @@ class Task(abc.ABC):
     removes what it made, where it holds nothing (`workdir_setup.leave_no_trace`)."""
     workdir = Path(workdir)
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
+    check_not_a_file(workdir)  # before any file under it is read
     self.check_config(config)  # before anything reads its fields
     check_model(workdir, config, self.unread_fields(config))
     trained = read_config(workdir, known_fields=False).to_dict() if has_run(workdir) else None
@@ -372,6 +374,7 @@ class Task(abc.ABC):
     (`relpos.runtime.stop_at_signals`): there is nothing to save. `score_command`: the eval.py
     command that scores the run (the launcher's, `tasks.eval_command`; None: a generic one)."""
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
+    check_not_a_file(workdir)  # before any file under it is read
     self.check_config(config)
     check_evaluation_plan(config, workdir)
     self.train_model(config, workdir, allow_config_change=allow_config_change)
