@@ -70,6 +70,23 @@ def test_train_then_evaluate_writes_results(corpus, trained, tmp_path):
   assert np.all(drift['decoder'][4:] == 0)
 
 
+def test_a_rerun_of_a_finished_run_reads_no_data(corpus, trained, tmp_path, monkeypatch, capsys):
+  """train.py rerun on a finished translation run re-encoded every training pair (37 s on 1M
+  pairs) and translated the eval set again, for the same BLEU; now it keeps the result and
+  reads no data (`finished_run.kept_result`; its cases: tests/test_loop.py)."""
+  workdir = tmp_path / trained[0].parent.name / 'run'  # a copy its results read as the run's
+  shutil.copytree(trained[0], workdir)
+
+  def refused(*args, **kwargs):
+    raise AssertionError('the data of a finished run was read again')
+
+  monkeypatch.setattr(translate, 'load_translation_data', refused)
+  monkeypatch.setattr(translate, 'load_eval_data', refused)
+  kept = translate.TASK.train_and_evaluate(_config(corpus, steps=8), workdir)
+  assert kept['bleu'] == trained[1]['bleu']
+  assert capsys.readouterr().out.startswith(f'the run in {workdir} is finished (step 8')
+
+
 def test_checkpoint_averaging_uses_the_last_checkpoints(corpus, trained, tmp_path):
   workdir, single = trained
   config = _config(corpus, steps=8)
