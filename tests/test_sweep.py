@@ -15,12 +15,17 @@ from helpers import (
   write_pair_corpus,
 )
 
+from relpos.data import tokenizer
+from relpos.files import recorded_source
 from relpos.studies import breakdown, significance, sweep
 from relpos.training import char_lm_task as char_lm
 from relpos.training import finished_run, loop, tasks
+from relpos.training import translation_task as translate_task
 from relpos.training.run_config import read_config
 
 REPO = Path(__file__).resolve().parent.parent
+RUNS = [('shaw', 0), ('shaw', 1), ('absolute', 0), ('absolute', 1)]  # the sweep's order
+train_model = tokenizer.train_model  # the real one, which a test counts the calls of
 
 
 def test_parse_value_uses_the_field_type():
@@ -383,18 +388,46 @@ def test_a_refused_command_exits_1_with_its_error_line_and_no_traceback(commands
 
 
 @pytest.mark.slow
-def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compilation_cache):
+def test_translation_sweep_over_positions_and_seeds_end_to_end(
+  tmp_path, compilation_cache, capsys, monkeypatch
+):
   """The issue's command at tiny sizes: two positions x two seeds, trained, evaluated, tested
-  with sacreBLEU's paired bootstrap, tabulated; a second call keeps every finished run."""
+  with sacreBLEU's paired bootstrap, tabulated; a second call keeps every finished run. The
+  first run trains the vocabulary, and the others, which would train the same one (the same
+  data and vocabulary fields; all 400 sentences, so no seeded draw), get a copy of it: every
+  run trained its own, the same bytes each time."""
   corpus = write_pair_corpus(tmp_path / 'corpus', train=200, eval=8)
   config = tiny_translate_config(corpus, steps=2)
   config.train.update(eval_every=0, checkpoint_every=0)
   config.data.length_buckets = 1
   config.eval.beam_size = 1
   root = tmp_path / 'sweep'
+  trainings = []
+  monkeypatch.setattr(
+    tokenizer, 'train_model', lambda *args: trainings.append(args) or train_model(*args)
+  )
   summary = sweep.sweep(
     config, root, 'model.position', ['shaw', 'absolute'], [0, 1], 'bleu', baseline='shaw'
   )
+  captured = capsys.readouterr()
+  first = sweep.model_dir(root, 'model.position', 'shaw', 0) / 'spm.model'
+  assert len(trainings) == 1 and recorded_source(first) == sweep.TRAINED_BY_SWEEP
+  copies = [sweep.model_dir(root, 'model.position', v, s) / 'spm.model' for v, s in RUNS[1:]]
+  for copy in copies:
+    assert copy.read_bytes() == first.read_bytes()
+    assert recorded_source(copy) == f'copied by relpos.studies.sweep from {first}'
+    assert f'vocabulary: {first} copied to {copy}, not trained again' in captured.out
+  assert 'was there before this run' not in captured.err
+  assert train_model(*trainings[0]) == first.read_bytes()  # training again gives the same bytes
+  # What tells one run's vocabulary from another's: a field the vocabulary reads, the data.
+  _, _, variant = next(sweep.runs(config, 'model.position', ['absolute'], [1]))
+  assert translate_task.TASK.vocabulary_changes(variant, first.parent) == []
+  variant.data.vocab_train_sentences = 300  # of 400 sentences: a draw, which the seed makes
+  assert translate_task.TASK.vocabulary_changes(variant, first.parent) == [
+    'data.vocab_train_sentences: trained 1000000, given 300',
+    'seed: trained 0, given 1 (the vocabulary trains on a draw of '
+    'config.data.vocab_train_sentences=300 sentences it seeds)',
+  ]
   assert [(row['value'], row['n']) for row in summary] == [('shaw', 2), ('absolute', 2)]
   assert summary[0]['p_value'] is None and 0 < summary[1]['p_value'] <= 1
   assert summary[0]['p_seeds'] is None and 0 < summary[1]['p_seeds'] <= 1

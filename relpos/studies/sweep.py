@@ -63,6 +63,7 @@ scored from another workdir's checkpoint). Any `--config.*` override on this com
 passed on to every run.
 """
 
+import contextlib
 import csv
 import functools
 import hashlib
@@ -79,7 +80,14 @@ from ml_collections import config_flags
 
 from relpos import flag_types, runtime
 from relpos.config import checks, declaration, fields, load_config_file
-from relpos.files import read_text_lines, write_atomically
+from relpos.files import (
+  copy_with_source,
+  made_here,
+  read_text_lines,
+  record_source,
+  recorded_source,
+  write_atomically,
+)
 from relpos.messages import warn
 from relpos.studies import breakdown, significance
 from relpos.studies.figures import save as save_figure
@@ -925,8 +933,8 @@ def train_unfinished(config, task, root: Path, field: str, values, seeds, varian
   """`sweep`'s training: trains and scores (at each of `settings`) every run not finished,
   after checking all of them first (their evaluation plans, their recorded configs); a run
   that diverges is recorded as such (`record_divergence`) and the others go on."""
-  todo = []
-  for value, seed, variant in runs(config, field, values, seeds, variant_of):
+  todo, every_run = [], list(runs(config, field, values, seeds, variant_of))
+  for value, seed, variant in every_run:
     workdir, unscored = model_dir(root, field, value, seed), []
     for setting, overrides in settings.items():
       results_dir = run_dir(root, field, value, seed, setting)
@@ -946,11 +954,12 @@ def train_unfinished(config, task, root: Path, field: str, values, seeds, varian
       todo.append((value, seed, variant, workdir, unscored))
   started = time.monotonic()
   diverged = {}  # workdir -> its DivergedError: an eval field's one training, for every value
+  trained_dirs = list(dict.fromkeys(model_dir(root, field, v, s) for v, s, _ in every_run))
   for done, (value, seed, variant, workdir, unscored) in enumerate(todo):
     print(f'=== {field}={value} seed={seed} ({progress(done, len(todo), started)})', flush=True)
     try:
       if workdir not in diverged:
-        task.train_model(_as_trained(config, field, variant), workdir)
+        train_run(task, _as_trained(config, field, variant), workdir, trained_dirs)
     except loop.DivergedError as error:
       diverged[workdir] = error
     if workdir in diverged:
@@ -959,6 +968,61 @@ def train_unfinished(config, task, root: Path, field: str, values, seeds, varian
     for scored, results_dir in unscored:
       result = task.evaluate(scored, workdir, output_dir=results_dir)
       print('\n'.join(task.result_lines(result)), flush=True)
+
+
+# What the record beside a vocabulary a sweep's run trained says (`files.record_source`): one
+# that another run of the sweep may take (`reuse_vocabulary`).
+TRAINED_BY_SWEEP = 'trained by relpos.studies.sweep, in one process'
+
+
+def train_run(task, trained, workdir: Path, trained_dirs: list[Path]) -> None:
+  """Trains the run of the config `trained` in `workdir` (`Task.train_model`), on the
+  vocabulary of another of the sweep's runs (`trained_dirs`) where that is the one it would
+  train (`reuse_vocabulary`). A vocabulary the run trains itself is recorded as the sweep's
+  (`TRAINED_BY_SWEEP`, beside it), for the runs after it, in this sweep or when it resumes;
+  also where the run diverges (its vocabulary is no worse for that)."""
+  reuse_vocabulary(task, trained, workdir, trained_dirs)
+  vocabulary = task.data_files(trained, workdir).get(data_record.VOCABULARY)
+  had_one = vocabulary is None or vocabulary.exists()
+  try:
+    task.train_model(trained, workdir)
+  finally:
+    if not had_one and made_here(vocabulary) and run_config.has_run(workdir):
+      # Only a later run's training is at stake: a record that cannot be written is none.
+      with contextlib.suppress(OSError):
+        record_source(vocabulary, TRAINED_BY_SWEEP)
+
+
+def reuse_vocabulary(task, trained, workdir: Path, trained_dirs: list[Path]) -> None:
+  """Copies into `workdir`, before its run's first start, the vocabulary of one of the sweep's
+  runs in `trained_dirs` that trained the very vocabulary this run would train: a k sweep over
+  1M pairs trained the same 32000-piece SentencePiece model, byte for byte, in every run. The
+  donor is a run whose vocabulary the sweep trained (in one process: `TRAINED_BY_SWEEP`) or
+  copied, as recorded beside it (`files.recorded_source`), for which the task finds nothing
+  that makes the two differ (`Task.vocabulary_changes`: the data and fields the vocabulary is
+  trained on, the draw's seed). The copy's own record names where it came from, so its start
+  uses it without the warning of a placed vocabulary, and one line here says so. Nothing is
+  copied for a task without such a vocabulary (the character LM), a run started already, or
+  where the copy cannot be written (the run trains its own, and its start names the fault)."""
+  vocabulary = task.data_files(trained, workdir).get(data_record.VOCABULARY)
+  if vocabulary is None or vocabulary.exists() or run_config.has_run(workdir):
+    return
+  for other in trained_dirs:
+    theirs = task.data_files(trained, other)[data_record.VOCABULARY]
+    if other == workdir or recorded_source(theirs) is None:
+      continue
+    if task.vocabulary_changes(trained, other) != []:
+      continue
+    try:
+      copy_with_source(theirs, vocabulary, f'copied by relpos.studies.sweep from {theirs}')
+    except OSError:
+      return
+    print(
+      f'vocabulary: {theirs} copied to {vocabulary}, not trained again (the same training '
+      'data, vocabulary fields and draw)',
+      flush=True,
+    )
+    return
 
 
 def write_evaluations(config, by_setting: dict, baseline, root: Path, field: str, metric: str):

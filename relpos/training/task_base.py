@@ -207,6 +207,18 @@ class Task(abc.ABC):
     del config, workdir
     return {}
 
+  def vocabulary_changes(
+    self, config: ml_collections.ConfigDict, workdir: Path
+  ) -> list[str] | None:
+    """What makes the vocabulary a run of `config` trains in its workdir
+    (`data_record.VOCABULARY`) differ from the one the run in `workdir` trained, a line each:
+    none, and it is the same vocabulary, which a sweep copies into a new run's workdir rather
+    than train it again (`relpos.studies.sweep.reuse_vocabulary`). None (the default): the
+    task makes no vocabulary worth handing on (the character LM's is read off its text in a
+    moment)."""
+    del config, workdir
+    return None
+
   @abc.abstractmethod
   def training(self, config, workdir: Path, mesh) -> Training:
     """Reads the data, builds the model and optimizer (`train_step.init_state`): the run's
