@@ -11,11 +11,14 @@ text files of a line per sentence (data, translations, stdin) are cut into lines
 (`split_lines`, `read_text_lines`).
 
 And the mark relpos leaves beside a file it makes in a workdir (`write_marked`, `made_here`),
-which tells it apart from a file a user placed there under the same name.
+which tells it apart from a file a user placed there under the same name; and the record of
+where a file came from (`record_source`, `copy_with_source`, `recorded_source`), which a sweep
+leaves beside the vocabularies it trains and hands from one run to the next.
 """
 
 import contextlib
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -76,6 +79,47 @@ def made_here(path) -> bool:
     return mark == hashlib.sha256(Path(path).read_bytes()).hexdigest()
   except (OSError, UnicodeDecodeError):
     return False
+
+
+def source_mark(path) -> Path:
+  """The file beside `path` (`<name>.source`) that says where its content came from: what
+  `record_source` and `copy_with_source` write, and `recorded_source` reads."""
+  path = Path(path)
+  return path.with_name(f'{path.name}.source')
+
+
+def record_source(path, source: str, content: bytes | None = None) -> None:
+  """Writes `source_mark(path)`: `source` (a line saying where the file at `path` came from)
+  and the SHA-256 of its content (`content`, by default what `path` holds now), so that the
+  record claims that content only: a file put there later, or changed since, has none
+  (`recorded_source`)."""
+  content = Path(path).read_bytes() if content is None else content
+  digest = hashlib.sha256(content).hexdigest()
+  write_atomically(source_mark(path), json.dumps({'source': source, 'sha256': digest}) + '\n')
+
+
+def copy_with_source(original, path, source: str) -> None:
+  """Copies the file `original` to `path` (`write_atomically`, its directory made), its
+  `record_source` first: as with `write_marked`, a kill between the two leaves a record that
+  no file matches."""
+  content = Path(original).read_bytes()
+  Path(path).parent.mkdir(parents=True, exist_ok=True)
+  record_source(path, source, content)
+  write_atomically(path, content)
+
+
+def recorded_source(path) -> str | None:
+  """Where the file at `path` came from, as `record_source` recorded it beside the file, where
+  that record is of the content `path` holds now; None for any other file, or none at all."""
+  try:
+    record = json.loads(source_mark(path).read_text(encoding='utf-8'))
+    content = Path(path).read_bytes()
+  except (OSError, UnicodeDecodeError, ValueError):
+    return None
+  if not isinstance(record, dict) or record.get('sha256') != hashlib.sha256(content).hexdigest():
+    return None
+  source = record.get('source')
+  return source if isinstance(source, str) else None
 
 
 def check_takes_files(directory) -> None:

@@ -29,6 +29,7 @@ from helpers import (
   TINY_CHAR_LM_FLAGS,
   after_training,
   damage_checkpoint,
+  load_config,
   tiny_char_config,
   tiny_translate_config,
   write_word_corpus,
@@ -1358,6 +1359,22 @@ def test_a_reader_makes_no_directory_and_names_a_file_given_as_workdir(tmp_path)
   a_file.write_text('')
   with pytest.raises(FileNotFoundError) as caught:
     restore.check_trained(a_file)
+  assert str(caught.value) == (
+    f'--workdir={a_file} is not a directory: give the workdir of a training run'
+  )
+
+
+@pytest.mark.parametrize(
+  'task, config',
+  [(char_lm.TASK, ('char_tiny', 'xl')), (translate_task.TASK, ('translate_tiny', 'shaw'))],
+)
+def test_eval_py_names_a_file_given_as_workdir(tmp_path, task, config):
+  """eval.py's evaluation on a file as --workdir: the readers' line, before any file under it
+  is read (it was a NotADirectoryError traceback from reading <file>/data_files.json)."""
+  a_file = tmp_path / 'a_file'
+  a_file.write_text('')
+  with pytest.raises(FileNotFoundError) as caught:
+    task.evaluate(load_config(*config), a_file)
   assert str(caught.value) == (
     f'--workdir={a_file} is not a directory: give the workdir of a training run'
   )

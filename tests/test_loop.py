@@ -138,6 +138,45 @@ def test_a_new_task_trains_validates_checkpoints_and_evaluates(tmp_path, capsys)
   assert (workdir / 'config.json').exists()
 
 
+def test_a_rerun_of_a_finished_run_keeps_its_result(tmp_path, capsys, monkeypatch):
+  """train.py rerun in the workdir of a finished, scored run re-read all its data (minutes of
+  re-encoding a 1M-pair corpus) and scored it again, to the same score. Now it reads nothing:
+  one line says the run is finished and its eval_results.json kept (and the eval.py command
+  that scores it again), and the kept result is returned for the launcher's lines. A config
+  whose result that is not (other eval settings, more steps) trains or scores as before, and
+  so does a run whose newest checkpoint is gone."""
+  workdir = tmp_path / 'run'
+  result = TASK.train_and_evaluate(_config(), workdir)
+  capsys.readouterr()
+  stamp = (workdir / 'eval_results.json').stat().st_mtime_ns
+
+  def refused(*args, **kwargs):
+    raise AssertionError('a finished run was read or scored again')
+
+  with monkeypatch.context() as patched:
+    patched.setattr(TASK, 'training', refused)
+    patched.setattr(TASK, 'score', refused)
+    kept = TASK.train_and_evaluate(_config(), workdir, score_command='python eval.py X')
+  assert kept['mse'] == result['mse'] and kept['step'] == 8
+  assert capsys.readouterr().out == (
+    f'the run in {workdir} is finished (step 8, this config) and scored: its '
+    f'{workdir}/eval_results.json is kept, nothing is trained or scored again; '
+    '`python eval.py X` scores it again\n'
+  )
+  assert (workdir / 'eval_results.json').stat().st_mtime_ns == stamp
+  config = _config()
+  config.eval.average_checkpoints = 2  # another evaluation: scored again, nothing trained
+  TASK.train_and_evaluate(config, workdir)
+  assert 'is finished' not in capsys.readouterr().out
+  assert json.loads((workdir / 'eval_results.json').read_text())['eval']['average_checkpoints'] == 2
+  shutil.rmtree(workdir / 'checkpoints' / '8')  # training not done: it trains to step 8 again
+  TASK.train_and_evaluate(config, workdir)
+  out = capsys.readouterr().out
+  assert 'is finished' not in out and f'resumed from {workdir.resolve()}/checkpoints/4' in out
+  TASK.train_and_evaluate(_config(steps=12), workdir, allow_config_change=True)
+  assert 'step 12/12' in capsys.readouterr().out
+
+
 def test_validation_ends_at_the_last_step_where_eval_every_does_not_divide_steps(tmp_path):
   """steps=10 with eval_every=4 validated at 4 and 8 only, though the field's help said "the
   last step included": the validation curve stopped short of the trained model."""

@@ -15,12 +15,17 @@ from helpers import (
   write_pair_corpus,
 )
 
+from relpos.data import tokenizer
+from relpos.files import recorded_source
 from relpos.studies import breakdown, significance, sweep
 from relpos.training import char_lm_task as char_lm
-from relpos.training import loop
+from relpos.training import finished_run, loop, tasks
+from relpos.training import translation_task as translate_task
 from relpos.training.run_config import read_config
 
 REPO = Path(__file__).resolve().parent.parent
+RUNS = [('shaw', 0), ('shaw', 1), ('absolute', 0), ('absolute', 1)]  # the sweep's order
+train_model = tokenizer.train_model  # the real one, which a test counts the calls of
 
 
 def test_parse_value_uses_the_field_type():
@@ -383,18 +388,46 @@ def test_a_refused_command_exits_1_with_its_error_line_and_no_traceback(commands
 
 
 @pytest.mark.slow
-def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compilation_cache):
+def test_translation_sweep_over_positions_and_seeds_end_to_end(
+  tmp_path, compilation_cache, capsys, monkeypatch
+):
   """The issue's command at tiny sizes: two positions x two seeds, trained, evaluated, tested
-  with sacreBLEU's paired bootstrap, tabulated; a second call keeps every finished run."""
+  with sacreBLEU's paired bootstrap, tabulated; a second call keeps every finished run. The
+  first run trains the vocabulary, and the others, which would train the same one (the same
+  data and vocabulary fields; all 400 sentences, so no seeded draw), get a copy of it: every
+  run trained its own, the same bytes each time."""
   corpus = write_pair_corpus(tmp_path / 'corpus', train=200, eval=8)
   config = tiny_translate_config(corpus, steps=2)
   config.train.update(eval_every=0, checkpoint_every=0)
   config.data.length_buckets = 1
   config.eval.beam_size = 1
   root = tmp_path / 'sweep'
+  trainings = []
+  monkeypatch.setattr(
+    tokenizer, 'train_model', lambda *args: trainings.append(args) or train_model(*args)
+  )
   summary = sweep.sweep(
     config, root, 'model.position', ['shaw', 'absolute'], [0, 1], 'bleu', baseline='shaw'
   )
+  captured = capsys.readouterr()
+  first = sweep.model_dir(root, 'model.position', 'shaw', 0) / 'spm.model'
+  assert len(trainings) == 1 and recorded_source(first) == sweep.TRAINED_BY_SWEEP
+  copies = [sweep.model_dir(root, 'model.position', v, s) / 'spm.model' for v, s in RUNS[1:]]
+  for copy in copies:
+    assert copy.read_bytes() == first.read_bytes()
+    assert recorded_source(copy) == f'copied by relpos.studies.sweep from {first}'
+    assert f'vocabulary: {first} copied to {copy}, not trained again' in captured.out
+  assert 'was there before this run' not in captured.err
+  assert train_model(*trainings[0]) == first.read_bytes()  # training again gives the same bytes
+  # What tells one run's vocabulary from another's: a field the vocabulary reads, the data.
+  _, _, variant = next(sweep.runs(config, 'model.position', ['absolute'], [1]))
+  assert translate_task.TASK.vocabulary_changes(variant, first.parent) == []
+  variant.data.vocab_train_sentences = 300  # of 400 sentences: a draw, which the seed makes
+  assert translate_task.TASK.vocabulary_changes(variant, first.parent) == [
+    'data.vocab_train_sentences: trained 1000000, given 300',
+    'seed: trained 0, given 1 (the vocabulary trains on a draw of '
+    'config.data.vocab_train_sentences=300 sentences it seeds)',
+  ]
   assert [(row['value'], row['n']) for row in summary] == [('shaw', 2), ('absolute', 2)]
   assert summary[0]['p_value'] is None and 0 < summary[1]['p_value'] <= 1
   assert summary[0]['p_seeds'] is None and 0 < summary[1]['p_seeds'] <= 1
@@ -413,18 +446,18 @@ def test_translation_sweep_over_positions_and_seeds_end_to_end(tmp_path, compila
   assert first != second
   # A finished run counts as finished only for its own config (eval settings aside).
   _, _, variant = next(sweep.runs(config, 'model.position', ['shaw'], [0]))
-  assert sweep.is_finished(seeds[0], variant, seeds[0])
+  assert finished_run.is_finished(tasks.get(variant), seeds[0], variant, seeds[0])
   variant.optim.learning_rate = 0.25
-  assert not sweep.is_finished(seeds[0], variant, seeds[0])
+  assert not finished_run.is_finished(tasks.get(variant), seeds[0], variant, seeds[0])
   # Results scored before an eval field was added read as scored with its default.
   _, _, variant = next(sweep.runs(config, 'model.position', ['shaw'], [0]))
   path = seeds[0] / 'eval_results.json'
   results = json.loads(path.read_text())
   del results['eval']['max_relative_position']
   path.write_text(json.dumps(results))
-  assert sweep.is_finished(seeds[0], variant, seeds[0])
+  assert finished_run.is_finished(tasks.get(variant), seeds[0], variant, seeds[0])
   variant.eval.max_relative_position = 1
-  assert not sweep.is_finished(seeds[0], variant, seeds[0])
+  assert not finished_run.is_finished(tasks.get(variant), seeds[0], variant, seeds[0])
   stamps = {run: (run / 'eval_results.json').stat().st_mtime_ns for run in seeds}
   sweep.sweep(
     config,
@@ -547,9 +580,9 @@ def test_a_run_scored_at_its_eval_step_is_finished(tmp_path):
   config.train.steps, config.eval.step = 4, 2
   results = {'bpc': 1.0, 'step': 2, 'eval': config.eval.to_dict()}
   (tmp_path / 'eval_results.json').write_text(json.dumps(results))
-  assert sweep.is_finished(tmp_path, config, tmp_path / 'trained')
+  assert finished_run.is_finished(tasks.get(config), tmp_path, config, tmp_path / 'trained')
   config.eval.step = 0  # the newest: step 4 is what it would score
-  assert not sweep.is_finished(tmp_path, config, tmp_path / 'trained')
+  assert not finished_run.is_finished(tasks.get(config), tmp_path, config, tmp_path / 'trained')
 
 
 def test_one_run_has_no_spread_in_the_table(tmp_path):
@@ -570,13 +603,18 @@ def test_a_damaged_eval_results_is_scored_again_and_named_when_collected(tmp_pat
   results = tmp_path / 'eval_results.json'
   results.write_text('{"bleu": 1.0, "translat')
   config = load_config('translate_tiny', 'shaw')
-  assert not sweep.is_finished(tmp_path, config, tmp_path / 'trained')
+  assert not finished_run.is_finished(tasks.get(config), tmp_path, config, tmp_path / 'trained')
   assert capsys.readouterr().err == f'warning: {results} is damaged; scoring that run again\n'
   with pytest.raises(ValueError, match=r'eval_results\.json is damaged \(Unterminated string'):
-    sweep.read_results(results)
+    finished_run.read_results(results)
   results.write_text('[1, 2]')
+  with pytest.raises(ValueError, match=r'is damaged .not an object.$'):
+    finished_run.read_results(results)
+  field = 'model.max_relative_position'
+  _fake_runs(tmp_path, field, {0: [2.0]})
+  (sweep.run_dir(tmp_path, field, 0, 0) / 'eval_results.json').write_text('[1, 2]')
   with pytest.raises(ValueError, match='is damaged .not an object.; the sweep command without'):
-    sweep.read_results(results)
+    sweep.read_runs(tmp_path, field, [0], [0])
 
 
 def test_a_char_lm_evaluation_table_counts_characters(tmp_path):
@@ -716,9 +754,9 @@ def test_a_result_trained_on_the_same_data_by_another_path_is_kept(tmp_path, cap
   trained, workdir, scored = _recorded_char_run(tmp_path / 'sweep', clone / 'corpus.txt')
   (workdir / 'eval_results.json').write_text(json.dumps(scored))
   trained.data.path = str(other_clone / 'corpus.txt')
-  assert sweep.stale_reason(workdir, trained, workdir) is None
+  assert finished_run.stale_reason(tasks.get(trained), workdir, trained, workdir) is None
   (other_clone / 'corpus.txt').write_text('other bytes\n' * 50)
-  assert 'data.path' in sweep.stale_reason(workdir, trained, workdir)
+  assert 'data.path' in finished_run.stale_reason(tasks.get(trained), workdir, trained, workdir)
 
 
 def test_a_result_scored_on_other_data_than_the_run_s_is_stale(tmp_path):
@@ -734,14 +772,14 @@ def test_a_result_scored_on_other_data_than_the_run_s_is_stale(tmp_path):
   for path, stale in (('corpus.txt', False), ('copy.txt', False), ('other.txt', True)):
     data = trained.data.to_dict() | {'path': str(tmp_path / path)}
     results.write_text(json.dumps(scored | {'data': data}))
-    reason = sweep.stale_reason(workdir, trained, workdir)
+    reason = finished_run.stale_reason(tasks.get(trained), workdir, trained, workdir)
     assert (reason is not None) == stale, (path, reason)
   assert reason == (
     f"scored on other data than the run's (data.path: trained '{tmp_path / 'corpus.txt'}', "
     f"given '{tmp_path / 'other.txt'}')"
   )
   results.write_text(json.dumps(scored))  # recorded before results recorded config.data
-  assert sweep.stale_reason(workdir, trained, workdir) is None
+  assert finished_run.stale_reason(tasks.get(trained), workdir, trained, workdir) is None
 
 
 def test_collect_only_leaves_a_result_of_other_eval_settings_out_of_the_item_test(tmp_path, capsys):
@@ -787,10 +825,10 @@ def test_a_result_scored_from_another_workdir_is_not_the_runs(tmp_path, capsys):
     f'{run.relative_to(tmp_path.parent)}/checkpoints/10',
   ):
     (run / 'eval_results.json').write_text(json.dumps(results | {'checkpoint': str(checkpoint)}))
-    assert sweep.is_finished(run, scored, run)
+    assert finished_run.is_finished(tasks.get(scored), run, scored, run)
   foreign = tmp_path / 'c1' / 'checkpoints' / '10'
   (run / 'eval_results.json').write_text(json.dumps(results | {'checkpoint': str(foreign)}))
-  assert not sweep.is_finished(run, scored, run)
+  assert not finished_run.is_finished(tasks.get(scored), run, scored, run)
   sweep.sweep(config, tmp_path, field, [0], [0], 'bpc', 0, train=False)
   warnings = capsys.readouterr().err.splitlines()
   assert (
@@ -854,7 +892,7 @@ def test_a_diverged_run_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch,
     'the tables and p-values; the sweep goes on with the other runs'
     for seed in (0, 1)
   ]
-  recorded = sweep.read_results(sweep.run_dir(tmp_path, field, 1e6, 0) / 'eval_results.json')
+  recorded = finished_run.read_results(sweep.run_dir(tmp_path, field, 1e6, 0) / 'eval_results.json')
   assert recorded['diverged_at_step'] == 10 and recorded['bpc'] is None
   results_text = (sweep.run_dir(tmp_path, field, 1e6, 0) / 'eval_results.json').read_text()
   assert 'NaN' not in results_text  # standard JSON: null, not NaN
@@ -953,9 +991,9 @@ def test_the_tables_read_each_result_once(tmp_path, monkeypatch):
     path = sweep.run_dir(tmp_path, field, 0, seed) / 'eval_results.json'
     results = json.loads(path.read_text()) if seed < 2 else {'bpc': None, 'diverged_at_step': 10}
     path.write_text(json.dumps(results | {'eval': config.eval.to_dict()}))
-  reads, read_results = collections.Counter(), sweep.read_results
+  reads, read_results = collections.Counter(), finished_run.read_results
   monkeypatch.setattr(
-    sweep, 'read_results', lambda path: reads.update([path]) or read_results(path)
+    finished_run, 'read_results', lambda path: reads.update([path]) or read_results(path)
   )
   summary = sweep.sweep(config, tmp_path, field, [0], [0, 1, 2], 'bpc', baseline=0)
   assert (summary[0]['n'], summary[0]['diverged']) == (2, 1)
@@ -979,9 +1017,9 @@ def test_collecting_reads_each_result_once_for_every_table(tmp_path, monkeypatch
       target = tmp_path / run.parent.relative_to(tmp_path / setting) / setting
       target.mkdir(parents=True)
       (target / 'eval_results.json').write_text(json.dumps(results))
-  reads, read_results = collections.Counter(), sweep.read_results
+  reads, read_results = collections.Counter(), finished_run.read_results
   monkeypatch.setattr(
-    sweep, 'read_results', lambda path: reads.update([path]) or read_results(path)
+    finished_run, 'read_results', lambda path: reads.update([path]) or read_results(path)
   )
   summary = sweep.sweep(
     config,
@@ -1010,7 +1048,7 @@ def test_an_eval_field_sweep_trains_a_diverging_seed_once(tmp_path, monkeypatch,
   assert [(row['value'], row['n']) for row in summary] == [(0, 1), (4, 1)]
   for value in (0, 4):
     results = sweep.run_dir(tmp_path, 'eval.mem_len', value, 1) / 'eval_results.json'
-    assert sweep.read_results(results)['eval']['mem_len'] == value
+    assert finished_run.read_results(results)['eval']['mem_len'] == value
   assert len(capsys.readouterr().err.splitlines()) == 2  # one warning per run
 
 

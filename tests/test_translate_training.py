@@ -70,6 +70,23 @@ def test_train_then_evaluate_writes_results(corpus, trained, tmp_path):
   assert np.all(drift['decoder'][4:] == 0)
 
 
+def test_a_rerun_of_a_finished_run_reads_no_data(corpus, trained, tmp_path, monkeypatch, capsys):
+  """train.py rerun on a finished translation run re-encoded every training pair (37 s on 1M
+  pairs) and translated the eval set again, for the same BLEU; now it keeps the result and
+  reads no data (`finished_run.kept_result`; its cases: tests/test_loop.py)."""
+  workdir = tmp_path / trained[0].parent.name / 'run'  # a copy its results read as the run's
+  shutil.copytree(trained[0], workdir)
+
+  def refused(*args, **kwargs):
+    raise AssertionError('the data of a finished run was read again')
+
+  monkeypatch.setattr(translate, 'load_translation_data', refused)
+  monkeypatch.setattr(translate, 'load_eval_data', refused)
+  kept = translate.TASK.train_and_evaluate(_config(corpus, steps=8), workdir)
+  assert kept['bleu'] == trained[1]['bleu']
+  assert capsys.readouterr().out.startswith(f'the run in {workdir} is finished (step 8')
+
+
 def test_checkpoint_averaging_uses_the_last_checkpoints(corpus, trained, tmp_path):
   workdir, single = trained
   config = _config(corpus, steps=8)
@@ -392,6 +409,56 @@ def test_a_vocabulary_placed_in_a_new_workdir_is_used_not_trained_over(corpus, t
     '(the run records it as its own); remove it to train one on config.data.train_src/'
     'train_tgt instead'
   ) in capsys.readouterr().err.splitlines()
+
+
+def test_a_sweep_hands_a_vocabulary_on_to_a_run_that_would_train_it_again(
+  corpus, trained, tmp_path, capsys, monkeypatch
+):
+  """A translation sweep over k trained the same SentencePiece model, byte for byte, in every
+  run (50-83 s each on 1M pairs). Now a run whose vocabulary would be that of a run the sweep
+  trained (the same data, vocabulary fields and draw: `vocabulary_changes`) gets a copy before
+  it starts, with a line saying so, a record of where it came from, and no warning of a
+  placed vocabulary at its start. A run of another vocabulary field, or a donor the sweep did
+  not train (a vocabulary placed by hand, say), trains its own."""
+  from relpos.files import made_here, record_source, recorded_source, write_marked
+  from relpos.studies import sweep
+  from relpos.training import mesh as mesh_lib
+
+  donor = tmp_path / 'max_relative_position=3' / 'seed=0'
+  shutil.copytree(trained[0], donor)
+  vocabulary = donor / 'spm.model'
+  config = _config(corpus, steps=8)
+  config.model.max_relative_position = 5  # the swept field: the model's, not the vocabulary's
+  workdir = tmp_path / 'max_relative_position=5' / 'seed=0'
+  sweep.reuse_vocabulary(translate.TASK, config, workdir, [donor, workdir])
+  assert not workdir.exists(), 'a vocabulary the sweep did not train was handed on'
+  record_source(vocabulary, sweep.TRAINED_BY_SWEEP)
+  sweep.reuse_vocabulary(translate.TASK, config, workdir, [donor, workdir])
+  copy = workdir / 'spm.model'
+  assert copy.read_bytes() == vocabulary.read_bytes()
+  assert recorded_source(copy) == f'copied by relpos.studies.sweep from {vocabulary}'
+  assert capsys.readouterr().out == (
+    f'vocabulary: {vocabulary} copied to {copy}, not trained again (the same training data, '
+    'vocabulary fields and draw)\n'
+  )
+  translate.TASK.training(config, workdir, mesh_lib.data_mesh())
+  assert copy.read_bytes() == vocabulary.read_bytes() and not made_here(copy)
+  assert 'was there before this run' not in capsys.readouterr().err
+  other = tmp_path / 'vocab_size=41' / 'seed=0'
+  config.data.vocab_size = 41
+  sweep.reuse_vocabulary(translate.TASK, config, other, [donor, workdir, other])
+  assert not other.exists()
+  # A vocabulary a sweep's run trains itself is recorded as the sweep's, for the runs after it.
+  trains = tmp_path / 'trains'
+
+  def train_model(config, workdir):
+    workdir.mkdir()
+    write_marked(workdir / 'spm.model', b'the vocabulary it trained')  # as train_or_load does
+    (workdir / 'config.json').write_text('{}')  # the run recorded
+
+  monkeypatch.setattr(translate.TASK, 'train_model', train_model)
+  sweep.train_run(translate.TASK, config, trains, [trains])
+  assert recorded_source(trains / 'spm.model') == sweep.TRAINED_BY_SWEEP
 
 
 def test_a_placed_vocabulary_that_cannot_serve_is_named_with_its_ways_out(corpus, tmp_path):

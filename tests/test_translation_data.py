@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from relpos import messages
 from relpos.config.translation_defaults import translate_config
 from relpos.data import parallel_text, token_batches, tokenizer, translation, wmt_tfds
 from relpos.data.shard import Shard
@@ -407,6 +408,17 @@ def test_read_tfds_pairs(tfds_dir, capsys):
   assert 'tensorflow' not in sys.modules
 
 
+def test_reading_many_tfds_pairs_says_so(tfds_dir, capsys, monkeypatch):
+  """WMT14's 4.5M training pairs were read with nothing said; a split of many pairs
+  (`parallel_text.ANNOUNCED_PAIRS`, lowered here) now gets a line first."""
+  monkeypatch.setattr(parallel_text, 'ANNOUNCED_PAIRS', len(SOURCES))
+  for split in ('train', 'test'):
+    wmt_tfds.read_tfds_pairs(
+      TFDS_NAME, split, data_dir=str(tfds_dir), source_lang='en', target_lang='de'
+    )
+  assert capsys.readouterr().out == f'reading {len(SOURCES):,} pairs of {TFDS_NAME} split train\n'
+
+
 def test_read_tfds_pairs_errors(tmp_path, tfds_dir):
   with pytest.raises(FileNotFoundError, match=r'not prepared .*tfds build wmt14_translate/de-en '):
     wmt_tfds.read_tfds_pairs(
@@ -735,6 +747,45 @@ def test_load_translation_data_text(tmp_path):
   again = translation.load_translation_data(config, tmp_path / 'work')
   assert again.train.num_examples == 50
   assert again.tokenizer.encode(SOURCES[0]) == data.tokenizer.encode(SOURCES[0])
+
+
+def test_loading_many_pairs_says_what_it_does(tmp_path, capsys, monkeypatch):
+  """On 1M pairs a translation start printed nothing for 88 to 125 s (reading, SentencePiece
+  training, encoding). Now a split of many pairs gets a line before each phase (what, how
+  many) and the encoding progress lines with the rate and ETA (`PassProgress`, every 30 s;
+  here faked to every update, by a clock that ticks 30 s a call); the ids are those of one
+  SentencePiece call. A small split (here, and in the tests and tiny runs) prints nothing."""
+  config = _data_config(tmp_path)
+  translation.load_translation_data(config, tmp_path / 'quiet')
+  assert capsys.readouterr().out == ''
+  size = sum(os.path.getsize(config[name]) for name in ('train_src', 'train_tgt'))
+  monkeypatch.setattr(parallel_text, 'ANNOUNCED_PAIRS', 100)  # the eval split's 50: no line
+  monkeypatch.setattr(parallel_text, 'ANNOUNCED_BYTES', size)
+  monkeypatch.setattr(translation, 'ENCODE_CHUNK', 150)
+  ticks = itertools.count(step=30.0)
+  monkeypatch.setattr(
+    translation,
+    'PassProgress',
+    lambda *args: messages.PassProgress(*args, clock=lambda: next(ticks)),
+  )
+  data = translation.load_translation_data(config, tmp_path / 'work')
+  vocabulary = tmp_path / 'work' / 'spm.model'
+  assert capsys.readouterr().out.splitlines() == [
+    f'reading {config.train_src} and {config.train_tgt} ({size / 1e6:,.0f} MB)',
+    'Moses-detokenising 200 train pairs (config.data.moses_detokenize)',
+    f'training a {VOCAB_SIZE}-piece SentencePiece vocabulary (config.data.vocab_size) on 400 of '
+    f'the 400 training sentences (config.data.vocab_train_sentences) into {vocabulary}',
+    f'encoding 200 training pairs with {vocabulary}',
+    # per chunk of 150 lines of a side: 150 and 200 sources, then 350 and 400 sentences
+    'encoding training pairs: 150/400 sentences | 5.0 sentences/s | ETA 0m50s',
+    'encoding training pairs: 200/400 sentences | 3.3 sentences/s | ETA 1m00s',
+    'encoding training pairs: 350/400 sentences | 3.9 sentences/s | ETA 0m12s',
+    'encoding training pairs: 400/400 sentences | 3.3 sentences/s | ETA 0m00s',
+  ]
+  sources, targets = translation.read_pairs(config, 'train')
+  in_one_call = [data.tokenizer.processor.encode(side) for side in (sources, targets)]
+  assert [data.train.pairs[i][0].tolist() for i in range(200)] == in_one_call[0]
+  assert [data.train.pairs[i][1].tolist() for i in range(200)] == in_one_call[1]
 
 
 def test_moses_detokenize_warns_about_text_that_is_not_moses_tokenised(tmp_path, capsys):

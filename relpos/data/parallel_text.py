@@ -221,6 +221,16 @@ def keep_nonempty(
   return sources, targets
 
 
+# A training split of at least this many pairs is loaded with a line before each long phase
+# (reading, SentencePiece training, encoding: `relpos.data.translation`), and one of text files
+# of at least ANNOUNCED_BYTES (about that many pairs of Tatoeba-like sentences, 70 to 90 bytes a
+# pair) before it is read, when its pairs are not counted yet: on a million pairs those phases
+# ran for over 20 s (docs/translation.md) with nothing on the screen. Fewer pairs load in
+# seconds, silently (tiny runs and tests print what they did before).
+ANNOUNCED_PAIRS = 100_000
+ANNOUNCED_BYTES = 8 << 20
+
+
 def read_parallel(
   src_path,
   tgt_path,
@@ -243,6 +253,10 @@ def read_parallel(
       in line count.
   """
   src_field, tgt_field = fields or (None, None)
+  paths = [pathlib.Path(path) for path in (src_path, tgt_path)]
+  sizes = [path.stat().st_size for path in paths if path.is_file()]  # `read_lines` names others
+  if sum(sizes) >= ANNOUNCED_BYTES:
+    print(f'reading {src_path} and {tgt_path} ({sum(sizes) / 1e6:,.0f} MB)', flush=True)
   sources = read_lines(src_path, field=src_field)
   targets = read_lines(tgt_path, field=tgt_field)
   if len(sources) != len(targets):

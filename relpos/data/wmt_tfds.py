@@ -92,13 +92,16 @@ def read_tfds_pairs(
 ) -> tuple[list[str], list[str]]:
   """(source sentences, target sentences) of a prepared tfds translation dataset split.
 
-  Only `shard`'s records are read. Pairs with an empty side are dropped (and counted in the
+  Only `shard`'s records are read, after a line saying how many where they are many
+  (`parallel_text.ANNOUNCED_PAIRS`). Pairs with an empty side are dropped (and counted in the
   log); `limit` > 0 keeps the first `shard.limit(limit)` remaining pairs and reads no further.
   Raises as `open_split`.
   """
   source = open_split(name, split, data_dir=data_dir, languages=(source_lang, target_lang))
   indices = shard.records(len(source))
   logging.info('reading %s %s: %d of %d records', name, split, len(indices), len(source))
+  if len(indices) >= parallel_text.ANNOUNCED_PAIRS:  # WMT14's 4.5M: its first long phase
+    print(f'reading {len(indices):,} pairs of {name} split {split}', flush=True)
   pairs = (parse_pair(record, source_lang, target_lang) for record in _records(source, indices))
   return parallel_text.keep_nonempty(
     pairs, limit=shard.limit(limit), name=f'{name} {split}', numbers=indices, unit='record'

@@ -63,6 +63,7 @@ scored from another workdir's checkpoint). Any `--config.*` override on this com
 passed on to every run.
 """
 
+import contextlib
 import csv
 import functools
 import hashlib
@@ -79,13 +80,27 @@ from ml_collections import config_flags
 
 from relpos import flag_types, runtime
 from relpos.config import checks, declaration, fields, load_config_file
-from relpos.config.recorded import with_added
-from relpos.files import read_text_lines, write_atomically
+from relpos.files import (
+  copy_with_source,
+  made_here,
+  read_text_lines,
+  record_source,
+  recorded_source,
+  write_atomically,
+)
 from relpos.messages import warn
 from relpos.studies import breakdown, significance
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
-from relpos.training import data_record, loop, run_config, tasks, workdir_lock, workdir_setup
+from relpos.training import (
+  data_record,
+  finished_run,
+  loop,
+  run_config,
+  tasks,
+  workdir_lock,
+  workdir_setup,
+)
 from relpos.training.checkpoints import (
   UNWRITABLE,
   error_errno,
@@ -393,111 +408,26 @@ def check_sweep(
     )
 
 
-def read_results(path: Path) -> dict:
-  """A run's eval_results.json; ValueError naming it when it is not a JSON object."""
-  try:
-    results = json.loads(Path(path).read_text())
-  except json.JSONDecodeError as error:
-    results = error
-  if not isinstance(results, dict):
-    raise ValueError(
-      f'{path} is damaged ({results if isinstance(results, Exception) else "not an object"}); '
-      'the sweep command without --collect_only scores that run again'
-    )
-  return results
-
-
-def is_finished(results_dir: Path, config, trained_dir: Path) -> bool:
-  """Whether the model in `trained_dir` was trained with `config` to the end and scored into
-  `results_dir` with its config.eval (a run with another config is not: training it again
-  says so)."""
-  if not (results_dir / 'eval_results.json').exists():
-    return False
-  reason = stale_reason(results_dir, config, trained_dir)
-  if reason and reason.endswith('is damaged'):  # cut by a kill mid-write (before atomic writes)
-    warn(f'{reason}; scoring that run again')
-  return reason is None
-
-
-def stale_reason(
-  results_dir: Path, config, trained_dir: Path, results: dict | None = None
-) -> str | None:
-  """Why the eval_results.json in `results_dir` is not that of `config`'s run, or None when it
-  is (`is_finished`): the model trained with another config, the file damaged, scored from a
-  checkpoint of another workdir (`eval.py --output_dir` pointed here), scored on other data
-  than the run's (the config.data its eval_results.json records: `scored_data_changes`), or
-  scored at another step or with another config.eval. A data path given otherwise than the
-  run recorded it that names its data (another clone's copy of the corpus, say) is the run's
-  (`data_record.same_data`, as `check_rerun`, train.py and eval.py read it): such a result,
-  or such a config, is kept. `results`: what the file holds, where the caller has read it
-  (`read_runs`, for `warn_stale`); else it is read here."""
-  path = results_dir / 'eval_results.json'
-  files = tasks.get(config).data_files(config, trained_dir)
-  if changes := run_config.run_config_changes(trained_dir, config, files):
-    shown = '; '.join(changes[:3]) + ('; ...' if len(changes) > 3 else '')
-    return f'its model trained with another config ({shown})'
-  if results is None:
-    try:
-      results = read_results(path)
-    except ValueError:
-      return f'{path} is damaged'
-  if checkpoint := run_config.foreign_checkpoint(results, trained_dir):
-    return f'{path} was scored from {checkpoint}, not from a checkpoint of {trained_dir}'
-  if DIVERGED in results:
-    return None  # its training config diverges again, whatever config.eval scores it
-  if changes := scored_data_changes(results, config, trained_dir):
-    shown = '; '.join(changes[:3]) + ('; ...' if len(changes) > 3 else '')
-    return f"scored on other data than the run's ({shown})"
-  current = config.eval.to_dict()
-  recorded = {'task': config.task, 'eval': results.get('eval', {})}
-  scored = with_added(recorded, {'eval': current})['eval']
-  step = config.eval.get('step') or config.train.steps  # eval.step 0: the newest checkpoint
-  if results.get('step') != step:
-    return f'scored at step {results.get("step")}, not {step}'
-  if scored != current:
-    changed = sorted(name for name in current if scored.get(name) != current[name])
-    return f'scored with other config.eval fields ({", ".join(changed)})'
-  return None
-
-
-def scored_data_changes(results: dict, config, trained_dir: Path) -> list[str]:
-  """The config.data fields that an evaluation's `results` (eval_results.json, which records
-  the config.data it scored) scored otherwise than the run in `trained_dir` trained with, as
-  `run_config.data_changes` names them ('data.eval_src: trained <a>, given <b>'; a path that
-  names the run's file or bytes is no change: `data_record.same_data`, eval.py's rule; nor
-  is a field only training reads, `Task.training_only_data`). Fields
-  the record lacks (recorded before they existed, or before results recorded config.data) are
-  read from `config`, so such a result is not named."""
-  recorded = results.get('data')
-  if not isinstance(recorded, dict):
-    return []
-  scored = ml_collections.ConfigDict(config.to_dict())
-  with scored.data.ignore_type():  # a value of another type is a change, named as such
-    scored.data.update({name: value for name, value in recorded.items() if name in scored.data})
-  task = tasks.get(scored)
-  files = task.data_files(scored, trained_dir)
-  return run_config.data_changes(trained_dir, scored, files, free=task.training_only_data)
-
-
 def warn_stale(
   config, root: Path, field: str, values, seeds, variant_of, overrides, setting_runs
 ) -> set:
   """--collect_only: a `warning:` line for each result of `setting_runs` (`read_runs`' of
   every run at one --evaluations setting, whose eval fields are `overrides`) that is not of
-  the sweep's config as given (`stale_reason`, of the results `read_runs` read); returns
-  them, {(value, seed)}. The tables show such a result as it is (its mean, std and seed
+  the sweep's config as given (`finished_run.stale_reason`, of the results `read_runs` read);
+  returns them, {(value, seed)}. The tables show such a result as it is (its mean, std and seed
   test), but leave it out of the paired bootstrap over test items (`p_value`), which pairs
   each item of a run with the same item of the baseline's: a result scored with another
   config.eval (tgt_len, say) has other items, or other numbers of them, and one of another
   config is not the sweep's run to pair. Each setting's results are checked as they are
   tabulated (the first's before the tables, the others' for sweep_by_evaluation.*)."""
-  stale = set()
+  stale, task = set(), tasks.get(config)
   every_run = runs(config, field, values, seeds, variant_of)
   for (value, seed, variant), (_, _, path, results) in zip(every_run, setting_runs, strict=True):
     if results is None:
       continue  # `read_runs` named it
     workdir = model_dir(root, field, value, seed)
-    if reason := stale_reason(path.parent, evaluated(variant, overrides), workdir, results):
+    scored = evaluated(variant, overrides)
+    if reason := finished_run.stale_reason(task, path.parent, scored, workdir, results):
       stale.add((value, seed))
       warn(
         f'{field}={value} seed {seed}: tabulated as it is, though {reason}, and left out of '
@@ -512,8 +442,8 @@ def record_divergence(error: loop.DivergedError, metrics, run: str, unscored) ->
   the run's results directories (`unscored`: (config, directory) pairs) records the step
   (`DIVERGED`), what went non-finite, and null for every metric of the task, so a reader of the
   file alone cannot take it for a score (null, not NaN, which standard JSON has not). A rerun
-  keeps it as finished (`stale_reason`; the same config diverges again), and the tables leave
-  it out with a note (`collect`, `diverged_runs`). One warning names the run (`run`,
+  keeps it as finished (`finished_run.stale_reason`; the same config diverges again), and the
+  tables leave it out with a note (`collect`, `diverged_runs`). One warning names the run (`run`,
   'field=value seed s') and the step."""
   for scored, results_dir in unscored:
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -602,7 +532,7 @@ def read_runs(root: Path, field: str, values, seeds, evaluation=None, *, task=No
   ValueError), before any result is read.
 
   Raises:
-    ValueError: an eval_results.json is damaged (`read_results`).
+    ValueError: an eval_results.json is damaged (`finished_run.read_results`).
   """
   for value in values:
     for seed in seeds:
@@ -614,8 +544,18 @@ def read_runs(root: Path, field: str, values, seeds, evaluation=None, *, task=No
       path = run_dir(root, field, value, seed, evaluation) / 'eval_results.json'
       if not path.exists():
         warn(f'no results for {field}={value} seed {seed} ({path})')
-      runs.append((value, seed, path, read_results(path) if path.exists() else None))
+      runs.append((value, seed, path, _read_results(path) if path.exists() else None))
   return runs
+
+
+def _read_results(path: Path) -> dict:
+  """`finished_run.read_results`, whose error says what scores a damaged file again."""
+  try:
+    return finished_run.read_results(path)
+  except ValueError as error:
+    raise ValueError(
+      f'{error}; the sweep command without --collect_only scores that run again'
+    ) from None
 
 
 def collect(runs: list, metric: str) -> list[dict]:
@@ -993,13 +933,13 @@ def train_unfinished(config, task, root: Path, field: str, values, seeds, varian
   """`sweep`'s training: trains and scores (at each of `settings`) every run not finished,
   after checking all of them first (their evaluation plans, their recorded configs); a run
   that diverges is recorded as such (`record_divergence`) and the others go on."""
-  todo = []
-  for value, seed, variant in runs(config, field, values, seeds, variant_of):
+  todo, every_run = [], list(runs(config, field, values, seeds, variant_of))
+  for value, seed, variant in every_run:
     workdir, unscored = model_dir(root, field, value, seed), []
     for setting, overrides in settings.items():
       results_dir = run_dir(root, field, value, seed, setting)
       scored = evaluated(variant, overrides)
-      if is_finished(results_dir, scored, workdir):
+      if finished_run.is_finished(task, results_dir, scored, workdir):
         print(f'=== {field}={value} seed={seed}: finished, kept ({results_dir})', flush=True)
       else:
         try:  # what train.py checks before training, for every run before the first trains
@@ -1014,11 +954,12 @@ def train_unfinished(config, task, root: Path, field: str, values, seeds, varian
       todo.append((value, seed, variant, workdir, unscored))
   started = time.monotonic()
   diverged = {}  # workdir -> its DivergedError: an eval field's one training, for every value
+  trained_dirs = list(dict.fromkeys(model_dir(root, field, v, s) for v, s, _ in every_run))
   for done, (value, seed, variant, workdir, unscored) in enumerate(todo):
     print(f'=== {field}={value} seed={seed} ({progress(done, len(todo), started)})', flush=True)
     try:
       if workdir not in diverged:
-        task.train_model(_as_trained(config, field, variant), workdir)
+        train_run(task, _as_trained(config, field, variant), workdir, trained_dirs)
     except loop.DivergedError as error:
       diverged[workdir] = error
     if workdir in diverged:
@@ -1027,6 +968,61 @@ def train_unfinished(config, task, root: Path, field: str, values, seeds, varian
     for scored, results_dir in unscored:
       result = task.evaluate(scored, workdir, output_dir=results_dir)
       print('\n'.join(task.result_lines(result)), flush=True)
+
+
+# What the record beside a vocabulary a sweep's run trained says (`files.record_source`): one
+# that another run of the sweep may take (`reuse_vocabulary`).
+TRAINED_BY_SWEEP = 'trained by relpos.studies.sweep, in one process'
+
+
+def train_run(task, trained, workdir: Path, trained_dirs: list[Path]) -> None:
+  """Trains the run of the config `trained` in `workdir` (`Task.train_model`), on the
+  vocabulary of another of the sweep's runs (`trained_dirs`) where that is the one it would
+  train (`reuse_vocabulary`). A vocabulary the run trains itself is recorded as the sweep's
+  (`TRAINED_BY_SWEEP`, beside it), for the runs after it, in this sweep or when it resumes;
+  also where the run diverges (its vocabulary is no worse for that)."""
+  reuse_vocabulary(task, trained, workdir, trained_dirs)
+  vocabulary = task.data_files(trained, workdir).get(data_record.VOCABULARY)
+  had_one = vocabulary is None or vocabulary.exists()
+  try:
+    task.train_model(trained, workdir)
+  finally:
+    if not had_one and made_here(vocabulary) and run_config.has_run(workdir):
+      # Only a later run's training is at stake: a record that cannot be written is none.
+      with contextlib.suppress(OSError):
+        record_source(vocabulary, TRAINED_BY_SWEEP)
+
+
+def reuse_vocabulary(task, trained, workdir: Path, trained_dirs: list[Path]) -> None:
+  """Copies into `workdir`, before its run's first start, the vocabulary of one of the sweep's
+  runs in `trained_dirs` that trained the very vocabulary this run would train: a k sweep over
+  1M pairs trained the same 32000-piece SentencePiece model, byte for byte, in every run. The
+  donor is a run whose vocabulary the sweep trained (in one process: `TRAINED_BY_SWEEP`) or
+  copied, as recorded beside it (`files.recorded_source`), for which the task finds nothing
+  that makes the two differ (`Task.vocabulary_changes`: the data and fields the vocabulary is
+  trained on, the draw's seed). The copy's own record names where it came from, so its start
+  uses it without the warning of a placed vocabulary, and one line here says so. Nothing is
+  copied for a task without such a vocabulary (the character LM), a run started already, or
+  where the copy cannot be written (the run trains its own, and its start names the fault)."""
+  vocabulary = task.data_files(trained, workdir).get(data_record.VOCABULARY)
+  if vocabulary is None or vocabulary.exists() or run_config.has_run(workdir):
+    return
+  for other in trained_dirs:
+    theirs = task.data_files(trained, other)[data_record.VOCABULARY]
+    if other == workdir or recorded_source(theirs) is None:
+      continue
+    if task.vocabulary_changes(trained, other) != []:
+      continue
+    try:
+      copy_with_source(theirs, vocabulary, f'copied by relpos.studies.sweep from {theirs}')
+    except OSError:
+      return
+    print(
+      f'vocabulary: {theirs} copied to {vocabulary}, not trained again (the same training '
+      'data, vocabulary fields and draw)',
+      flush=True,
+    )
+    return
 
 
 def write_evaluations(config, by_setting: dict, baseline, root: Path, field: str, metric: str):

@@ -376,6 +376,14 @@ def record(workdir, files: dict[str, Path], read_as_lines: Collection[str] = ())
   write_atomically(Path(workdir) / DATA_FILES, json.dumps(entries, indent=2) + '\n')
 
 
+def recorded_lines(workdir, field: str) -> int | None:
+  """The number of lines the run in `workdir` recorded for the file of `field` (a file its
+  task reads as lines, `record`'s `read_as_lines`); None where it recorded none."""
+  entry = _read(workdir).get(field)
+  lines = entry.get('lines') if isinstance(entry, dict) else None
+  return lines if isinstance(lines, int) else None
+
+
 def check_vocabulary(workdir: Path, files: dict[str, Path]) -> None:
   """Refuses to read the run in `workdir` with a vocabulary changed since it trained
   (`files`: `Task.data_files`, whose `VOCABULARY` is the workdir's spm.model or vocab.json,

@@ -26,7 +26,7 @@ from relpos.training.checkpoints import (
   UnreadableCheckpointError,
   VanishedCheckpointError,
 )
-from relpos.training.run_config import has_run, not_a_run, not_a_workdir, read_config
+from relpos.training.run_config import check_not_a_file, has_run, not_a_run, read_config
 
 
 def check_trained(workdir) -> Checkpoints:
@@ -36,8 +36,7 @@ def check_trained(workdir) -> Checkpoints:
   `WorkdirInUseError` (exit 75: try again later) where a run trains there now and has saved
   none yet (`workdir_lock.holder`), which named the remedy "train first"."""
   workdir = Path(workdir)
-  if workdir.exists() and not workdir.is_dir():
-    raise not_a_workdir(workdir)
+  check_not_a_file(workdir)
   if (workdir / CHECKPOINTS).exists() and not (workdir / CHECKPOINTS).is_dir():
     raise FileNotFoundError(f"{workdir / CHECKPOINTS} is a file, not the run's checkpoints")
   checkpoints = Checkpoints(workdir)

@@ -32,6 +32,15 @@ def not_a_workdir(workdir, flag: str | None = '--workdir') -> FileNotFoundError:
   return FileNotFoundError(f'{given} is not a directory: give the workdir of a training run')
 
 
+def check_not_a_file(workdir) -> None:
+  """Raises `not_a_workdir` where `workdir` is a file (or anything but a directory): for the
+  commands that read a run, before any file under it is read (a read of workdir/x through a
+  file is a NotADirectoryError traceback). A missing workdir is left to the check of what
+  the command reads first."""
+  if Path(workdir).exists() and not Path(workdir).is_dir():
+    raise not_a_workdir(workdir)
+
+
 def check_path(workdir, flag: str | None = '--workdir') -> None:
   """Raises ValueError naming `workdir` (given as `flag`) when the OS refuses the path itself,
   not just its absence: a name too long, a loop of symbolic links, a file in the way of a

@@ -32,7 +32,7 @@ from relpos.config import checks, fields
 from relpos.config.recorded import CONFIG_FILE
 from relpos.files import check_takes_files, write_atomically
 from relpos.messages import warn
-from relpos.training import data_record, optim
+from relpos.training import data_record, finished_run, optim
 from relpos.training import mesh as mesh_lib
 from relpos.training.checkpoints import (
   CHECKPOINTS,
@@ -48,6 +48,7 @@ from relpos.training.restore import check_trained
 from relpos.training.run_config import (
   RESULTS_FILE,
   check_model,
+  check_not_a_file,
   check_task,
   check_unread_settings,
   data_changes,
@@ -207,6 +208,18 @@ class Task(abc.ABC):
     del config, workdir
     return {}
 
+  def vocabulary_changes(
+    self, config: ml_collections.ConfigDict, workdir: Path
+  ) -> list[str] | None:
+    """What makes the vocabulary a run of `config` trains in its workdir
+    (`data_record.VOCABULARY`) differ from the one the run in `workdir` trained, a line each:
+    none, and it is the same vocabulary, which a sweep copies into a new run's workdir rather
+    than train it again (`relpos.studies.sweep.reuse_vocabulary`). None (the default): the
+    task makes no vocabulary worth handing on (the character LM's is read off its text in a
+    moment)."""
+    del config, workdir
+    return None
+
   @abc.abstractmethod
   def training(self, config, workdir: Path, mesh) -> Training:
     """Reads the data, builds the model and optimizer (`train_step.init_state`): the run's
@@ -246,6 +259,7 @@ class Task(abc.ABC):
     removes what it made, where it holds nothing (`workdir_setup.leave_no_trace`)."""
     workdir = Path(workdir)
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
+    check_not_a_file(workdir)  # before any file under it is read
     self.check_config(config)  # before anything reads its fields
     check_model(workdir, config, self.unread_fields(config))
     trained = read_config(workdir, known_fields=False).to_dict() if has_run(workdir) else None
@@ -371,12 +385,21 @@ class Task(abc.ABC):
     sweep tabulates like any other. SIGTERM or Ctrl-C during the evaluation ends the program
     at once with one line saying that the run is trained but not scored, and how to score it
     (`relpos.runtime.stop_at_signals`): there is nothing to save. `score_command`: the eval.py
-    command that scores the run (the launcher's, `tasks.eval_command`; None: a generic one)."""
+    command that scores the run (the launcher's, `tasks.eval_command`; None: a generic one).
+
+    A rerun in the workdir of a run that is finished, scored with this config and on the data
+    it recorded returns its eval_results.json as it is, with one line that says so, before
+    any data is read (`finished_run.kept_result`, the sweep's rule of a finished run):
+    otherwise it re-read and re-encoded all the data and scored the run again, to the same
+    score (a full test pass of the character LM, minutes on a large split)."""
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
+    check_not_a_file(workdir)  # before any file under it is read
     self.check_config(config)
     check_evaluation_plan(config, workdir)
-    self.train_model(config, workdir, allow_config_change=allow_config_change)
     score_command = score_command or generic_score_command(workdir)
+    if (kept := finished_run.kept_result(self, config, Path(workdir), score_command)) is not None:
+      return kept  # this config's run, finished and scored: nothing is read, trained or scored
+    self.train_model(config, workdir, allow_config_change=allow_config_change)
     changed = self.scored_data_changes(config, workdir)  # a training file may change now
     if changed:
       raise UnscoredRunError(workdir, [], changed, command=score_command)
@@ -415,7 +438,7 @@ def check_other_data(workdir: Path, other_data: list[str]) -> None:
   trained on (`other_data`: the changes that alter what is scored, `Task.scored_data_changes`,
   each '<field>: ...'): its eval_results.json and translations are the run's result, which a
   score of other sentences would replace (a sweep's --collect_only then tabulated it as the
-  run's, `relpos.studies.sweep.stale_reason`). One rule for every task: another data.path of a
+  run's, `finished_run.stale_reason`). One rule for every task: another data.path of a
   char LM, another eval_src of a translation; a training file moved or another batch size
   (`Task.training_only_data`) scores the same sentences and is only warned of.
 

@@ -37,10 +37,10 @@ from relpos.data.translation import (
   load_eval_data,
   load_translation_data,
 )
-from relpos.files import made_here, write_atomically
+from relpos.files import made_here, recorded_source, write_atomically
 from relpos.messages import PassProgress, warn
 from relpos.models.transformer import Transformer, TransformerConfig
-from relpos.training import data_record, restore, task_base
+from relpos.training import data_record, restore, run_config, task_base
 from relpos.training import mesh as mesh_lib
 from relpos.training import train_step as step_lib
 from relpos.training.run_config import has_run
@@ -254,6 +254,18 @@ class Translate(task_base.Task):
   )
   # Its text files are read as lines (`relpos.data.parallel_text`), CRLF endings or not.
   data_read_as_lines = TEXT_FIELDS
+  # The config.data fields its SentencePiece vocabulary never reads (it is trained on the
+  # training pairs alone: `relpos.data.translation`); every other field counts in
+  # `vocabulary_changes`, one added later too until it is listed here.
+  vocabulary_free_data = (
+    'eval_src',
+    'eval_tgt',
+    'tfds_eval_split',
+    'max_eval_examples',
+    'max_length',
+    'max_tokens',
+    'length_buckets',
+  )
 
   def check_combinations(self, config, mesh):
     model_config(config, vocab_size=config.data.vocab_size)
@@ -292,6 +304,35 @@ class Translate(task_base.Task):
       **vocabulary,
     }
 
+  def vocabulary_changes(self, config, workdir):
+    """What the vocabulary is trained on, compared with the run in `workdir` (`Task.
+    vocabulary_changes`): config.data's fields but `vocabulary_free_data` (vocab_size and
+    vocab_train_sentences among them; a path that names the run's data is the same,
+    `run_config.data_changes`), the training files' data and the run's vocabulary as it
+    recorded them (`data_record.changes`), and config.seed where the vocabulary trains on a
+    seeded draw of the sentences: where the recorded training files hold more than
+    config.data.vocab_train_sentences sentences, or the count is not recorded (tfds). Training
+    is deterministic: the same sentences and fields give the same bytes (docs/translation.md).
+    The run must be trained by one process, as a sweep's are: with several, process 0 trains
+    on its shard alone."""
+    workdir = Path(workdir)
+    if not has_run(workdir):
+      return [f'{workdir} records no run']
+    files = self.data_files(config, workdir)
+    changes = run_config.data_changes(workdir, config, files, free=self.vocabulary_free_data)
+    read = [data_record.VOCABULARY, 'config.data.train_src', 'config.data.train_tgt']
+    changes += data_record.changes(workdir, {name: files[name] for name in read if name in files})
+    trained_seed = run_config.read_config(workdir, known_fields=False).get('seed')
+    lines = data_record.recorded_lines(workdir, 'config.data.train_src')
+    drawn = lines is None or 2 * lines > config.data.vocab_train_sentences
+    if trained_seed != config.seed and drawn:
+      changes.append(
+        f'seed: trained {trained_seed}, given {config.seed} (the vocabulary trains on a draw '
+        f'of config.data.vocab_train_sentences={config.data.vocab_train_sentences} sentences '
+        'it seeds)'
+      )
+    return changes
+
   def training(self, config, workdir, mesh) -> task_base.Training:
     """The model and its optimizer first (they need the config alone: the vocabulary has
     config.data.vocab_size pieces, which the data checks), then the data, then the functions
@@ -306,11 +347,12 @@ class Translate(task_base.Task):
       else:
         # Someone placed it, to share a vocabulary: used as it is, and recorded as the run's.
         check_placed(placed, config.data.vocab_size)
-        warn(
-          f'{placed} was there before this run: it trains with that vocabulary (the run '
-          'records it as its own); remove it to train one on config.data.train_src/train_tgt '
-          'instead'
-        )
+        if recorded_source(placed) is None:  # not a sweep's copy, which it said it placed
+          warn(
+            f'{placed} was there before this run: it trains with that vocabulary (the run '
+            'records it as its own); remove it to train one on config.data.train_src/train_tgt '
+            'instead'
+          )
     data = load_translation_data(
       config.data,
       workdir,

@@ -1,0 +1,144 @@
+"""Whether a run is finished: trained with a config to its last step and scored with that
+config's evaluation settings, its eval_results.json current. One rule for the two commands that
+leave such a run as it is: a sweep keeps each finished run of its grid (`relpos.studies.sweep`),
+and train.py, rerun in a finished run's workdir, prints that the run is finished and its result
+kept, without reading any data (`kept_result`, `Task.train_and_evaluate`): the rerun re-read and
+re-encoded all the training data and then scored the run again, the same score, for minutes on
+a large corpus.
+
+The rule (`stale_reason`) reads only the workdir's own records (config.json, data_files.json,
+eval_results.json) and stats the data files: what a result is of is the config the run trained
+with, the data it scored, the step and config.eval.
+"""
+
+import json
+from pathlib import Path
+
+import ml_collections
+
+from relpos.config.recorded import with_added
+from relpos.messages import warn
+from relpos.training import data_record, run_config
+from relpos.training.checkpoints import finished_steps
+
+RESULTS_FILE = run_config.RESULTS_FILE
+DIVERGED = run_config.DIVERGED  # in eval_results.json: the step the run went non-finite at
+
+
+def read_results(path: Path) -> dict:
+  """A run's eval_results.json; ValueError naming it when it is not a JSON object."""
+  try:
+    results = json.loads(Path(path).read_text())
+  except json.JSONDecodeError as error:
+    results = error
+  if not isinstance(results, dict):
+    raise ValueError(
+      f'{path} is damaged ({results if isinstance(results, Exception) else "not an object"})'
+    )
+  return results
+
+
+def is_finished(task, results_dir: Path, config, trained_dir: Path) -> bool:
+  """Whether the model in `trained_dir` was trained with `config` (of `task`) to the end and
+  scored into `results_dir` with its config.eval (a run with another config is not: training it
+  again says so)."""
+  if not (results_dir / RESULTS_FILE).exists():
+    return False
+  reason = stale_reason(task, results_dir, config, trained_dir)
+  if reason and reason.endswith('is damaged'):  # cut by a kill mid-write (before atomic writes)
+    warn(f'{reason}; scoring that run again')
+  return reason is None
+
+
+def stale_reason(
+  task, results_dir: Path, config, trained_dir: Path, results: dict | None = None
+) -> str | None:
+  """Why the eval_results.json in `results_dir` is not that of `config`'s run (of `task`), or
+  None when it is (`is_finished`): the model trained with another config, the file damaged,
+  scored from a checkpoint of another workdir (`eval.py --output_dir` pointed here), scored on
+  other data than the run's (the config.data its eval_results.json records:
+  `scored_data_changes`), or scored at another step or with another config.eval. A data path
+  given otherwise than the run recorded it that names its data (another clone's copy of the
+  corpus, say) is the run's (`data_record.same_data`, as a sweep's `check_rerun`, train.py and
+  eval.py read it): such a result, or such a config, is kept. `results`: what the file holds,
+  where the caller has read it (the sweep's `read_runs`, for its `warn_stale`); else it is read
+  here."""
+  path = results_dir / RESULTS_FILE
+  files = task.data_files(config, trained_dir)
+  if changes := run_config.run_config_changes(trained_dir, config, files):
+    shown = '; '.join(changes[:3]) + ('; ...' if len(changes) > 3 else '')
+    return f'its model trained with another config ({shown})'
+  if results is None:
+    try:
+      results = read_results(path)
+    except ValueError:
+      return f'{path} is damaged'
+  if checkpoint := run_config.foreign_checkpoint(results, trained_dir):
+    return f'{path} was scored from {checkpoint}, not from a checkpoint of {trained_dir}'
+  if DIVERGED in results:
+    return None  # its training config diverges again, whatever config.eval scores it
+  if changes := scored_data_changes(task, results, config, trained_dir):
+    shown = '; '.join(changes[:3]) + ('; ...' if len(changes) > 3 else '')
+    return f"scored on other data than the run's ({shown})"
+  current = config.eval.to_dict()
+  recorded = {'task': config.task, 'eval': results.get('eval', {})}
+  scored = with_added(recorded, {'eval': current})['eval']
+  step = config.eval.get('step') or config.train.steps  # eval.step 0: the newest checkpoint
+  if results.get('step') != step:
+    return f'scored at step {results.get("step")}, not {step}'
+  if scored != current:
+    changed = sorted(name for name in current if scored.get(name) != current[name])
+    return f'scored with other config.eval fields ({", ".join(changed)})'
+  return None
+
+
+def scored_data_changes(task, results: dict, config, trained_dir: Path) -> list[str]:
+  """The config.data fields that an evaluation's `results` (eval_results.json, which records
+  the config.data it scored) scored otherwise than the run in `trained_dir` trained with, as
+  `run_config.data_changes` names them ('data.eval_src: trained <a>, given <b>'; a path that
+  names the run's file or bytes is no change: `data_record.same_data`, eval.py's rule; nor
+  is a field only training reads, `Task.training_only_data`). Fields the record lacks
+  (recorded before they existed, or before results recorded config.data) are read from
+  `config`, so such a result is not named."""
+  recorded = results.get('data')
+  if not isinstance(recorded, dict):
+    return []
+  scored = ml_collections.ConfigDict(config.to_dict())
+  with scored.data.ignore_type():  # a value of another type is a change, named as such
+    scored.data.update({name: value for name, value in recorded.items() if name in scored.data})
+  files = task.data_files(scored, trained_dir)
+  return run_config.data_changes(trained_dir, scored, files, free=task.training_only_data)
+
+
+def kept_result(task, config, workdir: Path, score_command: str) -> dict | None:
+  """What train.py does in the workdir of a finished run (its newest checkpoint at
+  config.train.steps, and `is_finished`, the workdir its own results directory): prints one
+  line saying that the run is finished and its result kept, naming eval_results.json and the
+  eval.py command (`score_command`) that scores it again, and returns the result it holds,
+  which the launcher prints as after an evaluation (the metric last). None, for train.py to go
+  on as for any run (resume, or refuse), where the run is not finished, its result is a
+  sweep's record of a divergence (a rerun trains to the divergence and says so), a data file
+  it recorded changed since (`data_record.changes`: a rerun is refused, or with
+  --allow_config_change continues on the new data), or the result lacks what the task's lines
+  show (written by an older relpos: scored again)."""
+  workdir = Path(workdir)
+  if finished_steps(workdir)[-1:] != [config.train.steps]:
+    return None  # training is not done: its newest checkpoint was removed since, say
+  if not is_finished(task, workdir, config, workdir):
+    return None
+  if data_record.changes(workdir, task.data_files(config, workdir)):
+    return None
+  result = run_config.results_in(workdir)
+  if result is None or DIVERGED in result:
+    return None
+  try:
+    task.result_lines(result)
+  except (KeyError, TypeError, ValueError):  # a field missing, or null where a number goes
+    return None
+  print(
+    f'the run in {workdir} is finished (step {result["step"]}, this config) and scored: its '
+    f'{workdir / RESULTS_FILE} is kept, nothing is trained or scored again; `{score_command}` '
+    'scores it again',
+    flush=True,
+  )
+  return result
