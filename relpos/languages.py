@@ -18,8 +18,11 @@ import re
 
 # ISO 639-2/T, 639-2/B (where it differs) and 639-3 codes to the ISO 639-1 code, for the
 # languages of WMT and Tatoeba corpora and those sacreBLEU or Moses has rules of; the Chinese
-# varieties written in Hanzi that corpora tag on their own (Mandarin cmn, Cantonese yue) as
-# Chinese, which sacreBLEU tokenises as 'zh'.
+# varieties that corpora tag on their own (the members of ISO 639-3's macrolanguage zho:
+# Mandarin cmn, Cantonese yue, Wu wuu, Min Nan nan, Hakka hak, Gan gan, Xiang hsn, ...; and
+# Literary Chinese lzh) as Chinese, which sacreBLEU tokenises as 'zh': written in Hanzi they
+# have no spaces to split on, and its 'zh' tokenizer leaves text in other scripts to 13a's
+# rules, so a variety Tatoeba writes in Latin letters (Min Nan's POJ) scores as with 13a.
 _TWO_LETTER_CODES = {
   'ara': 'ar', 'bul': 'bg', 'ben': 'bn', 'cat': 'ca', 'ces': 'cs', 'cze': 'cs',
   'cym': 'cy', 'wel': 'cy', 'dan': 'da', 'deu': 'de', 'ger': 'de', 'ell': 'el',
@@ -34,6 +37,8 @@ _TWO_LETTER_CODES = {
   'slv': 'sl', 'sqi': 'sq', 'alb': 'sq', 'srp': 'sr', 'swe': 'sv', 'swa': 'sw',
   'tam': 'ta', 'tha': 'th', 'tur': 'tr', 'ukr': 'uk', 'urd': 'ur', 'vie': 'vi',
   'xho': 'xh', 'zul': 'zu', 'zho': 'zh', 'chi': 'zh', 'cmn': 'zh', 'yue': 'zh',
+  'wuu': 'zh', 'nan': 'zh', 'hak': 'zh', 'gan': 'zh', 'hsn': 'zh', 'cdo': 'zh',
+  'cjy': 'zh', 'cpx': 'zh', 'czh': 'zh', 'czo': 'zh', 'mnp': 'zh', 'lzh': 'zh',
 }  # fmt: skip
 
 

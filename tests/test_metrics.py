@@ -74,7 +74,22 @@ def test_chinese_is_scored_with_sacrebleus_zh_tokenizer():
 
 
 @pytest.mark.parametrize(
-  'code', ['ZH', 'zh-CN', 'zh_CN', 'zh-Hans', 'zh_Hant_TW', 'cmn', 'zho', 'chi', 'yue', 'Cmn-Hans']
+  'code',
+  [
+    'ZH',
+    'zh-CN',
+    'zh_CN',
+    'zh-Hans',
+    'zh_Hant_TW',
+    'cmn',
+    'zho',
+    'chi',
+    'yue',
+    'Cmn-Hans',
+    'wuu',
+    'lzh',
+    'nan',
+  ],
 )
 def test_chinese_codes_besides_zh_are_scored_with_the_zh_tokenizer(code):
   """sacreBLEU switches tokenizer for the exact code 'zh' only: 'ZH', 'zh-CN', or Tatoeba's
