@@ -11,21 +11,17 @@
     python -m relpos.studies.sweep --config=configs/translate_tiny.py:shaw --workdir=runs/k_clip \\
         --field=eval.max_relative_position --values=-1,8,4,2,0 --seeds=0,1,2
 
-Each (value v, seed s) trains and evaluates `--config` with `--config.<field>=v` and
-`--config.seed=s` in `<workdir>/<field>=v/seed=s` (the field's last part; the value's '/', NUL
-and '%' escaped, and a name past 255 bytes shortened with a hash, `directory_name`, so every run
-is a directory of the root's own; a path field's leading `~` expanded, as train.py's).
-`--field=preset` sweeps the presets of the config file instead (`--config=<file>:v`), for
-variants that differ in several fields, such as Shaw et al.'s keys/values ablation. A field of
-config.eval (e.g. `--field=eval.mem_len`) changes only how a model is scored: each seed trains
-once, in `<workdir>/trained/seed=s`, and every value scores that checkpoint into its own
-`<field>=v/seed=s` (the training's recorded config keeps `--config`'s own eval settings). A run
-whose eval_results.json is there for the config's last step is not touched again, so a sweep
-stopped anywhere (or spread over sessions) resumes where it was; an unfinished run resumes from
-its last checkpoint. A run whose loss goes non-finite is a result too: its eval_results.json
-records `diverged_at_step`, a warning names it, and the sweep goes on (`record_divergence`). The
-sweep holds its root's workdir lock while it trains, so a second sweep on the same root is
-refused at once.
+This module is the command: its flags, its checks before anything trains, the training of
+every unfinished run, the faults of its root and the tables it writes. Which runs a sweep has,
+of which configs, in which directories (`--field=preset`, an eval field, `--evaluations`) is
+`relpos.studies.sweep_grid`'s.
+
+A run whose eval_results.json is there for the config's last step is not touched again, so a
+sweep stopped anywhere (or spread over sessions) resumes where it was; an unfinished run
+resumes from its last checkpoint. A run whose loss goes non-finite is a result too: its
+eval_results.json records `diverged_at_step`, a warning names it, and the sweep goes on
+(`record_divergence`). The sweep holds its root's workdir lock while it trains, so a second
+sweep on the same root is refused at once.
 
 Then the sweep writes under `<workdir>`:
 - `sweep.csv` / `sweep.md`: one row per value, `value, n, mean, std, difference, p_value,
@@ -38,13 +34,9 @@ Then the sweep writes under `<workdir>`:
   or in pieces or of position within the evaluation segment: `sweep_by_length.*`,
   `sweep_by_pieces.*` or `sweep_by_position.*` (`relpos.studies.breakdown`).
 
-`--evaluations=tgt_len=64,tgt_len=256,tgt_len=64+mem_len=64` adds an evaluation-only axis to a
-sweep of a training field: each trained model is also scored at every setting (`+` joins
-config.eval fields of one setting) into `<field>=v/seed=s/<setting>/`, and
-`sweep_by_evaluation.*` tabulates the swept values by setting with the breakdowns' statistics
-(mean ± std, the difference from the baseline and both p-values per setting); the other tables
-are the first setting's. configs/length_extrapolation.py is such a study: train short,
-evaluate long.
+With `--evaluations`, `sweep_by_evaluation.*` tabulates the swept values by setting with the
+breakdowns' statistics (mean ± std, the difference from the baseline and both p-values per
+setting); the other tables are the first setting's.
 
 p_value is a paired bootstrap over the test items, seeds pooled (`relpos.studies.significance`):
 sacreBLEU's test on the translations for BLEU, the same test over evaluation segments for
@@ -65,21 +57,17 @@ passed on to every run.
 
 import contextlib
 import csv
-import functools
-import hashlib
 import io
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
 
-import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
 from relpos import flag_types, runtime
-from relpos.config import checks, declaration, fields, load_config_file
+from relpos.config import checks
 from relpos.files import (
   copy_with_source,
   made_here,
@@ -89,7 +77,7 @@ from relpos.files import (
   write_atomically,
 )
 from relpos.messages import warn
-from relpos.studies import breakdown, significance
+from relpos.studies import breakdown, significance, sweep_grid
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
 from relpos.training import (
@@ -112,211 +100,7 @@ from relpos.training.preemption import PreemptedError
 
 SUMMARY_TABLE = 'sweep.csv'  # the first of the tables the sweep writes (`write_tables`)
 SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'difference', 'p_value', 'p_seeds', 'diverged')
-PRESET = 'preset'  # --field=preset: each value is a preset of the --config file
-EVAL_SECTION = 'eval.'  # a field under it: one training per seed, scored at every value
 DIVERGED = run_config.DIVERGED  # in eval_results.json: the step the run went non-finite at
-
-
-def preset_variants(path, overrides: list[str]):
-  """value -> the config file's get_config(value) with the command line's `--config.a.b=v`
-  overrides applied (those of --config's own preset apply to every preset)."""
-
-  def variant(preset: str) -> ml_collections.ConfigDict:
-    try:
-      config = load_config_file(Path(path), preset)
-    except ValueError as error:  # a preset it lacks (`unknown_preset` names no file): this one
-      raise ValueError(f'{path}: {error}') from None
-    for override in overrides:
-      name, text = override.removeprefix('--config.').split('=', 1)
-      config = with_value(config, name, parse_value(config, name, text, flag=override))
-    return config
-
-  return variant
-
-
-TRUE_TEXTS, FALSE_TEXTS = ('1', 'true', 'yes'), ('0', 'false', 'no')
-
-
-def field_type(config: ml_collections.ConfigDict, field: str, flag: str) -> type:
-  """The type of config.<field>; ValueError naming `flag` (the option that named the field)
-  when the config has no such field, or it names a whole section (`--field=model`)."""
-  node = config
-  *parents, leaf = field.split('.')
-  for name in parents:
-    node = node.get(name)
-    if not isinstance(node, ml_collections.ConfigDict):
-      raise ValueError(f'{flag}: the config has no section {name!r} (no field {field})')
-  if leaf not in node:
-    raise ValueError(f'{flag}: the config has no field {field}')
-  if isinstance(node[leaf], ml_collections.ConfigDict):
-    example = next(iter(node[leaf]), 'name')
-    raise ValueError(
-      f'{flag}: config.{field} is a section, not a field: give one of its fields, such as '
-      f'{field}.{example}'
-    )
-  return type(node[leaf])
-
-
-@functools.cache
-def declared_rules(task) -> dict[str, checks.Rule]:
-  """{dotted field: rule} of every field config.task `task` declares ({} for another task)."""
-  declared = declaration(task)
-  return {} if declared is None else fields.rules(declared)
-
-
-@functools.cache
-def declared_paths(task) -> frozenset[str]:
-  """The dotted fields config.task `task` declares a file or directory (`fields.paths`)."""
-  declared = declaration(task)
-  return frozenset() if declared is None else frozenset(fields.paths(declared))
-
-
-def parse_value(config: ml_collections.ConfigDict, field: str, text: str, flag: str = '--values'):
-  """`text` converted to the type of config.<field>; ValueError naming `flag`, the option the
-  text came from, for an unknown field or a text that is not of the field's type (a bool is
-  one of 1/true/yes or 0/false/no). The type is the declared one (`relpos.config.fields`)
-  where the task declares the field, so that a field that is None by default (an optional
-  one, which 'None' sets back) still converts; else the value's own. A field declared a path
-  (`declared_paths`) has a leading `~` expanded, as `--config.data.path=~/a.txt` has
-  (`tasks.home_expanded`): the shell leaves it in `--values=~/a.txt,~/b.txt`."""
-  kind = field_type(config, field, flag)
-  if field in declared_paths(config.get('task')):
-    text = tasks.home_expanded(text)
-  rule = declared_rules(config.get('task')).get(field)
-  if rule is not None:
-    if rule.optional and text == 'None':
-      return None
-    kind = rule.kind
-  if kind is bool:
-    if text.lower() not in TRUE_TEXTS + FALSE_TEXTS:
-      raise ValueError(f'{flag}: {text!r} is not a bool, as {field} is (true or false)')
-    return text.lower() in TRUE_TEXTS
-  try:
-    return kind(text)
-  except ValueError:
-    raise ValueError(f'{flag}: {text!r} is not a {kind.__name__}, as {field} is') from None
-
-
-def with_value(config: ml_collections.ConfigDict, field: str, value) -> ml_collections.ConfigDict:
-  """A copy of `config` with config.<field> = value."""
-  copy = ml_collections.ConfigDict(config.to_dict())
-  node = copy
-  *parents, leaf = field.split('.')
-  for name in parents:
-    node = node[name]
-  node[leaf] = value
-  return copy
-
-
-def parse_evaluations(config, texts) -> dict[str, dict]:
-  """{setting: {eval field: value}} of `--evaluations`: each text one evaluation setting,
-  `field=value` pairs of config.eval joined by '+' (`tgt_len=64+mem_len=64`), named by its
-  text. ValueError for an unknown field or a value of the wrong type."""
-  settings = {}
-  for text in texts:
-    overrides = {}
-    for part in text.split('+'):
-      name, equals, value = part.partition('=')
-      if not equals:
-        raise ValueError(f'--evaluations: {text!r} is not field=value[+field=value...]')
-      field = EVAL_SECTION + name.removeprefix(EVAL_SECTION)
-      overrides[field] = parse_value(config, field, value, flag=f'--evaluations={text}')
-    settings[text] = overrides
-  return settings
-
-
-def check_values(values: list) -> None:
-  """ValueError for an empty --values or one holding a value twice (a run would repeat)."""
-  if not values:
-    raise ValueError('--values is empty: give the values to sweep, comma-separated')
-  repeated = sorted({str(v) for v in values if values.count(v) > 1})
-  if repeated:
-    raise ValueError(f'--values gives {", ".join(repeated)} more than once')
-
-
-def check_evaluations(field: str, evaluations: dict) -> None:
-  """ValueError for `--evaluations` on a sweep of an eval field, which has one axis only."""
-  if evaluations and field.startswith(EVAL_SECTION):
-    raise ValueError(
-      f'--evaluations with --field={field}: an eval field is an evaluation axis already; '
-      'give its values in --evaluations and sweep a training field'
-    )
-
-
-def evaluated(config, overrides: dict) -> ml_collections.ConfigDict:
-  """`config` with the eval fields of one `parse_evaluations` setting."""
-  for field, value in overrides.items():
-    config = with_value(config, field, value)
-  return config
-
-
-# What a value's text may not hold in a directory name, escaped as `%XX` (its code in hex) by
-# `directory_name`: the separator, NUL, and the escape character itself.
-_UNSAFE_IN_NAMES = '%/\0'
-# The most bytes a directory name may have (Linux's NAME_MAX, that of ext4, xfs, btrfs, tmpfs).
-NAME_MAX = 255
-# What ends a name `directory_name` shortened, before its hash: '%' followed by what is not two
-# hex digits, which no escaped name holds.
-_SHORTENED = '%-'
-_DIGEST_CHARS = 16
-
-
-def directory_name(text: str) -> str:
-  """`text` as one directory name: each character of _UNSAFE_IN_NAMES as `%XX`, the rest as
-  it is. A '/' would nest the run's directory or, in a value such as `../a.txt` or an
-  absolute path, put it outside the sweep's root; with '%' escaped too the name is
-  `urllib.parse.unquote`'s to read back and two values never share one. The names a value
-  of a number, a bool or a name (`shaw`, `tgt_len=64+mem_len=64`) gives are those of
-  `str(value)`, as before, so sweeps already on disk find their runs. A name of '.' or '..'
-  cannot arise: `run_dir`'s names start with the field's name and '='.
-
-  A name over NAME_MAX bytes (a long path value, its '/' tripled by the escape) is one no
-  filesystem takes: the sweep ended in a traceback (File name too long). It is shortened to
-  its first bytes, `_SHORTENED` and the start of the SHA-256 of the whole name: the same text
-  always gives the same name (a rerun finds its runs), two texts with the same beginning get
-  two, and no name short enough to be kept as it is ends so (an escaped name has no '%'
-  without two hex digits after it). Only the tables show the value (`value_label`); the name
-  of such a run is not read back."""
-  name = ''.join(f'%{ord(c):02X}' if c in _UNSAFE_IN_NAMES else c for c in text)
-  encoded = name.encode('utf-8', 'surrogateescape')
-  if len(encoded) <= NAME_MAX:
-    return name
-  digest = hashlib.sha256(encoded).hexdigest()[:_DIGEST_CHARS]
-  kept = NAME_MAX - len(_SHORTENED) - _DIGEST_CHARS
-  # A character cut in two is left out whole ('ignore'): the name stays valid UTF-8.
-  prefix = encoded[:kept].decode('utf-8', 'ignore')
-  return f'{prefix}{_SHORTENED}{digest}'
-
-
-def run_dir(root: Path, field: str, value, seed: int, evaluation: str | None = None) -> Path:
-  """Where the run of (value, seed) keeps its eval_results.json (and, unless the field is
-  an eval field, its checkpoints): `<root>/<field's last part>=<value>/seed=<seed>`, the
-  value as one directory name (`directory_name`), so a run is always a directory of the
-  root's own; that of an `--evaluations` setting, in a folder of the setting's name below.
-  The one place a run's directory is named; nothing parses the names back (the tables take
-  the value from the sweep's --values)."""
-  directory = root / directory_name(f'{field.split(".")[-1]}={value}') / f'seed={seed}'
-  return directory / directory_name(evaluation) if evaluation else directory
-
-
-def model_dir(root: Path, field: str, value, seed: int) -> Path:
-  """Where the run of (value, seed) trains: its run_dir, or for an eval field the seed's one
-  training, shared by every value."""
-  if field.startswith(EVAL_SECTION):
-    return root / 'trained' / f'seed={seed}'
-  return run_dir(root, field, value, seed)
-
-
-def _as_trained(config, field: str, variant) -> ml_collections.ConfigDict:
-  """The config that trains `variant`'s model: for an eval field, with the evaluation settings
-  of `config` rather than the swept value, so that the one training every value shares keeps
-  its own in its workdir (eval.py, relpos.tools.translate and relpos.tools.sample read them
-  there)."""
-  if not field.startswith(EVAL_SECTION):
-    return variant
-  trained = ml_collections.ConfigDict(variant.to_dict())
-  trained.eval = ml_collections.ConfigDict(config.eval.to_dict())
-  return trained
 
 
 # The fields a sweep cannot vary, and why: what its runs share by construction, so that a
@@ -340,7 +124,7 @@ def _check_evaluation(task, field: str, variants: list, setting: str, overrides:
   scored = []
   for value, variant in variants:
     try:
-      scored.append((value, variant, evaluated(variant, overrides)))
+      scored.append((value, variant, sweep_grid.evaluated(variant, overrides)))
       task.check_config(scored[-1][2])
     except ValueError as error:
       raise ValueError(f'--evaluations={setting} for {field}={value}: {error}') from None
@@ -371,9 +155,10 @@ def check_sweep(
   """Raises ValueError for a sweep that cannot give its table, before anything trains: a
   metric the task does not report, a value the task's checks refuse, a field that the model
   does not read at any swept value (sweeping it would train one model n times), an
-  `--evaluations` setting (`parse_evaluations`) the checks refuse for the model of some value
-  (a clip beyond its trained k, say: each run trained, then failed to score). `variant_of`
-  (value -> config) replaces setting config.<field> (`preset_variants`)."""
+  `--evaluations` setting (`sweep_grid.parse_evaluations`) the checks refuse for the model of
+  some value (a clip beyond its trained k, say: each run trained, then failed to score).
+  `variant_of` (value -> config) replaces setting config.<field>
+  (`sweep_grid.preset_variants`)."""
   task = tasks.get(config)
   if metric not in task.metrics:
     raise ValueError(
@@ -387,7 +172,9 @@ def check_sweep(
   variants = []
   for value in values:
     try:
-      variant = with_value(config, field, value) if variant_of is None else variant_of(value)
+      variant = (
+        sweep_grid.with_value(config, field, value) if variant_of is None else variant_of(value)
+      )
       task.check_config(variant)
     except ValueError as error:
       raise ValueError(f'--field={field} at {value!r}: {error}') from None
@@ -421,12 +208,12 @@ def warn_stale(
   config is not the sweep's run to pair. Each setting's results are checked as they are
   tabulated (the first's before the tables, the others' for sweep_by_evaluation.*)."""
   stale, task = set(), tasks.get(config)
-  every_run = runs(config, field, values, seeds, variant_of)
+  every_run = sweep_grid.runs(config, field, values, seeds, variant_of)
   for (value, seed, variant), (_, _, path, results) in zip(every_run, setting_runs, strict=True):
     if results is None:
       continue  # `read_runs` named it
-    workdir = model_dir(root, field, value, seed)
-    scored = evaluated(variant, overrides)
+    workdir = sweep_grid.model_dir(root, field, value, seed)
+    scored = sweep_grid.evaluated(variant, overrides)
     if reason := finished_run.stale_reason(task, path.parent, scored, workdir, results):
       stale.add((value, seed))
       warn(
@@ -484,45 +271,6 @@ def check_rerun(trained, workdir: Path, task, run: str) -> None:
     )
 
 
-def runs(config, field: str, values, seeds, variant_of=None):
-  """(value, seed, config) of every run, value-major (see `check_sweep` for `variant_of`)."""
-  for value in values:
-    for seed in seeds:
-      variant = with_value(config, field, value) if variant_of is None else variant_of(value)
-      variant.seed = seed
-      yield value, seed, variant
-
-
-def commands(
-  config_arg: str, overrides: list[str], root: Path, field: str, values, seeds, evaluations=None
-):
-  """The shell commands that train and evaluate every run (at each of `evaluations`, given),
-  each argument quoted for the shell where it needs it (a workdir with spaces, say)."""
-
-  def command(*args) -> str:
-    return ' '.join(shlex.quote(str(arg)) for arg in args)
-
-  lines = []
-  for value in values:
-    for seed in seeds:
-      if field == PRESET:
-        chosen = [f'--config={config_arg.split(":")[0]}:{value}', *overrides]
-      else:
-        chosen = [f'--config={config_arg}', *overrides, f'--config.{field}={value}']
-      chosen.append(f'--config.seed={seed}')
-      workdir, results_dir = model_dir(root, field, value, seed), run_dir(root, field, value, seed)
-      if workdir == results_dir or value == values[0]:
-        lines.append(command('python', 'train.py', *chosen, f'--workdir={workdir}'))
-      for setting, eval_fields in (evaluations or {None: {}}).items():
-        scored = [f'--config.{name}={v}' for name, v in eval_fields.items()]
-        output_dir = run_dir(root, field, value, seed, setting)
-        output = [] if workdir == output_dir else [f'--output_dir={output_dir}']
-        lines.append(
-          command('python', 'eval.py', *chosen, *scored, f'--workdir={workdir}', *output)
-        )
-  return lines
-
-
 def read_runs(root: Path, field: str, values, seeds, evaluation=None, *, task=None) -> list:
   """(value, seed, the path of its eval_results.json, what it holds or None where there is
   none) of every run, value-major, at the `--evaluations` setting `evaluation` if given: each
@@ -536,12 +284,15 @@ def read_runs(root: Path, field: str, values, seeds, evaluation=None, *, task=No
   """
   for value in values:
     for seed in seeds:
-      for workdir in {model_dir(root, field, value, seed), run_dir(root, field, value, seed)}:
+      for workdir in {
+        sweep_grid.model_dir(root, field, value, seed),
+        sweep_grid.run_dir(root, field, value, seed),
+      }:
         run_config.check_task(workdir, task, flag=None)
   runs = []
   for value in values:
     for seed in seeds:
-      path = run_dir(root, field, value, seed, evaluation) / 'eval_results.json'
+      path = sweep_grid.run_dir(root, field, value, seed, evaluation) / 'eval_results.json'
       if not path.exists():
         warn(f'no results for {field}={value} seed {seed} ({path})')
       runs.append((value, seed, path, _read_results(path) if path.exists() else None))
@@ -860,8 +611,9 @@ def sweep(
   """Trains and evaluates every unfinished run (if `train`), then writes the tables and plot
   (and those of each (`relpos.studies.breakdown.Breakdown`, edges) in `breakdowns`); returns the
   per-value summary. `variant_of`: see `check_sweep`. `evaluations` ({setting: {eval field:
-  value}}, `parse_evaluations`) scores every trained model at each setting: the tables, plot
-  and breakdowns are those of the first setting, and `sweep_by_evaluation.*` holds them all."""
+  value}}, `sweep_grid.parse_evaluations`) scores every trained model at each setting: the
+  tables, plot and breakdowns are those of the first setting, and `sweep_by_evaluation.*` holds
+  them all."""
   task = tasks.get(config)
   prepare_root(root, train=train)
   settings = evaluations or {None: {}}
@@ -933,12 +685,12 @@ def train_unfinished(config, task, root: Path, field: str, values, seeds, varian
   """`sweep`'s training: trains and scores (at each of `settings`) every run not finished,
   after checking all of them first (their evaluation plans, their recorded configs); a run
   that diverges is recorded as such (`record_divergence`) and the others go on."""
-  todo, every_run = [], list(runs(config, field, values, seeds, variant_of))
+  todo, every_run = [], list(sweep_grid.runs(config, field, values, seeds, variant_of))
   for value, seed, variant in every_run:
-    workdir, unscored = model_dir(root, field, value, seed), []
+    workdir, unscored = sweep_grid.model_dir(root, field, value, seed), []
     for setting, overrides in settings.items():
-      results_dir = run_dir(root, field, value, seed, setting)
-      scored = evaluated(variant, overrides)
+      results_dir = sweep_grid.run_dir(root, field, value, seed, setting)
+      scored = sweep_grid.evaluated(variant, overrides)
       if finished_run.is_finished(task, results_dir, scored, workdir):
         print(f'=== {field}={value} seed={seed}: finished, kept ({results_dir})', flush=True)
       else:
@@ -949,17 +701,19 @@ def train_unfinished(config, task, root: Path, field: str, values, seeds, varian
         unscored.append((scored, results_dir))
     if unscored:
       check_rerun(
-        _as_trained(config, field, variant), workdir, task, f'{field}={value} seed={seed}'
+        sweep_grid.as_trained(config, field, variant), workdir, task, f'{field}={value} seed={seed}'
       )
       todo.append((value, seed, variant, workdir, unscored))
   started = time.monotonic()
   diverged = {}  # workdir -> its DivergedError: an eval field's one training, for every value
-  trained_dirs = list(dict.fromkeys(model_dir(root, field, v, s) for v, s, _ in every_run))
+  trained_dirs = list(
+    dict.fromkeys(sweep_grid.model_dir(root, field, v, s) for v, s, _ in every_run)
+  )
   for done, (value, seed, variant, workdir, unscored) in enumerate(todo):
     print(f'=== {field}={value} seed={seed} ({progress(done, len(todo), started)})', flush=True)
     try:
       if workdir not in diverged:
-        train_run(task, _as_trained(config, field, variant), workdir, trained_dirs)
+        train_run(task, sweep_grid.as_trained(config, field, variant), workdir, trained_dirs)
     except loop.DivergedError as error:
       diverged[workdir] = error
     if workdir in diverged:
@@ -1069,7 +823,7 @@ def write_breakdown(config, rows, baseline, root: Path, field: str, kind, edges)
     from relpos.data.translation import load_eval_data  # translation only
 
     # The vocabulary of the first run's training: every run of one sweep trains the same one.
-    trained = model_dir(root, field, rows[0]['value'], rows[0]['seed'])
+    trained = sweep_grid.model_dir(root, field, rows[0]['value'], rows[0]['seed'])
     data = load_eval_data(config.data, trained)
     sources = data.eval_sources
     if kind is breakdown.SOURCE_LENGTH:
@@ -1173,23 +927,25 @@ def main(argv):
     task = tasks.get(config)
     task.check_complete(config)  # a field deleted from the file, before --field reads one
     metric = args.metric or task.metric
-    if field == PRESET:
-      variant_of = preset_variants(config_arg.split(':')[0], overrides)
+    if field == sweep_grid.PRESET:
+      variant_of = sweep_grid.preset_variants(config_arg.split(':')[0], overrides)
       values, baseline = list(args.values), args.baseline
     else:
       variant_of = None
-      field_type(config, field, f'--field={field}')
-      values = [parse_value(config, field, text) for text in args.values]
+      sweep_grid.field_type(config, field, f'--field={field}')
+      values = [sweep_grid.parse_value(config, field, text) for text in args.values]
       baseline = (
-        None if args.baseline is None else parse_value(config, field, args.baseline, '--baseline')
+        None
+        if args.baseline is None
+        else sweep_grid.parse_value(config, field, args.baseline, '--baseline')
       )
-    check_values(values)
+    sweep_grid.check_values(values)
     seeds = args.seeds
     baseline = values[0] if baseline is None else baseline
     if baseline not in values:
       raise ValueError(f'--baseline={args.baseline} is not one of --values')
-    evaluations = parse_evaluations(config, args.evaluations or ())
-    check_evaluations(field, evaluations)
+    evaluations = sweep_grid.parse_evaluations(config, args.evaluations or ())
+    sweep_grid.check_evaluations(field, evaluations)
     check_sweep(config, field, values, seeds, metric, variant_of, evaluations)
     breakdowns = []
     for kind, edges in (
@@ -1203,7 +959,11 @@ def main(argv):
         breakdown.buckets(edges, kind)
         breakdowns.append((kind, edges))
     if args.print_only:
-      print('\n'.join(commands(config_arg, overrides, root, field, values, seeds, evaluations)))
+      print(
+        '\n'.join(
+          sweep_grid.commands(config_arg, overrides, root, field, values, seeds, evaluations)
+        )
+      )
       return
     sweep(
       config,
