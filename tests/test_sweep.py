@@ -17,7 +17,7 @@ from helpers import (
 
 from relpos.data import tokenizer
 from relpos.files import recorded_source
-from relpos.studies import breakdown, significance, sweep, sweep_grid
+from relpos.studies import breakdown, significance, sweep, sweep_grid, sweep_tables
 from relpos.training import char_lm_task as char_lm
 from relpos.training import finished_run, loop, tasks
 from relpos.training import translation_task as translate_task
@@ -116,8 +116,8 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
   field = 'model.max_relative_position'
   _fake_runs(tmp_path, field, {0: [2.0, 2.1, 2.2], 4: [1.5, 1.6], 16: [2.0, 2.1, 2.2]})
   config = load_config('char_tiny', 'shaw')
-  runs = sweep.read_runs(tmp_path, field, [0, 4, 16, 64], [0, 1, 2])  # 64: no runs
-  rows = sweep.collect(runs, 'bpc')
+  runs = sweep_tables.read_runs(tmp_path, field, [0, 4, 16, 64], [0, 1, 2])  # 64: no runs
+  rows = sweep_tables.collect(runs, 'bpc')
   assert [(row['value'], row['seed']) for row in rows] == [
     (0, 0),
     (0, 1),
@@ -128,7 +128,7 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
     (16, 1),
     (16, 2),
   ]
-  summary = sweep.summarise(config, rows, [0, 4, 16, 64], 'bpc', baseline=0)
+  summary = sweep_tables.summarise(config, rows, [0, 4, 16, 64], 'bpc', baseline=0)
   assert [(row['value'], row['n']) for row in summary] == [(0, 3), (4, 2), (16, 3), (64, 0)]
   assert summary[0]['n'] == 3 and summary[0]['mean'] == pytest.approx(2.1)
   assert summary[0]['std'] == pytest.approx(0.1) and summary[0]['p_value'] is None
@@ -137,7 +137,7 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
   # Over seeds: 4 is a constant shift (no test), 16 identical to the baseline (no test).
   assert summary[0]['p_seeds'] is None and summary[1]['p_seeds'] is None
   assert summary[2]['p_seeds'] is None
-  markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
+  markdown = sweep_tables.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
   # 4 over the seeds it shares with the baseline, 0 and 1 (the seed test's): not 1.55 - 2.1.
   assert summary[0]['difference'] is None and summary[1]['difference'] == pytest.approx(-0.5)
   assert '| 0 | 3 | 2.100 | 0.100 | (baseline) | (baseline) | (baseline) |' in markdown
@@ -151,10 +151,10 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
   assert table[0]['difference'] == '' and float(table[1]['difference']) == pytest.approx(-0.5)
   with open(tmp_path / 'sweep_seeds.csv') as stream:
     assert len(list(csv.DictReader(stream))) == 8
-  png = sweep.plot(summary, rows, tmp_path, field, 'bpc')
+  png = sweep_tables.plot(summary, rows, tmp_path, field, 'bpc')
   assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
   with pytest.raises(ValueError, match="has no 'bleu'"):
-    sweep.collect(sweep.read_runs(tmp_path, field, [0], [0]), 'bleu')
+    sweep_tables.collect(sweep_tables.read_runs(tmp_path, field, [0], [0]), 'bleu')
 
 
 def test_tables_name_the_as_trained_sentinel_and_the_csv_keeps_the_value(tmp_path):
@@ -164,12 +164,12 @@ def test_tables_name_the_as_trained_sentinel_and_the_csv_keeps_the_value(tmp_pat
     dict(value=4, n=1, mean=20.5, std=0.0, difference=-0.5, p_value=0.01, p_seeds=None),
   ]
   rows = [dict(value=-1, seed=0, bleu=21.0, step=9), dict(value=4, seed=0, bleu=20.5, step=9)]
-  markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bleu', baseline=-1)
+  markdown = sweep_tables.write_tables(summary, rows, tmp_path, field, 'bleu', baseline=-1)
   assert '| -1 (as trained) | 1 | 21.000 |' in markdown
   assert '| -1 (as trained) | 0 | 21.000 | 9 |' in markdown and '| 4 | 0 | 20.500 | 9 |' in markdown
   with open(tmp_path / 'sweep.csv') as stream:
     assert [row['value'] for row in csv.DictReader(stream)] == ['-1', '4']
-  assert sweep.value_label('model.max_relative_position', -1) == '-1'
+  assert sweep_tables.value_label('model.max_relative_position', -1) == '-1'
 
 
 def test_a_difference_too_small_for_the_means_digits_is_not_printed_as_0(tmp_path):
@@ -179,7 +179,7 @@ def test_a_difference_too_small_for_the_means_digits_is_not_printed_as_0(tmp_pat
     dict(value=4, n=1, mean=7.1943, std=0.0, difference=0.0002, p_value=0.0001, p_seeds=None),
   ]
   rows = [dict(value=0, seed=0, bpc=7.1941, step=9), dict(value=4, seed=0, bpc=7.1943, step=9)]
-  markdown = sweep.write_tables(summary, rows, tmp_path, 'eval.mem_len', 'bpc', baseline=0)
+  markdown = sweep_tables.write_tables(summary, rows, tmp_path, 'eval.mem_len', 'bpc', baseline=0)
   assert '| 4 | 1 | 7.194 | – | +0.0002 | < 0.001 | – |' in markdown
   assert significance.difference_text(-0.00012345) == '-0.00012'
   assert significance.difference_text(0.0) == '+0.000'
@@ -588,9 +588,11 @@ def test_a_run_scored_at_its_eval_step_is_finished(tmp_path):
 def test_one_run_has_no_spread_in_the_table(tmp_path):
   field = 'model.max_relative_position'
   _fake_runs(tmp_path, field, {0: [2.0, 2.1], 4: [1.5]})
-  rows = sweep.collect(sweep.read_runs(tmp_path, field, [0, 4], [0, 1]), 'bpc')
-  summary = sweep.summarise(load_config('char_tiny', 'shaw'), rows, [0, 4], 'bpc', baseline=0)
-  markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
+  rows = sweep_tables.collect(sweep_tables.read_runs(tmp_path, field, [0, 4], [0, 1]), 'bpc')
+  summary = sweep_tables.summarise(
+    load_config('char_tiny', 'shaw'), rows, [0, 4], 'bpc', baseline=0
+  )
+  markdown = sweep_tables.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
   assert '| 4 | 1 | 1.500 | – | ' in markdown and '| 0 | 2 | 2.050 | 0.071 |' in markdown
   with open(tmp_path / 'sweep.csv') as stream:  # no spread there either (it said 0.0)
     assert [row['std'] for row in csv.DictReader(stream)] == ['0.07071067811865482', '']
@@ -614,15 +616,17 @@ def test_a_damaged_eval_results_is_scored_again_and_named_when_collected(tmp_pat
   _fake_runs(tmp_path, field, {0: [2.0]})
   (sweep_grid.run_dir(tmp_path, field, 0, 0) / 'eval_results.json').write_text('[1, 2]')
   with pytest.raises(ValueError, match='is damaged .not an object.; the sweep command without'):
-    sweep.read_runs(tmp_path, field, [0], [0])
+    sweep_tables.read_runs(tmp_path, field, [0], [0])
 
 
 def test_a_char_lm_evaluation_table_counts_characters(tmp_path):
   field = 'model.max_relative_position'
   _fake_runs(tmp_path, field, {0: [2.0, 2.1], 4: [1.5, 1.6]})
-  rows = sweep.collect(sweep.read_runs(tmp_path, field, [0, 4], [0, 1]), 'bpc')
+  rows = sweep_tables.collect(sweep_tables.read_runs(tmp_path, field, [0, 4], [0, 1]), 'bpc')
   by_setting = {'eval.tgt_len=16': rows, 'eval.tgt_len=32': rows}
-  sweep.write_evaluations(load_config('char_tiny', 'shaw'), by_setting, 0, tmp_path, field, 'bpc')
+  sweep_tables.write_evaluations(
+    load_config('char_tiny', 'shaw'), by_setting, 0, tmp_path, field, 'bpc'
+  )
   markdown = (tmp_path / 'sweep_by_evaluation.md').read_text()
   assert 'characters' in markdown and 'sentences' not in markdown
 
@@ -940,7 +944,7 @@ def test_a_baseline_that_diverged_in_every_seed_is_a_warning_naming_baseline(
     '| 1000000.0 | 0 (2 diverged) | – | – | (baseline) |' in (tmp_path / 'sweep.md').read_text()
   )
   one_seed = [{'value': 1e6, 'n': 0, 'diverged': 1}, {'value': 0.001, 'n': 1, 'diverged': 0}]
-  sweep.warn_baseline_without_runs(one_seed, field, 1e6, skipped=False)
+  sweep_tables.warn_baseline_without_runs(one_seed, field, 1e6, skipped=False)
   assert 'diverged in its one seed, so' in capsys.readouterr().err  # not 'in all 1 seeds'
 
 
@@ -954,8 +958,8 @@ def test_segments_of_other_lengths_get_no_item_test(tmp_path):
     results = json.loads(path.read_text())
     halved = {'segment_nats': results['segment_nats'][:20], 'segment_tokens': [16] * 20}
     path.write_text(json.dumps(results | halved))
-  rows = sweep.collect(sweep.read_runs(tmp_path, field, [16, 32], [0, 1]), 'bpc')
-  summary = sweep.summarise(load_config('char_tiny', 'shaw'), rows, [16, 32], 'bpc', 16)
+  rows = sweep_tables.collect(sweep_tables.read_runs(tmp_path, field, [16, 32], [0, 1]), 'bpc')
+  summary = sweep_tables.summarise(load_config('char_tiny', 'shaw'), rows, [16, 32], 'bpc', 16)
   assert summary[1]['p_value'] is None and summary[1]['difference'] == pytest.approx(-0.5)
 
 
@@ -967,11 +971,13 @@ def test_the_difference_pairs_the_seeds_the_tests_pair(tmp_path):
   (sweep_grid.run_dir(tmp_path, field, 0, 1) / 'eval_results.json').write_text(
     json.dumps({'bpc': None, 'diverged_at_step': 10})
   )
-  runs = sweep.read_runs(tmp_path, field, [0, 4], [0, 1])
-  rows, diverged = sweep.collect(runs, 'bpc'), sweep.diverged_runs(runs)
-  summary = sweep.summarise(load_config('char_tiny', 'shaw'), rows, [0, 4], 'bpc', 0, diverged)
+  runs = sweep_tables.read_runs(tmp_path, field, [0, 4], [0, 1])
+  rows, diverged = sweep_tables.collect(runs, 'bpc'), sweep_tables.diverged_runs(runs)
+  summary = sweep_tables.summarise(
+    load_config('char_tiny', 'shaw'), rows, [0, 4], 'bpc', 0, diverged
+  )
   assert summary[1]['difference'] == pytest.approx(-0.5)  # seed 0 only, not 1.55 - 2.0
-  markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
+  markdown = sweep_tables.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
   assert '| 0 | 1 (1 diverged) | 2.000 | – | (baseline) |' in markdown
   assert '| 4 | 2 | 1.550 | 0.071 | -0.500 |' in markdown
   assert (
@@ -982,8 +988,8 @@ def test_the_difference_pairs_the_seeds_the_tests_pair(tmp_path):
 
 def test_the_tables_read_each_result_once(tmp_path, monkeypatch):
   """collect and diverged_runs each read every run's eval_results.json, so the tables read each
-  twice; now `read_runs` reads it once for both (here after the sweep's check that the run is
-  finished)."""
+  twice; now `sweep_tables.read_runs` reads it once for both (here after the sweep's check that
+  the run is finished)."""
   field = 'model.max_relative_position'
   config = load_config('char_tiny', 'shaw')
   config.train.steps = 10
@@ -1005,7 +1011,7 @@ def test_the_tables_read_each_result_once(tmp_path, monkeypatch):
 def test_collecting_reads_each_result_once_for_every_table(tmp_path, monkeypatch, capsys):
   """--collect_only's staleness check, the p-values (the baseline's results again for each
   value), the --by_position breakdown and the --evaluations table each read the runs'
-  eval_results.json again; now `read_runs` reads each once and the rows carry it."""
+  eval_results.json again; now `sweep_tables.read_runs` reads each once and the rows carry it."""
   field = 'model.max_relative_position'
   config = load_config('char_tiny', 'shaw')
   config.train.steps = 10  # _fake_runs' step
@@ -1222,12 +1228,12 @@ def test_a_path_value_is_home_expanded_and_the_tables_show_the_value(tmp_path, m
 
 def test_translations_holding_unicode_line_breaks_pair_with_their_references(tmp_path):
   """A target corpus holding U+0085 (cp1252's '…' read as Latin-1) gives translations holding
-  it; `_pooled_items` read them with str.splitlines(), which splits there too, so a finished
-  sweep ended with `error: paired test: 79 baseline and 79 system translations for 40
+  it; `sweep_tables._pooled_items` read them with str.splitlines(), which splits there too, so a
+  finished sweep ended with `error: paired test: 79 baseline and 79 system translations for 40
   references` and no tables. Translation files are cut on '\\n' only (`files.split_lines`)."""
   lines = ['Er sagte\x85 nein', 'zwei\u2028drei', 'vier\x1cfünf', 'sechs\x0bsieben']
   translations = tmp_path / 'translations_step10.txt'
   translations.write_bytes(''.join(line + '\n' for line in lines).encode())
   rows = [{'seed': 0, 'workdir': str(tmp_path), 'results': {'translations': str(translations)}}]
   config = load_config('translate_tiny', 'shaw')
-  assert sweep._pooled_items(config, 'bleu', rows) == {0: lines}
+  assert sweep_tables._pooled_items(config, 'bleu', rows) == {0: lines}

@@ -14,8 +14,8 @@ once, in `<workdir>/trained/seed=s`, and every value scores that checkpoint into
 
 `--evaluations=tgt_len=64,tgt_len=256,tgt_len=64+mem_len=64` adds an evaluation-only axis to a
 sweep of a training field: each trained model is also scored at every setting (`+` joins
-config.eval fields of one setting) into `<field>=v/seed=s/<setting>/`, which the
-sweep tabulates (`relpos.studies.sweep`). configs/length_extrapolation.py is such a study: train
+config.eval fields of one setting) into `<field>=v/seed=s/<setting>/`, which
+`relpos.studies.sweep_tables` tabulates. configs/length_extrapolation.py is such a study: train
 short, evaluate long.
 
 The grid is the one place a run's config and directories are made (`runs`, `run_dir`,
@@ -196,7 +196,7 @@ def directory_name(text: str) -> str:
   always gives the same name (a rerun finds its runs), two texts with the same beginning get
   two, and no name short enough to be kept as it is ends so (an escaped name has no '%'
   without two hex digits after it). Only the tables show the value
-  (`sweep.value_label`); the name of such a run is not read back."""
+  (`sweep_tables.value_label`); the name of such a run is not read back."""
   name = ''.join(f'%{ord(c):02X}' if c in _UNSAFE_IN_NAMES else c for c in text)
   encoded = name.encode('utf-8', 'surrogateescape')
   if len(encoded) <= NAME_MAX:
