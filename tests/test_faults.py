@@ -37,7 +37,7 @@ from helpers import (
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
 from relpos.files import write_atomically
-from relpos.studies import plot, shaw_tables, sweep
+from relpos.studies import plot, shaw_tables, sweep_tables
 from relpos.tools import sample, translate
 from relpos.training import char_lm_task as char_lm
 from relpos.training import restore, task_base, tasks
@@ -672,7 +672,7 @@ def test_a_workdir_of_the_other_task_is_named_by_every_command(straight, tmp_pat
   root = tmp_path / 'sweep'
   shutil.copytree(translation, root / 'max_relative_position=0' / 'seed=0')
   with pytest.raises(TaskMismatchError, match="holds a run of task 'translate', not 'char_lm'"):
-    sweep.read_runs(root, 'model.max_relative_position', [0], [0], task='char_lm')
+    sweep_tables.read_runs(root, 'model.max_relative_position', [0], [0], task='char_lm')
   assert sorted(straight.rglob('*')) == files and _state(straight) == before
   assert not (tmp_path / 'c.png').exists()
 

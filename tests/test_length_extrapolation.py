@@ -20,13 +20,13 @@ from helpers import (
 
 from relpos import scoring
 from relpos.data.translation import load_eval_data
-from relpos.studies import breakdown, sweep
+from relpos.studies import breakdown, sweep, sweep_grid
 
 _POSITION = 'model.position'
 
 
 def _char_study(config, root, evaluations):
-  settings = sweep.parse_evaluations(config, evaluations)
+  settings = sweep_grid.parse_evaluations(config, evaluations)
   return sweep.sweep(
     config, root, _POSITION, ['alibi', 'rope'], [0], 'bpc', 'alibi', evaluations=settings
   )
@@ -39,7 +39,7 @@ def test_char_study_scores_each_model_at_every_setting_and_resumes(tmp_path, cap
   out = capsys.readouterr().out
   assert out.count('step 4/4') == 2  # one training per scheme, not per setting
   for position in ('alibi', 'rope'):
-    run = sweep.run_dir(tmp_path, _POSITION, position, 0)
+    run = sweep_grid.run_dir(tmp_path, _POSITION, position, 0)
     scored = {
       setting: json.loads((run / setting / 'eval_results.json').read_text())['eval']
       for setting in ('tgt_len=8', 'tgt_len=16', 'mem_len=8')
@@ -72,14 +72,14 @@ def test_char_study_scores_each_model_at_every_setting_and_resumes(tmp_path, cap
 
 def test_evaluations_name_config_eval_fields():
   config = load_config('length_extrapolation', 'char_quick')
-  assert sweep.parse_evaluations(config, ['tgt_len=16+mem_len=8', 'eval.clamp_len=4']) == {
+  assert sweep_grid.parse_evaluations(config, ['tgt_len=16+mem_len=8', 'eval.clamp_len=4']) == {
     'tgt_len=16+mem_len=8': {'eval.tgt_len': 16, 'eval.mem_len': 8},
     'eval.clamp_len=4': {'eval.clamp_len': 4},
   }
   with pytest.raises(ValueError, match='no field'):
-    sweep.parse_evaluations(config, ['tgt_lenn=16'])
+    sweep_grid.parse_evaluations(config, ['tgt_lenn=16'])
   with pytest.raises(ValueError, match='is not field=value'):
-    sweep.parse_evaluations(config, ['16'])
+    sweep_grid.parse_evaluations(config, ['16'])
 
 
 @pytest.mark.slow
@@ -99,7 +99,7 @@ def test_translation_study_scores_bleu_per_source_length_in_pieces(tmp_path):
     'rope',
     breakdowns=[(breakdown.SOURCE_PIECES, [3, 6, 12])],
   )
-  run = sweep.run_dir(root, _POSITION, 'rope', 0)
+  run = sweep_grid.run_dir(root, _POSITION, 'rope', 0)
   recorded = json.loads((run / 'config.json').read_text())
   assert recorded['data']['max_length'] == 3 and recorded['model']['position'] == 'rope'
   with open(root / 'sweep_by_pieces_seeds.csv') as file:
@@ -129,7 +129,9 @@ def test_translation_study_scores_bleu_per_source_length_in_pieces(tmp_path):
 def test_an_eval_field_sweep_takes_no_evaluations(tmp_path):
   config = load_config('length_extrapolation', 'char_quick')
   with pytest.raises(ValueError, match='an eval field is an evaluation axis already'):
-    sweep.check_evaluations('eval.mem_len', sweep.parse_evaluations(config, ['tgt_len=16']))
+    sweep_grid.check_evaluations(
+      'eval.mem_len', sweep_grid.parse_evaluations(config, ['tgt_len=16'])
+    )
 
 
 def _documented_commands() -> list[list[str]]:

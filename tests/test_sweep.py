@@ -17,7 +17,7 @@ from helpers import (
 
 from relpos.data import tokenizer
 from relpos.files import recorded_source
-from relpos.studies import breakdown, significance, sweep
+from relpos.studies import breakdown, significance, sweep, sweep_grid, sweep_tables
 from relpos.training import char_lm_task as char_lm
 from relpos.training import finished_run, loop, tasks
 from relpos.training import translation_task as translate_task
@@ -30,21 +30,21 @@ train_model = tokenizer.train_model  # the real one, which a test counts the cal
 
 def test_parse_value_uses_the_field_type():
   config = load_config('char_tiny')
-  assert sweep.parse_value(config, 'model.max_relative_position', '4') == 4
-  assert sweep.parse_value(config, 'optim.learning_rate', '0.5') == 0.5
-  assert sweep.parse_value(config, 'train.same_length', 'true') is True
-  assert sweep.parse_value(config, 'model.position', 'absolute') == 'absolute'
+  assert sweep_grid.parse_value(config, 'model.max_relative_position', '4') == 4
+  assert sweep_grid.parse_value(config, 'optim.learning_rate', '0.5') == 0.5
+  assert sweep_grid.parse_value(config, 'train.same_length', 'true') is True
+  assert sweep_grid.parse_value(config, 'model.position', 'absolute') == 'absolute'
   with pytest.raises(ValueError, match='no field'):
-    sweep.parse_value(config, 'model.max_relative_positon', '4')
+    sweep_grid.parse_value(config, 'model.max_relative_positon', '4')
   with pytest.raises(ValueError, match='no section'):
-    sweep.parse_value(config, 'modle.mem_len', '4')
+    sweep_grid.parse_value(config, 'modle.mem_len', '4')
   with pytest.raises(ValueError, match=r"--values: 'four' is not a int"):
-    sweep.parse_value(config, 'model.max_relative_position', 'four')
+    sweep_grid.parse_value(config, 'model.max_relative_position', 'four')
 
 
 def test_with_value_copies():
   config = load_config('char_tiny')
-  changed = sweep.with_value(config, 'model.max_relative_position', 2)
+  changed = sweep_grid.with_value(config, 'model.max_relative_position', 2)
   assert changed.model.max_relative_position == 2
   assert config.model.max_relative_position == 16
 
@@ -105,7 +105,7 @@ def _fake_runs(root, field, scores, *, metric='bpc'):
   """eval_results.json of finished runs: {value: [score per seed]}, bpc with segments."""
   for value, per_seed in scores.items():
     for seed, score in enumerate(per_seed):
-      run = sweep.run_dir(root, field, value, seed)
+      run = sweep_grid.run_dir(root, field, value, seed)
       run.mkdir(parents=True)
       segments = [score * 0.6931 * 8 + 0.01 * ((i * 7 + seed) % 5) for i in range(40)]
       results = {metric: score, 'step': 10, 'segment_nats': segments, 'segment_tokens': [8] * 40}
@@ -116,8 +116,8 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
   field = 'model.max_relative_position'
   _fake_runs(tmp_path, field, {0: [2.0, 2.1, 2.2], 4: [1.5, 1.6], 16: [2.0, 2.1, 2.2]})
   config = load_config('char_tiny', 'shaw')
-  runs = sweep.read_runs(tmp_path, field, [0, 4, 16, 64], [0, 1, 2])  # 64: no runs
-  rows = sweep.collect(runs, 'bpc')
+  runs = sweep_tables.read_runs(tmp_path, field, [0, 4, 16, 64], [0, 1, 2])  # 64: no runs
+  rows = sweep_tables.collect(runs, 'bpc')
   assert [(row['value'], row['seed']) for row in rows] == [
     (0, 0),
     (0, 1),
@@ -128,7 +128,7 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
     (16, 1),
     (16, 2),
   ]
-  summary = sweep.summarise(config, rows, [0, 4, 16, 64], 'bpc', baseline=0)
+  summary = sweep_tables.summarise(config, rows, [0, 4, 16, 64], 'bpc', baseline=0)
   assert [(row['value'], row['n']) for row in summary] == [(0, 3), (4, 2), (16, 3), (64, 0)]
   assert summary[0]['n'] == 3 and summary[0]['mean'] == pytest.approx(2.1)
   assert summary[0]['std'] == pytest.approx(0.1) and summary[0]['p_value'] is None
@@ -137,7 +137,7 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
   # Over seeds: 4 is a constant shift (no test), 16 identical to the baseline (no test).
   assert summary[0]['p_seeds'] is None and summary[1]['p_seeds'] is None
   assert summary[2]['p_seeds'] is None
-  markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
+  markdown = sweep_tables.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
   # 4 over the seeds it shares with the baseline, 0 and 1 (the seed test's): not 1.55 - 2.1.
   assert summary[0]['difference'] is None and summary[1]['difference'] == pytest.approx(-0.5)
   assert '| 0 | 3 | 2.100 | 0.100 | (baseline) | (baseline) | (baseline) |' in markdown
@@ -151,10 +151,10 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
   assert table[0]['difference'] == '' and float(table[1]['difference']) == pytest.approx(-0.5)
   with open(tmp_path / 'sweep_seeds.csv') as stream:
     assert len(list(csv.DictReader(stream))) == 8
-  png = sweep.plot(summary, rows, tmp_path, field, 'bpc')
+  png = sweep_tables.plot(summary, rows, tmp_path, field, 'bpc')
   assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
   with pytest.raises(ValueError, match="has no 'bleu'"):
-    sweep.collect(sweep.read_runs(tmp_path, field, [0], [0]), 'bleu')
+    sweep_tables.collect(sweep_tables.read_runs(tmp_path, field, [0], [0]), 'bleu')
 
 
 def test_tables_name_the_as_trained_sentinel_and_the_csv_keeps_the_value(tmp_path):
@@ -164,12 +164,12 @@ def test_tables_name_the_as_trained_sentinel_and_the_csv_keeps_the_value(tmp_pat
     dict(value=4, n=1, mean=20.5, std=0.0, difference=-0.5, p_value=0.01, p_seeds=None),
   ]
   rows = [dict(value=-1, seed=0, bleu=21.0, step=9), dict(value=4, seed=0, bleu=20.5, step=9)]
-  markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bleu', baseline=-1)
+  markdown = sweep_tables.write_tables(summary, rows, tmp_path, field, 'bleu', baseline=-1)
   assert '| -1 (as trained) | 1 | 21.000 |' in markdown
   assert '| -1 (as trained) | 0 | 21.000 | 9 |' in markdown and '| 4 | 0 | 20.500 | 9 |' in markdown
   with open(tmp_path / 'sweep.csv') as stream:
     assert [row['value'] for row in csv.DictReader(stream)] == ['-1', '4']
-  assert sweep.value_label('model.max_relative_position', -1) == '-1'
+  assert sweep_tables.value_label('model.max_relative_position', -1) == '-1'
 
 
 def test_a_difference_too_small_for_the_means_digits_is_not_printed_as_0(tmp_path):
@@ -179,7 +179,7 @@ def test_a_difference_too_small_for_the_means_digits_is_not_printed_as_0(tmp_pat
     dict(value=4, n=1, mean=7.1943, std=0.0, difference=0.0002, p_value=0.0001, p_seeds=None),
   ]
   rows = [dict(value=0, seed=0, bpc=7.1941, step=9), dict(value=4, seed=0, bpc=7.1943, step=9)]
-  markdown = sweep.write_tables(summary, rows, tmp_path, 'eval.mem_len', 'bpc', baseline=0)
+  markdown = sweep_tables.write_tables(summary, rows, tmp_path, 'eval.mem_len', 'bpc', baseline=0)
   assert '| 4 | 1 | 7.194 | – | +0.0002 | < 0.001 | – |' in markdown
   assert significance.difference_text(-0.00012345) == '-0.00012'
   assert significance.difference_text(0.0) == '+0.000'
@@ -189,14 +189,14 @@ def test_a_difference_too_small_for_the_means_digits_is_not_printed_as_0(tmp_pat
 def test_preset_variants_load_each_preset_with_the_overrides():
   """--field=preset: each value is the config file's preset, with the command line's
   overrides; a preset the file does not have is refused before training."""
-  variant_of = sweep.preset_variants(
+  variant_of = sweep_grid.preset_variants(
     REPO / 'configs' / 'translate_tiny.py', ['--config.train.steps=400', '--config.seed=3']
   )
   keys_only, none = variant_of('shaw_keys_only'), variant_of('none')
   assert (keys_only.model.position, keys_only.model.relative_keys) == ('shaw', True)
   assert keys_only.model.relative_values is False and keys_only.train.steps == 400
   assert none.model.position == 'none' and none.train.steps == 400
-  runs = list(sweep.runs(None, 'preset', ['shaw', 'none'], [0, 1], variant_of))
+  runs = list(sweep_grid.runs(None, 'preset', ['shaw', 'none'], [0, 1], variant_of))
   assert [(value, seed, run.seed) for value, seed, run in runs] == [
     ('shaw', 0, 0),
     ('shaw', 1, 1),
@@ -410,9 +410,9 @@ def test_translation_sweep_over_positions_and_seeds_end_to_end(
     config, root, 'model.position', ['shaw', 'absolute'], [0, 1], 'bleu', baseline='shaw'
   )
   captured = capsys.readouterr()
-  first = sweep.model_dir(root, 'model.position', 'shaw', 0) / 'spm.model'
+  first = sweep_grid.model_dir(root, 'model.position', 'shaw', 0) / 'spm.model'
   assert len(trainings) == 1 and recorded_source(first) == sweep.TRAINED_BY_SWEEP
-  copies = [sweep.model_dir(root, 'model.position', v, s) / 'spm.model' for v, s in RUNS[1:]]
+  copies = [sweep_grid.model_dir(root, 'model.position', v, s) / 'spm.model' for v, s in RUNS[1:]]
   for copy in copies:
     assert copy.read_bytes() == first.read_bytes()
     assert recorded_source(copy) == f'copied by relpos.studies.sweep from {first}'
@@ -420,7 +420,7 @@ def test_translation_sweep_over_positions_and_seeds_end_to_end(
   assert 'was there before this run' not in captured.err
   assert train_model(*trainings[0]) == first.read_bytes()  # training again gives the same bytes
   # What tells one run's vocabulary from another's: a field the vocabulary reads, the data.
-  _, _, variant = next(sweep.runs(config, 'model.position', ['absolute'], [1]))
+  _, _, variant = next(sweep_grid.runs(config, 'model.position', ['absolute'], [1]))
   assert translate_task.TASK.vocabulary_changes(variant, first.parent) == []
   variant.data.vocab_train_sentences = 300  # of 400 sentences: a draw, which the seed makes
   assert translate_task.TASK.vocabulary_changes(variant, first.parent) == [
@@ -437,20 +437,20 @@ def test_translation_sweep_over_positions_and_seeds_end_to_end(
   for value in ('shaw', 'absolute'):
     for seed in (0, 1):
       results = json.loads(
-        (sweep.run_dir(root, 'model.position', value, seed) / 'eval_results.json').read_text()
+        (sweep_grid.run_dir(root, 'model.position', value, seed) / 'eval_results.json').read_text()
       )
       assert results['step'] == 2
   # Seeds differ: the two runs of one position did not train the same model.
-  seeds = [sweep.run_dir(root, 'model.position', 'shaw', seed) for seed in (0, 1)]
+  seeds = [sweep_grid.run_dir(root, 'model.position', 'shaw', seed) for seed in (0, 1)]
   first, second = ((run / 'metrics.jsonl').read_text() for run in seeds)
   assert first != second
   # A finished run counts as finished only for its own config (eval settings aside).
-  _, _, variant = next(sweep.runs(config, 'model.position', ['shaw'], [0]))
+  _, _, variant = next(sweep_grid.runs(config, 'model.position', ['shaw'], [0]))
   assert finished_run.is_finished(tasks.get(variant), seeds[0], variant, seeds[0])
   variant.optim.learning_rate = 0.25
   assert not finished_run.is_finished(tasks.get(variant), seeds[0], variant, seeds[0])
   # Results scored before an eval field was added read as scored with its default.
-  _, _, variant = next(sweep.runs(config, 'model.position', ['shaw'], [0]))
+  _, _, variant = next(sweep_grid.runs(config, 'model.position', ['shaw'], [0]))
   path = seeds[0] / 'eval_results.json'
   results = json.loads(path.read_text())
   del results['eval']['max_relative_position']
@@ -508,7 +508,7 @@ def test_char_lm_sweep_of_k_end_to_end_with_bpc_p_values(tmp_path, run_compilati
   for value, seed in ((0, 0), (2, 1)):
     results = json.loads(
       (
-        sweep.run_dir(root, 'model.max_relative_position', value, seed) / 'eval_results.json'
+        sweep_grid.run_dir(root, 'model.max_relative_position', value, seed) / 'eval_results.json'
       ).read_text()
     )
     rows = [r for r in per_run if (r['value'], r['seed']) == (str(value), str(seed))]
@@ -538,20 +538,20 @@ def test_an_eval_field_sweep_trains_once_per_seed_and_scores_every_value(
     'trained',
   ]
   for seed in (0, 1):
-    trained = sweep.model_dir(root, 'eval.mem_len', 4, seed)
+    trained = sweep_grid.model_dir(root, 'eval.mem_len', 4, seed)
     assert trained == root / 'trained' / f'seed={seed}'
     assert (trained / 'checkpoints').is_dir()
     # The training keeps the config's own evaluation settings, not the last value scored.
     assert read_config(trained).eval.mem_len == config.eval.mem_len == 8
     scores = {}
     for mem_len in (0, 4):
-      results_dir = sweep.run_dir(root, 'eval.mem_len', mem_len, seed)
+      results_dir = sweep_grid.run_dir(root, 'eval.mem_len', mem_len, seed)
       assert not (results_dir / 'checkpoints').exists()
       results = json.loads((results_dir / 'eval_results.json').read_text())
       assert results['eval']['mem_len'] == mem_len and results['step'] == 3
       scores[mem_len] = results['bpc']
     assert scores[0] != scores[4]  # the memory changed the score of the same checkpoint
-  commands = sweep.commands('c.py', [], root, 'eval.mem_len', [0, 8], [0])
+  commands = sweep_grid.commands('c.py', [], root, 'eval.mem_len', [0, 8], [0])
   assert commands == [
     f'python train.py --config=c.py --config.eval.mem_len=0 --config.seed=0 '
     f'--workdir={root}/trained/seed=0',
@@ -588,9 +588,11 @@ def test_a_run_scored_at_its_eval_step_is_finished(tmp_path):
 def test_one_run_has_no_spread_in_the_table(tmp_path):
   field = 'model.max_relative_position'
   _fake_runs(tmp_path, field, {0: [2.0, 2.1], 4: [1.5]})
-  rows = sweep.collect(sweep.read_runs(tmp_path, field, [0, 4], [0, 1]), 'bpc')
-  summary = sweep.summarise(load_config('char_tiny', 'shaw'), rows, [0, 4], 'bpc', baseline=0)
-  markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
+  rows = sweep_tables.collect(sweep_tables.read_runs(tmp_path, field, [0, 4], [0, 1]), 'bpc')
+  summary = sweep_tables.summarise(
+    load_config('char_tiny', 'shaw'), rows, [0, 4], 'bpc', baseline=0
+  )
+  markdown = sweep_tables.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
   assert '| 4 | 1 | 1.500 | – | ' in markdown and '| 0 | 2 | 2.050 | 0.071 |' in markdown
   with open(tmp_path / 'sweep.csv') as stream:  # no spread there either (it said 0.0)
     assert [row['std'] for row in csv.DictReader(stream)] == ['0.07071067811865482', '']
@@ -612,17 +614,19 @@ def test_a_damaged_eval_results_is_scored_again_and_named_when_collected(tmp_pat
     finished_run.read_results(results)
   field = 'model.max_relative_position'
   _fake_runs(tmp_path, field, {0: [2.0]})
-  (sweep.run_dir(tmp_path, field, 0, 0) / 'eval_results.json').write_text('[1, 2]')
+  (sweep_grid.run_dir(tmp_path, field, 0, 0) / 'eval_results.json').write_text('[1, 2]')
   with pytest.raises(ValueError, match='is damaged .not an object.; the sweep command without'):
-    sweep.read_runs(tmp_path, field, [0], [0])
+    sweep_tables.read_runs(tmp_path, field, [0], [0])
 
 
 def test_a_char_lm_evaluation_table_counts_characters(tmp_path):
   field = 'model.max_relative_position'
   _fake_runs(tmp_path, field, {0: [2.0, 2.1], 4: [1.5, 1.6]})
-  rows = sweep.collect(sweep.read_runs(tmp_path, field, [0, 4], [0, 1]), 'bpc')
+  rows = sweep_tables.collect(sweep_tables.read_runs(tmp_path, field, [0, 4], [0, 1]), 'bpc')
   by_setting = {'eval.tgt_len=16': rows, 'eval.tgt_len=32': rows}
-  sweep.write_evaluations(load_config('char_tiny', 'shaw'), by_setting, 0, tmp_path, field, 'bpc')
+  sweep_tables.write_evaluations(
+    load_config('char_tiny', 'shaw'), by_setting, 0, tmp_path, field, 'bpc'
+  )
   markdown = (tmp_path / 'sweep_by_evaluation.md').read_text()
   assert 'characters' in markdown and 'sentences' not in markdown
 
@@ -704,11 +708,11 @@ def test_collect_only_warns_of_results_not_of_the_sweeps_config(tmp_path, capsys
     )
   sweep.sweep(config, tmp_path, field, [0, 4], [0, 1], 'bpc', 0, train=False)
   assert 'warning' not in capsys.readouterr().err
-  stale = sweep.run_dir(tmp_path, field, 4, 1) / 'eval_results.json'
+  stale = sweep_grid.run_dir(tmp_path, field, 4, 1) / 'eval_results.json'
   stale.write_text(json.dumps(json.loads(stale.read_text()) | {'step': 5}))
-  other = sweep.with_value(sweep.with_value(config, field, 0), 'model.d_model', 64)
+  other = sweep_grid.with_value(sweep_grid.with_value(config, field, 0), 'model.d_model', 64)
   other.seed = 1
-  record_config(other, sweep.model_dir(tmp_path, field, 0, 1), allow_change=False)
+  record_config(other, sweep_grid.model_dir(tmp_path, field, 0, 1), allow_change=False)
   sweep.sweep(config, tmp_path, field, [0, 4], [0, 1], 'bpc', 0, train=False)
   warnings = capsys.readouterr().err.splitlines()
   assert len(warnings) == 2, warnings
@@ -731,10 +735,10 @@ def _recorded_char_run(root, data_path):
   _fake_runs(root, field, {0: [2.0]})
   config = load_config('char_tiny', 'shaw')
   config.train.steps = 10  # _fake_runs' step
-  trained = sweep.with_value(config, field, 0)
+  trained = sweep_grid.with_value(config, field, 0)
   trained.data.path = str(data_path)
   trained.seed = 0
-  workdir = sweep.model_dir(root, field, 0, 0)
+  workdir = sweep_grid.model_dir(root, field, 0, 0)
   record_config(trained, workdir, allow_change=False)
   data_record.record(workdir, char_lm.TASK.data_files(trained, workdir))
   results = json.loads((workdir / 'eval_results.json').read_text())
@@ -795,7 +799,7 @@ def test_collect_only_leaves_a_result_of_other_eval_settings_out_of_the_item_tes
     results.write_text(
       json.dumps(json.loads(results.read_text()) | {'eval': config.eval.to_dict()})
     )
-  rescored = sweep.run_dir(tmp_path, field, 8, 1) / 'eval_results.json'
+  rescored = sweep_grid.run_dir(tmp_path, field, 8, 1) / 'eval_results.json'
   results = json.loads(rescored.read_text())
   results['eval']['tgt_len'] = 16
   results['segment_nats'] *= 2  # twice the segments, half as long
@@ -817,9 +821,9 @@ def test_a_result_scored_from_another_workdir_is_not_the_runs(tmp_path, capsys):
   config = load_config('char_tiny', 'shaw')
   config.train.steps = 10  # _fake_runs' step
   _fake_runs(tmp_path, field, {0: [2.0]})
-  run = sweep.run_dir(tmp_path, field, 0, 0)
+  run = sweep_grid.run_dir(tmp_path, field, 0, 0)
   results = json.loads((run / 'eval_results.json').read_text()) | {'eval': config.eval.to_dict()}
-  scored = sweep.with_value(config, field, 0)
+  scored = sweep_grid.with_value(config, field, 0)
   for checkpoint in (
     run / 'checkpoints' / '10',
     f'{run.relative_to(tmp_path.parent)}/checkpoints/10',
@@ -888,13 +892,15 @@ def test_a_diverged_run_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch,
   warnings = output.err.splitlines()
   assert warnings == [
     f'warning: optim.learning_rate=1000000.0 seed {seed} diverged (loss is nan at step 10); '
-    f'recorded in {sweep.run_dir(tmp_path, field, 1e6, seed)}/eval_results.json, left out of '
+    f'recorded in {sweep_grid.run_dir(tmp_path, field, 1e6, seed)}/eval_results.json, left out of '
     'the tables and p-values; the sweep goes on with the other runs'
     for seed in (0, 1)
   ]
-  recorded = finished_run.read_results(sweep.run_dir(tmp_path, field, 1e6, 0) / 'eval_results.json')
+  recorded = finished_run.read_results(
+    sweep_grid.run_dir(tmp_path, field, 1e6, 0) / 'eval_results.json'
+  )
   assert recorded['diverged_at_step'] == 10 and recorded['bpc'] is None
-  results_text = (sweep.run_dir(tmp_path, field, 1e6, 0) / 'eval_results.json').read_text()
+  results_text = (sweep_grid.run_dir(tmp_path, field, 1e6, 0) / 'eval_results.json').read_text()
   assert 'NaN' not in results_text  # standard JSON: null, not NaN
   assert (tmp_path / 'sweep.csv').read_text().splitlines()[2] == '1000000.0,0,,,,,,2'
   assert '| 1000000.0 | 0 (2 diverged) | – | – | – | – | – |' in output.out
@@ -938,7 +944,7 @@ def test_a_baseline_that_diverged_in_every_seed_is_a_warning_naming_baseline(
     '| 1000000.0 | 0 (2 diverged) | – | – | (baseline) |' in (tmp_path / 'sweep.md').read_text()
   )
   one_seed = [{'value': 1e6, 'n': 0, 'diverged': 1}, {'value': 0.001, 'n': 1, 'diverged': 0}]
-  sweep.warn_baseline_without_runs(one_seed, field, 1e6, skipped=False)
+  sweep_tables.warn_baseline_without_runs(one_seed, field, 1e6, skipped=False)
   assert 'diverged in its one seed, so' in capsys.readouterr().err  # not 'in all 1 seeds'
 
 
@@ -948,12 +954,12 @@ def test_segments_of_other_lengths_get_no_item_test(tmp_path):
   field = 'eval.tgt_len'
   _fake_runs(tmp_path, field, {16: [2.0, 2.1], 32: [1.5, 1.6]})
   for seed in (0, 1):
-    path = sweep.run_dir(tmp_path, field, 32, seed) / 'eval_results.json'
+    path = sweep_grid.run_dir(tmp_path, field, 32, seed) / 'eval_results.json'
     results = json.loads(path.read_text())
     halved = {'segment_nats': results['segment_nats'][:20], 'segment_tokens': [16] * 20}
     path.write_text(json.dumps(results | halved))
-  rows = sweep.collect(sweep.read_runs(tmp_path, field, [16, 32], [0, 1]), 'bpc')
-  summary = sweep.summarise(load_config('char_tiny', 'shaw'), rows, [16, 32], 'bpc', 16)
+  rows = sweep_tables.collect(sweep_tables.read_runs(tmp_path, field, [16, 32], [0, 1]), 'bpc')
+  summary = sweep_tables.summarise(load_config('char_tiny', 'shaw'), rows, [16, 32], 'bpc', 16)
   assert summary[1]['p_value'] is None and summary[1]['difference'] == pytest.approx(-0.5)
 
 
@@ -962,14 +968,16 @@ def test_the_difference_pairs_the_seeds_the_tests_pair(tmp_path):
   the seed test paired; now it is over the shared seeds, and a note says so."""
   field = 'model.max_relative_position'
   _fake_runs(tmp_path, field, {0: [2.0, 3.0], 4: [1.5, 1.6]})
-  (sweep.run_dir(tmp_path, field, 0, 1) / 'eval_results.json').write_text(
+  (sweep_grid.run_dir(tmp_path, field, 0, 1) / 'eval_results.json').write_text(
     json.dumps({'bpc': None, 'diverged_at_step': 10})
   )
-  runs = sweep.read_runs(tmp_path, field, [0, 4], [0, 1])
-  rows, diverged = sweep.collect(runs, 'bpc'), sweep.diverged_runs(runs)
-  summary = sweep.summarise(load_config('char_tiny', 'shaw'), rows, [0, 4], 'bpc', 0, diverged)
+  runs = sweep_tables.read_runs(tmp_path, field, [0, 4], [0, 1])
+  rows, diverged = sweep_tables.collect(runs, 'bpc'), sweep_tables.diverged_runs(runs)
+  summary = sweep_tables.summarise(
+    load_config('char_tiny', 'shaw'), rows, [0, 4], 'bpc', 0, diverged
+  )
   assert summary[1]['difference'] == pytest.approx(-0.5)  # seed 0 only, not 1.55 - 2.0
-  markdown = sweep.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
+  markdown = sweep_tables.write_tables(summary, rows, tmp_path, field, 'bpc', baseline=0)
   assert '| 0 | 1 (1 diverged) | 2.000 | – | (baseline) |' in markdown
   assert '| 4 | 2 | 1.550 | 0.071 | -0.500 |' in markdown
   assert (
@@ -980,15 +988,15 @@ def test_the_difference_pairs_the_seeds_the_tests_pair(tmp_path):
 
 def test_the_tables_read_each_result_once(tmp_path, monkeypatch):
   """collect and diverged_runs each read every run's eval_results.json, so the tables read each
-  twice; now `read_runs` reads it once for both (here after the sweep's check that the run is
-  finished)."""
+  twice; now `sweep_tables.read_runs` reads it once for both (here after the sweep's check that
+  the run is finished)."""
   field = 'model.max_relative_position'
   config = load_config('char_tiny', 'shaw')
   config.train.steps = 10
   _fake_runs(tmp_path, field, {0: [2.0, 2.1]})
-  sweep.run_dir(tmp_path, field, 0, 2).mkdir(parents=True)
+  sweep_grid.run_dir(tmp_path, field, 0, 2).mkdir(parents=True)
   for seed in (0, 1, 2):  # finished at the config's step and eval settings; seed 2 diverged
-    path = sweep.run_dir(tmp_path, field, 0, seed) / 'eval_results.json'
+    path = sweep_grid.run_dir(tmp_path, field, 0, seed) / 'eval_results.json'
     results = json.loads(path.read_text()) if seed < 2 else {'bpc': None, 'diverged_at_step': 10}
     path.write_text(json.dumps(results | {'eval': config.eval.to_dict()}))
   reads, read_results = collections.Counter(), finished_run.read_results
@@ -1003,7 +1011,7 @@ def test_the_tables_read_each_result_once(tmp_path, monkeypatch):
 def test_collecting_reads_each_result_once_for_every_table(tmp_path, monkeypatch, capsys):
   """--collect_only's staleness check, the p-values (the baseline's results again for each
   value), the --by_position breakdown and the --evaluations table each read the runs'
-  eval_results.json again; now `read_runs` reads each once and the rows carry it."""
+  eval_results.json again; now `sweep_tables.read_runs` reads each once and the rows carry it."""
   field = 'model.max_relative_position'
   config = load_config('char_tiny', 'shaw')
   config.train.steps = 10  # _fake_runs' step
@@ -1047,7 +1055,7 @@ def test_an_eval_field_sweep_trains_a_diverging_seed_once(tmp_path, monkeypatch,
   assert [seed for _, seed in trained] == [0, 1, 0]  # value-major; seed 1 trained once
   assert [(row['value'], row['n']) for row in summary] == [(0, 1), (4, 1)]
   for value in (0, 4):
-    results = sweep.run_dir(tmp_path, 'eval.mem_len', value, 1) / 'eval_results.json'
+    results = sweep_grid.run_dir(tmp_path, 'eval.mem_len', value, 1) / 'eval_results.json'
     assert finished_run.read_results(results)['eval']['mem_len'] == value
   assert len(capsys.readouterr().err.splitlines()) == 2  # one warning per run
 
@@ -1061,13 +1069,13 @@ def test_a_rerun_with_another_config_names_the_sweeps_remedy(tmp_path, monkeypat
   text.write_text('the cat sat on the mat. ' * 30)
   config.data.path = str(text)
   trained = _fake_training(monkeypatch, lambda c: False)
-  workdir = sweep.model_dir(tmp_path, field, 4, 0)
+  workdir = sweep_grid.model_dir(tmp_path, field, 4, 0)
   workdir.mkdir(parents=True)
   from relpos.config.recorded import record_config
   from relpos.training import data_record
 
-  record_config(sweep.with_value(config, field, 4), workdir, allow_change=False)
-  changed = sweep.with_value(config, 'optim.learning_rate', 0.5)
+  record_config(sweep_grid.with_value(config, field, 4), workdir, allow_change=False)
+  changed = sweep_grid.with_value(config, 'optim.learning_rate', 0.5)
   with pytest.raises(ValueError) as error:
     sweep.sweep(changed, tmp_path, field, [2, 4], [0], 'bpc', baseline=2)
   assert str(error.value).startswith(
@@ -1090,7 +1098,9 @@ def test_print_only_quotes_each_argument_for_the_shell(tmp_path):
   import shlex
 
   root = tmp_path / 'k sweep'
-  lines = sweep.commands('c.py:shaw', ['--config.data.path=my text.txt'], root, 'model.k', [2], [0])
+  lines = sweep_grid.commands(
+    'c.py:shaw', ['--config.data.path=my text.txt'], root, 'model.k', [2], [0]
+  )
   assert [shlex.split(line) for line in lines] == [
     [
       'python',
@@ -1129,13 +1139,15 @@ def test_a_value_converts_to_the_declared_type_and_none_resets_an_optional_field
   """A field that is None by default (data.max_bytes) had no type to convert to: a preset
   sweep's `--config.data.max_bytes=5` ended in `TypeError: NoneType takes no arguments`."""
   config = load_config('char_tiny', 'shaw')
-  assert sweep.parse_value(config, 'data.max_bytes', '5') == 5
-  assert sweep.parse_value(config, 'data.max_bytes', 'None') is None
+  assert sweep_grid.parse_value(config, 'data.max_bytes', '5') == 5
+  assert sweep_grid.parse_value(config, 'data.max_bytes', 'None') is None
   with pytest.raises(ValueError, match=r"--values: 'x' is not a int, as data.max_bytes is"):
-    sweep.parse_value(config, 'data.max_bytes', 'x')
+    sweep_grid.parse_value(config, 'data.max_bytes', 'x')
   with pytest.raises(ValueError, match=r"'None' is not a int, as train.steps is"):
-    sweep.parse_value(config, 'train.steps', 'None')
-  variant = sweep.preset_variants(REPO / 'configs' / 'char_tiny.py', ['--config.data.max_bytes=5'])
+    sweep_grid.parse_value(config, 'train.steps', 'None')
+  variant = sweep_grid.preset_variants(
+    REPO / 'configs' / 'char_tiny.py', ['--config.data.max_bytes=5']
+  )
   assert variant('xl').data.max_bytes == 5
 
 
@@ -1148,20 +1160,22 @@ def test_a_run_directory_is_one_level_inside_the_root_whatever_the_value(tmp_pat
 
   field = 'data.path'
   for value in ('../../../cwdA/data.txt', '/root/x/a.txt', '..', '.', 'a/', 'a%2Fb', 'a\0b'):
-    run = sweep.run_dir(tmp_path, field, value, 0)
+    run = sweep_grid.run_dir(tmp_path, field, value, 0)
     assert run.parent.parent == tmp_path and run.name == 'seed=0'
     assert run.parent.name not in ('.', '..') and '\0' not in run.parent.name
     assert unquote(run.parent.name) == f'path={value}'
-  assert sweep.run_dir(tmp_path, field, 'a/b', 0) != sweep.run_dir(tmp_path, field, 'a%2Fb', 0)
-  assert sweep.run_dir(tmp_path, field, '/root/x/a.txt', 1) == (
+  assert sweep_grid.run_dir(tmp_path, field, 'a/b', 0) != sweep_grid.run_dir(
+    tmp_path, field, 'a%2Fb', 0
+  )
+  assert sweep_grid.run_dir(tmp_path, field, '/root/x/a.txt', 1) == (
     tmp_path / 'path=%2Froot%2Fx%2Fa.txt' / 'seed=1'
   )
   for value in (4, -1, 0.5, 1e-06, 1e6, float('inf'), True, None, 'shaw', 'shaw_keys_only'):
-    assert sweep.run_dir(tmp_path, 'model.position', value, 2) == (
+    assert sweep_grid.run_dir(tmp_path, 'model.position', value, 2) == (
       tmp_path / f'position={value}' / 'seed=2'
     )
   setting = 'tgt_len=64+mem_len=64'
-  assert sweep.run_dir(tmp_path, 'model.position', 'shaw', 0, setting).name == setting
+  assert sweep_grid.run_dir(tmp_path, 'model.position', 'shaw', 0, setting).name == setting
 
 
 def test_a_value_too_long_for_a_directory_name_gets_a_shortened_one(tmp_path):
@@ -1173,21 +1187,21 @@ def test_a_value_too_long_for_a_directory_name_gets_a_shortened_one(tmp_path):
   long_path = '/data/' + '/'.join(['d' * 60] * 4) + '/corpus.txt'
   other = long_path.replace('corpus.txt', 'other.txt')
   names = {
-    sweep.run_dir(tmp_path, 'data.path', value, 0).parent.name for value in (long_path, other)
+    sweep_grid.run_dir(tmp_path, 'data.path', value, 0).parent.name for value in (long_path, other)
   }
   assert len(names) == 2
   for name in names:
     assert len(name.encode()) == 255 and name.startswith('path=%2Fdata%2Fdddd')
     (tmp_path / name).mkdir()
-  assert sweep.run_dir(tmp_path, 'data.path', long_path, 0) == sweep.run_dir(
+  assert sweep_grid.run_dir(tmp_path, 'data.path', long_path, 0) == sweep_grid.run_dir(
     tmp_path, 'data.path', long_path, 0
   )
   wide = 'é' * 200  # 400 bytes: cut on a character's edge, the name valid UTF-8
-  name = sweep.directory_name(f'path={wide}')
+  name = sweep_grid.directory_name(f'path={wide}')
   assert len(name.encode()) <= 255 and name.encode().decode() == name
   (tmp_path / name).mkdir()
   fits = 'path=' + 'x' * 250  # 255 bytes exactly: as it was
-  assert sweep.directory_name(fits) == fits
+  assert sweep_grid.directory_name(fits) == fits
 
 
 def test_a_path_value_is_home_expanded_and_the_tables_show_the_value(tmp_path, monkeypatch):
@@ -1195,9 +1209,9 @@ def test_a_path_value_is_home_expanded_and_the_tables_show_the_value(tmp_path, m
   `~` only at a word's start); the tables show each value as given, its run inside the root."""
   monkeypatch.setenv('HOME', str(tmp_path / 'home'))
   config = load_config('char_tiny', 'shaw')
-  assert sweep.parse_value(config, 'data.path', '~/a.txt') == f'{tmp_path}/home/a.txt'
-  assert sweep.parse_value(config, 'data.path', '../a~/b.txt') == '../a~/b.txt'
-  assert sweep.parse_value(config, 'model.position', '~') == '~'  # not a path field
+  assert sweep_grid.parse_value(config, 'data.path', '~/a.txt') == f'{tmp_path}/home/a.txt'
+  assert sweep_grid.parse_value(config, 'data.path', '../a~/b.txt') == '../a~/b.txt'
+  assert sweep_grid.parse_value(config, 'model.position', '~') == '~'  # not a path field
   root = tmp_path / 'sweep'
   values = ['../../cwdA/data.txt', f'{tmp_path}/home/a.txt']
   _fake_runs(root, 'data.path', {values[0]: [1.0, 1.1], values[1]: [1.2, 1.3]})
@@ -1214,12 +1228,12 @@ def test_a_path_value_is_home_expanded_and_the_tables_show_the_value(tmp_path, m
 
 def test_translations_holding_unicode_line_breaks_pair_with_their_references(tmp_path):
   """A target corpus holding U+0085 (cp1252's '…' read as Latin-1) gives translations holding
-  it; `_pooled_items` read them with str.splitlines(), which splits there too, so a finished
-  sweep ended with `error: paired test: 79 baseline and 79 system translations for 40
+  it; `sweep_tables._pooled_items` read them with str.splitlines(), which splits there too, so a
+  finished sweep ended with `error: paired test: 79 baseline and 79 system translations for 40
   references` and no tables. Translation files are cut on '\\n' only (`files.split_lines`)."""
   lines = ['Er sagte\x85 nein', 'zwei\u2028drei', 'vier\x1cfünf', 'sechs\x0bsieben']
   translations = tmp_path / 'translations_step10.txt'
   translations.write_bytes(''.join(line + '\n' for line in lines).encode())
   rows = [{'seed': 0, 'workdir': str(tmp_path), 'results': {'translations': str(translations)}}]
   config = load_config('translate_tiny', 'shaw')
-  assert sweep._pooled_items(config, 'bleu', rows) == {0: lines}
+  assert sweep_tables._pooled_items(config, 'bleu', rows) == {0: lines}

@@ -11,47 +11,18 @@
     python -m relpos.studies.sweep --config=configs/translate_tiny.py:shaw --workdir=runs/k_clip \\
         --field=eval.max_relative_position --values=-1,8,4,2,0 --seeds=0,1,2
 
-Each (value v, seed s) trains and evaluates `--config` with `--config.<field>=v` and
-`--config.seed=s` in `<workdir>/<field>=v/seed=s` (the field's last part; the value's '/', NUL
-and '%' escaped, and a name past 255 bytes shortened with a hash, `directory_name`, so every run
-is a directory of the root's own; a path field's leading `~` expanded, as train.py's).
-`--field=preset` sweeps the presets of the config file instead (`--config=<file>:v`), for
-variants that differ in several fields, such as Shaw et al.'s keys/values ablation. A field of
-config.eval (e.g. `--field=eval.mem_len`) changes only how a model is scored: each seed trains
-once, in `<workdir>/trained/seed=s`, and every value scores that checkpoint into its own
-`<field>=v/seed=s` (the training's recorded config keeps `--config`'s own eval settings). A run
-whose eval_results.json is there for the config's last step is not touched again, so a sweep
-stopped anywhere (or spread over sessions) resumes where it was; an unfinished run resumes from
-its last checkpoint. A run whose loss goes non-finite is a result too: its eval_results.json
-records `diverged_at_step`, a warning names it, and the sweep goes on (`record_divergence`). The
-sweep holds its root's workdir lock while it trains, so a second sweep on the same root is
-refused at once.
+This module is the command: its flags, its checks before anything trains, the training of
+every unfinished run and the faults of its root. Which runs a sweep has, of which configs, in
+which directories (`--field=preset`, an eval field, `--evaluations`) is
+`relpos.studies.sweep_grid`'s; the tables, plot and p-values written from the finished runs are
+`relpos.studies.sweep_tables`'.
 
-Then the sweep writes under `<workdir>`:
-- `sweep.csv` / `sweep.md`: one row per value, `value, n, mean, std, difference, p_value,
-  p_seeds, diverged` (std over seeds, ddof 1; the difference over the seeds both have and both
-  p-values against `--baseline`, the first value by default; how many of its runs diverged);
-- `sweep_seeds.csv`: one row per run;
-- `sweep.png`: the mean with ±std error bars;
-- with `--by_source_length=4,6,8` or `--by_source_pieces=8,16,32` (translation) or
-  `--by_position=1,4,8,16,32` (character LM), the same per bucket of source length in words
-  or in pieces or of position within the evaluation segment: `sweep_by_length.*`,
-  `sweep_by_pieces.*` or `sweep_by_position.*` (`relpos.studies.breakdown`).
-
-`--evaluations=tgt_len=64,tgt_len=256,tgt_len=64+mem_len=64` adds an evaluation-only axis to a
-sweep of a training field: each trained model is also scored at every setting (`+` joins
-config.eval fields of one setting) into `<field>=v/seed=s/<setting>/`, and
-`sweep_by_evaluation.*` tabulates the swept values by setting with the breakdowns' statistics
-(mean ± std, the difference from the baseline and both p-values per setting); the other tables
-are the first setting's. configs/length_extrapolation.py is such a study: train short,
-evaluate long.
-
-p_value is a paired bootstrap over the test items, seeds pooled (`relpos.studies.significance`):
-sacreBLEU's test on the translations for BLEU, the same test over evaluation segments for
-bits-per-char; other metrics get none. It holds the trained models fixed. p_seeds is a paired
-t-test over the seeds' scores, for any metric: it holds the test set fixed and asks whether
-the difference stands out from training's run-to-run spread (with 3 seeds, only a large and
-consistent one does).
+A run whose eval_results.json is there for the config's last step is not touched again, so a
+sweep stopped anywhere (or spread over sessions) resumes where it was; an unfinished run
+resumes from its last checkpoint. A run whose loss goes non-finite is a result too: its
+eval_results.json records `diverged_at_step`, a warning names it, and the sweep goes on
+(`record_divergence`). The sweep holds its root's workdir lock while it trains, so a second
+sweep on the same root is refused at once.
 
 Everything that can be wrong is an error before any training: an unknown field or value, a
 metric the task does not report, a field the model never reads at the swept values (k on an
@@ -64,34 +35,25 @@ passed on to every run.
 """
 
 import contextlib
-import csv
-import functools
-import hashlib
-import io
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
 
-import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
 from relpos import flag_types, runtime
-from relpos.config import checks, declaration, fields, load_config_file
+from relpos.config import checks
 from relpos.files import (
   copy_with_source,
   made_here,
-  read_text_lines,
   record_source,
   recorded_source,
   write_atomically,
 )
 from relpos.messages import warn
-from relpos.studies import breakdown, significance
-from relpos.studies.figures import save as save_figure
-from relpos.studies.figures import subplots
+from relpos.studies import breakdown, sweep_grid, sweep_tables
 from relpos.training import (
   data_record,
   finished_run,
@@ -109,215 +71,6 @@ from relpos.training.checkpoints import (
   is_write_fault,
 )
 from relpos.training.preemption import PreemptedError
-
-SUMMARY_TABLE = 'sweep.csv'  # the first of the tables the sweep writes (`write_tables`)
-SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'difference', 'p_value', 'p_seeds', 'diverged')
-PRESET = 'preset'  # --field=preset: each value is a preset of the --config file
-EVAL_SECTION = 'eval.'  # a field under it: one training per seed, scored at every value
-DIVERGED = run_config.DIVERGED  # in eval_results.json: the step the run went non-finite at
-
-
-def preset_variants(path, overrides: list[str]):
-  """value -> the config file's get_config(value) with the command line's `--config.a.b=v`
-  overrides applied (those of --config's own preset apply to every preset)."""
-
-  def variant(preset: str) -> ml_collections.ConfigDict:
-    try:
-      config = load_config_file(Path(path), preset)
-    except ValueError as error:  # a preset it lacks (`unknown_preset` names no file): this one
-      raise ValueError(f'{path}: {error}') from None
-    for override in overrides:
-      name, text = override.removeprefix('--config.').split('=', 1)
-      config = with_value(config, name, parse_value(config, name, text, flag=override))
-    return config
-
-  return variant
-
-
-TRUE_TEXTS, FALSE_TEXTS = ('1', 'true', 'yes'), ('0', 'false', 'no')
-
-
-def field_type(config: ml_collections.ConfigDict, field: str, flag: str) -> type:
-  """The type of config.<field>; ValueError naming `flag` (the option that named the field)
-  when the config has no such field, or it names a whole section (`--field=model`)."""
-  node = config
-  *parents, leaf = field.split('.')
-  for name in parents:
-    node = node.get(name)
-    if not isinstance(node, ml_collections.ConfigDict):
-      raise ValueError(f'{flag}: the config has no section {name!r} (no field {field})')
-  if leaf not in node:
-    raise ValueError(f'{flag}: the config has no field {field}')
-  if isinstance(node[leaf], ml_collections.ConfigDict):
-    example = next(iter(node[leaf]), 'name')
-    raise ValueError(
-      f'{flag}: config.{field} is a section, not a field: give one of its fields, such as '
-      f'{field}.{example}'
-    )
-  return type(node[leaf])
-
-
-@functools.cache
-def declared_rules(task) -> dict[str, checks.Rule]:
-  """{dotted field: rule} of every field config.task `task` declares ({} for another task)."""
-  declared = declaration(task)
-  return {} if declared is None else fields.rules(declared)
-
-
-@functools.cache
-def declared_paths(task) -> frozenset[str]:
-  """The dotted fields config.task `task` declares a file or directory (`fields.paths`)."""
-  declared = declaration(task)
-  return frozenset() if declared is None else frozenset(fields.paths(declared))
-
-
-def parse_value(config: ml_collections.ConfigDict, field: str, text: str, flag: str = '--values'):
-  """`text` converted to the type of config.<field>; ValueError naming `flag`, the option the
-  text came from, for an unknown field or a text that is not of the field's type (a bool is
-  one of 1/true/yes or 0/false/no). The type is the declared one (`relpos.config.fields`)
-  where the task declares the field, so that a field that is None by default (an optional
-  one, which 'None' sets back) still converts; else the value's own. A field declared a path
-  (`declared_paths`) has a leading `~` expanded, as `--config.data.path=~/a.txt` has
-  (`tasks.home_expanded`): the shell leaves it in `--values=~/a.txt,~/b.txt`."""
-  kind = field_type(config, field, flag)
-  if field in declared_paths(config.get('task')):
-    text = tasks.home_expanded(text)
-  rule = declared_rules(config.get('task')).get(field)
-  if rule is not None:
-    if rule.optional and text == 'None':
-      return None
-    kind = rule.kind
-  if kind is bool:
-    if text.lower() not in TRUE_TEXTS + FALSE_TEXTS:
-      raise ValueError(f'{flag}: {text!r} is not a bool, as {field} is (true or false)')
-    return text.lower() in TRUE_TEXTS
-  try:
-    return kind(text)
-  except ValueError:
-    raise ValueError(f'{flag}: {text!r} is not a {kind.__name__}, as {field} is') from None
-
-
-def with_value(config: ml_collections.ConfigDict, field: str, value) -> ml_collections.ConfigDict:
-  """A copy of `config` with config.<field> = value."""
-  copy = ml_collections.ConfigDict(config.to_dict())
-  node = copy
-  *parents, leaf = field.split('.')
-  for name in parents:
-    node = node[name]
-  node[leaf] = value
-  return copy
-
-
-def parse_evaluations(config, texts) -> dict[str, dict]:
-  """{setting: {eval field: value}} of `--evaluations`: each text one evaluation setting,
-  `field=value` pairs of config.eval joined by '+' (`tgt_len=64+mem_len=64`), named by its
-  text. ValueError for an unknown field or a value of the wrong type."""
-  settings = {}
-  for text in texts:
-    overrides = {}
-    for part in text.split('+'):
-      name, equals, value = part.partition('=')
-      if not equals:
-        raise ValueError(f'--evaluations: {text!r} is not field=value[+field=value...]')
-      field = EVAL_SECTION + name.removeprefix(EVAL_SECTION)
-      overrides[field] = parse_value(config, field, value, flag=f'--evaluations={text}')
-    settings[text] = overrides
-  return settings
-
-
-def check_values(values: list) -> None:
-  """ValueError for an empty --values or one holding a value twice (a run would repeat)."""
-  if not values:
-    raise ValueError('--values is empty: give the values to sweep, comma-separated')
-  repeated = sorted({str(v) for v in values if values.count(v) > 1})
-  if repeated:
-    raise ValueError(f'--values gives {", ".join(repeated)} more than once')
-
-
-def check_evaluations(field: str, evaluations: dict) -> None:
-  """ValueError for `--evaluations` on a sweep of an eval field, which has one axis only."""
-  if evaluations and field.startswith(EVAL_SECTION):
-    raise ValueError(
-      f'--evaluations with --field={field}: an eval field is an evaluation axis already; '
-      'give its values in --evaluations and sweep a training field'
-    )
-
-
-def evaluated(config, overrides: dict) -> ml_collections.ConfigDict:
-  """`config` with the eval fields of one `parse_evaluations` setting."""
-  for field, value in overrides.items():
-    config = with_value(config, field, value)
-  return config
-
-
-# What a value's text may not hold in a directory name, escaped as `%XX` (its code in hex) by
-# `directory_name`: the separator, NUL, and the escape character itself.
-_UNSAFE_IN_NAMES = '%/\0'
-# The most bytes a directory name may have (Linux's NAME_MAX, that of ext4, xfs, btrfs, tmpfs).
-NAME_MAX = 255
-# What ends a name `directory_name` shortened, before its hash: '%' followed by what is not two
-# hex digits, which no escaped name holds.
-_SHORTENED = '%-'
-_DIGEST_CHARS = 16
-
-
-def directory_name(text: str) -> str:
-  """`text` as one directory name: each character of _UNSAFE_IN_NAMES as `%XX`, the rest as
-  it is. A '/' would nest the run's directory or, in a value such as `../a.txt` or an
-  absolute path, put it outside the sweep's root; with '%' escaped too the name is
-  `urllib.parse.unquote`'s to read back and two values never share one. The names a value
-  of a number, a bool or a name (`shaw`, `tgt_len=64+mem_len=64`) gives are those of
-  `str(value)`, as before, so sweeps already on disk find their runs. A name of '.' or '..'
-  cannot arise: `run_dir`'s names start with the field's name and '='.
-
-  A name over NAME_MAX bytes (a long path value, its '/' tripled by the escape) is one no
-  filesystem takes: the sweep ended in a traceback (File name too long). It is shortened to
-  its first bytes, `_SHORTENED` and the start of the SHA-256 of the whole name: the same text
-  always gives the same name (a rerun finds its runs), two texts with the same beginning get
-  two, and no name short enough to be kept as it is ends so (an escaped name has no '%'
-  without two hex digits after it). Only the tables show the value (`value_label`); the name
-  of such a run is not read back."""
-  name = ''.join(f'%{ord(c):02X}' if c in _UNSAFE_IN_NAMES else c for c in text)
-  encoded = name.encode('utf-8', 'surrogateescape')
-  if len(encoded) <= NAME_MAX:
-    return name
-  digest = hashlib.sha256(encoded).hexdigest()[:_DIGEST_CHARS]
-  kept = NAME_MAX - len(_SHORTENED) - _DIGEST_CHARS
-  # A character cut in two is left out whole ('ignore'): the name stays valid UTF-8.
-  prefix = encoded[:kept].decode('utf-8', 'ignore')
-  return f'{prefix}{_SHORTENED}{digest}'
-
-
-def run_dir(root: Path, field: str, value, seed: int, evaluation: str | None = None) -> Path:
-  """Where the run of (value, seed) keeps its eval_results.json (and, unless the field is
-  an eval field, its checkpoints): `<root>/<field's last part>=<value>/seed=<seed>`, the
-  value as one directory name (`directory_name`), so a run is always a directory of the
-  root's own; that of an `--evaluations` setting, in a folder of the setting's name below.
-  The one place a run's directory is named; nothing parses the names back (the tables take
-  the value from the sweep's --values)."""
-  directory = root / directory_name(f'{field.split(".")[-1]}={value}') / f'seed={seed}'
-  return directory / directory_name(evaluation) if evaluation else directory
-
-
-def model_dir(root: Path, field: str, value, seed: int) -> Path:
-  """Where the run of (value, seed) trains: its run_dir, or for an eval field the seed's one
-  training, shared by every value."""
-  if field.startswith(EVAL_SECTION):
-    return root / 'trained' / f'seed={seed}'
-  return run_dir(root, field, value, seed)
-
-
-def _as_trained(config, field: str, variant) -> ml_collections.ConfigDict:
-  """The config that trains `variant`'s model: for an eval field, with the evaluation settings
-  of `config` rather than the swept value, so that the one training every value shares keeps
-  its own in its workdir (eval.py, relpos.tools.translate and relpos.tools.sample read them
-  there)."""
-  if not field.startswith(EVAL_SECTION):
-    return variant
-  trained = ml_collections.ConfigDict(variant.to_dict())
-  trained.eval = ml_collections.ConfigDict(config.eval.to_dict())
-  return trained
-
 
 # The fields a sweep cannot vary, and why: what its runs share by construction, so that a
 # value of one would not be a run of this sweep (its table, its metric, its seed axis).
@@ -340,7 +93,7 @@ def _check_evaluation(task, field: str, variants: list, setting: str, overrides:
   scored = []
   for value, variant in variants:
     try:
-      scored.append((value, variant, evaluated(variant, overrides)))
+      scored.append((value, variant, sweep_grid.evaluated(variant, overrides)))
       task.check_config(scored[-1][2])
     except ValueError as error:
       raise ValueError(f'--evaluations={setting} for {field}={value}: {error}') from None
@@ -371,9 +124,10 @@ def check_sweep(
   """Raises ValueError for a sweep that cannot give its table, before anything trains: a
   metric the task does not report, a value the task's checks refuse, a field that the model
   does not read at any swept value (sweeping it would train one model n times), an
-  `--evaluations` setting (`parse_evaluations`) the checks refuse for the model of some value
-  (a clip beyond its trained k, say: each run trained, then failed to score). `variant_of`
-  (value -> config) replaces setting config.<field> (`preset_variants`)."""
+  `--evaluations` setting (`sweep_grid.parse_evaluations`) the checks refuse for the model of
+  some value (a clip beyond its trained k, say: each run trained, then failed to score).
+  `variant_of` (value -> config) replaces setting config.<field>
+  (`sweep_grid.preset_variants`)."""
   task = tasks.get(config)
   if metric not in task.metrics:
     raise ValueError(
@@ -387,7 +141,9 @@ def check_sweep(
   variants = []
   for value in values:
     try:
-      variant = with_value(config, field, value) if variant_of is None else variant_of(value)
+      variant = (
+        sweep_grid.with_value(config, field, value) if variant_of is None else variant_of(value)
+      )
       task.check_config(variant)
     except ValueError as error:
       raise ValueError(f'--field={field} at {value!r}: {error}') from None
@@ -411,22 +167,23 @@ def check_sweep(
 def warn_stale(
   config, root: Path, field: str, values, seeds, variant_of, overrides, setting_runs
 ) -> set:
-  """--collect_only: a `warning:` line for each result of `setting_runs` (`read_runs`' of
-  every run at one --evaluations setting, whose eval fields are `overrides`) that is not of
-  the sweep's config as given (`finished_run.stale_reason`, of the results `read_runs` read);
-  returns them, {(value, seed)}. The tables show such a result as it is (its mean, std and seed
-  test), but leave it out of the paired bootstrap over test items (`p_value`), which pairs
-  each item of a run with the same item of the baseline's: a result scored with another
-  config.eval (tgt_len, say) has other items, or other numbers of them, and one of another
-  config is not the sweep's run to pair. Each setting's results are checked as they are
-  tabulated (the first's before the tables, the others' for sweep_by_evaluation.*)."""
+  """--collect_only: a `warning:` line for each result of `setting_runs`
+  (`sweep_tables.read_runs`' of every run at one --evaluations setting, whose eval fields are
+  `overrides`) that is not of the sweep's config as given (`finished_run.stale_reason`, of the
+  results `sweep_tables.read_runs` read); returns them, {(value, seed)}. The tables show such a
+  result as it is (its mean, std and seed test), but leave it out of the paired bootstrap over
+  test items (`sweep_tables.p_value`), which pairs each item of a run with the same item of the
+  baseline's: a result scored with another config.eval (tgt_len, say) has other items, or other
+  numbers of them, and one of another config is not the sweep's run to pair. Each setting's
+  results are checked as they are tabulated (the first's before the tables, the others' for
+  sweep_by_evaluation.*)."""
   stale, task = set(), tasks.get(config)
-  every_run = runs(config, field, values, seeds, variant_of)
+  every_run = sweep_grid.runs(config, field, values, seeds, variant_of)
   for (value, seed, variant), (_, _, path, results) in zip(every_run, setting_runs, strict=True):
     if results is None:
-      continue  # `read_runs` named it
-    workdir = model_dir(root, field, value, seed)
-    scored = evaluated(variant, overrides)
+      continue  # `sweep_tables.read_runs` named it
+    workdir = sweep_grid.model_dir(root, field, value, seed)
+    scored = sweep_grid.evaluated(variant, overrides)
     if reason := finished_run.stale_reason(task, path.parent, scored, workdir, results):
       stale.add((value, seed))
       warn(
@@ -440,16 +197,17 @@ def warn_stale(
 def record_divergence(error: loop.DivergedError, metrics, run: str, unscored) -> None:
   """A diverged run is a result of the sweep, not a fault of it: eval_results.json in each of
   the run's results directories (`unscored`: (config, directory) pairs) records the step
-  (`DIVERGED`), what went non-finite, and null for every metric of the task, so a reader of the
-  file alone cannot take it for a score (null, not NaN, which standard JSON has not). A rerun
-  keeps it as finished (`finished_run.stale_reason`; the same config diverges again), and the
-  tables leave it out with a note (`collect`, `diverged_runs`). One warning names the run (`run`,
-  'field=value seed s') and the step."""
+  (`run_config.DIVERGED`), what went non-finite, and null for every metric of the task, so a
+  reader of the file alone cannot take it for a score (null, not NaN, which standard JSON has
+  not). A rerun keeps it as finished (`finished_run.stale_reason`; the same config diverges
+  again), and the tables leave it out with a note (`sweep_tables.collect`,
+  `sweep_tables.diverged_runs`). One warning names the run (`run`, 'field=value seed s') and the
+  step."""
   for scored, results_dir in unscored:
     results_dir.mkdir(parents=True, exist_ok=True)
     record = {
       **dict.fromkeys(metrics),
-      DIVERGED: error.step,
+      run_config.DIVERGED: error.step,
       'diverged': error.what,
       'eval': scored.eval.to_dict(),
     }
@@ -482,349 +240,6 @@ def check_rerun(trained, workdir: Path, task, run: str) -> None:
       'sweep a new --workdir to train on the data as it is now, or restore the data its runs '
       'trained on'
     )
-
-
-def runs(config, field: str, values, seeds, variant_of=None):
-  """(value, seed, config) of every run, value-major (see `check_sweep` for `variant_of`)."""
-  for value in values:
-    for seed in seeds:
-      variant = with_value(config, field, value) if variant_of is None else variant_of(value)
-      variant.seed = seed
-      yield value, seed, variant
-
-
-def commands(
-  config_arg: str, overrides: list[str], root: Path, field: str, values, seeds, evaluations=None
-):
-  """The shell commands that train and evaluate every run (at each of `evaluations`, given),
-  each argument quoted for the shell where it needs it (a workdir with spaces, say)."""
-
-  def command(*args) -> str:
-    return ' '.join(shlex.quote(str(arg)) for arg in args)
-
-  lines = []
-  for value in values:
-    for seed in seeds:
-      if field == PRESET:
-        chosen = [f'--config={config_arg.split(":")[0]}:{value}', *overrides]
-      else:
-        chosen = [f'--config={config_arg}', *overrides, f'--config.{field}={value}']
-      chosen.append(f'--config.seed={seed}')
-      workdir, results_dir = model_dir(root, field, value, seed), run_dir(root, field, value, seed)
-      if workdir == results_dir or value == values[0]:
-        lines.append(command('python', 'train.py', *chosen, f'--workdir={workdir}'))
-      for setting, eval_fields in (evaluations or {None: {}}).items():
-        scored = [f'--config.{name}={v}' for name, v in eval_fields.items()]
-        output_dir = run_dir(root, field, value, seed, setting)
-        output = [] if workdir == output_dir else [f'--output_dir={output_dir}']
-        lines.append(
-          command('python', 'eval.py', *chosen, *scored, f'--workdir={workdir}', *output)
-        )
-  return lines
-
-
-def read_runs(root: Path, field: str, values, seeds, evaluation=None, *, task=None) -> list:
-  """(value, seed, the path of its eval_results.json, what it holds or None where there is
-  none) of every run, value-major, at the `--evaluations` setting `evaluation` if given: each
-  file read once, for `warn_stale`, `collect` (whose rows carry it to the p-values, breakdowns
-  and evaluation tables) and `diverged_runs`; a missing one is warned of as it is met. With
-  `task`, a run directory that records a run of another task is a TaskMismatchError (a
-  ValueError), before any result is read.
-
-  Raises:
-    ValueError: an eval_results.json is damaged (`finished_run.read_results`).
-  """
-  for value in values:
-    for seed in seeds:
-      for workdir in {model_dir(root, field, value, seed), run_dir(root, field, value, seed)}:
-        run_config.check_task(workdir, task, flag=None)
-  runs = []
-  for value in values:
-    for seed in seeds:
-      path = run_dir(root, field, value, seed, evaluation) / 'eval_results.json'
-      if not path.exists():
-        warn(f'no results for {field}={value} seed {seed} ({path})')
-      runs.append((value, seed, path, _read_results(path) if path.exists() else None))
-  return runs
-
-
-def _read_results(path: Path) -> dict:
-  """`finished_run.read_results`, whose error says what scores a damaged file again."""
-  try:
-    return finished_run.read_results(path)
-  except ValueError as error:
-    raise ValueError(
-      f'{error}; the sweep command without --collect_only scores that run again'
-    ) from None
-
-
-def collect(runs: list, metric: str) -> list[dict]:
-  """One row per run of `runs` (`read_runs`) with a score: value, seed, metric, step,
-  workdir (its results directory), and results, what its eval_results.json holds, which the
-  p-values, breakdowns and evaluation tables take from the row (`read_runs` read the file
-  once). A run recorded as diverged has none (`diverged_runs` lists it).
-
-  Raises:
-    ValueError: a result lacks `metric`.
-  """
-  rows = []
-  for value, seed, path, results in runs:
-    if results is None or DIVERGED in results:
-      continue
-    if metric not in results:
-      raise ValueError(f'{path} has no {metric!r} (it has {sorted(results)})')
-    rows.append(
-      {
-        'value': value,
-        'seed': seed,
-        metric: results[metric],
-        'step': results.get('step'),
-        'workdir': str(path.parent),
-        'results': results,
-      }
-    )
-  return rows
-
-
-def diverged_runs(runs: list) -> list[dict]:
-  """One row per run of `runs` (`read_runs`) recorded as diverged (`record_divergence`), which
-  `collect` leaves out: value, seed, the step it diverged at, its results directory."""
-  return [
-    {'value': value, 'seed': seed, DIVERGED: results[DIVERGED], 'workdir': str(path.parent)}
-    for value, seed, path, results in runs
-    if results is not None and DIVERGED in results
-  ]
-
-
-def write_diverged(rows: list[dict], root: Path, field: str) -> None:
-  """The diverged runs (`diverged_runs`) beside the tables, which leave them out: a note under
-  sweep.md's tables (printed too) and sweep_diverged.csv; with none, an earlier
-  sweep_diverged.csv is removed."""
-  path = root / 'sweep_diverged.csv'
-  if not rows:
-    path.unlink(missing_ok=True)
-    return
-  _write_csv(path, rows, ('value', 'seed', DIVERGED, 'workdir'))
-  runs_text = '; '.join(
-    f'{field}={value_label(field, row["value"])} seed {row["seed"]} at step {row[DIVERGED]}'
-    for row in rows
-  )
-  note = (
-    f'Diverged, so left out of the means and p-values above ({path.name}; each '
-    f'eval_results.json records {DIVERGED}): {runs_text}.\n'
-  )
-  markdown = root / 'sweep.md'
-  write_atomically(markdown, f'{markdown.read_text()}\n{note}')
-  print(note)
-
-
-def _pooled_items(config, metric: str, rows: list[dict]):
-  """What the paired test of `metric` compares, per seed: {seed: items} of one value's rows."""
-  items = {}
-  for row in rows:
-    results = row['results']
-    if metric == 'bleu':
-      items[row['seed']] = read_text_lines(results['translations'])
-    else:
-      items[row['seed']] = (results['segment_nats'], results['segment_tokens'])
-  return items
-
-
-def p_value(config, metric: str, baseline: list[dict], candidate: list[dict]) -> float | None:
-  """The paired bootstrap p-value of `candidate`'s runs against `baseline`'s on the seeds both
-  have, pooled (module docstring), leaving out the rows marked stale (`warn_stale`) and the
-  seeds whose items do not pair (bpc's segments of other lengths: a sweep of eval.tgt_len
-  scores other segments at each value); None for metrics without a test, or with no seed left
-  to pair."""
-  if metric not in ('bleu', 'bpc'):
-    return None
-  baseline, candidate = (
-    [row for row in rows if not row.get('stale')] for rows in (baseline, candidate)
-  )
-  base, other = _pooled_items(config, metric, baseline), _pooled_items(config, metric, candidate)
-
-  def paired(seed) -> bool:  # bpc: (nats, tokens) per segment; BLEU: a line per sentence
-    if metric == 'bpc':
-      return list(base[seed][1]) == list(other[seed][1])
-    return len(base[seed]) == len(other[seed])
-
-  seeds = sorted(seed for seed in set(base) & set(other) if paired(seed))
-  if not seeds:
-    return None
-  if metric == 'bleu':
-    from relpos.data.translation import read_pairs  # translation only
-
-    references = read_pairs(config.data, 'eval')[1]
-    return significance.bleu_p_value(
-      [line for seed in seeds for line in base[seed]],
-      [line for seed in seeds for line in other[seed]],
-      references * len(seeds),
-      target_lang=config.data.target_lang,
-    )
-  return significance.bpc_p_value(
-    [nats for seed in seeds for nats in base[seed][0]],
-    [nats for seed in seeds for nats in other[seed][0]],
-    [tokens for seed in seeds for tokens in base[seed][1]],
-  )
-
-
-def _scores_by_seed(rows: list[dict], metric: str) -> dict:
-  return {row['seed']: row[metric] for row in rows}
-
-
-def summarise(config, rows: list[dict], values, metric: str, baseline, diverged=()) -> list[dict]:
-  """One row per value: value, n (its finished runs), mean, std (ddof 1; None for one run),
-  difference from the baseline over the seeds both have (`significance.paired_difference`, the
-  seeds the tests pair), p_value (items) and p_seeds (seeds), and `diverged`, how many of its
-  runs are in `diverged` (`diverged_runs`). The three tests are None for the baseline and where
-  the baseline has no runs; a value with no finished run (every seed diverged) keeps its row,
-  n 0 and no mean, so that the table says what became of it."""
-  by_value = {value: [row for row in rows if row['value'] == value] for value in values}
-  base_scores = _scores_by_seed(by_value[baseline], metric)
-  summary = []
-  for value, value_rows in by_value.items():
-    row = dict.fromkeys(SUMMARY_COLUMNS) | {'value': value, 'n': len(value_rows)}
-    row['diverged'] = sum(1 for run in diverged if run['value'] == value)
-    summary.append(row)
-    if not value_rows:
-      continue
-    scores = _scores_by_seed(value_rows, metric)
-    mean, std = significance.mean_and_std(scores.values())
-    row.update(mean=mean, std=std if len(value_rows) > 1 else None)
-    if value != baseline and base_scores:
-      row['difference'] = significance.paired_difference(base_scores, scores)
-      row['p_value'] = p_value(config, metric, by_value[baseline], value_rows)
-      row['p_seeds'] = significance.seed_p_value(base_scores, scores)
-  return summary
-
-
-def _write_csv(path: Path, rows: list[dict], columns) -> None:
-  """Writes `rows` to the CSV file `path` whole (`write_atomically`, whose OSError names the
-  file, also on a full disk met only as the data is flushed)."""
-  stream = io.StringIO(newline='')
-  writer = csv.DictWriter(stream, fieldnames=list(columns), extrasaction='ignore')
-  writer.writeheader()
-  writer.writerows(rows)
-  write_atomically(path, stream.getvalue().encode())  # bytes: its own line ends
-
-
-# Swept values that stand for something a reader cannot guess, named beside the value in the
-# tables and the plot (the CSVs keep the bare value).
-_VALUE_MEANINGS = {('eval.max_relative_position', '-1'): 'as trained'}
-
-
-def value_label(field: str, value) -> str:
-  """The value as tables and plots show it: '-1 (as trained)' for a sentinel, else str(value)."""
-  meaning = _VALUE_MEANINGS.get((field, str(value)))
-  return f'{value} ({meaning})' if meaning else str(value)
-
-
-def write_tables(
-  summary, rows, root: Path, field: str, metric: str, baseline, setting: str | None = None
-) -> str:
-  """Writes sweep.csv, sweep_seeds.csv and sweep.md under `root`; returns the markdown.
-  `setting`: the `--evaluations` setting the scores are of (the first), which sweep.md's
-  heading names (it did not: a reader took the numbers for the config's own config.eval); None
-  without --evaluations."""
-  _write_csv(root / SUMMARY_TABLE, summary, SUMMARY_COLUMNS)
-  _write_csv(root / 'sweep_seeds.csv', rows, ('value', 'seed', metric, 'step', 'workdir'))
-  scored = (
-    ''
-    if setting is None
-    else f' scored at --evaluations setting {setting} (the first; sweep_by_evaluation.md has '
-    'every setting)'
-  )
-  lines = [
-    f'{field} against {metric}{scored}: mean ± std over seeds; the difference and p-values against '
-    f'{field}={baseline}, the p-values by '
-    'a paired bootstrap over test items, seeds pooled, and a paired t-test over seeds',
-    '',
-    f'| {field} | n | {metric} mean | std | difference | p-value (items) | p-value (seeds) |',
-    '|---|---|---|---|---|---|---|',
-  ]
-  for row in summary:
-    if row['value'] == baseline:
-      tests = '(baseline) | (baseline) | (baseline)'
-    else:
-      p_items, p_seeds = significance.p_text(row['p_value']), significance.p_text(row['p_seeds'])
-      tests = f'{significance.difference_text(row["difference"])} | {p_items} | {p_seeds}'
-    label = value_label(field, row['value'])
-    n = f'{row["n"]} ({row["diverged"]} diverged)' if row.get('diverged') else row['n']
-    mean = '–' if row['mean'] is None else f'{row["mean"]:.3f}'
-    std = f'{row["std"]:.3f}' if row['n'] > 1 else '–'  # no spread from one run
-    lines.append(f'| {label} | {n} | {mean} | {std} | {tests} |')
-  lines += _unpaired_notes(summary, rows, field, baseline)
-  lines += ['', f'| {field} | seed | {metric} | step |', '|---|---|---|---|']
-  lines += [
-    f'| {value_label(field, r["value"])} | {r["seed"]} | {r[metric]:.3f} | {r["step"]} |'
-    for r in rows
-  ]
-  markdown = '\n'.join(lines) + '\n'
-  write_atomically(root / 'sweep.md', markdown)
-  return markdown
-
-
-def _unpaired_notes(summary, rows, field: str, baseline) -> list[str]:
-  """The notes under sweep.md's summary on what its tests leave out: where a value's seeds
-  differ from the baseline's (a seed diverged), its difference is over the seeds both have,
-  not the difference of the means shown; a result `warn_stale` named is in the mean but not
-  in the p-value over items."""
-  seeds = {row['value']: set() for row in summary}
-  for row in rows:
-    seeds[row['value']].add(row['seed'])
-  notes = []
-  partly = [
-    f'{value_label(field, value)} (seeds {", ".join(map(str, sorted(own & seeds[baseline])))})'
-    for value, own in seeds.items()
-    if value != baseline and own & seeds[baseline] and own != seeds[baseline]
-  ]
-  if partly:
-    notes.append(
-      f'The difference of {field}={"; ".join(partly)} is over the seeds it shares with the '
-      'baseline, which the tests pair, not the difference of the means.'
-    )
-  if stale := [
-    f'{value_label(field, r["value"])} seed {r["seed"]}' for r in rows if r.get('stale')
-  ]:
-    notes.append(
-      f'Not of the config given (warned of), so tabulated as they are but left out of the '
-      f'p-values over items: {field}={"; ".join(stale)}.'
-    )
-  return [''] + notes if notes else []
-
-
-def plot(summary: list[dict], rows: list[dict], root: Path, field: str, metric: str) -> Path:
-  """sweep.png: the mean of the metric against the swept values, ±std error bars, and each
-  seed's score as a dot beside its value's mean (with three seeds, the dots say more)."""
-  figure, axes = subplots(figsize=(5, 3.5))
-  summary = [row for row in summary if row['n']]  # a value whose every seed diverged: no mean
-  positions = range(len(summary))
-  axes.errorbar(
-    positions,
-    [row['mean'] for row in summary],
-    yerr=[row['std'] or 0.0 for row in summary],
-    marker='o',
-    capsize=4,
-    label='mean ± std',
-  )
-  index = {row['value']: position for position, row in zip(positions, summary, strict=True)}
-  seed_rows = [row for row in rows if row['value'] in index]
-  axes.scatter(
-    [index[row['value']] + 0.12 for row in seed_rows],
-    [row[metric] for row in seed_rows],
-    s=12,
-    color='grey',
-    alpha=0.8,
-    label='one seed',
-    zorder=3,
-  )
-  axes.legend(fontsize='small')
-  axes.set_xticks(list(positions), [value_label(field, row['value']) for row in summary])
-  axes.set_xlabel(field)
-  seeds = max(row['n'] for row in summary)
-  axes.set_ylabel(f'{metric} ({seeds} seeds)' if seeds > 1 else metric)
-  axes.grid(alpha=0.3)
-  return save_figure(figure, root / 'sweep.png')
 
 
 def progress(done: int, total: int, started: float) -> str:
@@ -860,8 +275,9 @@ def sweep(
   """Trains and evaluates every unfinished run (if `train`), then writes the tables and plot
   (and those of each (`relpos.studies.breakdown.Breakdown`, edges) in `breakdowns`); returns the
   per-value summary. `variant_of`: see `check_sweep`. `evaluations` ({setting: {eval field:
-  value}}, `parse_evaluations`) scores every trained model at each setting: the tables, plot
-  and breakdowns are those of the first setting, and `sweep_by_evaluation.*` holds them all."""
+  value}}, `sweep_grid.parse_evaluations`) scores every trained model at each setting: the
+  tables, plot and breakdowns are those of the first setting, and `sweep_by_evaluation.*` holds
+  them all."""
   task = tasks.get(config)
   prepare_root(root, train=train)
   settings = evaluations or {None: {}}
@@ -872,9 +288,9 @@ def sweep(
       train_unfinished(config, task, root, field, values, seeds, variant_of, settings)
 
   def tabulated(setting, setting_runs: list) -> list[dict]:
-    """`collect`'s rows of `setting_runs` (`read_runs` at `setting`), with --collect_only those of
-    results not of the sweep's config marked (`warn_stale`)."""
-    rows = collect(setting_runs, metric)
+    """`sweep_tables.collect`'s rows of `setting_runs` (`sweep_tables.read_runs` at `setting`),
+    with --collect_only those of results not of the sweep's config marked (`warn_stale`)."""
+    rows = sweep_tables.collect(setting_runs, metric)
     if not train:
       stale = warn_stale(
         config, root, field, values, seeds, variant_of, settings[setting], setting_runs
@@ -884,61 +300,44 @@ def sweep(
     return rows
 
   first = next(iter(settings))
-  first_runs = read_runs(root, field, values, seeds, first, task=config.task)
+  first_runs = sweep_tables.read_runs(root, field, values, seeds, first, task=config.task)
   rows = tabulated(first, first_runs)
-  diverged = diverged_runs(first_runs)
+  diverged = sweep_tables.diverged_runs(first_runs)
   if not rows:
     raise FileNotFoundError(
       f'no finished runs under {root}'
       + (f': all {len(diverged)} diverged (each eval_results.json says where)' if diverged else '')
     )
-  summary = summarise(config, rows, values, metric, baseline, diverged)
+  summary = sweep_tables.summarise(config, rows, values, metric, baseline, diverged)
   compared = any(row['value'] == baseline for row in rows)
   if not compared:
-    warn_baseline_without_runs(summary, field, baseline, breakdowns or evaluations)
-  print(write_tables(summary, rows, root, field, metric, baseline, first))
-  write_diverged(diverged, root, field)
-  print(f'plot: {plot(summary, rows, root, field, metric)}')
+    sweep_tables.warn_baseline_without_runs(summary, field, baseline, breakdowns or evaluations)
+  print(sweep_tables.write_tables(summary, rows, root, field, metric, baseline, first))
+  sweep_tables.write_diverged(diverged, root, field)
+  print(f'plot: {sweep_tables.plot(summary, rows, root, field, metric)}')
   if not compared:
     return summary  # the breakdowns and evaluations compare every bucket with the baseline
   for kind, edges in breakdowns:
-    write_breakdown(config, rows, baseline, root, field, kind, edges)
+    sweep_tables.write_breakdown(config, rows, baseline, root, field, kind, edges)
   if evaluations:
     by_setting = {
-      s: rows if s == first else tabulated(s, read_runs(root, field, values, seeds, s))
+      s: rows if s == first else tabulated(s, sweep_tables.read_runs(root, field, values, seeds, s))
       for s in evaluations
     }
-    write_evaluations(config, by_setting, baseline, root, field, metric)
+    sweep_tables.write_evaluations(config, by_setting, baseline, root, field, metric)
   return summary
-
-
-def warn_baseline_without_runs(summary, field: str, baseline, skipped) -> None:
-  """The `warning:` of a baseline with no finished run (every seed diverged, say): the table
-  has no difference or p-value, and the sweep does not pick another baseline behind the
-  reader's back; it names --baseline and the values it could be. `skipped`: breakdowns or
-  evaluations were asked for, which are not written (each compares with the baseline)."""
-  row = next(row for row in summary if row['value'] == baseline)
-  diverged = row['diverged']
-  seeds = 'its one seed' if diverged == 1 else f'all {diverged} seeds'
-  why = f'diverged in {seeds}' if diverged else 'has no finished run'
-  others = [str(row['value']) for row in summary if row['n']]
-  warn(
-    f'the baseline {field}={baseline} {why}, so the table has no difference or p-value'
-    + (' and no sweep_by_* table is written' if skipped else '')
-    + f'; pass --baseline with a value that has finished runs ({", ".join(others)})'
-  )
 
 
 def train_unfinished(config, task, root: Path, field: str, values, seeds, variant_of, settings):
   """`sweep`'s training: trains and scores (at each of `settings`) every run not finished,
   after checking all of them first (their evaluation plans, their recorded configs); a run
   that diverges is recorded as such (`record_divergence`) and the others go on."""
-  todo, every_run = [], list(runs(config, field, values, seeds, variant_of))
+  todo, every_run = [], list(sweep_grid.runs(config, field, values, seeds, variant_of))
   for value, seed, variant in every_run:
-    workdir, unscored = model_dir(root, field, value, seed), []
+    workdir, unscored = sweep_grid.model_dir(root, field, value, seed), []
     for setting, overrides in settings.items():
-      results_dir = run_dir(root, field, value, seed, setting)
-      scored = evaluated(variant, overrides)
+      results_dir = sweep_grid.run_dir(root, field, value, seed, setting)
+      scored = sweep_grid.evaluated(variant, overrides)
       if finished_run.is_finished(task, results_dir, scored, workdir):
         print(f'=== {field}={value} seed={seed}: finished, kept ({results_dir})', flush=True)
       else:
@@ -949,17 +348,19 @@ def train_unfinished(config, task, root: Path, field: str, values, seeds, varian
         unscored.append((scored, results_dir))
     if unscored:
       check_rerun(
-        _as_trained(config, field, variant), workdir, task, f'{field}={value} seed={seed}'
+        sweep_grid.as_trained(config, field, variant), workdir, task, f'{field}={value} seed={seed}'
       )
       todo.append((value, seed, variant, workdir, unscored))
   started = time.monotonic()
   diverged = {}  # workdir -> its DivergedError: an eval field's one training, for every value
-  trained_dirs = list(dict.fromkeys(model_dir(root, field, v, s) for v, s, _ in every_run))
+  trained_dirs = list(
+    dict.fromkeys(sweep_grid.model_dir(root, field, v, s) for v, s, _ in every_run)
+  )
   for done, (value, seed, variant, workdir, unscored) in enumerate(todo):
     print(f'=== {field}={value} seed={seed} ({progress(done, len(todo), started)})', flush=True)
     try:
       if workdir not in diverged:
-        train_run(task, _as_trained(config, field, variant), workdir, trained_dirs)
+        train_run(task, sweep_grid.as_trained(config, field, variant), workdir, trained_dirs)
     except loop.DivergedError as error:
       diverged[workdir] = error
     if workdir in diverged:
@@ -1025,88 +426,6 @@ def reuse_vocabulary(task, trained, workdir: Path, trained_dirs: list[Path]) -> 
     return
 
 
-def write_evaluations(config, by_setting: dict, baseline, root: Path, field: str, metric: str):
-  """`sweep_by_evaluation.*`: the metric per swept value and `--evaluations` setting
-  ({setting: `collect` rows}), with the statistics of a breakdown whose buckets are the
-  settings (`relpos.studies.breakdown.by_bucket`): mean ± std, difference from the baseline,
-  and both p-values per setting."""
-  kind = breakdown.Breakdown(
-    '--evaluations',
-    'by_evaluation',
-    'evaluation setting',
-    'characters' if config.task == 'char_lm' else 'sentences',
-    metric,
-  )
-  per_run, counts = [], {}
-  for setting, rows in by_setting.items():
-    for row in rows:
-      per_run.append(
-        {'value': row['value'], 'seed': row['seed'], 'bucket': setting, metric: row[metric]}
-      )
-      counts[setting] = row['results'].get('tokens', row['results'].get('sentences'))
-
-  def p_items(value, seeds, setting):
-    chosen = [row for row in by_setting[setting] if row['seed'] in seeds]
-    return p_value(
-      config,
-      metric,
-      [row for row in chosen if row['value'] == baseline],
-      [row for row in chosen if row['value'] == value],
-    )
-
-  order = list(dict.fromkeys(row['value'] for row in per_run))
-  per_run.sort(key=lambda row: order.index(row['value']))  # value-major, as the tables
-  summary, per_run = breakdown.by_bucket(per_run, counts, baseline, metric, p_items)
-  write_breakdown_files(root, kind, summary, per_run, field, baseline)
-
-
-def write_breakdown(config, rows, baseline, root: Path, field: str, kind, edges) -> None:
-  """The tables and plot of one `relpos.studies.breakdown` of the finished runs in `rows`."""
-  by_value = {}
-  for row in rows:
-    by_value.setdefault(row['value'], []).append(row)
-  if kind in (breakdown.SOURCE_LENGTH, breakdown.SOURCE_PIECES):
-    from relpos.data.translation import load_eval_data  # translation only
-
-    # The vocabulary of the first run's training: every run of one sweep trains the same one.
-    trained = model_dir(root, field, rows[0]['value'], rows[0]['seed'])
-    data = load_eval_data(config.data, trained)
-    sources = data.eval_sources
-    if kind is breakdown.SOURCE_LENGTH:
-      lengths = [len(source.split()) for source in sources]
-    else:
-      lengths = [len(data.tokenizer.encode(source)) for source in sources]
-    translations = {value: _pooled_items(config, 'bleu', runs) for value, runs in by_value.items()}
-    summary, per_run = breakdown.bleu_by_source_length(
-      lengths,
-      data.eval_references,
-      translations,
-      baseline,
-      edges,
-      kind,
-      target_lang=config.data.target_lang,
-    )
-  else:
-    results = {
-      value: {run['seed']: run['results'] for run in runs} for value, runs in by_value.items()
-    }
-    summary, per_run = breakdown.bpc_by_position(results, baseline, edges)
-  write_breakdown_files(root, kind, summary, per_run, field, baseline)
-
-
-def write_breakdown_files(root: Path, kind, summary, per_run, field: str, baseline) -> None:
-  """`sweep_<by>.csv` (per value and bucket), `sweep_<by>_seeds.csv` (per run and bucket),
-  `sweep_<by>.md` and `sweep_<by>.png` of one breakdown's `summary` and `per_run` rows."""
-  _write_csv(root / f'sweep_{kind.name}.csv', summary, breakdown.SUMMARY_COLUMNS)
-  extra = ('length_ratio',) if per_run and 'length_ratio' in per_run[0] else ()
-  seed_columns = ('value', 'seed', 'bucket', kind.metric, *extra)
-  _write_csv(root / f'sweep_{kind.name}_seeds.csv', per_run, seed_columns)
-  markdown = breakdown.markdown(summary, kind, field, baseline, per_run)
-  write_atomically(root / f'sweep_{kind.name}.md', markdown)
-  print(markdown)
-  print(f'plot: {breakdown.plot(summary, per_run, kind, root, field, baseline)}')
-
-
 def root_write_fault(error: OSError, root: Path, *, resume: bool, path: Path | None = None):
   """The exit-74 fault (`checkpoints.filesystem_fault`, as train.py's) of an OSError writing the
   sweep's own files under `root` (its lock, the tables, the plot) on a full disk or a read-only
@@ -1140,7 +459,7 @@ def first_write(root: Path, *, train: bool) -> Path:
   """The first file the sweep writes under `root`: its lock when it trains, else (with
   --collect_only) its table sweep.csv; what a root that takes no files is reported as failing
   to write (`prepare_root`)."""
-  return root / (workdir_lock.LOCK_FILE if train else SUMMARY_TABLE)
+  return root / (workdir_lock.LOCK_FILE if train else sweep_tables.SUMMARY_TABLE)
 
 
 def prepare_root(root: Path, *, train: bool) -> None:
@@ -1173,23 +492,25 @@ def main(argv):
     task = tasks.get(config)
     task.check_complete(config)  # a field deleted from the file, before --field reads one
     metric = args.metric or task.metric
-    if field == PRESET:
-      variant_of = preset_variants(config_arg.split(':')[0], overrides)
+    if field == sweep_grid.PRESET:
+      variant_of = sweep_grid.preset_variants(config_arg.split(':')[0], overrides)
       values, baseline = list(args.values), args.baseline
     else:
       variant_of = None
-      field_type(config, field, f'--field={field}')
-      values = [parse_value(config, field, text) for text in args.values]
+      sweep_grid.field_type(config, field, f'--field={field}')
+      values = [sweep_grid.parse_value(config, field, text) for text in args.values]
       baseline = (
-        None if args.baseline is None else parse_value(config, field, args.baseline, '--baseline')
+        None
+        if args.baseline is None
+        else sweep_grid.parse_value(config, field, args.baseline, '--baseline')
       )
-    check_values(values)
+    sweep_grid.check_values(values)
     seeds = args.seeds
     baseline = values[0] if baseline is None else baseline
     if baseline not in values:
       raise ValueError(f'--baseline={args.baseline} is not one of --values')
-    evaluations = parse_evaluations(config, args.evaluations or ())
-    check_evaluations(field, evaluations)
+    evaluations = sweep_grid.parse_evaluations(config, args.evaluations or ())
+    sweep_grid.check_evaluations(field, evaluations)
     check_sweep(config, field, values, seeds, metric, variant_of, evaluations)
     breakdowns = []
     for kind, edges in (
@@ -1203,7 +524,11 @@ def main(argv):
         breakdown.buckets(edges, kind)
         breakdowns.append((kind, edges))
     if args.print_only:
-      print('\n'.join(commands(config_arg, overrides, root, field, values, seeds, evaluations)))
+      print(
+        '\n'.join(
+          sweep_grid.commands(config_arg, overrides, root, field, values, seeds, evaluations)
+        )
+      )
       return
     sweep(
       config,

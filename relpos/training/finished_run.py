@@ -61,8 +61,8 @@ def stale_reason(
   given otherwise than the run recorded it that names its data (another clone's copy of the
   corpus, say) is the run's (`data_record.same_data`, as a sweep's `check_rerun`, train.py and
   eval.py read it): such a result, or such a config, is kept. `results`: what the file holds,
-  where the caller has read it (the sweep's `read_runs`, for its `warn_stale`); else it is read
-  here."""
+  where the caller has read it (`relpos.studies.sweep_tables.read_runs`, for the sweep's
+  `warn_stale`); else it is read here."""
   path = results_dir / RESULTS_FILE
   files = task.data_files(config, trained_dir)
   if changes := run_config.run_config_changes(trained_dir, config, files):
