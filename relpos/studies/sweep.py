@@ -176,7 +176,9 @@ def warn_stale(
   baseline's: a result scored with another config.eval (tgt_len, say) has other items, or other
   numbers of them, and one of another config is not the sweep's run to pair. Each setting's
   results are checked as they are tabulated (the first's before the tables, the others' for
-  sweep_by_evaluation.*)."""
+  sweep_by_evaluation.*). Each warning says what the sweep without --collect_only does with
+  the run: train or score it again, or refuse it as trained with another config or on data
+  changed since (`check_rerun`)."""
   stale, task = set(), tasks.get(config)
   every_run = sweep_grid.runs(config, field, values, seeds, variant_of)
   for (value, seed, variant), (_, _, path, results) in zip(every_run, setting_runs, strict=True):
@@ -186,10 +188,15 @@ def warn_stale(
     scored = sweep_grid.evaluated(variant, overrides)
     if reason := finished_run.stale_reason(task, path.parent, scored, workdir, results):
       stale.add((value, seed))
+      try:
+        trained = sweep_grid.as_trained(config, field, variant)
+        check_rerun(trained, workdir, task, f'{field}={value} seed={seed}')
+        then = 'trains or scores it again'
+      except ValueError:
+        then = 'refuses it (a new --workdir, or the config and data the run trained with)'
       warn(
         f'{field}={value} seed {seed}: tabulated as it is, though {reason}, and left out of '
-        'the p-values over test items; the sweep without --collect_only trains or scores it '
-        'again'
+        f'the p-values over test items; the sweep without --collect_only {then}'
       )
   return stale
 
