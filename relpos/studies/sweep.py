@@ -49,7 +49,6 @@ from relpos.files import (
   copy_with_source,
   made_here,
   record_source,
-  recorded_source,
   write_atomically,
 )
 from relpos.messages import warn
@@ -406,21 +405,26 @@ def reuse_vocabulary(task, trained, workdir: Path, trained_dirs: list[Path]) -> 
   runs in `trained_dirs` that trained the very vocabulary this run would train: a k sweep over
   1M pairs trained the same 32000-piece SentencePiece model, byte for byte, in every run. The
   donor is a run whose vocabulary the sweep trained (in one process: `TRAINED_BY_SWEEP`) or
-  copied, as recorded beside it (`files.recorded_source`), for which the task finds nothing
-  that makes the two differ (`Task.vocabulary_changes`: the data and fields the vocabulary is
-  trained on, the draw's seed). The copy's own record names where it came from, so its start
-  uses it without the warning of a placed vocabulary, and one line here says so. Nothing is
-  copied for a task without such a vocabulary (the character LM), a run started already, or
-  where the copy cannot be written (the run trains its own, and its start names the fault)."""
+  copied, as recorded beside it, for which the task finds nothing that makes the two differ
+  (`workdir_setup.vocabulary_donor_changes`: the data and fields the vocabulary is trained
+  on, the draw's seed). The copy's own record names where it came from, so its start uses it
+  without the warning of a placed vocabulary, and one line here says so. A copy an earlier
+  start of the run was given, which died before it recorded the run (SIGKILL, a refusal), is
+  decided again: kept where it is still its donor's, else removed with a line
+  (`workdir_setup.remove_stale_copy`: the data changed since, say) and another donor looked
+  for. Nothing is copied for a task without such a vocabulary (the character LM), a run
+  started already, or where the copy cannot be written (the run trains its own, and its start
+  names the fault)."""
   vocabulary = task.data_files(trained, workdir).get(data_record.VOCABULARY)
-  if vocabulary is None or vocabulary.exists() or run_config.has_run(workdir):
+  if vocabulary is None or run_config.has_run(workdir):
+    return
+  workdir_setup.remove_stale_copy(task, trained, workdir)
+  if vocabulary.exists():
     return
   for other in trained_dirs:
+    if other == workdir or workdir_setup.vocabulary_donor_changes(task, trained, other):
+      continue
     theirs = task.data_files(trained, other)[data_record.VOCABULARY]
-    if other == workdir or recorded_source(theirs) is None:
-      continue
-    if task.vocabulary_changes(trained, other) != []:
-      continue
     try:
       copy_with_source(theirs, vocabulary, f'copied by relpos.studies.sweep from {theirs}')
     except OSError:
