@@ -12,8 +12,9 @@ text files of a line per sentence (data, translations, stdin) are cut into lines
 
 And the mark relpos leaves beside a file it makes in a workdir (`write_marked`, `made_here`),
 which tells it apart from a file a user placed there under the same name; and the record of
-where a file came from (`record_source`, `copy_with_source`, `recorded_source`), which a sweep
-leaves beside the vocabularies it trains and hands from one run to the next.
+where a file came from (`record_source`, `copy_with_source`, `recorded_source`,
+`recorded_original`), which a sweep leaves beside the vocabularies it trains and hands from one
+run to the next.
 """
 
 import contextlib
@@ -88,29 +89,34 @@ def source_mark(path) -> Path:
   return path.with_name(f'{path.name}.source')
 
 
-def record_source(path, source: str, content: bytes | None = None) -> None:
+def record_source(
+  path, source: str, content: bytes | None = None, *, copied_from: Path | None = None
+) -> None:
   """Writes `source_mark(path)`: `source` (a line saying where the file at `path` came from)
   and the SHA-256 of its content (`content`, by default what `path` holds now), so that the
   record claims that content only: a file put there later, or changed since, has none
-  (`recorded_source`)."""
+  (`recorded_source`). `copied_from`: the file it is a copy of, recorded as an absolute path
+  (`recorded_original`)."""
   content = Path(path).read_bytes() if content is None else content
-  digest = hashlib.sha256(content).hexdigest()
-  write_atomically(source_mark(path), json.dumps({'source': source, 'sha256': digest}) + '\n')
+  record = {'source': source, 'sha256': hashlib.sha256(content).hexdigest()}
+  if copied_from is not None:
+    record['copied_from'] = str(Path(copied_from).absolute())
+  write_atomically(source_mark(path), json.dumps(record) + '\n')
 
 
 def copy_with_source(original, path, source: str) -> None:
   """Copies the file `original` to `path` (`write_atomically`, its directory made), its
-  `record_source` first: as with `write_marked`, a kill between the two leaves a record that
-  no file matches."""
+  `record_source` first, naming `original`: as with `write_marked`, a kill between the two
+  leaves a record that no file matches."""
   content = Path(original).read_bytes()
   Path(path).parent.mkdir(parents=True, exist_ok=True)
-  record_source(path, source, content)
+  record_source(path, source, content, copied_from=original)
   write_atomically(path, content)
 
 
-def recorded_source(path) -> str | None:
-  """Where the file at `path` came from, as `record_source` recorded it beside the file, where
-  that record is of the content `path` holds now; None for any other file, or none at all."""
+def _source_record(path) -> dict | None:
+  """The record `record_source` wrote beside `path`, where it is of the content `path` holds
+  now; None for any other file, or none at all."""
   try:
     record = json.loads(source_mark(path).read_text(encoding='utf-8'))
     content = Path(path).read_bytes()
@@ -118,8 +124,22 @@ def recorded_source(path) -> str | None:
     return None
   if not isinstance(record, dict) or record.get('sha256') != hashlib.sha256(content).hexdigest():
     return None
-  source = record.get('source')
+  return record
+
+
+def recorded_source(path) -> str | None:
+  """Where the file at `path` came from, as `record_source` recorded it beside the file, where
+  that record is of the content `path` holds now; None for any other file, or none at all."""
+  source = (_source_record(path) or {}).get('source')
   return source if isinstance(source, str) else None
+
+
+def recorded_original(path) -> Path | None:
+  """The file that the file at `path` is a copy of (`copy_with_source`), as recorded beside it,
+  where that record is of the content `path` holds now; None for a file not copied so (or
+  copied before the original was recorded), or changed since."""
+  original = (_source_record(path) or {}).get('copied_from')
+  return Path(original) if isinstance(original, str) else None
 
 
 def check_takes_files(directory) -> None:

@@ -763,6 +763,90 @@ def test_a_result_trained_on_the_same_data_by_another_path_is_kept(tmp_path, cap
   assert 'data.path' in finished_run.stale_reason(tasks.get(trained), workdir, trained, workdir)
 
 
+def test_a_finished_run_whose_training_files_changed_since_is_not_kept(tmp_path):
+  """One pair added to train_src/train_tgt, then the sweep extended with a new value: the old
+  values' finished runs were kept, the new one trained on the changed files, and the tables
+  mixed two corpora, with no word (train.py refused such a run). A data file changed since
+  the run recorded it, one only training reads too, makes its result stale
+  (`finished_run.stale_reason`, `data_record.changes`); a copy of the same lines is not."""
+  from relpos.config.recorded import record_config
+  from relpos.training import data_record
+
+  corpus = write_pair_corpus(tmp_path / 'corpus')
+  config = tiny_translate_config(corpus, steps=10)
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  record_config(config, workdir, allow_change=False)
+  task = tasks.get(config)
+  data_record.record(workdir, task.data_files(config, workdir))
+  scored = {'bleu': 1.0, 'step': 10, 'eval': config.eval.to_dict()}
+  (workdir / 'eval_results.json').write_text(json.dumps(scored))
+  assert finished_run.stale_reason(task, workdir, config, workdir) is None
+  for name, line in (('train.en', 'red cat'), ('train.de', 'Katze rot')):
+    with open(corpus / name, 'a') as file:
+      file.write(f'{line}\n')
+  reason = finished_run.stale_reason(task, workdir, config, workdir)
+  assert reason.startswith(
+    f'a data file changed since its model trained (config.data.train_src: {corpus}/train.en '
+    'changed since the run trained on it ('
+  )
+  assert f'config.data.train_tgt: {corpus}/train.de changed since' in reason
+  assert not finished_run.is_finished(task, workdir, config, workdir)
+
+
+def test_a_sweep_names_finished_runs_whose_data_changed_since(tmp_path, capsys, monkeypatch):
+  """--collect_only tabulated runs trained on a data file changed since with no word, and a
+  sweep kept them while a new value trained on the new file. --collect_only now warns of each,
+  leaving it out of the p-values over items, and the sweep refuses before anything trains,
+  naming the run and the file, as it refuses a run of another recorded config."""
+  from relpos.config.recorded import record_config
+  from relpos.training import data_record
+
+  field, root = 'model.max_relative_position', tmp_path / 'sweep'
+  corpus = tmp_path / 'corpus.txt'
+  corpus.write_text('the corpus the runs trained on\n' * 50)
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 10  # _fake_runs' step
+  config.data.path = str(corpus)
+  _fake_runs(root, field, {0: [2.0, 2.1], 4: [1.5, 1.6]})
+  for value in (0, 4):
+    for seed in (0, 1):
+      trained = sweep_grid.with_value(config, field, value)
+      trained.seed = seed
+      workdir = sweep_grid.model_dir(root, field, value, seed)
+      record_config(trained, workdir, allow_change=False)
+      data_record.record(workdir, char_lm.TASK.data_files(trained, workdir))
+      results = workdir / 'eval_results.json'
+      results.write_text(
+        json.dumps(json.loads(results.read_text()) | {'eval': config.eval.to_dict()})
+      )
+  sweep.sweep(config, root, field, [0, 4], [0, 1], 'bpc', 0, train=False)
+  assert 'warning' not in capsys.readouterr().err
+  with open(corpus, 'a') as file:
+    file.write('one line added\n')
+  summary = sweep.sweep(config, root, field, [0, 4], [0, 1], 'bpc', 0, train=False)
+  warnings = capsys.readouterr().err.splitlines()
+  assert len(warnings) == 4, warnings
+  assert warnings[0] == (
+    f'warning: {field}=0 seed 0: tabulated as it is, though a data file changed since its model '
+    f'trained (config.data.path: {corpus} changed since the run trained on it (1,550 bytes then, '
+    '1,565 now)), and left out of the p-values over test items; the sweep without '
+    '--collect_only refuses it (a new --workdir, or the config and data the run trained with)'
+  )
+  assert summary[1]['p_value'] is None
+  monkeypatch.setattr(char_lm.TASK, 'train_model', lambda *a, **k: pytest.fail('trained'))
+  with pytest.raises(ValueError) as refused:
+    sweep.sweep(config, root, field, [0, 4, 16], [0, 1], 'bpc', 0)
+  workdir = sweep_grid.model_dir(root, field, 0, 0)
+  assert str(refused.value) == (
+    f'{field}=0 seed=0: {workdir} holds a run trained on other data '
+    f'(config.data.path: {corpus} changed since the run trained on it (1,550 bytes then, 1,565 '
+    'now)): give the sweep a new --workdir to train on the data as it is now, or restore the '
+    'data its runs trained on'
+  )
+  assert '=== ' not in capsys.readouterr().out  # refused before any run was kept or trained
+
+
 def test_a_result_scored_on_other_data_than_the_run_s_is_stale(tmp_path):
   """eval.py on a sweep's run with other eval data wrote its eval_results.json in place, and
   --collect_only tabulated that score (BLEU of other sentences) as the run's with no word:

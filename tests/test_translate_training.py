@@ -461,6 +461,59 @@ def test_a_sweep_hands_a_vocabulary_on_to_a_run_that_would_train_it_again(
   assert recorded_source(trains / 'spm.model') == sweep.TRAINED_BY_SWEEP
 
 
+def test_a_copied_vocabulary_a_start_that_died_left_is_decided_again(trained, tmp_path, capsys):
+  """A sweep copied a vocabulary into a run's workdir, then the start died before it recorded
+  its run (SIGKILL, a refusal for a missing eval file): the copy stayed, and after the training
+  files changed the next sweep found it there and kept it (`reuse_vocabulary` returned early),
+  and the start trained on the new data with the old data's vocabulary, exit 0, no word. A
+  copy no recorded run owns is decided again, by the sweep and by train.py's start alike
+  (`workdir_setup.remove_stale_copy`): kept while it is still its donor's, else removed with
+  a line, and the run trains its own."""
+  from relpos.config.recorded import record_config
+  from relpos.files import copy_with_source, made_here, record_source, recorded_source
+  from relpos.studies import sweep
+  from relpos.training import data_record
+  from relpos.training import mesh as mesh_lib
+
+  corpus = write_pair_corpus(tmp_path / 'corpus')  # the module's corpus, which this one changes
+  config = _config(corpus, steps=8)
+  donor = tmp_path / 'd_ff=64' / 'seed=0'  # a sweep's finished run, trained on `corpus`
+  donor.mkdir(parents=True)
+  shutil.copy(trained[0] / 'spm.model', donor / 'spm.model')  # the same pairs' vocabulary
+  record_config(config, donor, allow_change=False)
+  data_record.record(donor, translate.TASK.data_files(config, donor))
+  record_source(donor / 'spm.model', sweep.TRAINED_BY_SWEEP)
+  workdir = tmp_path / 'd_ff=96' / 'seed=0'
+  config.model.d_ff = 96
+  sweep.reuse_vocabulary(translate.TASK, config, workdir, [donor, workdir])
+  copy = workdir / 'spm.model'
+  assert recorded_source(copy) == f'copied by relpos.studies.sweep from {donor / "spm.model"}'
+  capsys.readouterr()
+  # The start died: the copy is left, with no run. Still its donor's, it is kept and used.
+  sweep.reuse_vocabulary(translate.TASK, config, workdir, [donor, workdir])
+  assert copy.exists() and capsys.readouterr().out == ''
+  translate.TASK.training(config, workdir, mesh_lib.data_mesh())
+  assert copy.read_bytes() == (donor / 'spm.model').read_bytes() and not made_here(copy)
+  assert 'vocabulary' not in capsys.readouterr().err
+  # The training files changed: the next sweep removes the copy and copies none.
+  for name, line in (('train.en', 'red cat'), ('train.de', 'Katze rot')):
+    with open(corpus / name, 'a') as file:
+      file.write(f'{line}\n')
+  sweep.reuse_vocabulary(translate.TASK, config, workdir, [donor, workdir])
+  assert not copy.exists() and not (workdir / 'spm.model.source').exists()
+  removed = capsys.readouterr().out
+  assert removed.startswith(
+    f'vocabulary: {copy}, copied from {donor / "spm.model"} for a start that stopped before its '
+    'run was recorded, removed: it is not the vocabulary this run would train (config.data.'
+    f'train_src: {corpus}/train.en changed since the run trained on it ('
+  )
+  # train.py's start on such a leftover copy trains its own, with the same line.
+  copy_with_source(donor / 'spm.model', copy, f'copied by relpos.studies.sweep from {donor}')
+  translate.TASK.training(config, workdir, mesh_lib.data_mesh())
+  assert made_here(copy) and not (workdir / 'spm.model.source').exists()
+  assert capsys.readouterr().out.startswith(removed.splitlines()[0].split(' (config.data')[0])
+
+
 def test_a_placed_vocabulary_that_cannot_serve_is_named_with_its_ways_out(corpus, tmp_path):
   """A placed spm.model of 250 pieces against config.data.vocab_size=40 was refused as "the
   workdir was made with config.data.vocab_size=250; pass that (the config its run recorded)",

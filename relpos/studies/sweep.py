@@ -49,7 +49,6 @@ from relpos.files import (
   copy_with_source,
   made_here,
   record_source,
-  recorded_source,
   write_atomically,
 )
 from relpos.messages import warn
@@ -176,7 +175,9 @@ def warn_stale(
   baseline's: a result scored with another config.eval (tgt_len, say) has other items, or other
   numbers of them, and one of another config is not the sweep's run to pair. Each setting's
   results are checked as they are tabulated (the first's before the tables, the others' for
-  sweep_by_evaluation.*)."""
+  sweep_by_evaluation.*). Each warning says what the sweep without --collect_only does with
+  the run: train or score it again, or refuse it as trained with another config or on data
+  changed since (`check_rerun`)."""
   stale, task = set(), tasks.get(config)
   every_run = sweep_grid.runs(config, field, values, seeds, variant_of)
   for (value, seed, variant), (_, _, path, results) in zip(every_run, setting_runs, strict=True):
@@ -186,10 +187,15 @@ def warn_stale(
     scored = sweep_grid.evaluated(variant, overrides)
     if reason := finished_run.stale_reason(task, path.parent, scored, workdir, results):
       stale.add((value, seed))
+      try:
+        trained = sweep_grid.as_trained(config, field, variant)
+        check_rerun(trained, workdir, task, f'{field}={value} seed={seed}')
+        then = 'trains or scores it again'
+      except ValueError:
+        then = 'refuses it (a new --workdir, or the config and data the run trained with)'
       warn(
         f'{field}={value} seed {seed}: tabulated as it is, though {reason}, and left out of '
-        'the p-values over test items; the sweep without --collect_only trains or scores it '
-        'again'
+        f'the p-values over test items; the sweep without --collect_only {then}'
       )
   return stale
 
@@ -399,21 +405,26 @@ def reuse_vocabulary(task, trained, workdir: Path, trained_dirs: list[Path]) -> 
   runs in `trained_dirs` that trained the very vocabulary this run would train: a k sweep over
   1M pairs trained the same 32000-piece SentencePiece model, byte for byte, in every run. The
   donor is a run whose vocabulary the sweep trained (in one process: `TRAINED_BY_SWEEP`) or
-  copied, as recorded beside it (`files.recorded_source`), for which the task finds nothing
-  that makes the two differ (`Task.vocabulary_changes`: the data and fields the vocabulary is
-  trained on, the draw's seed). The copy's own record names where it came from, so its start
-  uses it without the warning of a placed vocabulary, and one line here says so. Nothing is
-  copied for a task without such a vocabulary (the character LM), a run started already, or
-  where the copy cannot be written (the run trains its own, and its start names the fault)."""
+  copied, as recorded beside it, for which the task finds nothing that makes the two differ
+  (`workdir_setup.vocabulary_donor_changes`: the data and fields the vocabulary is trained
+  on, the draw's seed). The copy's own record names where it came from, so its start uses it
+  without the warning of a placed vocabulary, and one line here says so. A copy an earlier
+  start of the run was given, which died before it recorded the run (SIGKILL, a refusal), is
+  decided again: kept where it is still its donor's, else removed with a line
+  (`workdir_setup.remove_stale_copy`: the data changed since, say) and another donor looked
+  for. Nothing is copied for a task without such a vocabulary (the character LM), a run
+  started already, or where the copy cannot be written (the run trains its own, and its start
+  names the fault)."""
   vocabulary = task.data_files(trained, workdir).get(data_record.VOCABULARY)
-  if vocabulary is None or vocabulary.exists() or run_config.has_run(workdir):
+  if vocabulary is None or run_config.has_run(workdir):
+    return
+  workdir_setup.remove_stale_copy(task, trained, workdir)
+  if vocabulary.exists():
     return
   for other in trained_dirs:
+    if other == workdir or workdir_setup.vocabulary_donor_changes(task, trained, other):
+      continue
     theirs = task.data_files(trained, other)[data_record.VOCABULARY]
-    if other == workdir or recorded_source(theirs) is None:
-      continue
-    if task.vocabulary_changes(trained, other) != []:
-      continue
     try:
       copy_with_source(theirs, vocabulary, f'copied by relpos.studies.sweep from {theirs}')
     except OSError:

@@ -8,7 +8,7 @@ a large corpus.
 
 The rule (`stale_reason`) reads only the workdir's own records (config.json, data_files.json,
 eval_results.json) and stats the data files: what a result is of is the config the run trained
-with, the data it scored, the step and config.eval.
+with and the data files it recorded, the data it scored, the step and config.eval.
 """
 
 import json
@@ -54,9 +54,12 @@ def stale_reason(
   task, results_dir: Path, config, trained_dir: Path, results: dict | None = None
 ) -> str | None:
   """Why the eval_results.json in `results_dir` is not that of `config`'s run (of `task`), or
-  None when it is (`is_finished`): the model trained with another config, the file damaged,
-  scored from a checkpoint of another workdir (`eval.py --output_dir` pointed here), scored on
-  other data than the run's (the config.data its eval_results.json records:
+  None when it is (`is_finished`): the model trained with another config, or on a data file
+  changed since (`data_record.changes`, a training file too: train.py refuses to resume such a
+  run, and a sweep kept it finished while a new value trained on the changed file, its tables
+  mixing two corpora), the file damaged, scored from a checkpoint of another workdir
+  (`eval.py --output_dir` pointed here), scored on other data than the run's (the config.data
+  its eval_results.json records:
   `scored_data_changes`), or scored at another step or with another config.eval. A data path
   given otherwise than the run recorded it that names its data (another clone's copy of the
   corpus, say) is the run's (`data_record.same_data`, as a sweep's `check_rerun`, train.py and
@@ -68,6 +71,8 @@ def stale_reason(
   if changes := run_config.run_config_changes(trained_dir, config, files):
     shown = '; '.join(changes[:3]) + ('; ...' if len(changes) > 3 else '')
     return f'its model trained with another config ({shown})'
+  if changes := data_record.changes(trained_dir, files):
+    return f'a data file changed since its model trained ({"; ".join(changes)})'
   if results is None:
     try:
       results = read_results(path)
@@ -116,17 +121,15 @@ def kept_result(task, config, workdir: Path, score_command: str) -> dict | None:
   line saying that the run is finished and its result kept, naming eval_results.json and the
   eval.py command (`score_command`) that scores it again, and returns the result it holds,
   which the launcher prints as after an evaluation (the metric last). None, for train.py to go
-  on as for any run (resume, or refuse), where the run is not finished, its result is a
-  sweep's record of a divergence (a rerun trains to the divergence and says so), a data file
-  it recorded changed since (`data_record.changes`: a rerun is refused, or with
-  --allow_config_change continues on the new data), or the result lacks what the task's lines
-  show (written by an older relpos: scored again)."""
+  on as for any run (resume, or refuse), where the run is not finished (a data file it
+  recorded changed since among the reasons: a rerun is refused, or with --allow_config_change
+  continues on the new data), its result is a sweep's record of a divergence (a rerun trains
+  to the divergence and says so), or the result lacks what the task's lines show (written by
+  an older relpos: scored again)."""
   workdir = Path(workdir)
   if finished_steps(workdir)[-1:] != [config.train.steps]:
     return None  # training is not done: its newest checkpoint was removed since, say
   if not is_finished(task, workdir, config, workdir):
-    return None
-  if data_record.changes(workdir, task.data_files(config, workdir)):
     return None
   result = run_config.results_in(workdir)
   if result is None or DIVERGED in result:

@@ -44,6 +44,7 @@ from relpos.training import data_record, restore, run_config, task_base
 from relpos.training import mesh as mesh_lib
 from relpos.training import train_step as step_lib
 from relpos.training.run_config import has_run
+from relpos.training.workdir_setup import remove_stale_copy
 
 # Decoding pads sources to a power of two, at least this: each padded length compiles the beam
 # search once (tens of seconds on CPU), so few lengths beat tight padding.
@@ -344,8 +345,9 @@ class Translate(task_base.Task):
         # A start of this workdir trained it and was killed before its run was recorded (one
         # that failed removes its own: loop.train); its data may have changed: trained again.
         placed.unlink()
-      else:
-        # Someone placed it, to share a vocabulary: used as it is, and recorded as the run's.
+      elif not remove_stale_copy(self, config, workdir):  # removed: trained again
+        # Placed to share a vocabulary (by hand, or a sweep's copy still its donor's): used as
+        # it is, and recorded as the run's.
         check_placed(placed, config.data.vocab_size)
         if recorded_source(placed) is None:  # not a sweep's copy, which it said it placed
           warn(

@@ -8,7 +8,9 @@ compiled, not a fault after the work. A start refused before it wrote anything (
 cannot read, a bad workdir, out of memory at its first step) leaves nothing behind: the
 directories it made and its lock file (`leave_no_trace`), and the vocabulary it made before its
 run was recorded (`remove_unrecorded`), so that the next command, or a typo of --workdir, meets
-no empty directory and no vocabulary of data since fixed. An evaluation stopped by a signal
+no empty directory and no vocabulary of data since fixed. A vocabulary a sweep copied in for a
+start that died before its run was recorded is decided again by the next start
+(`remove_stale_copy`). An evaluation stopped by a signal
 says, from what is on disk then, whether its results were written (`stopped_evaluation`).
 """
 
@@ -18,9 +20,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from relpos.files import check_takes_files, made_mark
+from relpos.files import (
+  check_takes_files,
+  made_mark,
+  recorded_original,
+  recorded_source,
+  source_mark,
+)
+from relpos.training import data_record, workdir_lock
 from relpos.training import mesh as mesh_lib
-from relpos.training import workdir_lock
 from relpos.training.checkpoints import (
   CHECKPOINTS,
   FilesystemFaultError,
@@ -191,3 +199,63 @@ def remove_unrecorded(workdir: Path, made_files: list[Path]) -> None:
         made.unlink(missing_ok=True)
       except OSError:
         pass
+
+
+def vocabulary_donor_changes(task: Task, config, donor: Path) -> list[str]:
+  """Why the vocabulary of the run in `donor` is not the one a run of `config` would train in
+  its own workdir, a line each; none where it is, and a copy of it serves that run (a sweep's
+  `relpos.studies.sweep.reuse_vocabulary`). A donor's vocabulary is one a sweep trained or
+  copied, as recorded beside it (`files.recorded_source`: not one placed there by hand, nor
+  one changed since), for which the task finds nothing that makes the two differ
+  (`Task.vocabulary_changes`: the data and fields it is trained on, the draw's seed; a task
+  without such a vocabulary hands none on)."""
+  theirs = task.data_files(config, donor).get(data_record.VOCABULARY)
+  if theirs is None or recorded_source(theirs) is None:
+    return [f'{theirs or donor} is no vocabulary a sweep trained or copied']
+  changes = task.vocabulary_changes(config, donor)
+  return ['the task hands no vocabulary on'] if changes is None else changes
+
+
+def unowned_copy_changes(task: Task, config, workdir: Path) -> list[str] | None:
+  """For a vocabulary copied into `workdir` from another run's (`files.copy_with_source`: a
+  sweep's, before the run's first start) that no recorded run owns yet (`has_run`): why it is
+  not the copy a run of `config` would be given now, a line each (its original replaced or
+  gone, or the donor's data and fields not this config's: `vocabulary_donor_changes`); none
+  where it still is. None where there is no such copy. The start the copy was made for may
+  have died before it recorded its run (SIGKILL, a refusal such as a missing eval file), and
+  the data changed before the next start: that start trained on the new data with the old
+  data's vocabulary, in silence."""
+  vocabulary = task.data_files(config, workdir).get(data_record.VOCABULARY)
+  if vocabulary is None or has_run(workdir):
+    return None
+  original = recorded_original(vocabulary)
+  if original is None:
+    return None
+  try:
+    same = original.read_bytes() == vocabulary.read_bytes()
+  except OSError:
+    return [f'{original} is gone']
+  if not same:
+    return [f'{original} holds another vocabulary now']
+  # A task's vocabulary is a file at the top of its workdir (`Task.data_files`).
+  return vocabulary_donor_changes(task, config, original.parent)
+
+
+def remove_stale_copy(task: Task, config, workdir: Path) -> bool:
+  """Removes a copied vocabulary in `workdir` that no recorded run owns and that is no longer
+  the copy a run of `config` would be given (`unowned_copy_changes`), with its record, and
+  says so in one line; whether it did. Then the run trains its own (train.py), or a sweep
+  copies that of another of its runs that fits (`relpos.studies.sweep.reuse_vocabulary`).
+  Both check it before a start: a copy still its donor's is used as the sweep made it."""
+  if not (changes := unowned_copy_changes(task, config, workdir)):
+    return False
+  vocabulary = task.data_files(config, workdir)[data_record.VOCABULARY]
+  original = recorded_original(vocabulary)
+  for path in (vocabulary, source_mark(vocabulary)):
+    path.unlink(missing_ok=True)
+  print(
+    f'vocabulary: {vocabulary}, copied from {original} for a start that stopped before its run '
+    f'was recorded, removed: it is not the vocabulary this run would train ({"; ".join(changes)})',
+    flush=True,
+  )
+  return True
