@@ -122,6 +122,8 @@ def kept_result(task, config, workdir: Path, score_command: str) -> dict | None:
   --allow_config_change continues on the new data), or the result lacks what the task's lines
   show (written by an older relpos: scored again)."""
   workdir = Path(workdir)
+  if not workdir.is_dir():  # a file in its place or a parent's: train.py's lines name it
+    return None  # (`workdir_setup.prepare_workdir`), before any file under it is read
   if finished_steps(workdir)[-1:] != [config.train.steps]:
     return None  # training is not done: its newest checkpoint was removed since, say
   if not is_finished(task, workdir, config, workdir):

@@ -393,7 +393,6 @@ class Task(abc.ABC):
     otherwise it re-read and re-encoded all the data and scored the run again, to the same
     score (a full test pass of the character LM, minutes on a large split)."""
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
-    check_not_a_file(workdir)  # before any file under it is read
     self.check_config(config)
     check_evaluation_plan(config, workdir)
     score_command = score_command or generic_score_command(workdir)
