@@ -36,7 +36,6 @@ from helpers import (
 )
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
-from relpos.files import write_atomically
 from relpos.studies import plot, shaw_tables, sweep
 from relpos.tools import sample, translate
 from relpos.training import char_lm_task as char_lm
@@ -940,13 +939,13 @@ def _full_disk_writing(monkeypatch, prefix):
 
 
 def _score_writing_translations(real_score):
-  """A char-LM score that also writes a file of translations to output_dir, as the translation
-  task's score does (`write_atomically`)."""
+  """A char-LM score that also has a file of translations written to output_dir, as the
+  translation task's score does (`task_base.FILE_TEXTS`, written by `Task._score_into`)."""
 
   def score(config, workdir, output_dir=None):
     result = real_score(config, workdir, output_dir)
-    write_atomically(Path(output_dir) / 'translations_step6.txt', 'a translation\n')
-    return result
+    translations = str(Path(output_dir) / 'translations_step6.txt')
+    return {**result, 'translations': translations, task_base.FILE_TEXTS: {'translations': 'a\n'}}
 
   return score
 
