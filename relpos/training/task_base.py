@@ -30,6 +30,7 @@ from flax import nnx
 from relpos import runtime
 from relpos.attention.pallas_common import check_runs_on
 from relpos.config import checks, fields
+from relpos.config.model_fields import TRAINING_ONLY_FIELDS
 from relpos.config.recorded import CONFIG_FILE
 from relpos.files import check_takes_files, write_atomically
 from relpos.messages import warn
@@ -191,6 +192,21 @@ class Task(abc.ABC):
     never reads, which a sweep refuses to vary too."""
     del config
     return ()
+
+  def training_only(self, field: str) -> bool:
+    """Whether config.<field> (dotted: 'optim.learning_rate') is read by training alone, never
+    by an evaluation of the trained run: config.optim, config.train but for its steps (how far
+    the run trains, and the step an evaluation scores by default), the task's
+    `training_only_data` and the config.model fields that say how the model is trained
+    (`model_fields.TRAINING_ONLY_FIELDS`: dropout, the initialisation, remat). A finished run
+    continued with such a field changed trains nothing with it (`loop.untrained_changes`)."""
+    section, _, name = field.partition('.')
+    return (
+      section == 'optim'
+      or (section == 'train' and name != 'steps')
+      or (section == 'data' and name in self.training_only_data)
+      or (section == 'model' and name in TRAINING_ONLY_FIELDS)
+    )
 
   def scored_data_changes(self, config: ml_collections.ConfigDict, workdir: Path) -> list[str]:
     """The changes from the data the run in `workdir` trained on (`run_config.data_changes`,
