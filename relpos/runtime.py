@@ -339,7 +339,76 @@ def stop_now(signum: int, context: str = '') -> None:
 
 def _stop_at_signal(signum, frame) -> None:
   del frame
-  stop_now(signum)
+  if not _held_back(signum):
+    stop_now(signum)
+
+
+# The signals taken while `holding_signals` holds them back (None: not holding).
+_held: list[int] | None = None
+
+
+def _held_back(signum: int) -> bool:
+  """Whether `signum` is held back (`holding_signals`), noted to be delivered again after."""
+  if _held is None:
+    return False
+  _held.append(signum)
+  return True
+
+
+@contextlib.contextmanager
+def holding_signals() -> Iterator[None]:
+  """While active, SIGTERM and Ctrl-C, where their handler would end the program at once
+  (`stop_at_signals`, `stop_at_ctrl_c_or_sigterm`), are held back, and the first is delivered
+  again as the block ends (`signal.raise_signal`), to the handler installed then: for a few
+  writes that must land together (eval.py's translations and its eval_results.json,
+  `relpos.training.task_base.Task.evaluate`), so that a signal ends the program before them
+  or after them, never between, and its line (told when the handler runs, from the disk:
+  `relpos.training.workdir_setup.stopped_evaluation`) says which. Only for writes of a moment:
+  a signal waits for the whole block. Training's handler (`PreemptionSignal`, which only notes
+  the signal) is not held back; outside the main thread, and inside another such block,
+  nothing changes."""
+  global _held
+  if _held is not None or threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  _held = []
+  try:
+    yield
+  finally:
+    held, _held = _held, None
+    if held:
+      signal.raise_signal(held[0])
+
+
+def finish_quietly() -> None:
+  """Makes the rest of the program immune to SIGTERM and Ctrl-C turning it into a failure: for
+  a launcher whose result is on disk and about to be printed (train.py, eval.py), where a
+  signal could only cut short its exit (JAX's teardown, a second or less) and, with
+  `error: stopped by SIGTERM` and exit status 143, call a finished evaluation failed. Ending
+  `stop_at_signals` alone does not do that: it hands the signals back to the launcher's
+  handler, `stop_at_ctrl_c_or_sigterm`'s, which is that line. SIGTERM (a scheduler's notice)
+  is ignored from here on; a Python handler would not do, for Python hands every signal it
+  handles back to its default action (the process killed, exit 143 with no line at all)
+  before it frees its modules, the last 0.2 s of an exit (measured: a plain JAX program, after
+  its last atexit call). Ctrl-C (a person's) ends the program at once with exit status 0,
+  after flushing what was printed (in those last 0.2 s, as Python's default: exit 130, no
+  line), so that a person may still stop an exit that hangs (a multi-process run waiting on a
+  peer in JAX's shutdown); a scheduler that must stop one sends SIGKILL after its grace
+  period. A signal ignored stays ignored; outside the main thread nothing changes."""
+  if threading.current_thread() is not threading.main_thread():
+    return
+  for signum, handler in ((signal.SIGTERM, signal.SIG_IGN), (signal.SIGINT, _finished)):
+    if signal.getsignal(signum) is not signal.SIG_IGN:
+      signal.signal(signum, handler)
+
+
+def _finished(signum, frame) -> None:
+  """`finish_quietly`'s Ctrl-C: the program's work is done, so it ends at once with status 0."""
+  del signum, frame
+  for stream in (sys.stdout, sys.stderr):
+    with contextlib.suppress(Exception):  # a flush the signal interrupted: exiting anyway
+      stream.flush()
+  os._exit(0)
 
 
 @contextlib.contextmanager
@@ -359,7 +428,8 @@ def stop_at_signals(context: str | Callable[[], str]) -> Iterator[None]:
 
   def stop(signum, frame):
     del frame
-    stop_now(signum, context() if callable(context) else context)
+    if not _held_back(signum):
+      stop_now(signum, context() if callable(context) else context)
 
   previous = {
     signum: signal.signal(signum, stop)

@@ -36,7 +36,6 @@ from helpers import (
 )
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
-from relpos.files import write_atomically
 from relpos.studies import plot, shaw_tables, sweep_tables
 from relpos.tools import sample, translate
 from relpos.training import char_lm_task as char_lm
@@ -221,6 +220,13 @@ def test_a_file_in_place_of_the_workdir(text_file, tmp_path):
   assert workdir.read_text() == 'notes'
   with pytest.raises(tasks.FAULTS) as caught:  # a file in place of a parent directory
     char_lm.TASK.train_model(_config(text_file), workdir / 'run')
+  _fault(caught.value, FILESYSTEM_EXIT_CODE, 'cannot write to --workdir=', 'give a directory')
+  # train.py's own lines, not the readers' (its check for a finished run reads no file there).
+  with pytest.raises(tasks.FAULTS) as caught:
+    char_lm.TASK.train_and_evaluate(_config(text_file), workdir)
+  _fault(caught.value, FILESYSTEM_EXIT_CODE, f'--workdir={workdir} is a file, not a directory')
+  with pytest.raises(tasks.FAULTS) as caught:
+    char_lm.TASK.train_and_evaluate(_config(text_file), workdir / 'run')
   _fault(caught.value, FILESYSTEM_EXIT_CODE, 'cannot write to --workdir=', 'give a directory')
 
 
@@ -933,13 +939,13 @@ def _full_disk_writing(monkeypatch, prefix):
 
 
 def _score_writing_translations(real_score):
-  """A char-LM score that also writes a file of translations to output_dir, as the translation
-  task's score does (`write_atomically`)."""
+  """A char-LM score that also has a file of translations written to output_dir, as the
+  translation task's score does (`task_base.FILE_TEXTS`, written by `Task._score_into`)."""
 
   def score(config, workdir, output_dir=None):
     result = real_score(config, workdir, output_dir)
-    write_atomically(Path(output_dir) / 'translations_step6.txt', 'a translation\n')
-    return result
+    translations = str(Path(output_dir) / 'translations_step6.txt')
+    return {**result, 'translations': translations, task_base.FILE_TEXTS: {'translations': 'a\n'}}
 
   return score
 
@@ -1364,19 +1370,23 @@ def test_a_reader_makes_no_directory_and_names_a_file_given_as_workdir(tmp_path)
   )
 
 
+@pytest.mark.parametrize('given', ['a_file', 'a_file/sub', 'a_link/sub'])
 @pytest.mark.parametrize(
   'task, config',
   [(char_lm.TASK, ('char_tiny', 'xl')), (translate_task.TASK, ('translate_tiny', 'shaw'))],
 )
-def test_eval_py_names_a_file_given_as_workdir(tmp_path, task, config):
-  """eval.py's evaluation on a file as --workdir: the readers' line, before any file under it
-  is read (it was a NotADirectoryError traceback from reading <file>/data_files.json)."""
-  a_file = tmp_path / 'a_file'
-  a_file.write_text('')
+def test_eval_py_names_a_file_given_as_workdir(tmp_path, task, config, given):
+  """eval.py's evaluation on a file as --workdir, or below one (a file in the way of a parent,
+  also through a symbolic link to it): the readers' line, as the tools give it, before any
+  file under it is read (it was a NotADirectoryError traceback from reading
+  <file>/data_files.json)."""
+  (tmp_path / 'a_file').write_text('')
+  (tmp_path / 'a_link').symlink_to(tmp_path / 'a_file')
+  workdir = tmp_path / given
   with pytest.raises(FileNotFoundError) as caught:
-    task.evaluate(load_config(*config), a_file)
+    task.evaluate(load_config(*config), workdir)
   assert str(caught.value) == (
-    f'--workdir={a_file} is not a directory: give the workdir of a training run'
+    f'--workdir={workdir} is not a directory: give the workdir of a training run'
   )
 
 

@@ -177,6 +177,41 @@ def test_a_rerun_of_a_finished_run_keeps_its_result(tmp_path, capsys, monkeypatc
   assert 'step 12/12' in capsys.readouterr().out
 
 
+def test_a_finished_run_continued_with_training_fields_changed_says_nothing_trains(
+  tmp_path, capsys
+):
+  """train.py --allow_config_change with optim.learning_rate changed, on a run already at
+  config.train.steps, 'resumed' at its last step, trained nothing, recorded the new config as
+  the run's and scored again; a later rerun called the run finished 'with this config', though
+  no step used it. Now one warning names the fields only training reads that nothing trains
+  with, and how to train with them; changes an evaluation reads (config.eval), or more steps,
+  are used, and no warning comes."""
+  workdir = tmp_path / 'run'
+  TASK.train_and_evaluate(_config(), workdir)
+  capsys.readouterr()
+  changed = _config()
+  changed.optim.learning_rate = 0.1
+  changed.train.log_every = 4
+  changed.eval.average_checkpoints = 2
+  TASK.train_and_evaluate(changed, workdir, allow_config_change=True)
+  warnings = [line for line in capsys.readouterr().err.splitlines() if 'nothing trains' in line]
+  assert warnings == [
+    f'warning: the run in {workdir} is finished at step 8 (config.train.steps): nothing trains '
+    'with the changed fields only training reads (config.optim.learning_rate, '
+    "config.train.log_every), though config.json records them as the run's now; to train with "
+    'them, raise config.train.steps (the run goes on from this step with them) or give another '
+    '--workdir (a new run)'
+  ]
+  more = _config(steps=12)
+  more.optim.learning_rate = 0.05
+  TASK.train_and_evaluate(more, workdir, allow_config_change=True)
+  out, err = capsys.readouterr()
+  assert 'step 12/12' in out and 'nothing trains' not in err
+  assert TASK.training_only('optim.learning_rate') and TASK.training_only('model.dropout')
+  assert not TASK.training_only('train.steps') and not TASK.training_only('model.d_model')
+  assert not TASK.training_only('eval.step') and not TASK.training_only('seed')
+
+
 def test_validation_ends_at_the_last_step_where_eval_every_does_not_divide_steps(tmp_path):
   """steps=10 with eval_every=4 validated at 4 and 8 only, though the field's help said "the
   last step included": the validation curve stopped short of the trained model."""

@@ -194,6 +194,40 @@ def six_steps(text_file, tmp_path_factory):
   return workdir
 
 
+def test_sigterm_after_eval_py_printed_its_result_fails_nothing(text_file, six_steps, tmp_path):
+  """SIGTERM to eval.py right after it wrote eval_results.json and printed its result lines
+  turned the finished evaluation into `error: stopped by SIGTERM`, exit 143 (late in its exit,
+  with no line at all). Now a signal after the result is written changes nothing: the exit
+  status is 0 (`runtime.finish_quietly`)."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(six_steps, workdir)
+  process = subprocess.Popen(
+    [
+      sys.executable,
+      'eval.py',
+      '--config=configs/char_tiny.py',
+      f'--workdir={workdir}',
+      f'--config.data.path={text_file}',
+      *TINY_CHAR_LM_FLAGS,
+      '--config.eval.batch_size=4',
+      '--config.eval.tgt_len=8',
+      '--config.eval.mem_len=8',
+    ],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    env={**os.environ, 'PYTHONUNBUFFERED': '1'},  # each line as it is printed
+  )
+  for line in process.stdout:
+    if line.startswith('bpc='):
+      process.send_signal(signal.SIGTERM)
+      break
+  _, stderr = process.communicate(timeout=120)
+  assert process.returncode == 0, stderr[-2000:]
+  assert 'error:' not in stderr and (workdir / 'eval_results.json').is_file()
+
+
 def test_an_allowed_config_change_the_checkpoints_refuse_leaves_config_json_the_runs(
   text_file, six_steps, tmp_path
 ):

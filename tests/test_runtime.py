@@ -352,6 +352,64 @@ def test_stop_at_signals_ends_at_once_with_its_line_and_hands_the_handlers_back(
   assert {s: signal.getsignal(s) for s in before} == before
 
 
+def test_a_signal_while_signals_are_held_ends_the_program_after_the_block(
+  monkeypatch, capfd, tmp_path
+):
+  """eval.py's translations and eval_results.json are written in one `holding_signals` block:
+  a signal between the two writes ended the program there, the pair mismatched. Now the
+  signal waits for the block's end, and its line is told then, from what is on disk."""
+
+  class ExitError(Exception):
+    pass
+
+  def exit_now(status):
+    raise ExitError(status)
+
+  monkeypatch.setattr(os, '_exit', exit_now)
+  written = tmp_path / 'written'
+  with pytest.raises(ExitError) as stopped:
+    with runtime.stop_at_signals(lambda: f': {sorted(p.name for p in tmp_path.iterdir())}'):
+      with runtime.holding_signals():
+        (tmp_path / 'first').write_text('')
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.pthread_sigmask(signal.SIG_BLOCK, [])  # a bytecode boundary for the handler
+        written.write_text('')
+      raise AssertionError('not stopped as the block ended')
+  assert stopped.value.args == (143,)
+  assert capfd.readouterr().err == "\nerror: stopped by SIGTERM: ['first', 'written']\n"
+
+
+_FINISHED = """
+import atexit, os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)  # as at a terminal, not a background job
+from relpos import runtime
+runtime.stop_at_ctrl_c_or_sigterm()
+{finish}
+print('bpc=1.0', flush=True)
+atexit.register(os.kill, os.getpid(), signal.SIGTERM)  # as the interpreter exits
+os.kill(os.getpid(), signal.{signal})
+signal.pthread_sigmask(signal.SIG_BLOCK, [])  # a bytecode boundary for the handler
+print('printed on', flush=True)
+"""
+
+
+@pytest.mark.parametrize('signum', ['SIGTERM', 'SIGINT'])
+def test_a_signal_after_the_result_is_printed_fails_nothing(signum):
+  """SIGTERM to eval.py just after it wrote and printed its result ended it with `error:
+  stopped by SIGTERM`, exit 143 (once, late in its exit, with no line at all). Once the result
+  is written the launchers call `finish_quietly`: SIGTERM is ignored to the end of the exit,
+  and Ctrl-C ends the program at once with status 0."""
+  done = subprocess.run(
+    [sys.executable, '-c', _FINISHED.format(finish='runtime.finish_quietly()', signal=signum)],
+    capture_output=True,
+    text=True,
+    timeout=60,
+    cwd=ROOT,
+  )
+  assert (done.returncode, done.stderr) == (0, '')
+  assert done.stdout == ('bpc=1.0\nprinted on\n' if signum == 'SIGTERM' else 'bpc=1.0\n')
+
+
 def test_a_signal_is_taken_while_sentencepiece_trains_a_vocabulary():
   """SentencePiece's training is one call into C++ (a minute and more for a 32000-piece
   vocabulary): Python ran a signal's handler only once it returned, so Ctrl-C or SIGTERM went

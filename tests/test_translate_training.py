@@ -1,10 +1,13 @@
 """End to end: train a tiny translation Transformer on generated parallel text and evaluate it.
 Resuming is tested with a real SIGKILL in test_translate_resume.py."""
 
+import hashlib
 import json
 import math
+import os
 import re
 import shutil
+import signal
 from pathlib import Path
 
 import jax
@@ -14,10 +17,11 @@ import pytest
 from flax import nnx
 from helpers import after_training, tiny_translate_config, write_pair_corpus
 
+from relpos import runtime
 from relpos.constants import PAD_ID
 from relpos.models.transformer import Transformer
 from relpos.studies import shaw_tables
-from relpos.training import restore, task_base
+from relpos.training import finished_run, restore, task_base, workdir_setup
 from relpos.training import translation_task as translate
 
 
@@ -85,6 +89,106 @@ def test_a_rerun_of_a_finished_run_reads_no_data(corpus, trained, tmp_path, monk
   kept = translate.TASK.train_and_evaluate(_config(corpus, steps=8), workdir)
   assert kept['bleu'] == trained[1]['bleu']
   assert capsys.readouterr().out.startswith(f'the run in {workdir} is finished (step 8')
+
+
+class _ExitError(BaseException):
+  """What the test's os._exit raises, with the status the program would have exited with."""
+
+
+def _copy_of_run(trained, tmp_path) -> Path:
+  """A copy of the trained run, its results read as its own (`run_config.foreign_checkpoint`
+  compares the checkpoint's path below the workdir's parent)."""
+  workdir = tmp_path / trained[0].parent.name / 'run'
+  shutil.copytree(trained[0], workdir)
+  return workdir
+
+
+@pytest.mark.parametrize('signalled', ['while scoring', 'between the writes'])
+def test_a_stopped_evaluation_leaves_translations_and_results_of_one_evaluation(
+  corpus, trained, tmp_path, monkeypatch, capfd, signalled
+):
+  """eval.py wrote translations_step<N>.txt seconds before eval_results.json (the loss came
+  between): SIGTERM there left the new translations beside the earlier evaluation's results,
+  under a line that said the run was unchanged, and a train.py rerun kept that result, naming
+  translations its BLEU is not the score of. Now they are written together, the signal held
+  back between (`Task._score_into`): a signal while scoring leaves both as they were, one
+  between the writes ends eval.py after both, and the line says which."""
+  workdir = _copy_of_run(trained, tmp_path)
+  results, translations = workdir / 'eval_results.json', workdir / 'translations_step8.txt'
+  before = {path: (path.stat().st_ino, path.read_bytes()) for path in (results, translations)}
+  config = _config(corpus, steps=8)
+  config.eval.max_decode_extra = 1  # other settings: results of another evaluation
+
+  def signal_now():
+    os.kill(os.getpid(), signal.SIGTERM)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [])  # a bytecode boundary for the handler
+
+  if signalled == 'while scoring':
+    eval_loss = translate.eval_loss
+    monkeypatch.setattr(translate, 'eval_loss', lambda *a: (signal_now(), eval_loss(*a))[1])
+  else:
+    write = task_base.write_atomically
+
+    def written_then_signalled(path, content):
+      write(path, content)
+      if Path(path) == translations:
+        signal_now()
+
+    monkeypatch.setattr(task_base, 'write_atomically', written_then_signalled)
+
+  def exit_now(status):
+    raise _ExitError(status)
+
+  monkeypatch.setattr(os, '_exit', exit_now)
+  capfd.readouterr()
+  with pytest.raises(_ExitError) as stopped:
+    with runtime.stop_at_signals(workdir_setup.stopped_evaluation(workdir)):
+      translate.TASK.evaluate(config, workdir)
+  assert stopped.value.args == (143,)
+  line = capfd.readouterr().err.splitlines()[-1]
+  if signalled == 'while scoring':
+    assert line == (
+      'error: stopped by SIGTERM before eval.py wrote its results (the eval_results.json there '
+      "is an earlier evaluation's): the run is unchanged; rerun the same command to score it"
+    )
+    assert {path: (path.stat().st_ino, path.read_bytes()) for path in before} == before
+  else:
+    assert line == (
+      f'error: stopped by SIGTERM after eval.py wrote its results, {results}, whole: the run is '
+      'scored; that file holds what eval.py would have printed'
+    )
+    written = json.loads(results.read_text())
+    assert written['eval']['max_decode_extra'] == 1 and written['translations'] == str(translations)
+    assert written['translations_sha256'] == hashlib.sha256(translations.read_bytes()).hexdigest()
+
+
+def test_a_result_whose_translations_are_gone_or_others_is_scored_again(corpus, trained, tmp_path):
+  """A train.py rerun kept a finished run's result whose translations file had been deleted
+  (naming a file that does not exist), or replaced by other translations (a stopped
+  evaluation's, before they were written together): a BLEU of other text. Now such a result
+  is not the run's (`finished_run.stale_reason`, the sweep's rule too), so a rerun scores it
+  again; one written before its sha256 was recorded is kept while its file is there."""
+  workdir = _copy_of_run(trained, tmp_path)
+  config = _config(corpus, steps=8)
+  result = translate.TASK.evaluate(config, workdir)  # results naming the copy's translations
+  translations = Path(result['translations'])
+  assert translations == workdir / 'translations_step8.txt'
+
+  def reason():
+    return finished_run.stale_reason(translate.TASK, workdir, config, workdir)
+
+  assert reason() is None
+  translations.write_text('other\n' * result['sentences'])
+  assert (
+    reason()
+    == f'{translations} holds other translations than it scored (not the sha256 it records)'
+  )
+  older = {key: value for key, value in result.items() if key != 'translations_sha256'}
+  (workdir / 'eval_results.json').write_text(json.dumps(older))
+  assert reason() is None  # written by an older relpos: unchecked while the file is there
+  translations.unlink()
+  assert reason() == f'{translations}, its translations, is gone (or cannot be read)'
+  assert finished_run.kept_result(translate.TASK, config, workdir, 'python eval.py') is None
 
 
 def test_checkpoint_averaging_uses_the_last_checkpoints(corpus, trained, tmp_path):

@@ -40,22 +40,22 @@ REMAT_POLICIES = {
 }
 # The positions that read Shaw's k and tables, in either model.
 _SHAW = ('shaw', 'shaw_absolute')
-# The config.model fields an evaluation may set otherwise than its training run did: they
-# say how the model is trained (dropout is off in evaluation, the initialisation is
-# replaced by the checkpoint's parameters, remat acts on the backward pass) or how it is
-# computed (kernels, layer loop, compute dtype), not the function its parameters define.
-# Every other field must match the run's (`relpos.training.run_config.check_model`).
-EVALUATION_FREE_FIELDS = (
+# The config.model fields that say how the model is trained, which only training reads:
+# dropout is off in evaluation, the initialisation is replaced by the checkpoint's
+# parameters, remat acts on the backward pass.
+TRAINING_ONLY_FIELDS = (
   'dropout',
   'attention_dropout',
   'dropout_bits',
   'relative_table_init',
   'relative_table_init_scale',
   'remat',
-  'scan_layers',
-  'attention_implementation',
-  'dtype',
 )
+# The config.model fields an evaluation may set otherwise than its training run did: those
+# only training reads, and those that say how the model is computed (kernels, layer loop,
+# compute dtype), not the function its parameters define. Every other field must match the
+# run's (`relpos.training.run_config.check_model`).
+EVALUATION_FREE_FIELDS = (*TRAINING_ONLY_FIELDS, 'scan_layers', 'attention_implementation', 'dtype')
 
 
 @section

@@ -149,16 +149,20 @@ def _recorded_and_current(
 
 
 def changes_from_recorded(
-  config: ml_collections.ConfigDict, workdir, same_data: Collection[str] = ()
+  config: ml_collections.ConfigDict,
+  workdir,
+  same_data: Collection[str] = (),
+  change: str = '{field}: {before!r} -> {after!r}',
 ) -> list[str]:
   """`config_changes` from the config recorded in workdir to `config`, outside the sections
   that may change between runs (eval) and the data fields in `same_data` (see
-  `_recorded_and_current`); [] when none is recorded."""
+  `_recorded_and_current`); [] when none is recorded. `change`: as in `config_changes`
+  ('{field}': the changed fields' dotted names)."""
   recorded, current = _recorded_and_current(config, workdir, same_data)
   if recorded is None:
     return []
   free = {name: None for name in _FREE_SECTIONS}
-  return config_changes(recorded | free, current | free)
+  return config_changes(recorded | free, current | free, change=change)
 
 
 def section_changes_from_recorded(

@@ -7,10 +7,12 @@ re-encoded all the training data and then scored the run again, the same score, 
 a large corpus.
 
 The rule (`stale_reason`) reads only the workdir's own records (config.json, data_files.json,
-eval_results.json) and stats the data files: what a result is of is the config the run trained
-with and the data files it recorded, the data it scored, the step and config.eval.
+eval_results.json and the translations it names) and stats the data files: what a result is of
+is the config the run trained with and the data files it recorded, the data it scored, the step
+and config.eval, and the files it names must be the ones it scored.
 """
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -59,8 +61,9 @@ def stale_reason(
   run, and a sweep kept it finished while a new value trained on the changed file, its tables
   mixing two corpora), the file damaged, scored from a checkpoint of another workdir
   (`eval.py --output_dir` pointed here), scored on other data than the run's (the config.data
-  its eval_results.json records:
-  `scored_data_changes`), or scored at another step or with another config.eval. A data path
+  its eval_results.json records: `scored_data_changes`), scored at another step or with
+  another config.eval, or naming a file (its translations) that is gone or holds other text
+  than it scored (`result_file_change`). A data path
   given otherwise than the run recorded it that names its data (another clone's copy of the
   corpus, say) is the run's (`data_record.same_data`, as a sweep's `check_rerun`, train.py and
   eval.py read it): such a result, or such a config, is kept. `results`: what the file holds,
@@ -94,6 +97,31 @@ def stale_reason(
   if scored != current:
     changed = sorted(name for name in current if scored.get(name) != current[name])
     return f'scored with other config.eval fields ({", ".join(changed)})'
+  return result_file_change(task, results)
+
+
+def result_file_change(task, results: dict) -> str | None:
+  """What is wrong with a file an evaluation's `results` names (`Task.result_files`: the
+  translations), None where each is there and holds what was scored: a file deleted since, or
+  one whose bytes are not those the results record (`<key>_sha256`: written with
+  eval_results.json, `Task._score_into`; a kill between the two, or an edit, changed it). A
+  result kept with such a file named a file that is gone, or translations of which its BLEU
+  is not the score. Results written before the sha256 was recorded are read as written
+  whole, if their file is there: they cannot be checked, and scoring every such run again
+  (a full beam search each) for a kill in a moment of its evaluation costs more than it
+  saves."""
+  for key in task.result_files:
+    named = results.get(key)
+    if not isinstance(named, str):
+      continue  # none recorded (a diverged run's record): nothing to check
+    path = Path(named)
+    try:
+      content = path.read_bytes()
+    except OSError:
+      return f'{path}, its {key}, is gone (or cannot be read)'
+    recorded = results.get(f'{key}_sha256')
+    if recorded is not None and recorded != hashlib.sha256(content).hexdigest():
+      return f'{path} holds other {key} than it scored (not the sha256 it records)'
   return None
 
 
@@ -127,6 +155,8 @@ def kept_result(task, config, workdir: Path, score_command: str) -> dict | None:
   to the divergence and says so), or the result lacks what the task's lines show (written by
   an older relpos: scored again)."""
   workdir = Path(workdir)
+  if not workdir.is_dir():  # a file in its place or a parent's: train.py's lines name it
+    return None  # (`workdir_setup.prepare_workdir`), before any file under it is read
   if finished_steps(workdir)[-1:] != [config.train.steps]:
     return None  # training is not done: its newest checkpoint was removed since, say
   if not is_finished(task, workdir, config, workdir):

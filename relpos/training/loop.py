@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from relpos import flops as flops_lib
-from relpos.config.recorded import check_config_change, record_config
+from relpos.config.recorded import changes_from_recorded, check_config_change, record_config
 from relpos.messages import warn
 from relpos.training import data_record, optim, workdir_lock
 from relpos.training import mesh as mesh_lib
@@ -193,6 +193,30 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
     raise out_of_memory_fault(config, reached['step'] + 1, last_good()) from error
 
 
+def untrained_changes(task: Task, config, workdir: Path, same_data, other_data) -> list[str]:
+  """The changes --allow_config_change lets a finished run take (its newest checkpoint at
+  config.train.steps) that no step will use: each field only training reads
+  (`Task.training_only`: config.optim's, config.train's but steps, the training files) that
+  `config` changes from the run's recorded config, and each training file whose data changed
+  since (`other_data`, `data_record.changes`' lines), as 'config.<field>'. Continued, such a
+  run restored its last checkpoint, trained nothing, recorded the new config as the run's and
+  scored again; a later rerun then called it finished 'with this config', though no step ever
+  used it. Told once, as a warning (`_train`), while the config is still recorded as it was:
+  a change of what the evaluation reads (config.eval, the eval files) is scored, and one of
+  config.train.steps trains on."""
+  changed = changes_from_recorded(config, workdir, same_data, change='{field}')
+  files = [
+    field
+    for field in task.data_files(config, workdir)
+    if any(line.startswith(f'{field}: ') for line in other_data)
+  ]
+  return [
+    field
+    for field in dict.fromkeys([*changed, *files])
+    if task.training_only(field.removeprefix('config.'))
+  ]
+
+
 def stopped_without_save(workdir: Path, step: int, starting: bool) -> str:
   """What `error: stopped by <signal>` goes on with where a signal ends the run in `workdir`
   at once (`PreemptionSignal.unsaved`): during start-up (`starting`), or at `step` (a second
@@ -251,7 +275,17 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
     print(f'resumed from {checkpoints.directory / str(start_step)}', flush=True)
   reached['step'] = start_step
   if mesh_lib.is_writer():  # once the checkpoint took `config`: config.json stays the run's
+    finished = found and start_step == train_config.steps
+    untrained = untrained_changes(task, config, workdir, same_data, other_data) if finished else []
     record_config(config, workdir, allow_change=allow_config_change, same_data=same_data)
+    if untrained:
+      warn(
+        f'the run in {workdir} is finished at step {start_step} (config.train.steps): nothing '
+        f'trains with the changed fields only training reads ({", ".join(untrained)}), though '
+        "config.json records them as the run's now; to train with them, raise "
+        'config.train.steps (the run goes on from this step with them) or give another '
+        '--workdir (a new run)'
+      )
     read_as_lines = [f'config.data.{name}' for name in task.data_read_as_lines]
     data_record.record(workdir, data_files, read_as_lines)
 

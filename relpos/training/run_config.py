@@ -33,11 +33,21 @@ def not_a_workdir(workdir, flag: str | None = '--workdir') -> FileNotFoundError:
 
 
 def check_not_a_file(workdir) -> None:
-  """Raises `not_a_workdir` where `workdir` is a file (or anything but a directory): for the
-  commands that read a run, before any file under it is read (a read of workdir/x through a
-  file is a NotADirectoryError traceback). A missing workdir is left to the check of what
-  the command reads first."""
-  if Path(workdir).exists() and not Path(workdir).is_dir():
+  """Raises `not_a_workdir` where `workdir` is a file (or anything but a directory), or a file
+  is in the way of one of its parents (`<file>/sub`, also through a symbolic link to a file):
+  for the commands that read a run, before any file under it is read (a read of workdir/x
+  through a file is a NotADirectoryError traceback). The readers' rule, as `read_config`
+  says it for the tools (`relpos.tools.sample`, `.translate`); `check_path`, run first, names
+  the paths the OS refuses otherwise. A missing workdir is left to the check of what the
+  command reads first (`restore.check_trained`: no checkpoint, train first)."""
+  try:
+    is_directory = Path(workdir).is_dir()
+    os.stat(workdir)
+  except NotADirectoryError:  # a file in the way of a parent (ENOTDIR)
+    raise not_a_workdir(workdir) from None
+  except OSError:
+    return  # missing (or a path `check_path` names)
+  if not is_directory:
     raise not_a_workdir(workdir)
 
 

@@ -17,6 +17,7 @@ checks the run and the data it is given first (`check_other_data`,
 
 import abc
 import dataclasses
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,7 @@ from flax import nnx
 from relpos import runtime
 from relpos.attention.pallas_common import check_runs_on
 from relpos.config import checks, fields
+from relpos.config.model_fields import TRAINING_ONLY_FIELDS
 from relpos.config.recorded import CONFIG_FILE
 from relpos.files import check_takes_files, write_atomically
 from relpos.messages import warn
@@ -56,7 +58,11 @@ from relpos.training.run_config import (
   read_config,
   recorded_divergence,
 )
-from relpos.training.workdir_setup import leave_no_trace, missing_directories
+from relpos.training.workdir_setup import (
+  leave_no_trace,
+  missing_directories,
+  stopped_evaluation,
+)
 
 
 @dataclasses.dataclass
@@ -101,6 +107,11 @@ def check_platform(config, platform: str) -> None:
     check_runs_on(config.model.attention_implementation, platform, where=where)
 
 
+# In `Task.score`'s result: {key of `Task.result_files`: the text of the file it names}, for
+# `Task.evaluate` to write; not in eval_results.json.
+FILE_TEXTS = 'file_texts'
+
+
 def checkpoint_text(result: dict) -> str:
   """'checkpoint <path>' of an evaluation's `result`, with the steps it averaged where
   config.eval.average_checkpoints made it more than one ('(averaged steps [4, 8])'): the
@@ -127,6 +138,11 @@ class Task(abc.ABC):
   # (`data_record.record`). Files read otherwise (the character LM's bytes) are compared by
   # their bytes.
   data_read_as_lines: tuple[str, ...] = ()
+  # The keys of an evaluation's result that name a file it writes beside eval_results.json
+  # (translation's 'translations'), whose text `score` returns under `FILE_TEXTS`; the result
+  # records each file's sha256 as '<key>_sha256', for `finished_run.stale_reason` to tell a
+  # result from the files it names.
+  result_files: tuple[str, ...] = ()
 
   def check_config(self, config: ml_collections.ConfigDict, mesh=None) -> None:
     """Raises ValueError naming the field for any config the run cannot honour: a field the
@@ -176,6 +192,21 @@ class Task(abc.ABC):
     never reads, which a sweep refuses to vary too."""
     del config
     return ()
+
+  def training_only(self, field: str) -> bool:
+    """Whether config.<field> (dotted: 'optim.learning_rate') is read by training alone, never
+    by an evaluation of the trained run: config.optim, config.train but for its steps (how far
+    the run trains, and the step an evaluation scores by default), the task's
+    `training_only_data` and the config.model fields that say how the model is trained
+    (`model_fields.TRAINING_ONLY_FIELDS`: dropout, the initialisation, remat). A finished run
+    continued with such a field changed trains nothing with it (`loop.untrained_changes`)."""
+    section, _, name = field.partition('.')
+    return (
+      section == 'optim'
+      or (section == 'train' and name != 'steps')
+      or (section == 'data' and name in self.training_only_data)
+      or (section == 'model' and name in TRAINING_ONLY_FIELDS)
+    )
 
   def scored_data_changes(self, config: ml_collections.ConfigDict, workdir: Path) -> list[str]:
     """The changes from the data the run in `workdir` trained on (`run_config.data_changes`,
@@ -228,7 +259,10 @@ class Task(abc.ABC):
   @abc.abstractmethod
   def score(self, config, workdir: Path, output_dir: Path | None = None) -> dict:
     """The evaluation of the workdir's checkpoint (`restore.restore_model`): {metric: value, ...}.
-    Files it writes (translations) go to `output_dir`, the workdir by default."""
+    The files the evaluation writes beside eval_results.json (translations), in `output_dir`
+    (the workdir by default), are not written here: the result names each under its key of
+    `result_files` and holds their text under `FILE_TEXTS` ({key: text}), which `evaluate`
+    writes together with eval_results.json (`_score_into`)."""
 
   def evaluate(self, config, workdir, *, output_dir=None, after_training=False) -> dict:
     """`score` after the config check, with config.eval added; process 0 writes it to
@@ -310,11 +344,24 @@ class Task(abc.ABC):
 
   def _score_into(self, config, workdir: Path, output_dir: Path, fault, diverged) -> dict:
     """`evaluate`'s scoring into `output_dir`, once the run and config are checked: the
-    directory checked to take files (made where it is missing), the score, eval_results.json.
-    `fault`: the FilesystemFaultError of an OSError writing there. What it made of
-    `output_dir` is removed again by `evaluate` where it stops before writing anything
-    (`workdir_setup.leave_no_trace`, as train.py's workdir)."""
-    if mesh_lib.is_writer():  # eval_results.json goes there, and `score` may write files
+    directory checked to take files (made where it is missing), the score, its files
+    (`result_files`: translations) and eval_results.json. `fault`: the FilesystemFaultError
+    of an OSError writing there. What it made of `output_dir` is removed again by `evaluate`
+    where it stops before writing anything (`workdir_setup.leave_no_trace`, as train.py's
+    workdir).
+
+    The result's files are written only once everything is scored, right before
+    eval_results.json, which records each one's sha256, and SIGTERM or Ctrl-C is held back
+    while the two are written (`runtime.holding_signals`): a signal ends eval.py before both
+    or after both, and its line (`workdir_setup.stopped_evaluation`) says which. The
+    translations were written before the loss was computed, so a signal in those seconds
+    left new translations beside the earlier evaluation's eval_results.json, which a rerun
+    kept as the run's result (a BLEU that is not theirs), under a line that said the run was
+    unchanged. Naming the replaced file in that line instead would have left the pair
+    mismatched on disk; written together, eval_results.json and the translations it names
+    are one evaluation's. A kill that nothing holds back (SIGKILL) between the two renames is
+    what the sha256 is for: `finished_run.stale_reason` scores such a run again."""
+    if mesh_lib.is_writer():  # eval_results.json goes there, with the result's files
       try:
         check_takes_files(output_dir)
       except OSError as error:
@@ -322,6 +369,9 @@ class Task(abc.ABC):
         raise fault(error, what) from error
     try:
       result = {**self.score(config, workdir, output_dir), 'eval': config.eval.to_dict()}
+      texts = result.pop(FILE_TEXTS, {})
+      for key, text in texts.items():
+        result[f'{key}_sha256'] = hashlib.sha256(text.encode()).hexdigest()
       if diverged:
         warn(
           f'the run in {workdir} diverged at step {diverged[0]} ({diverged[1]} recorded it): '
@@ -330,7 +380,10 @@ class Task(abc.ABC):
       if 'data' in config:  # what was scored: eval.py may be given other data
         result['data'] = config.data.to_dict()
       if mesh_lib.is_writer():
-        write_atomically(output_dir / 'eval_results.json', json.dumps(result, indent=2))
+        with runtime.holding_signals():  # both or neither (the docstring)
+          for key, text in texts.items():
+            write_atomically(result[key], text)
+          write_atomically(output_dir / RESULTS_FILE, json.dumps(result, indent=2))
     except (jax.errors.JaxRuntimeError, ValueError, MemoryError) as error:
       if not is_out_of_memory(error):
         raise
@@ -384,7 +437,8 @@ class Task(abc.ABC):
     that was other text than the run's, with a warning line and an eval_results.json that a
     sweep tabulates like any other. SIGTERM or Ctrl-C during the evaluation ends the program
     at once with one line saying that the run is trained but not scored, and how to score it
-    (`relpos.runtime.stop_at_signals`): there is nothing to save. `score_command`: the eval.py
+    (`relpos.runtime.stop_at_signals`): there is nothing to save; once its results are
+    written, that they are (`workdir_setup.stopped_evaluation`). `score_command`: the eval.py
     command that scores the run (the launcher's, `tasks.eval_command`; None: a generic one).
 
     A rerun in the workdir of a run that is finished, scored with this config and on the data
@@ -393,7 +447,6 @@ class Task(abc.ABC):
     otherwise it re-read and re-encoded all the data and scored the run again, to the same
     score (a full test pass of the character LM, minutes on a large split)."""
     check_task(workdir, config.get('task'))  # before anything else: the workdir's run
-    check_not_a_file(workdir)  # before any file under it is read
     self.check_config(config)
     check_evaluation_plan(config, workdir)
     score_command = score_command or generic_score_command(workdir)
@@ -408,7 +461,7 @@ class Task(abc.ABC):
       f'but the run is not scored: score it with `{score_command}`'
     )
     try:
-      with runtime.stop_at_signals(unscored):
+      with runtime.stop_at_signals(stopped_evaluation(workdir, unscored)):
         return self.evaluate(config, workdir, after_training=True)
     except FileNotFoundError as error:
       files = self.data_files(config, workdir)

@@ -642,7 +642,9 @@ def launch(action: str):
   checkpoint and exits with 128 + the signal's number (`PreemptedError.exit_code`); during
   the evaluation (train.py's after training, eval.py's) either ends it at once with one line
   saying what is kept and how to score the run (`relpos.runtime.stop_at_signals`); either
-  elsewhere ends it at once in one line (`relpos.runtime.stop_at_ctrl_c_or_sigterm`). With
+  elsewhere ends it at once in one line (`relpos.runtime.stop_at_ctrl_c_or_sigterm`), but for
+  after the result is written: printing it and exiting, where a signal ends nothing that is
+  not done (`relpos.runtime.finish_quietly`: SIGTERM is ignored, Ctrl-C exits 0). With
   --distributed, every process runs the same command (its own --process_id) and
   jax.distributed is initialised before anything touches a device.
   """
@@ -685,6 +687,7 @@ def launch(action: str):
       task = get(config.value)
       with signals:
         result = getattr(task, action)(config.value, workdir.value, **kwargs)
+      runtime.finish_quietly()  # written (or kept): a signal now fails nothing (its docstring)
     except PreemptedError as stopped:
       print(stopped, file=sys.stderr)
       sys.exit(stopped.exit_code)

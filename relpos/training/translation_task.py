@@ -37,7 +37,7 @@ from relpos.data.translation import (
   load_eval_data,
   load_translation_data,
 )
-from relpos.files import made_here, recorded_source, write_atomically
+from relpos.files import made_here, recorded_source
 from relpos.messages import PassProgress, warn
 from relpos.models.transformer import Transformer, TransformerConfig
 from relpos.training import data_record, restore, run_config, task_base
@@ -242,6 +242,7 @@ class Translate(task_base.Task):
 
   metric = 'bleu'
   metrics = ('bleu', 'perplexity')
+  result_files = ('translations',)
   declaration = TranslationConfig
   # The vocabulary is the workdir's spm.model, so what made it is training's too.
   training_only_data = (
@@ -401,7 +402,8 @@ class Translate(task_base.Task):
 
   def score(self, config, workdir, output_dir=None) -> dict:
     """BLEU of beam-search translations of the eval set (written to `output_dir`, by default
-    next to the checkpoints) and the perplexity of its references."""
+    next to the checkpoints, with eval_results.json: `result_files`) and the perplexity of its
+    references."""
     data = load_eval_data(config.data, workdir)
     model = Transformer(model_config(config, data.tokenizer.vocab_size), rngs=nnx.Rngs(config.seed))
     model, steps, checkpoint = restore.restore_model(model, config.eval, workdir)
@@ -410,8 +412,6 @@ class Translate(task_base.Task):
       model, data.tokenizer, data.eval_sources, config.eval, max_len=config.model.max_len
     )
     output = Path(output_dir or workdir) / f'translations_step{steps[-1]}.txt'
-    if mesh_lib.is_writer():
-      write_atomically(output, ''.join(line + '\n' for line in translations))
     bleu = scoring.corpus_bleu(
       translations, data.eval_references, target_lang=config.data.target_lang
     )
@@ -425,6 +425,8 @@ class Translate(task_base.Task):
       'averaged_steps': steps,
       'checkpoint': str(checkpoint),
       'translations': str(output),
+      # Written by `evaluate` with eval_results.json (`Task._score_into`), not here.
+      task_base.FILE_TEXTS: {'translations': ''.join(line + '\n' for line in translations)},
     }
 
   def result_lines(self, result: dict) -> list[str]:

@@ -128,32 +128,44 @@ def leave_no_trace(workdir: Path, made: list[Path]) -> None:
     pass
 
 
-def stopped_evaluation(output_dir) -> Callable[[], str]:
+def stopped_evaluation(output_dir, unscored: str | None = None) -> Callable[[], str]:
   """eval.py's words after `error: stopped by <signal>` (`runtime.stop_at_signals`, which ends
   the program at once: no `except` or `finally` runs after the signal), told when the signal
   comes from what is on disk then, not from how far the program got: SIGTERM in the instant
   after `write_atomically` renamed eval_results.json into `output_dir` said 'no
   eval_results.json' of a file written whole. The file is this evaluation's where it is not
   the one there when this was called, before the evaluation (`_file_identity`: the rename puts
-  another file in its place); one there from before is named as an earlier evaluation's.
+  another file in its place); one there from before is named as an earlier evaluation's. The
+  files the results name (translations) are written with them, a signal held back between
+  (`Task._score_into`), so a run whose results were not written is unchanged: its
+  translations too.
 
   Where no result was written, an `output_dir` the evaluation made is removed again where it
   holds nothing (`leave_no_trace`, as `evaluate` does when it is refused): SIGTERM left an
   empty --output_dir. What it made is what was missing when this was called, on the writer
-  (the only process that makes it); a directory that holds anything (translations) or that
-  existed before stays."""
+  (the only process that makes it); a directory that holds anything or that existed before
+  stays.
+
+  `unscored`: train.py's words for its final evaluation stopped before it wrote its results
+  (the run is trained but not scored, and the eval.py command that scores it:
+  `Task.train_and_evaluate`), where eval.py's would say to rerun; once they are written, the
+  words say so for train.py too."""
   output_dir = Path(output_dir)
   results = output_dir / RESULTS_FILE
   made = missing_directories(output_dir) if mesh_lib.is_writer() else []
   before = _file_identity(results)
+  command = 'eval.py' if unscored is None else 'train.py'
 
   def words() -> str:
     now = _file_identity(results)
     if now is not None and now != before:
+      evaluation = 'eval.py' if unscored is None else "train.py's final evaluation"
       return (
-        f' after eval.py wrote its results, {results}, whole: the run is scored; that file '
-        'holds what eval.py would have printed'
+        f' after {evaluation} wrote its results, {results}, whole: the run is scored; that '
+        f'file holds what {command} would have printed'
       )
+    if unscored is not None:
+      return unscored
     leave_no_trace(output_dir, made)
     there = f"the {RESULTS_FILE} there is an earlier evaluation's" if now else f'no {RESULTS_FILE}'
     return (
