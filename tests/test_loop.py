@@ -193,11 +193,12 @@ def test_a_finished_run_continued_with_training_fields_changed_says_nothing_trai
   changed.optim.learning_rate = 0.1
   changed.train.log_every = 4
   changed.eval.average_checkpoints = 2
+  changed.seed = 5
   TASK.train_and_evaluate(changed, workdir, allow_config_change=True)
   warnings = [line for line in capsys.readouterr().err.splitlines() if 'nothing trains' in line]
   assert warnings == [
     f'warning: the run in {workdir} is finished at step 8 (config.train.steps): nothing trains '
-    'with the changed fields only training reads (config.optim.learning_rate, '
+    'with the changed fields only training reads (config.optim.learning_rate, config.seed, '
     "config.train.log_every), though config.json records them as the run's now; to train with "
     'them, raise config.train.steps (the run goes on from this step with them) or give another '
     '--workdir (a new run)'
@@ -209,7 +210,7 @@ def test_a_finished_run_continued_with_training_fields_changed_says_nothing_trai
   assert 'step 12/12' in out and 'nothing trains' not in err
   assert TASK.training_only('optim.learning_rate') and TASK.training_only('model.dropout')
   assert not TASK.training_only('train.steps') and not TASK.training_only('model.d_model')
-  assert not TASK.training_only('eval.step') and not TASK.training_only('seed')
+  assert not TASK.training_only('eval.step') and TASK.training_only('seed')
 
 
 def test_validation_ends_at_the_last_step_where_eval_every_does_not_divide_steps(tmp_path):

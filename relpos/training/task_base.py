@@ -198,11 +198,15 @@ class Task(abc.ABC):
     by an evaluation of the trained run: config.optim, config.train but for its steps (how far
     the run trains, and the step an evaluation scores by default), the task's
     `training_only_data` and the config.model fields that say how the model is trained
-    (`model_fields.TRAINING_ONLY_FIELDS`: dropout, the initialisation, remat). A finished run
-    continued with such a field changed trains nothing with it (`loop.untrained_changes`)."""
+    (`model_fields.TRAINING_ONLY_FIELDS`: dropout, the initialisation, remat), and config.seed
+    (the initial parameters, dropout's bits and the data order; an evaluation's loss batches
+    take their order from it too, the same sum to float rounding; where it also draws the
+    sentences a vocabulary trains on, changing it is refused as another vocabulary). A finished
+    run continued with such a field changed trains nothing with it (`loop.untrained_changes`)."""
     section, _, name = field.partition('.')
     return (
-      section == 'optim'
+      field == 'seed'
+      or section == 'optim'
       or (section == 'train' and name != 'steps')
       or (section == 'data' and name in self.training_only_data)
       or (section == 'model' and name in TRAINING_ONLY_FIELDS)
