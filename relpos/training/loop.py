@@ -196,8 +196,9 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
 def untrained_changes(task: Task, config, workdir: Path, same_data, other_data) -> list[str]:
   """The changes --allow_config_change lets a finished run take (its newest checkpoint at
   config.train.steps) that no step will use: each field only training reads
-  (`Task.training_only`: config.optim's, config.train's but steps, config.seed, the training files) that
-  `config` changes from the run's recorded config, and each training file whose data changed
+  (`Task.training_only`: config.optim's, config.train's but steps, config.seed, the training
+  files) that `config` changes from the run's recorded config, and each training file whose
+  data changed
   since (`other_data`, `data_record.changes`' lines), as 'config.<field>'. Continued, such a
   run restored its last checkpoint, trained nothing, recorded the new config as the run's and
   scored again; a later rerun then called it finished 'with this config', though no step ever
