@@ -60,6 +60,20 @@ def fewer_xla_optimizations_everywhere():
 
 
 @pytest.fixture(autouse=True)
+def _signal_handlers_are_per_test():
+  """SIGINT's and SIGTERM's handlers as they were before each test, after it: a launcher run
+  in-process (`helpers.call_absl_main`) ends with `relpos.runtime.finish_quietly`, which, as
+  a program's last act, ignores SIGTERM and makes Ctrl-C exit 0 for the rest of the process;
+  in a pytest worker, the rest of the process is the tests after it, whose signals it ate."""
+  import signal
+
+  handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+  yield
+  for signum, handler in handlers.items():
+    signal.signal(signum, handler)
+
+
+@pytest.fixture(autouse=True)
 def _warnings_said_once_are_per_test():
   """A `warn(..., once=True)` prints once per process; each test is a command of its own."""
   from relpos import messages
