@@ -61,22 +61,24 @@ def fewer_xla_optimizations_everywhere():
 
 @pytest.fixture(autouse=True)
 def _signal_handlers_are_per_test():
-  """SIGINT's and SIGTERM's handlers as they were before each test, after it: a launcher run
-  in-process (`helpers.call_absl_main`) ends with `relpos.runtime.finish_quietly`, which, as
-  a program's last act, ignores SIGTERM and makes Ctrl-C exit 0 for the rest of the process;
-  in a pytest worker, the rest of the process is the tests after it, whose signals it ate. In
-  one fresh-clone run six signal tests on one worker saw no signal; which test left what is
-  not known (a check of the handlers after every test found none changed in two full runs),
-  so the held-signal state of `runtime.holding_signals` is reset too."""
+  """Each test starts with Ctrl-C as a foreground program has it, and SIGINT's and SIGTERM's
+  handlers as they were are back after it. A shell starts a background job (`cmd &`, a CI
+  runner's detached step) with SIGINT ignored, and relpos leaves an ignored signal ignored
+  (nohup's contract: `relpos.runtime`), so every test of Ctrl-C failed there ('DID NOT
+  RAISE', six tests in a suite run as `(... pytest &)`). A launcher run in-process ends with
+  `relpos.runtime.finish_quietly`, which changes both handlers for the rest of the process,
+  and `runtime.holding_signals`' held signals are reset too."""
   import signal
 
   from relpos import runtime
 
   handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+  if handlers[signal.SIGINT] is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
   yield
   for signum, handler in handlers.items():
     signal.signal(signum, handler)
-  runtime._held = None  # `runtime.holding_signals`' state: none held outside its block
+  runtime._held = None  # none held outside its block
 
 
 @pytest.fixture(autouse=True)
