@@ -443,32 +443,50 @@ def stop_at_signals(context: str | Callable[[], str]) -> Iterator[None]:
       signal.signal(signum, handler)
 
 
-def call_taking_signals(function: Callable, /, *args, **kwargs):
-  """`function(*args, **kwargs)`, run in a worker thread while this (the main) thread waits
-  for it, so that a signal's handler runs as the signal comes. Python runs handlers in the
-  main thread between its bytecodes: one long call into C++ holds them back until it returns
-  (SentencePiece's training: a minute and more, during which Ctrl-C or SIGTERM went unheard),
-  while one in another thread that releases the GIL, as SentencePiece's does, lets the main
-  thread take them (checked: tests/test_runtime.py). A handler that ends the program
-  (`stop_now`) ends the worker with it; one that raises (Python's own KeyboardInterrupt)
-  raises here and leaves the worker to finish alone, a daemon thread. The worker's exception
-  is raised here. Outside the main thread, `function` just runs."""
-  if threading.current_thread() is not threading.main_thread():
-    return function(*args, **kwargs)
+_SIGNAL_POLL_S = 0.05
+"""The longest a signal that another thread took waits for its handler while the main thread
+waits for a `call_in_thread`."""
+
+
+def call_in_thread(function: Callable, /, *args, **kwargs):
+  """`function(*args, **kwargs)` run in a new thread while this one waits for it; the
+  worker's exception is raised here. Two uses: a call outside any JAX trace of this thread
+  (the autotuner times kernels while a model is traced), and a long call into C++ during which
+  signals must still be taken (`call_taking_signals`). The wait is short joins, not one: the
+  kernel may hand a process's signal to any of its threads, and one that another thread took
+  only marks Python's handler due, which a main thread blocked in one join would not see until
+  the worker ended (measured: a signal sent to another thread ran its handler 1.2 s late, when
+  SentencePiece's training returned); between joins it runs within `_SIGNAL_POLL_S`. A handler
+  that ends the program (`stop_now`) ends the worker with it; one that raises (Python's own
+  KeyboardInterrupt) raises here and leaves the worker to finish alone, a daemon thread."""
   outcome = {}
 
   def work():
     try:
       outcome['result'] = function(*args, **kwargs)
-    except BaseException as error:  # noqa: BLE001 (raised in the main thread below)
+    except BaseException as error:  # noqa: BLE001 (raised in the waiting thread below)
       outcome['error'] = error
 
   worker = threading.Thread(target=work, name=getattr(function, '__name__', 'work'), daemon=True)
   worker.start()
-  worker.join()  # a lock wait, which a signal interrupts to run its handler
+  while worker.is_alive():
+    worker.join(_SIGNAL_POLL_S)  # a signal to this thread interrupts the wait at once
   if 'error' in outcome:
     raise outcome['error']
   return outcome['result']
+
+
+def call_taking_signals(function: Callable, /, *args, **kwargs):
+  """`function(*args, **kwargs)`, run in a worker thread while this (the main) thread waits
+  for it, so that a signal's handler runs as the signal comes (`call_in_thread`). Python runs
+  handlers in the main thread between its bytecodes: one long call into C++ holds them back
+  until it returns (SentencePiece's training: a minute and more, during which Ctrl-C or SIGTERM
+  went unheard), while one in another thread that releases the GIL, as SentencePiece's does,
+  lets the main thread take them (checked: tests/test_runtime.py). Outside the main thread,
+  `function` just runs."""
+  if threading.current_thread() is not threading.main_thread():
+    return function(*args, **kwargs)
+  return call_in_thread(function, *args, **kwargs)
 
 
 def stop_at_ctrl_c_or_sigterm() -> None:

@@ -13,12 +13,12 @@ included), heads, head_dim, dtype, the mask's shape (or none), Shaw's k and whic
 dropout rate. On a miss the tuner builds inputs of those shapes and times a jitted forward AND
 backward pass (gradients of every float input, as training uses the kernels) of each candidate
 (`candidate_names`, below) through the public function itself (layout changes and padding of the
-Pallas wrappers included). The timing runs in a fresh thread: JAX keeps its trace state per thread,
-so there the candidates compile and run on the device as at top level although the caller is being
-traced. (`jax.ensure_compile_time_eval()` does not do: it also evaluates the interpreted Pallas
-kernel bodies eagerly, which fails on `program_id`.) JAX's thread-local settings (e.g. a
-`jax.default_matmul_precision` block) do not reach that thread: the candidates are timed at the
-global settings.
+Pallas wrappers included). The timing runs in a fresh thread (`runtime.call_in_thread`): JAX keeps
+its trace state per thread, so there the candidates compile and run on the device as at top level
+although the caller is being traced. (`jax.ensure_compile_time_eval()` does not do: it also
+evaluates the interpreted Pallas kernel bodies eagerly, which fails on `program_id`.) JAX's
+thread-local settings (e.g. a `jax.default_matmul_precision` block) do not reach that thread: the
+candidates are timed at the global settings.
 - Forward only, where nothing is differentiated. Inside a trace an eval call cannot be told from a
   training one (under a scanned stack the layer is traced before it is differentiated), so the
   code that builds an eval or decoding step says so: its traced body runs inside
@@ -637,13 +637,13 @@ class Tuner:
       entry = None
     source = 'disk' if entry else 'timed'
     if entry is None and leader:
-      entry = in_fresh_thread(self._time, signature, candidates)
+      entry = runtime.call_in_thread(self._time, signature, candidates)
     elif entry is not None:
       logging.info(
         'relpos autotune: %s -> %s (cached: %s)', signature.text(), entry['choice'], entry['ms']
       )
     # A collective: run outside the caller's trace too.
-    choice = in_fresh_thread(self.agree, entry['choice'] if entry else 'xla', names)
+    choice = runtime.call_in_thread(self.agree, entry['choice'] if entry else 'xla', names)
     if entry is None:  # another process timed
       entry, source = {'choice': choice, 'ms': {}}, 'process 0'
     # 'xla' and the default (or given) tiles are expected to run: their failure may pass, so a
@@ -674,13 +674,6 @@ class Tuner:
     )
     logging.info('relpos autotune: %s -> %s (%s)', signature.text(), choice, times)
     return {'choice': choice, 'ms': ms}
-
-
-def in_fresh_thread(fn: Callable, *args):
-  """fn(*args) run in a new thread, outside any trace of the calling thread (module
-  docstring); its exception is raised here."""
-  with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='relpos-autotune') as pool:
-    return pool.submit(fn, *args).result()
 
 
 def default_cache_path() -> Path | None:
