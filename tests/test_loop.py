@@ -4,6 +4,7 @@ regression): the cadence, resume, the NaN stop and SIGTERM come from the loop al
 import dataclasses
 import json
 import os
+import pathlib
 import re
 import shutil
 import signal
@@ -20,7 +21,7 @@ from relpos import runtime
 from relpos.config import checks, fields
 from relpos.config.fields import field, section, subsection
 from relpos.config.shared import EvalConfig, OptimConfig, RunFields, TrainConfig
-from relpos.training import loop, restore, task_base, workdir_setup
+from relpos.training import finished_run, loop, restore, task_base, workdir_setup
 from relpos.training import mesh as mesh_lib
 from relpos.training import progress as loop_progress
 from relpos.training import train_step as step_lib
@@ -142,9 +143,11 @@ def test_a_rerun_of_a_finished_run_keeps_its_result(tmp_path, capsys, monkeypatc
   """train.py rerun in the workdir of a finished, scored run re-read all its data (minutes of
   re-encoding a 1M-pair corpus) and scored it again, to the same score. Now it reads nothing:
   one line says the run is finished and its eval_results.json kept (and the eval.py command
-  that scores it again), and the kept result is returned for the launcher's lines. A config
-  whose result that is not (other eval settings, more steps) trains or scores as before, and
-  so does a run whose newest checkpoint is gone."""
+  that scores it again), and the kept result is returned for the launcher's lines, its
+  eval_results.json read once (the test of the run read it, then the kept result read it
+  again). A config whose result that is not (other eval settings, more steps) trains or scores
+  as before, and so does a run whose newest checkpoint is gone; a finished run whose result is
+  stale is scored again after one line naming why (it was replaced without a word)."""
   workdir = tmp_path / 'run'
   result = TASK.train_and_evaluate(_config(), workdir)
   capsys.readouterr()
@@ -164,10 +167,26 @@ def test_a_rerun_of_a_finished_run_keeps_its_result(tmp_path, capsys, monkeypatc
     '`python eval.py X` scores it again\n'
   )
   assert (workdir / 'eval_results.json').stat().st_mtime_ns == stamp
+  reads, read_text = [], pathlib.Path.read_text
+  with monkeypatch.context() as patched:  # the decision reads its result and config once
+    patched.setattr(
+      pathlib.Path,
+      'read_text',
+      lambda path, *a, **k: reads.append(path.name) or read_text(path, *a, **k),
+    )
+    assert finished_run.kept_result(TASK, _config(), workdir, 'python eval.py X') == kept
+  assert reads.count('eval_results.json') == reads.count('config.json') == 1
+  capsys.readouterr()
   config = _config()
   config.eval.average_checkpoints = 2  # another evaluation: scored again, nothing trained
   TASK.train_and_evaluate(config, workdir)
-  assert 'is finished' not in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert 'is finished' not in out
+  assert out.splitlines()[0] == (  # why, in the words of the sweep's --collect_only warning
+    f'the run in {workdir} is trained to step 8, but {workdir}/eval_results.json is not this '
+    "config's result (scored with other config.eval fields (average_checkpoints)): scoring it "
+    'again'
+  )
   assert json.loads((workdir / 'eval_results.json').read_text())['eval']['average_checkpoints'] == 2
   shutil.rmtree(workdir / 'checkpoints' / '8')  # training not done: it trains to step 8 again
   TASK.train_and_evaluate(config, workdir)

@@ -19,7 +19,7 @@ from relpos.data import tokenizer
 from relpos.files import recorded_source
 from relpos.studies import breakdown, significance, sweep, sweep_grid, sweep_tables
 from relpos.training import char_lm_task as char_lm
-from relpos.training import finished_run, loop, tasks
+from relpos.training import finished_run, loop, run_config, tasks
 from relpos.training import translation_task as translate_task
 from relpos.training.run_config import read_config
 
@@ -608,10 +608,10 @@ def test_a_damaged_eval_results_is_scored_again_and_named_when_collected(tmp_pat
   assert not finished_run.is_finished(tasks.get(config), tmp_path, config, tmp_path / 'trained')
   assert capsys.readouterr().err == f'warning: {results} is damaged; scoring that run again\n'
   with pytest.raises(ValueError, match=r'eval_results\.json is damaged \(Unterminated string'):
-    finished_run.read_results(results)
+    run_config.read_results(results)
   results.write_text('[1, 2]')
   with pytest.raises(ValueError, match=r'is damaged .not an object.$'):
-    finished_run.read_results(results)
+    run_config.read_results(results)
   field = 'model.max_relative_position'
   _fake_runs(tmp_path, field, {0: [2.0]})
   (sweep_grid.run_dir(tmp_path, field, 0, 0) / 'eval_results.json').write_text('[1, 2]')
@@ -768,7 +768,9 @@ def test_a_finished_run_whose_training_files_changed_since_is_not_kept(tmp_path)
   values' finished runs were kept, the new one trained on the changed files, and the tables
   mixed two corpora, with no word (train.py refused such a run). A data file changed since
   the run recorded it, one only training reads too, makes its result stale
-  (`finished_run.stale_reason`, `data_record.changes`); a copy of the same lines is not."""
+  (`finished_run.stale_reason`, `data_record.changes`); a copy of the same lines is not. The
+  line names at most three changed files, as it names a changed config's fields
+  (`finished_run.shown`): it named every one."""
   from relpos.config.recorded import record_config
   from relpos.training import data_record
 
@@ -792,6 +794,11 @@ def test_a_finished_run_whose_training_files_changed_since_is_not_kept(tmp_path)
   )
   assert f'config.data.train_tgt: {corpus}/train.de changed since' in reason
   assert not finished_run.is_finished(task, workdir, config, workdir)
+  for name in ('eval.en', 'eval.de'):  # four changed: three named, as of a config's fields
+    with open(corpus / name, 'a') as file:
+      file.write('more\n')
+  reason = finished_run.stale_reason(task, workdir, config, workdir)
+  assert reason.count(' changed since the run trained on it') == 3 and reason.endswith('; ...)')
 
 
 def test_a_sweep_names_finished_runs_whose_data_changed_since(tmp_path, capsys, monkeypatch):
@@ -980,7 +987,7 @@ def test_a_diverged_run_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch,
     'the tables and p-values; the sweep goes on with the other runs'
     for seed in (0, 1)
   ]
-  recorded = finished_run.read_results(
+  recorded = run_config.read_results(
     sweep_grid.run_dir(tmp_path, field, 1e6, 0) / 'eval_results.json'
   )
   assert recorded['diverged_at_step'] == 10 and recorded['bpc'] is None
@@ -1083,9 +1090,9 @@ def test_the_tables_read_each_result_once(tmp_path, monkeypatch):
     path = sweep_grid.run_dir(tmp_path, field, 0, seed) / 'eval_results.json'
     results = json.loads(path.read_text()) if seed < 2 else {'bpc': None, 'diverged_at_step': 10}
     path.write_text(json.dumps(results | {'eval': config.eval.to_dict()}))
-  reads, read_results = collections.Counter(), finished_run.read_results
+  reads, read_results = collections.Counter(), run_config.read_results
   monkeypatch.setattr(
-    finished_run, 'read_results', lambda path: reads.update([path]) or read_results(path)
+    run_config, 'read_results', lambda path: reads.update([path]) or read_results(path)
   )
   summary = sweep.sweep(config, tmp_path, field, [0], [0, 1, 2], 'bpc', baseline=0)
   assert (summary[0]['n'], summary[0]['diverged']) == (2, 1)
@@ -1109,9 +1116,9 @@ def test_collecting_reads_each_result_once_for_every_table(tmp_path, monkeypatch
       target = tmp_path / run.parent.relative_to(tmp_path / setting) / setting
       target.mkdir(parents=True)
       (target / 'eval_results.json').write_text(json.dumps(results))
-  reads, read_results = collections.Counter(), finished_run.read_results
+  reads, read_results = collections.Counter(), run_config.read_results
   monkeypatch.setattr(
-    finished_run, 'read_results', lambda path: reads.update([path]) or read_results(path)
+    run_config, 'read_results', lambda path: reads.update([path]) or read_results(path)
   )
   summary = sweep.sweep(
     config,
@@ -1140,7 +1147,7 @@ def test_an_eval_field_sweep_trains_a_diverging_seed_once(tmp_path, monkeypatch,
   assert [(row['value'], row['n']) for row in summary] == [(0, 1), (4, 1)]
   for value in (0, 4):
     results = sweep_grid.run_dir(tmp_path, 'eval.mem_len', value, 1) / 'eval_results.json'
-    assert finished_run.read_results(results)['eval']['mem_len'] == value
+    assert run_config.read_results(results)['eval']['mem_len'] == value
   assert len(capsys.readouterr().err.splitlines()) == 2  # one warning per run
 
 

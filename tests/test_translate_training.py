@@ -162,7 +162,9 @@ def test_a_stopped_evaluation_leaves_translations_and_results_of_one_evaluation(
     assert written['translations_sha256'] == hashlib.sha256(translations.read_bytes()).hexdigest()
 
 
-def test_a_result_whose_translations_are_gone_or_others_is_scored_again(corpus, trained, tmp_path):
+def test_a_result_whose_translations_are_gone_or_others_is_scored_again(
+  corpus, trained, tmp_path, capsys
+):
   """A train.py rerun kept a finished run's result whose translations file had been deleted
   (naming a file that does not exist), or replaced by other translations (a stopped
   evaluation's, before they were written together): a BLEU of other text. Now such a result
@@ -179,9 +181,12 @@ def test_a_result_whose_translations_are_gone_or_others_is_scored_again(corpus, 
 
   assert reason() is None
   translations.write_text('other\n' * result['sentences'])
-  assert (
-    reason()
-    == f'{translations} holds other translations than it scored (not the sha256 it records)'
+  changed = f'{translations} holds other translations than it scored (not the sha256 it records)'
+  assert reason() == changed
+  assert finished_run.kept_result(translate.TASK, config, workdir, 'python eval.py') is None
+  assert capsys.readouterr().out == (  # train.py's rerun says why it scores the run again
+    f'the run in {workdir} is trained to step 8, but {workdir}/eval_results.json is not this '
+    f"config's result ({changed}): scoring it again\n"
   )
   older = {key: value for key, value in result.items() if key != 'translations_sha256'}
   (workdir / 'eval_results.json').write_text(json.dumps(older))

@@ -37,7 +37,7 @@ from relpos.messages import warn
 from relpos.studies import breakdown, significance, sweep_grid
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
-from relpos.training import finished_run, run_config
+from relpos.training import run_config
 from relpos.training.run_config import DIVERGED
 
 SUMMARY_TABLE = 'sweep.csv'  # the first of the tables the sweep writes (`write_tables`)
@@ -53,7 +53,7 @@ def read_runs(root: Path, field: str, values, seeds, evaluation=None, *, task=No
   ValueError), before any result is read.
 
   Raises:
-    ValueError: an eval_results.json is damaged (`finished_run.read_results`).
+    ValueError: an eval_results.json is damaged (`run_config.read_results`).
   """
   for value in values:
     for seed in seeds:
@@ -73,9 +73,9 @@ def read_runs(root: Path, field: str, values, seeds, evaluation=None, *, task=No
 
 
 def _read_results(path: Path) -> dict:
-  """`finished_run.read_results`, whose error says what scores a damaged file again."""
+  """`run_config.read_results`, whose error says what scores a damaged file again."""
   try:
-    return finished_run.read_results(path)
+    return run_config.read_results(path)
   except ValueError as error:
     raise ValueError(
       f'{error}; the sweep command without --collect_only scores that run again'

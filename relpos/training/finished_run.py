@@ -4,7 +4,8 @@ leave such a run as it is: a sweep keeps each finished run of its grid (`relpos.
 and train.py, rerun in a finished run's workdir, prints that the run is finished and its result
 kept, without reading any data (`kept_result`, `Task.train_and_evaluate`): the rerun re-read and
 re-encoded all the training data and then scored the run again, the same score, for minutes on
-a large corpus.
+a large corpus. A finished run whose result is stale is scored again by both, train.py after
+one line naming the reason (the text the sweep's --collect_only warns with).
 
 The rule (`stale_reason`) reads only the workdir's own records (config.json, data_files.json,
 eval_results.json and the translations it names) and stats the data files: what a result is of
@@ -13,7 +14,6 @@ and config.eval, and the files it names must be the ones it scored.
 """
 
 import hashlib
-import json
 from pathlib import Path
 
 import ml_collections
@@ -25,19 +25,6 @@ from relpos.training.checkpoints import finished_steps
 
 RESULTS_FILE = run_config.RESULTS_FILE
 DIVERGED = run_config.DIVERGED  # in eval_results.json: the step the run went non-finite at
-
-
-def read_results(path: Path) -> dict:
-  """A run's eval_results.json; ValueError naming it when it is not a JSON object."""
-  try:
-    results = json.loads(Path(path).read_text())
-  except json.JSONDecodeError as error:
-    results = error
-  if not isinstance(results, dict):
-    raise ValueError(
-      f'{path} is damaged ({results if isinstance(results, Exception) else "not an object"})'
-    )
-  return results
 
 
 def is_finished(task, results_dir: Path, config, trained_dir: Path) -> bool:
@@ -52,42 +39,78 @@ def is_finished(task, results_dir: Path, config, trained_dir: Path) -> bool:
   return reason is None
 
 
+# How many changes a stale line names: the first ones, then '...' (a config changed in twenty
+# fields is told by a few of them; config.json and data_files.json hold the rest).
+SHOWN_CHANGES = 3
+
+
+def shown(changes: list[str]) -> str:
+  """`changes` as a stale line names them: the first `SHOWN_CHANGES`, '; ...' for the rest."""
+  rest = '; ...' if len(changes) > SHOWN_CHANGES else ''
+  return '; '.join(changes[:SHOWN_CHANGES]) + rest
+
+
 def stale_reason(
   task, results_dir: Path, config, trained_dir: Path, results: dict | None = None
 ) -> str | None:
   """Why the eval_results.json in `results_dir` is not that of `config`'s run (of `task`), or
-  None when it is (`is_finished`): the model trained with another config, or on a data file
-  changed since (`data_record.changes`, a training file too: train.py refuses to resume such a
-  run, and a sweep kept it finished while a new value trained on the changed file, its tables
-  mixing two corpora), the file damaged, scored from a checkpoint of another workdir
-  (`eval.py --output_dir` pointed here), scored on other data than the run's (the config.data
-  its eval_results.json records: `scored_data_changes`), scored at another step or with
-  another config.eval, or naming a file (its translations) that is gone or holds other text
-  than it scored (`result_file_change`). A data path
-  given otherwise than the run recorded it that names its data (another clone's copy of the
-  corpus, say) is the run's (`data_record.same_data`, as a sweep's `check_rerun`, train.py and
-  eval.py read it): such a result, or such a config, is kept. `results`: what the file holds,
-  where the caller has read it (`relpos.studies.sweep_tables.read_runs`, for the sweep's
-  `warn_stale`); else it is read here."""
+  None when it is (`is_finished`): the model trained with another config or on data changed
+  since (`trained_change`), the file damaged, or the result not the model's as `config`
+  scores it (`result_change`). `results`: what the file holds, where the caller has read it
+  (`relpos.studies.sweep_tables.read_runs`, for the sweep's `warn_stale`); else it is read
+  here."""
+  if reason := trained_change(task, config, trained_dir):
+    return reason
   path = results_dir / RESULTS_FILE
+  if results is None:
+    results = results_or_reason(path)
+    if isinstance(results, str):
+      return results
+  return result_change(task, path, results, config, trained_dir)
+
+
+def trained_change(task, config, trained_dir: Path) -> str | None:
+  """Why the model in `trained_dir` is not `config`'s (of `task`), None where it is: it trained
+  with another config, or on a data file changed since (`data_record.changes`, a training file
+  too: train.py refuses to resume such a run, and a sweep kept it finished while a new value
+  trained on the changed file, its tables mixing two corpora). A data path given otherwise than
+  the run recorded it that names its data (another clone's copy of the corpus, say) is the
+  run's (`data_record.same_data`, as a sweep's `check_rerun`, train.py and eval.py read it).
+  These are what train.py's own checks refuse, or with --allow_config_change warn of, before
+  it trains (`loop.train`): no result of such a run is kept."""
   files = task.data_files(config, trained_dir)
   if changes := run_config.run_config_changes(trained_dir, config, files):
-    shown = '; '.join(changes[:3]) + ('; ...' if len(changes) > 3 else '')
-    return f'its model trained with another config ({shown})'
+    return f'its model trained with another config ({shown(changes)})'
   if changes := data_record.changes(trained_dir, files):
-    return f'a data file changed since its model trained ({"; ".join(changes)})'
-  if results is None:
-    try:
-      results = read_results(path)
-    except ValueError:
-      return f'{path} is damaged'
+    return f'a data file changed since its model trained ({shown(changes)})'
+  return None
+
+
+def results_or_reason(path: Path) -> dict | str:
+  """What the eval_results.json at `path` holds (`run_config.read_results`), or, where it is
+  damaged (cut by a kill mid-write, before results were written whole), the reason that says
+  so, as `stale_reason` gives it. An OSError reading it is raised."""
+  try:
+    return run_config.read_results(path)
+  except ValueError:
+    return f'{path} is damaged'
+
+
+def result_change(task, path: Path, results: dict, config, trained_dir: Path) -> str | None:
+  """Why `results`, what the eval_results.json at `path` holds, is not the result of the model
+  in `trained_dir` as `config` scores it, None where it is (or where it records a divergence:
+  the same training config diverges again, whatever config.eval scores it): scored from a
+  checkpoint of another workdir (`eval.py --output_dir` pointed here), on other data than the
+  run's (the config.data it records: `scored_data_changes`), at another step or with another
+  config.eval, or naming a file (its translations) that is gone or holds other text than it
+  scored (`result_file_change`). A data path given otherwise that names the run's data is the
+  run's (`data_record.same_data`): such a result is kept."""
   if checkpoint := run_config.foreign_checkpoint(results, trained_dir):
     return f'{path} was scored from {checkpoint}, not from a checkpoint of {trained_dir}'
   if DIVERGED in results:
     return None  # its training config diverges again, whatever config.eval scores it
   if changes := scored_data_changes(task, results, config, trained_dir):
-    shown = '; '.join(changes[:3]) + ('; ...' if len(changes) > 3 else '')
-    return f"scored on other data than the run's ({shown})"
+    return f"scored on other data than the run's ({shown(changes)})"
   current = config.eval.to_dict()
   recorded = {'task': config.task, 'eval': results.get('eval', {})}
   scored = with_added(recorded, {'eval': current})['eval']
@@ -145,24 +168,40 @@ def scored_data_changes(task, results: dict, config, trained_dir: Path) -> list[
 
 def kept_result(task, config, workdir: Path, score_command: str) -> dict | None:
   """What train.py does in the workdir of a finished run (its newest checkpoint at
-  config.train.steps, and `is_finished`, the workdir its own results directory): prints one
-  line saying that the run is finished and its result kept, naming eval_results.json and the
-  eval.py command (`score_command`) that scores it again, and returns the result it holds,
-  which the launcher prints as after an evaluation (the metric last). None, for train.py to go
-  on as for any run (resume, or refuse), where the run is not finished (a data file it
-  recorded changed since among the reasons: a rerun is refused, or with --allow_config_change
-  continues on the new data), its result is a sweep's record of a divergence (a rerun trains
-  to the divergence and says so), or the result lacks what the task's lines show (written by
-  an older relpos: scored again)."""
+  config.train.steps, the workdir its own results directory): where its eval_results.json is
+  this config's (`stale_reason`, the sweep's rule), prints one line saying that the run is
+  finished and its result kept, naming eval_results.json and the eval.py command
+  (`score_command`) that scores it again, and returns the result it holds, which the launcher
+  prints as after an evaluation (the metric last). Where the result is stale for a reason of
+  the result (`result_change`, or the file damaged), one line names that reason (the text a
+  sweep's --collect_only warns with) and says that the run is scored again: the rerun replaced
+  the run's eval_results.json without a word of why.
+
+  None, for train.py to go on as for any run (resume, score, or refuse), where the run is not
+  trained to its last step, has no eval_results.json (stopped in its final evaluation), its
+  model is not this config's (`trained_change`: train.py's own checks refuse it, or with
+  --allow_config_change warn, naming the change), its result is stale, its result is a
+  sweep's record of a divergence (a rerun trains to the divergence and says so), or the
+  result lacks what the task's lines show (written by an older relpos: scored again).
+  eval_results.json, config.json and data_files.json are each read once."""
   workdir = Path(workdir)
   if not workdir.is_dir():  # a file in its place or a parent's: train.py's lines name it
     return None  # (`workdir_setup.prepare_workdir`), before any file under it is read
   if finished_steps(workdir)[-1:] != [config.train.steps]:
     return None  # training is not done: its newest checkpoint was removed since, say
-  if not is_finished(task, workdir, config, workdir):
+  path = workdir / RESULTS_FILE
+  if not path.exists() or trained_change(task, config, workdir):
     return None
-  result = run_config.results_in(workdir)
-  if result is None or DIVERGED in result:
+  result = results_or_reason(path)
+  reason = result if isinstance(result, str) else result_change(task, path, result, config, workdir)
+  if reason:
+    print(
+      f'the run in {workdir} is trained to step {config.train.steps}, but {path} is not this '
+      f"config's result ({reason}): scoring it again",
+      flush=True,
+    )
+    return None
+  if DIVERGED in result:
     return None
   try:
     task.result_lines(result)
@@ -170,8 +209,7 @@ def kept_result(task, config, workdir: Path, score_command: str) -> dict | None:
     return None
   print(
     f'the run in {workdir} is finished (step {result["step"]}, this config) and scored: its '
-    f'{workdir / RESULTS_FILE} is kept, nothing is trained or scored again; `{score_command}` '
-    'scores it again',
+    f'{path} is kept, nothing is trained or scored again; `{score_command}` scores it again',
     flush=True,
   )
   return result

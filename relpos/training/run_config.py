@@ -260,14 +260,35 @@ def check_unread_settings(
 RESULTS_FILE = 'eval_results.json'
 
 
-def results_in(directory) -> dict | None:
-  """The eval_results.json in `directory` as a dict; None where there is none, or it cannot be
-  read or is no JSON object (what a directory holds is told by it only when it is whole)."""
+def read_results(path) -> dict:
+  """The eval_results.json at `path` as a dict: the one reader of the file (`results_in`, the
+  test of a finished run, `finished_run.stale_reason`, and the sweep's tables,
+  `relpos.studies.sweep_tables.read_runs`).
+
+  Raises:
+    ValueError: naming the file, where it is damaged: not JSON (cut by a kill mid-write, before
+      results were written whole), not UTF-8, or no JSON object.
+    OSError: where it cannot be read (FileNotFoundError: there is none).
+  """
   try:
-    results = json.loads((Path(directory) / RESULTS_FILE).read_text())
+    results = json.loads(Path(path).read_text())
+  except ValueError as error:  # json.JSONDecodeError, UnicodeDecodeError
+    results = error
+  if not isinstance(results, dict):
+    raise ValueError(
+      f'{path} is damaged ({results if isinstance(results, Exception) else "not an object"})'
+    )
+  return results
+
+
+def results_in(directory) -> dict | None:
+  """The eval_results.json in `directory` as a dict (`read_results`); None where there is none,
+  or it cannot be read or is damaged (what a directory holds is told by it only when it is
+  whole)."""
+  try:
+    return read_results(Path(directory) / RESULTS_FILE)
   except (OSError, ValueError):
     return None
-  return results if isinstance(results, dict) else None
 
 
 # In a run's eval_results.json: the step its loss or parameters went non-finite at, recorded by
