@@ -577,11 +577,12 @@ def test_a_copied_vocabulary_a_start_that_died_left_is_decided_again(trained, tm
   and the start trained on the new data with the old data's vocabulary, exit 0, no word. A
   copy no recorded run owns is decided again, by the sweep and by train.py's start alike
   (`workdir_setup.remove_stale_copy`): kept while it is still its donor's, else removed with
-  a line, and the run trains its own."""
+  a line, and the run trains its own (the copy's record read once: it was read again to name
+  it)."""
   from relpos.config.recorded import record_config
   from relpos.files import copy_with_source, made_here, record_source, recorded_source
   from relpos.studies import sweep
-  from relpos.training import data_record
+  from relpos.training import data_record, workdir_setup
   from relpos.training import mesh as mesh_lib
 
   corpus = write_pair_corpus(tmp_path / 'corpus')  # the module's corpus, which this one changes
@@ -608,7 +609,15 @@ def test_a_copied_vocabulary_a_start_that_died_left_is_decided_again(trained, tm
   for name, line in (('train.en', 'red cat'), ('train.de', 'Katze rot')):
     with open(corpus / name, 'a') as file:
       file.write(f'{line}\n')
-  sweep.reuse_vocabulary(translate.TASK, config, workdir, [donor, workdir])
+  originals, recorded_original = [], workdir_setup.recorded_original
+  with pytest.MonkeyPatch.context() as patched:  # the copy's record read once for the decision
+    patched.setattr(
+      workdir_setup,
+      'recorded_original',
+      lambda path: originals.append(path) or recorded_original(path),
+    )
+    sweep.reuse_vocabulary(translate.TASK, config, workdir, [donor, workdir])
+  assert originals == [copy]
   assert not copy.exists() and not (workdir / 'spm.model.source').exists()
   removed = capsys.readouterr().out
   assert removed.startswith(

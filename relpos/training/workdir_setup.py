@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from relpos.files import (
   check_takes_files,
@@ -228,15 +228,23 @@ def vocabulary_donor_changes(task: Task, config, donor: Path) -> list[str]:
   return ['the task hands no vocabulary on'] if changes is None else changes
 
 
-def unowned_copy_changes(task: Task, config, workdir: Path) -> list[str] | None:
+class UnownedCopy(NamedTuple):
+  """A vocabulary copied into a workdir that no recorded run owns (`unowned_copy`)."""
+
+  vocabulary: Path  # the copy
+  original: Path  # the file it was copied from (`files.recorded_original`)
+  changes: list[str]  # why it is not the copy a run of the config would be given now
+
+
+def unowned_copy(task: Task, config, workdir: Path) -> UnownedCopy | None:
   """For a vocabulary copied into `workdir` from another run's (`files.copy_with_source`: a
-  sweep's, before the run's first start) that no recorded run owns yet (`has_run`): why it is
-  not the copy a run of `config` would be given now, a line each (its original replaced or
-  gone, or the donor's data and fields not this config's: `vocabulary_donor_changes`); none
-  where it still is. None where there is no such copy. The start the copy was made for may
-  have died before it recorded its run (SIGKILL, a refusal such as a missing eval file), and
-  the data changed before the next start: that start trained on the new data with the old
-  data's vocabulary, in silence."""
+  sweep's, before the run's first start) that no recorded run owns yet (`has_run`): the copy,
+  its original, and why it is not the copy a run of `config` would be given now, a line each
+  (its original replaced or gone, or the donor's data and fields not this config's:
+  `vocabulary_donor_changes`); no changes where it still is. None where there is no such copy.
+  The start the copy was made for may have died before it recorded its run (SIGKILL, a refusal
+  such as a missing eval file), and the data changed before the next start: that start trained
+  on the new data with the old data's vocabulary, in silence."""
   vocabulary = task.data_files(config, workdir).get(data_record.VOCABULARY)
   if vocabulary is None or has_run(workdir):
     return None
@@ -246,28 +254,29 @@ def unowned_copy_changes(task: Task, config, workdir: Path) -> list[str] | None:
   try:
     same = original.read_bytes() == vocabulary.read_bytes()
   except OSError:
-    return [f'{original} is gone']
+    return UnownedCopy(vocabulary, original, [f'{original} is gone'])
   if not same:
-    return [f'{original} holds another vocabulary now']
+    return UnownedCopy(vocabulary, original, [f'{original} holds another vocabulary now'])
   # A task's vocabulary is a file at the top of its workdir (`Task.data_files`).
-  return vocabulary_donor_changes(task, config, original.parent)
+  changes = vocabulary_donor_changes(task, config, original.parent)
+  return UnownedCopy(vocabulary, original, changes)
 
 
 def remove_stale_copy(task: Task, config, workdir: Path) -> bool:
   """Removes a copied vocabulary in `workdir` that no recorded run owns and that is no longer
-  the copy a run of `config` would be given (`unowned_copy_changes`), with its record, and
-  says so in one line; whether it did. Then the run trains its own (train.py), or a sweep
-  copies that of another of its runs that fits (`relpos.studies.sweep.reuse_vocabulary`).
-  Both check it before a start: a copy still its donor's is used as the sweep made it."""
-  if not (changes := unowned_copy_changes(task, config, workdir)):
+  the copy a run of `config` would be given (`unowned_copy`), with its record, and says so in
+  one line; whether it did. Then the run trains its own (train.py), or a sweep copies that of
+  another of its runs that fits (`relpos.studies.sweep.reuse_vocabulary`). Both check it
+  before a start: a copy still its donor's is used as the sweep made it."""
+  copy = unowned_copy(task, config, workdir)
+  if copy is None or not copy.changes:
     return False
-  vocabulary = task.data_files(config, workdir)[data_record.VOCABULARY]
-  original = recorded_original(vocabulary)
-  for path in (vocabulary, source_mark(vocabulary)):
+  for path in (copy.vocabulary, source_mark(copy.vocabulary)):
     path.unlink(missing_ok=True)
   print(
-    f'vocabulary: {vocabulary}, copied from {original} for a start that stopped before its run '
-    f'was recorded, removed: it is not the vocabulary this run would train ({"; ".join(changes)})',
+    f'vocabulary: {copy.vocabulary}, copied from {copy.original} for a start that stopped '
+    'before its run was recorded, removed: it is not the vocabulary this run would train '
+    f'({"; ".join(copy.changes)})',
     flush=True,
   )
   return True
