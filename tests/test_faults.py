@@ -975,6 +975,29 @@ def test_a_full_disk_writing_the_evaluation_names_the_file(
   assert not list(output.glob(f'.{written}*')), 'a partial file was left'
 
 
+def test_an_evaluation_takes_the_write_faults_train_py_takes(text_file, straight, monkeypatch):
+  """The evaluation had a rule of its own of which OSErrors are its exit-74 line: one naming a
+  file under its output directory. A full disk met where the error names no file (a buffered
+  write flushed at its close, a scratch file) was reported as it was, a traceback, where
+  train.py's workdir, by `checkpoints.is_write_fault`, gives the line; the evaluation now asks
+  that rule. A data file's error is still reported as it is."""
+
+  def score(config, workdir, output_dir=None):
+    raise raised
+
+  monkeypatch.setattr(char_lm.TASK, 'score', score)
+  raised = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+  with pytest.raises(tasks.FAULTS) as caught:
+    char_lm.TASK.evaluate(_config(text_file), straight)
+  assert tasks.fault_exit(caught.value)[1] == (
+    f'error: cannot write the evaluation to {straight}: No space left on device (the disk is '
+    f'full); the checkpoints in {straight} are unchanged; free space on its disk, then rerun'
+  )
+  raised = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), text_file)
+  with pytest.raises(FileNotFoundError):
+    char_lm.TASK.evaluate(_config(text_file), straight)
+
+
 @pytest.fixture
 def small_disk(tmp_path):
   """A directory on a 32 MiB tmpfs of its own, room for the run, which the filler then takes

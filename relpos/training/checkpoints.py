@@ -107,8 +107,9 @@ def is_write_fault(
 ) -> bool:
   """Whether `error`, naming `path` (None: no file), is a fault of writing into `directory`
   that a command ends with its exit-74 line (`filesystem_fault`) rather than reporting the
-  error as it is (a data file's): the one rule of train.py's workdir (`loop.train`) and the
-  sweep's root (`relpos.studies.sweep.root_write_fault`).
+  error as it is (a data file's): the one rule of train.py's workdir (`loop.train`), an
+  evaluation's output directory (`Task._score_into`, eval.py's and train.py's final one) and
+  the sweep's root (`relpos.studies.sweep.root_write_fault`).
 
   - A full disk or a read-only filesystem (ENOSPC, EDQUOT, EROFS), wherever it is met and also
     where the error names no file (a buffered file flushed at its close): no read gives them.

@@ -39,8 +39,10 @@ from relpos.training import mesh as mesh_lib
 from relpos.training.checkpoints import (
   CHECKPOINTS,
   FilesystemFaultError,
+  error_path,
   filesystem_fault,
   finished_steps,
+  is_write_fault,
   steps_text,
 )
 from relpos.training.device_memory import evaluation_memory_fault, is_out_of_memory
@@ -350,9 +352,11 @@ class Task(abc.ABC):
     """`evaluate`'s scoring into `output_dir`, once the run and config are checked: the
     directory checked to take files (made where it is missing), the score, its files
     (`result_files`: translations) and eval_results.json. `fault`: the FilesystemFaultError
-    of an OSError writing there. What it made of `output_dir` is removed again by `evaluate`
-    where it stops before writing anything (`workdir_setup.leave_no_trace`, as train.py's
-    workdir).
+    of an OSError writing there, which `checkpoints.is_write_fault` tells from a data file's
+    error as it does for train.py's workdir: an error of a file under `output_dir`, or a full
+    disk or read-only filesystem wherever it is met (the write's own error names no file).
+    What it made of `output_dir` is removed again by `evaluate` where it stops before writing
+    anything (`workdir_setup.leave_no_trace`, as train.py's workdir).
 
     The result's files are written only once everything is scored, right before
     eval_results.json, which records each one's sha256, and SIGTERM or Ctrl-C is held back
@@ -393,12 +397,16 @@ class Task(abc.ABC):
         raise
       raise evaluation_memory_fault(config, workdir) from error
     except OSError as error:
-      written = Path(error.filename or '/').resolve()
-      if output_dir.resolve() not in (written, *written.parents):
+      written = error_path(error)
+      if not is_write_fault(error, output_dir, written):  # train.py's rule for its workdir
         raise  # a data file's error, as the task reports it
       # The file itself where the error names one (`write_atomically`'s do: eval_results.json,
-      # translations), else output_dir, which could not be made.
-      target = output_dir / written.relative_to(output_dir.resolve())
+      # translations; under output_dir as it was given), else output_dir.
+      target = output_dir
+      if written is not None:
+        resolved, own = written.resolve(), output_dir.resolve()
+        inside = own in (resolved, *resolved.parents)
+        target = output_dir / resolved.relative_to(own) if inside else written
       raise fault(error, f'cannot write the evaluation to {target}') from error
     return result
 
