@@ -327,14 +327,31 @@ def stop_now(signum: int, context: str = '') -> None:
   runs one at every collection), and no clean-up of Python's (buffers not flushed, `finally`
   blocks not run, threads not joined), so what it leaves on disk is what a killed process
   leaves, which relpos's writes are made to survive (each file written whole or not at all,
-  checkpoints renamed into place once complete)."""
+  checkpoints renamed into place once complete).
+
+  In an interactive session (`in_interactive_session`: a notebook's kernel, a Python prompt)
+  Ctrl-C raises KeyboardInterrupt after the line instead: there the process is the user's
+  session, with its state, and an interrupt that ended it (a notebook's kernel dying at a
+  second interrupt of a training cell, or at the first during its start-up) would lose more
+  than the run. SIGTERM ends the process there too (a kernel's shutdown sends it)."""
   for stream in (sys.stdout, sys.stderr):
     try:
       stream.flush()
     except Exception:  # noqa: BLE001, S110 (a flush the signal interrupted: exiting anyway)
       pass
   os.write(2, f'\nerror: stopped by {_SIGNAL_NAMES[signum]}{context}\n'.encode())
+  if signum == signal.SIGINT and in_interactive_session():
+    raise KeyboardInterrupt
   os._exit(128 + signum)
+
+
+def in_interactive_session() -> bool:
+  """Whether this Python is a user's interactive session: an IPython shell or Jupyter kernel
+  (one is running, not merely imported), the prompt, or `python -i`."""
+  ipython = sys.modules.get('IPython')
+  if ipython is not None and getattr(ipython, 'get_ipython', lambda: None)() is not None:
+    return True
+  return hasattr(sys, 'ps1') or bool(sys.flags.interactive)
 
 
 def _stop_at_signal(signum, frame) -> None:

@@ -444,3 +444,44 @@ def test_a_signal_is_taken_while_sentencepiece_trains_a_vocabulary(send):
   finally:
     signal.signal(signal.SIGUSR1, previous)
   assert len(handled) == 1 and finished - handled[0] > 0.5, (handled, finished)
+
+
+@pytest.mark.parametrize('interactive', [False, True])
+def test_ctrl_c_that_stops_at_once_leaves_an_interactive_session_running(
+  interactive, monkeypatch, capfd
+):
+  """`stop_now` ends the process (`os._exit`) in a program, but in a notebook's kernel or at a
+  Python prompt that would end the user's session: a second interrupt of a training cell, or
+  the first during its start-up, killed the kernel. There Ctrl-C raises KeyboardInterrupt after
+  the same line; SIGTERM still ends the process."""
+  exits = []
+  monkeypatch.setattr(runtime.os, '_exit', exits.append)
+  monkeypatch.setattr(runtime, 'in_interactive_session', lambda: interactive)
+  if interactive:
+    with pytest.raises(KeyboardInterrupt):
+      runtime.stop_now(signal.SIGINT, ' at step 3')
+  else:
+    runtime.stop_now(signal.SIGINT, ' at step 3')
+  runtime.stop_now(signal.SIGTERM, ' at step 4')
+  assert exits == ([] if interactive else [130]) + [143]
+  assert capfd.readouterr().err.splitlines()[1::2] == [
+    'error: stopped by Ctrl-C at step 3',
+    'error: stopped by SIGTERM at step 4',
+  ]
+
+
+def test_an_interactive_session_is_told_from_a_program():
+  """A program (this test session, a `python -c` child) is not interactive; `python -i` and a
+  running IPython are."""
+  assert not runtime.in_interactive_session()
+  code = 'from relpos import runtime; print(runtime.in_interactive_session())'
+  for flags, expected in (([], 'False'), (['-i'], 'True')):
+    done = subprocess.run(
+      [sys.executable, *flags, '-c', code],
+      capture_output=True,
+      text=True,
+      timeout=60,
+      cwd=ROOT,
+      stdin=subprocess.DEVNULL,
+    )
+    assert done.stdout.splitlines()[0] == expected, done.stderr
