@@ -177,3 +177,18 @@ def test_bleu_p_value_of_two_systems_with_the_same_bleu_is_one():
   assert significance.bleu_p_value(good, good, references, target_lang='en') == 1.0
   assert significance.bleu_p_value(bad, good, references, target_lang='en') < 0.01
   assert significance.bpc_p_value([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [5, 5, 5]) == 1.0
+
+
+@pytest.mark.parametrize('name', ['by_position', 'by_length', 'by_evaluation'])
+def test_seed_table_names_the_file_to_give_for_a_breakdowns_per_run_file(tmp_path, name):
+  """sweep_by_position_seeds.csv (value, seed, bucket, bpc) failed on line 3 with "seed '0'
+  and bucket '2-4' are not an integer and a number"."""
+  per_run = tmp_path / f'sweep_{name}_seeds.csv'
+  per_run.write_text('value,seed,bucket,bpc\n2,0,1,7.53\n2,0,2-4,7.54\n')
+  (tmp_path / 'sweep_seeds.csv').write_text('value,seed,bpc,step,workdir\n2,0,7.5,20,w\n')
+  with pytest.raises(ValueError) as refused:
+    significance.seed_table(per_run)
+  assert str(refused.value) == (
+    f"{per_run} is a breakdown's per-run file (a row per run and bucket): give the sweep's "
+    f'sweep_seeds.csv, {tmp_path / "sweep_seeds.csv"}'
+  )

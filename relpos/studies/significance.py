@@ -44,6 +44,10 @@ from sacrebleu.significance import PairedTest
 from relpos import flag_types, scoring
 from relpos.training.run_config import DIVERGED
 
+# The column after value and seed in a breakdown's per-run file, sweep_by_<by>_seeds.csv
+# (`relpos.studies.breakdown`, which imports this module): a row per run and bucket.
+BUCKET = 'bucket'
+
 SAMPLES = 1000  # sacreBLEU's default number of bootstrap resamples
 SEED = 12345  # sacreBLEU's default seed (SACREBLEU_SEED)
 
@@ -205,6 +209,12 @@ def seed_table(seeds_csv, baseline: str | None = None) -> str:
   metric, rows = read_seeds_csv(seeds_csv)
   if metric is None or not rows or list(rows[0])[:2] != ['value', 'seed']:
     raise ValueError(f'{seeds_csv}: not a sweep_seeds.csv (columns value, seed, metric, ...)')
+  if metric == BUCKET:  # line 3 read its bucket '2-4' as the seed test's score
+    beside = os.path.join(os.path.dirname(seeds_csv), 'sweep_seeds.csv')
+    raise ValueError(
+      f"{seeds_csv} is a breakdown's per-run file (a row per run and {BUCKET}): give the "
+      "sweep's sweep_seeds.csv" + (f', {beside}' if os.path.isfile(beside) else '')
+    )
   if metric == DIVERGED:  # sweep_diverged.csv: its step column would be tested as a score
     raise ValueError(
       f'{seeds_csv} lists diverged runs ({DIVERGED}), which have no scores: give the '
