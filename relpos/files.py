@@ -203,3 +203,28 @@ def read_text_lines(path) -> list[str]:
   """The lines (`split_lines`) of the UTF-8 file at `path` as written, with no newline
   translation (`Path.read_text` reads a bare '\r' as a line end too)."""
   return split_lines(Path(path).read_bytes().decode('utf-8'))
+
+
+def distinct_paths(paths) -> list:
+  """`paths` with each file or directory once, in the order given: a path that resolves to
+  one named before (`W` and `W/`, `./W`, a symbolic link to it) is left out, and one `warning:`
+  line names the repeats. For the study tools that read several runs
+  (`relpos.studies.shaw_tables`, `relpos.studies.plot`): a run named twice was counted twice
+  in a mean (runs=2) and drawn twice. A path that cannot be resolved is kept as it is, for the
+  tool's own line about it."""
+  kept, seen, repeated = [], set(), []
+  for path in paths:
+    try:
+      key = Path(path).resolve()
+    except (OSError, RuntimeError):  # a loop of links: the tool's check names it
+      key = path
+    if key in seen:
+      repeated.append(str(path))
+      continue
+    seen.add(key)
+    kept.append(path)
+  if repeated:
+    from relpos.messages import warn
+
+    warn(f'{", ".join(repeated)}: named before (the same directory), read once')
+  return kept

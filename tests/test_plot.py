@@ -206,3 +206,15 @@ def test_labels_too_long_for_a_tight_layout_write_the_figure_without_a_warning(t
     written = figures.save(figure, tmp_path / 'sweep.png')
   assert written.stat().st_size > 0
   assert [str(warning.message) for warning in caught] == []
+
+
+def test_a_run_named_twice_is_drawn_once(tmp_path, monkeypatch, capsys):
+  """`plot W W/` drew the run's curves twice, under two labels."""
+  run = _run(tmp_path / 'a', [{'step': 1, 'train/loss': 1.0}])
+  drawn = []
+  monkeypatch.setattr(plot, 'plot_runs', lambda workdirs, out: drawn.append(workdirs) or out)
+  define = lambda: flags.DEFINE_string('out', None, '')  # noqa: E731 (as plot's __main__)
+  argv = ['plot', str(run), f'{run}/', f'--out={tmp_path / "c.png"}']
+  assert call_absl_main(define, plot.main, argv) is None
+  assert drawn == [[str(run)]]
+  assert capsys.readouterr().err.count('warning:') == 1

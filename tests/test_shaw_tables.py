@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from absl import flags
 from helpers import call_absl_main, load_config
 
 from relpos.config.translation_defaults import translate_config
@@ -71,3 +72,19 @@ def test_the_command_exits_1_with_its_error_line_and_no_traceback(commands, tmp_
   assert result.returncode == 1 and 'Traceback' not in result.stderr
   last = result.stderr.strip().splitlines()[-1]
   assert last.startswith('error: ') and 'run is not a directory: give the workdir' in last, last
+
+
+def test_a_run_named_twice_is_one_run(monkeypatch, tmp_path, capsys):
+  """`shaw_tables W W/` reported runs=2 for one run, and averaged it twice."""
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  read = []
+  drift = {stack: np.zeros(3) for stack in shaw_tables.STACKS}
+  monkeypatch.setattr(shaw_tables, 'row_drift', lambda w: read.append(w) or (1, drift, 1.0))
+  argv = ['shaw_tables', str(workdir), f'{workdir}/', str(tmp_path / '.' / 'run')]
+  define = lambda: flags.DEFINE_string('out', None, '')  # noqa: E731 (as its __main__)
+  assert call_absl_main(define, shaw_tables.main, argv) is None
+  assert read == [str(workdir)]
+  captured = capsys.readouterr()
+  assert '| 1 | 1 | 1.00 |' in captured.out
+  assert captured.err.count('warning:') == 1 and f'{workdir}/' in captured.err

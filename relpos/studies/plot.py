@@ -17,6 +17,7 @@ from pathlib import Path
 from absl import app, flags
 
 from relpos import flag_types
+from relpos.files import distinct_paths
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
 from relpos.training.run_config import check_path, check_task, not_a_run
@@ -108,7 +109,7 @@ def main(argv):
   tasks.expand_home(flags.FLAGS)  # --out=~/x.png; the shell expands the positional workdirs
   tasks.refuse_empty_paths(flags.FLAGS, argv[1:])
   try:
-    print(f'wrote {plot_runs(argv[1:], flags.FLAGS.out)}')
+    print(f'wrote {plot_runs(distinct_paths(argv[1:]), flags.FLAGS.out)}')
   except tasks.FAULTS as fault:  # --out cannot be written (`figures.save`): exit 74
     tasks.exit_for_fault(fault)
   except (FileNotFoundError, ValueError, PermissionError) as error:

@@ -29,6 +29,7 @@ import numpy as np
 from absl import app, flags
 
 from relpos import flag_types, runtime
+from relpos.files import distinct_paths
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
 
@@ -149,7 +150,7 @@ def main(argv):
   tasks.expand_home(flags.FLAGS)  # --out=~/x.png; the shell expands the positional workdirs
   tasks.refuse_empty_paths(flags.FLAGS, argv[1:])
   try:
-    by_k = drift_by_k(argv[1:])
+    by_k = drift_by_k(distinct_paths(argv[1:]))
   except (FileNotFoundError, ValueError) as error:
     sys.exit(f'error: {error}')
   except tasks.FAULTS as fault:  # a run training there now, before its first checkpoint
