@@ -228,7 +228,7 @@ def test_print_only_lists_train_and_eval_commands_per_seed(tmp_path, monkeypatch
     f'--workdir={tmp_path}/max_relative_position={value}/seed={seed}'
     for value in (0, 4)
     for seed in (0, 1)
-    for script in ('train.py', 'eval.py')
+    for script in ('train.py',)  # train.py scores the run: an eval.py line scored it again
   ]
 
 
@@ -245,11 +245,11 @@ def test_print_only_sweeps_presets_of_the_config_file(tmp_path, monkeypatch, cap
   assert code is None
   stdout = capsys.readouterr().out
   assert stdout.strip().splitlines()[:2] == [
-    f'python {script} --config=configs/translate_tiny.py:shaw --config.train.steps=5 '
-    f'--config.seed=0 --workdir={tmp_path}/preset=shaw/seed=0'
-    for script in ('train.py', 'eval.py')
+    f'python train.py --config=configs/translate_tiny.py:shaw --config.train.steps=5 '
+    f'--config.seed=0 --workdir={tmp_path}/preset=shaw/seed=0',
+    f'python train.py --config=configs/translate_tiny.py:shaw_keys_only --config.train.steps=5 '
+    f'--config.seed=0 --workdir={tmp_path}/preset=shaw_keys_only/seed=0',
   ]
-  assert '--config=configs/translate_tiny.py:shaw_keys_only' in stdout
 
 
 @pytest.mark.parametrize(
@@ -553,8 +553,8 @@ def test_an_eval_field_sweep_trains_once_per_seed_and_scores_every_value(
     assert scores[0] != scores[4]  # the memory changed the score of the same checkpoint
   commands = sweep_grid.commands('c.py', [], root, 'eval.mem_len', [0, 8], [0])
   assert commands == [
-    f'python train.py --config=c.py --config.eval.mem_len=0 --config.seed=0 '
-    f'--workdir={root}/trained/seed=0',
+    # The one training keeps --config's own eval settings, as the sweep's (`as_trained`).
+    f'python train.py --config=c.py --config.seed=0 --workdir={root}/trained/seed=0',
     f'python eval.py --config=c.py --config.eval.mem_len=0 --config.seed=0 '
     f'--workdir={root}/trained/seed=0 --output_dir={root}/mem_len=0/seed=0',
     f'python eval.py --config=c.py --config.eval.mem_len=8 --config.seed=0 '
@@ -1195,14 +1195,13 @@ def test_print_only_quotes_each_argument_for_the_shell(tmp_path):
   assert [shlex.split(line) for line in lines] == [
     [
       'python',
-      script,
+      'train.py',
       '--config=c.py:shaw',
       '--config.data.path=my text.txt',
       '--config.model.k=2',
       '--config.seed=0',
       f'--workdir={root}/k=2/seed=0',
     ]
-    for script in ('train.py', 'eval.py')
   ]
 
 
@@ -1328,3 +1327,86 @@ def test_translations_holding_unicode_line_breaks_pair_with_their_references(tmp
   rows = [{'seed': 0, 'workdir': str(tmp_path), 'results': {'translations': str(translations)}}]
   config = load_config('translate_tiny', 'shaw')
   assert sweep_tables._pooled_items(config, 'bleu', rows) == {0: lines}
+
+
+def _legacy_run(root: Path, directory: str, seed: int, *, trained: dict | None = None) -> Path:
+  """A run directory as a sweep of an older relpos (no root record) left it: a trained run's
+  config.json (`trained`), else only an evaluation's eval_results.json."""
+  run = root / directory / f'seed={seed}'
+  run.mkdir(parents=True)
+  if trained is not None:
+    (run / run_config.CONFIG_FILE).write_text(json.dumps(trained))
+  else:
+    (run / run_config.RESULTS_FILE).write_text(json.dumps({'bpc': 7.5}))
+  return run
+
+
+def test_a_sweep_of_another_field_in_a_root_is_refused_before_anything_trains(
+  tmp_path, monkeypatch
+):
+  """An eval.max_relative_position sweep in a root of a model.max_relative_position sweep
+  scored into the trained runs (both name directories max_relative_position=v/seed=s); a k
+  sweep after an eval one trained its first value, then stopped at the next with eval.py's
+  remedy; any two sweeps in one root replaced each other's sweep.csv. The root records its
+  field, and a sweep of another refuses it up front in one line; the same field's sweep
+  (more values, seeds) goes on."""
+  trained = []
+  monkeypatch.setattr(sweep, 'train_unfinished', lambda *args: trained.append(args))
+  monkeypatch.setattr(sweep_tables, 'read_runs', lambda *args, **kwargs: [])
+  config = load_config('char_tiny', 'shaw')
+  root = tmp_path / 'k'
+  with pytest.raises(FileNotFoundError):  # no finished runs: the training was stubbed
+    sweep.sweep(config, root, 'model.max_relative_position', [2, 4], [0], 'bpc', baseline=2)
+  assert json.loads((root / sweep_grid.FIELD_RECORD).read_text()) == {
+    'field': 'model.max_relative_position'
+  }
+  for other in ('eval.max_relative_position', 'model.position'):
+    with pytest.raises(ValueError) as refused:
+      sweep.sweep(config, root, other, [-1, 2], [0], 'bpc', baseline=-1)
+    assert str(refused.value).startswith(
+      f'--workdir={root} holds the sweep of model.max_relative_position '
+      f'(its {sweep_grid.FIELD_RECORD})'
+    )
+    assert str(refused.value).endswith(f'give the sweep of {other} another --workdir')
+  assert len(trained) == 1
+  with pytest.raises(FileNotFoundError):  # more values and seeds: the same sweep
+    sweep.sweep(config, root, 'model.max_relative_position', [2, 4, 8], [0, 1], 'bpc', 2)
+  assert len(trained) == 2
+
+
+def test_a_root_of_an_older_sweep_is_told_by_its_run_directories(tmp_path):
+  """A root an older relpos made has no record: a trained run's config.json names its field,
+  a directory holding only eval_results.json (beside trained/) an eval field's; the same
+  field's sweep goes on (and records it), another's is refused."""
+  k_root = tmp_path / 'k'
+  config = load_config('char_tiny', 'shaw').to_dict()
+  config['model']['max_relative_position'] = 2
+  _legacy_run(k_root, 'max_relative_position=2', 0, trained=config)
+  assert sweep_grid.root_fields(k_root) == (['model.max_relative_position'], False)
+  sweep_grid.check_root(k_root, 'model.max_relative_position')
+  with pytest.raises(ValueError, match='write into; .*sweep of eval.max_relative_position another'):
+    sweep_grid.check_root(k_root, 'eval.max_relative_position')
+  sweep_grid.record_field(k_root, 'model.max_relative_position')
+  assert sweep_grid.root_fields(k_root) == (['model.max_relative_position'], True)
+
+  mem_root = tmp_path / 'mem'
+  _legacy_run(mem_root, 'trained', 0, trained=config)
+  _legacy_run(mem_root, 'mem_len=0', 0)
+  assert sweep_grid.root_fields(mem_root) == (['eval.mem_len'], False)
+  sweep_grid.check_root(mem_root, 'eval.mem_len')
+  with pytest.raises(ValueError, match='holds the sweep of eval.mem_len .* train.mem_len another'):
+    sweep_grid.check_root(mem_root, 'train.mem_len')
+
+
+def test_print_only_refuses_a_root_of_another_field(tmp_path, monkeypatch, capsys):
+  sweep_grid.record_field(tmp_path, 'model.max_relative_position')
+  code = run_sweep_main(
+    monkeypatch,
+    f'--workdir={tmp_path}',
+    '--config=configs/char_tiny.py:shaw',
+    '--field=eval.max_relative_position',
+    '--values=-1,2',
+    '--print_only',
+  )
+  assert code is not None and code != 0
+  assert capsys.readouterr().out == ''

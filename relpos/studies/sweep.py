@@ -27,7 +27,8 @@ sweep on the same root is refused at once.
 Everything that can be wrong is an error before any training: an unknown field or value, a
 metric the task does not report, a field the model never reads at the swept values (k on an
 absolute model), an `--evaluations` setting the config checks refuse for any value's model.
-`--print_only` prints the train/eval command of every run instead (for a cluster);
+`--print_only` prints the commands the sweep runs instead (for a cluster; an eval.py line only
+for a score train.py does not write, `sweep_grid.commands`);
 `--collect_only` rebuilds the tables from finished runs, with a warning naming each result
 that is not of the config as given (another training config, step or config.eval, or
 scored from another workdir's checkpoint). Any `--config.*` override on this command line is
@@ -285,12 +286,14 @@ def sweep(
   tables, plot and breakdowns are those of the first setting, and `sweep_by_evaluation.*` holds
   them all."""
   task = tasks.get(config)
+  sweep_grid.check_root(root, field)  # a root of another field's sweep: before it is made
   prepare_root(root, train=train)
   settings = evaluations or {None: {}}
   if train:
     # One sweep at a time on a root: a second one would score the runs the first finishes,
     # then stop at the run the first trains (its workdir's lock); it is refused at once.
     with workdir_lock.hold(root):
+      sweep_grid.record_field(root, field)
       train_unfinished(config, task, root, field, values, seeds, variant_of, settings)
 
   def tabulated(setting, setting_runs: list) -> list[dict]:
@@ -319,6 +322,8 @@ def sweep(
   if not compared:
     sweep_tables.warn_baseline_without_runs(summary, field, baseline, breakdowns or evaluations)
   print(sweep_tables.write_tables(summary, rows, root, field, metric, baseline, first))
+  if not train:  # its tables claim the root (sweep.csv still its first write, `first_write`)
+    sweep_grid.record_field(root, field)
   sweep_tables.write_diverged(diverged, root, field)
   print(f'plot: {sweep_tables.plot(summary, rows, root, field, metric)}')
   if not compared:
@@ -535,6 +540,7 @@ def main(argv):
         breakdown.buckets(edges, kind)
         breakdowns.append((kind, edges))
     if args.print_only:
+      sweep_grid.check_root(root, field)
       print(
         '\n'.join(
           sweep_grid.commands(config_arg, overrides, root, field, values, seeds, evaluations)

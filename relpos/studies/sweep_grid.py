@@ -21,17 +21,26 @@ short, evaluate long.
 The grid is the one place a run's config and directories are made (`runs`, `run_dir`,
 `model_dir`), for the training, the tables and `--print_only`'s commands (`commands`) alike;
 nothing parses a directory's name back.
+
+A root is one sweep's: its runs are named by the field's last part alone, so a sweep of
+eval.max_relative_position in a root of model.max_relative_position's would score into the
+trained runs (replacing their eval_results.json), and any two sweeps there replace each other's
+sweep.csv, .md and .png. The root records its field (`FIELD_RECORD`), and a sweep of another
+field there is refused before anything is made or trained (`check_root`).
 """
 
 import functools
 import hashlib
+import json
 import shlex
 from pathlib import Path
 
 import ml_collections
 
 from relpos.config import checks, declaration, fields, load_config_file
-from relpos.training import tasks
+from relpos.files import write_atomically
+from relpos.messages import warn
+from relpos.training import run_config, tasks
 
 PRESET = 'preset'  # --field=preset: each value is a preset of the --config file
 EVAL_SECTION = 'eval.'  # a field under it: one training per seed, scored at every value
@@ -253,7 +262,13 @@ def commands(
   config_arg: str, overrides: list[str], root: Path, field: str, values, seeds, evaluations=None
 ):
   """The shell commands that train and evaluate every run (at each of `evaluations`, given),
-  each argument quoted for the shell where it needs it (a workdir with spaces, say)."""
+  each argument quoted for the shell where it needs it (a workdir with spaces, say): what the
+  sweep itself runs (`relpos.studies.sweep.train_unfinished`). train.py scores its run into its
+  workdir with the config's own evaluation settings, so an eval.py line follows only for a
+  score it does not write: an `--evaluations` setting, or a value of an eval field (scored
+  from the seed's one training, `model_dir`, which trains with `--config`'s own config.eval as
+  the sweep's does, `as_trained`). An eval.py line for the workdir train.py just scored scored
+  the run again (a full test pass each)."""
 
   def command(*args) -> str:
     return ' '.join(shlex.quote(str(arg)) for arg in args)
@@ -267,13 +282,127 @@ def commands(
         chosen = [f'--config={config_arg}', *overrides, f'--config.{field}={value}']
       chosen.append(f'--config.seed={seed}')
       workdir, results_dir = model_dir(root, field, value, seed), run_dir(root, field, value, seed)
-      if workdir == results_dir or value == values[0]:
+      if workdir == results_dir:
         lines.append(command('python', 'train.py', *chosen, f'--workdir={workdir}'))
+      elif value == values[0]:  # an eval field: one training per seed, with --config's config.eval
+        trained = [arg for arg in chosen if not arg.startswith(f'--config.{field}=')]
+        lines.append(command('python', 'train.py', *trained, f'--workdir={workdir}'))
       for setting, eval_fields in (evaluations or {None: {}}).items():
         scored = [f'--config.{name}={v}' for name, v in eval_fields.items()]
         output_dir = run_dir(root, field, value, seed, setting)
+        if output_dir == workdir and not scored:
+          continue  # train.py's own score
         output = [] if workdir == output_dir else [f'--output_dir={output_dir}']
         lines.append(
           command('python', 'eval.py', *chosen, *scored, f'--workdir={workdir}', *output)
         )
   return lines
+
+
+# The root's record of the field its sweep varies (`record_field`, `check_root`).
+FIELD_RECORD = 'sweep_field.json'
+
+
+def _trained_field(config_file: Path, directory: str) -> str:
+  """The field of the training sweep whose run directory `directory` (`<leaf>=<value>`)
+  recorded `config_file`: the recorded field of that last part whose value gives the name
+  (`run_dir`), else the first of that last part, else `...<leaf>` (a damaged record)."""
+  leaf = directory.split('=', 1)[0]
+  if leaf == PRESET:
+    return PRESET
+  try:
+    recorded = json.loads(config_file.read_text())
+  except (OSError, ValueError):
+    recorded = None
+  named = []
+
+  def visit(node, prefix):
+    for name, value in node.items():
+      if isinstance(value, dict):
+        visit(value, f'{prefix}{name}.')
+      elif name == leaf:
+        named.append((f'{prefix}{name}', value))
+
+  if isinstance(recorded, dict):
+    visit(recorded, '')
+  for field, value in named:
+    if directory_name(f'{leaf}={value}') == directory:
+      return field
+  return named[0][0] if named else f'...{leaf}'
+
+
+def root_fields(root: Path) -> tuple[list[str], bool]:
+  """The fields of the sweeps `root` holds, and whether the root recorded them: its record's
+  one (`FIELD_RECORD`); for a root an older relpos made, which has none (or a damaged one),
+  those its run directories `<leaf>=<value>/seed=<s>` show: one that trained
+  (config.json) is of the training field whose last part the name gives (`_trained_field`), one
+  that holds only eval_results.json beside a trained/seed=<s> run of the eval field
+  (`model_dir`); results copied without their runs (for --collect_only) tell nothing. ([],
+  False) for a root with no sweep (or none yet)."""
+  try:
+    field = json.loads((root / FIELD_RECORD).read_text())['field']
+    if isinstance(field, str):
+      return [field], True
+  except (OSError, ValueError, KeyError, TypeError):
+    pass
+  fields = []
+  trained_once = any(
+    (run / run_config.CONFIG_FILE).is_file() for run in root.glob('trained/seed=*')
+  )
+  for run in sorted(root.glob('*=*/seed=*')):
+    if (run / run_config.CONFIG_FILE).is_file():
+      field = _trained_field(run / run_config.CONFIG_FILE, run.parent.name)
+    elif trained_once and (run / run_config.RESULTS_FILE).is_file():
+      field = EVAL_SECTION + run.parent.name.split('=', 1)[0]
+    else:
+      continue  # a run that never started, or a result copied alone (--collect_only's)
+    if field not in fields:
+      fields.append(field)
+  return fields, False
+
+
+def _last_part(field: str) -> str:
+  return field.split('.')[-1]
+
+
+def check_root(root: Path, field: str) -> None:
+  """Raises ValueError, before the sweep of `field` makes or trains anything in `root`, where
+  the root holds the sweep of another field (`root_fields`): as recorded, or, in a root an older
+  relpos made, where no run of `field` is there or one of another field has the same last
+  part (its run directories are this sweep's: an eval field's values score into a training
+  field's trained runs; a training field's values train in directories holding only an eval
+  field's scores). Adding values, seeds or `--evaluations` to the same field's sweep is that
+  sweep. An older root holding runs of this field and of others with other names (sweeps that
+  shared it, before the record) goes on as before, with a warning that their tables replace
+  each other's, and is not recorded as this field's."""
+  fields, recorded = root_fields(root)
+  others = [other for other in fields if other != field]
+  if not others:
+    return
+  same_names = [other for other in others if _last_part(other) == _last_part(field)]
+  if recorded or field not in fields or same_names:
+    where = f'its {FIELD_RECORD}' if recorded else 'as its run directories show'
+    clash = (
+      f', whose run directories {_last_part(field)}=<value>/seed=<s> a sweep of {field} would '
+      'write into'
+      if same_names
+      else ', whose tables (sweep.csv, .md, .png) a sweep of another field replaces'
+    )
+    raise ValueError(
+      f'--workdir={root} holds the sweep of {", ".join(others)} ({where}){clash}; '
+      f"a root is one sweep's: give the sweep of {field} another --workdir"
+    )
+  warn(
+    f'--workdir={root} holds the runs of sweeps of {", ".join(fields)} (made before roots '
+    f"recorded their field), which replace each other's sweep.csv, .md and .png; a new "
+    f'sweep is best given a --workdir of its own'
+  )
+
+
+def record_field(root: Path, field: str) -> None:
+  """Records `field` as the sweep of `root` (`FIELD_RECORD`), after `check_root`, before its
+  first run trains (or --collect_only writes its tables): also in a root an older relpos made
+  for this field alone, not in one holding several fields' runs (`check_root`'s warning)."""
+  fields, recorded = root_fields(root)
+  if not recorded and fields in ([], [field]):
+    write_atomically(root / FIELD_RECORD, json.dumps({'field': field}) + '\n')
