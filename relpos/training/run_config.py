@@ -118,8 +118,8 @@ def not_a_run(directory, given: str) -> str | None:
   --output_dir, a sweep's eval-field value or `--evaluations` setting) holds only
   eval_results.json, whose `checkpoint` names the run it scored."""
   directory = Path(directory)
-  runs = sorted(directory.glob('*=*/seed=*')) + sorted(directory.glob('trained/seed=*'))
-  if runs or any((directory / name).is_file() for name in ('sweep.csv', 'sweep.md')):
+  runs = sweep_runs(directory)
+  if runs is not None:
     trained = [run for run in runs if (run / CONFIG_FILE).is_file()] or runs
     example = f', such as {trained[0]}' if trained else ''
     return f'{given} is the root of a sweep, not a run: give its run directories{example}'
@@ -132,6 +132,17 @@ def not_a_run(directory, given: str) -> str | None:
   else:  # a sweep's record of a diverged run
     run = "a run: give the run's directory (a sweep of an eval field trains in trained/seed=<s>)"
   return f'{given} holds only an evaluation ({RESULTS_FILE}) of {run}'
+
+
+def sweep_runs(directory) -> list[Path] | None:
+  """The run directories (`<field>=<value>/seed=<s>`, an eval field's `trained/seed=<s>`) of
+  the sweep whose root `directory` is (`relpos.studies.sweep`: those folders, or its tables,
+  sweep.csv and sweep.md), maybe none; None where `directory` is no sweep's root."""
+  directory = Path(directory)
+  runs = sorted(directory.glob('*=*/seed=*')) + sorted(directory.glob('trained/seed=*'))
+  if runs or any((directory / name).is_file() for name in ('sweep.csv', 'sweep.md')):
+    return runs
+  return None
 
 
 class TaskMismatchError(ValueError):
@@ -334,7 +345,9 @@ def check_output_dir(output_dir, workdir) -> None:
 
   - another run, whose files the evaluation would overwrite with a score of `workdir`'s
     model: a run's config.json or checkpoints, or an eval_results.json scored from another
-    workdir (a sweep's --collect_only would then tabulate it as that run's own). The workdir
+    workdir (a sweep's --collect_only would then tabulate it as that run's own), or a sweep's
+    root (`sweep_runs`), refused as --workdir too (`not_a_run`): an eval_results.json there
+    is no run's and reads as one of its runs to the tools given the root. The workdir
     itself, a new directory, or one of earlier evaluations of the same workdir (a sweep's
     `<run>/<setting>`, an eval field's `<field>=<v>/seed=<s>`) are fine.
   - a sweep's record that the run diverged (`recorded_divergence`), which a score of its last
@@ -353,12 +366,15 @@ def check_output_dir(output_dir, workdir) -> None:
     held = [name for name in (CONFIG_FILE, 'checkpoints') if (output_dir / name).exists()]
     results = results_in(output_dir)  # none, or damaged: nothing of another run's to keep
     checkpoint = None if held or results is None else foreign_checkpoint(results, workdir)
-    if held or checkpoint:
-      what = (
-        f'another run (its {" and ".join(held)})'
-        if held
-        else f'the evaluation of another run ({RESULTS_FILE} scored {checkpoint})'
-      )
+    runs = sweep_runs(output_dir)
+    if held or checkpoint or runs is not None:
+      if runs is not None:
+        example = f', such as {runs[0]}' if runs else ''
+        what = f"a sweep's runs and tables (it is the root of a sweep{example})"
+      elif held:
+        what = f'another run (its {" and ".join(held)})'
+      else:
+        what = f'the evaluation of another run ({RESULTS_FILE} scored {checkpoint})'
       raise ValueError(
         f'--output_dir={output_dir} holds {what}, which this evaluation of --workdir={workdir} '
         'would overwrite: give a directory of its own (a new one is made), or leave '
