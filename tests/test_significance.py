@@ -177,3 +177,22 @@ def test_bleu_p_value_of_two_systems_with_the_same_bleu_is_one():
   assert significance.bleu_p_value(good, good, references, target_lang='en') == 1.0
   assert significance.bleu_p_value(bad, good, references, target_lang='en') < 0.01
   assert significance.bpc_p_value([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [5, 5, 5]) == 1.0
+
+
+@pytest.mark.parametrize('bad', [math.nan, math.inf])
+def test_a_non_finite_score_is_refused_not_tested(tmp_path, bad):
+  """fz14b-7: a NaN score printed `nan` as a p-value (the bootstrap its floor, p < 0.001, for
+  NaN segments), an inf one numpy's and scipy's RuntimeWarnings. Now the tests refuse it, and
+  the command names the line."""
+  with pytest.raises(ValueError, match=r'^paired test: system holds a number that is not finite'):
+    significance.seed_p_value({0: 1.0, 1: 2.0}, {0: bad, 1: 2.5})
+  with pytest.raises(ValueError, match=r'^paired test: baseline holds a number that is not'):
+    significance.bpc_p_value([1.0, bad], [1.0, 2.0], [3, 3])
+  seeds_csv = tmp_path / 'sweep_seeds.csv'
+  seeds_csv.write_text(f'value,seed,bpc\n2,0,7.5\n2,1,7.6\n8,0,7.4\n8,1,{bad}\n')
+  with pytest.raises(ValueError) as refused:
+    significance.seed_table(seeds_csv)
+  assert str(refused.value) == (
+    f"{seeds_csv} line 5: value 8 seed 1 has bpc '{bad}', not a finite number: score that run "
+    'again, or leave its row out'
+  )

@@ -7,6 +7,7 @@ a rerun matches it, is `relpos.config.recorded`.
 
 import errno
 import json
+import math
 import os
 from pathlib import Path
 
@@ -278,7 +279,8 @@ def read_results(path) -> dict:
 
   Raises:
     ValueError: naming the file, where it is damaged: not JSON (cut by a kill mid-write, before
-      results were written whole), not UTF-8, or no JSON object.
+      results were written whole), not UTF-8, no JSON object, or a score that is no finite
+      number (`non_finite_scores`) where no divergence is recorded.
     OSError: where it cannot be read (FileNotFoundError: there is none).
   """
   try:
@@ -289,7 +291,49 @@ def read_results(path) -> dict:
     raise ValueError(
       f'{path} is damaged ({results if isinstance(results, Exception) else "not an object"})'
     )
+  if DIVERGED not in results and (bad := non_finite_scores(results)):
+    raise ValueError(
+      f'{path} is damaged (no finite number in {", ".join(bad)}, and no {DIVERGED} record)'
+    )
   return results
+
+
+# The keys of eval_results.json a sweep's tables read of a result of each metric
+# (`relpos.studies.sweep_tables`): the score, and the test items its paired bootstrap pairs
+# (`sweep_tables.p_value`: bpc's segments, BLEU's translations). A result without one (written
+# before it was recorded: segment_nats before 2026-11-24) cannot be tabulated: the sweep's
+# --collect_only says so (`sweep_tables.collect`), and a rerun scores the run again
+# (`finished_run.result_change`).
+TABLE_FIELDS = {'bpc': ('bpc', 'segment_nats', 'segment_tokens'), 'bleu': ('bleu', 'translations')}
+
+
+def missing_table_fields(results: dict, metric: str) -> list[str]:
+  """The keys of `TABLE_FIELDS` (for `metric`; the metric alone for another) that `results`
+  (eval_results.json) lacks."""
+  return [key for key in TABLE_FIELDS.get(metric, (metric,)) if key not in results]
+
+
+# The sections of eval_results.json that record settings, not scores (config.eval, config.data).
+SETTINGS = ('eval', 'data')
+
+
+def non_finite_scores(results: dict) -> list[str]:
+  """The keys of `results` (eval_results.json) outside `SETTINGS` whose number, or a number of
+  whose list, is NaN or infinite ('segment_nats[3]'). A finished evaluation writes none: its
+  model's loss was finite, and a run whose loss went non-finite is recorded as diverged
+  (`DIVERGED`) by a sweep, or ends train.py with an error line. Such a number (an edit, another
+  tool's file) read as a score made every mean it joined NaN, and the sweep's bootstrap read
+  NaN differences as significant (p < 0.001)."""
+  bad = []
+  for key, value in results.items():
+    if key in SETTINGS:
+      continue
+    numbers = value if isinstance(value, list) else [value]
+    for index, number in enumerate(numbers):
+      if isinstance(number, float) and not math.isfinite(number):
+        bad.append(f'{key}[{index}]' if isinstance(value, list) else key)
+        break
+  return bad
 
 
 def results_in(directory) -> dict | None:
