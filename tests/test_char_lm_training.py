@@ -85,6 +85,20 @@ def test_train_then_evaluate_writes_results(text_file, tmp_path, capsys):
     f'warning: scoring other data than the run trained with (data.path: trained '
     f"'{text_file}', given '{other_text}')"
   ) in capsys.readouterr().err
+  # So is another config.eval into the workdir (fz14b-1: a clipped k, another step or split
+  # silently replaced the run's own result); into another directory it is scored.
+  other_eval = _config(text_file, steps=8)
+  other_eval.eval.update(step=4, mem_len=16)
+  with pytest.raises(ValueError) as refused:
+    char_lm.TASK.evaluate(other_eval, workdir, output_dir=workdir)
+  assert str(refused.value).startswith(
+    f'this evaluation scores other config.eval settings than the run in {workdir} was scored '
+    "with (eval.mem_len: the run's 32, given 16; eval.step: the run's 0, given 4), and would "
+    "replace the run's own result (eval_results.json) with that score: give "
+    '--output_dir=<a new directory>'
+  )
+  assert (workdir / 'eval_results.json').read_bytes() == scored_in_place
+  assert char_lm.TASK.evaluate(other_eval, workdir, output_dir=tmp_path / 'e')['step'] == 4
   # Evaluating with another model or vocabulary than the checkpoint's is an error naming the
   # fix, and the checkpoints stay where they are.
   other_model = _config(text_file, steps=8)

@@ -542,7 +542,7 @@ def test_evaluation_refuses_a_config_of_another_model(tmp_path):
   config = _config()
   config.eval.average_checkpoints = 2
   config.train.steps = 99  # not evaluation's concern
-  assert TASK.evaluate(config, workdir)['step'] == 8
+  assert TASK.evaluate(config, workdir, output_dir=tmp_path / 'averaged')['step'] == 8
   config.model.d_model = 4
   with pytest.raises(ValueError) as caught:
     TASK.evaluate(config, workdir)

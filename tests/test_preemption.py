@@ -279,6 +279,45 @@ def test_no_readable_checkpoint_is_an_error_not_a_fresh_start(text_file, six_ste
   )
 
 
+def test_a_trained_run_whose_checkpoints_are_gone_is_not_trained_again(
+  text_file, six_steps, tmp_path
+):
+  """fz14b-4: a finished, scored run whose checkpoints/ was deleted (to save disk) was trained
+  again from step 0 in silence to score a new config.eval (by train.py, and a sweep through
+  it), and eval.py said "train first". Both now end with one line naming the step, the folder
+  and what to do. A start killed before its first checkpoint (no eval_results.json) starts
+  again as before."""
+  from relpos.training.restore import checkpoints_gone
+
+  workdir = tmp_path / 'run'
+  shutil.copytree(six_steps, workdir)
+  assert checkpoints_gone(workdir) is None  # its checkpoints are there
+  (workdir / 'eval_results.json').write_text(json.dumps({'bpc': 5.0, 'step': 6}))
+  shutil.rmtree(workdir / 'checkpoints')
+  metrics = (workdir / 'metrics.jsonl').read_bytes()
+  expected = (
+    f'the run in {workdir} was trained to step 6 ({workdir}/eval_results.json records it), but '
+    f'its checkpoints are gone ({workdir}/checkpoints holds none): restore them from a copy to '
+    f'use them, or remove {workdir} or give another --workdir to train it again'
+  )
+  config = _config(text_file, 6)
+  config.eval.mem_len = 4  # a new setting to score
+  scored = tmp_path / 'scored'  # eval.py scores another setting into an --output_dir
+  for command in (
+    char_lm.TASK.train_and_evaluate,
+    lambda *args: char_lm.TASK.evaluate(*args, output_dir=scored),
+  ):
+    with pytest.raises(FileNotFoundError) as refused:
+      command(config, workdir)
+    assert str(refused.value) == expected
+  assert not scored.exists()
+  assert (workdir / 'metrics.jsonl').read_bytes() == metrics and not (
+    workdir / 'checkpoints'
+  ).exists()
+  (workdir / 'eval_results.json').unlink()  # a start killed before its first save: no result
+  assert checkpoints_gone(workdir) is None
+
+
 class _ExitError(BaseException):
   """What the test's os._exit raises, with the status the program would have exited with."""
 

@@ -156,6 +156,18 @@ def test_eval_output_dir_holding_another_run_is_refused(tmp_path, monkeypatch):
   assert run_config.foreign_checkpoint({'checkpoint': 'x/run/checkpoints/20'}, workdir) == (
     'x/run/checkpoints/20'
   )
+  # A sweep's root (fz14b-10: refused as --workdir, it took an eval_results.json as
+  # --output_dir): by its tables alone, or by its runs.
+  root = tmp_path / 'root'
+  root.mkdir()
+  (root / 'sweep.csv').write_text('value,seed\n')
+  with pytest.raises(ValueError, match=rf"^--output_dir={root} holds a sweep's runs and tables"):
+    run_config.check_output_dir(root, workdir)
+  (root / 'sweep.csv').unlink()
+  (root / 'k=8' / 'seed=0').mkdir(parents=True)
+  with pytest.raises(ValueError, match=r'\(it is the root of a sweep, such as .*k=8/seed=0\)'):
+    run_config.check_output_dir(root, workdir)
+  run_config.check_output_dir(root / 'k=8' / 'seed=0' / 'clipped', workdir)
   # A sweep's root moved since it was scored: the run's place in it is the same.
   moved = {'checkpoint': '/elsewhere/sweep/k=8/seed=0/checkpoints/20'}
   assert run_config.foreign_checkpoint(moved, tmp_path / 'sweep2' / 'k=8' / 'seed=0') is None

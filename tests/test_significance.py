@@ -192,3 +192,22 @@ def test_seed_table_names_the_file_to_give_for_a_breakdowns_per_run_file(tmp_pat
     f"{per_run} is a breakdown's per-run file (a row per run and bucket): give the sweep's "
     f'sweep_seeds.csv, {tmp_path / "sweep_seeds.csv"}'
   )
+
+
+@pytest.mark.parametrize('bad', [math.nan, math.inf])
+def test_a_non_finite_score_is_refused_not_tested(tmp_path, bad):
+  """fz14b-7: a NaN score printed `nan` as a p-value (the bootstrap its floor, p < 0.001, for
+  NaN segments), an inf one numpy's and scipy's RuntimeWarnings. Now the tests refuse it, and
+  the command names the line."""
+  with pytest.raises(ValueError, match=r'^paired test: system holds a number that is not finite'):
+    significance.seed_p_value({0: 1.0, 1: 2.0}, {0: bad, 1: 2.5})
+  with pytest.raises(ValueError, match=r'^paired test: baseline holds a number that is not'):
+    significance.bpc_p_value([1.0, bad], [1.0, 2.0], [3, 3])
+  seeds_csv = tmp_path / 'sweep_seeds.csv'
+  seeds_csv.write_text(f'value,seed,bpc\n2,0,7.5\n2,1,7.6\n8,0,7.4\n8,1,{bad}\n')
+  with pytest.raises(ValueError) as refused:
+    significance.seed_table(seeds_csv)
+  assert str(refused.value) == (
+    f"{seeds_csv} line 5: value 8 seed 1 has bpc '{bad}', not a finite number: score that run "
+    'again, or leave its row out'
+  )

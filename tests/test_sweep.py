@@ -4,6 +4,7 @@ the whole train -> evaluate -> tabulate loop at tiny sizes."""
 import collections
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -579,10 +580,55 @@ def test_a_run_scored_at_its_eval_step_is_finished(tmp_path):
   config = load_config('char_tiny', 'shaw')
   config.train.steps, config.eval.step = 4, 2
   results = {'bpc': 1.0, 'step': 2, 'eval': config.eval.to_dict()}
+  results |= {'segment_nats': [2.0], 'segment_tokens': [3]}
   (tmp_path / 'eval_results.json').write_text(json.dumps(results))
   assert finished_run.is_finished(tasks.get(config), tmp_path, config, tmp_path / 'trained')
   config.eval.step = 0  # the newest: step 4 is what it would score
   assert not finished_run.is_finished(tasks.get(config), tmp_path, config, tmp_path / 'trained')
+
+
+def test_a_result_lacking_what_the_tables_read_is_named_and_scored_again(tmp_path):
+  """fz14b-5: a result without segment_nats (written before 2026-11-24) ended --collect_only
+  and a rerun in `KeyError: 'segment_nats'`. --collect_only names the file and what scores it
+  again; the sweep (and train.py's rerun) take it as not finished, and score it again."""
+  field = 'model.max_relative_position'
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 10  # _fake_runs' step
+  _fake_runs(tmp_path, field, {0: [2.0], 4: [1.5]})
+  run = sweep_grid.run_dir(tmp_path, field, 4, 0)
+  old = json.loads((run / 'eval_results.json').read_text()) | {'eval': config.eval.to_dict()}
+  del old['segment_nats']
+  (run / 'eval_results.json').write_text(json.dumps(old))
+  with pytest.raises(ValueError) as refused:
+    sweep_tables.collect(sweep_tables.read_runs(tmp_path, field, [0, 4], [0]), 'bpc')
+  assert str(refused.value).startswith(f"{run / 'eval_results.json'} has no 'segment_nats' (")
+  assert str(refused.value).endswith(
+    'the sweep command without --collect_only scores that run again'
+  )
+  scored = sweep_grid.with_value(config, field, 4)
+  reason = finished_run.stale_reason(tasks.get(scored), run, scored, run)
+  assert reason.endswith('has no segment_nats (written by an older relpos)')
+
+
+def test_a_non_finite_score_is_a_damaged_result(tmp_path):
+  """fz14b-7: a bpc or segment_nats entry NaN or inf, with no divergence record, was tabulated
+  (nan means, and the bootstrap's floor, p < 0.001, for NaN differences) and kept by a rerun.
+  Now the result is damaged, as a cut file is: --collect_only names it, a rerun scores again."""
+  field = 'model.max_relative_position'
+  _fake_runs(tmp_path, field, {2: [2.0], 8: [1.5]})
+  path = sweep_grid.run_dir(tmp_path, field, 8, 0) / 'eval_results.json'
+  results = json.loads(path.read_text())
+  for edit, named in (
+    ({'bpc': float('nan')}, 'bpc'),
+    ({'segment_nats': [1.0, float('inf')]}, 'segment_nats[1]'),
+  ):
+    path.write_text(json.dumps(results | edit))  # json writes NaN, Infinity
+    with pytest.raises(
+      ValueError, match=rf'is damaged \(no finite number in {re.escape(named)}, and'
+    ):
+      sweep_tables.read_runs(tmp_path, field, [2, 8], [0])
+  path.write_text(json.dumps({'bpc': float('nan'), 'diverged_at_step': 4}))  # a sweep's record
+  assert run_config.read_results(path)['diverged_at_step'] == 4
 
 
 def test_one_run_has_no_spread_in_the_table(tmp_path):
@@ -781,7 +827,9 @@ def test_a_finished_run_whose_training_files_changed_since_is_not_kept(tmp_path)
   record_config(config, workdir, allow_change=False)
   task = tasks.get(config)
   data_record.record(workdir, task.data_files(config, workdir))
+  (workdir / 'translations_step10.txt').write_text('Katze\n')
   scored = {'bleu': 1.0, 'step': 10, 'eval': config.eval.to_dict()}
+  scored['translations'] = str(workdir / 'translations_step10.txt')
   (workdir / 'eval_results.json').write_text(json.dumps(scored))
   assert finished_run.stale_reason(task, workdir, config, workdir) is None
   for name, line in (('train.en', 'red cat'), ('train.de', 'Katze rot')):

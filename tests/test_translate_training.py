@@ -113,11 +113,14 @@ def test_a_stopped_evaluation_leaves_translations_and_results_of_one_evaluation(
   translations its BLEU is not the score of. Now they are written together, the signal held
   back between (`Task._score_into`): a signal while scoring leaves both as they were, one
   between the writes ends eval.py after both, and the line says which."""
-  workdir = _copy_of_run(trained, tmp_path)
-  results, translations = workdir / 'eval_results.json', workdir / 'translations_step8.txt'
+  workdir, scored = _copy_of_run(trained, tmp_path), tmp_path / 'scored'
+  translate.TASK.evaluate(_config(corpus, steps=8), workdir, output_dir=scored)
+  results, translations = scored / 'eval_results.json', scored / 'translations_step8.txt'
   before = {path: (path.stat().st_ino, path.read_bytes()) for path in (results, translations)}
   config = _config(corpus, steps=8)
-  config.eval.max_decode_extra = 1  # other settings: results of another evaluation
+  # Other settings, results of another evaluation: into an --output_dir (the workdir holds
+  # the run's own config.eval's result, `task_base.check_own_result`).
+  config.eval.max_decode_extra = 1
 
   def signal_now():
     os.kill(os.getpid(), signal.SIGTERM)
@@ -142,8 +145,8 @@ def test_a_stopped_evaluation_leaves_translations_and_results_of_one_evaluation(
   monkeypatch.setattr(os, '_exit', exit_now)
   capfd.readouterr()
   with pytest.raises(_ExitError) as stopped:
-    with runtime.stop_at_signals(workdir_setup.stopped_evaluation(workdir)):
-      translate.TASK.evaluate(config, workdir)
+    with runtime.stop_at_signals(workdir_setup.stopped_evaluation(scored)):
+      translate.TASK.evaluate(config, workdir, output_dir=scored)
   assert stopped.value.args == (143,)
   line = capfd.readouterr().err.splitlines()[-1]
   if signalled == 'while scoring':

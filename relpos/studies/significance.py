@@ -97,6 +97,7 @@ def bpc_p_value(
       f'paired test: {baseline_nats.size} baseline and {system_nats.size} system segments for '
       f'{tokens.size} token counts'
     )
+  check_finite(baseline=baseline_nats, system=system_nats, tokens=tokens)
   rng = np.random.default_rng(seed)
   indices = rng.choice(tokens.size, size=(samples, tokens.size), replace=True)
 
@@ -109,11 +110,28 @@ def bpc_p_value(
   return float((np.sum(centred >= observed) + 1) / (samples + 1))
 
 
+def check_finite(**scores) -> None:
+  """Raises ValueError naming each of `scores` (name: numbers) that holds a NaN or an
+  infinity: a test of such numbers is no test (NaN differences never reach the observed one,
+  so the bootstrap printed its floor, p < 0.001, for them, and the t-test NaN with numpy's
+  warnings). Results with such numbers are damaged (`run_config.read_results`), so a sweep
+  never gets here with one; a hand-made file or list may."""
+  bad = [
+    name for name, numbers in scores.items() if not np.isfinite(np.asarray(numbers, float)).all()
+  ]
+  if bad:
+    verb = 'hold' if len(bad) > 1 else 'holds'
+    raise ValueError(
+      f'paired test: {" and ".join(bad)} {verb} a number that is not finite (NaN or inf)'
+    )
+
+
 def seed_p_value(baseline: dict, system: dict) -> float | None:
   """Two-sided paired t-test of per-seed scores ({seed: score}), seed s of `system` against
   seed s of `baseline`, over the seeds both have. None with fewer than two such seeds, or when
   every seed differs by the same amount, up to rounding (zero variance: no test)."""
   seeds = sorted(set(baseline) & set(system))
+  check_finite(baseline=[baseline[seed] for seed in seeds], system=[system[seed] for seed in seeds])
   differences = np.array([system[seed] - baseline[seed] for seed in seeds], np.float64)
   if len(seeds) < 2 or np.allclose(differences, differences[0], rtol=1e-9, atol=0.0):
     return None
@@ -230,6 +248,11 @@ def seed_table(seeds_csv, baseline: str | None = None) -> str:
           f'{lines_of[value, seed]}); keep one row per value and seed'
         )
       lines_of[value, seed] = number
+      if not math.isfinite(score):  # a damaged run's: its mean and test would be NaN
+        raise LookupError(
+          f'{seeds_csv} line {number}: value {value} seed {seed} has {metric} {row[metric]!r}, '
+          'not a finite number: score that run again, or leave its row out'
+        )
       scores.setdefault(value, {})[seed] = score
     except LookupError as error:
       raise ValueError(str(error)) from None

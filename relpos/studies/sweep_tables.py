@@ -89,14 +89,20 @@ def collect(runs: list, metric: str) -> list[dict]:
   once). A run recorded as diverged has none (`diverged_runs` lists it).
 
   Raises:
-    ValueError: a result lacks `metric`.
+    ValueError: a result lacks `metric`, or what its tables read of it
+      (`run_config.missing_table_fields`: the test items, missing from results of an older
+      relpos), which the sweep without --collect_only scores again.
   """
   rows = []
   for value, seed, path, results in runs:
     if results is None or DIVERGED in results:
       continue
-    if metric not in results:
-      raise ValueError(f'{path} has no {metric!r} (it has {sorted(results)})')
+    if missing := run_config.missing_table_fields(results, metric):
+      raise ValueError(
+        f'{path} has no {", ".join(map(repr, missing))} (it has {sorted(results)}; an older '
+        "relpos's result, or not one of --metric): the sweep command without --collect_only "
+        'scores that run again'
+      )
     rows.append(
       {
         'value': value,

@@ -100,8 +100,9 @@ def result_change(task, path: Path, results: dict, config, trained_dir: Path) ->
   """Why `results`, what the eval_results.json at `path` holds, is not the result of the model
   in `trained_dir` as `config` scores it, None where it is (or where it records a divergence:
   the same training config diverges again, whatever config.eval scores it): scored from a
-  checkpoint of another workdir (`eval.py --output_dir` pointed here), on other data than the
-  run's (the config.data it records: `scored_data_changes`), at another step or with another
+  checkpoint of another workdir (`eval.py --output_dir` pointed here), lacking what a sweep's
+  tables read of it (`run_config.missing_table_fields`), on other data than the run's (the
+  config.data it records: `scored_data_changes`), at another step or with another
   config.eval, or naming a file (its translations) that is gone or holds other text than it
   scored (`result_file_change`). A data path given otherwise that names the run's data is the
   run's (`data_record.same_data`): such a result is kept."""
@@ -109,6 +110,8 @@ def result_change(task, path: Path, results: dict, config, trained_dir: Path) ->
     return f'{path} was scored from {checkpoint}, not from a checkpoint of {trained_dir}'
   if DIVERGED in results:
     return None  # its training config diverges again, whatever config.eval scores it
+  if missing := run_config.missing_table_fields(results, task.metric):
+    return f'{path} has no {", ".join(missing)} (written by an older relpos)'
   if changes := scored_data_changes(task, results, config, trained_dir):
     return f"scored on other data than the run's ({shown(changes)})"
   current = config.eval.to_dict()

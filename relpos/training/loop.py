@@ -53,7 +53,7 @@ from relpos.training.device_memory import (
 from relpos.training.metric_writer import MetricWriter
 from relpos.training.preemption import PreemptedError, PreemptionSignal
 from relpos.training.progress import Progress
-from relpos.training.restore import all_finite
+from relpos.training.restore import all_finite, checkpoints_gone
 from relpos.training.run_config import check_task, has_run, not_a_run
 from relpos.training.train_step import eval_model, one_step_in_flight
 from relpos.training.workdir_setup import (
@@ -147,11 +147,12 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   `TaskMismatchError` before anything is written, and one where another run trains now a
   `WorkdirInUseError` (`workdir_lock`). A new run is refused (ValueError) in a directory that
   holds a sweep's root or only an evaluation (`run_config.not_a_run`); a run already there
-  resumes. A start that stops before its run is recorded removes the vocabulary it made
-  (`remove_unrecorded`), and one that stops before writing anything the workdir it made
-  (`leave_no_trace`). A signal while a single-process run starts, and a second Ctrl-C, end
-  the process at once (`preemption`, `stopped_without_save`'s line), leaving what a killed
-  start or run leaves.
+  resumes; one whose checkpoints are gone since it was trained and scored is refused
+  (`restore.checkpoints_gone`). A start that stops before its run is recorded removes the
+  vocabulary it made (`remove_unrecorded`), and one that stops before writing anything the
+  workdir it made (`leave_no_trace`). A signal while a single-process run starts, and a
+  second Ctrl-C, end the process at once (`preemption`, `stopped_without_save`'s line),
+  leaving what a killed start or run leaves.
   """
   workdir = Path(workdir)
   reached = {'step': 0, 'checkpoints': None}
@@ -161,6 +162,8 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   not_a_new_run = not has_run(workdir) and not_a_run(workdir, f'--workdir={workdir}')
   if not_a_new_run:  # a sweep's root, an evaluation's directory: a run there would mix in
     raise ValueError(f'{not_a_new_run}; a new run needs a directory of its own')
+  if gone := checkpoints_gone(workdir):  # trained and scored: not trained again in silence
+    raise FileNotFoundError(gone)
   mesh = mesh_lib.data_mesh()
   task.check_config(config, mesh)  # before writing, reading data or compiling anything
   made = prepare_workdir(workdir, config.train.steps)

@@ -25,8 +25,18 @@ from relpos.training.checkpoints import (
   Checkpoints,
   UnreadableCheckpointError,
   VanishedCheckpointError,
+  finished_steps,
 )
-from relpos.training.run_config import check_not_a_file, has_run, not_a_run, read_config
+from relpos.training.run_config import (
+  DIVERGED,
+  RESULTS_FILE,
+  check_not_a_file,
+  foreign_checkpoint,
+  has_run,
+  not_a_run,
+  read_config,
+  results_in,
+)
 
 
 def check_trained(workdir) -> Checkpoints:
@@ -51,11 +61,39 @@ def check_trained(workdir) -> Checkpoints:
         f'--workdir={workdir} has no checkpoint yet: {training} trains there now (it holds '
         f'{workdir / workdir_lock.LOCK_FILE}); {_first_checkpoint(workdir)}: try again then'
       )
+    if gone := checkpoints_gone(workdir):
+      raise FileNotFoundError(gone)
     raise FileNotFoundError(
       f'no checkpoint in {checkpoints.directory}: train first (python train.py '
       f'--config=... --workdir={workdir})'
     )
   return checkpoints
+
+
+def checkpoints_gone(workdir) -> str | None:
+  """The line that says a run in `workdir` was trained but its checkpoints are gone (its
+  checkpoints/ deleted to save disk, say), and what to do; None where it holds a finished
+  checkpoint, or records no trained run. A trained run is one whose eval_results.json (its
+  own: not scored from another workdir's checkpoint, `foreign_checkpoint`) names the step it
+  was scored at, or that a sweep recorded as diverged at (`DIVERGED`): written only after
+  training, so a start killed before its first checkpoint, which has none, starts again as
+  before. Such a run was trained again from step 0 in silence by train.py and a sweep (to score
+  a new config.eval, its kept result then of another model than the new one's), and eval.py
+  said "train first". train.py (`loop.train`) and eval.py (`check_trained`) refuse it."""
+  workdir = Path(workdir)
+  if finished_steps(workdir):
+    return None
+  results = results_in(workdir)
+  if results is None or foreign_checkpoint(results, workdir):
+    return None
+  step = results.get(DIVERGED, results.get('step'))
+  if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+    return None
+  return (
+    f'the run in {workdir} was trained to step {step} ({workdir / RESULTS_FILE} records it), '
+    f'but its checkpoints are gone ({workdir / CHECKPOINTS} holds none): restore them from a '
+    f'copy to use them, or remove {workdir} or give another --workdir to train it again'
+  )
 
 
 def _first_checkpoint(workdir: Path) -> str:

@@ -7,6 +7,7 @@ a rerun matches it, is `relpos.config.recorded`.
 
 import errno
 import json
+import math
 import os
 from pathlib import Path
 
@@ -118,8 +119,8 @@ def not_a_run(directory, given: str) -> str | None:
   --output_dir, a sweep's eval-field value or `--evaluations` setting) holds only
   eval_results.json, whose `checkpoint` names the run it scored."""
   directory = Path(directory)
-  runs = sorted(directory.glob('*=*/seed=*')) + sorted(directory.glob('trained/seed=*'))
-  if runs or any((directory / name).is_file() for name in ('sweep.csv', 'sweep.md')):
+  runs = sweep_runs(directory)
+  if runs is not None:
     trained = [run for run in runs if (run / CONFIG_FILE).is_file()] or runs
     example = f', such as {trained[0]}' if trained else ''
     return f'{given} is the root of a sweep, not a run: give its run directories{example}'
@@ -132,6 +133,17 @@ def not_a_run(directory, given: str) -> str | None:
   else:  # a sweep's record of a diverged run
     run = "a run: give the run's directory (a sweep of an eval field trains in trained/seed=<s>)"
   return f'{given} holds only an evaluation ({RESULTS_FILE}) of {run}'
+
+
+def sweep_runs(directory) -> list[Path] | None:
+  """The run directories (`<field>=<value>/seed=<s>`, an eval field's `trained/seed=<s>`) of
+  the sweep whose root `directory` is (`relpos.studies.sweep`: those folders, or its tables,
+  sweep.csv and sweep.md), maybe none; None where `directory` is no sweep's root."""
+  directory = Path(directory)
+  runs = sorted(directory.glob('*=*/seed=*')) + sorted(directory.glob('trained/seed=*'))
+  if runs or any((directory / name).is_file() for name in ('sweep.csv', 'sweep.md')):
+    return runs
+  return None
 
 
 class TaskMismatchError(ValueError):
@@ -267,7 +279,8 @@ def read_results(path) -> dict:
 
   Raises:
     ValueError: naming the file, where it is damaged: not JSON (cut by a kill mid-write, before
-      results were written whole), not UTF-8, or no JSON object.
+      results were written whole), not UTF-8, no JSON object, or a score that is no finite
+      number (`non_finite_scores`) where no divergence is recorded.
     OSError: where it cannot be read (FileNotFoundError: there is none).
   """
   try:
@@ -278,7 +291,49 @@ def read_results(path) -> dict:
     raise ValueError(
       f'{path} is damaged ({results if isinstance(results, Exception) else "not an object"})'
     )
+  if DIVERGED not in results and (bad := non_finite_scores(results)):
+    raise ValueError(
+      f'{path} is damaged (no finite number in {", ".join(bad)}, and no {DIVERGED} record)'
+    )
   return results
+
+
+# The keys of eval_results.json a sweep's tables read of a result of each metric
+# (`relpos.studies.sweep_tables`): the score, and the test items its paired bootstrap pairs
+# (`sweep_tables.p_value`: bpc's segments, BLEU's translations). A result without one (written
+# before it was recorded: segment_nats before 2026-11-24) cannot be tabulated: the sweep's
+# --collect_only says so (`sweep_tables.collect`), and a rerun scores the run again
+# (`finished_run.result_change`).
+TABLE_FIELDS = {'bpc': ('bpc', 'segment_nats', 'segment_tokens'), 'bleu': ('bleu', 'translations')}
+
+
+def missing_table_fields(results: dict, metric: str) -> list[str]:
+  """The keys of `TABLE_FIELDS` (for `metric`; the metric alone for another) that `results`
+  (eval_results.json) lacks."""
+  return [key for key in TABLE_FIELDS.get(metric, (metric,)) if key not in results]
+
+
+# The sections of eval_results.json that record settings, not scores (config.eval, config.data).
+SETTINGS = ('eval', 'data')
+
+
+def non_finite_scores(results: dict) -> list[str]:
+  """The keys of `results` (eval_results.json) outside `SETTINGS` whose number, or a number of
+  whose list, is NaN or infinite ('segment_nats[3]'). A finished evaluation writes none: its
+  model's loss was finite, and a run whose loss went non-finite is recorded as diverged
+  (`DIVERGED`) by a sweep, or ends train.py with an error line. Such a number (an edit, another
+  tool's file) read as a score made every mean it joined NaN, and the sweep's bootstrap read
+  NaN differences as significant (p < 0.001)."""
+  bad = []
+  for key, value in results.items():
+    if key in SETTINGS:
+      continue
+    numbers = value if isinstance(value, list) else [value]
+    for index, number in enumerate(numbers):
+      if isinstance(number, float) and not math.isfinite(number):
+        bad.append(f'{key}[{index}]' if isinstance(value, list) else key)
+        break
+  return bad
 
 
 def results_in(directory) -> dict | None:
@@ -334,7 +389,9 @@ def check_output_dir(output_dir, workdir) -> None:
 
   - another run, whose files the evaluation would overwrite with a score of `workdir`'s
     model: a run's config.json or checkpoints, or an eval_results.json scored from another
-    workdir (a sweep's --collect_only would then tabulate it as that run's own). The workdir
+    workdir (a sweep's --collect_only would then tabulate it as that run's own), or a sweep's
+    root (`sweep_runs`), refused as --workdir too (`not_a_run`): an eval_results.json there
+    is no run's and reads as one of its runs to the tools given the root. The workdir
     itself, a new directory, or one of earlier evaluations of the same workdir (a sweep's
     `<run>/<setting>`, an eval field's `<field>=<v>/seed=<s>`) are fine.
   - a sweep's record that the run diverged (`recorded_divergence`), which a score of its last
@@ -353,12 +410,15 @@ def check_output_dir(output_dir, workdir) -> None:
     held = [name for name in (CONFIG_FILE, 'checkpoints') if (output_dir / name).exists()]
     results = results_in(output_dir)  # none, or damaged: nothing of another run's to keep
     checkpoint = None if held or results is None else foreign_checkpoint(results, workdir)
-    if held or checkpoint:
-      what = (
-        f'another run (its {" and ".join(held)})'
-        if held
-        else f'the evaluation of another run ({RESULTS_FILE} scored {checkpoint})'
-      )
+    runs = sweep_runs(output_dir)
+    if held or checkpoint or runs is not None:
+      if runs is not None:
+        example = f', such as {runs[0]}' if runs else ''
+        what = f"a sweep's runs and tables (it is the root of a sweep{example})"
+      elif held:
+        what = f'another run (its {" and ".join(held)})'
+      else:
+        what = f'the evaluation of another run ({RESULTS_FILE} scored {checkpoint})'
       raise ValueError(
         f'--output_dir={output_dir} holds {what}, which this evaluation of --workdir={workdir} '
         'would overwrite: give a directory of its own (a new one is made), or leave '

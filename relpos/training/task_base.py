@@ -9,7 +9,7 @@ with a `Task` subclass, its config's declaration (`relpos.config.fields`) and an
 `relpos.training.tasks`.
 
 A task's evaluation (`Task.evaluate`) restores the model alone (`relpos.training.restore`),
-checks the run and the data it is given first (`check_other_data`,
+checks the run and the data it is given first (`check_own_result`,
 `data_record.check_vocabulary`), and writes eval_results.json; a run trained but left unscored
 (`UnscoredRunError`) names the eval.py command that scores it (`generic_score_command`,
 `last_checkpoint`).
@@ -31,7 +31,7 @@ from relpos import runtime
 from relpos.attention.pallas_common import check_runs_on
 from relpos.config import checks, fields
 from relpos.config.model_fields import TRAINING_ONLY_FIELDS
-from relpos.config.recorded import CONFIG_FILE
+from relpos.config.recorded import CONFIG_FILE, config_changes, with_added
 from relpos.files import check_takes_files, write_atomically
 from relpos.messages import warn
 from relpos.training import data_record, finished_run, optim
@@ -132,7 +132,7 @@ class Task(abc.ABC):
   declaration: type
   # The config.data fields only training reads (the training files, how its batches are
   # made): an evaluation given other values scores the same sentences, so it warns of them
-  # but never refuses to score into the workdir (`check_other_data`).
+  # but never refuses to score into the workdir (`check_own_result`).
   training_only_data: tuple[str, ...] = ()
   # The config.data fields whose files the task reads as lines ('\r\n' read as '\n':
   # `relpos.data.data_file.decode_lines`), so that a file's data is its lines, not its bytes:
@@ -284,16 +284,18 @@ class Task(abc.ABC):
     Other data than the run's (`run_config.data_changes`: a config.data field, or a data
     file changed since, `data_record.changes`) is scored only into another directory than
     the workdir, with a warning line, and the result records config.data beside config.eval;
-    into the workdir it is refused before anything is scored (`check_other_data`, but for the
+    into the workdir it is refused before anything is scored (`check_own_result`, but for the
     fields only training reads, `training_only_data`): the score, of other sentences,
     replaced the run's own eval_results.json and translations, and a sweep tabulated it as
-    the run's. A vocabulary changed since (spm.model, vocab.json) is refused into any
-    directory (`data_record.check_vocabulary`): the model's ids are its pieces. train.py's final
-    evaluation never gets here with a file changed while it
-    trained (`train_and_evaluate`: the run is left unscored). A run a sweep recorded as
-    diverged (`recorded_divergence`) is scored at its last finite checkpoint, with a warning
-    line that says so. eval.py scores
-    it only into another directory than the record's (`run_config.check_output_dir`);
+    the run's. So is a config.eval other than the run's (`other_evaluation`: another step,
+    beam, split, clipped k), into the workdir, by the same check: the workdir holds the
+    result of the run's own config.eval. A vocabulary changed since (spm.model, vocab.json)
+    is refused into any directory (`data_record.check_vocabulary`): the model's ids are its
+    pieces. train.py's final evaluation never gets here with a file changed while it trained
+    (`train_and_evaluate`: the run is left unscored). A run a sweep recorded as diverged
+    (`recorded_divergence`) is scored at its last finite checkpoint, with a warning line that
+    says so. eval.py scores it only into another directory than the record's
+    (`run_config.check_output_dir`);
     train.py's final evaluation, of the run it has just trained on, replaces the record. An
     evaluation refused after it made `output_dir` (data it cannot read, out of memory)
     removes what it made, where it holds nothing (`workdir_setup.leave_no_trace`)."""
@@ -316,9 +318,10 @@ class Task(abc.ABC):
     given_output_dir = output_dir is not None
     output_dir = workdir if output_dir is None else Path(output_dir)
     in_workdir = output_dir.resolve() == workdir.resolve()
-    if scored := self.scored_data_changes(config, workdir):
-      if in_workdir and not after_training:
-        check_other_data(workdir, scored)
+    scored = self.scored_data_changes(config, workdir)
+    if in_workdir and not after_training:
+      check_own_result(workdir, scored, other_evaluation(config, trained))
+    if scored:
       warn(f'scoring other data than the run trained with ({"; ".join(scored)})')
     if training_only := self.training_data_changes(config, workdir):
       warn(
@@ -498,25 +501,56 @@ def last_checkpoint(workdir) -> str:
   return f'its last checkpoint, {Path(workdir) / CHECKPOINTS / str(steps[-1])} (step {steps[-1]})'
 
 
-def check_other_data(workdir: Path, other_data: list[str]) -> None:
-  """Refuses an evaluation into the workdir itself of other data than the run in `workdir`
-  trained on (`other_data`: the changes that alter what is scored, `Task.scored_data_changes`,
-  each '<field>: ...'): its eval_results.json and translations are the run's result, which a
-  score of other sentences would replace (a sweep's --collect_only then tabulated it as the
-  run's, `finished_run.stale_reason`). One rule for every task: another data.path of a
-  char LM, another eval_src of a translation; a training file moved or another batch size
-  (`Task.training_only_data`) scores the same sentences and is only warned of.
+def other_evaluation(config: ml_collections.ConfigDict, trained: dict | None) -> list[str]:
+  """The config.eval fields `config` gives otherwise than the run recorded them (`trained`: its
+  config.json as a dict; None, a run recorded before config.json, is not compared), each
+  'eval.<field>: the run's <a>, given <b>'; fields recorded before they existed are read as
+  their defaults (`with_added`). Every field counts, as the finished-run rule counts it
+  (`finished_run.result_change`: a result scored with another config.eval is not the run's):
+  config.eval holds only settings of the scoring."""
+  if trained is None:
+    return []
+  recorded = with_added({'task': config.task, 'eval': dict(trained.get('eval', {}))}, None)
+  return config_changes(
+    recorded['eval'],
+    config.eval.to_dict(),
+    'eval',
+    "{field}: the run's {before!r}, given {after!r}",
+  )
+
+
+def check_own_result(workdir: Path, other_data: list[str], other_eval: list[str]) -> None:
+  """Refuses an evaluation into the workdir itself (eval.py without --output_dir, or with the
+  workdir as one) that is not the run's own: its eval_results.json and translations are the
+  run's result, the score of the config.json it trained with (what train.py's final evaluation
+  scored, and what a sweep's --collect_only tabulates as the run's), which such a score would
+  replace in silence. `other_data`: the changes that alter what is scored
+  (`Task.scored_data_changes`, each '<field>: ...'): another data.path of a char LM, another
+  eval_src of a translation; a training file moved or another batch size
+  (`Task.training_only_data`) scores the same sentences and is only warned of. `other_eval`:
+  the config.eval fields given otherwise than the run's (`other_evaluation`: another step,
+  beam, split, a clipped k). One rule for every task, and for both kinds of change. train.py's
+  rerun with another config.eval records it as the run's (`loop.train`) and does not come here.
 
   Raises:
     ValueError: naming the changes and --output_dir.
   """
-  if not other_data:
+  if not other_data and not other_eval:
     return
+  scores, fields_named = [], []
+  if other_data:
+    scores.append(f'other data than the run in {workdir} trained with ({"; ".join(other_data)})')
+    fields_named.append('data')
+  if other_eval:
+    scores.append(
+      f'other config.eval settings than the run in {workdir} was scored with '
+      f'({"; ".join(other_eval)})'
+    )
+    fields_named.append('config.eval')
   raise ValueError(
-    f'this evaluation scores other data than the run in {workdir} trained with '
-    f"({'; '.join(other_data)}), and would replace the run's own result ({RESULTS_FILE}) "
-    "with that score: give --output_dir=<a new directory> to score it there, or the run's "
-    f'data fields ({workdir / CONFIG_FILE} records them)'
+    f"this evaluation scores {' and '.join(scores)}, and would replace the run's own result "
+    f'({RESULTS_FILE}) with that score: give --output_dir=<a new directory> to score it there, '
+    f"or the run's {' and '.join(fields_named)} fields ({workdir / CONFIG_FILE} records them)"
   )
 
 
