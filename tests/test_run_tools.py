@@ -15,7 +15,14 @@ import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import REPO, refusal, tiny_char_config, tiny_translate_config, write_pair_corpus
+from helpers import (
+  REPO,
+  load_config,
+  refusal,
+  tiny_char_config,
+  tiny_translate_config,
+  write_pair_corpus,
+)
 
 from relpos.config.recorded import record_config
 from relpos.data.char_corpus import CharVocab
@@ -24,6 +31,8 @@ from relpos.tools import sample, translate
 from relpos.training import char_lm_task as char_lm
 from relpos.training import data_record, restore
 from relpos.training import translation_task as translate_task
+from relpos.training.checkpoints import Checkpoints
+from relpos.training.task_base import runnable_here
 
 
 @pytest.fixture(scope='module')
@@ -95,6 +104,54 @@ def test_a_prompt_is_checked_against_the_runs_vocabulary():
     ValueError, match=r"--prompt: byte 122 \(b'z'\) at position 1 is not.*; give a"
   ):
     sample.prompt_tokens(original, b'az')
+
+
+def test_sample_runs_a_kernel_this_machine_lacks_as_auto_with_a_warning(tmp_path, capsys):
+  """fz14a-3: a run trained with 'cudnn' on a GPU (a bf16 XL run), sampled on a CPU, ended in
+  JAX's `RuntimeError: cuDNN is not detected.` with a traceback, and the tool has no flag to
+  choose another kernel; it runs 'auto' with one warning line instead."""
+  config = tiny_char_config(tmp_path / 'text.txt', steps=1)
+  config.model.update(dtype='bfloat16', attention_implementation='cudnn', attention_dropout=0.0)
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  record_config(config, workdir, allow_change=False)  # its config.json, as the GPU wrote it
+  model = TransformerXL(char_lm.model_config(config, 256), rngs=nnx.Rngs(0))
+  checkpoints = Checkpoints(workdir, writer=True)
+  checkpoints.save(1, {'model': nnx.to_pure_dict(nnx.state(model))}, {'step': 1})
+  checkpoints.commit()
+  checkpoints.close()
+  assert len(sample.sample(workdir, b'the', 3)) == 3
+  assert capsys.readouterr().err.splitlines() == [
+    "warning: config.model.attention_implementation='cudnn' runs on gpu devices only "
+    f"(cuDNN's flash attention, on NVIDIA GPUs), as {workdir}/config.json records it; this "
+    "machine's devices are cpu: running 'auto' (the same model: the implementation is a "
+    'compute choice)'
+  ]
+
+
+@pytest.mark.parametrize(
+  'task, preset, recorded, platform, runs',
+  [
+    ('char_lm', 'xl', 'cudnn', 'cpu', 'auto'),
+    ('char_lm', 'xl', 'cudnn', 'gpu', 'cudnn'),
+    ('char_lm', 'xl', 'mosaic', 'cpu', 'mosaic'),  # interpreted there
+    ('translate', 'shaw', 'pallas', 'tpu', 'auto'),  # Triton kernels, no TPU lowering
+    ('translate', 'shaw', 'pallas', 'cpu', 'pallas'),
+    ('translate', 'shaw', 'xla', 'tpu', 'xla'),
+  ],
+)
+def test_the_tools_run_auto_where_the_recorded_kernel_does_not_run(
+  tmp_path, capsys, task, preset, recorded, platform, runs
+):
+  """The one rule both tools apply to the implementation a run's config.json records
+  (`task_base.runnable_here`): the devices' rule train.py and eval.py refuse by
+  (`pallas_common.RUNS_ON`)."""
+  config = load_config({'char_lm': 'char_tiny', 'translate': 'translate_tiny'}[task], preset)
+  config.model.update(dtype='bfloat16', attention_implementation=recorded)
+  runnable_here(config, tmp_path, platform)
+  assert config.model.attention_implementation == runs
+  warned = capsys.readouterr().err
+  assert (f"'{recorded}' runs on" in warned and f'are {platform}:' in warned) == (runs == 'auto')
 
 
 def _tool(commands, module, *args):

@@ -109,16 +109,26 @@ _WHY = {
 }
 
 
+def off_its_devices(implementation: str, platform: str, *, where: str) -> str | None:
+  """Why `implementation` does not run on devices of `platform` ('cpu', 'gpu', 'tpu'), as
+  '<where>=<implementation> runs on <platforms> devices only (<why>)', or None where it does:
+  the one rule of `RUNS_ON`, which `check_runs_on` refuses by and the tools that read a run's
+  own config run 'auto' by (`relpos.training.task_base.runnable_here`)."""
+  runs_on = RUNS_ON.get(implementation, (platform,))
+  if platform in runs_on:
+    return None
+  return (
+    f'{where}={implementation!r} runs on {" and ".join(runs_on)} devices only '
+    f'({_WHY[implementation]})'
+  )
+
+
 def check_runs_on(implementation: str, platform: str, *, where: str = 'implementation') -> None:
   """ValueError of one line, naming `where`, if `implementation` does not run on devices of
   `platform` ('cpu', 'gpu', 'tpu'): e.g. 'cudnn' on a CPU, which JAX would refuse only when
   the step compiles, with a traceback."""
-  runs_on = RUNS_ON.get(implementation, (platform,))
-  if platform not in runs_on:
-    raise ValueError(
-      f'{where}={implementation!r} runs on {" and ".join(runs_on)} devices only '
-      f"({_WHY[implementation]}); this run's devices are {platform}: use 'auto' or 'xla'"
-    )
+  if reason := off_its_devices(implementation, platform, where=where):
+    raise ValueError(f"{reason}; this run's devices are {platform}: use 'auto' or 'xla'")
 
 
 # Finite "minus infinity" for masked logits (as masking._MASKED_LOGIT): exp underflows to 0.

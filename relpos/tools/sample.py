@@ -81,6 +81,7 @@ def sample(
   from relpos.training import char_lm_task as char_lm
   from relpos.training import restore
   from relpos.training.run_config import check_task, read_config
+  from relpos.training.task_base import runnable_here
 
   if not temperature > 0:
     raise ValueError(f'--temperature={temperature} must be > 0')
@@ -90,6 +91,7 @@ def sample(
     raise ValueError('--prompt is empty: give at least one character')
   check_task(workdir, 'char_lm', needs="relpos.tools.sample reads runs of task 'char_lm'")
   config = read_config(workdir)
+  runnable_here(config, workdir)  # a GPU run's 'cudnn' on a CPU: 'auto', with a warning
   restore.check_trained(workdir).close()
   vocab = char_lm.read_vocabulary(Path(workdir), config.data.vocab)
   model = TransformerXL(char_lm.model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))

@@ -34,9 +34,11 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
   from relpos.training import data_record, restore
   from relpos.training import translation_task as translate
   from relpos.training.run_config import check_task, read_config
+  from relpos.training.task_base import runnable_here
 
   check_task(workdir, 'translate', needs="relpos.tools.translate reads runs of task 'translate'")
   config = read_config(workdir)
+  runnable_here(config, workdir)  # a GPU run's 'cudnn' on a CPU: 'auto', with a warning
   data_record.check_vocabulary(workdir, translate.TASK.data_files(config, workdir))
   if beam_size is not None:
     translate.check_beam_size(beam_size, config.data.vocab_size, '--beam_size')

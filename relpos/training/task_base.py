@@ -28,7 +28,7 @@ import ml_collections
 from flax import nnx
 
 from relpos import runtime
-from relpos.attention.pallas_common import check_runs_on
+from relpos.attention.pallas_common import check_runs_on, off_its_devices
 from relpos.config import checks, fields
 from relpos.config.model_fields import TRAINING_ONLY_FIELDS
 from relpos.config.recorded import CONFIG_FILE, config_changes, with_added
@@ -107,6 +107,29 @@ def check_platform(config, platform: str) -> None:
   if 'attention_implementation' in config.model:
     where = 'config.model.attention_implementation'
     check_runs_on(config.model.attention_implementation, platform, where=where)
+
+
+def runnable_here(config, workdir, platform: str | None = None) -> None:
+  """Sets config.model.attention_implementation, as a run's config.json records it (`config`,
+  read from `workdir`), to 'auto' where it does not run on devices of `platform` (default:
+  this machine's, `jax.default_backend()`; the rule is `pallas_common.off_its_devices`', the
+  one `check_platform` refuses by), with one warning line naming the recorded choice and the
+  devices. For the tools that run a trained model from its own config and take no config
+  flags (`relpos.tools.sample`, `relpos.tools.translate`): a run trained with 'cudnn' on a GPU
+  and opened on a CPU ended in JAX's traceback ('cuDNN is not detected'), and nothing could
+  choose another kernel. The implementation is how the model is computed, not what it is
+  (`model_fields.EVALUATION_FREE_FIELDS`): 'auto' runs the same model, to rounding. eval.py
+  and train.py refuse instead (`check_platform`): they take --config.model.
+  attention_implementation, and a run's choice is not replaced behind a command's back."""
+  where = 'config.model.attention_implementation'
+  recorded = config.model.get('attention_implementation', 'auto')
+  platform = platform or jax.default_backend()
+  if reason := off_its_devices(recorded, platform, where=where):
+    warn(
+      f"{reason}, as {Path(workdir) / CONFIG_FILE} records it; this machine's devices are "
+      f"{platform}: running 'auto' (the same model: the implementation is a compute choice)"
+    )
+    config.model.attention_implementation = 'auto'
 
 
 # In `Task.score`'s result: {key of `Task.result_files`: the text of the file it names}, for
