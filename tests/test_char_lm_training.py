@@ -99,6 +99,23 @@ def test_train_then_evaluate_writes_results(text_file, tmp_path, capsys):
   )
   assert (workdir / 'eval_results.json').read_bytes() == scored_in_place
   assert char_lm.TASK.evaluate(other_eval, workdir, output_dir=tmp_path / 'e')['step'] == 4
+  # And another compute dtype (fz14a-4: a float32 run scored in bfloat16 replaced its result,
+  # exit 0); into another directory it is scored, and the result records the dtype.
+  assert saved['model'] == {'dtype': 'float32'}
+  bf16 = _config(text_file, steps=8)
+  bf16.model.dtype = 'bfloat16'
+  with pytest.raises(ValueError) as refused:
+    char_lm.TASK.evaluate(bf16, workdir)
+  assert str(refused.value) == (
+    f'this evaluation scores in another config.model than the run in {workdir} trained and '
+    "was scored with, which changes its numbers (model.dtype: the run's 'float32', given "
+    "'bfloat16'), and would replace the run's own result (eval_results.json) with that score: "
+    "give --output_dir=<a new directory> to score it there, or the run's config.model.dtype "
+    f'({workdir}/config.json records them)'
+  )
+  assert (workdir / 'eval_results.json').read_bytes() == scored_in_place
+  in_bf16 = char_lm.TASK.evaluate(bf16, workdir, output_dir=tmp_path / 'bf16')
+  assert in_bf16['model'] == {'dtype': 'bfloat16'} and in_bf16['bpc'] != result['bpc']
   # Evaluating with another model or vocabulary than the checkpoint's is an error naming the
   # fix, and the checkpoints stay where they are.
   other_model = _config(text_file, steps=8)

@@ -587,6 +587,23 @@ def test_a_run_scored_at_its_eval_step_is_finished(tmp_path):
   assert not finished_run.is_finished(tasks.get(config), tmp_path, config, tmp_path / 'trained')
 
 
+def test_a_result_scored_in_another_compute_dtype_is_not_finished(tmp_path):
+  """fz14a-4: eval_results.json records the compute dtype it was scored in; a float32 run's
+  result scored in bfloat16 (an --output_dir's, copied) is not its own, and is scored again.
+  One written before the dtype was recorded is kept."""
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 4
+  results = {'bpc': 1.0, 'step': 4, 'eval': config.eval.to_dict()}
+  results |= {'segment_nats': [2.0], 'segment_tokens': [3]}
+  task, path = tasks.get(config), tmp_path / 'eval_results.json'
+  for model, finished in (({'dtype': 'float32'}, True), ({'dtype': 'bfloat16'}, False), ({}, True)):
+    path.write_text(json.dumps(results | {'model': model}))
+    assert finished_run.is_finished(task, tmp_path, config, tmp_path / 'trained') == finished
+  path.write_text(json.dumps(results | {'model': {'dtype': 'bfloat16'}}))
+  reason = finished_run.stale_reason(task, tmp_path, config, tmp_path / 'trained')
+  assert reason == 'scored with other config.model fields (dtype)'
+
+
 def test_a_result_lacking_what_the_tables_read_is_named_and_scored_again(tmp_path):
   """fz14b-5: a result without segment_nats (written before 2026-11-24) ended --collect_only
   and a rerun in `KeyError: 'segment_nats'`. --collect_only names the file and what scores it

@@ -56,6 +56,13 @@ TRAINING_ONLY_FIELDS = (
 # compute dtype), not the function its parameters define. Every other field must match the
 # run's (`relpos.training.run_config.check_model`).
 EVALUATION_FREE_FIELDS = (*TRAINING_ONLY_FIELDS, 'scan_layers', 'attention_implementation', 'dtype')
+# Those of them that change an evaluation's numbers beyond rounding: the compute dtype (a char
+# LM's bpc scored in bfloat16 is not float32's; some translations differ). An evaluation with
+# another one is not the run's own result (`relpos.training.task_base.check_own_result`), and
+# eval_results.json records them (`Task._score_into`). The kernels, the layer loop and remat
+# give the same scores to rounding, and dropout and the initialisation are not read by an
+# evaluation (deterministic, from the checkpoint's parameters).
+SCORE_CHANGING_FIELDS = ('dtype',)
 
 
 @section

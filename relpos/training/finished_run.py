@@ -9,8 +9,8 @@ one line naming the reason (the text the sweep's --collect_only warns with).
 
 The rule (`stale_reason`) reads only the workdir's own records (config.json, data_files.json,
 eval_results.json and the translations it names) and stats the data files: what a result is of
-is the config the run trained with and the data files it recorded, the data it scored, the step
-and config.eval, and the files it names must be the ones it scored.
+is the config the run trained with and the data files it recorded, the data it scored, the step,
+config.eval and the compute dtype, and the files it names must be the ones it scored.
 """
 
 import hashlib
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import ml_collections
 
+from relpos.config.model_fields import SCORE_CHANGING_FIELDS
 from relpos.config.recorded import with_added
 from relpos.messages import warn
 from relpos.training import data_record, run_config
@@ -102,10 +103,11 @@ def result_change(task, path: Path, results: dict, config, trained_dir: Path) ->
   the same training config diverges again, whatever config.eval scores it): scored from a
   checkpoint of another workdir (`eval.py --output_dir` pointed here), lacking what a sweep's
   tables read of it (`run_config.missing_table_fields`), on other data than the run's (the
-  config.data it records: `scored_data_changes`), at another step or with another
-  config.eval, or naming a file (its translations) that is gone or holds other text than it
-  scored (`result_file_change`). A data path given otherwise that names the run's data is the
-  run's (`data_record.same_data`): such a result is kept."""
+  config.data it records: `scored_data_changes`), at another step, with another
+  config.eval or in another compute dtype (`computation_changes`), or naming a file (its
+  translations) that is gone or holds other text than it scored (`result_file_change`). A
+  data path given otherwise that names the run's data is the run's (`data_record.same_data`):
+  such a result is kept."""
   if checkpoint := run_config.foreign_checkpoint(results, trained_dir):
     return f'{path} was scored from {checkpoint}, not from a checkpoint of {trained_dir}'
   if DIVERGED in results:
@@ -123,7 +125,25 @@ def result_change(task, path: Path, results: dict, config, trained_dir: Path) ->
   if scored != current:
     changed = sorted(name for name in current if scored.get(name) != current[name])
     return f'scored with other config.eval fields ({", ".join(changed)})'
+  if changed := computation_changes(results, config):
+    return f'scored with other config.model fields ({", ".join(changed)})'
   return result_file_change(task, results)
+
+
+def computation_changes(results: dict, config) -> list[str]:
+  """The fields of config.model that change an evaluation's numbers
+  (`model_fields.SCORE_CHANGING_FIELDS`: the compute dtype) that `results` (an
+  eval_results.json) records otherwise than `config` has them: a float32 run's result scored
+  in bfloat16 (eval.py --output_dir, the result copied or moved) is not its own. Results
+  written before these were recorded are not compared: those in a run's workdir were scored
+  with its config.json's, but for an eval.py given another dtype there, which nothing on disk
+  tells from the rest, and scoring every older run again costs more than that case."""
+  recorded = results.get('model', {})
+  return [
+    name
+    for name in SCORE_CHANGING_FIELDS
+    if name in recorded and recorded[name] != config.model.get(name)
+  ]
 
 
 def result_file_change(task, results: dict) -> str | None:

@@ -313,8 +313,9 @@ def missing_table_fields(results: dict, metric: str) -> list[str]:
   return [key for key in TABLE_FIELDS.get(metric, (metric,)) if key not in results]
 
 
-# The sections of eval_results.json that record settings, not scores (config.eval, config.data).
-SETTINGS = ('eval', 'data')
+# The sections of eval_results.json that record settings, not scores (config.eval, config.data,
+# and of config.model the fields that change the score, `model_fields.SCORE_CHANGING_FIELDS`).
+SETTINGS = ('eval', 'data', 'model')
 
 
 def non_finite_scores(results: dict) -> list[str]:

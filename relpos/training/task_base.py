@@ -30,7 +30,7 @@ from flax import nnx
 from relpos import runtime
 from relpos.attention.pallas_common import check_runs_on, off_its_devices
 from relpos.config import checks, fields
-from relpos.config.model_fields import TRAINING_ONLY_FIELDS
+from relpos.config.model_fields import SCORE_CHANGING_FIELDS, TRAINING_ONLY_FIELDS
 from relpos.config.recorded import CONFIG_FILE, config_changes, with_added
 from relpos.files import check_takes_files, write_atomically
 from relpos.messages import warn
@@ -343,7 +343,9 @@ class Task(abc.ABC):
     in_workdir = output_dir.resolve() == workdir.resolve()
     scored = self.scored_data_changes(config, workdir)
     if in_workdir and not after_training:
-      check_own_result(workdir, scored, other_evaluation(config, trained))
+      check_own_result(
+        workdir, scored, other_evaluation(config, trained), other_computation(config, trained)
+      )
     if scored:
       warn(f'scoring other data than the run trained with ({"; ".join(scored)})')
     if training_only := self.training_data_changes(config, workdir):
@@ -403,6 +405,10 @@ class Task(abc.ABC):
         raise fault(error, what) from error
     try:
       result = {**self.score(config, workdir, output_dir), 'eval': config.eval.to_dict()}
+      # How it was computed, where that changes the score (the compute dtype): what
+      # `finished_run.result_change` compares, and what says that a result in an --output_dir
+      # is not the run's own float32 score.
+      result['model'] = {name: config.model.get(name) for name in SCORE_CHANGING_FIELDS}
       texts = result.pop(FILE_TEXTS, {})
       for key, text in texts.items():
         result[f'{key}_sha256'] = hashlib.sha256(text.encode()).hexdigest()
@@ -531,18 +537,35 @@ def other_evaluation(config: ml_collections.ConfigDict, trained: dict | None) ->
   their defaults (`with_added`). Every field counts, as the finished-run rule counts it
   (`finished_run.result_change`: a result scored with another config.eval is not the run's):
   config.eval holds only settings of the scoring."""
+  return _given_otherwise(config, trained, 'eval')
+
+
+def other_computation(config: ml_collections.ConfigDict, trained: dict | None) -> list[str]:
+  """`other_evaluation`'s twin for the config.model fields an evaluation may set otherwise
+  than its run (`check_model`) that change its numbers (`model_fields.SCORE_CHANGING_FIELDS`:
+  the compute dtype), each 'model.<field>: the run's <a>, given <b>': a run trained in
+  float32 and scored in bfloat16 has another score than its own. The others of
+  `EVALUATION_FREE_FIELDS` give the run's scores to rounding (the kernels, the layer loop,
+  remat) or are not read by an evaluation (dropout, the initialisation)."""
+  return _given_otherwise(config, trained, 'model', SCORE_CHANGING_FIELDS)
+
+
+def _given_otherwise(config, trained: dict | None, section: str, names=None) -> list[str]:
+  """The fields of config.<section> (those of `names`; None: all) that `config` gives
+  otherwise than `trained` (the run's config.json as a dict; None: not compared) records them,
+  fields recorded before they existed read as their defaults (`with_added`)."""
   if trained is None:
     return []
-  recorded = with_added({'task': config.task, 'eval': dict(trained.get('eval', {}))}, None)
-  return config_changes(
-    recorded['eval'],
-    config.eval.to_dict(),
-    'eval',
-    "{field}: the run's {before!r}, given {after!r}",
-  )
+  recorded = with_added({'task': config.task, section: dict(trained.get(section, {}))}, None)
+  before, after = recorded[section], config[section].to_dict()
+  if names is not None:
+    before, after = ({name: values.get(name) for name in names} for values in (before, after))
+  return config_changes(before, after, section, "{field}: the run's {before!r}, given {after!r}")
 
 
-def check_own_result(workdir: Path, other_data: list[str], other_eval: list[str]) -> None:
+def check_own_result(
+  workdir: Path, other_data: list[str], other_eval: list[str], other_compute: list[str] = ()
+) -> None:
   """Refuses an evaluation into the workdir itself (eval.py without --output_dir, or with the
   workdir as one) that is not the run's own: its eval_results.json and translations are the
   run's result, the score of the config.json it trained with (what train.py's final evaluation
@@ -552,28 +575,37 @@ def check_own_result(workdir: Path, other_data: list[str], other_eval: list[str]
   eval_src of a translation; a training file moved or another batch size
   (`Task.training_only_data`) scores the same sentences and is only warned of. `other_eval`:
   the config.eval fields given otherwise than the run's (`other_evaluation`: another step,
-  beam, split, a clipped k). One rule for every task, and for both kinds of change. train.py's
-  rerun with another config.eval records it as the run's (`loop.train`) and does not come here.
+  beam, split, a clipped k). `other_compute`: the config.model fields given otherwise than the
+  run's that change the numbers (`other_computation`: the compute dtype; eval.py scored a
+  float32 run in bfloat16 over its result, exit 0). One rule for every task, and for each
+  kind of change. train.py's rerun with another config.eval records it as the run's
+  (`loop.train`) and does not come here.
 
   Raises:
     ValueError: naming the changes and --output_dir.
   """
-  if not other_data and not other_eval:
+  if not other_data and not other_eval and not other_compute:
     return
   scores, fields_named = [], []
   if other_data:
     scores.append(f'other data than the run in {workdir} trained with ({"; ".join(other_data)})')
-    fields_named.append('data')
+    fields_named.append('data fields')
   if other_eval:
     scores.append(
       f'other config.eval settings than the run in {workdir} was scored with '
       f'({"; ".join(other_eval)})'
     )
-    fields_named.append('config.eval')
+    fields_named.append('config.eval fields')
+  if other_compute:
+    scores.append(
+      f'in another config.model than the run in {workdir} trained and was scored with, '
+      f'which changes its numbers ({"; ".join(other_compute)})'
+    )
+    fields_named += [f'config.{line.partition(":")[0]}' for line in other_compute]
   raise ValueError(
     f"this evaluation scores {' and '.join(scores)}, and would replace the run's own result "
     f'({RESULTS_FILE}) with that score: give --output_dir=<a new directory> to score it there, '
-    f"or the run's {' and '.join(fields_named)} fields ({workdir / CONFIG_FILE} records them)"
+    f"or the run's {' and '.join(fields_named)} ({workdir / CONFIG_FILE} records them)"
   )
 
 
