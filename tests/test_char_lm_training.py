@@ -111,7 +111,7 @@ def test_train_then_evaluate_writes_results(text_file, tmp_path, capsys):
     "was scored with, which changes its numbers (model.dtype: the run's 'float32', given "
     "'bfloat16'), and would replace the run's own result (eval_results.json) with that score: "
     "give --output_dir=<a new directory> to score it there, or the run's config.model.dtype "
-    f'({workdir}/config.json records them)'
+    f'({workdir}/config.json records it)'
   )
   assert (workdir / 'eval_results.json').read_bytes() == scored_in_place
   in_bf16 = char_lm.TASK.evaluate(bf16, workdir, output_dir=tmp_path / 'bf16')

@@ -602,10 +602,12 @@ def check_own_result(
       f'which changes its numbers ({"; ".join(other_compute)})'
     )
     fields_named += [f'config.{line.partition(":")[0]}' for line in other_compute]
+  one_field = len(fields_named) == 1 and not fields_named[0].endswith(' fields')
+  pronoun = 'it' if one_field else 'them'
   raise ValueError(
     f"this evaluation scores {' and '.join(scores)}, and would replace the run's own result "
     f'({RESULTS_FILE}) with that score: give --output_dir=<a new directory> to score it there, '
-    f"or the run's {' and '.join(fields_named)} ({workdir / CONFIG_FILE} records them)"
+    f"or the run's {' and '.join(fields_named)} ({workdir / CONFIG_FILE} records {pronoun})"
   )
 
 
