@@ -341,6 +341,51 @@ def test_a_run_shortened_below_its_step_is_refused_and_left_as_it_was(text_file,
   assert json.loads((workdir / 'config.json').read_text())['train']['steps'] == 4
 
 
+def test_a_resume_with_another_memory_shape_is_refused_up_front(text_file, tmp_path):
+  """The checkpoints carry the XL memory [layers, batch_size, mem_len, d_model]: a resume with
+  another config.train.batch_size or mem_len, even with --allow_config_change, is one line
+  naming the field, the shape saved and what fits (it read each intact checkpoint as
+  unreadable, then said none was readable); the same rows in parts
+  (config.train.grad_accum_steps) resume, and so does another batch_size without memory."""
+  config = _config(text_file, steps=4)
+  workdir = tmp_path / 'run'
+  char_lm.TASK.train_model(config, workdir)
+  recorded = (workdir / 'config.json').read_text()
+  for field, value in (('batch_size', 2), ('mem_len', 8), ('mem_len', 0)):
+    changed = _config(text_file, steps=8)
+    changed.train[field] = value
+    with pytest.raises(ValueError) as error:
+      char_lm.TASK.train_model(changed, workdir, allow_config_change=True)
+    line = str(error.value)
+    assert line.startswith(
+      f'config.train.{field}={value} (the run has {config.train[field]}): the checkpoints in '
+      f'{workdir}/checkpoints were saved with the Transformer-XL memory of 4 rows of 16 '
+      'positions'
+    ), line
+    assert 'not even with --allow_config_change' in line and '\n' not in line
+    assert ('--config.train.grad_accum_steps=N' in line) == (field == 'batch_size'), line
+  assert (workdir / 'config.json').read_text() == recorded
+  assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['4']
+  in_parts = _config(text_file, steps=6)
+  in_parts.train.grad_accum_steps = 2
+  char_lm.TASK.train_model(in_parts, workdir, allow_config_change=True)
+  assert max(_logged_steps(workdir)) == 6
+
+  config = _config(text_file, steps=4)
+  config.train.mem_len = 0
+  char_lm.TASK.train_model(config, tmp_path / 'nomem')
+  config.train.update(steps=6, batch_size=2)
+  char_lm.TASK.train_model(config, tmp_path / 'nomem', allow_config_change=True)
+  assert max(_logged_steps(tmp_path / 'nomem')) == 6
+  config.train.mem_len = 16
+  with pytest.raises(
+    ValueError,
+    match=r'^config.train.mem_len=16 \(the run has 0\): .* were '
+    r'saved with no Transformer-XL memory \(config.train.mem_len=0\)',
+  ):
+    char_lm.TASK.train_model(config, tmp_path / 'nomem', allow_config_change=True)
+
+
 @pytest.mark.parametrize(
   'fields,message',
   [

@@ -727,7 +727,8 @@ def test_out_of_accelerator_memory_names_the_shapes_and_what_would_fit(
     'num_layers=1, dtype=float32, grad_accum_steps=1, remat=none, scan_layers=False; '
     f'{jax.device_count()} cpu device(s))',
     f'the last good checkpoint is {workdir.resolve()}/checkpoints/4 (step 4), intact',
-    '--config.train.batch_size=2 or --config.train.grad_accum_steps=2 (the same batch, in parts)'
+    # not --config.train.batch_size=2: checkpoint 4 holds the memory of 4 rows (resume_shapes)
+    '--config.train.grad_accum_steps=2 (the same batch, in parts)'
     ' or --config.model.remat=full or --config.model.scan_layers=True or '
     '--config.model.dtype=bfloat16 or a smaller model (config.model sizes or tables)',
   )
@@ -1504,3 +1505,20 @@ def test_a_checkpoint_evicted_as_a_reader_lists_them_is_listed_again(two_checkpo
   calls.clear()
   with pytest.raises(checkpoints_lib.FilesystemFaultError, match='cannot open the checkpoints'):
     checkpoints_lib.Checkpoints(workdir, writer=True)
+
+
+def test_out_of_memory_offers_no_field_a_resume_cannot_change():
+  """`fixed` (a run with checkpoints: `Task.resume_shapes`) takes config.train.batch_size off
+  the remedies; a run without checkpoints is offered half its batch."""
+  from relpos.training.device_memory import out_of_memory_fault
+
+  config = load_config('char_tiny')
+  fixed, _ = char_lm.TASK.resume_shapes(config)
+  assert fixed == ('train.batch_size', 'train.mem_len')
+  fresh = str(out_of_memory_fault(config, 1, 'no checkpoint yet'))
+  resumed = str(out_of_memory_fault(config, 9, 'checkpoint 8', fixed=fixed))
+  assert 'what would fit: --config.train.batch_size=8 or --config.train.grad_accum_steps=2' in fresh
+  assert 'batch_size=8' not in resumed
+  assert 'what would fit: --config.train.grad_accum_steps=2 (the same batch, in parts)' in resumed
+  config.train.mem_len = 0
+  assert char_lm.TASK.resume_shapes(config)[0] == ()

@@ -316,6 +316,15 @@ class CharLM(task_base.Task):
   def unread_fields(self, config):
     return model_config(config, vocab_size=1).unread_fields()
 
+  def resume_shapes(self, config):
+    if not config.train.mem_len:  # rows without memory: another batch_size resumes
+      return (), 'no Transformer-XL memory (config.train.mem_len=0)'
+    return (
+      ('train.batch_size', 'train.mem_len'),
+      f'the Transformer-XL memory of {config.train.batch_size} rows of '
+      f'{config.train.mem_len} positions',
+    )
+
   def unread_run_fields(self, config):
     return () if config.model.position == 'xl' else ('train.clamp_len', 'eval.clamp_len')
 

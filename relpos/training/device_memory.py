@@ -55,8 +55,12 @@ def _field(config, name: str):
   return config[section][field] if section in config and field in config[section] else None
 
 
-def out_of_memory_fault(config, step: int, last_good: str) -> DeviceMemoryError:
-  """One line: the shapes of the step that did not fit, the devices, and what would fit."""
+def out_of_memory_fault(
+  config, step: int, last_good: str, fixed: tuple[str, ...] = ()
+) -> DeviceMemoryError:
+  """One line: the shapes of the step that did not fit, the devices, and what would fit;
+  `fixed`: the fields (dotted) a resume of the run cannot change (`Task.resume_shapes`, where
+  the run has checkpoints), never offered."""
   shapes = ', '.join(
     f'{name.split(".")[1]}={value}'
     for name in _SHAPE_FIELDS
@@ -65,7 +69,9 @@ def out_of_memory_fault(config, step: int, last_good: str) -> DeviceMemoryError:
   devices = jax.devices()
   batch_field = 'train.batch_size' if _field(config, 'train.batch_size') else 'data.max_tokens'
   batch = _field(config, batch_field)
-  fixes = [f'--config.{batch_field}={max(1, batch // 2)}'] if batch else []
+  fixes = (
+    [f'--config.{batch_field}={max(1, batch // 2)}'] if batch and batch_field not in fixed else []
+  )
   accum = _field(config, 'train.grad_accum_steps')
   if accum is not None:
     fixes.append(f'--config.train.grad_accum_steps={2 * accum} (the same batch, in parts)')

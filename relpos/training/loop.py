@@ -54,7 +54,7 @@ from relpos.training.metric_writer import MetricWriter
 from relpos.training.preemption import PreemptedError, PreemptionSignal
 from relpos.training.progress import Progress
 from relpos.training.restore import all_finite, checkpoints_gone
-from relpos.training.run_config import check_task, has_run, not_a_run
+from relpos.training.run_config import check_task, has_run, not_a_run, read_config
 from relpos.training.train_step import eval_model, one_step_in_flight
 from relpos.training.workdir_setup import (
   files_a_start_makes,
@@ -193,7 +193,59 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   except (jax.errors.JaxRuntimeError, ValueError, MemoryError) as error:
     if not is_out_of_memory(error):
       raise
-    raise out_of_memory_fault(config, reached['step'] + 1, last_good()) from error
+    resumed_shapes = task.resume_shapes(config)[0] if finished_steps(workdir) else ()
+    raise out_of_memory_fault(
+      config, reached['step'] + 1, last_good(), fixed=resumed_shapes
+    ) from error
+
+
+def _dotted(config, field: str):
+  section, name = field.split('.')
+  return config[section].get(name)
+
+
+def check_resume_shapes(task: Task, config, workdir: Path) -> None:
+  """Refuses (ValueError) to resume the run in `workdir` with another shape of the state its
+  checkpoints carry from step to step (`Task.resume_shapes`: the character LM's memory, by
+  config.train.batch_size and mem_len), with or without --allow_config_change. Such a resume
+  read intact checkpoints as unreadable, one by one, and then said none was readable; the
+  line now names the field, the shape the checkpoints hold and what does fit: the same rows
+  in parts (config.train.grad_accum_steps), or another --workdir. A workdir without a
+  recorded run or checkpoints has nothing to resume; a damaged config.json is left to
+  `check_config_change`'s line."""
+  if not has_run(workdir) or not finished_steps(workdir):
+    return
+  try:
+    recorded = read_config(workdir)
+  except (OSError, ValueError):
+    return
+  before, held = task.resume_shapes(recorded)
+  now, _ = task.resume_shapes(config)
+  changed = [
+    field
+    for field in dict.fromkeys([*before, *now])
+    if _dotted(recorded, field) != _dotted(config, field)
+  ]
+  if not changed:
+    return
+  given = ', '.join(
+    f'config.{field}={_dotted(config, field)} (the run has {_dotted(recorded, field)})'
+    for field in changed
+  )
+  remedies = ['another --workdir trains with it from step 0']
+  rows = _dotted(recorded, 'train.batch_size')
+  if 'train.batch_size' in changed and rows and _dotted(config, 'train.batch_size') < rows:
+    remedies.insert(
+      0,
+      f'--config.train.grad_accum_steps=N (with config.train.batch_size={rows}) runs the '
+      "run's rows in N parts, in less memory",
+    )
+  raise ValueError(
+    f'{given}: the checkpoints in {workdir / "checkpoints"} were saved with {held}, and a '
+    f'resume restores them as saved: the run cannot go on with another '
+    f'{" or ".join("config." + field for field in dict.fromkeys([*before, *now]))}, not even '
+    f'with --allow_config_change; {"; ".join(remedies)}'
+  )
 
 
 def untrained_changes(task: Task, config, workdir: Path, same_data, other_data) -> list[str]:
@@ -241,6 +293,7 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
   data_files = task.data_files(config, workdir)
   # Another spelling of the run's data (its file, or its bytes) is no config change.
   same_data = data_record.same_data(workdir, data_files)
+  check_resume_shapes(task, config, workdir)  # first: --allow_config_change cannot help there
   check_config_change(  # before any write
     config, workdir, allow_change=allow_config_change, same_data=same_data
   )

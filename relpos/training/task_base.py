@@ -218,6 +218,16 @@ class Task(abc.ABC):
     del config
     return ()
 
+  def resume_shapes(self, config: ml_collections.ConfigDict) -> tuple[tuple[str, ...], str]:
+    """(fields, what): the config fields (dotted) outside config.model that give the shape of
+    state a checkpoint carries from step to step, and what that state is (or that there is
+    none), in words; ((), '') where the state is the model's and the optimizer's alone. A
+    run resumes only with the fields as its checkpoints were saved with, not even with
+    --allow_config_change (`loop.check_resume_shapes`), and an out-of-memory line does not
+    offer to change them to a run that has checkpoints."""
+    del config
+    return (), ''
+
   def training_only(self, field: str) -> bool:
     """Whether config.<field> (dotted: 'optim.learning_rate') is read by training alone, never
     by an evaluation of the trained run: config.optim, config.train but for its steps (how far
