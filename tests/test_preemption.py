@@ -314,7 +314,16 @@ def test_a_trained_run_whose_checkpoints_are_gone_is_not_trained_again(
   assert (workdir / 'metrics.jsonl').read_bytes() == metrics and not (
     workdir / 'checkpoints'
   ).exists()
-  (workdir / 'eval_results.json').unlink()  # a start killed before its first save: no result
+  (workdir / 'eval_results.json').unlink()  # unscored: metrics.jsonl tells the run trained
+  assert checkpoints_gone(workdir) == (
+    f'the run in {workdir} trained to step 6 at least ({workdir}/metrics.jsonl logs it), but '
+    f'its checkpoints are gone ({workdir}/checkpoints is missing): restore them from a copy to '
+    f'use them, or remove {workdir} or give another --workdir to train it again'
+  )
+  with pytest.raises(FileNotFoundError, match='trained to step 6 at least'):
+    char_lm.TASK.train_and_evaluate(config, workdir)
+  assert (workdir / 'metrics.jsonl').read_bytes() == metrics
+  (workdir / 'checkpoints').mkdir()  # a start killed before its first save leaves it, empty
   assert checkpoints_gone(workdir) is None
 
 

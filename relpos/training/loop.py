@@ -50,7 +50,7 @@ from relpos.training.device_memory import (
   out_of_memory_fault,
   step_memory_warning,
 )
-from relpos.training.metric_writer import MetricWriter
+from relpos.training.metric_writer import TRAINING_LOSS, MetricWriter
 from relpos.training.preemption import PreemptedError, PreemptionSignal
 from relpos.training.progress import Progress
 from relpos.training.restore import all_finite, checkpoints_gone
@@ -401,7 +401,7 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
     interval_sums.clear()
     tokens_per_second, speed = progress.report(done, int(totals['tokens']))
     scalars = {
-      'train/loss': loss,
+      TRAINING_LOSS: loss,
       **task.train_scalars(totals),
       'train/tok_per_s': tokens_per_second,
       **({} if progress.mfu is None else {'train/mfu': progress.mfu}),
@@ -410,7 +410,7 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
     extras = ''.join(
       f' | {name.split("/")[-1]} {value:.4f}'
       for name, value in scalars.items()
-      if name not in ('train/loss', 'train/tok_per_s', 'train/mfu')
+      if name not in (TRAINING_LOSS, 'train/tok_per_s', 'train/mfu')
     )
     print(f'step {done}/{train_config.steps} | loss {loss:.4f}{extras} | {speed}', flush=True)
 

@@ -8,6 +8,8 @@ import jax
 from tensorboardX import SummaryWriter
 
 TENSORBOARD = 'tensorboard'  # the workdir's directory of event files
+METRICS_FILE = 'metrics.jsonl'
+TRAINING_LOSS = 'train/loss'  # the scalar of every logged training step
 
 
 class MetricWriter:
@@ -16,7 +18,7 @@ class MetricWriter:
   def __init__(self, workdir):
     self._active = jax.process_index() == 0
     if self._active:
-      path = Path(workdir) / 'metrics.jsonl'
+      path = Path(workdir) / METRICS_FILE
       cut = path.exists() and path.stat().st_size and not path.read_bytes().endswith(b'\n')
       self._jsonl = open(path, 'a')  # noqa: SIM115 (closed in close())
       if cut:  # the last line of a killed run: end it, so the next record stays readable

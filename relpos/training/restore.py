@@ -10,6 +10,7 @@ No checkpoint a run writes holds non-finite parameters (the loop checks each sav
 same function, naming an earlier one.
 """
 
+import json
 from pathlib import Path
 
 import jax
@@ -27,6 +28,7 @@ from relpos.training.checkpoints import (
   VanishedCheckpointError,
   finished_steps,
 )
+from relpos.training.metric_writer import METRICS_FILE, TRAINING_LOSS
 from relpos.training.run_config import (
   DIVERGED,
   RESULTS_FILE,
@@ -76,24 +78,58 @@ def checkpoints_gone(workdir) -> str | None:
   checkpoint, or records no trained run. A trained run is one whose eval_results.json (its
   own: not scored from another workdir's checkpoint, `foreign_checkpoint`) names the step it
   was scored at, or that a sweep recorded as diverged at (`DIVERGED`): written only after
-  training, so a start killed before its first checkpoint, which has none, starts again as
-  before. Such a run was trained again from step 0 in silence by train.py and a sweep (to score
-  a new config.eval, its kept result then of another model than the new one's), and eval.py
-  said "train first". train.py (`loop.train`) and eval.py (`check_trained`) refuse it."""
+  training. Or, unscored (stopped, or killed while it scored), one whose recorded run logged a
+  training step in metrics.jsonl and whose checkpoints/ folder is missing: a run makes that
+  folder before it records its config, so a start killed before its first checkpoint leaves
+  it, empty, and starts again as before. Such a run was trained again from step 0 in silence
+  by train.py and a sweep (to score a new config.eval, its kept result then of another model
+  than the new one's; its metrics.jsonl then held two runs), and eval.py said "train first".
+  train.py (`loop.train`) and eval.py (`check_trained`) refuse it."""
   workdir = Path(workdir)
   if finished_steps(workdir):
     return None
-  results = results_in(workdir)
-  if results is None or foreign_checkpoint(results, workdir):
-    return None
-  step = results.get(DIVERGED, results.get('step'))
-  if not isinstance(step, int) or isinstance(step, bool) or step < 1:
-    return None
-  return (
-    f'the run in {workdir} was trained to step {step} ({workdir / RESULTS_FILE} records it), '
-    f'but its checkpoints are gone ({workdir / CHECKPOINTS} holds none): restore them from a '
-    f'copy to use them, or remove {workdir} or give another --workdir to train it again'
+  remedy = (
+    f'restore them from a copy to use them, or remove {workdir} or give another --workdir to '
+    'train it again'
   )
+  results = results_in(workdir)
+  if results is not None and not foreign_checkpoint(results, workdir):
+    step = results.get(DIVERGED, results.get('step'))
+    if isinstance(step, int) and not isinstance(step, bool) and step >= 1:
+      return (
+        f'the run in {workdir} was trained to step {step} ({workdir / RESULTS_FILE} records '
+        f'it), but its checkpoints are gone ({workdir / CHECKPOINTS} holds none): {remedy}'
+      )
+  if has_run(workdir) and not (workdir / CHECKPOINTS).exists():
+    logged = logged_training_step(workdir)
+    if logged:
+      return (
+        f'the run in {workdir} trained to step {logged} at least ({workdir / METRICS_FILE} logs '
+        f'it), but its checkpoints are gone ({workdir / CHECKPOINTS} is missing): {remedy}'
+      )
+  return None
+
+
+def logged_training_step(workdir) -> int | None:
+  """The last training step workdir/metrics.jsonl logs (a line with the training loss), or
+  None: no such file, or no such line. Lines that do not parse (a killed run's last, cut) are
+  skipped."""
+  try:
+    lines = (Path(workdir) / METRICS_FILE).read_text(errors='replace').splitlines()
+  except OSError:
+    return None
+  steps = []
+  for line in lines:
+    try:
+      record = json.loads(line)
+    except ValueError:
+      continue
+    if not isinstance(record, dict) or TRAINING_LOSS not in record:
+      continue
+    step = record.get('step')
+    if isinstance(step, int) and not isinstance(step, bool):
+      steps.append(step)
+  return max(steps, default=None)
 
 
 def _first_checkpoint(workdir: Path) -> str:
