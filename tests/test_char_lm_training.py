@@ -495,3 +495,28 @@ def test_a_trained_original_run_without_its_vocabulary_is_refused(text_file, tmp
   bytes_run.mkdir()
   record_config(_config(text_file, steps=2), bytes_run, allow_change=False)
   assert char_lm.read_vocabulary(bytes_run, 'bytes').size == 256
+
+
+def test_a_moved_run_keeps_its_result_and_is_not_trained_again_without_checkpoints(
+  text_file, tmp_path, capsys
+):
+  """recheck15-1/2: a finished run moved to another parent (runs/c1 -> archive/c1) read its own
+  result as another workdir's: a rerun scored it again, and once its checkpoints were deleted
+  train.py trained it again from step 0 in silence (eval.py said 'train first'). The result
+  records where it was written (`run_config.WRITTEN_TO`), so a moved run's is its own."""
+  config = _config(text_file, steps=4)
+  before = tmp_path / 'runs' / 'c1'
+  char_lm.TASK.train_and_evaluate(config, before)
+  moved = tmp_path / 'archive' / 'c1'
+  moved.parent.mkdir()
+  shutil.move(before, moved)
+  capsys.readouterr()
+  char_lm.TASK.train_and_evaluate(config, moved)
+  assert f'the run in {moved} is finished (step 4, this config) and scored' in (
+    capsys.readouterr().out
+  )
+  shutil.rmtree(moved / 'checkpoints')
+  metrics = (moved / 'metrics.jsonl').read_bytes()
+  with pytest.raises(FileNotFoundError, match=r'was trained to step 4 \(.*\), but its checkpoints'):
+    char_lm.TASK.train_and_evaluate(config, moved)
+  assert (moved / 'metrics.jsonl').read_bytes() == metrics

@@ -670,6 +670,14 @@ def test_a_damaged_eval_results_is_scored_again_and_named_when_collected(tmp_pat
   config = load_config('translate_tiny', 'shaw')
   assert not finished_run.is_finished(tasks.get(config), tmp_path, config, tmp_path / 'trained')
   assert capsys.readouterr().err == f'warning: {results} is damaged; scoring that run again\n'
+  # Another step's result (the sweep scored it again, a full test pass, without a word): named.
+  results.write_text(json.dumps({'bleu': 1.0, 'translations': str(tmp_path / 't.txt'), 'step': 3}))
+  assert not finished_run.is_finished(tasks.get(config), tmp_path, config, tmp_path / 'trained')
+  assert capsys.readouterr().out == (
+    f"{results} is not this config's result (scored at step 3, not "
+    f'{config.train.steps}): scoring it again\n'
+  )
+  results.write_text('{"bleu": 1.0, "translat')
   with pytest.raises(ValueError, match=r'eval_results\.json is damaged \(Unterminated string'):
     run_config.read_results(results)
   results.write_text('[1, 2]')

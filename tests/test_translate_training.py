@@ -96,8 +96,9 @@ class _ExitError(BaseException):
 
 
 def _copy_of_run(trained, tmp_path) -> Path:
-  """A copy of the trained run, its results read as its own (`run_config.foreign_checkpoint`
-  compares the checkpoint's path below the workdir's parent)."""
+  """A copy of the trained run, its results read as its own (`run_config.foreign_checkpoint`:
+  the run's directory where it was from its result's; results written before that was
+  recorded compared the checkpoint's path below the workdir's parent, which this keeps)."""
   workdir = tmp_path / trained[0].parent.name / 'run'
   shutil.copytree(trained[0], workdir)
   return workdir
@@ -318,6 +319,7 @@ def test_an_eval_file_gone_by_the_final_evaluation_names_the_saved_run(
   run is saved, and names the file gone since training started."""
   workdir = tmp_path / 'run'
   shutil.copytree(trained[0], workdir)
+  (workdir / 'eval_results.json').unlink()  # stopped before its final evaluation
   references, moved = corpus / 'eval.de', tmp_path / 'eval.de'
   after_training(monkeypatch, translate.TASK, lambda: references.rename(moved))
   try:

@@ -154,7 +154,9 @@ def _pooled_items(config, metric: str, rows: list[dict]):
   for row in rows:
     results = row['results']
     if metric == 'bleu':
-      items[row['seed']] = read_text_lines(results['translations'])
+      items[row['seed']] = read_text_lines(
+        run_config.result_file(results, 'translations', row['workdir'])
+      )
     else:
       items[row['seed']] = (results['segment_nats'], results['segment_tokens'])
   return items

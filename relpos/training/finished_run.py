@@ -31,13 +31,22 @@ DIVERGED = run_config.DIVERGED  # in eval_results.json: the step the run went no
 def is_finished(task, results_dir: Path, config, trained_dir: Path) -> bool:
   """Whether the model in `trained_dir` was trained with `config` (of `task`) to the end and
   scored into `results_dir` with its config.eval (a run with another config is not: training it
-  again says so)."""
-  if not (results_dir / RESULTS_FILE).exists():
+  again says so). A result that is not this config's, of a model that is, is scored again
+  after one line naming why, train.py's (`kept_result`): a sweep scored it again (a full test
+  pass, for translation) without a word."""
+  path = results_dir / RESULTS_FILE
+  if not path.exists():
     return False
-  reason = stale_reason(task, results_dir, config, trained_dir)
-  if reason and reason.endswith('is damaged'):  # cut by a kill mid-write (before atomic writes)
-    warn(f'{reason}; scoring that run again')
-  return reason is None
+  if trained_change(task, config, trained_dir):
+    return False  # the sweep's `check_rerun` refuses it, naming the change
+  results = results_or_reason(path)
+  if isinstance(results, str):  # damaged: cut by a kill mid-write (before atomic writes)
+    warn(f'{results}; scoring that run again')
+    return False
+  if reason := result_change(task, path, results, config, trained_dir):
+    print(f"{path} is not this config's result ({reason}): scoring it again", flush=True)
+    return False
+  return True
 
 
 # How many changes a stale line names: the first ones, then '...' (a config changed in twenty
@@ -108,7 +117,7 @@ def result_change(task, path: Path, results: dict, config, trained_dir: Path) ->
   translations) that is gone or holds other text than it scored (`result_file_change`). A
   data path given otherwise that names the run's data is the run's (`data_record.same_data`):
   such a result is kept."""
-  if checkpoint := run_config.foreign_checkpoint(results, trained_dir):
+  if checkpoint := run_config.foreign_checkpoint(results, trained_dir, path.parent):
     return f'{path} was scored from {checkpoint}, not from a checkpoint of {trained_dir}'
   if DIVERGED in results:
     return None  # its training config diverges again, whatever config.eval scores it
@@ -127,7 +136,7 @@ def result_change(task, path: Path, results: dict, config, trained_dir: Path) ->
     return f'scored with other config.eval fields ({", ".join(changed)})'
   if changed := computation_changes(results, config):
     return f'scored with other config.model fields ({", ".join(changed)})'
-  return result_file_change(task, results)
+  return result_file_change(task, results, path.parent)
 
 
 def computation_changes(results: dict, config) -> list[str]:
@@ -146,21 +155,21 @@ def computation_changes(results: dict, config) -> list[str]:
   ]
 
 
-def result_file_change(task, results: dict) -> str | None:
+def result_file_change(task, results: dict, results_dir: Path) -> str | None:
   """What is wrong with a file an evaluation's `results` names (`Task.result_files`: the
   translations), None where each is there and holds what was scored: a file deleted since, or
   one whose bytes are not those the results record (`<key>_sha256`: written with
   eval_results.json, `Task._score_into`; a kill between the two, or an edit, changed it). A
   result kept with such a file named a file that is gone, or translations of which its BLEU
-  is not the score. Results written before the sha256 was recorded are read as written
+  is not the score (`results_dir`: the result's directory, `run_config.result_file`). Results
+  written before the sha256 was recorded are read as written
   whole, if their file is there: they cannot be checked, and scoring every such run again
   (a full beam search each) for a kill in a moment of its evaluation costs more than it
   saves."""
   for key in task.result_files:
-    named = results.get(key)
-    if not isinstance(named, str):
+    if not isinstance(results.get(key), str):
       continue  # none recorded (a diverged run's record): nothing to check
-    path = Path(named)
+    path = run_config.result_file(results, key, results_dir)  # where it moved with the result
     try:
       content = path.read_bytes()
     except OSError:

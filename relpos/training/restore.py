@@ -93,7 +93,7 @@ def checkpoints_gone(workdir) -> str | None:
     'train it again'
   )
   results = results_in(workdir)
-  if results is not None and not foreign_checkpoint(results, workdir):
+  if results is not None and not foreign_checkpoint(results, workdir, workdir):
     step = results.get(DIVERGED, results.get('step'))
     if isinstance(step, int) and not isinstance(step, bool) and step >= 1:
       return (

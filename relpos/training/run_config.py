@@ -364,24 +364,53 @@ def recorded_divergence(*directories) -> tuple[int, Path] | None:
   return None
 
 
-def foreign_checkpoint(results: dict, workdir) -> str | None:
-  """The checkpoint an evaluation's `results` (eval_results.json) names, when it is not one of
-  the run in `workdir`: `<w>/checkpoints/<step>` of another workdir w. None when it is the
-  run's, or when the results name none (written before they recorded it).
+WRITTEN_TO = 'written_to'  # eval_results.json's directory as it was written, resolved
 
-  The path was written as the evaluating process saw it: relative to its directory, maybe,
-  and before the runs were moved (a sweep's root renamed, copied from a cluster). So w is the
-  run's when it resolves to `workdir` or when its last two parts are `workdir`'s (the run's
-  place in a sweep's root, `<field>=<v>/seed=<s>`, or under its parent), which a move keeps;
-  another run's directory (`runs/c1`) differs there."""
+
+def foreign_checkpoint(results: dict, workdir, results_dir) -> str | None:
+  """The checkpoint an evaluation's `results` (the eval_results.json in `results_dir`) names,
+  when it is not one of the run in `workdir`: `<w>/checkpoints/<step>` of another workdir w.
+  None when it is the run's, or when the results name none (written before they recorded it).
+
+  Runs and sweeps move (a root renamed, a run archived, copied from a cluster), so a result is
+  the run's when the run's directory stands where it stood from the result's: the path from
+  the directory it was written to (`WRITTEN_TO`, recorded since 2026-11-29) to the one its
+  checkpoint was in is the path from `results_dir` to `workdir` now ('.' for a run's own
+  result, '..' for a setting of a sweep's `<run>/<setting>`). A result written before that
+  was recorded names its checkpoint as the evaluating process saw it: there w is the run's
+  when it resolves to `workdir` or when its last two parts are `workdir`'s (the run's place
+  in a sweep's root, `<field>=<v>/seed=<s>`, or under its parent), which a rename of the
+  root keeps; another run's directory (`runs/c1`) differs there."""
   checkpoint = results.get('checkpoint')
   if not isinstance(checkpoint, str):
     return None
   scored = Path(os.path.normpath(checkpoint)).parent.parent  # <w>/checkpoints/<step> -> <w>
   own = Path(workdir).resolve()
+  written = results.get(WRITTEN_TO)
+  if isinstance(written, str) and scored.is_absolute():
+    then = os.path.relpath(scored, written)
+    now = os.path.relpath(own, Path(results_dir).resolve())
+    return None if then == now else checkpoint
   tail = tuple(part for part in scored.parts if part not in ('/', '..'))[-2:]
   same = scored.resolve() == own or own.parts[len(own.parts) - len(tail) :] == tail
   return None if same else checkpoint
+
+
+def result_file(results: dict, key: str, results_dir) -> Path:
+  """Where the file an evaluation's `results` names under `key` (its translations) is now, for
+  the eval_results.json in `results_dir`: written beside it, it moved with it, so it is found by
+  its path from the directory the result was written to (`WRITTEN_TO`); a result written before
+  that was recorded names it as it was written (an absolute path into a sweep's root before the
+  root was renamed), and where that is gone, the file of that name beside the result is taken.
+  """
+  named = Path(results[key])
+  written = results.get(WRITTEN_TO)
+  if isinstance(written, str) and named.is_absolute():
+    return Path(results_dir) / os.path.relpath(named, written)
+  if named.exists():
+    return named
+  beside = Path(results_dir) / named.name
+  return beside if beside.exists() else named
 
 
 def check_output_dir(output_dir, workdir) -> None:
@@ -410,7 +439,9 @@ def check_output_dir(output_dir, workdir) -> None:
   if output_dir.resolve() != Path(workdir).resolve():
     held = [name for name in (CONFIG_FILE, 'checkpoints') if (output_dir / name).exists()]
     results = results_in(output_dir)  # none, or damaged: nothing of another run's to keep
-    checkpoint = None if held or results is None else foreign_checkpoint(results, workdir)
+    checkpoint = (
+      None if held or results is None else foreign_checkpoint(results, workdir, output_dir)
+    )
     runs = sweep_runs(output_dir)
     if held or checkpoint or runs is not None:
       if runs is not None:

@@ -51,6 +51,7 @@ from relpos.training.preemption import PreemptionSignal
 from relpos.training.restore import check_trained
 from relpos.training.run_config import (
   RESULTS_FILE,
+  WRITTEN_TO,
   check_model,
   check_not_a_file,
   check_task,
@@ -429,6 +430,9 @@ class Task(abc.ABC):
         )
       if 'data' in config:  # what was scored: eval.py may be given other data
         result['data'] = config.data.to_dict()
+      # Where it is written: what tells, once runs moved, whose checkpoint it scored and where
+      # its files are (`run_config.foreign_checkpoint`, `run_config.result_file`).
+      result[WRITTEN_TO] = str(output_dir.resolve())
       if mesh_lib.is_writer():
         with runtime.holding_signals():  # both or neither (the docstring)
           for key, text in texts.items():

@@ -411,7 +411,7 @@ class Translate(task_base.Task):
     translations = translate_sentences(
       model, data.tokenizer, data.eval_sources, config.eval, max_len=config.model.max_len
     )
-    output = Path(output_dir or workdir) / f'translations_step{steps[-1]}.txt'
+    output = Path(output_dir or workdir).resolve() / f'translations_step{steps[-1]}.txt'
     bleu = scoring.corpus_bleu(
       translations, data.eval_references, target_lang=config.data.target_lang
     )
