@@ -520,3 +520,32 @@ def test_a_moved_run_keeps_its_result_and_is_not_trained_again_without_checkpoin
   with pytest.raises(FileNotFoundError, match=r'was trained to step 4 \(.*\), but its checkpoints'):
     char_lm.TASK.train_and_evaluate(config, moved)
   assert (moved / 'metrics.jsonl').read_bytes() == metrics
+
+
+def test_an_evaluation_that_ends_after_a_newer_result_keeps_it(
+  text_file, tmp_path, monkeypatch, capsys
+):
+  """fuzz15b-1: eval.py scoring a run that trains ended after train.py's final evaluation and
+  replaced the run's result of its last step with the older checkpoint's score it had
+  restored, exit 0. A newer result of the run, whose checkpoint is there, is kept now, with a
+  warning (`task_base.newer_result`); where that checkpoint is gone, the write goes on."""
+  config = _config(text_file, steps=4)
+  config.train.checkpoint_every = 2
+  workdir = tmp_path / 'run'
+  char_lm.TASK.train_and_evaluate(config, workdir)
+  results = workdir / 'eval_results.json'
+  kept = results.read_bytes()
+  score = char_lm.TASK.score
+  # What a slow evaluation started at step 2 returns once the run has finished and scored.
+  monkeypatch.setattr(char_lm.TASK, 'score', lambda *args: {**score(*args), 'step': 2})
+  capsys.readouterr()
+  char_lm.TASK.evaluate(config, workdir)
+  assert results.read_bytes() == kept
+  assert capsys.readouterr().err == (
+    f'warning: {workdir}/eval_results.json holds the score of step 4, written while this '
+    'evaluation of step 2 ran (the run trained on and scored a newer checkpoint): kept, and '
+    'this score of step 2 is printed only, not written\n'
+  )
+  shutil.rmtree(workdir / 'checkpoints' / '4')  # removed as damaged, say: step 2 is the newest
+  char_lm.TASK.evaluate(config, workdir)
+  assert json.loads(results.read_text())['step'] == 2

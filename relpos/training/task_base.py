@@ -34,7 +34,7 @@ from relpos.config.model_fields import SCORE_CHANGING_FIELDS, TRAINING_ONLY_FIEL
 from relpos.config.recorded import CONFIG_FILE, config_changes, with_added
 from relpos.files import check_takes_files, write_atomically
 from relpos.messages import warn
-from relpos.training import data_record, finished_run, optim
+from relpos.training import data_record, finished_run, optim, run_config
 from relpos.training import mesh as mesh_lib
 from relpos.training.checkpoints import (
   CHECKPOINTS,
@@ -435,6 +435,9 @@ class Task(abc.ABC):
       result[WRITTEN_TO] = str(output_dir.resolve())
       if mesh_lib.is_writer():
         with runtime.holding_signals():  # both or neither (the docstring)
+          if newer := newer_result(config, workdir, output_dir, result['step']):
+            warn(newer)
+            return result
           for key, text in texts.items():
             write_atomically(result[key], text)
           write_atomically(output_dir / RESULTS_FILE, json.dumps(result, indent=2))
@@ -527,6 +530,31 @@ class Task(abc.ABC):
       if not gone:
         raise
       raise UnscoredRunError(workdir, gone, command=score_command) from error
+
+
+def newer_result(config, workdir: Path, output_dir: Path, step: int) -> str | None:
+  """The warning for an evaluation of the newest checkpoint (config.eval.step 0), `step`,
+  whose directory (`output_dir`) holds a result of the same run at a later step by now, or
+  None: eval.py scoring a run that trains, slowly (a large test set), ended after train.py's
+  final evaluation and replaced the run's result of its last step with an older, evicted
+  checkpoint's, exit 0. Such a result (whose checkpoint is still there) is kept, and this
+  one printed only; the read comes
+  right before the write (a result written between the two is not seen: a race of
+  milliseconds, where the evaluation's was minutes). An evaluation asked for an earlier
+  step (config.eval.step) writes as before."""
+  if config.eval.get('step'):
+    return None
+  results = run_config.results_in(output_dir)
+  held = results.get('step') if results else None
+  if not isinstance(held, int) or held <= step or held not in finished_steps(workdir):
+    return None  # not newer, or its checkpoint gone since (removed as damaged, say)
+  if run_config.foreign_checkpoint(results, workdir, output_dir):
+    return None  # another run's result: `check_output_dir` has refused it before scoring
+  return (
+    f'{output_dir / RESULTS_FILE} holds the score of step {held}, written while this '
+    f'evaluation of step {step} ran (the run trained on and scored a newer checkpoint): kept, '
+    f'and this score of step {step} is printed only, not written'
+  )
 
 
 def generic_score_command(workdir) -> str:
