@@ -485,3 +485,32 @@ def test_an_interactive_session_is_told_from_a_program():
       stdin=subprocess.DEVNULL,
     )
     assert done.stdout.splitlines()[0] == expected, done.stderr
+
+
+def test_an_interactive_interrupt_landing_in_a_gc_callback_is_delivered_again(monkeypatch, capfd):
+  """recheck15-3: in an interactive session a Ctrl-C during a run's start-up printed its line
+  and raised KeyboardInterrupt, which Python swallowed where the handler had interrupted JAX's
+  garbage-collection callback: the run trained on to its end (2 of 7 tries). Now the
+  interrupt is delivered again outside the callback, its line printed once."""
+  import gc
+
+  monkeypatch.setattr(runtime, 'in_interactive_session', lambda: True)
+  previous = signal.signal(signal.SIGINT, lambda signum, frame: runtime.stop_now(signum, ': test'))
+  landed = []
+
+  def callback(phase, info):  # the handler, run where the signal landed: inside the callback
+    if phase == 'start' and not landed:
+      landed.append(True)
+      runtime.stop_now(signal.SIGINT, ': test')
+
+  gc.callbacks.append(callback)
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      gc.collect()
+      deadline = time.monotonic() + 5
+      while time.monotonic() < deadline:  # the run going on
+        time.sleep(0.01)
+  finally:
+    gc.callbacks.remove(callback)
+    signal.signal(signal.SIGINT, previous)
+  assert landed and capfd.readouterr().err.count('error: stopped by Ctrl-C: test') == 1
