@@ -183,9 +183,9 @@ def compile_with_triton(triton_python: str, directory: Path) -> dict:
       [triton_python, '-c', _COMPILE, str(directory)], capture_output=True, text=True
     )
   except OSError as error:
-    raise RuntimeError(f'--triton_python={triton_python}: cannot run it ({error})') from None
+    raise RuntimeError(f'cannot run it ({error})') from None
   if result.returncode != 0:
-    raise RuntimeError(f'{triton_python} could not compile the kernels:\n{result.stderr[-2000:]}')
+    raise RuntimeError(f'it could not compile the kernels:\n{result.stderr[-2000:]}')
   rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{')]
   return {row['file'][: -len('.ttir')]: row for row in rows}
 

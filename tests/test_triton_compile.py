@@ -49,7 +49,7 @@ def test_bad_flags_and_interpreters_get_one_clear_error(tmp_path):
   assert bench.parse_block_sizes(['default', '128x64']) == [None, (128, 64)]
   with pytest.raises(ValueError, match='--block_sizes'):
     bench.parse_block_sizes(['64by64'])
-  with pytest.raises(RuntimeError, match='--triton_python=/nonexistent/python: cannot run it'):
+  with pytest.raises(RuntimeError, match='^cannot run it'):
     bench.compile_with_triton('/nonexistent/python', tmp_path)
 
 
