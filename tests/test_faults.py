@@ -730,7 +730,11 @@ def test_out_of_accelerator_memory_names_the_shapes_and_what_would_fit(
     # not --config.train.batch_size=2: checkpoint 4 holds the memory of 4 rows (resume_shapes)
     '--config.train.grad_accum_steps=2 (the same batch, in parts)'
     ' or --config.model.remat=full or --config.model.scan_layers=True or '
-    '--config.model.dtype=bfloat16 or a smaller model (config.model sizes or tables)',
+    '--config.model.dtype=bfloat16 or a smaller model (config.model sizes or tables) in a new '
+    '--workdir',
+  )
+  assert 'what would fit (each but the last resumes the run with --allow_config_change)' in str(
+    caught.value
   )
   assert sorted(_state(workdir)[0]) == [2, 4]
   assert _losses(workdir) == {s: v for s, v in _losses(straight).items() if s <= 4}
@@ -1516,9 +1520,14 @@ def test_out_of_memory_offers_no_field_a_resume_cannot_change():
   fixed, _ = char_lm.TASK.resume_shapes(config)
   assert fixed == ('train.batch_size', 'train.mem_len')
   fresh = str(out_of_memory_fault(config, 1, 'no checkpoint yet'))
-  resumed = str(out_of_memory_fault(config, 9, 'checkpoint 8', fixed=fixed))
+  resumed = str(out_of_memory_fault(config, 9, 'checkpoint 8', fixed=fixed, resumes=True))
   assert 'what would fit: --config.train.batch_size=8 or --config.train.grad_accum_steps=2' in fresh
   assert 'batch_size=8' not in resumed
-  assert 'what would fit: --config.train.grad_accum_steps=2 (the same batch, in parts)' in resumed
+  assert (
+    'what would fit (each but the last resumes the run with --allow_config_change): '
+    '--config.train.grad_accum_steps=2 (the same batch, in parts)'
+  ) in resumed
+  assert resumed.endswith('or a smaller model (config.model sizes or tables) in a new --workdir')
+  assert fresh.endswith('or a smaller model (config.model sizes or tables)')
   config.train.mem_len = 0
   assert char_lm.TASK.resume_shapes(config)[0] == ()

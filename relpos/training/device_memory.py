@@ -56,11 +56,13 @@ def _field(config, name: str):
 
 
 def out_of_memory_fault(
-  config, step: int, last_good: str, fixed: tuple[str, ...] = ()
+  config, step: int, last_good: str, fixed: tuple[str, ...] = (), resumes: bool = False
 ) -> DeviceMemoryError:
-  """One line: the shapes of the step that did not fit, the devices, and what would fit;
-  `fixed`: the fields (dotted) a resume of the run cannot change (`Task.resume_shapes`, where
-  the run has checkpoints), never offered."""
+  """One line: the shapes of the step that did not fit, the devices, and what would fit.
+  `resumes`: the run has checkpoints, so a changed field resumes it only with
+  --allow_config_change, which the line says, and a smaller model only in a new --workdir
+  (its checkpoints hold the model's shapes); `fixed`: the fields (dotted) a resume cannot
+  change at all (`Task.resume_shapes`), never offered."""
   shapes = ', '.join(
     f'{name.split(".")[1]}={value}'
     for name in _SHAPE_FIELDS
@@ -83,10 +85,16 @@ def out_of_memory_fault(
     fixes.append('--config.model.dtype=bfloat16')
   # Where the parameters and Adam's two moments alone do not fit, only a smaller model does.
   vocabulary = ', config.data.vocab_size' if _field(config, 'data.vocab_size') else ''
-  fixes.append(f'a smaller model (config.model sizes or tables{vocabulary})')
+  smaller = f'a smaller model (config.model sizes or tables{vocabulary})'
+  if not resumes:
+    fixes.append(smaller)
+    how = ''
+  else:
+    fixes.append(f'{smaller} in a new --workdir')
+    how = ' (each but the last resumes the run with --allow_config_change)'
   return DeviceMemoryError(
     f'out of accelerator memory at step {step} ({shapes}; {len(devices)} '
-    f'{devices[0].platform} device(s)); {last_good}; what would fit: {" or ".join(fixes)}'
+    f'{devices[0].platform} device(s)); {last_good}; what would fit{how}: {" or ".join(fixes)}'
   )
 
 

@@ -193,9 +193,13 @@ def train(task: Task, config, workdir, preemption: PreemptionSignal, *, allow_co
   except (jax.errors.JaxRuntimeError, ValueError, MemoryError) as error:
     if not is_out_of_memory(error):
       raise
-    resumed_shapes = task.resume_shapes(config)[0] if finished_steps(workdir) else ()
+    resumes = bool(finished_steps(workdir))
     raise out_of_memory_fault(
-      config, reached['step'] + 1, last_good(), fixed=resumed_shapes
+      config,
+      reached['step'] + 1,
+      last_good(),
+      fixed=task.resume_shapes(config)[0] if resumes else (),
+      resumes=resumes,
     ) from error
 
 
@@ -238,7 +242,7 @@ def check_resume_shapes(task: Task, config, workdir: Path) -> None:
     remedies.insert(
       0,
       f'--config.train.grad_accum_steps=N (with config.train.batch_size={rows}) runs the '
-      "run's rows in N parts, in less memory",
+      "run's rows in N parts, in less memory (with --allow_config_change)",
     )
   raise ValueError(
     f'{given}: the checkpoints in {workdir / "checkpoints"} were saved with {held}, and a '
