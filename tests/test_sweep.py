@@ -561,6 +561,13 @@ def test_an_eval_field_sweep_trains_once_per_seed_and_scores_every_value(
     f'python eval.py --config=c.py --config.eval.mem_len=8 --config.seed=0 '
     f'--workdir={root}/trained/seed=0 --output_dir={root}/mem_len=8/seed=0',
   ]
+  # recheck15-4: an override of the swept field in the sweep's command is trained with, as
+  # the sweep trains (it was dropped with the swept value, so the line trained otherwise).
+  given = sweep_grid.commands('c.py', ['--config.eval.mem_len=16'], root, 'eval.mem_len', [0], [0])
+  assert given[0] == (
+    f'python train.py --config=c.py --config.eval.mem_len=16 --config.seed=0 '
+    f'--workdir={root}/trained/seed=0'
+  )
 
 
 def test_progress_gives_the_run_count_and_an_eta(monkeypatch):

@@ -285,7 +285,9 @@ def commands(
       if workdir == results_dir:
         lines.append(command('python', 'train.py', *chosen, f'--workdir={workdir}'))
       elif value == values[0]:  # an eval field: one training per seed, with --config's config.eval
-        trained = [arg for arg in chosen if not arg.startswith(f'--config.{field}=')]
+        # --config and its overrides as given (an override of the swept eval field too: the
+        # sweep trains with it), without the swept value.
+        trained = [f'--config={config_arg}', *overrides, f'--config.seed={seed}']
         lines.append(command('python', 'train.py', *trained, f'--workdir={workdir}'))
       for setting, eval_fields in (evaluations or {None: {}}).items():
         scored = [f'--config.{name}={v}' for name, v in eval_fields.items()]
