@@ -240,8 +240,14 @@ def test_a_resume_on_changed_data_is_refused_unless_allowed_and_eval_warns(tmp_p
   # The character LM reads bytes: its file converted to CRLF line endings is other text.
   original = text.read_bytes()
   text.write_bytes(original.replace(b'\n', b'\r\n'))
-  with pytest.raises(ValueError, match=r'scores other data .*\(config\.data\.path: .* changed'):
+  with pytest.raises(
+    ValueError, match=r'scores other data .*\(config\.data\.path: .* changed'
+  ) as own:
     char_lm.TASK.evaluate(config, workdir)
+  # The path is the run's: the way out is the file as it was, not a field (recheck15-6).
+  assert str(own.value).endswith(
+    'to score it there, or restore the data file as the run trained on it'
+  ), own.value
   text.write_bytes(original)
   with open(text, 'a') as file:
     file.write('the data regenerated, longer\n')

@@ -676,7 +676,9 @@ def test_a_damaged_eval_results_is_scored_again_and_named_when_collected(tmp_pat
   results.write_text('{"bleu": 1.0, "translat')
   config = load_config('translate_tiny', 'shaw')
   assert not finished_run.is_finished(tasks.get(config), tmp_path, config, tmp_path / 'trained')
-  assert capsys.readouterr().err == f'warning: {results} is damaged; scoring that run again\n'
+  err = capsys.readouterr().err  # read_results' line, which names what is wrong in the file
+  assert err.startswith(f'warning: {results} is damaged (Unterminated string'), err
+  assert err.endswith('; scoring that run again\n') and err.count('\n') == 1, err
   # Another step's result (the sweep scored it again, a full test pass, without a word): named.
   results.write_text(json.dumps({'bleu': 1.0, 'translations': str(tmp_path / 't.txt'), 'step': 3}))
   assert not finished_run.is_finished(tasks.get(config), tmp_path, config, tmp_path / 'trained')

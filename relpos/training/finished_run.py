@@ -102,8 +102,8 @@ def results_or_reason(path: Path) -> dict | str:
   so, as `stale_reason` gives it. An OSError reading it is raised."""
   try:
     return run_config.read_results(path)
-  except ValueError:
-    return f'{path} is damaged'
+  except ValueError as error:  # `read_results`' line: the file, and what is wrong in it
+    return str(error)
 
 
 def result_change(task, path: Path, results: dict, config, trained_dir: Path) -> str | None:

@@ -629,9 +629,12 @@ def check_own_result(
   if not other_data and not other_eval and not other_compute:
     return
   scores, fields_named = [], []
+  # A file rewritten at the run's own path is no field to give back (`data_record.changes`).
+  rewritten = [line for line in other_data if ' changed since the run trained on it' in line]
   if other_data:
     scores.append(f'other data than the run in {workdir} trained with ({"; ".join(other_data)})')
-    fields_named.append('data fields')
+    if len(rewritten) < len(other_data):
+      fields_named.append('data fields')
   if other_eval:
     scores.append(
       f'other config.eval settings than the run in {workdir} was scored with '
@@ -646,10 +649,16 @@ def check_own_result(
     fields_named += [f'config.{line.partition(":")[0]}' for line in other_compute]
   one_field = len(fields_named) == 1 and not fields_named[0].endswith(' fields')
   pronoun = 'it' if one_field else 'them'
+  ways = ['give --output_dir=<a new directory> to score it there']
+  if fields_named:
+    ways.append(
+      f"the run's {' and '.join(fields_named)} ({workdir / CONFIG_FILE} records {pronoun})"
+    )
+  if rewritten:
+    ways.append('restore the data file as the run trained on it')
   raise ValueError(
     f"this evaluation scores {' and '.join(scores)}, and would replace the run's own result "
-    f'({RESULTS_FILE}) with that score: give --output_dir=<a new directory> to score it there, '
-    f"or the run's {' and '.join(fields_named)} ({workdir / CONFIG_FILE} records {pronoun})"
+    f'({RESULTS_FILE}) with that score: {", or ".join(ways)}'
   )
 
 
