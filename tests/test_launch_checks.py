@@ -380,15 +380,15 @@ def test_config_files_that_do_not_load_are_one_line(commands, tmp_path):
   assert not (tmp_path / 'run').exists()
 
 
-def _parsed_config(monkeypatch, *overrides, config=CHAR_TINY):
-  """char_tiny's config (or that of the --config value `config`) as the launchers parse it
-  with `overrides` (tasks.parse_flags)."""
+def _parse(monkeypatch, *args) -> tuple[object, object]:
+  """(the exit code, the parsed config) of the command line `train.py args` as the launchers
+  parse it (tasks.parse_flags): the code is the `error: ...` line of a refused one, else None."""
   import sys
 
   from ml_collections import config_flags
 
   parsed = {}
-  argv = ['train.py', f'--config={config}', *overrides]
+  argv = ['train.py', *args]
   monkeypatch.setattr(sys, 'argv', argv)  # ml_collections takes the overrides from there
 
   def define():
@@ -397,8 +397,36 @@ def _parsed_config(monkeypatch, *overrides, config=CHAR_TINY):
   def main(argv):
     parsed['config'] = parsed['flag'].value
 
-  assert call_absl_main(define, main, argv, tasks.parse_flags) is None
-  return parsed['config']
+  return call_absl_main(define, main, argv, tasks.parse_flags), parsed.get('config')
+
+
+def _parsed_config(monkeypatch, *overrides, config=CHAR_TINY):
+  """char_tiny's config (or that of the --config value `config`) as the launchers parse it
+  with `overrides` (tasks.parse_flags)."""
+  code, config = _parse(monkeypatch, f'--config={config}', *overrides)
+  assert code is None
+  return config
+
+
+def _parse_error(monkeypatch, *args) -> str:
+  """The `error: ...` line that parsing `train.py args` exits with."""
+  code, _ = _parse(monkeypatch, *args)
+  assert isinstance(code, str), code
+  return code
+
+
+def test_a_repeated_config_is_refused_naming_both(monkeypatch, tmp_path):
+  """A launch script's --config and the user's own after it: absl used the last, the lines
+  that name the file the first, so a second file that raised was its bare exception
+  ("error: 'missing'"), and an override beside two valid files absl's 'flag is defined
+  twice'."""
+  raises = tmp_path / 'raises.py'
+  raises.write_text("def get_config():\n  return {}['missing']\n")
+  expected = f'error: --config is given more than once ({CHAR_TINY}, {raises}): give one'
+  assert _parse_error(monkeypatch, f'--config={CHAR_TINY}', '--config', str(raises)) == expected
+  assert _parse_error(
+    monkeypatch, f'--config={CHAR_TINY}:shaw', '--config.train.steps=5', f'--config={CHAR_TINY}'
+  ) == (f'error: --config is given more than once ({CHAR_TINY}:shaw, {CHAR_TINY}): give one')
 
 
 def test_an_optional_field_can_be_set_back_to_none(monkeypatch):

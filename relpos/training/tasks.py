@@ -320,14 +320,32 @@ def home_expanded(value: str) -> str:
   return os.path.expanduser(value) if value == '~' or value.startswith('~/') else value
 
 
-def _config_index(argv: list[str]) -> int | None:
-  """The index in `argv` of `--config=VALUE`, or of VALUE after `--config`; None if absent."""
+def _config_indices(argv: list[str]) -> list[int]:
+  """The index in `argv` of each `--config=VALUE`, or of VALUE after `--config`."""
+  indices = []
   for i, arg in enumerate(argv):
     if arg.startswith('--config='):
-      return i
-    if arg == '--config' and i + 1 < len(argv):
-      return i + 1
-  return None
+      indices.append(i)
+    elif arg == '--config' and i + 1 < len(argv):
+      indices.append(i + 1)
+  return indices
+
+
+def _config_index(argv: list[str]) -> int | None:
+  """The index in `argv` of `--config=VALUE`, or of VALUE after `--config`; None if absent.
+  `parse_flags` refuses a repeated --config, so there is one."""
+  return next(iter(_config_indices(argv)), None)
+
+
+def refuse_repeated_config(argv: list[str]) -> None:
+  """Exits with one `error:` line naming each --config of `argv` where there is more than
+  one (a launch script's, then the user's own): absl used the last, while the lines that name
+  the file (`config_arg`) read the first, so a file that raised was '--config: the config did
+  not load' or its bare exception, and an override beside two valid files absl's 'flag is
+  defined twice'; two valid ones trained with the last in silence."""
+  given = [argv[i].removeprefix('--config=') for i in _config_indices(argv)]
+  if len(given) > 1:
+    sys.exit(f'error: --config is given more than once ({", ".join(given)}): give one')
 
 
 def config_arg(argv: list[str]) -> str | None:
@@ -514,7 +532,7 @@ def _flag_error(error: BaseException) -> str:
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, each error one line (exit 1) instead of a traceback: a config file
   that is missing, does not parse or raises, an unknown or renamed config field, a preset
-  that raised, a value of the wrong type.
+  that raised, a value of the wrong type, a --config given twice (`refuse_repeated_config`).
 
   On an error the config file is loaded again on its own, so that a fault of the file is told
   from a fault of an override (ml_collections leaves the flag unset after either, and names
@@ -524,6 +542,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   (`expand_config_paths`): every command that takes a config parses it here.
   `--config.<field>=None` sets a field whose rule takes None to None
   (`_optional_none_overrides`)."""
+  refuse_repeated_config(argv)
   absl_logger = logging.get_absl_logger()
   absl_logger.addFilter(quiet := _NoNoneConfigWarning())
   argv = _home_expanded_config(argv)
