@@ -362,14 +362,21 @@ def test_config_files_that_do_not_load_are_one_line(commands, tmp_path):
   """Before: two absl warning lines and 'IllegalFlagValueError: flag --config=None' for a
   get_config() returning None; 'TypeError: get_config() takes 0 positional arguments' for a
   preset of a file without presets; "NameError: name 'null' is not defined" for a run's
-  config.json."""
+  config.json; '--config: the config did not load' for a dict returned."""
   returns_none = tmp_path / 'returns_none.py'
   returns_none.write_text('def get_config():\n  pass\n')
   recorded = tmp_path / 'config.json'
   recorded.write_text('{\n  "seed": 0,\n  "data": {"max_bytes": null}\n}\n')
   no_presets = REPO / 'configs' / 'enwik8_base.py'
+  returns_dict = tmp_path / 'returns_dict.py'
+  returns_dict.write_text("def get_config():\n  return {'task': 'translate'}\n")
+  returns_list = tmp_path / 'returns_list.py'
+  returns_list.write_text('def get_config():\n  return [1, 2]\n')
   cases = [
-    (returns_none, f'{returns_none}: get_config() returned None, not a ConfigDict'),
+    (returns_none, f'{returns_none}: get_config() returned None, not an ml_collections.ConfigDict'),
+    # They were '--config: the config did not load' and AttributeError: 'list' object has no ...
+    (returns_dict, f'{returns_dict}: get_config() returned a dict, not an ml_collections.'),
+    (returns_list, f'{returns_list}: get_config() returned a list, not an ml_collections.'),
     (f'{no_presets}:shaw', f'{no_presets} has no presets (its get_config() takes no argument)'),
     (recorded, f'{recorded} is no config file: --config takes a config .py file'),
   ]

@@ -425,8 +425,11 @@ def _config_file_problem(argv: list[str]) -> tuple[str | None, ml_collections.Co
   try:
     alone(alone_argv)
     config = alone['config'].value
-    if not isinstance(config, ml_collections.ConfigDict):
-      config.get('task')  # a stand-in for a file that did not load: it raises its error
+    if type(config).__name__ == '_ErrorConfig':
+      config.get('task')  # ml_collections' stand-in for a file that did not load: its error
+    elif not isinstance(config, ml_collections.ConfigDict):
+      returned = 'None' if config is None else type(config).__name__
+      return _not_a_config_dict(value, path, returned), None
   except Exception as error:  # noqa: BLE001 (whatever the file raised, reported as one line)
     cause = _root_cause(error)
     if not path.endswith('.py'):  # a run's config.json, say, read as Python
@@ -441,7 +444,7 @@ def _config_file_problem(argv: list[str]) -> tuple[str | None, ml_collections.Co
     if isinstance(cause, AttributeError) and 'get_config' in str(cause):
       return f'--config={value}: {path} defines no get_config() returning a ConfigDict', None
     if isinstance(cause, flags.IllegalFlagValueError) and 'other than None' in str(cause):
-      return f'--config={value}: {path}: get_config() returned None, not a ConfigDict', None
+      return _not_a_config_dict(value, path, 'None'), None
     if isinstance(cause, TypeError) and _takes_no_preset(cause, value):
       return (
         f'--config={value}: {path} has no presets (its get_config() takes no argument): give '
@@ -453,6 +456,19 @@ def _config_file_problem(argv: list[str]) -> tuple[str | None, ml_collections.Co
     line = _flag_error(cause).removeprefix(f'flag --config={value}: ')
     return f'--config={value}: {path} raised {type(cause).__name__}{where}: {line}', None
   return None, config
+
+
+def _not_a_config_dict(value: str, path: str, returned: str) -> str:
+  """The line for --config=`value` whose file's get_config() returned `returned` (None, or the
+  name of a type: 'dict', 'list'): a plain dict is a natural first attempt, and it was '--config:
+  the config did not load' (a list: an AttributeError the file was blamed for)."""
+  article = '' if returned == 'None' else 'a '
+  return (
+    f'--config={value}: {path}: get_config() returned {article}{returned}, not an '
+    'ml_collections.ConfigDict: start from relpos.config.char_lm_defaults.char_lm_config() or '
+    'relpos.config.translation_defaults.translate_config() and set its fields, as the files of '
+    'configs/ do'
+  )
 
 
 def _takes_no_preset(error: TypeError, value: str) -> bool:
