@@ -537,3 +537,28 @@ def test_train_py_and_the_sweep_take_the_same_oserrors_for_write_faults(tmp_path
     train_fault = is_write_fault(error, root, error_path(error))  # what loop.train asks
     sweep_fault = sweep.root_write_fault(error, root, resume=True) is not None
     assert (train_fault, sweep_fault) == expected, (errno.errorcode[number], path)
+
+
+def test_a_config_file_setting_a_field_of_another_type_names_the_field_and_line(
+  monkeypatch, tmp_path
+):
+  """Before: 'raised TypeError: 20.0 is of original type <class 'float'> and cannot be casted
+  to type <class 'int'>', naming no field and no line (ml_collections raises its cast error
+  again from the file's line, so the innermost error's traceback held only its frames)."""
+  wrong = tmp_path / 'wrong_type.py'
+  for setting, field, given in [
+    ('c.train.steps = 20.0', 'config.train.steps', '20.0 (float)'),
+    ("c.train.update(steps='20')", 'config.train.steps', '20 (str)'),
+    ('t = c.train; t.steps = 2.0', "field 'steps'", '2.0 (float)'),  # no dotted name to read
+  ]:
+    wrong.write_text(
+      'from pathlib import Path\n'
+      'from relpos.config import load_config_file\n\n\n'
+      'def get_config():\n'
+      f"  c = load_config_file(Path('{CHAR_TINY}'), 'shaw')\n"
+      f'  {setting}\n'
+      '  return c\n'
+    )
+    assert _parse_error(monkeypatch, f'--config={wrong}') == (
+      f'error: --config={wrong}: {wrong} line 7: {field} takes an int, not {given}'
+    )

@@ -5,6 +5,7 @@ import errno
 import importlib
 import logging as std_logging
 import os
+import re
 import shlex
 import socket
 import sys
@@ -450,12 +451,66 @@ def _config_file_problem(argv: list[str]) -> tuple[str | None, ml_collections.Co
         f'--config={value}: {path} has no presets (its get_config() takes no argument): give '
         f'--config={path}'
       ), None
-    frames = traceback.extract_tb(cause.__traceback__)
-    lines = [f.lineno for f in frames if os.path.abspath(f.filename) == os.path.abspath(path)]
-    where = f' at line {lines[-1]}' if lines else ''
+    frame = _last_frame_in(error, path)
+    if wrong_type := _wrong_type(error, frame):
+      where = f' line {frame.lineno}' if frame else ''
+      return f'--config={value}: {path}{where}: {wrong_type}', None
+    where = f' at line {frame.lineno}' if frame else ''
     line = _flag_error(cause).removeprefix(f'flag --config={value}: ')
     return f'--config={value}: {path} raised {type(cause).__name__}{where}: {line}', None
   return None, config
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+  """`error` and the exceptions it was raised from or while handling, outermost first (the
+  last is `_root_cause`)."""
+  chain = [error]
+  while (inner := chain[-1].__cause__ or chain[-1].__context__) is not None:
+    chain.append(inner)
+  return chain
+
+
+def _last_frame_in(error: BaseException, path: str) -> traceback.FrameSummary | None:
+  """The innermost frame of the config file at `path` in the tracebacks of `error`'s chain
+  (`_chain`), None where none runs its code: the root cause's own traceback may hold only a
+  library's frames (ml_collections raises a field's cast error again, from its caller's
+  line)."""
+  frames = [
+    frame
+    for inner in _chain(error)
+    for frame in traceback.extract_tb(inner.__traceback__)
+    if os.path.abspath(frame.filename) == os.path.abspath(path)
+  ]
+  return frames[-1] if frames else None
+
+
+# ml_collections' TypeError for a field of a config file given a value of another type.
+_CAST_ERROR = re.compile(
+  r"Could not override field '(?P<name>\w+)' \(reference\)\. (?P<value>.*) is of original "
+  r"type <class '(?P<given>[\w.]+)'> and cannot be casted to type <class '(?P<type>[\w.]+)'>"
+)
+
+
+def _wrong_type(error: BaseException, frame: traceback.FrameSummary | None) -> str | None:
+  """'config.<field> takes an int, not 20.0 (float)' where `error`'s chain holds ml_collections'
+  cast error of a field set to a value of another type (`c.train.steps = 20.0`), else None.
+  The error names only the field's last part, so its dotted name is read from the config file's
+  line (`frame`) where that sets it (`c.train.steps = ...`, `c.train.update(steps=...)`); it
+  was the cast error alone, naming neither the field nor the line."""
+  cast = next((m for e in _chain(error) if (m := _CAST_ERROR.search(str(e)))), None)
+  if cast is None:
+    return None
+  name, field = cast['name'], f'field {cast["name"]!r}'
+  if frame is not None and frame.line:
+    assigned = re.match(rf'\s*\w+((?:\.\w+)*\.{name})\s*=[^=]', frame.line)
+    updated = re.match(rf'\s*\w+((?:\.\w+)*)\.update\(.*\b{name}\s*=', frame.line)
+    dotted = (assigned[1] if assigned else f'{updated[1]}.{name}' if updated else '')[1:]
+    # A field of a section the file holds under another name (`t = c.train; t.steps = ...`)
+    # reads as no declared field: then only its name is given.
+    if any(dotted in fields.leaves(declaration(task)) for task in _TASKS):
+      field = f'config.{dotted}'
+  article = 'an' if cast['type'][0] in 'aeiou' else 'a'
+  return f'{field} takes {article} {cast["type"]}, not {cast["value"]} ({cast["given"]})'
 
 
 def _not_a_config_dict(value: str, path: str, returned: str) -> str:
