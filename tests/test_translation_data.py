@@ -9,6 +9,7 @@ import bz2
 import gzip
 import itertools
 import os
+import re
 import sys
 import threading
 import unicodedata
@@ -963,3 +964,21 @@ def test_dropped_empty_pairs_are_named_by_line(tmp_path, capsys):
   )
   parallel_text.read_parallel(src, tgt, shard=Shard(1, 2))  # lines 2, 4, ..., 40
   assert '(lines 10, 12, 14)' in capsys.readouterr().err
+
+
+def test_line_count_mismatch_names_blank_lines_at_the_end(tmp_path):
+  """A side ending in '\\n\\n' (an editor's, or `echo >>`) was 'has 21 lines, ... has 20' and
+  no more; the longer side's empty lines at its end are named now, whichever side it is."""
+  src = _write(tmp_path / 'a.en', ['s0', 's1', 's2'])
+  blank = tmp_path / 'a.de'
+  blank.write_text('t0\nt1\nt2\n\n')
+  for sides in ((src, blank), (blank, src)):
+    with pytest.raises(ValueError, match=re.escape(f"; {blank}'s last line is empty (the file ")):
+      parallel_text.read_parallel(*sides)
+  blank.write_text('t0\nt1\nt2\n\n \n')
+  with pytest.raises(ValueError, match=re.escape(f'; the last 2 lines of {blank} are empty')):
+    parallel_text.read_parallel(src, blank)
+  # The shorter side's empty last line is no cause.
+  blank.write_text('t0\n\n')
+  with pytest.raises(ValueError, match=r'has 2; they must be line-aligned$'):
+    parallel_text.read_parallel(src, blank)
