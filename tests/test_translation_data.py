@@ -77,6 +77,14 @@ def test_read_lines_errors(tmp_path):
   bad.write_bytes('gut\nauch gut\nschlecht: \u00e4\n'.encode('latin-1'))
   with pytest.raises(ValueError, match=r'latin1\.txt line 3 is not valid UTF-8'):
     parallel_text.read_lines(bad)
+  # Both offsets count from 1 (the byte in the whole was counted from 0: one before `cmp`'s).
+  bad.write_bytes(b'abc\n\xe9t\xe9\n')
+  with pytest.raises(ValueError) as caught:
+    parallel_text.read_lines(bad)
+  assert str(caught.value) == (
+    f'{bad} line 2 is not valid UTF-8 (invalid continuation byte at byte 1 of the line, byte 5 '
+    'of the whole, counted from 1); re-encode it as UTF-8'
+  )
   truncated = tmp_path / 'cut.txt.gz'
   truncated.write_bytes(gzip.compress(b'a\nb\n' * 100)[:-10])
   with pytest.raises(ValueError, match=r'cut\.txt\.gz is a gzip file but not a complete one'):
