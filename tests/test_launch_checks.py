@@ -562,3 +562,17 @@ def test_a_config_file_setting_a_field_of_another_type_names_the_field_and_line(
     assert _parse_error(monkeypatch, f'--config={wrong}') == (
       f'error: --config={wrong}: {wrong} line 7: {field} takes an int, not {given}'
     )
+
+
+def test_switching_config_task_by_a_flag_is_refused_naming_it(monkeypatch):
+  """`--config.task=translate` on a character LM's file was 'config.data.tfds_name is missing
+  from the config', naming neither the flag nor the file; the file's own task passes."""
+  translate_tiny = REPO / 'configs' / 'translate_tiny.py'
+  assert _parse_error(monkeypatch, f'--config={CHAR_TINY}', '--config.task=translate') == (
+    f'error: --config.task=translate: config.task cannot be switched by a flag (each task has '
+    f"its own fields): --config={CHAR_TINY} builds a 'char_lm' config; give a config file of "
+    "task 'translate', such as configs/translate_tiny.py"
+  )
+  line = _parse_error(monkeypatch, f'--config={translate_tiny}', '--config.task', 'char_lm')
+  assert line.endswith("give a config file of task 'char_lm', such as configs/char_tiny.py")
+  assert _parsed_config(monkeypatch, '--config.task=char_lm').task == 'char_lm'

@@ -591,6 +591,32 @@ def _config_flag_problem(argv: list[str], config) -> str | None:
   return None
 
 
+# A config file of each task, for the lines that ask for one.
+_EXAMPLE_CONFIGS = {'char_lm': 'configs/char_tiny.py', 'translate': 'configs/translate_tiny.py'}
+
+
+def _task_switch_problem(argv: list[str]) -> str | None:
+  """One line where the last `--config.task=` override of `argv` names another task of
+  `_TASKS` than --config's file builds, else None: the tasks' configs hold other fields, so the
+  switched config was refused for a field of the other task it lacks ('config.data.tfds_name is
+  missing from the config'), naming neither the override nor the file. A value no task has is
+  left to `get`'s line, and the file is loaded again only where the flag is given."""
+  given = [
+    arg.partition('=')[2] for arg in config_overrides(argv) if arg.startswith('--config.task=')
+  ]
+  if not given or given[-1] not in _TASKS:
+    return None
+  problem, config = _config_file_problem(argv)
+  built = None if problem or config is None else config.get('task')
+  if built is None or built == given[-1]:
+    return None
+  return (
+    f'--config.task={given[-1]}: config.task cannot be switched by a flag (each task has its own '
+    f'fields): --config={config_arg(argv)} builds a {built!r} config; give a config file of task '
+    f'{given[-1]!r}, such as {_EXAMPLE_CONFIGS[given[-1]]}'
+  )
+
+
 def _flag_error(error: BaseException) -> str:
   """One line for an error raised while parsing flags: a config file (or preset) that raised,
   a value of the wrong type, anything else absl reports."""
@@ -603,7 +629,8 @@ def _flag_error(error: BaseException) -> str:
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, each error one line (exit 1) instead of a traceback: a config file
   that is missing, does not parse or raises, an unknown or renamed config field, a preset
-  that raised, a value of the wrong type, a --config given twice (`refuse_repeated_config`).
+  that raised, a value of the wrong type, a --config given twice (`refuse_repeated_config`),
+  a `--config.task` naming the other task (`_task_switch_problem`).
 
   On an error the config file is loaded again on its own, so that a fault of the file is told
   from a fault of an override (ml_collections leaves the flag unset after either, and names
@@ -624,6 +651,8 @@ def parse_flags(argv: list[str]) -> list[str]:
     if config is not None and not isinstance(config, ml_collections.ConfigDict):
       # A file that does not load gives a stand-in that raises at its first use, later.
       sys.exit(f'error: {_config_file_problem(argv)[0] or "--config: the config did not load"}')
+    if switched := _task_switch_problem(argv):
+      sys.exit(f'error: {switched}')
     for field in to_none:
       *sections, name = field.split('.')
       node = config
