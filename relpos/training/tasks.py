@@ -19,7 +19,7 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from relpos import runtime
+from relpos import flag_types, runtime
 from relpos.config import checks, declaration, fields
 from relpos.files import dangling_link
 from relpos.messages import duration
@@ -623,7 +623,7 @@ def _flag_error(error: BaseException) -> str:
   lines = [line.strip() for line in str(error).splitlines() if line.strip()]
   if len(lines) > 1:  # a traceback from loading the config file: its first and last lines
     return f'{lines[0].rstrip(":")}: {lines[-1]}'
-  return lines[0] if lines else type(error).__name__
+  return flag_types.error_line(lines[0]) if lines else type(error).__name__
 
 
 def parse_flags(argv: list[str]) -> list[str]:
