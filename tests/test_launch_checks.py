@@ -576,3 +576,30 @@ def test_switching_config_task_by_a_flag_is_refused_naming_it(monkeypatch):
   line = _parse_error(monkeypatch, f'--config={translate_tiny}', '--config.task', 'char_lm')
   assert line.endswith("give a config file of task 'char_lm', such as configs/char_tiny.py")
   assert _parsed_config(monkeypatch, '--config.task=char_lm').task == 'char_lm'
+
+
+def test_a_config_file_imports_a_module_beside_it(monkeypatch, tmp_path):
+  """A config file loaded from its path could not import a helper beside it ('raised
+  ModuleNotFoundError at line 1: No module named ...'), as a script can: its directory is
+  importable while it loads, at the end of sys.path, and taken off again afterwards."""
+  import sys
+
+  from relpos.config import load_config_file
+
+  (tmp_path / 'shared_helper_15c.py').write_text(
+    'from pathlib import Path\n'
+    'from relpos.config import load_config_file\n\n\n'
+    'def base(preset):\n'
+    f"  return load_config_file(Path('{CHAR_TINY}'), preset)\n"
+  )
+  (tmp_path / 'mine.py').write_text(
+    "from shared_helper_15c import base\n\n\ndef get_config(preset='xl'):\n  return base(preset)\n"
+  )
+  path_before = list(sys.path)
+  config = _parsed_config(monkeypatch, config=f'{tmp_path / "mine.py"}:rope')
+  assert config.model.position == 'rope'
+  assert sys.path == path_before
+  del sys.modules['shared_helper_15c']  # imported again from the file below
+  assert load_config_file(tmp_path / 'mine.py', 'shaw').model.position == 'shaw'
+  assert sys.path == path_before
+  sys.modules.pop('shared_helper_15c', None)

@@ -20,7 +20,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from relpos import flag_types, runtime
-from relpos.config import checks, declaration, fields
+from relpos.config import checks, declaration, fields, importable_beside
 from relpos.files import dangling_link
 from relpos.messages import duration
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE
@@ -639,36 +639,39 @@ def parse_flags(argv: list[str]) -> list[str]:
   (`expand_home`), and so do --config's file and the config's path fields
   (`expand_config_paths`): every command that takes a config parses it here.
   `--config.<field>=None` sets a field whose rule takes None to None
-  (`_optional_none_overrides`)."""
+  (`_optional_none_overrides`). The config file's directory is importable while it loads
+  (`relpos.config.importable_beside`), so it may import a helper module beside it."""
   refuse_repeated_config(argv)
   absl_logger = logging.get_absl_logger()
   absl_logger.addFilter(quiet := _NoNoneConfigWarning())
   argv = _home_expanded_config(argv)
-  try:
-    parsed, to_none = _optional_none_overrides(argv) if 'config' in flags.FLAGS else (argv, [])
-    rest = flags.FLAGS(parsed)
-    config = flags.FLAGS['config'].value if 'config' in flags.FLAGS else None
-    if config is not None and not isinstance(config, ml_collections.ConfigDict):
-      # A file that does not load gives a stand-in that raises at its first use, later.
-      sys.exit(f'error: {_config_file_problem(argv)[0] or "--config: the config did not load"}')
-    if switched := _task_switch_problem(argv):
-      sys.exit(f'error: {switched}')
-    for field in to_none:
-      *sections, name = field.split('.')
-      node = config
-      for section in sections:
-        node = node[section]
-      node[name] = None
-    expand_home(flags.FLAGS)
-    expand_config_paths(config)
-    refuse_empty_paths(flags.FLAGS)
-    return rest
-  except Exception as error:  # noqa: BLE001 (the one line below; --traceback is not parsed yet)
-    file_problem, config = _config_file_problem(argv)
-    line = file_problem or (config is not None and _config_flag_problem(argv, config))
-    sys.exit(f'error: {line or _flag_error(error)}')
-  finally:
-    absl_logger.removeFilter(quiet)
+  # A config file imports a module beside it while it loads, here and in every reload below.
+  with importable_beside((config_arg(argv) or '').split(':')[0] or None):
+    try:
+      parsed, to_none = _optional_none_overrides(argv) if 'config' in flags.FLAGS else (argv, [])
+      rest = flags.FLAGS(parsed)
+      config = flags.FLAGS['config'].value if 'config' in flags.FLAGS else None
+      if config is not None and not isinstance(config, ml_collections.ConfigDict):
+        # A file that does not load gives a stand-in that raises at its first use, later.
+        sys.exit(f'error: {_config_file_problem(argv)[0] or "--config: the config did not load"}')
+      if switched := _task_switch_problem(argv):
+        sys.exit(f'error: {switched}')
+      for field in to_none:
+        *sections, name = field.split('.')
+        node = config
+        for section in sections:
+          node = node[section]
+        node[name] = None
+      expand_home(flags.FLAGS)
+      expand_config_paths(config)
+      refuse_empty_paths(flags.FLAGS)
+      return rest
+    except Exception as error:  # noqa: BLE001 (the one line below; --traceback is not parsed yet)
+      file_problem, config = _config_file_problem(argv)
+      line = file_problem or (config is not None and _config_flag_problem(argv, config))
+      sys.exit(f'error: {line or _flag_error(error)}')
+    finally:
+      absl_logger.removeFilter(quiet)
 
 
 # The flags that name a path (a workdir, a file written or read) in relpos's commands.
