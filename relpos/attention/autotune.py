@@ -83,9 +83,9 @@ tuning on a CPU with `tuning(timer=...)`, which installs a fresh tuner with an i
 Caches. Decisions are kept per process in memory (one tuning per signature per process) and on
 disk in a JSON file (`runtime.autotune_cache_path`: RELPOS_AUTOTUNE_CACHE, 'off' for none, else
 relpos-autotune.json inside JAX's persistent compilation cache directory, else
-~/.cache/relpos/autotune.json), keyed by device kind, jax version, a hash of the attention
-kernels' source (`kernel_version`: an edited kernel is timed again), XLA_FLAGS and the
-signature; an entry is {'choice': name, 'ms': {name: ms or None}}. Each new decision is logged
+autotune.json in `runtime.cache_root`: $XDG_CACHE_HOME/relpos or ~/.cache/relpos), keyed by
+device kind, jax version, a hash of the attention kernels' source (`kernel_version`: an edited
+kernel is timed again), XLA_FLAGS and the signature; an entry is {'choice': name, 'ms': {name: ms or None}}. Each new decision is logged
 once (absl), naming the signature, the choice and every candidate's time. An entry whose choice
 is not one of the signature's candidates (a tiling since dropped, a name from another version)
 is ignored with a warning and timed again; 'pallas' always names the default tiles, as it did
