@@ -1,11 +1,12 @@
 """absl flag helpers shared by relpos's commands: a comma-separated list of integers, and flag
-errors as one line for the commands that take no config.
+errors as one line (in relpos's words: `error_line`) for every command.
 
 Kept apart from `relpos.training.tasks` (which parses the launchers' flags and imports the
 training code) so that a benchmark or tool can define its flags at import time, before
 `relpos.runtime.apply_defaults` and the heavy imports.
 """
 
+import re
 import sys
 
 from absl import flags
@@ -26,7 +27,21 @@ def parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
   except flags.Error as error:
-    sys.exit(f'error: {str(error).splitlines()[0]}')
+    sys.exit(f'error: {error_line(str(error).splitlines()[0])}')
+
+
+# absl's line for a boolean flag given another value: its ValueError's args as a tuple.
+_NOT_BOOLEAN = re.compile(r"^(flag --[\w.]+=.*): \('Non-boolean argument to boolean flag', .*\)$")
+
+
+def error_line(line: str) -> str:
+  """absl's one-line flag error `line` in relpos's words where absl's are its internals: a
+  boolean flag (`--traceback`, a config's boolean field) given another value than absl takes
+  ('yes', '') was "flag --config.model.pre_layer_norm=yes: ('Non-boolean argument to boolean
+  flag', 'yes')", a tuple's repr that named no value it takes."""
+  if not_boolean := _NOT_BOOLEAN.match(line):
+    return f'{not_boolean[1]}: a boolean flag takes true or false (or 1 or 0)'
+  return line
 
 
 class _IntListParser(flags.ArgumentParser):

@@ -48,7 +48,8 @@ already decides.
 - **Compilation cache.** JAX's persistent compilation cache, so that a second run of a config
   (a rerun, a resume, the next seed of a sweep, eval.py after train.py) loads its compiled
   steps instead of compiling them again. It lives in `RELPOS_COMPILATION_CACHE` (default
-  `~/.cache/relpos/jax`); `RELPOS_COMPILATION_CACHE=off` turns it off. A
+  `$XDG_CACHE_HOME/relpos/jax`, `~/.cache/relpos/jax` where XDG_CACHE_HOME is not set:
+  `cache_root`); `RELPOS_COMPILATION_CACHE=off` turns it off. A
   `JAX_COMPILATION_CACHE_DIR` of the user's own wins. The cache holds compiled code: share it
   only with people you trust (JAX's own warning). A cache JAX cannot read or write (entries
   cut short, a read-only directory, a full disk, a file in its place) costs compiles, not
@@ -58,7 +59,7 @@ already decides.
 - **Autotuning cache.** What `implementation='auto'` measured (`relpos.attention.autotune`)
   is kept in `relpos-autotune.json` inside that cache directory (JAX reads only its own
   `*-cache` files there), or in `RELPOS_AUTOTUNE_CACHE` (a file; `off`: decisions are kept
-  in memory only), or, with no local compilation cache, `~/.cache/relpos/autotune.json`
+  in memory only), or, with no local compilation cache, `autotune.json` in `cache_root`
   (`autotune_cache_path`).
 - **Ctrl-C and SIGTERM** end the program at once with one line and exit status 130 or 143
   (`stop_at_ctrl_c_or_sigterm`), from its first moment: no KeyboardInterrupt traceback through
@@ -90,9 +91,7 @@ ALLOCATOR_TUNABLES = {
   'glibc.malloc.mmap_max': '0',
   'glibc.malloc.trim_threshold': str(2**40),
 }
-DEFAULT_CACHE_DIR = Path.home() / '.cache' / 'relpos' / 'jax'
 AUTOTUNE_CACHE_NAME = 'relpos-autotune.json'  # inside the compilation cache directory
-DEFAULT_AUTOTUNE_CACHE = Path.home() / '.cache' / 'relpos' / 'autotune.json'
 _REEXECUTED = 'RELPOS_REEXECUTED'  # set in the re-executed process: never loop
 DEVICES_FLAG = '--xla_force_host_platform_device_count'
 # XLA flags relpos adds on a GPU (module docstring), each unless XLA_FLAGS names it.
@@ -192,10 +191,24 @@ def ignored_xla_flags(flags: str) -> list[str]:
   return []
 
 
+def cache_root(environ) -> Path:
+  """relpos's directory of caches: `$XDG_CACHE_HOME/relpos` where XDG_CACHE_HOME is an absolute
+  path (the XDG Base Directory rule, which ignores a relative one), else `~/.cache/relpos`. On
+  clusters whose home directories have a small quota, users point XDG_CACHE_HOME at scratch;
+  the compilation cache went under ~/.cache all the same."""
+  xdg = environ.get('XDG_CACHE_HOME', '')
+  return (Path(xdg) if os.path.isabs(xdg) else Path.home() / '.cache') / 'relpos'
+
+
+def default_cache_dir(environ) -> Path:
+  """The compilation cache's directory when RELPOS_COMPILATION_CACHE is not set."""
+  return cache_root(environ) / 'jax'
+
+
 def cache_environment(environ) -> dict:
   """The JAX_* variables that turn the persistent compilation cache on (none when the user set
   JAX_COMPILATION_CACHE_DIR or RELPOS_COMPILATION_CACHE=off)."""
-  where = environ.get('RELPOS_COMPILATION_CACHE', str(DEFAULT_CACHE_DIR))
+  where = environ.get('RELPOS_COMPILATION_CACHE', str(default_cache_dir(environ)))
   if 'JAX_COMPILATION_CACHE_DIR' in environ or where == 'off':
     return {}
   return {
@@ -209,14 +222,14 @@ def cache_environment(environ) -> dict:
 def autotune_cache_path(environ, compilation_cache_dir: str | None) -> Path | None:
   """The autotuner's cache file (module docstring), None for none: RELPOS_AUTOTUNE_CACHE
   ('off': None), else AUTOTUNE_CACHE_NAME in the local `compilation_cache_dir` (JAX's
-  jax_compilation_cache_dir; a URL such as gs://... is not local), else
-  DEFAULT_AUTOTUNE_CACHE."""
+  jax_compilation_cache_dir; a URL such as gs://... is not local), else autotune.json in
+  `cache_root`."""
   chosen = environ.get('RELPOS_AUTOTUNE_CACHE', '')
   if chosen:
     return None if chosen == 'off' else Path(chosen).expanduser()
   if compilation_cache_dir and '://' not in compilation_cache_dir:
     return Path(compilation_cache_dir).expanduser() / AUTOTUNE_CACHE_NAME
-  return DEFAULT_AUTOTUNE_CACHE
+  return cache_root(environ) / 'autotune.json'
 
 
 # JAX's UserWarning of an entry of its persistent compilation cache it could not read or
@@ -236,7 +249,7 @@ def cache_fault_line(message: str, directory: str, environ) -> str | None:
   fault = _CACHE_FAULT.match(message)
   if fault is None:
     return None
-  if directory == environ.get('RELPOS_COMPILATION_CACHE', str(DEFAULT_CACHE_DIR)):
+  if directory == environ.get('RELPOS_COMPILATION_CACHE', str(default_cache_dir(environ))):
     variable, off = 'RELPOS_COMPILATION_CACHE', 'RELPOS_COMPILATION_CACHE=off'
   else:
     variable, off = 'JAX_COMPILATION_CACHE_DIR', 'unset JAX_COMPILATION_CACHE_DIR'
@@ -303,7 +316,7 @@ def say_cache_faults_once() -> None:
   def showwarning(message, category, filename, lineno, file=None, line=None):
     jax = sys.modules.get('jax')
     directory = (jax and jax.config.jax_compilation_cache_dir) or os.environ.get(
-      'JAX_COMPILATION_CACHE_DIR', str(DEFAULT_CACHE_DIR)
+      'JAX_COMPILATION_CACHE_DIR', str(default_cache_dir(os.environ))
     )
     text = cache_fault_line(str(message), directory, os.environ)
     if text is None:

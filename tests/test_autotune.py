@@ -725,7 +725,8 @@ def test_cache_path_rules():
   assert path({'RELPOS_AUTOTUNE_CACHE': 'off'}, '/c') is None
   assert str(path({'RELPOS_AUTOTUNE_CACHE': '/x/t.json'}, '/c')) == '/x/t.json'
   assert str(path({}, '/c')) == '/c/relpos-autotune.json'
-  assert path({}, 'gs://bucket/c') == path({}, None) == runtime.DEFAULT_AUTOTUNE_CACHE
+  home_cache = Path.home() / '.cache' / 'relpos' / 'autotune.json'
+  assert path({}, 'gs://bucket/c') == path({}, None) == home_cache
 
 
 @pytest.mark.parametrize('scan_layers', [False, True])
@@ -925,7 +926,7 @@ def test_pretune_force_says_it_writes_the_machine_wide_cache():
   assert (
     '~/.cache/relpos/jax/relpos-autotune.json, machine-wide, shared by every clone' in help_text
   )
-  assert runtime.DEFAULT_CACHE_DIR.parts[-3:] == ('.cache', 'relpos', 'jax')
+  assert runtime.default_cache_dir({}).parts[-3:] == ('.cache', 'relpos', 'jax')
   assert runtime.AUTOTUNE_CACHE_NAME == 'relpos-autotune.json'  # the path the help names
   owned = {flag.name for flag in registry.get_key_flags_for_module(pretune.__name__)}
   assert owned == {'config', 'lengths', 'force'}  # all in its --help

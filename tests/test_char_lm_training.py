@@ -206,6 +206,21 @@ def test_missing_and_empty_text_for_the_char_lm(tmp_path):
     char_lm.TASK.train_and_evaluate(config, tmp_path / 'run2')
 
 
+@pytest.mark.parametrize('kind', ['text', 'enwik8'])
+def test_an_empty_data_path_is_named_as_empty(tmp_path, kind):
+  """`--config.data.path=$DATA` with DATA unset was read as '.': 'config.data.path=. is a
+  directory', and with kind='enwik8' the remedy fetched enwik8 into the current directory.
+  Refused with the config's checks, so show_config refuses it too."""
+  config = _config(tmp_path / 'unused.txt', steps=2)
+  config.data.update(path='', kind=kind)
+  message = 'config.data.path is empty: set it to the file to read (a text file with config.data'
+  with pytest.raises(ValueError, match=re.escape(message)):
+    char_lm.TASK.check_config(config)
+  with pytest.raises(ValueError, match=re.escape(message)):
+    char_lm.TASK.train_and_evaluate(config, tmp_path / 'run')
+  assert not (tmp_path / 'run').exists()
+
+
 def test_a_run_reads_its_recorded_vocabulary(tmp_path):
   """Resume and evaluation encode with the vocabulary the run recorded, not one made again
   from the data given: a run recorded when 'original' counted the training split alone reads

@@ -49,3 +49,25 @@ def test_a_flag_belongs_to_the_module_that_defines_it():
   flag_types.define_int_list('counts', '1,2', 'counts', flag_values=registry)
   assert [flag.name for flag in registry.get_key_flags_for_module(__name__)] == ['counts']
   assert '--counts' in registry.module_help(__name__)
+
+
+def test_a_boolean_flag_given_another_value_says_what_it_takes(monkeypatch):
+  """`--config.model.pre_layer_norm=yes` (or empty) was absl's tuple repr: "flag --...=yes:
+  ('Non-boolean argument to boolean flag', 'yes')", naming no value a boolean flag takes.
+  The launchers' config overrides go through the same words (`tasks._flag_error`)."""
+  from helpers import REPO
+  from test_launch_checks import _parse_error
+
+  registry = flags.FlagValues()
+  flags.DEFINE_bool('quick', False, 'quick', flag_values=registry)
+  for value in ('yes', ''):
+    with pytest.raises(flags.IllegalFlagValueError) as caught:
+      registry(['program', f'--quick={value}'])
+    assert flag_types.error_line(str(caught.value)) == (
+      f'flag --quick={value}: a boolean flag takes true or false (or 1 or 0)'
+    )
+  config = REPO / 'configs' / 'char_tiny.py'
+  assert _parse_error(monkeypatch, f'--config={config}', '--config.model.pre_layer_norm=yes') == (
+    'error: flag --config.model.pre_layer_norm=yes: a boolean flag takes true or false (or 1 or 0)'
+  )
+  assert flag_types.error_line('flag --counts=x: give integers') == 'flag --counts=x: give integers'

@@ -362,14 +362,21 @@ def test_config_files_that_do_not_load_are_one_line(commands, tmp_path):
   """Before: two absl warning lines and 'IllegalFlagValueError: flag --config=None' for a
   get_config() returning None; 'TypeError: get_config() takes 0 positional arguments' for a
   preset of a file without presets; "NameError: name 'null' is not defined" for a run's
-  config.json."""
+  config.json; '--config: the config did not load' for a dict returned."""
   returns_none = tmp_path / 'returns_none.py'
   returns_none.write_text('def get_config():\n  pass\n')
   recorded = tmp_path / 'config.json'
   recorded.write_text('{\n  "seed": 0,\n  "data": {"max_bytes": null}\n}\n')
   no_presets = REPO / 'configs' / 'enwik8_base.py'
+  returns_dict = tmp_path / 'returns_dict.py'
+  returns_dict.write_text("def get_config():\n  return {'task': 'translate'}\n")
+  returns_list = tmp_path / 'returns_list.py'
+  returns_list.write_text('def get_config():\n  return [1, 2]\n')
   cases = [
-    (returns_none, f'{returns_none}: get_config() returned None, not a ConfigDict'),
+    (returns_none, f'{returns_none}: get_config() returned None, not an ml_collections.ConfigDict'),
+    # They were '--config: the config did not load' and AttributeError: 'list' object has no ...
+    (returns_dict, f'{returns_dict}: get_config() returned a dict, not an ml_collections.'),
+    (returns_list, f'{returns_list}: get_config() returned a list, not an ml_collections.'),
     (f'{no_presets}:shaw', f'{no_presets} has no presets (its get_config() takes no argument)'),
     (recorded, f'{recorded} is no config file: --config takes a config .py file'),
   ]
@@ -380,15 +387,15 @@ def test_config_files_that_do_not_load_are_one_line(commands, tmp_path):
   assert not (tmp_path / 'run').exists()
 
 
-def _parsed_config(monkeypatch, *overrides, config=CHAR_TINY):
-  """char_tiny's config (or that of the --config value `config`) as the launchers parse it
-  with `overrides` (tasks.parse_flags)."""
+def _parse(monkeypatch, *args) -> tuple[object, object]:
+  """(the exit code, the parsed config) of the command line `train.py args` as the launchers
+  parse it (tasks.parse_flags): the code is the `error: ...` line of a refused one, else None."""
   import sys
 
   from ml_collections import config_flags
 
   parsed = {}
-  argv = ['train.py', f'--config={config}', *overrides]
+  argv = ['train.py', *args]
   monkeypatch.setattr(sys, 'argv', argv)  # ml_collections takes the overrides from there
 
   def define():
@@ -397,8 +404,36 @@ def _parsed_config(monkeypatch, *overrides, config=CHAR_TINY):
   def main(argv):
     parsed['config'] = parsed['flag'].value
 
-  assert call_absl_main(define, main, argv, tasks.parse_flags) is None
-  return parsed['config']
+  return call_absl_main(define, main, argv, tasks.parse_flags), parsed.get('config')
+
+
+def _parsed_config(monkeypatch, *overrides, config=CHAR_TINY):
+  """char_tiny's config (or that of the --config value `config`) as the launchers parse it
+  with `overrides` (tasks.parse_flags)."""
+  code, config = _parse(monkeypatch, f'--config={config}', *overrides)
+  assert code is None
+  return config
+
+
+def _parse_error(monkeypatch, *args) -> str:
+  """The `error: ...` line that parsing `train.py args` exits with."""
+  code, _ = _parse(monkeypatch, *args)
+  assert isinstance(code, str), code
+  return code
+
+
+def test_a_repeated_config_is_refused_naming_both(monkeypatch, tmp_path):
+  """A launch script's --config and the user's own after it: absl used the last, the lines
+  that name the file the first, so a second file that raised was its bare exception
+  ("error: 'missing'"), and an override beside two valid files absl's 'flag is defined
+  twice'."""
+  raises = tmp_path / 'raises.py'
+  raises.write_text("def get_config():\n  return {}['missing']\n")
+  expected = f'error: --config is given more than once ({CHAR_TINY}, {raises}): give one'
+  assert _parse_error(monkeypatch, f'--config={CHAR_TINY}', '--config', str(raises)) == expected
+  assert _parse_error(
+    monkeypatch, f'--config={CHAR_TINY}:shaw', '--config.train.steps=5', f'--config={CHAR_TINY}'
+  ) == (f'error: --config is given more than once ({CHAR_TINY}:shaw, {CHAR_TINY}): give one')
 
 
 def test_an_optional_field_can_be_set_back_to_none(monkeypatch):
@@ -502,3 +537,69 @@ def test_train_py_and_the_sweep_take_the_same_oserrors_for_write_faults(tmp_path
     train_fault = is_write_fault(error, root, error_path(error))  # what loop.train asks
     sweep_fault = sweep.root_write_fault(error, root, resume=True) is not None
     assert (train_fault, sweep_fault) == expected, (errno.errorcode[number], path)
+
+
+def test_a_config_file_setting_a_field_of_another_type_names_the_field_and_line(
+  monkeypatch, tmp_path
+):
+  """Before: 'raised TypeError: 20.0 is of original type <class 'float'> and cannot be casted
+  to type <class 'int'>', naming no field and no line (ml_collections raises its cast error
+  again from the file's line, so the innermost error's traceback held only its frames)."""
+  wrong = tmp_path / 'wrong_type.py'
+  for setting, field, given in [
+    ('c.train.steps = 20.0', 'config.train.steps', '20.0 (float)'),
+    ("c.train.update(steps='20')", 'config.train.steps', '20 (str)'),
+    ('t = c.train; t.steps = 2.0', "field 'steps'", '2.0 (float)'),  # no dotted name to read
+  ]:
+    wrong.write_text(
+      'from pathlib import Path\n'
+      'from relpos.config import load_config_file\n\n\n'
+      'def get_config():\n'
+      f"  c = load_config_file(Path('{CHAR_TINY}'), 'shaw')\n"
+      f'  {setting}\n'
+      '  return c\n'
+    )
+    assert _parse_error(monkeypatch, f'--config={wrong}') == (
+      f'error: --config={wrong}: {wrong} line 7: {field} takes an int, not {given}'
+    )
+
+
+def test_switching_config_task_by_a_flag_is_refused_naming_it(monkeypatch):
+  """`--config.task=translate` on a character LM's file was 'config.data.tfds_name is missing
+  from the config', naming neither the flag nor the file; the file's own task passes."""
+  translate_tiny = REPO / 'configs' / 'translate_tiny.py'
+  assert _parse_error(monkeypatch, f'--config={CHAR_TINY}', '--config.task=translate') == (
+    f'error: --config.task=translate: config.task cannot be switched by a flag (each task has '
+    f"its own fields): --config={CHAR_TINY} builds a 'char_lm' config; give a config file of "
+    "task 'translate', such as configs/translate_tiny.py"
+  )
+  line = _parse_error(monkeypatch, f'--config={translate_tiny}', '--config.task', 'char_lm')
+  assert line.endswith("give a config file of task 'char_lm', such as configs/char_tiny.py")
+  assert _parsed_config(monkeypatch, '--config.task=char_lm').task == 'char_lm'
+
+
+def test_a_config_file_imports_a_module_beside_it(monkeypatch, tmp_path):
+  """A config file loaded from its path could not import a helper beside it ('raised
+  ModuleNotFoundError at line 1: No module named ...'), as a script can: its directory is
+  importable while it loads, at the end of sys.path, and taken off again afterwards."""
+  import sys
+
+  from relpos.config import load_config_file
+
+  (tmp_path / 'shared_helper_15c.py').write_text(
+    'from pathlib import Path\n'
+    'from relpos.config import load_config_file\n\n\n'
+    'def base(preset):\n'
+    f"  return load_config_file(Path('{CHAR_TINY}'), preset)\n"
+  )
+  (tmp_path / 'mine.py').write_text(
+    "from shared_helper_15c import base\n\n\ndef get_config(preset='xl'):\n  return base(preset)\n"
+  )
+  path_before = list(sys.path)
+  config = _parsed_config(monkeypatch, config=f'{tmp_path / "mine.py"}:rope')
+  assert config.model.position == 'rope'
+  assert sys.path == path_before
+  del sys.modules['shared_helper_15c']  # imported again from the file below
+  assert load_config_file(tmp_path / 'mine.py', 'shaw').model.position == 'shaw'
+  assert sys.path == path_before
+  sys.modules.pop('shared_helper_15c', None)

@@ -344,3 +344,16 @@ def test_another_tfds_data_dir_is_the_same_data(tmp_path):
   assert run_config.data_changes(tmp_path, config, {}) == [
     "data.tfds_eval_split: trained 'test', given 'validation'"
   ]
+
+
+def test_another_programs_config_json_is_no_run_of_task_none(tmp_path):
+  """A HuggingFace model's directory (a config.json with no task) was 'a run of task None',
+  and the line asked for 'a config of task None'."""
+  (tmp_path / 'config.json').write_text(json.dumps({'architectures': ['BertModel']}))
+  for task in ('char_lm', None):
+    with pytest.raises(run_config.TaskMismatchError) as caught:
+      run_config.check_task(tmp_path, task)
+    assert str(caught.value) == (
+      f"--workdir={tmp_path}: {tmp_path}/config.json is not a relpos run's config (it has no "
+      'task): give the directory of a relpos run, or an empty or new directory to train in'
+    )

@@ -278,8 +278,8 @@ def test_translate_refuses_text_that_is_not_utf8_in_one_line(commands, tmp_path)
   )
   assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr
   assert done.stderr.strip().splitlines()[-1] == (
-    'error: stdin line 2 is not valid UTF-8 (invalid start byte at byte 5 of the line, 10 of the '
-    'whole); re-encode it as UTF-8'
+    'error: stdin line 2 is not valid UTF-8 (invalid start byte at byte 5 of the line, byte 11 '
+    'of the whole, counted from 1); re-encode it as UTF-8'
   )
   # --text, as Python hands on argv's bytes that are not UTF-8: surrogates
   with pytest.raises(ValueError, match=r'^--text line 2 is not valid UTF-8 \(invalid start byte'):

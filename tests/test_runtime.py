@@ -56,9 +56,19 @@ def test_allocator_is_left_alone(environ):
 
 
 def test_compilation_cache_defaults_and_opt_outs(tmp_path):
-  assert runtime.cache_environment({})['JAX_COMPILATION_CACHE_DIR'] == str(
-    runtime.DEFAULT_CACHE_DIR
+  home_cache = Path.home() / '.cache' / 'relpos' / 'jax'
+  assert runtime.cache_environment({})['JAX_COMPILATION_CACHE_DIR'] == str(home_cache)
+  # XDG_CACHE_HOME is followed (it was ignored: a small home quota filled all the same); a
+  # relative one is ignored, as the XDG rule says; RELPOS_COMPILATION_CACHE still wins.
+  xdg = {'XDG_CACHE_HOME': str(tmp_path / 'xdg')}
+  assert runtime.cache_environment(xdg)['JAX_COMPILATION_CACHE_DIR'] == str(
+    tmp_path / 'xdg' / 'relpos' / 'jax'
   )
+  relative = runtime.cache_environment({'XDG_CACHE_HOME': 'xdg'})
+  assert relative['JAX_COMPILATION_CACHE_DIR'] == str(home_cache)
+  mine = runtime.cache_environment({**xdg, 'RELPOS_COMPILATION_CACHE': str(tmp_path / 'c')})
+  assert mine['JAX_COMPILATION_CACHE_DIR'] == str(tmp_path / 'c')
+  assert runtime.autotune_cache_path(xdg, None) == tmp_path / 'xdg' / 'relpos' / 'autotune.json'
   mine = runtime.cache_environment({'RELPOS_COMPILATION_CACHE': str(tmp_path)})
   assert mine['JAX_COMPILATION_CACHE_DIR'] == str(tmp_path)
   assert runtime.cache_environment({'RELPOS_COMPILATION_CACHE': 'off'}) == {}

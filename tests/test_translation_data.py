@@ -9,6 +9,7 @@ import bz2
 import gzip
 import itertools
 import os
+import re
 import sys
 import threading
 import unicodedata
@@ -76,6 +77,14 @@ def test_read_lines_errors(tmp_path):
   bad.write_bytes('gut\nauch gut\nschlecht: \u00e4\n'.encode('latin-1'))
   with pytest.raises(ValueError, match=r'latin1\.txt line 3 is not valid UTF-8'):
     parallel_text.read_lines(bad)
+  # Both offsets count from 1 (the byte in the whole was counted from 0: one before `cmp`'s).
+  bad.write_bytes(b'abc\n\xe9t\xe9\n')
+  with pytest.raises(ValueError) as caught:
+    parallel_text.read_lines(bad)
+  assert str(caught.value) == (
+    f'{bad} line 2 is not valid UTF-8 (invalid continuation byte at byte 1 of the line, byte 5 '
+    'of the whole, counted from 1); re-encode it as UTF-8'
+  )
   truncated = tmp_path / 'cut.txt.gz'
   truncated.write_bytes(gzip.compress(b'a\nb\n' * 100)[:-10])
   with pytest.raises(ValueError, match=r'cut\.txt\.gz is a gzip file but not a complete one'):
@@ -963,3 +972,21 @@ def test_dropped_empty_pairs_are_named_by_line(tmp_path, capsys):
   )
   parallel_text.read_parallel(src, tgt, shard=Shard(1, 2))  # lines 2, 4, ..., 40
   assert '(lines 10, 12, 14)' in capsys.readouterr().err
+
+
+def test_line_count_mismatch_names_blank_lines_at_the_end(tmp_path):
+  """A side ending in '\\n\\n' (an editor's, or `echo >>`) was 'has 21 lines, ... has 20' and
+  no more; the longer side's empty lines at its end are named now, whichever side it is."""
+  src = _write(tmp_path / 'a.en', ['s0', 's1', 's2'])
+  blank = tmp_path / 'a.de'
+  blank.write_text('t0\nt1\nt2\n\n')
+  for sides in ((src, blank), (blank, src)):
+    with pytest.raises(ValueError, match=re.escape(f"; {blank}'s last line is empty (the file ")):
+      parallel_text.read_parallel(*sides)
+  blank.write_text('t0\nt1\nt2\n\n \n')
+  with pytest.raises(ValueError, match=re.escape(f'; the last 2 lines of {blank} are empty')):
+    parallel_text.read_parallel(src, blank)
+  # The shorter side's empty last line is no cause.
+  blank.write_text('t0\n\n')
+  with pytest.raises(ValueError, match=r'has 2; they must be line-aligned$'):
+    parallel_text.read_parallel(src, blank)

@@ -80,20 +80,20 @@ Where. Only on a GPU (`jax.default_backend() == 'gpu'`): on a CPU Pallas only in
 a TPU these Triton kernels do not lower, so 'auto' is 'xla' there without timing. Tests force
 tuning on a CPU with `tuning(timer=...)`, which installs a fresh tuner with an injected timer.
 
-Caches. Decisions are kept per process in memory (one tuning per signature per process) and on
-disk in a JSON file (`runtime.autotune_cache_path`: RELPOS_AUTOTUNE_CACHE, 'off' for none, else
-relpos-autotune.json inside JAX's persistent compilation cache directory, else
-~/.cache/relpos/autotune.json), keyed by device kind, jax version, a hash of the attention
-kernels' source (`kernel_version`: an edited kernel is timed again), XLA_FLAGS and the
-signature; an entry is {'choice': name, 'ms': {name: ms or None}}. Each new decision is logged
-once (absl), naming the signature, the choice and every candidate's time. An entry whose choice
-is not one of the signature's candidates (a tiling since dropped, a name from another version)
-is ignored with a warning and timed again; 'pallas' always names the default tiles, as it did
-before tilings were tuned. A corrupt or unreadable file, or a malformed entry in it (an 'ms'
-that is no number), is ignored with one `warning:` line naming the file (once a process) and
-timed again, and the file rewritten without it; a cache that cannot be written (a directory
-in the way) is one warning and leaves no temporary file. Writes go through a temporary file
-and a rename, so a reader never sees half a file.
+Caches. Decisions are kept per process in memory (one tuning per signature per process) and on disk
+in a JSON file (`runtime.autotune_cache_path`: RELPOS_AUTOTUNE_CACHE, 'off' for none, else
+relpos-autotune.json inside JAX's persistent compilation cache directory, else autotune.json in
+`runtime.cache_root`: $XDG_CACHE_HOME/relpos or ~/.cache/relpos), keyed by device kind, jax version,
+a hash of the attention kernels' source (`kernel_version`: an edited kernel is timed again),
+XLA_FLAGS and the signature; an entry is {'choice': name, 'ms': {name: ms or None}}. Each new
+decision is logged once (absl), naming the signature, the choice and every candidate's time. An
+entry whose choice is not one of the signature's candidates (a tiling since dropped, a name from
+another version) is ignored with a warning and timed again; 'pallas' always names the default tiles,
+as it did before tilings were tuned. A corrupt or unreadable file, or a malformed entry in it (an
+'ms' that is no number), is ignored with one `warning:` line naming the file (once a process) and
+timed again, and the file rewritten without it; a cache that cannot be written (a directory in the
+way) is one warning and leaves no temporary file. Writes go through a temporary file and a rename,
+so a reader never sees half a file.
 
 Several processes. Every process must compile the same program. In a multi-process run only
 process 0 reads the disk cache and times; its choice is broadcast

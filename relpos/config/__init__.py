@@ -1,12 +1,16 @@
 """The declarations of every config field (`fields`: how a field is declared; `model_fields`,
 `shared`, `char_lm_defaults`, `translation_defaults`: the fields), the rules that check them
 (`checks`), and `load_config_file` for config files built on other config files (with
-`unknown_preset`, the error of a preset a file lacks). The config
+`unknown_preset`, the error of a preset a file lacks; `importable_beside` lets a config file
+import a module beside it). The config
 files of configs/ are presets: they start from a declaration's ConfigDict and change values
 only."""
 
+import contextlib
 import importlib
 import importlib.util
+import os
+import sys
 from pathlib import Path
 
 import ml_collections
@@ -38,10 +42,32 @@ def unknown_preset(preset: str, presets) -> ValueError:
   return ValueError(f'unknown preset {preset!r}: use one of {", ".join(presets)}')
 
 
+@contextlib.contextmanager
+def importable_beside(path):
+  """While loading the config file at `path` (and calling its get_config), its directory is on
+  sys.path, so it can import a helper module beside it (`from common import base`), as a
+  script can: loaded from its path, it could not (ModuleNotFoundError), a researcher's
+  common.py next to their configs included. The directory goes last, so a file there never
+  shadows an installed module (a config directory holding its own jax.py or types.py), and it
+  is taken off again afterwards; a module imported from it stays imported. `path` None (no
+  --config): nothing changes."""
+  directory = None if path is None else os.path.dirname(os.path.abspath(path))
+  added = directory is not None and directory not in sys.path
+  if added:
+    sys.path.append(directory)
+  try:
+    yield
+  finally:
+    if added and directory in sys.path:
+      sys.path.remove(directory)
+
+
 def load_config_file(path: Path, preset: str | None = None) -> ml_collections.ConfigDict:
   """The get_config(preset) of a config file, loaded from its path as train.py loads it, so
-  configs/wmt_big.py can start from configs/wmt_base.py without configs/ being importable."""
+  configs/wmt_big.py can start from configs/wmt_base.py without configs/ being importable
+  (the file's directory importable meanwhile: `importable_beside`)."""
   spec = importlib.util.spec_from_file_location(f'configs.{path.stem}', path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config() if preset is None else module.get_config(preset)
+  with importable_beside(path):
+    spec.loader.exec_module(module)
+    return module.get_config() if preset is None else module.get_config(preset)

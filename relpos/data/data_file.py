@@ -137,10 +137,12 @@ def decode_utf8(data: bytes, name) -> str:
     return data.decode('utf-8').removeprefix('\ufeff')
   except UnicodeDecodeError as error:
     line = data.count(b'\n', 0, error.start) + 1
-    column = error.start - data.rfind(b'\n', 0, error.start)  # 1-based, in bytes
+    # Both counted from 1, as the line is: the byte in the whole was error.start, 0-based, one
+    # byte before where `head -c` or `cmp` lands.
+    column = error.start - data.rfind(b'\n', 0, error.start)
     raise ValueError(
       f'{name} line {line} is not valid UTF-8 ({error.reason} at byte {column} of the line, '
-      f'{error.start} of the whole); re-encode it as UTF-8'
+      f'byte {error.start + 1} of the whole, counted from 1); re-encode it as UTF-8'
     ) from None
 
 

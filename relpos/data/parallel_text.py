@@ -10,7 +10,8 @@ without a byte order mark (`check_not_utf16`): ASCII text in UTF-16 is valid UTF
 after (or before) each character, and was read as such, a line more or less than its other side.
 Two sides that differ in line count are refused, and the line names what in either file splits
 lines otherwise than meant (`line_count_causes`): bare '\\r's among '\\n' endings (a file of
-mixed line endings held 40 sentences in 27 lines, which was all it said). A '\\r' inside a line
+mixed line endings held 40 sentences in 27 lines, which was all it said), and empty lines at
+the end of the longer side. A '\\r' inside a line
 of files that do line up is read as part of the sentence. A pair with an empty or whitespace-
 only side is dropped, and the warning names the first lines dropped.
 """
@@ -126,11 +127,30 @@ def check_not_utf16(data: bytes, path, field: str | None = None) -> None:
   )
 
 
-def line_count_causes(path, lines: Sequence[str]) -> str:
-  """What in the file at `path` (its `lines`, as `read_lines` split them) joins lines that were
-  meant apart, for the message of a line count that differs from its other side: its bare
-  carriage returns ('\\r' inside a line; `read_lines` removed those of '\\r\\n'), Mac OS line
-  endings mixed in among '\\n' ones, with the remedy `check_line_endings` gives; '' for none."""
+def line_count_causes(path, lines: Sequence[str], other_count: int) -> str:
+  """What in the file at `path` (its `lines`, as `read_lines` split them) splits its lines
+  otherwise than meant, for the message of a line count that differs from its other side's
+  (`other_count` lines): empty lines at its end where it is the longer side (a file ending in
+  '\\n\\n', as editors and `echo >>` leave it), and its bare carriage returns ('\\r' inside a
+  line; `read_lines` removed those of '\\r\\n'), Mac OS line endings mixed in among '\\n' ones,
+  with the remedy `check_line_endings` gives; '' for none."""
+  return _trailing_empty_lines(path, lines, other_count) + _bare_carriage_returns(path, lines)
+
+
+def _trailing_empty_lines(path, lines: Sequence[str], other_count: int) -> str:
+  """'; <path> ends in N empty lines ...' where the longer side `lines` does; '' otherwise."""
+  trailing = sum(1 for _ in itertools.takewhile(lambda line: not line.strip(), reversed(lines)))
+  if len(lines) <= other_count or not trailing:
+    return ''
+  if trailing == 1:
+    return f"; {path}'s last line is empty (the file ends in a blank line): remove it"
+  return (
+    f'; the last {trailing} lines of {path} are empty (the file ends in blank lines): remove them'
+  )
+
+
+def _bare_carriage_returns(path, lines: Sequence[str]) -> str:
+  """The bare carriage returns of `line_count_causes`; '' for none."""
   bare = sum(line.count('\r') for line in lines)
   if not bare:
     return ''
@@ -263,8 +283,8 @@ def read_parallel(
     raise ValueError(
       f'parallel files differ in line count: {src_path} has {len(sources)} lines, '
       f'{tgt_path} has {len(targets)}; they must be line-aligned'
-      + line_count_causes(src_path, sources)
-      + line_count_causes(tgt_path, targets)
+      + line_count_causes(src_path, sources, len(targets))
+      + line_count_causes(tgt_path, targets, len(sources))
     )
   lines = shard.records(len(sources))
   return keep_nonempty(

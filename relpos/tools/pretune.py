@@ -15,8 +15,9 @@ or read from the cache. A run started afterwards on the same device reads the de
 instead of timing them at its first step. Translation configs are traced at one batch per
 padded length of `--lengths` (their buckets are fitted to the data); `--force` tunes on a CPU
 too (Pallas interpreted: a check of the command), and writes what it timed to the decision cache
-like any run: by default the user's machine-wide ~/.cache/relpos/jax/relpos-autotune.json, which
-every clone and run shares (`RELPOS_AUTOTUNE_CACHE=<file>` or `=off` keeps a check apart).
+like any run: by default the user's machine-wide ~/.cache/relpos/jax/relpos-autotune.json
+($XDG_CACHE_HOME/relpos/jax/... where that is set), which every clone and run shares
+(`RELPOS_AUTOTUNE_CACHE=<file>` or `=off` keeps a check apart).
 Config overrides as train.py takes them (`--config.model.dtype=bfloat16`).
 """
 
@@ -132,7 +133,8 @@ def define_flags(flag_values=flags.FLAGS) -> None:
     "Tune where 'auto' is 'xla' untimed (a CPU: Pallas interpreted), to check. It writes what "
     "it times to the decision cache (the 'cache:' line): by default "
     '~/.cache/relpos/jax/relpos-autotune.json, machine-wide, shared by every clone and run '
-    '(RELPOS_AUTOTUNE_CACHE=<file> or =off keeps a check apart).',
+    '($XDG_CACHE_HOME/relpos/jax/... where that is set; RELPOS_AUTOTUNE_CACHE=<file> or =off '
+    'keeps a check apart).',
     flag_values=flag_values,
   )
   flags.mark_flags_as_required(['config'], flag_values=flag_values)

@@ -297,6 +297,11 @@ class CharLM(task_base.Task):
   def check_combinations(self, config, mesh):
     model_config(config, vocab_size=1)
     shared.check_eval_fields(config, self.unread_fields(config))
+    if not config.data.path:  # read as '.': "is a directory", or enwik8 fetched into '.'
+      raise ValueError(
+        'config.data.path is empty: set it to the file to read (a text file with '
+        "config.data.kind='text'; enwik8, its zip or their directory with 'enwik8')"
+      )
     if config.train.clamp_len > 0 and config.model.position != 'xl':
       raise ValueError(
         f'config.train.clamp_len={config.train.clamp_len}: only position xl reads it '

@@ -159,13 +159,14 @@ def check_task(
   check of every command that takes a workdir (train.py, eval.py, relpos.tools.translate and
   .sample, relpos.studies.plot, .sweep and .shaw_tables), made before anything else, so that
   a mismatch is named as such rather than as the first file the other task lacks. None when
-  the workdir records no run (yet); `task` None checks nothing but reads the config. `flag`:
+  the workdir records no run (yet); `task` None checks only that its config.json is a relpos
+  run's (another program's, with no task, was 'a run of task None'). `flag`:
   as in `read_config`; `needs`: what reads `task` runs, for the message of a command that
   takes no config (default: the config's task). The message names each task as configs spell
   it (config.task: 'translate', 'char_lm'), never a paraphrase of it.
 
   Raises:
-    TaskMismatchError: the recorded run is of another task.
+    TaskMismatchError: the recorded run is of another task, or config.json records no task.
     ValueError: `workdir` cannot be a directory's path (a name too long, a symlink loop), or
       its config.json is damaged or holds a field this version does not know.
   """
@@ -176,8 +177,13 @@ def check_task(
   # Its fields are checked once its task is: another task's fields are not this one's.
   recorded = read_config(workdir, flag, known_fields=False)
   kind = recorded.get('task')
+  given = f'{flag}={workdir}' if flag else str(workdir)
+  if kind is None:  # another program's config.json (a HuggingFace model's, say): no run's task
+    raise TaskMismatchError(
+      f"{given}: {path} is not a relpos run's config (it has no task): give the directory of a "
+      'relpos run, or an empty or new directory to train in'
+    )
   if task is not None and kind != task:
-    given = f'{flag}={workdir}' if flag else str(workdir)
     todo = (
       f'({needs}): give the workdir of a run of task {task!r}'
       if needs

@@ -5,6 +5,7 @@ import errno
 import importlib
 import logging as std_logging
 import os
+import re
 import shlex
 import socket
 import sys
@@ -18,8 +19,8 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from relpos import runtime
-from relpos.config import checks, declaration, fields
+from relpos import flag_types, runtime
+from relpos.config import checks, declaration, fields, importable_beside
 from relpos.files import dangling_link
 from relpos.messages import duration
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE
@@ -320,14 +321,32 @@ def home_expanded(value: str) -> str:
   return os.path.expanduser(value) if value == '~' or value.startswith('~/') else value
 
 
-def _config_index(argv: list[str]) -> int | None:
-  """The index in `argv` of `--config=VALUE`, or of VALUE after `--config`; None if absent."""
+def _config_indices(argv: list[str]) -> list[int]:
+  """The index in `argv` of each `--config=VALUE`, or of VALUE after `--config`."""
+  indices = []
   for i, arg in enumerate(argv):
     if arg.startswith('--config='):
-      return i
-    if arg == '--config' and i + 1 < len(argv):
-      return i + 1
-  return None
+      indices.append(i)
+    elif arg == '--config' and i + 1 < len(argv):
+      indices.append(i + 1)
+  return indices
+
+
+def _config_index(argv: list[str]) -> int | None:
+  """The index in `argv` of `--config=VALUE`, or of VALUE after `--config`; None if absent.
+  `parse_flags` refuses a repeated --config, so there is one."""
+  return next(iter(_config_indices(argv)), None)
+
+
+def refuse_repeated_config(argv: list[str]) -> None:
+  """Exits with one `error:` line naming each --config of `argv` where there is more than
+  one (a launch script's, then the user's own): absl used the last, while the lines that name
+  the file (`config_arg`) read the first, so a file that raised was '--config: the config did
+  not load' or its bare exception, and an override beside two valid files absl's 'flag is
+  defined twice'; two valid ones trained with the last in silence."""
+  given = [argv[i].removeprefix('--config=') for i in _config_indices(argv)]
+  if len(given) > 1:
+    sys.exit(f'error: --config is given more than once ({", ".join(given)}): give one')
 
 
 def config_arg(argv: list[str]) -> str | None:
@@ -407,8 +426,11 @@ def _config_file_problem(argv: list[str]) -> tuple[str | None, ml_collections.Co
   try:
     alone(alone_argv)
     config = alone['config'].value
-    if not isinstance(config, ml_collections.ConfigDict):
-      config.get('task')  # a stand-in for a file that did not load: it raises its error
+    if type(config).__name__ == '_ErrorConfig':
+      config.get('task')  # ml_collections' stand-in for a file that did not load: its error
+    elif not isinstance(config, ml_collections.ConfigDict):
+      returned = 'None' if config is None else type(config).__name__
+      return _not_a_config_dict(value, path, returned), None
   except Exception as error:  # noqa: BLE001 (whatever the file raised, reported as one line)
     cause = _root_cause(error)
     if not path.endswith('.py'):  # a run's config.json, say, read as Python
@@ -423,18 +445,85 @@ def _config_file_problem(argv: list[str]) -> tuple[str | None, ml_collections.Co
     if isinstance(cause, AttributeError) and 'get_config' in str(cause):
       return f'--config={value}: {path} defines no get_config() returning a ConfigDict', None
     if isinstance(cause, flags.IllegalFlagValueError) and 'other than None' in str(cause):
-      return f'--config={value}: {path}: get_config() returned None, not a ConfigDict', None
+      return _not_a_config_dict(value, path, 'None'), None
     if isinstance(cause, TypeError) and _takes_no_preset(cause, value):
       return (
         f'--config={value}: {path} has no presets (its get_config() takes no argument): give '
         f'--config={path}'
       ), None
-    frames = traceback.extract_tb(cause.__traceback__)
-    lines = [f.lineno for f in frames if os.path.abspath(f.filename) == os.path.abspath(path)]
-    where = f' at line {lines[-1]}' if lines else ''
+    frame = _last_frame_in(error, path)
+    if wrong_type := _wrong_type(error, frame):
+      where = f' line {frame.lineno}' if frame else ''
+      return f'--config={value}: {path}{where}: {wrong_type}', None
+    where = f' at line {frame.lineno}' if frame else ''
     line = _flag_error(cause).removeprefix(f'flag --config={value}: ')
     return f'--config={value}: {path} raised {type(cause).__name__}{where}: {line}', None
   return None, config
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+  """`error` and the exceptions it was raised from or while handling, outermost first (the
+  last is `_root_cause`)."""
+  chain = [error]
+  while (inner := chain[-1].__cause__ or chain[-1].__context__) is not None:
+    chain.append(inner)
+  return chain
+
+
+def _last_frame_in(error: BaseException, path: str) -> traceback.FrameSummary | None:
+  """The innermost frame of the config file at `path` in the tracebacks of `error`'s chain
+  (`_chain`), None where none runs its code: the root cause's own traceback may hold only a
+  library's frames (ml_collections raises a field's cast error again, from its caller's
+  line)."""
+  frames = [
+    frame
+    for inner in _chain(error)
+    for frame in traceback.extract_tb(inner.__traceback__)
+    if os.path.abspath(frame.filename) == os.path.abspath(path)
+  ]
+  return frames[-1] if frames else None
+
+
+# ml_collections' TypeError for a field of a config file given a value of another type.
+_CAST_ERROR = re.compile(
+  r"Could not override field '(?P<name>\w+)' \(reference\)\. (?P<value>.*) is of original "
+  r"type <class '(?P<given>[\w.]+)'> and cannot be casted to type <class '(?P<type>[\w.]+)'>"
+)
+
+
+def _wrong_type(error: BaseException, frame: traceback.FrameSummary | None) -> str | None:
+  """'config.<field> takes an int, not 20.0 (float)' where `error`'s chain holds ml_collections'
+  cast error of a field set to a value of another type (`c.train.steps = 20.0`), else None.
+  The error names only the field's last part, so its dotted name is read from the config file's
+  line (`frame`) where that sets it (`c.train.steps = ...`, `c.train.update(steps=...)`); it
+  was the cast error alone, naming neither the field nor the line."""
+  cast = next((m for e in _chain(error) if (m := _CAST_ERROR.search(str(e)))), None)
+  if cast is None:
+    return None
+  name, field = cast['name'], f'field {cast["name"]!r}'
+  if frame is not None and frame.line:
+    assigned = re.match(rf'\s*\w+((?:\.\w+)*\.{name})\s*=[^=]', frame.line)
+    updated = re.match(rf'\s*\w+((?:\.\w+)*)\.update\(.*\b{name}\s*=', frame.line)
+    dotted = (assigned[1] if assigned else f'{updated[1]}.{name}' if updated else '')[1:]
+    # A field of a section the file holds under another name (`t = c.train; t.steps = ...`)
+    # reads as no declared field: then only its name is given.
+    if any(dotted in fields.leaves(declaration(task)) for task in _TASKS):
+      field = f'config.{dotted}'
+  article = 'an' if cast['type'][0] in 'aeiou' else 'a'
+  return f'{field} takes {article} {cast["type"]}, not {cast["value"]} ({cast["given"]})'
+
+
+def _not_a_config_dict(value: str, path: str, returned: str) -> str:
+  """The line for --config=`value` whose file's get_config() returned `returned` (None, or the
+  name of a type: 'dict', 'list'): a plain dict is a natural first attempt, and it was '--config:
+  the config did not load' (a list: an AttributeError the file was blamed for)."""
+  article = '' if returned == 'None' else 'a '
+  return (
+    f'--config={value}: {path}: get_config() returned {article}{returned}, not an '
+    'ml_collections.ConfigDict: start from relpos.config.char_lm_defaults.char_lm_config() or '
+    'relpos.config.translation_defaults.translate_config() and set its fields, as the files of '
+    'configs/ do'
+  )
 
 
 def _takes_no_preset(error: TypeError, value: str) -> bool:
@@ -502,19 +591,46 @@ def _config_flag_problem(argv: list[str], config) -> str | None:
   return None
 
 
+# A config file of each task, for the lines that ask for one.
+_EXAMPLE_CONFIGS = {'char_lm': 'configs/char_tiny.py', 'translate': 'configs/translate_tiny.py'}
+
+
+def _task_switch_problem(argv: list[str]) -> str | None:
+  """One line where the last `--config.task=` override of `argv` names another task of
+  `_TASKS` than --config's file builds, else None: the tasks' configs hold other fields, so the
+  switched config was refused for a field of the other task it lacks ('config.data.tfds_name is
+  missing from the config'), naming neither the override nor the file. A value no task has is
+  left to `get`'s line, and the file is loaded again only where the flag is given."""
+  given = [
+    arg.partition('=')[2] for arg in config_overrides(argv) if arg.startswith('--config.task=')
+  ]
+  if not given or given[-1] not in _TASKS:
+    return None
+  problem, config = _config_file_problem(argv)
+  built = None if problem or config is None else config.get('task')
+  if built is None or built == given[-1]:
+    return None
+  return (
+    f'--config.task={given[-1]}: config.task cannot be switched by a flag (each task has its own '
+    f'fields): --config={config_arg(argv)} builds a {built!r} config; give a config file of task '
+    f'{given[-1]!r}, such as {_EXAMPLE_CONFIGS[given[-1]]}'
+  )
+
+
 def _flag_error(error: BaseException) -> str:
   """One line for an error raised while parsing flags: a config file (or preset) that raised,
   a value of the wrong type, anything else absl reports."""
   lines = [line.strip() for line in str(error).splitlines() if line.strip()]
   if len(lines) > 1:  # a traceback from loading the config file: its first and last lines
     return f'{lines[0].rstrip(":")}: {lines[-1]}'
-  return lines[0] if lines else type(error).__name__
+  return flag_types.error_line(lines[0]) if lines else type(error).__name__
 
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, each error one line (exit 1) instead of a traceback: a config file
   that is missing, does not parse or raises, an unknown or renamed config field, a preset
-  that raised, a value of the wrong type.
+  that raised, a value of the wrong type, a --config given twice (`refuse_repeated_config`),
+  a `--config.task` naming the other task (`_task_switch_problem`).
 
   On an error the config file is loaded again on its own, so that a fault of the file is told
   from a fault of an override (ml_collections leaves the flag unset after either, and names
@@ -523,33 +639,39 @@ def parse_flags(argv: list[str]) -> list[str]:
   (`expand_home`), and so do --config's file and the config's path fields
   (`expand_config_paths`): every command that takes a config parses it here.
   `--config.<field>=None` sets a field whose rule takes None to None
-  (`_optional_none_overrides`)."""
+  (`_optional_none_overrides`). The config file's directory is importable while it loads
+  (`relpos.config.importable_beside`), so it may import a helper module beside it."""
+  refuse_repeated_config(argv)
   absl_logger = logging.get_absl_logger()
   absl_logger.addFilter(quiet := _NoNoneConfigWarning())
   argv = _home_expanded_config(argv)
-  try:
-    parsed, to_none = _optional_none_overrides(argv) if 'config' in flags.FLAGS else (argv, [])
-    rest = flags.FLAGS(parsed)
-    config = flags.FLAGS['config'].value if 'config' in flags.FLAGS else None
-    if config is not None and not isinstance(config, ml_collections.ConfigDict):
-      # A file that does not load gives a stand-in that raises at its first use, later.
-      sys.exit(f'error: {_config_file_problem(argv)[0] or "--config: the config did not load"}')
-    for field in to_none:
-      *sections, name = field.split('.')
-      node = config
-      for section in sections:
-        node = node[section]
-      node[name] = None
-    expand_home(flags.FLAGS)
-    expand_config_paths(config)
-    refuse_empty_paths(flags.FLAGS)
-    return rest
-  except Exception as error:  # noqa: BLE001 (the one line below; --traceback is not parsed yet)
-    file_problem, config = _config_file_problem(argv)
-    line = file_problem or (config is not None and _config_flag_problem(argv, config))
-    sys.exit(f'error: {line or _flag_error(error)}')
-  finally:
-    absl_logger.removeFilter(quiet)
+  # A config file imports a module beside it while it loads, here and in every reload below.
+  with importable_beside((config_arg(argv) or '').split(':')[0] or None):
+    try:
+      parsed, to_none = _optional_none_overrides(argv) if 'config' in flags.FLAGS else (argv, [])
+      rest = flags.FLAGS(parsed)
+      config = flags.FLAGS['config'].value if 'config' in flags.FLAGS else None
+      if config is not None and not isinstance(config, ml_collections.ConfigDict):
+        # A file that does not load gives a stand-in that raises at its first use, later.
+        sys.exit(f'error: {_config_file_problem(argv)[0] or "--config: the config did not load"}')
+      if switched := _task_switch_problem(argv):
+        sys.exit(f'error: {switched}')
+      for field in to_none:
+        *sections, name = field.split('.')
+        node = config
+        for section in sections:
+          node = node[section]
+        node[name] = None
+      expand_home(flags.FLAGS)
+      expand_config_paths(config)
+      refuse_empty_paths(flags.FLAGS)
+      return rest
+    except Exception as error:  # noqa: BLE001 (the one line below; --traceback is not parsed yet)
+      file_problem, config = _config_file_problem(argv)
+      line = file_problem or (config is not None and _config_flag_problem(argv, config))
+      sys.exit(f'error: {line or _flag_error(error)}')
+    finally:
+      absl_logger.removeFilter(quiet)
 
 
 # The flags that name a path (a workdir, a file written or read) in relpos's commands.
