@@ -73,7 +73,6 @@ already decides.
 import _thread
 import contextlib
 import errno
-import gc
 import os
 import re
 import shlex
@@ -348,13 +347,14 @@ def stop_now(signum: int, context: str = '') -> None:
   Ctrl-C raises KeyboardInterrupt after the line instead: there the process is the user's
   session, with its state, and an interrupt that ended it (a notebook's kernel dying at a
   second interrupt of a training cell, or at the first during its start-up) would lose more
-  than the run. Where the signal landed in a garbage-collection callback, which would swallow
-  it (the run then trained on to its end, in 2 of 7 tries, after the line said it stopped),
-  the interrupt is delivered again 50 ms later (`_thread.interrupt_main`), until it lands
-  elsewhere. SIGTERM ends the process there too (a kernel's shutdown sends it)."""
-  global _told
+  than the run. Where the signal landed in a garbage-collection or weakref callback, which
+  would swallow it (the run then trained on to its end, in 2 of 7 tries, after the line said
+  it stopped), the interrupt is delivered again 50 ms later, until it lands elsewhere
+  (`_redelivering_swallowed`). SIGTERM ends the process there too (a kernel's shutdown sends
+  it)."""
+  global _redelivering
   interrupt = signum == signal.SIGINT and in_interactive_session()
-  if not (interrupt and _told):  # told once: a redelivered interrupt (below) is the same one
+  if not (interrupt and _redelivering):  # a redelivered interrupt (below) is told already
     for stream in (sys.stdout, sys.stderr):
       try:
         stream.flush()
@@ -364,33 +364,40 @@ def stop_now(signum: int, context: str = '') -> None:
   if not interrupt:
     os._exit(128 + signum)
     return  # (never reached but where a test stands in for os._exit)
-  if _in_gc_callback():
-    # Raised here, Python would swallow it ("Exception ignored in: <function _xla_gc_callback>")
-    # and the run would go on: deliver the interrupt again in a moment, outside the callback.
-    _told = True
-    threading.Timer(_REDELIVER_SECONDS, _thread.interrupt_main, (signum,)).start()
-    return
-  _told = False
+  _redelivering = False
+  if not getattr(sys.unraisablehook, 'redelivers_interrupts', False):
+    sys.unraisablehook = _redelivering_swallowed(sys.unraisablehook)
   raise KeyboardInterrupt
 
 
-# Whether `stop_now`'s line for an interactive Ctrl-C is out, while the interrupt waits to be
-# delivered again outside a garbage-collection callback.
-_told = False
+# Whether `stop_now`'s interactive KeyboardInterrupt was swallowed and is being delivered again
+# (its line is out).
+_redelivering = False
 _REDELIVER_SECONDS = 0.05
 
 
-def _in_gc_callback() -> bool:
-  """Whether the signal's handler (the caller's caller) interrupted one of the garbage
-  collector's callbacks (`gc.callbacks`: JAX's `_xla_gc_callback`), where an exception is
-  swallowed, not raised: one of their code objects is on the stack."""
-  codes = {getattr(callback, '__code__', None) for callback in gc.callbacks}
-  frame = sys._getframe(1)
-  while frame is not None:
-    if frame.f_code in codes:
-      return True
-    frame = frame.f_back
-  return False
+def _redelivering_swallowed(previous):
+  """A sys.unraisablehook that delivers again, 50 ms later (`_thread.interrupt_main`), a
+  KeyboardInterrupt of `stop_now`'s that Python swallowed: one raised where the signal's
+  handler had interrupted a garbage-collection callback (JAX's `_xla_gc_callback`), a weakref
+  callback or a `__del__`, whose exceptions Python reports as "Exception ignored in" and drops.
+  Anything else goes to `previous`."""
+
+  def hook(unraisable):
+    global _redelivering
+    trace = unraisable.exc_traceback
+    while trace is not None and trace.tb_next is not None:
+      trace = trace.tb_next
+    raised_here = trace is not None and trace.tb_frame.f_code is stop_now.__code__
+    if not (isinstance(unraisable.exc_value, KeyboardInterrupt) and raised_here):
+      previous(unraisable)
+      return
+    _redelivering = True
+    threading.Timer(_REDELIVER_SECONDS, _thread.interrupt_main, (signal.SIGINT,)).start()
+
+  hook.__dict__.update(getattr(previous, '__dict__', {}))  # the top hook names every layer
+  hook.redelivers_interrupts = True
+  return hook
 
 
 def in_interactive_session() -> bool:

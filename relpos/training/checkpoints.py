@@ -316,6 +316,7 @@ def _quiet_closed_loops(previous):
       return
     previous(unraisable)
 
+  hook.__dict__.update(getattr(previous, '__dict__', {}))  # the top hook names every layer
   hook.quiet_closed_loops = True
   return hook
 
