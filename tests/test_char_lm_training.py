@@ -361,7 +361,7 @@ def test_a_resume_with_another_memory_shape_is_refused_up_front(text_file, tmp_p
   another config.train.batch_size or mem_len, even with --allow_config_change, is one line
   naming the field, the shape saved and what fits (it read each intact checkpoint as
   unreadable, then said none was readable); the same rows in parts
-  (config.train.grad_accum_steps) resume, and so does another batch_size without memory."""
+  (config.train.grad_accum_steps) resume."""
   config = _config(text_file, steps=4)
   workdir = tmp_path / 'run'
   char_lm.TASK.train_model(config, workdir)
@@ -386,6 +386,11 @@ def test_a_resume_with_another_memory_shape_is_refused_up_front(text_file, tmp_p
   char_lm.TASK.train_model(in_parts, workdir, allow_config_change=True)
   assert max(_logged_steps(workdir)) == 6
 
+
+@pytest.mark.slow
+def test_without_memory_another_batch_size_resumes(text_file, tmp_path):
+  """Rows without memory carry nothing from step to step: another batch_size resumes, and a
+  memory added later is refused as a shape the checkpoints lack."""
   config = _config(text_file, steps=4)
   config.train.mem_len = 0
   char_lm.TASK.train_model(config, tmp_path / 'nomem')
