@@ -101,18 +101,9 @@ def _bad_config(workdir: Path) -> Path:
     (lambda root: _bad_config(_run(root / 'bad', [{'step': 1, 'loss': 1.0}])), 'is not valid JSON'),
   ],
 )
-def test_missing_or_unstarted_workdirs_are_one_line(tmp_path, make, message):
-  done = subprocess.run(
-    [
-      sys.executable,
-      '-m',
-      'relpos.studies.plot',
-      str(make(tmp_path)),
-      f'--out={tmp_path / "x.png"}',
-    ],
-    capture_output=True,
-    text=True,
-    cwd=REPO,
+def test_missing_or_unstarted_workdirs_are_one_line(tmp_path, make, message, commands):
+  done = commands.run(
+    ['-m', 'relpos.studies.plot', str(make(tmp_path)), f'--out={tmp_path / "x.png"}']
   )
   assert done.returncode == 1 and 'Traceback' not in done.stderr
   assert done.stderr.strip().splitlines()[-1].startswith('error: ') and message in done.stderr
