@@ -82,6 +82,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 # glibc malloc tunables relpos adds on a Linux CPU (module docstring; docs/performance-cpu.md
 # measures them).
@@ -350,7 +351,7 @@ def stop_now(signum: int, context: str = '') -> None:
   than the run. Where the signal landed in a garbage-collection or weakref callback, which
   would swallow it (the run then trained on to its end, in 2 of 7 tries, after the line said
   it stopped), the interrupt is delivered again 50 ms later, until it lands elsewhere
-  (`_redelivering_swallowed`). SIGTERM ends the process there too (a kernel's shutdown sends
+  (`_redeliver_swallowed`). SIGTERM ends the process there too (a kernel's shutdown sends
   it)."""
   global _redelivering
   interrupt = signum == signal.SIGINT and in_interactive_session()
@@ -365,8 +366,7 @@ def stop_now(signum: int, context: str = '') -> None:
     os._exit(128 + signum)
     return  # (never reached but where a test stands in for os._exit)
   _redelivering = False
-  if not getattr(sys.unraisablehook, 'redelivers_interrupts', False):
-    sys.unraisablehook = _redelivering_swallowed(sys.unraisablehook)
+  take_unraisable('redelivers_interrupts', _redeliver_swallowed)
   raise KeyboardInterrupt
 
 
@@ -376,27 +376,45 @@ _redelivering = False
 _REDELIVER_SECONDS = 0.05
 
 
-def _redelivering_swallowed(previous):
-  """A sys.unraisablehook that delivers again, 50 ms later (`_thread.interrupt_main`), a
-  KeyboardInterrupt of `stop_now`'s that Python swallowed: one raised where the signal's
-  handler had interrupted a garbage-collection callback (JAX's `_xla_gc_callback`), a weakref
-  callback or a `__del__`, whose exceptions Python reports as "Exception ignored in" and drops.
-  Anything else goes to `previous`."""
+def _redeliver_swallowed(unraisable) -> bool:
+  """Takes (True) a KeyboardInterrupt of `stop_now`'s that Python swallowed, and delivers it
+  again 50 ms later (`_thread.interrupt_main`): one raised where the signal's handler had
+  interrupted a garbage-collection callback (JAX's `_xla_gc_callback`), a weakref callback or a
+  `__del__`, whose exceptions Python reports as "Exception ignored in" and drops. Anything
+  else is not taken (`take_unraisable`)."""
+  global _redelivering
+  trace = unraisable.exc_traceback
+  while trace is not None and trace.tb_next is not None:
+    trace = trace.tb_next
+  raised_here = trace is not None and trace.tb_frame.f_code is stop_now.__code__
+  if not (isinstance(unraisable.exc_value, KeyboardInterrupt) and raised_here):
+    return False
+  _redelivering = True
+  threading.Timer(_REDELIVER_SECONDS, _thread.interrupt_main, (signal.SIGINT,)).start()
+  return True
+
+
+def take_unraisable(name: str, takes: Callable[[Any], bool]) -> None:
+  """Puts `unraisable_layer(takes, ...)` on sys.unraisablehook, once per `name`: a layer is
+  told by its name among the flags of the hook on top, which carries those of every layer
+  below it, so a layer put on again after another one (relpos's layers, a test's) is not
+  stacked twice."""
+  if not getattr(sys.unraisablehook, name, False):
+    sys.unraisablehook = unraisable_layer(takes, sys.unraisablehook, name)
+
+
+def unraisable_layer(takes: Callable[[Any], bool], below: Callable, name: str = '') -> Callable:
+  """A sys.unraisablehook that hands each unraisable exception (what Python reports as
+  "Exception ignored in ...") to `takes`, and on to `below` where `takes` does not take it
+  (returns False); flagged `name` (True), with the flags of `below` (`take_unraisable`)."""
 
   def hook(unraisable):
-    global _redelivering
-    trace = unraisable.exc_traceback
-    while trace is not None and trace.tb_next is not None:
-      trace = trace.tb_next
-    raised_here = trace is not None and trace.tb_frame.f_code is stop_now.__code__
-    if not (isinstance(unraisable.exc_value, KeyboardInterrupt) and raised_here):
-      previous(unraisable)
-      return
-    _redelivering = True
-    threading.Timer(_REDELIVER_SECONDS, _thread.interrupt_main, (signal.SIGINT,)).start()
+    if not takes(unraisable):
+      below(unraisable)
 
-  hook.__dict__.update(getattr(previous, '__dict__', {}))  # the top hook names every layer
-  hook.redelivers_interrupts = True
+  hook.__dict__.update(getattr(below, '__dict__', {}))
+  if name:
+    setattr(hook, name, True)
   return hook
 
 

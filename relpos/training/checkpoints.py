@@ -48,6 +48,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
+from relpos import runtime
 from relpos.messages import warn
 from relpos.training import mesh as mesh_lib
 from relpos.training.preemption import RunFaultError
@@ -299,26 +300,18 @@ class _OrbaxErrors(std_logging.Filter):
 _FILTER = _OrbaxErrors()
 
 
-def _quiet_closed_loops(previous):
-  """A sys.unraisablehook that drops what orbax's abandoned asynchronous work raises when it
-  is collected, and hands anything else to `previous`: "RuntimeError: Event loop is closed"
-  (tensorstore finishing the writes of a failed save after orbax closed the event loop that
-  awaited them), and the error of an orbax coroutine closed half way ("Exception ignored in:
-  <coroutine object _read_array_index_and_device_put>": the other reads of a restore that
-  failed, collected as late as the interpreter's exit)."""
-
-  def hook(unraisable):
-    error = unraisable.exc_value
-    if isinstance(error, RuntimeError) and str(error) == 'Event loop is closed':
-      return
-    code = getattr(unraisable.object, 'cr_code', None)  # a coroutine's
-    if code is not None and _ORBAX_SOURCE in code.co_filename:
-      return
-    previous(unraisable)
-
-  hook.__dict__.update(getattr(previous, '__dict__', {}))  # the top hook names every layer
-  hook.quiet_closed_loops = True
-  return hook
+def _orbax_leftover(unraisable) -> bool:
+  """Whether an unraisable exception is what orbax's abandoned asynchronous work raises when it
+  is collected, which a sys.unraisablehook layer drops (`runtime.take_unraisable`): "RuntimeError:
+  Event loop is closed" (tensorstore finishing the writes of a failed save after orbax closed
+  the event loop that awaited them), and the error of an orbax coroutine closed half way
+  ("Exception ignored in: <coroutine object _read_array_index_and_device_put>": the other reads
+  of a restore that failed, collected as late as the interpreter's exit)."""
+  error = unraisable.exc_value
+  if isinstance(error, RuntimeError) and str(error) == 'Event loop is closed':
+    return True
+  code = getattr(unraisable.object, 'cr_code', None)  # a coroutine's
+  return code is not None and _ORBAX_SOURCE in code.co_filename
 
 
 class UnreadableCheckpointError(ValueError):
@@ -371,8 +364,7 @@ class Checkpoints:
     for logger in ('absl', 'asyncio'):
       std_logging.getLogger(logger).addFilter(_FILTER)  # once: a logger's filters are a set
     _FILTER.directories.add(str(self.directory))
-    if not getattr(sys.unraisablehook, 'quiet_closed_loops', False):
-      sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
+    runtime.take_unraisable('quiet_closed_loops', _orbax_leftover)
     self._pending = None  # the step of a save whose commit nobody has checked yet
     self._writer = writer
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=writer)
