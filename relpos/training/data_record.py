@@ -274,6 +274,11 @@ def same_data(workdir, files: dict[str, Path]) -> set[str]:
   }
 
 
+# What `changes` says of a run's own file (its recorded path) whose data differs now: no field
+# given otherwise, so no field to give back (`task_base.check_own_result` tells it by this).
+REWRITTEN = 'changed since the run trained on it'
+
+
 def changes(workdir, files: dict[str, Path]) -> list[str]:
   """A line for each of `files` (field -> path) recorded in workdir whose data differs now:
   '<field>: <path> changed since the run trained on it (<what>)' for the run's own file, and
@@ -307,7 +312,7 @@ def _change(field: str, entry: dict, path: Path, workdir) -> str | None:
         if size != entry.get('bytes')
         else 'same size, other content'
       )
-      return f'{field}: {path} changed since the run trained on it ({what})'
+      return f'{field}: {path} {REWRITTEN} ({what})'
   elif entry.get('path') == str(path) and not _same_bytes(entry, path):
     return _elsewhere(field, entry, path)
   return None

@@ -630,7 +630,7 @@ def check_own_result(
     return
   scores, fields_named = [], []
   # A file rewritten at the run's own path is no field to give back (`data_record.changes`).
-  rewritten = [line for line in other_data if ' changed since the run trained on it' in line]
+  rewritten = [line for line in other_data if f' {data_record.REWRITTEN} (' in line]
   if other_data:
     scores.append(f'other data than the run in {workdir} trained with ({"; ".join(other_data)})')
     if len(rewritten) < len(other_data):
