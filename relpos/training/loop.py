@@ -224,12 +224,8 @@ def check_resume_shapes(task: Task, config, workdir: Path) -> None:
   except (OSError, ValueError):
     return
   before, held = task.resume_shapes(recorded)
-  now, _ = task.resume_shapes(config)
-  changed = [
-    field
-    for field in dict.fromkeys([*before, *now])
-    if _dotted(recorded, field) != _dotted(config, field)
-  ]
+  fields = list(dict.fromkeys([*before, *task.resume_shapes(config)[0]]))
+  changed = [field for field in fields if _dotted(recorded, field) != _dotted(config, field)]
   if not changed:
     return
   given = ', '.join(
@@ -247,7 +243,7 @@ def check_resume_shapes(task: Task, config, workdir: Path) -> None:
   raise ValueError(
     f'{given}: the checkpoints in {workdir / "checkpoints"} were saved with {held}, and a '
     f'resume restores them as saved: the run cannot go on with another '
-    f'{" or ".join("config." + field for field in dict.fromkeys([*before, *now]))}, not even '
+    f'{" or ".join("config." + field for field in fields)}, not even '
     f'with --allow_config_change; {"; ".join(remedies)}'
   )
 

@@ -538,10 +538,9 @@ def newer_result(config, workdir: Path, output_dir: Path, step: int) -> str | No
   None: eval.py scoring a run that trains, slowly (a large test set), ended after train.py's
   final evaluation and replaced the run's result of its last step with an older, evicted
   checkpoint's, exit 0. Such a result (whose checkpoint is still there) is kept, and this
-  one printed only; the read comes
-  right before the write (a result written between the two is not seen: a race of
-  milliseconds, where the evaluation's was minutes). An evaluation asked for an earlier
-  step (config.eval.step) writes as before."""
+  one printed only; the read comes right before the write (a result written between the two
+  is not seen: a race of milliseconds, where the evaluation's was minutes). An evaluation
+  asked for an earlier step (config.eval.step) writes as before."""
   if config.eval.get('step'):
     return None
   results = run_config.results_in(output_dir)
