@@ -401,11 +401,9 @@ def config_overrides(argv: list[str]) -> list[str]:
 
 
 def _root_cause(error: BaseException) -> BaseException:
-  """The innermost exception of `error`'s chain (ml_collections wraps a config file's own
-  error in an OSError saying "an earlier failure to load")."""
-  while error.__cause__ is not None or error.__context__ is not None:
-    error = error.__cause__ or error.__context__
-  return error
+  """The innermost exception of `error`'s chain (`_chain`: ml_collections wraps a config file's
+  own error in an OSError saying "an earlier failure to load")."""
+  return _chain(error)[-1]
 
 
 def _config_file_problem(argv: list[str]) -> tuple[str | None, ml_collections.ConfigDict | None]:
