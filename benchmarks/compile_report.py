@@ -32,7 +32,7 @@ import numpy as np
 from absl import flags
 
 from relpos import runtime
-from relpos.config import load_config_file
+from relpos.config import TASKS, load_config_file
 from relpos.training import char_lm_task as char_lm
 from relpos.training import mesh as mesh_lib
 from relpos.training import tasks
@@ -82,10 +82,10 @@ def load(name: str) -> ml_collections.ConfigDict:
     config = load_config_file(path, preset or None)
   except ValueError as error:
     raise ValueError(f'--configs={name}: {error}') from None
-  if config.get('task') not in ('char_lm', 'translate'):
+  if config.get('task') not in TASKS:
     raise ValueError(
       f'--configs={name}: not a training config (config.task {config.get("task")!r}); '
-      'this report compiles the train step of char_lm and translate configs'
+      f'this report compiles the train step of {" and ".join(TASKS)} configs'
     )
   return config
 

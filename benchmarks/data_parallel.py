@@ -32,6 +32,7 @@ from ml_collections import config_flags
 from timing import check_task_config
 
 from relpos import flag_types, runtime
+from relpos.config import TASKS
 from relpos.constants import PAD_ID
 from relpos.data.translation import load_translation_data
 from relpos.training import char_lm_task as char_lm
@@ -58,7 +59,7 @@ _WORKER = flags.DEFINE_integer(
   'worker_devices', None, 'Internal: time on this many devices.', lower_bound=1
 )
 flags.mark_flags_as_required(['config'])
-_TASKS = ('char_lm', 'translate')
+_TASKS = tuple(TASKS)
 
 
 def _median_seconds(call, steps: int) -> tuple[float, float]:

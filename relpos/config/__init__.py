@@ -12,23 +12,42 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import ml_collections
 
-# config.task -> (module, class) of its declaration, imported on demand so that reading one
-# task's run never imports another task's data modules.
-_DECLARATIONS = {
-  'char_lm': ('relpos.config.char_lm_defaults', 'CharLMConfig'),
-  'translate': ('relpos.config.translation_defaults', 'TranslationConfig'),
+
+class TaskEntry(NamedTuple):
+  """Where a task's parts live, by name: imported on demand, so that reading one task's run
+  never imports another task's data modules (nor the config layer the training layer)."""
+
+  task_module: str  # defines TASK, its relpos.training.task_base.Task
+  declaration: str  # 'module:Class' of its config's declaration (relpos.config.fields)
+  example_config: str  # a config file of the task, named in lines that need one
+
+
+# The one registry of config.task values: relpos.training.tasks.get, `declaration` and the
+# commands' lines ("expected one of ...") all read it. Adding a task is one entry here.
+TASKS = {
+  'char_lm': TaskEntry(
+    'relpos.training.char_lm_task',
+    'relpos.config.char_lm_defaults:CharLMConfig',
+    'configs/char_tiny.py',
+  ),
+  'translate': TaskEntry(
+    'relpos.training.translation_task',
+    'relpos.config.translation_defaults:TranslationConfig',
+    'configs/translate_tiny.py',
+  ),
 }
 
 
 def declaration(task) -> type | None:
   """The declared config (a `relpos.config.fields.section`) of config.task `task`, or None for
   a task relpos does not declare."""
-  if task not in _DECLARATIONS:
+  if task not in TASKS:
     return None
-  module, name = _DECLARATIONS[task]
+  module, name = TASKS[task].declaration.split(':')
   return getattr(importlib.import_module(module), name)
 
 

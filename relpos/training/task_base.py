@@ -6,7 +6,7 @@ builds its data and model, and supplies a `Training`: the state, the jitted step
 (`relpos.training.train_step`), the global batch of step s and a validation function. The loop
 (`relpos.training.loop.train`) owns the cadence around them. Adding a task takes one module
 with a `Task` subclass, its config's declaration (`relpos.config.fields`) and an entry in
-`relpos.training.tasks`.
+`relpos.config.TASKS`.
 
 A task's evaluation (`Task.evaluate`) restores the model alone (`relpos.training.restore`),
 checks the run and the data it is given first (`check_own_result`,

@@ -20,7 +20,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from relpos import flag_types, runtime
-from relpos.config import checks, declaration, fields, importable_beside
+from relpos.config import TASKS, checks, declaration, fields, importable_beside
 from relpos.files import dangling_link
 from relpos.messages import duration
 from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE
@@ -29,19 +29,13 @@ from relpos.training.run_config import TaskMismatchError, check_output_dir
 from relpos.training.task_base import Task
 from relpos.training.workdir_setup import stopped_evaluation
 
-# Imported on demand, so one task's dependencies never slow down or break another's.
-_TASKS = {
-  'char_lm': 'relpos.training.char_lm_task',
-  'translate': 'relpos.training.translation_task',
-}
-
 
 def get(config: ml_collections.ConfigDict) -> Task:
   """The `relpos.training.task_base.Task` config.task names."""
   task = config.get('task')
-  if task not in _TASKS:
-    raise ValueError(f'config.task={task!r}: expected one of {sorted(_TASKS)}')
-  return importlib.import_module(_TASKS[task]).TASK
+  if task not in TASKS:
+    raise ValueError(f'config.task={task!r}: expected one of {sorted(TASKS)}')
+  return importlib.import_module(TASKS[task].task_module).TASK
 
 
 # What bad configs, data and workdirs raise: the launchers print these as one line (a data file
@@ -505,7 +499,7 @@ def _wrong_type(error: BaseException, frame: traceback.FrameSummary | None) -> s
     dotted = (assigned[1] if assigned else f'{updated[1]}.{name}' if updated else '')[1:]
     # A field of a section the file holds under another name (`t = c.train; t.steps = ...`)
     # reads as no declared field: then only its name is given.
-    if any(dotted in fields.leaves(declaration(task)) for task in _TASKS):
+    if any(dotted in fields.leaves(declaration(task)) for task in TASKS):
       field = f'config.{dotted}'
   article = 'an' if cast['type'][0] in 'aeiou' else 'a'
   return f'{field} takes {article} {cast["type"]}, not {cast["value"]} ({cast["given"]})'
@@ -590,19 +584,16 @@ def _config_flag_problem(argv: list[str], config) -> str | None:
 
 
 # A config file of each task, for the lines that ask for one.
-_EXAMPLE_CONFIGS = {'char_lm': 'configs/char_tiny.py', 'translate': 'configs/translate_tiny.py'}
-
-
 def _task_switch_problem(argv: list[str]) -> str | None:
   """One line where the last `--config.task=` override of `argv` names another task of
-  `_TASKS` than --config's file builds, else None: the tasks' configs hold other fields, so the
+  `TASKS` than --config's file builds, else None: the tasks' configs hold other fields, so the
   switched config was refused for a field of the other task it lacks ('config.data.tfds_name is
   missing from the config'), naming neither the override nor the file. A value no task has is
   left to `get`'s line, and the file is loaded again only where the flag is given."""
   given = [
     arg.partition('=')[2] for arg in config_overrides(argv) if arg.startswith('--config.task=')
   ]
-  if not given or given[-1] not in _TASKS:
+  if not given or given[-1] not in TASKS:
     return None
   problem, config = _config_file_problem(argv)
   built = None if problem or config is None else config.get('task')
@@ -611,7 +602,7 @@ def _task_switch_problem(argv: list[str]) -> str | None:
   return (
     f'--config.task={given[-1]}: config.task cannot be switched by a flag (each task has its own '
     f'fields): --config={config_arg(argv)} builds a {built!r} config; give a config file of task '
-    f'{given[-1]!r}, such as {_EXAMPLE_CONFIGS[given[-1]]}'
+    f'{given[-1]!r}, such as {TASKS[given[-1]].example_config}'
   )
 
 
