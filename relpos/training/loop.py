@@ -287,9 +287,10 @@ def stopped_without_save(workdir: Path, step: int, starting: bool) -> str:
   return f' {where}; {last}; {rerun_remedy(last)}'
 
 
-def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_change, reached: dict):
-  """`train`'s run over `mesh` (its config checked); `reached` keeps the step reached and the
-  checkpoints, for its faults."""
+def _checked_data(task: Task, config, workdir: Path, allow_config_change) -> tuple:
+  """(the run's data files, whether they are the recorded data, what changed in them) once the
+  run in `workdir` may go on with `config`: the checks of a resume that come before any write
+  or any data read. Raises ValueError naming what stops it."""
   data_files = task.data_files(config, workdir)
   # Another spelling of the run's data (its file, or its bytes) is no config change.
   same_data = data_record.same_data(workdir, data_files)
@@ -308,43 +309,66 @@ def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_cha
     )
   if other_data:
     warn(f'continuing on other data than the run trained with ({"; ".join(other_data)})')
+  return data_files, same_data, other_data
+
+
+def _restored(checkpoints: Checkpoints, run, train_config, workdir: Path) -> tuple:
+  """(the step the run goes on from, its state, whether a checkpoint was found): the latest
+  checkpoint of `checkpoints`, or step 0 and `run`'s fresh state. Warns of a batch plan that
+  changed since; raises ValueError for a run already past config.train.steps."""
+  found = checkpoints.restore_latest(run.state)  # every item of the state, pure dicts
+  if not found:
+    return 0, run.state, False
+  start_step, state, saved_meta = found
+  plan_warning = batch_plan_warning(saved_meta, run.checkpoint_meta, start_step)
+  if plan_warning and mesh_lib.is_writer():
+    warn(plan_warning)
+  if start_step > train_config.steps:  # a shortened run: its last save would be misnamed
+    raise ValueError(
+      f'config.train.steps={train_config.steps}: the run in {workdir} is already at step '
+      f'{start_step} (checkpoints {checkpoints.all_steps()}); to score an earlier one, run '
+      'eval.py with --config.eval.step=N, or give config.train.steps of at least '
+      f'{start_step}'
+    )
+  print(f'resumed from {checkpoints.directory / str(start_step)}', flush=True)
+  return start_step, state, True
+
+
+def _record_run(task: Task, config, workdir: Path, data, finished: bool, allow_config_change):
+  """Writes config.json and the data record (the writer process only), once the checkpoint took
+  `config`, so config.json stays the run's; warns where a finished run's changed fields would
+  train nothing. `data`: `_checked_data`'s triple."""
+  data_files, same_data, other_data = data
+  untrained = untrained_changes(task, config, workdir, same_data, other_data) if finished else []
+  record_config(config, workdir, allow_change=allow_config_change, same_data=same_data)
+  if untrained:
+    warn(
+      f'the run in {workdir} is finished at step {config.train.steps} (config.train.steps): '
+      f'nothing trains with the changed fields only training reads ({", ".join(untrained)}), '
+      "though config.json records them as the run's now; to train with them, raise "
+      'config.train.steps (the run goes on from this step with them) or give another '
+      '--workdir (a new run)'
+    )
+  read_as_lines = [f'config.data.{name}' for name in task.data_read_as_lines]
+  data_record.record(workdir, data_files, read_as_lines)
+
+
+def _train(task: Task, config, workdir: Path, mesh, preemption, allow_config_change, reached: dict):
+  """`train`'s run over `mesh` (its config checked): the checks of a resume, the restore, then
+  the step loop with its cadence of progress lines, validation and saves; `reached` keeps the
+  step reached and the checkpoints, for its faults."""
+  data = _checked_data(task, config, workdir, allow_config_change)
   run = task.training(config, workdir, mesh)
   warn_of_schedule(config, workdir)  # once its data loaded: not before a refusal for missing data
   train_config = config.train
-  state = run.state
 
   checkpoints = Checkpoints(workdir, keep=train_config.keep_checkpoints, writer=True)
   reached['checkpoints'] = checkpoints
-  start_step = 0
-  found = checkpoints.restore_latest(state)  # every item of the state, pure dicts
-  if found:
-    start_step, state, saved_meta = found
-    plan_warning = batch_plan_warning(saved_meta, run.checkpoint_meta, start_step)
-    if plan_warning and mesh_lib.is_writer():
-      warn(plan_warning)
-    if start_step > train_config.steps:  # a shortened run: its last save would be misnamed
-      raise ValueError(
-        f'config.train.steps={train_config.steps}: the run in {workdir} is already at step '
-        f'{start_step} (checkpoints {checkpoints.all_steps()}); to score an earlier one, run '
-        'eval.py with --config.eval.step=N, or give config.train.steps of at least '
-        f'{start_step}'
-      )
-    print(f'resumed from {checkpoints.directory / str(start_step)}', flush=True)
+  start_step, state, found = _restored(checkpoints, run, train_config, workdir)
   reached['step'] = start_step
-  if mesh_lib.is_writer():  # once the checkpoint took `config`: config.json stays the run's
+  if mesh_lib.is_writer():
     finished = found and start_step == train_config.steps
-    untrained = untrained_changes(task, config, workdir, same_data, other_data) if finished else []
-    record_config(config, workdir, allow_change=allow_config_change, same_data=same_data)
-    if untrained:
-      warn(
-        f'the run in {workdir} is finished at step {start_step} (config.train.steps): nothing '
-        f'trains with the changed fields only training reads ({", ".join(untrained)}), though '
-        "config.json records them as the run's now; to train with them, raise "
-        'config.train.steps (the run goes on from this step with them) or give another '
-        '--workdir (a new run)'
-      )
-    read_as_lines = [f'config.data.{name}' for name in task.data_read_as_lines]
-    data_record.record(workdir, data_files, read_as_lines)
+    _record_run(task, config, workdir, data, finished, allow_config_change)
 
   writer = MetricWriter(workdir)
   dtype = config.model.get('dtype', 'float32')
