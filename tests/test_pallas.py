@@ -34,7 +34,8 @@ from helpers import (
 )
 
 from relpos import attention
-from relpos.attention.pallas_common import dropout_keep_hashed, dropout_seed, resolve_implementation
+from relpos.attention.implementations import resolve_implementation
+from relpos.attention.pallas_common import dropout_keep_hashed, dropout_seed
 
 pytestmark = pytest.mark.usefixtures('attention_test_config')
 

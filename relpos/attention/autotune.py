@@ -137,15 +137,9 @@ import numpy as np
 from absl import logging
 
 from relpos import runtime
-from relpos.attention import mosaic_dispatch
-from relpos.attention.pallas_common import (
-  CUDNN_DTYPES,
-  DEFAULT_BLOCK,
-  Tiling,
-  parse_choice,
-  tiles_name,
-  triton_size,
-)
+from relpos.attention import implementations, mosaic_dispatch
+from relpos.attention.implementations import parse_choice, tiles_name
+from relpos.attention.pallas_common import DEFAULT_BLOCK, Tiling, triton_size
 from relpos.attention.pallas_xl import DEFAULT_XL_BLOCK
 from relpos.messages import warn
 
@@ -312,7 +306,7 @@ def cudnn_serves(signature: Signature) -> bool:
   failed and never chosen)."""
   s = signature
   gpu = jax.default_backend() == 'gpu'
-  return gpu and s.kernel == 'xl' and s.dtype in CUDNN_DTYPES and s.dropout == 0.0
+  return gpu and implementations.serves('cudnn', s.kernel, s.dtype, s.dropout)
 
 
 # 'mosaic' is an 'auto' candidate only where this is '1': its kernels have not run on a GPU yet,
@@ -719,7 +713,7 @@ def choose(
   signature_fn: Callable[[], Signature], candidates_fn: Callable[[Signature], Mapping]
 ) -> str:
   """'auto' resolved: 'xla' where tuning is off (not a GPU), else the current tuner's choice
-  at `signature_fn()` ('xla', 'pallas' or 'pallas@QxK': `pallas_common.resolve_implementation`
+  at `signature_fn()` ('xla', 'pallas' or 'pallas@QxK': `implementations.resolve_implementation`
   turns it into an implementation and tiles), with `candidates_fn(signature)` built only when
   needed."""
   current = tuner()

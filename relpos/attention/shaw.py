@@ -41,6 +41,7 @@ import jax.numpy as jnp
 
 from relpos.attention import autotune, mosaic_dispatch, mosaic_shaw
 from relpos.attention.dot_product import attend, check_qkv, content_logits
+from relpos.attention.implementations import resolve_implementation
 from relpos.attention.masking import (
   accumulation_dtype,
   attention_dropout,
@@ -54,7 +55,6 @@ from relpos.attention.masking import (
   static_query_offset,
   with_causal,
 )
-from relpos.attention.pallas_common import resolve_implementation
 from relpos.attention.pallas_shaw import shaw_attention_pallas
 
 

@@ -18,7 +18,7 @@ from typing import ClassVar, Self
 import jax
 import jax.numpy as jnp
 
-from relpos.attention.pallas_common import IMPLEMENTATIONS
+from relpos.attention.implementations import HALF_DTYPES, HALF_PRECISION, IMPLEMENTATIONS
 from relpos.config import checks
 from relpos.config.fields import declared, field, section
 from relpos.constants import CHAR_LM_POSITIONS, TRANSLATE_POSITIONS
@@ -187,7 +187,7 @@ class ModelConfig:
         f"config.model.position='rope' rotates pairs of features: the head dimension must be "
         f'even, got {self.head_dim}'
       )
-    if self.attention_implementation in ('cudnn', 'mosaic'):
+    if self.attention_implementation in HALF_PRECISION:
       self._check_fused(self.attention_implementation)
     if self.position == 't5' and self.t5_max_distance <= self.t5_num_buckets // 2:
       raise ValueError(
@@ -211,7 +211,7 @@ class ModelConfig:
         f"{where} serves Shaw's and XL's positions {(*self.SHAW_POSITIONS, 'xl')} only; this "
         f'config has position={self.position!r}'
       )
-    if self.dtype != 'bfloat16':
+    if self.dtype not in HALF_DTYPES:  # of COMPUTE_DTYPES, bfloat16
       raise ValueError(f"{where} needs config.model.dtype='bfloat16', got {self.dtype!r}")
     if self.attention_dropout:
       raise ValueError(
