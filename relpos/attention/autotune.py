@@ -139,6 +139,7 @@ from absl import logging
 from relpos import runtime
 from relpos.attention import implementations, mosaic_dispatch
 from relpos.attention.implementations import parse_choice, tiles_name
+from relpos.attention.masking import table_max_distance
 from relpos.attention.pallas_common import DEFAULT_BLOCK, Tiling, triton_size
 from relpos.attention.pallas_xl import DEFAULT_XL_BLOCK
 from relpos.messages import warn
@@ -260,7 +261,6 @@ def shaw_signature(
   query, key, rel_key, rel_value, mask, dropout_rate: float, block_sizes=None, *, causal=False
 ) -> Signature:
   """The `Signature` of a `shaw_attention` call (arguments already checked)."""
-  table = rel_key if rel_key is not None else rel_value
   return _signature(
     'shaw',
     query,
@@ -268,7 +268,7 @@ def shaw_signature(
     mask,
     dropout_rate,
     block_sizes,
-    max_distance=(table.shape[0] - 1) // 2,
+    max_distance=table_max_distance(rel_key, rel_value),
     tables=('k' if rel_key is not None else '') + ('v' if rel_value is not None else ''),
     causal=bool(causal),
   )

@@ -161,6 +161,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from relpos.attention.masking import table_max_distance
+
 _LOG2E = math.log2(math.e)
 _SMEM_BYTES = 227 * 1024  # an H100's shared memory per block
 # The kernels are written in Pallas Mosaic GPU's Lane semantics (per-thread layouts chosen with
@@ -950,7 +952,7 @@ def shaw_attention_mosaic(
   batch, length, heads, head_dim = query.shape
   kv_len = key.shape[1]
   memory = kv_len - length  # query i sits at position memory + i
-  max_distance = (rel_key.shape[0] - 1) // 2
+  max_distance = table_max_distance(rel_key)
   tile_q = 2 * block_q if warp_specialized else block_q  # query rows per program
   num_band = _band_tiles(length, max_distance, tile_q, block_kv, memory)
   offsets = _band_offsets(tile_q, block_kv, num_band)  # j - pos_i, [block_q, band_width]

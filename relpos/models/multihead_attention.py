@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from relpos import attention
-from relpos.attention.masking import default_query_offset
+from relpos.attention.masking import default_query_offset, table_max_distance
 from relpos.config.model_fields import ModelConfig
 from relpos.constants import BIAS_POSITIONS
 from relpos.models import layers
@@ -197,7 +197,7 @@ def clip_shaw_tables(model: nnx.Module, max_relative_position: int) -> None:
     for table in (module.rel_key, module.rel_value):
       if table is None:
         continue
-      trained = (table.shape[-2] - 1) // 2
+      trained = table_max_distance(table)
       if not 0 <= max_relative_position <= trained:
         raise ValueError(
           f'cannot clip Shaw tables of k = {trained} at {max_relative_position}: '
