@@ -1,10 +1,13 @@
 """relative_buckets and causal_mask (relpos.attention.masking) against their direct formulas."""
 
+import ast
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
+from helpers import REPO
 
 from relpos import attention
 from relpos.attention.masking import table_max_distance
@@ -96,3 +99,15 @@ def test_table_max_distance_is_k_of_the_first_table_given():
   assert table_max_distance(table, None) == table_max_distance(None, table) == 4
   assert table_max_distance(jnp.zeros((3, 4)), table) == 1  # the first one given
   assert table_max_distance(jnp.zeros((6, 33, 8))) == 16  # a model's stacked layers
+
+
+def test_masked_logit_is_written_once():
+  """masking.MASKED_LOGIT is every kernel's finite minus infinity (XLA's, Pallas's, Mosaic
+  GPU's running max): no other module of relpos writes its own 1e30."""
+  writers = [
+    path.name
+    for path in (REPO / 'relpos').rglob('*.py')
+    for node in ast.walk(ast.parse(path.read_text()))
+    if isinstance(node, ast.Constant) and node.value == 1e30
+  ]
+  assert writers == ['masking.py']

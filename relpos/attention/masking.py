@@ -7,8 +7,9 @@ import operator
 import jax
 import jax.numpy as jnp
 
-# Finite "minus infinity": exp underflows to exactly 0 and a fully masked row stays finite.
-_MASKED_LOGIT = -1e30
+# Finite "minus infinity": exp underflows to exactly 0 and a fully masked row stays finite. Every
+# kernel's masked logit and running-max start (the fused ones' too: a Python constant there).
+MASKED_LOGIT = -1e30
 
 
 def accumulation_dtype(dtype):
@@ -75,7 +76,7 @@ def masked_softmax(logits_BHQK, mask):
   logits_BHQK = logits_BHQK.astype(accumulation_dtype(logits_BHQK.dtype))
   if mask is None:
     return jax.nn.softmax(logits_BHQK, axis=-1)
-  logits_BHQK = jnp.where(mask, logits_BHQK, _MASKED_LOGIT)
+  logits_BHQK = jnp.where(mask, logits_BHQK, MASKED_LOGIT)
   probs = jax.nn.softmax(logits_BHQK, axis=-1)
   return jnp.where(mask, probs, 0.0)
 

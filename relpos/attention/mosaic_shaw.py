@@ -161,7 +161,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from relpos.attention.masking import table_max_distance
+from relpos.attention.masking import MASKED_LOGIT, table_max_distance
 
 _LOG2E = math.log2(math.e)
 _SMEM_BYTES = 227 * 1024  # an H100's shared memory per block
@@ -404,7 +404,7 @@ def _forward_kernel(
       # (-inf logits) so far rescales by 1, not by exp2(-inf + inf).
       carry = (
         layout(jnp.zeros((block_q, head_dim), jnp.float32), plgpu.Layout.WGMMA),
-        vector(-1e30),
+        vector(MASKED_LOGIT),
         vector(0.0),
         vector(0.0),
       )

@@ -139,6 +139,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from relpos.attention.masking import MASKED_LOGIT
 from relpos.attention.mosaic_shaw import (
   _COMPILER_PARAMS,
   _LOG2E,
@@ -372,7 +373,7 @@ def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block, interpret):
 
     carry = (
       layout(jnp.zeros((block, head_dim), jnp.float32), plgpu.Layout.WGMMA),
-      vector(-1e30),  # finite: a row that has seen only masked keys rescales by 1
+      vector(MASKED_LOGIT),  # finite: a row that has seen only masked keys rescales by 1
       vector(0.0),
       None,  # step 0 computes its upper half
     )

@@ -40,10 +40,12 @@ lowering per platform with `lax.platform_dependent` (at lowering time, so `jax.e
 another platform takes that platform's branch): Triton on GPU
 (`jax.experimental.pallas.triton.CompilerParams`; JAX 0.10.2's default GPU lowering, Mosaic
 GPU, rejects these kernels: its async copies need multiples of 128 bytes and <= 256 elements
-per dimension), Mosaic on TPU, interpreted elsewhere. For Triton the wrappers pad head_dim,
-Shaw's 2k+1 buckets and XL's window of block_q + block_k - 1 distances to powers of two >= 16
-(`triton_size`; zeros, exact): Triton's blocks and dots need powers of two, dots >= 16. Given
-`block_sizes` must be powers of two >= 16 too (others fail to lower).
+per dimension), Mosaic on TPU, interpreted elsewhere. For Triton the wrappers pad head_dim and
+XL's window of block_q + block_k - 1 distances to powers of two >= 16 (`triton_size`; zeros,
+exact): Triton's blocks and dots need powers of two, dots >= 16. Shaw's 2k+1 buckets are
+padded only to a multiple of 8 (`pallas_shaw._table_rows`): its kernels gather and scatter
+table entries through pointers and never hold a whole table row. Given `block_sizes` must be
+powers of two >= 16 too (others fail to lower).
 
 What was measured, and how (docs/gpu.md has the figures):
 - On an NVIDIA H200 (jax 0.11.2) the first design of both kernels passed the float64-reference
@@ -77,10 +79,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pallas_triton
 
 from relpos import counter_hash
-from relpos.attention.masking import accumulation_dtype
-
-# Finite "minus infinity" for masked logits (as masking._MASKED_LOGIT): exp underflows to 0.
-MASKED_LOGIT = -1e30
+from relpos.attention.masking import MASKED_LOGIT, accumulation_dtype
 
 SCALARS_BLOCK = ((2,), lambda *grid: (0,))  # block shape and index map of the scalars input
 
@@ -93,8 +92,9 @@ MIN_TRITON_DIM = 16  # Triton's smallest dot dimension (tl.dot needs M, N, K >= 
 
 def triton_size(n: int) -> int:
   """n rounded up to a power of two, at least MIN_TRITON_DIM: a size Triton accepts for every
-  block, tile and dot dimension. The wrappers pad head_dim, Shaw's table rows and XL's
-  distance window to it with zeros (exact: zero rows and columns add nothing to any product)."""
+  block, tile and dot dimension. The wrappers pad head_dim and XL's distance window to it with
+  zeros (exact: zero rows and columns add nothing to any product); Shaw's table rows are
+  padded to a multiple of 8 instead (`pallas_shaw._table_rows`)."""
   return max(MIN_TRITON_DIM, 1 << (max(n, 1) - 1).bit_length())
 
 

@@ -68,9 +68,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pallas_triton
 
-from relpos.attention.masking import default_query_offset, table_max_distance
+from relpos.attention.masking import MASKED_LOGIT, default_query_offset, table_max_distance
 from relpos.attention.pallas_common import (
-  MASKED_LOGIT,
   Blocking,
   KernelCall,
   Tiling,
