@@ -8,13 +8,13 @@ float64 inputs); bf16 inputs stay bf16 in the matmuls. Shaw's and Transformer-XL
 `implementation='auto' | 'xla' | 'pallas' | 'mosaic'` (XL also 'cudnn'): 'pallas' is a fused,
 tiled flash-attention style kernel in Pallas's Triton backend (`pallas_shaw`, `pallas_xl`,
 shared parts in `pallas_common`), interpreted on CPU; 'mosaic' a causal one in Pallas Mosaic GPU
-(`mosaic_shaw`, `mosaic_xl`; Hopper, bf16/fp16), used where the mask is causal and 'xla' or
-'pallas' elsewhere (`mosaic_dispatch`); XL's 'cudnn' is its position term as the bias of
-cuDNN's flash attention (`xl.xl_attention_cudnn`: bf16/fp16, no dropout, NVIDIA GPUs); 'auto'
-is, on a GPU, whichever of 'xla', 'pallas' at a few tilings, (XL in bf16) 'cudnn' and (opted
-in) 'mosaic' ran fastest forward and backward at the shapes of the call, timed on first use
-and cached (`autotune`), and 'xla' elsewhere. The names and what each serves, takes and runs on
-are `implementations`' (no Pallas imported).
+(`mosaic_shaw`, `mosaic_xl`, shared parts in `mosaic_common`; Hopper, bf16/fp16), used where the
+mask is causal and 'xla' or 'pallas' elsewhere (`mosaic_dispatch`); XL's 'cudnn' is its position
+term as the bias of cuDNN's flash attention (`xl.xl_attention_cudnn`: bf16/fp16, no dropout,
+NVIDIA GPUs); 'auto' is, on a GPU, whichever of 'xla', 'pallas' at a few tilings, (XL in bf16)
+'cudnn' and (opted in) 'mosaic' ran fastest forward and backward at the shapes of the call,
+timed on first use and cached (`autotune`), and 'xla' elsewhere. The names and what each serves,
+takes and runs on are `implementations`' (no Pallas imported).
 
 Position schemes that feed vanilla attention: T5's bucketed relative bias
 (`t5_relative_bias`) and ALiBi's linear bias (`alibi_bias`), both [heads, q_len, kv_len]
