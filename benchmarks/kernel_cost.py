@@ -320,16 +320,16 @@ def mosaic_tile_matmuls(scheme: str, length: int, memory: int, k: int = 0, block
   """(forward, backward) tile-matmuls per batch and head of `scheme` (a key of
   MOSAIC_TILE_MATMULS) for `length` causal queries over `memory` + `length` keys: every visited
   tile pair's count, and for Shaw its band tiles' (the `num_band` tiles ending at each query
-  tile's diagonal, `mosaic_shaw._band_tiles`) instead of the far tiles', plus the scheme's
+  tile's diagonal, `mosaic_shaw.band_tiles`) instead of the far tiles', plus the scheme's
   count per query tile."""
-  from relpos.attention.mosaic_shaw import _band_tiles
+  from relpos.attention.mosaic_shaw import band_tiles
 
   kv_len = memory + length
   counts = MOSAIC_TILE_MATMULS[scheme]
   pairs = causal_tile_pairs(length, kv_len, block, block)
   band = 0
   if 'band' in counts:
-    num_band = _band_tiles(length, k, block, block, memory)
+    num_band = band_tiles(length, k, block, block, memory)
     visible = [(memory + (t + 1) * block) // block for t in range(length // block)]
     band = sum(min(num_band, v) for v in visible)
   (far_fwd, far_bwd), (band_fwd, band_bwd) = counts['far'], counts.get('band', counts['far'])

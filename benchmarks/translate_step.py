@@ -57,7 +57,7 @@ from timing import (
 from relpos import flag_types, runtime, threefry_lowering
 from relpos import flops as flops_lib
 from relpos.attention import autotune, shaw
-from relpos.attention.pallas_common import IMPLEMENTATIONS
+from relpos.attention.implementations import IMPLEMENTATIONS
 from relpos.config.model_fields import DROPOUT_BITS
 from relpos.constants import PAD_ID
 from relpos.data.translation import load_translation_data

@@ -39,6 +39,8 @@ import dataclasses
 
 import ml_collections
 
+from relpos.constants import BIAS_POSITIONS, self_attention_kind
+
 # Forward + backward: the backward pass is two matmuls (both operands' gradients) per forward
 # matmul.
 TRAIN_STEP_PASSES = 3
@@ -153,12 +155,9 @@ def attention_flops(
 
 
 def _self_attention_kind(position: str) -> str:
-  """attention_flops's kind of a self-attention layer under config.model.position."""
-  if position in ('shaw', 'shaw_absolute'):
-    return 'shaw'
-  if position in ('t5', 'alibi'):
-    return 'bias'
-  return position if position in ('xl', 'rope') else 'none'
+  """attention_flops's kind of a self-attention layer under config.model.position: the
+  layer's (`relpos.constants.self_attention_kind`), or 'bias' where the stack adds one."""
+  return 'bias' if position in BIAS_POSITIONS else self_attention_kind(position)
 
 
 def model_head_dim(model: ml_collections.ConfigDict) -> int:

@@ -25,8 +25,8 @@ from absl import flags
 from helpers import REPO
 
 from relpos import runtime
-from relpos.attention import autotune, shaw_attention, xl_attention
-from relpos.attention.pallas_common import parse_choice, tiles_name
+from relpos.attention import autotune, implementations, shaw_attention, xl_attention
+from relpos.attention.implementations import parse_choice, tiles_name
 from relpos.config import load_config_file
 from relpos.tools import pretune
 
@@ -511,6 +511,18 @@ def test_candidate_names_parse_back_to_implementation_and_tiles():
   for name in [*bad, 'pallas@064x64']:
     with pytest.raises(ValueError, match='pallas@QxK'):
       parse_choice(name)
+
+
+def test_one_table_says_what_each_implementation_serves():
+  """`implementations.serves`, which 'auto''s 'cudnn' candidate and 'mosaic''s dispatch read:
+  cuDNN is XL's only; both 16-bit kernels take bf16/fp16 and no dropout; the others anything."""
+  assert implementations.serves('cudnn', 'xl', 'bfloat16', 0.0)
+  assert not implementations.serves('cudnn', 'shaw', 'bfloat16', 0.0)
+  assert implementations.serves('mosaic', 'shaw', 'float16', 0.0)
+  for implementation in implementations.HALF_PRECISION:
+    assert not implementations.serves(implementation, 'xl', 'float32', 0.0)
+    assert not implementations.serves(implementation, 'xl', 'bfloat16', 0.1)
+  assert implementations.serves('pallas', 'shaw', 'float32', 0.1)
 
 
 FOUR = {name: _unused for name in ('xla', 'pallas', 'pallas@128x64', 'pallas@32x32')}

@@ -15,6 +15,14 @@ from flax import nnx
 from relpos import flops
 from relpos.config.char_lm_defaults import char_lm_config
 from relpos.config.translation_defaults import translate_config
+from relpos.constants import (
+  BIAS_POSITIONS,
+  CHAR_LM_POSITIONS,
+  SHAW_POSITIONS,
+  TRANSLATE_POSITIONS,
+  self_attention_kind,
+)
+from relpos.models.multihead_attention import RELATIVE_SCHEMES
 from relpos.models.transformer import Transformer, TransformerConfig
 from relpos.models.transformer_xl import TransformerXL, TransformerXLConfig
 
@@ -62,6 +70,18 @@ def test_visible_pairs():
   assert flops.visible_pairs(4, 6, causal=True) == 3 + 4 + 5 + 6
   assert flops.visible_pairs(3, 3, causal=True) == 1 + 2 + 3
   assert flops.visible_pairs(3, 5, causal=False) == 15
+
+
+def test_the_counts_and_the_models_classify_positions_alike():
+  """One classification (`relpos.constants`): the layer kind the models build, Shaw's
+  positions the config reads k for, and the counts' kind ('bias' where the stack adds one)."""
+  for position in {*TRANSLATE_POSITIONS, *CHAR_LM_POSITIONS}:
+    kind = self_attention_kind(position)
+    assert kind in RELATIVE_SCHEMES
+    want = 'bias' if position in BIAS_POSITIONS else kind
+    assert flops._self_attention_kind(position) == want
+    assert (kind == 'shaw') == (position in SHAW_POSITIONS)
+  assert TransformerConfig.SHAW_POSITIONS == SHAW_POSITIONS
 
 
 def test_char_lm_xl_by_hand():

@@ -1,12 +1,16 @@
 """relative_buckets and causal_mask (relpos.attention.masking) against their direct formulas."""
 
+import ast
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
+from helpers import REPO
 
 from relpos import attention
+from relpos.attention.masking import table_max_distance
 
 pytestmark = pytest.mark.usefixtures('attention_test_config')
 
@@ -86,3 +90,24 @@ def test_buckets_and_causal_mask_with_traced_offset():
     np.testing.assert_array_equal(np.asarray(b), _buckets(3, 8, 2, off))
     np.testing.assert_array_equal(np.asarray(m), np.arange(8)[None] <= off + np.arange(3)[:, None])
   assert len(traces) == 1
+
+
+def test_table_max_distance_is_k_of_the_first_table_given():
+  """Shaw's k from a [..., 2k+1, head_dim] table, the one helper of the kernels, the tuner and
+  the model's clipping (either table may be left out)."""
+  table = jnp.zeros((9, 4))
+  assert table_max_distance(table, None) == table_max_distance(None, table) == 4
+  assert table_max_distance(jnp.zeros((3, 4)), table) == 1  # the first one given
+  assert table_max_distance(jnp.zeros((6, 33, 8))) == 16  # a model's stacked layers
+
+
+def test_masked_logit_is_written_once():
+  """masking.MASKED_LOGIT is every kernel's finite minus infinity (XLA's, Pallas's, Mosaic
+  GPU's running max): no other module of relpos writes its own 1e30."""
+  writers = [
+    path.name
+    for path in (REPO / 'relpos').rglob('*.py')
+    for node in ast.walk(ast.parse(path.read_text()))
+    if isinstance(node, ast.Constant) and node.value == 1e30
+  ]
+  assert writers == ['masking.py']

@@ -3,7 +3,9 @@ section builds one, and an invalid value is a ValueError naming config.model.<fi
 file restates a value a field already has."""
 
 import ast
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -152,6 +154,21 @@ def test_cross_field_rules_apply_to_their_positions_only():
   assert not model_config('char_lm', relative_keys=False, relative_values=False).relative_keys
   xl_cudnn = dict(attention_implementation='cudnn', dtype='bfloat16', attention_dropout=0.0)
   assert model_config('char_lm', position='xl', **xl_cudnn).attention_implementation == 'cudnn'
+
+
+def test_the_declarations_and_the_training_layer_import_no_kernel():
+  """config.model's implementation names and their rules (`relpos.attention.implementations`)
+  load no Pallas: the config declarations and the training layer read them without importing
+  a kernel module (they did, through pallas_common, for a name list)."""
+  script = (
+    'import sys, relpos.config.model_fields, relpos.training.task_base; '
+    "print(sorted(m for m in sys.modules if 'experimental.pallas' in m or "
+    "m.startswith(('relpos.attention.pallas', 'relpos.attention.mosaic'))))"
+  )
+  env = {**os.environ, 'PYTHONPATH': str(REPO)}
+  done = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, env=env)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.strip() == '[]'
 
 
 def test_vocab_size_and_section_fields():

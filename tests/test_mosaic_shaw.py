@@ -278,19 +278,19 @@ def test_memory_matches_reference(
 def test_band_tiles():
   """The band holds the tiles with some pair -k < j - i <= 0: the diagonal's alone for k <= 1,
   one more per started block_kv of k, every tile for k >= the length."""
-  assert mosaic_shaw._band_tiles(1024, 0, 64, 64) == 1
-  assert mosaic_shaw._band_tiles(1024, 1, 64, 64) == 1
-  assert mosaic_shaw._band_tiles(1024, 2, 64, 64) == 2
-  assert mosaic_shaw._band_tiles(1024, 65, 64, 64) == 2
-  assert mosaic_shaw._band_tiles(1024, 66, 64, 64) == 3
-  assert mosaic_shaw._band_tiles(1024, 1, 128, 64) == 2
-  assert mosaic_shaw._band_tiles(1024, 3, 128, 64) == 3
-  assert mosaic_shaw._band_tiles(256, 5000, 64, 64) == 4
+  assert mosaic_shaw.band_tiles(1024, 0, 64, 64) == 1
+  assert mosaic_shaw.band_tiles(1024, 1, 64, 64) == 1
+  assert mosaic_shaw.band_tiles(1024, 2, 64, 64) == 2
+  assert mosaic_shaw.band_tiles(1024, 65, 64, 64) == 2
+  assert mosaic_shaw.band_tiles(1024, 66, 64, 64) == 3
+  assert mosaic_shaw.band_tiles(1024, 1, 128, 64) == 2
+  assert mosaic_shaw.band_tiles(1024, 3, 128, 64) == 3
+  assert mosaic_shaw.band_tiles(256, 5000, 64, 64) == 4
   # Over a memory (offset = kv_len - q_len, a multiple of block_kv) the pattern is the same, but
   # for k >= the length every tile up to the last diagonal, memory included, is band.
-  assert mosaic_shaw._band_tiles(512, 64, 64, 64, offset=512) == 2
-  assert mosaic_shaw._band_tiles(512, 1, 128, 64, offset=512) == 2
-  assert mosaic_shaw._band_tiles(64, 5000, 64, 64, offset=128) == 3
+  assert mosaic_shaw.band_tiles(512, 64, 64, 64, offset=512) == 2
+  assert mosaic_shaw.band_tiles(512, 1, 128, 64, offset=512) == 2
+  assert mosaic_shaw.band_tiles(64, 5000, 64, 64, offset=128) == 3
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ import pytest
 import reference
 
 from relpos.attention import mosaic_xl
+from relpos.attention.mosaic_common import SMEM_BYTES
 from relpos.attention.mosaic_xl import xl_attention_mosaic
 from relpos.attention.xl import xl_attention
 
@@ -223,20 +224,20 @@ def test_lowering_refuses_wgmma_pairs_on_the_skewed_view():
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import mosaic_gpu as plgpu
 
-  from relpos.attention.mosaic_shaw import _COMPILER_PARAMS, _smem_load
+  from relpos.attention.mosaic_common import COMPILER_PARAMS, smem_load
 
   rows, width = 64, 128
 
   def kernel(out_ref, flat):
     flat[...] = jnp.zeros((rows * width,), jnp.float32)
     view = flat.at[pl.ds(rows - 1, rows * (width - 1))].reshape(rows, width - 1).at[:, :64]
-    out_ref[...] = _smem_load(view, plgpu.Layout.WGMMA, optimized=False)
+    out_ref[...] = smem_load(view, plgpu.Layout.WGMMA, optimized=False)
 
   f = plgpu.kernel(
     kernel,
     out_type=jax.ShapeDtypeStruct((rows, 64), jnp.float32),
     scratch_types=[plgpu.SMEM((rows * width,), jnp.float32)],
-    compiler_params=_COMPILER_PARAMS,
+    compiler_params=COMPILER_PARAMS,
   )
   # A ValueError in jax 0.10, Mosaic GPU's own UnsupportedTransferError in 0.11: matched by text.
   with pytest.raises(Exception, match='Tiled strides must be a multiple of the vector length'):
@@ -274,7 +275,7 @@ def test_refusals(q_len, kv_len, head_dim, dtype, kwargs, message):
 def test_shared_memory_estimate():
   """Tiles of 64 fit for head_dim 64 and 128; tiles of 128 do not (the [128, 264] float32 skew
   buffer alone is 135 KB)."""
-  assert mosaic_xl._smem_bytes(64, 64) < mosaic_xl._SMEM_BYTES
-  assert mosaic_xl._smem_bytes(128, 64) < mosaic_xl._SMEM_BYTES
-  assert mosaic_xl._smem_bytes(64, 128) > mosaic_xl._SMEM_BYTES
-  assert mosaic_xl._bwd_smem_bytes(64, 64) < mosaic_xl._SMEM_BYTES
+  assert mosaic_xl._smem_bytes(64, 64) < SMEM_BYTES
+  assert mosaic_xl._smem_bytes(128, 64) < SMEM_BYTES
+  assert mosaic_xl._smem_bytes(64, 128) > SMEM_BYTES
+  assert mosaic_xl._bwd_smem_bytes(64, 64) < SMEM_BYTES

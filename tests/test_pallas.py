@@ -34,7 +34,9 @@ from helpers import (
 )
 
 from relpos import attention
-from relpos.attention.pallas_common import dropout_keep_hashed, dropout_seed, resolve_implementation
+from relpos.attention.implementations import resolve_implementation
+from relpos.attention.masking import MASKED_LOGIT
+from relpos.attention.pallas_common import dropout_keep_hashed, dropout_seed
 
 pytestmark = pytest.mark.usefixtures('attention_test_config')
 
@@ -53,7 +55,7 @@ BF16_TOL = 2e-2
 
 
 def _softmax_dropout(logits_BHQK, allowed_BHQK, keep, rate):
-  probs = jax.nn.softmax(jnp.where(allowed_BHQK, logits_BHQK, -1e30), axis=-1)
+  probs = jax.nn.softmax(jnp.where(allowed_BHQK, logits_BHQK, MASKED_LOGIT), axis=-1)
   probs = jnp.where(allowed_BHQK, probs, 0.0)
   return probs if keep is None else jnp.where(keep, probs / (1.0 - rate), 0.0)
 

@@ -145,7 +145,7 @@ def test_the_tools_run_auto_where_the_recorded_kernel_does_not_run(
 ):
   """The one rule both tools apply to the implementation a run's config.json records
   (`task_base.runnable_here`): the devices' rule train.py and eval.py refuse by
-  (`pallas_common.RUNS_ON`)."""
+  (`implementations.RUNS_ON`)."""
   config = load_config({'char_lm': 'char_tiny', 'translate': 'translate_tiny'}[task], preset)
   config.model.update(dtype='bfloat16', attention_implementation=recorded)
   runnable_here(config, tmp_path, platform)

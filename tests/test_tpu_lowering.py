@@ -8,7 +8,7 @@ holds no custom call at all (no Triton, Mosaic GPU or cuDNN kernel, which have n
 that nothing else in the step (dropout's bits, the relative shift, Shaw's banded kernel,
 `lax.platform_dependent`'s CPU branches) is CPU- or GPU-only. The implementations that do not
 run on a TPU ('pallas', 'cudnn', 'mosaic') are refused before a run
-(`pallas_common.check_runs_on`, tests/test_checks.py).
+(`implementations.check_runs_on`, tests/test_checks.py).
 """
 
 import re

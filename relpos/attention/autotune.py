@@ -137,15 +137,10 @@ import numpy as np
 from absl import logging
 
 from relpos import runtime
-from relpos.attention import mosaic_dispatch
-from relpos.attention.pallas_common import (
-  CUDNN_DTYPES,
-  DEFAULT_BLOCK,
-  Tiling,
-  parse_choice,
-  tiles_name,
-  triton_size,
-)
+from relpos.attention import implementations, mosaic_dispatch
+from relpos.attention.implementations import parse_choice, tiles_name
+from relpos.attention.masking import table_max_distance
+from relpos.attention.pallas_common import DEFAULT_BLOCK, Tiling, triton_size
 from relpos.attention.pallas_xl import DEFAULT_XL_BLOCK
 from relpos.messages import warn
 
@@ -266,7 +261,6 @@ def shaw_signature(
   query, key, rel_key, rel_value, mask, dropout_rate: float, block_sizes=None, *, causal=False
 ) -> Signature:
   """The `Signature` of a `shaw_attention` call (arguments already checked)."""
-  table = rel_key if rel_key is not None else rel_value
   return _signature(
     'shaw',
     query,
@@ -274,7 +268,7 @@ def shaw_signature(
     mask,
     dropout_rate,
     block_sizes,
-    max_distance=(table.shape[0] - 1) // 2,
+    max_distance=table_max_distance(rel_key, rel_value),
     tables=('k' if rel_key is not None else '') + ('v' if rel_value is not None else ''),
     causal=bool(causal),
   )
@@ -312,7 +306,7 @@ def cudnn_serves(signature: Signature) -> bool:
   failed and never chosen)."""
   s = signature
   gpu = jax.default_backend() == 'gpu'
-  return gpu and s.kernel == 'xl' and s.dtype in CUDNN_DTYPES and s.dropout == 0.0
+  return gpu and implementations.serves('cudnn', s.kernel, s.dtype, s.dropout)
 
 
 # 'mosaic' is an 'auto' candidate only where this is '1': its kernels have not run on a GPU yet,
@@ -719,7 +713,7 @@ def choose(
   signature_fn: Callable[[], Signature], candidates_fn: Callable[[Signature], Mapping]
 ) -> str:
   """'auto' resolved: 'xla' where tuning is off (not a GPU), else the current tuner's choice
-  at `signature_fn()` ('xla', 'pallas' or 'pallas@QxK': `pallas_common.resolve_implementation`
+  at `signature_fn()` ('xla', 'pallas' or 'pallas@QxK': `implementations.resolve_implementation`
   turns it into an implementation and tiles), with `candidates_fn(signature)` built only when
   needed."""
   current = tuner()

@@ -1,12 +1,15 @@
-"""Masks, the masked softmax and attention-probability dropout shared by every kernel."""
+"""Masks, the masked softmax and attention-probability dropout shared by every kernel, and the
+positions they are computed from: where the queries sit (`default_query_offset`) and how far
+Shaw's tables reach (`table_max_distance`)."""
 
 import operator
 
 import jax
 import jax.numpy as jnp
 
-# Finite "minus infinity": exp underflows to exactly 0 and a fully masked row stays finite.
-_MASKED_LOGIT = -1e30
+# Finite "minus infinity": exp underflows to exactly 0 and a fully masked row stays finite. Every
+# kernel's masked logit and running-max start (the fused ones' too: a Python constant there).
+MASKED_LOGIT = -1e30
 
 
 def accumulation_dtype(dtype):
@@ -25,6 +28,13 @@ def static_query_offset(query_offset):
 def default_query_offset(q_len: int, kv_len: int) -> int:
   """Absolute position of query 0 when queries are the last q_len of kv_len positions."""
   return kv_len - q_len
+
+
+def table_max_distance(*tables) -> int:
+  """k of Shaw's [..., 2k+1, head_dim] tables: of the first that is not None (rel_key or
+  rel_value, either of which a call may leave out; a model's table parameter)."""
+  table = next(table for table in tables if table is not None)
+  return (table.shape[-2] - 1) // 2
 
 
 def query_key_distance(q_len, kv_len, query_offset):
@@ -66,7 +76,7 @@ def masked_softmax(logits_BHQK, mask):
   logits_BHQK = logits_BHQK.astype(accumulation_dtype(logits_BHQK.dtype))
   if mask is None:
     return jax.nn.softmax(logits_BHQK, axis=-1)
-  logits_BHQK = jnp.where(mask, logits_BHQK, _MASKED_LOGIT)
+  logits_BHQK = jnp.where(mask, logits_BHQK, MASKED_LOGIT)
   probs = jax.nn.softmax(logits_BHQK, axis=-1)
   return jnp.where(mask, probs, 0.0)
 

@@ -37,10 +37,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from relpos.attention import implementations
 from relpos.attention.masking import causal_mask, static_query_offset
 
 BLOCK = 64  # the tiles the kernels are called with, both axes (their defaults)
-DTYPES = ('bfloat16', 'float16')
 HEAD_DIMS = {'shaw': (64, 128), 'xl': (64,)}  # what each kernel's backward fits (shared memory)
 # From this many keys the other branch is the Pallas kernel on a GPU (`fallback`): enwik8_base's
 # 1,024 keys keep 'xla' (whose [q, kv] buffers are a few hundred MB there), long context does not.
@@ -68,9 +68,8 @@ def serves(
     if not (causal or has_query_axis) or (query_offset is not None and query_offset != memory):
       return False
   return (
-    jnp.dtype(dtype).name in DTYPES
+    implementations.serves('mosaic', kernel, jnp.dtype(dtype).name, dropout_rate)
     and head_dim in HEAD_DIMS[kernel]
-    and dropout_rate == 0.0
     and memory >= 0
     and memory % BLOCK == 0
   )

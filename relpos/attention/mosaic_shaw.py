@@ -64,7 +64,7 @@ with memory = kv_len - q_len a multiple of block_kv (so that every query tile's 
 key tiles: its tile pattern of j - pos_i, `_band_offsets`, is the offset-0 one), query i at
 position pos_i = memory + i (`shaw_attention`'s default query_offset). Query tile t's diagonal
 key tile moves right by m = memory / block_kv tiles: kv_end = m + (t + 1)·tile_q/block_kv in
-all three kernels (the band, `_band_tiles(..., offset=memory)`, is the nb tiles before kv_end,
+all three kernels (the band, `band_tiles(..., offset=memory)`, is the nb tiles before kv_end,
 every tile before them is far: the whole memory when k <= block_kv; no tile at or after kv_end
 is visited), and the dk/dv kernel's key tile j is seen by the query tiles t >= (j - m)/kv_per_q
 (all of them for j < m) and in the band of those with (t + 1)·kv_per_q <= j - m + nb. XLA's
@@ -150,7 +150,6 @@ block), shows in the tests.
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 from typing import NamedTuple
 
@@ -161,53 +160,19 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-_LOG2E = math.log2(math.e)
-_SMEM_BYTES = 227 * 1024  # an H100's shared memory per block
-# The kernels are written in Pallas Mosaic GPU's Lane semantics (per-thread layouts chosen with
-# `plgpu.load(layout=)`, `plgpu.layout_cast`, `broadcasted_iota(layout=)`): jax 0.10's default.
-# jax 0.11 made Warpgroup semantics (layouts inferred by a constraint solver) the default, under
-# which the XL kernel's odd-strided read of the skew buffer is refused ("Failed to infer a
-# possible set of layouts"). So every kernel names its semantics instead of taking the default.
-_COMPILER_PARAMS = plgpu.CompilerParams(
-  approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Lane
-)
-# `plgpu.load`'s index argument: required in jax 0.10, deprecated in 0.11 (index the ref instead).
-_LOAD_TAKES_INDEX = (
-  inspect.signature(plgpu.load).parameters['idx'].default is inspect.Parameter.empty
+from relpos.attention.masking import MASKED_LOGIT, table_max_distance
+from relpos.attention.mosaic_common import (
+  COMPILER_PARAMS,
+  LOG2E,
+  SMEM_BYTES,
+  SMEM_RESERVE,
+  matmuls,
+  named,
+  register_ops,
 )
 
 
-def _named(body, name: str):
-  """`body`, renamed `name`: a kernel's name in its Mosaic GPU module, hence in ptxas's report and
-  a profiler's kernel list (benchmarks/gpu_compile.py tells the kernels apart by it)."""
-  body.__name__ = body.__qualname__ = name
-  return body
-
-
-def _smem_load(ref, register_layout, *, optimized: bool = True):
-  """`plgpu.load` of a whole shared-memory ref into `register_layout`, on jax 0.10 and 0.11."""
-  index = ((),) if _LOAD_TAKES_INDEX else ()
-  return plgpu.load(ref, *index, layout=register_layout, optimized=optimized)
-
-
-def _register_ops(interpret: bool):
-  """(layout, load) for a kernel body: `layout(x, L)` places a value in register layout L and
-  `load(ref, L)` reads a shared-memory ref into it, for the compiler; the interpreter has
-  neither `plgpu.layout_cast` nor `plgpu.load`, so there they are the identity and a plain
-  read (the one difference between the interpreted and the lowered program)."""
-
-  def layout(x, register_layout):
-    return x if interpret else plgpu.layout_cast(x, register_layout)
-
-  def load(ref, register_layout):
-    return ref[...] if interpret else _smem_load(ref, register_layout)
-
-  return layout, load
-
-
-def _band_tiles(
-  length: int, max_distance: int, block_q: int, block_kv: int, offset: int = 0
-) -> int:
+def band_tiles(length: int, max_distance: int, block_q: int, block_kv: int, offset: int = 0) -> int:
   """How many key tiles, ending at the one holding the diagonal, some query tile must treat as
   band (full bias) tiles, for `length` queries at positions offset + i over offset + length
   keys. The others, "far", have every pair visible (j <= pos_i) and in bucket 0
@@ -268,20 +233,20 @@ def _check(query, key, value, rel_key, rel_value, block_q, block_kv, warp_specia
     )
   if rel_key.shape[1] != head_dim:
     raise ValueError(f'rel_key has {rel_key.shape[1]} columns, head_dim is {head_dim}')
-  if (smem := _smem_bytes(head_dim, block_q, block_kv, warp_specialized)) > _SMEM_BYTES:
+  if (smem := _smem_bytes(head_dim, block_q, block_kv, warp_specialized)) > SMEM_BYTES:
     raise ValueError(
       f'block_q={block_q}, block_kv={block_kv}, head_dim={head_dim} need {smem} bytes of shared '
-      f'memory, more than the {_SMEM_BYTES} of an H100'
+      f'memory, more than the {SMEM_BYTES} of an H100'
     )
 
 
 def _smem_bytes(head_dim: int, block_q: int, block_kv: int, warp_specialized: bool) -> int:
   """Shared memory the kernel allocates: per compute warpgroup 16-bit q and p, float32 band bias
-  (two slots), band logits and two row statistics; 16-bit kᵀ and v (two slots); plus 4 KiB for
-  barriers and alignment (Mosaic GPU counted 2088 bytes more than the buffers, jax 0.10.2)."""
+  (two slots), band logits and two row statistics; 16-bit kᵀ and v (two slots); plus
+  `SMEM_RESERVE` for barriers and alignment."""
   rows = 2 * block_q if warp_specialized else block_q
   buffers = 2 * (rows * head_dim + 4 * block_kv * head_dim + rows * block_kv)
-  return buffers + 4 * (3 * rows * block_kv + 2 * rows) + 4096
+  return buffers + 4 * (3 * rows * block_kv + 2 * rows) + SMEM_RESERVE
 
 
 def _forward_kernel(
@@ -306,7 +271,7 @@ def _forward_kernel(
   kv_per_q = tile_q // block_kv
   slots = 2
 
-  layout, load = _register_ops(interpret)
+  layout, load = register_ops(interpret)
 
   def slot_of(step):
     return step % slots if isinstance(step, int) else lax.rem(step, slots)
@@ -376,9 +341,9 @@ def _forward_kernel(
           plgpu.commit_smem()
           band_cols = pl.ds((num_band - 1 - step) * block_kv, block_kv)
           plgpu.copy_smem_to_gmem(logit_smem, logits_ref.at[b, h, rows, band_cols])
-        m_new = jnp.maximum(m_i, s.max(axis=1) * _LOG2E)
+        m_new = jnp.maximum(m_i, s.max(axis=1) * LOG2E)
         alpha = jnp.exp2(m_i - m_new)
-        p = jnp.exp2(s * _LOG2E - lax.broadcast_in_dim(m_new, s.shape, [0]))
+        p = jnp.exp2(s * LOG2E - lax.broadcast_in_dim(m_new, s.shape, [0]))
         p_sum = p.sum(axis=1)
         l_i = l_i * alpha + p_sum
         far_i = far_i * alpha if band else far_i * alpha + p_sum
@@ -402,7 +367,7 @@ def _forward_kernel(
       # (-inf logits) so far rescales by 1, not by exp2(-inf + inf).
       carry = (
         layout(jnp.zeros((block_q, head_dim), jnp.float32), plgpu.Layout.WGMMA),
-        vector(-1e30),
+        vector(MASKED_LOGIT),
         vector(0.0),
         vector(0.0),
       )
@@ -411,7 +376,7 @@ def _forward_kernel(
       acc, m_i, l_i, far_i = lax.fori_loop(num_band, num_steps, step_body, carry)
 
       q_smem[...] = (acc / lax.broadcast_in_dim(l_i, acc.shape, [0])).astype(dtype)  # q is done
-      stat_smem.at[0][...] = (m_i + jnp.log2(l_i)) / _LOG2E
+      stat_smem.at[0][...] = (m_i + jnp.log2(l_i)) / LOG2E
       stat_smem.at[1][...] = far_i / l_i
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(q_smem, out_ref.at[b, rows, h])
@@ -486,11 +451,11 @@ def _forward_kernel(
   )
   threads = {'num_threads': compute_wgs + 1, 'thread_name': 'wg'} if warp_specialized else {}
   return plgpu.kernel(
-    _named(entry, 'relpos_shaw_forward'),
+    named(entry, 'relpos_shaw_forward'),
     out_type=out_type,
     grid=(heads, length // tile_q, batch),
     grid_names=('heads', 'q_seq', 'batch'),
-    compiler_params=_COMPILER_PARAMS,
+    compiler_params=COMPILER_PARAMS,
     interpret=interpret or False,
     **threads,
   )(q, key_t, v, band_bias)
@@ -503,30 +468,17 @@ def _bwd_smem_bytes(head_dim: int, block_kv: int) -> int:
   """Shared memory of the larger backward kernel. dq: 16-bit q and g_z, three row statistics;
   per slot (two) 16-bit kᵀ, vᵀ and k and float32 band bias and g_band; a 16-bit and a float32
   dS. dk/dv: 16-bit k and v; per slot q, g_z, qᵀ, g_zᵀ, the band pair's Pᵀ and dSᵀ (16-bit) and
-  two row statistics; 16-bit Pᵀ and dSᵀ. Plus 4 KiB for barriers and alignment."""
+  two row statistics; 16-bit Pᵀ and dSᵀ. Plus `SMEM_RESERVE` for barriers and alignment."""
   bq, bk, d = _BWD_BLOCK_Q, block_kv, head_dim
   dq = 2 * 2 * bq * d + 4 * 3 * bq + 2 * (3 * 2 * d * bk + 2 * 4 * bq * bk) + 2 * bq * bk
   dq += 4 * bq * bk
   dkv = 2 * 2 * bk * d + 2 * (4 * 2 * bq * d + 2 * 2 * bk * bq + 4 * 2 * bq) + 2 * 2 * bk * bq
-  return max(dq, dkv) + 4096
+  return max(dq, dkv) + SMEM_RESERVE
 
 
 def _div(x, n: int):
   """x // n for a non-negative traced integer (lax.div truncates, which Mosaic GPU lowers)."""
   return lax.div(x, jnp.asarray(n, x.dtype))
-
-
-def _matmuls(*pairs):
-  """acc = a @ b for each (a, b, shape) of shared-memory operands, one scoped accumulator each
-  (a fresh accumulator per call: the interpreter has no pl.run_state)."""
-
-  def body(*accs):
-    for acc, (a, b, _) in zip(accs, pairs, strict=True):
-      plgpu.wgmma(acc, a, b)
-    return tuple(acc[...] for acc in accs)
-
-  out = pl.run_scoped(body, *(plgpu.ACC(shape, jnp.float32) for _, _, shape in pairs))
-  return out if len(pairs) > 1 else out[0]
 
 
 def _dq_kernel(
@@ -547,7 +499,7 @@ def _dq_kernel(
   scale = 1.0 / math.sqrt(head_dim)
   slots = 2
 
-  layout, load = _register_ops(interpret)
+  layout, load = register_ops(interpret)
 
   def kernel(
     q_ref,
@@ -596,7 +548,7 @@ def _dq_kernel(
     issue(0)
     plgpu.barrier_wait(row_barrier.at[0])
     row = plgpu.Layout.WGMMA.reduce(1)
-    lse = load(stat_smem.at[0], row) * _LOG2E
+    lse = load(stat_smem.at[0], row) * LOG2E
     delta_band = load(stat_smem.at[1], row)
     delta_far = load(stat_smem.at[2], row)
 
@@ -609,12 +561,12 @@ def _dq_kernel(
         pl.when(step + 1 < num_steps)(lambda: issue(step + 1))
       plgpu.barrier_wait(kv_barriers.at[slot])
       shape = (bq, block_kv)
-      s, dp = _matmuls((q_smem, kt_smem.at[slot], shape), (gz_smem, vt_smem.at[slot], shape))
+      s, dp = matmuls((q_smem, kt_smem.at[slot], shape), (gz_smem, vt_smem.at[slot], shape))
       s = s * scale
       if band:
         plgpu.barrier_wait(band_barriers.at[slot])
         s = s + load(bias_smem.at[slot], plgpu.Layout.WGMMA)
-      p = jnp.exp2(s * _LOG2E - lax.broadcast_in_dim(lse, shape, [0]))
+      p = jnp.exp2(s * LOG2E - lax.broadcast_in_dim(lse, shape, [0]))
       if band:
         ds = p * (dp - lax.broadcast_in_dim(delta_band, shape, [0]))
         ds = ds + load(gband_smem.at[slot], plgpu.Layout.WGMMA)
@@ -627,7 +579,7 @@ def _dq_kernel(
       if band:
         band_cols = pl.ds((num_band - 1 - step) * block_kv, block_kv)
         plgpu.copy_smem_to_gmem(ds_out_smem, ds_ref.at[b, h, rows, band_cols])
-      return dq_acc + _matmuls((ds_smem, k_smem.at[slot], (bq, head_dim)))
+      return dq_acc + matmuls((ds_smem, k_smem.at[slot], (bq, head_dim)))
 
     dq_acc = layout(jnp.zeros((bq, head_dim), jnp.float32), plgpu.Layout.WGMMA)
     for step in range(num_band):
@@ -662,12 +614,12 @@ def _dq_kernel(
     jax.ShapeDtypeStruct((batch, heads, length, band_width), jnp.float32),
   )
   return plgpu.kernel(
-    _named(kernel, 'relpos_shaw_backward_dq'),
+    named(kernel, 'relpos_shaw_backward_dq'),
     out_type=out_type,
     scratch_types=[smem, barriers],
     grid=(heads, length // bq, batch),
     grid_names=('heads', 'q_seq', 'batch'),
-    compiler_params=_COMPILER_PARAMS,
+    compiler_params=COMPILER_PARAMS,
     interpret=interpret or False,
   )(q, g_z, key_t, value_t, key, stats, bias, g_band)
 
@@ -691,7 +643,7 @@ def _dkv_kernel(
   scale = 1.0 / math.sqrt(head_dim)
   slots = 2
 
-  layout, load = _register_ops(interpret)
+  layout, load = register_ops(interpret)
 
   def kernel(
     q_ref,
@@ -762,7 +714,7 @@ def _dkv_kernel(
       dk_acc, dv_acc = carry
       slot = prologue(step)
       plgpu.barrier_wait(band_barriers.at[slot])
-      dk, dv = _matmuls(
+      dk, dv = matmuls(
         (dst_smem.at[slot], q_smem.at[slot], out_shape),
         (pt_smem.at[slot], gz_smem.at[slot], out_shape),
       )
@@ -773,18 +725,16 @@ def _dkv_kernel(
       slot = prologue(step)
       plgpu.barrier_wait(far_barriers.at[slot])
       shape = (block_kv, bq)
-      s_t, dp_t = _matmuls((k_smem, qt_smem.at[slot], shape), (v_smem, gzt_smem.at[slot], shape))
+      s_t, dp_t = matmuls((k_smem, qt_smem.at[slot], shape), (v_smem, gzt_smem.at[slot], shape))
       column = plgpu.Layout.WGMMA.reduce(0)
-      lse = load(stat_smem.at[slot, 0], column) * _LOG2E
+      lse = load(stat_smem.at[slot, 0], column) * LOG2E
       delta_far = load(stat_smem.at[slot, 1], column)
-      p_t = jnp.exp2(s_t * (scale * _LOG2E) - lax.broadcast_in_dim(lse, shape, [1]))
+      p_t = jnp.exp2(s_t * (scale * LOG2E) - lax.broadcast_in_dim(lse, shape, [1]))
       ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta_far, shape, [1]))
       p_smem[...] = p_t.astype(dtype)
       ds_smem[...] = ds_t.astype(dtype)
       plgpu.commit_smem()
-      dk, dv = _matmuls(
-        (ds_smem, q_smem.at[slot], out_shape), (p_smem, gz_smem.at[slot], out_shape)
-      )
+      dk, dv = matmuls((ds_smem, q_smem.at[slot], out_shape), (p_smem, gz_smem.at[slot], out_shape))
       return dk_acc + dk, dv_acc + dv
 
     zeros = layout(jnp.zeros(out_shape, jnp.float32), plgpu.Layout.WGMMA)
@@ -819,12 +769,12 @@ def _dkv_kernel(
   )
   out_type = (jax.ShapeDtypeStruct(key.shape, dtype), jax.ShapeDtypeStruct(key.shape, dtype))
   return plgpu.kernel(
-    _named(kernel, 'relpos_shaw_backward_dkv'),
+    named(kernel, 'relpos_shaw_backward_dkv'),
     out_type=out_type,
     scratch_types=[smem, barriers],
     grid=(heads, key.shape[1] // block_kv, batch),
     grid_names=('heads', 'kv_seq', 'batch'),
-    compiler_params=_COMPILER_PARAMS,
+    compiler_params=COMPILER_PARAMS,
     interpret=interpret or False,
   )(q, q_t, g_z, g_z_t, key, value, stats, p_t, ds_t)
 
@@ -869,10 +819,10 @@ def _kernel_bwd(config, residuals, cotangents):
   g_z, g_lse, g_far, g_band = cotangents
   batch, length, heads, head_dim = query.shape
   dtype = query.dtype
-  if (smem := _bwd_smem_bytes(head_dim, config.block_kv)) > _SMEM_BYTES:
+  if (smem := _bwd_smem_bytes(head_dim, config.block_kv)) > SMEM_BYTES:
     raise ValueError(
       f'the backward kernels with block_kv={config.block_kv}, head_dim={head_dim} need {smem} '
-      f'bytes of shared memory, more than the {_SMEM_BYTES} of an H100'
+      f'bytes of shared memory, more than the {SMEM_BYTES} of an H100'
     )
   tile_q = 2 * config.block_q if config.warp_specialized else config.block_q
   tiles = length // tile_q
@@ -950,9 +900,9 @@ def shaw_attention_mosaic(
   batch, length, heads, head_dim = query.shape
   kv_len = key.shape[1]
   memory = kv_len - length  # query i sits at position memory + i
-  max_distance = (rel_key.shape[0] - 1) // 2
+  max_distance = table_max_distance(rel_key)
   tile_q = 2 * block_q if warp_specialized else block_q  # query rows per program
-  num_band = _band_tiles(length, max_distance, tile_q, block_kv, memory)
+  num_band = band_tiles(length, max_distance, tile_q, block_kv, memory)
   offsets = _band_offsets(tile_q, block_kv, num_band)  # j - pos_i, [block_q, band_width]
   # Causal attention uses only table rows first..k (j - pos_i from -min(k, kv_len - 1) to 0):
   # the tables are cut to those and the buckets counted from `first`.

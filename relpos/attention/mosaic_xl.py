@@ -35,7 +35,7 @@ no gather: a ref reshape and two slices, which Mosaic GPU lowers to a strided me
 What the lowering accepts and refuses (jax 0.10.2 and 0.11.2, the GPU's, in Lane semantics;
 checked by `jax.export(..., platforms=['cuda'])`, which runs the Pallas → Mosaic GPU lowering in
 Python; 0.11's default Warpgroup semantics, whose layout solver refuses the cast below, is why
-every kernel names Lane, `mosaic_shaw._COMPILER_PARAMS`):
+every kernel names Lane, `mosaic_common.COMPILER_PARAMS`):
 - the store of the wgmma accumulator, WGMMA layout, into a 2-D view of the flat ref (row stride
   S even): accepted;
 - reading the skewed view (row stride S - 1, odd; offset bq - 1, odd) in the WGMMA layout:
@@ -139,14 +139,16 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from relpos.attention.mosaic_shaw import (
-  _COMPILER_PARAMS,
-  _LOG2E,
-  _SMEM_BYTES,
-  _matmuls,
-  _named,
-  _register_ops,
-  _smem_load,
+from relpos.attention.masking import MASKED_LOGIT
+from relpos.attention.mosaic_common import (
+  COMPILER_PARAMS,
+  LOG2E,
+  SMEM_BYTES,
+  SMEM_RESERVE,
+  matmuls,
+  named,
+  register_ops,
+  smem_load,
 )
 
 _BANK_PAD = 8  # extra float32 per row of the skew buffer: rows start 8 banks apart
@@ -184,7 +186,7 @@ def _skew_ops(interpret: bool, block: int):
     if interpret:
       return flat_ref[pl.ds(start, length)].reshape(block, stride - 1)[:, :block]
     # One float per access (the odd stride rules out WGMMA's pairs), then repacked as WGMMA.
-    skewed = _smem_load(skewed_view(flat_ref), plgpu.Layout._WGMMA_ACC_32BIT, optimized=False)
+    skewed = smem_load(skewed_view(flat_ref), plgpu.Layout._WGMMA_ACC_32BIT, optimized=False)
     return plgpu.layout_cast(skewed, plgpu.Layout.WGMMA)
 
   def unstore(flat_ref, ds):
@@ -204,7 +206,7 @@ def _skew_ops(interpret: bool, block: int):
     if interpret:
       return flat_ref[...].reshape(block, stride)[:, :window]
     view = flat_ref.reshape(block, stride).at[:, :window]
-    return _smem_load(view, plgpu.Layout.WGMMA, optimized=False)
+    return smem_load(view, plgpu.Layout.WGMMA, optimized=False)
 
   return store, load, unstore, unload
 
@@ -213,13 +215,13 @@ def _smem_bytes(head_dim: int, block: int) -> int:
   """Shared memory the forward kernel allocates: 16-bit q + u, q + v and p; per slot (two)
   16-bit kᵀ, v and the lower half of the R window, [d, block]; step 0's upper half (in p's
   buffer where head_dim = block); the float32 skew buffer [block, 2·block + 8] and the logsumexp
-  row; plus 4 KiB for barriers and alignment (as `mosaic_shaw._smem_bytes`). 113 KB at
+  row; plus `SMEM_RESERVE` for barriers and alignment (as `mosaic_shaw._smem_bytes`). 113 KB at
   head_dim = block = 64: two blocks fit an SM's 228 KB."""
   buffers = 2 * (2 * block * head_dim + block * block)
   buffers += 2 * 2 * 3 * block * head_dim
   if head_dim != block:
     buffers += 2 * head_dim * block
-  return buffers + 4 * (block * (2 * block + _BANK_PAD) + block) + 4096
+  return buffers + 4 * (block * (2 * block + _BANK_PAD) + block) + SMEM_RESERVE
 
 
 def _check(query, key, value, rel_key, content_bias, position_bias, block):
@@ -260,10 +262,10 @@ def _check(query, key, value, rel_key, content_bias, position_bias, block):
       f'kv_len - q_len (the memory before the queries) must be a non-negative multiple of '
       f'block={block}, got {kv_len} - {q_len}'
     )
-  if (smem := _smem_bytes(head_dim, block)) > _SMEM_BYTES:
+  if (smem := _smem_bytes(head_dim, block)) > SMEM_BYTES:
     raise ValueError(
       f'block={block}, head_dim={head_dim} need {smem} bytes of shared memory, more than the '
-      f'{_SMEM_BYTES} of an H100'
+      f'{SMEM_BYTES} of an H100'
     )
 
 
@@ -290,7 +292,7 @@ def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block, interpret):
   scale = 1.0 / math.sqrt(head_dim)
   slots = 2
 
-  layout, load = _register_ops(interpret)
+  layout, load = register_ops(interpret)
   skew_store, skew_load, _, _ = _skew_ops(interpret, block)
 
   def iota(dimension):
@@ -343,13 +345,13 @@ def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block, interpret):
       pl.when(step + 1 < num_steps)(lambda: issue(step + 1))
       plgpu.barrier_wait(kv_barriers.at[slot])
       if first:
-        content, position_lower, position_upper = _matmuls(
+        content, position_lower, position_upper = matmuls(
           (qu_smem, kt_smem.at[slot], (block, block)),
           (qv_smem, rt_smem.at[slot], (block, block)),
           (qv_smem, rt_upper, (block, block)),
         )
       else:
-        content, position_lower = _matmuls(
+        content, position_lower = matmuls(
           (qu_smem, kt_smem.at[slot], (block, block)),
           (qv_smem, rt_smem.at[slot], (block, block)),
         )
@@ -357,13 +359,13 @@ def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block, interpret):
       s = (content + skew_load(flat_smem)) * scale
       if first:
         s = jnp.where(visible, s, -jnp.inf)
-      m_new = jnp.maximum(m_i, s.max(axis=1) * _LOG2E)
+      m_new = jnp.maximum(m_i, s.max(axis=1) * LOG2E)
       alpha = jnp.exp2(m_i - m_new)
-      p = jnp.exp2(s * _LOG2E - lax.broadcast_in_dim(m_new, s.shape, [0]))
+      p = jnp.exp2(s * LOG2E - lax.broadcast_in_dim(m_new, s.shape, [0]))
       l_i = l_i * alpha + p.sum(axis=1)
       p_smem[...] = p.astype(dtype)
       plgpu.commit_smem()
-      pv = _matmuls((p_smem, v_smem.at[slot], (block, head_dim)))
+      pv = matmuls((p_smem, v_smem.at[slot], (block, head_dim)))
       acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) + pv
       return acc, m_new, l_i, position_lower  # the next step's upper half
 
@@ -372,14 +374,14 @@ def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block, interpret):
 
     carry = (
       layout(jnp.zeros((block, head_dim), jnp.float32), plgpu.Layout.WGMMA),
-      vector(-1e30),  # finite: a row that has seen only masked keys rescales by 1
+      vector(MASKED_LOGIT),  # finite: a row that has seen only masked keys rescales by 1
       vector(0.0),
       None,  # step 0 computes its upper half
     )
     carry = step_body(0, carry)
     acc, m_i, l_i, _ = lax.fori_loop(1, num_steps, step_body, carry)
     qu_smem[...] = (acc / lax.broadcast_in_dim(l_i, acc.shape, [0])).astype(dtype)  # q is done
-    stat_smem[...] = (m_i + jnp.log2(l_i)) / _LOG2E
+    stat_smem[...] = (m_i + jnp.log2(l_i)) / LOG2E
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(qu_smem, out_ref.at[b, rows, h])
     plgpu.copy_smem_to_gmem(stat_smem, lse_ref.at[b, h, rows])
@@ -408,12 +410,12 @@ def _forward_kernel(q_u, q_v, key_t, value, rel_t, *, block, interpret):
     jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32),
   )
   return plgpu.kernel(
-    _named(kernel, 'relpos_xl_forward'),
+    named(kernel, 'relpos_xl_forward'),
     out_type=out_type,
     scratch_types=[smem, barriers],
     grid=(heads, q_len // block, batch),
     grid_names=('heads', 'q_seq', 'batch'),
-    compiler_params=_COMPILER_PARAMS,
+    compiler_params=COMPILER_PARAMS,
     interpret=interpret or False,
   )(q_u, q_v, key_t, value, rel_t)
 
@@ -473,13 +475,13 @@ def _bwd_buffers(mode: str, head_dim: int, block: int, dtype) -> dict:
 
 
 def _bwd_smem_bytes(head_dim: int, block: int) -> int:
-  """Shared memory of the largest backward kernel (`_bwd_buffers`, 16-bit inputs), plus 4 KiB
-  for barriers and alignment."""
+  """Shared memory of the largest backward kernel (`_bwd_buffers`, 16-bit inputs), plus
+  `SMEM_RESERVE` for barriers and alignment."""
   largest = 0
   for mode in _MODES:
     buffers = _bwd_buffers(mode, head_dim, block, jnp.bfloat16).values()
     largest = max(largest, sum(math.prod(shape) * jnp.dtype(d).itemsize for shape, d in buffers))
-  return largest + 4096
+  return largest + SMEM_RESERVE
 
 
 def _backward_kernel(mode, operands, *, q_len, block, interpret):
@@ -503,7 +505,7 @@ def _backward_kernel(mode, operands, *, q_len, block, interpret):
   q_tiles = q_len // bq
   memory_tiles = (kv_len - q_len) // bk
   scale = 1.0 / math.sqrt(head_dim)
-  layout, load = _register_ops(interpret)
+  layout, load = register_ops(interpret)
   skew_store, skew_load, unskew_store, unskew_load = _skew_ops(interpret, block)
   names = tuple(operands)
   row = plgpu.Layout.WGMMA.reduce(1)
@@ -586,7 +588,7 @@ def _backward_kernel(mode, operands, *, q_len, block, interpret):
     offsets = iota(1) - iota(0)  # b - a
 
     def stats(ref):
-      lse = load(ref.at[0], row) * _LOG2E
+      lse = load(ref.at[0], row) * LOG2E
       return lse, load(ref.at[1], row)
 
     fixed_stats = stats(sm['stats']) if mode == 'dq' else None
@@ -599,7 +601,7 @@ def _backward_kernel(mode, operands, *, q_len, block, interpret):
       # This step's tiles: the fixed ones, and the per-step ones in this step's slot.
       tiles = {name: sm[name] for name in fixed}
       tiles.update({name: sm[name].at[slot] for name in per_step})
-      s, position, dp = _matmuls(
+      s, position, dp = matmuls(
         (tiles['q_u'], tiles['k_t'], (bq, bk)),
         (tiles['q_v'], tiles['r_t'], (bq, window)),
         (tiles['g_z'], tiles['v_t'], (bq, bk)),
@@ -609,7 +611,7 @@ def _backward_kernel(mode, operands, *, q_len, block, interpret):
       s = (s + skew_load(sm['skew'])) * scale
       # Key kt·bk + b is visible from query position memory + t·bq + a iff b - a <= limit.
       s = jnp.where(offsets <= (memory_tiles + t - kt) * bk, s, -jnp.inf)
-      p = jnp.exp2(s * _LOG2E - lax.broadcast_in_dim(lse, s.shape, [0]))
+      p = jnp.exp2(s * LOG2E - lax.broadcast_in_dim(lse, s.shape, [0]))
       ds = p * (dp - lax.broadcast_in_dim(delta, s.shape, [0]))
       if mode in ('dq', 'drel'):  # the skew buffer again: dS into the band, rows read back
         unskew_store(sm['skew'], ds)
@@ -620,16 +622,16 @@ def _backward_kernel(mode, operands, *, q_len, block, interpret):
         sm['p'][...] = p.astype(dtype)
       plgpu.commit_smem()
       if mode == 'dq':
-        out = _matmuls(
+        out = matmuls(
           (sm['ds'], tiles['k'], (bq, head_dim)),
           (sm['dp_window'], tiles['r_rows'], (bq, head_dim)),
         )
       elif mode == 'dkv':
-        out = _matmuls(
+        out = matmuls(
           (tiles['q_u_t'], sm['ds'], (head_dim, bk)), (tiles['g_z_t'], sm['p'], (head_dim, bk))
         )
       else:
-        out = (_matmuls((tiles['q_v_t'], sm['dp_window'], (head_dim, window))),)
+        out = (matmuls((tiles['q_v_t'], sm['dp_window'], (head_dim, window))),)
       return tuple(acc + x for acc, x in zip(accs, out, strict=True))
 
     def zeros(shape):
@@ -674,12 +676,12 @@ def _backward_kernel(mode, operands, *, q_len, block, interpret):
     ),
   }[mode]
   return plgpu.kernel(
-    _named(kernel, f'relpos_xl_backward_{mode}'),
+    named(kernel, f'relpos_xl_backward_{mode}'),
     out_type=out_type,
     scratch_types=[smem, barriers],
     grid=(heads, programs, batch),
     grid_names=('heads', 'program', 'batch'),
-    compiler_params=_COMPILER_PARAMS,
+    compiler_params=COMPILER_PARAMS,
     interpret=interpret or False,
   )(*operands.values())
 
@@ -719,10 +721,10 @@ def _kernel_bwd(config, residuals, cotangents):
   _, q_len, _, head_dim = q_u.shape
   dtype = q_u.dtype
   block = config.block
-  if (smem := _bwd_smem_bytes(head_dim, block)) > _SMEM_BYTES:
+  if (smem := _bwd_smem_bytes(head_dim, block)) > SMEM_BYTES:
     raise ValueError(
       f'the backward kernels with block={block}, head_dim={head_dim} need {smem} bytes of '
-      f'shared memory, more than the {_SMEM_BYTES} of an H100'
+      f'shared memory, more than the {SMEM_BYTES} of an H100'
     )
   g_z = g_z.astype(dtype)
   delta = jnp.einsum('bnhd,bnhd->bhn', g_z.astype(jnp.float32), z.astype(jnp.float32)) - g_lse

@@ -5,8 +5,6 @@ kernels (`jax.experimental.pallas`): a grid over (batch, heads, query tiles) or 
 key tiles), a loop over the other axis's tiles inside each program, an online softmax, and
 never a [q_len, kv_len] array in memory. This module holds the parts both use, one of each:
 
-- checking and resolving the implementation argument and its tiles (`resolve_implementation`,
-  `tiles_name`; what 'auto' measures is `relpos.attention.autotune`'s);
 - the tiling of the sequence axes (`Tiling`), the kernel layout (`to_kernel_layout`,
   `triton_size`), and the mask as int8 tiles (`kernel_mask`);
 - a small kernel-call builder that names refs (`KernelCall`), so kernels read `refs.query`,
@@ -42,10 +40,12 @@ lowering per platform with `lax.platform_dependent` (at lowering time, so `jax.e
 another platform takes that platform's branch): Triton on GPU
 (`jax.experimental.pallas.triton.CompilerParams`; JAX 0.10.2's default GPU lowering, Mosaic
 GPU, rejects these kernels: its async copies need multiples of 128 bytes and <= 256 elements
-per dimension), Mosaic on TPU, interpreted elsewhere. For Triton the wrappers pad head_dim,
-Shaw's 2k+1 buckets and XL's window of block_q + block_k - 1 distances to powers of two >= 16
-(`triton_size`; zeros, exact): Triton's blocks and dots need powers of two, dots >= 16. Given
-`block_sizes` must be powers of two >= 16 too (others fail to lower).
+per dimension), Mosaic on TPU, interpreted elsewhere. For Triton the wrappers pad head_dim and
+XL's window of block_q + block_k - 1 distances to powers of two >= 16 (`triton_size`; zeros,
+exact): Triton's blocks and dots need powers of two, dots >= 16. Shaw's 2k+1 buckets are
+padded only to a multiple of 8 (`pallas_shaw._table_rows`): its kernels gather and scatter
+table entries through pointers and never hold a whole table row. Given `block_sizes` must be
+powers of two >= 16 too (others fail to lower).
 
 What was measured, and how (docs/gpu.md has the figures):
 - On an NVIDIA H200 (jax 0.11.2) the first design of both kernels passed the float64-reference
@@ -79,60 +79,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pallas_triton
 
 from relpos import counter_hash
-from relpos.attention.masking import accumulation_dtype
-
-# The implementation names and the kernels each serves: 'cudnn' is cuDNN's flash attention with
-# an additive bias, which XL's position term is and Shaw's a^V term is not (`relpos.attention.xl`);
-# 'mosaic' is their causal kernels in Pallas Mosaic GPU (`relpos.attention.mosaic_shaw`,
-# `mosaic_xl`), where they serve ('xla' elsewhere: `relpos.attention.mosaic_dispatch`).
-SERVES = {
-  'auto': ('shaw', 'xl'),
-  'xla': ('shaw', 'xl'),
-  'pallas': ('shaw', 'xl'),
-  'cudnn': ('xl',),
-  'mosaic': ('shaw', 'xl'),
-}
-IMPLEMENTATIONS = tuple(SERVES)
-CUDNN_DTYPES = ('bfloat16', 'float16')  # what 'cudnn' (cuDNN's flash attention) takes
-# The platforms (JAX's device.platform) each implementation runs on, and why not the others.
-RUNS_ON = {
-  'auto': ('cpu', 'gpu', 'tpu'),
-  'xla': ('cpu', 'gpu', 'tpu'),
-  'pallas': ('cpu', 'gpu'),
-  'cudnn': ('gpu',),
-  'mosaic': ('cpu', 'gpu'),
-}
-_WHY = {
-  'pallas': 'Triton kernels, interpreted on a CPU; they do not lower for a TPU',
-  'cudnn': "cuDNN's flash attention, on NVIDIA GPUs",
-  'mosaic': 'Mosaic GPU kernels for Hopper GPUs, interpreted on a CPU',
-}
-
-
-def off_its_devices(implementation: str, platform: str, *, where: str) -> str | None:
-  """Why `implementation` does not run on devices of `platform` ('cpu', 'gpu', 'tpu'), as
-  '<where>=<implementation> runs on <platforms> devices only (<why>)', or None where it does:
-  the one rule of `RUNS_ON`, which `check_runs_on` refuses by and the tools that read a run's
-  own config run 'auto' by (`relpos.training.task_base.runnable_here`)."""
-  runs_on = RUNS_ON.get(implementation, (platform,))
-  if platform in runs_on:
-    return None
-  return (
-    f'{where}={implementation!r} runs on {" and ".join(runs_on)} devices only '
-    f'({_WHY[implementation]})'
-  )
-
-
-def check_runs_on(implementation: str, platform: str, *, where: str = 'implementation') -> None:
-  """ValueError of one line, naming `where`, if `implementation` does not run on devices of
-  `platform` ('cpu', 'gpu', 'tpu'): e.g. 'cudnn' on a CPU, which JAX would refuse only when
-  the step compiles, with a traceback."""
-  if reason := off_its_devices(implementation, platform, where=where):
-    raise ValueError(f"{reason}; this run's devices are {platform}: use 'auto' or 'xla'")
-
-
-# Finite "minus infinity" for masked logits (as masking._MASKED_LOGIT): exp underflows to 0.
-MASKED_LOGIT = -1e30
+from relpos.attention.masking import MASKED_LOGIT, accumulation_dtype
 
 SCALARS_BLOCK = ((2,), lambda *grid: (0,))  # block shape and index map of the scalars input
 
@@ -143,75 +90,11 @@ DEFAULT_BLOCK = 64
 MIN_TRITON_DIM = 16  # Triton's smallest dot dimension (tl.dot needs M, N, K >= 16)
 
 
-def tiles_name(block_sizes=None) -> str:
-  """The name of the 'pallas' implementation at `block_sizes`: 'pallas' for its default tiles
-  (None), 'pallas@QxK' for (Q, K) (as benchmarks/attention.py names tilings)."""
-  if block_sizes is None:
-    return 'pallas'
-  block_q, block_k = (int(b) for b in block_sizes)
-  return f'pallas@{block_q}x{block_k}'
-
-
-def parse_choice(name: str) -> tuple[str, tuple[int, int] | None]:
-  """(implementation, block_sizes) for 'xla', 'cudnn', 'mosaic', 'pallas' or 'pallas@QxK'
-  (`tiles_name`'s); block_sizes None but for 'pallas@QxK' ('pallas': the default tiles).
-  Raises ValueError for other names."""
-  implementation, at, tiles = name.partition('@')
-  unknown = f"not 'xla', 'cudnn', 'mosaic', 'pallas' or 'pallas@QxK': {name!r}"
-  if implementation not in IMPLEMENTATIONS or implementation == 'auto':
-    raise ValueError(unknown)
-  if at and implementation != 'pallas':
-    raise ValueError(unknown)
-  if not at:
-    return implementation, None
-  try:
-    block_q, block_k = (int(size) for size in tiles.split('x'))
-  except ValueError:
-    raise ValueError(unknown) from None
-  if tiles_name((block_q, block_k)) != name or min(block_q, block_k) < 1:
-    raise ValueError(unknown)
-  return implementation, (block_q, block_k)
-
-
-def resolve_implementation(
-  implementation: str, block_sizes=None, tune: Callable[[], str] | None = None, *, kernel: str
-) -> tuple[str, Any]:
-  """(implementation, block_sizes) for a `kernel`'s ('shaw' or 'xl') `implementation` and
-  `block_sizes` arguments: 'xla', 'pallas' or (XL) 'cudnn', and the Pallas tiles to use (None:
-  the kernel's default).
-
-  'xla', 'pallas' and 'cudnn' are kept with the caller's `block_sizes`. 'auto' is `tune()`,
-  the caller's measured choice at the shapes of its call (`relpos.attention.autotune`: the
-  fastest of its candidates, timed forward and backward, on a GPU; 'xla' on CPUs, where Pallas
-  only interprets, and on TPUs, where these Triton kernels do not lower), or 'xla' without
-  `tune`. The tuner names its choice 'xla', 'cudnn', 'pallas' (the caller's `block_sizes`,
-  None: the default tiles) or 'pallas@QxK' (those tiles), and this returns its implementation
-  and tiles. Raises ValueError for a name not in IMPLEMENTATIONS or one the kernel has not
-  (`SERVES`: 'cudnn' is XL's only).
-  """
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(
-      f'implementation must be one of {", ".join(map(repr, IMPLEMENTATIONS))}; '
-      f'got {implementation!r}'
-    )
-  if kernel not in SERVES[implementation]:
-    served = [name for name in IMPLEMENTATIONS if kernel in SERVES[name]]
-    raise ValueError(
-      f"implementation={implementation!r} is not one of {kernel} attention's "
-      f'({", ".join(map(repr, served))})'
-    )
-  if implementation != 'auto':
-    return implementation, block_sizes
-  if tune is None:
-    return 'xla', block_sizes
-  implementation, tiles = parse_choice(tune())
-  return implementation, block_sizes if tiles is None else tiles
-
-
 def triton_size(n: int) -> int:
   """n rounded up to a power of two, at least MIN_TRITON_DIM: a size Triton accepts for every
-  block, tile and dot dimension. The wrappers pad head_dim, Shaw's table rows and XL's
-  distance window to it with zeros (exact: zero rows and columns add nothing to any product)."""
+  block, tile and dot dimension. The wrappers pad head_dim and XL's distance window to it with
+  zeros (exact: zero rows and columns add nothing to any product); Shaw's table rows are
+  padded to a multiple of 8 instead (`pallas_shaw._table_rows`)."""
   return max(MIN_TRITON_DIM, 1 << (max(n, 1) - 1).bit_length())
 
 

@@ -68,8 +68,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pallas_triton
 
+from relpos.attention.masking import MASKED_LOGIT, default_query_offset, table_max_distance
 from relpos.attention.pallas_common import (
-  MASKED_LOGIT,
   Blocking,
   KernelCall,
   Tiling,
@@ -662,13 +662,12 @@ def shaw_attention_pallas(
   """
   batch, q_len, heads, head_dim = query.shape
   kv_len = key.shape[1]
-  table = rel_key if rel_key is not None else rel_value
-  max_distance = (table.shape[0] - 1) // 2
+  max_distance = table_max_distance(rel_key, rel_value)
   tiling = Tiling.make(q_len, kv_len, block_sizes)
   spec = _ShawSpec(tiling, max_distance, float(dropout_rate), head_dim**-0.5, bool(causal))
   table_shape = (spec.table_rows, triton_size(head_dim))
   if query_offset is None:
-    query_offset = kv_len - q_len
+    query_offset = default_query_offset(q_len, kv_len)
   # Past these offsets every pair is on one edge either way, and every key is in every query's
   # future (or past): clipping keeps the buckets and the causal bound exact and the int32
   # arithmetic in the kernels far from overflow.

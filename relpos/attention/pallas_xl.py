@@ -62,6 +62,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from relpos.attention.masking import default_query_offset
 from relpos.attention.pallas_common import (
   Blocking,
   KernelCall,
@@ -118,7 +119,7 @@ class _XLSpec:
   @property
   def base(self) -> int:
     """pos_0: the absolute position of query 0 (memory comes first)."""
-    return self.tiling.kv_len - self.tiling.q_len
+    return default_query_offset(self.tiling.q_len, self.tiling.kv_len)
 
   @property
   def extended(self) -> int:

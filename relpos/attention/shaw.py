@@ -41,6 +41,7 @@ import jax.numpy as jnp
 
 from relpos.attention import autotune, mosaic_dispatch, mosaic_shaw
 from relpos.attention.dot_product import attend, check_qkv, content_logits
+from relpos.attention.implementations import resolve_implementation
 from relpos.attention.masking import (
   accumulation_dtype,
   attention_dropout,
@@ -52,9 +53,9 @@ from relpos.attention.masking import (
   masked_softmax,
   query_key_distance,
   static_query_offset,
+  table_max_distance,
   with_causal,
 )
-from relpos.attention.pallas_common import resolve_implementation
 from relpos.attention.pallas_shaw import shaw_attention_pallas
 
 
@@ -202,12 +203,6 @@ def _heads_first(x_BQHD):
   return jnp.transpose(x_BQHD, (0, 2, 1, 3))
 
 
-def _max_distance(rel_key, rel_value) -> int:
-  """k of the [2k+1, head_dim] tables (either may be None, not both)."""
-  table = rel_key if rel_key is not None else rel_value
-  return (table.shape[0] - 1) // 2
-
-
 class _Static(typing.NamedTuple):
   """What `_shaw` takes as static (hashable; no cotangent): the query offset where it is known
   at trace time (else None, and the traced one is an operand), the dropout rate, and whether
@@ -222,7 +217,7 @@ def _band_for(static: _Static, traced_offset, query, key, rel_key, rel_value):
   return _Band(
     query.shape[1],
     key.shape[1],
-    _max_distance(rel_key, rel_value),
+    table_max_distance(rel_key, rel_value),
     static.query_offset if traced_offset is None else traced_offset,
     static.causal,
   )
@@ -570,7 +565,7 @@ def shaw_attention_materialized(
   q_len, kv_len, head_dim = query.shape[1], key.shape[1], query.shape[-1]
   if causal:
     mask = with_causal(mask, q_len, kv_len, query_offset=query_offset)
-  max_distance = _max_distance(rel_key, rel_value)
+  max_distance = table_max_distance(rel_key, rel_value)
   buckets = relative_buckets(q_len, kv_len, max_distance, query_offset=query_offset)
   rows = jnp.arange(2 * max_distance + 1)
   one_hot_QRK = (buckets[:, None, :] == rows[None, :, None]).astype(query.dtype)

@@ -23,6 +23,7 @@ from jax import lax
 
 from relpos.attention import autotune, mosaic_dispatch, mosaic_xl
 from relpos.attention.dot_product import attend, check_qkv, content_logits
+from relpos.attention.implementations import HALF_DTYPES, resolve_implementation
 from relpos.attention.masking import (
   accumulation_dtype,
   attention_dropout,
@@ -30,7 +31,6 @@ from relpos.attention.masking import (
   check_dropout,
   masked_softmax,
 )
-from relpos.attention.pallas_common import CUDNN_DTYPES, resolve_implementation
 from relpos.attention.pallas_xl import xl_attention_pallas
 from relpos.attention.skew import relative_to_absolute
 
@@ -122,7 +122,7 @@ def xl_attention_cudnn(query, key, value, rel_key, content_bias, position_bias, 
   bias = the relative-shifted position term (as 'xla' computes it, in the input dtype)
   where a key may be attended, and a large negative number elsewhere. Rows with no key allowed
   are zeros, as in 'xla'. Arguments as `xl_attention`'s; bf16/fp16 inputs, no dropout."""
-  if jnp.dtype(query.dtype).name not in CUDNN_DTYPES:
+  if jnp.dtype(query.dtype).name not in HALF_DTYPES:
     raise ValueError(
       f"implementation='cudnn' takes bfloat16 or float16 inputs (cuDNN's flash attention); "
       f"these are {jnp.dtype(query.dtype).name}: use 'xla' or 'pallas'"

@@ -18,10 +18,15 @@ from typing import ClassVar, Self
 import jax
 import jax.numpy as jnp
 
-from relpos.attention.pallas_common import IMPLEMENTATIONS
+from relpos.attention.implementations import HALF_DTYPES, HALF_PRECISION, IMPLEMENTATIONS, SERVES
 from relpos.config import checks
 from relpos.config.fields import declared, field, section
-from relpos.constants import CHAR_LM_POSITIONS, TRANSLATE_POSITIONS
+from relpos.constants import (
+  CHAR_LM_POSITIONS,
+  SHAW_POSITIONS,
+  TRANSLATE_POSITIONS,
+  self_attention_kind,
+)
 
 COMPUTE_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 # Where dropout's random bits come from (`relpos.models.layers.Dropout`).
@@ -38,8 +43,6 @@ REMAT_POLICIES = {
   'dots': jax.checkpoint_policies.dots_saveable,
   'dots_no_batch': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-# The positions that read Shaw's k and tables, in either model.
-_SHAW = ('shaw', 'shaw_absolute')
 # The config.model fields that say how the model is trained, which only training reads:
 # dropout is off in evaluation, the initialisation is replaced by the checkpoint's
 # parameters, remat acts on the backward pass.
@@ -96,24 +99,24 @@ class ModelConfig:
     "masks, the same keep rate). Attention dropout keeps its kernels' own bits",
   )
   pre_layer_norm: bool = field(False, checks.FLAG, 'False: post-LN, as the original papers')
-  max_relative_position: int = field(16, checks.integer(0), "Shaw's k", read_by=_SHAW)
+  max_relative_position: int = field(16, checks.integer(0), "Shaw's k", read_by=SHAW_POSITIONS)
   relative_keys: bool = field(
-    True, checks.FLAG, "Shaw's tables w^K (the paper's Table 3 ablations)", read_by=_SHAW
+    True, checks.FLAG, "Shaw's tables w^K (the paper's Table 3 ablations)", read_by=SHAW_POSITIONS
   )
-  relative_values: bool = field(True, checks.FLAG, "Shaw's tables w^V", read_by=_SHAW)
+  relative_values: bool = field(True, checks.FLAG, "Shaw's tables w^V", read_by=SHAW_POSITIONS)
   relative_table_init: str = field(
     'kernel',
     checks.one_of(*RELATIVE_TABLE_INITS),
     "how Shaw's tables start: 'kernel' (the model's weight initializer, which for "
     "translation's Xavier-uniform over [2k+1, head_dim] scales with k) or 'zeros'",
-    read_by=_SHAW,
+    read_by=SHAW_POSITIONS,
   )
   relative_table_init_scale: float = field(
     1.0,
     checks.positive(),
     "multiplies the 'kernel' start: Xavier-uniform's row norm falls as k grows (1.33 at k = "
     "4, 1.15 at k = 16 with head_dim 64), so 1.1527 at k = 16 starts its rows as k = 4's",
-    read_by=_SHAW,
+    read_by=SHAW_POSITIONS,
   )
   t5_num_buckets: int = field(
     32, checks.integer(4), "T5's buckets (half per side when bidirectional)", read_by=('t5',)
@@ -143,7 +146,7 @@ class ModelConfig:
     "attention dropout) 'cudnn' or (Shaw and XL, bfloat16, no attention dropout; causal "
     "calls, 'xla' at the others) 'mosaic'; 'cudnn' runs on NVIDIA GPUs only, 'pallas' and "
     "'mosaic' on GPUs (interpreted on a CPU), checked against the devices before a run",
-    read_by=(*_SHAW, 'xl'),
+    read_by=(*SHAW_POSITIONS, 'xl'),
   )
   dtype: str = field(
     'float32', checks.one_of(*COMPUTE_DTYPES), 'compute dtype; parameters stay float32'
@@ -187,7 +190,7 @@ class ModelConfig:
         f"config.model.position='rope' rotates pairs of features: the head dimension must be "
         f'even, got {self.head_dim}'
       )
-    if self.attention_implementation in ('cudnn', 'mosaic'):
+    if self.attention_implementation in HALF_PRECISION:
       self._check_fused(self.attention_implementation)
     if self.position == 't5' and self.t5_max_distance <= self.t5_num_buckets // 2:
       raise ValueError(
@@ -201,17 +204,18 @@ class ModelConfig:
     mosaic_shaw`, `mosaic_xl`) at the calls they serve ('xla' at the others:
     `relpos.attention.mosaic_dispatch`). Both: bfloat16, no attention dropout."""
     where = f'config.model.attention_implementation={implementation!r}'
-    if implementation == 'cudnn' and self.position != 'xl':
+    served = self_attention_kind(self.position) in SERVES[implementation]
+    if implementation == 'cudnn' and not served:
       raise ValueError(
         f"{where} serves position='xl' only (Shaw's a^V term is no additive bias); "
         f'this config has position={self.position!r}'
       )
-    if implementation == 'mosaic' and self.position not in (*self.SHAW_POSITIONS, 'xl'):
+    if implementation == 'mosaic' and not served:
       raise ValueError(
         f"{where} serves Shaw's and XL's positions {(*self.SHAW_POSITIONS, 'xl')} only; this "
         f'config has position={self.position!r}'
       )
-    if self.dtype != 'bfloat16':
+    if self.dtype not in HALF_DTYPES:  # of COMPUTE_DTYPES, bfloat16
       raise ValueError(f"{where} needs config.model.dtype='bfloat16', got {self.dtype!r}")
     if self.attention_dropout:
       raise ValueError(
@@ -240,7 +244,7 @@ class TransformerConfig(ModelConfig):
   2018 used it) plus vocab_size. Every head has d_model / num_heads dimensions (`head_dim`)."""
 
   SINUSOID_POSITIONS = ('absolute', 'shaw_absolute')
-  SHAW_POSITIONS = _SHAW
+  SHAW_POSITIONS = SHAW_POSITIONS
 
   position: str = field(
     'shaw', checks.one_of(*TRANSLATE_POSITIONS), 'relpos.constants.TRANSLATE_POSITIONS'

@@ -2,7 +2,8 @@
 both models, and the one place that dispatches between the kernels of `relpos.attention`.
 
 A model's `config.model.position` maps to what its self-attention layers do
-(`self_attention_kind`) and, for the bias schemes, to one `RelativeBias` per stack of layers.
+(`relpos.constants.self_attention_kind`) and, for the bias schemes, to one `RelativeBias` per
+stack of layers.
 
 The layer projects queries, keys and values (no biases) to num_heads * head_dim (which need not
 be d_model), splits heads, calls the kernel its `relative` kind names, and projects the heads
@@ -32,20 +33,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from relpos import attention
-from relpos.attention.masking import default_query_offset
+from relpos.attention.masking import default_query_offset, table_max_distance
 from relpos.config.model_fields import ModelConfig
+from relpos.constants import BIAS_POSITIONS
 from relpos.models import layers
 
 RELATIVE_SCHEMES = ('none', 'shaw', 'xl', 'rope')
-# Positions that add a logit bias of the distance, computed once per stack (`RelativeBias`).
-BIAS_POSITIONS = ('t5', 'alibi')
-
-
-def self_attention_kind(position: str) -> str:
-  """The `relative` kind of a self-attention layer under `config.model.position`."""
-  if position in ('shaw', 'shaw_absolute'):
-    return 'shaw'
-  return position if position in ('xl', 'rope') else 'none'
 
 
 class MultiHeadAttention(nnx.Module):
@@ -204,7 +197,7 @@ def clip_shaw_tables(model: nnx.Module, max_relative_position: int) -> None:
     for table in (module.rel_key, module.rel_value):
       if table is None:
         continue
-      trained = (table.shape[-2] - 1) // 2
+      trained = table_max_distance(table)
       if not 0 <= max_relative_position <= trained:
         raise ValueError(
           f'cannot clip Shaw tables of k = {trained} at {max_relative_position}: '

@@ -57,9 +57,9 @@ from flax import nnx
 
 from relpos import attention
 from relpos.config.model_fields import TransformerConfig
-from relpos.constants import PAD_ID
+from relpos.constants import PAD_ID, self_attention_kind
 from relpos.models import layers
-from relpos.models.multihead_attention import MultiHeadAttention, RelativeBias, self_attention_kind
+from relpos.models.multihead_attention import MultiHeadAttention, RelativeBias
 
 _DENSE_INIT = nnx.initializers.xavier_uniform()
 _LAYER_NORM_EPSILON = 1e-6  # tensor2tensor's

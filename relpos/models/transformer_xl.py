@@ -41,8 +41,9 @@ from flax import nnx
 
 from relpos import attention
 from relpos.config.model_fields import TransformerXLConfig
+from relpos.constants import self_attention_kind
 from relpos.models import layers
-from relpos.models.multihead_attention import MultiHeadAttention, RelativeBias, self_attention_kind
+from relpos.models.multihead_attention import MultiHeadAttention, RelativeBias
 
 _INIT = nnx.initializers.normal(0.02)  # the original's `init_std` for weights and embeddings
 _LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default

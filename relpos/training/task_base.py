@@ -28,7 +28,7 @@ import ml_collections
 from flax import nnx
 
 from relpos import runtime
-from relpos.attention.pallas_common import check_runs_on, off_its_devices
+from relpos.attention.implementations import check_runs_on, off_its_devices
 from relpos.config import checks, fields
 from relpos.config.model_fields import SCORE_CHANGING_FIELDS, TRAINING_ONLY_FIELDS
 from relpos.config.recorded import CONFIG_FILE, config_changes, with_added
@@ -103,7 +103,7 @@ class Training:
 
 def check_platform(config, platform: str) -> None:
   """ValueError of one line if config.model.attention_implementation does not run on devices
-  of `platform` (`pallas_common.check_runs_on`): e.g. a run trained with 'cudnn' on a GPU and
+  of `platform` (`implementations.check_runs_on`): e.g. a run trained with 'cudnn' on a GPU and
   evaluated on a CPU, where any other implementation gives the same scores."""
   if 'attention_implementation' in config.model:
     where = 'config.model.attention_implementation'
@@ -113,7 +113,7 @@ def check_platform(config, platform: str) -> None:
 def runnable_here(config, workdir, platform: str | None = None) -> None:
   """Sets config.model.attention_implementation, as a run's config.json records it (`config`,
   read from `workdir`), to 'auto' where it does not run on devices of `platform` (default:
-  this machine's, `jax.default_backend()`; the rule is `pallas_common.off_its_devices`', the
+  this machine's, `jax.default_backend()`; the rule is `implementations.off_its_devices`', the
   one `check_platform` refuses by), with one warning line naming the recorded choice and the
   devices. For the tools that run a trained model from its own config and take no config
   flags (`relpos.tools.sample`, `relpos.tools.translate`): a run trained with 'cudnn' on a GPU
