@@ -65,21 +65,4 @@ def __dir__():
   return sorted({*globals(), *_HOMES})
 
 
-__all__ = [  # noqa: F822 (defined by __getattr__)
-  'alibi_bias',
-  'alibi_slopes',
-  'apply_rope',
-  'causal_mask',
-  'dot_product_attention',
-  'relative_buckets',
-  'relative_shift',
-  'shaw_attention',
-  'shaw_attention_banded',
-  'shaw_attention_materialized',
-  'sinusoidal_embedding',
-  't5_relative_bias',
-  't5_relative_buckets',
-  'xl_attention',
-  'xl_relative_encoding',
-  'with_causal',
-]
+__all__ = sorted(_HOMES)
