@@ -32,19 +32,11 @@ import numpy as np
 
 from relpos import flops as flops_lib
 from relpos.config.recorded import changes_from_recorded, check_config_change, record_config
+from relpos.faults import error_path, filesystem_fault, is_write_fault, rerun_remedy
 from relpos.messages import warn
 from relpos.training import data_record, optim, workdir_lock
 from relpos.training import mesh as mesh_lib
-from relpos.training.checkpoints import (
-  Checkpoints,
-  error_path,
-  filesystem_fault,
-  finished_steps,
-  is_write_fault,
-  last_good_in,
-  rerun_remedy,
-  steps_text,
-)
+from relpos.training.checkpoints import Checkpoints, finished_steps, last_good_in, steps_text
 from relpos.training.device_memory import (
   is_out_of_memory,
   out_of_memory_fault,

@@ -32,19 +32,12 @@ from relpos.attention.pallas_common import check_runs_on, off_its_devices
 from relpos.config import checks, fields
 from relpos.config.model_fields import SCORE_CHANGING_FIELDS, TRAINING_ONLY_FIELDS
 from relpos.config.recorded import CONFIG_FILE, config_changes, with_added
+from relpos.faults import FilesystemFaultError, error_path, filesystem_fault, is_write_fault
 from relpos.files import check_takes_files, write_atomically
 from relpos.messages import warn
 from relpos.training import data_record, finished_run, optim, run_config
 from relpos.training import mesh as mesh_lib
-from relpos.training.checkpoints import (
-  CHECKPOINTS,
-  FilesystemFaultError,
-  error_path,
-  filesystem_fault,
-  finished_steps,
-  is_write_fault,
-  steps_text,
-)
+from relpos.training.checkpoints import CHECKPOINTS, finished_steps, steps_text
 from relpos.training.device_memory import evaluation_memory_fault, is_out_of_memory
 from relpos.training.loop import check_evaluation_plan, train
 from relpos.training.preemption import PreemptionSignal
@@ -391,7 +384,7 @@ class Task(abc.ABC):
     """`evaluate`'s scoring into `output_dir`, once the run and config are checked: the
     directory checked to take files (made where it is missing), the score, its files
     (`result_files`: translations) and eval_results.json. `fault`: the FilesystemFaultError
-    of an OSError writing there, which `checkpoints.is_write_fault` tells from a data file's
+    of an OSError writing there, which `relpos.faults.is_write_fault` tells from a data file's
     error as it does for train.py's workdir: an error of a file under `output_dir`, or a full
     disk or read-only filesystem wherever it is met (the write's own error names no file).
     What it made of `output_dir` is removed again by `evaluate` where it stops before writing

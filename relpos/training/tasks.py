@@ -21,10 +21,10 @@ from ml_collections import config_flags
 
 from relpos import flag_types, runtime
 from relpos.config import checks, declaration, fields, importable_beside
+from relpos.faults import FILESYSTEM_EXIT_CODE, RunFaultError, exception_chain
 from relpos.files import dangling_link
 from relpos.messages import duration
-from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE
-from relpos.training.preemption import PreemptedError, RunFaultError
+from relpos.training.preemption import PreemptedError
 from relpos.training.run_config import TaskMismatchError, check_output_dir
 from relpos.training.task_base import Task
 from relpos.training.workdir_setup import stopped_evaluation
@@ -401,9 +401,9 @@ def config_overrides(argv: list[str]) -> list[str]:
 
 
 def _root_cause(error: BaseException) -> BaseException:
-  """The innermost exception of `error`'s chain (`_chain`: ml_collections wraps a config file's
-  own error in an OSError saying "an earlier failure to load")."""
-  return _chain(error)[-1]
+  """The innermost exception of `error`'s chain (`exception_chain`: ml_collections wraps a
+  config file's own error in an OSError saying "an earlier failure to load")."""
+  return exception_chain(error)[-1]
 
 
 def _config_file_problem(argv: list[str]) -> tuple[str | None, ml_collections.ConfigDict | None]:
@@ -459,23 +459,14 @@ def _config_file_problem(argv: list[str]) -> tuple[str | None, ml_collections.Co
   return None, config
 
 
-def _chain(error: BaseException) -> list[BaseException]:
-  """`error` and the exceptions it was raised from or while handling, outermost first (the
-  last is `_root_cause`)."""
-  chain = [error]
-  while (inner := chain[-1].__cause__ or chain[-1].__context__) is not None:
-    chain.append(inner)
-  return chain
-
-
 def _last_frame_in(error: BaseException, path: str) -> traceback.FrameSummary | None:
   """The innermost frame of the config file at `path` in the tracebacks of `error`'s chain
-  (`_chain`), None where none runs its code: the root cause's own traceback may hold only a
+  (`exception_chain`), None where none runs its code: the root cause's own traceback may hold only a
   library's frames (ml_collections raises a field's cast error again, from its caller's
   line)."""
   frames = [
     frame
-    for inner in _chain(error)
+    for inner in exception_chain(error)
     for frame in traceback.extract_tb(inner.__traceback__)
     if os.path.abspath(frame.filename) == os.path.abspath(path)
   ]
@@ -495,7 +486,7 @@ def _wrong_type(error: BaseException, frame: traceback.FrameSummary | None) -> s
   The error names only the field's last part, so its dotted name is read from the config file's
   line (`frame`) where that sets it (`c.train.steps = ...`, `c.train.update(steps=...)`); it
   was the cast error alone, naming neither the field nor the line."""
-  cast = next((m for e in _chain(error) if (m := _CAST_ERROR.search(str(e)))), None)
+  cast = next((m for e in exception_chain(error) if (m := _CAST_ERROR.search(str(e)))), None)
   if cast is None:
     return None
   name, field = cast['name'], f'field {cast["name"]!r}'

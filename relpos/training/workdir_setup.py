@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from relpos.faults import FilesystemFaultError, filesystem_fault
 from relpos.files import (
   check_takes_files,
   made_mark,
@@ -29,13 +30,7 @@ from relpos.files import (
 )
 from relpos.training import data_record, workdir_lock
 from relpos.training import mesh as mesh_lib
-from relpos.training.checkpoints import (
-  CHECKPOINTS,
-  FilesystemFaultError,
-  filesystem_fault,
-  finished_steps,
-  last_good_in,
-)
+from relpos.training.checkpoints import CHECKPOINTS, finished_steps, last_good_in
 from relpos.training.metric_writer import TENSORBOARD
 from relpos.training.run_config import RESULTS_FILE, has_run
 
