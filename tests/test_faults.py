@@ -1458,11 +1458,11 @@ def test_what_a_failed_restore_leaves_is_kept_off_stderr(tmp_path):
   dropped; the same from elsewhere is not."""
   import logging as std_logging
 
-  from relpos import runtime
+  from relpos import signals
   from relpos.training import checkpoints as checkpoints_lib
 
   passed_on = []
-  hook = runtime.unraisable_layer(checkpoints_lib._orbax_leftover, passed_on.append)
+  hook = signals.unraisable_layer(checkpoints_lib._orbax_leftover, passed_on.append)
   coroutines = {}
   for where in (f'{os.sep}site-packages{os.sep}orbax{os.sep}serialization.py', 'mine.py'):
     namespace = {}

@@ -54,6 +54,7 @@ from relpos.files import (
   write_atomically,
 )
 from relpos.messages import warn
+from relpos.signals import PreemptedError
 from relpos.studies import breakdown, sweep_grid, sweep_tables
 from relpos.training import (
   data_record,
@@ -64,7 +65,6 @@ from relpos.training import (
   workdir_lock,
   workdir_setup,
 )
-from relpos.training.preemption import PreemptedError
 
 # The fields a sweep cannot vary, and why: what its runs share by construction, so that a
 # value of one would not be a run of this sweep (its table, its metric, its seed axis).

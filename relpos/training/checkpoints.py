@@ -49,7 +49,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from relpos import runtime
+from relpos import signals
 from relpos.faults import (
   NO_CHECKPOINT_YET,
   NO_EARLIER_CHECKPOINT,
@@ -161,7 +161,7 @@ _FILTER = _OrbaxErrors()
 
 def _orbax_leftover(unraisable) -> bool:
   """Whether an unraisable exception is what orbax's abandoned asynchronous work raises when it
-  is collected, which a sys.unraisablehook layer drops (`runtime.take_unraisable`): "RuntimeError:
+  is collected, which a sys.unraisablehook layer drops (`signals.take_unraisable`): "RuntimeError:
   Event loop is closed" (tensorstore finishing the writes of a failed save after orbax closed
   the event loop that awaited them), and the error of an orbax coroutine closed half way
   ("Exception ignored in: <coroutine object _read_array_index_and_device_put>": the other reads
@@ -223,7 +223,7 @@ class Checkpoints:
     for logger in ('absl', 'asyncio'):
       std_logging.getLogger(logger).addFilter(_FILTER)  # once: a logger's filters are a set
     _FILTER.directories.add(str(self.directory))
-    runtime.take_unraisable('quiet_closed_loops', _orbax_leftover)
+    signals.take_unraisable('quiet_closed_loops', _orbax_leftover)
     self._pending = None  # the step of a save whose commit nobody has checked yet
     self._writer = writer
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=writer)

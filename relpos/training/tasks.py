@@ -19,12 +19,12 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from relpos import flag_types, runtime
+from relpos import flag_types
 from relpos.config import checks, declaration, fields, importable_beside
 from relpos.faults import FILESYSTEM_EXIT_CODE, RunFaultError, exception_chain
 from relpos.files import dangling_link
 from relpos.messages import duration
-from relpos.training.preemption import PreemptedError
+from relpos.signals import PreemptedError, finish_quietly, stop_at_signals
 from relpos.training.run_config import TaskMismatchError, check_output_dir
 from relpos.training.task_base import Task
 from relpos.training.workdir_setup import stopped_evaluation
@@ -712,7 +712,7 @@ def run_main(main) -> None:
   launchers' manners: flags parsed by `parse_flags` (a config file, field or value that is wrong
   is one line), a stray argument one line (every option is a flag), absl logging at WARNING
   (`quiet_logging`), and a `USER_ERRORS` exception from `main` one `error:` line with exit
-  status 1, not a traceback (Ctrl-C and SIGTERM: `relpos.runtime.stop_at_ctrl_c_or_sigterm`);
+  status 1, not a traceback (Ctrl-C and SIGTERM: `relpos.signals.stop_at_ctrl_c_or_sigterm`);
   a `FAULTS` one is its line and status (`exit_for_fault`: a run that trains there now, before
   its first checkpoint, is 75)."""
 
@@ -752,10 +752,10 @@ def launch(action: str):
   traceback unless --traceback is given; SIGTERM or a first Ctrl-C during training saves a
   checkpoint and exits with 128 + the signal's number (`PreemptedError.exit_code`); during
   the evaluation (train.py's after training, eval.py's) either ends it at once with one line
-  saying what is kept and how to score the run (`relpos.runtime.stop_at_signals`); either
-  elsewhere ends it at once in one line (`relpos.runtime.stop_at_ctrl_c_or_sigterm`), but for
+  saying what is kept and how to score the run (`relpos.signals.stop_at_signals`); either
+  elsewhere ends it at once in one line (`relpos.signals.stop_at_ctrl_c_or_sigterm`), but for
   after the result is written: printing it and exiting, where a signal ends nothing that is
-  not done (`relpos.runtime.finish_quietly`: SIGTERM is ignored, Ctrl-C exits 0). With
+  not done (`relpos.signals.finish_quietly`: SIGTERM is ignored, Ctrl-C exits 0). With
   --distributed, every process runs the same command (its own --process_id) and
   jax.distributed is initialised before anything touches a device.
   """
@@ -792,13 +792,11 @@ def launch(action: str):
       if action == 'evaluate':  # before anything is read: nothing there it would destroy
         check_output_dir(kwargs['output_dir'], workdir.value)
         # Its line is told as the signal comes, from what is on disk then.
-        signals = runtime.stop_at_signals(
-          stopped_evaluation(Path(kwargs['output_dir'] or workdir.value))
-        )
+        signals = stop_at_signals(stopped_evaluation(Path(kwargs['output_dir'] or workdir.value)))
       task = get(config.value)
       with signals:
         result = getattr(task, action)(config.value, workdir.value, **kwargs)
-      runtime.finish_quietly()  # written (or kept): a signal now fails nothing (its docstring)
+      finish_quietly()  # written (or kept): a signal now fails nothing (its docstring)
     except PreemptedError as stopped:
       print(stopped, file=sys.stderr)
       sys.exit(stopped.exit_code)

@@ -124,7 +124,7 @@ def leave_no_trace(workdir: Path, made: list[Path]) -> None:
 
 
 def stopped_evaluation(output_dir, unscored: str | None = None) -> Callable[[], str]:
-  """eval.py's words after `error: stopped by <signal>` (`runtime.stop_at_signals`, which ends
+  """eval.py's words after `error: stopped by <signal>` (`signals.stop_at_signals`, which ends
   the program at once: no `except` or `finally` runs after the signal), told when the signal
   comes from what is on disk then, not from how far the program got: SIGTERM in the instant
   after `write_atomically` renamed eval_results.json into `output_dir` said 'no
