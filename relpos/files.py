@@ -30,7 +30,7 @@ def write_atomically(path, content: str | bytes) -> None:
 
   An OSError of the write names `path` as its filename: a full disk's ENOSPC from the write
   itself names no file at all, and one from opening the temporary file names that, which the
-  callers' fault lines (`relpos.training.checkpoints.filesystem_fault`) would show, or, naming
+  callers' fault lines (`relpos.faults.filesystem_fault`) would show, or, naming
   no file, not tell from a data file's error. Removing the temporary file afterwards may fail
   too: on a read-only filesystem even unlinking a file that is not there is EROFS (the kernel
   refuses the write before it looks the name up), naming the temporary file; that error would

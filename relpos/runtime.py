@@ -62,27 +62,21 @@ already decides.
   in memory only), or, with no local compilation cache, `autotune.json` in `cache_root`
   (`autotune_cache_path`).
 - **Ctrl-C and SIGTERM** end the program at once with one line and exit status 130 or 143
-  (`stop_at_ctrl_c_or_sigterm`), from its first moment: no KeyboardInterrupt traceback through
-  JAX's imports, none that Python swallows in a callback, and no silent end on SIGTERM.
-  Training takes both over while it runs, to save first (while it starts, with nothing to
-  save yet, it ends the program at once too); work a signal cannot save (an evaluation) says
-  what is kept (`stop_at_signals`). A long call into C++ would hold the handlers back until it
-  returns: one that releases the GIL runs in a worker thread (`call_taking_signals`).
+  (`relpos.signals.stop_at_ctrl_c_or_sigterm`), from its first moment: no KeyboardInterrupt
+  traceback through JAX's imports, none that Python swallows in a callback, and no silent end
+  on SIGTERM. `relpos.signals` holds the rest of what a signal does (training saves first, an
+  evaluation says what is kept).
 """
 
-import _thread
-import contextlib
 import errno
 import os
 import re
 import shlex
-import signal
 import sys
-import threading
 import warnings
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+
+from relpos import signals
 
 # glibc malloc tunables relpos adds on a Linux CPU (module docstring; docs/performance-cpu.md
 # measures them).
@@ -330,280 +324,14 @@ def say_cache_faults_once() -> None:
   warnings.showwarning = showwarning
 
 
-# How the signals a program is stopped by are named in its one line.
-_SIGNAL_NAMES = {signal.SIGINT: 'Ctrl-C', signal.SIGTERM: 'SIGTERM'}
-
-
-def stop_now(signum: int, context: str = '') -> None:
-  """Ends the program at once on signal `signum`: one line, `error: stopped by <signal>`
-  followed by `context` (what the program was doing and what is left to do), exit status
-  128 + `signum`. It leaves the process by `os._exit`, from the signal's handler: no
-  exception, which Python would swallow where it lands in a garbage-collection callback (JAX
-  runs one at every collection), and no clean-up of Python's (buffers not flushed, `finally`
-  blocks not run, threads not joined), so what it leaves on disk is what a killed process
-  leaves, which relpos's writes are made to survive (each file written whole or not at all,
-  checkpoints renamed into place once complete).
-
-  In an interactive session (`in_interactive_session`: a notebook's kernel, a Python prompt)
-  Ctrl-C raises KeyboardInterrupt after the line instead: there the process is the user's
-  session, with its state, and an interrupt that ended it (a notebook's kernel dying at a
-  second interrupt of a training cell, or at the first during its start-up) would lose more
-  than the run. Where the signal landed in a garbage-collection or weakref callback, which
-  would swallow it (the run then trained on to its end, in 2 of 7 tries, after the line said
-  it stopped), the interrupt is delivered again 50 ms later, until it lands elsewhere
-  (`_redeliver_swallowed`). SIGTERM ends the process there too (a kernel's shutdown sends
-  it)."""
-  global _redelivering
-  interrupt = signum == signal.SIGINT and in_interactive_session()
-  if not (interrupt and _redelivering):  # a redelivered interrupt (below) is told already
-    for stream in (sys.stdout, sys.stderr):
-      try:
-        stream.flush()
-      except Exception:  # noqa: BLE001, S110 (a flush the signal interrupted: exiting anyway)
-        pass
-    os.write(2, f'\nerror: stopped by {_SIGNAL_NAMES[signum]}{context}\n'.encode())
-  if not interrupt:
-    os._exit(128 + signum)
-    return  # (never reached but where a test stands in for os._exit)
-  _redelivering = False
-  take_unraisable('redelivers_interrupts', _redeliver_swallowed)
-  raise KeyboardInterrupt
-
-
-# Whether `stop_now`'s interactive KeyboardInterrupt was swallowed and is being delivered again
-# (its line is out).
-_redelivering = False
-_REDELIVER_SECONDS = 0.05
-
-
-def _redeliver_swallowed(unraisable) -> bool:
-  """Takes (True) a KeyboardInterrupt of `stop_now`'s that Python swallowed, and delivers it
-  again 50 ms later (`_thread.interrupt_main`): one raised where the signal's handler had
-  interrupted a garbage-collection callback (JAX's `_xla_gc_callback`), a weakref callback or a
-  `__del__`, whose exceptions Python reports as "Exception ignored in" and drops. Anything
-  else is not taken (`take_unraisable`)."""
-  global _redelivering
-  trace = unraisable.exc_traceback
-  while trace is not None and trace.tb_next is not None:
-    trace = trace.tb_next
-  raised_here = trace is not None and trace.tb_frame.f_code is stop_now.__code__
-  if not (isinstance(unraisable.exc_value, KeyboardInterrupt) and raised_here):
-    return False
-  _redelivering = True
-  threading.Timer(_REDELIVER_SECONDS, _thread.interrupt_main, (signal.SIGINT,)).start()
-  return True
-
-
-def take_unraisable(name: str, takes: Callable[[Any], bool]) -> None:
-  """Puts `unraisable_layer(takes, ...)` on sys.unraisablehook, once per `name`: a layer is
-  told by its name among the flags of the hook on top, which carries those of every layer
-  below it, so a layer put on again after another one (relpos's layers, a test's) is not
-  stacked twice."""
-  if not getattr(sys.unraisablehook, name, False):
-    sys.unraisablehook = unraisable_layer(takes, sys.unraisablehook, name)
-
-
-def unraisable_layer(takes: Callable[[Any], bool], below: Callable, name: str = '') -> Callable:
-  """A sys.unraisablehook that hands each unraisable exception (what Python reports as
-  "Exception ignored in ...") to `takes`, and on to `below` where `takes` does not take it
-  (returns False); flagged `name` (True), with the flags of `below` (`take_unraisable`)."""
-
-  def hook(unraisable):
-    if not takes(unraisable):
-      below(unraisable)
-
-  hook.__dict__.update(getattr(below, '__dict__', {}))
-  if name:
-    setattr(hook, name, True)
-  return hook
-
-
-def in_interactive_session() -> bool:
-  """Whether this Python is a user's interactive session: an IPython shell or Jupyter kernel
-  (one is running, not merely imported), the prompt, or `python -i`."""
-  ipython = sys.modules.get('IPython')
-  if ipython is not None and getattr(ipython, 'get_ipython', lambda: None)() is not None:
-    return True
-  return hasattr(sys, 'ps1') or bool(sys.flags.interactive)
-
-
-def _stop_at_signal(signum, frame) -> None:
-  del frame
-  if not _held_back(signum):
-    stop_now(signum)
-
-
-# The signals taken while `holding_signals` holds them back (None: not holding).
-_held: list[int] | None = None
-
-
-def _held_back(signum: int) -> bool:
-  """Whether `signum` is held back (`holding_signals`), noted to be delivered again after."""
-  if _held is None:
-    return False
-  _held.append(signum)
-  return True
-
-
-@contextlib.contextmanager
-def holding_signals() -> Iterator[None]:
-  """While active, SIGTERM and Ctrl-C, where their handler would end the program at once
-  (`stop_at_signals`, `stop_at_ctrl_c_or_sigterm`), are held back, and the first is delivered
-  again as the block ends (`signal.raise_signal`), to the handler installed then: for a few
-  writes that must land together (eval.py's translations and its eval_results.json,
-  `relpos.training.task_base.Task.evaluate`), so that a signal ends the program before them
-  or after them, never between, and its line (told when the handler runs, from the disk:
-  `relpos.training.workdir_setup.stopped_evaluation`) says which. Only for writes of a moment:
-  a signal waits for the whole block. Training's handler (`PreemptionSignal`, which only notes
-  the signal) is not held back; outside the main thread, and inside another such block,
-  nothing changes."""
-  global _held
-  if _held is not None or threading.current_thread() is not threading.main_thread():
-    yield
-    return
-  _held = []
-  try:
-    yield
-  finally:
-    held, _held = _held, None
-    if held:
-      signal.raise_signal(held[0])
-
-
-def finish_quietly() -> None:
-  """Makes the rest of the program immune to SIGTERM and Ctrl-C turning it into a failure: for
-  a launcher whose result is on disk and about to be printed (train.py, eval.py), where a
-  signal could only cut short its exit (JAX's teardown, a second or less) and, with
-  `error: stopped by SIGTERM` and exit status 143, call a finished evaluation failed. Ending
-  `stop_at_signals` alone does not do that: it hands the signals back to the launcher's
-  handler, `stop_at_ctrl_c_or_sigterm`'s, which is that line. SIGTERM (a scheduler's notice)
-  is ignored from here on; a Python handler would not do, for Python hands every signal it
-  handles back to its default action (the process killed, exit 143 with no line at all)
-  before it frees its modules, the last 0.2 s of an exit (measured: a plain JAX program, after
-  its last atexit call). Ctrl-C (a person's) ends the program at once with exit status 0,
-  after flushing what was printed (in those last 0.2 s, as Python's default: exit 130, no
-  line), so that a person may still stop an exit that hangs (a multi-process run waiting on a
-  peer in JAX's shutdown); a scheduler that must stop one sends SIGKILL after its grace
-  period. A signal ignored stays ignored; outside the main thread nothing changes."""
-  if threading.current_thread() is not threading.main_thread():
-    return
-  for signum, handler in ((signal.SIGTERM, signal.SIG_IGN), (signal.SIGINT, _finished)):
-    if signal.getsignal(signum) is not signal.SIG_IGN:
-      signal.signal(signum, handler)
-
-
-def _finished(signum, frame) -> None:
-  """`finish_quietly`'s Ctrl-C: the program's work is done, so it ends at once with status 0."""
-  del signum, frame
-  for stream in (sys.stdout, sys.stderr):
-    with contextlib.suppress(Exception):  # a flush the signal interrupted: exiting anyway
-      stream.flush()
-  os._exit(0)
-
-
-@contextlib.contextmanager
-def stop_at_signals(context: str | Callable[[], str]) -> Iterator[None]:
-  """While active, SIGTERM and Ctrl-C end the program at once as `stop_at_ctrl_c_or_sigterm`
-  does, with `context` after `error: stopped by <signal>` (' during the final evaluation:
-  ...'), exit status 128 + the signal's number: for work that a signal cannot save, whose line
-  says what is kept and how to finish it (train.py's evaluation after training, eval.py).
-  `context` may be a function that returns the text when the signal comes, for a line true to
-  what is on disk then (eval.py's: `relpos.training.workdir_setup.stopped_evaluation`, which
-  may also tidy what the work made and left empty); it runs in the handler, so it must not
-  raise. The handlers before it are back on exit; a signal ignored (nohup, a background job)
-  stays ignored; outside the main thread nothing changes."""
-  if threading.current_thread() is not threading.main_thread():
-    yield
-    return
-
-  def stop(signum, frame):
-    del frame
-    if not _held_back(signum):
-      stop_now(signum, context() if callable(context) else context)
-
-  previous = {
-    signum: signal.signal(signum, stop)
-    for signum in _SIGNAL_NAMES
-    if signal.getsignal(signum) is not signal.SIG_IGN
-  }
-  try:
-    yield
-  finally:
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
-
-
-_SIGNAL_POLL_S = 0.05
-"""The longest a signal that another thread took waits for its handler while the main thread
-waits for a `call_in_thread`."""
-
-
-def call_in_thread(function: Callable, /, *args, **kwargs):
-  """`function(*args, **kwargs)` run in a new thread while this one waits for it; the
-  worker's exception is raised here. Two uses: a call outside any JAX trace of this thread
-  (the autotuner times kernels while a model is traced), and a long call into C++ during which
-  signals must still be taken (`call_taking_signals`). The wait is short joins, not one: the
-  kernel may hand a process's signal to any of its threads, and one that another thread took
-  only marks Python's handler due, which a main thread blocked in one join would not see until
-  the worker ended (measured: a signal sent to another thread ran its handler 1.2 s late, when
-  SentencePiece's training returned); between joins it runs within `_SIGNAL_POLL_S`. A handler
-  that ends the program (`stop_now`) ends the worker with it; one that raises (Python's own
-  KeyboardInterrupt) raises here and leaves the worker to finish alone, a daemon thread."""
-  outcome = {}
-
-  def work():
-    try:
-      outcome['result'] = function(*args, **kwargs)
-    except BaseException as error:  # noqa: BLE001 (raised in the waiting thread below)
-      outcome['error'] = error
-
-  worker = threading.Thread(target=work, name=getattr(function, '__name__', 'work'), daemon=True)
-  worker.start()
-  while worker.is_alive():
-    worker.join(_SIGNAL_POLL_S)  # a signal to this thread interrupts the wait at once
-  if 'error' in outcome:
-    raise outcome['error']
-  return outcome['result']
-
-
-def call_taking_signals(function: Callable, /, *args, **kwargs):
-  """`function(*args, **kwargs)`, run in a worker thread while this (the main) thread waits
-  for it, so that a signal's handler runs as the signal comes (`call_in_thread`). Python runs
-  handlers in the main thread between its bytecodes: one long call into C++ holds them back
-  until it returns (SentencePiece's training: a minute and more, during which Ctrl-C or SIGTERM
-  went unheard), while one in another thread that releases the GIL, as SentencePiece's does,
-  lets the main thread take them (checked: tests/test_runtime.py). Outside the main thread,
-  `function` just runs."""
-  if threading.current_thread() is not threading.main_thread():
-    return function(*args, **kwargs)
-  return call_in_thread(function, *args, **kwargs)
-
-
-def stop_at_ctrl_c_or_sigterm() -> None:
-  """Makes Ctrl-C and SIGTERM end this program at once with one line, `error: stopped by
-  Ctrl-C` (exit status 130) or `error: stopped by SIGTERM` (143), the line `stop_at_signals`
-  gives with its context. Without it a KeyboardInterrupt, raised wherever the program happens
-  to be, prints a traceback through JAX's imports or kernels, and inside a garbage-collection
-  callback Python ignores it ("Exception ignored in: ...") and the program runs on; and
-  SIGTERM ends it with no line at all (the tools, a benchmark). A program that must save
-  something on a signal takes both over while it can (training:
-  `relpos.training.preemption.PreemptionSignal`) and hands them back. An ignored signal
-  (nohup, a shell's background job) stays ignored; outside the main thread nothing changes."""
-  if threading.current_thread() is not threading.main_thread():
-    return
-  for signum in _SIGNAL_NAMES:
-    if signal.getsignal(signum) is not signal.SIG_IGN:
-      signal.signal(signum, _stop_at_signal)
-
-
 def apply_defaults() -> None:
   """Sets the device and compilation cache variables, then re-executes this program with the
   fast allocator if it lacks it (the process keeps its pid), with one log line naming what it
-  applied, and makes Ctrl-C and SIGTERM one line (`stop_at_ctrl_c_or_sigterm`, first:
+  applied, and makes Ctrl-C and SIGTERM one line (`signals.stop_at_ctrl_c_or_sigterm`, first:
   start-up is when Ctrl-C is most often pressed). Call it before importing JAX; a bad RELPOS_*
   value ends the program with one line. JAX's warnings about its compilation cache are one
   line (`say_cache_faults_once`)."""
-  stop_at_ctrl_c_or_sigterm()
+  signals.stop_at_ctrl_c_or_sigterm()
   say_cache_faults_once()
   try:
     devices = devices_environment(os.environ)

@@ -64,13 +64,13 @@ def _signal_handlers_are_per_test():
   """Each test starts with Ctrl-C as a foreground program has it, and SIGINT's and SIGTERM's
   handlers as they were are back after it. A shell starts a background job (`cmd &`, a CI
   runner's detached step) with SIGINT ignored, and relpos leaves an ignored signal ignored
-  (nohup's contract: `relpos.runtime`), so every test of Ctrl-C failed there ('DID NOT
+  (nohup's contract: `relpos.signals`), so every test of Ctrl-C failed there ('DID NOT
   RAISE', six tests in a suite run as `(... pytest &)`). A launcher run in-process ends with
-  `relpos.runtime.finish_quietly`, which changes both handlers for the rest of the process,
-  and `runtime.holding_signals`' held signals are reset too."""
+  `relpos.signals.finish_quietly`, which changes both handlers for the rest of the process,
+  and `signals.holding_signals`' held signals are reset too."""
   import signal
 
-  from relpos import runtime
+  from relpos import signals
 
   handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
   if handlers[signal.SIGINT] is signal.SIG_IGN:
@@ -78,7 +78,7 @@ def _signal_handlers_are_per_test():
   yield
   for signum, handler in handlers.items():
     signal.signal(signum, handler)
-  runtime._held = None  # none held outside its block
+  signals._held = None  # none held outside its block
 
 
 @pytest.fixture(autouse=True)

@@ -36,12 +36,13 @@ from helpers import (
 )
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
+from relpos.faults import FILESYSTEM_EXIT_CODE, FilesystemFaultError
 from relpos.studies import plot, shaw_tables, sweep_tables
 from relpos.tools import sample, translate
 from relpos.training import char_lm_task as char_lm
 from relpos.training import restore, task_base, tasks
 from relpos.training import translation_task as translate_task
-from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE, TMP_MARKER, finished_steps
+from relpos.training.checkpoints import TMP_MARKER, finished_steps
 from relpos.training.device_memory import OUT_OF_MEMORY_EXIT_CODE
 from relpos.training.run_config import TaskMismatchError, read_config
 
@@ -984,7 +985,7 @@ def test_an_evaluation_takes_the_write_faults_train_py_takes(text_file, straight
   """The evaluation had a rule of its own of which OSErrors are its exit-74 line: one naming a
   file under its output directory. A full disk met where the error names no file (a buffered
   write flushed at its close, a scratch file) was reported as it was, a traceback, where
-  train.py's workdir, by `checkpoints.is_write_fault`, gives the line; the evaluation now asks
+  train.py's workdir, by `relpos.faults.is_write_fault`, gives the line; the evaluation now asks
   that rule. A data file's error is still reported as it is."""
 
   def score(config, workdir, output_dir=None):
@@ -1457,11 +1458,11 @@ def test_what_a_failed_restore_leaves_is_kept_off_stderr(tmp_path):
   dropped; the same from elsewhere is not."""
   import logging as std_logging
 
-  from relpos import runtime
+  from relpos import signals
   from relpos.training import checkpoints as checkpoints_lib
 
   passed_on = []
-  hook = runtime.unraisable_layer(checkpoints_lib._orbax_leftover, passed_on.append)
+  hook = signals.unraisable_layer(checkpoints_lib._orbax_leftover, passed_on.append)
   coroutines = {}
   for where in (f'{os.sep}site-packages{os.sep}orbax{os.sep}serialization.py', 'mine.py'):
     namespace = {}
@@ -1508,7 +1509,7 @@ def test_a_checkpoint_evicted_as_a_reader_lists_them_is_listed_again(two_checkpo
   assert reader.all_steps() == [2, 4] and len(calls) == 2
   reader.close()
   calls.clear()
-  with pytest.raises(checkpoints_lib.FilesystemFaultError, match='cannot open the checkpoints'):
+  with pytest.raises(FilesystemFaultError, match='cannot open the checkpoints'):
     checkpoints_lib.Checkpoints(workdir, writer=True)
 
 
@@ -1532,3 +1533,63 @@ def test_out_of_memory_offers_no_field_a_resume_cannot_change():
   assert fresh.endswith('or a smaller model (config.model sizes or tables)')
   config.train.mem_len = 0
   assert char_lm.TASK.resume_shapes(config)[0] == ()
+
+
+def test_a_figure_on_a_missing_directory_is_its_fault_line_without_importing_jax(tmp_path):
+  """A study's figure whose --out could not be written imported orbax and JAX (seconds, and a
+  GPU's start) only to word the fault: the diagnosis lived in the checkpoints' module. It is
+  in `relpos.faults` now, which imports the standard library alone."""
+  code = (
+    'import sys\n'
+    'from relpos.studies import figures\n'
+    'figure, _ = figures.subplots()\n'
+    'try:\n'
+    f'  figures.save(figure, {str(tmp_path / "missing" / "f.png")!r}, flag="--out")\n'
+    'except Exception as fault:\n'  # a FilesystemFaultError
+    '  print(fault)\n'
+    "print('jax' in sys.modules)\n"
+  )
+  done = subprocess.run(
+    [sys.executable, '-c', code], capture_output=True, text=True, timeout=120, cwd=REPO
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  line, imported = done.stdout.splitlines()
+  assert line.startswith('cannot write --out=') and 'make that directory' in line, line
+  assert imported == 'False'
+
+
+def _looped() -> tuple[Exception, Exception]:
+  """Two exceptions each of which is the other's cause or context: raising one again while
+  handling the other (a retry that re-raises the first error) closes such a loop."""
+  first, second = ValueError('first'), RuntimeError('second')
+  first.__cause__, second.__context__ = second, first
+  return first, second
+
+
+def test_a_looped_exception_chain_is_walked_once():
+  """`tasks._chain` (the config file's root cause and its frames) followed an exception's
+  cause or context with no guard: a chain that loops never ended it. `exception_chain` is the
+  one walk (`error_errno`, the checkpoints' `_read_cause`, the config file's errors), each
+  exception once, the cause before the context, and along causes alone where asked."""
+  from relpos.faults import error_errno, exception_chain
+  from relpos.training.checkpoints import _read_cause
+
+  first, second = _looped()
+  assert exception_chain(first) == [first, second]
+  assert exception_chain(second) == [second, first]
+  assert exception_chain(second, context=False) == [second]
+  assert tasks._root_cause(first) is second
+  assert tasks._last_frame_in(first, __file__) is None
+  assert error_errno(first) is None
+  assert _read_cause(first) == 'second'
+
+  caused = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+  handled = KeyError('handled')
+  wrapper = RuntimeError('wrapper')
+  wrapper.__cause__, wrapper.__context__ = caused, handled
+  assert exception_chain(wrapper) == [wrapper, caused]  # the cause, not the context
+  assert error_errno(wrapper) == errno.ENOSPC
+  handled.__context__ = wrapper
+  assert exception_chain(handled) == [handled, wrapper, caused]
+  assert exception_chain(handled, context=False) == [handled]
+  assert _read_cause(handled) == 'handled'

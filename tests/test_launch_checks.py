@@ -511,12 +511,12 @@ def test_train_py_and_the_sweep_take_the_same_oserrors_for_write_faults(tmp_path
   which OSErrors are the exit-74 line of a write into their directory, and they differed: a
   full disk met writing outside it, and a read-only filesystem whose error names a file
   outside it or none, were train.py's fault line and, for the sweep, reported as they were (an
-  OSError traceback). One rule now (`checkpoints.is_write_fault`, an evaluation's too); the one
+  OSError traceback). One rule now (`relpos.faults.is_write_fault`, an evaluation's too); the one
   difference left is deliberate: an error of a file under the sweep's root that is not an
   unwritable one (a missing file) may be a read of its runs' files, so the sweep reports it as
   it is."""
+  from relpos.faults import error_path, is_write_fault
   from relpos.studies import sweep
-  from relpos.training.checkpoints import error_path, is_write_fault
 
   root = tmp_path / 'root'
   root.mkdir()

@@ -17,16 +17,16 @@ import pytest
 from flax import nnx
 
 from relpos import flops as flops_lib
-from relpos import runtime
+from relpos import signals
 from relpos.config import checks, fields
 from relpos.config.fields import field, section, subsection
 from relpos.config.shared import EvalConfig, OptimConfig, RunFields, TrainConfig
+from relpos.signals import PreemptedError
 from relpos.training import finished_run, loop, restore, task_base, workdir_setup
 from relpos.training import mesh as mesh_lib
 from relpos.training import progress as loop_progress
 from relpos.training import train_step as step_lib
 from relpos.training.checkpoints import Checkpoints
-from relpos.training.preemption import PreemptedError
 
 _TRUE_WEIGHTS = np.array([[1.5], [-2.0], [0.5]], np.float32)
 
@@ -333,7 +333,7 @@ def test_sigterm_saves_the_reached_step_and_stops(tmp_path, monkeypatch):
 def test_ctrl_c_saves_and_stops_and_a_second_stops_at_once(tmp_path, monkeypatch, capfd, presses):
   """Ctrl-C once: as SIGTERM (a checkpoint at the step reached, then stop), exit 130, with a
   line saying so as it is pressed. Twice: stop at once, one line naming the last good
-  checkpoint (none here), exit 130 (`runtime.stop_now`: its KeyboardInterrupt could land in a
+  checkpoint (none here), exit 130 (`signals.stop_now`: its KeyboardInterrupt could land in a
   garbage-collection callback, which swallowed it: tests/test_preemption.py); the handlers
   are the test session's again after."""
   before = signal.getsignal(signal.SIGINT)
@@ -742,7 +742,7 @@ def test_a_signal_during_the_final_evaluation_says_the_run_is_trained_but_not_sc
 def _stopped_at_exit(monkeypatch, watched):
   """Makes os._exit raise `_ExitError` (with the status) instead of ending the test session,
   after noting whether each of `watched` exists at that moment: what the program, which
-  `runtime.stop_at_signals` ends at once, leaves on disk (`evaluate`'s own clean-up of a
+  `signals.stop_at_signals` ends at once, leaves on disk (`evaluate`'s own clean-up of a
   refusal runs only as the test's error unwinds it, after)."""
   left = {}
 
@@ -771,7 +771,7 @@ def test_a_signal_as_eval_results_json_lands_says_it_is_written(tmp_path, monkey
   left = _stopped_at_exit(monkeypatch, [output_dir / 'eval_results.json'])
   capfd.readouterr()
   with pytest.raises(_ExitError) as stopped:
-    with runtime.stop_at_signals(workdir_setup.stopped_evaluation(output_dir)):
+    with signals.stop_at_signals(workdir_setup.stopped_evaluation(output_dir)):
       TASK.evaluate(_config(), workdir, output_dir=output_dir)
   assert stopped.value.args == (143,)
   assert capfd.readouterr().err.splitlines()[-1] == (
@@ -807,7 +807,7 @@ def test_a_signal_before_eval_py_writes_leaves_no_output_dir_it_made(
   left = _stopped_at_exit(monkeypatch, [output_dir, output_dir.parent])
   capfd.readouterr()
   with pytest.raises(_ExitError) as stopped:
-    with runtime.stop_at_signals(workdir_setup.stopped_evaluation(output_dir)):
+    with signals.stop_at_signals(workdir_setup.stopped_evaluation(output_dir)):
       TASK.evaluate(_config(), workdir, output_dir=output_dir)
   assert stopped.value.args == (143,)
   there = {

@@ -12,8 +12,8 @@ import pytest
 from absl import flags
 from helpers import call_absl_main
 
+from relpos.faults import FilesystemFaultError
 from relpos.studies import figures, plot, shaw_tables
-from relpos.training.checkpoints import FilesystemFaultError
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -198,7 +198,7 @@ def test_sigterm_after_eval_py_printed_its_result_fails_nothing(text_file, six_s
   """SIGTERM to eval.py right after it wrote eval_results.json and printed its result lines
   turned the finished evaluation into `error: stopped by SIGTERM`, exit 143 (late in its exit,
   with no line at all). Now a signal after the result is written changes nothing: the exit
-  status is 0 (`runtime.finish_quietly`)."""
+  status is 0 (`signals.finish_quietly`)."""
   workdir = tmp_path / 'run'
   shutil.copytree(six_steps, workdir)
   process = subprocess.Popen(
@@ -363,12 +363,12 @@ def test_a_second_ctrl_c_in_a_garbage_collection_callback_still_stops_at_once():
   """Pressed twice at real data sizes, the second Ctrl-C raised KeyboardInterrupt inside
   JAX's garbage-collection callback, where Python prints "Exception ignored in: <function
   _xla_gc_callback>" and its traceback, and goes on: the run trained on to its next step.
-  `PreemptionSignal` now ends the process itself (`runtime.stop_now`), wherever the press
+  `PreemptionSignal` now ends the process itself (`signals.stop_now`), wherever the press
   lands: one line, exit 130."""
   program = textwrap.dedent(
     """\
     import gc, os, signal
-    from relpos.training.preemption import PreemptionSignal
+    from relpos.signals import PreemptionSignal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # as at a terminal, not a background job
     with PreemptionSignal() as preemption:

@@ -1,4 +1,5 @@
-"""relpos.runtime: the allocator re-execution and the compilation cache variables."""
+"""relpos.runtime: the allocator re-execution and the compilation cache variables; and
+relpos.signals, what SIGTERM and Ctrl-C do in a program."""
 
 import os
 import signal
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from relpos import runtime
+from relpos import runtime, signals
 from relpos.data import tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -354,12 +355,46 @@ def test_stop_at_signals_ends_at_once_with_its_line_and_hands_the_handlers_back(
   monkeypatch.setattr(os, '_exit', exit_now)
   before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
   for signum, named in ((signal.SIGTERM, 'SIGTERM'), (signal.SIGINT, 'Ctrl-C')):
-    with pytest.raises(ExitError) as stopped, runtime.stop_at_signals(' while scoring: rerun'):
+    with pytest.raises(ExitError) as stopped, signals.stop_at_signals(' while scoring: rerun'):
       os.kill(os.getpid(), signum)
       signal.pthread_sigmask(signal.SIG_BLOCK, [])  # a bytecode boundary for the handler
     assert stopped.value.args == (128 + signum,)
     assert capfd.readouterr().err == f'\nerror: stopped by {named} while scoring: rerun\n'
   assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_every_handler_of_ctrl_c_and_sigterm_is_installed_by_one_rule():
+  """Four places installed Ctrl-C's and SIGTERM's handlers (training's `PreemptionSignal`,
+  `stop_at_signals`, `stop_at_ctrl_c_or_sigterm`, `finish_quietly`), each with its own copy of
+  the rule, and two tables named the signals. One rule now (`signals.take_signals`, and
+  `signals.handling` for a block): in the main thread only, an ignored signal left ignored,
+  the handlers before back after a block; the names come from one table."""
+
+  def handler(signum, frame):
+    del signum, frame
+
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)  # nohup's (the fixture restores it)
+  before = signal.getsignal(signal.SIGINT)
+  with signals.handling(handler):
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    with signals.PreemptionSignal() as preemption:
+      assert signal.getsignal(signal.SIGINT) == preemption._handle
+    assert signal.getsignal(signal.SIGINT) is handler
+  assert signal.getsignal(signal.SIGINT) is before
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+  signals.finish_quietly()
+  assert signal.getsignal(signal.SIGINT) is signals._finished
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+  threads = []
+  thread = threading.Thread(
+    target=lambda: threads.append(signals.take_signals({signal.SIGINT: handler}))
+  )
+  thread.start()
+  thread.join()
+  assert threads == [{}] and signal.getsignal(signal.SIGINT) is signals._finished
+  assert str(signals.PreemptedError.saved(2, 'c', signal.SIGINT)).startswith('Ctrl-C (SIGINT) at')
+  assert str(signals.PreemptedError.saved(2, 'c', signal.SIGTERM)).startswith('SIGTERM at')
 
 
 def test_a_signal_while_signals_are_held_ends_the_program_after_the_block(
@@ -378,8 +413,8 @@ def test_a_signal_while_signals_are_held_ends_the_program_after_the_block(
   monkeypatch.setattr(os, '_exit', exit_now)
   written = tmp_path / 'written'
   with pytest.raises(ExitError) as stopped:
-    with runtime.stop_at_signals(lambda: f': {sorted(p.name for p in tmp_path.iterdir())}'):
-      with runtime.holding_signals():
+    with signals.stop_at_signals(lambda: f': {sorted(p.name for p in tmp_path.iterdir())}'):
+      with signals.holding_signals():
         (tmp_path / 'first').write_text('')
         os.kill(os.getpid(), signal.SIGTERM)
         signal.pthread_sigmask(signal.SIG_BLOCK, [])  # a bytecode boundary for the handler
@@ -392,8 +427,8 @@ def test_a_signal_while_signals_are_held_ends_the_program_after_the_block(
 _FINISHED = """
 import atexit, os, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_DFL)  # as at a terminal, not a background job
-from relpos import runtime
-runtime.stop_at_ctrl_c_or_sigterm()
+from relpos import signals
+signals.stop_at_ctrl_c_or_sigterm()
 {finish}
 print('bpc=1.0', flush=True)
 atexit.register(os.kill, os.getpid(), signal.SIGTERM)  # as the interpreter exits
@@ -410,7 +445,7 @@ def test_a_signal_after_the_result_is_printed_fails_nothing(signum):
   is written the launchers call `finish_quietly`: SIGTERM is ignored to the end of the exit,
   and Ctrl-C ends the program at once with status 0."""
   done = subprocess.run(
-    [sys.executable, '-c', _FINISHED.format(finish='runtime.finish_quietly()', signal=signum)],
+    [sys.executable, '-c', _FINISHED.format(finish='signals.finish_quietly()', signal=signum)],
     capture_output=True,
     text=True,
     timeout=60,
@@ -432,7 +467,7 @@ def _signal_the_calling_thread():
 def test_a_signal_is_taken_while_sentencepiece_trains_a_vocabulary(send):
   """SentencePiece's training is one call into C++ (a minute and more for a 32000-piece
   vocabulary): Python ran a signal's handler only once it returned, so Ctrl-C or SIGTERM went
-  unheard. It runs in a worker thread (`runtime.call_taking_signals`; its C++ releases the
+  unheard. It runs in a worker thread (`signals.call_taking_signals`; its C++ releases the
   GIL), and the handler runs as the signal comes, the training still going. Also when a thread
   other than the main one takes the signal (the kernel may hand a process's signal to any
   thread; here the timer's own): the main thread then only learns of it between its short
@@ -465,14 +500,14 @@ def test_ctrl_c_that_stops_at_once_leaves_an_interactive_session_running(
   the first during its start-up, killed the kernel. There Ctrl-C raises KeyboardInterrupt after
   the same line; SIGTERM still ends the process."""
   exits = []
-  monkeypatch.setattr(runtime.os, '_exit', exits.append)
-  monkeypatch.setattr(runtime, 'in_interactive_session', lambda: interactive)
+  monkeypatch.setattr(signals.os, '_exit', exits.append)
+  monkeypatch.setattr(signals, 'in_interactive_session', lambda: interactive)
   if interactive:
     with pytest.raises(KeyboardInterrupt):
-      runtime.stop_now(signal.SIGINT, ' at step 3')
+      signals.stop_now(signal.SIGINT, ' at step 3')
   else:
-    runtime.stop_now(signal.SIGINT, ' at step 3')
-  runtime.stop_now(signal.SIGTERM, ' at step 4')
+    signals.stop_now(signal.SIGINT, ' at step 3')
+  signals.stop_now(signal.SIGTERM, ' at step 4')
   assert exits == ([] if interactive else [130]) + [143]
   assert capfd.readouterr().err.splitlines()[1::2] == [
     'error: stopped by Ctrl-C at step 3',
@@ -483,8 +518,8 @@ def test_ctrl_c_that_stops_at_once_leaves_an_interactive_session_running(
 def test_an_interactive_session_is_told_from_a_program():
   """A program (this test session, a `python -c` child) is not interactive; `python -i` and a
   running IPython are."""
-  assert not runtime.in_interactive_session()
-  code = 'from relpos import runtime; print(runtime.in_interactive_session())'
+  assert not signals.in_interactive_session()
+  code = 'from relpos import signals; print(signals.in_interactive_session())'
   for flags, expected in (([], 'False'), (['-i'], 'True')):
     done = subprocess.run(
       [sys.executable, *flags, '-c', code],
@@ -509,14 +544,14 @@ def test_an_interactive_interrupt_swallowed_in_a_callback_is_delivered_again(
   import gc
   import weakref
 
-  monkeypatch.setattr(runtime, 'in_interactive_session', lambda: True)
-  previous = signal.signal(signal.SIGINT, lambda signum, frame: runtime.stop_now(signum, ': test'))
+  monkeypatch.setattr(signals, 'in_interactive_session', lambda: True)
+  previous = signal.signal(signal.SIGINT, lambda signum, frame: signals.stop_now(signum, ': test'))
   landed = []
 
   def handler_inside(*args):  # the handler, run where the signal landed: inside the callback
     if not landed and args[:1] != ('stop',):
       landed.append(True)
-      runtime.stop_now(signal.SIGINT, ': test')
+      signals.stop_now(signal.SIGINT, ': test')
 
   class Target:
     pass

@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 from helpers import after_training, tiny_translate_config, write_pair_corpus
 
-from relpos import runtime
+from relpos import signals
 from relpos.constants import PAD_ID
 from relpos.models.transformer import Transformer
 from relpos.studies import shaw_tables
@@ -146,7 +146,7 @@ def test_a_stopped_evaluation_leaves_translations_and_results_of_one_evaluation(
   monkeypatch.setattr(os, '_exit', exit_now)
   capfd.readouterr()
   with pytest.raises(_ExitError) as stopped:
-    with runtime.stop_at_signals(workdir_setup.stopped_evaluation(scored)):
+    with signals.stop_at_signals(workdir_setup.stopped_evaluation(scored)):
       translate.TASK.evaluate(config, workdir, output_dir=scored)
   assert stopped.value.args == (143,)
   line = capfd.readouterr().err.splitlines()[-1]

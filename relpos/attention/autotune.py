@@ -13,7 +13,7 @@ included), heads, head_dim, dtype, the mask's shape (or none), Shaw's k and whic
 dropout rate. On a miss the tuner builds inputs of those shapes and times a jitted forward AND
 backward pass (gradients of every float input, as training uses the kernels) of each candidate
 (`candidate_names`, below) through the public function itself (layout changes and padding of the
-Pallas wrappers included). The timing runs in a fresh thread (`runtime.call_in_thread`): JAX keeps
+Pallas wrappers included). The timing runs in a fresh thread (`signals.call_in_thread`): JAX keeps
 its trace state per thread, so there the candidates compile and run on the device as at top level
 although the caller is being traced. (`jax.ensure_compile_time_eval()` does not do: it also
 evaluates the interpreted Pallas kernel bodies eagerly, which fails on `program_id`.) JAX's
@@ -136,7 +136,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from relpos import runtime
+from relpos import runtime, signals
 from relpos.attention import implementations, mosaic_dispatch
 from relpos.attention.implementations import parse_choice, tiles_name
 from relpos.attention.masking import table_max_distance
@@ -631,13 +631,13 @@ class Tuner:
       entry = None
     source = 'disk' if entry else 'timed'
     if entry is None and leader:
-      entry = runtime.call_in_thread(self._time, signature, candidates)
+      entry = signals.call_in_thread(self._time, signature, candidates)
     elif entry is not None:
       logging.info(
         'relpos autotune: %s -> %s (cached: %s)', signature.text(), entry['choice'], entry['ms']
       )
     # A collective: run outside the caller's trace too.
-    choice = runtime.call_in_thread(self.agree, entry['choice'] if entry else 'xla', names)
+    choice = signals.call_in_thread(self.agree, entry['choice'] if entry else 'xla', names)
     if entry is None:  # another process timed
       entry, source = {'choice': choice, 'ms': {}}, 'process 0'
     # 'xla' and the default (or given) tiles are expected to run: their failure may pass, so a

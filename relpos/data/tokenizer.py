@@ -16,7 +16,7 @@ import sentencepiece as spm
 
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from relpos.files import write_marked
-from relpos.runtime import call_taking_signals
+from relpos.signals import call_taking_signals
 
 _SPECIAL_IDS = {'pad_id': PAD_ID, 'eos_id': EOS_ID, 'bos_id': BOS_ID, 'unk_id': UNK_ID}
 
@@ -110,7 +110,7 @@ def train_model(sentences: Sequence[str], vocab_size: int) -> bytes:
   model = io.BytesIO()
   try:
     # In a worker thread (its C++ releases the GIL), so that Ctrl-C or SIGTERM is taken at
-    # once: training a large vocabulary takes minutes (`relpos.runtime.call_taking_signals`).
+    # once: training a large vocabulary takes minutes (`relpos.signals.call_taking_signals`).
     call_taking_signals(
       spm.SentencePieceTrainer.train,
       sentence_iterator=iter(sentences),

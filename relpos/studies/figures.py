@@ -9,6 +9,7 @@ import io
 import warnings
 from pathlib import Path
 
+from relpos.faults import filesystem_fault
 from relpos.files import write_atomically
 
 
@@ -41,7 +42,7 @@ def save(figure, path, dpi: int = 120, *, flag: str | None = None) -> Path:
   OSError names the file, also a full disk met only as matplotlib's file was flushed.
 
   Where a command's flag named the path (`flag`, a study's --out), a write the filesystem
-  refuses is that command's exit-74 fault (`relpos.training.checkpoints.filesystem_fault`, as
+  refuses is that command's exit-74 fault (`relpos.faults.filesystem_fault`, as
   train.py's), which the tools report as their launchers do (`tasks.exit_for_fault`): every tool
   that writes a figure says it the same way, here.
 
@@ -71,8 +72,6 @@ def save(figure, path, dpi: int = 120, *, flag: str | None = None) -> Path:
   except OSError as error:
     if flag is None:
       raise
-    from relpos.training.checkpoints import filesystem_fault  # imports JAX: only on a fault
-
     raise filesystem_fault(
       error,
       f'cannot write {flag}={path}',

@@ -46,6 +46,7 @@ from ml_collections import config_flags
 
 from relpos import flag_types, runtime
 from relpos.config import checks
+from relpos.faults import UNWRITABLE, error_errno, error_path, filesystem_fault, is_write_fault
 from relpos.files import (
   copy_with_source,
   made_here,
@@ -53,6 +54,7 @@ from relpos.files import (
   write_atomically,
 )
 from relpos.messages import warn
+from relpos.signals import PreemptedError
 from relpos.studies import breakdown, sweep_grid, sweep_tables
 from relpos.training import (
   data_record,
@@ -63,14 +65,6 @@ from relpos.training import (
   workdir_lock,
   workdir_setup,
 )
-from relpos.training.checkpoints import (
-  UNWRITABLE,
-  error_errno,
-  error_path,
-  filesystem_fault,
-  is_write_fault,
-)
-from relpos.training.preemption import PreemptedError
 
 # The fields a sweep cannot vary, and why: what its runs share by construction, so that a
 # value of one would not be a run of this sweep (its table, its metric, its seed axis).
@@ -443,7 +437,7 @@ def reuse_vocabulary(task, trained, workdir: Path, trained_dirs: list[Path]) -> 
 
 
 def root_write_fault(error: OSError, root: Path, *, resume: bool, path: Path | None = None):
-  """The exit-74 fault (`checkpoints.filesystem_fault`, as train.py's) of an OSError writing the
+  """The exit-74 fault (`relpos.faults.filesystem_fault`, as train.py's) of an OSError writing the
   sweep's own files under `root` (its lock, the tables, the plot) on a full disk or a read-only
   or unwritable filesystem, naming the file (the tables and plot are written through
   `write_atomically`, whose errors name the file also where a full disk is met only as it is
@@ -453,7 +447,7 @@ def root_write_fault(error: OSError, root: Path, *, resume: bool, path: Path | N
   it writes its tables beside the runs it reads, so another --workdir would hold none).
   `path`: the file the write stands for, where the error names another (the root's write
   probe, `first_write`). Which errors those are is train.py's rule for its workdir
-  (`checkpoints.is_write_fault`), but for the other errors of a file under the root (a missing
+  (`relpos.faults.is_write_fault`), but for the other errors of a file under the root (a missing
   one), which are reported as they are: the sweep reads its runs' files there too."""
   path = path or error_path(error)
   if not is_write_fault(error, root, path, reads_others_there=True):

@@ -20,7 +20,8 @@ after a failed read the checkpoint is looked at again (`Checkpoints._evicted`), 
 lost files or is no longer listed is a `VanishedCheckpointError`, which the reader answers by
 listing the checkpoints again.
 
-Faults of the filesystem (docs/faults.md) end a run with one line (`FilesystemFaultError`):
+Faults of the filesystem (docs/faults.md) end a run with one line
+(`relpos.faults.FilesystemFaultError`):
 - Orbax commits a save in a background thread; an error there (a full disk, a workdir gone
   read-only) is kept by orbax until someone waits for the commit. `Checkpoints` waits for
   each save's commit before the next save, at `commit` and at `close`, and turns a failure into
@@ -48,178 +49,36 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from relpos import runtime
+from relpos import signals
+from relpos.faults import (
+  NO_CHECKPOINT_YET,
+  NO_EARLIER_CHECKPOINT,
+  FilesystemFaultError,
+  bounded,
+  exception_chain,
+  filesystem_fault,
+  first_line,
+)
 from relpos.messages import warn
 from relpos.training import mesh as mesh_lib
-from relpos.training.preemption import RunFaultError
 
-FILESYSTEM_EXIT_CODE = 74  # sysexits.h EX_IOERR
 CHECKPOINTS = 'checkpoints'  # the workdir's directory of them
 TMP_MARKER = '.orbax-checkpoint-tmp'
-# What to do about an OSError, by errno: (what it means, what to do).
-_REMEDIES = {
-  errno.ENOSPC: ('the disk is full', 'free space on its disk'),
-  errno.EDQUOT: ('the disk quota is used up', 'free space within the quota'),
-  errno.EROFS: ('the filesystem is read-only', 'make it writable or give another --workdir'),
-  errno.EACCES: ('permission denied', 'make it writable or give another --workdir'),
-  errno.EPERM: ('permission denied', 'make it writable or give another --workdir'),
-  errno.ENOENT: ('the workdir is gone: removed or unmounted', 'restore it or give a new --workdir'),
-  errno.ENOTDIR: ('a file is in the way of a directory', 'give a directory as --workdir'),
-  errno.EEXIST: ('a file is in the way of a directory', 'give a directory as --workdir'),
-}
-
-
-class FilesystemFaultError(RunFaultError):
-  """A write to the workdir failed (full disk, read-only or vanished workdir, a file in its
-  place, a checkpoint that did not commit); earlier checkpoints and metrics are intact."""
-
-  exit_code = FILESYSTEM_EXIT_CODE
-
-
-def error_errno(error: BaseException) -> int | None:
-  """The errno of `error` or of an error in its chain; for errors orbax and tensorstore raise
-  as text (`RESOURCE_EXHAUSTED ... No space left on device`), the errno that text names."""
-  seen = set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    if isinstance(error, OSError) and error.errno:
-      return error.errno
-    text = str(error)
-    for number in _REMEDIES:
-      if os.strerror(number) in text:
-        return number
-    error = error.__cause__ or error.__context__
-  return None
-
-
-# The errnos of a write the filesystem refused (`is_write_fault`): a full disk, and a read-only
-# filesystem or a file the process may not write. No read gives the first three.
-FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
-UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
-
-
-def error_path(error: OSError) -> Path | None:
-  """The file `error` names, None where it names none."""
-  return Path(error.filename) if isinstance(error.filename, (str, os.PathLike)) else None
-
-
-def is_write_fault(
-  error: OSError, directory: Path, path: Path | None, *, reads_others_there: bool = False
-) -> bool:
-  """Whether `error`, naming `path` (None: no file), is a fault of writing into `directory`
-  that a command ends with its exit-74 line (`filesystem_fault`) rather than reporting the
-  error as it is (a data file's): the one rule of train.py's workdir (`loop.train`), an
-  evaluation's output directory (`Task._score_into`, eval.py's and train.py's final one) and
-  the sweep's root (`relpos.studies.sweep.root_write_fault`).
-
-  - A full disk or a read-only filesystem (ENOSPC, EDQUOT, EROFS), wherever it is met and also
-    where the error names no file (a buffered file flushed at its close): no read gives them.
-  - A file under `directory` that may not be written (EACCES, EPERM).
-  - Any other error of a file under `directory` (ENOENT: the directory is gone; ENOTDIR, EEXIST:
-    a file is in the way), except where the command also reads files there that it did not
-    write (`reads_others_there`: the sweep reads its runs' eval_results.json and translations
-    under its root), for there such an error is as likely a read's, which its own text
-    reports, naming the file: a missing run's file is no fault of the filesystem.
-  """
-  number = error_errno(error)
-  if number in (*FULL_DISK, errno.EROFS):
-    return True
-  if path is None:
-    return False
-  resolved = path.resolve()
-  if directory.resolve() not in (resolved, *resolved.parents):
-    return False
-  return not reads_others_there or number in UNWRITABLE
-
-
-def _first_line(error: BaseException, limit: int = 200) -> str:
-  """The first line of `error`'s text, at most `limit` characters (cut ones end in '...')."""
-  if isinstance(error, OSError) and error.strerror:
-    return error.strerror
-  # A KeyError's str() is the repr of its key: orbax's 'Item "model" was not found' in quotes.
-  text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
-  return _bounded((text.strip().splitlines() or [type(error).__name__])[0], limit)
-
-
-def _bounded(line: str, limit: int) -> str:
-  return line if len(line) <= limit else line[: limit - 3] + '...'
-
-
 # Where tensorstore's text of an error turns into its spec: a JSON repr of hundreds of characters.
 _TENSORSTORE_SPEC = (' See full TensorStore details', ' [tensorstore_spec')
 
 
 def _read_cause(error: BaseException) -> str:
-  """The first line of the innermost cause of a failed restore, without tensorstore's spec and
-  at most 300 characters: orbax wraps tensorstore's error ('OUT_OF_RANGE: Error reading ...
-  Requested byte range ... is not valid') in an Exception whose text is a pybind repr of the
-  whole TensorStore spec, and tensorstore's own text may end in the spec's JSON
+  """The first line of the innermost cause (following `__cause__` alone) of a failed restore,
+  without tensorstore's spec and at most 300 characters: orbax wraps tensorstore's error
+  ('OUT_OF_RANGE: Error reading ... Requested byte range ... is not valid') in an Exception
+  whose text is a pybind repr of the whole TensorStore spec, and tensorstore's own text may end
+  in the spec's JSON
   ('... does not exist [tensorstore_spec[1]=\'{"base":...')."""
-  seen = set()
-  while error.__cause__ is not None and id(error.__cause__) not in seen:
-    seen.add(id(error))
-    error = error.__cause__
-  line = _first_line(error, limit=sys.maxsize)
+  line = first_line(exception_chain(error, context=False)[-1], limit=sys.maxsize)
   for spec in _TENSORSTORE_SPEC:
     line = line.split(spec)[0]
-  return _bounded(line, 300)
-
-
-def filesystem_fault(
-  error: BaseException,
-  what: str,
-  *,
-  last_good: str,
-  resume: bool = True,
-  flag: str = '--workdir',
-  flag_given: bool = True,
-  todo: str | None = None,
-  flag_names_file: bool = False,
-) -> FilesystemFaultError:
-  """The one-line fault of `error`: '<what>: <cause> (<meaning>); <last_good>; <what to do>'.
-  `resume`: whether rerunning the same command afterwards resumes the run. `flag`: the flag
-  naming the directory written to (eval.py's --output_dir, say), which the remedy names;
-  `flag_given`: False where that flag was left out (eval.py writing into the workdir), so the
-  remedy gives it rather than "another" one. `flag_names_file`: it names a file written instead
-  (a study's --out, which is not made with its directories), so that a directory missing from
-  its path, or a file in the way of one, asks for another path rather than a directory as the
-  flag. `todo`: the whole remedy, where the errno's does not fit (a finished run, which a rerun
-  would not resume)."""
-  number = error_errno(error)
-  meaning, remedy = _REMEDIES.get(number, ('', 'fix the cause'))
-  if flag != '--workdir':
-    remedy = remedy.replace('--workdir', flag)
-    if number == errno.ENOENT:
-      meaning, remedy = (
-        'a directory on its path is missing and cannot be made',
-        f'give another {flag}',
-      )
-  if not flag_given:
-    remedy = remedy.replace(f'another {flag}', flag)
-  if flag_names_file and number in (errno.ENOENT, errno.ENOTDIR, errno.EEXIST):
-    missing = number == errno.ENOENT
-    meaning = 'a directory on its path is missing' if missing else meaning
-    remedy = f'make that directory or give another {flag}' if missing else f'give another {flag}'
-  cause = _first_line(error) + (f' ({meaning})' if meaning else '')
-  if todo is None:
-    then = f', then {rerun_remedy(last_good)}' if resume else ', then rerun'
-    todo = f'{remedy}{then}'
-  return FilesystemFaultError(f'{what}: {cause}; {last_good}; {todo}')
-
-
-# A fault's words where no finished checkpoint is left to resume from (`_name_last_good`):
-# before the first save, and at a save that had none before it.
-NO_CHECKPOINT_YET = 'no checkpoint was written yet'
-NO_EARLIER_CHECKPOINT = 'there is no earlier checkpoint'
-
-
-def rerun_remedy(last_good: str) -> str:
-  """What rerunning the same command does after a fault whose last good checkpoint is
-  `last_good` (`Checkpoints.last_good`, `last_good_in`): resumes from the checkpoint it names,
-  or, where it names none, starts the run again from step 0. One rule for every fault's
-  remedy, so that none invites resuming from a checkpoint that is not there."""
-  nothing = last_good in (NO_CHECKPOINT_YET, NO_EARLIER_CHECKPOINT)
-  return f'rerun the same command to {"start again" if nothing else "resume"}'
+  return bounded(line, 300)
 
 
 def _name_last_good(directory: Path, steps, none: str) -> str:
@@ -302,7 +161,7 @@ _FILTER = _OrbaxErrors()
 
 def _orbax_leftover(unraisable) -> bool:
   """Whether an unraisable exception is what orbax's abandoned asynchronous work raises when it
-  is collected, which a sys.unraisablehook layer drops (`runtime.take_unraisable`): "RuntimeError:
+  is collected, which a sys.unraisablehook layer drops (`signals.take_unraisable`): "RuntimeError:
   Event loop is closed" (tensorstore finishing the writes of a failed save after orbax closed
   the event loop that awaited them), and the error of an orbax coroutine closed half way
   ("Exception ignored in: <coroutine object _read_array_index_and_device_put>": the other reads
@@ -364,7 +223,7 @@ class Checkpoints:
     for logger in ('absl', 'asyncio'):
       std_logging.getLogger(logger).addFilter(_FILTER)  # once: a logger's filters are a set
     _FILTER.directories.add(str(self.directory))
-    runtime.take_unraisable('quiet_closed_loops', _orbax_leftover)
+    signals.take_unraisable('quiet_closed_loops', _orbax_leftover)
     self._pending = None  # the step of a save whose commit nobody has checked yet
     self._writer = writer
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=writer)
@@ -576,7 +435,7 @@ class Checkpoints:
       except Exception as error:  # noqa: BLE001 (orbax raises many kinds; each is reported)
         if isinstance(error, VanishedCheckpointError) and not self._writer:
           raise  # a reader lists them again (`relpos.training.restore.restore_model`)
-        cause = getattr(error, 'cause', None) or _first_line(error)
+        cause = getattr(error, 'cause', None) or first_line(error)
         damaged = damaged and isinstance(error, UnreadableCheckpointError)
         failures.append(f'step {step}: {cause}')
         unreadable.append(step)

@@ -11,7 +11,7 @@ before it compiles and fails.
 
 import jax
 
-from relpos.training.preemption import RunFaultError
+from relpos.faults import RunFaultError
 
 OUT_OF_MEMORY_EXIT_CODE = 71  # sysexits.h EX_OSERR: the device could not give the memory
 # The fields an out-of-memory line reports, where the task's config has them.

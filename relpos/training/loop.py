@@ -32,26 +32,18 @@ import numpy as np
 
 from relpos import flops as flops_lib
 from relpos.config.recorded import changes_from_recorded, check_config_change, record_config
+from relpos.faults import error_path, filesystem_fault, is_write_fault, rerun_remedy
 from relpos.messages import warn
+from relpos.signals import PreemptedError, PreemptionSignal
 from relpos.training import data_record, optim, workdir_lock
 from relpos.training import mesh as mesh_lib
-from relpos.training.checkpoints import (
-  Checkpoints,
-  error_path,
-  filesystem_fault,
-  finished_steps,
-  is_write_fault,
-  last_good_in,
-  rerun_remedy,
-  steps_text,
-)
+from relpos.training.checkpoints import Checkpoints, finished_steps, last_good_in, steps_text
 from relpos.training.device_memory import (
   is_out_of_memory,
   out_of_memory_fault,
   step_memory_warning,
 )
 from relpos.training.metric_writer import TRAINING_LOSS, MetricWriter
-from relpos.training.preemption import PreemptedError, PreemptionSignal
 from relpos.training.progress import Progress
 from relpos.training.restore import all_finite, checkpoints_gone
 from relpos.training.run_config import check_task, has_run, not_a_run, read_config

@@ -27,27 +27,19 @@ import jax
 import ml_collections
 from flax import nnx
 
-from relpos import runtime
+from relpos import signals
 from relpos.attention.implementations import check_runs_on, off_its_devices
 from relpos.config import checks, fields
 from relpos.config.model_fields import SCORE_CHANGING_FIELDS, TRAINING_ONLY_FIELDS
 from relpos.config.recorded import CONFIG_FILE, config_changes, with_added
+from relpos.faults import FilesystemFaultError, error_path, filesystem_fault, is_write_fault
 from relpos.files import check_takes_files, write_atomically
 from relpos.messages import warn
 from relpos.training import data_record, finished_run, optim, run_config
 from relpos.training import mesh as mesh_lib
-from relpos.training.checkpoints import (
-  CHECKPOINTS,
-  FilesystemFaultError,
-  error_path,
-  filesystem_fault,
-  finished_steps,
-  is_write_fault,
-  steps_text,
-)
+from relpos.training.checkpoints import CHECKPOINTS, finished_steps, steps_text
 from relpos.training.device_memory import evaluation_memory_fault, is_out_of_memory
 from relpos.training.loop import check_evaluation_plan, train
-from relpos.training.preemption import PreemptionSignal
 from relpos.training.restore import check_trained
 from relpos.training.run_config import (
   RESULTS_FILE,
@@ -391,7 +383,7 @@ class Task(abc.ABC):
     """`evaluate`'s scoring into `output_dir`, once the run and config are checked: the
     directory checked to take files (made where it is missing), the score, its files
     (`result_files`: translations) and eval_results.json. `fault`: the FilesystemFaultError
-    of an OSError writing there, which `checkpoints.is_write_fault` tells from a data file's
+    of an OSError writing there, which `relpos.faults.is_write_fault` tells from a data file's
     error as it does for train.py's workdir: an error of a file under `output_dir`, or a full
     disk or read-only filesystem wherever it is met (the write's own error names no file).
     What it made of `output_dir` is removed again by `evaluate` where it stops before writing
@@ -399,7 +391,7 @@ class Task(abc.ABC):
 
     The result's files are written only once everything is scored, right before
     eval_results.json, which records each one's sha256, and SIGTERM or Ctrl-C is held back
-    while the two are written (`runtime.holding_signals`): a signal ends eval.py before both
+    while the two are written (`signals.holding_signals`): a signal ends eval.py before both
     or after both, and its line (`workdir_setup.stopped_evaluation`) says which. The
     translations were written before the loss was computed, so a signal in those seconds
     left new translations beside the earlier evaluation's eval_results.json, which a rerun
@@ -434,7 +426,7 @@ class Task(abc.ABC):
       # its files are (`run_config.foreign_checkpoint`, `run_config.result_file`).
       result[WRITTEN_TO] = str(output_dir.resolve())
       if mesh_lib.is_writer():
-        with runtime.holding_signals():  # both or neither (the docstring)
+        with signals.holding_signals():  # both or neither (the docstring)
           if newer := newer_result(config, workdir, output_dir, result['step']):
             warn(newer)
             return result
@@ -475,8 +467,8 @@ class Task(abc.ABC):
     # SIGTERM is caught from the start, so that a notice during setup (reading data,
     # compiling) stops a multi-process run after its first step, with a checkpoint, instead of
     # killing this process and stranding the others at their next collective; a single
-    # process, with nothing to save yet, stops at once there (`PreemptionSignal.starting`).
-    with PreemptionSignal() as preemption:
+    # process, with nothing to save yet, stops at once there (`signals.PreemptionSignal.starting`).
+    with signals.PreemptionSignal() as preemption:
       train(self, config, workdir, preemption, allow_config_change=allow_config_change)
 
   def train_and_evaluate(
@@ -498,7 +490,7 @@ class Task(abc.ABC):
     that was other text than the run's, with a warning line and an eval_results.json that a
     sweep tabulates like any other. SIGTERM or Ctrl-C during the evaluation ends the program
     at once with one line saying that the run is trained but not scored, and how to score it
-    (`relpos.runtime.stop_at_signals`): there is nothing to save; once its results are
+    (`relpos.signals.stop_at_signals`): there is nothing to save; once its results are
     written, that they are (`workdir_setup.stopped_evaluation`). `score_command`: the eval.py
     command that scores the run (the launcher's, `tasks.eval_command`; None: a generic one).
 
@@ -522,7 +514,7 @@ class Task(abc.ABC):
       f'but the run is not scored: score it with `{score_command}`'
     )
     try:
-      with runtime.stop_at_signals(stopped_evaluation(workdir, unscored)):
+      with signals.stop_at_signals(stopped_evaluation(workdir, unscored)):
         return self.evaluate(config, workdir, after_training=True)
     except FileNotFoundError as error:
       files = self.data_files(config, workdir)

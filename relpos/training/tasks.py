@@ -19,12 +19,12 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from relpos import flag_types, runtime
+from relpos import flag_types
 from relpos.config import TASKS, checks, declaration, fields, importable_beside
+from relpos.faults import FILESYSTEM_EXIT_CODE, RunFaultError, exception_chain
 from relpos.files import dangling_link
 from relpos.messages import duration
-from relpos.training.checkpoints import FILESYSTEM_EXIT_CODE
-from relpos.training.preemption import PreemptedError, RunFaultError
+from relpos.signals import PreemptedError, finish_quietly, stop_at_signals
 from relpos.training.run_config import TaskMismatchError, check_output_dir
 from relpos.training.task_base import Task
 from relpos.training.workdir_setup import stopped_evaluation
@@ -395,9 +395,9 @@ def config_overrides(argv: list[str]) -> list[str]:
 
 
 def _root_cause(error: BaseException) -> BaseException:
-  """The innermost exception of `error`'s chain (`_chain`: ml_collections wraps a config file's
-  own error in an OSError saying "an earlier failure to load")."""
-  return _chain(error)[-1]
+  """The innermost exception of `error`'s chain (`exception_chain`: ml_collections wraps a
+  config file's own error in an OSError saying "an earlier failure to load")."""
+  return exception_chain(error)[-1]
 
 
 def _config_file_problem(argv: list[str]) -> tuple[str | None, ml_collections.ConfigDict | None]:
@@ -453,23 +453,14 @@ def _config_file_problem(argv: list[str]) -> tuple[str | None, ml_collections.Co
   return None, config
 
 
-def _chain(error: BaseException) -> list[BaseException]:
-  """`error` and the exceptions it was raised from or while handling, outermost first (the
-  last is `_root_cause`)."""
-  chain = [error]
-  while (inner := chain[-1].__cause__ or chain[-1].__context__) is not None:
-    chain.append(inner)
-  return chain
-
-
 def _last_frame_in(error: BaseException, path: str) -> traceback.FrameSummary | None:
   """The innermost frame of the config file at `path` in the tracebacks of `error`'s chain
-  (`_chain`), None where none runs its code: the root cause's own traceback may hold only a
+  (`exception_chain`), None where none runs its code: the root cause's own traceback may hold only a
   library's frames (ml_collections raises a field's cast error again, from its caller's
   line)."""
   frames = [
     frame
-    for inner in _chain(error)
+    for inner in exception_chain(error)
     for frame in traceback.extract_tb(inner.__traceback__)
     if os.path.abspath(frame.filename) == os.path.abspath(path)
   ]
@@ -489,7 +480,7 @@ def _wrong_type(error: BaseException, frame: traceback.FrameSummary | None) -> s
   The error names only the field's last part, so its dotted name is read from the config file's
   line (`frame`) where that sets it (`c.train.steps = ...`, `c.train.update(steps=...)`); it
   was the cast error alone, naming neither the field nor the line."""
-  cast = next((m for e in _chain(error) if (m := _CAST_ERROR.search(str(e)))), None)
+  cast = next((m for e in exception_chain(error) if (m := _CAST_ERROR.search(str(e)))), None)
   if cast is None:
     return None
   name, field = cast['name'], f'field {cast["name"]!r}'
@@ -712,7 +703,7 @@ def run_main(main) -> None:
   launchers' manners: flags parsed by `parse_flags` (a config file, field or value that is wrong
   is one line), a stray argument one line (every option is a flag), absl logging at WARNING
   (`quiet_logging`), and a `USER_ERRORS` exception from `main` one `error:` line with exit
-  status 1, not a traceback (Ctrl-C and SIGTERM: `relpos.runtime.stop_at_ctrl_c_or_sigterm`);
+  status 1, not a traceback (Ctrl-C and SIGTERM: `relpos.signals.stop_at_ctrl_c_or_sigterm`);
   a `FAULTS` one is its line and status (`exit_for_fault`: a run that trains there now, before
   its first checkpoint, is 75)."""
 
@@ -752,10 +743,10 @@ def launch(action: str):
   traceback unless --traceback is given; SIGTERM or a first Ctrl-C during training saves a
   checkpoint and exits with 128 + the signal's number (`PreemptedError.exit_code`); during
   the evaluation (train.py's after training, eval.py's) either ends it at once with one line
-  saying what is kept and how to score the run (`relpos.runtime.stop_at_signals`); either
-  elsewhere ends it at once in one line (`relpos.runtime.stop_at_ctrl_c_or_sigterm`), but for
+  saying what is kept and how to score the run (`relpos.signals.stop_at_signals`); either
+  elsewhere ends it at once in one line (`relpos.signals.stop_at_ctrl_c_or_sigterm`), but for
   after the result is written: printing it and exiting, where a signal ends nothing that is
-  not done (`relpos.runtime.finish_quietly`: SIGTERM is ignored, Ctrl-C exits 0). With
+  not done (`relpos.signals.finish_quietly`: SIGTERM is ignored, Ctrl-C exits 0). With
   --distributed, every process runs the same command (its own --process_id) and
   jax.distributed is initialised before anything touches a device.
   """
@@ -792,13 +783,11 @@ def launch(action: str):
       if action == 'evaluate':  # before anything is read: nothing there it would destroy
         check_output_dir(kwargs['output_dir'], workdir.value)
         # Its line is told as the signal comes, from what is on disk then.
-        signals = runtime.stop_at_signals(
-          stopped_evaluation(Path(kwargs['output_dir'] or workdir.value))
-        )
+        signals = stop_at_signals(stopped_evaluation(Path(kwargs['output_dir'] or workdir.value)))
       task = get(config.value)
       with signals:
         result = getattr(task, action)(config.value, workdir.value, **kwargs)
-      runtime.finish_quietly()  # written (or kept): a signal now fails nothing (its docstring)
+      finish_quietly()  # written (or kept): a signal now fails nothing (its docstring)
     except PreemptedError as stopped:
       print(stopped, file=sys.stderr)
       sys.exit(stopped.exit_code)

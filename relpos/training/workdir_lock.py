@@ -32,8 +32,8 @@ import socket
 import time
 from pathlib import Path
 
+from relpos.faults import RunFaultError
 from relpos.messages import warn
-from relpos.training.preemption import RunFaultError
 
 LOCK_FILE = '.relpos.lock'
 _UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)

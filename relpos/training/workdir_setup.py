@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from relpos.faults import FilesystemFaultError, filesystem_fault
 from relpos.files import (
   check_takes_files,
   made_mark,
@@ -29,13 +30,7 @@ from relpos.files import (
 )
 from relpos.training import data_record, workdir_lock
 from relpos.training import mesh as mesh_lib
-from relpos.training.checkpoints import (
-  CHECKPOINTS,
-  FilesystemFaultError,
-  filesystem_fault,
-  finished_steps,
-  last_good_in,
-)
+from relpos.training.checkpoints import CHECKPOINTS, finished_steps, last_good_in
 from relpos.training.metric_writer import TENSORBOARD
 from relpos.training.run_config import RESULTS_FILE, has_run
 
@@ -129,7 +124,7 @@ def leave_no_trace(workdir: Path, made: list[Path]) -> None:
 
 
 def stopped_evaluation(output_dir, unscored: str | None = None) -> Callable[[], str]:
-  """eval.py's words after `error: stopped by <signal>` (`runtime.stop_at_signals`, which ends
+  """eval.py's words after `error: stopped by <signal>` (`signals.stop_at_signals`, which ends
   the program at once: no `except` or `finally` runs after the signal), told when the signal
   comes from what is on disk then, not from how far the program got: SIGTERM in the instant
   after `write_atomically` renamed eval_results.json into `output_dir` said 'no
