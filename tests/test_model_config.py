@@ -246,3 +246,14 @@ def test_no_config_file_writes_a_value_a_field_already_has(name, preset, monkeyp
     if (field, value) in _literal_settings(path)
   ]
   assert not found, f'written with the value the field already has: {sorted(set(found))}'
+
+
+@pytest.mark.parametrize('declaration', [TransformerConfig, TransformerXLConfig])
+def test_shaws_fields_are_read_by_the_shaw_positions_of_each_model(declaration):
+  # A class attribute of the same name once hid the module's tuple in the class body, and the
+  # fields were declared read by no position: a Shaw run's k was called a field it ignores.
+  from relpos.config import fields
+
+  read_by = {name: f.metadata.get('read_by', ()) for name, f in fields.leaves(declaration).items()}
+  for name in ('max_relative_position', 'relative_keys', 'relative_values'):
+    assert 'shaw' in read_by[name], (name, read_by[name])

@@ -18,15 +18,11 @@ from typing import ClassVar, Self
 import jax
 import jax.numpy as jnp
 
+from relpos import constants
 from relpos.attention.implementations import HALF_DTYPES, HALF_PRECISION, IMPLEMENTATIONS, SERVES
 from relpos.config import checks
 from relpos.config.fields import declared, field, section
-from relpos.constants import (
-  CHAR_LM_POSITIONS,
-  SHAW_POSITIONS,
-  TRANSLATE_POSITIONS,
-  self_attention_kind,
-)
+from relpos.constants import CHAR_LM_POSITIONS, TRANSLATE_POSITIONS, self_attention_kind
 
 COMPUTE_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 # Where dropout's random bits come from (`relpos.models.layers.Dropout`).
@@ -99,24 +95,31 @@ class ModelConfig:
     "masks, the same keep rate). Attention dropout keeps its kernels' own bits",
   )
   pre_layer_norm: bool = field(False, checks.FLAG, 'False: post-LN, as the original papers')
-  max_relative_position: int = field(16, checks.integer(0), "Shaw's k", read_by=SHAW_POSITIONS)
-  relative_keys: bool = field(
-    True, checks.FLAG, "Shaw's tables w^K (the paper's Table 3 ablations)", read_by=SHAW_POSITIONS
+  max_relative_position: int = field(
+    16, checks.integer(0), "Shaw's k", read_by=constants.SHAW_POSITIONS
   )
-  relative_values: bool = field(True, checks.FLAG, "Shaw's tables w^V", read_by=SHAW_POSITIONS)
+  relative_keys: bool = field(
+    True,
+    checks.FLAG,
+    "Shaw's tables w^K (the paper's Table 3 ablations)",
+    read_by=constants.SHAW_POSITIONS,
+  )
+  relative_values: bool = field(
+    True, checks.FLAG, "Shaw's tables w^V", read_by=constants.SHAW_POSITIONS
+  )
   relative_table_init: str = field(
     'kernel',
     checks.one_of(*RELATIVE_TABLE_INITS),
     "how Shaw's tables start: 'kernel' (the model's weight initializer, which for "
     "translation's Xavier-uniform over [2k+1, head_dim] scales with k) or 'zeros'",
-    read_by=SHAW_POSITIONS,
+    read_by=constants.SHAW_POSITIONS,
   )
   relative_table_init_scale: float = field(
     1.0,
     checks.positive(),
     "multiplies the 'kernel' start: Xavier-uniform's row norm falls as k grows (1.33 at k = "
     "4, 1.15 at k = 16 with head_dim 64), so 1.1527 at k = 16 starts its rows as k = 4's",
-    read_by=SHAW_POSITIONS,
+    read_by=constants.SHAW_POSITIONS,
   )
   t5_num_buckets: int = field(
     32, checks.integer(4), "T5's buckets (half per side when bidirectional)", read_by=('t5',)
@@ -146,7 +149,7 @@ class ModelConfig:
     "attention dropout) 'cudnn' or (Shaw and XL, bfloat16, no attention dropout; causal "
     "calls, 'xla' at the others) 'mosaic'; 'cudnn' runs on NVIDIA GPUs only, 'pallas' and "
     "'mosaic' on GPUs (interpreted on a CPU), checked against the devices before a run",
-    read_by=(*SHAW_POSITIONS, 'xl'),
+    read_by=(*constants.SHAW_POSITIONS, 'xl'),
   )
   dtype: str = field(
     'float32', checks.one_of(*COMPUTE_DTYPES), 'compute dtype; parameters stay float32'
@@ -244,7 +247,7 @@ class TransformerConfig(ModelConfig):
   2018 used it) plus vocab_size. Every head has d_model / num_heads dimensions (`head_dim`)."""
 
   SINUSOID_POSITIONS = ('absolute', 'shaw_absolute')
-  SHAW_POSITIONS = SHAW_POSITIONS
+  SHAW_POSITIONS = constants.SHAW_POSITIONS
 
   position: str = field(
     'shaw', checks.one_of(*TRANSLATE_POSITIONS), 'relpos.constants.TRANSLATE_POSITIONS'
