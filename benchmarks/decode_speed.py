@@ -16,12 +16,10 @@ import statistics
 import time
 
 from absl import flags
-from flax import nnx
 
 from relpos import runtime, scoring
 from relpos.data.translation import load_eval_data
-from relpos.models.transformer import Transformer
-from relpos.training import restore, run_config, tasks
+from relpos.training import tasks
 from relpos.training import translation_task as task
 
 flags.DEFINE_string('workdir', None, 'A finished translation run (train.py workdir).')
@@ -37,18 +35,13 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
-  # As relpos.tools.translate: the run's config, its task and a checkpoint, before anything is
-  # loaded (each refused as one line by tasks.run_main).
-  run_config.check_task(
-    FLAGS.workdir, 'translate', needs="benchmarks/decode_speed.py decodes runs of task 'translate'"
+  # As relpos.tools.translate reads a run (`Task.trained_model`), each fault refused as one
+  # line by tasks.run_main.
+  trained = task.TASK.trained_model(
+    FLAGS.workdir, needs="benchmarks/decode_speed.py decodes runs of task 'translate'"
   )
-  config = run_config.read_config(FLAGS.workdir)
-  restore.check_trained(FLAGS.workdir).close()
+  config, model, steps = trained.config, trained.model, trained.steps
   data = load_eval_data(config.data, FLAGS.workdir)
-  model = Transformer(
-    task.model_config(config, data.tokenizer.vocab_size), rngs=nnx.Rngs(config.seed)
-  )
-  model, steps, _ = restore.restore_model(model, config.eval, FLAGS.workdir)
   count = FLAGS.sentences or len(data.eval_sources)
   sources, references = data.eval_sources[:count], data.eval_references[:count]
 

@@ -298,8 +298,10 @@ def test_timed_batch_is_a_devices_share(monkeypatch):
 
 def test_timed_mask_is_causal_where_it_has_a_query_axis():
   causal = autotune.dummy_mask(_signature(mask=(1, 1, 2, 4)))
+  assert isinstance(causal, np.ndarray) and causal.dtype == bool and causal.shape == (1, 1, 2, 4)
   np.testing.assert_array_equal(causal[0, 0], [[1, 1, 1, 0], [1, 1, 1, 1]])
-  assert autotune.dummy_mask(_signature(mask=(2, 1, 1, 4))).all()
+  keys_only = autotune.dummy_mask(_signature(mask=(2, 1, 1, 4)))
+  assert keys_only.dtype == bool and keys_only.shape == (2, 1, 1, 4) and keys_only.all()
   assert autotune.dummy_mask(_signature()) is None
 
 

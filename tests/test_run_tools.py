@@ -27,6 +27,7 @@ from helpers import (
 from relpos.config.recorded import record_config
 from relpos.data.char_corpus import CharVocab
 from relpos.models.transformer_xl import TransformerXL
+from relpos.studies import shaw_tables
 from relpos.tools import sample, translate
 from relpos.training import char_lm_task as char_lm
 from relpos.training import data_record, restore
@@ -181,9 +182,12 @@ def _recorded_runs(root):
   return runs
 
 
-def test_a_vocabulary_changed_since_the_run_trained_is_refused(tmp_path):
+def test_a_vocabulary_changed_since_the_run_trained_is_refused(commands, tmp_path):
   """A swapped spm.model (vocab.json) read the model's ids as other pieces: translations of
-  nothing, with nothing said. Refused in one line naming the file and the run's own to restore."""
+  nothing, with nothing said. Refused in one line naming the file and the run's own to restore,
+  by every tool that reads a run, before it looks for a checkpoint (`Task.trained_model`):
+  shaw_tables and decode_speed, which wrote out their own reading of a run, never checked it
+  (decode_speed scored the swapped pieces), and sample looked for a checkpoint first."""
 
   translation, char = _recorded_runs(tmp_path)
   spm_model, vocab_json = translation / 'spm.model', char / 'vocab.json'
@@ -193,18 +197,25 @@ def test_a_vocabulary_changed_since_the_run_trained_is_refused(tmp_path):
   data_record.record(char, {data_record.VOCABULARY: vocab_json})
   spm_model.write_bytes(b"another run's pieces")
   vocab_json.write_text(json.dumps({'symbols': list(range(255, -1, -1))}))
-  with pytest.raises(ValueError) as error:
-    translate.translate_lines(translation, ['a red cat'])
-  assert str(error.value) == (
+  changed = (
     f'the vocabulary: {spm_model} changed since the run trained on it (16 bytes then, 20 now): '
     "the model's ids are the pieces of the vocabulary it trained with, so the run is not "
     "resumed, read or scored (into any directory) with another: restore the run's spm.model "
     '(from a backup or from where the run came from)'
   )
+  for read in (
+    lambda: translate.translate_lines(translation, ['a red cat']),
+    lambda: shaw_tables.row_drift(translation),
+  ):
+    with pytest.raises(ValueError) as error:
+      read()
+    assert str(error.value) == changed
+  script = REPO / 'benchmarks' / 'decode_speed.py'
+  assert refusal(commands, script, f'--workdir={translation}') == f'error: {changed}'
   with pytest.raises(
     ValueError, match=r"vocab\.json changed since .*restore the run's vocab\.json"
   ):
-    char_lm.read_vocabulary(char, 'bytes')  # relpos.tools.sample's
+    sample.sample(char, b'the', 3)
 
 
 def _unusable(tmp_path, other_run, untrained_run):

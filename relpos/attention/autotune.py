@@ -139,7 +139,7 @@ from absl import logging
 from relpos import runtime, signals
 from relpos.attention import implementations, mosaic_dispatch
 from relpos.attention.implementations import parse_choice, tiles_name
-from relpos.attention.masking import table_max_distance
+from relpos.attention.masking import causal_mask, table_max_distance
 from relpos.attention.pallas_common import DEFAULT_BLOCK, Tiling, triton_size
 from relpos.attention.pallas_xl import DEFAULT_XL_BLOCK
 from relpos.messages import warn
@@ -334,14 +334,12 @@ def mosaic_serves(signature: Signature) -> bool:
 
 def dummy_mask(signature: Signature) -> np.ndarray | None:
   """The mask timed for `signature.mask` (module docstring): causal where it has a query axis
-  (query i at key position kv_len - q_len + i), all True otherwise."""
+  (query i at key position kv_len - q_len + i: `masking.causal_mask`), all True otherwise
+  (a keys-only mask's single query row, at the last position, sees every key)."""
   if signature.mask is None:
     return None
   q_len, kv_len = signature.mask[2:]
-  if q_len == 1:
-    return np.ones(signature.mask, bool)
-  allowed = np.arange(kv_len)[None, :] <= np.arange(q_len)[:, None] + (kv_len - q_len)
-  return np.broadcast_to(allowed, signature.mask)
+  return np.broadcast_to(np.asarray(causal_mask(q_len, kv_len)), signature.mask)
 
 
 def _random(rng, shape, dtype):

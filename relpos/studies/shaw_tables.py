@@ -47,29 +47,23 @@ def row_drift(workdir) -> tuple[int, dict[str, np.ndarray], float]:
   """
   from flax import nnx  # imported after the runtime defaults
 
-  from relpos.data.tokenizer import load_tokenizer
-  from relpos.data.translation import VOCAB_FILE
-  from relpos.models.transformer import Transformer
-  from relpos.training import restore
   from relpos.training import translation_task as translate
-  from relpos.training.run_config import check_task, read_config
 
-  check_task(workdir, 'translate', flag=None, needs="shaw_tables reads runs of task 'translate'")
-  config = read_config(workdir, flag=None)  # workdirs are positional here
-  if 'max_relative_position' in translate.TASK.unread_fields(config):
-    raise ValueError(f'{workdir}: config.model.position={config.model.position!r} has no tables')
-  restore.check_trained(workdir).close()
-  vocab_size = load_tokenizer(f'{workdir}/{VOCAB_FILE}', config.data.vocab_size).vocab_size
-  model_config = translate.model_config(config, vocab_size)
-  config.eval.update(max_relative_position=-1)  # the tables as trained
+  def unclipped(config):  # a run with tables, read as trained
+    if 'max_relative_position' in translate.TASK.unread_fields(config):
+      raise ValueError(f'{workdir}: config.model.position={config.model.position!r} has no tables')
+    config.eval.update(max_relative_position=-1)
+
+  run = translate.TASK.trained_model(
+    workdir, flag=None, needs="shaw_tables reads runs of task 'translate'", prepare=unclipped
+  )  # workdirs are positional here
 
   def tables(model):
     params = nnx.to_flat_state(nnx.state(model, nnx.Param))
     return {path: np.asarray(v[...]) for path, v in params if path[-1] in _TABLES}
 
-  model = Transformer(model_config, rngs=nnx.Rngs(config.seed))
-  initial = tables(model)  # read before the checkpoint's parameters replace them
-  trained = tables(restore.restore_model(model, config.eval, workdir)[0])
+  trained = tables(run.model)
+  initial = tables(translate.TASK.build_model(run.config, run.vocab.vocab_size))
   drift = {
     stack: np.mean(
       [
@@ -82,7 +76,7 @@ def row_drift(workdir) -> tuple[int, dict[str, np.ndarray], float]:
     for stack in STACKS
   }
   initial_norm = float(np.mean([np.linalg.norm(t, axis=-1).mean() for t in initial.values()]))
-  return config.model.max_relative_position, drift, initial_norm
+  return run.config.model.max_relative_position, drift, initial_norm
 
 
 def drift_by_k(workdirs) -> dict[int, tuple[dict[str, np.ndarray], float, int]]:

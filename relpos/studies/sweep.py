@@ -53,7 +53,7 @@ from relpos.files import (
   record_source,
   write_atomically,
 )
-from relpos.messages import warn
+from relpos.messages import duration, warn
 from relpos.signals import PreemptedError
 from relpos.studies import breakdown, sweep_grid, sweep_tables
 from relpos.training import (
@@ -245,18 +245,14 @@ def check_rerun(trained, workdir: Path, task, run: str) -> None:
 
 def progress(done: int, total: int, started: float) -> str:
   """'run 3 of 8, ...' for the sweep's next run: with runs done in this call, the elapsed
-  time and an ETA for the rest at their mean time (a resumed run may take less)."""
+  time and an ETA for the rest at their mean time (a resumed run may take less), written as
+  the training loop writes its own (`messages.duration`)."""
   text = f'run {done + 1} of {total} to run'
   if done:
     elapsed = time.monotonic() - started
     remaining = elapsed / done * (total - done)
-    text += f', {_minutes(elapsed)} so far, about {_minutes(remaining)} left'
+    text += f', {duration(elapsed)} so far, about {duration(remaining)} left'
   return text
-
-
-def _minutes(seconds: float) -> str:
-  minutes = round(seconds / 60)
-  return f'{minutes // 60} h {minutes % 60:02d} min' if minutes >= 60 else f'{minutes} min'
 
 
 def sweep(

@@ -148,7 +148,7 @@ def write_diverged(rows: list[dict], root: Path, field: str) -> None:
   print(note)
 
 
-def _pooled_items(config, metric: str, rows: list[dict]):
+def _pooled_items(metric: str, rows: list[dict]):
   """What the paired test of `metric` compares, per seed: {seed: items} of one value's rows."""
   items = {}
   for row in rows:
@@ -173,7 +173,7 @@ def p_value(config, metric: str, baseline: list[dict], candidate: list[dict]) ->
   baseline, candidate = (
     [row for row in rows if not row.get('stale')] for rows in (baseline, candidate)
   )
-  base, other = _pooled_items(config, metric, baseline), _pooled_items(config, metric, candidate)
+  base, other = _pooled_items(metric, baseline), _pooled_items(metric, candidate)
 
   def paired(seed) -> bool:  # bpc: (nats, tokens) per segment; BLEU: a line per sentence
     if metric == 'bpc':
@@ -427,7 +427,7 @@ def write_breakdown(config, rows, baseline, root: Path, field: str, kind, edges)
       lengths = [len(source.split()) for source in sources]
     else:
       lengths = [len(data.tokenizer.encode(source)) for source in sources]
-    translations = {value: _pooled_items(config, 'bleu', runs) for value, runs in by_value.items()}
+    translations = {value: _pooled_items('bleu', runs) for value, runs in by_value.items()}
     summary, per_run = breakdown.bleu_by_source_length(
       lengths,
       data.eval_references,

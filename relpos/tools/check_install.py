@@ -55,7 +55,7 @@ def run_kernel(kernel: str, implementation: str):
   return np.asarray(output), [np.asarray(g) for g in grads]
 
 
-def compare(kernel: str, want, got) -> float:
+def compare(want, got) -> float:
   """The largest error of `got` against `want` (output, then each gradient), each on the scale
   max(1, max |want|)."""
   import numpy as np
@@ -86,7 +86,7 @@ def check(pallas: bool | None = None, out=print) -> bool:
         continue
       line = f'{kernel}_attention: xla ran, finite'
       if pallas:
-        error = compare(kernel, want, run_kernel(kernel, 'pallas'))
+        error = compare(want, run_kernel(kernel, 'pallas'))
         line += f'; pallas against xla: max error {error:.2e} (tolerance {TOLERANCE:g})'
         if not error <= TOLERANCE:
           failures.append(f'{kernel}_attention pallas differs from xla by {error:.2e}')

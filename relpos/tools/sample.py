@@ -70,18 +70,12 @@ def sample(
     ValueError: not a char-LM run; a sampling setting out of range; a prompt byte outside the
       vocabulary.
   """
-  from pathlib import Path
-
   import jax
   import jax.numpy as jnp
   from flax import nnx
 
   from relpos.attention import autotune
-  from relpos.models.transformer_xl import TransformerXL
   from relpos.training import char_lm_task as char_lm
-  from relpos.training import restore
-  from relpos.training.run_config import check_task, read_config
-  from relpos.training.task_base import runnable_here
 
   if not temperature > 0:
     raise ValueError(f'--temperature={temperature} must be > 0')
@@ -89,14 +83,10 @@ def sample(
     raise ValueError(f'--top_p={top_p} must be in (0, 1]')
   if prompt is not None and not prompt:
     raise ValueError('--prompt is empty: give at least one character')
-  check_task(workdir, 'char_lm', needs="relpos.tools.sample reads runs of task 'char_lm'")
-  config = read_config(workdir)
-  runnable_here(config, workdir)  # a GPU run's 'cudnn' on a CPU: 'auto', with a warning
-  restore.check_trained(workdir).close()
-  vocab = char_lm.read_vocabulary(Path(workdir), config.data.vocab)
-  model = TransformerXL(char_lm.model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))
-  model, _, _ = restore.restore_model(model, config.eval, workdir)
-  span = config.eval
+  trained = char_lm.TASK.trained_model(
+    workdir, needs="relpos.tools.sample reads runs of task 'char_lm'"
+  )
+  model, vocab, span = trained.model, trained.vocab, trained.config.eval
   graphdef, state = nnx.split(model)
 
   @jax.jit

@@ -26,31 +26,19 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
     ValueError: the run is not a translation run; its spm.model changed since it trained
       (`data_record.check_vocabulary`).
   """
-  from flax import nnx  # imported after the runtime defaults
+  from relpos.training import translation_task as translate  # after the runtime defaults
 
-  from relpos.data.tokenizer import load_tokenizer
-  from relpos.data.translation import VOCAB_FILE
-  from relpos.models.transformer import Transformer
-  from relpos.training import data_record, restore
-  from relpos.training import translation_task as translate
-  from relpos.training.run_config import check_task, read_config
-  from relpos.training.task_base import runnable_here
+  def check_beam(config):  # --beam_size against the run's vocabulary, before its checkpoint
+    if beam_size is not None:
+      translate.check_beam_size(beam_size, config.data.vocab_size, '--beam_size')
+      config.eval.beam_size = beam_size
 
-  check_task(workdir, 'translate', needs="relpos.tools.translate reads runs of task 'translate'")
-  config = read_config(workdir)
-  runnable_here(config, workdir)  # a GPU run's 'cudnn' on a CPU: 'auto', with a warning
-  data_record.check_vocabulary(workdir, translate.TASK.data_files(config, workdir))
-  if beam_size is not None:
-    translate.check_beam_size(beam_size, config.data.vocab_size, '--beam_size')
-  restore.check_trained(workdir).close()
-  if beam_size is not None:
-    config.eval.beam_size = beam_size
-  tokenizer = load_tokenizer(f'{workdir}/{VOCAB_FILE}', config.data.vocab_size)
-  model_config = translate.model_config(config, tokenizer.vocab_size)
-  model = Transformer(model_config, rngs=nnx.Rngs(config.seed))
-  model, _, _ = restore.restore_model(model, config.eval, workdir)
+  trained = translate.TASK.trained_model(
+    workdir, needs="relpos.tools.translate reads runs of task 'translate'", prepare=check_beam
+  )
+  config = trained.config
   return translate.translate_sentences(
-    model, tokenizer, lines, config.eval, max_len=config.model.max_len
+    trained.model, trained.vocab, lines, config.eval, max_len=config.model.max_len
   )
 
 

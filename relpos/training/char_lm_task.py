@@ -72,7 +72,7 @@ def missing_vocabulary(workdir: Path, data_vocab: str) -> FileNotFoundError | No
 def read_vocabulary(workdir: Path, data_vocab: str) -> CharVocab:
   """The vocabulary the run in `workdir` trained with (its vocab.json; for a run of 'bytes'
   without one, all 256 byte values, what it held), for the tools that read a finished run
-  (`relpos.tools.sample`).
+  (`CharLM.run_vocabulary`).
 
   Raises:
     FileNotFoundError: an 'original' run's vocab.json is gone (`missing_vocabulary`).
@@ -141,8 +141,7 @@ def _empty_memory(model, batch_size: int, mem_len: int, mesh) -> dict:
 def build(config, vocab_size: int, mesh):
   """(model, graphdef, state) for training: model and optimizer replicated over `mesh`, plus
   the empty memory (split by rows) when config.train.mem_len > 0."""
-  typed = model_config(config, vocab_size)
-  model = TransformerXL(typed, rngs=nnx.Rngs(config.seed))
+  model = TASK.build_model(config, vocab_size)
   train = config.train
   carry = {'memory': _empty_memory(model, train.batch_size, train.mem_len, mesh)}
   graphdef, state = step_lib.init_state(model, config, mesh, **(carry if train.mem_len else {}))
@@ -393,12 +392,19 @@ class CharLM(task_base.Task):
       return vocabulary  # enwik8: its size and md5 are checked as it is read (data.enwik8)
     return {'config.data.path': Path(config.data.path), **vocabulary}
 
+  def build_model(self, config, vocab_size):
+    return TransformerXL(model_config(config, vocab_size), rngs=nnx.Rngs(config.seed))
+
+  def run_vocabulary(self, config, workdir):
+    vocab = read_vocabulary(Path(workdir), config.data.vocab)
+    return vocab, vocab.size
+
   def score(self, config, workdir, output_dir=None) -> dict:
     """Bits-per-char on config.eval.split, with config.eval's segment and memory settings
     (`output_dir` is unused: nothing but eval_results.json is written)."""
     del output_dir
     splits, vocab = _vocab_for_run(config, workdir, training=False, encode=(config.eval.split,))
-    model = TransformerXL(model_config(config, vocab.size), rngs=nnx.Rngs(config.seed))
+    model = self.build_model(config, vocab.size)
     model, steps, checkpoint = restore.restore_model(model, config.eval, workdir)
     split = config.eval.split
     batches = split_batches(config, split, splits[split], rows_of='eval', segments_of='eval')

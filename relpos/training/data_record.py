@@ -395,8 +395,8 @@ def check_vocabulary(workdir: Path, files: dict[str, Path]) -> None:
   compared with its record, `changes`). Unlike other data, it is not something to
   score elsewhere: the model's ids are its vocabulary's pieces, so another vocabulary reads
   every sentence as other ids (with --output_dir, eval.py scored them so, exit 0, a fraction
-  of the run's BLEU). eval.py and the tools that read a run (`relpos.tools.translate`,
-  `relpos.tools.sample`) refuse it, with or without --output_dir, and so does a resume, with
+  of the run's BLEU). eval.py and the tools that read a run (`task_base.Task.trained_model`)
+  refuse it, with or without --output_dir, and so does a resume, with
   or without --allow_config_change (it trained the checkpoint's embeddings on other pieces).
 
   Raises:

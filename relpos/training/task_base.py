@@ -21,7 +21,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
@@ -40,7 +40,7 @@ from relpos.training import mesh as mesh_lib
 from relpos.training.checkpoints import CHECKPOINTS, finished_steps, steps_text
 from relpos.training.device_memory import evaluation_memory_fault, is_out_of_memory
 from relpos.training.loop import check_evaluation_plan, train
-from relpos.training.restore import check_trained
+from relpos.training.restore import check_trained, restore_model
 from relpos.training.run_config import (
   RESULTS_FILE,
   WRITTEN_TO,
@@ -108,7 +108,7 @@ def runnable_here(config, workdir, platform: str | None = None) -> None:
   this machine's, `jax.default_backend()`; the rule is `implementations.off_its_devices`', the
   one `check_platform` refuses by), with one warning line naming the recorded choice and the
   devices. For the tools that run a trained model from its own config and take no config
-  flags (`relpos.tools.sample`, `relpos.tools.translate`): a run trained with 'cudnn' on a GPU
+  flags (`Task.trained_model`): a run trained with 'cudnn' on a GPU
   and opened on a CPU ended in JAX's traceback ('cuDNN is not detected'), and nothing could
   choose another kernel. The implementation is how the model is computed, not what it is
   (`model_fields.EVALUATION_FREE_FIELDS`): 'auto' runs the same model, to rounding. eval.py
@@ -123,6 +123,15 @@ def runnable_here(config, workdir, platform: str | None = None) -> None:
       f"{platform}: running 'auto' (the same model: the implementation is a compute choice)"
     )
     config.model.attention_implementation = 'auto'
+
+
+class TrainedModel(NamedTuple):
+  """A finished run as the tools that read one take it (`Task.trained_model`)."""
+
+  config: ml_collections.ConfigDict  # its config.json, the implementation `runnable_here`'s
+  vocab: Any  # the vocabulary it trained with (`Task.run_vocabulary`)
+  model: nnx.Module  # with its checkpoint's parameters (`restore.restore_model`)
+  steps: list[int]  # the checkpoints averaged into them, the last the one config.eval names
 
 
 # In `Task.score`'s result: {key of `Task.result_files`: the text of the file it names}, for
@@ -295,6 +304,49 @@ class Task(abc.ABC):
     (the workdir by default), are not written here: the result names each under its key of
     `result_files` and holds their text under `FILE_TEXTS` ({key: text}), which `evaluate`
     writes together with eval_results.json (`_score_into`)."""
+
+  def build_model(self, config, vocab_size: int) -> nnx.Module:
+    """The task's model of `config` over `vocab_size` symbols, its parameters drawn from
+    config.seed as training draws them (a checkpoint's then replace them: `restore_model`)."""
+    raise NotImplementedError(f'{type(self).__name__} builds no model')
+
+  def run_vocabulary(self, config, workdir: Path) -> tuple[Any, int]:
+    """(the vocabulary the run in `workdir` trained with, read as its tools read text with it;
+    its size, the model's), for `trained_model`."""
+    raise NotImplementedError(f'{type(self).__name__} reads no vocabulary')
+
+  def trained_model(
+    self,
+    workdir,
+    *,
+    needs: str,
+    flag: str | None = '--workdir',
+    prepare: Callable[[ml_collections.ConfigDict], None] | None = None,
+  ) -> TrainedModel:
+    """The finished run in `workdir` as the tools that read one from its own config take it
+    (relpos.tools.translate and .sample, relpos.studies.shaw_tables,
+    benchmarks/decode_speed.py), each check made before the next thing is read: a run of
+    this task (`check_task`; `needs`: what reads such runs, for its message), its config.json
+    (`read_config`; `flag`: the flag that gave `workdir`, None where it is positional), an
+    attention implementation this machine runs (`runnable_here`: the tools take no config
+    flags), a vocabulary unchanged since the run trained (`data_record.check_vocabulary`, as
+    eval.py checks it), the caller's `prepare(config)` (its own flags against the run's
+    config, and what it changes in config.eval for its read), a checkpoint (`check_trained`);
+    then the vocabulary (`run_vocabulary`), the model (`build_model`) and its checkpoint's
+    parameters (`restore_model`). Each tool wrote these steps out, and the copies drifted:
+    shaw_tables and decode_speed checked neither the implementation (decode_speed failed on
+    a TPU on a run's recorded 'pallas', which translate runs as 'auto') nor the vocabulary
+    (decode_speed scored a swapped spm.model's pieces without a word)."""
+    check_task(workdir, self.declaration.task, flag=flag, needs=needs)
+    config = read_config(workdir, flag)
+    runnable_here(config, workdir)  # a GPU run's 'cudnn' on a CPU: 'auto', with a warning
+    data_record.check_vocabulary(workdir, self.data_files(config, workdir))
+    if prepare is not None:
+      prepare(config)
+    check_trained(workdir).close()
+    vocab, vocab_size = self.run_vocabulary(config, workdir)
+    model, steps, _ = restore_model(self.build_model(config, vocab_size), config.eval, workdir)
+    return TrainedModel(config, vocab, model, steps)
 
   def evaluate(self, config, workdir, *, output_dir=None, after_training=False) -> dict:
     """`score` after the config check, with config.eval added; process 0 writes it to

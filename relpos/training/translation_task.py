@@ -28,7 +28,7 @@ from relpos.config import shared
 from relpos.config.translation_defaults import TranslationConfig
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID
 from relpos.data.token_batches import TokenBatches
-from relpos.data.tokenizer import check_placed
+from relpos.data.tokenizer import check_placed, load_tokenizer
 from relpos.data.translation import (
   TEXT_FIELDS,
   VOCAB_FILE,
@@ -60,8 +60,7 @@ def model_config(config, vocab_size: int) -> TransformerConfig:
 def build(config, vocab_size: int, mesh):
   """(graphdef, state) of model and optimizer as initialised from config.seed, replicated over
   `mesh`."""
-  typed = model_config(config, vocab_size)
-  return step_lib.init_state(Transformer(typed, rngs=nnx.Rngs(config.seed)), config, mesh)
+  return step_lib.init_state(TASK.build_model(config, vocab_size), config, mesh)
 
 
 def token_losses(logits_BTV, targets_BT, label_smoothing: float):
@@ -400,12 +399,19 @@ class Translate(task_base.Task):
   def train_scalars(self, totals):
     return {'train/nll': totals['nll'] / max(totals['tokens'], 1)}
 
+  def build_model(self, config, vocab_size):
+    return Transformer(model_config(config, vocab_size), rngs=nnx.Rngs(config.seed))
+
+  def run_vocabulary(self, config, workdir):
+    tokenizer = load_tokenizer(Path(workdir) / VOCAB_FILE, config.data.vocab_size)
+    return tokenizer, tokenizer.vocab_size
+
   def score(self, config, workdir, output_dir=None) -> dict:
     """BLEU of beam-search translations of the eval set (written to `output_dir`, by default
     next to the checkpoints, with eval_results.json: `result_files`) and the perplexity of its
     references."""
     data = load_eval_data(config.data, workdir)
-    model = Transformer(model_config(config, data.tokenizer.vocab_size), rngs=nnx.Rngs(config.seed))
+    model = self.build_model(config, data.tokenizer.vocab_size)
     model, steps, checkpoint = restore.restore_model(model, config.eval, workdir)
     loss_batches = eval_batches(config.data, data, seed=config.seed)  # its faults first
     translations = translate_sentences(
