@@ -212,7 +212,7 @@ def record_divergence(error: loop.DivergedError, metrics, run: str, unscored) ->
       'diverged': error.what,
       'eval': scored.eval.to_dict(),
     }
-    write_atomically(results_dir / 'eval_results.json', json.dumps(record, indent=2))
+    write_atomically(results_dir / run_config.RESULTS_FILE, json.dumps(record, indent=2))
   warn(
     f'{run} diverged ({error.what}); recorded in {unscored[0][1] / "eval_results.json"}, left '
     'out of the tables and p-values; the sweep goes on with the other runs'

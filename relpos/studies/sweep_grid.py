@@ -222,8 +222,9 @@ def run_dir(root: Path, field: str, value, seed: int, evaluation: str | None = N
   an eval field, its checkpoints): `<root>/<field's last part>=<value>/seed=<seed>`, the
   value as one directory name (`directory_name`), so a run is always a directory of the
   root's own; that of an `--evaluations` setting, in a folder of the setting's name below.
-  The one place a run's directory is named; nothing parses the names back (the tables take
-  the value from the sweep's --values)."""
+  The one place a run's directory is named (`run_config.SWEEP_RUNS` is its pattern); the
+  tables take the value from the sweep's --values, and only `root_fields`, for a root older
+  than its field record, reads a field back from the names."""
   directory = root / directory_name(f'{field.split(".")[-1]}={value}') / f'seed={seed}'
   return directory / directory_name(evaluation) if evaluation else directory
 
@@ -232,7 +233,7 @@ def model_dir(root: Path, field: str, value, seed: int) -> Path:
   """Where the run of (value, seed) trains: its run_dir, or for an eval field the seed's one
   training, shared by every value."""
   if field.startswith(EVAL_SECTION):
-    return root / 'trained' / f'seed={seed}'
+    return root / run_config.SWEEP_TRAINED / f'seed={seed}'
   return run_dir(root, field, value, seed)
 
 
@@ -349,9 +350,10 @@ def root_fields(root: Path) -> tuple[list[str], bool]:
     pass
   fields = []
   trained_once = any(
-    (run / run_config.CONFIG_FILE).is_file() for run in root.glob('trained/seed=*')
+    (run / run_config.CONFIG_FILE).is_file()
+    for run in root.glob(f'{run_config.SWEEP_TRAINED}/seed=*')
   )
-  for run in sorted(root.glob('*=*/seed=*')):
+  for run in sorted(root.glob(run_config.SWEEP_RUNS)):
     if (run / run_config.CONFIG_FILE).is_file():
       field = _trained_field(run / run_config.CONFIG_FILE, run.parent.name)
     elif trained_once and (run / run_config.RESULTS_FILE).is_file():

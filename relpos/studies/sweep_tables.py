@@ -40,7 +40,8 @@ from relpos.studies.figures import subplots
 from relpos.training import run_config
 from relpos.training.run_config import DIVERGED
 
-SUMMARY_TABLE = 'sweep.csv'  # the first of the tables the sweep writes (`write_tables`)
+# The tables the sweep writes (`write_tables`): the summary first, then its markdown.
+SUMMARY_TABLE, SUMMARY_MARKDOWN = run_config.SWEEP_TABLES
 SUMMARY_COLUMNS = ('value', 'n', 'mean', 'std', 'difference', 'p_value', 'p_seeds', 'diverged')
 
 
@@ -65,7 +66,7 @@ def read_runs(root: Path, field: str, values, seeds, evaluation=None, *, task=No
   runs = []
   for value in values:
     for seed in seeds:
-      path = sweep_grid.run_dir(root, field, value, seed, evaluation) / 'eval_results.json'
+      path = sweep_grid.run_dir(root, field, value, seed, evaluation) / run_config.RESULTS_FILE
       if not path.exists():
         warn(f'no results for {field}={value} seed {seed} ({path})')
       runs.append((value, seed, path, _read_results(path) if path.exists() else None))
@@ -143,7 +144,7 @@ def write_diverged(rows: list[dict], root: Path, field: str) -> None:
     f'Diverged, so left out of the means and p-values above ({path.name}; each '
     f'eval_results.json records {DIVERGED}): {runs_text}.\n'
   )
-  markdown = root / 'sweep.md'
+  markdown = root / SUMMARY_MARKDOWN
   write_atomically(markdown, f'{markdown.read_text()}\n{note}')
   print(note)
 
@@ -292,7 +293,7 @@ def write_tables(
     for r in rows
   ]
   markdown = '\n'.join(lines) + '\n'
-  write_atomically(root / 'sweep.md', markdown)
+  write_atomically(root / SUMMARY_MARKDOWN, markdown)
   return markdown
 
 

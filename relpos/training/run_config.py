@@ -135,13 +135,22 @@ def not_a_run(directory, given: str) -> str | None:
   return f'{given} holds only an evaluation ({RESULTS_FILE}) of {run}'
 
 
+# How relpos.studies.sweep lays out its root (`sweep_grid.run_dir`, `model_dir`,
+# `sweep_tables.write_tables`), here where the commands that take a workdir tell a sweep's root
+# from a run: a run directory of each value and seed, an eval field's one training of each seed,
+# and the tables.
+SWEEP_RUNS = '*=*/seed=*'
+SWEEP_TRAINED = 'trained'
+SWEEP_TABLES = ('sweep.csv', 'sweep.md')
+
+
 def sweep_runs(directory) -> list[Path] | None:
   """The run directories (`<field>=<value>/seed=<s>`, an eval field's `trained/seed=<s>`) of
   the sweep whose root `directory` is (`relpos.studies.sweep`: those folders, or its tables,
   sweep.csv and sweep.md), maybe none; None where `directory` is no sweep's root."""
   directory = Path(directory)
-  runs = sorted(directory.glob('*=*/seed=*')) + sorted(directory.glob('trained/seed=*'))
-  if runs or any((directory / name).is_file() for name in ('sweep.csv', 'sweep.md')):
+  runs = sorted(directory.glob(SWEEP_RUNS)) + sorted(directory.glob(f'{SWEEP_TRAINED}/seed=*'))
+  if runs or any((directory / name).is_file() for name in SWEEP_TABLES):
     return runs
   return None
 
