@@ -477,6 +477,6 @@ def main(config):
 if __name__ == '__main__':
   runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
   config_flag = define_config_flag()
-  from relpos.training import tasks  # after apply_defaults, as train.py imports it
+  from relpos.cli import run_main  # after apply_defaults: it imports jax, as train.py
 
-  tasks.run_main(lambda argv: main(config_flag.value))
+  run_main(lambda argv: main(config_flag.value))

@@ -52,7 +52,7 @@ from timing import (
 from relpos import flops as flops_lib
 from relpos import runtime
 from relpos.attention import autotune
-from relpos.training import tasks
+from relpos.cli import run_main
 from relpos.training.char_lm_task import build, train_step_fn
 from relpos.training.mesh import data_mesh
 
@@ -256,4 +256,4 @@ def main(argv):
 
 if __name__ == '__main__':
   runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
-  tasks.run_main(main)
+  run_main(main)

@@ -32,6 +32,7 @@ import numpy as np
 from absl import flags
 
 from relpos import runtime
+from relpos.cli import run_main
 from relpos.config import TASKS, load_config_file
 from relpos.training import char_lm_task as char_lm
 from relpos.training import mesh as mesh_lib
@@ -190,4 +191,4 @@ def main(argv):
 if __name__ == '__main__':
   runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
   define_flags()
-  tasks.run_main(main)
+  run_main(main)

@@ -32,12 +32,12 @@ from ml_collections import config_flags
 from timing import check_task_config
 
 from relpos import flag_types, runtime
+from relpos.cli import run_main
 from relpos.config import TASKS
 from relpos.constants import PAD_ID
 from relpos.data.translation import load_translation_data
 from relpos.training import char_lm_task as char_lm
 from relpos.training import mesh as mesh_lib
-from relpos.training import tasks
 from relpos.training import translation_task as translate
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A char_lm or translate config.')
@@ -178,4 +178,4 @@ def main(argv):
 
 if __name__ == '__main__':
   runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
-  tasks.run_main(main)
+  run_main(main)

@@ -18,8 +18,8 @@ import time
 from absl import flags
 
 from relpos import runtime, scoring
+from relpos.cli import run_main
 from relpos.data.translation import load_eval_data
-from relpos.training import tasks
 from relpos.training import translation_task as task
 
 flags.DEFINE_string('workdir', None, 'A finished translation run (train.py workdir).')
@@ -36,7 +36,7 @@ FLAGS = flags.FLAGS
 def main(argv):
   del argv
   # As relpos.tools.translate reads a run (`Task.trained_model`), each fault refused as one
-  # line by tasks.run_main.
+  # line by run_main.
   trained = task.TASK.trained_model(
     FLAGS.workdir, needs="benchmarks/decode_speed.py decodes runs of task 'translate'"
   )
@@ -70,4 +70,4 @@ def main(argv):
 
 if __name__ == '__main__':
   runtime.apply_defaults()
-  tasks.run_main(main)
+  run_main(main)

@@ -372,7 +372,7 @@ def mosaic_report(length, memory, head_dim, distances, *, batch, heads, gpu='H10
 
 
 def main(argv):
-  del argv  # none: `tasks.run_main` refuses positional arguments
+  del argv  # none: `run_main` refuses positional arguments
   f = flags.FLAGS
   lines = report(
     f.length,
@@ -409,6 +409,6 @@ if __name__ == '__main__':
   sys.setrecursionlimit(10_000)
   runtime.apply_defaults()
   define_flags()
-  from relpos.training import tasks  # after apply_defaults, as train.py imports it
+  from relpos.cli import run_main  # after apply_defaults: it imports jax, as train.py
 
-  tasks.run_main(main)
+  run_main(main)

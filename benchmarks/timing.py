@@ -12,7 +12,7 @@ from relpos.training.mesh import row_sharded
 
 
 def check_task_config(config, expected: tuple[str, ...], mesh=None, *, variant: str = '') -> None:
-  """Raises ValueError, as one line for `tasks.run_main`, unless `config` is of a task in
+  """Raises ValueError, as one line for `relpos.cli.run_main`, unless `config` is of a task in
   `expected` and passes that task's own checks (`Task.check_config`, with `mesh`: the batch
   against the devices), the checks train.py makes. A benchmark calls it before it loads data
   or builds anything, so that a config train.py would refuse is refused here the same way, not

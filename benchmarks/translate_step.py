@@ -58,10 +58,10 @@ from relpos import flag_types, runtime, threefry_lowering
 from relpos import flops as flops_lib
 from relpos.attention import autotune, shaw
 from relpos.attention.implementations import IMPLEMENTATIONS
+from relpos.cli import run_main
 from relpos.config.model_fields import DROPOUT_BITS
 from relpos.constants import PAD_ID
 from relpos.data.translation import load_translation_data
-from relpos.training import tasks
 from relpos.training import translation_task as translate
 from relpos.training.mesh import data_mesh
 
@@ -303,4 +303,4 @@ def main(argv):
 
 if __name__ == '__main__':
   runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
-  tasks.run_main(main)
+  run_main(main)

@@ -210,6 +210,6 @@ def main(argv):
 
 if __name__ == '__main__':
   runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
-  from relpos.training import tasks  # after apply_defaults, as train.py imports it
+  from relpos.cli import run_main  # after apply_defaults: it imports jax, as train.py
 
-  tasks.run_main(main)
+  run_main(main)

@@ -5,7 +5,7 @@ A fault is not in a run's config: its filesystem, its workdir, the accelerator's
 is a `RunFaultError` (`relpos.training.workdir_lock.WorkdirInUseError`,
 `relpos.training.device_memory.DeviceMemoryError`, `FilesystemFaultError` here) whose message
 is one line naming what failed, what is still intact and what to do; the launchers print it
-and exit with its `exit_code` (`relpos.training.tasks.fault_exit`).
+and exit with its `exit_code` (`relpos.cli.fault_exit`).
 
 A filesystem's fault (a full disk, a read-only, vanished or misplaced workdir, a checkpoint that
 did not commit) is told from an error's errno, wherever in its chain it is, or from the text

@@ -171,7 +171,7 @@ def dangling_link(path) -> str | None:
   ('does not exist', 'no text file'), neither saying why: the one check of it for a workdir
   (`relpos.training.run_config.check_path`), a data file
   (`relpos.data.data_file.refuse_dangling_link`) and --config's file
-  (`relpos.training.tasks`)."""
+  (`relpos.config.command_line`)."""
   path = Path(path)
   for link in (path, *path.parents):
     if link.is_symlink() and not link.exists():

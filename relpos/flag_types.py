@@ -1,8 +1,8 @@
 """absl flag helpers shared by relpos's commands: a comma-separated list of integers, and flag
 errors as one line (in relpos's words: `error_line`) for every command.
 
-Kept apart from `relpos.training.tasks` (which parses the launchers' flags and imports the
-training code) so that a benchmark or tool can define its flags at import time, before
+Kept apart from `relpos.cli` (the commands' `run_main`, which imports the training code) so
+that a benchmark or tool can define its flags at import time, before
 `relpos.runtime.apply_defaults` and the heavy imports.
 """
 
@@ -22,8 +22,8 @@ flags.disclaim_key_flags()
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing for a command without --config (the studies' plot, significance and
   shaw_tables): an unknown, missing or bad flag is one `error:` line and exit status 1, not
-  absl's two FATAL lines. (The launchers' `relpos.training.tasks.parse_flags` adds the config
-  file's faults.)"""
+  absl's two FATAL lines. (The launchers' `relpos.config.command_line.parse_flags` adds the
+  config file's faults.)"""
   try:
     return flags.FLAGS(argv)
   except flags.Error as error:
@@ -92,7 +92,7 @@ def define_int_list(
   that is not one, one outside [`minimum`, `maximum`] (by default within int32, what JAX
   computes in), (with `distinct`) a repeat, or (without
   `allow_empty`) no value is refused when flags are parsed, as one `error: flag --NAME=VALUE:
-  ...` line (`relpos.training.tasks.parse_flags`). The one parser of relpos's integer-list
+  ...` line (`relpos.config.command_line.parse_flags`). The one parser of relpos's integer-list
   flags (sweep seeds, benchmark lengths and distances, device counts)."""
   return flags.DEFINE(
     _IntListParser(minimum, maximum, distinct, allow_empty),

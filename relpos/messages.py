@@ -1,7 +1,7 @@
 """What relpos says to the person running it, besides results: warnings and progress lines.
 
 A warning is a line `warning: ...` on standard error, where errors go (`error: ...`,
-relpos.training.tasks), so that standard output holds a command's results and progress alone
+relpos.cli), so that standard output holds a command's results and progress alone
 (a `| tee`, a `> results.txt`, a script reading eval.py's last line), and a warning still shows
 on the terminal. Standard output is flushed first, so that in a log that merges the two
 (`2>&1`) each warning stands where it happened. Progress lines go to standard output: the

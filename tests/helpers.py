@@ -377,13 +377,13 @@ def run_sweep_main(monkeypatch, *args: str):
   The SystemExit code, or None when it finished."""
   import sys
 
+  from relpos.config import command_line
   from relpos.studies import sweep
-  from relpos.training import tasks
 
   monkeypatch.chdir(REPO)
   argv = ['sweep.py', *args]
   monkeypatch.setattr(sys, 'argv', argv)  # main reads --config's text and overrides there
-  return call_absl_main(sweep.define_flags, sweep.main, argv, tasks.parse_flags)
+  return call_absl_main(sweep.define_flags, sweep.main, argv, command_line.parse_flags)
 
 
 def one_error_line(result) -> str:

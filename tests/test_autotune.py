@@ -986,7 +986,7 @@ def test_pretuning_traces_the_evaluation_at_its_shapes_as_forward_passes():
 )
 def test_pretune_command_line_errors_are_one_line(commands, args, message):
   """`python -m relpos.tools.pretune` with a bad flag, config or argument: one error line,
-  exit 1, before anything is traced (`tasks.run_main`)."""
+  exit 1, before anything is traced (`relpos.cli.run_main`)."""
   result = commands.run(['-m', 'relpos.tools.pretune', *args])
   said = [line for line in result.stderr.splitlines() if not line.startswith('relpos: CPU')]
   assert result.returncode == 1 and len(said) == 1, result.stderr

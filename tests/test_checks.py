@@ -247,7 +247,7 @@ def test_a_malformed_launcher_variable_is_named_under_distributed_auto():
   """OMPI_COMM_WORLD_SIZE=abc under mpirun's variables was 'found no cluster to join (...
   JAX: invalid literal for int() with base 10: 'abc')', naming no variable, and one left unset
   a KeyError traceback. Now the line names the variable and its launcher."""
-  from relpos.training import tasks
+  from relpos.training import distributed
 
   ompi = {
     'OMPI_MCA_orte_hnp_uri': '1.0;tcp://127.0.0.1:1',
@@ -255,23 +255,23 @@ def test_a_malformed_launcher_variable_is_named_under_distributed_auto():
     'OMPI_COMM_WORLD_RANK': '0',
     'OMPI_COMM_WORLD_LOCAL_RANK': '0',
   }
-  assert tasks.launcher_variable_problem(ompi) == (
+  assert distributed.launcher_variable_problem(ompi) == (
     "--distributed=auto: OMPI_COMM_WORLD_SIZE='abc' is not a whole number, though Open MPI's "
     'variables (OMPI_MCA_orte_hnp_uri) say it started this process (mpirun sets '
     'OMPI_COMM_WORLD_SIZE): start every process with mpirun, or give --distributed=explicit '
     'with --coordinator_address, --num_processes and --process_id'
   )
   del ompi['OMPI_COMM_WORLD_SIZE']
-  assert 'OMPI_COMM_WORLD_SIZE is not set, though' in tasks.launcher_variable_problem(ompi)
+  assert 'OMPI_COMM_WORLD_SIZE is not set, though' in distributed.launcher_variable_problem(ompi)
   slurm = dict.fromkeys(
     ('SLURM_JOB_ID', 'SLURM_STEP_NODELIST', 'SLURM_NTASKS', 'SLURM_PROCID', 'SLURM_LOCALID'), '1'
   )
-  assert tasks.launcher_variable_problem(slurm) is None
-  assert "SLURM_PROCID='x' is not" in tasks.launcher_variable_problem(
+  assert distributed.launcher_variable_problem(slurm) is None
+  assert "SLURM_PROCID='x' is not" in distributed.launcher_variable_problem(
     {**slurm, 'SLURM_PROCID': 'x'}
   )
   # Part of SLURM's variables (an sbatch shell outside srun) is no SLURM process to JAX either.
-  assert tasks.launcher_variable_problem({'SLURM_JOB_ID': 'x'}) is None
+  assert distributed.launcher_variable_problem({'SLURM_JOB_ID': 'x'}) is None
 
 
 @pytest.mark.parametrize(
@@ -362,11 +362,11 @@ def _free_port() -> int:
 )
 def test_a_coordinator_address_that_cannot_work_is_one_line_at_once(address, process_id, message):
   """An unknown host waited 5 minutes in silence, then aborted in C++ (exit 134)."""
-  from relpos.training import tasks
+  from relpos.training import distributed
 
   explicit = {'coordinator_address': address, 'num_processes': 2, 'process_id': process_id}
   with pytest.raises(SystemExit) as stopped:
-    tasks._join(explicit, timeout=1)
+    distributed._join(explicit, timeout=1)
   assert str(stopped.value.code).startswith(message), stopped.value.code
 
 
@@ -376,7 +376,7 @@ def test_process_0_on_a_port_another_program_listens_on_is_one_line():
   the other program. It is one line before JAX starts."""
   import socket  # noqa: PLC0415
 
-  from relpos.training import tasks
+  from relpos.training import distributed
 
   with socket.socket() as listening:
     listening.bind(('127.0.0.1', 0))
@@ -384,19 +384,19 @@ def test_process_0_on_a_port_another_program_listens_on_is_one_line():
     port = listening.getsockname()[1]
     explicit = {'coordinator_address': f'127.0.0.1:{port}', 'num_processes': 2, 'process_id': 0}
     with pytest.raises(SystemExit) as stopped:
-      tasks._join(explicit, timeout=1)
+      distributed._join(explicit, timeout=1)
   assert str(stopped.value.code) == (
     f'error: --coordinator_address=127.0.0.1:{port}: port {port} on 127.0.0.1 is in use by '
     'another program, so the coordinator cannot listen there: give every process another port'
   )
-  assert not tasks.port_in_use('127.0.0.1', port)  # closed now: free
+  assert not distributed.port_in_use('127.0.0.1', port)  # closed now: free
 
 
 def test_a_process_waits_for_a_coordinator_on_one_line_then_ends_with_one(capsys):
   """Process 1 with no coordinator (process 0 not started, a wrong port) waited JAX's 5 minutes
   in silence, then aborted in C++ (a 30-line stack, exit 134). Now it says that it waits, for
   how long, and ends with one line and exit 69 (the clock here is a stand-in)."""
-  from relpos.training import tasks
+  from relpos.training import distributed
 
   address, now = f'127.0.0.1:{_free_port()}', [0.0]
 
@@ -404,8 +404,8 @@ def test_a_process_waits_for_a_coordinator_on_one_line_then_ends_with_one(capsys
     now[0] += seconds
 
   with pytest.raises(SystemExit) as stopped:
-    tasks.wait_for_coordinator(address, 120, clock=lambda: now[0], sleep=sleep)
-  assert stopped.value.code == tasks.COORDINATOR_EXIT_CODE == 69
+    distributed.wait_for_coordinator(address, 120, clock=lambda: now[0], sleep=sleep)
+  assert stopped.value.code == distributed.COORDINATOR_EXIT_CODE == 69
   assert capsys.readouterr().err.splitlines() == [
     f'waiting up to 2m00s for the coordinator (process 0) at {address} (--coordinator_address; '
     '--coordinator_timeout sets how long)',
@@ -418,11 +418,11 @@ def test_a_process_waits_for_a_coordinator_on_one_line_then_ends_with_one(capsys
 def test_a_process_joins_a_coordinator_that_listens_without_a_line(capsys):
   import socket  # noqa: PLC0415
 
-  from relpos.training import tasks
+  from relpos.training import distributed
 
   with socket.socket() as listening:
     listening.bind(('127.0.0.1', 0))
     listening.listen()
     address = f'127.0.0.1:{listening.getsockname()[1]}'
-    tasks.wait_for_coordinator(address, 5, sleep=pytest.fail)
+    distributed.wait_for_coordinator(address, 5, sleep=pytest.fail)
   assert capsys.readouterr().err == ''

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from helpers import TINY_CHAR_LM_FLAGS, refusal, write_pairs, write_word_corpus
 
+from relpos.training import distributed
 from relpos.training import mesh as mesh_lib
-from relpos.training import tasks
 
 REPO = Path(__file__).resolve().parent.parent
 STEP_TOLERANCE = 1e-5  # max |param difference| after one step, 1 against 4 devices
@@ -309,7 +309,7 @@ def test_two_processes_train_the_char_lm_in_sync_and_stop_together(tmp_path):
   outputs, codes = _run_two_processes(tmp_path, args)  # the same command resumes
   _assert_succeeded(outputs, codes)
   # Each process says at its start what becomes of it should the other die (JAX's abort).
-  assert all(output.count(tasks.PEER_DEATH_NOTE) == 1 for output in outputs)
+  assert all(output.count(distributed.PEER_DEATH_NOTE) == 1 for output in outputs)
   assert all(f'resumed from {tmp_path / "run" / "checkpoints" / stopped[0]}' in o for o in outputs)
   _assert_identical(_params(tmp_path))
   assert all(output.strip().splitlines()[-1].startswith('bpc=') for output in outputs)

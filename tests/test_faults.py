@@ -6,7 +6,7 @@ Each row checks the one-line message, the exit status and that nothing earlier w
 same finished checkpoints, byte for byte, and the same metrics.jsonl lines before and after.
 
 The runs are the tiny character LM of tests/helpers.py, in-process (the launchers' exit status
-and line come from `tasks.fault_exit`); one row runs train.py end to end in a subprocess.
+and line come from `relpos.cli.fault_exit`); one row runs train.py end to end in a subprocess.
 """
 
 import builtins
@@ -36,6 +36,8 @@ from helpers import (
 )
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
+from relpos import cli
+from relpos.config import command_line
 from relpos.faults import FILESYSTEM_EXIT_CODE, FilesystemFaultError
 from relpos.studies import plot, shaw_tables, sweep_tables
 from relpos.tools import sample, translate
@@ -114,7 +116,7 @@ def _at_checkpoint(monkeypatch, step: int, act) -> list:
 
 def _fault(error, exit_code, *phrases):
   """Checks the launchers' exit status and line for `error`; returns the line."""
-  code, line = tasks.fault_exit(error)
+  code, line = cli.fault_exit(error)
   assert code == exit_code, (code, line)
   assert '\n' not in line and line.startswith('error: '), line
   for phrase in phrases:
@@ -149,7 +151,7 @@ def test_a_full_disk_mid_run_loses_nothing_and_the_rerun_resumes(
 ):
   workdir = tmp_path / 'run'
   seen = full_disk_at(4)
-  with pytest.raises(tasks.FAULTS) as caught:
+  with pytest.raises(cli.FAULTS) as caught:
     char_lm.TASK.train_model(_config(text_file), workdir)
   assert seen, 'the fault was not injected'
   line = _fault(
@@ -199,7 +201,7 @@ def test_a_checkpoint_that_fails_to_commit_for_another_reason(text_file, tmp_pat
     return await real(self, item, directory)
 
   monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, '_save_fn', save_fn)
-  with pytest.raises(tasks.FAULTS) as caught:
+  with pytest.raises(cli.FAULTS) as caught:
     char_lm.TASK.train_model(_config(text_file), workdir)
   _fault(
     caught.value,
@@ -215,18 +217,18 @@ def test_a_checkpoint_that_fails_to_commit_for_another_reason(text_file, tmp_pat
 def test_a_file_in_place_of_the_workdir(text_file, tmp_path):
   workdir = tmp_path / 'run'
   workdir.write_text('notes')
-  with pytest.raises(tasks.FAULTS) as caught:
+  with pytest.raises(cli.FAULTS) as caught:
     char_lm.TASK.train_model(_config(text_file), workdir)
   _fault(caught.value, FILESYSTEM_EXIT_CODE, f'--workdir={workdir} is a file, not a directory')
   assert workdir.read_text() == 'notes'
-  with pytest.raises(tasks.FAULTS) as caught:  # a file in place of a parent directory
+  with pytest.raises(cli.FAULTS) as caught:  # a file in place of a parent directory
     char_lm.TASK.train_model(_config(text_file), workdir / 'run')
   _fault(caught.value, FILESYSTEM_EXIT_CODE, 'cannot write to --workdir=', 'give a directory')
   # train.py's own lines, not the readers' (its check for a finished run reads no file there).
-  with pytest.raises(tasks.FAULTS) as caught:
+  with pytest.raises(cli.FAULTS) as caught:
     char_lm.TASK.train_and_evaluate(_config(text_file), workdir)
   _fault(caught.value, FILESYSTEM_EXIT_CODE, f'--workdir={workdir} is a file, not a directory')
-  with pytest.raises(tasks.FAULTS) as caught:
+  with pytest.raises(cli.FAULTS) as caught:
     char_lm.TASK.train_and_evaluate(_config(text_file), workdir / 'run')
   _fault(caught.value, FILESYSTEM_EXIT_CODE, 'cannot write to --workdir=', 'give a directory')
 
@@ -277,7 +279,7 @@ def _train_read_only(text_file, workdir, monkeypatch):
   (`_read_only`), the workdir made writable again after."""
   cause = _read_only(workdir, monkeypatch)
   try:
-    with pytest.raises(tasks.FAULTS) as caught:
+    with pytest.raises(cli.FAULTS) as caught:
       char_lm.TASK.train_model(_config(text_file), workdir)
   finally:
     monkeypatch.undo()
@@ -385,7 +387,7 @@ def test_a_workdir_removed_mid_run(text_file, tmp_path, monkeypatch):
   workdir = tmp_path / 'run'
   # Checkpoint 2 finished, then the workdir goes (an unmount, a cleanup job).
   _at_checkpoint(monkeypatch, 4, lambda: shutil.rmtree(workdir))
-  with pytest.raises(tasks.FAULTS) as caught:
+  with pytest.raises(cli.FAULTS) as caught:
     char_lm.TASK.train_model(_config(text_file), workdir)
   _fault(
     caught.value,
@@ -424,7 +426,7 @@ def test_a_workdir_where_another_run_trains_is_refused_until_it_dies(text_file, 
   try:
     assert holder.stdout.readline().strip() == 'held'
     before = _state(workdir)
-    with pytest.raises(tasks.FAULTS) as caught:
+    with pytest.raises(cli.FAULTS) as caught:
       char_lm.TASK.train_model(_config(text_file), workdir)
     _fault(
       caught.value,
@@ -455,7 +457,7 @@ def test_evaluating_a_run_before_its_first_checkpoint_says_it_trains_now(
   shutil.rmtree(workdir / 'checkpoints')  # the run has recorded its config, saved nothing
   with workdir_lock.hold(workdir):  # another open file: flock refuses this process too
     assert workdir_lock.holder(workdir).startswith(f'process {os.getpid()} on ')
-    with pytest.raises(tasks.FAULTS) as caught:
+    with pytest.raises(cli.FAULTS) as caught:
       char_lm.TASK.evaluate(_config(text_file), workdir)
     _fault(
       caught.value,
@@ -570,7 +572,7 @@ def test_a_file_where_the_run_keeps_a_directory_is_refused_before_training(
   shutil.rmtree(workdir / name)
   (workdir / name).write_text('x')
   lines = (workdir / 'metrics.jsonl').read_text()
-  with pytest.raises(tasks.FAULTS) as caught:
+  with pytest.raises(cli.FAULTS) as caught:
     char_lm.TASK.train_model(_config(text_file), workdir)
   _fault(
     caught.value,
@@ -721,7 +723,7 @@ def test_out_of_accelerator_memory_names_the_shapes_and_what_would_fit(
     return run
 
   monkeypatch.setattr(char_lm.TASK, 'training', training)
-  with pytest.raises(tasks.FAULTS) as caught:
+  with pytest.raises(cli.FAULTS) as caught:
     char_lm.TASK.train_model(_config(text_file), workdir)
   assert isinstance(caught.value.__cause__, jax.errors.JaxRuntimeError)
   assert 'RESOURCE_EXHAUSTED' in str(caught.value.__cause__)
@@ -755,7 +757,7 @@ def test_out_of_memory_while_evaluating_names_the_evaluation_sizes(
     raise ValueError('RESOURCE_EXHAUSTED: Out of memory allocating 17179869184 bytes.')
 
   monkeypatch.setattr(char_lm.TASK, 'score', score)
-  with pytest.raises(tasks.FAULTS) as caught:
+  with pytest.raises(cli.FAULTS) as caught:
     char_lm.TASK.evaluate(_config(text_file), straight)
   assert caught.value.exit_code == OUT_OF_MEMORY_EXIT_CODE
   assert str(caught.value) == (
@@ -783,7 +785,7 @@ def test_a_model_too_large_to_build_is_an_out_of_memory_fault(
     raise error
 
   monkeypatch.setattr(char_lm.TASK, 'training', training)
-  with pytest.raises(tasks.FAULTS) as caught:
+  with pytest.raises(cli.FAULTS) as caught:
     char_lm.TASK.train_model(_config(text_file), tmp_path / 'run')
   assert caught.value.exit_code == OUT_OF_MEMORY_EXIT_CODE
   assert str(caught.value).startswith('out of accelerator memory at step 1 (')
@@ -902,7 +904,7 @@ def test_a_read_only_output_dir_of_eval_is_found_before_scoring(
   _not_scored(monkeypatch)
   cause = _read_only(output, monkeypatch)
   try:
-    with pytest.raises(tasks.FAULTS) as caught:
+    with pytest.raises(cli.FAULTS) as caught:
       char_lm.TASK.evaluate(
         _config(text_file), workdir, output_dir=output if given_output_dir else None
       )
@@ -927,7 +929,7 @@ def test_a_file_in_place_of_eval_output_dir_names_that_flag(text_file, straight,
   """The remedy names --output_dir, the flag at fault (it said '--workdir')."""
   output = tmp_path / 'a_file'
   output.write_text('')
-  with pytest.raises(tasks.FAULTS) as caught:
+  with pytest.raises(cli.FAULTS) as caught:
     char_lm.TASK.evaluate(_config(text_file), straight, output_dir=output)
   assert str(caught.value).startswith(
     f'cannot write the evaluation to {output}, checked before scoring: File exists'
@@ -974,9 +976,9 @@ def test_a_full_disk_writing_the_evaluation_names_the_file(
   before = _state(workdir)
   monkeypatch.setattr(char_lm.TASK, 'score', _score_writing_translations(char_lm.TASK.score))
   _full_disk_writing(monkeypatch, f'.{written}')
-  with pytest.raises(tasks.FAULTS) as caught:
+  with pytest.raises(cli.FAULTS) as caught:
     char_lm.TASK.evaluate(_config(text_file), workdir, output_dir=output)
-  assert tasks.fault_exit(caught.value)[1] == (
+  assert cli.fault_exit(caught.value)[1] == (
     f'error: cannot write the evaluation to {output / written}: No space left on device (the '
     f'disk is full); the checkpoints in {workdir} are unchanged; free space on its disk, then '
     'rerun'
@@ -997,9 +999,9 @@ def test_an_evaluation_takes_the_write_faults_train_py_takes(text_file, straight
 
   monkeypatch.setattr(char_lm.TASK, 'score', score)
   raised = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-  with pytest.raises(tasks.FAULTS) as caught:
+  with pytest.raises(cli.FAULTS) as caught:
     char_lm.TASK.evaluate(_config(text_file), straight)
-  assert tasks.fault_exit(caught.value)[1] == (
+  assert cli.fault_exit(caught.value)[1] == (
     f'error: cannot write the evaluation to {straight}: No space left on device (the disk is '
     f'full); the checkpoints in {straight} are unchanged; free space on its disk, then rerun'
   )
@@ -1046,7 +1048,7 @@ def test_a_real_full_disk_mid_run_and_the_rerun_after_freeing_space(
   first write to fail may be the checkpoint's (in tensorstore) or metrics.jsonl's."""
   workdir = small_disk / 'run'
   filled = _at_checkpoint(monkeypatch, 4, lambda: _fill(small_disk))  # checkpoint 2 is on disk
-  with pytest.raises(tasks.FAULTS) as caught:
+  with pytest.raises(cli.FAULTS) as caught:
     char_lm.TASK.train_model(_config(text_file), workdir)
   _fault(
     caught.value,
@@ -1582,8 +1584,8 @@ def test_a_looped_exception_chain_is_walked_once():
   assert exception_chain(first) == [first, second]
   assert exception_chain(second) == [second, first]
   assert exception_chain(second, context=False) == [second]
-  assert tasks._root_cause(first) is second
-  assert tasks._last_frame_in(first, __file__) is None
+  assert command_line._root_cause(first) is second
+  assert command_line._last_frame_in(first, __file__) is None
   assert error_errno(first) is None
   assert _read_cause(first) == 'second'
 

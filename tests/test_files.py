@@ -93,8 +93,8 @@ def test_a_dangling_link_given_as_a_data_file_or_config_names_the_link_and_its_t
   translation file or --config read as no file at all: 'no text file at', 'is not a file',
   'no enwik8 at', 'does not exist'. Now each names the link and its missing target, as a
   workdir's did (`files.dangling_link`, one check for all)."""
+  from relpos.config import command_line
   from relpos.data import enwik8, parallel_text, text
-  from relpos.training import tasks
 
   link = tmp_path / 'corpus.txt'
   link.symlink_to(tmp_path / 'unmounted' / 'corpus.txt')
@@ -115,7 +115,7 @@ def test_a_dangling_link_given_as_a_data_file_or_config_names_the_link_and_its_t
     assert str(caught.value) == f'{field}={link}: {problem}'
   config_link = tmp_path / 'config.py'
   config_link.symlink_to(tmp_path / 'unmounted' / 'corpus.txt')
-  line, _ = tasks._config_file_problem(['train.py', f'--config={config_link}:shaw'])
+  line, _ = command_line._config_file_problem(['train.py', f'--config={config_link}:shaw'])
   assert line == f'--config={config_link}:shaw: {problem}'
 
 

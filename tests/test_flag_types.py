@@ -54,7 +54,8 @@ def test_a_flag_belongs_to_the_module_that_defines_it():
 def test_a_boolean_flag_given_another_value_says_what_it_takes(monkeypatch):
   """`--config.model.pre_layer_norm=yes` (or empty) was absl's tuple repr: "flag --...=yes:
   ('Non-boolean argument to boolean flag', 'yes')", naming no value a boolean flag takes.
-  The launchers' config overrides go through the same words (`tasks._flag_error`)."""
+  The launchers' config overrides go through the same words
+  (`relpos.config.command_line._flag_error`)."""
   from helpers import REPO
   from test_launch_checks import _parse_error
 

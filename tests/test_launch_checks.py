@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, call_absl_main, load_config, one_error_line, run_sweep_main
 
+from relpos.config import command_line
 from relpos.training import loop, task_base, tasks, workdir_lock, workdir_setup
 
 
@@ -389,7 +390,8 @@ def test_config_files_that_do_not_load_are_one_line(commands, tmp_path):
 
 def _parse(monkeypatch, *args) -> tuple[object, object]:
   """(the exit code, the parsed config) of the command line `train.py args` as the launchers
-  parse it (tasks.parse_flags): the code is the `error: ...` line of a refused one, else None."""
+  parse it (command_line.parse_flags): the code is the `error: ...` line of a refused one, else
+  None."""
   import sys
 
   from ml_collections import config_flags
@@ -404,12 +406,12 @@ def _parse(monkeypatch, *args) -> tuple[object, object]:
   def main(argv):
     parsed['config'] = parsed['flag'].value
 
-  return call_absl_main(define, main, argv, tasks.parse_flags), parsed.get('config')
+  return call_absl_main(define, main, argv, command_line.parse_flags), parsed.get('config')
 
 
 def _parsed_config(monkeypatch, *overrides, config=CHAR_TINY):
   """char_tiny's config (or that of the --config value `config`) as the launchers parse it
-  with `overrides` (tasks.parse_flags)."""
+  with `overrides` (command_line.parse_flags)."""
   code, config = _parse(monkeypatch, f'--config={config}', *overrides)
   assert code is None
   return config
@@ -486,7 +488,8 @@ def test_a_home_in_the_config_file_and_its_path_fields_is_expanded(monkeypatch, 
   )
   # Not a path field, and not set: left as they are.
   assert (config.data.source_lang, config.data.tfds_data_dir) == ('~/en', None)
-  assert tasks.config_arg(['sweep', '--config', '~/translate.py']) == str(tmp_path / 'translate.py')
+  expanded = command_line.config_arg(['sweep', '--config', '~/translate.py'])
+  assert expanded == str(tmp_path / 'translate.py')
 
 
 @pytest.mark.parametrize(

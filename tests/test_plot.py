@@ -12,6 +12,7 @@ import pytest
 from absl import flags
 from helpers import call_absl_main
 
+from relpos.cli import guarded
 from relpos.faults import FilesystemFaultError
 from relpos.studies import figures, plot, shaw_tables
 
@@ -129,14 +130,17 @@ def _read_only(path, content):
 def _plot_main(tmp_path, out):
   run = _run(tmp_path / 'a', [{'step': 1, 'train/loss': 1.0}])
   define = lambda: flags.DEFINE_string('out', None, '')  # noqa: E731 (as plot's __main__)
-  return call_absl_main(define, plot.main, ['plot', str(run), f'--out={out}'])
+  return call_absl_main(
+    define, guarded(plot.main, positional=True), ['plot', str(run), f'--out={out}']
+  )
 
 
 def _shaw_tables_main(tmp_path, out, monkeypatch):
   drift = {stack: np.zeros(3) for stack in shaw_tables.STACKS}
   monkeypatch.setattr(shaw_tables, 'drift_by_k', lambda workdirs: {1: (drift, 1.0, 1)})
   define = lambda: flags.DEFINE_string('out', None, '')  # noqa: E731 (as its __main__)
-  return call_absl_main(define, shaw_tables.main, ['shaw_tables', 'run', f'--out={out}'])
+  command = guarded(shaw_tables.main, positional=True)  # as its __main__ runs it
+  return call_absl_main(define, command, ['shaw_tables', 'run', f'--out={out}'])
 
 
 @pytest.mark.parametrize('tool', ['plot', 'shaw_tables'])

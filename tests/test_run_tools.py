@@ -316,14 +316,14 @@ def test_a_path_flag_after_an_equals_sign_gets_its_home_expanded():
   a literal '~' and train.py made a directory named '~' in the working directory."""
   from absl import flags
 
-  from relpos.training import tasks
+  from relpos.config import command_line
 
   registry = flags.FlagValues()
   flags.DEFINE_string('workdir', None, '', flag_values=registry)
   flags.DEFINE_string('out', None, '', flag_values=registry)
   flags.DEFINE_string('prompt', None, '', flag_values=registry)
   registry(['prog', '--workdir=~/runs/x', '--out=runs/~y', '--prompt=~/not a path'])
-  tasks.expand_home(registry)
+  command_line.expand_home(registry)
   assert registry.workdir == os.path.expanduser('~/runs/x') and not registry.workdir.startswith('~')
   assert (registry.out, registry.prompt) == ('runs/~y', '~/not a path')
 

@@ -9,6 +9,7 @@ import pytest
 from absl import flags
 from helpers import call_absl_main, load_config
 
+from relpos.cli import guarded
 from relpos.config.translation_defaults import translate_config
 from relpos.studies import shaw_tables
 
@@ -59,7 +60,8 @@ def test_a_workdir_it_cannot_read_is_one_line(tmp_path, config, message):
   if config is not None:
     workdir.mkdir()
     (workdir / 'config.json').write_text(json.dumps(config))
-  code = call_absl_main(lambda: None, shaw_tables.main, ['shaw_tables', str(workdir)])
+  command = guarded(shaw_tables.main, positional=True)  # as its __main__ runs it
+  code = call_absl_main(lambda: None, command, ['shaw_tables', str(workdir)])
   assert isinstance(code, str) and code.strip().splitlines() == [code.strip()]
   assert code.startswith('error: ') and message in code, code
   assert not code.startswith('error: --workdir'), code  # its workdirs are positional

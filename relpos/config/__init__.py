@@ -2,9 +2,9 @@
 `shared`, `char_lm_defaults`, `translation_defaults`: the fields), the rules that check them
 (`checks`), and `load_config_file` for config files built on other config files (with
 `unknown_preset`, the error of a preset a file lacks; `importable_beside` lets a config file
-import a module beside it). The config
-files of configs/ are presets: they start from a declaration's ConfigDict and change values
-only."""
+import a module beside it). A command line's --config and its overrides are parsed, each
+fault one line, by `command_line`. The config files of configs/ are presets: they start from a
+declaration's ConfigDict and change values only."""
 
 import contextlib
 import importlib
@@ -26,8 +26,9 @@ class TaskEntry(NamedTuple):
   example_config: str  # a config file of the task, named in lines that need one
 
 
-# The one registry of config.task values: relpos.training.tasks.get, `declaration` and the
-# commands' lines ("expected one of ...") all read it. Adding a task is one entry here.
+# The one registry of config.task values: relpos.training.tasks.get, `declaration`,
+# relpos.config.command_line and the commands' lines ("expected one of ...") all read it.
+# Adding a task is one entry here.
 TASKS = {
   'char_lm': TaskEntry(
     'relpos.training.char_lm_task',
@@ -56,7 +57,7 @@ def unknown_preset(preset: str, presets) -> ValueError:
   preset and the file's `presets`, and no file. A file may take its presets from another
   (configs/wmt_big.py from configs/wmt_base.py, through `load_config_file`), whose own name
   would be the wrong one: 'unknown wmt_base preset' for --config=configs/wmt_big.py:nope. The
-  commands name the file they were given (`relpos.training.tasks.parse_flags`, the sweep's
+  commands name the file they were given (`relpos.config.command_line.parse_flags`, the sweep's
   --field=preset)."""
   return ValueError(f'unknown preset {preset!r}: use one of {", ".join(presets)}')
 

@@ -125,8 +125,8 @@ def rules(cls: type, *, skip=()) -> dict[str, checks.Rule]:
 
 def paths(cls: type) -> list[str]:
   """The dotted paths of the declared fields that name a file or directory (`path=True`): the
-  launchers expand a `~` in them (`relpos.training.tasks.parse_flags`), which the shell does
-  not do after `--config.data.path=`."""
+  launchers expand a `~` in them (`relpos.config.command_line.parse_flags`), which the shell
+  does not do after `--config.data.path=`."""
   return [path for path, f in leaves(cls).items() if f.metadata.get('path')]
 
 

@@ -43,8 +43,8 @@ def save(figure, path, dpi: int = 120, *, flag: str | None = None) -> Path:
 
   Where a command's flag named the path (`flag`, a study's --out), a write the filesystem
   refuses is that command's exit-74 fault (`relpos.faults.filesystem_fault`, as
-  train.py's), which the tools report as their launchers do (`tasks.exit_for_fault`): every tool
-  that writes a figure says it the same way, here.
+  train.py's), which the tools report as their launchers do (`relpos.cli.exit_for_fault`):
+  every tool that writes a figure says it the same way, here.
 
   Raises:
     ValueError: `path` is a directory (matplotlib would write path.png beside it) or a format

@@ -14,9 +14,10 @@ import math
 import sys
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 
-from relpos import flag_types
+from relpos.cli import run_main
+from relpos.config.command_line import refuse_empty_paths
 from relpos.files import distinct_paths
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
@@ -103,19 +104,11 @@ def main(argv):
     sys.exit(
       'error: name at least one workdir: python -m relpos.studies.plot W1 [W2 ...] --out=F.png'
     )
-  from relpos.training import tasks
-
-  tasks.quiet_logging()  # matplotlib's first run logs its font cache at INFO
-  tasks.expand_home(flags.FLAGS)  # --out=~/x.png; the shell expands the positional workdirs
-  tasks.refuse_empty_paths(flags.FLAGS, argv[1:])
-  try:
-    print(f'wrote {plot_runs(distinct_paths(argv[1:]), flags.FLAGS.out)}')
-  except tasks.FAULTS as fault:  # --out cannot be written (`figures.save`): exit 74
-    tasks.exit_for_fault(fault)
-  except (FileNotFoundError, ValueError, PermissionError) as error:
-    sys.exit(f'error: {error}')
+  refuse_empty_paths(flags.FLAGS, argv[1:])
+  # --out that cannot be written (`figures.save`) is a FAULTS line, exit 74 (`run_main`).
+  print(f'wrote {plot_runs(distinct_paths(argv[1:]), flags.FLAGS.out)}')
 
 
 if __name__ == '__main__':
   flags.DEFINE_string('out', 'curves.png', 'The PNG to write.')
-  app.run(main, flags_parser=flag_types.parse_flags)
+  run_main(main, positional=True)  # quiet logging: matplotlib logs its font cache at INFO

@@ -26,9 +26,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from relpos import flag_types, runtime
+from relpos import runtime
+from relpos.config.command_line import refuse_empty_paths
 from relpos.files import distinct_paths
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
@@ -138,28 +139,18 @@ def plot(by_k, out) -> Path:
 def main(argv):
   if len(argv) < 2:
     sys.exit('error: name at least one workdir: python -m relpos.studies.shaw_tables W1 [W2 ...]')
-  from relpos.training import tasks
-
-  tasks.quiet_logging()  # orbax logs every restore at INFO
-  tasks.expand_home(flags.FLAGS)  # --out=~/x.png; the shell expands the positional workdirs
-  tasks.refuse_empty_paths(flags.FLAGS, argv[1:])
-  try:
-    by_k = drift_by_k(distinct_paths(argv[1:]))
-  except (FileNotFoundError, ValueError) as error:
-    sys.exit(f'error: {error}')
-  except tasks.FAULTS as fault:  # a run training there now, before its first checkpoint
-    tasks.exit_for_fault(fault)
+  refuse_empty_paths(flags.FLAGS, argv[1:])
+  # A run training there now, before its first checkpoint, and an --out that cannot be written
+  # (`figures.save`, exit 74) are FAULTS lines (`run_main`).
+  by_k = drift_by_k(distinct_paths(argv[1:]))
   print(markdown(by_k))
   if flags.FLAGS.out:
-    try:
-      print(f'plot: {plot(by_k, flags.FLAGS.out)}')
-    except tasks.FAULTS as fault:  # --out cannot be written (`figures.save`): exit 74
-      tasks.exit_for_fault(fault)
-    except ValueError as error:
-      sys.exit(f'error: {error}')
+    print(f'plot: {plot(by_k, flags.FLAGS.out)}')
 
 
 if __name__ == '__main__':
   runtime.apply_defaults()
+  from relpos.cli import run_main  # after the defaults: it imports jax
+
   flags.DEFINE_string('out', None, 'A PNG of drift against distance (default: none).')
-  app.run(main, flags_parser=flag_types.parse_flags)
+  run_main(main, positional=True)  # quiet logging: orbax logs every restore at INFO

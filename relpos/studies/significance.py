@@ -38,10 +38,11 @@ import os
 import sys
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 from sacrebleu.significance import PairedTest
 
-from relpos import flag_types, scoring
+from relpos import scoring
+from relpos.cli import run_main
 from relpos.training.run_config import DIVERGED
 
 # The column after value and seed in a breakdown's per-run file, sweep_by_<by>_seeds.csv
@@ -285,14 +286,13 @@ def main(argv):
       f'error: give one sweep_seeds.csv (got {len(argv) - 1} arguments): '
       'python -m relpos.studies.significance FILE [--baseline=V]'
     )
-  try:
-    print(seed_table(argv[1], flags.FLAGS.baseline), end='')
-  except (OSError, ValueError) as error:
-    sys.exit(f'error: {error}')
+  print(seed_table(argv[1], flags.FLAGS.baseline), end='')
 
 
 if __name__ == '__main__':
   flags.DEFINE_string(
     'baseline', None, 'The value the others are tested against (default: the first in the file).'
   )
-  app.run(main, flags_parser=flag_types.parse_flags)
+  # OSError of any kind is one line too, as it was before run_main: its reads already raise
+  # ValueError naming the file (`read_seeds_csv`), so what is left is writing the table.
+  run_main(main, positional=True, user_errors=(OSError, ValueError))

@@ -44,8 +44,8 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
-from relpos import flag_types, runtime
-from relpos.config import checks
+from relpos import cli, flag_types, runtime
+from relpos.config import checks, command_line
 from relpos.faults import UNWRITABLE, error_errno, error_path, filesystem_fault, is_write_fault
 from relpos.files import (
   copy_with_source,
@@ -485,14 +485,14 @@ def prepare_root(root: Path, *, train: bool) -> None:
 
 
 def main(argv):
-  tasks.start_command(argv)
+  cli.start_command(argv)
   args = flags.FLAGS
   if not args.workdir:
     sys.exit('error: --workdir is required: the root directory of the sweep (a folder per run)')
   config, field, root = args.config, args.field, Path(args.workdir)
-  config_arg = tasks.config_arg(sys.argv)
+  config_arg = command_line.config_arg(sys.argv)
   overrides = [
-    arg for arg in tasks.config_overrides(sys.argv) if not arg.startswith('--config.seed=')
+    arg for arg in command_line.config_overrides(sys.argv) if not arg.startswith('--config.seed=')
   ]
   try:
     task = tasks.get(config)
@@ -553,17 +553,17 @@ def main(argv):
   except PreemptedError as stopped:  # SIGTERM, Ctrl-C: the run in progress saved a checkpoint
     print(f'{stopped} (the sweep command resumes it and skips finished runs)', file=sys.stderr)
     sys.exit(stopped.exit_code)
-  except tasks.FAULTS as fault:  # a full disk, a workdir of another task, out of memory
-    tasks.exit_for_fault(fault)
+  except cli.FAULTS as fault:  # a full disk, a workdir of another task, out of memory
+    cli.exit_for_fault(fault)
   except OSError as error:  # the sweep's own files: one line, as train.py's (exit 74)
     fault = root_write_fault(error, root, resume=not args.collect_only)
     if fault is not None:
-      tasks.exit_for_fault(fault)
-    if not isinstance(error, tasks.USER_ERRORS):
+      cli.exit_for_fault(fault)
+    if not isinstance(error, cli.USER_ERRORS):
       raise
     print(f'error: {error}', file=sys.stderr)
     sys.exit(1)
-  except tasks.USER_ERRORS as error:
+  except cli.USER_ERRORS as error:
     sys.exit(f'error: {error}')
 
 
@@ -609,4 +609,4 @@ def define_flags():
 if __name__ == '__main__':
   runtime.apply_defaults()  # relpos's allocator (re-executes), as train.py
   define_flags()
-  app.run(main, flags_parser=tasks.parse_flags)
+  app.run(main, flags_parser=command_line.parse_flags)

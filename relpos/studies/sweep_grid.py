@@ -38,9 +38,10 @@ from pathlib import Path
 import ml_collections
 
 from relpos.config import checks, declaration, fields, load_config_file
+from relpos.config.command_line import home_expanded
 from relpos.files import write_atomically
 from relpos.messages import warn
-from relpos.training import run_config, tasks
+from relpos.training import run_config
 
 PRESET = 'preset'  # --field=preset: each value is a preset of the --config file
 EVAL_SECTION = 'eval.'  # a field under it: one training per seed, scored at every value
@@ -107,10 +108,10 @@ def parse_value(config: ml_collections.ConfigDict, field: str, text: str, flag: 
   where the task declares the field, so that a field that is None by default (an optional
   one, which 'None' sets back) still converts; else the value's own. A field declared a path
   (`declared_paths`) has a leading `~` expanded, as `--config.data.path=~/a.txt` has
-  (`tasks.home_expanded`): the shell leaves it in `--values=~/a.txt,~/b.txt`."""
+  (`home_expanded`): the shell leaves it in `--values=~/a.txt,~/b.txt`."""
   kind = field_type(config, field, flag)
   if field in declared_paths(config.get('task')):
-    text = tasks.home_expanded(text)
+    text = home_expanded(text)
   rule = declared_rules(config.get('task')).get(field)
   if rule is not None:
     if rule.optional and text == 'None':

@@ -168,6 +168,6 @@ def main(argv) -> None:
 if __name__ == '__main__':
   runtime.apply_defaults()
   define_flags()
-  from relpos.training.tasks import run_main  # after the defaults: it imports jax
+  from relpos.cli import run_main  # after the defaults: it imports jax
 
   run_main(main)

@@ -118,7 +118,7 @@ def sample(
 
 
 def main(argv):
-  del argv  # `tasks.run_main` refuses stray arguments
+  del argv  # `run_main` refuses stray arguments
   args = flags.FLAGS
   text = sample(
     args.workdir,
@@ -154,6 +154,6 @@ def define_flags():
 if __name__ == '__main__':
   runtime.apply_defaults()
   define_flags()
-  from relpos.training import tasks  # after the defaults: it imports jax
+  from relpos.cli import run_main  # after the defaults: it imports jax
 
-  tasks.run_main(main)
+  run_main(main)

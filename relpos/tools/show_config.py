@@ -27,6 +27,7 @@ from ml_collections import config_flags
 
 from relpos import runtime
 from relpos.config import checks, declaration, fields
+from relpos.config.command_line import config_arg
 
 
 def field_lines(config, *, changed_only: bool = False, unread=(), width: int = 100) -> list[str]:
@@ -95,7 +96,7 @@ def main(argv) -> None:
     unread = set()
   listing = field_lines(config, changed_only=options.changed, unread=unread)
   count = sum(line.startswith('*') for line in field_lines(config, changed_only=True))
-  source = tasks.config_arg(sys.argv)
+  source = config_arg(sys.argv)
   print(f'{source}: task {config.task!r}; {count} fields differ from their defaults (*)')
   if listing:
     print('\n'.join(listing))
@@ -117,6 +118,6 @@ def define_flags() -> None:
 if __name__ == '__main__':
   runtime.apply_defaults()  # as every command that imports JAX (the config check does)
   define_flags()
-  from relpos.training.tasks import run_main
+  from relpos.cli import run_main
 
   run_main(main)

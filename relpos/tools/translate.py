@@ -66,7 +66,7 @@ def read_sentences(texts: list[str] | None, stdin) -> list[str]:
 def main(argv):
   if len(argv) > 1:
     sys.exit(f'error: unexpected arguments {argv[1:]}: pass sentences with --text or stdin')
-  from relpos.training.tasks import FAULTS, exit_for_fault, quiet_logging
+  from relpos.cli import FAULTS, exit_for_fault, quiet_logging
 
   quiet_logging()
   args = flags.FLAGS
@@ -95,6 +95,6 @@ def define_flags():
 if __name__ == '__main__':
   runtime.apply_defaults()
   define_flags()
-  from relpos.training.tasks import parse_flags  # after the defaults: it imports jax
+  from relpos.config.command_line import parse_flags
 
   app.run(main, flags_parser=parse_flags)

@@ -6,10 +6,11 @@ split by rows across the devices, and XLA inserts the all-reduce of the gradient
 a step is the GLOBAL batch (config.train.batch_size rows for the character LM,
 config.data.max_tokens per side for translation); each device gets rows / device-count rows.
 
-In a multi-process run (see `relpos.training.tasks`) each process builds only the rows of its
-own devices (`process_rows`, or its data shard, `process_shard`) and `global_batch` assembles
-the global array from them. Stopping is agreed too (`any_process`): a SIGTERM that reaches one
-process stops all of them at the same step, so that they save the same checkpoint together.
+In a multi-process run (joined by `relpos.training.distributed`) each process builds only the
+rows of its own devices (`process_rows`, or its data shard, `process_shard`) and `global_batch`
+assembles the global array from them. Stopping is agreed too (`any_process`): a SIGTERM that
+reaches one process stops all of them at the same step, so that they save the same checkpoint
+together.
 """
 
 import jax
