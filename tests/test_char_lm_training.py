@@ -523,7 +523,7 @@ def test_a_moved_run_keeps_its_result_and_is_not_trained_again_without_checkpoin
   """recheck15-1/2: a finished run moved to another parent (runs/c1 -> archive/c1) read its own
   result as another workdir's: a rerun scored it again, and once its checkpoints were deleted
   train.py trained it again from step 0 in silence (eval.py said 'train first'). The result
-  records where it was written (`run_config.WRITTEN_TO`), so a moved run's is its own."""
+  records where it was written (`run_results.WRITTEN_TO`), so a moved run's is its own."""
   config = _config(text_file, steps=4)
   before = tmp_path / 'runs' / 'c1'
   char_lm.TASK.train_and_evaluate(config, before)
@@ -548,7 +548,7 @@ def test_an_evaluation_that_ends_after_a_newer_result_keeps_it(
   """fuzz15b-1: eval.py scoring a run that trains ended after train.py's final evaluation and
   replaced the run's result of its last step with the older checkpoint's score it had
   restored, exit 0. A newer result of the run, whose checkpoint is there, is kept now, with a
-  warning (`task_base.newer_result`); where that checkpoint is gone, the write goes on."""
+  warning (`run_results.newer_result`); where that checkpoint is gone, the write goes on."""
   config = _config(text_file, steps=4)
   config.train.checkpoint_every = 2
   workdir = tmp_path / 'run'

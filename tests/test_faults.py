@@ -42,7 +42,7 @@ from relpos.faults import FILESYSTEM_EXIT_CODE, FilesystemFaultError
 from relpos.studies import plot, shaw_tables, sweep_tables
 from relpos.tools import sample, translate
 from relpos.training import char_lm_task as char_lm
-from relpos.training import restore, task_base, tasks
+from relpos.training import restore, run_results, task_base, tasks
 from relpos.training import translation_task as translate_task
 from relpos.training.checkpoints import TMP_MARKER, finished_steps
 from relpos.training.device_memory import OUT_OF_MEMORY_EXIT_CODE
@@ -338,7 +338,7 @@ def test_a_data_file_gone_by_the_final_evaluation_names_the_saved_run(
   moved = tmp_path / 'moved.txt'
   after_training(monkeypatch, char_lm.TASK, lambda: text_file.rename(moved))
   try:
-    with pytest.raises(task_base.UnscoredRunError) as caught:
+    with pytest.raises(run_results.UnscoredRunError) as caught:
       char_lm.TASK.train_and_evaluate(_config(text_file), workdir)
   finally:
     if moved.exists():
@@ -369,7 +369,7 @@ def test_a_data_file_rewritten_while_training_leaves_the_run_unscored(
   after_training(monkeypatch, char_lm.TASK, lambda: text_file.write_bytes(original * 2))
   (workdir / 'eval_results.json').unlink(missing_ok=True)
   try:
-    with pytest.raises(task_base.UnscoredRunError) as caught:
+    with pytest.raises(run_results.UnscoredRunError) as caught:
       char_lm.TASK.train_and_evaluate(_config(text_file), workdir)
   finally:
     text_file.write_bytes(original)

@@ -1,13 +1,12 @@
 """The run's config kept in its workdir: a rerun with another config is refused unless allowed."""
 
 import json
-from pathlib import Path
 
 import pytest
 from helpers import eval_field_sweep_root, load_config
 
 from relpos.config import recorded as recording
-from relpos.training import run_config
+from relpos.training import run_config, run_results
 
 
 def test_a_rerun_with_another_config_is_refused_unless_allowed(tmp_path):
@@ -154,7 +153,7 @@ def test_eval_output_dir_holding_another_run_is_refused(tmp_path, monkeypatch):
   run_config.check_output_dir(tmp_path / 'new', workdir)
   (workdir / 'config.json').write_text('{}')
   run_config.check_output_dir(workdir, workdir)
-  assert run_config.foreign_checkpoint(
+  assert run_results.foreign_checkpoint(
     {'checkpoint': 'x/run/checkpoints/20'}, workdir, workdir
   ) == ('x/run/checkpoints/20')
   # A sweep's root (fz14b-10: refused as --workdir, it took an eval_results.json as
@@ -172,41 +171,9 @@ def test_eval_output_dir_holding_another_run_is_refused(tmp_path, monkeypatch):
   # A sweep's root moved since it was scored: the run's place in it is the same.
   moved = {'checkpoint': '/elsewhere/sweep/k=8/seed=0/checkpoints/20'}
   run = tmp_path / 'sweep2' / 'k=8' / 'seed=0'
-  assert run_config.foreign_checkpoint(moved, run, run) is None
+  assert run_results.foreign_checkpoint(moved, run, run) is None
   other_run = tmp_path / 'sweep2' / 'k=4' / 'seed=0'
-  assert run_config.foreign_checkpoint(moved, other_run, other_run) is not None
-
-
-def test_a_result_recording_where_it_was_written_is_the_run_s_wherever_the_run_moves(tmp_path):
-  """recheck15-1/2: a run moved to another parent (runs/c1 -> archive/c1) took its own result
-  for another run's (the last two path parts differ): a rerun scored it again, and with its
-  checkpoints deleted it was trained again from step 0 in silence. A result records where it
-  was written (`WRITTEN_TO`): the run's directory, seen from there, is the run's wherever
-  both moved, and so are its translations (an absolute path into the old place)."""
-  own = {
-    'checkpoint': '/old/runs/c1/checkpoints/20',
-    run_config.WRITTEN_TO: '/old/runs/c1',
-    'translations': '/old/runs/c1/translations_step20.txt',
-  }
-  setting = {**own, run_config.WRITTEN_TO: '/old/runs/c1/beam8'}
-  setting['translations'] = '/old/runs/c1/beam8/translations_step20.txt'
-  run, other = tmp_path / 'archive' / 'c1', tmp_path / 'archive' / 'c2'
-  assert run_config.foreign_checkpoint(own, run, run) is None
-  assert run_config.foreign_checkpoint(setting, run, run / 'beam8') is None
-  # Another run's result: in its own directory, or scored into this run's.
-  assert run_config.foreign_checkpoint(own, run, other) == own['checkpoint']
-  assert run_config.foreign_checkpoint(own, other, other) is None  # c2 a copy of c1: its own
-  assert run_config.foreign_checkpoint(setting, other, run / 'beam8') == own['checkpoint']
-  assert run_config.result_file(own, 'translations', run) == run / 'translations_step20.txt'
-  assert run_config.result_file(setting, 'translations', run / 'beam8') == (
-    run / 'beam8' / 'translations_step20.txt'
-  )
-  # Older results (no record of where): the file beside the result once its path is gone.
-  older = {'translations': '/gone/sweep/k=2/seed=0/translations_step20.txt'}
-  assert run_config.result_file(older, 'translations', run) == Path(older['translations'])
-  run.mkdir(parents=True)
-  (run / 'translations_step20.txt').write_text('x\n')
-  assert run_config.result_file(older, 'translations', run) == run / 'translations_step20.txt'
+  assert run_results.foreign_checkpoint(moved, other_run, other_run) is not None
 
 
 def test_eval_py_refuses_an_output_dir_of_another_run_in_one_line(tmp_path, commands):

@@ -20,7 +20,7 @@ from relpos.data import tokenizer
 from relpos.files import recorded_source
 from relpos.studies import breakdown, significance, sweep, sweep_grid, sweep_tables
 from relpos.training import char_lm_task as char_lm
-from relpos.training import finished_run, loop, run_config, tasks
+from relpos.training import finished_run, loop, run_config, run_results, tasks
 from relpos.training import translation_task as translate_task
 from relpos.training.run_config import read_config
 
@@ -652,7 +652,7 @@ def test_a_non_finite_score_is_a_damaged_result(tmp_path):
     ):
       sweep_tables.read_runs(tmp_path, field, [2, 8], [0])
   path.write_text(json.dumps({'bpc': float('nan'), 'diverged_at_step': 4}))  # a sweep's record
-  assert run_config.read_results(path)['diverged_at_step'] == 4
+  assert run_results.read_results(path)['diverged_at_step'] == 4
 
 
 def test_one_run_has_no_spread_in_the_table(tmp_path):
@@ -688,10 +688,10 @@ def test_a_damaged_eval_results_is_scored_again_and_named_when_collected(tmp_pat
   )
   results.write_text('{"bleu": 1.0, "translat')
   with pytest.raises(ValueError, match=r'eval_results\.json is damaged \(Unterminated string'):
-    run_config.read_results(results)
+    run_results.read_results(results)
   results.write_text('[1, 2]')
   with pytest.raises(ValueError, match=r'is damaged .not an object.$'):
-    run_config.read_results(results)
+    run_results.read_results(results)
   field = 'model.max_relative_position'
   _fake_runs(tmp_path, field, {0: [2.0]})
   (sweep_grid.run_dir(tmp_path, field, 0, 0) / 'eval_results.json').write_text('[1, 2]')
@@ -1069,7 +1069,7 @@ def test_a_diverged_run_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch,
     'the tables and p-values; the sweep goes on with the other runs'
     for seed in (0, 1)
   ]
-  recorded = run_config.read_results(
+  recorded = run_results.read_results(
     sweep_grid.run_dir(tmp_path, field, 1e6, 0) / 'eval_results.json'
   )
   assert recorded['diverged_at_step'] == 10 and recorded['bpc'] is None
@@ -1172,7 +1172,7 @@ def test_the_tables_read_each_result_once(tmp_path, monkeypatch):
     path = sweep_grid.run_dir(tmp_path, field, 0, seed) / 'eval_results.json'
     results = json.loads(path.read_text()) if seed < 2 else {'bpc': None, 'diverged_at_step': 10}
     path.write_text(json.dumps(results | {'eval': config.eval.to_dict()}))
-  reads, read_results = collections.Counter(), run_config.read_results
+  reads, read_results = collections.Counter(), run_results.read_results
   monkeypatch.setattr(
     run_config, 'read_results', lambda path: reads.update([path]) or read_results(path)
   )
@@ -1198,7 +1198,7 @@ def test_collecting_reads_each_result_once_for_every_table(tmp_path, monkeypatch
       target = tmp_path / run.parent.relative_to(tmp_path / setting) / setting
       target.mkdir(parents=True)
       (target / 'eval_results.json').write_text(json.dumps(results))
-  reads, read_results = collections.Counter(), run_config.read_results
+  reads, read_results = collections.Counter(), run_results.read_results
   monkeypatch.setattr(
     run_config, 'read_results', lambda path: reads.update([path]) or read_results(path)
   )
@@ -1229,7 +1229,7 @@ def test_an_eval_field_sweep_trains_a_diverging_seed_once(tmp_path, monkeypatch,
   assert [(row['value'], row['n']) for row in summary] == [(0, 1), (4, 1)]
   for value in (0, 4):
     results = sweep_grid.run_dir(tmp_path, 'eval.mem_len', value, 1) / 'eval_results.json'
-    assert run_config.read_results(results)['eval']['mem_len'] == value
+    assert run_results.read_results(results)['eval']['mem_len'] == value
   assert len(capsys.readouterr().err.splitlines()) == 2  # one warning per run
 
 
@@ -1418,7 +1418,7 @@ def _legacy_run(root: Path, directory: str, seed: int, *, trained: dict | None =
   if trained is not None:
     (run / run_config.CONFIG_FILE).write_text(json.dumps(trained))
   else:
-    (run / run_config.RESULTS_FILE).write_text(json.dumps({'bpc': 7.5}))
+    (run / run_results.RESULTS_FILE).write_text(json.dumps({'bpc': 7.5}))
   return run
 
 

@@ -21,7 +21,7 @@ from relpos import signals
 from relpos.constants import PAD_ID
 from relpos.models.transformer import Transformer
 from relpos.studies import shaw_tables
-from relpos.training import finished_run, restore, task_base, workdir_setup
+from relpos.training import finished_run, restore, run_results, task_base, workdir_setup
 from relpos.training import translation_task as translate
 
 
@@ -96,7 +96,7 @@ class _ExitError(BaseException):
 
 
 def _copy_of_run(trained, tmp_path) -> Path:
-  """A copy of the trained run, its results read as its own (`run_config.foreign_checkpoint`:
+  """A copy of the trained run, its results read as its own (`run_results.foreign_checkpoint`:
   the run's directory where it was from its result's; results written before that was
   recorded compared the checkpoint's path below the workdir's parent, which this keeps)."""
   workdir = tmp_path / trained[0].parent.name / 'run'
@@ -120,7 +120,7 @@ def test_a_stopped_evaluation_leaves_translations_and_results_of_one_evaluation(
   before = {path: (path.stat().st_ino, path.read_bytes()) for path in (results, translations)}
   config = _config(corpus, steps=8)
   # Other settings, results of another evaluation: into an --output_dir (the workdir holds
-  # the run's own config.eval's result, `task_base.check_own_result`).
+  # the run's own config.eval's result, `run_results.check_own_result`).
   config.eval.max_decode_extra = 1
 
   def signal_now():
@@ -323,7 +323,7 @@ def test_an_eval_file_gone_by_the_final_evaluation_names_the_saved_run(
   references, moved = corpus / 'eval.de', tmp_path / 'eval.de'
   after_training(monkeypatch, translate.TASK, lambda: references.rename(moved))
   try:
-    with pytest.raises(task_base.UnscoredRunError) as caught:
+    with pytest.raises(run_results.UnscoredRunError) as caught:
       translate.TASK.train_and_evaluate(_config(corpus, steps=8), workdir)
   finally:
     if moved.exists():

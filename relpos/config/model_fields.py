@@ -57,7 +57,7 @@ TRAINING_ONLY_FIELDS = (
 EVALUATION_FREE_FIELDS = (*TRAINING_ONLY_FIELDS, 'scan_layers', 'attention_implementation', 'dtype')
 # Those of them that change an evaluation's numbers beyond rounding: the compute dtype (a char
 # LM's bpc scored in bfloat16 is not float32's; some translations differ). An evaluation with
-# another one is not the run's own result (`relpos.training.task_base.check_own_result`), and
+# another one is not the run's own result (`relpos.training.run_results.check_own_result`), and
 # eval_results.json records them (`Task._score_into`). The kernels, the layer loop and remat
 # give the same scores to rounding, and dropout and the initialisation are not read by an
 # evaluation (deterministic, from the checkpoint's parameters).

@@ -43,7 +43,7 @@ from sacrebleu.significance import PairedTest
 
 from relpos import scoring
 from relpos.cli import run_main
-from relpos.training.run_config import DIVERGED
+from relpos.training.run_results import DIVERGED
 
 # The column after value and seed in a breakdown's per-run file, sweep_by_<by>_seeds.csv
 # (`relpos.studies.breakdown`, which imports this module): a row per run and bucket.
@@ -115,7 +115,7 @@ def check_finite(**scores) -> None:
   """Raises ValueError naming each of `scores` (name: numbers) that holds a NaN or an
   infinity: a test of such numbers is no test (NaN differences never reach the observed one,
   so the bootstrap printed its floor, p < 0.001, for them, and the t-test NaN with numpy's
-  warnings). Results with such numbers are damaged (`run_config.read_results`), so a sweep
+  warnings). Results with such numbers are damaged (`run_results.read_results`), so a sweep
   never gets here with one; a hand-made file or list may."""
   bad = [
     name for name, numbers in scores.items() if not np.isfinite(np.asarray(numbers, float)).all()

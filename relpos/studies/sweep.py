@@ -61,6 +61,7 @@ from relpos.training import (
   finished_run,
   loop,
   run_config,
+  run_results,
   tasks,
   workdir_lock,
   workdir_setup,
@@ -198,7 +199,7 @@ def warn_stale(
 def record_divergence(error: loop.DivergedError, metrics, run: str, unscored) -> None:
   """A diverged run is a result of the sweep, not a fault of it: eval_results.json in each of
   the run's results directories (`unscored`: (config, directory) pairs) records the step
-  (`run_config.DIVERGED`), what went non-finite, and null for every metric of the task, so a
+  (`run_results.DIVERGED`), what went non-finite, and null for every metric of the task, so a
   reader of the file alone cannot take it for a score (null, not NaN, which standard JSON has
   not). A rerun keeps it as finished (`finished_run.stale_reason`; the same config diverges
   again), and the tables leave it out with a note (`sweep_tables.collect`,
@@ -208,11 +209,11 @@ def record_divergence(error: loop.DivergedError, metrics, run: str, unscored) ->
     results_dir.mkdir(parents=True, exist_ok=True)
     record = {
       **dict.fromkeys(metrics),
-      run_config.DIVERGED: error.step,
+      run_results.DIVERGED: error.step,
       'diverged': error.what,
       'eval': scored.eval.to_dict(),
     }
-    write_atomically(results_dir / run_config.RESULTS_FILE, json.dumps(record, indent=2))
+    write_atomically(results_dir / run_results.RESULTS_FILE, json.dumps(record, indent=2))
   warn(
     f'{run} diverged ({error.what}); recorded in {unscored[0][1] / "eval_results.json"}, left '
     'out of the tables and p-values; the sweep goes on with the other runs'

@@ -41,7 +41,7 @@ from relpos.config import checks, declaration, fields, load_config_file
 from relpos.config.command_line import home_expanded
 from relpos.files import write_atomically
 from relpos.messages import warn
-from relpos.training import run_config
+from relpos.training import run_config, run_results
 
 PRESET = 'preset'  # --field=preset: each value is a preset of the --config file
 EVAL_SECTION = 'eval.'  # a field under it: one training per seed, scored at every value
@@ -357,7 +357,7 @@ def root_fields(root: Path) -> tuple[list[str], bool]:
   for run in sorted(root.glob(run_config.SWEEP_RUNS)):
     if (run / run_config.CONFIG_FILE).is_file():
       field = _trained_field(run / run_config.CONFIG_FILE, run.parent.name)
-    elif trained_once and (run / run_config.RESULTS_FILE).is_file():
+    elif trained_once and (run / run_results.RESULTS_FILE).is_file():
       field = EVAL_SECTION + run.parent.name.split('=', 1)[0]
     else:
       continue  # a run that never started, or a result copied alone (--collect_only's)

@@ -37,8 +37,8 @@ from relpos.messages import warn
 from relpos.studies import breakdown, significance, sweep_grid
 from relpos.studies.figures import save as save_figure
 from relpos.studies.figures import subplots
-from relpos.training import run_config
-from relpos.training.run_config import DIVERGED
+from relpos.training import run_config, run_results
+from relpos.training.run_results import DIVERGED
 
 # The tables the sweep writes (`write_tables`): the summary first, then its markdown.
 SUMMARY_TABLE, SUMMARY_MARKDOWN = run_config.SWEEP_TABLES
@@ -54,7 +54,7 @@ def read_runs(root: Path, field: str, values, seeds, evaluation=None, *, task=No
   ValueError), before any result is read.
 
   Raises:
-    ValueError: an eval_results.json is damaged (`run_config.read_results`).
+    ValueError: an eval_results.json is damaged (`run_results.read_results`).
   """
   for value in values:
     for seed in seeds:
@@ -66,7 +66,7 @@ def read_runs(root: Path, field: str, values, seeds, evaluation=None, *, task=No
   runs = []
   for value in values:
     for seed in seeds:
-      path = sweep_grid.run_dir(root, field, value, seed, evaluation) / run_config.RESULTS_FILE
+      path = sweep_grid.run_dir(root, field, value, seed, evaluation) / run_results.RESULTS_FILE
       if not path.exists():
         warn(f'no results for {field}={value} seed {seed} ({path})')
       runs.append((value, seed, path, _read_results(path) if path.exists() else None))
@@ -74,9 +74,9 @@ def read_runs(root: Path, field: str, values, seeds, evaluation=None, *, task=No
 
 
 def _read_results(path: Path) -> dict:
-  """`run_config.read_results`, whose error says what scores a damaged file again."""
+  """`run_results.read_results`, whose error says what scores a damaged file again."""
   try:
-    return run_config.read_results(path)
+    return run_results.read_results(path)
   except ValueError as error:
     raise ValueError(
       f'{error}; the sweep command without --collect_only scores that run again'
@@ -91,14 +91,14 @@ def collect(runs: list, metric: str) -> list[dict]:
 
   Raises:
     ValueError: a result lacks `metric`, or what its tables read of it
-      (`run_config.missing_table_fields`: the test items, missing from results of an older
+      (`run_results.missing_table_fields`: the test items, missing from results of an older
       relpos), which the sweep without --collect_only scores again.
   """
   rows = []
   for value, seed, path, results in runs:
     if results is None or DIVERGED in results:
       continue
-    if missing := run_config.missing_table_fields(results, metric):
+    if missing := run_results.missing_table_fields(results, metric):
       raise ValueError(
         f'{path} has no {", ".join(map(repr, missing))} (it has {sorted(results)}; an older '
         "relpos's result, or not one of --metric): the sweep command without --collect_only "
@@ -156,7 +156,7 @@ def _pooled_items(metric: str, rows: list[dict]):
     results = row['results']
     if metric == 'bleu':
       items[row['seed']] = read_text_lines(
-        run_config.result_file(results, 'translations', row['workdir'])
+        run_results.result_file(results, 'translations', row['workdir'])
       )
     else:
       items[row['seed']] = (results['segment_nats'], results['segment_tokens'])

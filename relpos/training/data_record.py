@@ -275,7 +275,7 @@ def same_data(workdir, files: dict[str, Path]) -> set[str]:
 
 
 # What `changes` says of a run's own file (its recorded path) whose data differs now: no field
-# given otherwise, so no field to give back (`task_base.check_own_result` tells it by this).
+# given otherwise, so no field to give back (`run_results.check_own_result` tells it by this).
 REWRITTEN = 'changed since the run trained on it'
 
 

@@ -11,6 +11,13 @@ The rule (`stale_reason`) reads only the workdir's own records (config.json, dat
 eval_results.json and the translations it names) and stats the data files: what a result is of
 is the config the run trained with and the data files it recorded, the data it scored, the step,
 config.eval and the compute dtype, and the files it names must be the ones it scored.
+
+A module of its own, beside `relpos.training.run_results` (the results file and the rules of an
+evaluation that writes one) and `relpos.training.run_config` (the config the run recorded): it is
+the one rule that joins the two records with the task (its data files, its metric), and a
+decision about a run (keep it, or train and score it again), not about a file. run_config reads
+run_results (a directory that holds only an evaluation is no run), so this rule, which reads
+both, could live in neither without the two importing each other.
 """
 
 import hashlib
@@ -21,11 +28,9 @@ import ml_collections
 from relpos.config.model_fields import SCORE_CHANGING_FIELDS
 from relpos.config.recorded import with_added
 from relpos.messages import warn
-from relpos.training import data_record, run_config
+from relpos.training import data_record, run_config, run_results
 from relpos.training.checkpoints import finished_steps
-
-RESULTS_FILE = run_config.RESULTS_FILE
-DIVERGED = run_config.DIVERGED  # in eval_results.json: the step the run went non-finite at
+from relpos.training.run_results import DIVERGED, RESULTS_FILE
 
 
 def is_finished(task, results_dir: Path, config, trained_dir: Path) -> bool:
@@ -97,11 +102,11 @@ def trained_change(task, config, trained_dir: Path) -> str | None:
 
 
 def results_or_reason(path: Path) -> dict | str:
-  """What the eval_results.json at `path` holds (`run_config.read_results`), or, where it is
+  """What the eval_results.json at `path` holds (`run_results.read_results`), or, where it is
   damaged (cut by a kill mid-write, before results were written whole), the reason that says
   so, as `stale_reason` gives it. An OSError reading it is raised."""
   try:
-    return run_config.read_results(path)
+    return run_results.read_results(path)
   except ValueError as error:  # `read_results`' line: the file, and what is wrong in it
     return str(error)
 
@@ -111,17 +116,17 @@ def result_change(task, path: Path, results: dict, config, trained_dir: Path) ->
   in `trained_dir` as `config` scores it, None where it is (or where it records a divergence:
   the same training config diverges again, whatever config.eval scores it): scored from a
   checkpoint of another workdir (`eval.py --output_dir` pointed here), lacking what a sweep's
-  tables read of it (`run_config.missing_table_fields`), on other data than the run's (the
+  tables read of it (`run_results.missing_table_fields`), on other data than the run's (the
   config.data it records: `scored_data_changes`), at another step, with another
   config.eval or in another compute dtype (`computation_changes`), or naming a file (its
   translations) that is gone or holds other text than it scored (`result_file_change`). A
   data path given otherwise that names the run's data is the run's (`data_record.same_data`):
   such a result is kept."""
-  if checkpoint := run_config.foreign_checkpoint(results, trained_dir, path.parent):
+  if checkpoint := run_results.foreign_checkpoint(results, trained_dir, path.parent):
     return f'{path} was scored from {checkpoint}, not from a checkpoint of {trained_dir}'
   if DIVERGED in results:
     return None  # its training config diverges again, whatever config.eval scores it
-  if missing := run_config.missing_table_fields(results, task.metric):
+  if missing := run_results.missing_table_fields(results, task.metric):
     return f'{path} has no {", ".join(missing)} (written by an older relpos)'
   if changes := scored_data_changes(task, results, config, trained_dir):
     return f"scored on other data than the run's ({shown(changes)})"
@@ -161,7 +166,7 @@ def result_file_change(task, results: dict, results_dir: Path) -> str | None:
   one whose bytes are not those the results record (`<key>_sha256`: written with
   eval_results.json, `Task._score_into`; a kill between the two, or an edit, changed it). A
   result kept with such a file named a file that is gone, or translations of which its BLEU
-  is not the score (`results_dir`: the result's directory, `run_config.result_file`). Results
+  is not the score (`results_dir`: the result's directory, `run_results.result_file`). Results
   written before the sha256 was recorded are read as written
   whole, if their file is there: they cannot be checked, and scoring every such run again
   (a full beam search each) for a kill in a moment of its evaluation costs more than it
@@ -169,7 +174,7 @@ def result_file_change(task, results: dict, results_dir: Path) -> str | None:
   for key in task.result_files:
     if not isinstance(results.get(key), str):
       continue  # none recorded (a diverged run's record): nothing to check
-    path = run_config.result_file(results, key, results_dir)  # where it moved with the result
+    path = run_results.result_file(results, key, results_dir)  # where it moved with the result
     try:
       content = path.read_bytes()
     except OSError:

@@ -29,16 +29,8 @@ from relpos.training.checkpoints import (
   finished_steps,
 )
 from relpos.training.metric_writer import METRICS_FILE, TRAINING_LOSS
-from relpos.training.run_config import (
-  DIVERGED,
-  RESULTS_FILE,
-  check_not_a_file,
-  foreign_checkpoint,
-  has_run,
-  not_a_run,
-  read_config,
-  results_in,
-)
+from relpos.training.run_config import check_not_a_file, has_run, not_a_run, read_config
+from relpos.training.run_results import DIVERGED, RESULTS_FILE, foreign_checkpoint, results_in
 
 
 def check_trained(workdir) -> Checkpoints:

@@ -3,11 +3,15 @@
 there is of the command's task (`check_task`); eval.py, which takes a config, also checks that
 it builds the model the run trained (`check_model`). Recording the config, and the check that
 a rerun matches it, is `relpos.config.recorded`.
+
+The directories a command is given are told apart here too, by both of a run's records: a
+sweep's root, or a directory that holds only an evaluation, is no run (`not_a_run`), and eval.py's
+--output_dir must hold nothing the evaluation would overwrite (`check_output_dir`). The results
+file itself (eval_results.json) and the rules of an evaluation that writes one are
+`relpos.training.run_results`, which this module reads and which reads nothing of it.
 """
 
 import errno
-import json
-import math
 import os
 from pathlib import Path
 
@@ -24,6 +28,12 @@ from relpos.config.recorded import (
 )
 from relpos.files import dangling_link
 from relpos.training import data_record
+from relpos.training.run_results import (
+  RESULTS_FILE,
+  foreign_checkpoint,
+  recorded_divergence,
+  results_in,
+)
 
 
 def not_a_workdir(workdir, flag: str | None = '--workdir') -> FileNotFoundError:
@@ -282,150 +292,6 @@ def check_unread_settings(
       'it, so the score would be the same and eval_results.json would record the setting as '
       f'used; {remedy}'
     )
-
-
-RESULTS_FILE = 'eval_results.json'
-
-
-def read_results(path) -> dict:
-  """The eval_results.json at `path` as a dict: the one reader of the file (`results_in`, the
-  test of a finished run, `finished_run.stale_reason`, and the sweep's tables,
-  `relpos.studies.sweep_tables.read_runs`).
-
-  Raises:
-    ValueError: naming the file, where it is damaged: not JSON (cut by a kill mid-write, before
-      results were written whole), not UTF-8, no JSON object, or a score that is no finite
-      number (`non_finite_scores`) where no divergence is recorded.
-    OSError: where it cannot be read (FileNotFoundError: there is none).
-  """
-  try:
-    results = json.loads(Path(path).read_text())
-  except ValueError as error:  # json.JSONDecodeError, UnicodeDecodeError
-    results = error
-  if not isinstance(results, dict):
-    raise ValueError(
-      f'{path} is damaged ({results if isinstance(results, Exception) else "not an object"})'
-    )
-  if DIVERGED not in results and (bad := non_finite_scores(results)):
-    raise ValueError(
-      f'{path} is damaged (no finite number in {", ".join(bad)}, and no {DIVERGED} record)'
-    )
-  return results
-
-
-# The keys of eval_results.json a sweep's tables read of a result of each metric
-# (`relpos.studies.sweep_tables`): the score, and the test items its paired bootstrap pairs
-# (`sweep_tables.p_value`: bpc's segments, BLEU's translations). A result without one (written
-# before it was recorded: segment_nats before 2026-11-24) cannot be tabulated: the sweep's
-# --collect_only says so (`sweep_tables.collect`), and a rerun scores the run again
-# (`finished_run.result_change`).
-TABLE_FIELDS = {'bpc': ('bpc', 'segment_nats', 'segment_tokens'), 'bleu': ('bleu', 'translations')}
-
-
-def missing_table_fields(results: dict, metric: str) -> list[str]:
-  """The keys of `TABLE_FIELDS` (for `metric`; the metric alone for another) that `results`
-  (eval_results.json) lacks."""
-  return [key for key in TABLE_FIELDS.get(metric, (metric,)) if key not in results]
-
-
-# The sections of eval_results.json that record settings, not scores (config.eval, config.data,
-# and of config.model the fields that change the score, `model_fields.SCORE_CHANGING_FIELDS`).
-SETTINGS = ('eval', 'data', 'model')
-
-
-def non_finite_scores(results: dict) -> list[str]:
-  """The keys of `results` (eval_results.json) outside `SETTINGS` whose number, or a number of
-  whose list, is NaN or infinite ('segment_nats[3]'). A finished evaluation writes none: its
-  model's loss was finite, and a run whose loss went non-finite is recorded as diverged
-  (`DIVERGED`) by a sweep, or ends train.py with an error line. Such a number (an edit, another
-  tool's file) read as a score made every mean it joined NaN, and the sweep's bootstrap read
-  NaN differences as significant (p < 0.001)."""
-  bad = []
-  for key, value in results.items():
-    if key in SETTINGS:
-      continue
-    numbers = value if isinstance(value, list) else [value]
-    for index, number in enumerate(numbers):
-      if isinstance(number, float) and not math.isfinite(number):
-        bad.append(f'{key}[{index}]' if isinstance(value, list) else key)
-        break
-  return bad
-
-
-def results_in(directory) -> dict | None:
-  """The eval_results.json in `directory` as a dict (`read_results`); None where there is none,
-  or it cannot be read or is damaged (what a directory holds is told by it only when it is
-  whole)."""
-  try:
-    return read_results(Path(directory) / RESULTS_FILE)
-  except (OSError, ValueError):
-    return None
-
-
-# In a run's eval_results.json: the step its loss or parameters went non-finite at, recorded by
-# a sweep (`relpos.studies.sweep.record_divergence`) in place of a score.
-DIVERGED = 'diverged_at_step'
-
-
-def recorded_divergence(*directories) -> tuple[int, Path] | None:
-  """(the step, the file) where the eval_results.json of one of `directories` (first the
-  first) records the run as diverged (`DIVERGED`); None where none does, or none can be read.
-  train.py records nothing of a divergence (it stops with the error line): only a sweep's
-  record says that a run's last checkpoint is its last finite one, short of its steps."""
-  for directory in directories:
-    results = results_in(directory)
-    if results is not None and isinstance(results.get(DIVERGED), int):
-      return results[DIVERGED], Path(directory) / RESULTS_FILE
-  return None
-
-
-WRITTEN_TO = 'written_to'  # eval_results.json's directory as it was written, resolved
-
-
-def foreign_checkpoint(results: dict, workdir, results_dir) -> str | None:
-  """The checkpoint an evaluation's `results` (the eval_results.json in `results_dir`) names,
-  when it is not one of the run in `workdir`: `<w>/checkpoints/<step>` of another workdir w.
-  None when it is the run's, or when the results name none (written before they recorded it).
-
-  Runs and sweeps move (a root renamed, a run archived, copied from a cluster), so a result is
-  the run's when the run's directory stands where it stood from the result's: the path from
-  the directory it was written to (`WRITTEN_TO`, recorded since 2026-11-29) to the one its
-  checkpoint was in is the path from `results_dir` to `workdir` now ('.' for a run's own
-  result, '..' for a setting of a sweep's `<run>/<setting>`). A result written before that
-  was recorded names its checkpoint as the evaluating process saw it: there w is the run's
-  when it resolves to `workdir` or when its last two parts are `workdir`'s (the run's place
-  in a sweep's root, `<field>=<v>/seed=<s>`, or under its parent), which a rename of the
-  root keeps; another run's directory (`runs/c1`) differs there."""
-  checkpoint = results.get('checkpoint')
-  if not isinstance(checkpoint, str):
-    return None
-  scored = Path(os.path.normpath(checkpoint)).parent.parent  # <w>/checkpoints/<step> -> <w>
-  own = Path(workdir).resolve()
-  written = results.get(WRITTEN_TO)
-  if isinstance(written, str) and scored.is_absolute():
-    then = os.path.relpath(scored, written)
-    now = os.path.relpath(own, Path(results_dir).resolve())
-    return None if then == now else checkpoint
-  tail = tuple(part for part in scored.parts if part not in ('/', '..'))[-2:]
-  same = scored.resolve() == own or own.parts[len(own.parts) - len(tail) :] == tail
-  return None if same else checkpoint
-
-
-def result_file(results: dict, key: str, results_dir) -> Path:
-  """Where the file an evaluation's `results` names under `key` (its translations) is now, for
-  the eval_results.json in `results_dir`: written beside it, it moved with it, so it is found by
-  its path from the directory the result was written to (`WRITTEN_TO`); a result written before
-  that was recorded names it as it was written (an absolute path into a sweep's root before the
-  root was renamed), and where that is gone, the file of that name beside the result is taken.
-  """
-  named = Path(results[key])
-  written = results.get(WRITTEN_TO)
-  if isinstance(written, str) and named.is_absolute():
-    return Path(results_dir) / os.path.relpath(named, written)
-  if named.exists():
-    return named
-  beside = Path(results_dir) / named.name
-  return beside if beside.exists() else named
 
 
 def check_output_dir(output_dir, workdir) -> None:

@@ -1,5 +1,6 @@
 """What a task is: the `Task` base class that train.py and eval.py run, the `Training` it hands
-the loop, and the rules of its evaluation that are the same for every task.
+the loop, and the evaluation every task shares (`Task.evaluate`; the rules of its result, the
+same for every task, are `relpos.training.run_results`).
 
 A task (`relpos.training.char_lm_task`, `relpos.training.translation_task`) checks its config,
 builds its data and model, and supplies a `Training`: the state, the jitted step
@@ -9,10 +10,9 @@ with a `Task` subclass, its config's declaration (`relpos.config.fields`) and an
 `relpos.config.TASKS`.
 
 A task's evaluation (`Task.evaluate`) restores the model alone (`relpos.training.restore`),
-checks the run and the data it is given first (`check_own_result`,
+checks the run and the data it is given first (`run_results.check_own_result`,
 `data_record.check_vocabulary`), and writes eval_results.json; a run trained but left unscored
-(`UnscoredRunError`) names the eval.py command that scores it (`generic_score_command`,
-`last_checkpoint`).
+(`run_results.UnscoredRunError`) names the eval.py command that scores it.
 """
 
 import abc
@@ -31,19 +31,17 @@ from relpos import signals
 from relpos.attention.implementations import check_runs_on, off_its_devices
 from relpos.config import checks, fields
 from relpos.config.model_fields import SCORE_CHANGING_FIELDS, TRAINING_ONLY_FIELDS
-from relpos.config.recorded import CONFIG_FILE, config_changes, with_added
+from relpos.config.recorded import CONFIG_FILE
 from relpos.faults import FilesystemFaultError, error_path, filesystem_fault, is_write_fault
 from relpos.files import check_takes_files, write_atomically
 from relpos.messages import warn
-from relpos.training import data_record, finished_run, optim, run_config
+from relpos.training import data_record, finished_run, optim
 from relpos.training import mesh as mesh_lib
-from relpos.training.checkpoints import CHECKPOINTS, finished_steps, steps_text
+from relpos.training.checkpoints import steps_text
 from relpos.training.device_memory import evaluation_memory_fault, is_out_of_memory
 from relpos.training.loop import check_evaluation_plan, train
 from relpos.training.restore import check_trained, restore_model
 from relpos.training.run_config import (
-  RESULTS_FILE,
-  WRITTEN_TO,
   check_model,
   check_not_a_file,
   check_task,
@@ -51,6 +49,17 @@ from relpos.training.run_config import (
   data_changes,
   has_run,
   read_config,
+)
+from relpos.training.run_results import (
+  RESULTS_FILE,
+  WRITTEN_TO,
+  UnscoredRunError,
+  check_own_result,
+  generic_score_command,
+  last_checkpoint,
+  newer_result,
+  other_computation,
+  other_evaluation,
   recorded_divergence,
 )
 from relpos.training.workdir_setup import (
@@ -475,7 +484,7 @@ class Task(abc.ABC):
       if 'data' in config:  # what was scored: eval.py may be given other data
         result['data'] = config.data.to_dict()
       # Where it is written: what tells, once runs moved, whose checkpoint it scored and where
-      # its files are (`run_config.foreign_checkpoint`, `run_config.result_file`).
+      # its files are (`run_results.foreign_checkpoint`, `run_results.result_file`).
       result[WRITTEN_TO] = str(output_dir.resolve())
       if mesh_lib.is_writer():
         with signals.holding_signals():  # both or neither (the docstring)
@@ -574,158 +583,3 @@ class Task(abc.ABC):
       if not gone:
         raise
       raise UnscoredRunError(workdir, gone, command=score_command) from error
-
-
-def newer_result(config, workdir: Path, output_dir: Path, step: int) -> str | None:
-  """The warning for an evaluation of the newest checkpoint (config.eval.step 0), `step`,
-  whose directory (`output_dir`) holds a result of the same run at a later step by now, or
-  None: eval.py scoring a run that trains, slowly (a large test set), ended after train.py's
-  final evaluation and replaced the run's result of its last step with an older, evicted
-  checkpoint's, exit 0. Such a result (whose checkpoint is still there) is kept, and this
-  one printed only; the read comes right before the write (a result written between the two
-  is not seen: a race of milliseconds, where the evaluation's was minutes). An evaluation
-  asked for an earlier step (config.eval.step) writes as before."""
-  if config.eval.get('step'):
-    return None
-  results = run_config.results_in(output_dir)
-  held = results.get('step') if results else None
-  if not isinstance(held, int) or held <= step or held not in finished_steps(workdir):
-    return None  # not newer, or its checkpoint gone since (removed as damaged, say)
-  if run_config.foreign_checkpoint(results, workdir, output_dir):
-    return None  # another run's result: `check_output_dir` has refused it before scoring
-  return (
-    f'{output_dir / RESULTS_FILE} holds the score of step {held}, written while this '
-    f'evaluation of step {step} ran (the run trained on and scored a newer checkpoint): kept, '
-    f'and this score of step {step} is printed only, not written'
-  )
-
-
-def generic_score_command(workdir) -> str:
-  """The eval.py command that scores the run in `workdir`, where the command that trained it
-  is not known (`tasks.eval_command` builds it from that)."""
-  return f'python eval.py --config=<its config file> --workdir={workdir}'
-
-
-def last_checkpoint(workdir) -> str:
-  """'its last checkpoint, <workdir>/checkpoints/<s> (step <s>)' of a run that finished
-  training, for the lines that say it is trained but not scored."""
-  steps = finished_steps(workdir)
-  if not steps:
-    return 'its checkpoints'
-  return f'its last checkpoint, {Path(workdir) / CHECKPOINTS / str(steps[-1])} (step {steps[-1]})'
-
-
-def other_evaluation(config: ml_collections.ConfigDict, trained: dict | None) -> list[str]:
-  """The config.eval fields `config` gives otherwise than the run recorded them (`trained`: its
-  config.json as a dict; None, a run recorded before config.json, is not compared), each
-  'eval.<field>: the run's <a>, given <b>'; fields recorded before they existed are read as
-  their defaults (`with_added`). Every field counts, as the finished-run rule counts it
-  (`finished_run.result_change`: a result scored with another config.eval is not the run's):
-  config.eval holds only settings of the scoring."""
-  return _given_otherwise(config, trained, 'eval')
-
-
-def other_computation(config: ml_collections.ConfigDict, trained: dict | None) -> list[str]:
-  """`other_evaluation`'s twin for the config.model fields an evaluation may set otherwise
-  than its run (`check_model`) that change its numbers (`model_fields.SCORE_CHANGING_FIELDS`:
-  the compute dtype), each 'model.<field>: the run's <a>, given <b>': a run trained in
-  float32 and scored in bfloat16 has another score than its own. The others of
-  `EVALUATION_FREE_FIELDS` give the run's scores to rounding (the kernels, the layer loop,
-  remat) or are not read by an evaluation (dropout, the initialisation)."""
-  return _given_otherwise(config, trained, 'model', SCORE_CHANGING_FIELDS)
-
-
-def _given_otherwise(config, trained: dict | None, section: str, names=None) -> list[str]:
-  """The fields of config.<section> (those of `names`; None: all) that `config` gives
-  otherwise than `trained` (the run's config.json as a dict; None: not compared) records them,
-  fields recorded before they existed read as their defaults (`with_added`)."""
-  if trained is None:
-    return []
-  recorded = with_added({'task': config.task, section: dict(trained.get(section, {}))}, None)
-  before, after = recorded[section], config[section].to_dict()
-  if names is not None:
-    before, after = ({name: values.get(name) for name in names} for values in (before, after))
-  return config_changes(before, after, section, "{field}: the run's {before!r}, given {after!r}")
-
-
-def check_own_result(
-  workdir: Path, other_data: list[str], other_eval: list[str], other_compute: list[str] = ()
-) -> None:
-  """Refuses an evaluation into the workdir itself (eval.py without --output_dir, or with the
-  workdir as one) that is not the run's own: its eval_results.json and translations are the
-  run's result, the score of the config.json it trained with (what train.py's final evaluation
-  scored, and what a sweep's --collect_only tabulates as the run's), which such a score would
-  replace in silence. `other_data`: the changes that alter what is scored
-  (`Task.scored_data_changes`, each '<field>: ...'): another data.path of a char LM, another
-  eval_src of a translation; a training file moved or another batch size
-  (`Task.training_only_data`) scores the same sentences and is only warned of. `other_eval`:
-  the config.eval fields given otherwise than the run's (`other_evaluation`: another step,
-  beam, split, a clipped k). `other_compute`: the config.model fields given otherwise than the
-  run's that change the numbers (`other_computation`: the compute dtype; eval.py scored a
-  float32 run in bfloat16 over its result, exit 0). One rule for every task, and for each
-  kind of change. train.py's rerun with another config.eval records it as the run's
-  (`loop.train`) and does not come here.
-
-  Raises:
-    ValueError: naming the changes and --output_dir.
-  """
-  if not other_data and not other_eval and not other_compute:
-    return
-  scores, fields_named = [], []
-  # A file rewritten at the run's own path is no field to give back (`data_record.changes`).
-  rewritten = [line for line in other_data if f' {data_record.REWRITTEN} (' in line]
-  if other_data:
-    scores.append(f'other data than the run in {workdir} trained with ({"; ".join(other_data)})')
-    if len(rewritten) < len(other_data):
-      fields_named.append('data fields')
-  if other_eval:
-    scores.append(
-      f'other config.eval settings than the run in {workdir} was scored with '
-      f'({"; ".join(other_eval)})'
-    )
-    fields_named.append('config.eval fields')
-  if other_compute:
-    scores.append(
-      f'in another config.model than the run in {workdir} trained and was scored with, '
-      f'which changes its numbers ({"; ".join(other_compute)})'
-    )
-    fields_named += [f'config.{line.partition(":")[0]}' for line in other_compute]
-  one_field = len(fields_named) == 1 and not fields_named[0].endswith(' fields')
-  pronoun = 'it' if one_field else 'them'
-  ways = ['give --output_dir=<a new directory> to score it there']
-  if fields_named:
-    ways.append(
-      f"the run's {' and '.join(fields_named)} ({workdir / CONFIG_FILE} records {pronoun})"
-    )
-  if rewritten:
-    ways.append('restore the data file as the run trained on it')
-  raise ValueError(
-    f"this evaluation scores {' and '.join(scores)}, and would replace the run's own result "
-    f'({RESULTS_FILE}) with that score: {", or ".join(ways)}'
-  )
-
-
-class UnscoredRunError(FileNotFoundError):
-  """Training finished and saved its last checkpoint, but a data file it read is gone since it
-  started (`gone`: '<field> (<path>)' each) or holds other data than it trained on (`changed`:
-  `data_record.changes`' lines), so its final evaluation did not run. The run is whole: eval.py
-  scores it once the file is back as it was. `command` is that eval.py command: the launcher
-  gives it, from its own command line (`tasks.eval_command`)."""
-
-  def __init__(
-    self, workdir, gone: list[str], changed: list[str] = (), *, command: str | None = None
-  ):
-    saved = last_checkpoint(workdir)
-    problems = list(changed)
-    if gone:
-      files = ' and '.join(gone) + (' is' if len(gone) == 1 else ' are')
-      problems.insert(0, f'{files} gone since training started (deleted or moved)')
-    self.reason = (
-      f'training finished and saved {saved}, but {"; ".join(problems)}, so the run was not '
-      'evaluated: restore the data as it was, then score the run'
-    )
-    self.command = command or generic_score_command(workdir)
-    super().__init__(self.reason)
-
-  def __str__(self) -> str:
-    return f'{self.reason} with `{self.command}`'

@@ -32,7 +32,8 @@ from relpos.training import data_record, workdir_lock
 from relpos.training import mesh as mesh_lib
 from relpos.training.checkpoints import CHECKPOINTS, finished_steps, last_good_in
 from relpos.training.metric_writer import TENSORBOARD
-from relpos.training.run_config import RESULTS_FILE, has_run
+from relpos.training.run_config import has_run
+from relpos.training.run_results import RESULTS_FILE
 
 if TYPE_CHECKING:
   from relpos.training.task_base import Task

@@ -1,0 +1,38 @@
+"""A run's results (eval_results.json): whose they are, and where the files they name are, once
+runs move."""
+
+from pathlib import Path
+
+from relpos.training import run_results
+
+
+def test_a_result_recording_where_it_was_written_is_the_run_s_wherever_the_run_moves(tmp_path):
+  """recheck15-1/2: a run moved to another parent (runs/c1 -> archive/c1) took its own result
+  for another run's (the last two path parts differ): a rerun scored it again, and with its
+  checkpoints deleted it was trained again from step 0 in silence. A result records where it
+  was written (`WRITTEN_TO`): the run's directory, seen from there, is the run's wherever
+  both moved, and so are its translations (an absolute path into the old place)."""
+  own = {
+    'checkpoint': '/old/runs/c1/checkpoints/20',
+    run_results.WRITTEN_TO: '/old/runs/c1',
+    'translations': '/old/runs/c1/translations_step20.txt',
+  }
+  setting = {**own, run_results.WRITTEN_TO: '/old/runs/c1/beam8'}
+  setting['translations'] = '/old/runs/c1/beam8/translations_step20.txt'
+  run, other = tmp_path / 'archive' / 'c1', tmp_path / 'archive' / 'c2'
+  assert run_results.foreign_checkpoint(own, run, run) is None
+  assert run_results.foreign_checkpoint(setting, run, run / 'beam8') is None
+  # Another run's result: in its own directory, or scored into this run's.
+  assert run_results.foreign_checkpoint(own, run, other) == own['checkpoint']
+  assert run_results.foreign_checkpoint(own, other, other) is None  # c2 a copy of c1: its own
+  assert run_results.foreign_checkpoint(setting, other, run / 'beam8') == own['checkpoint']
+  assert run_results.result_file(own, 'translations', run) == run / 'translations_step20.txt'
+  assert run_results.result_file(setting, 'translations', run / 'beam8') == (
+    run / 'beam8' / 'translations_step20.txt'
+  )
+  # Older results (no record of where): the file beside the result once its path is gone.
+  older = {'translations': '/gone/sweep/k=2/seed=0/translations_step20.txt'}
+  assert run_results.result_file(older, 'translations', run) == Path(older['translations'])
+  run.mkdir(parents=True)
+  (run / 'translations_step20.txt').write_text('x\n')
+  assert run_results.result_file(older, 'translations', run) == run / 'translations_step20.txt'
