@@ -1174,7 +1174,7 @@ def test_the_tables_read_each_result_once(tmp_path, monkeypatch):
     path.write_text(json.dumps(results | {'eval': config.eval.to_dict()}))
   reads, read_results = collections.Counter(), run_results.read_results
   monkeypatch.setattr(
-    run_config, 'read_results', lambda path: reads.update([path]) or read_results(path)
+    run_results, 'read_results', lambda path: reads.update([path]) or read_results(path)
   )
   summary = sweep.sweep(config, tmp_path, field, [0], [0, 1, 2], 'bpc', baseline=0)
   assert (summary[0]['n'], summary[0]['diverged']) == (2, 1)
@@ -1200,7 +1200,7 @@ def test_collecting_reads_each_result_once_for_every_table(tmp_path, monkeypatch
       (target / 'eval_results.json').write_text(json.dumps(results))
   reads, read_results = collections.Counter(), run_results.read_results
   monkeypatch.setattr(
-    run_config, 'read_results', lambda path: reads.update([path]) or read_results(path)
+    run_results, 'read_results', lambda path: reads.update([path]) or read_results(path)
   )
   summary = sweep.sweep(
     config,
