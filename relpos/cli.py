@@ -14,8 +14,7 @@ from absl import app, flags, logging
 
 from relpos import flag_types
 from relpos.config.command_line import expand_home, parse_flags
-from relpos.faults import FILESYSTEM_EXIT_CODE, RunFaultError
-from relpos.training.run_config import TaskMismatchError
+from relpos.faults import FILESYSTEM_EXIT_CODE, RunFaultError, TaskMismatchError
 
 # What bad configs, data and workdirs raise: the launchers print these as one line (a data file
 # that cannot be read raises PermissionError, which names it; the workdir's own faults are

@@ -1,7 +1,13 @@
-"""Constants shared across the package: the special token ids of every vocabulary, the
-position schemes each model offers (`config.model.position`) and what each does to
-self-attention (`self_attention_kind`), which the models, their config's checks and the FLOP
-counts read."""
+"""Constants shared across the package: the largest integer a size may be, the special token
+ids of every vocabulary, the position schemes each model offers (`config.model.position`) and
+what each does to self-attention (`self_attention_kind`), which the models, their config's
+checks and the FLOP counts read."""
+
+# The largest integer a config field or an integer flag may hold unless its rule says otherwise:
+# JAX computes in int32 (x64 off), so a larger size, length or count would overflow (an
+# OverflowError deep in a jitted call, or a silent wrap: a decode limit of 2**31 - 1 plus a
+# length went negative).
+INT32_MAX = 2**31 - 1
 
 # SentencePiece ids fixed in every vocabulary relpos trains (relpos.data.tokenizer).
 PAD_ID = 0

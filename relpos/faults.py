@@ -5,7 +5,8 @@ A fault is not in a run's config: its filesystem, its workdir, the accelerator's
 is a `RunFaultError` (`relpos.training.workdir_lock.WorkdirInUseError`,
 `relpos.training.device_memory.DeviceMemoryError`, `FilesystemFaultError` here) whose message
 is one line naming what failed, what is still intact and what to do; the launchers print it
-and exit with its `exit_code` (`relpos.cli.fault_exit`).
+and exit with its `exit_code` (`relpos.cli.fault_exit`). So is `TaskMismatchError`, a workdir
+holding a run of another task.
 
 A filesystem's fault (a full disk, a read-only, vanished or misplaced workdir, a checkpoint that
 did not commit) is told from an error's errno, wherever in its chain it is, or from the text
@@ -52,6 +53,13 @@ class FilesystemFaultError(RunFaultError):
   place, a checkpoint that did not commit); earlier checkpoints and metrics are intact."""
 
   exit_code = FILESYSTEM_EXIT_CODE
+
+
+class TaskMismatchError(ValueError):
+  """The workdir holds a run of another task than the command was given or reads
+  (`relpos.training.run_config.check_task`): a ValueError, exit status 1."""
+
+  exit_code = 1
 
 
 def exception_chain(error: BaseException, *, context: bool = True) -> list[BaseException]:

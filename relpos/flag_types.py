@@ -1,9 +1,8 @@
 """absl flag helpers shared by relpos's commands: a comma-separated list of integers, and flag
 errors as one line (in relpos's words: `error_line`) for every command.
 
-Kept apart from `relpos.cli` (the commands' `run_main`, which imports the training code) so
-that a benchmark or tool can define its flags at import time, before
-`relpos.runtime.apply_defaults` and the heavy imports.
+It imports nothing of relpos but its constants, so that a benchmark or tool can define its flags
+at import time, before `relpos.runtime.apply_defaults` and the heavy imports.
 """
 
 import re
@@ -11,7 +10,7 @@ import sys
 
 from absl import flags
 
-from relpos.config.checks import INT32_MAX
+from relpos.constants import INT32_MAX
 
 # The flags `define_int_list` defines belong to the module that calls it, not to this one, so
 # that they are key flags of that command and its `--help` lists them (absl otherwise files them

@@ -38,7 +38,7 @@ from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
 from relpos import cli
 from relpos.config import command_line
-from relpos.faults import FILESYSTEM_EXIT_CODE, FilesystemFaultError
+from relpos.faults import FILESYSTEM_EXIT_CODE, FilesystemFaultError, TaskMismatchError
 from relpos.studies import plot, shaw_tables, sweep_tables
 from relpos.tools import sample, translate
 from relpos.training import char_lm_task as char_lm
@@ -46,7 +46,7 @@ from relpos.training import restore, run_results, task_base, tasks
 from relpos.training import translation_task as translate_task
 from relpos.training.checkpoints import TMP_MARKER, finished_steps
 from relpos.training.device_memory import OUT_OF_MEMORY_EXIT_CODE
-from relpos.training.run_config import TaskMismatchError, read_config
+from relpos.training.run_config import read_config
 
 STEPS = 6  # checkpoints at 2, 4 and 6
 

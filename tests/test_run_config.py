@@ -6,6 +6,7 @@ import pytest
 from helpers import eval_field_sweep_root, load_config
 
 from relpos.config import recorded as recording
+from relpos.faults import TaskMismatchError
 from relpos.training import run_config, run_results
 
 
@@ -113,7 +114,7 @@ def test_evaluation_checks_the_model_fields_against_the_run(tmp_path):
 def test_a_run_of_another_task_is_named_by_the_tasks_as_configs_spell_them(tmp_path):
   """The message said 'a translate run' of one and 'a translation run' of the other task."""
   (tmp_path / 'config.json').write_text(json.dumps(load_config('char_tiny').to_dict()))
-  with pytest.raises(run_config.TaskMismatchError) as caught:
+  with pytest.raises(TaskMismatchError) as caught:
     run_config.check_task(tmp_path, 'translate')
   assert str(caught.value) == (
     f"--workdir={tmp_path} holds a run of task 'char_lm', not 'translate' (the config's task is "
@@ -318,7 +319,7 @@ def test_another_programs_config_json_is_no_run_of_task_none(tmp_path):
   and the line asked for 'a config of task None'."""
   (tmp_path / 'config.json').write_text(json.dumps({'architectures': ['BertModel']}))
   for task in ('char_lm', None):
-    with pytest.raises(run_config.TaskMismatchError) as caught:
+    with pytest.raises(TaskMismatchError) as caught:
       run_config.check_task(tmp_path, task)
     assert str(caught.value) == (
       f"--workdir={tmp_path}: {tmp_path}/config.json is not a relpos run's config (it has no "

@@ -12,6 +12,8 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
+from relpos.constants import INT32_MAX
+
 # Old field -> current field (the char LM took the translation model's vocabulary).
 RENAMED = {
   'model.attention': 'model.position',
@@ -62,10 +64,6 @@ class Rule:
     return None
 
 
-# The largest integer a config field may hold unless its rule says otherwise: JAX computes in
-# int32 (x64 off), so a larger size, length or count would overflow (an OverflowError deep in
-# a jitted call, or a silent wrap: a decode limit of 2**31 - 1 plus a length went negative).
-INT32_MAX = 2**31 - 1
 # Seeds: JAX's PRNG keys and nnx.Rngs keep 32 bits, so 2**32 + s would be seed s again.
 SEED_MAX = 2**32 - 1
 

@@ -26,6 +26,7 @@ from relpos.config.recorded import (
   read_recorded,
   section_changes_from_recorded,
 )
+from relpos.faults import TaskMismatchError
 from relpos.files import dangling_link
 from relpos.training import data_record
 from relpos.training.run_results import (
@@ -163,12 +164,6 @@ def sweep_runs(directory) -> list[Path] | None:
   if runs or any((directory / name).is_file() for name in SWEEP_TABLES):
     return runs
   return None
-
-
-class TaskMismatchError(ValueError):
-  """The workdir holds a run of another task than the command was given or reads."""
-
-  exit_code = 1
 
 
 def check_task(
