@@ -159,6 +159,7 @@ def test_readme_and_docs_links_reach_a_file_and_heading_of_the_repository():
 
 
 _DOTTED = re.compile(r'(?<![\w/.-])(relpos(?:\.[A-Za-z_]\w*)+)')
+_PATH = re.compile(r'(?<![\w/.-])((?:relpos|benchmarks|configs|tests)/[\w/]+\.(?:py|sh))\b')
 
 
 def _names_something(dotted: str) -> bool:
@@ -179,13 +180,21 @@ def _names_something(dotted: str) -> bool:
 
 def test_every_relpos_name_in_the_docs_and_docstrings_exists():
   """Every dotted `relpos.x.y` that README.md, docs/, the package, the benchmarks and the
-  config files mention is a module or a name in one: code moved between modules (the faults,
+  config files mention is a module or a name in one, and every path of a module or script they
+  name (relpos/training/loop.py) exists: code moved between modules (the faults,
   the signals, the command-line layer) left docstrings and pages pointing at its old home,
   which nothing else checks."""
   sources = [REPO / 'README.md', *sorted((REPO / 'docs').rglob('*.md'))]
   for folder in ('relpos', 'benchmarks', 'configs'):
     sources += sorted((REPO / folder).rglob('*.py'))
   missing = {}
+  for source in sources:  # and every path of a module or script the text names
+    text = source.read_text()
+    for match in _PATH.finditer(text):
+      # "`benchmarks/dropout.py` of commit dd4a0a7": a file of the history, named as such.
+      of_a_commit = re.match(r'`? (of|at) commit', text[match.end() :])
+      if not of_a_commit and not (REPO / match[1]).exists():
+        missing.setdefault(match[1], []).append(str(source.relative_to(REPO)))
   with warnings.catch_warnings():
     warnings.simplefilter('ignore', FutureWarning)  # relpos's old module names still resolve
     for source in sources:
