@@ -70,8 +70,7 @@ from relpos import attention, runtime
 from relpos.attention.shaw import xla_form
 from relpos.config import checks
 from relpos.flops import device_peak
-from relpos.studies.figures import pyplot as plt
-from relpos.studies.figures import save as save_figure
+from relpos.studies import figures
 
 KERNELS = (
   'vanilla',
@@ -359,7 +358,7 @@ def plot_ratios(ratios, out) -> Path:
   kernels = sorted({name for _, name, _ in ratios} - {'vanilla'})
   distances = sorted({k for _, _, k in ratios})
   lengths = sorted({n for by_n in ratios.values() for n in by_n})
-  fig, axes = plt.subplots(1, len(passes), figsize=(6 * len(passes), 4.5), squeeze=False)
+  fig, axes = figures.subplots(1, len(passes), figsize=(6 * len(passes), 4.5), squeeze=False)
   for ax, mode in zip(axes[0], passes, strict=True):
     for (line_mode, name, k), by_n in sorted(ratios.items()):
       if line_mode == mode and name != 'vanilla':
@@ -378,7 +377,7 @@ def plot_ratios(ratios, out) -> Path:
     ax.set_xticks(lengths, [str(n) for n in lengths])
     ax.minorticks_off()
     ax.legend(fontsize='small')
-  return save_figure(fig, Path(out))
+  return figures.save(fig, Path(out))
 
 
 def _row(by_key, n, k):

@@ -374,12 +374,10 @@ def test_an_old_module_name_runs_with_one_warning_line():
 @pytest.mark.parametrize(
   ('program', 'own_flag'), [('train.py', '--[no]allow_config_change'), ('eval.py', '--output_dir')]
 )
-def test_the_launchers_help_lists_their_flags(program, own_flag):
+def test_the_launchers_help_lists_their_flags(commands, program, own_flag):
   """`train.py --help` listed no flag (they are defined in relpos.training.tasks, and absl's
   --help shows the program's own)."""
-  done = subprocess.run(
-    [sys.executable, program, '--help'], capture_output=True, text=True, cwd=REPO
-  )
+  done = commands.run([program, '--help'])
   for flag in ('--config:', '--workdir:', '--[no]traceback:', own_flag):
     assert f'\n  {flag}' in done.stdout, done.stdout
 
