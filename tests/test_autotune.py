@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from absl import flags
-from helpers import REPO
+from helpers import REPO, TINY_CHAR_LM_FLAGS
 
 from relpos import runtime
 from relpos.attention import autotune, implementations, shaw_attention, xl_attention
@@ -773,21 +773,23 @@ def test_pretuning_a_config_tunes_the_models_own_call_shapes(scan_layers):
   assert table[2] == f'| {s.text()} | 1.000 | 2.000 | xla | timed |'
 
 
-@pytest.mark.parametrize('winner', ['xla', 'pallas'])
-def test_a_step_whose_calls_all_chose_one_kernel_is_the_step_naming_it(winner):
+def test_a_step_whose_calls_all_chose_one_kernel_is_the_step_naming_it():
   """`recorded_choices` lists what each traced 'auto' call resolved to. Where every call chose
   one name, the step is, text for text, the step with that name given: the premise on which
-  the step benchmarks time such a variant once, as 'auto' (benchmarks/char_lm_step.py)."""
+  the step benchmarks time such a variant once, as 'auto' (benchmarks/char_lm_step.py). (Both
+  winners in one test, so that the untuned step, the same for both, is traced once.)"""
   config = load_config_file(Path(__file__).parent.parent / 'configs/char_tiny.py')
   config.model.num_layers = 2
-  xla_ms, pallas_ms = (1.0, 2.0) if winner == 'xla' else (2.0, 1.0)
-  with autotune.tuning(timer=_times(xla_ms, pallas_ms)):
-    with autotune.recorded_choices() as choices:
-      (auto,) = pretune.trace_train_step(config)
-  assert choices == [winner] * config.model.num_layers  # one per layer; the second from memory
-  config.model.attention_implementation = winner
-  (named,) = pretune.trace_train_step(config)
-  assert auto.as_text() == named.as_text()
+  for winner in ('xla', 'pallas'):
+    xla_ms, pallas_ms = (1.0, 2.0) if winner == 'xla' else (2.0, 1.0)
+    config.model.attention_implementation = 'auto'
+    with autotune.tuning(timer=_times(xla_ms, pallas_ms)):
+      with autotune.recorded_choices() as choices:
+        (auto,) = pretune.trace_train_step(config)
+    assert choices == [winner] * config.model.num_layers  # one per layer; the second from memory
+    config.model.attention_implementation = winner
+    (named,) = pretune.trace_train_step(config)
+    assert auto.as_text() == named.as_text(), winner
   with autotune.recorded_choices() as untuned:  # tuning off (a CPU): 'auto' is 'xla'
     config.model.attention_implementation = 'auto'
     pretune.trace_train_step(config)
@@ -921,6 +923,7 @@ def test_the_pretune_command_prints_the_device_the_cache_and_a_table(tmp_path):
   and the table is empty; the command's flags are its own (defined when it runs)."""
   env = {**os.environ, 'RELPOS_AUTOTUNE_CACHE': str(tmp_path / 'autotune.json')}
   command = [sys.executable, '-m', 'relpos.tools.pretune', '--config=configs/char_tiny.py']
+  command += TINY_CHAR_LM_FLAGS  # what it prints does not depend on the model's size
   result = subprocess.run(
     command, capture_output=True, text=True, cwd=REPO, env=env, timeout=300, check=False
   )

@@ -14,12 +14,13 @@ from helpers import load_config
 from relpos.training import char_lm_task as char_lm
 
 
-@pytest.fixture
-def text_file(tmp_path):
+@pytest.fixture(scope='module')
+def text_file(tmp_path_factory):
+  """The generated text, written once for the module (no test changes it)."""
   rng = np.random.default_rng(0)
   words = ['the ', 'cat ', 'sat ', 'on ', 'a ', 'mat.\n', 'dog ', 'ran ']
   text = ''.join(rng.choice(words, size=6000))
-  path = tmp_path / 'corpus.txt'
+  path = tmp_path_factory.mktemp('text') / 'corpus.txt'
   path.write_text(text)
   return path
 
@@ -54,9 +55,25 @@ def _logged_steps(workdir):
   return [r['step'] for r in map(json.loads, lines) if 'train/loss' in r]
 
 
-def test_train_then_evaluate_writes_results(text_file, tmp_path, capsys):
-  workdir = tmp_path / 'run'
-  result = char_lm.TASK.train_and_evaluate(_config(text_file, steps=8), workdir)
+@pytest.fixture(scope='module')
+def trained(text_file, tmp_path_factory):
+  """(workdir, result) of an 8-step run of `_config` (checkpoints at 4 and 8), trained and
+  scored once for the module: the tests that need a trained run, not its training, work on
+  copies of it (`_copy_of_run`), instead of each training (and tracing) one of their own."""
+  workdir = tmp_path_factory.mktemp('trained') / 'run'
+  return workdir, char_lm.TASK.train_and_evaluate(_config(text_file, steps=8), workdir)
+
+
+def _copy_of_run(trained, destination: Path) -> Path:
+  """A copy of the module's trained run at `destination` (its results record where they were
+  written, so the copy reads them as its own: `run_results.WRITTEN_TO`)."""
+  destination.parent.mkdir(parents=True, exist_ok=True)
+  shutil.copytree(trained[0], destination)
+  return destination
+
+
+def test_train_then_evaluate_writes_results(text_file, trained, tmp_path, capsys):
+  workdir, result = _copy_of_run(trained, tmp_path / 'run'), trained[1]
   assert math.isfinite(result['bpc']) and 0 < result['bpc'] < 8
   assert result['split'] == 'test' and result['step'] == 8
   saved = json.loads((workdir / 'eval_results.json').read_text())
@@ -338,36 +355,32 @@ def test_an_evaluation_the_checkpoints_cannot_serve_is_refused_before_training(
   assert not (tmp_path / 'run' / 'checkpoints').exists()  # refused before training
 
 
-def test_a_run_shortened_below_its_step_is_refused_and_left_as_it_was(text_file, tmp_path):
+def test_a_run_shortened_below_its_step_is_refused_and_left_as_it_was(text_file, trained, tmp_path):
   """config.train.steps lowered below the step a run reached, with --allow_config_change: one
   line naming the steps and how to score an earlier checkpoint; no checkpoint is written
-  (the last save would have stored step 4's state as checkpoint 2, evicting a real one)."""
-  config = _config(text_file, steps=4)
-  config.train.checkpoint_every = 1
-  workdir = tmp_path / 'run'
-  char_lm.TASK.train_model(config, workdir)
+  (the last save would have stored step 8's state as checkpoint 2, beside the real ones)."""
+  workdir = _copy_of_run(trained, tmp_path / 'run')
   saved = sorted(p.name for p in (workdir / 'checkpoints').iterdir())
-  config.train.steps = 2
+  config = _config(text_file, steps=2)
   with pytest.raises(ValueError) as error:
     char_lm.TASK.train_model(config, workdir, allow_config_change=True)
   assert str(error.value).startswith('config.train.steps=2: the run in ')
-  assert 'already at step 4' in str(error.value) and '--config.eval.step=N' in str(error.value)
+  assert 'already at step 8' in str(error.value) and '--config.eval.step=N' in str(error.value)
   assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == saved
-  assert json.loads((workdir / 'config.json').read_text())['train']['steps'] == 4
+  assert json.loads((workdir / 'config.json').read_text())['train']['steps'] == 8
 
 
-def test_a_resume_with_another_memory_shape_is_refused_up_front(text_file, tmp_path):
+def test_a_resume_with_another_memory_shape_is_refused_up_front(text_file, trained, tmp_path):
   """The checkpoints carry the XL memory [layers, batch_size, mem_len, d_model]: a resume with
   another config.train.batch_size or mem_len, even with --allow_config_change, is one line
   naming the field, the shape saved and what fits (it read each intact checkpoint as
   unreadable, then said none was readable); the same rows in parts
   (config.train.grad_accum_steps) resume."""
-  config = _config(text_file, steps=4)
-  workdir = tmp_path / 'run'
-  char_lm.TASK.train_model(config, workdir)
+  config = _config(text_file, steps=8)
+  workdir = _copy_of_run(trained, tmp_path / 'run')
   recorded = (workdir / 'config.json').read_text()
   for field, value in (('batch_size', 2), ('mem_len', 8), ('mem_len', 0)):
-    changed = _config(text_file, steps=8)
+    changed = _config(text_file, steps=12)
     changed.train[field] = value
     with pytest.raises(ValueError) as error:
       char_lm.TASK.train_model(changed, workdir, allow_config_change=True)
@@ -380,11 +393,11 @@ def test_a_resume_with_another_memory_shape_is_refused_up_front(text_file, tmp_p
     assert 'not even with --allow_config_change' in line and '\n' not in line
     assert ('--config.train.grad_accum_steps=N' in line) == (field == 'batch_size'), line
   assert (workdir / 'config.json').read_text() == recorded
-  assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['4']
-  in_parts = _config(text_file, steps=6)
+  assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['4', '8']
+  in_parts = _config(text_file, steps=10)
   in_parts.train.grad_accum_steps = 2
   char_lm.TASK.train_model(in_parts, workdir, allow_config_change=True)
-  assert max(_logged_steps(workdir)) == 6
+  assert max(_logged_steps(workdir)) == 10
 
 
 @pytest.mark.slow
@@ -490,9 +503,11 @@ def test_a_trained_original_run_without_its_vocabulary_is_refused(text_file, tmp
   from relpos.config.recorded import record_config
   from relpos.tools import sample
 
-  config = _config(text_file, steps=2)
+  # The training of test_a_start_that_failed_before_training_binds_no_later_run (4 steps):
+  # its compiled step is loaded from the run's compilation cache, not compiled again.
+  config = _config(text_file, steps=4)
   config.data.vocab = 'original'
-  config.train.update(eval_every=0, checkpoint_every=2)
+  config.train.eval_every = 0
   workdir = tmp_path / 'run'
   char_lm.TASK.train_model(config, workdir)
   (workdir / 'vocab.json').unlink()
@@ -505,7 +520,7 @@ def test_a_trained_original_run_without_its_vocabulary_is_refused(text_file, tmp
   with pytest.raises(FileNotFoundError) as caught:
     char_lm.TASK.evaluate(config, workdir)
   assert str(caught.value) == expected
-  config.train.steps = 4
+  config.train.steps = 8
   with pytest.raises(FileNotFoundError, match='vocab.json is missing'):
     char_lm.TASK.train_model(config, workdir, allow_config_change=True)
   assert not (workdir / 'vocab.json').exists()
@@ -518,54 +533,51 @@ def test_a_trained_original_run_without_its_vocabulary_is_refused(text_file, tmp
 
 
 def test_a_moved_run_keeps_its_result_and_is_not_trained_again_without_checkpoints(
-  text_file, tmp_path, capsys
+  text_file, trained, tmp_path, capsys
 ):
   """recheck15-1/2: a finished run moved to another parent (runs/c1 -> archive/c1) read its own
   result as another workdir's: a rerun scored it again, and once its checkpoints were deleted
   train.py trained it again from step 0 in silence (eval.py said 'train first'). The result
   records where it was written (`run_results.WRITTEN_TO`), so a moved run's is its own."""
-  config = _config(text_file, steps=4)
-  before = tmp_path / 'runs' / 'c1'
-  char_lm.TASK.train_and_evaluate(config, before)
+  config = _config(text_file, steps=8)
+  before = _copy_of_run(trained, tmp_path / 'runs' / 'c1')  # as trained and scored there
   moved = tmp_path / 'archive' / 'c1'
   moved.parent.mkdir()
   shutil.move(before, moved)
   capsys.readouterr()
   char_lm.TASK.train_and_evaluate(config, moved)
-  assert f'the run in {moved} is finished (step 4, this config) and scored' in (
+  assert f'the run in {moved} is finished (step 8, this config) and scored' in (
     capsys.readouterr().out
   )
   shutil.rmtree(moved / 'checkpoints')
   metrics = (moved / 'metrics.jsonl').read_bytes()
-  with pytest.raises(FileNotFoundError, match=r'was trained to step 4 \(.*\), but its checkpoints'):
+  with pytest.raises(FileNotFoundError, match=r'was trained to step 8 \(.*\), but its checkpoints'):
     char_lm.TASK.train_and_evaluate(config, moved)
   assert (moved / 'metrics.jsonl').read_bytes() == metrics
 
 
 def test_an_evaluation_that_ends_after_a_newer_result_keeps_it(
-  text_file, tmp_path, monkeypatch, capsys
+  text_file, trained, tmp_path, monkeypatch, capsys
 ):
   """fuzz15b-1: eval.py scoring a run that trains ended after train.py's final evaluation and
   replaced the run's result of its last step with the older checkpoint's score it had
   restored, exit 0. A newer result of the run, whose checkpoint is there, is kept now, with a
   warning (`run_results.newer_result`); where that checkpoint is gone, the write goes on."""
-  config = _config(text_file, steps=4)
-  config.train.checkpoint_every = 2
-  workdir = tmp_path / 'run'
-  char_lm.TASK.train_and_evaluate(config, workdir)
+  config = _config(text_file, steps=8)
+  workdir = _copy_of_run(trained, tmp_path / 'run')  # trained to 8 and scored, checkpoint 4 kept
   results = workdir / 'eval_results.json'
   kept = results.read_bytes()
   score = char_lm.TASK.score
-  # What a slow evaluation started at step 2 returns once the run has finished and scored.
-  monkeypatch.setattr(char_lm.TASK, 'score', lambda *args: {**score(*args), 'step': 2})
+  # What a slow evaluation started at step 4 returns once the run has finished and scored.
+  monkeypatch.setattr(char_lm.TASK, 'score', lambda *args: {**score(*args), 'step': 4})
   capsys.readouterr()
   char_lm.TASK.evaluate(config, workdir)
   assert results.read_bytes() == kept
   assert capsys.readouterr().err == (
-    f'warning: {workdir}/eval_results.json holds the score of step 4, written while this '
-    'evaluation of step 2 ran (the run trained on and scored a newer checkpoint): kept, and '
-    'this score of step 2 is printed only, not written\n'
+    f'warning: {workdir}/eval_results.json holds the score of step 8, written while this '
+    'evaluation of step 4 ran (the run trained on and scored a newer checkpoint): kept, and '
+    'this score of step 4 is printed only, not written\n'
   )
-  shutil.rmtree(workdir / 'checkpoints' / '4')  # removed as damaged, say: step 2 is the newest
+  shutil.rmtree(workdir / 'checkpoints' / '8')  # removed as damaged, say: step 4 is the newest
   char_lm.TASK.evaluate(config, workdir)
-  assert json.loads(results.read_text())['step'] == 2
+  assert json.loads(results.read_text())['step'] == 4

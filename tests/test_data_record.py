@@ -266,13 +266,21 @@ def test_a_resume_on_changed_data_is_refused_unless_allowed_and_eval_warns(tmp_p
   )  # recorded anew
 
 
-def test_a_vocabulary_replaced_since_training_is_named(tmp_path):
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  """(config, workdir) of a 2-step run of `tiny_char_config` on a corpus of its own, trained
+  once for the tests that change only a copy of its workdir (not its data)."""
+  root = tmp_path_factory.mktemp('trained')
+  config = tiny_char_config(write_word_corpus(root / 'corpus.txt', words=3000), steps=2)
+  char_lm.TASK.train_model(config, root / 'run')
+  return config, root / 'run'
+
+
+def test_a_vocabulary_replaced_since_training_is_named(trained, tmp_path):
   """Another run's spm.model (or vocab.json) copied over the run's, same size of vocabulary:
   resumed or evaluated, the run read other ids with nothing said."""
-  text = write_word_corpus(tmp_path / 'corpus.txt', words=3000)
-  config = tiny_char_config(text, steps=2)
-  workdir = tmp_path / 'run'
-  char_lm.TASK.train_model(config, workdir)
+  config, workdir = trained[0], tmp_path / 'run'
+  shutil.copytree(trained[1], workdir)
   vocabulary = workdir / 'vocab.json'
   symbols = json.loads(vocabulary.read_text())['symbols']
   vocabulary.write_text(json.dumps({'symbols': symbols[::-1]}))
@@ -324,12 +332,11 @@ def test_a_moved_or_copied_workdir_s_vocabulary_is_compared_with_the_record(tmp_
   assert data_record.changes(Path('moved'), files(Path('moved'))) == []
 
 
-def test_a_resume_of_a_moved_workdir_with_a_swapped_vocabulary_is_refused(tmp_path):
+def test_a_resume_of_a_moved_workdir_with_a_swapped_vocabulary_is_refused(trained, tmp_path):
   """End to end, a run's workdir moved and its vocabulary swapped: refused on resume naming the
   file (it resumed, warning of a batch plan 'then 2 device(s); now 2 device(s)')."""
-  text = write_word_corpus(tmp_path / 'corpus.txt', words=3000)
-  config = tiny_char_config(text, steps=2)
-  char_lm.TASK.train_model(config, tmp_path / 'run')
+  config = trained[0]
+  shutil.copytree(trained[1], tmp_path / 'run')
   workdir = (tmp_path / 'run').rename(tmp_path / 'moved')
   vocabulary = workdir / 'vocab.json'
   symbols = json.loads(vocabulary.read_text())['symbols']

@@ -3,8 +3,6 @@
 import errno
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +13,6 @@ from helpers import call_absl_main
 from relpos.cli import guarded
 from relpos.faults import FilesystemFaultError
 from relpos.studies import figures, plot, shaw_tables
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _run(directory: Path, records: list[dict], tail: str = '') -> Path:
@@ -66,23 +62,15 @@ def test_the_path_printed_is_the_file_written(tmp_path):
     plot.plot_runs([run], tmp_path / 'c.xyz')
 
 
-def test_command_line(tmp_path):
-  bad_flag = subprocess.run(
-    [sys.executable, '-m', 'relpos.studies.plot', 'W', '--outt=x.png'],
-    capture_output=True,
-    text=True,
-    cwd=REPO,
-  )
+def test_command_line(tmp_path, commands):
+  # Real processes, forked from conftest's `commands` server (Python's and JAX's imports
+  # done once for the run), as the command-line tests below.
+  bad_flag = commands.run(['-m', 'relpos.studies.plot', 'W', '--outt=x.png'])
   assert bad_flag.returncode == 1
   assert bad_flag.stderr == "error: Unknown command line flag 'outt'. Did you mean: out ?\n"
   run = _run(tmp_path / 'a', [{'step': 1, 'train/loss': 1.0}])
   out = tmp_path / 'c.png'
-  done = subprocess.run(
-    [sys.executable, '-m', 'relpos.studies.plot', str(run), f'--out={out}'],
-    capture_output=True,
-    text=True,
-    cwd=REPO,
-  )
+  done = commands.run(['-m', 'relpos.studies.plot', str(run), f'--out={out}'])
   assert done.returncode == 0 and out.exists(), done.stderr
 
 

@@ -3,15 +3,10 @@ and
 its table and command line for a finished sweep's sweep_seeds.csv."""
 
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from relpos.studies import significance
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _t_statistic(differences):
@@ -149,12 +144,12 @@ def test_seed_table_refuses_the_list_of_diverged_runs(tmp_path):
     significance.seed_table(diverged, '1e6')
 
 
-def test_command_line(tmp_path):
+def test_command_line(tmp_path, commands):
   seeds = _seeds_csv(tmp_path / 'seeds.csv', [('a', 0, 1.0), ('a', 1, 2.0), ('b', 0, 2.0)])
 
   def run(*args):
-    command = [sys.executable, '-m', 'relpos.studies.significance', *args]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    # A real process, forked from conftest's `commands` server (imports done once a run).
+    return commands.run(['-m', 'relpos.studies.significance', *args], timeout=120)
 
   result = run(str(seeds))  # --baseline: the first value, a
   assert result.returncode == 0, result.stderr

@@ -10,15 +10,25 @@ import pytest
 import timing  # benchmarks/timing.py, on pytest's pythonpath
 from helpers import REPO, TINY_CHAR_LM_FLAGS, refusal, write_pair_corpus, write_word_corpus
 
+from relpos import runtime
+
 pytestmark = pytest.mark.usefixtures('attention_test_config')
+
+
+def _run_flags_without_a_device_count() -> str:
+  """This run's XLA_FLAGS (conftest's fast-compile flag among them) less any device count."""
+  flags = os.environ.get('XLA_FLAGS', '').split()
+  return ' '.join(flag for flag in flags if not flag.startswith(runtime.DEVICES_FLAG))
 
 
 def _run(script: str, *flags: str) -> str:
   # XLA's optimisations are mostly off here as in the whole run (conftest): nothing checked
   # depends on them (XLA's FLOP count is read from the lowered, unoptimised module; the rates
-  # are only checked to be positive and ordered).
+  # are only checked to be positive and ordered). The run's XLA_FLAGS stay (conftest's
+  # fast-compile flag: popping them made the 4 compiles of the char LM's test ~25% slower),
+  # less any device count, so that RELPOS_CPU_DEVICES=2 sets it.
   env = {**os.environ, 'RELPOS_CPU_DEVICES': '2', 'RELPOS_COMPILATION_CACHE': 'off'}
-  env.pop('XLA_FLAGS', None)
+  env['XLA_FLAGS'] = _run_flags_without_a_device_count()
   done = subprocess.run(
     [sys.executable, str(REPO / 'benchmarks' / script), *flags],
     cwd=REPO,
@@ -208,7 +218,8 @@ print(rate.gflops, rate.shape)
 """
   env = {
     **os.environ,
-    'XLA_FLAGS': '--xla_force_host_platform_device_count=2',
+    # The device count first (XLA stops reading at a word without '--'), the run's flags after.
+    'XLA_FLAGS': f'{runtime.DEVICES_FLAG}=2 {_run_flags_without_a_device_count()}'.strip(),
     'PYTHONPATH': str(REPO / 'benchmarks'),
   }
   done = subprocess.run(

@@ -334,19 +334,27 @@ def test_an_eval_file_gone_by_the_final_evaluation_names_the_saved_run(
   )
 
 
-def test_references_converted_to_crlf_after_training_are_scored_into_the_workdir(tmp_path, capsys):
+def test_references_converted_to_crlf_after_training_are_scored_into_the_workdir(
+  corpus, trained, tmp_path, capsys
+):
   """The test references converted to CRLF line endings after training read as the same
   sentences, yet eval.py refused to score the run into its workdir ('scores other data than
   the run ... trained with (config.data.eval_tgt: ... changed since the run trained on it')."""
-  corpus = write_pair_corpus(tmp_path / 'corpus', train=100, eval=4)
-  config = _config(corpus, steps=1)
-  workdir = tmp_path / 'run'
-  translate.TASK.train_model(config, workdir)
+  # A copy of the module's run, unscored (as train_model leaves it), and the module's
+  # references converted for this test only (their bytes and times put back after it).
+  workdir = _copy_of_run(trained, tmp_path)
+  (workdir / 'eval_results.json').unlink()
+  config = _config(corpus, steps=8)
   references = corpus / 'eval.de'
-  references.write_bytes(references.read_bytes().replace(b'\n', b'\r\n'))
-  capsys.readouterr()
-  result = translate.TASK.evaluate(config, workdir)
-  assert result['sentences'] == 4 and (workdir / 'eval_results.json').is_file()
+  original, status = references.read_bytes(), references.stat()
+  references.write_bytes(original.replace(b'\n', b'\r\n'))
+  try:
+    capsys.readouterr()
+    result = translate.TASK.evaluate(config, workdir)
+  finally:
+    references.write_bytes(original)
+    os.utime(references, ns=(status.st_atime_ns, status.st_mtime_ns))
+  assert result['sentences'] == 12 and (workdir / 'eval_results.json').is_file()
   assert 'other data' not in capsys.readouterr().err
 
 
