@@ -335,8 +335,8 @@ def test_other_positions_have_no_length_bound(position):
 # 6. Training mode, gradients and dtypes.
 
 
-# The training-mode tests' models: one decoder layer (an encoder and a decoder layer between
-# them have every kind of parameter and dropout), as training passes compile slowly.
+# The training-mode and bfloat16 tests' models: one decoder layer (an encoder and a decoder
+# layer between them have every kind of parameter, dropout and dtype), as they compile slowly.
 TRAIN_LAYERS = dict(decoder_layers=1)
 
 
@@ -405,8 +405,9 @@ def test_attention_dropout_only_in_training():
   'position', slow_where(['shaw_absolute', 't5', 'alibi', 'rope'], {'t5', 'alibi'})
 )
 def test_bfloat16_close_to_float32(position):
-  reference = forward(make_model(position=position), SRC, TGT_IN)
-  model = make_model(position=position, dtype='bfloat16')
+  # One decoder layer (TRAIN_LAYERS): three programs compiled, and a layer's dtypes show.
+  reference = forward(make_model(position=position, **TRAIN_LAYERS), SRC, TGT_IN)
+  model = make_model(position=position, dtype='bfloat16', **TRAIN_LAYERS)
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
   logits = forward(model, SRC, TGT_IN)
   assert logits.dtype == jnp.float32 and np.all(np.isfinite(np.asarray(logits)))
