@@ -120,7 +120,8 @@ def test_both_models_attend_through_the_shared_layer():
   assert char_lm.layers[0].attention.rel_key is None
   assert char_lm.layers[0].attention.query.kernel.shape == (16, 8)  # 2 heads of 4
   tokens_BT = jnp.asarray(np.random.default_rng(1).integers(0, 8, (2, 5)), jnp.int32)
-  logits_BTV, _ = char_lm(tokens_BT, char_lm.init_memory(2, 3), deterministic=True)
+  apply = nnx.jit(lambda model, tokens, memory: model(tokens, memory, deterministic=True))
+  logits_BTV, _ = apply(char_lm, tokens_BT, char_lm.init_memory(2, 3))  # op by op: seconds
   assert logits_BTV.shape == (2, 5, 8) and bool(jnp.all(jnp.isfinite(logits_BTV)))
 
 

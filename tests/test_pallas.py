@@ -137,26 +137,26 @@ def output_and_grads(
   return output, vjp(cotangent)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _dense_grads(name, cotangent, xs, kwargs):
+  """Gradients w.r.t. the tuple xs (None for None) of <DENSE[name](*xs, **kwargs), cotangent>,
+  and the output. One jit for every call: mask, keep, rate and query_offset are traced, so calls
+  of one shape (the offsets of a traced-offset test, cases of the same sizes) compile once."""
+
+  def loss(xs):
+    out = DENSE[name](*xs, **kwargs)
+    return jnp.sum(out * cotangent), out
+
+  return jax.grad(loss, has_aux=True)(xs)
+
+
 def dense_output_and_grads(name, cotangent, *args, **kwargs):
   """DENSE[name] in float64 (x64 scoped to this call): output and gradients as NumPy."""
   with jax.enable_x64(True):
-    xs = [None if x is None else jnp.asarray(x, jnp.float64) for x in args]
-    present = [n for n, x in enumerate(xs) if x is not None]
-
-    def loss(*present_xs):
-      full = list(xs)
-      for n, x in zip(present, present_xs, strict=True):
-        full[n] = x
-      out = DENSE[name](*full, **kwargs)
-      return jnp.sum(out * jnp.asarray(cotangent, jnp.float64)), out
-
-    grads, output = jax.jit(jax.grad(loss, argnums=tuple(range(len(present))), has_aux=True))(
-      *(xs[n] for n in present)
-    )
-    full_grads = [None] * len(xs)
-    for n, g in zip(present, grads, strict=True):
-      full_grads[n] = np.asarray(g)
-    return np.asarray(output), full_grads
+    xs = tuple(None if x is None else jnp.asarray(x, jnp.float64) for x in args)
+    kwargs = {k: None if v is None else jnp.asarray(v) for k, v in kwargs.items()}
+    grads, output = _dense_grads(name, jnp.asarray(cotangent, jnp.float64), xs, kwargs)
+    return np.asarray(output), [None if g is None else np.asarray(g) for g in grads]
 
 
 def _check_grads(got, want, names, tol=GRAD_TOL):
@@ -171,8 +171,12 @@ def _check_grads(got, want, names, tol=GRAD_TOL):
 
 
 def _kernel_keep(rng_key, batch, heads, q_len, kv_len, rate):
-  """The keep mask [batch, heads, q_len, kv_len] the kernels hash from `rng_key` (NumPy)."""
-  return np.asarray(dropout_keep_hashed(dropout_seed(rng_key), batch, heads, q_len, kv_len, rate))
+  """The keep mask [batch, heads, q_len, kv_len] the kernels hash from `rng_key` (NumPy);
+  jitted, as op by op it takes a second."""
+  keep = jax.jit(
+    lambda key: dropout_keep_hashed(dropout_seed(key), batch, heads, q_len, kv_len, rate)
+  )
+  return np.asarray(keep(rng_key))
 
 
 def _shaw_args(rng, shape, kmax, drop=None):
@@ -384,14 +388,18 @@ def test_dense_transcriptions_match_reference():
 def test_dropout_keep_hashed():
   """The hashed keep mask: the right rate, and a different mask per seed, batch, head, row."""
   rate = 0.3
-  keep = np.asarray(dropout_keep_hashed(jnp.uint32(7), 4, 3, 50, 60, rate))
+  # jitted (op by op it takes a second), the seed traced
+  hashed = jax.jit(
+    lambda seed, rate: dropout_keep_hashed(seed, 4, 3, 50, 60, rate), static_argnums=1
+  )
+  keep = np.asarray(hashed(jnp.uint32(7), rate))
   assert keep.shape == (4, 3, 50, 60) and keep.dtype == bool
   assert abs(keep.mean() - (1 - rate)) < 0.01
   assert not np.array_equal(keep[0, 0], keep[1, 0]) and not np.array_equal(keep[0, 0], keep[0, 1])
   assert not np.array_equal(keep[0, 0, 0], keep[0, 0, 1])
-  other = np.asarray(dropout_keep_hashed(jnp.uint32(8), 4, 3, 50, 60, rate))
+  other = np.asarray(hashed(jnp.uint32(8), rate))
   assert abs((keep == other).mean() - (rate**2 + (1 - rate) ** 2)) < 0.01  # independent draws
-  assert np.asarray(dropout_keep_hashed(jnp.uint32(7), 4, 3, 50, 60, 0.0)).all()
+  assert np.asarray(hashed(jnp.uint32(7), 0.0)).all()
 
 
 @pytest.mark.parametrize('name', slow_where(['shaw', 'xl'], {'xl'}))

@@ -53,8 +53,17 @@ def make_config(**overrides):
   return tr.TransformerConfig.from_section(config, vocab_size=VOCAB)
 
 
+# (seed, config) -> a model: built op by op, a model takes 0.1-0.5 s, and the tests
+# build the same ones many times.
+_BUILT = {}
+
+
 def make_model(seed=0, **overrides):
-  return tr.Transformer(make_config(**overrides), rngs=nnx.Rngs(seed))
+  """A fresh model (its own variables), built once per seed and config."""
+  key = (seed, make_config(**overrides))
+  if key not in _BUILT:
+    _BUILT[key] = tr.Transformer(key[1], rngs=nnx.Rngs(seed))
+  return nnx.clone(_BUILT[key])  # its own variables (nnx.merge would share them)
 
 
 def sentences(lengths, total, seed, start=()):
@@ -326,6 +335,11 @@ def test_other_positions_have_no_length_bound(position):
 # 6. Training mode, gradients and dtypes.
 
 
+# The training-mode and bfloat16 tests' models: one decoder layer (an encoder and a decoder
+# layer between them have every kind of parameter, dropout and dtype), as they compile slowly.
+TRAIN_LAYERS = dict(decoder_layers=1)
+
+
 @nnx.jit
 def train_grads(model, src_BS, tgt_in_BT):
   """Gradients of a teacher-forced cross-entropy with dropout on."""
@@ -352,7 +366,7 @@ def train_grads(model, src_BS, tgt_in_BT):
   ),
 )
 def test_gradients_reach_every_parameter(overrides):
-  model = make_model(**overrides)
+  model = make_model(**overrides, **TRAIN_LAYERS)
   grads = nnx.to_flat_state(train_grads(model, SRC, TGT_IN))
   assert len(grads) == len(nnx.to_flat_state(nnx.state(model, nnx.Param)))
   for path, grad in grads:
@@ -362,7 +376,7 @@ def test_gradients_reach_every_parameter(overrides):
 
 def test_dropout_only_in_training():
   """Two training steps draw different dropout masks; evaluation is deterministic."""
-  model = make_model(position='shaw')
+  model = make_model(position='shaw', **TRAIN_LAYERS)
   first, second = (jax.tree.leaves(train_grads(model, SRC, TGT_IN)) for _ in range(2))
   assert max(max_diff(a, b) for a, b in zip(first, second, strict=True)) > 1e-3
   np.testing.assert_array_equal(
@@ -378,8 +392,8 @@ def train_logits(model, src_BS, tgt_in_BT):
 def test_attention_dropout_only_in_training():
   """Attention-probability dropout (other dropout off) changes training logits, with a fresh
   mask per call, and leaves evaluation and the initialisation as they were."""
-  model = make_model(position='shaw', dropout=0.0, attention_dropout=0.3)
-  without = make_model(position='shaw', dropout=0.0)
+  model = make_model(position='shaw', dropout=0.0, attention_dropout=0.3, **TRAIN_LAYERS)
+  without = make_model(position='shaw', dropout=0.0, **TRAIN_LAYERS)
   clean = forward(model, SRC, TGT_IN)
   np.testing.assert_array_equal(np.asarray(clean), np.asarray(forward(without, SRC, TGT_IN)))
   np.testing.assert_allclose(train_logits(without, SRC, TGT_IN), clean, atol=1e-6)
@@ -391,8 +405,9 @@ def test_attention_dropout_only_in_training():
   'position', slow_where(['shaw_absolute', 't5', 'alibi', 'rope'], {'t5', 'alibi'})
 )
 def test_bfloat16_close_to_float32(position):
-  reference = forward(make_model(position=position), SRC, TGT_IN)
-  model = make_model(position=position, dtype='bfloat16')
+  # One decoder layer (TRAIN_LAYERS): three programs compiled, and a layer's dtypes show.
+  reference = forward(make_model(position=position, **TRAIN_LAYERS), SRC, TGT_IN)
+  model = make_model(position=position, dtype='bfloat16', **TRAIN_LAYERS)
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
   logits = forward(model, SRC, TGT_IN)
   assert logits.dtype == jnp.float32 and np.all(np.isfinite(np.asarray(logits)))
@@ -406,8 +421,10 @@ def test_bfloat16_close_to_float32(position):
 def test_remat_keeps_the_gradients(remat):
   """Rematerialising each layer recomputes its activations in the backward pass: the
   gradients stay those of the plain model (dropout off, so both draw nothing)."""
-  plain = train_grads(make_model(position='t5', dropout=0.0), SRC, TGT_IN)
-  remat_grads = train_grads(make_model(position='t5', dropout=0.0, remat=remat), SRC, TGT_IN)
+  plain = train_grads(make_model(position='t5', dropout=0.0, **TRAIN_LAYERS), SRC, TGT_IN)
+  remat_grads = train_grads(
+    make_model(position='t5', dropout=0.0, remat=remat, **TRAIN_LAYERS), SRC, TGT_IN
+  )
   for (path, expected), (_, actual) in zip(
     nnx.to_flat_state(plain), nnx.to_flat_state(remat_grads), strict=True
   ):

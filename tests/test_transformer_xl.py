@@ -84,16 +84,25 @@ class Tiny:
     return {'clamp_len': self.run['clamp_len'], 'same_length': self.run['same_length']}
 
 
+# (seed, model config) -> make_model's model: built op by op, a model
+# takes 0.1-0.3 s, and the tests build the same ones many times.
+_BUILT = {}
+
+
 def make_model(seed=0, **overrides):
   """A tiny model whose parameters get N(0, 0.3²) noise on top of the init: at the 0.02 init
   the position terms barely move the logits (clamping changes them by ~1e-7), which would
-  make position bugs invisible at the tests' tolerances."""
+  make position bugs invisible at the tests' tolerances. A fresh model each call (its own
+  variables), built once per seed and model config (the run settings aside)."""
   config = make_config(**overrides)
-  model = txl.TransformerXL(model_config(config), rngs=nnx.Rngs(seed))
-  rng = np.random.default_rng(seed)
-  params = nnx.state(model, nnx.Param)
-  nnx.update(model, jax.tree.map(lambda p: p + 0.3 * rng.standard_normal(p.shape, 'f4'), params))
-  return Tiny(model, config)
+  key = (seed, model_config(config))
+  if key not in _BUILT:
+    model = txl.TransformerXL(key[1], rngs=nnx.Rngs(seed))
+    rng = np.random.default_rng(seed)
+    params = nnx.state(model, nnx.Param)
+    nnx.update(model, jax.tree.map(lambda p: p + 0.3 * rng.standard_normal(p.shape, 'f4'), params))
+    _BUILT[key] = model
+  return Tiny(nnx.clone(_BUILT[key]), config)  # its own variables (nnx.merge would share them)
 
 
 @functools.partial(nnx.jit, static_argnames=('clamp_len', 'same_length', 'deterministic'))
@@ -337,6 +346,18 @@ def memory_gradients(model, tokens_BT, memory):
   return tuple(nnx.grad(f, argnums=(0, 1))(model, memory.hidden) for f in (loss, new_memory_sum))
 
 
+@nnx.jit
+def parameter_gradients(model, tokens_BT, memory):
+  """memory_gradients' gradients of the loss w.r.t. the parameters alone: half the program,
+  for the tests that compare them between two forms of a model."""
+
+  def loss(model):
+    logits, _ = model(tokens_BT, memory, deterministic=True)
+    return jnp.mean(txl.nats_per_token(logits, tokens_BT))
+
+  return nnx.grad(loss)(model)
+
+
 @pytest.mark.parametrize('mode', slow_where(KERNEL_MODES, {'shaw'}))
 def test_no_gradient_through_memory(mode):
   model = make_model(position=mode)
@@ -357,8 +378,9 @@ def test_remat_keeps_the_gradients(remat):
   gradients = []
   for setting in ('none', remat):
     model = make_model(position='rope', dropout=0.0, remat=setting)
-    _, memory = forward(model, tokens[:, :4], model.init_memory(BATCH))
-    gradients.append(jax.tree.leaves(memory_gradients(model.model, tokens[:, 4:], memory)[0][0]))
+    if setting == 'none':  # the same parameters, so the same memory: one forward compiled
+      _, memory = forward(model, tokens[:, :4], model.init_memory(BATCH))
+    gradients.append(jax.tree.leaves(parameter_gradients(model.model, tokens[:, 4:], memory)))
   for expected, actual in zip(*gradients, strict=True):
     assert_allclose(actual, expected, atol=1e-6)
 
@@ -374,7 +396,7 @@ def test_scanned_layers_equal_the_loop(overrides):
   for scan_layers in (False, True):
     model = make_model(scan_layers=scan_layers, **overrides)
     logits, memory = run_segments(model, tokens, [4, 4])
-    grads = memory_gradients(model.model, tokens[:, 4:], memory)[0][0]
+    grads = parameter_gradients(model.model, tokens[:, 4:], memory)
     results.append((logits, memory.hidden, jax.tree.leaves(grads)))
   (logits, hidden, grads), (scan_logits, scan_hidden, scan_grads) = results
   assert_allclose(scan_logits, logits)
@@ -500,7 +522,9 @@ def test_other_segment_lengths_and_mem_len(mode):
   tokens = random_tokens(26, seed=5)
   whole, _ = forward(model, tokens, model.init_memory(BATCH, 0))
   memory, logits, start = model.init_memory(BATCH, mem_len=26), [], 0
-  for length in (8, 5, 13):
+  # Two lengths, each twice (one compile each), neither the training 4: the memory part filled,
+  # then full and shifting.
+  for length in (8, 5, 8, 5):
     segment_logits, memory = forward(model, tokens[:, start : start + length], memory)
     logits.append(segment_logits)
     start += length
@@ -654,7 +678,7 @@ def train_forward(model, tokens_BT, memory):
 
 
 def test_dropout_only_when_not_deterministic():
-  model = make_model(dropout=0.3)
+  model = make_model(dropout=0.3, num_layers=1)  # one layer: a training pass compiles slowly
   tokens, memory = random_tokens(4), model.init_memory(BATCH)
   clean, _ = forward(model, tokens, memory)
   first, _ = train_forward(model.model, tokens, memory)
@@ -680,7 +704,8 @@ def train_logits_and_grads(model, tokens_BT, memory, targets_BT):
 @pytest.mark.parametrize('mode', slow_where(KERNEL_MODES, {'shaw', 'none'}))
 def test_attention_dropout_only_when_not_deterministic(mode):
   """attention_dropout (other dropout off): a fresh mask per training call, none in eval."""
-  model = make_model(position=mode, dropout=0.0, attention_dropout=0.3)
+  # One layer: the training pass with its gradients compiles slowly, and a layer shows it.
+  model = make_model(position=mode, dropout=0.0, attention_dropout=0.3, num_layers=1)
   tokens, targets = random_tokens(4), random_tokens(4, seed=1)
   _, memory = forward(model, random_tokens(6, seed=2), model.init_memory(BATCH))  # 6 slots
   clean, _ = forward(model, tokens, memory)
@@ -693,6 +718,6 @@ def test_attention_dropout_only_when_not_deterministic(mode):
   # Eval mode ignores it: the same logits as a model built without it (the rate leaves the
   # initialisation unchanged, so the parameters are the same).
   again, _ = forward(model, tokens, memory)
-  without, _ = forward(make_model(position=mode, dropout=0.0), tokens, memory)
+  without, _ = forward(make_model(position=mode, dropout=0.0, num_layers=1), tokens, memory)
   np.testing.assert_array_equal(np.asarray(again), np.asarray(clean))
   np.testing.assert_array_equal(np.asarray(without), np.asarray(clean))
