@@ -31,6 +31,12 @@ PRELOADED = (
   'relpos.training.translation_task',
   'relpos.tools.sample',
   'relpos.tools.translate',
+  # The kernels the benchmark scripts import (Pallas' Triton and Mosaic GPU lowerings: ~0.5 s
+  # a command otherwise, each refused flag of benchmarks/kernel_cost.py and attention.py).
+  'relpos.attention.pallas_shaw',
+  'relpos.attention.pallas_xl',
+  'relpos.attention.mosaic_shaw',
+  'relpos.attention.mosaic_xl',
 )
 
 
