@@ -4,7 +4,8 @@ relpos's process defaults (relpos.runtime, as every launcher does), imports the 
 once, and forks a child per command. The child runs the script or module as `__main__` with its
 own cwd, argv, stdin, stdout and stderr (files), and ends as the interpreter ends it: a
 traceback for an exception, `sys.exit('message')` printed with exit status 1, atexit handlers
-run. The caller gets a subprocess.CompletedProcess, as from subprocess.run.
+run (`_exit_as_the_interpreter_would`, which skips only the modules' teardown). The caller
+gets a subprocess.CompletedProcess, as from subprocess.run.
 
 Forking is safe here because the server never starts a thread or a JAX backend: each child
 initialises its own devices, as a fresh process does. Used through conftest's `commands`
@@ -67,6 +68,47 @@ def _child(request: dict):
     runpy.run_path(argv[0], run_name='__main__')
 
 
+def _exit_as_the_interpreter_would(request: dict):
+  """In the forked child: runs the command, then ends the process as Python's shutdown would,
+  in its order (non-daemon threads joined, atexit handlers, stdout and stderr flushed) and
+  with its exit status (SystemExit's code, printed where it is not an int; 1 after a traceback
+  of an uncaught exception; death by SIGINT after an uncaught KeyboardInterrupt), then
+  `os._exit`. What that skips is the interpreter's teardown of every module, which wrote to
+  most of the server's pages (copy-on-write faults): 0.2 s of each command's 0.26 s. Where a
+  flush of stdout or stderr fails, the interpreter's own exit runs instead, which reports it
+  (exit status 120) as a real process would."""
+  import atexit
+  import threading
+  import traceback
+
+  code, interrupted = 0, False
+  try:
+    _child(request)
+  except SystemExit as exiting:
+    if exiting.code is None or isinstance(exiting.code, int):
+      code = exiting.code or 0
+    else:
+      print(exiting.code, file=sys.stderr)
+      code = 1
+  except KeyboardInterrupt:
+    traceback.print_exc()
+    interrupted = True
+  except BaseException:
+    sys.excepthook(*sys.exc_info())
+    code = 1
+  threading._shutdown()  # what Py_FinalizeEx does first: wait for non-daemon threads
+  atexit._run_exitfuncs()
+  try:
+    sys.stdout.flush()
+    sys.stderr.flush()
+  except Exception:  # noqa: BLE001 - the interpreter's exit reports it (status 120)
+    sys.exit(code)
+  if interrupted:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+  os._exit(code)
+
+
 def serve():
   """The server: one JSON request a line on stdin, one JSON answer a line on stdout."""
   from relpos import runtime
@@ -89,8 +131,7 @@ def serve():
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-      _child(request)
-      sys.exit(0)  # the command returned: exit status 0, after atexit handlers
+      _exit_as_the_interpreter_would(request)
     _, status = os.waitpid(pid, 0)
     print(json.dumps({'returncode': os.waitstatus_to_exitcode(status)}), file=answers, flush=True)
 
