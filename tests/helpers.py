@@ -11,6 +11,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from relpos import attention
 from relpos.config import load_config_file
@@ -423,3 +424,17 @@ def after_training(monkeypatch, task, action) -> None:
     action()
 
   monkeypatch.setattr(task, 'train_model', train_then)
+
+
+# key -> the model `built_once` built for it.
+_BUILT_MODELS = {}
+
+
+def built_once(key, build):
+  """A fresh copy of the model `build()` returns, built once per `key` (a seed and a config)
+  in the run: the tests' models are built op by op (0.1-0.5 s each) and many tests build the
+  same ones. The copy is an `nnx.clone`, with variables of its own (`nnx.merge` would share
+  them between the tests that change them)."""
+  if key not in _BUILT_MODELS:
+    _BUILT_MODELS[key] = build()
+  return nnx.clone(_BUILT_MODELS[key])

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import slow_where
+from helpers import built_once, slow_where
 
 from relpos.config.translation_defaults import translate_config
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID, TRANSLATE_POSITIONS
@@ -53,17 +53,10 @@ def make_config(**overrides):
   return tr.TransformerConfig.from_section(config, vocab_size=VOCAB)
 
 
-# (seed, config) -> a model: built op by op, a model takes 0.1-0.5 s, and the tests
-# build the same ones many times.
-_BUILT = {}
-
-
 def make_model(seed=0, **overrides):
-  """A fresh model (its own variables), built once per seed and config."""
-  key = (seed, make_config(**overrides))
-  if key not in _BUILT:
-    _BUILT[key] = tr.Transformer(key[1], rngs=nnx.Rngs(seed))
-  return nnx.clone(_BUILT[key])  # its own variables (nnx.merge would share them)
+  """A fresh model (its own variables), built once per seed and config (`built_once`)."""
+  config = make_config(**overrides)
+  return built_once((seed, config), lambda: tr.Transformer(config, rngs=nnx.Rngs(seed)))
 
 
 def sentences(lengths, total, seed, start=()):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import reference as ref
 from flax import nnx
-from helpers import slow_where
+from helpers import built_once, slow_where
 
 from relpos import attention
 from relpos.models import transformer_xl as txl
@@ -84,25 +84,21 @@ class Tiny:
     return {'clamp_len': self.run['clamp_len'], 'same_length': self.run['same_length']}
 
 
-# (seed, model config) -> make_model's model: built op by op, a model
-# takes 0.1-0.3 s, and the tests build the same ones many times.
-_BUILT = {}
-
-
 def make_model(seed=0, **overrides):
   """A tiny model whose parameters get N(0, 0.3²) noise on top of the init: at the 0.02 init
   the position terms barely move the logits (clamping changes them by ~1e-7), which would
   make position bugs invisible at the tests' tolerances. A fresh model each call (its own
-  variables), built once per seed and model config (the run settings aside)."""
+  variables), built once per seed and model config (the run settings aside: `built_once`)."""
   config = make_config(**overrides)
-  key = (seed, model_config(config))
-  if key not in _BUILT:
-    model = txl.TransformerXL(key[1], rngs=nnx.Rngs(seed))
+
+  def build():
+    model = txl.TransformerXL(model_config(config), rngs=nnx.Rngs(seed))
     rng = np.random.default_rng(seed)
     params = nnx.state(model, nnx.Param)
     nnx.update(model, jax.tree.map(lambda p: p + 0.3 * rng.standard_normal(p.shape, 'f4'), params))
-    _BUILT[key] = model
-  return Tiny(nnx.clone(_BUILT[key]), config)  # its own variables (nnx.merge would share them)
+    return model
+
+  return Tiny(built_once((seed, model_config(config)), build), config)
 
 
 @functools.partial(nnx.jit, static_argnames=('clamp_len', 'same_length', 'deterministic'))
