@@ -79,7 +79,6 @@ def _exit_as_the_interpreter_would(request: dict):
   (exit status 120) as a real process would."""
   import atexit
   import threading
-  import traceback
 
   code, interrupted = 0, False
   try:
@@ -90,12 +89,9 @@ def _exit_as_the_interpreter_would(request: dict):
     else:
       print(exiting.code, file=sys.stderr)
       code = 1
-  except KeyboardInterrupt:
-    traceback.print_exc()
-    interrupted = True
-  except BaseException:
-    sys.excepthook(*sys.exc_info())
-    code = 1
+  except BaseException as error:  # the traceback as the interpreter prints it
+    sys.excepthook(type(error), error, error.__traceback__)
+    code, interrupted = 1, isinstance(error, KeyboardInterrupt)
   threading._shutdown()  # what Py_FinalizeEx does first: wait for non-daemon threads
   atexit._run_exitfuncs()
   try:
