@@ -188,17 +188,16 @@ def test_every_relpos_name_in_the_docs_and_docstrings_exists():
   for folder in ('relpos', 'benchmarks', 'configs'):
     sources += sorted((REPO / folder).rglob('*.py'))
   missing = {}
-  for source in sources:  # and every path of a module or script the text names
-    text = source.read_text()
-    for match in _PATH.finditer(text):
-      # "`benchmarks/dropout.py` of commit dd4a0a7": a file of the history, named as such.
-      of_a_commit = re.match(r'`? (of|at) commit', text[match.end() :])
-      if not of_a_commit and not (REPO / match[1]).exists():
-        missing.setdefault(match[1], []).append(str(source.relative_to(REPO)))
   with warnings.catch_warnings():
     warnings.simplefilter('ignore', FutureWarning)  # relpos's old module names still resolve
     for source in sources:
-      for dotted in set(_DOTTED.findall(source.read_text())):
+      text, where = source.read_text(), str(source.relative_to(REPO))
+      for match in _PATH.finditer(text):
+        # "`benchmarks/dropout.py` of commit dd4a0a7": a file of the history, named as such.
+        of_a_commit = re.match(r'`? (of|at) commit', text[match.end() :])
+        if not of_a_commit and not (REPO / match[1]).exists():
+          missing.setdefault(match[1], []).append(where)
+      for dotted in set(_DOTTED.findall(text)):
         if not _names_something(dotted.rstrip('.')):
-          missing.setdefault(dotted, []).append(str(source.relative_to(REPO)))
+          missing.setdefault(dotted, []).append(where)
   assert not missing, '\n'.join(f'{name}: {", ".join(where)}' for name, where in missing.items())
