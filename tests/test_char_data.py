@@ -424,8 +424,16 @@ def test_load_char_splits_enwik8_checks_full_file(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
   'fields,error,message',
   [
-    ({'kind': 'wiki'}, ValueError, r"data.kind must be one of \('enwik8', 'text'\); got 'wiki'"),
-    ({'vocab': 'bpe'}, ValueError, r"data.vocab must be one of \('bytes', 'original'\)"),
+    (
+      {'kind': 'wiki'},
+      ValueError,
+      r"^config.data.kind must be one of \('enwik8', 'text'\), got 'wiki'$",
+    ),
+    (
+      {'vocab': 'bpe'},
+      ValueError,
+      r"^config.data.vocab must be one of \('bytes', 'original'\), got 'bpe'$",
+    ),
     ({'path': 'missing.txt'}, FileNotFoundError, 'missing.txt'),
     ({'path': 'empty.txt'}, ValueError, 'empty.txt is empty'),
     (

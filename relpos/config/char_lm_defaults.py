@@ -16,7 +16,7 @@ from relpos.config.fields import field, section, subsection
 from relpos.config.model_fields import TransformerXLConfig
 from relpos.config.shared import EvalConfig, OptimConfig, RunFields, TrainConfig
 from relpos.data import enwik8
-from relpos.data.char_corpus import KINDS
+from relpos.data.char_corpus import CHOICES
 
 
 @section
@@ -24,7 +24,7 @@ class CharLMData:
   """config.data: the text and its vocabulary."""
 
   kind: str = field(
-    'enwik8', checks.one_of(*KINDS), "'enwik8' (enwik8 or enwik8.zip) | 'text' (any file, 90/5/5)"
+    'enwik8', CHOICES['kind'], "'enwik8' (enwik8 or enwik8.zip) | 'text' (any file, 90/5/5)"
   )
   path: str = field(
     str(enwik8.prepared_path()),
@@ -34,7 +34,7 @@ class CharLMData:
   )
   vocab: str = field(
     'bytes',
-    checks.one_of('bytes', 'original'),
+    CHOICES['vocab'],
     "'bytes' (256) | 'original' (drops newlines; the bytes of all three splits)",
   )
   max_bytes: int | None = field(

@@ -16,7 +16,7 @@ from relpos.config import checks, fields
 from relpos.config.fields import field, section, subsection
 from relpos.config.model_fields import TransformerConfig
 from relpos.config.shared import EvalConfig, OptimConfig, RunFields, TrainConfig
-from relpos.data.translation import KINDS
+from relpos.data.translation import KIND
 
 
 def _text(default: str, doc: str, *, path: bool = False):
@@ -29,7 +29,7 @@ class TranslationData:
 
   kind: str = field(
     'tfds',
-    checks.one_of(*KINDS),
+    KIND,
     "'tfds' (prepared tensorflow-datasets) | 'text' (parallel files)",
   )
   tfds_name: str = _text('wmt14_translate/de-en', 'the tensorflow-datasets name')

@@ -23,12 +23,17 @@ import pathlib
 
 import numpy as np
 
+from relpos.config import checks
 from relpos.data import enwik8, text
 
 NEWLINE = ord('\n')
 VOCAB_FILE = 'vocab.json'  # where a run keeps its CharVocab (`CharVocab.read`)
 KINDS = ('enwik8', 'text')
 VOCABS = ('bytes', 'original')
+# The rules of config.data.kind and config.data.vocab: the declaration's
+# (relpos.config.char_lm_defaults), and `load_char_splits`' own check, for callers that start
+# no run (benchmarks, tools), with one message.
+CHOICES = {'kind': checks.one_of(*KINDS), 'vocab': checks.one_of(*VOCABS)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,12 +150,6 @@ def as_uint8(data) -> np.ndarray:
   return np.asarray(data, dtype=np.uint8)
 
 
-def check_choice(field: str, value, allowed) -> None:
-  """Raises ValueError naming `data.<field>` unless `value` is one of `allowed`."""
-  if value not in allowed:
-    raise ValueError(f'data.{field} must be one of {allowed}; got {value!r}')
-
-
 def _drop_newlines(name: str, split: np.ndarray, path) -> np.ndarray:
   """The `name` split's bytes less its newlines (config.data.vocab='original').
 
@@ -195,8 +194,7 @@ def load_char_splits(
       and the remedy).
     FileNotFoundError: nothing at `path`.
   """
-  check_choice('kind', data_config.kind, KINDS)
-  check_choice('vocab', data_config.vocab, VOCABS)
+  checks.check(data_config, CHOICES, prefix='config.data')
   if data_config.kind == 'enwik8':
     data = enwik8.read_enwik8(data_config.path)
   else:

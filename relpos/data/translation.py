@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from absl import logging
 
+from relpos.config import checks
 from relpos.data import parallel_text, tatoeba, wmt_tfds
 from relpos.data.shard import ONE_PROCESS, Shard
 from relpos.data.token_batches import EncodedPairs, Ragged, TokenBatches
@@ -25,6 +26,9 @@ from relpos.data.tokenizer import Tokenizer, load_tokenizer, train_or_load
 from relpos.messages import PassProgress
 
 KINDS = ('text', 'tfds')
+# The rule of config.data.kind: the declaration's (relpos.config.translation_defaults) and
+# `check_data_config`'s.
+KIND = checks.one_of(*KINDS)
 TEXT_FIELDS = ('train_src', 'train_tgt', 'eval_src', 'eval_tgt')
 VOCAB_FILE = 'spm.model'
 ENCODE_CHUNK = 100_000  # sentences encoded per SentencePiece call
@@ -56,9 +60,10 @@ SPLITS = ('train', 'eval')
 
 
 def check_data_config(data_config) -> None:
-  """Raises ValueError naming the config.data field unless kind and its file fields are set."""
-  if data_config.kind not in KINDS:
-    raise ValueError(f'config.data.kind must be one of {KINDS}; got {data_config.kind!r}')
+  """Raises ValueError naming the config.data field unless kind (`KIND`) and its file fields
+  are set: the launchers' check before any data is read, and this module's readers' own, for
+  callers that start no run (benchmarks, tools)."""
+  checks.check(data_config, {'kind': KIND}, prefix='config.data')
   if data_config.kind != 'text':
     return
   for field in TEXT_FIELDS:
