@@ -161,8 +161,8 @@ def test_tables_have_mean_std_and_p_values(tmp_path):
 def test_tables_name_the_as_trained_sentinel_and_the_csv_keeps_the_value(tmp_path):
   field = 'eval.max_relative_position'
   summary = [
-    dict(value=-1, n=1, mean=21.0, std=0.0, difference=None, p_value=None, p_seeds=None),
-    dict(value=4, n=1, mean=20.5, std=0.0, difference=-0.5, p_value=0.01, p_seeds=None),
+    dict(value=-1, n=1, mean=21.0, std=None, difference=None, p_value=None, p_seeds=None),
+    dict(value=4, n=1, mean=20.5, std=None, difference=-0.5, p_value=0.01, p_seeds=None),
   ]
   rows = [dict(value=-1, seed=0, bleu=21.0, step=9), dict(value=4, seed=0, bleu=20.5, step=9)]
   markdown = sweep_tables.write_tables(summary, rows, tmp_path, field, 'bleu', baseline=-1)
@@ -176,8 +176,8 @@ def test_tables_name_the_as_trained_sentinel_and_the_csv_keeps_the_value(tmp_pat
 def test_a_difference_too_small_for_the_means_digits_is_not_printed_as_0(tmp_path):
   """sweep.md showed bpc 7.194 against 7.194 with p < 0.001 and no difference column."""
   summary = [
-    dict(value=0, n=1, mean=7.1941, std=0.0, difference=None, p_value=None, p_seeds=None),
-    dict(value=4, n=1, mean=7.1943, std=0.0, difference=0.0002, p_value=0.0001, p_seeds=None),
+    dict(value=0, n=1, mean=7.1941, std=None, difference=None, p_value=None, p_seeds=None),
+    dict(value=4, n=1, mean=7.1943, std=None, difference=0.0002, p_value=0.0001, p_seeds=None),
   ]
   rows = [dict(value=0, seed=0, bpc=7.1941, step=9), dict(value=4, seed=0, bpc=7.1943, step=9)]
   markdown = sweep_tables.write_tables(summary, rows, tmp_path, 'eval.mem_len', 'bpc', baseline=0)
@@ -1491,3 +1491,31 @@ def test_print_only_refuses_a_root_of_another_field(tmp_path, monkeypatch, capsy
   )
   assert code is not None and code != 0
   assert capsys.readouterr().out == ''
+
+
+def test_the_sweep_table_and_a_breakdown_bucket_give_the_same_statistics(monkeypatch):
+  """A sweep's table (`summarise`) and one bucket of a breakdown (`breakdown.by_bucket`) of the
+  same per-seed scores agree on n, mean, std (None for one run), the paired difference and the
+  seed test: one computation (`significance.against_baseline`). The item test is each one's
+  own (stubbed: it reads the runs' files)."""
+  scores = {0: {0: 2.0, 1: 2.2, 2: 2.1}, 4: {0: 1.5, 1: 1.8, 2: 1.6}, 16: {1: 2.4}, 64: {}}
+  rows = [
+    {'value': value, 'seed': seed, 'bpc': score}
+    for value, by_seed in scores.items()
+    for seed, score in by_seed.items()
+  ]
+  monkeypatch.setattr(sweep_tables, 'p_value', lambda *args: 0.5)
+  table = sweep_tables.summarise(None, rows, list(scores), 'bpc', baseline=0)
+  per_run = [row | {'bucket': 'all'} for row in rows]
+  bucket, _ = breakdown.by_bucket(per_run, {'all': 10}, 0, 'bpc', lambda *args: 0.5)
+  statistics = ('value', 'n', 'mean', 'std', 'difference', 'p_value', 'p_seeds')
+  got = [{name: row[name] for name in statistics} for row in table if row['n']]
+  assert got == [{name: row[name] for name in statistics} for row in bucket]
+  assert [row['std'] is None for row in got] == [False, False, True]
+  assert got[2]['difference'] == pytest.approx(0.2) and got[2]['p_seeds'] is None
+  assert got[1]['difference'] == pytest.approx(-0.4667, abs=1e-4) and got[1]['p_seeds'] < 0.05
+  assert table[-1] | {'diverged': 0} == dict.fromkeys(sweep_tables.SUMMARY_COLUMNS) | {
+    'value': 64,
+    'n': 0,
+    'diverged': 0,
+  }

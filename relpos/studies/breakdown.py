@@ -173,10 +173,10 @@ def bpc_by_position(results: dict, baseline, edges):
 
 def by_bucket(per_run, counts, baseline, metric, p_items):
   """(summary rows, `per_run`) of per-run rows {value, seed, bucket, metric}: per bucket (of
-  `counts`, {bucket: its items, one run's}) and value, count, n, mean, std, difference from
-  the baseline's mean, p_value (`p_items(value, seeds, bucket)`, or None) and p_seeds. Any
-  table of values by columns of scores is one: `relpos.studies.sweep`'s `--evaluations` grid
-  too."""
+  `counts`, {bucket: its items, one run's}) and value, count, and the statistics of
+  `significance.against_baseline` (n, mean, std, difference, p_seeds), as the sweep's own
+  table has them, with p_value (`p_items(value, seeds, bucket)`, or None). Any table of values
+  by columns of scores is one: `relpos.studies.sweep`'s `--evaluations` grid too."""
   summary = []
   values = list(dict.fromkeys(row['value'] for row in per_run))
   if baseline not in values:
@@ -187,14 +187,10 @@ def by_bucket(per_run, counts, baseline, metric, p_items):
       for value in values
     }
     for value, by_seed in scores.items():
-      mean, std = significance.mean_and_std(by_seed.values())
-      row = {'value': value, 'bucket': label, 'count': count, 'n': len(by_seed)}
-      row.update(mean=mean, std=std, difference=None, p_value=None, p_seeds=None)
-      if value != baseline:
-        seeds = sorted(set(by_seed) & set(scores[baseline]))
-        row['difference'] = significance.paired_difference(scores[baseline], by_seed)
-        row['p_seeds'] = significance.seed_p_value(scores[baseline], by_seed)
-        row['p_value'] = p_items(value, seeds, label) if p_items else None
+      row = {'value': value, 'bucket': label, 'count': count, 'p_value': None}
+      row |= significance.against_baseline(scores[baseline], by_seed, is_baseline=value == baseline)
+      if row['difference'] is not None and p_items:
+        row['p_value'] = p_items(value, sorted(set(by_seed) & set(scores[baseline])), label)
       summary.append(row)
   return summary, per_run
 
@@ -217,10 +213,7 @@ def markdown(summary, breakdown: Breakdown, field: str, baseline, per_run=()) ->
     '|---|' + '---|' * len(labels),
   ]
   for value in values:
-    cells = [
-      f'{cell[value, label]["mean"]:.{digits}f} ± {cell[value, label]["std"]:.{digits}f}'
-      for label in labels
-    ]
+    cells = [_mean_and_std_text(cell[value, label], digits) for label in labels]
     lines.append(f'| {value} | {" | ".join(cells)} |')
   lines += [
     '',
@@ -258,6 +251,15 @@ def markdown(summary, breakdown: Breakdown, field: str, baseline, per_run=()) ->
   return '\n'.join(lines) + '\n'
 
 
+def _mean_and_std_text(row: dict, digits: int) -> str:
+  """A bucket's cell: 'mean ± std', the mean alone for one run (no spread), '–' for none."""
+  if row['mean'] is None:
+    return '–'
+  if row['std'] is None:
+    return f'{row["mean"]:.{digits}f}'
+  return f'{row["mean"]:.{digits}f} ± {row["std"]:.{digits}f}'
+
+
 def plot(summary, per_run, breakdown: Breakdown, root: Path, field: str, baseline) -> Path:
   """sweep_<by>.png: left, the metric (mean, ±std over seeds) against bucket, one line per
   value; right, each value's difference from the baseline (mean and std of the per-seed
@@ -270,8 +272,8 @@ def plot(summary, per_run, breakdown: Breakdown, root: Path, field: str, baselin
     rows = {row['bucket']: row for row in summary if row['value'] == value}
     left.errorbar(
       range(len(labels)),
-      [rows[label]['mean'] for label in labels],
-      yerr=[rows[label]['std'] for label in labels],
+      [math.nan if rows[label]['mean'] is None else rows[label]['mean'] for label in labels],
+      yerr=[rows[label]['std'] or 0.0 for label in labels],  # None: one run, no spread
       marker='o',
       capsize=3,
       label=f'{field}={value}',

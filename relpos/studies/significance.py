@@ -171,6 +171,26 @@ def difference_text(difference: float | None, digits: int = 3) -> str:
   return f'{difference:+.2g}' if difference and not float(text) else text
 
 
+def against_baseline(baseline: dict, system: dict, *, is_baseline: bool) -> dict:
+  """One variant's statistics in a sweep's table or a breakdown's bucket, from per-seed
+  scores ({seed: score}), its own (`system`) and the baseline's: n, mean, std (ddof 1; None
+  for one score, which has no spread), and, unless it is the baseline or the baseline has no
+  score, its difference from the baseline (`paired_difference`) and p_seeds (`seed_p_value`).
+  None where there is none; mean too where `system` has no score. The one computation of
+  `relpos.studies.sweep_tables.summarise` and `relpos.studies.breakdown.by_bucket`, whose
+  callers add the test over items (p_value) where the difference is not None."""
+  row = {'n': len(system), 'mean': None, 'std': None, 'difference': None, 'p_seeds': None}
+  if not system:
+    return row
+  mean, std = mean_and_std(system.values())
+  row.update(mean=mean, std=std if len(system) > 1 else None)
+  if not is_baseline and baseline:
+    row.update(
+      difference=paired_difference(baseline, system), p_seeds=seed_p_value(baseline, system)
+    )
+  return row
+
+
 def mean_and_std(scores) -> tuple[float, float]:
   """Mean and standard deviation (ddof 1; 0 for a single score) of a variant's seeds."""
   scores = np.asarray(list(scores), np.float64)

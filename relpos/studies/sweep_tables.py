@@ -216,18 +216,13 @@ def summarise(config, rows: list[dict], values, metric: str, baseline, diverged=
   base_scores = _scores_by_seed(by_value[baseline], metric)
   summary = []
   for value, value_rows in by_value.items():
-    row = dict.fromkeys(SUMMARY_COLUMNS) | {'value': value, 'n': len(value_rows)}
-    row['diverged'] = sum(1 for run in diverged if run['value'] == value)
-    summary.append(row)
-    if not value_rows:
-      continue
     scores = _scores_by_seed(value_rows, metric)
-    mean, std = significance.mean_and_std(scores.values())
-    row.update(mean=mean, std=std if len(value_rows) > 1 else None)
-    if value != baseline and base_scores:
-      row['difference'] = significance.paired_difference(base_scores, scores)
+    row = dict.fromkeys(SUMMARY_COLUMNS) | {'value': value}
+    row |= significance.against_baseline(base_scores, scores, is_baseline=value == baseline)
+    row['diverged'] = sum(1 for run in diverged if run['value'] == value)
+    if row['difference'] is not None:
       row['p_value'] = p_value(config, metric, by_value[baseline], value_rows)
-      row['p_seeds'] = significance.seed_p_value(base_scores, scores)
+    summary.append(row)
   return summary
 
 
@@ -284,7 +279,7 @@ def write_tables(
     label = value_label(field, row['value'])
     n = f'{row["n"]} ({row["diverged"]} diverged)' if row.get('diverged') else row['n']
     mean = '–' if row['mean'] is None else f'{row["mean"]:.3f}'
-    std = f'{row["std"]:.3f}' if row['n'] > 1 else '–'  # no spread from one run
+    std = '–' if row['std'] is None else f'{row["std"]:.3f}'  # no spread from one run
     lines.append(f'| {label} | {n} | {mean} | {std} | {tests} |')
   lines += _unpaired_notes(summary, rows, field, baseline)
   lines += ['', f'| {field} | seed | {metric} | step |', '|---|---|---|---|']
