@@ -152,7 +152,7 @@ def _kernels(names, n, k, heads, head_dim, dtype):
       shaw_tables,
     ),
     'dense': (
-      lambda q, key, v, p: attention.shaw_attention_materialized(q, key, v, *p, mask=mask),
+      lambda q, key, v, p: attention.shaw_attention_dense(q, key, v, *p, mask=mask),
       shaw_tables,
     ),
     'xl': (lambda q, key, v, p: xl(q, key, v, *p, implementation='xla'), xl_params),

@@ -22,7 +22,7 @@ pair counted and with only the causally visible ones.
 `--threefry=unrolled,rolled` also times each mode with jax 0.10.2's own rolled-loop PRNG
 lowering (relpos.threefry_lowering), for relpos's default on and off in one run.
 `--shaw_dense_max_kv_len=0,64` times the Shaw modes once per value of
-`relpos.attention.shaw.DENSE_MAX_KV_LEN` (0: the banded kernel at every length), which is how
+config.model.shaw_dense_max_kv_len (0: the banded kernel at every length), which is how
 that threshold was chosen. `--attention_implementations=auto,xla,pallas` times the Shaw modes
 once per `config.model.attention_implementation` (on a GPU 'auto' times both kernels at each
 batch shape's calls on first use and keeps the faster, relpos.attention.autotune; this shows it
@@ -56,7 +56,7 @@ from timing import (
 
 from relpos import flag_types, runtime, threefry_lowering
 from relpos import flops as flops_lib
-from relpos.attention import autotune, shaw
+from relpos.attention import autotune
 from relpos.attention.implementations import IMPLEMENTATIONS
 from relpos.cli import run_main
 from relpos.config.model_fields import DROPOUT_BITS
@@ -93,8 +93,8 @@ flags.register_validator(
 _DENSE_MAX = flag_types.define_int_list(
   'shaw_dense_max_kv_len',
   '',
-  'Values of relpos.attention.shaw.DENSE_MAX_KV_LEN to time the Shaw modes with (default: '
-  "relpos's own).",
+  'Values of config.model.shaw_dense_max_kv_len to time the Shaw modes with (default: the '
+  "config's own).",
   minimum=0,
   allow_empty=True,
 )
@@ -122,11 +122,13 @@ flags.register_validator(
 flags.mark_flags_as_required(['config'])
 
 
-def variant_config(config, position, implementation=None, dropout_bits=None):
-  """A copy of `config` with `position` and the attention `implementation` and
-  `dropout_bits` (None: the config's)."""
+def variant_config(config, position, implementation=None, dropout_bits=None, threshold=None):
+  """A copy of `config` with `position`, the attention `implementation`, `dropout_bits` and
+  Shaw's dense-form `threshold` (config.model.shaw_dense_max_kv_len; None: the config's)."""
   variant = ml_collections.ConfigDict(config.to_dict())
   variant.model.position = position
+  if threshold is not None:
+    variant.model.shaw_dense_max_kv_len = threshold
   if implementation is not None:
     variant.model.attention_implementation = implementation
   if dropout_bits is not None:
@@ -146,13 +148,23 @@ def variants():
       yield lowering, position, threshold, implementation, bits
 
 
-def pass_call(config, position, vocab_size, batches, mesh, implementation=None, dropout_bits=None):
+def pass_call(
+  config,
+  position,
+  vocab_size,
+  batches,
+  mesh,
+  implementation=None,
+  dropout_bits=None,
+  threshold=None,
+):
   """A zero-argument call running the train step of `position` (with the attention
-  `implementation` and `dropout_bits`, None: the config's) over `batches` (state kept), the
+  `implementation`, `dropout_bits` and Shaw's dense-form `threshold`, None: the config's) over
+  `batches` (state kept), the
   model's forward FLOPs of that pass (`relpos.flops.Flops`), XLA's FLOP count of it (None where
   XLA has none) and, per batch, a function giving its compiled module's text
   (`step_profile.compiled_text`; one function per shape)."""
-  variant = variant_config(config, position, implementation, dropout_bits)
+  variant = variant_config(config, position, implementation, dropout_bits, threshold)
   graphdef, state = translate.build(variant, vocab_size, mesh)
   train_step = translate.train_step_fn(variant, graphdef, mesh)
   carried = {'state': state}
@@ -219,7 +231,6 @@ def main(argv):
   calls, model_flops, xla_counts, texts = {}, {}, {}, {}
   chosen, repeats = {}, {}  # 'auto' variant -> its calls' choices; variant -> 'auto' variant
   order = []  # every variant, built or repeated, in the order named
-  default_dense_max = shaw.DENSE_MAX_KV_LEN
   lowered_with = None  # the PRNG lowering set last
   for lowering, position, threshold, implementation, bits in variants():
     if lowering != lowered_with:
@@ -240,16 +251,13 @@ def main(argv):
       # (autotune.recorded_choices), timed once, as 'auto'.
       repeats[variant] = auto_variant
       continue
-    if threshold is not None:
-      shaw.DENSE_MAX_KV_LEN = threshold
     with autotune.recorded_choices() as choices:
       calls[variant], model_flops[variant], xla_counts[variant], texts[variant] = pass_call(
-        config, position, vocab_size, batches, mesh, implementation, bits
+        config, position, vocab_size, batches, mesh, implementation, bits, threshold
       )
       calls[variant]()  # compiles now, with this lowering and threshold
     if implementation == 'auto':
       chosen[variant] = set(choices)
-    shaw.DENSE_MAX_KV_LEN = default_dense_max
   threefry_lowering.unroll_on_cpu()
   seconds = with_repeated_rows(
     interleaved_median_seconds(calls, rounds=_ROUNDS.value, warmup=1),

@@ -186,7 +186,7 @@ def xl_materialized_jax(query, key, value, rel_key, content_bias, position_bias,
 KERNELS = {
   'dot_product': attention.dot_product_attention,
   'shaw': attention.shaw_attention_banded,
-  'shaw_materialized': attention.shaw_attention_materialized,
+  'shaw_dense': attention.shaw_attention_dense,
   'xl': attention.xl_attention,
   'xl_jax_transcription': xl_materialized_jax,
 }

@@ -27,6 +27,7 @@ from helpers import REPO, TINY_CHAR_LM_FLAGS
 from relpos import runtime
 from relpos.attention import autotune, implementations, shaw_attention, xl_attention
 from relpos.attention.implementations import parse_choice, tiles_name
+from relpos.attention.shaw import xla_form
 from relpos.config import load_config_file
 from relpos.tools import pretune
 
@@ -135,11 +136,12 @@ def test_distinct_signatures_get_distinct_entries(tmp_path):
     _signature(dtype='bfloat16'),
     _signature(mask=(1, 1, Q, K)),
     _signature(dropout=0.1),
-    _signature(kernel='shaw', max_distance=2, tables='kv'),
-    _signature(kernel='shaw', max_distance=2, tables='k'),
-    _signature(kernel='shaw', max_distance=2, tables='k', causal=True),
+    _signature(kernel='shaw', max_distance=2, tables='kv', xla_form='dense'),
+    _signature(kernel='shaw', max_distance=2, tables='k', xla_form='dense'),
+    _signature(kernel='shaw', max_distance=2, tables='k', xla_form='banded'),
+    _signature(kernel='shaw', max_distance=2, tables='k', causal=True, xla_form='dense'),
   ]
-  assert signatures[-1].text().endswith('k=2 k causal dropout=0 fwd+bwd')
+  assert signatures[-1].text().endswith('k=2 k causal xla=dense dropout=0 fwd+bwd')
   with autotune.tuning(timer=_times(1.0, 2.0, calls), cache_path=path) as tuner:
     for signature in signatures + signatures:
       tuner.choose(signature, NO_RUN)
@@ -366,7 +368,7 @@ def test_kernels_use_the_choice_under_jit_of_grad(name, monkeypatch):
     auto = grads('auto')
   assert calls == ['xla', 'pallas'] and pallas_calls == [None]
   (decision,) = tuner.decisions
-  want_tables = 'k=2 kv ' if name == 'shaw' else ''
+  want_tables = 'k=2 kv xla=dense ' if name == 'shaw' else ''
   assert decision.signature.text() == (
     f'{name} B={B} Q={Q} K={K} H={H} D={D} float32 mask=1x1x{Q}x{K} {want_tables}dropout=0 fwd+bwd'
   )
@@ -630,7 +632,7 @@ def test_an_old_cache_entry_pallas_means_the_default_tiles(tmp_path, monkeypatch
   """A cache written when the candidates were 'xla' and 'pallas' still decides: 'pallas' is the
   Pallas kernel at its default tiles (block_sizes None), and nothing is timed."""
   q, k, v, rel_key, rel_value = _shaw_inputs(np.random.default_rng(7), TQ, TK)
-  signature = autotune.shaw_signature(q, k, rel_key, rel_value, None, 0.0)
+  signature = autotune.shaw_signature(q, k, rel_key, rel_value, None, 0.0, xla_form=xla_form(TK))
   path = _old_or_odd_cache(tmp_path, signature, 'pallas')
   pallas_calls = _spy_on_pallas('shaw', monkeypatch)
   with autotune.tuning(timer=_failing_timer, cache_path=path) as tuner:
@@ -815,7 +817,8 @@ def test_timed_inputs_follow_the_signature():
   query = jnp.zeros((4 * B, Q, H, D))
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(jax, 'device_count', lambda: 4)
-    got = autotune.shaw_signature(query, query, query[0, 0], None, np.ones((4 * B, 1, 1, Q)), 0.1)
+    mask = np.ones((4 * B, 1, 1, Q))
+    got = autotune.shaw_signature(query, query, query[0, 0], None, mask, 0.1, xla_form='dense')
   assert (got.batch, got.mask, got.tables) == (B, (B, 1, 1, Q), 'k')
 
 

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.usefixtures('attention_test_config')
 KERNELS = {
   'dot_product': attention.dot_product_attention,
   'shaw': attention.shaw_attention_banded,
-  'shaw_materialized': attention.shaw_attention_materialized,
+  'shaw_dense': attention.shaw_attention_dense,
   'xl': attention.xl_attention,
 }
 SHAW_NAMES = ('query', 'key', 'value', 'rel_key', 'rel_value')
@@ -215,8 +215,8 @@ def test_shaw_forward_and_grads(shape, kmax, mask_kind, offset, drop, rate):
     output_and_grads, mask=mask, dropout_rate=rate, dropout_rng=key, query_offset=offset
   )
   output, got = run('shaw', cot, *args)
-  output_materialized, want = run('shaw_materialized', cot, *args)
-  for name, out in (('shaw', output), ('shaw_materialized', output_materialized)):
+  output_dense, want = run('shaw_dense', cot, *args)
+  for name, out in (('shaw', output), ('shaw_dense', output_dense)):
     _check_output(name, out, args, mask, key, rate, query_offset=offset)
   present = [n for n, a in enumerate(args) if a is not None]
   assert all(got[n] is None for n in range(5) if n not in present)
@@ -245,7 +245,7 @@ def test_rate_zero_is_exactly_no_dropout():
   rng = np.random.default_rng(3)
   batch, q_len, kv_len, heads, dim = S
   inputs = {'shaw': _shaw_args(rng, S, 2), 'xl': _xl_args(rng, S)}
-  inputs['dot_product'] = inputs['shaw_materialized'] = inputs['shaw']
+  inputs['dot_product'] = inputs['shaw_dense'] = inputs['shaw']
   mask = make_mask('dead_rows', rng, batch, heads, q_len, kv_len)
   for name, args in sorted(inputs.items()):
     args = args[:3] if name == 'dot_product' else args
@@ -289,7 +289,7 @@ def test_shaw_under_jit_with_traced_rng_and_query_offset():
     traces.append(1)
     mask = jnp.arange(kv_len)[None, :] <= offset + jnp.arange(q_len)[:, None]
     outputs_and_grads = []
-    for fn in (attention.shaw_attention_banded, attention.shaw_attention_materialized):
+    for fn in (attention.shaw_attention_banded, attention.shaw_attention_dense):
       kwargs = dict(mask=mask, query_offset=offset, dropout_rate=dropout_rate, dropout_rng=key)
       output, vjp = jax.vjp(lambda *ys, fn=fn, kwargs=kwargs: fn(*ys, **kwargs), *xs)
       outputs_and_grads.append((output, vjp(cot)))

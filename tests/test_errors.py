@@ -21,7 +21,7 @@ def _qkv(q_len=Q, kv_len=K, heads=H, dim=D):
   [
     attention.shaw_attention,
     attention.shaw_attention_banded,
-    attention.shaw_attention_materialized,
+    attention.shaw_attention_dense,
   ],
 )
 @pytest.mark.parametrize(

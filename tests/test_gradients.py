@@ -1,4 +1,4 @@
-"""Gradients: shaw_attention (custom VJP) vs autodiff of shaw_attention_materialized,
+"""Gradients: shaw_attention (custom VJP) vs autodiff of shaw_attention_dense,
 xl_attention vs autodiff of a materialised JAX transcription, and finite differences."""
 
 import functools
@@ -55,7 +55,7 @@ def test_shaw_grads_match_materialized(shape, kmax, mask_kind, offset, drop):
   mask = make_mask(mask_kind, rng, batch, heads, q_len, kv_len, query_offset=offset)
   cot = f32(randn(rng, batch, q_len, heads, dim))
   got = grads('shaw', cot, *args, mask=mask, query_offset=offset)
-  want = grads('shaw_materialized', cot, *args, mask=mask, query_offset=offset)
+  want = grads('shaw_dense', cot, *args, mask=mask, query_offset=offset)
   present = [n for n, a in enumerate(args) if a is not None]
   assert all(got[n] is None for n in range(5) if n not in present)
   names = [SHAW_NAMES[n] for n in present]
@@ -94,7 +94,7 @@ def test_shaw_grads_traced_offset(shape, kmax, mask_kind, offsets):
 
   for t in offsets:
     got = traced(attention.shaw_attention, jnp.int32(t), *args)
-    want = traced(attention.shaw_attention_materialized, jnp.int32(t), *args)
+    want = traced(attention.shaw_attention_dense, jnp.int32(t), *args)
     assert_grads_close(got, want, names=[f'{n} (offset {t})' for n in SHAW_NAMES])
 
 

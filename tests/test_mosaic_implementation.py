@@ -213,7 +213,7 @@ def _signature(kernel):
   if kernel == 'xl':
     return autotune.xl_signature(query, key, mask, 0.0)
   table = jax.ShapeDtypeStruct((33, 64), jnp.bfloat16)
-  return autotune.shaw_signature(query, key, table, table, mask, 0.0)
+  return autotune.shaw_signature(query, key, table, table, mask, 0.0, xla_form='banded')
 
 
 @pytest.mark.parametrize('kernel', ['shaw', 'xl'])

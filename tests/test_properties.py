@@ -23,8 +23,8 @@ from helpers import (
 
 pytestmark = pytest.mark.usefixtures('attention_test_config')
 
-SHAW = ('shaw', 'shaw_materialized')
-ALL = ('dot_product', 'shaw', 'shaw_materialized', 'xl')
+SHAW = ('shaw', 'shaw_dense')
+ALL = ('dot_product', 'shaw', 'shaw_dense', 'xl')
 S = (2, 7, 13, 3, 5)  # (batch, q_len, kv_len, heads, head_dim)
 
 
@@ -205,7 +205,7 @@ def test_bf16(name):
   ref = {
     'dot_product': reference.vanilla,
     'shaw': reference.shaw,
-    'shaw_materialized': reference.shaw,
+    'shaw_dense': reference.shaw,
     'xl': reference.xl,
   }[name]
   want = ref(*rounded, mask=mask, **offset)

@@ -1,8 +1,10 @@
 """shaw_attention's two implementations vs the float64 reference (Shaw et al. 2018).
 
-'shaw' is `shaw_attention_banded` and 'shaw_materialized' the dense form; `shaw_attention`
+'shaw' is `shaw_attention_banded` and 'shaw_dense' the dense form; `shaw_attention`
 picks one by the number of keys (test_shaw_attention_picks_the_dense_form_for_short_keys).
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -23,10 +25,11 @@ from helpers import (
 )
 
 from relpos import attention
+from relpos.attention.implementations import DENSE_MAX_KV_LEN
 
 pytestmark = pytest.mark.usefixtures('attention_test_config')
 
-BOTH = ('shaw', 'shaw_materialized')
+BOTH = ('shaw', 'shaw_dense')
 S = (2, 7, 13, 3, 5)  # (batch, q_len, kv_len, heads, head_dim): q_len != kv_len, odd sizes
 
 
@@ -186,9 +189,7 @@ def test_shaw_traced_query_offset_under_jit(name):
   def step(q, k, v, wk, wv, off):
     traces.append(1)
     mask = jnp.arange(kv_len)[None, :] <= off + jnp.arange(q.shape[1])[:, None]
-    fn = (
-      attention.shaw_attention_banded if name == 'shaw' else attention.shaw_attention_materialized
-    )
+    fn = attention.shaw_attention_banded if name == 'shaw' else attention.shaw_attention_dense
     return fn(q, k, v, wk, wv, mask=mask, query_offset=off)
 
   for t in [0, 3, 7]:
@@ -255,7 +256,7 @@ def test_blocked_equals_materialized_long_offset_sweep(kmax):
   args = [f32(x) for x in (q, k, v, wk, wv)]
   for off in range(-60, 220, 7):
     a = run_traced_offset('shaw', *args, mask=mask, query_offset=jnp.int32(off))
-    b = run_traced_offset('shaw_materialized', *args, mask=mask, query_offset=jnp.int32(off))
+    b = run_traced_offset('shaw_dense', *args, mask=mask, query_offset=jnp.int32(off))
     assert_close(a, b, err_msg=f'offset {off}')
     if off in (-4, 60, 129):
       want = reference.shaw(*(f32_np(x) for x in (q, k, v, wk, wv)), mask=mask, query_offset=off)
@@ -277,25 +278,30 @@ def test_shaw_offset_as_concrete_array_scalar(make_offset):
 
 
 @pytest.mark.parametrize(
-  'kv_len', [attention.shaw.DENSE_MAX_KV_LEN, attention.shaw.DENSE_MAX_KV_LEN + 1]
+  'kv_len,dense_max_kv_len',
+  [(DENSE_MAX_KV_LEN, None), (DENSE_MAX_KV_LEN + 1, None), (7, 0), (7, 6), (9, 9)],
 )
-def test_shaw_attention_picks_the_dense_form_for_short_keys(kv_len):
-  """Dense up to DENSE_MAX_KV_LEN keys, banded (its custom VJP) above; the two agree."""
+def test_shaw_attention_picks_the_dense_form_for_short_keys(kv_len, dense_max_kv_len):
+  """Dense up to DENSE_MAX_KV_LEN keys (or the call's dense_max_kv_len), banded (its custom
+  VJP) above; the two agree."""
   batch, q_len, heads, dim, kmax = 1, 3, 2, 4, 5
   rng = np.random.default_rng(kv_len)
   q, k, v = qkv(rng, batch, q_len, kv_len, heads, dim)
   args = [f32(x) for x in (q, k, v, *_tables(rng, kmax, dim))]
-  jaxpr = str(jax.make_jaxpr(attention.shaw_attention)(*args))
-  banded = kv_len > attention.shaw.DENSE_MAX_KV_LEN
+  given = {} if dense_max_kv_len is None else {'dense_max_kv_len': dense_max_kv_len}
+  call = functools.partial(attention.shaw_attention, **given)
+  jaxpr = str(jax.make_jaxpr(call)(*args))
+  banded = kv_len > given.get('dense_max_kv_len', DENSE_MAX_KV_LEN)
   assert ('custom_vjp_call' in jaxpr) == banded
-  out = jax.jit(attention.shaw_attention)(*args)
-  for fn in (attention.shaw_attention_banded, attention.shaw_attention_materialized):
+  assert attention.shaw.xla_form(kv_len, **given) == ('banded' if banded else 'dense')
+  out = jax.jit(call)(*args)
+  for fn in (attention.shaw_attention_banded, attention.shaw_attention_dense):
     assert_close(out, jax.jit(fn)(*args), err_msg=fn.__name__)
 
 
 @pytest.mark.parametrize(
   'kv_len,offset',
-  [(13, None), (13, -3), (attention.shaw.DENSE_MAX_KV_LEN + 6, 40)],
+  [(13, None), (13, -3), (DENSE_MAX_KV_LEN + 6, 40)],
   ids=['dense-default', 'dense-before-keys', 'banded-inside'],
 )
 def test_shaw_causal_flag_is_the_causal_mask(kv_len, offset):

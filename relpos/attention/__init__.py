@@ -37,7 +37,7 @@ _HOMES = {
   'relative_shift': 'xl',
   'shaw_attention': 'shaw',
   'shaw_attention_banded': 'shaw',
-  'shaw_attention_materialized': 'shaw',
+  'shaw_attention_dense': 'shaw',
   'sinusoidal_embedding': 'sinusoid',
   't5_relative_bias': 't5',
   't5_relative_buckets': 't5',

@@ -164,7 +164,8 @@ class Signature:
   or None; `max_distance` and `tables` ('kv', 'k' or 'v') are Shaw's k and which of w^K, w^V
   it has (None and '' for XL); `tiles` the caller's block_sizes (None: tilings are tuned);
   `causal` whether a Shaw call was asked to be causal (`shaw_attention(causal=True)`; False
-  for XL, which always is).
+  for XL, which always is); `xla_form` the form Shaw's 'xla' takes at the call ('dense' or
+  'banded': `shaw.xla_form`, by its `dense_max_kv_len`; '' for XL).
   """
 
   kernel: str
@@ -180,11 +181,13 @@ class Signature:
   dropout: float
   tiles: tuple[int, int] | None = None
   causal: bool = False
+  xla_form: str = ''
   backward: bool = True  # timed as training uses it; False inside `forward_only()`
 
   def text(self) -> str:
     """One line, the cache key's and the log's: e.g. `shaw B=22 Q=512 K=1024 H=8 D=64
-    bfloat16 mask=1x1x512x1024 k=16 kv dropout=0.1 fwd+bwd` ('fwd' for a forward-only call)."""
+    bfloat16 mask=1x1x512x1024 k=16 kv xla=banded dropout=0.1 fwd+bwd` ('fwd' for a
+    forward-only call)."""
     mask = 'none' if self.mask is None else 'x'.join(map(str, self.mask))
     words = [
       self.kernel,
@@ -196,6 +199,7 @@ class Signature:
       words.append(f'k={self.max_distance} {self.tables}')
       if self.causal:
         words.append('causal')
+      words.append(f'xla={self.xla_form}')
     words.append(f'dropout={self.dropout:g}')
     if self.tiles is not None:
       words.append('tiles={}x{}'.format(*self.tiles))
@@ -258,9 +262,19 @@ def forward_only() -> Iterator[None]:
 
 
 def shaw_signature(
-  query, key, rel_key, rel_value, mask, dropout_rate: float, block_sizes=None, *, causal=False
+  query,
+  key,
+  rel_key,
+  rel_value,
+  mask,
+  dropout_rate: float,
+  block_sizes=None,
+  *,
+  causal=False,
+  xla_form: str,
 ) -> Signature:
-  """The `Signature` of a `shaw_attention` call (arguments already checked)."""
+  """The `Signature` of a `shaw_attention` call (arguments already checked) whose 'xla' takes
+  `xla_form` ('dense' or 'banded')."""
   return _signature(
     'shaw',
     query,
@@ -271,6 +285,7 @@ def shaw_signature(
     max_distance=table_max_distance(rel_key, rel_value),
     tables=('k' if rel_key is not None else '') + ('v' if rel_value is not None else ''),
     causal=bool(causal),
+    xla_form=xla_form,
   )
 
 

@@ -4,7 +4,8 @@
 'auto', 'xla', 'pallas' (or 'pallas@QxK', a tiling the tuner names), 'cudnn' or 'mosaic'. This
 module says which kernels each serves (`SERVES`), at which dtypes and dropout (`serves`), on
 which devices (`RUNS_ON`, `off_its_devices`, `check_runs_on`), and how an argument and a
-tuner's choice resolve (`resolve_implementation`, `parse_choice`, `tiles_name`; what 'auto'
+tuner's choice resolve (`resolve_implementation`, `parse_choice`, `tiles_name`), where Shaw's
+'xla' changes form (`DENSE_MAX_KV_LEN`; what 'auto'
 measures is `relpos.attention.autotune`'s). It imports no Pallas and no JAX, so the config
 declarations and the training layer read these names without loading any kernel module; the
 kernels are `pallas_shaw`, `pallas_xl` (their shared parts in `pallas_common`), `mosaic_shaw`,
@@ -33,6 +34,10 @@ IMPLEMENTATIONS = tuple(SERVES)
 # float dtype and dropout.
 HALF_PRECISION = ('cudnn', 'mosaic')
 HALF_DTYPES = ('bfloat16', 'float16')
+# Shaw's 'xla' implementation is its dense form up to this many keys and the banded kernel above
+# it, by default (`shaw.xla_form`; `shaw_attention(dense_max_kv_len=)`,
+# config.model.shaw_dense_max_kv_len; docs/kernels.md, "Short sequences", has the measurements).
+DENSE_MAX_KV_LEN = 64
 # The platforms (JAX's device.platform) each implementation runs on, and why not the others.
 RUNS_ON = {
   'auto': ('cpu', 'gpu', 'tpu'),

@@ -7,7 +7,7 @@ Besides the fused kernels ('pallas': `relpos.attention.pallas_shaw`; 'mosaic', c
 only: `relpos.attention.mosaic_shaw` through `_shaw_mosaic`), two exact XLA implementations,
 chosen by `shaw_attention`'s 'xla' from the number of keys:
 
-- `shaw_attention_materialized`, the dense form for short sequences (at most
+- `shaw_attention_dense`, the dense form for short sequences (at most
   `DENSE_MAX_KV_LEN` keys): one-hot [q_len, 2k+1, kv_len] matmuls select the table rows, so
   forward and backward are matmuls, with O(q·kv·(d + 2k+1)) memory shared by batch and heads.
 - `shaw_attention_banded`, for long ones: it never builds a [q_len, kv_len, head_dim] tensor
@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from relpos.attention import autotune, mosaic_dispatch, mosaic_shaw
 from relpos.attention.dot_product import attend, check_qkv, content_logits
-from relpos.attention.implementations import resolve_implementation
+from relpos.attention.implementations import DENSE_MAX_KV_LEN, resolve_implementation
 from relpos.attention.masking import (
   accumulation_dtype,
   attention_dropout,
@@ -350,17 +350,13 @@ def _check(query, key, value, rel_key, rel_value, dropout_rate, dropout_rng) -> 
   return check_dropout(dropout_rate, dropout_rng)
 
 
-# shaw_attention's 'xla' implementation is the dense form up to this many keys and the banded
-# kernel above it (benchmarks/attention.py; docs/kernels.md has the measurements).
-DENSE_MAX_KV_LEN = 64
+def xla_form(kv_len: int, dense_max_kv_len: int = DENSE_MAX_KV_LEN) -> str:
+  """'dense' or 'banded': the form `shaw_attention`'s 'xla' implementation uses for kv_len keys
+  with the dense form up to `dense_max_kv_len` keys."""
+  return 'dense' if kv_len <= dense_max_kv_len else 'banded'
 
 
-def xla_form(kv_len: int) -> str:
-  """'dense' or 'banded': the form `shaw_attention`'s 'xla' implementation uses for kv_len keys."""
-  return 'dense' if kv_len <= DENSE_MAX_KV_LEN else 'banded'
-
-
-def _shaw_mosaic(query, key, value, rel_key, rel_value, mask, causal):
+def _shaw_mosaic(query, key, value, rel_key, rel_value, mask, causal, dense_max_kv_len):
   """'mosaic': `mosaic_shaw.shaw_attention_mosaic` where the call is causal when the step
   runs, else `shaw_attention` with `mosaic_dispatch.fallback`'s implementation
   (`relpos.attention.mosaic_dispatch`; checked by its `serves_call` first). Causal means: with
@@ -393,6 +389,7 @@ def _shaw_mosaic(query, key, value, rel_key, rel_value, mask, causal):
       mask=mask,
       causal=causal,
       implementation=implementation,
+      dense_max_kv_len=dense_max_kv_len,
     )
     return out.astype(value.dtype)
 
@@ -404,14 +401,27 @@ def _shaw_mosaic(query, key, value, rel_key, rel_value, mask, causal):
   return mosaic_dispatch.run(use_kernel, kernel, other, *operands)
 
 
-def _tuned(query, key, rel_key, rel_value, mask, causal, dropout_rate, block_sizes) -> str:
+def _tuned(
+  query, key, rel_key, rel_value, mask, causal, dropout_rate, block_sizes, dense_max_kv_len
+) -> str:
   """'auto' for this call: the autotuner's choice at its shapes and the caller's tiles
-  ('xla', 'pallas' or 'pallas@QxK'; `relpos.attention.autotune`)."""
+  ('xla', 'pallas' or 'pallas@QxK'; `relpos.attention.autotune`), 'xla' timed in the form the
+  caller's `dense_max_kv_len` gives it."""
   return autotune.choose(
     lambda: autotune.shaw_signature(
-      query, key, rel_key, rel_value, mask, dropout_rate, block_sizes, causal=causal
+      query,
+      key,
+      rel_key,
+      rel_value,
+      mask,
+      dropout_rate,
+      block_sizes,
+      causal=causal,
+      xla_form=xla_form(key.shape[1], dense_max_kv_len),
     ),
-    lambda signature: autotune.timed_candidates(shaw_attention, signature),
+    lambda signature: autotune.timed_candidates(
+      functools.partial(shaw_attention, dense_max_kv_len=dense_max_kv_len), signature
+    ),
   )
 
 
@@ -429,6 +439,7 @@ def shaw_attention(
   dropout_rng=None,
   implementation: str = 'auto',
   block_sizes=None,
+  dense_max_kv_len: int = DENSE_MAX_KV_LEN,
 ) -> jax.Array:
   """Relation-aware attention with clipped relative positions, without [q, kv, d] gathers.
 
@@ -447,7 +458,7 @@ def shaw_attention(
     dropout_rate, dropout_rng: attention-probability dropout, see
       `relpos.attention.masking.attention_dropout`; the dropped probabilities weight both the
       values and the a^V term. Rate 0 (the default) needs no rng.
-    implementation: 'xla' (`shaw_attention_materialized` for at most `DENSE_MAX_KV_LEN` keys,
+    implementation: 'xla' (`shaw_attention_dense` for at most `dense_max_kv_len` keys,
       where the band's bookkeeping costs more than the dense one-hot matmuls it replaces, and
       `shaw_attention_banded` above; both draw the same dropout bits), 'pallas' (the fused,
       tiled kernels of `relpos.attention.pallas_shaw`; interpreted on CPU, Triton on GPU) or
@@ -464,21 +475,28 @@ def shaw_attention(
       which Triton can lower, or under 'auto' the tuned tiles; given sizes must be powers of
       two >= 16 for GPU, and 'auto' then tunes only 'xla' against 'pallas' at them); unused
       by 'xla'.
+    dense_max_kv_len: the most keys 'xla' takes its dense form at (`DENSE_MAX_KV_LEN`, 64, by
+      default; 0: the banded kernel at every length). Both forms are exact: it changes speed
+      and memory, not the result beyond rounding.
   Returns:
     [batch, q_len, heads, head_dim] in value's dtype.
   """
   # Checked here too, before key.shape picks the form: a malformed call fails with its message.
   dropout_rate = _check(query, key, value, rel_key, rel_value, dropout_rate, dropout_rng)
+  if isinstance(dense_max_kv_len, bool) or not isinstance(dense_max_kv_len, int):
+    raise TypeError(f'dense_max_kv_len must be an int, got {dense_max_kv_len!r}')
   implementation, block_sizes = resolve_implementation(
     implementation,
     block_sizes,
-    lambda: _tuned(query, key, rel_key, rel_value, mask, causal, dropout_rate, block_sizes),
+    lambda: _tuned(
+      query, key, rel_key, rel_value, mask, causal, dropout_rate, block_sizes, dense_max_kv_len
+    ),
     kernel='shaw',
   )
   if implementation == 'mosaic' and mosaic_dispatch.serves_call(
     'shaw', query, key, value, mask, dropout_rate, query_offset, causal=causal
   ):
-    return _shaw_mosaic(query, key, value, rel_key, rel_value, mask, causal)
+    return _shaw_mosaic(query, key, value, rel_key, rel_value, mask, causal, dense_max_kv_len)
   if implementation == 'pallas':
     return shaw_attention_pallas(
       query,
@@ -493,8 +511,8 @@ def shaw_attention(
       dropout_rng=dropout_rng,
       block_sizes=block_sizes,
     )
-  dense = xla_form(key.shape[1]) == 'dense'
-  kernel = shaw_attention_materialized if dense else shaw_attention_banded
+  dense = xla_form(key.shape[1], dense_max_kv_len) == 'dense'
+  kernel = shaw_attention_dense if dense else shaw_attention_banded
   return kernel(
     query,
     key,
@@ -537,7 +555,7 @@ def shaw_attention_banded(
   return _shaw(static, query, key, value, rel_key, rel_value, mask, traced_offset, rng)
 
 
-def shaw_attention_materialized(
+def shaw_attention_dense(
   query,
   key,
   value,

@@ -19,7 +19,13 @@ import jax
 import jax.numpy as jnp
 
 from relpos import constants
-from relpos.attention.implementations import HALF_DTYPES, HALF_PRECISION, IMPLEMENTATIONS, SERVES
+from relpos.attention.implementations import (
+  DENSE_MAX_KV_LEN,
+  HALF_DTYPES,
+  HALF_PRECISION,
+  IMPLEMENTATIONS,
+  SERVES,
+)
 from relpos.config import checks
 from relpos.config.fields import declared, field, section
 from relpos.constants import CHAR_LM_POSITIONS, TRANSLATE_POSITIONS, self_attention_kind
@@ -54,7 +60,13 @@ TRAINING_ONLY_FIELDS = (
 # only training reads, and those that say how the model is computed (kernels, layer loop,
 # compute dtype), not the function its parameters define. Every other field must match the
 # run's (`relpos.training.run_config.check_model`).
-EVALUATION_FREE_FIELDS = (*TRAINING_ONLY_FIELDS, 'scan_layers', 'attention_implementation', 'dtype')
+EVALUATION_FREE_FIELDS = (
+  *TRAINING_ONLY_FIELDS,
+  'scan_layers',
+  'attention_implementation',
+  'shaw_dense_max_kv_len',
+  'dtype',
+)
 # Those of them that change an evaluation's numbers beyond rounding: the compute dtype (a char
 # LM's bpc scored in bfloat16 is not float32's; some translations differ). An evaluation with
 # another one is not the run's own result (`relpos.training.run_results.check_own_result`), and
@@ -150,6 +162,14 @@ class ModelConfig:
     "calls, 'xla' at the others) 'mosaic'; 'cudnn' runs on NVIDIA GPUs only, 'pallas' and "
     "'mosaic' on GPUs (interpreted on a CPU), checked against the devices before a run",
     read_by=(*constants.SHAW_POSITIONS, 'xl'),
+  )
+  shaw_dense_max_kv_len: int = field(
+    DENSE_MAX_KV_LEN,
+    checks.integer(0),
+    "the most keys at which Shaw's 'xla' kernels take the dense form (one-hot matmuls, "
+    'faster for short sequences), not the banded one (relpos.attention.shaw; 0: banded at '
+    'every length). Both are exact: speed and memory change, not the result',
+    read_by=constants.SHAW_POSITIONS,
   )
   dtype: str = field(
     'float32', checks.one_of(*COMPUTE_DTYPES), 'compute dtype; parameters stay float32'

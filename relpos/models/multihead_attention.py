@@ -50,7 +50,8 @@ class MultiHeadAttention(nnx.Module):
     Args:
       config: the model's typed config; the layer reads its d_model, num_heads, head_dim and
         dtype, attention_dropout, and what its scheme reads: Shaw's k, tables and their start
-        ('shaw'), rope_base ('rope') and attention_implementation ('shaw', 'xl').
+        and the keys up to which its 'xla' kernels take their dense form ('shaw'), rope_base
+        ('rope') and attention_implementation ('shaw', 'xl').
       relative: one of RELATIVE_SCHEMES (encoder-decoder attention is 'none' whatever the
         config's position).
       kernel_init: initializer of the projections, and of Shaw's tables.
@@ -62,6 +63,7 @@ class MultiHeadAttention(nnx.Module):
     self.relative, self.num_heads, self.head_dim = relative, config.num_heads, config.head_dim
     self.dtype, self.attention_dropout = config.compute_dtype, config.attention_dropout
     self.rope_base, self.implementation = config.rope_base, config.attention_implementation
+    self.shaw_dense_max_kv_len = config.shaw_dense_max_kv_len
     width = config.num_heads * config.head_dim
 
     def linear(fan_in, fan_out):
@@ -172,6 +174,7 @@ class MultiHeadAttention(nnx.Module):
         rel_value,
         causal=causal,
         query_offset=query_offset,
+        dense_max_kv_len=self.shaw_dense_max_kv_len,
         **kwargs,
       )
     else:
