@@ -581,3 +581,83 @@ def test_an_evaluation_that_ends_after_a_newer_result_keeps_it(
   shutil.rmtree(workdir / 'checkpoints' / '8')  # removed as damaged, say: step 4 is the newest
   char_lm.TASK.evaluate(config, workdir)
   assert json.loads(results.read_text())['step'] == 4
+
+
+def test_the_memory_starts_empty_where_an_epoch_starts(tmp_path):
+  """The rows start over at each epoch, so the step that begins one must drop the memory the
+  last segment left (states of the end of the rows): given any memory, it scores as from an
+  empty one, while a step inside the epoch reads the memory it is given."""
+  import jax
+  import jax.numpy as jnp
+
+  from relpos.training.mesh import data_mesh
+
+  text = tmp_path / 'short.txt'
+  text.write_text('the cat sat on a mat. ' * 20)  # 396 training bytes: 4 rows, 6 segments
+  config = _config(text, steps=8)
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  run = char_lm.TASK.training(config, workdir, data_mesh())
+  starts = [s for s in range(1, 8) if run.batch(s)[2]]
+  assert starts == [6]
+  noise = np.random.default_rng(0).normal(0.0, 100.0, run.state['memory']['hidden'].shape)
+
+  def loss(step, memory):
+    """The loss of step `step` from the fresh state with a full memory of noise or an empty one
+    (a copy of the state: the step donates it)."""
+    state = jax.tree.map(jnp.copy, run.state)
+    if memory == 'noise':
+      hidden, length = state['memory']['hidden'], state['memory']['length']
+      state['memory'] = {
+        'hidden': hidden + jnp.asarray(noise, hidden.dtype),
+        'length': jnp.full_like(length, config.train.mem_len),
+      }
+    return float(run.step(state, run.batch(step))[1]['loss'])
+
+  inside = loss(5, 'noise'), loss(5, 'empty')
+  assert abs(inside[0] - inside[1]) > 1e-4 * inside[1]  # the memory matters inside an epoch
+  assert loss(6, 'noise') == pytest.approx(loss(6, 'empty'), rel=1e-6)
+
+
+def test_bits_per_char_pools_segments_and_positions(text_file):
+  """bits_per_char's totals, per-segment items (the bootstrap's) and per-position bpc (the
+  breakdown's) against one pass over whole rows: with a memory at least as long as the rows,
+  segment-wise evaluation sees the same context. The last segment is short, so the later
+  positions count fewer characters."""
+  import jax.numpy as jnp
+
+  from relpos.data.ordered import OrderedBatches
+  from relpos.models.transformer_xl import nats_per_token
+
+  config = _config(text_file, steps=1)
+  model = char_lm.TASK.build_model(config, vocab_size=256)
+  tokens = np.frombuffer(text_file.read_bytes()[:22], np.uint8)
+  batches = OrderedBatches(tokens, batch_size=2, tgt_len=4)  # rows of 11: 10 targets, 4 + 4 + 2
+  result = char_lm.bits_per_char(model, batches, config.eval)  # eval.mem_len 32 >= 10
+
+  def nats(start, end):
+    """float64 [2, end - start]: the nats of targets start..end-1 from inputs start..end-1
+    alone (no memory)."""
+    rows = jnp.asarray(batches.rows_BN, jnp.int32)
+    logits, _ = model(
+      rows[:, start:end],
+      model.init_memory(2, 0),
+      deterministic=True,
+      clamp_len=config.eval.clamp_len,
+      same_length=config.eval.same_length,
+    )
+    return np.asarray(nats_per_token(logits, rows[:, start + 1 : end + 1]), np.float64)
+
+  whole = nats(0, 10)
+  alone = np.concatenate([nats(0, 4), nats(4, 8), nats(8, 10)], axis=1)  # no memory carried
+  assert result['tokens'] == 20 and result['segment_tokens'] == [8, 8, 4]
+  assert result['position_tokens'] == [6, 6, 4, 4]
+  bpc = {name: n.mean() / math.log(2) for name, n in (('whole', whole), ('alone', alone))}
+  assert result['bpc'] == pytest.approx(bpc['whole'], rel=1e-5)
+  # The memory reached the later segments: far closer to one pass than to segments alone.
+  assert abs(result['bpc'] - bpc['whole']) < 0.1 * abs(bpc['alone'] - bpc['whole'])
+  np.testing.assert_allclose(
+    result['segment_nats'], [whole[:, s : s + 4].sum() for s in (0, 4, 8)], rtol=1e-5
+  )
+  expected = [whole[:, p::4].mean() / math.log(2) for p in range(4)]
+  np.testing.assert_allclose(result['position_bpc'], expected, rtol=1e-5)

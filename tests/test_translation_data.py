@@ -585,6 +585,22 @@ def test_batches_are_a_pure_function_of_seed_and_step():
   assert order(first, 0) != order(other_seed, 0)
 
 
+def test_each_epoch_shuffles_which_pairs_share_a_batch():
+  """Epoch e shuffles each bucket's members with (seed, e), not only the order of the batches:
+  a member shuffle seeded without the epoch batched the same pairs together in every epoch,
+  which the batch order above (shuffled per epoch on its own) did not show."""
+  batches = TokenBatches(PAIRS, max_tokens=300, num_buckets=3, max_length=30, seed=7)
+  per_epoch = batches.batches_per_epoch
+
+  def groups(epoch):
+    rows = (batches.batch(s)[1]['index'] for s in range(epoch * per_epoch, (epoch + 1) * per_epoch))
+    return {frozenset(index[index >= 0].tolist()) for index in rows}
+
+  first, second = groups(0), groups(1)
+  assert len(first) == len(second) == per_epoch > 4  # batches of distinct pairs, either epoch
+  assert len(first & second) <= per_epoch // 4, 'most batches should hold other pairs'
+
+
 def _thread_shards(count: int) -> list[Shard]:
   """Shards whose all_gather exchanges arrays between `count` threads (standing in for
   processes): each thread must call it in the same order, as processes call a collective."""
