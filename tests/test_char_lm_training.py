@@ -400,6 +400,37 @@ def test_a_resume_with_another_memory_shape_is_refused_up_front(text_file, train
   assert max(_logged_steps(workdir)) == 10
 
 
+def test_a_resume_as_another_model_is_refused_up_front(text_file, trained, tmp_path):
+  """A config.model with other parameters (another position scheme, width or k) cannot
+  continue the run's checkpoints: one line naming the change and the first parameter that
+  differs, without offering --allow_config_change (it was offered, and then every intact
+  checkpoint was read as unreadable); the workdir is left as it was. A model field that keeps
+  the parameters (rope_base, pre_layer_norm) is a config change --allow_config_change
+  continues, and scanned layers restore the loop's checkpoints."""
+  workdir = _copy_of_run(trained, tmp_path / 'run')
+  recorded = (workdir / 'config.json').read_text()
+  for field, value, differs in (
+    ('position', 'shaw', "config.model.position: 'xl' -> 'shaw': another model than the "),
+    ('d_ff', 128, 'config.model.d_ff: 64 -> 128: another model than the '),
+  ):
+    changed = _config(text_file, steps=12)
+    changed.model[field] = value
+    for allow in (False, True):
+      with pytest.raises(ValueError) as error:
+        char_lm.TASK.train_model(changed, workdir, allow_config_change=allow)
+      line = str(error.value)
+      assert line.startswith(differs + f'checkpoints in {workdir}/checkpoints hold ('), line
+      assert 'not even --allow_config_change continues' in line and '\n' not in line
+  assert '(layers.0.ff.inner.bias is [128] in it, [64] in them)' in line, line
+  assert (workdir / 'config.json').read_text() == recorded
+  same_parameters = _config(text_file, steps=10)
+  same_parameters.model.update(pre_layer_norm=True, scan_layers=True)
+  with pytest.raises(ValueError, match='pass --allow_config_change to continue'):
+    char_lm.TASK.train_model(same_parameters, workdir)
+  char_lm.TASK.train_model(same_parameters, workdir, allow_config_change=True)
+  assert max(_logged_steps(workdir)) == 10
+
+
 @pytest.mark.slow
 def test_without_memory_another_batch_size_resumes(text_file, tmp_path):
   """Rows without memory carry nothing from step to step: another batch_size resumes, and a

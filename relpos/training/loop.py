@@ -28,9 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import jax
+import ml_collections
 import numpy as np
+from flax import nnx
 
 from relpos import flops as flops_lib
+from relpos.config.model_fields import EVALUATION_FREE_FIELDS
 from relpos.config.recorded import changes_from_recorded, check_config_change, record_config
 from relpos.faults import error_path, filesystem_fault, is_write_fault, rerun_remedy
 from relpos.messages import warn
@@ -240,6 +243,64 @@ def check_resume_shapes(task: Task, config, workdir: Path) -> None:
   )
 
 
+def check_same_parameters(task: Task, config, workdir: Path) -> None:
+  """Refuses (ValueError) to resume the run in `workdir` with a config.model that has other
+  parameters than its checkpoints hold (another position scheme, width, k, layer count),
+  with or without --allow_config_change, naming the fields and the first parameter that
+  differs. Such a resume was offered --allow_config_change, then read every intact
+  checkpoint as unreadable, one by one, and said none was readable. A change of a field that
+  leaves the parameters as they are (dropout, rope_base, pre_layer_norm) is
+  `check_config_change`'s to allow; the fields of how the model is computed
+  (`model_fields.EVALUATION_FREE_FIELDS`) are no model change, and scan_layers' stacked
+  layers restore from the loop's checkpoints, so the model given is compared with the run's
+  layer loop. The parameters are shapes (`nnx.eval_shape`): nothing is initialised."""
+  if not has_run(workdir) or not finished_steps(workdir):
+    return
+  try:
+    recorded = read_config(workdir)
+  except (OSError, ValueError):
+    return
+  changed = [
+    f'config.model.{name}: {recorded.model.get(name)!r} -> {value!r}'
+    for name, value in config.model.items()
+    if name not in EVALUATION_FREE_FIELDS and recorded.model.get(name) != value
+  ]
+  if not changed:
+    return
+  given = ml_collections.ConfigDict(config.to_dict())
+  given.model.scan_layers = recorded.model.get('scan_layers', False)
+  trained, wanted = _parameter_shapes(task, recorded), _parameter_shapes(task, given)
+  if trained == wanted:
+    return
+  paths = sorted(set(trained) | set(wanted))
+  first = next(path for path in paths if trained.get(path) != wanted.get(path))
+  if first not in trained:
+    differs = f'{first} is not in them'
+  elif first not in wanted:
+    differs = f'they hold {first}, which it lacks'
+  else:
+    differs = f'{first} is {list(wanted[first])} in it, {list(trained[first])} in them'
+  raise ValueError(
+    f'{"; ".join(changed)}: another model than the checkpoints in {workdir / "checkpoints"} '
+    f'hold ({differs}), which not even --allow_config_change continues; use a new --workdir, '
+    "or the run's own config.model"
+  )
+
+
+def _parameter_shapes(task: Task, config) -> dict[str, tuple[int, ...]]:
+  """{'path.to.param': shape} of the model of `config`, abstract (built under eval_shape),
+  over a vocabulary of any fixed size (the run's own is checked with its data)."""
+  model = nnx.eval_shape(lambda: task.build_model(config, _ANY_VOCABULARY))
+  leaves = jax.tree_util.tree_flatten_with_path(nnx.state(model, nnx.Param))[0]
+  return {
+    jax.tree_util.keystr(path, simple=True, separator='.').removesuffix('.value'): x.shape
+    for path, x in leaves
+  }
+
+
+_ANY_VOCABULARY = 32
+
+
 def untrained_changes(task: Task, config, workdir: Path, same_data, other_data) -> list[str]:
   """The changes --allow_config_change lets a finished run take (its newest checkpoint at
   config.train.steps) that no step will use: each field only training reads
@@ -286,7 +347,9 @@ def _checked_data(task: Task, config, workdir: Path, allow_config_change) -> tup
   data_files = task.data_files(config, workdir)
   # Another spelling of the run's data (its file, or its bytes) is no config change.
   same_data = data_record.same_data(workdir, data_files)
-  check_resume_shapes(task, config, workdir)  # first: --allow_config_change cannot help there
+  # First: --allow_config_change cannot help there.
+  check_same_parameters(task, config, workdir)
+  check_resume_shapes(task, config, workdir)
   check_config_change(  # before any write
     config, workdir, allow_change=allow_config_change, same_data=same_data
   )
