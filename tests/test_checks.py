@@ -174,8 +174,19 @@ FLAG_ERRORS = [
   (
     'configs/char_tiny.py',
     ['--config.train.steps=20', '--config.model.postion=shaw'],
-    '--config.model.postion: the config has no field model.postion',
+    '--config.model.postion: the config has no field model.postion; did you mean '
+    'model.position? (`python -m relpos.tools.show_config --config=configs/char_tiny.py` lists '
+    'every field)',
   ),
+  # The nearest fields named (a researcher's train.num_steps is train.steps), none where none
+  # is close.
+  (
+    'configs/char_tiny.py',
+    ['--config.train.num_steps=5'],
+    '--config.train.num_steps: the config has no field train.num_steps; did you mean '
+    'train.steps or',
+  ),
+  ('configs/char_tiny.py', ['--config.optim.lr=1'], 'no field optim.lr (`python -m relpos'),
   (
     'configs/char_tiny.py:bogus',
     ['--config.train.steps=3'],

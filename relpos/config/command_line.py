@@ -15,6 +15,7 @@ declared path fields) and an empty path flag refused (`refuse_empty_paths`).
 It imports nothing from relpos.training: the tasks it knows are `relpos.config.TASKS`.
 """
 
+import difflib
 import logging as std_logging
 import os
 import re
@@ -290,9 +291,40 @@ def _config_flag_problem(argv: list[str], config) -> str | None:
     node = config
     for name in field.split('.'):
       if not isinstance(node, ml_collections.ConfigDict) or name not in node:
-        return f'--config.{field}: the config has no field {field} (config files list every field)'
+        return f'--config.{field}: the config has no field {field}' + _closest_fields(
+          field, config, config_arg(argv)
+        )
       node = node[name]
   return None
+
+
+def _closest_fields(field: str, config, config_file: str) -> str:
+  """'; did you mean X?' (or 'X or Y') for the dotted fields of `config` whose names come
+  closest to `field` (difflib's ratio; the last name weighs as much as the whole path, so
+  `train.step` finds `train.steps` and `num_steps` finds it too), then where every field is
+  listed: `relpos.tools.show_config` for a task's config (`config_file`), the file itself for
+  a benchmark's."""
+  paths = list(_dotted_fields(config))
+  last = {path: path.rpartition('.')[2] for path in paths}
+  close = difflib.get_close_matches(field, paths, n=2, cutoff=0.85)
+  close += difflib.get_close_matches(field.rpartition('.')[2], set(last.values()), n=2, cutoff=0.6)
+  found = [path for path in paths if path in close or last[path] in close]
+  found = sorted(found, key=lambda path: -difflib.SequenceMatcher(None, field, path).ratio())
+  closest = f'; did you mean {" or ".join(found[:2])}?' if found else ''
+  if config.get('task') in TASKS:
+    lister = f'`python -m relpos.tools.show_config --config={config_file}` lists'
+  else:
+    lister = f'{config_file.partition(":")[0]} lists'
+  return f'{closest} ({lister} every field)'
+
+
+def _dotted_fields(config, prefix: str = ''):
+  """The dotted path of every field of `config` that is no section."""
+  for name, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from _dotted_fields(value, f'{prefix}{name}.')
+    else:
+      yield f'{prefix}{name}'
 
 
 def _task_switch_problem(argv: list[str]) -> str | None:
