@@ -187,6 +187,12 @@ FLAG_ERRORS = [
     'train.steps or',
   ),
   ('configs/char_tiny.py', ['--config.optim.lr=1'], 'no field optim.lr (`python -m relpos'),
+  # A section given a value: ml_collections' parse error printed an AST node's repr.
+  (
+    'configs/char_tiny.py',
+    ['--config.model=foo'],
+    '--config.model: config.model is a section, not a field: set its fields (--config.model.',
+  ),
   (
     'configs/char_tiny.py:bogus',
     ['--config.train.steps=3'],

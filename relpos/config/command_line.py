@@ -280,8 +280,10 @@ def _optional_none_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _config_flag_problem(argv: list[str], config) -> str | None:
-  """The first --config.<field> override of `argv` naming a renamed field or no field at all
-  of `config` (the file's config before overrides), as one line; None if there is none."""
+  """The first --config.<field> override of `argv` naming a renamed field, no field at all of
+  `config` (the file's config before overrides) or a whole section (ml_collections' parse error
+  of the value, with an AST node's repr, said nothing of that), as one line; None if there is
+  none."""
   for arg in argv:
     if not arg.startswith('--config.'):
       continue
@@ -295,6 +297,11 @@ def _config_flag_problem(argv: list[str], config) -> str | None:
           field, config, config_arg(argv)
         )
       node = node[name]
+    if isinstance(node, ml_collections.ConfigDict):
+      some = ', '.join(f'--config.{field}.{name}' for name in list(node)[:2])
+      return (
+        f'--config.{field}: config.{field} is a section, not a field: set its fields ({some}, ...)'
+      )
   return None
 
 
