@@ -1,6 +1,7 @@
 """Evaluate the latest checkpoint of a workdir; the last line printed is the metric.
 
     python eval.py --config=configs/char_tiny.py --workdir=runs/char_tiny   # ... bpc=<float>
+    python eval.py --workdir=runs/char_tiny   # the config the run recorded (its config.json)
 
 Evaluation settings come from config.eval (split, tgt_len, mem_len, clamp_len, same_length).
 `--output_dir=D` writes eval_results.json (and translations) to D instead of the workdir, so

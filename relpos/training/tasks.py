@@ -18,8 +18,9 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from relpos.cli import FAULTS, USER_ERRORS, exit_for_fault, start_command
-from relpos.config import TASKS
-from relpos.config.command_line import config_arg, config_overrides, parse_flags
+from relpos.config import TASKS, run_file
+from relpos.config.command_line import config_arg, config_overrides, home_expanded, parse_flags
+from relpos.config.recorded import CONFIG_FILE
 from relpos.signals import PreemptedError, finish_quietly, stop_at_signals
 from relpos.training import distributed
 from relpos.training.run_config import check_output_dir
@@ -48,6 +49,24 @@ def eval_command(argv: list[str], workdir) -> str:
     f'--workdir={workdir}',
   ]
   return ' '.join(shlex.quote(arg) for arg in args)
+
+
+def with_run_config(argv: list[str]) -> list[str]:
+  """`argv`, an eval.py command line, with `--config=<run_file>:<workdir>` added
+  (`relpos.config.run_file`: the run's own recorded config) where it gives a --workdir that
+  holds a run's config.json and no --config; else `argv` as it is."""
+  if config_arg(argv) is not None:
+    return argv
+  workdir = None
+  for i, arg in enumerate(argv):
+    if arg.startswith('--workdir='):
+      workdir = arg.removeprefix('--workdir=')
+    elif arg == '--workdir' and i + 1 < len(argv):
+      workdir = argv[i + 1]
+  if not workdir or not (Path(home_expanded(workdir)) / CONFIG_FILE).is_file():
+    return argv
+  # First: ml_collections takes a --config.<field> override only after --config.
+  return [argv[0], f'--config={run_file.__file__}:{home_expanded(workdir)}', *argv[1:]]
 
 
 def launch(action: str):
@@ -81,7 +100,8 @@ def launch(action: str):
     output_dir = flags.DEFINE_string(
       'output_dir', None, 'Where eval_results.json (and translations) go; default --workdir.'
     )
-  flags.mark_flags_as_required(['config', 'workdir'])
+  # eval.py without --config evaluates with the run's own (`with_run_config`).
+  flags.mark_flags_as_required(['config', 'workdir'] if action != 'evaluate' else ['workdir'])
   # `train.py --help` lists the key flags of the program (sys.argv[0]); these are defined here.
   for flag in flags.FLAGS.flags_by_module_dict().get(__name__, []):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
@@ -95,6 +115,11 @@ def launch(action: str):
       signals = contextlib.nullcontext()  # training saves on them; its evaluation stops
     else:
       kwargs['output_dir'] = output_dir.value
+    if config.value is None:
+      sys.exit(
+        f'error: --config is missing, and --workdir={workdir.value} holds no run (its '
+        f'{CONFIG_FILE}) to evaluate with its own config: give the config it trained with'
+      )
     try:
       if action == 'evaluate':  # before anything is read: nothing there it would destroy
         check_output_dir(kwargs['output_dir'], workdir.value)
@@ -117,4 +142,6 @@ def launch(action: str):
       sys.exit(f'error: {error}')  # one line; --traceback (docs/faults.md) shows where
     print('\n'.join(task.result_lines(result)))
 
+  if action == 'evaluate':
+    sys.argv = with_run_config(sys.argv)
   app.run(main, flags_parser=parse_flags)
