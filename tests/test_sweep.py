@@ -804,6 +804,37 @@ def test_collect_only_warns_of_results_not_of_the_sweeps_config(tmp_path, capsys
   )
 
 
+def test_collect_only_with_no_result_of_its_config_leaves_the_tables(tmp_path, capsys):
+  """--collect_only given another config than the sweep trained with (its overrides left
+  out) found every result stale and replaced the sweep's tables with tables of stale runs
+  (no test over items): now it refuses in one line, the tables as they were, naming the
+  command that trained the sweep (sweep_command.txt) or, without it, the runs' config.json."""
+  field = 'model.max_relative_position'
+  _fake_runs(tmp_path, field, {0: [2.0, 2.1], 4: [1.5, 1.6]})
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 10  # _fake_runs' step
+  for results in tmp_path.glob('*/*/eval_results.json'):  # scored with the config's eval
+    results.write_text(
+      json.dumps(json.loads(results.read_text()) | {'eval': config.eval.to_dict()})
+    )
+  sweep.sweep(config, tmp_path, field, [0, 4], [0, 1], 'bpc', 0, train=False)
+  tables = {path.name: path.read_bytes() for path in tmp_path.glob('sweep*')}
+  config.train.steps = 20  # every result is of step 10
+  with pytest.raises(ValueError) as refused:
+    sweep.sweep(config, tmp_path, field, [0, 4], [0, 1], 'bpc', 0, train=False)
+  assert str(refused.value) == (
+    f'none of the 4 results under {tmp_path} is of the config given (the warnings above name '
+    'why), so --collect_only leaves its tables as they are: give the --config and overrides '
+    "the sweep trained with (each run's config.json records its config)"
+  )
+  assert len(capsys.readouterr().err.splitlines()) == 4  # a warning per run
+  assert {path.name: path.read_bytes() for path in tmp_path.glob('sweep*')} == tables
+  command = 'python -m relpos.studies.sweep --config=configs/char_tiny.py:shaw --workdir=r'
+  (tmp_path / sweep.COMMAND_RECORD).write_text(command + '\n')
+  with pytest.raises(ValueError, match=f'trained with: {re.escape(command)}$'):
+    sweep.sweep(config, tmp_path, field, [0, 4], [0, 1], 'bpc', 0, train=False)
+
+
 def _recorded_char_run(root, data_path):
   """A fake sweep (`_fake_runs`) of one Shaw char LM run on `data_path`, its config and data
   recorded as train.py records them: (the run's config, its workdir, its eval_results.json's
@@ -1006,7 +1037,8 @@ def test_a_result_scored_from_another_workdir_is_not_the_runs(tmp_path, capsys):
   foreign = tmp_path / 'c1' / 'checkpoints' / '10'
   (run / 'eval_results.json').write_text(json.dumps(results | {'checkpoint': str(foreign)}))
   assert not finished_run.is_finished(tasks.get(scored), run, scored, run)
-  sweep.sweep(config, tmp_path, field, [0], [0], 'bpc', 0, train=False)
+  with pytest.raises(ValueError, match='^none of the 1 results under '):  # its only result
+    sweep.sweep(config, tmp_path, field, [0], [0], 'bpc', 0, train=False)
   warnings = capsys.readouterr().err.splitlines()
   assert (
     len(warnings) == 1 and f'was scored from {foreign}, not from a checkpoint of' in warnings[0]
@@ -1224,7 +1256,11 @@ def test_collecting_reads_each_result_once_for_every_table(tmp_path, monkeypatch
 def test_an_eval_field_sweep_trains_a_diverging_seed_once(tmp_path, monkeypatch, capsys):
   config = load_config('char_tiny', 'shaw')
   trained = _fake_training(monkeypatch, lambda c: c.seed == 1)
-  summary = sweep.sweep(config, tmp_path, 'eval.mem_len', [0, 4], [0, 1], 'bpc', baseline=0)
+  command = 'python -m relpos.studies.sweep --config=configs/char_tiny.py:shaw --field=eval.mem_len'
+  summary = sweep.sweep(
+    config, tmp_path, 'eval.mem_len', [0, 4], [0, 1], 'bpc', baseline=0, command=command
+  )
+  assert (tmp_path / sweep.COMMAND_RECORD).read_text() == command + '\n'  # what trained it
   assert [seed for _, seed in trained] == [0, 1, 0]  # value-major; seed 1 trained once
   assert [(row['value'], row['n']) for row in summary] == [(0, 1), (4, 1)]
   for value in (0, 4):

@@ -31,12 +31,14 @@ absolute model), an `--evaluations` setting the config checks refuse for any val
 for a score train.py does not write, `sweep_grid.commands`);
 `--collect_only` rebuilds the tables from finished runs, with a warning naming each result
 that is not of the config as given (another training config, step or config.eval, or
-scored from another workdir's checkpoint). Any `--config.*` override on this command line is
-passed on to every run.
+scored from another workdir's checkpoint), and, where none is, leaves the tables as they
+are and names the command that trained the sweep (`sweep_command.txt` in the root). Any
+`--config.*` override on this command line is passed on to every run.
 """
 
 import contextlib
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -196,6 +198,26 @@ def warn_stale(
   return stale
 
 
+# The root's record of the command line that trained its sweep (`sweep(command=)`).
+COMMAND_RECORD = 'sweep_command.txt'
+
+
+def all_stale(root: Path, count: int) -> str:
+  """--collect_only's line where none of the `count` results under `root` is of the config
+  given (each named in a warning above it): tables of them replace nothing, and the line names
+  the command that trained the sweep (`COMMAND_RECORD`), or, for a root without it, where each
+  run's config is."""
+  line = (
+    f'none of the {count} results under {root} is of the config given (the warnings above '
+    'name why), so --collect_only leaves its tables as they are: give the --config and '
+    'overrides the sweep trained with'
+  )
+  try:
+    return f'{line}: {(root / COMMAND_RECORD).read_text().strip()}'
+  except (OSError, UnicodeDecodeError):
+    return f"{line} (each run's config.json records its config)"
+
+
 def record_divergence(error: loop.DivergedError, metrics, run: str, unscored) -> None:
   """A diverged run is a result of the sweep, not a fault of it: eval_results.json in each of
   the run's results directories (`unscored`: (config, directory) pairs) records the step
@@ -269,13 +291,21 @@ def sweep(
   variant_of=None,
   breakdowns=(),
   evaluations=None,
+  command: str | None = None,
 ):
   """Trains and evaluates every unfinished run (if `train`), then writes the tables and plot
   (and those of each (`relpos.studies.breakdown.Breakdown`, edges) in `breakdowns`); returns the
   per-value summary. `variant_of`: see `check_sweep`. `evaluations` ({setting: {eval field:
   value}}, `sweep_grid.parse_evaluations`) scores every trained model at each setting: the
   tables, plot and breakdowns are those of the first setting, and `sweep_by_evaluation.*` holds
-  them all."""
+  them all. `command`: the sweep's command line, recorded in the root when it trains
+  (`COMMAND_RECORD`), which --collect_only names where none of the runs is of its config.
+
+  Raises:
+    ValueError: with --collect_only (not `train`), none of the results is of the sweep's
+      config as given (`warn_stale`): tables of them would replace the sweep's own with tables
+      that call every run stale (`all_stale`).
+  """
   task = tasks.get(config)
   sweep_grid.check_root(root, field)  # a root of another field's sweep: before it is made
   prepare_root(root, train=train)
@@ -285,6 +315,8 @@ def sweep(
     # then stop at the run the first trains (its workdir's lock); it is refused at once.
     with workdir_lock.hold(root):
       sweep_grid.record_field(root, field)
+      if command is not None:
+        write_atomically(root / COMMAND_RECORD, (command + '\n').encode())
       train_unfinished(config, task, root, field, values, seeds, variant_of, settings)
 
   def tabulated(setting, setting_runs: list) -> list[dict]:
@@ -302,6 +334,8 @@ def sweep(
   first = next(iter(settings))
   first_runs = sweep_tables.read_runs(root, field, values, seeds, first, task=config.task)
   rows = tabulated(first, first_runs)
+  if not train and rows and all(row['stale'] for row in rows):
+    raise ValueError(all_stale(root, len(rows)))  # before any table is written
   diverged = sweep_tables.diverged_runs(first_runs)
   if not rows:
     raise FileNotFoundError(
@@ -550,6 +584,7 @@ def main(argv):
       variant_of=variant_of,
       breakdowns=breakdowns,
       evaluations=evaluations,
+      command=shlex.join(['python', '-m', 'relpos.studies.sweep', *sys.argv[1:]]),
     )
   except PreemptedError as stopped:  # SIGTERM, Ctrl-C: the run in progress saved a checkpoint
     print(f'{stopped} (the sweep command resumes it and skips finished runs)', file=sys.stderr)
