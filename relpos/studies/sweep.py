@@ -31,8 +31,8 @@ absolute model), an `--evaluations` setting the config checks refuse for any val
 for a score train.py does not write, `sweep_grid.commands`);
 `--collect_only` rebuilds the tables from finished runs, with a warning naming each result
 that is not of the config as given (another training config, step or config.eval, or
-scored from another workdir's checkpoint), and, where none is, leaves the tables as they
-are and names the command that trained the sweep (`sweep_command.txt` in the root). Any
+scored from another workdir's checkpoint), then their count and the command that trained the
+sweep (`sweep_command.txt` in the root). Any
 `--config.*` override on this command line is passed on to every run.
 """
 
@@ -202,20 +202,20 @@ def warn_stale(
 COMMAND_RECORD = 'sweep_command.txt'
 
 
-def all_stale(root: Path, count: int) -> str:
-  """--collect_only's line where none of the `count` results under `root` is of the config
-  given (each named in a warning above it): tables of them replace nothing, and the line names
-  the command that trained the sweep (`COMMAND_RECORD`), or, for a root without it, where each
-  run's config is."""
+def stale_summary(root: Path, stale: int, count: int) -> str:
+  """--collect_only's last warning where `stale` of the `count` results under `root` are not
+  of the config given (each named in a warning above it): how many, and the command that
+  trained the sweep (`COMMAND_RECORD`; for a root without it, where each run's config is), for
+  a collection given other overrides than the sweep's, whose tables call its runs stale."""
   line = (
-    f'none of the {count} results under {root} is of the config given (the warnings above '
-    'name why), so --collect_only leaves its tables as they are: give the --config and '
-    'overrides the sweep trained with'
+    f'{stale} of the {count} results under {root} are not of the config given (the warnings '
+    'above say why) and are marked so in the tables'
   )
   try:
-    return f'{line}: {(root / COMMAND_RECORD).read_text().strip()}'
+    command = (root / COMMAND_RECORD).read_text().strip()
   except (OSError, UnicodeDecodeError):
-    return f"{line} (each run's config.json records its config)"
+    return f"{line}; each run's config.json records the config it trained with"
+  return f'{line}; the sweep trained with: {command}'
 
 
 def record_divergence(error: loop.DivergedError, metrics, run: str, unscored) -> None:
@@ -299,13 +299,8 @@ def sweep(
   value}}, `sweep_grid.parse_evaluations`) scores every trained model at each setting: the
   tables, plot and breakdowns are those of the first setting, and `sweep_by_evaluation.*` holds
   them all. `command`: the sweep's command line, recorded in the root when it trains
-  (`COMMAND_RECORD`), which --collect_only names where none of the runs is of its config.
-
-  Raises:
-    ValueError: with --collect_only (not `train`), none of the results is of the sweep's
-      config as given (`warn_stale`): tables of them would replace the sweep's own with tables
-      that call every run stale (`all_stale`).
-  """
+  (`COMMAND_RECORD`), which --collect_only names where results are not of its config
+  (`stale_summary`)."""
   task = tasks.get(config)
   sweep_grid.check_root(root, field)  # a root of another field's sweep: before it is made
   prepare_root(root, train=train)
@@ -334,8 +329,8 @@ def sweep(
   first = next(iter(settings))
   first_runs = sweep_tables.read_runs(root, field, values, seeds, first, task=config.task)
   rows = tabulated(first, first_runs)
-  if not train and rows and all(row['stale'] for row in rows):
-    raise ValueError(all_stale(root, len(rows)))  # before any table is written
+  if not train and (stale := sum(row['stale'] for row in rows)):
+    warn(stale_summary(root, stale, len(rows)))
   diverged = sweep_tables.diverged_runs(first_runs)
   if not rows:
     raise FileNotFoundError(

@@ -295,8 +295,8 @@ def write_tables(
 def _unpaired_notes(summary, rows, field: str, baseline) -> list[str]:
   """The notes under sweep.md's summary on what its tests leave out: where a value's seeds
   differ from the baseline's (a seed diverged), its difference is over the seeds both have,
-  not the difference of the means shown; a result `sweep.warn_stale` named is in the mean but not
-  in the p-value over items."""
+  not the difference of the means shown; a seed test of two seeds is one degree of freedom; a
+  result `sweep.warn_stale` named is in the mean but not in the p-value over items."""
   seeds = {row['value']: set() for row in summary}
   for row in rows:
     seeds[row['value']].add(row['seed'])
@@ -310,6 +310,15 @@ def _unpaired_notes(summary, rows, field: str, baseline) -> list[str]:
     notes.append(
       f'The difference of {field}={"; ".join(partly)} is over the seeds it shares with the '
       'baseline, which the tests pair, not the difference of the means.'
+    )
+  if few := [
+    value_label(field, value)
+    for value, own in seeds.items()
+    if value != baseline and len(own & seeds[baseline]) == 2
+  ]:
+    notes.append(
+      f'The seed test of {field}={", ".join(few)} pairs two seeds: a t-test of 1 degree of '
+      'freedom, whose p-value swings with any one run; more seeds make it a test.'
     )
   if stale := [
     f'{value_label(field, r["value"])} seed {r["seed"]}' for r in rows if r.get('stale')
