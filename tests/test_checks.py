@@ -143,6 +143,11 @@ def test_bad_model_fields_are_named_before_data_is_read(tmp_path):
     (checks.positive(), 0.0, 'must be > 0.0, got 0.0'),
     (checks.fraction(), 1.0, 'must be < 1.0, got 1.0'),
     (checks.fraction(), 0.0, None),
+    # a closed bound holds its own value (the largest seed, a minimum of 1, a whole fraction)
+    (checks.integer(0, checks.SEED_MAX), checks.SEED_MAX, None),
+    (checks.integer(1), 1, None),
+    (checks.number(0.0, 1.0), 1.0, None),
+    (checks.integer(0, 10), 11, 'must be <= 10, got 11'),
     (checks.one_of('a', 'b'), 'c', "must be one of ('a', 'b'), got 'c'"),
     (checks.FLAG, 1, 'must be a bool, got 1 (int)'),
     (checks.OPTIONAL_TEXT, None, None),

@@ -54,7 +54,9 @@ def _float_leaves(state: dict) -> dict:
 def _one_step(task: str, mesh, **train) -> dict:
   """The float leaves of (model, optimizer), and the char LM's new memory, after one train
   step on a fixed global batch; `train` overrides config.train (with grad_accum_steps, dropout
-  is turned off: micro-batches draw other masks)."""
+  is turned off: micro-batches draw other masks; and so is the clip of the gradient's norm,
+  which would hide a gradient summed or averaged at another scale: clipped, any scale above
+  clip_norm gives the same step)."""
   from helpers import tiny_translate_config as translate_config
   from test_char_lm_training import _config as char_config
 
@@ -72,6 +74,7 @@ def _one_step(task: str, mesh, **train) -> dict:
     config.train.update(train)
     if 'grad_accum_steps' in train:
       config.model.dropout = 0.0
+      config.optim.clip_norm = 0.0
     _, graphdef, state = char_lm.build(config, 50, mesh)
     tokens = rng.integers(0, 50, (4, 17)).astype(np.int32)
     batch = mesh_lib.global_batch((tokens[:, :-1], tokens[:, 1:]), mesh)
@@ -83,6 +86,7 @@ def _one_step(task: str, mesh, **train) -> dict:
     config.train.update(train)
     if 'grad_accum_steps' in train:
       config.model.dropout = 0.0
+      config.optim.clip_norm = 0.0
     graphdef, state = translate.build(config, 40, mesh)
     shape = (8, 12)
     ids = {name: rng.integers(4, 40, shape).astype(np.int32) for name in ('src', 'tgt_in')}

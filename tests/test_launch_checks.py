@@ -453,6 +453,16 @@ def test_an_optional_field_can_be_set_back_to_none(monkeypatch):
   assert _parsed_config(monkeypatch, *overrides).data.max_bytes == 7
 
 
+def test_a_home_alone_or_leading_a_path_is_expanded_and_nothing_else():
+  """`--workdir=~` is the home directory, as `~/x` is under it; `~x` (another user's home, or a
+  name) and a `~` inside a path are left as typed."""
+  home = os.path.expanduser('~')
+  assert command_line.home_expanded('~') == home
+  assert command_line.home_expanded('~/runs/x') == os.path.join(home, 'runs/x')
+  for kept in ('~root/runs', '~runs', 'runs/~/x', 'x~', ''):
+    assert command_line.home_expanded(kept) == kept
+
+
 def test_a_home_in_the_config_file_and_its_path_fields_is_expanded(monkeypatch, tmp_path):
   """The shell expands `~` only at the start of a word: `--config=~/x.py` was 'does not
   exist', and `--config.data.path=~/a.txt` (or a config file's own `~/...`) was looked for

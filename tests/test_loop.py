@@ -26,7 +26,7 @@ from relpos.training import finished_run, loop, restore, task_base, workdir_setu
 from relpos.training import mesh as mesh_lib
 from relpos.training import progress as loop_progress
 from relpos.training import train_step as step_lib
-from relpos.training.checkpoints import Checkpoints
+from relpos.training.checkpoints import Checkpoints, finished_steps
 
 _TRUE_WEIGHTS = np.array([[1.5], [-2.0], [0.5]], np.float32)
 
@@ -239,6 +239,57 @@ def test_validation_ends_at_the_last_step_where_eval_every_does_not_divide_steps
   config.train.update(checkpoint_every=0, log_every=5)
   TASK.train_model(config, tmp_path / 'run')
   assert [r['step'] for r in _records(tmp_path / 'run') if 'valid/mse' in r] == [4, 8, 10]
+
+
+def test_the_last_step_is_saved_where_checkpoint_every_does_not_divide_steps(tmp_path):
+  """steps=6 with checkpoint_every=4: saves at 4 and at the last step, which is the one scored
+  (the trained model, not the one two steps short of it)."""
+  workdir = tmp_path / 'run'
+  result = TASK.train_and_evaluate(_config(steps=6), workdir)
+  assert finished_steps(workdir) == [4, 6] and result['step'] == 6
+
+
+def test_the_evaluation_plan_keeps_the_newest_checkpoints_as_the_run_does(tmp_path):
+  """keep_checkpoints evicts the oldest saves: steps=12, a save every 4 and two kept leave 8 and
+  12, and `check_evaluation_plan` says so before any training (config.eval.step=4 would have
+  trained to the end and then found no checkpoint 4)."""
+  config = _config(steps=12)
+  config.train.update(keep_checkpoints=2, log_every=4)
+  config.eval.step = 4
+  with pytest.raises(ValueError, match=re.escape('the run will keep checkpoints [8, 12] (')):
+    loop.check_evaluation_plan(config)
+  config.eval.step = 0
+  config.eval.average_checkpoints = 3
+  with pytest.raises(ValueError, match=re.escape('keep 2 checkpoint(s) up to step 12 ([8, 12];')):
+    loop.check_evaluation_plan(config)
+  config.eval.update(step=8, average_checkpoints=1)
+  loop.check_evaluation_plan(config)
+  TASK.train_model(config, tmp_path / 'run')
+  assert finished_steps(tmp_path / 'run') == [8, 12]
+
+
+def test_a_step_follows_the_gradient_of_the_mean_loss_over_the_batch_s_tokens(tmp_path):
+  """`train_step_fn` divides the summed loss's gradient by sums['tokens']: a batch of the same
+  rows twice over is the same step. With Adam's eps far above the gradient, its first update is
+  lr * g / (|g| + eps), near proportional to g (with the configs' eps it is about lr * sign(g),
+  whatever g's scale), so the gradient of the summed loss moves the parameters about twice as
+  far."""
+  config = _config()
+  config.optim.eps = 1e3
+  mesh = mesh_lib.data_mesh(jax.devices()[:1])
+  x, y = Regression._rows(0, 8)
+  params = []
+  for copies in (1, 2):
+    run = TASK.training(config, tmp_path, mesh)  # the same initial parameters (config.seed)
+    start = [np.asarray(leaf) for leaf in jax.tree.leaves(run.state['model'])]
+    batch = mesh_lib.global_batch((np.tile(x, (copies, 1)), np.tile(y, (copies, 1))), mesh)
+    state, sums = run.step(run.state, batch)
+    assert int(sums['tokens']) == 8 * copies
+    params.append([np.asarray(leaf) for leaf in jax.tree.leaves(state['model'])])
+  moved = max(float(np.max(np.abs(a - b))) for a, b in zip(params[0], start, strict=True))
+  assert moved > 1e-5  # the step did update the parameters
+  for once, twice in zip(*params, strict=True):
+    np.testing.assert_allclose(twice, once, rtol=0, atol=1e-3 * moved)
 
 
 def test_the_progress_line_gives_mfu_where_the_devices_peak_is_known(tmp_path, capsys, monkeypatch):

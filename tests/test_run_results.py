@@ -1,7 +1,10 @@
 """A run's results (eval_results.json): whose they are, and where the files they name are, once
 runs move."""
 
+import json
 from pathlib import Path
+
+import ml_collections
 
 from relpos.training import run_results
 
@@ -36,3 +39,21 @@ def test_a_result_recording_where_it_was_written_is_the_run_s_wherever_the_run_m
   run.mkdir(parents=True)
   (run / 'translations_step20.txt').write_text('x\n')
   assert run_results.result_file(older, 'translations', run) == run / 'translations_step20.txt'
+
+
+def test_only_a_result_of_a_later_step_is_newer_than_an_evaluation(tmp_path):
+  """`newer_result`: eval.py of the newest checkpoint keeps (and only prints over) a result of a
+  later step whose checkpoint is there; a result of the same step (the run's own, scored again
+  with other settings) or an earlier one is replaced, and so is one whose checkpoint is gone or
+  where config.eval.step asked for a step."""
+  for step in (4, 8):
+    (tmp_path / 'checkpoints' / str(step)).mkdir(parents=True)
+  (tmp_path / run_results.RESULTS_FILE).write_text(json.dumps({'step': 8, 'bpc': 1.5}))
+  newest = ml_collections.ConfigDict({'eval': {'step': 0}})
+  assert 'holds the score of step 8' in run_results.newer_result(newest, tmp_path, tmp_path, 4)
+  assert run_results.newer_result(newest, tmp_path, tmp_path, 8) is None
+  assert run_results.newer_result(newest, tmp_path, tmp_path, 12) is None
+  asked = ml_collections.ConfigDict({'eval': {'step': 4}})
+  assert run_results.newer_result(asked, tmp_path, tmp_path, 4) is None
+  (tmp_path / 'checkpoints' / '8').rmdir()
+  assert run_results.newer_result(newest, tmp_path, tmp_path, 4) is None

@@ -251,6 +251,13 @@ def test_read_parallel_drops_empty_pairs_and_logs(tmp_path, capsys):
   # Process 1 of 2 keeps lines 1, 3, 5 (then drops the empty ones) and half the limit.
   assert parallel_text.read_parallel(src, tgt, shard=Shard(1, 2)) == (['d', 'f'], ['D', 'F'])
   assert parallel_text.read_parallel(src, tgt, shard=Shard(1, 2), limit=2) == (['d'], ['D'])
+  # An odd limit rounds up (2 processes keep 2 + 2 >= 3), never down to 0, which is no limit.
+  assert parallel_text.read_parallel(src, tgt, shard=Shard(1, 2), limit=3) == (
+    ['d', 'f'],
+    ['D', 'F'],
+  )
+  assert parallel_text.read_parallel(src, tgt, shard=Shard(1, 2), limit=1) == (['d'], ['D'])
+  assert [Shard(0, 4).limit(n) for n in (0, 1, 4, 5)] == [0, 1, 1, 2]
 
 
 def test_read_parallel_errors(tmp_path):
