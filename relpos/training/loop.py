@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import jax
-import ml_collections
 import numpy as np
 from flax import nnx
 
@@ -251,9 +250,9 @@ def check_same_parameters(task: Task, config, workdir: Path) -> None:
   checkpoint as unreadable, one by one, and said none was readable. A change of a field that
   leaves the parameters as they are (dropout, rope_base, pre_layer_norm) is
   `check_config_change`'s to allow; the fields of how the model is computed
-  (`model_fields.EVALUATION_FREE_FIELDS`) are no model change, and scan_layers' stacked
-  layers restore from the loop's checkpoints, so the model given is compared with the run's
-  layer loop. The parameters are shapes (`nnx.eval_shape`): nothing is initialised."""
+  (`model_fields.EVALUATION_FREE_FIELDS`) are no model change (scan_layers' model holds the
+  loop's parameters, layer by layer). The parameters are shapes (`nnx.eval_shape`): nothing
+  is initialised."""
   if not has_run(workdir) or not finished_steps(workdir):
     return
   try:
@@ -267,9 +266,7 @@ def check_same_parameters(task: Task, config, workdir: Path) -> None:
   ]
   if not changed:
     return
-  given = ml_collections.ConfigDict(config.to_dict())
-  given.model.scan_layers = recorded.model.get('scan_layers', False)
-  trained, wanted = _parameter_shapes(task, recorded), _parameter_shapes(task, given)
+  trained, wanted = _parameter_shapes(task, recorded), _parameter_shapes(task, config)
   if trained == wanted:
     return
   paths = sorted(set(trained) | set(wanted))
