@@ -231,15 +231,16 @@ def test_sigterm_after_eval_py_printed_its_result_fails_nothing(text_file, six_s
 def test_an_allowed_config_change_the_checkpoints_refuse_leaves_config_json_the_runs(
   text_file, six_steps, tmp_path
 ):
-  """--allow_config_change with another model: the restore fails on the first shape that
-  differs, and config.json still records the run its checkpoints hold (written once the
-  restore took the config), so the original config still continues the run."""
+  """--allow_config_change with another model: refused up front, naming the first shape that
+  differs (`loop.check_same_parameters`; before, the restore failed on it, checkpoint by
+  checkpoint), and config.json still records the run its checkpoints hold, so the original
+  config still continues the run."""
   workdir = tmp_path / 'run'
   shutil.copytree(six_steps, workdir)
   recorded = (workdir / 'config.json').read_text()
   wider = _config(text_file, 8)
   wider.model.d_model *= 2
-  with pytest.raises(ValueError, match='no readable checkpoint.*has shape'):
+  with pytest.raises(ValueError, match=r'^config.model.d_model: 16 -> 32: another model than'):
     char_lm.TASK.train_model(wider, workdir, allow_config_change=True)
   assert (workdir / 'config.json').read_text() == recorded
   assert not list(workdir.glob('config.*.json'))
