@@ -951,6 +951,20 @@ def test_load_translation_data_errors(tmp_path):
     translation.load_translation_data(config, tmp_path)
 
 
+def test_eval_files_of_other_line_counts_are_refused_before_the_vocabulary_trains(
+  tmp_path, monkeypatch
+):
+  """Eval files whose line counts differ were refused only after SentencePiece had trained on
+  the training pairs (minutes on a WMT-sized corpus): now before the vocabulary is touched."""
+  config = _data_config(tmp_path)
+  config.eval_tgt = str(_write(tmp_path / 'short.de', TARGETS[200:249]))
+  vocabularies = []
+  monkeypatch.setattr(translation, '_shared_vocabulary', lambda *a, **k: vocabularies.append(a))
+  with pytest.raises(ValueError, match=r'parallel files differ in line count: .*eval\.en has 50 '):
+    translation.load_translation_data(config, tmp_path)
+  assert vocabularies == []
+
+
 @pytest.mark.parametrize('content', [b'', b'\x00garbage' * 200], ids=['empty', 'garbage'])
 def test_a_damaged_vocabulary_is_named_with_the_fix(tmp_path, content):
   """spm.model cut or overwritten: SentencePiece's RuntimeError ("could not parse ModelProto",
