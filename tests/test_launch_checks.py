@@ -124,6 +124,19 @@ def test_train_and_eval_refuse_a_sweeps_root_or_an_evaluations_directory(tmp_pat
   assert [path.name for path in evaluation.iterdir()] == ['eval_results.json']
 
 
+def test_eval_py_without_config_names_what_the_directory_holds(commands, tmp_path):
+  """eval.py without --config reads the run's recorded config; given a sweep's root or an
+  evaluation's directory it said '--config is missing, ... give the config it trained with',
+  which would not have helped: now the line of what the directory is, as with --config."""
+  root, evaluation = _sweep_root_and_evaluation(tmp_path)
+  for directory, line in (
+    (root, f'error: --workdir={root} is the root of a sweep, not a run: give its run directories'),
+    (evaluation, f'error: --workdir={evaluation} holds only an evaluation (eval_results.json)'),
+    (tmp_path / 'empty', f'error: --config is missing, and --workdir={tmp_path}/empty holds no'),
+  ):
+    assert one_error_line(commands.run(['eval.py', f'--workdir={directory}'])).startswith(line)
+
+
 class _StartedError(Exception):
   """Raised where a run would restore its checkpoint: the warnings of its start were said."""
 

@@ -252,7 +252,7 @@ def check_model(workdir, config: ml_collections.ConfigDict, unread: tuple[str, .
     raise ValueError(
       f'--workdir={workdir} holds a run of another model than the config builds '
       f'({"; ".join(changes)}): give the config it was trained with '
-      f'({Path(workdir) / CONFIG_FILE} records it)'
+      f'({Path(workdir) / CONFIG_FILE} records it, and eval.py without --config reads it)'
     )
 
 

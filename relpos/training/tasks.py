@@ -23,7 +23,7 @@ from relpos.config.command_line import config_arg, config_overrides, home_expand
 from relpos.config.recorded import CONFIG_FILE
 from relpos.signals import PreemptedError, finish_quietly, stop_at_signals
 from relpos.training import distributed
-from relpos.training.run_config import check_output_dir
+from relpos.training.run_config import check_output_dir, not_a_run
 from relpos.training.task_base import Task
 from relpos.training.workdir_setup import stopped_evaluation
 
@@ -115,10 +115,13 @@ def launch(action: str):
       signals = contextlib.nullcontext()  # training saves on them; its evaluation stops
     else:
       kwargs['output_dir'] = output_dir.value
-    if config.value is None:
+    if config.value is None:  # and --workdir holds no run's config (`with_run_config`)
+      given = f'--workdir={workdir.value}'
       sys.exit(
-        f'error: --config is missing, and --workdir={workdir.value} holds no run (its '
-        f'{CONFIG_FILE}) to evaluate with its own config: give the config it trained with'
+        f'error: {not_a_run(workdir.value, given)}'
+        if not_a_run(workdir.value, given)
+        else f'error: --config is missing, and {given} holds no run (its {CONFIG_FILE}) to '
+        'evaluate with its own config: give the config it trained with'
       )
     try:
       if action == 'evaluate':  # before anything is read: nothing there it would destroy
