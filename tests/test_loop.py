@@ -600,7 +600,7 @@ def test_evaluation_refuses_a_config_of_another_model(tmp_path):
   assert str(caught.value) == (
     f'--workdir={workdir} holds a run of another model than the config builds '
     f'(model.d_model: trained 3, given 4): give the config it was trained with '
-    f'({workdir}/config.json records it)'
+    f'({workdir}/config.json records it, and eval.py without --config reads it)'
   )
 
 

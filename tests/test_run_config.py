@@ -107,7 +107,7 @@ def test_evaluation_checks_the_model_fields_against_the_run(tmp_path):
     f'--workdir={tmp_path} holds a run of another model than the config builds '
     f'(model.num_heads: trained {config.model.num_heads - 1}, given {config.model.num_heads}; '
     f"model.position: trained 'absolute', given 'none'): give the config it was trained with "
-    f'({tmp_path}/config.json records it)'
+    f'({tmp_path}/config.json records it, and eval.py without --config reads it)'
   )
 
 
