@@ -204,6 +204,13 @@ FLAG_ERRORS = [
     "unknown preset 'bogus': use one of xl, xl_nomem, shaw",
   ),
   ('configs/nope.py', [], '--config=configs/nope.py: configs/nope.py does not exist'),
+  # A benchmark's config: 'config.task=None: expected one of [...]' before.
+  (
+    'configs/xl_eval_speed.py',
+    [],
+    "--config=configs/xl_eval_speed.py is no task's config (it sets no config.task), and this "
+    'command takes one of char_lm or translate',
+  ),
   ('configs', [], '--config=configs: configs is a directory, not a config file'),
   ('configs/char_tiny.py', ['extra'], "unexpected arguments ['extra']"),
   ('configs/char_tiny.py', ['--num_processes=2'], 'only with --distributed=explicit'),

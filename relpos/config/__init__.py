@@ -43,6 +43,25 @@ TASKS = {
 }
 
 
+def no_task_line(config, config_file: str | None) -> str | None:
+  """The one line for a `config` (of --config=`config_file`) whose config.task is none of
+  `TASKS`, for the commands that take a task's config (train.py, eval.py, show_config); None
+  for a task's config. A benchmark's config (configs/xl_eval_speed.py) sets no config.task:
+  the line says so, and that its docstring names the command that reads it."""
+  task = config.get('task')
+  if task in TASKS:
+    return None
+  given = f'--config={config_file}' if config_file else '--config'
+  examples = ' or '.join(entry.example_config for entry in TASKS.values())
+  if task is None:
+    return (
+      f"{given} is no task's config (it sets no config.task), and this command takes one of "
+      f"{' or '.join(TASKS)}, such as {examples}; a benchmark's config is read by the command "
+      'its docstring names'
+    )
+  return f'{given}: config.task={task!r}: expected one of {sorted(TASKS)}'
+
+
 def declaration(task) -> type | None:
   """The declared config (a `relpos.config.fields.section`) of config.task `task`, or None for
   a task relpos does not declare."""

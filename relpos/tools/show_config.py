@@ -26,7 +26,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from relpos import runtime
-from relpos.config import checks, declaration, fields
+from relpos.config import checks, declaration, fields, no_task_line
 from relpos.config.command_line import config_arg
 
 
@@ -89,6 +89,8 @@ def main(argv) -> None:
 
   options = flags.FLAGS
   config = options.config
+  if line := no_task_line(config, config_arg(sys.argv)):
+    raise ValueError(line)
   try:
     tasks.get(config).check_complete(config)  # unread_paths reads config.model's fields
     unread = unread_paths(config)

@@ -18,7 +18,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from relpos.cli import FAULTS, USER_ERRORS, exit_for_fault, start_command
-from relpos.config import TASKS, run_file
+from relpos.config import TASKS, no_task_line, run_file
 from relpos.config.command_line import config_arg, config_overrides, home_expanded, parse_flags
 from relpos.config.recorded import CONFIG_FILE
 from relpos.signals import PreemptedError, finish_quietly, stop_at_signals
@@ -128,6 +128,8 @@ def launch(action: str):
         check_output_dir(kwargs['output_dir'], workdir.value)
         # Its line is told as the signal comes, from what is on disk then.
         signals = stop_at_signals(stopped_evaluation(Path(kwargs['output_dir'] or workdir.value)))
+      if line := no_task_line(config.value, config_arg(sys.argv)):
+        sys.exit(f'error: {line}')
       task = get(config.value)
       with signals:
         result = getattr(task, action)(config.value, workdir.value, **kwargs)
