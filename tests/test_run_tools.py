@@ -387,3 +387,26 @@ def test_fewer_sources_than_a_batch_are_not_padded_to_its_rows():
   batches = list(translate_task._source_batches([[5, 6], [7], [8, 9, 10]], 2**31 - 1, 16))
   assert len(batches) == 1 and batches[0][1].shape[0] == 3
   assert [b[1].shape[0] for b in translate_task._source_batches([[5]] * 5, 2, 16)] == [2, 2, 2]
+
+
+def test_translate_names_its_checkpoint_flags_where_the_run_lacks_the_checkpoints(tmp_path):
+  """--step and --average_checkpoints (the tool's docstring said config.eval.step applied, and
+  the tool took no flag for it) are checked against the checkpoints the run kept, each refusal
+  naming its flag; the restore's own lines would name config.eval, which the tool takes no
+  flag of. A run without checkpoints is left to the restore's 'train first'."""
+  translate.check_checkpoints(tmp_path, 7, 9)  # none kept: the restore's line
+  for step in (10, 20, 30):
+    (tmp_path / 'checkpoints' / str(step)).mkdir(parents=True)
+  translate.check_checkpoints(tmp_path, 20, 2)
+  translate.check_checkpoints(tmp_path, None, 3)
+  with pytest.raises(FileNotFoundError) as refused:
+    translate.check_checkpoints(tmp_path, 7, None)
+  assert str(refused.value) == (
+    f'--step=7: no such checkpoint in {tmp_path}/checkpoints (have [10, 20, 30])'
+  )
+  with pytest.raises(ValueError) as refused:
+    translate.check_checkpoints(tmp_path, 20, 3)
+  assert str(refused.value) == (
+    f'--average_checkpoints=3: {tmp_path}/checkpoints holds 2 checkpoint(s) up to step 20: '
+    'give 2 or less'
+  )

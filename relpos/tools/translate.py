@@ -3,9 +3,11 @@
     echo "I like green tea." | python -m relpos.tools.translate --workdir=runs/tiny_shaw
     python -m relpos.tools.translate --workdir=runs/tiny_shaw --text="Where is the station?"
     python -m relpos.tools.translate --workdir=runs/tiny_shaw --beam_size=1 < sentences.txt
+    python -m relpos.tools.translate --workdir=runs/tiny_shaw --step=600 --text="Danke."
 
-Reads the run's config.json, spm.model and newest checkpoint (config.eval.step and
-average_checkpoints apply, as in eval.py), then prints one translation per input line, in
+Reads the run's config.json, spm.model and checkpoint: the one its config.eval names (step,
+average_checkpoints, as eval.py reads them), or `--step` and `--average_checkpoints` (the
+mean of the last N checkpoints up to that step), then prints one translation per input line, in
 order: each `--text`, or else every line of stdin (an empty line gives an empty line; no
 sentence at all is refused). A workdir that does not exist, is not a
 translation run or has no checkpoint yet is one line, exit 1.
@@ -18,8 +20,16 @@ from absl import app, flags
 from relpos import runtime
 
 
-def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) -> list[str]:
-  """Translations of `lines` by the run in `workdir`.
+def translate_lines(
+  workdir,
+  lines: list[str],
+  *,
+  beam_size: int | None = None,
+  step: int | None = None,
+  average_checkpoints: int | None = None,
+) -> list[str]:
+  """Translations of `lines` by the run in `workdir`, with its config.eval but for those given
+  (`beam_size`, the checkpoint `step`, `average_checkpoints`; None: the run's own).
 
   Raises:
     FileNotFoundError: no run, no vocabulary or no checkpoint in `workdir`.
@@ -32,6 +42,11 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
     if beam_size is not None:
       translate.check_beam_size(beam_size, config.data.vocab_size, '--beam_size')
       config.eval.beam_size = beam_size
+    check_checkpoints(workdir, step, average_checkpoints)
+    if step is not None:
+      config.eval.step = step
+    if average_checkpoints is not None:
+      config.eval.average_checkpoints = average_checkpoints
 
   trained = translate.TASK.trained_model(
     workdir, needs="relpos.tools.translate reads runs of task 'translate'", prepare=check_beam
@@ -40,6 +55,29 @@ def translate_lines(workdir, lines: list[str], *, beam_size: int | None = None) 
   return translate.translate_sentences(
     trained.model, trained.vocab, lines, config.eval, max_len=config.model.max_len
   )
+
+
+def check_checkpoints(workdir, step: int | None, average: int | None) -> None:
+  """Refuses `--step` where the run kept no such checkpoint, and `--average_checkpoints` beyond
+  those it kept up to the step, naming the flag and the steps there are (the restore's own
+  lines name config.eval, which this tool takes no flag of); a run with no checkpoint is left
+  to the restore's 'train first'."""
+  from relpos.training.checkpoints import CHECKPOINTS, finished_steps, steps_text
+
+  steps = finished_steps(workdir)
+  if not steps:
+    return
+  where = f'{workdir}/{CHECKPOINTS}'
+  if step is not None and step not in steps:
+    raise FileNotFoundError(
+      f'--step={step}: no such checkpoint in {where} (have {steps_text(steps)})'
+    )
+  kept = [s for s in steps if s <= (step or steps[-1])]
+  if average is not None and len(kept) < average:
+    raise ValueError(
+      f'--average_checkpoints={average}: {where} holds {len(kept)} checkpoint(s) up to step '
+      f'{kept[-1]}: give {len(kept)} or less'
+    )
 
 
 def read_sentences(texts: list[str] | None, stdin) -> list[str]:
@@ -74,7 +112,13 @@ def main(argv):
     lines = read_sentences(args.text, sys.stdin.buffer)
     if not any(line.strip() for line in lines):
       sys.exit('error: nothing to translate: give sentences with --text or one a line on stdin')
-    translations = translate_lines(args.workdir, lines, beam_size=args.beam_size)
+    translations = translate_lines(
+      args.workdir,
+      lines,
+      beam_size=args.beam_size,
+      step=args.step,
+      average_checkpoints=args.average_checkpoints,
+    )
   except (FileNotFoundError, ValueError) as error:
     sys.exit(f'error: {error}')
   except FAULTS as fault:  # a run training there now, before its first checkpoint: exit 75
@@ -88,6 +132,18 @@ def define_flags():
   flags.DEFINE_multi_string('text', None, 'A sentence to translate (repeatable).')
   flags.DEFINE_integer(
     'beam_size', None, "Beam width (default: the run's config.eval).", lower_bound=1
+  )
+  flags.DEFINE_integer(
+    'step',
+    None,
+    "The checkpoint's step (default: the run's config.eval, or the newest).",
+    lower_bound=1,
+  )
+  flags.DEFINE_integer(
+    'average_checkpoints',
+    None,
+    "The mean of the last N checkpoints (up to --step) (default: the run's config.eval).",
+    lower_bound=1,
   )
   flags.mark_flag_as_required('workdir')
 
