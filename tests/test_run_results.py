@@ -57,3 +57,23 @@ def test_only_a_result_of_a_later_step_is_newer_than_an_evaluation(tmp_path):
   assert run_results.newer_result(asked, tmp_path, tmp_path, 4) is None
   (tmp_path / 'checkpoints' / '8').rmdir()
   assert run_results.newer_result(newest, tmp_path, tmp_path, 4) is None
+
+
+def test_an_output_dir_of_an_earlier_evaluation_is_replaced_with_a_warning(tmp_path):
+  """eval.py --config.eval.step=30 --output_dir=<step 20's directory> replaced that result
+  without a word: the warning names the file and what changed; none for the same evaluation,
+  an empty directory or the workdir itself (the run's own result)."""
+  from relpos.training.task_base import replaced_evaluation
+
+  workdir, output_dir = tmp_path / 'run', tmp_path / 'step20'
+  output_dir.mkdir()
+  result = {'bpc': 2.0, 'step': 30, 'eval': {'step': 30, 'mem_len': 64}}
+  assert replaced_evaluation(output_dir, workdir, result) is None  # nothing there
+  earlier = {'bpc': 2.1, 'step': 20, 'eval': {'step': 20, 'mem_len': 64}}
+  (output_dir / 'eval_results.json').write_text(json.dumps(earlier))
+  assert replaced_evaluation(output_dir, workdir, result) == (
+    f'replacing the evaluation in {output_dir}/eval_results.json (step 20 -> 30; eval.step '
+    '20 -> 30)'
+  )
+  assert replaced_evaluation(output_dir, workdir, earlier | {'bpc': 2.2}) is None
+  assert replaced_evaluation(output_dir, output_dir, result) is None

@@ -61,6 +61,7 @@ from relpos.training.run_results import (
   other_computation,
   other_evaluation,
   recorded_divergence,
+  results_in,
 )
 from relpos.training.workdir_setup import (
   leave_no_trace,
@@ -491,6 +492,8 @@ class Task(abc.ABC):
           if newer := newer_result(config, workdir, output_dir, result['step']):
             warn(newer)
             return result
+          if replaced := replaced_evaluation(output_dir, workdir, result):
+            warn(replaced)
           for key, text in texts.items():
             write_atomically(result[key], text)
           write_atomically(output_dir / RESULTS_FILE, json.dumps(result, indent=2))
@@ -583,3 +586,31 @@ class Task(abc.ABC):
       if not gone:
         raise
       raise UnscoredRunError(workdir, gone, command=score_command) from error
+
+
+def replaced_evaluation(output_dir: Path, workdir: Path, result: dict) -> str | None:
+  """The warning for an --output_dir whose eval_results.json, an earlier evaluation of the
+  same run (`check_output_dir` refuses another run's), this one replaces with a score at
+  another step or config.eval (eval.py --config.eval.step=30 into the directory of step
+  20's): said, as the file is a result someone kept there. None where it was the same
+  evaluation, there was none, or the directory is the workdir (the run's own result, whose
+  replacing `check_own_result` rules)."""
+  if output_dir.resolve() == Path(workdir).resolve():
+    return None
+  earlier = results_in(output_dir)
+  if earlier is None:
+    return None
+  changes = (
+    []
+    if earlier.get('step') == result['step']
+    else [f'step {earlier.get("step")} -> {result["step"]}']
+  )
+  settings = earlier.get('eval') if isinstance(earlier.get('eval'), dict) else {}
+  changes += [
+    f'eval.{name} {value!r} -> {result["eval"].get(name)!r}'
+    for name, value in settings.items()
+    if result['eval'].get(name) != value
+  ]
+  if not changes:
+    return None
+  return f'replacing the evaluation in {output_dir / RESULTS_FILE} ({"; ".join(changes)})'
