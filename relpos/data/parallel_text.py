@@ -234,7 +234,8 @@ def keep_nonempty(
     named = ', '.join(map(str, dropped[:DROPPED_NAMED]))
     more = f' and {len(dropped) - DROPPED_NAMED} more' if len(dropped) > DROPPED_NAMED else ''
     warn(
-      f'{name}: dropped {len(dropped)} pairs with an empty side ({unit}'
+      f'{name}: dropped {len(dropped)} pair{"s" if len(dropped) > 1 else ""} with an empty side '
+      f'({unit}'
       f'{"s" if len(dropped) > 1 else ""} {named}{more})',
       once=True,  # train.py reads the eval files for its validation and again to score
     )

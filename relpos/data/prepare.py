@@ -46,7 +46,7 @@ def _elsewhere(corpus: str, out: str) -> str:
   """Where `corpus` can come from when this machine cannot download it."""
   if corpus == 'tatoeba':
     return 'download it on a machine that can and pass the file as --zip=<deu-eng.zip>'
-  return f'download it on a machine that can and put it at {out}/enwik8.zip'
+  return f'download it on a machine that can and put it at {pathlib.Path(out) / enwik8.ARCHIVE}'
 
 
 def _check_out(out: str) -> list[pathlib.Path]:

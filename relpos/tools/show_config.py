@@ -99,7 +99,8 @@ def main(argv) -> None:
   listing = field_lines(config, changed_only=options.changed, unread=unread)
   count = sum(line.startswith('*') for line in field_lines(config, changed_only=True))
   source = config_arg(sys.argv)
-  print(f'{source}: task {config.task!r}; {count} fields differ from their defaults (*)')
+  differ = '1 field differs from its' if count == 1 else f'{count} fields differ from their'
+  print(f'{source}: task {config.task!r}; {differ} defaults (*)')
   if listing:
     print('\n'.join(listing))
   sys.stdout.flush()
