@@ -113,6 +113,19 @@ def _fake_runs(root, field, scores, *, metric='bpc'):
       (run / 'eval_results.json').write_text(json.dumps(results))
 
 
+def _fake_runs_of_char_tiny_shaw(root, field, scores):
+  """`_fake_runs`, each result as a run of char_tiny:shaw at _fake_runs' step scores it (the
+  config's config.eval recorded): the config, of whose sweep they are the finished runs."""
+  _fake_runs(root, field, scores)
+  config = load_config('char_tiny', 'shaw')
+  config.train.steps = 10  # _fake_runs' step
+  for results in root.glob('*/*/eval_results.json'):
+    results.write_text(
+      json.dumps(json.loads(results.read_text()) | {'eval': config.eval.to_dict()})
+    )
+  return config
+
+
 def test_tables_have_mean_std_and_p_values(tmp_path):
   field = 'model.max_relative_position'
   _fake_runs(tmp_path, field, {0: [2.0, 2.1, 2.2], 4: [1.5, 1.6], 16: [2.0, 2.1, 2.2]})
@@ -779,13 +792,7 @@ def test_collect_only_warns_of_results_not_of_the_sweeps_config(tmp_path, capsys
   from relpos.config.recorded import record_config
 
   field = 'model.max_relative_position'
-  _fake_runs(tmp_path, field, {0: [2.0, 2.1], 4: [1.5, 1.6]})
-  config = load_config('char_tiny', 'shaw')
-  config.train.steps = 10  # _fake_runs' step
-  for results in tmp_path.glob('*/*/eval_results.json'):  # scored with the config's eval
-    results.write_text(
-      json.dumps(json.loads(results.read_text()) | {'eval': config.eval.to_dict()})
-    )
+  config = _fake_runs_of_char_tiny_shaw(tmp_path, field, {0: [2.0, 2.1], 4: [1.5, 1.6]})
   sweep.sweep(config, tmp_path, field, [0, 4], [0, 1], 'bpc', 0, train=False)
   assert 'warning' not in capsys.readouterr().err
   stale = sweep_grid.run_dir(tmp_path, field, 4, 1) / 'eval_results.json'
@@ -811,13 +818,7 @@ def test_collect_only_names_the_command_that_trained_the_sweep(tmp_path, capsys)
   instead: a last warning counts them and names the command that trained the sweep (the
   root's sweep_command.txt) or, without it, the runs' config.json."""
   field = 'model.max_relative_position'
-  _fake_runs(tmp_path, field, {0: [2.0, 2.1], 4: [1.5, 1.6]})
-  config = load_config('char_tiny', 'shaw')
-  config.train.steps = 10  # _fake_runs' step
-  for results in tmp_path.glob('*/*/eval_results.json'):  # scored with the config's eval
-    results.write_text(
-      json.dumps(json.loads(results.read_text()) | {'eval': config.eval.to_dict()})
-    )
+  config = _fake_runs_of_char_tiny_shaw(tmp_path, field, {0: [2.0, 2.1], 4: [1.5, 1.6]})
   sweep.sweep(config, tmp_path, field, [0, 4], [0, 1], 'bpc', 0, train=False)
   assert 'warning' not in capsys.readouterr().err
   config.train.steps = 20  # every result is of step 10

@@ -202,6 +202,18 @@ def _dotted(config, field: str):
   return config[section].get(name)
 
 
+def _resumed_config(workdir: Path):
+  """The config of the run a start in `workdir` would resume (one recorded, with
+  checkpoints), None where there is none to resume or its config.json is damaged (that is
+  `check_config_change`'s line to say)."""
+  if not has_run(workdir) or not finished_steps(workdir):
+    return None
+  try:
+    return read_config(workdir)
+  except (OSError, ValueError):
+    return None
+
+
 def check_resume_shapes(task: Task, config, workdir: Path) -> None:
   """Refuses (ValueError) to resume the run in `workdir` with another shape of the state its
   checkpoints carry from step to step (`Task.resume_shapes`: the character LM's memory, by
@@ -211,11 +223,7 @@ def check_resume_shapes(task: Task, config, workdir: Path) -> None:
   in parts (config.train.grad_accum_steps), or another --workdir. A workdir without a
   recorded run or checkpoints has nothing to resume; a damaged config.json is left to
   `check_config_change`'s line."""
-  if not has_run(workdir) or not finished_steps(workdir):
-    return
-  try:
-    recorded = read_config(workdir)
-  except (OSError, ValueError):
+  if (recorded := _resumed_config(workdir)) is None:
     return
   before, held = task.resume_shapes(recorded)
   fields = list(dict.fromkeys([*before, *task.resume_shapes(config)[0]]))
@@ -253,11 +261,7 @@ def check_same_parameters(task: Task, config, workdir: Path) -> None:
   (`model_fields.EVALUATION_FREE_FIELDS`) are no model change (scan_layers' model holds the
   loop's parameters, layer by layer). The parameters are shapes (`nnx.eval_shape`): nothing
   is initialised."""
-  if not has_run(workdir) or not finished_steps(workdir):
-    return
-  try:
-    recorded = read_config(workdir)
-  except (OSError, ValueError):
+  if (recorded := _resumed_config(workdir)) is None:
     return
   changed = [
     f'config.model.{name}: {recorded.model.get(name)!r} -> {value!r}'
