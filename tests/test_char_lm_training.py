@@ -650,6 +650,44 @@ def test_the_memory_starts_empty_where_an_epoch_starts(tmp_path):
   assert loss(6, 'noise') == pytest.approx(loss(6, 'empty'), rel=1e-6)
 
 
+def test_bits_per_char_runs_the_spans_memory_clamp_and_window(text_file):
+  """bits_per_char reads `span`'s mem_len, clamp_len and same_length: a memory of 4 with the
+  same-length window and XL distances clamped at 2 scores as the model run segment by segment
+  with them, and each of the three changes the score here (the parameters get noise: at the
+  init the position terms barely move it)."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from relpos.data.ordered import OrderedBatches
+  from relpos.models.transformer_xl import nats_per_token
+
+  config = _config(text_file, steps=1)
+  config.eval.update(mem_len=4, clamp_len=2, same_length=True)
+  model = char_lm.TASK.build_model(config, vocab_size=256)
+  rng = np.random.default_rng(0)
+  params = nnx.state(model, nnx.Param)
+  nnx.update(model, jax.tree.map(lambda p: p + 0.3 * rng.standard_normal(p.shape, 'f4'), params))
+  tokens = np.frombuffer(text_file.read_bytes()[:26], np.uint8)
+  batches = OrderedBatches(tokens, batch_size=2, tgt_len=4)  # rows of 13: 12 targets, 4 + 4 + 4
+  rows = jnp.asarray(batches.rows_BN, jnp.int32)
+
+  def bpc(mem_len, **settings):
+    memory, nats = model.init_memory(2, mem_len), []
+    for start in (0, 4, 8):
+      logits, memory = model(rows[:, start : start + 4], memory, deterministic=True, **settings)
+      nats.append(np.asarray(nats_per_token(logits, rows[:, start + 1 : start + 5])))
+    return np.concatenate(nats, axis=1).astype(np.float64).mean() / math.log(2)
+
+  expected = bpc(4, clamp_len=2, same_length=True)
+  assert char_lm.bits_per_char(model, batches, config.eval)['bpc'] == pytest.approx(
+    expected, rel=1e-5
+  )
+  for mem_len, clamp_len, same_length in ((4, 2, False), (4, 0, True), (8, 2, True)):
+    other = bpc(mem_len, clamp_len=clamp_len, same_length=same_length)
+    assert abs(other - expected) > 1e-3, (mem_len, clamp_len, same_length)
+
+
 def test_bits_per_char_pools_segments_and_positions(text_file):
   """bits_per_char's totals, per-segment items (the bootstrap's) and per-position bpc (the
   breakdown's) against one pass over whole rows: with a memory at least as long as the rows,

@@ -19,6 +19,7 @@ def test_values_are_integers_in_order():
   assert _parse(['--counts=8,-3, 0']) == [8, -3, 0]
   assert _parse(['--counts=4,4']) == [4, 4]  # repeats only refused with distinct=True
   assert _parse(['--counts='], allow_empty=True) == []
+  assert _parse(['--counts=1,5'], minimum=1, maximum=5) == [1, 5]  # the bounds are allowed
 
 
 @pytest.mark.parametrize(

@@ -107,6 +107,47 @@ def test_a_prompt_is_checked_against_the_runs_vocabulary():
     sample.prompt_tokens(original, b'az')
 
 
+def test_sample_draws_from_the_last_characters_logits_with_full_segments_in_the_memory(tmp_path):
+  """Greedy (top_k=1) sampling reads the text as evaluation does: full segments of
+  config.eval.tgt_len move into the memory, and each character comes from the logits of the
+  last one written (its segment padded after it). A prompt of 11 characters with segments of
+  4: 8 in the memory, 3 written; the third character sampled starts a new segment. The
+  parameters get noise: at the init the logits barely differ."""
+  config = tiny_char_config(tmp_path / 'text.txt', steps=1)
+  config.eval.update(tgt_len=4, mem_len=8, same_length=False)
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  record_config(config, workdir, allow_change=False)
+  model = TransformerXL(char_lm.model_config(config, 256), rngs=nnx.Rngs(0))
+  rng = np.random.default_rng(0)
+  params = nnx.state(model, nnx.Param)
+  nnx.update(model, jax.tree.map(lambda p: p + 0.3 * rng.standard_normal(p.shape, 'f4'), params))
+  checkpoints = Checkpoints(workdir, writer=True)
+  checkpoints.save(1, {'model': nnx.to_pure_dict(nnx.state(model))}, {'step': 1})
+  checkpoints.commit()
+  checkpoints.close()
+
+  def greedy_next(ids):
+    start = (len(ids) - 1) // 4 * 4  # the segment being written: 1 to 4 characters
+    memory = model.init_memory(1, 8)
+    for segment in range(0, start, 4):
+      _, memory = model(
+        jnp.asarray([ids[segment : segment + 4]]),
+        memory,
+        deterministic=True,
+        clamp_len=config.eval.clamp_len,
+      )
+    logits, _ = model(
+      jnp.asarray([ids[start:]]), memory, deterministic=True, clamp_len=config.eval.clamp_len
+    )
+    return int(jnp.argmax(logits[0, -1]))
+
+  ids = list(b'the cat sat')
+  for _ in range(3):
+    ids.append(greedy_next(ids))
+  assert sample.sample(workdir, b'the cat sat', 3, top_k=1) == bytes(ids[-3:])
+
+
 def test_sample_runs_a_kernel_this_machine_lacks_as_auto_with_a_warning(tmp_path, capsys):
   """fz14a-3: a run trained with 'cudnn' on a GPU (a bf16 XL run), sampled on a CPU, ended in
   JAX's `RuntimeError: cuDNN is not detected.` with a traceback, and the tool has no flag to

@@ -260,8 +260,9 @@ def test_cpu_devices_default_to_two_and_respect_the_user():
   assert runtime.devices_environment(forced) == {}
   assert runtime.devices_environment({'JAX_PLATFORMS': 'cpu', 'RELPOS_CPU_DEVICES': '1'}) == {}
   assert runtime.devices_environment({'JAX_PLATFORMS': 'cuda'}) == {}
-  with pytest.raises(ValueError, match='RELPOS_CPU_DEVICES'):
-    runtime.devices_environment({'JAX_PLATFORMS': 'cpu', 'RELPOS_CPU_DEVICES': 'two'})
+  for wanted in ('two', '0'):
+    with pytest.raises(ValueError, match='RELPOS_CPU_DEVICES'):
+      runtime.devices_environment({'JAX_PLATFORMS': 'cpu', 'RELPOS_CPU_DEVICES': wanted})
 
 
 def test_gpu_flags_go_first_on_a_gpu_and_respect_the_user():

@@ -34,6 +34,10 @@ def test_parse_value_uses_the_field_type():
   assert sweep_grid.parse_value(config, 'model.max_relative_position', '4') == 4
   assert sweep_grid.parse_value(config, 'optim.learning_rate', '0.5') == 0.5
   assert sweep_grid.parse_value(config, 'train.same_length', 'true') is True
+  # Any case: --values=True,False sweeps both (a cased True read as False trained one twice).
+  assert sweep_grid.parse_value(config, 'train.same_length', 'True') is True
+  assert sweep_grid.parse_value(config, 'train.same_length', 'YES') is True
+  assert sweep_grid.parse_value(config, 'train.same_length', 'False') is False
   assert sweep_grid.parse_value(config, 'model.position', 'absolute') == 'absolute'
   with pytest.raises(ValueError, match='no field'):
     sweep_grid.parse_value(config, 'model.max_relative_positon', '4')

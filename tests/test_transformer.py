@@ -1,15 +1,17 @@
 """Encoder-decoder Transformer (relpos.models.transformer): cached decoding, masks, positions,
-Shaw tables, config errors, gradients and dtypes."""
+Shaw tables, config errors, gradients, dtypes, dropout sites and a float64 reference."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reference as ref
 from flax import nnx
 from helpers import built_once, slow_where
 
 from relpos.config.translation_defaults import translate_config
 from relpos.constants import BOS_ID, EOS_ID, PAD_ID, TRANSLATE_POSITIONS
+from relpos.models import layers
 from relpos.models import transformer as tr
 from relpos.models.multihead_attention import clip_shaw_tables
 
@@ -394,6 +396,25 @@ def test_attention_dropout_only_in_training():
   assert max_diff(first, clean) > 1e-3 and max_diff(second, first) > 1e-3
 
 
+def test_dropout_sites_are_t2ts(monkeypatch):
+  """In training, dropout at config.dropout on the embeddings (positions added) of the source
+  and the target and on every sublayer's output before its residual sum; the feed-forward
+  block's inner dropout is off (0), as tensor2tensor's transformer_base."""
+  model = make_model(position='learned', encoder_layers=1, decoder_layers=1)
+  sites, real = [], layers.Dropout.__call__
+
+  def spy(self, inputs, *, deterministic):
+    sites.append((inputs.shape, self.rate))
+    return real(self, inputs, deterministic=deterministic)
+
+  monkeypatch.setattr(layers.Dropout, '__call__', spy)
+  model(SRC, TGT_IN, deterministic=False)
+  src, tgt = ((3, 7, 16), 0.1), ((3, 9, 16), 0.1)
+  encoder = [src, src, ((3, 7, 32), 0.0), src]  # embeddings, self-attention, feed-forward
+  decoder = [tgt, tgt, tgt, ((3, 9, 32), 0.0), tgt]  # and encoder-decoder attention
+  assert sites == encoder + decoder
+
+
 @pytest.mark.parametrize(
   'position', slow_where(['shaw_absolute', 't5', 'alibi', 'rope'], {'t5', 'alibi'})
 )
@@ -460,3 +481,111 @@ def test_shaw_dense_form_threshold_reaches_the_kernel(monkeypatch):
   assert 'custom_vjp_call' not in jaxpr(dense)
   assert 'custom_vjp_call' in jaxpr(banded)
   np.testing.assert_allclose(forward(banded, SRC, TGT_IN), forward(dense, SRC, TGT_IN), atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# 7. One encoder and one decoder layer against float64 NumPy written from the papers' formulas:
+# what the equivalences above cannot see (an embedding scale, the sinusoids of
+# 'shaw_absolute', the pre-LN stacks' final LayerNorms), each applied alike everywhere.
+
+
+def np_value(variable):
+  return np.asarray(variable[...], np.float64)
+
+
+def np_layer_norm(x, norm):
+  mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+  return (x - mean) / np.sqrt(var + 1e-6) * np_value(norm.scale) + np_value(norm.bias)
+
+
+def np_attention(attention, x, context, allowed, *, relative):
+  """Multi-head attention of queries from x [batch, q_len, d_model] over `context`, with
+  `allowed` [batch, 1, q_len or 1, kv_len]; Shaw's tables where `relative`."""
+  (batch, q_len, _), kv_len = x.shape, context.shape[1]
+  heads, head_dim = attention.num_heads, attention.head_dim
+  q = (x @ np_value(attention.query.kernel)).reshape(batch, q_len, heads, head_dim)
+  k = (context @ np_value(attention.key.kernel)).reshape(batch, kv_len, heads, head_dim)
+  v = (context @ np_value(attention.value.kernel)).reshape(batch, kv_len, heads, head_dim)
+  if relative:
+    tables = (np_value(attention.rel_key), np_value(attention.rel_value))
+    heads_out = ref.shaw(q, k, v, *tables, mask=allowed, query_offset=0)
+  else:
+    heads_out = ref.vanilla(q, k, v, mask=allowed)
+  return heads_out.reshape(batch, q_len, -1) @ np_value(attention.output.kernel)
+
+
+def np_feed_forward(ff, x):
+  hidden = np.maximum(x @ np_value(ff.inner.kernel) + np_value(ff.inner.bias), 0.0)
+  return hidden @ np_value(ff.outer.kernel) + np_value(ff.outer.bias)
+
+
+def reference_logits(model, config, src_BS, tgt_in_BT):
+  """Teacher-forced logits of a model of one encoder and one decoder layer, in float64."""
+  src, tgt = np.asarray(src_BS), np.asarray(tgt_in_BT)
+  embedding = np_value(model.embed.embedding)
+  relative = config.position in ('shaw', 'shaw_absolute')
+
+  def embed(tokens):
+    x = embedding[tokens] * np.sqrt(config.d_model)
+    positions = np.arange(tokens.shape[1])
+    if config.position in ('absolute', 'shaw_absolute'):
+      x = x + ref.sinusoidal(positions, config.d_model)
+    if config.position == 'learned':
+      x = x + np_value(model.position_table)[positions]
+    return x
+
+  def sublayer(residual, x, f):  # post-LN LN(x + f(x)), pre-LN x + f(LN(x))
+    if config.pre_layer_norm:
+      return x + f(np_layer_norm(x, residual.norm))
+    return np_layer_norm(x + f(x), residual.norm)
+
+  src_keys = (src != PAD)[:, None, None, :]
+  encoder = model.encoder_layers[0]
+  x = embed(src)
+  x = sublayer(
+    encoder.self_residual,
+    x,
+    lambda h: np_attention(encoder.self_attention, h, h, src_keys, relative=relative),
+  )
+  x = sublayer(encoder.ff.residual, x, lambda h: np_feed_forward(encoder.ff, h))
+  enc = np_layer_norm(x, model.encoder_norm) if config.pre_layer_norm else x
+
+  tgt_len = tgt.shape[1]
+  causal = np.tril(np.ones((tgt_len, tgt_len), bool))
+  tgt_keys = (tgt != PAD)[:, None, None, :] & causal[None, None]
+  decoder = model.decoder_layers[0]
+  y = embed(tgt)
+  y = sublayer(
+    decoder.self_residual,
+    y,
+    lambda h: np_attention(decoder.self_attention, h, h, tgt_keys, relative=relative),
+  )
+  y = sublayer(
+    decoder.cross_residual,
+    y,
+    lambda h: np_attention(decoder.cross_attention, h, enc, src_keys, relative=False),
+  )
+  y = sublayer(decoder.ff.residual, y, lambda h: np_feed_forward(decoder.ff, h))
+  if config.pre_layer_norm:
+    y = np_layer_norm(y, model.decoder_norm)
+  return y @ embedding.T
+
+
+@pytest.mark.parametrize(
+  'overrides',
+  [
+    dict(position='shaw_absolute'),
+    dict(position='learned', pre_layer_norm=True),
+  ],
+  ids=['shaw_absolute-post_ln', 'learned-pre_ln'],
+)
+def test_one_layer_each_matches_numpy_reference(overrides):
+  """Every parameter gets N(0, 0.1²) noise, so LayerNorms' scales and biases are not the
+  identity they start as."""
+  config = make_config(encoder_layers=1, decoder_layers=1, **overrides)
+  model = make_model(encoder_layers=1, decoder_layers=1, **overrides)
+  rng = np.random.default_rng(5)
+  params = nnx.state(model, nnx.Param)
+  nnx.update(model, jax.tree.map(lambda p: p + 0.1 * rng.standard_normal(p.shape, 'f4'), params))
+  expected = reference_logits(model, config, SRC, TGT_IN)
+  np.testing.assert_allclose(np.asarray(forward(model, SRC, TGT_IN)), expected, atol=1e-4)

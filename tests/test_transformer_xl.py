@@ -12,6 +12,7 @@ from flax import nnx
 from helpers import built_once, slow_where
 
 from relpos import attention
+from relpos.models import layers
 from relpos.models import transformer_xl as txl
 
 pytestmark = pytest.mark.usefixtures('attention_test_config')
@@ -683,6 +684,41 @@ def test_dropout_only_when_not_deterministic():
   assert np.abs(np.asarray(second - first)).max() > 1e-3  # a fresh mask per call
   again, _ = forward(model, tokens, memory)
   np.testing.assert_array_equal(np.asarray(again), np.asarray(clean))
+
+
+def test_dropout_sites_are_the_originals(monkeypatch):
+  """In training, dropout at the original's sites, each at config.dropout: R (the sinusoids of
+  the distances), the scaled embeddings, each attention output and, in the feed-forward block,
+  after its ReLU and on its output, and the last layer's output before the softmax."""
+  model = make_model(num_layers=1)
+  sites, real = [], layers.Dropout.__call__
+
+  def spy(self, inputs, *, deterministic):
+    sites.append((inputs.shape, self.rate))
+    return real(self, inputs, deterministic=deterministic)
+
+  monkeypatch.setattr(layers.Dropout, '__call__', spy)
+  model.model(random_tokens(4), model.init_memory(BATCH), deterministic=False)
+  x, r = ((BATCH, 4, 16), 0.1), ((12 + 4, 16), 0.1)  # R: mem_len + q_len distances
+  assert sites == [r, x, x, ((BATCH, 4, 32), 0.1), x, x]
+
+
+def test_each_layer_reads_its_own_content_and_position_biases():
+  """untie_r: u and v [num_layers, heads, head_dim], row l read by layer l alone. Layer 1's
+  input (the new memory's hidden[1]) is layer 0's output: it moves with row 0 and not row 1;
+  the logits move with both."""
+  model = make_model()  # two layers
+  tokens, memory = random_tokens(4), model.init_memory(BATCH)
+  base_logits, base_memory = forward(model, tokens, memory)
+  for bias in (model.content_bias, model.position_bias):
+    for layer in (0, 1):
+      saved = bias[...]
+      bias[...] = saved.at[layer].add(1.0)
+      logits, new_memory = forward(model, tokens, memory)
+      bias[...] = saved
+      moved = np.abs(np.asarray(new_memory.hidden[1] - base_memory.hidden[1])).max()
+      assert (moved > 1e-4) == (layer == 0), (bias, layer, moved)
+      assert np.abs(np.asarray(logits - base_logits)).max() > 1e-4, (bias, layer)
 
 
 @nnx.jit
