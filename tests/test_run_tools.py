@@ -107,14 +107,19 @@ def test_a_prompt_is_checked_against_the_runs_vocabulary():
     sample.prompt_tokens(original, b'az')
 
 
-def test_sample_draws_from_the_last_characters_logits_with_full_segments_in_the_memory(tmp_path):
+@pytest.mark.parametrize('same_length', [False, True])
+def test_sample_draws_from_the_last_characters_logits_with_full_segments_in_the_memory(
+  tmp_path, same_length
+):
   """Greedy (top_k=1) sampling reads the text as evaluation does: full segments of
   config.eval.tgt_len move into the memory, and each character comes from the logits of the
-  last one written (its segment padded after it). A prompt of 11 characters with segments of
-  4: 8 in the memory, 3 written; the third character sampled starts a new segment. The
-  parameters get noise: at the init the logits barely differ."""
+  last one written (its segment padded after it), with config.eval.same_length's window (the
+  tool passed clamp_len but not same_length, so it drew from another distribution than
+  evaluation scores). A prompt of 11 characters with segments of 4: 8 in the memory, 3
+  written; the third character sampled starts a new segment. The parameters get noise: at
+  the init the logits barely differ."""
   config = tiny_char_config(tmp_path / 'text.txt', steps=1)
-  config.eval.update(tgt_len=4, mem_len=8, same_length=False)
+  config.eval.update(tgt_len=4, mem_len=8, same_length=same_length)
   workdir = tmp_path / 'run'
   workdir.mkdir()
   record_config(config, workdir, allow_change=False)
@@ -130,17 +135,15 @@ def test_sample_draws_from_the_last_characters_logits_with_full_segments_in_the_
   def greedy_next(ids):
     start = (len(ids) - 1) // 4 * 4  # the segment being written: 1 to 4 characters
     memory = model.init_memory(1, 8)
+    span = {'clamp_len': config.eval.clamp_len, 'same_length': same_length}
     for segment in range(0, start, 4):
       _, memory = model(
-        jnp.asarray([ids[segment : segment + 4]]),
-        memory,
-        deterministic=True,
-        clamp_len=config.eval.clamp_len,
+        jnp.asarray([ids[segment : segment + 4]]), memory, deterministic=True, **span
       )
-    logits, _ = model(
-      jnp.asarray([ids[start:]]), memory, deterministic=True, clamp_len=config.eval.clamp_len
-    )
-    return int(jnp.argmax(logits[0, -1]))
+    written = ids[start:]  # as evaluation's segment of 4 holds it: padded after
+    padded = jnp.asarray([written + [0] * (4 - len(written))])
+    logits, _ = model(padded, memory, deterministic=True, **span)
+    return int(jnp.argmax(logits[0, len(written) - 1]))
 
   ids = list(b'the cat sat')
   for _ in range(3):

@@ -4,12 +4,14 @@
     python -m relpos.tools.sample --workdir=runs/char_tiny --prompt="To be" --top_k=10
     python -m relpos.tools.sample --workdir=runs/char_tiny --prompt="To be" --top_p=0.9 --seed=1
 
-The model reads the text the way evaluation does (config.eval's tgt_len and mem_len): in
-segments of tgt_len characters, each with the memory of the segments before it. The segment
-being written is re-run, padded to tgt_len, for every new character (causal attention makes the
-padding invisible), and moves into the memory once it is full; so every scheme, `absolute`
-included, sees its context as in evaluation. Sampling: logits / temperature, then the top_k
-most likely characters (0: all) and the smallest set whose probability reaches top_p (1: all).
+The model reads the text the way evaluation does (config.eval's tgt_len, mem_len, clamp_len
+and same_length): in segments of tgt_len characters, each with the memory of the segments
+before it. The segment being written is re-run, padded to tgt_len, for every new character
+(causal attention makes the padding invisible, and with same_length each position sees the
+window it sees in evaluation's full segments), and moves into the memory once it is full; so
+every scheme, `absolute` included, sees its context as in evaluation. Sampling: logits /
+temperature, then the top_k most likely characters (0: all) and the smallest set whose
+probability reaches top_p (1: all).
 A workdir that does not exist, is not a char-LM run or has no checkpoint is one line, exit 1.
 """
 
@@ -93,7 +95,11 @@ def sample(
   @autotune.forward_only()
   def run(state, tokens_1T, memory):
     logits, memory = nnx.merge(graphdef, state)(
-      tokens_1T, memory, deterministic=True, clamp_len=span.clamp_len
+      tokens_1T,
+      memory,
+      deterministic=True,
+      clamp_len=span.clamp_len,
+      same_length=span.same_length,
     )
     return logits[0], memory
 
