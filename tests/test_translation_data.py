@@ -412,7 +412,7 @@ def test_read_tfds_pairs(tfds_dir, capsys):
   )
   expected = [(s, t) for i, (s, t) in enumerate(zip(SOURCES, TARGETS, strict=True)) if i != 5]
   assert list(zip(src, tgt, strict=True)) == expected
-  assert 'dropped 1 pair with an empty side (line' in capsys.readouterr().err
+  assert 'dropped 1 pair with an empty side (record 6)' in capsys.readouterr().err
   src, tgt = wmt_tfds.read_tfds_pairs(
     TFDS_NAME, 'train', data_dir=tfds_dir, source_lang='de', target_lang='en', limit=7
   )
