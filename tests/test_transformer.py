@@ -468,10 +468,9 @@ def test_scanned_layers_equal_the_loop_and_share_its_checkpoints():
 
 def test_shaw_dense_form_threshold_reaches_the_kernel(monkeypatch):
   """config.model.shaw_dense_max_kv_len picks the form of Shaw's 'xla' kernels in the model:
-  at these few keys the dense form by default, the banded kernel (its custom VJP) at 0; the
-  same outputs to rounding (both exact)."""
+  at these few keys the dense form by default, the banded kernel (its custom VJP) at 0 (both
+  exact: test_shaw compares them)."""
   dense, banded = make_model(), make_model(shaw_dense_max_kv_len=0)
-  nnx.update(banded, nnx.state(dense))
 
   def jaxpr(model):
     graphdef, state = nnx.split(model)
@@ -480,7 +479,6 @@ def test_shaw_dense_form_threshold_reaches_the_kernel(monkeypatch):
 
   assert 'custom_vjp_call' not in jaxpr(dense)
   assert 'custom_vjp_call' in jaxpr(banded)
-  np.testing.assert_allclose(forward(banded, SRC, TGT_IN), forward(dense, SRC, TGT_IN), atol=1e-5)
 
 
 # --------------------------------------------------------------------------------------------

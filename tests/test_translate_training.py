@@ -390,14 +390,12 @@ def test_launchers_print_bleu_last(commands, corpus, tmp_path):
   lines = evaluated.stdout.strip().splitlines()
   assert lines[-2].startswith('sacreBLEU nrefs:1|') and lines[-1].startswith('bleu=')
   # --workdir alone: the run's own recorded config (relpos.config.run_file), overrides and all;
-  # a config.eval override still applies (greedy decoding at another length, into a directory).
+  # a config.eval override still applies (another beam is refused into the run's workdir).
   alone = commands.run(['eval.py', f'--workdir={workdir}'])
   assert alone.returncode == 0, alone.stderr[-3000:]
   assert alone.stdout.strip().splitlines()[-1] == lines[-1]
-  other = [f'--workdir={workdir}', '--config.eval.max_decode_extra=3', f'--output_dir={tmp_path}/o']
-  rescored = commands.run(['eval.py', *other])
-  assert rescored.returncode == 0, rescored.stderr[-3000:]
-  assert json.loads((tmp_path / 'o' / 'eval_results.json').read_text())['bleu'] >= 0
+  other = commands.run(['eval.py', f'--workdir={workdir}', '--config.eval.beam_size=2'])
+  assert other.returncode == 1 and "eval.beam_size: the run's 1, given 2" in other.stderr
   (tmp_path / 'empty').mkdir()
   refused = commands.run(['eval.py', f'--workdir={tmp_path}/empty'])
   assert refused.returncode == 1 and refused.stderr.strip().splitlines()[-1] == (

@@ -115,14 +115,13 @@ def launch(action: str):
       signals = contextlib.nullcontext()  # training saves on them; its evaluation stops
     else:
       kwargs['output_dir'] = output_dir.value
-    if config.value is None:  # and --workdir holds no run's config (`with_run_config`)
+    if config.value is None:  # eval.py, where --workdir holds no run's config (`with_run_config`)
       given = f'--workdir={workdir.value}'
-      sys.exit(
-        f'error: {not_a_run(workdir.value, given)}'
-        if not_a_run(workdir.value, given)
-        else f'error: --config is missing, and {given} holds no run (its {CONFIG_FILE}) to '
-        'evaluate with its own config: give the config it trained with'
+      line = not_a_run(workdir.value, given) or (
+        f'--config is missing, and {given} holds no run (its {CONFIG_FILE}) to evaluate with '
+        'its own config: give the config it trained with'
       )
+      sys.exit(f'error: {line}')
     try:
       if action == 'evaluate':  # before anything is read: nothing there it would destroy
         check_output_dir(kwargs['output_dir'], workdir.value)
