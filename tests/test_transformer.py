@@ -408,7 +408,9 @@ def test_dropout_sites_are_t2ts(monkeypatch):
     return real(self, inputs, deterministic=deterministic)
 
   monkeypatch.setattr(layers.Dropout, '__call__', spy)
-  model(SRC, TGT_IN, deterministic=False)
+  # Traced, not run: the sites are the trace's (op by op the pass took seconds).
+  graphdef, state = nnx.split(model)
+  jax.eval_shape(lambda state: nnx.merge(graphdef, state)(SRC, TGT_IN, deterministic=False), state)
   src, tgt = ((3, 7, 16), 0.1), ((3, 9, 16), 0.1)
   encoder = [src, src, ((3, 7, 32), 0.0), src]  # embeddings, self-attention, feed-forward
   decoder = [tgt, tgt, tgt, ((3, 9, 32), 0.0), tgt]  # and encoder-decoder attention

@@ -698,7 +698,12 @@ def test_dropout_sites_are_the_originals(monkeypatch):
     return real(self, inputs, deterministic=deterministic)
 
   monkeypatch.setattr(layers.Dropout, '__call__', spy)
-  model.model(random_tokens(4), model.init_memory(BATCH), deterministic=False)
+  tokens, memory = random_tokens(4), model.init_memory(BATCH)
+  # Traced, not run: the sites are the trace's (op by op the pass took seconds).
+  graphdef, state = nnx.split(model.model)
+  jax.eval_shape(
+    lambda state: nnx.merge(graphdef, state)(tokens, memory, deterministic=False), state
+  )
   x, r = ((BATCH, 4, 16), 0.1), ((12 + 4, 16), 0.1)  # R: mem_len + q_len distances
   assert sites == [r, x, x, ((BATCH, 4, 32), 0.1), x, x]
 
