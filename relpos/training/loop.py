@@ -33,7 +33,12 @@ from flax import nnx
 
 from relpos import flops as flops_lib
 from relpos.config.model_fields import EVALUATION_FREE_FIELDS
-from relpos.config.recorded import changes_from_recorded, check_config_change, record_config
+from relpos.config.recorded import (
+  changes_from_recorded,
+  check_config_change,
+  config_changes,
+  record_config,
+)
 from relpos.faults import error_path, filesystem_fault, is_write_fault, rerun_remedy
 from relpos.messages import warn
 from relpos.signals import PreemptedError, PreemptionSignal
@@ -263,11 +268,10 @@ def check_same_parameters(task: Task, config, workdir: Path) -> None:
   is initialised."""
   if (recorded := _resumed_config(workdir)) is None:
     return
-  changed = [
-    f'config.model.{name}: {recorded.model.get(name)!r} -> {value!r}'
-    for name, value in config.model.items()
-    if name not in EVALUATION_FREE_FIELDS and recorded.model.get(name) != value
-  ]
+  free = dict.fromkeys(EVALUATION_FREE_FIELDS)
+  changed = config_changes(
+    recorded.model.to_dict() | free, config.model.to_dict() | free, 'config.model'
+  )
   if not changed:
     return
   trained, wanted = _parameter_shapes(task, recorded), _parameter_shapes(task, config)

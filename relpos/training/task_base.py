@@ -31,7 +31,7 @@ from relpos import signals
 from relpos.attention.implementations import check_runs_on, off_its_devices
 from relpos.config import checks, fields
 from relpos.config.model_fields import SCORE_CHANGING_FIELDS, TRAINING_ONLY_FIELDS
-from relpos.config.recorded import CONFIG_FILE
+from relpos.config.recorded import CONFIG_FILE, config_changes
 from relpos.faults import FilesystemFaultError, error_path, filesystem_fault, is_write_fault
 from relpos.files import check_takes_files, write_atomically
 from relpos.messages import warn
@@ -600,17 +600,11 @@ def replaced_evaluation(output_dir: Path, workdir: Path, result: dict) -> str | 
   earlier = results_in(output_dir)
   if earlier is None:
     return None
-  changes = (
-    []
-    if earlier.get('step') == result['step']
-    else [f'step {earlier.get("step")} -> {result["step"]}']
-  )
+  changes = []
+  if earlier.get('step') != result['step']:
+    changes.append(f'step {earlier.get("step")} -> {result["step"]}')
   settings = earlier.get('eval') if isinstance(earlier.get('eval'), dict) else {}
-  changes += [
-    f'eval.{name} {value!r} -> {result["eval"].get(name)!r}'
-    for name, value in settings.items()
-    if result['eval'].get(name) != value
-  ]
+  changes += config_changes(settings, result['eval'], 'eval', '{field} {before!r} -> {after!r}')
   if not changes:
     return None
   return f'replacing the evaluation in {output_dir / RESULTS_FILE} ({"; ".join(changes)})'
