@@ -233,10 +233,10 @@ def keep_nonempty(
   if dropped:
     named = ', '.join(map(str, dropped[:DROPPED_NAMED]))
     more = f' and {len(dropped) - DROPPED_NAMED} more' if len(dropped) > DROPPED_NAMED else ''
+    plural = 's' if len(dropped) > 1 else ''
     warn(
-      f'{name}: dropped {len(dropped)} pair{"s" if len(dropped) > 1 else ""} with an empty side '
-      f'({unit}'
-      f'{"s" if len(dropped) > 1 else ""} {named}{more})',
+      f'{name}: dropped {len(dropped)} pair{plural} with an empty side ({unit}{plural} '
+      f'{named}{more})',
       once=True,  # train.py reads the eval files for its validation and again to score
     )
   return sources, targets
