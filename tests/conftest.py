@@ -135,17 +135,38 @@ def _persistent_cache(directory, min_compile_time_secs: float):
     jax.config.update('jax_persistent_cache_min_compile_time_secs', old_min_time)
 
 
+def _run_folder(tmp_path_factory):
+  """The folder of this whole run, shared by pytest-xdist's workers."""
+  root = tmp_path_factory.getbasetemp()
+  if 'PYTEST_XDIST_WORKER' in os.environ:
+    root = root.parent  # popen-gw0, popen-gw1, ... sit side by side under the run's folder
+  return root
+
+
 @pytest.fixture(scope='session', autouse=True)
 def shared_compilation_cache(tmp_path_factory):
   """One persistent compilation cache for the whole run, shared by pytest-xdist's workers:
   many tests build the same tiny models, and a later test loads the executable an earlier one
-  compiled instead of compiling it again. Only compiles over 0.5 s are stored. (The train.py
-  subprocesses some tests start use relpos's own default cache, relpos.runtime.)"""
-  root = tmp_path_factory.getbasetemp()
-  if 'PYTEST_XDIST_WORKER' in os.environ:
-    root = root.parent  # popen-gw0, popen-gw1, ... sit side by side under the run's folder
-  with _persistent_cache(root / 'jax-cache', 0.5):
+  compiled instead of compiling it again. Only compiles over 0.5 s are stored."""
+  with _persistent_cache(_run_folder(tmp_path_factory) / 'jax-cache', 0.5):
     yield
+
+
+@pytest.fixture(scope='session', autouse=True)
+def commands_cache_in_the_run(tmp_path_factory):
+  """The processes tests start (train.py, eval.py, the benchmarks and sweeps: relpos.runtime)
+  use the run's cache of `shared_compilation_cache`, not relpos's default ~/.cache/relpos/jax
+  (or the autotuner's file in it). There they wrote into the user's home and loaded what
+  earlier runs of the suite had compiled, so a second run on one machine was faster than CI's
+  first (a fresh home) and timed something else. A test of the cache's own rules sets
+  RELPOS_COMPILATION_CACHE itself."""
+  old = os.environ.get('RELPOS_COMPILATION_CACHE')
+  os.environ['RELPOS_COMPILATION_CACHE'] = str(_run_folder(tmp_path_factory) / 'jax-cache')
+  yield
+  if old is None:
+    os.environ.pop('RELPOS_COMPILATION_CACHE', None)
+  else:
+    os.environ['RELPOS_COMPILATION_CACHE'] = old
 
 
 @pytest.fixture
@@ -210,10 +231,7 @@ def run_compilation_cache(tmp_path_factory):
   """As `compilation_cache` (every compile stored, as `python -m relpos.studies.sweep` has it),
   but in one directory for the whole run, shared by pytest-xdist's workers: tests that train
   the same tiny model (the sweeps of test_sweep) load what the first of them compiled."""
-  root = tmp_path_factory.getbasetemp()
-  if 'PYTEST_XDIST_WORKER' in os.environ:
-    root = root.parent
-  with _persistent_cache(root / 'jax-cache-every-compile', 0.0):
+  with _persistent_cache(_run_folder(tmp_path_factory) / 'jax-cache-every-compile', 0.0):
     yield
 
 

@@ -730,3 +730,22 @@ def test_bits_per_char_pools_segments_and_positions(text_file):
   )
   expected = [whole[:, p::4].mean() / math.log(2) for p in range(4)]
   np.testing.assert_allclose(result['position_bpc'], expected, rtol=1e-5)
+
+
+def test_bits_per_char_compiles_once_per_segment_shape_for_a_placed_model(text_file):
+  """The parameters of a trained or restored model are placed on the devices (committed); the
+  first segment's memory, made by init_memory, is placed as they are, so it takes the program
+  the later segments take: one compile per segment shape (here 4, 4, 2: two), where the first
+  segment compiled one of its own."""
+  import jax
+  from flax import nnx
+
+  from relpos.data.ordered import OrderedBatches
+
+  config = _config(text_file, steps=1)
+  graphdef, state = nnx.split(char_lm.TASK.build_model(config, vocab_size=256))
+  model = nnx.merge(graphdef, jax.device_put(state, jax.devices()[0]))
+  tokens = np.frombuffer(text_file.read_bytes()[:22], np.uint8)
+  char_lm.score_segment.clear_cache()
+  char_lm.bits_per_char(model, OrderedBatches(tokens, batch_size=2, tgt_len=4), config.eval)
+  assert char_lm.score_segment._cache_size() == 2

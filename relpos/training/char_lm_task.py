@@ -227,7 +227,11 @@ def bits_per_char(
   the first segments. A pass of more than half a minute prints progress lines headed `what`.
   """
   graphdef, state = nnx.split(model)
-  memory = model.init_memory(batches.batch_size, span.mem_len)
+  # Placed as the parameters are, as score_segment's next memory is: a fresh memory of
+  # another placement (jnp.zeros' uncommitted arrays) compiled the first segment apart.
+  memory = jax.device_put(
+    model.init_memory(batches.batch_size, span.mem_len), jax.tree.leaves(state)[0].sharding
+  )
   segment_position_nats, segment_tokens = [], []  # [L] nats on the device, per segment
   total = min(max_segments or batches.num_segments, batches.num_segments)
   progress = PassProgress(what, total, 'segments')
