@@ -1,6 +1,7 @@
 """End to end: train a tiny Transformer-XL LM on generated text and evaluate it. Resuming with
 memory is tested with real signals in test_preemption.py."""
 
+import functools
 import json
 import math
 import re
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from flax import nnx
 from helpers import load_config
 
 from relpos.training import char_lm_task as char_lm
@@ -650,6 +652,12 @@ def test_the_memory_starts_empty_where_an_epoch_starts(tmp_path):
   assert loss(6, 'noise') == pytest.approx(loss(6, 'empty'), rel=1e-6)
 
 
+@functools.partial(nnx.jit, static_argnames=('clamp_len', 'same_length'))
+def _forward(model, tokens, memory, *, clamp_len, same_length):
+  """The model's evaluation forward pass, jitted (op by op a pass compiled some 50 programs)."""
+  return model(tokens, memory, deterministic=True, clamp_len=clamp_len, same_length=same_length)
+
+
 def test_bits_per_char_runs_the_spans_memory_clamp_and_window(text_file):
   """bits_per_char reads `span`'s mem_len, clamp_len and same_length: a memory of 4 with the
   same-length window and XL distances clamped at 2 scores as the model run segment by segment
@@ -675,7 +683,7 @@ def test_bits_per_char_runs_the_spans_memory_clamp_and_window(text_file):
   def bpc(mem_len, **settings):
     memory, nats = model.init_memory(2, mem_len), []
     for start in (0, 4, 8):
-      logits, memory = model(rows[:, start : start + 4], memory, deterministic=True, **settings)
+      logits, memory = _forward(model, rows[:, start : start + 4], memory, **settings)
       nats.append(np.asarray(nats_per_token(logits, rows[:, start + 1 : start + 5])))
     return np.concatenate(nats, axis=1).astype(np.float64).mean() / math.log(2)
 
@@ -708,10 +716,10 @@ def test_bits_per_char_pools_segments_and_positions(text_file):
     """float64 [2, end - start]: the nats of targets start..end-1 from inputs start..end-1
     alone (no memory)."""
     rows = jnp.asarray(batches.rows_BN, jnp.int32)
-    logits, _ = model(
+    logits, _ = _forward(
+      model,
       rows[:, start:end],
       model.init_memory(2, 0),
-      deterministic=True,
       clamp_len=config.eval.clamp_len,
       same_length=config.eval.same_length,
     )

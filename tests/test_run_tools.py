@@ -132,17 +132,19 @@ def test_sample_draws_from_the_last_characters_logits_with_full_segments_in_the_
   checkpoints.commit()
   checkpoints.close()
 
+  # The model's evaluation forward pass, jitted: op by op each pass compiled some 50 programs.
+  @nnx.jit
+  def forward(model, tokens, memory):
+    span = {'clamp_len': config.eval.clamp_len, 'same_length': same_length}
+    return model(tokens, memory, deterministic=True, **span)
+
   def greedy_next(ids):
     start = (len(ids) - 1) // 4 * 4  # the segment being written: 1 to 4 characters
     memory = model.init_memory(1, 8)
-    span = {'clamp_len': config.eval.clamp_len, 'same_length': same_length}
     for segment in range(0, start, 4):
-      _, memory = model(
-        jnp.asarray([ids[segment : segment + 4]]), memory, deterministic=True, **span
-      )
+      _, memory = forward(model, jnp.asarray([ids[segment : segment + 4]]), memory)
     written = ids[start:]  # as evaluation's segment of 4 holds it: padded after
-    padded = jnp.asarray([written + [0] * (4 - len(written))])
-    logits, _ = model(padded, memory, deterministic=True, **span)
+    logits, _ = forward(model, jnp.asarray([written + [0] * (4 - len(written))]), memory)
     return int(jnp.argmax(logits[0, len(written) - 1]))
 
   ids = list(b'the cat sat')
