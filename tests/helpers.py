@@ -311,7 +311,7 @@ def tiny_translate_config(corpus: Path, *, steps: int, position='shaw'):
     vocab_size=40,
     max_length=16,
     max_tokens=256,
-    length_buckets=2,
+    length_buckets=1,  # one batch shape: one train-step compile per run (2 took two)
   )
   config.model.update(
     encoder_layers=1, decoder_layers=1, d_model=32, num_heads=2, d_ff=64, max_relative_position=3
