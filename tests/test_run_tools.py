@@ -453,6 +453,6 @@ def test_translate_names_its_checkpoint_flags_where_the_run_lacks_the_checkpoint
   with pytest.raises(ValueError) as refused:
     translate.check_checkpoints(tmp_path, 20, 3)
   assert str(refused.value) == (
-    f'--average_checkpoints=3: {tmp_path}/checkpoints holds 2 checkpoint(s) up to step 20: '
-    'give 2 or less'
+    f'--average_checkpoints=3: {tmp_path}/checkpoints holds 2 checkpoint(s) up to step 20 '
+    '([10, 20]): set it to 2 or less'
   )

@@ -59,25 +59,20 @@ def translate_lines(
 
 def check_checkpoints(workdir, step: int | None, average: int | None) -> None:
   """Refuses `--step` where the run kept no such checkpoint, and `--average_checkpoints` beyond
-  those it kept up to the step, naming the flag and the steps there are (the restore's own
-  lines name config.eval, which this tool takes no flag of); a run with no checkpoint is left
-  to the restore's 'train first'."""
-  from relpos.training.checkpoints import CHECKPOINTS, finished_steps, steps_text
+  those it kept up to the step, as the restore refuses config.eval's fields but naming the
+  flags (this tool takes no config.eval flag), before the model is built; a run with no
+  checkpoint is left to the restore's 'train first'."""
+  from relpos.training.checkpoints import CHECKPOINTS, finished_steps
+  from relpos.training.restore import check_step, steps_to_average
 
   steps = finished_steps(workdir)
   if not steps:
     return
   where = f'{workdir}/{CHECKPOINTS}'
-  if step is not None and step not in steps:
-    raise FileNotFoundError(
-      f'--step={step}: no such checkpoint in {where} (have {steps_text(steps)})'
-    )
-  kept = [s for s in steps if s <= (step or steps[-1])]
-  if average is not None and len(kept) < average:
-    raise ValueError(
-      f'--average_checkpoints={average}: {where} holds {len(kept)} checkpoint(s) up to step '
-      f'{kept[-1]}: give {len(kept)} or less'
-    )
+  if step is not None:
+    check_step(steps, step, where, '--step')
+  if average is not None:
+    steps_to_average(steps, step or steps[-1], average, where, '--average_checkpoints')
 
 
 def read_sentences(texts: list[str] | None, stdin) -> list[str]:

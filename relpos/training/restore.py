@@ -27,6 +27,7 @@ from relpos.training.checkpoints import (
   UnreadableCheckpointError,
   VanishedCheckpointError,
   finished_steps,
+  steps_text,
 )
 from relpos.training.metric_writer import METRICS_FILE, TRAINING_LOSS
 from relpos.training.run_config import check_not_a_file, has_run, not_a_run, read_config
@@ -141,6 +142,33 @@ def _first_checkpoint(workdir: Path) -> str:
   )
 
 
+def check_step(have: list[int], step: int, directory, field: str = 'config.eval.step') -> None:
+  """Refuses checkpoint `step` (`field` gave it; 0: the newest) where `directory` holds only
+  the steps `have`: FileNotFoundError naming the steps there are."""
+  if step and step not in have:
+    raise FileNotFoundError(
+      f'{field}={step}: no such checkpoint in {directory} (have {steps_text(have)})'
+    )
+
+
+def steps_to_average(
+  have: list[int],
+  step: int,
+  average: int,
+  directory,
+  field: str = 'config.eval.average_checkpoints',
+) -> list[int]:
+  """The last `average` of the steps `have` up to `step`: those an evaluation averages. Fewer
+  there is a ValueError naming `field` (the config's, or a tool's flag) and what would do."""
+  steps = [s for s in have if s <= step][-average:]
+  if len(steps) < average:
+    raise ValueError(
+      f'{field}={average}: {directory} holds {len(steps)} checkpoint(s) up to step {step} '
+      f'({steps_text(steps)}): set it to {len(steps)} or less'
+    )
+  return steps
+
+
 def _read_checkpoints(checkpoints: Checkpoints, eval_config, like: dict):
   """(the steps there, the steps `restore_model` averages, their 'model' items shaped like
   `like`), read from `checkpoints` as they are listed now.
@@ -165,22 +193,12 @@ def _read_checkpoints(checkpoints: Checkpoints, eval_config, like: dict):
 
   if eval_config.step:
     step = eval_config.step
-    if step not in have:
-      raise FileNotFoundError(
-        f'config.eval.step={step}: no such checkpoint in {checkpoints.directory} (have {have})'
-      )
+    check_step(have, step, checkpoints.directory)
     newest = restore(step, 'config.eval.step')
   else:
     step, restored, _ = checkpoints.restore_latest(like)
     newest = restored['model']
-  average = eval_config.average_checkpoints
-  steps = [s for s in have if s <= step][-average:]
-  if len(steps) < average:
-    raise ValueError(
-      f'config.eval.average_checkpoints={average}: {checkpoints.directory} holds '
-      f'{len(steps)} checkpoint(s) up to step {step} ({steps}): set it to {len(steps)} or '
-      'less'
-    )
+  steps = steps_to_average(have, step, eval_config.average_checkpoints, checkpoints.directory)
   asked = 'config.eval.average_checkpoints (or config.eval.step)'
   return have, steps, [restore(s, asked) for s in steps[:-1]] + [newest]
 

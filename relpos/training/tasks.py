@@ -29,11 +29,12 @@ from relpos.training.workdir_setup import stopped_evaluation
 
 
 def get(config: ml_collections.ConfigDict) -> Task:
-  """The `relpos.training.task_base.Task` config.task names."""
-  task = config.get('task')
-  if task not in TASKS:
-    raise ValueError(f'config.task={task!r}: expected one of {sorted(TASKS)}')
-  return importlib.import_module(TASKS[task].task_module).TASK
+  """The `relpos.training.task_base.Task` config.task names; a config of no task is a
+  ValueError with `relpos.config.no_task_line`'s line."""
+  refusal = no_task_line(config, None)
+  if refusal is not None:
+    raise ValueError(refusal)
+  return importlib.import_module(TASKS[config.task].task_module).TASK
 
 
 def eval_command(argv: list[str], workdir) -> str:
