@@ -156,10 +156,10 @@ def shared_compilation_cache(tmp_path_factory):
 def commands_cache_in_the_run(tmp_path_factory):
   """The processes tests start (train.py, eval.py, the benchmarks and sweeps: relpos.runtime)
   use the run's cache of `shared_compilation_cache`, not relpos's default ~/.cache/relpos/jax
-  (or the autotuner's file in it). There they wrote into the user's home and loaded what
-  earlier runs of the suite had compiled, so a second run on one machine was faster than CI's
-  first (a fresh home) and timed something else. A test of the cache's own rules sets
-  RELPOS_COMPILATION_CACHE itself."""
+  (or the autotuner's file in it). There they wrote into the user's home (56 MB after some
+  days of runs here) and loaded what earlier runs of the suite had compiled, which CI's fresh
+  home lacks (the wall time did not tell: 514 s with an empty home, 516 s with the full one,
+  2026-11-29). A test of the cache's own rules sets RELPOS_COMPILATION_CACHE itself."""
   old = os.environ.get('RELPOS_COMPILATION_CACHE')
   os.environ['RELPOS_COMPILATION_CACHE'] = str(_run_folder(tmp_path_factory) / 'jax-cache')
   yield
