@@ -937,6 +937,11 @@ def test_the_pretune_command_prints_the_device_the_cache_and_a_table(tmp_path):
   assert lines[-2:] == ['| call | xla ms | pallas ms | choice | source |', '|---|---|---|---|---|']
 
 
+def test_pretune_names_a_cache_turned_off():
+  assert pretune.cache_line(None) == 'cache: none (RELPOS_AUTOTUNE_CACHE=off: kept in memory)'
+  assert pretune.cache_line(Path('/c/t.json')) == 'cache: /c/t.json'
+
+
 def test_pretune_force_says_it_writes_the_machine_wide_cache():
   """`--force` on a CPU writes its timings to the cache every clone and run of the user reads,
   and its help did not say so."""

@@ -525,6 +525,14 @@ def test_an_averaged_evaluation_names_its_steps_as_translation_does():
   assert translation_task.TASK.result_lines(translated)[0] == (
     '3 sentences, checkpoint w/checkpoints/8 (averaged steps [4, 6, 8]), translations in t'
   )
+  # Shaw's tables clipped by config.eval.max_relative_position: another model's figure, said.
+  clipped = translated | {'eval': {'max_relative_position': 2}}
+  assert translation_task.TASK.result_lines(clipped)[0].startswith(
+    '3 sentences, checkpoint w/checkpoints/8 (averaged steps [4, 6, 8]) (Shaw tables clipped '
+    'at k=2), translations'
+  )
+  unclipped = result | {'eval': {'max_relative_position': -1}}
+  assert char_lm.TASK.result_lines(unclipped)[0].endswith('checkpoint w/checkpoints/8')
 
 
 def test_a_trained_original_run_without_its_vocabulary_is_refused(text_file, tmp_path):

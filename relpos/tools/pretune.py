@@ -158,11 +158,17 @@ def main(argv) -> None:
   trace_train_step(options.config, lengths)
   trace_eval_step(options.config, lengths)
   print(f'device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}')
-  print(f'cache: {current.path}')
+  print(cache_line(current.path))
   if not current.enabled():
     print("tuning is off on this backend: 'auto' is 'xla' here")
   for row in decision_table(current.decisions):
     print(row)
+
+
+def cache_line(path) -> str:
+  """The 'cache:' line: the decision cache's file, or that RELPOS_AUTOTUNE_CACHE=off keeps the
+  decisions in memory only (`runtime.autotune_cache_path`'s None; it printed 'cache: None')."""
+  return f'cache: {path}' if path else 'cache: none (RELPOS_AUTOTUNE_CACHE=off: kept in memory)'
 
 
 if __name__ == '__main__':

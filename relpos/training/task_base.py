@@ -151,11 +151,15 @@ FILE_TEXTS = 'file_texts'
 
 def checkpoint_text(result: dict) -> str:
   """'checkpoint <path>' of an evaluation's `result`, with the steps it averaged where
-  config.eval.average_checkpoints made it more than one ('(averaged steps [4, 8])'): the
-  launchers' line of what was scored, the same for every task (`result_lines`)."""
+  config.eval.average_checkpoints made it more than one ('(averaged steps [4, 8])') and the
+  clip where config.eval.max_relative_position clipped Shaw's tables ('(Shaw tables clipped
+  at k=2)': a figure of another model than the run's): the launchers' line of what was
+  scored, the same for every task (`result_lines`)."""
   steps = result.get('averaged_steps') or []
   averaged = f' (averaged steps {steps_text(steps)})' if len(steps) > 1 else ''
-  return f'checkpoint {result["checkpoint"]}{averaged}'
+  clipped = (result.get('eval') or {}).get('max_relative_position', -1)
+  clip = f' (Shaw tables clipped at k={clipped})' if clipped >= 0 else ''
+  return f'checkpoint {result["checkpoint"]}{averaged}{clip}'
 
 
 class Task(abc.ABC):
