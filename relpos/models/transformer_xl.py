@@ -193,10 +193,14 @@ class TransformerXL(nnx.Module):
       config, bidirectional=False, kernel_init=_INIT, rngs=rngs
     )
 
-  def init_memory(self, batch_size: int, mem_len: int) -> Memory:
-    """Empty memory: zeros [num_layers, batch_size, mem_len, d_model], length 0."""
-    hidden = jnp.zeros((self.num_layers, batch_size, mem_len, self.d_model), self.dtype)
-    return Memory(hidden, jnp.zeros((), jnp.int32))
+  def init_memory(self, batch_size: int, mem_len: int, *, device=None) -> Memory:
+    """Empty memory: zeros [num_layers, batch_size, mem_len, d_model], length 0; placed on
+    `device` (a device or a sharding, as `jnp.zeros` takes it; None: JAX's default, not
+    committed)."""
+    shape = (self.num_layers, batch_size, mem_len, self.d_model)
+    return Memory(
+      jnp.zeros(shape, self.dtype, device=device), jnp.zeros((), jnp.int32, device=device)
+    )
 
   def _embed(self, tokens_BT, *, deterministic):
     x_BTD = self.embed(tokens_BT) * self.d_model**0.5

@@ -228,9 +228,11 @@ def bits_per_char(
   """
   graphdef, state = nnx.split(model)
   # Placed as the parameters are, as score_segment's next memory is: a fresh memory of
-  # another placement (jnp.zeros' uncommitted arrays) compiled the first segment apart.
-  memory = jax.device_put(
-    model.init_memory(batches.batch_size, span.mem_len), jax.tree.leaves(state)[0].sharding
+  # another placement (jnp.zeros' uncommitted arrays) compiled the first segment apart. Made
+  # in place (jnp.zeros' device=), which a global sharding of several processes takes, where
+  # jax.device_put refuses a committed array as its source.
+  memory = model.init_memory(
+    batches.batch_size, span.mem_len, device=jax.tree.leaves(state)[0].sharding
   )
   segment_position_nats, segment_tokens = [], []  # [L] nats on the device, per segment
   total = min(max_segments or batches.num_segments, batches.num_segments)
