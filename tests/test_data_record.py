@@ -251,8 +251,22 @@ def test_a_resume_on_changed_data_is_refused_unless_allowed_and_eval_warns(tmp_p
   text.write_bytes(original)
   with open(text, 'a') as file:
     file.write('the data regenerated, longer\n')
-  with pytest.raises(ValueError, match=r'holds a run trained on other data \(config\.data\.path'):
+  with pytest.raises(
+    ValueError, match=r'holds a run trained on other data \(config\.data\.path'
+  ) as refused:
     char_lm.TASK.train_model(config, workdir, allow_config_change=False)
+  # The run is finished (step 2 of 2): nothing would resume; it would be scored on this data.
+  assert str(refused.value).endswith(
+    'finished at step 2 (config.train.steps=2): it trains no further, and would be scored on '
+    'the data as it is now; pass --allow_config_change for that, score it with eval.py '
+    '--output_dir=<another directory> (which warns of the data), or use a new --workdir to '
+    'train on this data'
+  ), refused.value
+  # Without its checkpoint the run is not finished: resumed, it would read other text.
+  shutil.move(workdir / 'checkpoints' / '2', tmp_path / 'checkpoint_2')
+  with pytest.raises(ValueError, match=r'other data \(config\.data\.path.*\): resumed, it would'):
+    char_lm.TASK.train_model(config, workdir, allow_config_change=False)
+  shutil.move(tmp_path / 'checkpoint_2', workdir / 'checkpoints' / '2')
   assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['2']
   capsys.readouterr()
   char_lm.TASK.evaluate(config, workdir, output_dir=tmp_path / 'eval')
