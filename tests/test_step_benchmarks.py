@@ -95,7 +95,7 @@ def test_translate_step_times_split_batches_with_prng_lowerings_shaw_thresholds_
     assert gflops > 0 and 0 < mfu_visible < mfu  # the decoder's masked pairs left out
 
 
-# In the default run (about 23 s of one worker, 2026-11-29) since the GPU sessions' step parts
+# In the default run (18-24 s of one worker, 2026-11-29) since the GPU sessions' step parts
 # run this script: a crash here would cost device minutes.
 def test_char_lm_step_times_the_variants_asked_for(tmp_path):
   # Memory's share of the FLOPs is test_flops' (mem_len 0 against 2); each variant here is
