@@ -1,7 +1,6 @@
 """End to end: train a tiny Transformer-XL LM on generated text and evaluate it. Resuming with
 memory is tested with real signals in test_preemption.py."""
 
-import functools
 import json
 import math
 import re
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from helpers import load_config
+from test_transformer_xl import _apply  # the model's forward pass, jitted
 
 from relpos.training import char_lm_task as char_lm
 from relpos.training import loop
@@ -660,12 +660,6 @@ def test_the_memory_starts_empty_where_an_epoch_starts(tmp_path):
   assert loss(6, 'noise') == pytest.approx(loss(6, 'empty'), rel=1e-6)
 
 
-@functools.partial(nnx.jit, static_argnames=('clamp_len', 'same_length'))
-def _forward(model, tokens, memory, *, clamp_len, same_length):
-  """The model's evaluation forward pass, jitted (op by op a pass compiled some 50 programs)."""
-  return model(tokens, memory, deterministic=True, clamp_len=clamp_len, same_length=same_length)
-
-
 def test_bits_per_char_runs_the_spans_memory_clamp_and_window(text_file):
   """bits_per_char reads `span`'s mem_len, clamp_len and same_length: a memory of 4 with the
   same-length window and XL distances clamped at 2 scores as the model run segment by segment
@@ -673,7 +667,6 @@ def test_bits_per_char_runs_the_spans_memory_clamp_and_window(text_file):
   init the position terms barely move it)."""
   import jax
   import jax.numpy as jnp
-  from flax import nnx
 
   from relpos.data.ordered import OrderedBatches
   from relpos.models.transformer_xl import nats_per_token
@@ -691,7 +684,9 @@ def test_bits_per_char_runs_the_spans_memory_clamp_and_window(text_file):
   def bpc(mem_len, **settings):
     memory, nats = model.init_memory(2, mem_len), []
     for start in (0, 4, 8):
-      logits, memory = _forward(model, rows[:, start : start + 4], memory, **settings)
+      logits, memory = _apply(
+        model, rows[:, start : start + 4], memory, deterministic=True, **settings
+      )
       nats.append(np.asarray(nats_per_token(logits, rows[:, start + 1 : start + 5])))
     return np.concatenate(nats, axis=1).astype(np.float64).mean() / math.log(2)
 
@@ -724,10 +719,11 @@ def test_bits_per_char_pools_segments_and_positions(text_file):
     """float64 [2, end - start]: the nats of targets start..end-1 from inputs start..end-1
     alone (no memory)."""
     rows = jnp.asarray(batches.rows_BN, jnp.int32)
-    logits, _ = _forward(
+    logits, _ = _apply(
       model,
       rows[:, start:end],
       model.init_memory(2, 0),
+      deterministic=True,
       clamp_len=config.eval.clamp_len,
       same_length=config.eval.same_length,
     )
@@ -754,7 +750,6 @@ def test_bits_per_char_compiles_once_per_segment_shape_for_a_placed_model(text_f
   the later segments take: one compile per segment shape (here 4, 4, 2: two), where the first
   segment compiled one of its own."""
   import jax
-  from flax import nnx
 
   from relpos.data.ordered import OrderedBatches
 

@@ -23,6 +23,7 @@ from helpers import (
   tiny_translate_config,
   write_pair_corpus,
 )
+from test_transformer_xl import _apply  # the model's forward pass, jitted
 
 from relpos.config.recorded import record_config
 from relpos.data.char_corpus import CharVocab
@@ -132,19 +133,16 @@ def test_sample_draws_from_the_last_characters_logits_with_full_segments_in_the_
   checkpoints.commit()
   checkpoints.close()
 
-  # The model's evaluation forward pass, jitted: op by op each pass compiled some 50 programs.
-  @nnx.jit
-  def forward(model, tokens, memory):
-    span = {'clamp_len': config.eval.clamp_len, 'same_length': same_length}
-    return model(tokens, memory, deterministic=True, **span)
+  span = {'clamp_len': config.eval.clamp_len, 'same_length': same_length, 'deterministic': True}
 
   def greedy_next(ids):
     start = (len(ids) - 1) // 4 * 4  # the segment being written: 1 to 4 characters
     memory = model.init_memory(1, 8)
     for segment in range(0, start, 4):
-      _, memory = forward(model, jnp.asarray([ids[segment : segment + 4]]), memory)
+      _, memory = _apply(model, jnp.asarray([ids[segment : segment + 4]]), memory, **span)
     written = ids[start:]  # as evaluation's segment of 4 holds it: padded after
-    logits, _ = forward(model, jnp.asarray([written + [0] * (4 - len(written))]), memory)
+    padded = jnp.asarray([written + [0] * (4 - len(written))])
+    logits, _ = _apply(model, padded, memory, **span)  # jitted: op by op, some 50 compiles
     return int(jnp.argmax(logits[0, len(written) - 1]))
 
   ids = list(b'the cat sat')
