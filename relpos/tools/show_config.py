@@ -26,7 +26,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from relpos import runtime
-from relpos.config import checks, declaration, fields, no_task_line
+from relpos.config import checks, declaration, fields
 from relpos.config.command_line import config_arg
 
 
@@ -89,10 +89,9 @@ def main(argv) -> None:
 
   options = flags.FLAGS
   config = options.config
-  if line := no_task_line(config, config_arg(sys.argv)):
-    raise ValueError(line)
+  task = tasks.get(config, config_arg(sys.argv))  # a config of no task: one line
   try:
-    tasks.get(config).check_complete(config)  # unread_paths reads config.model's fields
+    task.check_complete(config)  # unread_paths reads config.model's fields
     unread = unread_paths(config)
   except ValueError:  # listed as it is (a missing field as missing); the check below names it
     unread = set()

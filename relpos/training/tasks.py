@@ -28,10 +28,11 @@ from relpos.training.task_base import Task
 from relpos.training.workdir_setup import stopped_evaluation
 
 
-def get(config: ml_collections.ConfigDict) -> Task:
+def get(config: ml_collections.ConfigDict, config_file: str | None = None) -> Task:
   """The `relpos.training.task_base.Task` config.task names; a config of no task is a
-  ValueError with `relpos.config.no_task_line`'s line."""
-  refusal = no_task_line(config, None)
+  ValueError with `relpos.config.no_task_line`'s line (naming --config=`config_file`, where
+  the caller has it)."""
+  refusal = no_task_line(config, config_file)
   if refusal is not None:
     raise ValueError(refusal)
   return importlib.import_module(TASKS[config.task].task_module).TASK
@@ -128,9 +129,7 @@ def launch(action: str):
         check_output_dir(kwargs['output_dir'], workdir.value)
         # Its line is told as the signal comes, from what is on disk then.
         signals = stop_at_signals(stopped_evaluation(Path(kwargs['output_dir'] or workdir.value)))
-      if line := no_task_line(config.value, config_arg(sys.argv)):
-        sys.exit(f'error: {line}')
-      task = get(config.value)
+      task = get(config.value, config_arg(sys.argv))
       with signals:
         result = getattr(task, action)(config.value, workdir.value, **kwargs)
       finish_quietly()  # written (or kept): a signal now fails nothing (its docstring)
