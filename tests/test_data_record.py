@@ -257,7 +257,7 @@ def test_a_resume_on_changed_data_is_refused_unless_allowed_and_eval_warns(tmp_p
     char_lm.TASK.train_model(config, workdir, allow_config_change=False)
   # The run is finished (step 2 of 2): nothing would resume; it would be scored on this data.
   assert str(refused.value).endswith(
-    'finished at step 2 (config.train.steps=2): it trains no further, and would be scored on '
+    'finished at step 2 (config.train.steps): it trains no further, and would be scored on '
     'the data as it is now; pass --allow_config_change for that, score it with eval.py '
     '--output_dir=<another directory> (which warns of the data), or use a new --workdir to '
     'train on this data'

@@ -362,11 +362,12 @@ def _checked_data(task: Task, config, workdir: Path, allow_config_change) -> tup
   data_record.check_vocabulary(workdir, data_files)
   other_data = data_record.changes(workdir, data_files)
   if other_data and not allow_config_change:
-    last = max(finished_steps(workdir), default=0)
-    if last >= config.train.steps:  # finished: nothing would train, the data would be scored
+    # Finished (its last checkpoint at config.train.steps, `finished_run.kept_result`'s test):
+    # nothing would train; the data would be scored.
+    if finished_steps(workdir)[-1:] == [config.train.steps]:
       raise ValueError(
         f'{workdir} holds a run trained on other data ({"; ".join(other_data)}), finished at '
-        f'step {last} (config.train.steps={config.train.steps}): it trains no further, and '
+        f'step {config.train.steps} (config.train.steps): it trains no further, and '
         'would be scored on the data as it is now; pass --allow_config_change for that, score '
         'it with eval.py --output_dir=<another directory> (which warns of the data), or use a '
         'new --workdir to train on this data'
