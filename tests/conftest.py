@@ -1,8 +1,10 @@
 """Shared fixtures. relpos comes from the editable install (README); pytest puts this folder on
 the import path for `helpers` and `reference`."""
 
+import atexit
 import contextlib
 import os
+import sys
 
 import jax
 import pytest
@@ -34,6 +36,18 @@ def _fast_compile_flag() -> str | None:
 
 if (_flag := _fast_compile_flag()) and _flag not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = f'{os.environ.get("XLA_FLAGS", "")} {_flag}'.strip()
+
+# Threefry (dropout's random bits, the initialisers) lowered as jax 0.10.2's rolled loop for the
+# whole run, in this process and, through the environment, in every process a test starts:
+# relpos.threefry_lowering's switch, read when relpos.models is first imported (after this). The
+# straight-line lowering relpos applies by default is the faster one with XLA's optimisations
+# on; with them mostly off, as here, it compiles slower: test_char_lm_training's train step
+# compiled in 3.2 s against 2.1 s, and that module with test_translate_training and
+# test_counter_hash took 101 s against 89 s on 2 cores (2026-11-29). Like the flags above, it
+# changes how XLA generates code, not what it computes: both lowerings draw the same bits, and
+# test_threefry_lowering tests the straight-line one and that a program gets it by default. An
+# RELPOS_THREEFRY set before the run is kept.
+os.environ.setdefault('RELPOS_THREEFRY', 'rolled')
 
 
 @pytest.fixture(scope='session', autouse=True)
@@ -249,3 +263,30 @@ LONG_MODULES = (
 def pytest_collection_modifyitems(items):
   """The tests of LONG_MODULES first, each module's in its own order (a stable sort)."""
   items.sort(key=lambda item: item.path.name not in LONG_MODULES)
+
+
+def _end_the_worker_without_teardown():
+  """At a pytest-xdist worker's exit, after every other exit handler: `os._exit(0)`, skipping
+  the interpreter's teardown of the worker (every module's objects, JAX's client and the
+  executables it compiled), which no test sees and the controller waits for. Measured on 2
+  cores (2026-11-29): test_flops.py alone ended 5 s after its last test without this, 0.5 s
+  with it; the whole suite 14 s after its last test, 6 s with it. Only a worker whose pytest
+  session finished (`pytest_unconfigure`) skips it; one ending any other way ends as Python
+  ends it, and the controller reports failures and crashed workers as before."""
+  if _worker_finished:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+_worker_finished = False
+if 'PYTEST_XDIST_WORKER' in os.environ:
+  # Registered first, so it runs last (atexit runs handlers in reverse): JAX's, logging's and
+  # execnet's own exit handlers run before it.
+  atexit.register(_end_the_worker_without_teardown)
+
+
+def pytest_unconfigure(config):
+  """The session finished: a worker may end without the interpreter's teardown."""
+  global _worker_finished
+  _worker_finished = True

@@ -1,12 +1,30 @@
-"""relpos.threefry_lowering: threefry2x32 on the CPU without a loop, and with the same bits."""
+"""relpos.threefry_lowering: threefry2x32 on the CPU without a loop, and with the same bits.
+
+The suite itself runs with the rolled lowering (conftest: it compiles faster with XLA's
+optimisations off), so the tests here set the straight-line one themselves, and check in a
+fresh process that a program importing relpos.models gets it by default."""
+
+import os
+import subprocess
+import sys
 
 import jax
 import jax.extend.random as jex_random
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
-import relpos.models  # noqa: F401  (applies the lowering, as every model user gets it)
+import relpos.models  # noqa: F401  (applies the run's lowering, as every model user gets it)
 from relpos import threefry_lowering
+
+
+@pytest.fixture(autouse=True)
+def straight_line_lowering():
+  """relpos's default lowering in each test, and the run's (conftest's RELPOS_THREEFRY) after."""
+  assert threefry_lowering.set_cpu_lowering(unrolled=True)
+  yield
+  threefry_lowering.unroll_on_cpu()
+
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
@@ -57,6 +75,22 @@ def _has_loop() -> bool:
 
 def test_dropout_draws_lower_without_a_loop_on_the_cpu():
   assert not _has_loop()
+
+
+def test_a_program_importing_the_models_gets_the_straight_line_lowering():
+  """What `relpos.models` does on import where RELPOS_THREEFRY is unset, as in users' programs:
+  in a fresh process, since this one has the run's lowering (`unroll_on_cpu` under
+  RELPOS_THREEFRY=rolled: the next test)."""
+  program = (
+    'import jax, relpos.models\n'
+    'draw = jax.jit(lambda key: jax.random.bernoulli(key, 0.9, (5, 9)))\n'
+    "print('while' in draw.lower(jax.random.key(0)).as_text())\n"
+  )
+  env = {k: v for k, v in os.environ.items() if k != threefry_lowering.OFF_SWITCH}
+  done = subprocess.run(
+    [sys.executable, '-c', program], env=env, capture_output=True, text=True, timeout=120
+  )
+  assert done.stdout.split() == ['False'], done.stderr[-2000:]
 
 
 def test_the_rolled_lowering_can_be_had_again(monkeypatch):
