@@ -20,10 +20,12 @@ from relpos import threefry_lowering
 
 @pytest.fixture(autouse=True)
 def straight_line_lowering():
-  """relpos's default lowering in each test, and the run's (conftest's RELPOS_THREEFRY) after."""
+  """relpos's default lowering in each test, and the run's (conftest's RELPOS_THREEFRY) after:
+  set either way, since `unroll_on_cpu` under RELPOS_THREEFRY=rolled leaves a lowering as it is."""
+  run_unrolled = os.environ.get(threefry_lowering.OFF_SWITCH) != 'rolled'
   assert threefry_lowering.set_cpu_lowering(unrolled=True)
   yield
-  threefry_lowering.unroll_on_cpu()
+  threefry_lowering.set_cpu_lowering(unrolled=run_unrolled)
 
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
