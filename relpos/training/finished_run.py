@@ -203,6 +203,13 @@ def scored_data_changes(task, results: dict, config, trained_dir: Path) -> list[
   return run_config.data_changes(trained_dir, scored, files, free=task.training_only_data)
 
 
+def trained_to_the_end(config, workdir: Path) -> bool:
+  """Whether the run in `workdir` is finished: its newest checkpoint is at config.train.steps
+  (a rerun trains nothing; `kept_result`, and the loop's line for a finished run on changed
+  data)."""
+  return finished_steps(workdir)[-1:] == [config.train.steps]
+
+
 def kept_result(task, config, workdir: Path, score_command: str) -> dict | None:
   """What train.py does in the workdir of a finished run (its newest checkpoint at
   config.train.steps, the workdir its own results directory): where its eval_results.json is
@@ -224,7 +231,7 @@ def kept_result(task, config, workdir: Path, score_command: str) -> dict | None:
   workdir = Path(workdir)
   if not workdir.is_dir():  # a file in its place or a parent's: train.py's lines name it
     return None  # (`workdir_setup.prepare_workdir`), before any file under it is read
-  if finished_steps(workdir)[-1:] != [config.train.steps]:
+  if not trained_to_the_end(config, workdir):
     return None  # training is not done: its newest checkpoint was removed since, say
   path = workdir / RESULTS_FILE
   if not path.exists() or trained_change(task, config, workdir):

@@ -42,7 +42,7 @@ from relpos.config.recorded import (
 from relpos.faults import error_path, filesystem_fault, is_write_fault, rerun_remedy
 from relpos.messages import warn
 from relpos.signals import PreemptedError, PreemptionSignal
-from relpos.training import data_record, optim, workdir_lock
+from relpos.training import data_record, finished_run, optim, workdir_lock
 from relpos.training import mesh as mesh_lib
 from relpos.training.checkpoints import Checkpoints, finished_steps, last_good_in, steps_text
 from relpos.training.device_memory import (
@@ -362,9 +362,8 @@ def _checked_data(task: Task, config, workdir: Path, allow_config_change) -> tup
   data_record.check_vocabulary(workdir, data_files)
   other_data = data_record.changes(workdir, data_files)
   if other_data and not allow_config_change:
-    # Finished (its last checkpoint at config.train.steps, `finished_run.kept_result`'s test):
-    # nothing would train; the data would be scored.
-    if finished_steps(workdir)[-1:] == [config.train.steps]:
+    # Finished: nothing would train; the data would be scored.
+    if finished_run.trained_to_the_end(config, workdir):
       raise ValueError(
         f'{workdir} holds a run trained on other data ({"; ".join(other_data)}), finished at '
         f'step {config.train.steps} (config.train.steps): it trains no further, and '
